@@ -1,0 +1,5 @@
+import sys
+
+from headwater.cli import main
+
+sys.exit(main())

@@ -1,0 +1,243 @@
+"""The `headwater` command: run a server, manage topics, produce and consume.
+
+Every client command takes `--server HOST:PORT` (default `$HEADWATER_SERVER`, else
+127.0.0.1:6650). A failure prints one line, `headwater: error: CODE: message`, to stderr and exits
+with status 1; bad usage exits with status 2 (argparse's convention).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from headwater.client import DISPATCH_NAMES, SUBSCRIPTION_TYPE_NAMES, Client, Message, connect
+from wire.errors import HeadwaterError
+from wire.messages import DescribeTopicResponse
+
+DEFAULT_SERVER = "127.0.0.1:6650"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="headwater", description="Headwater message server")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    client_options = argparse.ArgumentParser(add_help=False)
+    client_options.add_argument(
+        "--server",
+        default=os.environ.get("HEADWATER_SERVER", DEFAULT_SERVER),
+        help="HOST:PORT of the server (env HEADWATER_SERVER, default %(default)s)",
+    )
+
+    serve = commands.add_parser("serve", help="run a server")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=6650, help="0 picks a free port")
+    serve.add_argument("--data-dir", type=Path, default=Path("./data"))
+    serve.add_argument("--port-file", type=Path, help="write the bound port here once listening")
+    serve.add_argument("--log-format", choices=["console", "json"], default="console")
+    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
+
+    topic = commands.add_parser("topic", help="create, list, describe and delete topics")
+    topic_commands = topic.add_subparsers(dest="topic_command", required=True)
+    create = topic_commands.add_parser("create", parents=[client_options])
+    create.add_argument("name")
+    create.add_argument("--partitions", type=int, default=1)
+    create.add_argument("--dispatch", choices=["non-reliable", "reliable"], default="non-reliable")
+    topic_commands.add_parser("list", parents=[client_options])
+    describe = topic_commands.add_parser("describe", parents=[client_options])
+    describe.add_argument("name")
+    delete = topic_commands.add_parser("delete", parents=[client_options])
+    delete.add_argument("name")
+
+    produce = commands.add_parser(
+        "produce",
+        parents=[client_options],
+        help="send the VALUEs, or else one message per line of standard input",
+    )
+    produce.add_argument("topic")
+    produce.add_argument("values", nargs="*", metavar="VALUE")
+    produce.add_argument("--key", help="the key of every message")
+    produce.add_argument(
+        "--key-separator",
+        metavar="SEP",
+        help="split each value at the first SEP into key and value",
+    )
+
+    consume = commands.add_parser("consume", parents=[client_options], help="print messages")
+    consume.add_argument("topic")
+    consume.add_argument("--subscription", "-s", required=True)
+    consume.add_argument("--type", choices=["exclusive", "shared", "failover"], default="exclusive")
+    consume.add_argument("--name", help="consumer name (Failover orders by priority, then name)")
+    consume.add_argument("--priority", type=int, default=0)
+    consume.add_argument("--count", "-n", type=int, help="exit after N messages")
+    consume.add_argument("--format", choices=["text", "json"], default="text")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
+    try:
+        return asyncio.run(_run_client_command(args))
+    except HeadwaterError as exc:
+        print(f"headwater: error: {exc}", file=sys.stderr)
+        return 1
+    except ValueError as exc:
+        print(f"headwater: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from server.config import ServerConfig
+    from server.serve import run
+
+    if not 0 <= args.port < 65536:
+        print(f"headwater: error: port {args.port} is out of range", file=sys.stderr)
+        return 2
+    run(
+        ServerConfig(
+            host=args.host,
+            port=args.port,
+            data_dir=args.data_dir,
+            port_file=args.port_file,
+            log_format=args.log_format,
+            log_level=args.log_level,
+        )
+    )
+    return 0
+
+
+async def _run_client_command(args: argparse.Namespace) -> int:
+    client = await connect(args.server)
+    try:
+        if args.command == "topic":
+            return await _topic(client, args)
+        if args.command == "produce":
+            return await _produce(client, args)
+        return await _consume(client, args)
+    finally:
+        await client.close()
+
+
+async def _topic(client: Client, args: argparse.Namespace) -> int:
+    if args.topic_command == "create":
+        await client.create_topic(args.name, args.partitions, args.dispatch)
+        print(f"created topic {args.name}")
+    elif args.topic_command == "delete":
+        await client.delete_topic(args.name)
+        print(f"deleted topic {args.name}")
+    elif args.topic_command == "list":
+        for topic in await client.list_topics():
+            print(
+                f"{topic.name}\tpartitions={topic.partitions}\tdispatch={DISPATCH_NAMES[topic.dispatch]}"
+            )
+    else:
+        print(_describe_text(await client.describe_topic(args.name)))
+    return 0
+
+
+def _describe_text(description: DescribeTopicResponse) -> str:
+    topic = description.topic
+    lines = [
+        f"topic: {topic.name}",
+        f"dispatch: {DISPATCH_NAMES[topic.dispatch]}",
+        f"partitions: {topic.partitions}",
+        f"next offsets: {', '.join(str(o) for o in description.next_offsets)}",
+        f"messages in: {description.messages_in}",
+        f"bytes in: {description.bytes_in}",
+        f"subscriptions: {len(description.subscriptions)}",
+    ]
+    for sub in description.subscriptions:
+        lines.append(
+            f"  {sub.name} ({SUBSCRIPTION_TYPE_NAMES[sub.sub_type]}): pending={sub.pending} "
+            f"delivered={sub.delivered} dropped={sub.dropped}"
+        )
+        for consumer in sub.consumers:
+            marker = " active" if consumer.active else ""
+            lines.append(
+                f"    consumer {consumer.name} id={consumer.consumer_id} "
+                f"priority={consumer.priority} credits={consumer.credits}{marker}"
+            )
+    return "\n".join(lines)
+
+
+async def _produce(client: Client, args: argparse.Namespace) -> int:
+    if args.key is not None and args.key_separator is not None:
+        raise ValueError("use either --key or --key-separator, not both")
+    producer = client.producer(args.topic)
+    values = args.values or (line.rstrip("\n") for line in sys.stdin)
+    futures = []
+    for text in values:
+        key = args.key
+        if args.key_separator is not None:
+            key, separator, text = text.partition(args.key_separator)
+            if not separator:
+                raise ValueError(f"line has no key separator {args.key_separator!r}: {key!r}")
+        futures.append(
+            await producer.send(text.encode(), key=key.encode() if key is not None else None)
+        )
+    await producer.flush()
+    for future in futures:
+        future.result()  # raises the first error
+    print(f"produced {len(futures)} messages to {args.topic}", file=sys.stderr)
+    return 0
+
+
+async def _consume(client: Client, args: argparse.Namespace) -> int:
+    if args.count is not None and args.count < 1:
+        raise ValueError("--count must be at least 1")
+    consumer = await client.subscribe(
+        args.topic,
+        args.subscription,
+        type=args.type,
+        name=args.name,
+        priority=args.priority,
+        prefetch=min(args.count, 1000) if args.count else 1000,
+    )
+    received = 0
+    async for message in consumer:
+        print(_format(message, args.format), flush=True)
+        received += 1
+        if args.count is not None and received >= args.count:
+            break
+    await consumer.close()
+    return 0
+
+
+def _format(message: Message, output_format: str) -> str:
+    if output_format == "text":
+        return "" if message.value is None else message.value.decode(errors="backslashreplace")
+    record: dict[str, Any] = {
+        "topic": message.topic,
+        "partition": message.partition,
+        "offset": message.offset,
+        "timestamp": message.timestamp,
+    }
+    for name, data in (("key", message.key), ("value", message.value)):
+        record[name], encoding = _text_or_base64(data)
+        if encoding:
+            record[f"{name}_encoding"] = encoding
+    return json.dumps(record, ensure_ascii=False)
+
+
+def _text_or_base64(data: bytes | None) -> tuple[str | None, str | None]:
+    """UTF-8 text as is; anything else base64-encoded, flagged by a `*_encoding` field."""
+    if data is None:
+        return None, None
+    try:
+        return data.decode(), None
+    except UnicodeDecodeError:
+        return base64.b64encode(data).decode(), "base64"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

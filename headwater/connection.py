@@ -1,0 +1,204 @@
+"""The client's side of one TCP connection: requests matched to responses, pushes routed.
+
+Each request gets a fresh correlation id and a future; the response with that id resolves it (or
+fails it with the `HeadwaterError` the server named). Frames flagged PUSH carry a consumer id in the
+correlation id field and go to that consumer's handler. When the connection ends, every pending
+future fails with `ConnectionClosed` and every consumer is told. An error response to a request
+sent with NO_RESPONSE has no future waiting; it goes to `on_unsolicited_error`.
+
+Writes respect asyncio's write-buffer watermarks: `drain()` waits while the socket is backed up,
+which is how a fast producer feels a slow network instead of growing memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Callable
+from typing import Protocol, cast
+
+from wire import messages as m
+from wire.codec import decode_push, decode_response, encode_request, produce_request_parts
+from wire.errors import ConnectionClosed, HeadwaterError, RequestTimeout, error_for_code
+from wire.frames import Flags, Frame, FrameDecoder
+
+logger = logging.getLogger("headwater.client")
+
+DEFAULT_PORT = 6650
+
+
+class PushHandler(Protocol):
+    def on_delivery(self, delivery: m.Delivery) -> None: ...
+
+    def on_closed(self, error: HeadwaterError) -> None: ...
+
+
+def parse_server(server: str) -> tuple[str, int]:
+    """'host:port', 'host' or ':port' -> (host, port)."""
+    host, _, port = server.rpartition(":") if ":" in server else (server, "", "")
+    try:
+        number = int(port) if port else DEFAULT_PORT
+    except ValueError:
+        raise ValueError(f"invalid server address {server!r}: port must be a number") from None
+    if not 0 < number < 65536:
+        raise ValueError(f"invalid server address {server!r}: port out of range")
+    return host or "127.0.0.1", number
+
+
+class _Protocol(asyncio.Protocol):
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        self._decoder = FrameDecoder()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._connection._transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self._decoder.feed(data)
+        except HeadwaterError as exc:
+            self._connection._fail(exc)
+            return
+        for frame in frames:
+            if isinstance(frame, Frame):
+                self._connection._on_frame(frame)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._connection._fail(
+            ConnectionClosed(f"connection lost: {exc}" if exc else "connection closed")
+        )
+
+    def pause_writing(self) -> None:
+        self._connection._writable.clear()
+
+    def resume_writing(self) -> None:
+        self._connection._writable.set()
+
+
+class Connection:
+    def __init__(self) -> None:
+        self._transport: asyncio.Transport | None = None
+        self._correlation = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[m.Response]] = {}
+        self.consumers: dict[int, PushHandler] = {}
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self._closed: HeadwaterError | None = None
+        self.on_unsolicited_error: Callable[[HeadwaterError], None] = self._log_error
+
+    @classmethod
+    async def open(cls, host: str, port: int, timeout: float = 10.0) -> Connection:
+        connection = cls()
+        loop = asyncio.get_running_loop()
+        try:
+            await asyncio.wait_for(
+                loop.create_connection(lambda: _Protocol(connection), host, port), timeout
+            )
+        except (TimeoutError, OSError) as exc:
+            raise ConnectionClosed(
+                f"cannot connect to {host}:{port}: {exc or 'timed out'}"
+            ) from None
+        return connection
+
+    @property
+    def closed(self) -> bool:
+        return self._closed is not None
+
+    def _check_open(self) -> asyncio.Transport:
+        if self._closed is not None:
+            raise self._closed
+        assert self._transport is not None
+        return self._transport
+
+    async def request(self, request: m.Request, timeout: float | None = 30.0) -> m.Response:
+        transport = self._check_open()
+        correlation_id = next(self._correlation)
+        future: asyncio.Future[m.Response] = asyncio.get_running_loop().create_future()
+        self._pending[correlation_id] = future
+        transport.write(encode_request(request, correlation_id))
+        try:
+            return await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            raise RequestTimeout(f"no response to {type(request).__name__} in {timeout}s") from None
+        finally:
+            self._pending.pop(correlation_id, None)
+
+    def produce(
+        self, request: m.ProduceRequest, expect_response: bool = True
+    ) -> asyncio.Future[m.Response] | None:
+        """Write a produce frame without copying its batch; the future gets the response."""
+        transport = self._check_open()
+        correlation_id = next(self._correlation)
+        future: asyncio.Future[m.Response] | None = None
+        if expect_response:
+            future = asyncio.get_running_loop().create_future()
+            self._pending[correlation_id] = future
+        flags = 0 if expect_response else Flags.NO_RESPONSE
+        transport.writelines(produce_request_parts(request, correlation_id, flags))
+        return future
+
+    def send_nowait(self, request: m.Request) -> None:
+        """Send with NO_RESPONSE: the server answers only an error (to on_unsolicited_error)."""
+        transport = self._check_open()
+        transport.write(encode_request(request, next(self._correlation), Flags.NO_RESPONSE))
+
+    async def drain(self) -> None:
+        """Wait while the socket's write buffer is above its high-water mark."""
+        if not self._writable.is_set():
+            await self._writable.wait()
+        self._check_open()
+
+    def _on_frame(self, frame: Frame) -> None:
+        header = frame.header
+        if header.is_push:
+            handler = self.consumers.get(header.correlation_id)
+            if handler is None:
+                return  # a delivery racing our unsubscribe
+            try:
+                push = decode_push(header, frame.body)
+            except HeadwaterError as exc:
+                handler.on_closed(exc)
+                return
+            if isinstance(push, m.Delivery):
+                handler.on_delivery(push)
+            else:
+                self.consumers.pop(header.correlation_id, None)
+                handler.on_closed(error_for_code(push.error_code, push.message))
+            return
+        future = self._pending.pop(header.correlation_id, None)
+        try:
+            response = decode_response(header, frame.body)
+        except HeadwaterError as exc:
+            if future is None:
+                self.on_unsolicited_error(exc)
+            elif not future.done():
+                future.set_exception(exc)
+            return
+        if future is not None and not future.done():
+            future.set_result(response)
+
+    def _fail(self, error: HeadwaterError) -> None:
+        if self._closed is not None:
+            return
+        self._closed = error
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(error)
+        self._pending.clear()
+        for handler in list(self.consumers.values()):
+            handler.on_closed(error)
+        self.consumers.clear()
+        self._writable.set()  # wake writers so they see the error
+        if self._transport is not None:
+            self._transport.close()
+
+    async def close(self) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.close()
+        self._fail(ConnectionClosed("connection closed by the client"))
+        await asyncio.sleep(0)
+
+    @staticmethod
+    def _log_error(error: HeadwaterError) -> None:
+        logger.warning("request sent without response failed: %s", error)

@@ -1,0 +1,171 @@
+"""Subscriptions and their consumers: who gets each batch, and when.
+
+A subscription holds a bounded backlog of batches not yet sent and the consumers attached to it.
+`drain` sends from the backlog's head while some consumer may take it: it has credit (messages it
+granted with FLOW and has not yet received) and its socket is not backed up. The subscription type
+picks that consumer:
+
+- Exclusive: the single consumer (a second one is refused at attach).
+- Failover: the active consumer, the lowest (priority, name, consumer id); when it leaves, the next
+  takes over with the backlog still in place.
+- Shared: the consumer with the most credit, so batches spread by available permits.
+
+A batch holding more records than the chosen consumer's credit is split (re-encoded) at the credit,
+so no consumer ever receives more than it granted. When the backlog is full new batches are dropped
+and counted: a slow consumer costs bounded memory and never stalls a producer.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Protocol
+
+import structlog
+
+from wire.errors import ConsumerBusy
+from wire.limits import MAX_CREDITS
+from wire.messages import ConsumerInfo, SubscriptionInfo, SubscriptionType
+from wire.records import split_batch
+
+log = structlog.get_logger("headwater.subscription")
+
+
+class ConsumerSession(Protocol):
+    """The client connection a consumer belongs to and receives on."""
+
+    consumers: dict[int, Consumer]
+    peer: str
+
+    @property
+    def writable(self) -> bool: ...
+
+    def send_delivery(self, consumer_id: int, partition: int, batch: bytes) -> None: ...
+
+    def send_consumer_closed(self, consumer_id: int, code: int, message: str) -> None: ...
+
+
+@dataclass(eq=False, slots=True)
+class Consumer:
+    consumer_id: int
+    name: str
+    priority: int
+    session: ConsumerSession
+    subscription: Subscription
+    credits: int = 0
+
+    @property
+    def sort_key(self) -> tuple[int, str, int]:
+        return (self.priority, self.name, self.consumer_id)
+
+
+class Subscription:
+    def __init__(
+        self, topic: str, name: str, sub_type: SubscriptionType, backlog_limit: int
+    ) -> None:
+        self.topic = topic
+        self.name = name
+        self.sub_type = sub_type
+        self.consumers: dict[int, Consumer] = {}
+        self._backlog: deque[tuple[int, bytes, int]] = deque()
+        self._backlog_count = 0
+        self._backlog_limit = backlog_limit
+        self.delivered = 0
+        self.dropped = 0
+        self._active: Consumer | None = None
+
+    def attach(self, consumer: Consumer) -> None:
+        if self.sub_type == SubscriptionType.EXCLUSIVE and self.consumers:
+            raise ConsumerBusy(
+                f"subscription {self.name!r} on topic {self.topic!r} is exclusive and already "
+                "has a consumer"
+            )
+        self.consumers[consumer.consumer_id] = consumer
+        self._elect()
+
+    def detach(self, consumer: Consumer) -> None:
+        if self.consumers.pop(consumer.consumer_id, None) is None:
+            return
+        self._elect()
+        self.drain()
+
+    def _elect(self) -> None:
+        previous = self._active
+        self._active = min(self.consumers.values(), key=lambda c: c.sort_key, default=None)
+        if self.sub_type == SubscriptionType.FAILOVER and self._active is not previous:
+            log.info(
+                "subscription.failover",
+                topic=self.topic,
+                subscription=self.name,
+                active=self._active.name if self._active else None,
+            )
+
+    def grant(self, consumer: Consumer, credits: int) -> None:
+        consumer.credits = min(consumer.credits + credits, MAX_CREDITS)
+        self.drain()
+
+    def offer(self, partition: int, batch: bytes, count: int) -> None:
+        if self._backlog_count + count > self._backlog_limit:
+            self.dropped += count
+            return
+        self._backlog.append((partition, batch, count))
+        self._backlog_count += count
+        self.drain()
+
+    def drain(self) -> None:
+        backlog = self._backlog
+        while backlog:
+            target = self._target()
+            if target is None:
+                return
+            partition, batch, count = backlog[0]
+            if count <= target.credits:
+                backlog.popleft()
+                sent = count
+            else:
+                sent = target.credits
+                batch, rest = split_batch(batch, sent)
+                backlog[0] = (partition, rest, count - sent)
+            target.credits -= sent
+            self._backlog_count -= sent
+            self.delivered += sent
+            target.session.send_delivery(target.consumer_id, partition, batch)
+
+    def _target(self) -> Consumer | None:
+        if self.sub_type == SubscriptionType.SHARED:
+            best: Consumer | None = None
+            for consumer in self.consumers.values():
+                if (
+                    consumer.credits > 0
+                    and consumer.session.writable
+                    and (best is None or consumer.credits > best.credits)
+                ):
+                    best = consumer
+            if best is not None:
+                # Move the chosen consumer last so equal credit rotates among consumers.
+                del self.consumers[best.consumer_id]
+                self.consumers[best.consumer_id] = best
+            return best
+        active = self._active
+        if active is not None and active.credits > 0 and active.session.writable:
+            return active
+        return None
+
+    def info(self) -> SubscriptionInfo:
+        return SubscriptionInfo(
+            name=self.name,
+            sub_type=self.sub_type,
+            pending=self._backlog_count,
+            delivered=self.delivered,
+            dropped=self.dropped,
+            consumers=tuple(
+                ConsumerInfo(
+                    consumer_id=c.consumer_id,
+                    name=c.name,
+                    priority=c.priority,
+                    credits=c.credits,
+                    active=self.sub_type == SubscriptionType.SHARED or c is self._active,
+                )
+                for c in sorted(self.consumers.values(), key=lambda c: c.sort_key)
+            ),
+        )

@@ -1,0 +1,174 @@
+"""Error codes and the one exception hierarchy shared by the server and the clients.
+
+Each error code is a stable int16 on the wire. Every exception raised for a protocol-level problem
+is
+a subclass of `HeadwaterError`, carries its `code`, and says whether retrying the same request can
+succeed (`retriable`). `error_for_code` maps a code received in a response back to its exception
+class, so a client raises the same type the server raised.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import ClassVar
+
+
+class ErrorCode(enum.IntEnum):
+    NONE = 0
+    UNKNOWN_SERVER_ERROR = 1
+    MALFORMED_FRAME = 2
+    UNSUPPORTED_API = 3
+    UNSUPPORTED_VERSION = 4
+    FRAME_TOO_LARGE = 5
+    TRUNCATED_FRAME = 6
+    CORRUPT_BATCH = 7
+    INVALID_REQUEST = 8
+    UNKNOWN_TOPIC = 9
+    INVALID_TOPIC_NAME = 10
+    TOPIC_EXISTS = 11
+    INVALID_PARTITION = 12
+    CONSUMER_BUSY = 13
+    UNKNOWN_CONSUMER = 14
+    SUBSCRIPTION_TYPE_MISMATCH = 15
+    NOT_SUPPORTED = 16
+    SERVER_SHUTTING_DOWN = 17
+    CONNECTION_CLOSED = 18
+    REQUEST_TIMEOUT = 19
+
+
+class HeadwaterError(Exception):
+    """Root of every Headwater error. `code` is what travels on the wire."""
+
+    code: ClassVar[ErrorCode] = ErrorCode.UNKNOWN_SERVER_ERROR
+    retriable: ClassVar[bool] = False
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message or self.code.name.lower().replace("_", " "))
+        self.message = str(self.args[0])
+
+    def __str__(self) -> str:
+        return f"{self.code.name}: {self.message}"
+
+
+class UnknownServerError(HeadwaterError):
+    code = ErrorCode.UNKNOWN_SERVER_ERROR
+
+
+class ProtocolError(HeadwaterError):
+    """The bytes do not form a valid frame or request."""
+
+    code = ErrorCode.MALFORMED_FRAME
+
+
+class MalformedFrame(ProtocolError):
+    code = ErrorCode.MALFORMED_FRAME
+
+
+class UnsupportedApi(ProtocolError):
+    code = ErrorCode.UNSUPPORTED_API
+
+
+class UnsupportedVersion(ProtocolError):
+    code = ErrorCode.UNSUPPORTED_VERSION
+
+
+class FrameTooLarge(ProtocolError):
+    code = ErrorCode.FRAME_TOO_LARGE
+
+
+class TruncatedFrame(ProtocolError):
+    code = ErrorCode.TRUNCATED_FRAME
+
+
+class CorruptBatch(ProtocolError):
+    code = ErrorCode.CORRUPT_BATCH
+
+
+class InvalidRequest(HeadwaterError):
+    code = ErrorCode.INVALID_REQUEST
+
+
+class UnknownTopic(HeadwaterError):
+    code = ErrorCode.UNKNOWN_TOPIC
+
+
+class InvalidTopicName(HeadwaterError):
+    code = ErrorCode.INVALID_TOPIC_NAME
+
+
+class TopicExists(HeadwaterError):
+    code = ErrorCode.TOPIC_EXISTS
+
+
+class InvalidPartition(HeadwaterError):
+    code = ErrorCode.INVALID_PARTITION
+
+
+class ConsumerBusy(HeadwaterError):
+    """An Exclusive subscription already has its consumer."""
+
+    code = ErrorCode.CONSUMER_BUSY
+
+
+class UnknownConsumer(HeadwaterError):
+    code = ErrorCode.UNKNOWN_CONSUMER
+
+
+class SubscriptionTypeMismatch(HeadwaterError):
+    """A consumer asked for a type other than the one the subscription already has."""
+
+    code = ErrorCode.SUBSCRIPTION_TYPE_MISMATCH
+
+
+class NotSupported(HeadwaterError):
+    code = ErrorCode.NOT_SUPPORTED
+
+
+class ServerShuttingDown(HeadwaterError):
+    code = ErrorCode.SERVER_SHUTTING_DOWN
+    retriable = True
+
+
+class ConnectionClosed(HeadwaterError):
+    """Raised client-side when the connection ends before a response arrives."""
+
+    code = ErrorCode.CONNECTION_CLOSED
+    retriable = True
+
+
+class RequestTimeout(HeadwaterError):
+    code = ErrorCode.REQUEST_TIMEOUT
+    retriable = True
+
+
+_BY_CODE: dict[int, type[HeadwaterError]] = {}
+for _cls in (
+    UnknownServerError,
+    MalformedFrame,
+    UnsupportedApi,
+    UnsupportedVersion,
+    FrameTooLarge,
+    TruncatedFrame,
+    CorruptBatch,
+    InvalidRequest,
+    UnknownTopic,
+    InvalidTopicName,
+    TopicExists,
+    InvalidPartition,
+    ConsumerBusy,
+    UnknownConsumer,
+    SubscriptionTypeMismatch,
+    NotSupported,
+    ServerShuttingDown,
+    ConnectionClosed,
+    RequestTimeout,
+):
+    _BY_CODE[_cls.code] = _cls
+
+
+def error_for_code(code: int, message: str) -> HeadwaterError:
+    """The exception a client raises for an error response with `code`."""
+    cls = _BY_CODE.get(code)
+    if cls is None:
+        return UnknownServerError(f"error code {code}: {message}")
+    return cls(message)

@@ -1,0 +1,33 @@
+"""Protocol limits, each with the reason for its value.
+
+Every limit the server enforces on what a peer sends lives here, so a client author can read them in
+one place and `docs/PROTOCOL.md` can quote them. A frame over `MAX_FRAME_SIZE` is rejected from its
+size prefix alone, before any of its body is buffered.
+"""
+
+from typing import Final
+
+# 8 MiB: large enough for a record batch of several thousand 1 KiB records, small enough that a
+# connection's read buffer stays bounded no matter what a peer announces.
+MAX_FRAME_SIZE: Final = 8 * 1024 * 1024
+
+# A record batch travels inside a produce frame; leave room for the frame header and topic name.
+MAX_BATCH_SIZE: Final = MAX_FRAME_SIZE - 64 * 1024
+
+# Kafka's limit: topic names appear in file and object names, which most file systems cap at 255.
+MAX_TOPIC_NAME_LENGTH: Final = 249
+
+# Subscription and consumer names are shown by admin tools and logged; they need no more.
+MAX_NAME_LENGTH: Final = 255
+
+# Keys index the last-value store (RocksDB) and are compared on every update.
+MAX_KEY_SIZE: Final = 64 * 1024
+
+# A topic's partitions each hold an offset counter and, when reliable, a WAL directory.
+MAX_PARTITIONS: Final = 1024
+
+# Credits a consumer may hold at once: more buys nothing and could overflow int32 sums.
+MAX_CREDITS: Final = 1_000_000
+
+# Acks carried by one ACK request.
+MAX_ACKS_PER_REQUEST: Final = 10_000
