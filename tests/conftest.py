@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+import headwater
+from tests.serverproc import ServerProcess
+
+_names = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One server for the tests that only need topics of their own."""
+    process = ServerProcess(tmp_path_factory.mktemp("shared-server") / "data").start()
+    yield process
+    if process.alive():
+        process.stop()
+
+
+@pytest.fixture
+def fresh_server(tmp_path: Path) -> Iterator[ServerProcess]:
+    """A server of this test's own, for restarts, kills and server-wide state."""
+    process = ServerProcess(tmp_path / "data").start()
+    yield process
+    process.kill()
+
+
+@pytest.fixture
+def topic_name(request: pytest.FixtureRequest) -> str:
+    return f"{re.sub(r'[^A-Za-z0-9._-]', '_', request.node.name)[:60]}-{next(_names)}"
+
+
+@pytest.fixture
+async def client(server: ServerProcess) -> AsyncIterator[headwater.Client]:
+    connection = await headwater.connect(server.address)
+    yield connection
+    await connection.close()
+
+
+@pytest.fixture
+async def topic(client: headwater.Client, topic_name: str) -> str:
+    await client.create_topic(topic_name)
+    return topic_name

@@ -1,0 +1,149 @@
+"""RecordBatch v2: ours against kafka-python's independent implementation, and corruption checks."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kafka.record.default_records import DefaultRecordBatch as KafkaBatch
+from kafka.record.default_records import DefaultRecordBatchBuilder as KafkaBuilder
+
+from wire.errors import CorruptBatch
+from wire.records import (
+    BatchBuilder,
+    build_batch,
+    inspect_batch,
+    read_records,
+    split_batch,
+    stamp_base_offset,
+    validate_records,
+)
+
+keys = st.one_of(st.none(), st.binary(max_size=20))
+values = st.one_of(st.none(), st.binary(max_size=200))
+headers = st.lists(st.tuples(st.text(max_size=8), st.one_of(st.none(), st.binary(max_size=8))), max_size=3)
+records = st.lists(st.tuples(keys, values, headers), min_size=1, max_size=20)
+
+
+@settings(max_examples=60)
+@given(records, st.integers(0, 2**40))
+def test_kafka_python_reads_our_batches(items: list, base_offset: int) -> None:
+    batch = build_batch(items, base_offset=base_offset, timestamp=1_700_000_000_000)
+    theirs = KafkaBatch(batch)
+    assert theirs.validate_crc()
+    decoded = list(theirs)
+    assert [(r.key, r.value, list(r.headers)) for r in decoded] == [
+        (k, v, list(h)) for k, v, h in items
+    ]
+    assert [r.offset for r in decoded] == list(range(base_offset, base_offset + len(items)))
+    assert all(r.timestamp == 1_700_000_000_000 for r in decoded)
+
+
+@settings(max_examples=60)
+@given(records)
+def test_we_read_kafka_python_batches(items: list) -> None:
+    builder = KafkaBuilder(
+        magic=2,
+        compression_type=0,
+        is_transactional=0,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=1 << 30,
+    )
+    for i, (key, value, hdrs) in enumerate(items):
+        builder.append(i, timestamp=1_600_000_000_000 + i, key=key, value=value, headers=hdrs)
+    batch = bytes(builder.build())
+    info = validate_records(batch)
+    assert info.record_count == len(items)
+    ours = read_records(batch)
+    assert [(r.key, r.value, list(r.headers)) for r in ours] == [
+        (k, v, list(h)) for k, v, h in items
+    ]
+    assert [r.timestamp for r in ours] == [1_600_000_000_000 + i for i in range(len(items))]
+
+
+def test_stamping_the_base_offset_keeps_the_crc_valid() -> None:
+    batch = bytearray(build_batch([(None, b"a", []), (None, b"b", [])]))
+    stamp_base_offset(batch, 12345)
+    info = inspect_batch(bytes(batch))
+    assert info.base_offset == 12345
+    assert [r.offset for r in read_records(bytes(batch))] == [12345, 12346]
+    assert KafkaBatch(bytes(batch)).validate_crc()
+
+
+@given(st.data())
+def test_any_single_byte_flip_after_the_crc_is_detected(data: st.DataObject) -> None:
+    batch = build_batch([(b"k", b"value", [("h", b"1")])] * 3)
+    position = data.draw(st.integers(21, len(batch) - 1))
+    corrupted = bytearray(batch)
+    corrupted[position] ^= data.draw(st.integers(1, 255))
+    with pytest.raises(CorruptBatch):
+        inspect_batch(bytes(corrupted))
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda b: b[:40], "shorter than its 61-byte header"),
+        (lambda b: b[:-1], "length field"),
+        (lambda b: b[:16] + b"\x01" + b[17:], "magic 1"),
+        (lambda b: b + b"\x00", "length field"),
+    ],
+    ids=["short", "truncated", "magic", "trailing"],
+)
+def test_malformed_batches(mutate, message: str) -> None:  # type: ignore[no-untyped-def]
+    batch = build_batch([(None, b"x" * 10, [])] * 2)
+    with pytest.raises(CorruptBatch, match=message):
+        inspect_batch(mutate(batch))
+
+
+def _recrc(batch: bytearray) -> bytes:
+    import crc32c
+
+    struct.pack_into(">I", batch, 17, crc32c.crc32c(bytes(batch[21:])))
+    return bytes(batch)
+
+
+def test_valid_crc_over_records_that_do_not_decode_is_refused() -> None:
+    batch = bytearray(build_batch([(None, b"x" * 10, [])] * 2))
+    struct.pack_into(">i", batch, 57, 5)  # header claims 5 records, 2 are there
+    struct.pack_into(">i", batch, 23, 4)
+    with pytest.raises(CorruptBatch):
+        validate_records(_recrc(batch))
+    garbage = bytearray(build_batch([(None, b"x" * 10, [])]))
+    garbage[61:] = b"\xff" * (len(garbage) - 61)
+    with pytest.raises(CorruptBatch):
+        validate_records(_recrc(garbage))
+
+
+def test_control_batches_are_refused() -> None:
+    batch = bytearray(build_batch([(None, b"x", [])]))
+    struct.pack_into(">h", batch, 21, 0x20)
+    with pytest.raises(CorruptBatch, match="control"):
+        inspect_batch(_recrc(batch))
+
+
+@given(records, st.data())
+def test_split_keeps_every_record_once(items: list, data: st.DataObject) -> None:
+    if len(items) < 2:
+        return
+    batch = build_batch(items, base_offset=100)
+    at = data.draw(st.integers(1, len(items) - 1))
+    head, tail = split_batch(batch, at)
+    assert read_records(head) + read_records(tail) == read_records(batch)
+    assert inspect_batch(tail).base_offset == 100 + at
+
+
+def test_builder_counts_and_sizes() -> None:
+    builder = BatchBuilder()
+    assert builder.append(None, b"a") == 0
+    assert builder.append(b"k", b"b") == 1
+    before = builder.size()
+    builder.append(None, b"c" * 100)
+    assert builder.size() > before + 100
+    assert inspect_batch(builder.build()).record_count == 3
+    with pytest.raises(ValueError):
+        BatchBuilder().build()

@@ -1,0 +1,177 @@
+"""Byte-exact vectors and the incremental decoder. The vectors are the ones in docs/PROTOCOL.md."""
+
+from __future__ import annotations
+
+import pytest
+
+from wire import messages as m
+from wire.codec import (
+    decode_request,
+    decode_response,
+    delivery_prefix,
+    encode_error,
+    encode_push,
+    encode_request,
+    encode_response,
+)
+from wire.errors import (
+    MalformedFrame,
+    TopicExists,
+    UnsupportedApi,
+    UnsupportedVersion,
+)
+from wire.frames import Flags, Frame, FrameDecoder, FrameHeader, FrameRejected
+
+# (message, correlation id, exact frame bytes as hex) — quoted in docs/PROTOCOL.md
+REQUEST_VECTORS = [
+    (
+        m.CreateTopicRequest("orders", 3, m.DispatchMode.NON_RELIABLE),
+        1,
+        "00000017" "000a" "0000" "00000001" "0000" "0006" "6f7264657273" "00000003" "00",
+    ),
+    (
+        m.SubscribeRequest("orders", "audit", m.SubscriptionType.SHARED, "c1", 0, 100),
+        2,
+        "00000026"
+        "0001"
+        "0000"
+        "00000002"
+        "0000"
+        "0006"
+        "6f7264657273"
+        "0005"
+        "6175646974"
+        "01"
+        "0002"
+        "6331"
+        "00000000"
+        "00000064",
+    ),
+    (m.FlowRequest(7, 10), 3, "00000012" "0002" "0000" "00000003" "0000" "00000007" "0000000a"),
+    (
+        m.AckRequest(7, (m.AckEntry(0, 41),)),
+        4,
+        "0000001e" "0003" "0000" "00000004" "0000" "00000007" "00000001" "00000000" "0000000000000029",
+    ),
+    (m.ListTopicsRequest(), 5, "0000000a" "000c" "0000" "00000005" "0000"),
+    (
+        m.ProduceRequest("t", -1, b"\xab\xcd"),
+        6,
+        "00000013" "0000" "0000" "00000006" "0000" "0001" "74" "ffffffff" "abcd",
+    ),
+]
+
+
+@pytest.mark.parametrize(("message", "correlation_id", "expected"), REQUEST_VECTORS)
+def test_request_vectors(message: m.Request, correlation_id: int, expected: str) -> None:
+    data = encode_request(message, correlation_id)
+    assert data.hex() == expected
+    (frame,) = FrameDecoder().feed(data)
+    assert isinstance(frame, Frame)
+    assert frame.header == FrameHeader(int(data[4:6].hex(), 16), 0, correlation_id, 0)
+    assert decode_request(frame.header, frame.body) == message
+
+
+def test_response_vectors() -> None:
+    produce = encode_response(m.ApiKey.PRODUCE, 6, m.ProduceResponse(2, 1000))
+    assert produce.hex() == (
+        "00000018" "0000" "0000" "00000006" "0001" "0000" "00000002" "00000000000003e8"
+    )
+    subscribe = encode_response(m.ApiKey.SUBSCRIBE, 2, m.SubscribeResponse(7))
+    assert subscribe.hex() == "00000010" "0001" "0000" "00000002" "0001" "0000" "00000007"
+    empty = encode_response(m.ApiKey.FLOW, 3, m.EmptyResponse())
+    assert empty.hex() == "0000000c" "0002" "0000" "00000003" "0001" "0000"
+    error = encode_error(m.ApiKey.CREATE_TOPIC, 0, 1, TopicExists("exists"))
+    assert error.hex() == (
+        "00000014" "000a" "0000" "00000001" "0001" "000b" "0006" "657869737473"
+    )
+    (frame,) = FrameDecoder().feed(error)
+    assert isinstance(frame, Frame)
+    with pytest.raises(TopicExists, match="exists"):
+        decode_response(frame.header, frame.body)
+
+
+def test_push_vectors() -> None:
+    assert delivery_prefix(7, 1, 3).hex() == (
+        "00000011" "0064" "0000" "00000007" "0002" "00000001"
+    )
+    closed = encode_push(7, m.ConsumerClosed(9, "gone"))
+    assert closed.hex() == "00000012" "0065" "0000" "00000007" "0002" "0009" "0004" "676f6e65"
+    (frame,) = FrameDecoder().feed(closed)
+    assert isinstance(frame, Frame)
+    assert frame.header.is_push and not frame.header.is_response
+
+
+def test_decoder_reassembles_byte_by_byte() -> None:
+    stream = b"".join(encode_request(msg, cid) for msg, cid, _ in REQUEST_VECTORS)
+    decoder = FrameDecoder()
+    frames = []
+    for i in range(len(stream)):
+        frames.extend(decoder.feed(stream[i : i + 1]))
+    assert [decode_request(f.header, f.body) for f in frames if isinstance(f, Frame)] == [
+        msg for msg, _, _ in REQUEST_VECTORS
+    ]
+    assert decoder.pending_bytes == 0
+
+
+def test_oversized_frame_is_rejected_from_its_header_and_skipped() -> None:
+    decoder = FrameDecoder(max_frame_size=100)
+    big = encode_request(m.ProduceRequest("t", 0, b"x" * 1000), 9)
+    after = encode_request(m.ListTopicsRequest(), 10)
+    events = decoder.feed(big[:14])  # size prefix and header only
+    assert events == [FrameRejected(FrameHeader(0, 0, 9, 0), len(big) - 4)]
+    assert decoder.feed(big[14:500]) == []
+    assert decoder._buffer == bytearray()  # nothing of the body is held
+    (frame,) = decoder.feed(big[500:] + after)
+    assert isinstance(frame, Frame)
+    assert frame.header.correlation_id == 10
+
+
+def test_size_smaller_than_header_is_malformed() -> None:
+    with pytest.raises(MalformedFrame):
+        FrameDecoder().feed(bytes.fromhex("00000003" "000c0000000000050000"))
+
+
+def test_partial_frame_is_pending() -> None:
+    decoder = FrameDecoder()
+    data = encode_request(m.DescribeTopicRequest("abc"), 4)
+    assert decoder.feed(data[:-1]) == []
+    assert decoder.pending_bytes == len(data) - 1
+    assert decoder.partial_header() == FrameHeader(m.ApiKey.DESCRIBE_TOPIC, 0, 4, 0)
+
+
+def test_unknown_api_and_version() -> None:
+    with pytest.raises(UnsupportedApi):
+        decode_request(FrameHeader(77, 0, 1, 0), b"")
+    with pytest.raises(UnsupportedVersion):
+        decode_request(FrameHeader(m.ApiKey.LIST_TOPICS, 5, 1, 0), b"")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"", b"\x00", b"\x00\x05ab", b"\x00\x02\xff\xfe\x00\x00\x00\x00"],
+    ids=["empty", "short-length", "string-overrun", "bad-utf8"],
+)
+def test_malformed_bodies(body: bytes) -> None:
+    for api_key in (m.ApiKey.PRODUCE, m.ApiKey.DESCRIBE_TOPIC, m.ApiKey.SUBSCRIBE):
+        if api_key == m.ApiKey.DESCRIBE_TOPIC and body == b"\x00\x02\xff\xfe\x00\x00\x00\x00":
+            body = b"\x00\x02\xff\xfe"
+        with pytest.raises(MalformedFrame):
+            decode_request(FrameHeader(api_key, 0, 1, 0), body)
+
+
+def test_error_for_unknown_code_is_still_an_error() -> None:
+    frame_bytes = bytes.fromhex("00000012" "000c" "0000" "00000001" "0001" "0fff" "0004") + b"oops"
+    (frame,) = FrameDecoder().feed(frame_bytes)
+    assert isinstance(frame, Frame)
+    with pytest.raises(Exception, match="error code 4095: oops"):
+        decode_response(frame.header, frame.body)
+
+
+def test_no_response_flag_travels_in_the_header() -> None:
+    data = encode_request(m.FlowRequest(1, 5), 8, Flags.NO_RESPONSE)
+    assert data[12:14] == b"\x00\x04"
+    (frame,) = FrameDecoder().feed(data)
+    assert isinstance(frame, Frame)
+    assert not frame.header.wants_response
+    assert FrameHeader(0, 0, 1, 0).wants_response
