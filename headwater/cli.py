@@ -81,7 +81,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    # argparse cannot take positionals on both sides of an option ("produce T --key k v1 v2"):
+    # collect the leftovers and give them to produce, the one command that has free values.
+    args, extra = parser.parse_known_args(argv)
+    if extra and (args.command != "produce" or any(e.startswith("-") for e in extra)):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:
+        args.values = [*args.values, *extra]
     if args.command == "serve":
         return _serve(args)
     try:

@@ -60,7 +60,7 @@ class Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
-        transport.set_write_buffer_limits(high=self._config.consumer_write_buffer)
+        self._transport.set_write_buffer_limits(high=self._config.consumer_write_buffer)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self._registry.add(self)

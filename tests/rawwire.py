@@ -7,6 +7,7 @@ well-behaved client sends.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from wire import messages as m
 from wire.codec import decode_push, decode_response, encode_request
@@ -68,7 +69,7 @@ class RawPeer:
         while True:
             try:
                 frame = await self.frame(idle)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return received
             if frame.header.is_push:
                 push = decode_push(frame.header, frame.body)
@@ -86,7 +87,5 @@ class RawPeer:
 
     async def close(self) -> None:
         self.writer.close()
-        try:
+        with contextlib.suppress(ConnectionResetError, BrokenPipeError):
             await self.writer.wait_closed()
-        except (ConnectionResetError, BrokenPipeError):
-            pass

@@ -23,7 +23,9 @@ from wire.records import (
 
 keys = st.one_of(st.none(), st.binary(max_size=20))
 values = st.one_of(st.none(), st.binary(max_size=200))
-headers = st.lists(st.tuples(st.text(max_size=8), st.one_of(st.none(), st.binary(max_size=8))), max_size=3)
+headers = st.lists(
+    st.tuples(st.text(max_size=8), st.one_of(st.none(), st.binary(max_size=8))), max_size=3
+)
 records = st.lists(st.tuples(keys, values, headers), min_size=1, max_size=20)
 
 

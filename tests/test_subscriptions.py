@@ -20,7 +20,7 @@ async def _drain(consumer: headwater.Consumer, idle: float = 0.5) -> list[headwa
     while True:
         try:
             received.append(await consumer.receive(timeout=idle))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return received
 
 
@@ -117,7 +117,9 @@ async def test_failover_orders_by_priority_then_name(client: headwater.Client, t
     assert len(await _drain(zed)) == 2
 
 
-async def test_flow_control_never_sends_more_than_granted(server: ServerProcess, topic: str) -> None:
+async def test_flow_control_never_sends_more_than_granted(
+    server: ServerProcess, topic: str
+) -> None:
     """A raw client grants 10 credits: exactly 10 records arrive, then 5 more after FLOW 5."""
     peer = await RawPeer.open(server.address)
     response = await peer.call(m.SubscribeRequest(topic, "flow", 0, "raw", 0, 0))
@@ -167,7 +169,9 @@ async def test_slow_consumer_drops_are_counted_and_never_stall_the_producer(
     await peer.close()
 
 
-async def test_keyed_messages_keep_their_partition(client: headwater.Client, topic_name: str) -> None:
+async def test_keyed_messages_keep_their_partition(
+    client: headwater.Client, topic_name: str
+) -> None:
     await client.create_topic(topic_name, partitions=4)
     consumer = await client.subscribe(topic_name, "k")
     producer = client.producer(topic_name)
@@ -189,10 +193,14 @@ async def test_send_futures_resolve_to_the_offsets_consumers_read(
 ) -> None:
     consumer = await client.subscribe(topic, "offsets")
     producer = client.producer(topic)
-    futures = [await producer.send(f"v{i}".encode(), headers={"n": str(i).encode()}) for i in range(25)]
+    futures = [
+        await producer.send(f"v{i}".encode(), headers={"n": str(i).encode()}) for i in range(25)
+    ]
     metadata = [await f for f in futures]
     received = await _drain(consumer)
-    assert [(m.partition, m.offset) for m in metadata] == [(r.partition, r.offset) for r in received]
+    assert [(m.partition, m.offset) for m in metadata] == [
+        (r.partition, r.offset) for r in received
+    ]
     assert [r.headers for r in received] == [(("n", str(i).encode()),) for i in range(25)]
     assert [r.timestamp for r in received] == [m.timestamp for m in metadata]
 

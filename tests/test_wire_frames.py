@@ -27,37 +27,24 @@ REQUEST_VECTORS = [
     (
         m.CreateTopicRequest("orders", 3, m.DispatchMode.NON_RELIABLE),
         1,
-        "00000017" "000a" "0000" "00000001" "0000" "0006" "6f7264657273" "00000003" "00",
+        "00000017000a000000000001000000066f72646572730000000300",
     ),
     (
         m.SubscribeRequest("orders", "audit", m.SubscriptionType.SHARED, "c1", 0, 100),
         2,
-        "00000026"
-        "0001"
-        "0000"
-        "00000002"
-        "0000"
-        "0006"
-        "6f7264657273"
-        "0005"
-        "6175646974"
-        "01"
-        "0002"
-        "6331"
-        "00000000"
-        "00000064",
+        "000000260001000000000002000000066f72646572730005617564697401000263310000000000000064",
     ),
-    (m.FlowRequest(7, 10), 3, "00000012" "0002" "0000" "00000003" "0000" "00000007" "0000000a"),
+    (m.FlowRequest(7, 10), 3, "0000001200020000000000030000000000070000000a"),
     (
         m.AckRequest(7, (m.AckEntry(0, 41),)),
         4,
-        "0000001e" "0003" "0000" "00000004" "0000" "00000007" "00000001" "00000000" "0000000000000029",
+        "0000001e000300000000000400000000000700000001000000000000000000000029",
     ),
-    (m.ListTopicsRequest(), 5, "0000000a" "000c" "0000" "00000005" "0000"),
+    (m.ListTopicsRequest(), 5, "0000000a000c0000000000050000"),
     (
         m.ProduceRequest("t", -1, b"\xab\xcd"),
         6,
-        "00000013" "0000" "0000" "00000006" "0000" "0001" "74" "ffffffff" "abcd",
+        "0000001300000000000000060000000174ffffffffabcd",
     ),
 ]
 
@@ -74,17 +61,13 @@ def test_request_vectors(message: m.Request, correlation_id: int, expected: str)
 
 def test_response_vectors() -> None:
     produce = encode_response(m.ApiKey.PRODUCE, 6, m.ProduceResponse(2, 1000))
-    assert produce.hex() == (
-        "00000018" "0000" "0000" "00000006" "0001" "0000" "00000002" "00000000000003e8"
-    )
+    assert produce.hex() == ("000000180000000000000006000100000000000200000000000003e8")
     subscribe = encode_response(m.ApiKey.SUBSCRIBE, 2, m.SubscribeResponse(7))
-    assert subscribe.hex() == "00000010" "0001" "0000" "00000002" "0001" "0000" "00000007"
+    assert subscribe.hex() == "0000001000010000000000020001000000000007"
     empty = encode_response(m.ApiKey.FLOW, 3, m.EmptyResponse())
-    assert empty.hex() == "0000000c" "0002" "0000" "00000003" "0001" "0000"
+    assert empty.hex() == "0000000c000200000000000300010000"
     error = encode_error(m.ApiKey.CREATE_TOPIC, 0, 1, TopicExists("exists"))
-    assert error.hex() == (
-        "00000014" "000a" "0000" "00000001" "0001" "000b" "0006" "657869737473"
-    )
+    assert error.hex() == ("00000014000a0000000000010001000b0006657869737473")
     (frame,) = FrameDecoder().feed(error)
     assert isinstance(frame, Frame)
     with pytest.raises(TopicExists, match="exists"):
@@ -92,11 +75,9 @@ def test_response_vectors() -> None:
 
 
 def test_push_vectors() -> None:
-    assert delivery_prefix(7, 1, 3).hex() == (
-        "00000011" "0064" "0000" "00000007" "0002" "00000001"
-    )
+    assert delivery_prefix(7, 1, 3).hex() == ("000000110064000000000007000200000001")
     closed = encode_push(7, m.ConsumerClosed(9, "gone"))
-    assert closed.hex() == "00000012" "0065" "0000" "00000007" "0002" "0009" "0004" "676f6e65"
+    assert closed.hex() == "000000120065000000000007000200090004676f6e65"
     (frame,) = FrameDecoder().feed(closed)
     assert isinstance(frame, Frame)
     assert frame.header.is_push and not frame.header.is_response
@@ -129,7 +110,7 @@ def test_oversized_frame_is_rejected_from_its_header_and_skipped() -> None:
 
 def test_size_smaller_than_header_is_malformed() -> None:
     with pytest.raises(MalformedFrame):
-        FrameDecoder().feed(bytes.fromhex("00000003" "000c0000000000050000"))
+        FrameDecoder().feed(bytes.fromhex("00000003000c0000000000050000"))
 
 
 def test_partial_frame_is_pending() -> None:
@@ -161,7 +142,7 @@ def test_malformed_bodies(body: bytes) -> None:
 
 
 def test_error_for_unknown_code_is_still_an_error() -> None:
-    frame_bytes = bytes.fromhex("00000012" "000c" "0000" "00000001" "0001" "0fff" "0004") + b"oops"
+    frame_bytes = bytes.fromhex("00000012000c00000000000100010fff0004") + b"oops"
     (frame,) = FrameDecoder().feed(frame_bytes)
     assert isinstance(frame, Frame)
     with pytest.raises(Exception, match="error code 4095: oops"):

@@ -1,4 +1,4 @@
-"""Every message survives encode -> decode; the struct fast paths agree with the construct schemas."""
+"""Every message survives encode -> decode; the struct fast paths agree with construct."""
 
 from __future__ import annotations
 

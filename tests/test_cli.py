@@ -1,0 +1,159 @@
+"""The `headwater` command, run as a subprocess against a live server."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from tests.serverproc import ROOT, ServerProcess
+
+
+def hw(
+    *args: str,
+    server: ServerProcess | None = None,
+    stdin: str | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 30,
+) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "headwater", *args]
+    if server is not None:
+        command += ["--server", server.address]
+    return subprocess.run(
+        command,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def start_consumer(server: ServerProcess, *args: str) -> subprocess.Popen[str]:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "headwater", "consume", *args, "--server", server.address],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    return process
+
+
+def wait_for_consumers(server: ServerProcess, topic: str, count: int) -> None:
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        out = hw("topic", "describe", topic, server=server).stdout
+        if out.count("    consumer ") >= count:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{count} consumers never attached to {topic}")
+
+
+def test_topic_commands(server: ServerProcess, topic_name: str) -> None:
+    created = hw("topic", "create", topic_name, "--partitions", "3", server=server)
+    assert created.returncode == 0, created.stderr
+    assert created.stdout.strip() == f"created topic {topic_name}"
+    listed = hw("topic", "list", server=server)
+    assert f"{topic_name}\tpartitions=3\tdispatch=non-reliable" in listed.stdout.splitlines()
+    described = hw("topic", "describe", topic_name, server=server)
+    assert "partitions: 3" in described.stdout and "next offsets: 0, 0, 0" in described.stdout
+    again = hw("topic", "create", topic_name, server=server)
+    assert again.returncode == 1
+    assert again.stderr.strip() == (
+        f"headwater: error: TOPIC_EXISTS: topic '{topic_name}' already exists"
+    )
+    deleted = hw("topic", "delete", topic_name, server=server)
+    assert deleted.returncode == 0
+    missing = hw("topic", "describe", topic_name, server=server)
+    assert missing.returncode == 1 and "UNKNOWN_TOPIC" in missing.stderr
+
+
+def test_produce_and_consume_text_and_json(server: ServerProcess, topic_name: str) -> None:
+    assert hw("topic", "create", topic_name, server=server).returncode == 0
+    text = start_consumer(server, topic_name, "-s", "text", "--count", "3")
+    as_json = start_consumer(server, topic_name, "-s", "json", "--count", "3", "--format", "json")
+    wait_for_consumers(server, topic_name, 2)
+    produced = hw("produce", topic_name, "one", "two", server=server)
+    assert produced.returncode == 0, produced.stderr
+    assert "produced 2 messages" in produced.stderr
+    assert hw("produce", topic_name, "--key", "k1", "three", server=server).returncode == 0
+    text_out, _ = text.communicate(timeout=20)
+    json_out, _ = as_json.communicate(timeout=20)
+    assert text.returncode == 0 and text_out.splitlines() == ["one", "two", "three"]
+    records = [json.loads(line) for line in json_out.splitlines()]
+    assert [(r["offset"], r["key"], r["value"]) for r in records] == [
+        (0, None, "one"),
+        (1, None, "two"),
+        (2, "k1", "three"),
+    ]
+    assert all(r["topic"] == topic_name and r["partition"] == 0 for r in records)
+    assert all(isinstance(r["timestamp"], int) for r in records)
+
+
+def test_produce_from_stdin_with_key_separator(server: ServerProcess, topic_name: str) -> None:
+    assert hw("topic", "create", topic_name, server=server).returncode == 0
+    consumer = start_consumer(server, topic_name, "-s", "s", "--count", "3", "--format", "json")
+    wait_for_consumers(server, topic_name, 1)
+    result = hw(
+        "produce", topic_name, "--key-separator", "=", stdin="a=1\nb=2=x\nc=\n", server=server
+    )
+    assert result.returncode == 0, result.stderr
+    out, _ = consumer.communicate(timeout=20)
+    assert [(r["key"], r["value"]) for r in map(json.loads, out.splitlines())] == [
+        ("a", "1"),
+        ("b", "2=x"),
+        ("c", ""),
+    ]
+
+
+def test_line_without_separator_is_an_error(server: ServerProcess, topic_name: str) -> None:
+    assert hw("topic", "create", topic_name, server=server).returncode == 0
+    result = hw("produce", topic_name, "--key-separator", ":", stdin="novalue\n", server=server)
+    assert result.returncode == 1
+    assert "no key separator" in result.stderr
+
+
+def test_unknown_topic_and_bad_server(server: ServerProcess) -> None:
+    result = hw("produce", "missing-topic", "x", server=server)
+    assert result.returncode == 1 and "UNKNOWN_TOPIC" in result.stderr
+    unreachable = hw("topic", "list", "--server", "127.0.0.1:1")
+    assert unreachable.returncode == 1 and "cannot connect to 127.0.0.1:1" in unreachable.stderr
+    bad = hw("topic", "list", "--server", "127.0.0.1:notaport")
+    assert bad.returncode == 1 and "port must be a number" in bad.stderr
+    usage = hw("consume", "t")  # --subscription is required
+    assert usage.returncode == 2 and "--subscription" in usage.stderr
+
+
+def test_server_from_environment(server: ServerProcess, topic_name: str) -> None:
+    result = hw("topic", "create", topic_name, env={"HEADWATER_SERVER": server.address})
+    assert result.returncode == 0, result.stderr
+
+
+def test_reliable_is_refused_clearly(server: ServerProcess, topic_name: str) -> None:
+    result = hw("topic", "create", topic_name, "--dispatch", "reliable", server=server)
+    assert result.returncode == 1
+    assert "NOT_SUPPORTED: reliable dispatch is not yet supported" in result.stderr
+
+
+def test_binary_values_print_as_base64_in_json(server: ServerProcess, topic_name: str) -> None:
+    import asyncio
+
+    import headwater
+
+    assert hw("topic", "create", topic_name, server=server).returncode == 0
+    consumer = start_consumer(server, topic_name, "-s", "b", "--count", "1", "--format", "json")
+    wait_for_consumers(server, topic_name, 1)
+
+    async def send() -> None:
+        async with await headwater.connect(server.address) as client:
+            await (await client.producer(topic_name).send(b"\xff\x00", key=b"ok"))
+
+    asyncio.run(send())
+    out, _ = consumer.communicate(timeout=20)
+    record = json.loads(out)
+    assert record["value"] == "/wA=" and record["value_encoding"] == "base64"
+    assert record["key"] == "ok" and "key_encoding" not in record
