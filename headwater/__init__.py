@@ -1,7 +1,15 @@
 """Headwater's Python client: `await headwater.connect()` returns a `Client` with topic admin,
 producers and consumers. The `headwater` command line lives in `headwater.cli`."""
 
-from headwater.client import Client, Consumer, Message, Producer, RecordMetadata, connect
+from headwater.client import (
+    Client,
+    Consumer,
+    Message,
+    Producer,
+    RecordMetadata,
+    SendFuture,
+    connect,
+)
 from wire.errors import ErrorCode, HeadwaterError
 
 __all__ = [
@@ -12,5 +20,6 @@ __all__ = [
     "Message",
     "Producer",
     "RecordMetadata",
+    "SendFuture",
     "connect",
 ]

@@ -21,14 +21,15 @@ import asyncio
 import time
 import zlib
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from functools import partial
+from typing import Any, Literal
 
 from headwater.connection import Connection, parse_server
 from wire import messages as m
 from wire.errors import ConnectionClosed, HeadwaterError, InvalidRequest
-from wire.records import BatchBuilder, read_records
+from wire.records import BatchBuilder, decode_records
 
 SubscriptionTypeName = Literal["exclusive", "shared", "failover"]
 DispatchName = Literal["non-reliable", "reliable"]
@@ -54,15 +55,18 @@ class RecordMetadata:
     timestamp: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Message:
+    """A received record. Not frozen, unlike the wire messages: a frozen dataclass sets each field
+    through object.__setattr__, which made building messages the consumer's largest cost."""
+
     topic: str
     partition: int
     offset: int
     timestamp: int
     key: bytes | None
     value: bytes | None
-    headers: tuple[tuple[str, bytes | None], ...]
+    headers: list[tuple[str, bytes | None]]
     _consumer: Consumer | None = field(default=None, repr=False, compare=False)
 
     async def ack(self) -> None:
@@ -156,8 +160,65 @@ class Client:
         return consumer
 
 
+class _PendingBatch:
+    """Records bound for one partition, and the one future their produce response resolves."""
+
+    __slots__ = ("builder", "response", "timestamps")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.builder = BatchBuilder()
+        self.timestamps: list[int] = []
+        self.response: asyncio.Future[m.Response] = loop.create_future()
+        # Errors reach the caller through SendFuture or flush(); mark them seen so asyncio does
+        # not also log "exception was never retrieved" for batches nobody awaited.
+        self.response.add_done_callback(_retrieve)
+
+
+def _retrieve(future: asyncio.Future[m.Response]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+class SendFuture:
+    """The outcome of one `send`: await it for the record's `RecordMetadata`.
+
+    One per record, so it is a small object pointing into its batch's single response future:
+    an asyncio.Future per record cost more than encoding the record.
+    """
+
+    __slots__ = ("_batch", "_position", "_topic")
+
+    def __init__(self, topic: str, batch: _PendingBatch, position: int) -> None:
+        self._topic = topic
+        self._batch = batch
+        self._position = position
+
+    def __await__(self) -> Generator[Any, None, RecordMetadata]:
+        response = yield from self._batch.response.__await__()
+        return self._metadata(response)
+
+    def done(self) -> bool:
+        return self._batch.response.done()
+
+    def exception(self) -> BaseException | None:
+        return self._batch.response.exception()
+
+    def result(self) -> RecordMetadata:
+        """The metadata if the send completed; raises its error, or InvalidStateError if pending."""
+        return self._metadata(self._batch.response.result())
+
+    def _metadata(self, response: m.Response) -> RecordMetadata:
+        assert isinstance(response, m.ProduceResponse)
+        return RecordMetadata(
+            self._topic,
+            response.partition,
+            response.base_offset + self._position,
+            self._batch.timestamps[self._position],
+        )
+
+
 class Producer:
-    """Batches records per partition; `send` returns a future per record."""
+    """Batches records per partition; `send` returns a `SendFuture` per record."""
 
     def __init__(self, connection: Connection, client: Client, topic: str, batch_size: int) -> None:
         self._connection = connection
@@ -165,9 +226,7 @@ class Producer:
         self.topic = topic
         self._batch_size = batch_size
         self._partitions: int | None = None
-        self._open: dict[
-            int, tuple[BatchBuilder, list[asyncio.Future[RecordMetadata]], list[int]]
-        ] = {}
+        self._open: dict[int, _PendingBatch] = {}
         self._flush_scheduled = False
         self._in_flight: set[asyncio.Future[m.Response]] = set()
 
@@ -177,31 +236,29 @@ class Producer:
         key: bytes | None = None,
         headers: Mapping[str, bytes] | None = None,
         partition: int | None = None,
-    ) -> asyncio.Future[RecordMetadata]:
-        """Queue one record; returns a future resolving to its metadata once the server has it."""
-        await self._connection.drain()
+    ) -> SendFuture:
+        """Queue one record; waits only while the connection is backed up."""
+        if not self._connection.writable:
+            await self._connection.drain()
         if partition is None:
-            partition = await self._partition_for(key)
-        entry = self._open.get(partition)
-        if entry is None:
-            entry = (BatchBuilder(), [], [])
-            self._open[partition] = entry
-        builder, futures, timestamps = entry
-        timestamp = _now_ms()
-        builder.append(key, value, list(headers.items()) if headers else (), timestamp)
-        future: asyncio.Future[RecordMetadata] = asyncio.get_running_loop().create_future()
-        futures.append(future)
-        timestamps.append(timestamp)
-        if builder.size() >= self._batch_size:
+            partition = -1 if key is None else await self._partition_for(key)
+        batch = self._open.get(partition)
+        if batch is None:
+            batch = self._open[partition] = _PendingBatch(asyncio.get_running_loop())
+        timestamp = int(time.time() * 1000)
+        position = batch.builder.append(
+            key, value, list(headers.items()) if headers else (), timestamp
+        )
+        batch.timestamps.append(timestamp)
+        if batch.builder.size() >= self._batch_size:
             self._send_batch(partition)
         elif not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._send_open_batches)
-        return future
+        return SendFuture(self.topic, batch, position)
 
-    async def _partition_for(self, key: bytes | None) -> int:
-        if key is None:
-            return -1  # the server spreads keyless batches round-robin
+    async def _partition_for(self, key: bytes) -> int:
+        """Keyless records go to partition -1: the server spreads them round-robin per batch."""
         if self._partitions is None:
             self._partitions = (await self._client.describe_topic(self.topic)).topic.partitions
         return zlib.crc32(key) % self._partitions
@@ -212,51 +269,26 @@ class Producer:
             self._send_batch(partition)
 
     def _send_batch(self, partition: int) -> None:
-        builder, futures, timestamps = self._open.pop(partition)
+        batch = self._open.pop(partition)
+        request = m.ProduceRequest(self.topic, partition, batch.builder.build())
         try:
-            response = self._connection.produce(
-                m.ProduceRequest(self.topic, partition, builder.build())
-            )
+            self._connection.produce(request, batch.response)
         except HeadwaterError as exc:
-            for future in futures:
-                if not future.done():
-                    future.set_exception(exc)
+            batch.response.set_exception(exc)
             return
-        assert response is not None
-        self._in_flight.add(response)
-        response.add_done_callback(lambda done: self._resolve(done, futures, timestamps))
-
-    def _resolve(
-        self,
-        done: asyncio.Future[m.Response],
-        futures: list[asyncio.Future[RecordMetadata]],
-        timestamps: list[int],
-    ) -> None:
-        self._in_flight.discard(done)
-        error = done.exception() if not done.cancelled() else ConnectionClosed("cancelled")
-        if error is not None:
-            for future in futures:
-                if not future.done():
-                    future.set_exception(error)
-            return
-        response = done.result()
-        assert isinstance(response, m.ProduceResponse)
-        for position, future in enumerate(futures):
-            if not future.done():
-                future.set_result(
-                    RecordMetadata(
-                        self.topic,
-                        response.partition,
-                        response.base_offset + position,
-                        timestamps[position],
-                    )
-                )
+        self._in_flight.add(batch.response)
+        batch.response.add_done_callback(self._in_flight.discard)
 
     async def flush(self) -> None:
-        """Send what is queued and wait until every sent batch is answered."""
+        """Send what is queued, wait until every sent batch is answered, raise the first error."""
         self._send_open_batches()
-        if self._in_flight:
-            await asyncio.wait(list(self._in_flight))
+        pending = list(self._in_flight)
+        if pending:
+            await asyncio.wait(pending)
+        for future in pending:
+            error = future.exception()
+            if error is not None:
+                raise error
 
 
 class Consumer:
@@ -280,16 +312,12 @@ class Consumer:
         self._connection.consumers[consumer_id] = self
 
     def on_delivery(self, delivery: m.Delivery) -> None:
+        build = partial(Message, self.topic, delivery.partition, _consumer=self)
         try:
-            records = read_records(delivery.batch)
+            self._messages.extend(decode_records(delivery.batch, build))
         except HeadwaterError as exc:
             self.on_closed(exc)
             return
-        topic, partition = self.topic, delivery.partition
-        self._messages.extend(
-            Message(topic, partition, r.offset, r.timestamp, r.key, r.value, r.headers, self)
-            for r in records
-        )
         self._wake()
 
     def on_closed(self, error: HeadwaterError) -> None:
@@ -311,6 +339,26 @@ class Consumer:
 
     async def receive(self, timeout: float | None = None) -> Message:
         """The next message; raises the closing error, or TimeoutError after `timeout` seconds."""
+        if not self._messages:
+            await self._wait(timeout)
+        message = self._messages.popleft()
+        self._taken(1)
+        return message
+
+    async def receive_batch(
+        self, max_messages: int = 1000, timeout: float | None = None
+    ) -> list[Message]:
+        """Whatever is buffered, up to `max_messages` (waiting for at least one): one await for
+        many messages, for consumers that need the throughput."""
+        if not self._messages:
+            await self._wait(timeout)
+        messages = self._messages
+        count = min(max_messages, len(messages))
+        taken = [messages.popleft() for _ in range(count)]
+        self._taken(count)
+        return taken
+
+    async def _wait(self, timeout: float | None) -> None:
         while not self._messages:
             if self._error is not None:
                 raise self._error
@@ -319,14 +367,14 @@ class Consumer:
                 await asyncio.wait_for(self._waiter, timeout)
             finally:
                 self._waiter = None
-        message = self._messages.popleft()
-        self._taken_since_grant += 1
+
+    def _taken(self, count: int) -> None:
+        self._taken_since_grant += count
         if self._taken_since_grant * 2 >= self._prefetch and self._error is None:
             # Top credit back up in halves, as Pulsar's receiver queue does: one FLOW per
             # prefetch/2 messages rather than one per message.
             self._connection.send_nowait(m.FlowRequest(self.consumer_id, self._taken_since_grant))
             self._taken_since_grant = 0
-        return message
 
     async def ack(self, message: Message) -> None:
         if self._error is None:
@@ -346,7 +394,3 @@ class Consumer:
 
     async def __aexit__(self, *_: object) -> None:
         await self.close()
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)

@@ -125,23 +125,24 @@ class Connection:
             self._pending.pop(correlation_id, None)
 
     def produce(
-        self, request: m.ProduceRequest, expect_response: bool = True
-    ) -> asyncio.Future[m.Response] | None:
-        """Write a produce frame without copying its batch; the future gets the response."""
+        self, request: m.ProduceRequest, response: asyncio.Future[m.Response] | None
+    ) -> None:
+        """Write a produce frame without copying its batch; `response` (if any) gets the answer."""
         transport = self._check_open()
         correlation_id = next(self._correlation)
-        future: asyncio.Future[m.Response] | None = None
-        if expect_response:
-            future = asyncio.get_running_loop().create_future()
-            self._pending[correlation_id] = future
-        flags = 0 if expect_response else Flags.NO_RESPONSE
+        if response is not None:
+            self._pending[correlation_id] = response
+        flags = 0 if response is not None else Flags.NO_RESPONSE
         transport.writelines(produce_request_parts(request, correlation_id, flags))
-        return future
 
     def send_nowait(self, request: m.Request) -> None:
         """Send with NO_RESPONSE: the server answers only an error (to on_unsolicited_error)."""
         transport = self._check_open()
         transport.write(encode_request(request, next(self._correlation), Flags.NO_RESPONSE))
+
+    @property
+    def writable(self) -> bool:
+        return self._writable.is_set() and self._closed is None
 
     async def drain(self) -> None:
         """Wait while the socket's write buffer is above its high-water mark."""

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import headwater
-from tests.serverproc import ServerProcess
+from headwater.testing import ServerProcess
 
 _names = itertools.count()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import headwater
-from tests.serverproc import ServerProcess
+from headwater.testing import ServerProcess
 from wire import messages as m
 from wire.codec import SUPPORTED_VERSIONS
 from wire.errors import TopicExists, UnknownTopic

@@ -9,8 +9,8 @@ import struct
 import pytest
 
 import headwater
+from headwater.testing import ServerProcess
 from tests.rawwire import RawPeer
-from tests.serverproc import ServerProcess
 from wire import messages as m
 from wire.codec import encode_request
 from wire.errors import (

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from tests.serverproc import ROOT, ServerProcess
+from headwater.testing import ServerProcess
 
 
 def hw(
@@ -27,7 +27,6 @@ def hw(
         capture_output=True,
         text=True,
         timeout=timeout,
-        cwd=ROOT,
         env={**os.environ, **(env or {})},
     )
 
@@ -38,7 +37,6 @@ def start_consumer(server: ServerProcess, *args: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        cwd=ROOT,
     )
     return process
 

@@ -1,7 +1,9 @@
 """A real Headwater server in a child process, on 127.0.0.1 and a port the OS picks.
 
-Tests talk to it over TCP exactly as users do. `start` waits for the port file the server writes
-once it listens; `stop` sends SIGTERM (a graceful shutdown) and `kill` sends SIGKILL.
+For tests and benchmarks, ours and users': they talk to it over TCP exactly as applications do.
+`start` waits for the port file the server writes once it listens; `stop` sends SIGTERM (a graceful
+shutdown) and `kill` sends SIGKILL. The server runs as `python -m headwater serve`, so this module
+imports nothing of the server.
 """
 
 from __future__ import annotations
@@ -13,11 +15,12 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 class ServerProcess:
-    def __init__(self, data_dir: Path, log_path: Path | None = None) -> None:
+    def __init__(
+        self, data_dir: Path, log_path: Path | None = None, extra_args: tuple[str, ...] = ()
+    ) -> None:
+        self.extra_args = extra_args
         self.data_dir = data_dir
         self.port_file = data_dir.parent / f"{data_dir.name}.port"
         self.log_path = log_path or data_dir.parent / f"{data_dir.name}.log"
@@ -45,8 +48,8 @@ class ServerProcess:
                 str(self.data_dir),
                 "--port-file",
                 str(self.port_file),
+                *self.extra_args,
             ],
-            cwd=ROOT,
             stdout=log,
             stderr=subprocess.STDOUT,
         )
