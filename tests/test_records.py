@@ -149,3 +149,32 @@ def test_builder_counts_and_sizes() -> None:
     assert inspect_batch(builder.build()).record_count == 3
     with pytest.raises(ValueError):
         BatchBuilder().build()
+
+
+def test_documented_batch_vector() -> None:
+    """The RecordBatch example in docs/PROTOCOL.md, byte for byte."""
+    batch = build_batch([(b"k", b"hello", [("h", b"1")])], timestamp=1_700_000_000_000)
+    assert batch.hex() == (
+        "0000000000000000"  # base offset
+        "00000042"  # batch length: 66
+        "ffffffff"  # partition leader epoch
+        "02"  # magic
+        "5393d5ad"  # CRC-32C
+        "0000"  # attributes
+        "00000000"  # last offset delta
+        "0000018bcfe56800"  # first timestamp
+        "0000018bcfe56800"  # max timestamp
+        "ffffffffffffffff"  # producer id
+        "ffff"  # producer epoch
+        "ffffffff"  # base sequence
+        "00000001"  # record count
+        "20"  # record length 16 (zigzag varint)
+        "00"  # attributes
+        "00"  # timestamp delta 0
+        "00"  # offset delta 0
+        "02" "6b"  # key length 1, "k"
+        "0a" "68656c6c6f"  # value length 5, "hello"
+        "02"  # header count 1
+        "02" "68"  # header key length 1, "h"
+        "02" "31"  # header value length 1, "1"
+    )
