@@ -172,9 +172,13 @@ def test_documented_batch_vector() -> None:
         "00"  # attributes
         "00"  # timestamp delta 0
         "00"  # offset delta 0
-        "02" "6b"  # key length 1, "k"
-        "0a" "68656c6c6f"  # value length 5, "hello"
+        "02"
+        "6b"  # key length 1, "k"
+        "0a"
+        "68656c6c6f"  # value length 5, "hello"
         "02"  # header count 1
-        "02" "68"  # header key length 1, "h"
-        "02" "31"  # header value length 1, "1"
+        "02"
+        "68"  # header key length 1, "h"
+        "02"
+        "31"  # header value length 1, "1"
     )
