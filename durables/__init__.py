@@ -1,3 +1,4 @@
-"""Delivery state and semantics (cursors, acks, redelivery; standard, shared, last-value and map
-durables). Empty until the reliable-dispatch and durables issues land; imports `wire` and
-`storage`."""
+"""Delivery state and semantics, independent of I/O: `cursor` holds a reliable subscription's
+acknowledgement state per partition (floor, out-of-order acks, delivery counts) and its encoding.
+The standard, shared, last-value and map durables arrive with the durables issue. Imports `wire`
+and `storage` only."""

@@ -96,14 +96,20 @@ class Client:
     # Admin
 
     async def create_topic(
-        self, name: str, partitions: int = 1, dispatch: DispatchName = "non-reliable"
+        self,
+        name: str,
+        partitions: int = 1,
+        dispatch: DispatchName = "non-reliable",
+        configs: Mapping[str, str | int] | None = None,
     ) -> None:
+        """Create a topic; `configs` are reliable-topic settings such as {"fsync": "interval"}."""
         mode = _DISPATCH_MODES.get(dispatch)
         if mode is None:
             raise InvalidRequest(
                 f"dispatch must be one of {sorted(_DISPATCH_MODES)}, not {dispatch!r}"
             )
-        await self._connection.request(m.CreateTopicRequest(name, partitions, mode))
+        entries = tuple(m.ConfigEntry(k, str(v)) for k, v in (configs or {}).items())
+        await self._connection.request(m.CreateTopicRequest(name, partitions, mode, entries))
 
     async def delete_topic(self, name: str) -> None:
         await self._connection.request(m.DeleteTopicRequest(name))

@@ -1,55 +1,62 @@
 """The broker: topics, subscriptions and consumers, and one handler per request type.
 
-Handlers run on the event loop, synchronously: a non-reliable produce is a validate, a stamp and
-a fan-out, with nothing to wait for. Each raises a `HeadwaterError` subclass for a bad request; the
-connection turns it into an error response. Consumer ids are unique across the server, and a
-connection may only act on the consumers it created.
+Handlers run on the event loop. Most finish synchronously (a non-reliable produce is a validate, a
+stamp and a fan-out); those that must wait return a coroutine that the connection awaits before
+answering: a reliable produce under fsync `always` waits for its group commit, a reliable
+subscribe may read the WAL to find a timestamp. Each raises a `HeadwaterError` subclass for a
+bad request; the connection turns it into an error response. Consumer ids are unique across the
+server, and a connection may only act on the consumers it created.
+
+Reliable topics and subscriptions live in `TopicCatalog`, which owns their files and state.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
 
+from server.catalog import TopicCatalog
 from server.config import ServerConfig
+from server.reliable import ReliableSubscription
 from server.subscription import Consumer, Subscription
 from server.subscription import ConsumerSession as Session
 from server.topics import Topic
-from storage.metadata import MetadataStore
 from wire import messages as m
 from wire.codec import SUPPORTED_VERSIONS
 from wire.errors import (
     ErrorCode,
     InvalidRequest,
-    NotSupported,
     SubscriptionTypeMismatch,
-    TopicExists,
     UnknownConsumer,
     UnknownTopic,
 )
-from wire.limits import MAX_ACKS_PER_REQUEST, MAX_CREDITS, MAX_PARTITIONS
-from wire.names import check_name, check_topic_name
+from wire.limits import MAX_ACKS_PER_REQUEST, MAX_CREDITS
+from wire.names import check_name
 from wire.records import validate_records
 
 log = structlog.get_logger("headwater.broker")
 
+Result = m.Response | Awaitable[m.Response]
+
 
 class Broker:
-    def __init__(self, config: ServerConfig, metadata: MetadataStore) -> None:
+    def __init__(self, config: ServerConfig, catalog: TopicCatalog) -> None:
         self._config = config
-        self._metadata = metadata
+        self.catalog = catalog
         self._consumer_ids = itertools.count(1)
-        self.topics: dict[str, Topic] = {t.name: Topic(t) for t in metadata.load_topics()}
-        self._handlers: dict[type, Callable[[Session, Any], m.Response]] = {
+        self._handlers: dict[type, Callable[[Session, Any], Result]] = {
             m.ProduceRequest: self.produce,
             m.SubscribeRequest: self.subscribe,
             m.FlowRequest: self.flow,
             m.AckRequest: self.ack,
+            m.NackRequest: self.nack,
             m.UnsubscribeRequest: self.unsubscribe,
+            m.SeekRequest: self.seek,
+            m.DeleteSubscriptionRequest: self.delete_subscription,
             m.CreateTopicRequest: self.create_topic,
             m.DeleteTopicRequest: self.delete_topic,
             m.ListTopicsRequest: self.list_topics,
@@ -57,11 +64,15 @@ class Broker:
             m.ApiVersionsRequest: self.api_versions,
         }
 
-    def handle(self, session: Session, request: m.Request) -> m.Response:
+    @property
+    def topics(self) -> dict[str, Topic]:
+        return self.catalog.topics
+
+    def handle(self, session: Session, request: m.Request) -> Result:
         return self._handlers[type(request)](session, request)
 
     def _topic(self, name: str) -> Topic:
-        topic = self.topics.get(name)
+        topic = self.catalog.topics.get(name)
         if topic is None:
             raise UnknownTopic(f"topic {name!r} does not exist")
         return topic
@@ -74,14 +85,21 @@ class Broker:
 
     # Messages
 
-    def produce(self, session: Session, request: m.ProduceRequest) -> m.ProduceResponse:
+    def produce(self, session: Session, request: m.ProduceRequest) -> Result:
         topic = self._topic(request.topic)
         partition = topic.pick_partition(request.partition)
         info = validate_records(request.batch)
-        base_offset = topic.publish(partition, request.batch, info.record_count)
-        return m.ProduceResponse(partition.index, base_offset)
+        if not topic.reliable:
+            base_offset = topic.publish(partition, request.batch, info.record_count)
+            return m.ProduceResponse(partition.index, base_offset)
+        base_offset, sequence = topic.append(partition, request.batch, info.record_count)
+        response = m.ProduceResponse(partition.index, base_offset)
+        assert partition.log is not None
+        if not partition.log.must_wait(sequence):
+            return response
+        return _after(partition.log.wait_durable(sequence), response)
 
-    def subscribe(self, session: Session, request: m.SubscribeRequest) -> m.SubscribeResponse:
+    def subscribe(self, session: Session, request: m.SubscribeRequest) -> Result:
         topic = self._topic(request.topic)
         check_name("subscription", request.subscription)
         check_name("consumer", request.consumer_name)
@@ -93,12 +111,41 @@ class Broker:
             ) from None
         if not 0 <= request.initial_credits <= MAX_CREDITS:
             raise InvalidRequest(f"initial credits must be 0..{MAX_CREDITS}")
+        if topic.reliable:
+            return self._subscribe_reliable(session, request, topic, sub_type)
+        if request.settings.start != m.StartPosition.LATEST:
+            raise InvalidRequest(
+                f"topic {topic.name!r} is non-reliable and keeps no history: "
+                "a subscription can only start at latest"
+            )
         subscription = topic.subscriptions.get(request.subscription)
         if subscription is None:
             subscription = Subscription(
                 topic.name, request.subscription, sub_type, self._config.subscription_backlog
             )
-        elif subscription.sub_type != sub_type:
+        return self._attach(session, request, topic, subscription, sub_type)
+
+    async def _subscribe_reliable(
+        self,
+        session: Session,
+        request: m.SubscribeRequest,
+        topic: Topic,
+        sub_type: m.SubscriptionType,
+    ) -> m.Response:
+        subscription = await self.catalog.subscription(
+            topic, request.subscription, sub_type, request.settings
+        )
+        return self._attach(session, request, topic, subscription, sub_type)
+
+    def _attach(
+        self,
+        session: Session,
+        request: m.SubscribeRequest,
+        topic: Topic,
+        subscription: Subscription | ReliableSubscription,
+        sub_type: m.SubscriptionType,
+    ) -> m.SubscribeResponse:
+        if subscription.sub_type != sub_type:
             raise SubscriptionTypeMismatch(
                 f"subscription {request.subscription!r} is {subscription.sub_type.name.lower()}, "
                 f"not {sub_type.name.lower()}"
@@ -135,10 +182,19 @@ class Broker:
         return m.EmptyResponse()
 
     def ack(self, session: Session, request: m.AckRequest) -> m.EmptyResponse:
-        # Non-reliable topics keep nothing to acknowledge: acks are checked and ignored.
-        self._consumer(session, request.consumer_id)
+        consumer = self._consumer(session, request.consumer_id)
         if len(request.acks) > MAX_ACKS_PER_REQUEST:
             raise InvalidRequest(f"at most {MAX_ACKS_PER_REQUEST} acks per request")
+        if request.kind not in (m.AckKind.INDIVIDUAL, m.AckKind.CUMULATIVE):
+            raise InvalidRequest(f"unknown ack kind {request.kind} (0 individual, 1 cumulative)")
+        consumer.subscription.ack(consumer, request.acks, request.kind)
+        return m.EmptyResponse()
+
+    def nack(self, session: Session, request: m.NackRequest) -> m.EmptyResponse:
+        consumer = self._consumer(session, request.consumer_id)
+        if len(request.acks) > MAX_ACKS_PER_REQUEST:
+            raise InvalidRequest(f"at most {MAX_ACKS_PER_REQUEST} nacks per request")
+        consumer.subscription.nack(consumer, request.acks, request.delay_ms)
         return m.EmptyResponse()
 
     def unsubscribe(self, session: Session, request: m.UnsubscribeRequest) -> m.EmptyResponse:
@@ -150,9 +206,10 @@ class Broker:
         consumer.session.consumers.pop(consumer.consumer_id, None)
         subscription = consumer.subscription
         subscription.detach(consumer)
-        topic = self.topics.get(subscription.topic)
+        topic = self.catalog.topics.get(subscription.topic)
         if (
-            not subscription.consumers
+            isinstance(subscription, Subscription)
+            and not subscription.consumers
             and topic is not None
             and topic.subscriptions.get(subscription.name) is subscription
         ):
@@ -164,52 +221,48 @@ class Broker:
             consumer_id=consumer.consumer_id,
         )
 
-    # Admin
-
-    def create_topic(self, session: Session, request: m.CreateTopicRequest) -> m.EmptyResponse:
-        check_topic_name(request.name)
-        if not 1 <= request.partitions <= MAX_PARTITIONS:
-            raise InvalidRequest(
-                f"partitions must be 1..{MAX_PARTITIONS}, not {request.partitions}"
-            )
-        try:
-            dispatch = m.DispatchMode(request.dispatch)
-        except ValueError:
-            raise InvalidRequest(
-                f"unknown dispatch mode {request.dispatch} (0 non-reliable, 1 reliable)"
-            ) from None
-        if dispatch == m.DispatchMode.RELIABLE:
-            raise NotSupported(
-                "reliable dispatch is not yet supported by this server; "
-                "create the topic with dispatch non-reliable"
-            )
-        if request.name in self.topics:
-            raise TopicExists(f"topic {request.name!r} already exists")
-        info = m.TopicInfo(request.name, request.partitions, dispatch)
-        self._metadata.save_topic(info)
-        self.topics[info.name] = Topic(info)
-        log.info(
-            "topic.created", topic=info.name, partitions=info.partitions, dispatch=dispatch.name
-        )
+    async def seek(self, session: Session, request: m.SeekRequest) -> m.Response:
+        topic = self._topic(request.topic)
+        await self.catalog.seek(topic, request.subscription, request.start, request.start_value)
         return m.EmptyResponse()
 
-    def delete_topic(self, session: Session, request: m.DeleteTopicRequest) -> m.EmptyResponse:
+    async def delete_subscription(
+        self, session: Session, request: m.DeleteSubscriptionRequest
+    ) -> m.Response:
+        topic = self._topic(request.topic)
+        subscription = topic.subscriptions.get(request.subscription)
+        if subscription is not None:
+            self._close_consumers(
+                list(subscription.consumers.values()), f"subscription {subscription.name!r} deleted"
+            )
+        await self.catalog.delete_subscription(topic, request.subscription)
+        return m.EmptyResponse()
+
+    def _close_consumers(self, consumers: list[Consumer], reason: str) -> None:
+        for consumer in consumers:
+            consumer.session.consumers.pop(consumer.consumer_id, None)
+            consumer.subscription.detach(consumer)
+            consumer.session.send_consumer_closed(
+                consumer.consumer_id, ErrorCode.UNKNOWN_TOPIC, reason
+            )
+
+    # Admin
+
+    async def create_topic(self, session: Session, request: m.CreateTopicRequest) -> m.Response:
+        await self.catalog.create_topic(request)
+        return m.EmptyResponse()
+
+    async def delete_topic(self, session: Session, request: m.DeleteTopicRequest) -> m.Response:
         topic = self._topic(request.name)
-        self._metadata.delete_topic(topic.name)
-        del self.topics[topic.name]
-        for subscription in topic.subscriptions.values():
-            for consumer in list(subscription.consumers.values()):
-                consumer.session.consumers.pop(consumer.consumer_id, None)
-                consumer.session.send_consumer_closed(
-                    consumer.consumer_id,
-                    ErrorCode.UNKNOWN_TOPIC,
-                    f"topic {topic.name!r} was deleted",
-                )
-        log.info("topic.deleted", topic=topic.name)
+        for subscription in list(topic.subscriptions.values()):
+            self._close_consumers(
+                list(subscription.consumers.values()), f"topic {topic.name!r} was deleted"
+            )
+        await self.catalog.delete_topic(topic)
         return m.EmptyResponse()
 
     def list_topics(self, session: Session, request: m.ListTopicsRequest) -> m.ListTopicsResponse:
-        return m.ListTopicsResponse(tuple(t.info for _, t in sorted(self.topics.items())))
+        return m.ListTopicsResponse(tuple(t.info for _, t in sorted(self.catalog.topics.items())))
 
     def describe_topic(
         self, session: Session, request: m.DescribeTopicRequest
@@ -225,5 +278,7 @@ class Broker:
             )
         )
 
-    def close(self) -> None:
-        self._metadata.close()
+
+async def _after(waiting: Awaitable[None], response: m.Response) -> m.Response:
+    await waiting
+    return response

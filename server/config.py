@@ -1,11 +1,49 @@
-"""Server configuration: one frozen dataclass, built once by `serve` and passed down."""
+"""Server configuration: frozen dataclasses, built once by `serve` (from TOML and flags) and
+passed down. Every option is documented in docs/CONFIGURATION.md."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from storage.wal import FsyncPolicy
 from wire.limits import MAX_FRAME_SIZE
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSettings:
+    """Per-topic settings of reliable topics; the server's defaults apply to unset ones."""
+
+    fsync: FsyncPolicy = FsyncPolicy.ALWAYS
+    fsync_interval_ms: int = 100
+    segment_bytes: int = 64 * 1024 * 1024
+    segment_ms: int = 10 * 60 * 1000  # also bounds how far object-store uploads lag behind
+    # Local retention: sealed segments past these bounds are deleted, once uploaded. -1: keep all.
+    retention_bytes: int = -1
+    retention_ms: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionDefaults:
+    """Defaults for reliable subscriptions that do not set their own."""
+
+    ack_timeout_ms: int = 30_000
+    max_deliveries: int = 0  # 0: never dead-letter
+    backoff_initial_ms: int = 1_000
+    backoff_max_ms: int = 60_000
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectStoreConfig:
+    backend: str = "local"  # "local", "s3" or "none"
+    path: Path | None = None  # local backend; default <data_dir>/objects
+    bucket: str = ""
+    prefix: str = "headwater"
+    endpoint_url: str | None = None  # any S3-compatible server; None: AWS
+    region: str | None = None
+    # Uploader: retry delays while the store is failing (doubling, capped).
+    retry_initial_ms: int = 500
+    retry_max_ms: int = 30_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,7 +60,10 @@ class ServerConfig:
     # Bytes queued on a consumer's socket before the server stops sending to it (asyncio's
     # write-buffer high-water mark); resumes at a quarter of it.
     consumer_write_buffer: int = 4 * 1024 * 1024
-    # How long a graceful shutdown waits for connections to flush.
-    shutdown_timeout: float = 5.0
+    # How long a graceful shutdown waits for uploads and connections to finish.
+    shutdown_timeout: float = 10.0
     log_format: str = "console"  # or "json"
     log_level: str = "info"
+    topic_defaults: TopicSettings = field(default_factory=TopicSettings)
+    subscription_defaults: SubscriptionDefaults = field(default_factory=SubscriptionDefaults)
+    object_store: ObjectStoreConfig = field(default_factory=ObjectStoreConfig)

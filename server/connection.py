@@ -16,6 +16,8 @@ drains they resume.
 from __future__ import annotations
 
 import asyncio
+import inspect
+from collections.abc import Awaitable
 from typing import cast
 
 import structlog
@@ -40,7 +42,7 @@ from wire.errors import (
     TruncatedFrame,
     UnknownServerError,
 )
-from wire.frames import KNOWN_FLAGS, Flags, Frame, FrameDecoder, FrameRejected
+from wire.frames import KNOWN_FLAGS, Flags, Frame, FrameDecoder, FrameHeader, FrameRejected
 
 log = structlog.get_logger("headwater.connection")
 
@@ -55,6 +57,7 @@ class Connection(asyncio.Protocol):
         self._paused = False
         self.consumers: dict[int, Consumer] = {}
         self.peer = "?"
+        self._tasks: set[asyncio.Future[None]] = set()
 
     # asyncio callbacks
 
@@ -110,6 +113,7 @@ class Connection(asyncio.Protocol):
             self._broker.detach(consumer)
         self.consumers.clear()
         self._transport = None
+        # Requests still waiting (a produce for its fsync) complete; their answers are dropped.
         log.debug("conn.closed", peer=self.peer, error=str(exc) if exc else None)
 
     def pause_writing(self) -> None:
@@ -141,6 +145,31 @@ class Connection(asyncio.Protocol):
                 UnknownServerError("internal error; see the server log"),
             )
             return
+        if inspect.isawaitable(response):
+            task = asyncio.ensure_future(self._finish(header, response))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            return
+        self._respond(header, response)
+
+    async def _finish(self, header: FrameHeader, pending: Awaitable[m.Response]) -> None:
+        try:
+            response = await pending
+        except HeadwaterError as exc:
+            self._send_error(header.api_key, header.api_version, header.correlation_id, exc)
+            return
+        except Exception:
+            log.exception("conn.handler_failed", peer=self.peer, api_key=header.api_key)
+            self._send_error(
+                header.api_key,
+                header.api_version,
+                header.correlation_id,
+                UnknownServerError("internal error; see the server log"),
+            )
+            return
+        self._respond(header, response)
+
+    def _respond(self, header: FrameHeader, response: m.Response) -> None:
         if header.flags & Flags.NO_RESPONSE or self._transport is None:
             return
         if type(response) is m.ProduceResponse:
@@ -174,9 +203,12 @@ class Connection(asyncio.Protocol):
     def writable(self) -> bool:
         return not self._paused and self._transport is not None
 
-    def send_delivery(self, consumer_id: int, partition: int, batch: bytes) -> None:
+    def send_delivery(
+        self, consumer_id: int, partition: int, batch: bytes, delivery_count: int = 1
+    ) -> None:
         if self._transport is not None:
-            self._transport.writelines((delivery_prefix(consumer_id, partition, len(batch)), batch))
+            prefix = delivery_prefix(consumer_id, partition, len(batch), delivery_count)
+            self._transport.writelines((prefix, batch))
 
     def send_consumer_closed(self, consumer_id: int, code: int, message: str) -> None:
         if self._transport is not None:

@@ -2,8 +2,8 @@
 
 `serve` is a coroutine so tests and embedders can run it on their own loop; `run` is the blocking
 entry point behind `headwater serve`, on uvloop when it is installed. SIGINT and SIGTERM stop the
-listener, close the connections (their write buffers get `shutdown_timeout` seconds to drain) and
-close RocksDB cleanly.
+listener, close the connections, seal and fsync every WAL, upload what is pending (within
+`shutdown_timeout`) and close RocksDB cleanly.
 """
 
 from __future__ import annotations
@@ -16,12 +16,29 @@ import signal
 import structlog
 
 from server.broker import Broker
+from server.catalog import TopicCatalog
 from server.config import ServerConfig
 from server.connection import Connection
 from server.logs import configure_logging
-from storage.metadata import MetadataStore
+from storage.archive import ObjectArchive
+from storage.objectstore import LocalObjectStore, ObjectStore, S3ObjectStore
+from storage.state import StateStore
+from storage.uploader import Uploader
 
 log = structlog.get_logger("headwater.server")
+
+
+async def open_object_store(config: ServerConfig) -> ObjectStore | None:
+    settings = config.object_store
+    if settings.backend == "none":
+        return None
+    if settings.backend == "local":
+        return LocalObjectStore(settings.path or config.data_dir / "objects")
+    if settings.backend == "s3":
+        return await S3ObjectStore(
+            settings.bucket, settings.prefix, settings.endpoint_url, settings.region
+        ).open()
+    raise ValueError(f"unknown object store backend {settings.backend!r} (local, s3 or none)")
 
 
 async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None:
@@ -32,7 +49,21 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
             loop.add_signal_handler(signum, stop.set)
 
     config.data_dir.mkdir(parents=True, exist_ok=True)
-    broker = Broker(config, MetadataStore(config.data_dir / "state"))
+    state = StateStore(config.data_dir / "state")
+    store = await open_object_store(config)
+    uploader = archive = None
+    if store is not None:
+        uploader = Uploader(
+            store,
+            state,
+            config.object_store.retry_initial_ms / 1000,
+            config.object_store.retry_max_ms / 1000,
+        )
+        uploader.start()
+        archive = ObjectArchive(store, uploader)
+    catalog = TopicCatalog(config, state, uploader, archive)
+    await catalog.open()
+    broker = Broker(config, catalog)
     connections: set[Connection] = set()
     server = await loop.create_server(
         lambda: Connection(broker, config, connections),
@@ -50,7 +81,8 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
         host=config.host,
         port=port,
         data_dir=str(config.data_dir),
-        topics=len(broker.topics),
+        topics=len(catalog.topics),
+        object_store=config.object_store.backend,
     )
     try:
         await stop.wait()
@@ -59,9 +91,12 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
         server.close()
         for connection in list(connections):
             connection.close()
-        with contextlib.suppress(asyncio.TimeoutError):
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(server.wait_closed(), config.shutdown_timeout)
-        broker.close()
+        await catalog.close()
+        if store is not None:
+            await store.close()
+        state.close()
         log.info("server.stopped")
 
 

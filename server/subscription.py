@@ -18,15 +18,19 @@ and counted: a slow consumer costs bounded memory and never stalls a producer.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
 from wire.errors import ConsumerBusy
 from wire.limits import MAX_CREDITS
-from wire.messages import ConsumerInfo, SubscriptionInfo, SubscriptionType
+from wire.messages import AckEntry, ConsumerInfo, SubscriptionInfo, SubscriptionType
 from wire.records import split_batch
+
+if TYPE_CHECKING:
+    from server.reliable import ReliableSubscription
 
 log = structlog.get_logger("headwater.subscription")
 
@@ -40,7 +44,9 @@ class ConsumerSession(Protocol):
     @property
     def writable(self) -> bool: ...
 
-    def send_delivery(self, consumer_id: int, partition: int, batch: bytes) -> None: ...
+    def send_delivery(
+        self, consumer_id: int, partition: int, batch: bytes, delivery_count: int = 1
+    ) -> None: ...
 
     def send_consumer_closed(self, consumer_id: int, code: int, message: str) -> None: ...
 
@@ -51,7 +57,7 @@ class Consumer:
     name: str
     priority: int
     session: ConsumerSession
-    subscription: Subscription
+    subscription: Subscription | ReliableSubscription
     credits: int = 0
 
     @property
@@ -150,6 +156,16 @@ class Subscription:
         if active is not None and active.credits > 0 and active.session.writable:
             return active
         return None
+
+    def ack(self, consumer: Consumer, entries: Sequence[AckEntry], kind: int) -> None:
+        """Non-reliable topics keep nothing to acknowledge: acks are accepted and ignored."""
+
+    def nack(self, consumer: Consumer, entries: Sequence[AckEntry], delay_ms: int) -> None:
+        """Nothing is kept to deliver again: nacks are accepted and ignored."""
+
+    async def close(self) -> None:
+        self._backlog.clear()
+        self._backlog_count = 0
 
     def info(self) -> SubscriptionInfo:
         return SubscriptionInfo(

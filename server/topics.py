@@ -1,34 +1,64 @@
-"""Topics and partitions, and the non-reliable publish path.
+"""Topics and partitions: the non-reliable publish path and the reliable append path.
 
-A topic has a fixed number of partitions, each with its next offset, and the subscriptions of its
-attached consumers. Non-reliable publish stamps the batch with the partition's next offset and
-hands it to every subscription: no disk, no acks, offsets restart at 0 with the server. The batch
-stays the producer's bytes throughout; only its first 8 bytes (the base offset) change.
+A topic has a fixed number of partitions and the subscriptions on it. Non-reliable publish stamps
+the batch with the partition's next in-memory offset and hands it to every subscription: no disk,
+no acks, offsets restart at 0 with the server. Reliable append writes the batch to the partition's
+WAL, which assigns the offset; subscriptions read from there at their own pace, and a partition's
+history older than the local WAL is read back from the object store (`archive`).
 """
 
 from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
+from server.config import TopicSettings
 from server.subscription import Subscription
+from storage.wal import PartitionLog
 from wire.errors import InvalidPartition
 from wire.messages import DescribeTopicResponse, DispatchMode, TopicInfo
 
+if TYPE_CHECKING:
+    from server.reliable import ReliableSubscription
+
 _BASE_OFFSET = struct.Struct(">q")
+
+
+class Archive(Protocol):
+    """Segments that left the local WAL for the object store."""
+
+    def start_offset(self, topic: str, partition: int) -> int | None: ...
+
+    async def read(self, topic: str, partition: int, offset: int) -> list[bytes]: ...
 
 
 @dataclass(slots=True)
 class Partition:
     index: int
-    next_offset: int = 0
+    log: PartitionLog | None = None
+    _next_offset: int = 0  # non-reliable only
+
+    @property
+    def next_offset(self) -> int:
+        return self.log.next_offset if self.log is not None else self._next_offset
 
 
 class Topic:
-    def __init__(self, info: TopicInfo) -> None:
+    def __init__(
+        self,
+        info: TopicInfo,
+        settings: TopicSettings | None = None,
+        logs: list[PartitionLog] | None = None,
+        archive: Archive | None = None,
+    ) -> None:
         self.info = info
-        self.partitions = [Partition(i) for i in range(info.partitions)]
-        self.subscriptions: dict[str, Subscription] = {}
+        self.settings = settings
+        self.archive = archive
+        self.partitions = [
+            Partition(i, logs[i] if logs is not None else None) for i in range(info.partitions)
+        ]
+        self.subscriptions: dict[str, Subscription | ReliableSubscription] = {}
         self.messages_in = 0
         self.bytes_in = 0
         self._next_partition = 0
@@ -38,8 +68,8 @@ class Topic:
         return self.info.name
 
     @property
-    def dispatch(self) -> DispatchMode:
-        return DispatchMode(self.info.dispatch)
+    def reliable(self) -> bool:
+        return self.info.dispatch == DispatchMode.RELIABLE
 
     def pick_partition(self, requested: int) -> Partition:
         """`requested` -1 lets the server choose, round-robin per batch."""
@@ -54,20 +84,46 @@ class Topic:
         return self.partitions[requested]
 
     def publish(self, partition: Partition, batch: bytes, record_count: int) -> int:
-        """Stamp and fan out a validated batch; returns its base offset."""
-        base_offset = partition.next_offset
-        partition.next_offset = base_offset + record_count
+        """Non-reliable: stamp and fan out a validated batch; returns its base offset."""
+        base_offset = partition._next_offset
+        partition._next_offset = base_offset + record_count
         stamped = _BASE_OFFSET.pack(base_offset) + batch[8:]
         self.messages_in += record_count
         self.bytes_in += len(batch)
         for subscription in self.subscriptions.values():
+            assert isinstance(subscription, Subscription)
             subscription.offer(partition.index, stamped, record_count)
         return base_offset
+
+    def append(self, partition: Partition, batch: bytes, record_count: int) -> tuple[int, int]:
+        """Reliable: write a validated batch to the WAL; returns (base offset, durability seq)."""
+        assert partition.log is not None
+        result = partition.log.append(batch, record_count)
+        self.messages_in += record_count
+        self.bytes_in += len(batch)
+        return result
+
+    def start_offset(self, partition: int) -> int:
+        """The oldest offset still stored for `partition`, in the object store or locally."""
+        log = self.partitions[partition].log
+        if log is None:
+            return self.partitions[partition].next_offset
+        archived = self.archive.start_offset(self.name, partition) if self.archive else None
+        return min(log.start_offset, archived) if archived is not None else log.start_offset
+
+    async def read(self, partition: int, offset: int) -> list[bytes]:
+        """Reliable: batches from the one holding `offset` (local WAL, else the object store)."""
+        log = self.partitions[partition].log
+        assert log is not None
+        if offset >= log.start_offset or self.archive is None:
+            return await log.read(offset)
+        return await self.archive.read(self.name, partition, offset)
 
     def describe(self) -> DescribeTopicResponse:
         return DescribeTopicResponse(
             topic=self.info,
             next_offsets=tuple(p.next_offset for p in self.partitions),
+            start_offsets=tuple(self.start_offset(p.index) for p in self.partitions),
             messages_in=self.messages_in,
             bytes_in=self.bytes_in,
             subscriptions=tuple(s.info() for _, s in sorted(self.subscriptions.items())),

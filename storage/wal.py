@@ -39,7 +39,6 @@ import structlog
 from storage.segments import (
     INDEX_INTERVAL_BYTES,
     INDEX_SUFFIX,
-    BatchLocation,
     IndexEntry,
     batch_location,
     build_index,
@@ -262,6 +261,10 @@ class PartitionLog:
 
     # Durability
 
+    def must_wait(self, sequence: int) -> bool:
+        """Whether an ack for append `sequence` must wait for an fsync (policy `always`)."""
+        return self.config.fsync == FsyncPolicy.ALWAYS and self._durable < sequence
+
     async def wait_durable(self, sequence: int) -> None:
         """Resolve once an fsync covers append number `sequence` (at once under `never`)."""
         if self._durable >= sequence or self.config.fsync == FsyncPolicy.NEVER:
@@ -482,5 +485,3 @@ def _read_batches(path: Path, position: int, offset: int, max_bytes: int) -> lis
             position += length
             if size >= max_bytes:
                 return batches
-
-

@@ -20,7 +20,6 @@ from wire.errors import (
     InvalidPartition,
     InvalidRequest,
     InvalidTopicName,
-    NotSupported,
     UnknownConsumer,
     UnknownTopic,
 )
@@ -168,8 +167,14 @@ async def test_bad_create_arguments(client: headwater.Client, topic_name: str) -
         await client.create_topic(topic_name, partitions=0)
     with pytest.raises(InvalidRequest, match="partitions"):
         await client.create_topic(topic_name, partitions=100_000)
-    with pytest.raises(NotSupported, match="reliable"):
-        await client.create_topic(topic_name, dispatch="reliable")
+    with pytest.raises(InvalidRequest, match="unknown topic config 'colour'"):
+        await client.create_topic(topic_name, dispatch="reliable", configs={"colour": "red"})
+    with pytest.raises(InvalidRequest, match="fsync must be always, interval or never"):
+        await client.create_topic(topic_name, dispatch="reliable", configs={"fsync": "sometimes"})
+    with pytest.raises(InvalidRequest, match="segment.bytes must be an integer"):
+        await client.create_topic(topic_name, dispatch="reliable", configs={"segment.bytes": "x"})
+    with pytest.raises(InvalidRequest, match="non-reliable topics take no configs"):
+        await client.create_topic(topic_name, configs={"fsync": "never"})
     with pytest.raises(InvalidRequest, match="dispatch"):
         await client.create_topic(topic_name, dispatch="sometimes")  # type: ignore[arg-type]
 

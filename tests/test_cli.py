@@ -131,12 +131,6 @@ def test_server_from_environment(server: ServerProcess, topic_name: str) -> None
     assert result.returncode == 0, result.stderr
 
 
-def test_reliable_is_refused_clearly(server: ServerProcess, topic_name: str) -> None:
-    result = hw("topic", "create", topic_name, "--dispatch", "reliable", server=server)
-    assert result.returncode == 1
-    assert "NOT_SUPPORTED: reliable dispatch is not yet supported" in result.stderr
-
-
 def test_binary_values_print_as_base64_in_json(server: ServerProcess, topic_name: str) -> None:
     import asyncio
 

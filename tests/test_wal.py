@@ -128,7 +128,7 @@ async def test_timestamp_lookup(tmp_path: Path) -> None:
 async def test_retention_deletes_only_sealed_segments(tmp_path: Path) -> None:
     log = PartitionLog.open(tmp_path, LogConfig(segment_bytes=500))
     log.start()
-    for i in range(20):
+    for _i in range(20):
         log.append(batch(b"y" * 100), 1)
     await log.close()
     log = PartitionLog.open(tmp_path, LogConfig(segment_bytes=500))

@@ -30,23 +30,25 @@ i64 = st.integers(-(2**63), 2**63 - 1)
 i8 = st.integers(-128, 127)
 i16 = st.integers(-(2**15), 2**15 - 1)
 
+configs = st.lists(st.builds(m.ConfigEntry, names, names), max_size=3).map(tuple)
+acks = st.lists(st.builds(m.AckEntry, i32, i64), max_size=5).map(tuple)
+settings = st.builds(m.SubscriptionSettings, i8, i64, i32, i32, i8, i32, i32)
 requests = st.one_of(
     st.builds(m.ProduceRequest, names, i32, st.binary(max_size=200)),
-    st.builds(m.SubscribeRequest, names, names, i8, names, i32, i32),
+    st.builds(m.SubscribeRequest, names, names, i8, names, i32, i32, settings),
     st.builds(m.FlowRequest, i32, i32),
-    st.builds(
-        m.AckRequest,
-        i32,
-        st.lists(st.builds(m.AckEntry, i32, i64), max_size=5).map(tuple),
-    ),
+    st.builds(m.AckRequest, i32, acks, i8),
+    st.builds(m.NackRequest, i32, acks, i32),
+    st.builds(m.SeekRequest, names, names, i8, i64),
+    st.builds(m.DeleteSubscriptionRequest, names, names),
     st.builds(m.UnsubscribeRequest, i32),
-    st.builds(m.CreateTopicRequest, names, i32, i8),
+    st.builds(m.CreateTopicRequest, names, i32, i8, configs),
     st.builds(m.DeleteTopicRequest, names),
     st.just(m.ListTopicsRequest()),
     st.builds(m.DescribeTopicRequest, names),
     st.just(m.ApiVersionsRequest()),
 )
-topic_infos = st.builds(m.TopicInfo, names, i32, i8)
+topic_infos = st.builds(m.TopicInfo, names, i32, i8, configs)
 consumer_infos = st.builds(m.ConsumerInfo, i32, names, i32, i32, st.booleans())
 subscription_infos = st.builds(
     m.SubscriptionInfo,
@@ -56,6 +58,8 @@ subscription_infos = st.builds(
     i64,
     i64,
     st.lists(consumer_infos, max_size=3).map(tuple),
+    i64,
+    i64,
 )
 responses = st.one_of(
     st.tuples(st.just(m.ApiKey.PRODUCE), st.builds(m.ProduceResponse, i32, i64)),
@@ -70,6 +74,7 @@ responses = st.one_of(
         st.builds(
             m.DescribeTopicResponse,
             topic_infos,
+            st.lists(i64, max_size=4).map(tuple),
             st.lists(i64, max_size=4).map(tuple),
             i64,
             i64,
@@ -107,9 +112,14 @@ def test_response_round_trip(pair: tuple[int, Any], correlation_id: int) -> None
     assert decode_response(frame.header, frame.body) == response
 
 
-@given(st.builds(m.Delivery, i32, st.binary(max_size=100)), i32)
+@given(st.builds(m.Delivery, i32, i32, st.binary(max_size=100)), i32)
 def test_delivery_fast_path_matches_schema(delivery: m.Delivery, consumer_id: int) -> None:
-    fast = delivery_prefix(consumer_id, delivery.partition, len(delivery.batch)) + delivery.batch
+    fast = (
+        delivery_prefix(
+            consumer_id, delivery.partition, len(delivery.batch), delivery.delivery_count
+        )
+        + delivery.batch
+    )
     assert fast == encode_push(consumer_id, delivery)
     frame = _one_frame(fast)
     assert decode_push(frame.header, frame.body) == delivery

@@ -53,6 +53,9 @@ class DataclassAdapter(Adapter):  # type: ignore[misc]
         super().__init__(subcon)
         self.cls = cls
         self.fields = [f.name for f in dataclasses.fields(cls)]
+        declared = {sc.name for sc in subcon.subcons}
+        if declared != set(self.fields):
+            raise TypeError(f"{cls.__name__}: schema fields {declared} != {set(self.fields)}")
 
     def _decode(self, obj: Any, context: Any, path: Any) -> Any:
         values = {}
@@ -72,7 +75,25 @@ def message(cls: type, *fields: Any) -> DataclassAdapter:
     return DataclassAdapter(cls, Struct(*fields))
 
 
-TOPIC_INFO = message(m.TopicInfo, "name" / String, "partitions" / Int32sb, "dispatch" / Int8sb)
+CONFIG_ENTRIES = PrefixedArray(Int32sb, message(m.ConfigEntry, "name" / String, "value" / String))
+TOPIC_INFO = message(
+    m.TopicInfo,
+    "name" / String,
+    "partitions" / Int32sb,
+    "dispatch" / Int8sb,
+    "configs" / CONFIG_ENTRIES,
+)
+ACK_ENTRIES = PrefixedArray(Int32sb, message(m.AckEntry, "partition" / Int32sb, "offset" / Int64sb))
+SUBSCRIPTION_SETTINGS = message(
+    m.SubscriptionSettings,
+    "start" / Int8sb,
+    "start_value" / Int64sb,
+    "ack_timeout_ms" / Int32sb,
+    "max_deliveries" / Int32sb,
+    "backoff" / Int8sb,
+    "backoff_initial_ms" / Int32sb,
+    "backoff_max_ms" / Int32sb,
+)
 CONSUMER_INFO = message(
     m.ConsumerInfo,
     "consumer_id" / Int32sb,
@@ -89,6 +110,8 @@ SUBSCRIPTION_INFO = message(
     "delivered" / Int64sb,
     "dropped" / Int64sb,
     "consumers" / PrefixedArray(Int32sb, CONSUMER_INFO),
+    "unacked" / Int64sb,
+    "dead_lettered" / Int64sb,
 )
 EMPTY_RESPONSE = message(m.EmptyResponse)
 
@@ -107,6 +130,7 @@ SCHEMAS: Final[dict[int, tuple[DataclassAdapter, DataclassAdapter]]] = {
             "consumer_name" / String,
             "priority" / Int32sb,
             "initial_credits" / Int32sb,
+            "settings" / SUBSCRIPTION_SETTINGS,
         ),
         message(m.SubscribeResponse, "consumer_id" / Int32sb),
     ),
@@ -115,19 +139,36 @@ SCHEMAS: Final[dict[int, tuple[DataclassAdapter, DataclassAdapter]]] = {
         EMPTY_RESPONSE,
     ),
     m.ApiKey.ACK: (
+        message(m.AckRequest, "consumer_id" / Int32sb, "kind" / Int8sb, "acks" / ACK_ENTRIES),
+        EMPTY_RESPONSE,
+    ),
+    m.ApiKey.NACK: (
+        message(m.NackRequest, "consumer_id" / Int32sb, "delay_ms" / Int32sb, "acks" / ACK_ENTRIES),
+        EMPTY_RESPONSE,
+    ),
+    m.ApiKey.SEEK: (
         message(
-            m.AckRequest,
-            "consumer_id" / Int32sb,
-            "acks"
-            / PrefixedArray(
-                Int32sb, message(m.AckEntry, "partition" / Int32sb, "offset" / Int64sb)
-            ),
+            m.SeekRequest,
+            "topic" / String,
+            "subscription" / String,
+            "start" / Int8sb,
+            "start_value" / Int64sb,
         ),
+        EMPTY_RESPONSE,
+    ),
+    m.ApiKey.DELETE_SUBSCRIPTION: (
+        message(m.DeleteSubscriptionRequest, "topic" / String, "subscription" / String),
         EMPTY_RESPONSE,
     ),
     m.ApiKey.UNSUBSCRIBE: (message(m.UnsubscribeRequest, "consumer_id" / Int32sb), EMPTY_RESPONSE),
     m.ApiKey.CREATE_TOPIC: (
-        message(m.CreateTopicRequest, "name" / String, "partitions" / Int32sb, "dispatch" / Int8sb),
+        message(
+            m.CreateTopicRequest,
+            "name" / String,
+            "partitions" / Int32sb,
+            "dispatch" / Int8sb,
+            "configs" / CONFIG_ENTRIES,
+        ),
         EMPTY_RESPONSE,
     ),
     m.ApiKey.DELETE_TOPIC: (message(m.DeleteTopicRequest, "name" / String), EMPTY_RESPONSE),
@@ -141,6 +182,7 @@ SCHEMAS: Final[dict[int, tuple[DataclassAdapter, DataclassAdapter]]] = {
             m.DescribeTopicResponse,
             "topic" / TOPIC_INFO,
             "next_offsets" / PrefixedArray(Int32sb, Int64sb),
+            "start_offsets" / PrefixedArray(Int32sb, Int64sb),
             "messages_in" / Int64sb,
             "bytes_in" / Int64sb,
             "subscriptions" / PrefixedArray(Int32sb, SUBSCRIPTION_INFO),
@@ -165,7 +207,9 @@ SCHEMAS: Final[dict[int, tuple[DataclassAdapter, DataclassAdapter]]] = {
 }
 
 PUSH_SCHEMAS: Final[dict[int, DataclassAdapter]] = {
-    m.ApiKey.DELIVER: message(m.Delivery, "partition" / Int32sb, "batch" / GreedyBytes),
+    m.ApiKey.DELIVER: message(
+        m.Delivery, "partition" / Int32sb, "delivery_count" / Int32sb, "batch" / GreedyBytes
+    ),
     m.ApiKey.CONSUMER_CLOSED: message(m.ConsumerClosed, "error_code" / Int16sb, "message" / String),
 }
 
@@ -177,7 +221,7 @@ SUPPORTED_VERSIONS: Final[dict[int, tuple[int, int]]] = {key: (0, 0) for key in 
 
 ERROR_HEADER = struct.Struct(">h")
 _PRODUCE_RESPONSE = struct.Struct(">hiq")
-_DELIVER_PARTITION = struct.Struct(">i")
+_DELIVER_FIELDS = struct.Struct(">ii")  # partition, delivery count
 _U16 = struct.Struct(">H")
 _I32 = struct.Struct(">i")
 _PRODUCE_PREFIX_SIZE: Final = 2 + 4  # topic length, partition
@@ -303,11 +347,13 @@ def decode_response(header: FrameHeader, body: bytes) -> m.Response:
 # Pushed frames
 
 
-def delivery_prefix(consumer_id: int, partition: int, batch_size: int) -> bytes:
-    """Size prefix, header and partition of a delivery; the batch bytes follow unchanged."""
+def delivery_prefix(
+    consumer_id: int, partition: int, batch_size: int, delivery_count: int = 1
+) -> bytes:
+    """Size prefix, header and fixed fields of a delivery; the batch bytes follow unchanged."""
     return frame_prefix(
-        m.ApiKey.DELIVER, 0, consumer_id, Flags.PUSH, _DELIVER_PARTITION.size + batch_size
-    ) + _DELIVER_PARTITION.pack(partition)
+        m.ApiKey.DELIVER, 0, consumer_id, Flags.PUSH, _DELIVER_FIELDS.size + batch_size
+    ) + _DELIVER_FIELDS.pack(partition, delivery_count)
 
 
 def encode_push(consumer_id: int, push: m.Delivery | m.ConsumerClosed) -> bytes:
@@ -317,10 +363,10 @@ def encode_push(consumer_id: int, push: m.Delivery | m.ConsumerClosed) -> bytes:
 
 def decode_push(header: FrameHeader, body: bytes) -> m.Delivery | m.ConsumerClosed:
     if header.api_key == m.ApiKey.DELIVER:
-        if len(body) < _DELIVER_PARTITION.size:
-            raise MalformedFrame("delivery shorter than its partition field")
-        (partition,) = _DELIVER_PARTITION.unpack_from(body, 0)
-        return m.Delivery(partition, body[_DELIVER_PARTITION.size :])
+        if len(body) < _DELIVER_FIELDS.size:
+            raise MalformedFrame("delivery shorter than its fixed fields")
+        partition, delivery_count = _DELIVER_FIELDS.unpack_from(body, 0)
+        return m.Delivery(partition, delivery_count, body[_DELIVER_FIELDS.size :])
     schema = PUSH_SCHEMAS.get(header.api_key)
     if schema is None:
         raise UnsupportedApi(f"unknown pushed api key {header.api_key}")

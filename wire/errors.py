@@ -34,6 +34,7 @@ class ErrorCode(enum.IntEnum):
     SERVER_SHUTTING_DOWN = 17
     CONNECTION_CLOSED = 18
     REQUEST_TIMEOUT = 19
+    STORAGE_ERROR = 20
 
 
 class HeadwaterError(Exception):
@@ -141,6 +142,17 @@ class RequestTimeout(HeadwaterError):
     retriable = True
 
 
+class StorageError(HeadwaterError):
+    """Local disk or object store failure; the operation may succeed later."""
+
+    code = ErrorCode.STORAGE_ERROR
+    retriable = True
+
+
+class ObjectNotFound(StorageError):
+    pass
+
+
 _BY_CODE: dict[int, type[HeadwaterError]] = {}
 for _cls in (
     UnknownServerError,
@@ -162,6 +174,7 @@ for _cls in (
     ServerShuttingDown,
     ConnectionClosed,
     RequestTimeout,
+    StorageError,
 ):
     _BY_CODE[_cls.code] = _cls
 

@@ -17,6 +17,9 @@ class ApiKey(enum.IntEnum):
     FLOW = 2
     ACK = 3
     UNSUBSCRIBE = 4
+    NACK = 5
+    SEEK = 6
+    DELETE_SUBSCRIPTION = 7
     CREATE_TOPIC = 10
     DELETE_TOPIC = 11
     LIST_TOPICS = 12
@@ -38,6 +41,38 @@ class DispatchMode(enum.IntEnum):
     RELIABLE = 1
 
 
+class StartPosition(enum.IntEnum):
+    """Where a new (or reset) reliable subscription starts reading."""
+
+    LATEST = 0  # only messages produced from now on
+    EARLIEST = 1  # the oldest message still stored (locally or in the object store)
+    OFFSET = 2  # `start_value` is an offset, applied to every partition
+    TIMESTAMP = 3  # `start_value` is a time in ms: the first message at or after it
+
+
+class AckKind(enum.IntEnum):
+    INDIVIDUAL = 0
+    CUMULATIVE = 1  # the offset and everything below it on that partition (not for Shared)
+
+
+class Backoff(enum.IntEnum):
+    FIXED = 0
+    EXPONENTIAL = 1
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionSettings:
+    """Reliable subscriptions only; fixed when the subscription is created. 0 = server default."""
+
+    start: int = StartPosition.LATEST
+    start_value: int = 0
+    ack_timeout_ms: int = 0
+    max_deliveries: int = 0  # after this many deliveries a message goes to the dead-letter topic
+    backoff: int = Backoff.EXPONENTIAL
+    backoff_initial_ms: int = 0
+    backoff_max_ms: int = 0
+
+
 # Requests
 
 
@@ -56,6 +91,7 @@ class SubscribeRequest:
     consumer_name: str
     priority: int = 0  # Failover: the lowest value is active; ties go to the first name
     initial_credits: int = 0
+    settings: SubscriptionSettings = SubscriptionSettings()
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +110,32 @@ class AckEntry:
 class AckRequest:
     consumer_id: int
     acks: tuple[AckEntry, ...]
+    kind: int = AckKind.INDIVIDUAL
+
+
+@dataclass(frozen=True, slots=True)
+class NackRequest:
+    """Give messages back for redelivery after `delay_ms` (0: the subscription's backoff)."""
+
+    consumer_id: int
+    acks: tuple[AckEntry, ...]
+    delay_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SeekRequest:
+    """Reset a reliable subscription's position; its unacknowledged messages are forgotten."""
+
+    topic: str
+    subscription: str
+    start: int
+    start_value: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteSubscriptionRequest:
+    topic: str
+    subscription: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,10 +144,17 @@ class UnsubscribeRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class ConfigEntry:
+    name: str
+    value: str
+
+
+@dataclass(frozen=True, slots=True)
 class CreateTopicRequest:
     name: str
     partitions: int = 1
     dispatch: int = DispatchMode.NON_RELIABLE
+    configs: tuple[ConfigEntry, ...] = ()  # per-topic settings, see docs/CONFIGURATION.md
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +201,7 @@ class TopicInfo:
     name: str
     partitions: int
     dispatch: int
+    configs: tuple[ConfigEntry, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,12 +226,15 @@ class SubscriptionInfo:
     delivered: int
     dropped: int  # messages lost because the subscription's consumers were too slow
     consumers: tuple[ConsumerInfo, ...]
+    unacked: int = 0  # reliable: delivered and not yet acknowledged
+    dead_lettered: int = 0  # reliable: moved to the dead-letter topic
 
 
 @dataclass(frozen=True, slots=True)
 class DescribeTopicResponse:
     topic: TopicInfo
     next_offsets: tuple[int, ...]  # per partition, the offset the next message will get
+    start_offsets: tuple[int, ...]  # per partition, the oldest offset still stored
     messages_in: int
     bytes_in: int
     subscriptions: tuple[SubscriptionInfo, ...]
@@ -187,6 +260,7 @@ class Delivery:
     """Records for a consumer. The consumer id travels in the header's correlation id field."""
 
     partition: int
+    delivery_count: int  # 1 on first delivery; more when redelivered (reliable topics)
     batch: bytes
 
 
@@ -204,6 +278,9 @@ Request = (
     | FlowRequest
     | AckRequest
     | UnsubscribeRequest
+    | NackRequest
+    | SeekRequest
+    | DeleteSubscriptionRequest
     | CreateTopicRequest
     | DeleteTopicRequest
     | ListTopicsRequest

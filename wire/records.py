@@ -289,12 +289,13 @@ def split_batch(batch: bytes, count: int) -> tuple[bytes, bytes]:
     records = read_records(batch)
     compression = Compression(info.compression)
     return (
-        _rebuild(records[:count], compression),
-        _rebuild(records[count:], compression),
+        rebuild_batch(records[:count], compression),
+        rebuild_batch(records[count:], compression),
     )
 
 
-def _rebuild(records: Sequence[Record], compression: Compression) -> bytes:
+def rebuild_batch(records: Sequence[Record], compression: Compression = Compression.NONE) -> bytes:
+    """Encode decoded records again as one batch, keeping their offsets and timestamps."""
     builder = BatchBuilder(compression)
     for record in records:
         builder.append(record.key, record.value, record.headers, record.timestamp)

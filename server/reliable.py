@@ -1,0 +1,483 @@
+"""Reliable subscriptions: at-least-once delivery from the WAL, with acks, redelivery and DLQ.
+
+A reliable subscription outlives its consumers. Per partition it keeps a `PartitionCursor` (acked
+floor, out-of-order acks, what was dispatched, delivery counts), persisted in RocksDB after each
+change, and in memory which offsets are in flight to which consumer.
+
+One pump task per subscription does all sending, so no two deliveries race. Each round it picks a
+consumer the subscription type allows (Exclusive: the one; Failover: the active one; Shared: the
+one with the most credit) and sends it, within its credit:
+
+1. messages due for redelivery (ack timeout passed, nacked and the delay passed, or their consumer
+   left), re-encoded as batches of consecutive offsets; a message already delivered
+   `max_deliveries` times goes to the dead-letter topic instead and is acked here;
+2. otherwise the next batch after `dispatched`, read from the WAL's tail cache, the WAL, or the
+   object store, cut to start at `dispatched` and to the consumer's credit.
+
+Ack timeouts are tracked per delivered batch in a heap. Redelivery waits follow the subscription's
+backoff: fixed, or exponential in the number of deliveries, capped; a nack may name its own delay;
+a consumer that disconnects has its messages redelivered at once. On a restart, everything
+dispatched and not acked is redelivered, with its delivery count kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+import structlog
+
+from durables.cursor import PartitionCursor
+from server.subscription import Consumer
+from server.topics import Topic
+from storage.state import CURSOR, StateStore, key
+from storage.wal import FsyncPolicy
+from wire.errors import ConsumerBusy, InvalidRequest
+from wire.limits import MAX_CREDITS
+from wire.messages import (
+    AckEntry,
+    AckKind,
+    Backoff,
+    ConsumerInfo,
+    SubscriptionInfo,
+    SubscriptionType,
+)
+from wire.records import Compression, Record, inspect_batch, read_records, rebuild_batch
+
+log = structlog.get_logger("headwater.reliable")
+
+_YIELD_EVERY = 64  # pump rounds between yields to the event loop
+
+
+@dataclass(frozen=True, slots=True)
+class ReliableSettings:
+    ack_timeout_ms: int
+    max_deliveries: int  # 0: no limit
+    backoff: Backoff
+    backoff_initial_ms: int
+    backoff_max_ms: int
+
+    def redelivery_delay(self, deliveries: int) -> float:
+        """Seconds to wait before delivery number `deliveries + 1`."""
+        initial = self.backoff_initial_ms / 1000
+        if self.backoff == Backoff.FIXED:
+            return initial
+        return float(min(initial * 2 ** max(0, deliveries - 1), self.backoff_max_ms / 1000))
+
+
+DeadLetter = Callable[[str, int, Record, int], Awaitable[None]]
+
+
+@dataclass(slots=True)
+class _Delivery:
+    partition: int
+    first: int
+    end: int
+    consumer_id: int
+    generation: int
+
+
+class ReliableSubscription:
+    def __init__(
+        self,
+        topic: Topic,
+        name: str,
+        sub_type: SubscriptionType,
+        settings: ReliableSettings,
+        cursors: list[PartitionCursor],
+        state: StateStore,
+        dead_letter: DeadLetter,
+    ) -> None:
+        self.topic = topic.name
+        self._topic = topic
+        self.name = name
+        self.sub_type = sub_type
+        self.settings = settings
+        self.consumers: dict[int, Consumer] = {}
+        self._active: Consumer | None = None
+        self._cursors = cursors
+        self._state = state
+        self._sync_state = topic.settings is not None and topic.settings.fsync == FsyncPolicy.ALWAYS
+        self._dead_letter = dead_letter
+        # offset -> generation of the delivery it is in flight with, per partition
+        self._in_flight: list[dict[int, int]] = [{} for _ in cursors]
+        self._deliveries: dict[int, _Delivery] = {}
+        self._deadlines: list[tuple[float, int]] = []  # (deadline, generation)
+        self._due: list[tuple[float, int, int]] = []  # (not before, partition, offset)
+        self._generations = itertools.count(1)
+        self._next_partition = 0
+        self._wake = asyncio.Event()
+        self._dirty: set[int] = set()
+        self._flushing = False
+        self._task: asyncio.Task[None] | None = None
+        self.delivered = 0
+        self.dead_lettered = 0
+        now = time.monotonic()
+        for partition, cursor in enumerate(cursors):
+            for offset in cursor.unacked():
+                heapq.heappush(self._due, (now, partition, offset))
+
+    # Lifecycle
+
+    def start(self) -> None:
+        for partition in self._topic.partitions:
+            assert partition.log is not None
+            partition.log.add_append_listener(self._wake.set)
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def close(self) -> None:
+        for partition in self._topic.partitions:
+            if partition.log is not None:
+                partition.log.remove_append_listener(self._wake.set)
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        self._write_dirty()
+
+    # Consumers
+
+    def attach(self, consumer: Consumer) -> None:
+        if self.sub_type == SubscriptionType.EXCLUSIVE and self.consumers:
+            raise ConsumerBusy(
+                f"subscription {self.name!r} on topic {self.topic!r} is exclusive and already "
+                "has a consumer"
+            )
+        self.consumers[consumer.consumer_id] = consumer
+        self._elect()
+        self._wake.set()
+
+    def detach(self, consumer: Consumer) -> None:
+        if self.consumers.pop(consumer.consumer_id, None) is None:
+            return
+        now = time.monotonic()
+        for delivery in list(self._deliveries.values()):
+            if delivery.consumer_id == consumer.consumer_id:
+                self._requeue(delivery, now)
+        self._elect()
+        self._wake.set()
+
+    def _elect(self) -> None:
+        self._active = min(self.consumers.values(), key=lambda c: c.sort_key, default=None)
+
+    def grant(self, consumer: Consumer, credits: int) -> None:
+        consumer.credits = min(consumer.credits + credits, MAX_CREDITS)
+        self._wake.set()
+
+    def drain(self) -> None:
+        self._wake.set()
+
+    def _target(self) -> Consumer | None:
+        if self.sub_type == SubscriptionType.SHARED:
+            best: Consumer | None = None
+            for consumer in self.consumers.values():
+                if (
+                    consumer.credits > 0
+                    and consumer.session.writable
+                    and (best is None or consumer.credits > best.credits)
+                ):
+                    best = consumer
+            if best is not None:
+                del self.consumers[best.consumer_id]
+                self.consumers[best.consumer_id] = best
+            return best
+        active = self._active
+        if active is not None and active.credits > 0 and active.session.writable:
+            return active
+        return None
+
+    # Acknowledgements
+
+    def ack(self, consumer: Consumer, entries: Sequence[AckEntry], kind: int) -> None:
+        if kind == AckKind.CUMULATIVE and self.sub_type == SubscriptionType.SHARED:
+            raise InvalidRequest("cumulative acks are not allowed on a shared subscription")
+        self._check_partitions(entries)
+        for entry in entries:
+            cursor = self._cursors[entry.partition]
+            in_flight = self._in_flight[entry.partition]
+            if kind == AckKind.CUMULATIVE:
+                changed = cursor.ack_up_to(entry.offset)
+                for offset in [o for o in in_flight if o <= entry.offset]:
+                    del in_flight[offset]
+            else:
+                changed = cursor.ack(entry.offset)
+                in_flight.pop(entry.offset, None)
+            if changed:
+                self._dirty.add(entry.partition)
+        self._persist()
+
+    def nack(self, consumer: Consumer, entries: Sequence[AckEntry], delay_ms: int) -> None:
+        if delay_ms < 0:
+            raise InvalidRequest(f"nack delay must be >= 0 ms, not {delay_ms}")
+        self._check_partitions(entries)
+        now = time.monotonic()
+        for entry in entries:
+            cursor = self._cursors[entry.partition]
+            if self._in_flight[entry.partition].pop(entry.offset, None) is None:
+                continue
+            if cursor.is_acked(entry.offset):
+                continue
+            delay = (
+                delay_ms / 1000
+                if delay_ms
+                else self.settings.redelivery_delay(cursor.delivery_count(entry.offset))
+            )
+            heapq.heappush(self._due, (now + delay, entry.partition, entry.offset))
+        self._wake.set()
+
+    def _check_partitions(self, entries: Sequence[AckEntry]) -> None:
+        for entry in entries:
+            if not 0 <= entry.partition < len(self._cursors):
+                raise InvalidRequest(f"topic {self.topic!r} has no partition {entry.partition}")
+
+    def reset(self, offsets: list[int]) -> None:
+        """Seek: start every partition again at the given offset, forgetting unacked messages."""
+        for partition, offset in enumerate(offsets):
+            self._cursors[partition].reset(offset)
+            self._in_flight[partition].clear()
+            self._dirty.add(partition)
+        self._deliveries.clear()
+        self._deadlines.clear()
+        self._due.clear()
+        self._persist()
+        self._wake.set()
+
+    # Persistence: coalesce cursor writes, one WriteBatch per event-loop turn at most.
+
+    def _persist(self) -> None:
+        if self._dirty and not self._flushing:
+            self._flushing = True
+            asyncio.get_running_loop().create_task(self._flush())
+
+    async def _flush(self) -> None:
+        try:
+            while self._dirty:
+                await asyncio.sleep(0)
+                puts = self._dirty_puts()
+                if self._sync_state:
+                    await asyncio.to_thread(self._state.write, puts, None, True)
+                else:
+                    self._state.write(puts)
+        finally:
+            self._flushing = False
+
+    def _dirty_puts(self) -> dict[bytes, bytes]:
+        dirty, self._dirty = self._dirty, set()
+        return {
+            key(CURSOR, self.topic, self.name, p): self._cursors[p].encode() for p in sorted(dirty)
+        }
+
+    def _write_dirty(self) -> None:
+        if self._dirty:
+            self._state.write(self._dirty_puts(), sync=self._sync_state)
+
+    # The pump
+
+    async def _run(self) -> None:
+        rounds = 0
+        while True:
+            self._expire(time.monotonic())
+            try:
+                sent = await self._dispatch_once()
+            except Exception:  # a bug must not stop the subscription for good
+                log.exception("subscription.dispatch_failed", topic=self.topic, name=self.name)
+                await asyncio.sleep(1)
+                continue
+            rounds += 1
+            if sent and rounds % _YIELD_EVERY:
+                continue
+            if sent:
+                await asyncio.sleep(0)
+                continue
+            self._wake.clear()
+            timeout = self._next_event_in(time.monotonic())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+
+    def _next_event_in(self, now: float) -> float | None:
+        times = []
+        if self._deadlines:
+            times.append(self._deadlines[0][0])
+        if self._due:
+            times.append(self._due[0][0])
+        return max(0.0, min(times) - now) + 0.001 if times else None
+
+    def _expire(self, now: float) -> None:
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, generation = heapq.heappop(self._deadlines)
+            delivery = self._deliveries.get(generation)
+            if delivery is not None:
+                self._requeue(delivery, now, backoff=True)
+
+    def _requeue(self, delivery: _Delivery, now: float, backoff: bool = False) -> None:
+        """Put a delivery's unacked offsets back to be delivered again."""
+        self._deliveries.pop(delivery.generation, None)
+        in_flight = self._in_flight[delivery.partition]
+        cursor = self._cursors[delivery.partition]
+        for offset in range(delivery.first, delivery.end):
+            if in_flight.get(offset) != delivery.generation:
+                continue
+            del in_flight[offset]
+            if cursor.is_acked(offset):
+                continue
+            delay = self.settings.redelivery_delay(cursor.delivery_count(offset)) if backoff else 0
+            heapq.heappush(self._due, (now + delay, delivery.partition, offset))
+        self._wake.set()
+
+    async def _dispatch_once(self) -> bool:
+        target = self._target()
+        if target is None:
+            return False
+        if self._due and self._due[0][0] <= time.monotonic():
+            return await self._redeliver(target)
+        partitions = len(self._cursors)
+        for step in range(partitions):
+            partition = (self._next_partition + step) % partitions
+            cursor = self._cursors[partition]
+            if cursor.dispatched >= self._topic.partitions[partition].next_offset:
+                continue
+            self._next_partition = (partition + 1) % partitions
+            if cursor.dispatched < self._topic.start_offset(partition):
+                # Retention (or a seek) left the cursor behind the oldest stored message.
+                cursor.reset(self._topic.start_offset(partition))
+                self._dirty.add(partition)
+                continue
+            batches = await self._topic.read(partition, cursor.dispatched)
+            if not batches or target.consumer_id not in self.consumers:
+                return bool(batches)
+            return self._send_new(target, partition, batches[0])
+        return False
+
+    def _send_new(self, target: Consumer, partition: int, batch: bytes) -> bool:
+        cursor = self._cursors[partition]
+        info = inspect_batch(batch)
+        end = info.base_offset + info.record_count
+        first = cursor.dispatched
+        if end <= first:  # already past this batch (a racing seek)
+            return True
+        if info.base_offset < first or end - first > target.credits:
+            records = [r for r in read_records(batch) if r.offset >= first][: target.credits]
+            batch = rebuild_batch(records, Compression(info.compression))
+            end = records[-1].offset + 1
+        self._send(target, partition, first, end, batch, 1)
+        cursor.record_delivery(first, end)
+        self._dirty.add(partition)
+        self._persist()
+        return True
+
+    async def _redeliver(self, target: Consumer) -> bool:
+        now = time.monotonic()
+        partition = self._due[0][1]
+        cursor = self._cursors[partition]
+        in_flight = self._in_flight[partition]
+        offsets: set[int] = set()
+        while (
+            self._due
+            and self._due[0][0] <= now
+            and self._due[0][1] == partition
+            and len(offsets) < target.credits
+        ):
+            _, _, offset = heapq.heappop(self._due)
+            if not cursor.is_acked(offset) and offset not in in_flight:
+                offsets.add(offset)
+        if not offsets:
+            return True
+        records = await self._fetch(partition, sorted(offsets))
+        if target.consumer_id not in self.consumers:
+            for record in records:
+                heapq.heappush(self._due, (now, partition, record.offset))
+            return True
+        limit = self.settings.max_deliveries
+        for run in _runs(records):
+            deliverable = []
+            for record in run:
+                count = cursor.delivery_count(record.offset)
+                if limit and count >= limit:
+                    await self._dead_letter(self.topic, partition, record, count)
+                    self.dead_lettered += 1
+                    cursor.ack(record.offset)
+                    self._dirty.add(partition)
+                else:
+                    deliverable.append(record)
+            for group in _runs(deliverable):
+                count = max(cursor.delivery_count(r.offset) for r in group) + 1
+                first, end = group[0].offset, group[-1].offset + 1
+                self._send(target, partition, first, end, rebuild_batch(group), count)
+                cursor.record_delivery(first, end)
+        self._dirty.add(partition)
+        self._persist()
+        return True
+
+    async def _fetch(self, partition: int, offsets: list[int]) -> list[Record]:
+        """The records at `offsets` (sorted), read back from the WAL or the object store."""
+        wanted = set(offsets)
+        found: list[Record] = []
+        offset = offsets[0]
+        last = offsets[-1]
+        while offset <= last:
+            batches = await self._topic.read(partition, offset)
+            if not batches:
+                break
+            for batch in batches:
+                for record in read_records(batch):
+                    if record.offset in wanted:
+                        found.append(record)
+                offset = inspect_batch(batch).base_offset + inspect_batch(batch).record_count
+        return found
+
+    def _send(
+        self, target: Consumer, partition: int, first: int, end: int, batch: bytes, count: int
+    ) -> None:
+        generation = next(self._generations)
+        delivery = _Delivery(partition, first, end, target.consumer_id, generation)
+        self._deliveries[generation] = delivery
+        in_flight = self._in_flight[partition]
+        for offset in range(first, end):
+            in_flight[offset] = generation
+        deadline = time.monotonic() + self.settings.ack_timeout_ms / 1000
+        heapq.heappush(self._deadlines, (deadline, generation))
+        target.credits -= end - first
+        self.delivered += end - first
+        target.session.send_delivery(target.consumer_id, partition, batch, count)
+
+    # Introspection
+
+    def info(self) -> SubscriptionInfo:
+        backlog = sum(
+            self._topic.partitions[p].next_offset - c.floor - len(c.acked)
+            for p, c in enumerate(self._cursors)
+        )
+        return SubscriptionInfo(
+            name=self.name,
+            sub_type=self.sub_type,
+            pending=backlog,
+            delivered=self.delivered,
+            dropped=0,
+            consumers=tuple(
+                ConsumerInfo(
+                    consumer_id=c.consumer_id,
+                    name=c.name,
+                    priority=c.priority,
+                    credits=c.credits,
+                    active=self.sub_type == SubscriptionType.SHARED or c is self._active,
+                )
+                for c in sorted(self.consumers.values(), key=lambda c: c.sort_key)
+            ),
+            unacked=sum(len(f) for f in self._in_flight),
+            dead_lettered=self.dead_lettered,
+        )
+
+
+def _runs(records: list[Record]) -> list[list[Record]]:
+    """Split offset-sorted records into runs of consecutive offsets (one batch each)."""
+    runs: list[list[Record]] = []
+    for record in records:
+        if runs and runs[-1][-1].offset + 1 == record.offset:
+            runs[-1].append(record)
+        else:
+            runs.append([record])
+    return runs

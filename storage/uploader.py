@@ -1,0 +1,173 @@
+"""Ships sealed WAL segments to the object store in the background, and remembers what it shipped.
+
+Sealed segments are queued by the WAL (`enqueue`) and uploaded one at a time, index first, then
+the log: a segment counts as uploaded only once both objects exist, which is recorded in RocksDB
+(`upload/...`). The object store being down never blocks producers: uploads retry with doubling
+delays (capped) until they succeed, and the queue simply grows by one entry per sealed segment.
+Retention asks `is_uploaded` before deleting a local segment.
+
+Object names: `<topic>/<partition>/<base offset, 20 digits>.log` and `.index`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from storage.objectstore import ObjectStore
+from storage.state import UPLOAD, StateStore, key
+from storage.wal import SealedSegment
+from wire.errors import StorageError
+
+log = structlog.get_logger("headwater.uploader")
+
+
+@dataclass(frozen=True, slots=True)
+class UploadedSegment:
+    base_offset: int
+    next_offset: int
+    size: int
+
+
+def object_key(topic: str, partition: int, base_offset: int, suffix: str = ".log") -> str:
+    return f"{topic}/{partition}/{base_offset:020d}{suffix}"
+
+
+class Uploader:
+    def __init__(
+        self,
+        store: ObjectStore,
+        state: StateStore,
+        retry_initial: float = 0.5,
+        retry_max: float = 30.0,
+    ) -> None:
+        self.store = store
+        self._state = state
+        self._retry_initial = retry_initial
+        self._retry_max = retry_max
+        self._queue: asyncio.Queue[tuple[str, int, SealedSegment]] = asyncio.Queue()
+        self._queued: set[tuple[str, int, int]] = set()
+        self._uploaded: dict[tuple[str, int], list[UploadedSegment]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._busy = False
+        self.failures = 0
+        for raw_key, value in state.scan(UPLOAD):
+            topic, partition, base = raw_key.decode().split("\0")
+            next_offset, size = (int(v) for v in value.decode().split(","))
+            self._record(topic, int(partition), UploadedSegment(int(base), next_offset, size))
+
+    def _record(self, topic: str, partition: int, segment: UploadedSegment) -> None:
+        segments = self._uploaded.setdefault((topic, partition), [])
+        bisect.insort(segments, segment, key=lambda s: s.base_offset)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def enqueue(self, topic: str, partition: int, segment: SealedSegment) -> None:
+        ident = (topic, partition, segment.base_offset)
+        if ident in self._queued or self.is_uploaded(topic, partition, segment.base_offset):
+            return
+        self._queued.add(ident)
+        self._queue.put_nowait((topic, partition, segment))
+
+    def is_uploaded(self, topic: str, partition: int, base_offset: int) -> bool:
+        segments = self._uploaded.get((topic, partition), [])
+        position = bisect.bisect_left([s.base_offset for s in segments], base_offset)
+        return position < len(segments) and segments[position].base_offset == base_offset
+
+    def uploaded(self, topic: str, partition: int) -> list[UploadedSegment]:
+        return list(self._uploaded.get((topic, partition), []))
+
+    @property
+    def pending(self) -> int:
+        return self._queue.qsize() + (1 if self._busy else 0)
+
+    async def _run(self) -> None:
+        while True:
+            topic, partition, segment = await self._queue.get()
+            self._busy = True
+            delay = self._retry_initial
+            try:
+                while True:
+                    try:
+                        await self._upload(topic, partition, segment)
+                        break
+                    except FileNotFoundError:
+                        log.warning(
+                            "upload.segment_gone",
+                            topic=topic,
+                            partition=partition,
+                            base_offset=segment.base_offset,
+                        )
+                        break
+                    except (StorageError, OSError) as exc:
+                        self.failures += 1
+                        log.warning(
+                            "upload.retry",
+                            topic=topic,
+                            partition=partition,
+                            base_offset=segment.base_offset,
+                            error=str(exc),
+                            delay_s=delay,
+                        )
+                        await asyncio.sleep(delay)
+                        delay = min(delay * 2, self._retry_max)
+            finally:
+                self._busy = False
+                self._queued.discard((topic, partition, segment.base_offset))
+
+    async def _upload(self, topic: str, partition: int, segment: SealedSegment) -> None:
+        index_path = segment.path.with_suffix(".index")
+        index = await asyncio.to_thread(_read_or_empty, index_path)
+        data = await asyncio.to_thread(segment.path.read_bytes)
+        await self.store.put(object_key(topic, partition, segment.base_offset, ".index"), index)
+        await self.store.put(object_key(topic, partition, segment.base_offset), data)
+        self._state.write(
+            {
+                key(
+                    UPLOAD, topic, partition, segment.base_offset
+                ): f"{segment.next_offset},{len(data)}".encode()
+            }
+        )
+        self._record(
+            topic, partition, UploadedSegment(segment.base_offset, segment.next_offset, len(data))
+        )
+        log.info(
+            "upload.done",
+            topic=topic,
+            partition=partition,
+            base_offset=segment.base_offset,
+            bytes=len(data),
+        )
+
+    async def drain(self, timeout: float) -> bool:
+        """Wait until nothing is queued or uploading; False if `timeout` passed first."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while self.pending:
+            if asyncio.get_running_loop().time() >= deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
+
+    def forget_topic(self, topic: str) -> None:
+        for ident in [k for k in self._uploaded if k[0] == topic]:
+            del self._uploaded[ident]
+        self._state.delete_prefix(key(UPLOAD, topic) + b"\0")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+
+def _read_or_empty(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return b""
