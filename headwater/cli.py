@@ -36,12 +36,13 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     serve = commands.add_parser("serve", help="run a server")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=6650, help="0 picks a free port")
-    serve.add_argument("--data-dir", type=Path, default=Path("./data"))
+    serve.add_argument("--config", type=Path, help="TOML configuration file (flags override it)")
+    serve.add_argument("--host", help="listen address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="listen port (default 6650; 0 picks a free one)")
+    serve.add_argument("--data-dir", type=Path, help="data directory (default ./data)")
     serve.add_argument("--port-file", type=Path, help="write the bound port here once listening")
-    serve.add_argument("--log-format", choices=["console", "json"], default="console")
-    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
+    serve.add_argument("--log-format", choices=["console", "json"])
+    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
 
     topic = commands.add_parser("topic", help="create, list, describe and delete topics")
     topic_commands = topic.add_subparsers(dest="topic_command", required=True)
@@ -49,6 +50,13 @@ def _parser() -> argparse.ArgumentParser:
     create.add_argument("name")
     create.add_argument("--partitions", type=int, default=1)
     create.add_argument("--dispatch", choices=["non-reliable", "reliable"], default="non-reliable")
+    create.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="reliable-topic setting, e.g. fsync=interval (repeatable)",
+    )
     topic_commands.add_parser("list", parents=[client_options])
     describe = topic_commands.add_parser("describe", parents=[client_options])
     describe.add_argument("name")
@@ -77,6 +85,28 @@ def _parser() -> argparse.ArgumentParser:
     consume.add_argument("--priority", type=int, default=0)
     consume.add_argument("--count", "-n", type=int, help="exit after N messages")
     consume.add_argument("--format", choices=["text", "json"], default="text")
+    consume.add_argument(
+        "--from",
+        dest="start",
+        default="latest",
+        metavar="earliest|latest|OFFSET",
+        help="where a new reliable subscription starts (default latest)",
+    )
+    consume.add_argument(
+        "--no-ack", action="store_true", help="do not acknowledge (messages come back later)"
+    )
+
+    subscription = commands.add_parser("subscription", help="manage reliable subscriptions")
+    subscription_commands = subscription.add_subparsers(dest="subscription_command", required=True)
+    seek = subscription_commands.add_parser(
+        "seek", parents=[client_options], help="move a subscription; unacked messages are dropped"
+    )
+    seek.add_argument("topic")
+    seek.add_argument("subscription")
+    seek.add_argument("--to", required=True, metavar="earliest|latest|OFFSET")
+    remove = subscription_commands.add_parser("delete", parents=[client_options])
+    remove.add_argument("topic")
+    remove.add_argument("subscription")
     return parser
 
 
@@ -105,21 +135,37 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from server.config import ServerConfig
+    from server.config_file import ConfigError, load_config, with_overrides
     from server.serve import run
 
-    if not 0 <= args.port < 65536:
-        print(f"headwater: error: port {args.port} is out of range", file=sys.stderr)
+    try:
+        config = load_config(args.config) if args.config else ServerConfig()
+    except ConfigError as exc:
+        print(f"headwater: error: {exc}", file=sys.stderr)
         return 2
-    run(
-        ServerConfig(
-            host=args.host,
-            port=args.port,
-            data_dir=args.data_dir,
-            port_file=args.port_file,
-            log_format=args.log_format,
-            log_level=args.log_level,
-        )
+    config = with_overrides(
+        config,
+        host=args.host,
+        port=args.port,
+        data_dir=args.data_dir,
+        port_file=args.port_file,
+        log_format=args.log_format,
+        log_level=args.log_level,
     )
+    if not 0 <= config.port < 65536:
+        print(f"headwater: error: port {config.port} is out of range", file=sys.stderr)
+        return 2
+    if config.object_store.backend not in ("local", "s3", "none"):
+        print(
+            f"headwater: error: object_store.backend must be local, s3 or none, "
+            f"not {config.object_store.backend!r}",
+            file=sys.stderr,
+        )
+        return 2
+    if config.object_store.backend == "s3" and not config.object_store.bucket:
+        print("headwater: error: object_store.bucket is required for s3", file=sys.stderr)
+        return 2
+    run(config)
     return 0
 
 
@@ -130,6 +176,8 @@ async def _run_client_command(args: argparse.Namespace) -> int:
             return await _topic(client, args)
         if args.command == "produce":
             return await _produce(client, args)
+        if args.command == "subscription":
+            return await _subscription(client, args)
         return await _consume(client, args)
     finally:
         await client.close()
@@ -137,7 +185,13 @@ async def _run_client_command(args: argparse.Namespace) -> int:
 
 async def _topic(client: Client, args: argparse.Namespace) -> int:
     if args.topic_command == "create":
-        await client.create_topic(args.name, args.partitions, args.dispatch)
+        configs = {}
+        for item in args.config:
+            name, separator, value = item.partition("=")
+            if not separator or not name:
+                raise ValueError(f"--config takes NAME=VALUE, not {item!r}")
+            configs[name] = value
+        await client.create_topic(args.name, args.partitions, args.dispatch, configs)
         print(f"created topic {args.name}")
     elif args.topic_command == "delete":
         await client.delete_topic(args.name)
@@ -159,14 +213,18 @@ def _describe_text(description: DescribeTopicResponse) -> str:
         f"dispatch: {DISPATCH_NAMES[topic.dispatch]}",
         f"partitions: {topic.partitions}",
         f"next offsets: {', '.join(str(o) for o in description.next_offsets)}",
+        f"start offsets: {', '.join(str(o) for o in description.start_offsets)}",
         f"messages in: {description.messages_in}",
         f"bytes in: {description.bytes_in}",
         f"subscriptions: {len(description.subscriptions)}",
     ]
+    if topic.configs:
+        lines.insert(3, "configs: " + ", ".join(f"{c.name}={c.value}" for c in topic.configs))
     for sub in description.subscriptions:
         lines.append(
             f"  {sub.name} ({SUBSCRIPTION_TYPE_NAMES[sub.sub_type]}): pending={sub.pending} "
-            f"delivered={sub.delivered} dropped={sub.dropped}"
+            f"delivered={sub.delivered} dropped={sub.dropped} unacked={sub.unacked} "
+            f"dead_lettered={sub.dead_lettered}"
         )
         for consumer in sub.consumers:
             marker = " active" if consumer.active else ""
@@ -199,6 +257,24 @@ async def _produce(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+def _position(text: str) -> str | int:
+    if text in ("earliest", "latest"):
+        return text
+    if text.isdigit():
+        return int(text)
+    raise ValueError(f"position must be earliest, latest or an offset, not {text!r}")
+
+
+async def _subscription(client: Client, args: argparse.Namespace) -> int:
+    if args.subscription_command == "seek":
+        await client.seek(args.topic, args.subscription, _position(args.to))  # type: ignore[arg-type]
+        print(f"moved {args.subscription} on {args.topic} to {args.to}")
+    else:
+        await client.delete_subscription(args.topic, args.subscription)
+        print(f"deleted subscription {args.subscription} on {args.topic}")
+    return 0
+
+
 async def _consume(client: Client, args: argparse.Namespace) -> int:
     if args.count is not None and args.count < 1:
         raise ValueError("--count must be at least 1")
@@ -208,11 +284,14 @@ async def _consume(client: Client, args: argparse.Namespace) -> int:
         type=args.type,
         name=args.name,
         priority=args.priority,
-        prefetch=min(args.count, 1000) if args.count else 1000,
+        limit=args.count,
+        start=_position(args.start),  # type: ignore[arg-type]
     )
     received = 0
     async for message in consumer:
         print(_format(message, args.format), flush=True)
+        if not args.no_ack:
+            await message.ack()
         received += 1
         if args.count is not None and received >= args.count:
             break
@@ -229,6 +308,8 @@ def _format(message: Message, output_format: str) -> str:
         "offset": message.offset,
         "timestamp": message.timestamp,
     }
+    if message.delivery_count > 1:
+        record["delivery_count"] = message.delivery_count
     for name, data in (("key", message.key), ("value", message.value)):
         record[name], encoding = _text_or_base64(data)
         if encoding:

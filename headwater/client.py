@@ -18,6 +18,7 @@ and tops them up as the application takes messages, so at most `prefetch` messag
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import zlib
 from collections import deque
@@ -29,6 +30,7 @@ from typing import Any, Literal
 from headwater.connection import Connection, parse_server
 from wire import messages as m
 from wire.errors import ConnectionClosed, HeadwaterError, InvalidRequest
+from wire.limits import MAX_ACKS_PER_REQUEST
 from wire.records import BatchBuilder, decode_records
 
 SubscriptionTypeName = Literal["exclusive", "shared", "failover"]
@@ -64,6 +66,7 @@ class Message:
     _consumer: Consumer | None = field(repr=False, compare=False)
     topic: str
     partition: int
+    delivery_count: int  # 1 the first time; counts redeliveries on reliable topics
     offset: int
     timestamp: int
     key: bytes | None
@@ -73,6 +76,11 @@ class Message:
     async def ack(self) -> None:
         if self._consumer is not None:
             await self._consumer.ack(self)
+
+    async def nack(self, delay: float | None = None) -> None:
+        """Hand the message back for redelivery after `delay` s (default: the backoff)."""
+        if self._consumer is not None:
+            await self._consumer.nack(self, delay)
 
 
 async def connect(server: str = "127.0.0.1:6650", *, timeout: float = 10.0) -> Client:
@@ -143,7 +151,21 @@ class Client:
         name: str | None = None,
         priority: int = 0,
         prefetch: int = 1000,
+        limit: int | None = None,
+        start: Literal["latest", "earliest"] | int = "latest",
+        start_timestamp: int | None = None,
+        ack_timeout: float | None = None,
+        max_deliveries: int | None = None,
+        backoff: Literal["fixed", "exponential"] = "exponential",
+        backoff_initial: float | None = None,
+        backoff_max: float | None = None,
     ) -> Consumer:
+        """Attach a consumer. The settings after `prefetch` apply to reliable topics and take
+        effect when the subscription is created (its first consumer); None means the server's
+        default. `start` is "latest", "earliest" or an offset; `start_timestamp` (ms since the
+        epoch) starts at the first message at or after that time instead. With `limit`, the
+        consumer never asks for more than `limit` messages in all (a bounded read leaves nothing
+        delivered-and-unacked behind)."""
         sub_type = _SUBSCRIPTION_TYPES.get(type)
         if sub_type is None:
             raise InvalidRequest(
@@ -151,7 +173,19 @@ class Client:
             )
         if prefetch < 1:
             raise InvalidRequest("prefetch must be at least 1")
-        consumer = Consumer(self._connection, topic, subscription, prefetch)
+        if limit is not None:
+            if limit < 1:
+                raise InvalidRequest("limit must be at least 1")
+            prefetch = min(prefetch, limit)
+        consumer = Consumer(self._connection, topic, subscription, prefetch, limit)
+        settings = m.SubscriptionSettings(
+            *_start_position(start, start_timestamp),
+            ack_timeout_ms=_ms(ack_timeout),
+            max_deliveries=max_deliveries or 0,
+            backoff=m.Backoff.FIXED if backoff == "fixed" else m.Backoff.EXPONENTIAL,
+            backoff_initial_ms=_ms(backoff_initial),
+            backoff_max_ms=_ms(backoff_max),
+        )
         response = await self._connection.request(
             m.SubscribeRequest(
                 topic=topic,
@@ -160,11 +194,48 @@ class Client:
                 consumer_name=name or f"{subscription}-{id(consumer):x}",
                 priority=priority,
                 initial_credits=prefetch,
-            )
+                settings=settings,
+            ),
+            on_response=consumer._attach,
         )
         assert isinstance(response, m.SubscribeResponse)
-        consumer._attach(response.consumer_id)
         return consumer
+
+    async def seek(
+        self,
+        topic: str,
+        subscription: str,
+        start: Literal["latest", "earliest"] | int = "earliest",
+        start_timestamp: int | None = None,
+    ) -> None:
+        """Move a reliable subscription; its unacknowledged messages are forgotten."""
+        position, value = _start_position(start, start_timestamp)
+        await self._connection.request(m.SeekRequest(topic, subscription, position, value))
+
+    async def delete_subscription(self, topic: str, subscription: str) -> None:
+        await self._connection.request(m.DeleteSubscriptionRequest(topic, subscription))
+
+
+def _ms(seconds: float | None) -> int:
+    if seconds is None:
+        return 0
+    if seconds < 0:
+        raise InvalidRequest("durations must be >= 0")
+    return max(1, round(seconds * 1000))
+
+
+def _start_position(
+    start: Literal["latest", "earliest"] | int, timestamp: int | None
+) -> tuple[int, int]:
+    if timestamp is not None:
+        return m.StartPosition.TIMESTAMP, timestamp
+    if start == "latest":
+        return m.StartPosition.LATEST, 0
+    if start == "earliest":
+        return m.StartPosition.EARLIEST, 0
+    if isinstance(start, int) and start >= 0:
+        return m.StartPosition.OFFSET, start
+    raise InvalidRequest(f"start must be 'latest', 'earliest' or an offset >= 0, not {start!r}")
 
 
 class _PendingBatch:
@@ -302,7 +373,12 @@ class Consumer:
     """An async iterator of `Message`s for one subscription."""
 
     def __init__(
-        self, connection: Connection, topic: str, subscription: str, prefetch: int
+        self,
+        connection: Connection,
+        topic: str,
+        subscription: str,
+        prefetch: int,
+        limit: int | None = None,
     ) -> None:
         self._connection = connection
         self.topic = topic
@@ -311,15 +387,20 @@ class Consumer:
         self._prefetch = prefetch
         self._messages: deque[Message] = deque()
         self._taken_since_grant = 0
+        # credit still to grant after the initial prefetch, when the consumer has a limit
+        self._grantable = None if limit is None else limit - prefetch
         self._waiter: asyncio.Future[None] | None = None
         self._error: HeadwaterError | None = None
+        self._pending_acks: list[m.AckEntry] = []
+        self._ack_flush_scheduled = False
 
-    def _attach(self, consumer_id: int) -> None:
-        self.consumer_id = consumer_id
-        self._connection.consumers[consumer_id] = self
+    def _attach(self, response: m.Response) -> None:
+        assert isinstance(response, m.SubscribeResponse)
+        self.consumer_id = response.consumer_id
+        self._connection.consumers[response.consumer_id] = self
 
     def on_delivery(self, delivery: m.Delivery) -> None:
-        build = partial(Message, self, self.topic, delivery.partition)
+        build = partial(Message, self, self.topic, delivery.partition, delivery.delivery_count)
         try:
             self._messages.extend(decode_records(delivery.batch, build))
         except HeadwaterError as exc:
@@ -380,16 +461,60 @@ class Consumer:
         if self._taken_since_grant * 2 >= self._prefetch and self._error is None:
             # Top credit back up in halves, as Pulsar's receiver queue does: one FLOW per
             # prefetch/2 messages rather than one per message.
-            self._connection.send_nowait(m.FlowRequest(self.consumer_id, self._taken_since_grant))
+            grant = self._taken_since_grant
+            if self._grantable is not None:
+                grant = min(grant, self._grantable)
+                self._grantable -= grant
             self._taken_since_grant = 0
+            if grant > 0:
+                self._connection.send_nowait(m.FlowRequest(self.consumer_id, grant))
 
     async def ack(self, message: Message) -> None:
+        """Acknowledge one message. Acks made in one event-loop turn travel in one request."""
+        self._pending_acks.append(m.AckEntry(message.partition, message.offset))
+        if not self._ack_flush_scheduled:
+            self._ack_flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush_acks)
+            self._connection.before_request.append(self._flush_acks)
+
+    async def ack_cumulative(self, message: Message) -> None:
+        """Acknowledge the message and every earlier one of its partition (not on Shared)."""
+        self._flush_acks()
         if self._error is None:
             self._connection.send_nowait(
-                m.AckRequest(self.consumer_id, (m.AckEntry(message.partition, message.offset),))
+                m.AckRequest(
+                    self.consumer_id,
+                    (m.AckEntry(message.partition, message.offset),),
+                    m.AckKind.CUMULATIVE,
+                )
+            )
+
+    async def nack(self, message: Message, delay: float | None = None) -> None:
+        if self._error is None:
+            self._connection.send_nowait(
+                m.NackRequest(
+                    self.consumer_id,
+                    (m.AckEntry(message.partition, message.offset),),
+                    _ms(delay),
+                )
+            )
+
+    def _flush_acks(self) -> None:
+        if not self._ack_flush_scheduled:
+            return
+        self._ack_flush_scheduled = False
+        with contextlib.suppress(ValueError):
+            self._connection.before_request.remove(self._flush_acks)
+        pending, self._pending_acks = self._pending_acks, []
+        if self._error is not None:
+            return
+        for start in range(0, len(pending), MAX_ACKS_PER_REQUEST):
+            self._connection.send_nowait(
+                m.AckRequest(self.consumer_id, tuple(pending[start : start + MAX_ACKS_PER_REQUEST]))
             )
 
     async def close(self) -> None:
+        self._flush_acks()
         if self._error is None and not self._connection.closed:
             self._connection.consumers.pop(self.consumer_id, None)
             await self._connection.request(m.UnsubscribeRequest(self.consumer_id))

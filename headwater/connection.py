@@ -81,7 +81,9 @@ class Connection:
         self._transport: asyncio.Transport | None = None
         self._correlation = itertools.count(1)
         self._pending: dict[int, asyncio.Future[m.Response]] = {}
+        self._callbacks: dict[int, Callable[[m.Response], None]] = {}
         self.consumers: dict[int, PushHandler] = {}
+        self.before_request: list[Callable[[], None]] = []
         self._writable = asyncio.Event()
         self._writable.set()
         self._closed: HeadwaterError | None = None
@@ -111,11 +113,23 @@ class Connection:
         assert self._transport is not None
         return self._transport
 
-    async def request(self, request: m.Request, timeout: float | None = 30.0) -> m.Response:
+    async def request(
+        self,
+        request: m.Request,
+        timeout: float | None = 30.0,
+        on_response: Callable[[m.Response], None] | None = None,
+    ) -> m.Response:
+        """Send and await the response. `on_response` runs as soon as the response is decoded,
+        before any later frame: a SUBSCRIBE uses it to route the deliveries that may follow
+        its response in the same read."""
         transport = self._check_open()
+        for flush in list(self.before_request):
+            flush()  # e.g. acks batched for this turn go out before a later request
         correlation_id = next(self._correlation)
         future: asyncio.Future[m.Response] = asyncio.get_running_loop().create_future()
         self._pending[correlation_id] = future
+        if on_response is not None:
+            self._callbacks[correlation_id] = on_response
         transport.write(encode_request(request, correlation_id))
         try:
             return await asyncio.wait_for(future, timeout)
@@ -123,6 +137,7 @@ class Connection:
             raise RequestTimeout(f"no response to {type(request).__name__} in {timeout}s") from None
         finally:
             self._pending.pop(correlation_id, None)
+            self._callbacks.pop(correlation_id, None)
 
     def produce(
         self, request: m.ProduceRequest, response: asyncio.Future[m.Response] | None
@@ -176,6 +191,9 @@ class Connection:
             elif not future.done():
                 future.set_exception(exc)
             return
+        callback = self._callbacks.pop(header.correlation_id, None)
+        if callback is not None:
+            callback(response)
         if future is not None and not future.done():
             future.set_result(response)
 

@@ -171,7 +171,7 @@ async def test_bad_create_arguments(client: headwater.Client, topic_name: str) -
         await client.create_topic(topic_name, dispatch="reliable", configs={"colour": "red"})
     with pytest.raises(InvalidRequest, match="fsync must be always, interval or never"):
         await client.create_topic(topic_name, dispatch="reliable", configs={"fsync": "sometimes"})
-    with pytest.raises(InvalidRequest, match="segment.bytes must be an integer"):
+    with pytest.raises(InvalidRequest, match=r"segment\.bytes must be an integer"):
         await client.create_topic(topic_name, dispatch="reliable", configs={"segment.bytes": "x"})
     with pytest.raises(InvalidRequest, match="non-reliable topics take no configs"):
         await client.create_topic(topic_name, configs={"fsync": "never"})

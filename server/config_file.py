@@ -1,0 +1,101 @@
+"""Loading `ServerConfig` from a TOML file (`headwater serve --config FILE`).
+
+Sections mirror the dataclasses: `[server]` (ServerConfig's own fields), `[topics]` (defaults for
+reliable topics), `[subscriptions]` (defaults for reliable subscriptions), `[object_store]`.
+Unknown sections or keys, and values of the wrong type, are errors that name the file, the key
+and what was expected: a typo must not silently fall back to a default. Command-line flags
+override the file (see `with_overrides`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+from server.config import ObjectStoreConfig, ServerConfig, SubscriptionDefaults, TopicSettings
+from storage.wal import FsyncPolicy
+
+
+class ConfigError(ValueError):
+    pass
+
+
+_SECTIONS: dict[str, type] = {
+    "topics": TopicSettings,
+    "subscriptions": SubscriptionDefaults,
+    "object_store": ObjectStoreConfig,
+}
+_NESTED = {"topics": "topic_defaults", "subscriptions": "subscription_defaults"}
+
+
+def load_config(path: Path) -> ServerConfig:
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    unknown = set(data) - {"server", *_SECTIONS}
+    if unknown:
+        raise ConfigError(
+            f"{path}: unknown section(s) {sorted(unknown)}; known: server, {', '.join(_SECTIONS)}"
+        )
+    values = _build(path, "server", ServerConfig, data.get("server", {}), skip=_NESTED_FIELDS)
+    for section, cls in _SECTIONS.items():
+        values[_NESTED.get(section, section)] = cls(
+            **_build(path, section, cls, data.get(section, {}))
+        )
+    return ServerConfig(**values)
+
+
+_NESTED_FIELDS = {"topic_defaults", "subscription_defaults", "object_store"}
+
+
+def _build(
+    path: Path, section: str, cls: type, table: Any, skip: set[str] | None = None
+) -> dict[str, Any]:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [{section}] must be a table")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls)} - (skip or set())
+    values: dict[str, Any] = {}
+    for name, value in table.items():
+        if name not in fields:
+            raise ConfigError(
+                f"{path}: unknown key {section}.{name}; known: {', '.join(sorted(fields))}"
+            )
+        values[name] = _convert(path, f"{section}.{name}", hints[name], value)
+    return values
+
+
+def _convert(path: Path, name: str, hint: Any, value: Any) -> Any:
+    options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    for option in options:
+        if option is type(None):
+            continue
+        if option is Path and isinstance(value, str):
+            return Path(value)
+        if option is FsyncPolicy and isinstance(value, str):
+            try:
+                return FsyncPolicy(value)
+            except ValueError:
+                raise ConfigError(
+                    f"{path}: {name} must be always, interval or never, not {value!r}"
+                ) from None
+        if option is float and isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if option is int and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if option is str and isinstance(value, str):
+            return value
+    expected = " or ".join(getattr(o, "__name__", str(o)) for o in options if o is not type(None))
+    raise ConfigError(f"{path}: {name} must be {expected}, not {value!r}")
+
+
+def with_overrides(config: ServerConfig, **overrides: Any) -> ServerConfig:
+    """Apply command-line flags that were given (None means not given)."""
+    return dataclasses.replace(config, **{k: v for k, v in overrides.items() if v is not None})
