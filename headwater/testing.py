@@ -18,9 +18,14 @@ from pathlib import Path
 
 class ServerProcess:
     def __init__(
-        self, data_dir: Path, log_path: Path | None = None, extra_args: tuple[str, ...] = ()
+        self,
+        data_dir: Path,
+        log_path: Path | None = None,
+        extra_args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
     ) -> None:
         self.extra_args = extra_args
+        self.env = env
         self.data_dir = data_dir
         self.port_file = data_dir.parent / f"{data_dir.name}.port"
         self.log_path = log_path or data_dir.parent / f"{data_dir.name}.log"
@@ -52,6 +57,7 @@ class ServerProcess:
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
+            env={**os.environ, **self.env} if self.env else None,
         )
         log.close()
         deadline = time.monotonic() + timeout

@@ -1,0 +1,322 @@
+"""Reliable dispatch end to end: durability across kill -9, torn tails, acks, redelivery, DLQ."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import headwater
+from headwater.testing import ServerProcess
+from storage.segments import segment_name
+from wire.errors import InvalidRequest
+
+
+async def drain(consumer: headwater.Consumer, idle: float = 0.7) -> list[headwater.Message]:
+    received = []
+    while True:
+        try:
+            received.append(await consumer.receive(timeout=idle))
+        except TimeoutError:
+            return received
+
+
+async def produce(
+    client: headwater.Client, topic: str, values: list[bytes], key: bytes | None = None
+) -> list[int]:
+    producer = client.producer(topic)
+    futures = [await producer.send(v, key=key) for v in values]
+    await producer.flush()
+    return [(await f).offset for f in futures]
+
+
+def values(prefix: str, count: int) -> list[bytes]:
+    return [f"{prefix}{i}".encode() for i in range(count)]
+
+
+async def test_reliable_and_non_reliable_side_by_side(
+    client: headwater.Client, topic_name: str
+) -> None:
+    reliable, fast = f"{topic_name}-r", f"{topic_name}-n"
+    await client.create_topic(reliable, dispatch="reliable", configs={"fsync": "never"})
+    await client.create_topic(fast)
+    r_consumer = await client.subscribe(reliable, "s", start="earliest")
+    n_consumer = await client.subscribe(fast, "s")
+    await produce(client, reliable, values("r", 50))
+    await produce(client, fast, values("n", 50))
+    got_r = await drain(r_consumer)
+    got_n = await drain(n_consumer)
+    assert [m.value for m in got_r] == values("r", 50)
+    assert [m.value for m in got_n] == values("n", 50)
+    assert [m.offset for m in got_r] == list(range(50))
+    topics = {t.name: t.dispatch for t in await client.list_topics()}
+    assert topics[reliable] == 1 and topics[fast] == 0
+
+
+async def test_unacked_messages_come_back_to_a_returning_consumer(
+    client: headwater.Client, topic_name: str
+) -> None:
+    await client.create_topic(topic_name, dispatch="reliable")
+    await produce(client, topic_name, values("m", 10))
+    first = await client.subscribe(topic_name, "standard", start="earliest")
+    received = await drain(first)
+    assert len(received) == 10
+    for message in received[:4]:
+        await message.ack()
+    await first.close()
+    await produce(client, topic_name, values("late", 2))
+    second = await client.subscribe(topic_name, "standard")
+    again = await drain(second)
+    assert [m.value for m in again] == values("m", 10)[4:] + values("late", 2)
+    assert [m.delivery_count for m in again] == [2] * 6 + [1] * 2
+
+
+async def test_start_positions_and_seek(client: headwater.Client, topic_name: str) -> None:
+    await client.create_topic(topic_name, dispatch="reliable")
+    await produce(client, topic_name, values("old", 5))
+    latest = await client.subscribe(topic_name, "latest")
+    earliest = await client.subscribe(topic_name, "earliest", start="earliest")
+    at_three = await client.subscribe(topic_name, "offset", start=3)
+    await produce(client, topic_name, values("new", 2))
+    assert [m.value for m in await drain(latest)] == values("new", 2)
+    assert [m.offset for m in await drain(earliest)] == list(range(7))
+    assert [m.offset for m in await drain(at_three)] == [3, 4, 5, 6]
+    await latest.close()
+    await client.seek(topic_name, "latest", 1)
+    again = await client.subscribe(topic_name, "latest")
+    assert [m.offset for m in await drain(again)] == [1, 2, 3, 4, 5, 6]
+
+
+async def test_timestamp_start(client: headwater.Client, topic_name: str) -> None:
+    await client.create_topic(topic_name, dispatch="reliable")
+    await produce(client, topic_name, values("before", 3))
+    await asyncio.sleep(0.05)
+    import time
+
+    boundary = int(time.time() * 1000)
+    await asyncio.sleep(0.05)
+    await produce(client, topic_name, values("after", 2))
+    consumer = await client.subscribe(topic_name, "ts", start_timestamp=boundary)
+    assert [m.value for m in await drain(consumer)] == values("after", 2)
+
+
+async def test_no_ack_is_redelivered_after_the_ack_timeout(
+    client: headwater.Client, topic_name: str
+) -> None:
+    await client.create_topic(topic_name, dispatch="reliable")
+    consumer = await client.subscribe(
+        topic_name, "slow", ack_timeout=0.3, backoff="fixed", backoff_initial=0.1
+    )
+    await produce(client, topic_name, [b"only"])
+    first = await consumer.receive(timeout=5)
+    assert first.delivery_count == 1
+    second = await consumer.receive(timeout=5)  # not acked: comes again
+    assert (second.offset, second.value, second.delivery_count) == (first.offset, b"only", 2)
+    await second.ack()
+    assert await drain(consumer, idle=0.8) == []
+
+
+async def test_nack_is_redelivered_after_its_delay(
+    client: headwater.Client, topic_name: str
+) -> None:
+    await client.create_topic(topic_name, dispatch="reliable")
+    consumer = await client.subscribe(topic_name, "nacker", ack_timeout=30)
+    await produce(client, topic_name, [b"a", b"b"])
+    a = await consumer.receive(timeout=5)
+    b = await consumer.receive(timeout=5)
+    await a.nack(delay=0.4)
+    await b.ack()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    again = await consumer.receive(timeout=5)
+    assert loop.time() - started >= 0.3
+    assert (again.value, again.delivery_count) == (b"a", 2)
+
+
+async def test_max_deliveries_moves_to_the_dead_letter_topic(
+    client: headwater.Client, topic_name: str
+) -> None:
+    await client.create_topic(topic_name, dispatch="reliable")
+    consumer = await client.subscribe(
+        topic_name, "dlq", max_deliveries=3, backoff="fixed", backoff_initial=0.05
+    )
+    await produce(client, topic_name, [b"poison", b"fine"], key=b"k")
+    counts = []
+    for _ in range(10):
+        try:
+            message = await consumer.receive(timeout=2)
+        except TimeoutError:
+            break
+        if message.value == b"fine":
+            await message.ack()
+        else:
+            counts.append(message.delivery_count)
+            await message.nack()
+    assert counts == [1, 2, 3]
+    dlq = f"{topic_name}-dlq-DLQ"
+    dead = await client.subscribe(dlq, "inspect", start="earliest")
+    (message,) = await drain(dead)
+    headers = dict(message.headers)
+    assert (message.key, message.value) == (b"k", b"poison")
+    assert headers["headwater.dlq.topic"] == topic_name.encode()
+    assert headers["headwater.dlq.offset"] == b"0"
+    assert headers["headwater.dlq.deliveries"] == b"3"
+    (info,) = (await client.describe_topic(topic_name)).subscriptions
+    assert info.dead_lettered == 1 and info.pending == 0
+
+
+async def test_shared_departed_consumer_messages_go_to_the_others(
+    server: ServerProcess, topic_name: str
+) -> None:
+    async with await headwater.connect(server.address) as admin:
+        await admin.create_topic(topic_name, dispatch="reliable")
+        leaving_client = await headwater.connect(server.address)
+        leaving = await leaving_client.subscribe(topic_name, "work", type="shared", prefetch=100)
+        await produce(admin, topic_name, values("job", 20))
+        taken = await drain(leaving)
+        assert len(taken) == 20
+        staying = await admin.subscribe(topic_name, "work", type="shared", prefetch=100)
+        await leaving_client.close()  # leaves with 20 unacked
+        rescued = await drain(staying)
+        assert sorted(m.value for m in rescued) == sorted(values("job", 20))
+        assert all(m.delivery_count == 2 for m in rescued)
+
+
+async def test_failover_takeover_resumes_from_the_cursor(
+    server: ServerProcess, topic_name: str
+) -> None:
+    async with await headwater.connect(server.address) as admin:
+        await admin.create_topic(topic_name, dispatch="reliable")
+        main_client = await headwater.connect(server.address)
+        primary = await main_client.subscribe(topic_name, "fo", type="failover", name="a")
+        backup = await admin.subscribe(topic_name, "fo", type="failover", name="b")
+        await produce(admin, topic_name, values("x", 6))
+        got = await drain(primary)
+        for message in got[:3]:
+            await message.ack()
+        await asyncio.sleep(0.1)
+        assert await drain(backup, idle=0.3) == []
+        await main_client.close()
+        taken_over = await drain(backup)
+        assert [m.value for m in taken_over] == values("x", 6)[3:]
+
+
+async def test_cumulative_ack(client: headwater.Client, topic_name: str) -> None:
+    await client.create_topic(topic_name, dispatch="reliable")
+    consumer = await client.subscribe(topic_name, "cumulative", start="earliest")
+    await produce(client, topic_name, values("c", 8))
+    received = await drain(consumer)
+    await consumer.ack_cumulative(received[4])
+    await consumer.close()
+    again = await client.subscribe(topic_name, "cumulative")
+    assert [m.offset for m in await drain(again)] == [5, 6, 7]
+    with pytest.raises(InvalidRequest):
+        await client.subscribe(topic_name, "bad", start=-1)  # type: ignore[arg-type]
+
+
+async def test_kill_9_mid_stream_loses_nothing_acknowledged(fresh_server: ServerProcess) -> None:
+    """fsync `always`: every offset the server acked before kill -9 is there after restart."""
+    async with await headwater.connect(fresh_server.address) as client:
+        await client.create_topic("crash", partitions=2, dispatch="reliable")
+        await client.subscribe("crash", "durable", start="earliest", prefetch=1)
+    acknowledged: dict[int, set[bytes]] = {0: set(), 1: set()}
+    client = await headwater.connect(fresh_server.address)
+    producer = client.producer("crash")
+
+    async def stream() -> None:
+        for start in range(0, 100_000, 50):
+            sent = []
+            for i in range(start, start + 50):
+                value = f"v{i}".encode()
+                sent.append((await producer.send(value, partition=i % 2), i % 2, value))
+            await producer.flush()  # raises once the server is gone
+            for future, partition, value in sent:
+                if future.done() and future.exception() is None:
+                    acknowledged[partition].add(value)
+
+    task = asyncio.create_task(stream())
+    await asyncio.sleep(1.5)
+    fresh_server.kill()  # SIGKILL, mid-stream
+    with pytest.raises(headwater.HeadwaterError):
+        await asyncio.wait_for(task, 10)
+    await client.close()
+    total_acked = sum(len(v) for v in acknowledged.values())
+    assert total_acked > 500, "the producer got too few acks before the kill"
+    fresh_server.start()
+    async with await headwater.connect(fresh_server.address) as client:
+        description = await client.describe_topic("crash")
+        consumer = await client.subscribe("crash", "durable", prefetch=5000)
+        received: dict[int, list[bytes]] = {0: [], 1: []}
+        for message in await drain(consumer, idle=1.5):
+            assert message.value is not None
+            received[message.partition].append(message.value)
+        for partition in (0, 1):
+            missing = acknowledged[partition] - set(received[partition])
+            assert not missing, f"partition {partition} lost {len(missing)} acked messages"
+            assert description.next_offsets[partition] >= len(acknowledged[partition])
+        # offsets continue after the last stored batch
+        offsets = await produce(client, "crash", [b"after"])
+        assert (
+            offsets[0] == description.next_offsets[0] or offsets[0] == description.next_offsets[1]
+        )
+
+
+async def test_torn_tail_is_cut_and_everything_before_is_served(
+    fresh_server: ServerProcess,
+) -> None:
+    async with await headwater.connect(fresh_server.address) as client:
+        await client.create_topic("torn", dispatch="reliable", configs={"fsync": "always"})
+        for value in values("t", 20):  # one batch each
+            await produce(client, "torn", [value])
+    fresh_server.kill()
+    segment = fresh_server.data_dir / "topics" / "torn" / "0" / segment_name(0)
+    data = bytearray(segment.read_bytes())
+    # tear the last batch: cut 5 bytes and flip one byte in what remains of it
+    data = data[:-5]
+    data[-10] ^= 0xFF
+    segment.write_bytes(bytes(data))
+    fresh_server.start()
+    async with await headwater.connect(fresh_server.address) as client:
+        consumer = await client.subscribe("torn", "after", start="earliest")
+        received = await drain(consumer)
+        assert [m.value for m in received] == values("t", 19)
+        assert (await client.describe_topic("torn")).next_offsets == (19,)
+        assert await produce(client, "torn", [b"next"]) == [19]
+    assert "wal.truncated" in fresh_server.log()
+
+
+async def test_acks_and_delivery_counts_survive_a_restart(fresh_server: ServerProcess) -> None:
+    async with await headwater.connect(fresh_server.address) as client:
+        await client.create_topic("restart", dispatch="reliable")
+        consumer = await client.subscribe(
+            "restart",
+            "s",
+            start="earliest",
+            backoff="fixed",
+            backoff_initial=0.05,
+            max_deliveries=5,
+        )
+        await produce(client, "restart", values("r", 4))
+        first = await drain(consumer)
+        await first[0].ack()
+        await first[2].ack()
+        await first[1].nack()
+        again = await consumer.receive(timeout=5)
+        assert (again.offset, again.delivery_count) == (1, 2)
+        await asyncio.sleep(0.2)  # acks reach RocksDB
+    fresh_server.kill()
+    fresh_server.start()
+    async with await headwater.connect(fresh_server.address) as client:
+        consumer = await client.subscribe("restart", "s")
+        back = await drain(consumer)
+        assert [(m.offset, m.delivery_count) for m in back] == [(1, 3), (3, 2)]
+
+
+async def test_bad_reliable_requests(client: headwater.Client, topic_name: str) -> None:
+    await client.create_topic(topic_name)  # non-reliable
+    with pytest.raises(InvalidRequest, match="keeps no history"):
+        await client.subscribe(topic_name, "s", start="earliest")
+    with pytest.raises(InvalidRequest, match="no reliable subscription"):
+        await client.seek(topic_name, "nope")
+    with pytest.raises(InvalidRequest, match="no subscription"):
+        await client.delete_subscription(topic_name, "nope")
