@@ -9,6 +9,7 @@ import pytest
 
 import headwater
 from headwater.testing import ServerProcess
+from tests.s3 import CREDENTIALS, MotoS3, moto_s3
 
 _names = itertools.count()
 
@@ -46,3 +47,31 @@ async def client(server: ServerProcess) -> AsyncIterator[headwater.Client]:
 async def topic(client: headwater.Client, topic_name: str) -> str:
     await client.create_topic(topic_name)
     return topic_name
+
+
+@pytest.fixture(scope="session")
+def s3(monkeypatch_session: pytest.MonkeyPatch) -> Iterator[MotoS3]:
+    """One moto S3 server for every S3 test; AWS credentials point at it."""
+    for name, value in CREDENTIALS.items():
+        monkeypatch_session.setenv(name, value)
+    yield from moto_s3()
+
+
+@pytest.fixture(scope="session")
+def monkeypatch_session() -> Iterator[pytest.MonkeyPatch]:
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
+
+
+@pytest.fixture
+async def bucket(s3: MotoS3, request: pytest.FixtureRequest) -> str:
+    from aiobotocore.session import get_session
+
+    name = f"hw-{next(_names)}-{re.sub(r'[^a-z0-9-]', '-', request.node.name.lower())[:30]}".strip(
+        "-"
+    )
+    async with get_session().create_client(
+        "s3", endpoint_url=s3.endpoint_url, region_name="us-east-1"
+    ) as client:
+        await client.create_bucket(Bucket=name)
+    return name

@@ -1,0 +1,186 @@
+"""Object storage: both backends against one contract, and the server shipping WAL segments to S3
+(moto's standalone server over HTTP) and replaying from it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+import headwater
+from headwater.testing import ServerProcess
+from storage.objectstore import LocalObjectStore, ObjectStore, S3ObjectStore
+from tests.s3 import CREDENTIALS, MotoS3
+from wire.errors import ObjectNotFound, StorageError
+
+
+@pytest.fixture(params=["local", "s3"])
+async def store(
+    request: pytest.FixtureRequest, tmp_path: Path, s3: MotoS3, bucket: str
+) -> AsyncIterator[ObjectStore]:
+    if request.param == "local":
+        yield LocalObjectStore(tmp_path / "objects")
+        return
+    opened = await S3ObjectStore(bucket, "prefix", s3.endpoint_url).open()
+    yield opened
+    await opened.close()
+
+
+async def test_object_store_contract(store: ObjectStore) -> None:
+    await store.put("t/0/a.log", b"hello world")
+    assert await store.get("t/0/a.log") == b"hello world"
+    assert await store.get("t/0/a.log", 6) == b"world"
+    assert await store.get("t/0/a.log", 0, 5) == b"hello"
+    await store.put("t/0/a.log", b"replaced")
+    assert await store.get("t/0/a.log") == b"replaced"
+    assert await store.put_if_absent("t/0/a.log", b"no") is False
+    assert await store.get("t/0/a.log") == b"replaced"
+    assert await store.put_if_absent("t/1/b.log", b"yes") is True
+    assert [(o.key, o.size) for o in await store.list("t/")] == [("t/0/a.log", 8), ("t/1/b.log", 3)]
+    assert [o.key for o in await store.list("t/1/")] == ["t/1/b.log"]
+    await store.delete("t/1/b.log")
+    assert [o.key for o in await store.list("")] == ["t/0/a.log"]
+    with pytest.raises(ObjectNotFound):
+        await store.get("t/9/missing.log")
+    for bad in ("", "../escape", "a//b", "/abs"):
+        with pytest.raises(StorageError, match="invalid object key"):
+            await store.put(bad, b"x")
+
+
+def _s3_config(tmp_path: Path, s3: MotoS3, bucket: str, **topics: int) -> Path:
+    config = tmp_path / "headwater.toml"
+    lines = [
+        "[object_store]",
+        'backend = "s3"',
+        f'bucket = "{bucket}"',
+        'prefix = "wal"',
+        f'endpoint_url = "{s3.endpoint_url}"',
+        "retry_initial_ms = 100",
+        "retry_max_ms = 500",
+    ]
+    config.write_text("\n".join(lines) + "\n")
+    return config
+
+
+async def _objects(s3: MotoS3, bucket: str) -> list[str]:
+    store = await S3ObjectStore(bucket, "wal", s3.endpoint_url).open()
+    try:
+        return [o.key for o in await store.list("")]
+    finally:
+        await store.close()
+
+
+async def _wait_for(predicate, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.1)
+
+
+async def _produce_each(client: headwater.Client, topic: str, values: list[bytes]) -> None:
+    producer = client.producer(topic)
+    for value in values:  # one batch per value, so segments roll often
+        await (await producer.send(value))
+
+
+async def test_segments_upload_and_replay_from_s3_after_local_deletion(
+    tmp_path: Path, s3: MotoS3, bucket: str
+) -> None:
+    config = _s3_config(tmp_path, s3, bucket)
+    server = ServerProcess(tmp_path / "data", extra_args=("--config", str(config)), env=CREDENTIALS)
+    server.start()
+    try:
+        async with await headwater.connect(server.address) as client:
+            await client.create_topic(
+                "cloud",
+                dispatch="reliable",
+                configs={"segment.bytes": 1024, "retention.bytes": 0, "fsync": "never"},
+            )
+            values = [f"value-{i:04d}-{'x' * 60}".encode() for i in range(120)]
+            await _produce_each(client, "cloud", values)
+
+            async def uploaded_and_trimmed() -> bool:
+                keys = await _objects(s3, bucket)
+                local = list((tmp_path / "data" / "topics" / "cloud" / "0").glob("*.log"))
+                return len([k for k in keys if k.endswith(".log")]) >= 5 and len(local) <= 2
+
+            await _wait_for(uploaded_and_trimmed)
+            keys = await _objects(s3, bucket)
+            assert all(k.startswith("cloud/0/") for k in keys)
+            assert any(k.endswith(".index") for k in keys)
+            description = await client.describe_topic("cloud")
+            assert description.start_offsets == (0,)  # history still reachable, from S3
+            local_start = min(
+                int(p.name[:20])
+                for p in (tmp_path / "data" / "topics" / "cloud" / "0").glob("*.log")
+            )
+            assert local_start > 0, "local segments should have been deleted after upload"
+
+            consumer = await client.subscribe("cloud", "replay", start="earliest", prefetch=50)
+            received = []
+            while len(received) < 120:
+                received.append(await consumer.receive(timeout=10))
+            assert [m.value for m in received] == values
+            assert [m.offset for m in received] == list(range(120))
+            # then the live tail, with no gap and no duplicate at the hand-offs
+            live = [b"live-1", b"live-2"]
+            await _produce_each(client, "cloud", live)
+            tail = [await consumer.receive(timeout=10) for _ in live]
+            assert [(m.offset, m.value) for m in tail] == [(120, b"live-1"), (121, b"live-2")]
+    finally:
+        server.stop()
+    assert "Traceback" not in server.log()
+
+
+async def test_uploader_survives_the_object_store_going_down(
+    tmp_path: Path, s3: MotoS3, bucket: str
+) -> None:
+    config = _s3_config(tmp_path, s3, bucket)
+    server = ServerProcess(tmp_path / "data", extra_args=("--config", str(config)), env=CREDENTIALS)
+    server.start()
+    try:
+        async with await headwater.connect(server.address) as client:
+            await client.create_topic(
+                "outage", dispatch="reliable", configs={"segment.bytes": 1024, "fsync": "never"}
+            )
+            s3.stop()
+            try:
+                values = [f"during-outage-{i:03d}-{'y' * 60}".encode() for i in range(60)]
+                await _produce_each(client, "outage", values)  # producers are not blocked
+                await asyncio.sleep(1.0)
+                assert "upload.retry" in server.log()
+            finally:
+                s3.start()
+
+            sealed = len(list((tmp_path / "data" / "topics" / "outage" / "0").glob("*.log"))) - 1
+
+            async def caught_up() -> bool:
+                keys = await _objects(s3, bucket)
+                return len([k for k in keys if k.endswith(".log")]) >= sealed
+
+            await _wait_for(caught_up, timeout=30)
+            consumer = await client.subscribe("outage", "check", start="earliest", prefetch=100)
+            received = [await consumer.receive(timeout=10) for _ in values]
+            assert [m.value for m in received] == values
+    finally:
+        server.stop()
+
+
+async def test_graceful_shutdown_uploads_the_active_segment(
+    tmp_path: Path, s3: MotoS3, bucket: str
+) -> None:
+    config = _s3_config(tmp_path, s3, bucket)
+    server = ServerProcess(tmp_path / "data", extra_args=("--config", str(config)), env=CREDENTIALS)
+    server.start()
+    async with await headwater.connect(server.address) as client:
+        await client.create_topic("bye", dispatch="reliable")
+        await _produce_each(client, "bye", [b"last words"])
+    assert await _objects(s3, bucket) == []  # one small active segment: nothing sealed yet
+    assert server.stop() == 0
+    assert await _objects(s3, bucket) == [
+        "bye/0/00000000000000000000.index",
+        "bye/0/00000000000000000000.log",
+    ]
