@@ -9,7 +9,7 @@ import pytest
 
 import headwater
 from headwater.testing import ServerProcess
-from tests.s3 import CREDENTIALS, MotoS3, moto_s3
+from tests.s3 import CREDENTIALS, MotoS3, create_bucket, moto_s3
 
 _names = itertools.count()
 
@@ -65,13 +65,7 @@ def monkeypatch_session() -> Iterator[pytest.MonkeyPatch]:
 
 @pytest.fixture
 async def bucket(s3: MotoS3, request: pytest.FixtureRequest) -> str:
-    from aiobotocore.session import get_session
-
-    name = f"hw-{next(_names)}-{re.sub(r'[^a-z0-9-]', '-', request.node.name.lower())[:30]}".strip(
-        "-"
-    )
-    async with get_session().create_client(
-        "s3", endpoint_url=s3.endpoint_url, region_name="us-east-1"
-    ) as client:
-        await client.create_bucket(Bucket=name)
+    test = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:30]
+    name = f"hw-{next(_names)}-{test}".strip("-")
+    await create_bucket(s3, name)
     return name

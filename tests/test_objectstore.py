@@ -12,7 +12,7 @@ import pytest
 import headwater
 from headwater.testing import ServerProcess
 from storage.objectstore import LocalObjectStore, ObjectStore, S3ObjectStore
-from tests.s3 import CREDENTIALS, MotoS3
+from tests.s3 import CREDENTIALS, MotoS3, create_bucket
 from wire.errors import ObjectNotFound, StorageError
 
 
@@ -150,10 +150,14 @@ async def test_uploader_survives_the_object_store_going_down(
             try:
                 values = [f"during-outage-{i:03d}-{'y' * 60}".encode() for i in range(60)]
                 await _produce_each(client, "outage", values)  # producers are not blocked
-                await asyncio.sleep(1.0)
-                assert "upload.retry" in server.log()
+
+                async def retrying() -> bool:
+                    return "upload.retry" in server.log()
+
+                await _wait_for(retrying)
             finally:
                 s3.start()
+                await create_bucket(s3, bucket)  # moto starts empty
 
             sealed = len(list((tmp_path / "data" / "topics" / "outage" / "0").glob("*.log"))) - 1
 
