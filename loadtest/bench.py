@@ -69,6 +69,7 @@ async def _consume(
             if not received:
                 first = now / 1e9
             received += len(messages)
+            await consumer.ack_cumulative(messages[-1])  # one ack per batch (single partition)
             if measure_latency:
                 unpack = _STAMP.unpack_from
                 latencies.extend(now - unpack(m.value)[0] for m in messages if m.value)
@@ -193,9 +194,71 @@ def run_latency(address: str, rate: int, seconds: float, size: int) -> dict[str,
     }
 
 
-async def _create_topic(address: str, topic: str) -> None:
+async def _create_topic(
+    address: str, topic: str, dispatch: str = "non-reliable", fsync: str | None = None
+) -> None:
     async with await headwater.connect(address) as client:
-        await client.create_topic(topic)
+        configs = {"fsync": fsync} if fsync else None
+        await client.create_topic(topic, dispatch=dispatch, configs=configs)  # type: ignore[arg-type]
+
+
+async def _produce_reliable(
+    address: str, topic: str, total: int, size: int, producers: int, flush_every: int
+) -> dict[str, Any]:
+    """`producers` connections, each sending its share and waiting for acks every `flush_every`."""
+    value = b"r" * size
+    share = total // producers
+    started = time.monotonic()
+    done = [0]
+
+    async def one_producer() -> None:
+        async with await headwater.connect(address) as client:
+            producer = client.producer(topic, batch_size=1 << 20)
+            for start in range(0, share, flush_every):
+                for _ in range(min(flush_every, share - start)):
+                    await producer.send(value)
+                await producer.flush()
+                done[0] += min(flush_every, share - start)
+
+    async def report() -> None:
+        while True:
+            await asyncio.sleep(1)
+            _progress("acked", done[0], share * producers, started)
+
+    reporter = asyncio.create_task(report())
+    await asyncio.gather(*(one_producer() for _ in range(producers)))
+    reporter.cancel()
+    finished = time.monotonic()
+    return {"started": started, "finished": finished, "sent": share * producers}
+
+
+def run_reliable(
+    address: str, fsync: str, producers: int, messages: int, size: int, flush_every: int
+) -> dict[str, Any]:
+    topic = f"bench-reliable-{fsync}-{producers}-{time.time_ns()}"
+    asyncio.run(_create_topic(address, topic, "reliable", fsync))
+    ready, out = mp.Event(), mp.Queue()
+    consumer = mp.Process(
+        target=_consumer_main,
+        args=(address, topic, messages, time.monotonic() + 300, ready, out, False),
+    )
+    consumer.start()
+    if not ready.wait(30):
+        raise RuntimeError("consumer did not subscribe")
+    produced = _run(_produce_reliable(address, topic, messages, size, producers, flush_every))
+    result = out.get(timeout=330)
+    consumer.join(30)
+    acked_seconds = produced["finished"] - produced["started"]
+    delivered_seconds = result["last"] - produced["started"]
+    return {
+        "fsync": fsync,
+        "producers": producers,
+        "messages": produced["sent"],
+        "flush_every": flush_every,
+        "acked_msgs_per_s": round(produced["sent"] / acked_seconds),
+        "delivered": result["received"],
+        "delivered_msgs_per_s": round(result["received"] / delivered_seconds),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,7 +270,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=int, default=50_000, help="latency test rate, msgs/s")
     parser.add_argument("--seconds", type=float, default=10.0, help="latency test duration")
     parser.add_argument("--server", help="use a running server instead of starting one")
+    parser.add_argument(
+        "--suite", choices=["all", "non-reliable", "reliable"], default="all", help="what to run"
+    )
+    parser.add_argument(
+        "--reliable-messages", type=int, default=500_000, help="messages per reliable run"
+    )
+    parser.add_argument(
+        "--flush-every", type=int, default=1000, help="reliable: records per producer flush"
+    )
     args = parser.parse_args(argv)
+    report: dict[str, Any] = {
+        "benchmark": "end to end",
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
+    }
 
     with tempfile.TemporaryDirectory(prefix="headwater-bench-") as scratch:
         server = None
@@ -216,24 +297,29 @@ def main(argv: list[str] | None = None) -> int:
             server = ServerProcess(Path(scratch) / "data").start()
             address = server.address
         try:
-            print(f"throughput: {args.messages:,} x {args.size} B", file=sys.stderr)
-            throughput = run_throughput(address, args.messages, args.size)
-            print(f"latency: {args.rate:,} msg/s for {args.seconds}s", file=sys.stderr)
-            latency = run_latency(address, args.rate, args.seconds, args.size)
+            if args.suite in ("all", "non-reliable"):
+                print(f"non-reliable: {args.messages:,} x {args.size} B", file=sys.stderr)
+                report["throughput"] = run_throughput(address, args.messages, args.size)
+                print(f"latency: {args.rate:,} msg/s for {args.seconds}s", file=sys.stderr)
+                report["latency"] = run_latency(address, args.rate, args.seconds, args.size)
+            if args.suite in ("all", "reliable"):
+                report["reliable"] = []
+                for fsync in ("never", "interval", "always"):
+                    for producers in (1, 8):
+                        print(f"reliable: fsync {fsync}, {producers} producer(s)", file=sys.stderr)
+                        report["reliable"].append(
+                            run_reliable(
+                                address,
+                                fsync,
+                                producers,
+                                args.reliable_messages,
+                                args.size,
+                                args.flush_every,
+                            )
+                        )
         finally:
             if server is not None:
                 server.stop()
-    report = {
-        "benchmark": "non-reliable end to end",
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-        },
-        "throughput": throughput,
-        "latency": latency,
-    }
     print(json.dumps(report, indent=2))
     return 0
 

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from headwater.testing import ServerProcess
 
@@ -149,3 +150,79 @@ def test_binary_values_print_as_base64_in_json(server: ServerProcess, topic_name
     record = json.loads(out)
     assert record["value"] == "/wA=" and record["value_encoding"] == "base64"
     assert record["key"] == "ok" and "key_encoding" not in record
+
+
+def test_reliable_consume_from_ack_and_seek(server: ServerProcess, topic_name: str) -> None:
+    created = hw(
+        "topic",
+        "create",
+        topic_name,
+        "--dispatch",
+        "reliable",
+        "--config",
+        "fsync=never",
+        server=server,
+    )
+    assert created.returncode == 0, created.stderr
+    assert "fsync=never" in hw("topic", "describe", topic_name, server=server).stdout
+    assert hw("produce", topic_name, "a", "b", "c", server=server).returncode == 0
+    first = hw(
+        "consume", topic_name, "-s", "s", "--from", "earliest", "--count", "2", server=server
+    )
+    assert first.stdout.splitlines() == ["a", "b"]
+    # a and b were acked: the subscription resumes at c
+    rest = hw("consume", topic_name, "-s", "s", "--count", "1", server=server)
+    assert rest.stdout.splitlines() == ["c"]
+    peek = hw(
+        "consume",
+        topic_name,
+        "-s",
+        "p",
+        "--from",
+        "1",
+        "--count",
+        "1",
+        "--no-ack",
+        "--format",
+        "json",
+        server=server,
+    )
+    assert json.loads(peek.stdout)["offset"] == 1
+    again = hw("consume", topic_name, "-s", "p", "--count", "1", "--format", "json", server=server)
+    record = json.loads(again.stdout)
+    assert (record["offset"], record["delivery_count"]) == (1, 2)  # not acked: delivered again
+    moved = hw("subscription", "seek", topic_name, "s", "--to", "0", server=server)
+    assert moved.returncode == 0, moved.stderr
+    replay = hw("consume", topic_name, "-s", "s", "--count", "3", server=server)
+    assert replay.stdout.splitlines() == ["a", "b", "c"]
+    assert hw("subscription", "delete", topic_name, "s", server=server).returncode == 0
+    gone = hw("subscription", "seek", topic_name, "s", "--to", "0", server=server)
+    assert gone.returncode == 1 and "no reliable subscription" in gone.stderr
+
+
+def test_bad_positions_and_configs(server: ServerProcess, topic_name: str) -> None:
+    bad_config = hw(
+        "topic", "create", topic_name, "--dispatch", "reliable", "--config", "fsync", server=server
+    )
+    assert bad_config.returncode == 1 and "NAME=VALUE" in bad_config.stderr
+    assert (
+        hw("topic", "create", topic_name, "--dispatch", "reliable", server=server).returncode == 0
+    )
+    bad_from = hw("consume", topic_name, "-s", "s", "--from", "yesterday", server=server)
+    assert bad_from.returncode == 1 and "earliest, latest or an offset" in bad_from.stderr
+
+
+def test_serve_refuses_a_bad_config_file(tmp_path: Path) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text('[topics]\nfsync = "sometimes"\n')
+    result = hw("serve", "--config", str(config), "--port", "0", "--data-dir", str(tmp_path / "d"))
+    assert result.returncode == 2
+    assert "topics.fsync must be always, interval or never" in result.stderr
+    config.write_text("[server]\nprot = 1\n")
+    result = hw("serve", "--config", str(config))
+    assert result.returncode == 2 and "unknown key server.prot" in result.stderr
+    config.write_text("[object_store]\nbackend = 's3'\n")
+    result = hw("serve", "--config", str(config))
+    assert result.returncode == 2 and "bucket is required" in result.stderr
+    missing = hw("serve", "--config", str(tmp_path / "nope.toml"))
+    assert missing.returncode == 2 and "cannot read config file" in missing.stderr
