@@ -120,16 +120,20 @@ async def test_segments_upload_and_replay_from_s3_after_local_deletion(
             assert local_start > 0, "local segments should have been deleted after upload"
 
             consumer = await client.subscribe("cloud", "replay", start="earliest", prefetch=50)
+            # producers keep writing while the consumer replays from S3, then the local WAL,
+            # then the live tail: by offset, with no gap and no duplicate at the hand-offs
+            live = [f"live-{i:03d}".encode() for i in range(80)]
+            writer = asyncio.create_task(_produce_each(client, "cloud", live))
             received = []
-            while len(received) < 120:
-                received.append(await consumer.receive(timeout=10))
-            assert [m.value for m in received] == values
-            assert [m.offset for m in received] == list(range(120))
-            # then the live tail, with no gap and no duplicate at the hand-offs
-            live = [b"live-1", b"live-2"]
-            await _produce_each(client, "cloud", live)
-            tail = [await consumer.receive(timeout=10) for _ in live]
-            assert [(m.offset, m.value) for m in tail] == [(120, b"live-1"), (121, b"live-2")]
+            while len(received) < len(values) + len(live):
+                message = await consumer.receive(timeout=10)
+                received.append(message)
+                await message.ack()
+            await writer
+            assert [m.value for m in received] == values + live
+            assert [m.offset for m in received] == list(range(len(values) + len(live)))
+            with pytest.raises(TimeoutError):  # and nothing twice
+                await consumer.receive(timeout=0.5)
     finally:
         server.stop()
     assert "Traceback" not in server.log()
