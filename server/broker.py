@@ -32,6 +32,7 @@ from wire.errors import (
     InvalidRequest,
     SubscriptionTypeMismatch,
     UnknownConsumer,
+    UnknownProducerId,
     UnknownTopic,
 )
 from wire.limits import MAX_ACKS_PER_REQUEST, MAX_CREDITS
@@ -57,6 +58,7 @@ class Broker:
             m.UnsubscribeRequest: self.unsubscribe,
             m.SeekRequest: self.seek,
             m.DeleteSubscriptionRequest: self.delete_subscription,
+            m.InitProducerIdRequest: self.init_producer_id,
             m.CreateTopicRequest: self.create_topic,
             m.DeleteTopicRequest: self.delete_topic,
             m.ListTopicsRequest: self.list_topics,
@@ -88,16 +90,48 @@ class Broker:
     def produce(self, session: Session, request: m.ProduceRequest) -> Result:
         topic = self._topic(request.topic)
         partition = topic.pick_partition(request.partition)
+        if request.isolation not in (m.Isolation.READ_UNCOMMITTED, m.Isolation.READ_COMMITTED):
+            raise InvalidRequest(
+                f"unknown isolation {request.isolation} (0 read_uncommitted, 1 read_committed)"
+            )
         info = validate_records(request.batch)
+        idempotent = info.producer_id >= 0
+        if idempotent:
+            if request.partition == -1:
+                raise InvalidRequest("an idempotent producer must name the partition")
+            if not self.catalog.issued(info.producer_id):
+                raise UnknownProducerId(
+                    f"producer id {info.producer_id} was not issued by this server"
+                )
+            original = partition.producers.check(
+                info.producer_id, info.base_sequence, info.record_count
+            )
+            if original is not None:  # a retry of a batch already appended
+                return m.ProduceResponse(partition.index, original)
         if not topic.reliable:
             base_offset = topic.publish(partition, request.batch, info.record_count)
+            if idempotent:
+                partition.producers.record(
+                    info.producer_id, info.base_sequence, info.record_count, base_offset
+                )
             return m.ProduceResponse(partition.index, base_offset)
         base_offset, sequence = topic.append(partition, request.batch, info.record_count)
+        if idempotent:
+            entry = partition.producers.record(
+                info.producer_id, info.base_sequence, info.record_count, base_offset
+            )
+            self.catalog.save_producer(topic, partition.index, info.producer_id, entry)
         response = m.ProduceResponse(partition.index, base_offset)
         assert partition.log is not None
-        if not partition.log.must_wait(sequence):
+        committed = request.isolation == m.Isolation.READ_COMMITTED
+        if not partition.log.must_wait(sequence, committed):
             return response
         return _after(partition.log.wait_durable(sequence), response)
+
+    def init_producer_id(
+        self, session: Session, request: m.InitProducerIdRequest
+    ) -> m.InitProducerIdResponse:
+        return m.InitProducerIdResponse(self.catalog.new_producer_id(), 0)
 
     def subscribe(self, session: Session, request: m.SubscribeRequest) -> Result:
         topic = self._topic(request.topic)

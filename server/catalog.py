@@ -23,6 +23,7 @@ from pathlib import Path
 import structlog
 
 from durables.cursor import PartitionCursor
+from durables.producers import ProducerEntry
 from server.config import ServerConfig, TopicSettings
 from server.reliable import ReliableSettings, ReliableSubscription
 from server.subscription import Subscription
@@ -34,9 +35,17 @@ from server.topic_settings import (
     settings_to_json,
 )
 from server.topics import Archive, Topic
-from storage.state import CURSOR, SUBSCRIPTION, TOPIC, StateStore, key
+from storage.state import (
+    CURSOR,
+    NEXT_PRODUCER_ID,
+    PRODUCER,
+    SUBSCRIPTION,
+    TOPIC,
+    StateStore,
+    key,
+)
 from storage.uploader import Uploader
-from storage.wal import PartitionLog
+from storage.wal import FsyncPolicy, PartitionLog
 from wire import messages as m
 from wire.errors import InvalidRequest, TopicExists, UnknownTopic
 from wire.limits import MAX_PARTITIONS
@@ -88,6 +97,12 @@ class TopicCatalog:
                     partition.log.start()
                     for segment in partition.log.sealed_segments():
                         self._sealed(topic.name, partition.index)(segment)
+        for raw_key, value in self._state.scan(PRODUCER):
+            topic_name, index, producer_id = raw_key.decode().split("\0")
+            owner = self.topics.get(topic_name)
+            if owner is not None and int(index) < len(owner.partitions):
+                table = owner.partitions[int(index)].producers
+                table.producers[int(producer_id)] = ProducerEntry.decode(value)
         for raw_key, value in self._state.scan(SUBSCRIPTION):
             topic_name, name = raw_key.decode().split("\0")
             owner = self.topics.get(topic_name)
@@ -116,6 +131,7 @@ class TopicCatalog:
                 m.Backoff(definition["backoff"]),
                 definition["backoff_initial_ms"],
                 definition["backoff_max_ms"],
+                bool(definition.get("committed_only", False)),
             ),
             cursors,
         )
@@ -214,11 +230,32 @@ class TopicCatalog:
                 await partition.log.close()
         self._state.delete_prefix(key(SUBSCRIPTION, topic.name) + b"\0")
         self._state.delete_prefix(key(CURSOR, topic.name) + b"\0")
+        self._state.delete_prefix(key(PRODUCER, topic.name) + b"\0")
         if self.uploader is not None:
             self.uploader.forget_topic(topic.name)
         self._state.write(deletes=[key(TOPIC, topic.name)], sync=True)
         await asyncio.to_thread(shutil.rmtree, self._topic_dir(topic.name), True)
         log.info("topic.deleted", topic=topic.name)
+
+    # Idempotent producers
+
+    def new_producer_id(self) -> int:
+        producer_id = int(self._state.get(NEXT_PRODUCER_ID) or b"0")
+        self._state.write({NEXT_PRODUCER_ID: str(producer_id + 1).encode()}, sync=True)
+        return producer_id
+
+    def issued(self, producer_id: int) -> bool:
+        return 0 <= producer_id < int(self._state.get(NEXT_PRODUCER_ID) or b"0")
+
+    def save_producer(
+        self, topic: Topic, partition: int, producer_id: int, entry: ProducerEntry
+    ) -> None:
+        """Persist an idempotent producer's state with the batch it just appended (reliable)."""
+        if topic.reliable:
+            sync = topic.settings is not None and topic.settings.fsync == FsyncPolicy.ALWAYS
+            self._state.write(
+                {key(PRODUCER, topic.name, partition, producer_id): entry.encode()}, sync=sync
+            )
 
     # Reliable subscriptions
 
@@ -250,6 +287,7 @@ class TopicCatalog:
                 "backoff": int(resolved.backoff),
                 "backoff_initial_ms": resolved.backoff_initial_ms,
                 "backoff_max_ms": resolved.backoff_max_ms,
+                "committed_only": resolved.committed_only,
             }
             puts = {key(SUBSCRIPTION, topic.name, name): json.dumps(definition).encode()}
             for partition, cursor in enumerate(cursors):
@@ -304,6 +342,7 @@ class TopicCatalog:
             backoff=backoff,
             backoff_initial_ms=settings.backoff_initial_ms or defaults.backoff_initial_ms,
             backoff_max_ms=settings.backoff_max_ms or defaults.backoff_max_ms,
+            committed_only=bool(settings.committed_only),
         )
 
     async def start_offsets(self, topic: Topic, start: int, value: int) -> list[int]:

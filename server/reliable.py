@@ -61,6 +61,7 @@ class ReliableSettings:
     backoff: Backoff
     backoff_initial_ms: int
     backoff_max_ms: int
+    committed_only: bool = False  # deliver only what an fsync covers
 
     def redelivery_delay(self, deliveries: int) -> float:
         """Seconds to wait before delivery number `deliveries + 1`."""
@@ -338,7 +339,10 @@ class ReliableSubscription:
         for step in range(partitions):
             partition = (self._next_partition + step) % partitions
             cursor = self._cursors[partition]
-            if cursor.dispatched >= self._topic.partitions[partition].next_offset:
+            log_ = self._topic.partitions[partition].log
+            assert log_ is not None
+            end = log_.durable_offset if self.settings.committed_only else log_.next_offset
+            if cursor.dispatched >= end:
                 continue
             self._next_partition = (partition + 1) % partitions
             if cursor.dispatched < self._topic.start_offset(partition):

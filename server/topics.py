@@ -10,9 +10,10 @@ history older than the local WAL is read back from the object store (`archive`).
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from durables.producers import ProducerTable
 from server.config import TopicSettings
 from server.subscription import Subscription
 from storage.wal import PartitionLog
@@ -38,6 +39,7 @@ class Partition:
     index: int
     log: PartitionLog | None = None
     _next_offset: int = 0  # non-reliable only
+    producers: ProducerTable = field(default_factory=ProducerTable)
 
     @property
     def next_offset(self) -> int:

@@ -4,7 +4,9 @@
 - `sub/<topic>\\0<subscription>`: a reliable subscription's type and settings (JSON);
 - `cursor/<topic>\\0<subscription>\\0<partition>`: its acknowledgement state (`PartitionCursor`);
 - `upload/<topic>\\0<partition>\\0<base offset, 20 digits>`: a segment uploaded to the object
-  store, with its next offset and size (JSON).
+  store, with its next offset and size;
+- `producer/<topic>\\0<partition>\\0<producer id>`: an idempotent producer's recent batches;
+- `meta/next-producer-id`: the next producer id to hand out.
 
 `\\0` separates names because no topic or subscription name may contain it. Changes that belong
 together go in one WriteBatch (`write`). `sync=True` makes RocksDB fsync its own log before
@@ -25,6 +27,8 @@ TOPIC = b"topic/"
 SUBSCRIPTION = b"sub/"
 CURSOR = b"cursor/"
 UPLOAD = b"upload/"
+PRODUCER = b"producer/"
+NEXT_PRODUCER_ID = b"meta/next-producer-id"
 SEP = b"\0"
 
 

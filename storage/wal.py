@@ -120,6 +120,8 @@ class PartitionLog:
         self._syncer: asyncio.Task[None] | None = None
         self._closed = False
         self._append_listeners: list[Callable[[], None]] = []
+        # what was on disk at open counts as durable: it survived whatever stopped the server
+        self._durable_offset = segments[-1].next_offset
 
     # Opening and recovery
 
@@ -190,6 +192,7 @@ class PartitionLog:
         ]
 
     def add_append_listener(self, listener: Callable[[], None]) -> None:
+        """Called after each append, and when the durable offset advances."""
         self._append_listeners.append(listener)
 
     def remove_append_listener(self, listener: Callable[[], None]) -> None:
@@ -225,7 +228,7 @@ class PartitionLog:
             self._dirty.append(active)
         self._appended += 1
         self._cache(base_offset, active.next_offset, data)
-        if self.config.fsync == FsyncPolicy.ALWAYS and self._waiters:
+        if self._waiters:
             self._wake.set()
         for listener in self._append_listeners:
             listener()
@@ -261,13 +264,22 @@ class PartitionLog:
 
     # Durability
 
-    def must_wait(self, sequence: int) -> bool:
-        """Whether an ack for append `sequence` must wait for an fsync (policy `always`)."""
-        return self.config.fsync == FsyncPolicy.ALWAYS and self._durable < sequence
+    def must_wait(self, sequence: int, committed: bool = False) -> bool:
+        """Whether an ack for append `sequence` waits for an fsync: under policy `always`, or
+        when the producer asked for read_committed."""
+        if self._durable >= sequence:
+            return False
+        return committed or self.config.fsync == FsyncPolicy.ALWAYS
+
+    @property
+    def durable_offset(self) -> int:
+        """Every offset below this is covered by an fsync (or was recovered from disk)."""
+        return self._durable_offset
 
     async def wait_durable(self, sequence: int) -> None:
-        """Resolve once an fsync covers append number `sequence` (at once under `never`)."""
-        if self._durable >= sequence or self.config.fsync == FsyncPolicy.NEVER:
+        """Resolve once an fsync covers append number `sequence`. Waiting starts an fsync now,
+        whatever the policy: that is how read_committed works on `interval` and `never` topics."""
+        if self._durable >= sequence:
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append((sequence, future))
@@ -297,12 +309,14 @@ class PartitionLog:
 
     async def _sync_once(self) -> None:
         target = self._appended
-        dirty, self._dirty = self._dirty, []
-        if self.config.fsync != FsyncPolicy.NEVER:
+        target_offset = self.next_offset
+        if self.config.fsync != FsyncPolicy.NEVER or self._waiters:
+            dirty, self._dirty = self._dirty, []
             for segment in dirty:
                 if segment.write_fd is not None:
                     await asyncio.to_thread(os.fsync, segment.write_fd)
             self._durable = max(self._durable, target)
+            self._advance_durable_offset(target_offset)
             waiting, self._waiters = self._waiters, []
             for sequence, future in waiting:
                 if sequence > self._durable:
@@ -312,6 +326,9 @@ class PartitionLog:
         sealing, self._to_seal = self._to_seal, []
         for segment in sealing:
             await asyncio.to_thread(_seal, segment)  # fsyncs it whatever the policy
+            if self.config.fsync == FsyncPolicy.NEVER:
+                self._dirty = [s for s in self._dirty if s is not segment]
+                self._advance_durable_offset(segment.next_offset)
             log.info(
                 "wal.sealed",
                 directory=str(self.directory),
@@ -325,6 +342,12 @@ class PartitionLog:
                         segment.base_offset, segment.next_offset, segment.path, segment.size
                     )
                 )
+
+    def _advance_durable_offset(self, offset: int) -> None:
+        if offset > self._durable_offset:
+            self._durable_offset = offset
+            for listener in self._append_listeners:
+                listener()
 
     # Reading
 

@@ -32,9 +32,10 @@ i16 = st.integers(-(2**15), 2**15 - 1)
 
 configs = st.lists(st.builds(m.ConfigEntry, names, names), max_size=3).map(tuple)
 acks = st.lists(st.builds(m.AckEntry, i32, i64), max_size=5).map(tuple)
-settings = st.builds(m.SubscriptionSettings, i8, i64, i32, i32, i8, i32, i32)
+settings = st.builds(m.SubscriptionSettings, i8, i64, i32, i32, i8, i32, i32, st.booleans())
 requests = st.one_of(
-    st.builds(m.ProduceRequest, names, i32, st.binary(max_size=200)),
+    st.builds(m.ProduceRequest, names, i32, st.binary(max_size=200), i8),
+    st.just(m.InitProducerIdRequest()),
     st.builds(m.SubscribeRequest, names, names, i8, names, i32, i32, settings),
     st.builds(m.FlowRequest, i32, i32),
     st.builds(m.AckRequest, i32, acks, i8),
@@ -64,6 +65,7 @@ subscription_infos = st.builds(
 responses = st.one_of(
     st.tuples(st.just(m.ApiKey.PRODUCE), st.builds(m.ProduceResponse, i32, i64)),
     st.tuples(st.just(m.ApiKey.SUBSCRIBE), st.builds(m.SubscribeResponse, i32)),
+    st.tuples(st.just(m.ApiKey.INIT_PRODUCER_ID), st.builds(m.InitProducerIdResponse, i64, i16)),
     st.tuples(st.just(m.ApiKey.FLOW), st.just(m.EmptyResponse())),
     st.tuples(
         st.just(m.ApiKey.LIST_TOPICS),
@@ -126,7 +128,7 @@ def test_delivery_fast_path_matches_schema(delivery: m.Delivery, consumer_id: in
     assert PUSH_SCHEMAS[m.ApiKey.DELIVER].parse(frame.body) == delivery
 
 
-@given(st.builds(m.ProduceRequest, names, i32, st.binary(max_size=100)))
+@given(st.builds(m.ProduceRequest, names, i32, st.binary(max_size=100), i8))
 def test_produce_fast_path_matches_schema(request: m.ProduceRequest) -> None:
     schema = SCHEMAS[m.ApiKey.PRODUCE][0]
     prefix, batch = produce_request_parts(request, 1)

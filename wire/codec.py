@@ -93,6 +93,7 @@ SUBSCRIPTION_SETTINGS = message(
     "backoff" / Int8sb,
     "backoff_initial_ms" / Int32sb,
     "backoff_max_ms" / Int32sb,
+    "committed_only" / Flag,
 )
 CONSUMER_INFO = message(
     m.ConsumerInfo,
@@ -118,7 +119,13 @@ EMPTY_RESPONSE = message(m.EmptyResponse)
 # api key -> (request schema, response schema)
 SCHEMAS: Final[dict[int, tuple[DataclassAdapter, DataclassAdapter]]] = {
     m.ApiKey.PRODUCE: (
-        message(m.ProduceRequest, "topic" / String, "partition" / Int32sb, "batch" / GreedyBytes),
+        message(
+            m.ProduceRequest,
+            "topic" / String,
+            "partition" / Int32sb,
+            "isolation" / Int8sb,
+            "batch" / GreedyBytes,
+        ),
         message(m.ProduceResponse, "partition" / Int32sb, "base_offset" / Int64sb),
     ),
     m.ApiKey.SUBSCRIBE: (
@@ -188,6 +195,10 @@ SCHEMAS: Final[dict[int, tuple[DataclassAdapter, DataclassAdapter]]] = {
             "subscriptions" / PrefixedArray(Int32sb, SUBSCRIPTION_INFO),
         ),
     ),
+    m.ApiKey.INIT_PRODUCER_ID: (
+        message(m.InitProducerIdRequest),
+        message(m.InitProducerIdResponse, "producer_id" / Int64sb, "producer_epoch" / Int16sb),
+    ),
     m.ApiKey.API_VERSIONS: (
         message(m.ApiVersionsRequest),
         message(
@@ -224,7 +235,8 @@ _PRODUCE_RESPONSE = struct.Struct(">hiq")
 _DELIVER_FIELDS = struct.Struct(">ii")  # partition, delivery count
 _U16 = struct.Struct(">H")
 _I32 = struct.Struct(">i")
-_PRODUCE_PREFIX_SIZE: Final = 2 + 4  # topic length, partition
+_PARTITION_ISOLATION = struct.Struct(">ib")
+_PRODUCE_PREFIX_SIZE: Final = 2 + _PARTITION_ISOLATION.size  # topic length, partition, isolation
 _OK = ERROR_HEADER.pack(0)
 
 
@@ -271,7 +283,11 @@ def produce_request_parts(
 ) -> tuple[bytes, bytes]:
     """A produce frame as (prefix, batch), so the batch can be written without a copy."""
     topic = request.topic.encode()
-    fields = _U16.pack(len(topic)) + topic + _I32.pack(request.partition)
+    fields = (
+        _U16.pack(len(topic))
+        + topic
+        + _PARTITION_ISOLATION.pack(request.partition, request.isolation)
+    )
     prefix = frame_prefix(
         m.ApiKey.PRODUCE, 0, correlation_id, flags, len(fields) + len(request.batch)
     )
@@ -293,14 +309,14 @@ def decode_produce_request(body: bytes) -> m.ProduceRequest:
         raise MalformedFrame("malformed PRODUCE: body shorter than its fixed fields")
     (topic_length,) = _U16.unpack_from(body, 0)
     end = 2 + topic_length
-    if len(body) < end + 4:
+    if len(body) < end + _PARTITION_ISOLATION.size:
         raise MalformedFrame("malformed PRODUCE: topic name runs past the end of the frame")
     try:
         topic = body[2:end].decode()
     except UnicodeDecodeError:
         raise MalformedFrame("malformed PRODUCE: topic name is not valid UTF-8") from None
-    (partition,) = _I32.unpack_from(body, end)
-    return m.ProduceRequest(topic, partition, body[end + 4 :])
+    partition, isolation = _PARTITION_ISOLATION.unpack_from(body, end)
+    return m.ProduceRequest(topic, partition, body[end + _PARTITION_ISOLATION.size :], isolation)
 
 
 # Responses

@@ -35,6 +35,9 @@ class ErrorCode(enum.IntEnum):
     CONNECTION_CLOSED = 18
     REQUEST_TIMEOUT = 19
     STORAGE_ERROR = 20
+    OUT_OF_ORDER_SEQUENCE = 21
+    UNKNOWN_PRODUCER_ID = 22
+    RECORD_TOO_LARGE = 23
 
 
 class HeadwaterError(Exception):
@@ -153,6 +156,22 @@ class ObjectNotFound(StorageError):
     pass
 
 
+class OutOfOrderSequence(HeadwaterError):
+    """An idempotent producer's batch does not follow its previous one (a gap)."""
+
+    code = ErrorCode.OUT_OF_ORDER_SEQUENCE
+
+
+class UnknownProducerId(HeadwaterError):
+    code = ErrorCode.UNKNOWN_PRODUCER_ID
+
+
+class RecordTooLarge(HeadwaterError):
+    """Raised client-side: one record is larger than the producer's max request size."""
+
+    code = ErrorCode.RECORD_TOO_LARGE
+
+
 _BY_CODE: dict[int, type[HeadwaterError]] = {}
 for _cls in (
     UnknownServerError,
@@ -175,6 +194,9 @@ for _cls in (
     ConnectionClosed,
     RequestTimeout,
     StorageError,
+    OutOfOrderSequence,
+    UnknownProducerId,
+    RecordTooLarge,
 ):
     _BY_CODE[_cls.code] = _cls
 

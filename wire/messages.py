@@ -20,6 +20,7 @@ class ApiKey(enum.IntEnum):
     NACK = 5
     SEEK = 6
     DELETE_SUBSCRIPTION = 7
+    INIT_PRODUCER_ID = 8
     CREATE_TOPIC = 10
     DELETE_TOPIC = 11
     LIST_TOPICS = 12
@@ -55,6 +56,13 @@ class AckKind(enum.IntEnum):
     CUMULATIVE = 1  # the offset and everything below it on that partition (not for Shared)
 
 
+class Isolation(enum.IntEnum):
+    """When a reliable topic acknowledges a produce (see docs/PRODUCING.md)."""
+
+    READ_UNCOMMITTED = 0  # once appended to the WAL (the OS has it)
+    READ_COMMITTED = 1  # once an fsync covers it, whatever the topic's fsync policy
+
+
 class Backoff(enum.IntEnum):
     FIXED = 0
     EXPONENTIAL = 1
@@ -71,6 +79,7 @@ class SubscriptionSettings:
     backoff: int = Backoff.EXPONENTIAL
     backoff_initial_ms: int = 0
     backoff_max_ms: int = 0
+    committed_only: bool = False  # deliver only records an fsync already covers
 
 
 # Requests
@@ -81,6 +90,12 @@ class ProduceRequest:
     topic: str
     partition: int
     batch: bytes  # one Kafka RecordBatch v2, base offset 0 (the server stamps it)
+    isolation: int = Isolation.READ_UNCOMMITTED
+
+
+@dataclass(frozen=True, slots=True)
+class InitProducerIdRequest:
+    """Ask for a producer id, for idempotent produce (sequence numbers per partition)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +207,12 @@ class ProduceResponse:
 
 
 @dataclass(frozen=True, slots=True)
+class InitProducerIdResponse:
+    producer_id: int
+    producer_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
 class SubscribeResponse:
     consumer_id: int
 
@@ -281,6 +302,7 @@ Request = (
     | NackRequest
     | SeekRequest
     | DeleteSubscriptionRequest
+    | InitProducerIdRequest
     | CreateTopicRequest
     | DeleteTopicRequest
     | ListTopicsRequest
@@ -290,6 +312,7 @@ Request = (
 Response = (
     EmptyResponse
     | ProduceResponse
+    | InitProducerIdResponse
     | SubscribeResponse
     | ListTopicsResponse
     | DescribeTopicResponse
