@@ -19,19 +19,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-import zlib
 from collections import deque
-from collections.abc import Generator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal
 
 from headwater.connection import Connection, parse_server
+from headwater.producer import Producer, ProducerConfig
 from wire import messages as m
 from wire.errors import ConnectionClosed, HeadwaterError, InvalidRequest
 from wire.limits import MAX_ACKS_PER_REQUEST
-from wire.records import BatchBuilder, decode_records
+from wire.records import decode_records
 
 SubscriptionTypeName = Literal["exclusive", "shared", "failover"]
 DispatchName = Literal["non-reliable", "reliable"]
@@ -47,14 +46,6 @@ _DISPATCH_MODES: dict[str, m.DispatchMode] = {
 }
 DISPATCH_NAMES: dict[int, str] = {mode: name for name, mode in _DISPATCH_MODES.items()}
 SUBSCRIPTION_TYPE_NAMES: dict[int, str] = {kind: name for name, kind in _SUBSCRIPTION_TYPES.items()}
-
-
-@dataclass(frozen=True, slots=True)
-class RecordMetadata:
-    topic: str
-    partition: int
-    offset: int
-    timestamp: int
 
 
 @dataclass(slots=True)
@@ -85,12 +76,16 @@ class Message:
 
 async def connect(server: str = "127.0.0.1:6650", *, timeout: float = 10.0) -> Client:
     host, port = parse_server(server)
-    return Client(await Connection.open(host, port, timeout))
+    return Client(await Connection.open(host, port, timeout), host, port, timeout)
 
 
 class Client:
-    def __init__(self, connection: Connection) -> None:
+    def __init__(self, connection: Connection, host: str, port: int, timeout: float) -> None:
         self._connection = connection
+        self._host = host
+        self._port = port
+        self._timeout = timeout
+        self._producers: list[Producer] = []
 
     async def __aenter__(self) -> Client:
         return self
@@ -99,6 +94,11 @@ class Client:
         await self.close()
 
     async def close(self) -> None:
+        """Flush and close this client's producers, then the connection. Send errors not yet
+        collected by `flush()` are not raised here: they were reported on the send futures."""
+        for producer in self._producers:
+            with contextlib.suppress(HeadwaterError):
+                await producer.close()
         await self._connection.close()
 
     # Admin
@@ -139,8 +139,18 @@ class Client:
 
     # Messages
 
-    def producer(self, topic: str, *, batch_size: int = 256 * 1024) -> Producer:
-        return Producer(self._connection, self, topic, batch_size)
+    def producer(
+        self, topic: str, config: ProducerConfig | None = None, **options: Any
+    ) -> Producer:
+        """A producer for `topic` on a connection of its own (so it can reconnect and retry).
+        Settings come from `config`, or from `ProducerConfig` fields given as keywords:
+        `client.producer("t", delivery=AtMostOnce(), linger=0.005)`."""
+        producer = Producer(self, topic, config or ProducerConfig(**options))
+        self._producers.append(producer)
+        return producer
+
+    async def _open_connection(self) -> Connection:
+        return await Connection.open(self._host, self._port, self._timeout)
 
     async def subscribe(
         self,
@@ -236,137 +246,6 @@ def _start_position(
     if isinstance(start, int) and start >= 0:
         return m.StartPosition.OFFSET, start
     raise InvalidRequest(f"start must be 'latest', 'earliest' or an offset >= 0, not {start!r}")
-
-
-class _PendingBatch:
-    """Records bound for one partition, and the one future their produce response resolves."""
-
-    __slots__ = ("builder", "response", "timestamps")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.builder = BatchBuilder()
-        self.timestamps: list[int] = []
-        self.response: asyncio.Future[m.Response] = loop.create_future()
-        # Errors reach the caller through SendFuture or flush(); mark them seen so asyncio does
-        # not also log "exception was never retrieved" for batches nobody awaited.
-        self.response.add_done_callback(_retrieve)
-
-
-def _retrieve(future: asyncio.Future[m.Response]) -> None:
-    if not future.cancelled():
-        future.exception()
-
-
-class SendFuture:
-    """The outcome of one `send`: await it for the record's `RecordMetadata`.
-
-    One per record, so it is a small object pointing into its batch's single response future:
-    an asyncio.Future per record cost more than encoding the record.
-    """
-
-    __slots__ = ("_batch", "_position", "_topic")
-
-    def __init__(self, topic: str, batch: _PendingBatch, position: int) -> None:
-        self._topic = topic
-        self._batch = batch
-        self._position = position
-
-    def __await__(self) -> Generator[Any, None, RecordMetadata]:
-        response = yield from self._batch.response.__await__()
-        return self._metadata(response)
-
-    def done(self) -> bool:
-        return self._batch.response.done()
-
-    def exception(self) -> BaseException | None:
-        return self._batch.response.exception()
-
-    def result(self) -> RecordMetadata:
-        """The metadata if the send completed; raises its error, or InvalidStateError if pending."""
-        return self._metadata(self._batch.response.result())
-
-    def _metadata(self, response: m.Response) -> RecordMetadata:
-        assert isinstance(response, m.ProduceResponse)
-        return RecordMetadata(
-            self._topic,
-            response.partition,
-            response.base_offset + self._position,
-            self._batch.timestamps[self._position],
-        )
-
-
-class Producer:
-    """Batches records per partition; `send` returns a `SendFuture` per record."""
-
-    def __init__(self, connection: Connection, client: Client, topic: str, batch_size: int) -> None:
-        self._connection = connection
-        self._client = client
-        self.topic = topic
-        self._batch_size = batch_size
-        self._partitions: int | None = None
-        self._open: dict[int, _PendingBatch] = {}
-        self._flush_scheduled = False
-        self._in_flight: set[asyncio.Future[m.Response]] = set()
-
-    async def send(
-        self,
-        value: bytes | None,
-        key: bytes | None = None,
-        headers: Mapping[str, bytes] | None = None,
-        partition: int | None = None,
-    ) -> SendFuture:
-        """Queue one record; waits only while the connection is backed up."""
-        if not self._connection.writable:
-            await self._connection.drain()
-        if partition is None:
-            partition = -1 if key is None else await self._partition_for(key)
-        batch = self._open.get(partition)
-        if batch is None:
-            batch = self._open[partition] = _PendingBatch(asyncio.get_running_loop())
-        timestamp = int(time.time() * 1000)
-        position = batch.builder.append(
-            key, value, list(headers.items()) if headers else (), timestamp
-        )
-        batch.timestamps.append(timestamp)
-        if batch.builder.size() >= self._batch_size:
-            self._send_batch(partition)
-        elif not self._flush_scheduled:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._send_open_batches)
-        return SendFuture(self.topic, batch, position)
-
-    async def _partition_for(self, key: bytes) -> int:
-        """Keyless records go to partition -1: the server spreads them round-robin per batch."""
-        if self._partitions is None:
-            self._partitions = (await self._client.describe_topic(self.topic)).topic.partitions
-        return zlib.crc32(key) % self._partitions
-
-    def _send_open_batches(self) -> None:
-        self._flush_scheduled = False
-        for partition in list(self._open):
-            self._send_batch(partition)
-
-    def _send_batch(self, partition: int) -> None:
-        batch = self._open.pop(partition)
-        request = m.ProduceRequest(self.topic, partition, batch.builder.build())
-        try:
-            self._connection.produce(request, batch.response)
-        except HeadwaterError as exc:
-            batch.response.set_exception(exc)
-            return
-        self._in_flight.add(batch.response)
-        batch.response.add_done_callback(self._in_flight.discard)
-
-    async def flush(self) -> None:
-        """Send what is queued, wait until every sent batch is answered, raise the first error."""
-        self._send_open_batches()
-        pending = list(self._in_flight)
-        if pending:
-            await asyncio.wait(pending)
-        for future in pending:
-            error = future.exception()
-            if error is not None:
-                raise error
 
 
 class Consumer:

@@ -212,6 +212,10 @@ class Connection:
         if self._transport is not None:
             self._transport.close()
 
+    def abandon(self) -> None:
+        """Drop the connection now: every unanswered request fails with ConnectionClosed."""
+        self._fail(ConnectionClosed("connection abandoned after a retriable error"))
+
     async def close(self) -> None:
         if self._transport is not None and not self._transport.is_closing():
             self._transport.close()
