@@ -169,13 +169,15 @@ class Client:
         backoff: Literal["fixed", "exponential"] = "exponential",
         backoff_initial: float | None = None,
         backoff_max: float | None = None,
+        committed_only: bool = False,
     ) -> Consumer:
         """Attach a consumer. The settings after `prefetch` apply to reliable topics and take
         effect when the subscription is created (its first consumer); None means the server's
         default. `start` is "latest", "earliest" or an offset; `start_timestamp` (ms since the
         epoch) starts at the first message at or after that time instead. With `limit`, the
         consumer never asks for more than `limit` messages in all (a bounded read leaves nothing
-        delivered-and-unacked behind)."""
+        delivered-and-unacked behind). `committed_only` delivers only records an fsync already
+        covers (the consumer side of read_committed)."""
         sub_type = _SUBSCRIPTION_TYPES.get(type)
         if sub_type is None:
             raise InvalidRequest(
@@ -195,6 +197,7 @@ class Client:
             backoff=m.Backoff.FIXED if backoff == "fixed" else m.Backoff.EXPONENTIAL,
             backoff_initial_ms=_ms(backoff_initial),
             backoff_max_ms=_ms(backoff_max),
+            committed_only=committed_only,
         )
         response = await self._connection.request(
             m.SubscribeRequest(

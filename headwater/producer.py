@@ -94,15 +94,13 @@ class RetryPolicy:
             raise InvalidRequest("retry timeout must be > 0")
 
     def delays(self, rng: random.Random | None = None) -> Iterator[float]:
-        previous, current = 0.0, self.initial_delay
+        fibonacci, following = self.initial_delay, self.initial_delay
         for attempt in range(self.max_retries):
             if self.strategy == RetryStrategy.FIXED:
                 delay = self.initial_delay
             elif self.strategy == RetryStrategy.FIBONACCI:
-                delay = current
-                previous, current = current, previous + current
-                if attempt == 0:
-                    previous, current = self.initial_delay, self.initial_delay
+                delay = fibonacci
+                fibonacci, following = following, fibonacci + following
             else:
                 delay = self.initial_delay * 2**attempt
             delay = min(delay, self.max_delay)

@@ -1,0 +1,88 @@
+"""A fault-injecting TCP proxy on 127.0.0.1 for tests: it forwards bytes between a client and the
+server and, when told, cuts connections at random (dropping the chunk it was forwarding, so a
+request or a response is lost) or stops forwarding altogether (`pause`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+
+
+class FaultyProxy:
+    def __init__(self, target_port: int, seed: int = 1) -> None:
+        self.target_port = target_port
+        self.rng = random.Random(seed)
+        self.drop_requests = 0.0  # chance a client->server chunk is dropped with its connection
+        self.drop_responses = 0.0  # chance a server->client chunk is dropped with its connection
+        self.cuts = 0
+        self._paused = asyncio.Event()
+        self._paused.set()
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self.port = 0
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    async def start(self) -> FaultyProxy:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    def pause(self) -> None:
+        self._paused.clear()
+
+    def resume(self) -> None:
+        self._paused.set()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            upstream_reader, upstream_writer = await asyncio.open_connection(
+                "127.0.0.1", self.target_port
+            )
+        except OSError:
+            writer.close()
+            return
+        self._writers |= {writer, upstream_writer}
+        await asyncio.gather(
+            self._pipe(reader, upstream_writer, writer, "request"),
+            self._pipe(upstream_reader, writer, upstream_writer, "response"),
+            return_exceptions=True,
+        )
+
+    async def _pipe(
+        self,
+        source: asyncio.StreamReader,
+        sink: asyncio.StreamWriter,
+        other: asyncio.StreamWriter,
+        direction: str,
+    ) -> None:
+        try:
+            while True:
+                data = await source.read(65536)
+                if not data:
+                    break
+                await self._paused.wait()
+                chance = self.drop_requests if direction == "request" else self.drop_responses
+                if chance and self.rng.random() < chance:
+                    self.cuts += 1
+                    break
+                sink.write(data)
+                await sink.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            for writer in (sink, other):
+                writer.close()
+                self._writers.discard(writer)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for writer in list(self._writers):
+            writer.close()
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await self._server.wait_closed()
