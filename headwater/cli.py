@@ -13,13 +13,23 @@ import base64
 import json
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from headwater.client import DISPATCH_NAMES, SUBSCRIPTION_TYPE_NAMES, Client, Message, connect
+from headwater.producer import (
+    AtLeastOnce,
+    AtMostOnce,
+    Isolation,
+    Producer,
+    ProducerConfig,
+    RetryPolicy,
+)
 from wire.errors import HeadwaterError
 from wire.messages import DescribeTopicResponse
+from wire.records import Compression
 
 DEFAULT_SERVER = "127.0.0.1:6650"
 
@@ -76,6 +86,26 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SEP",
         help="split each value at the first SEP into key and value",
     )
+    produce.add_argument(
+        "--delivery", choices=["at-least-once", "at-most-once"], default="at-least-once"
+    )
+    produce.add_argument("--retries", type=int, default=5, help="at-least-once retries")
+    produce.add_argument("--batch-size", type=int, default=64 * 1024, metavar="BYTES")
+    produce.add_argument("--linger-ms", type=float, default=0.0)
+    produce.add_argument(
+        "--compression", choices=["none", "gzip", "snappy", "lz4", "zstd"], default="none"
+    )
+    produce.add_argument("--idempotent", action="store_true", help="no duplicates on retry")
+    produce.add_argument(
+        "--isolation",
+        choices=["read-uncommitted", "read-committed"],
+        default="read-uncommitted",
+        help="reliable topics: acknowledge after the append, or after an fsync covers it",
+    )
+    produce.add_argument(
+        "--count", type=int, help="generate N messages of --size bytes instead of reading values"
+    )
+    produce.add_argument("--size", type=int, default=100, help="bytes per generated message")
 
     consume = commands.add_parser("consume", parents=[client_options], help="print messages")
     consume.add_argument("topic")
@@ -235,26 +265,77 @@ def _describe_text(description: DescribeTopicResponse) -> str:
     return "\n".join(lines)
 
 
+def _producer_config(args: argparse.Namespace) -> ProducerConfig:
+    if args.retries < 0 or args.batch_size < 1 or args.linger_ms < 0:
+        raise ValueError("--retries, --batch-size and --linger-ms must not be negative")
+    delivery: AtMostOnce | AtLeastOnce = (
+        AtMostOnce()
+        if args.delivery == "at-most-once"
+        else AtLeastOnce(RetryPolicy(max_retries=args.retries))
+    )
+    return ProducerConfig(
+        delivery=delivery,
+        batch_size=args.batch_size,
+        linger=args.linger_ms / 1000,
+        compression=Compression[args.compression.upper()],
+        idempotent=args.idempotent,
+        isolation=Isolation.READ_COMMITTED
+        if args.isolation == "read-committed"
+        else Isolation.READ_UNCOMMITTED,
+    )
+
+
 async def _produce(client: Client, args: argparse.Namespace) -> int:
     if args.key is not None and args.key_separator is not None:
         raise ValueError("use either --key or --key-separator, not both")
-    producer = client.producer(args.topic)
+    producer = client.producer(args.topic, _producer_config(args))
+    if args.count is not None:
+        return await _generate(producer, args)
     values = args.values or (line.rstrip("\n") for line in sys.stdin)
-    futures = []
+    sent = 0
     for text in values:
         key = args.key
         if args.key_separator is not None:
             key, separator, text = text.partition(args.key_separator)
             if not separator:
                 raise ValueError(f"line has no key separator {args.key_separator!r}: {key!r}")
-        futures.append(
-            await producer.send(text.encode(), key=key.encode() if key is not None else None)
-        )
-    await producer.flush()
-    for future in futures:
-        future.result()  # raises the first error
-    print(f"produced {len(futures)} messages to {args.topic}", file=sys.stderr)
+        await producer.send(text.encode(), key=key.encode() if key is not None else None)
+        sent += 1
+    await producer.flush()  # raises the first error
+    print(f"produced {sent} messages to {args.topic}", file=sys.stderr)
     return 0
+
+
+async def _generate(producer: Producer, args: argparse.Namespace) -> int:
+    """Load generation: --count messages of --size bytes, with a progress bar on stderr."""
+    if args.count < 1 or args.size < 0:
+        raise ValueError("--count must be at least 1 and --size at least 0")
+    value = b"x" * args.size
+    key = args.key.encode() if args.key is not None else None
+    started = time.monotonic()
+    next_update = started
+    for sent in range(1, args.count + 1):
+        await producer.send(value, key=key)
+        if time.monotonic() >= next_update or sent == args.count:
+            _progress_bar(sent, args.count, started)
+            next_update = time.monotonic() + 0.25
+    await producer.flush()
+    elapsed = time.monotonic() - started
+    print(
+        f"\nproduced {args.count} messages of {args.size} bytes to {args.topic} in "
+        f"{elapsed:.2f}s ({args.count / elapsed:,.0f} msg/s, "
+        f"{args.count * args.size / elapsed / 1e6:,.1f} MB/s)",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _progress_bar(done: int, total: int, started: float) -> None:
+    width = 30
+    filled = width * done // total
+    rate = done / max(time.monotonic() - started, 1e-9)
+    bar = "#" * filled + "-" * (width - filled)
+    print(f"\r[{bar}] {done:,}/{total:,} {rate:,.0f} msg/s", end="", file=sys.stderr, flush=True)
 
 
 def _position(text: str) -> str | int:

@@ -141,6 +141,8 @@ class ProducerConfig:
     max_request_size: int = 1024 * 1024
     max_queued_batches: int = 64
     max_in_flight: int = 16
+    # an unanswered request older than this drops the connection (a retriable failure)
+    request_timeout: float = 30.0
     compression: Compression = Compression.NONE
     isolation: m.Isolation = m.Isolation.READ_UNCOMMITTED
     idempotent: bool = False
@@ -148,8 +150,8 @@ class ProducerConfig:
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.max_request_size < 1024:
             raise InvalidRequest("batch_size must be >= 1 and max_request_size >= 1024")
-        if self.linger < 0:
-            raise InvalidRequest("linger must be >= 0")
+        if self.linger < 0 or self.request_timeout <= 0:
+            raise InvalidRequest("linger must be >= 0 and request_timeout > 0")
         if self.max_queued_batches < 1 or self.max_in_flight < 1:
             raise InvalidRequest("max_queued_batches and max_in_flight must be >= 1")
         if self.idempotent and self.max_in_flight > 16:
@@ -434,6 +436,16 @@ class Producer:
             return
         self._in_flight.append(batch)
         response.add_done_callback(lambda done: self._answered(batch, done))
+        attempt = batch.attempts
+        self._loop.call_later(
+            self.config.request_timeout, self._check_answered, connection, batch, attempt
+        )
+
+    def _check_answered(self, connection: Connection, batch: _Batch, attempt: int) -> None:
+        """No answer in `request_timeout`: give up on the connection; its batches are retried."""
+        if batch.attempts == attempt and batch in self._in_flight:
+            logger.warning("no answer in %ss; reconnecting", self.config.request_timeout)
+            connection.abandon()
 
     def _answered(self, batch: _Batch, done: asyncio.Future[m.Response]) -> None:
         if batch in self._in_flight:

@@ -310,7 +310,7 @@ class PartitionLog:
     async def _sync_once(self) -> None:
         target = self._appended
         target_offset = self.next_offset
-        if self.config.fsync != FsyncPolicy.NEVER or self._waiters:
+        if self.config.fsync != FsyncPolicy.NEVER or self._waiters or self._closed:
             dirty, self._dirty = self._dirty, []
             for segment in dirty:
                 if segment.write_fd is not None:

@@ -226,3 +226,35 @@ def test_serve_refuses_a_bad_config_file(tmp_path: Path) -> None:
     assert result.returncode == 2 and "bucket is required" in result.stderr
     missing = hw("serve", "--config", str(tmp_path / "nope.toml"))
     assert missing.returncode == 2 and "cannot read config file" in missing.stderr
+
+
+def test_produce_generates_load_with_options(server: ServerProcess, topic_name: str) -> None:
+    assert (
+        hw("topic", "create", topic_name, "--dispatch", "reliable", server=server).returncode == 0
+    )
+    result = hw(
+        "produce",
+        topic_name,
+        "--count",
+        "5000",
+        "--size",
+        "50",
+        "--compression",
+        "zstd",
+        "--idempotent",
+        "--linger-ms",
+        "2",
+        "--batch-size",
+        "4096",
+        "--isolation",
+        "read-committed",
+        server=server,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "5,000/5,000" in result.stderr and "produced 5000 messages of 50 bytes" in result.stderr
+    fire = hw("produce", topic_name, "--count", "10", "--delivery", "at-most-once", server=server)
+    assert fire.returncode == 0, fire.stderr
+    described = hw("topic", "describe", topic_name, server=server).stdout
+    assert "next offsets: 5010" in described
+    bad = hw("produce", topic_name, "--count", "1", "--retries", "-1", server=server)
+    assert bad.returncode == 1 and "must not be negative" in bad.stderr

@@ -142,6 +142,24 @@ async def test_retries_give_up_after_the_policy(server: ServerProcess, topic_nam
         await proxy.close()
 
 
+async def test_unanswered_requests_time_out_and_are_retried(
+    client: headwater.Client, proxy: FaultyProxy, topic_name: str
+) -> None:
+    await client.create_topic(topic_name, dispatch="reliable")
+    topic = topic_name
+    async with await headwater.connect(proxy.address) as through:
+        producer = through.producer(topic, delivery=RETRY, request_timeout=0.3, idempotent=True)
+        await (await producer.send(b"first"))
+        proxy.pause()  # requests go nowhere, no answer comes
+        future = await producer.send(b"second")
+        await asyncio.sleep(0.5)  # past the request timeout: the producer reconnects
+        proxy.resume()
+        metadata = await asyncio.wait_for(future, 10)
+        assert metadata.offset == 1
+    # the paused request reached the server late as well: stored once all the same
+    assert await read_all(client, topic) == [b"first", b"second"]
+
+
 async def test_flush_waits_for_every_send(client: headwater.Client, topic: str) -> None:
     producer = client.producer(topic, linger=10.0)  # only flush sends these
     futures = [await producer.send(f"v{i}".encode()) for i in range(10)]

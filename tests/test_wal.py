@@ -139,3 +139,11 @@ async def test_retention_deletes_only_sealed_segments(tmp_path: Path) -> None:
     assert log.start_offset == sealed[0].next_offset
     assert await log.read(0) == []
     await log.close()
+
+
+@pytest.mark.parametrize("policy", list(FsyncPolicy))
+async def test_close_returns_under_every_policy(tmp_path: Path, policy: FsyncPolicy) -> None:
+    log = PartitionLog.open(tmp_path, LogConfig(fsync=policy))
+    log.start()
+    log.append(batch(b"a"), 1)
+    await asyncio.wait_for(log.close(), 5)  # a topic deleted without sealing its segment
