@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
 
+from durables.lastvalue import LastValueIndex, StoredValue, check_key
 from server.catalog import TopicCatalog
 from server.config import ServerConfig
+from server.lastvalue import LastValueSubscription
 from server.reliable import ReliableSubscription
 from server.subscription import Consumer, Subscription
 from server.subscription import ConsumerSession as Session
@@ -28,8 +31,10 @@ from server.topics import Topic
 from wire import messages as m
 from wire.codec import SUPPORTED_VERSIONS
 from wire.errors import (
+    ConsumerBusy,
     ErrorCode,
     InvalidRequest,
+    RevisionMismatch,
     SubscriptionTypeMismatch,
     UnknownConsumer,
     UnknownProducerId,
@@ -37,7 +42,7 @@ from wire.errors import (
 )
 from wire.limits import MAX_ACKS_PER_REQUEST, MAX_CREDITS
 from wire.names import check_name
-from wire.records import validate_records
+from wire.records import build_batch, validate_records
 
 log = structlog.get_logger("headwater.broker")
 
@@ -59,6 +64,10 @@ class Broker:
             m.SeekRequest: self.seek,
             m.DeleteSubscriptionRequest: self.delete_subscription,
             m.InitProducerIdRequest: self.init_producer_id,
+            m.MapGetRequest: self.map_get,
+            m.MapSetRequest: self.map_set,
+            m.MapScanRequest: self.map_scan,
+            m.MapSizeRequest: self.map_size,
             m.CreateTopicRequest: self.create_topic,
             m.DeleteTopicRequest: self.delete_topic,
             m.ListTopicsRequest: self.list_topics,
@@ -145,19 +154,55 @@ class Broker:
             ) from None
         if not 0 <= request.initial_credits <= MAX_CREDITS:
             raise InvalidRequest(f"initial credits must be 0..{MAX_CREDITS}")
-        if topic.reliable:
+        durable = self._durable_kind(topic, sub_type, request.settings)
+        if durable in (m.Durable.LAST_VALUE, m.Durable.MAP):
+            return self._subscribe_last_value(session, request, topic, sub_type)
+        if topic.reliable and durable != m.Durable.NONE:
             return self._subscribe_reliable(session, request, topic, sub_type)
         if request.settings.start != m.StartPosition.LATEST:
             raise InvalidRequest(
-                f"topic {topic.name!r} is non-reliable and keeps no history: "
-                "a subscription can only start at latest"
+                f"a subscription on non-reliable topic {topic.name!r} or with durable none "
+                "keeps no history: it can only start at latest"
             )
         subscription = topic.subscriptions.get(request.subscription)
         if subscription is None:
             subscription = Subscription(
                 topic.name, request.subscription, sub_type, self._config.subscription_backlog
             )
+        elif not isinstance(subscription, Subscription):
+            raise InvalidRequest(
+                f"subscription {request.subscription!r} exists and is durable; "
+                "pick another name for a non-durable one"
+            )
         return self._attach(session, request, topic, subscription, sub_type)
+
+    @staticmethod
+    def _durable_kind(
+        topic: Topic, sub_type: m.SubscriptionType, settings: m.SubscriptionSettings
+    ) -> m.Durable:
+        try:
+            durable = m.Durable(settings.durable)
+        except ValueError:
+            raise InvalidRequest(
+                f"unknown durable kind {settings.durable} "
+                "(0 default, 1 none, 2 standard, 3 shared, 4 last-value, 5 map)"
+            ) from None
+        keeps_state = (m.Durable.STANDARD, m.Durable.SHARED, m.Durable.LAST_VALUE, m.Durable.MAP)
+        if durable in keeps_state and not topic.reliable:
+            raise InvalidRequest(
+                f"topic {topic.name!r} is non-reliable: a {durable.name.lower()} durable "
+                "needs a reliable topic"
+            )
+        if durable == m.Durable.STANDARD and sub_type == m.SubscriptionType.SHARED:
+            raise InvalidRequest("a standard durable takes an exclusive or failover subscription")
+        if durable == m.Durable.SHARED and sub_type != m.SubscriptionType.SHARED:
+            raise InvalidRequest("a shared durable takes a shared subscription")
+        if durable in (m.Durable.LAST_VALUE, m.Durable.MAP):
+            if not settings.keys and settings.key_prefix is None:
+                raise InvalidRequest("a last-value subscription names keys, a key prefix, or both")
+            for wanted in settings.keys:
+                check_key(wanted)
+        return durable
 
     async def _subscribe_reliable(
         self,
@@ -171,13 +216,40 @@ class Broker:
         )
         return self._attach(session, request, topic, subscription, sub_type)
 
+    async def _subscribe_last_value(
+        self,
+        session: Session,
+        request: m.SubscribeRequest,
+        topic: Topic,
+        sub_type: m.SubscriptionType,
+    ) -> m.Response:
+        index = await self.catalog.enable_last_value(topic)
+        if request.subscription in topic.subscriptions:
+            existing = topic.subscriptions[request.subscription]
+            if not isinstance(existing, LastValueSubscription):
+                raise InvalidRequest(
+                    f"subscription {request.subscription!r} exists and is not a last-value one"
+                )
+            raise ConsumerBusy(
+                f"last-value subscription {request.subscription!r} already has its consumer"
+            )
+        view = LastValueSubscription(
+            topic.name,
+            request.subscription,
+            sub_type,
+            request.settings.keys,
+            request.settings.key_prefix,
+        )
+        return self._attach(session, request, topic, view, sub_type, index)
+
     def _attach(
         self,
         session: Session,
         request: m.SubscribeRequest,
         topic: Topic,
-        subscription: Subscription | ReliableSubscription,
+        subscription: Subscription | ReliableSubscription | LastValueSubscription,
         sub_type: m.SubscriptionType,
+        index: LastValueIndex | None = None,
     ) -> m.SubscribeResponse:
         if subscription.sub_type != sub_type:
             raise SubscriptionTypeMismatch(
@@ -192,7 +264,10 @@ class Broker:
             subscription=subscription,
             credits=request.initial_credits,
         )
-        subscription.attach(consumer)
+        if isinstance(subscription, LastValueSubscription):
+            subscription.attach(consumer, index)
+        else:
+            subscription.attach(consumer)
         topic.subscriptions[subscription.name] = subscription
         session.consumers[consumer.consumer_id] = consumer
         # Deliveries must follow the SUBSCRIBE response, which the connection writes on return.
@@ -242,7 +317,7 @@ class Broker:
         subscription.detach(consumer)
         topic = self.catalog.topics.get(subscription.topic)
         if (
-            isinstance(subscription, Subscription)
+            isinstance(subscription, Subscription | LastValueSubscription)
             and not subscription.consumers
             and topic is not None
             and topic.subscriptions.get(subscription.name) is subscription
@@ -280,6 +355,73 @@ class Broker:
                 consumer.consumer_id, ErrorCode.UNKNOWN_TOPIC, reason
             )
 
+    # Map durables
+
+    async def _index(self, topic_name: str) -> tuple[Topic, LastValueIndex]:
+        topic = self._topic(topic_name)
+        return topic, await self.catalog.enable_last_value(topic)
+
+    async def map_get(self, session: Session, request: m.MapGetRequest) -> m.Response:
+        if len(request.keys) > MAX_MAP_KEYS:
+            raise InvalidRequest(f"at most {MAX_MAP_KEYS} keys per request")
+        for wanted in request.keys:
+            check_key(wanted)
+        _, index = await self._index(request.topic)
+        return m.MapGetResponse(tuple(_entry(k, index.get(k)) for k in request.keys))
+
+    async def map_set(self, session: Session, request: m.MapSetRequest) -> m.Response:
+        if not request.writes or len(request.writes) > MAX_MAP_KEYS:
+            raise InvalidRequest(f"a set holds 1..{MAX_MAP_KEYS} writes")
+        for write in request.writes:
+            check_key(write.key)
+            if write.expected_revision < -2:
+                raise InvalidRequest("expected_revision: -1 any, -2 absent, or a revision >= 0")
+        topic, index = await self._index(request.topic)
+        if index.key_field:
+            raise InvalidRequest(
+                f"topic {topic.name!r} takes keys from field {index.key_field!r} of its values: "
+                "produce records to it instead of setting keys"
+            )
+        # Check every expectation, then write, with no await between: the check holds.
+        for write in request.writes:
+            current = index.get(write.key)
+            revision = -2 if current is None else current.offset
+            if write.expected_revision != -1 and write.expected_revision != revision:
+                raise RevisionMismatch(
+                    f"key {write.key!r} is at revision "
+                    f"{'none (absent)' if current is None else revision}, "
+                    f"not {write.expected_revision}"
+                )
+        by_partition: dict[int, list[tuple[int, m.MapWrite]]] = {}
+        for position, write in enumerate(request.writes):
+            index_of_partition = zlib.crc32(write.key) % len(topic.partitions)
+            by_partition.setdefault(index_of_partition, []).append((position, write))
+        revisions = [0] * len(request.writes)
+        waits = []
+        for partition_index, writes in by_partition.items():
+            partition = topic.partitions[partition_index]
+            batch = build_batch([(w.key, w.value, ()) for _, w in writes])
+            base_offset, sequence = topic.append(partition, batch, len(writes))
+            for delta, (position, _) in enumerate(writes):
+                revisions[position] = base_offset + delta
+            assert partition.log is not None
+            if partition.log.must_wait(sequence):
+                waits.append(partition.log.wait_durable(sequence))
+        for wait in waits:
+            await wait
+        return m.MapSetResponse(tuple(revisions))
+
+    async def map_scan(self, session: Session, request: m.MapScanRequest) -> m.Response:
+        if not 1 <= request.limit <= MAX_MAP_KEYS:
+            raise InvalidRequest(f"scan limit must be 1..{MAX_MAP_KEYS}")
+        _, index = await self._index(request.topic)
+        values, cursor = index.scan(request.prefix, request.after, request.limit)
+        return m.MapScanResponse(tuple(_entry(v.key, v) for v in values), cursor)
+
+    async def map_size(self, session: Session, request: m.MapSizeRequest) -> m.Response:
+        _, index = await self._index(request.topic)
+        return m.MapSizeResponse(index.size())
+
     # Admin
 
     async def create_topic(self, session: Session, request: m.CreateTopicRequest) -> m.Response:
@@ -311,6 +453,17 @@ class Broker:
                 m.ApiVersionRange(k, lo, hi) for k, (lo, hi) in sorted(SUPPORTED_VERSIONS.items())
             )
         )
+
+
+MAX_MAP_KEYS = 1000  # keys per get/set request, entries per scan page
+
+
+def _entry(record_key: bytes, stored: StoredValue | None) -> m.MapEntry:
+    if stored is None:
+        return m.MapEntry(record_key, False, -1, -1, -1, None)
+    return m.MapEntry(
+        record_key, True, stored.offset, stored.partition, stored.timestamp, stored.value
+    )
 
 
 async def _after(waiting: Awaitable[None], response: m.Response) -> m.Response:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import re
 import shutil
@@ -23,8 +24,10 @@ from pathlib import Path
 import structlog
 
 from durables.cursor import PartitionCursor
+from durables.lastvalue import LastValueIndex
 from durables.producers import ProducerEntry
 from server.config import ServerConfig, TopicSettings
+from server.lastvalue import LastValueSubscription
 from server.reliable import ReliableSettings, ReliableSubscription
 from server.subscription import Subscription
 from server.topic_settings import (
@@ -50,7 +53,7 @@ from wire import messages as m
 from wire.errors import InvalidRequest, TopicExists, UnknownTopic
 from wire.limits import MAX_PARTITIONS
 from wire.names import check_topic_name
-from wire.records import Record, build_batch
+from wire.records import Record, build_batch, read_records
 
 log = structlog.get_logger("headwater.catalog")
 
@@ -72,6 +75,7 @@ class TopicCatalog:
         self.topics: dict[str, Topic] = {}
         self._housekeeping: asyncio.Task[None] | None = None
         self._creating: dict[tuple[str, str], asyncio.Future[ReliableSubscription]] = {}
+        self._enabling: dict[str, asyncio.Future[LastValueIndex]] = {}
 
     def _topic_dir(self, name: str) -> Path:
         return self._config.data_dir / "topics" / name
@@ -91,6 +95,8 @@ class TopicCatalog:
                 )
             else:
                 self.topics[name] = Topic(m.TopicInfo(name, data["partitions"], dispatch))
+            if "last_value" in data:
+                await self.enable_last_value(self.topics[name], data["last_value"]["key_field"])
         for topic in self.topics.values():
             for partition in topic.partitions:
                 if partition.log is not None:
@@ -192,7 +198,15 @@ class TopicCatalog:
             ) from None
         if dispatch == m.DispatchMode.NON_RELIABLE and request.configs:
             raise InvalidRequest("non-reliable topics take no configs (they keep nothing)")
-        settings = parse_settings(request.configs, self._config.topic_defaults)
+        last_value = {c.name: c.value for c in request.configs if c.name in LAST_VALUE_CONFIGS}
+        settings = parse_settings(
+            [c for c in request.configs if c.name not in LAST_VALUE_CONFIGS],
+            self._config.topic_defaults,
+        )
+        if last_value.get("last.value", "true") not in ("true", "false"):
+            raise InvalidRequest("last.value must be true or false")
+        key_field = last_value.get("key.field", "")
+        wants_last_value = last_value.get("last.value") == "true" or bool(key_field)
         if request.name in self.topics:
             raise TopicExists(f"topic {request.name!r} already exists")
         data: dict[str, object] = {"partitions": request.partitions, "dispatch": int(dispatch)}
@@ -210,6 +224,8 @@ class TopicCatalog:
             raise TopicExists(f"topic {request.name!r} already exists")
         self.topics[request.name] = topic
         self._state.put_json(key(TOPIC, request.name), data, sync=True)
+        if wants_last_value:
+            await self.enable_last_value(topic, key_field)
         log.info(
             "topic.created",
             topic=request.name,
@@ -231,11 +247,65 @@ class TopicCatalog:
         self._state.delete_prefix(key(SUBSCRIPTION, topic.name) + b"\0")
         self._state.delete_prefix(key(CURSOR, topic.name) + b"\0")
         self._state.delete_prefix(key(PRODUCER, topic.name) + b"\0")
+        if topic.last_value is not None:
+            topic.last_value.drop()
         if self.uploader is not None:
             self.uploader.forget_topic(topic.name)
         self._state.write(deletes=[key(TOPIC, topic.name)], sync=True)
         await asyncio.to_thread(shutil.rmtree, self._topic_dir(topic.name), True)
         log.info("topic.deleted", topic=topic.name)
+
+    # Last-value state
+
+    async def enable_last_value(self, topic: Topic, key_field: str = "") -> LastValueIndex:
+        """Keep the last value per key of `topic` from now on, built first from its history
+        (FTL's dynamic durables: the first last-value subscriber or map request pays for it)."""
+        if topic.last_value is not None:
+            return topic.last_value
+        if not topic.reliable:
+            raise InvalidRequest(
+                f"topic {topic.name!r} is non-reliable: last-value and map durables need a "
+                "reliable topic"
+            )
+        pending = self._enabling.get(topic.name)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future[LastValueIndex] = asyncio.get_running_loop().create_future()
+        self._enabling[topic.name] = future
+        try:
+            index = LastValueIndex(self._state, topic.name, len(topic.partitions), key_field)
+            await self._catch_up(topic, index)
+            topic.last_value = index  # no await since the catch-up ended: no append missed
+            data = self._state.get_json(key(TOPIC, topic.name))
+            data["last_value"] = {"key_field": key_field}
+            self._state.put_json(key(TOPIC, topic.name), data, sync=True)
+            configs = [*topic.info.configs, m.ConfigEntry("last.value", "true")]
+            if key_field:
+                configs.append(m.ConfigEntry("key.field", key_field))
+            topic.info = dataclasses.replace(topic.info, configs=tuple(configs))
+            future.set_result(index)
+            log.info("last_value.enabled", topic=topic.name, keys=index.size())
+            return index
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()
+            raise
+        finally:
+            del self._enabling[topic.name]
+
+    async def _catch_up(self, topic: Topic, index: LastValueIndex) -> None:
+        """Apply every stored record the index has not seen, partition by partition."""
+        for partition in topic.partitions:
+            offset = max(index.applied(partition.index), topic.start_offset(partition.index))
+            while offset < partition.next_offset:
+                batches = await topic.read(partition.index, offset)
+                if not batches:
+                    break
+                for batch in batches:
+                    records = read_records(batch)
+                    keys = [_key_or_none(index, record) for record in records]
+                    index.apply(partition.index, records[0].offset, records, keys)
+                    offset = records[-1].offset + 1
 
     # Idempotent producers
 
@@ -265,7 +335,7 @@ class TopicCatalog:
         name: str,
         sub_type: m.SubscriptionType,
         settings: m.SubscriptionSettings,
-    ) -> Subscription | ReliableSubscription:
+    ) -> Subscription | ReliableSubscription | LastValueSubscription:
         """The existing subscription `name`, or a new one created from `settings`."""
         existing = topic.subscriptions.get(name)
         if existing is not None:
@@ -457,6 +527,17 @@ class TopicCatalog:
                             partition=partition.index,
                             base_offset=segment.base_offset,
                         )
+
+
+LAST_VALUE_CONFIGS = ("last.value", "key.field")
+
+
+def _key_or_none(index: LastValueIndex, record: Record) -> bytes | None:
+    """History written before the state existed may hold records without a usable key."""
+    try:
+        return index.key_of(record)
+    except InvalidRequest:
+        return None
 
 
 def dead_letter_topic(topic: str, subscription: str) -> str:

@@ -30,6 +30,7 @@ from wire.messages import AckEntry, ConsumerInfo, SubscriptionInfo, Subscription
 from wire.records import split_batch
 
 if TYPE_CHECKING:
+    from server.lastvalue import LastValueSubscription
     from server.reliable import ReliableSubscription
 
 log = structlog.get_logger("headwater.subscription")
@@ -57,7 +58,7 @@ class Consumer:
     name: str
     priority: int
     session: ConsumerSession
-    subscription: Subscription | ReliableSubscription
+    subscription: Subscription | ReliableSubscription | LastValueSubscription
     credits: int = 0
 
     @property

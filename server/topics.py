@@ -13,12 +13,15 @@ import struct
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from durables.lastvalue import LastValueIndex
 from durables.producers import ProducerTable
 from server.config import TopicSettings
+from server.lastvalue import LastValueSubscription
 from server.subscription import Subscription
 from storage.wal import PartitionLog
 from wire.errors import InvalidPartition
 from wire.messages import DescribeTopicResponse, DispatchMode, TopicInfo
+from wire.records import read_records
 
 if TYPE_CHECKING:
     from server.reliable import ReliableSubscription
@@ -60,7 +63,10 @@ class Topic:
         self.partitions = [
             Partition(i, logs[i] if logs is not None else None) for i in range(info.partitions)
         ]
-        self.subscriptions: dict[str, Subscription | ReliableSubscription] = {}
+        self.subscriptions: dict[
+            str, Subscription | ReliableSubscription | LastValueSubscription
+        ] = {}
+        self.last_value: LastValueIndex | None = None
         self.messages_in = 0
         self.bytes_in = 0
         self._next_partition = 0
@@ -93,17 +99,35 @@ class Topic:
         self.messages_in += record_count
         self.bytes_in += len(batch)
         for subscription in self.subscriptions.values():
-            assert isinstance(subscription, Subscription)
-            subscription.offer(partition.index, stamped, record_count)
+            if isinstance(subscription, Subscription):
+                subscription.offer(partition.index, stamped, record_count)
         return base_offset
 
     def append(self, partition: Partition, batch: bytes, record_count: int) -> tuple[int, int]:
-        """Reliable: write a validated batch to the WAL; returns (base offset, durability seq)."""
+        """Reliable: write a validated batch to the WAL; returns (base offset, durability seq).
+
+        With last-value state, every record's key is checked first (a bad one refuses the whole
+        batch, before anything is written), and the state follows the append at once.
+        """
         assert partition.log is not None
-        result = partition.log.append(batch, record_count)
+        index = self.last_value
+        if index is not None:
+            records = read_records(batch)
+            keys = index.check(records)
+        base_offset, sequence = partition.log.append(batch, record_count)
         self.messages_in += record_count
         self.bytes_in += len(batch)
-        return result
+        live = [s for s in self.subscriptions.values() if isinstance(s, Subscription)]
+        if live:  # subscriptions that keep nothing see the batch as it passes
+            stamped = _BASE_OFFSET.pack(base_offset) + batch[8:]
+            for subscription in live:
+                subscription.offer(partition.index, stamped, record_count)
+        if index is not None:
+            changes = index.apply(partition.index, base_offset, records, keys)
+            for view in list(self.subscriptions.values()):
+                if isinstance(view, LastValueSubscription):
+                    view.changed(changes)
+        return base_offset, sequence
 
     def start_offset(self, partition: int) -> int:
         """The oldest offset still stored for `partition`, in the object store or locally."""

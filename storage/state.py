@@ -84,6 +84,18 @@ class StateStore:
             yield k[len(prefix) :], iterator.value()
             iterator.next()
 
+    def scan_from(self, start: bytes, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """Every (key, value) from `start` on while keys begin with `prefix`. An iterator reads
+        one consistent view of the database, whatever is written meanwhile."""
+        iterator = self._db.iter()
+        iterator.seek(start)
+        while iterator.valid():
+            k = iterator.key()
+            if not k.startswith(prefix):
+                return
+            yield k, iterator.value()
+            iterator.next()
+
     def delete_prefix(self, prefix: bytes) -> None:
         self.write(deletes=[prefix + k for k, _ in self.scan(prefix)])
 

@@ -32,10 +32,28 @@ i16 = st.integers(-(2**15), 2**15 - 1)
 
 configs = st.lists(st.builds(m.ConfigEntry, names, names), max_size=3).map(tuple)
 acks = st.lists(st.builds(m.AckEntry, i32, i64), max_size=5).map(tuple)
-settings = st.builds(m.SubscriptionSettings, i8, i64, i32, i32, i8, i32, i32, st.booleans())
+byte_keys = st.lists(st.binary(max_size=10), max_size=3).map(tuple)
+nullable = st.one_of(st.none(), st.binary(max_size=20))
+settings = st.builds(
+    m.SubscriptionSettings, i8, i64, i32, i32, i8, i32, i32, st.booleans(), i8, byte_keys, nullable
+)
+map_entries = st.lists(
+    st.builds(m.MapEntry, st.binary(max_size=10), st.booleans(), i64, i32, i64, nullable),
+    max_size=3,
+).map(tuple)
 requests = st.one_of(
     st.builds(m.ProduceRequest, names, i32, st.binary(max_size=200), i8),
     st.just(m.InitProducerIdRequest()),
+    st.builds(m.MapGetRequest, names, byte_keys),
+    st.builds(
+        m.MapSetRequest,
+        names,
+        st.lists(st.builds(m.MapWrite, st.binary(max_size=10), nullable, i64), max_size=3).map(
+            tuple
+        ),
+    ),
+    st.builds(m.MapScanRequest, names, st.binary(max_size=10), i32, st.binary(max_size=10)),
+    st.builds(m.MapSizeRequest, names),
     st.builds(m.SubscribeRequest, names, names, i8, names, i32, i32, settings),
     st.builds(m.FlowRequest, i32, i32),
     st.builds(m.AckRequest, i32, acks, i8),
@@ -66,6 +84,16 @@ responses = st.one_of(
     st.tuples(st.just(m.ApiKey.PRODUCE), st.builds(m.ProduceResponse, i32, i64)),
     st.tuples(st.just(m.ApiKey.SUBSCRIBE), st.builds(m.SubscribeResponse, i32)),
     st.tuples(st.just(m.ApiKey.INIT_PRODUCER_ID), st.builds(m.InitProducerIdResponse, i64, i16)),
+    st.tuples(st.just(m.ApiKey.MAP_GET), st.builds(m.MapGetResponse, map_entries)),
+    st.tuples(
+        st.just(m.ApiKey.MAP_SET),
+        st.builds(m.MapSetResponse, st.lists(i64, max_size=3).map(tuple)),
+    ),
+    st.tuples(
+        st.just(m.ApiKey.MAP_SCAN),
+        st.builds(m.MapScanResponse, map_entries, st.binary(max_size=10)),
+    ),
+    st.tuples(st.just(m.ApiKey.MAP_SIZE), st.builds(m.MapSizeResponse, i64)),
     st.tuples(st.just(m.ApiKey.FLOW), st.just(m.EmptyResponse())),
     st.tuples(
         st.just(m.ApiKey.LIST_TOPICS),

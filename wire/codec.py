@@ -31,9 +31,11 @@ from construct import (
     Int32sb,
     Int64sb,
     PascalString,
+    Prefixed,
     PrefixedArray,
     Struct,
 )
+from construct import Bytes as Bytes_
 
 from wire import messages as m
 from wire.errors import (
@@ -69,6 +71,30 @@ class DataclassAdapter(Adapter):  # type: ignore[misc]
 
 
 String = PascalString(Int16ub, "utf8")
+Bytes = Prefixed(Int32sb, GreedyBytes)
+
+
+class _NullableBytes(Adapter):  # type: ignore[misc]
+    """int32 length (-1 for null) and the bytes."""
+
+    def _decode(self, obj: Any, context: Any, path: Any) -> Any:
+        return None if obj.length < 0 else bytes(obj.data)
+
+    def _encode(self, obj: Any, context: Any, path: Any) -> Any:
+        return {"length": -1, "data": b""} if obj is None else {"length": len(obj), "data": obj}
+
+
+NullableBytes = _NullableBytes(
+    Struct("length" / Int32sb, "data" / Bytes_(lambda this: max(this.length, 0)))
+)
+
+
+class _Tuple(Adapter):  # type: ignore[misc]
+    def _decode(self, obj: Any, context: Any, path: Any) -> Any:
+        return tuple(bytes(item) for item in obj)
+
+    def _encode(self, obj: Any, context: Any, path: Any) -> Any:
+        return list(obj)
 
 
 def message(cls: type, *fields: Any) -> DataclassAdapter:
@@ -94,7 +120,20 @@ SUBSCRIPTION_SETTINGS = message(
     "backoff_initial_ms" / Int32sb,
     "backoff_max_ms" / Int32sb,
     "committed_only" / Flag,
+    "durable" / Int8sb,
+    "keys" / _Tuple(PrefixedArray(Int32sb, Bytes)),
+    "key_prefix" / NullableBytes,
 )
+MAP_ENTRY = message(
+    m.MapEntry,
+    "key" / Bytes,
+    "found" / Flag,
+    "revision" / Int64sb,
+    "partition" / Int32sb,
+    "timestamp" / Int64sb,
+    "value" / NullableBytes,
+)
+MAP_ENTRIES = PrefixedArray(Int32sb, MAP_ENTRY)
 CONSUMER_INFO = message(
     m.ConsumerInfo,
     "consumer_id" / Int32sb,
@@ -198,6 +237,41 @@ SCHEMAS: Final[dict[int, tuple[DataclassAdapter, DataclassAdapter]]] = {
     m.ApiKey.INIT_PRODUCER_ID: (
         message(m.InitProducerIdRequest),
         message(m.InitProducerIdResponse, "producer_id" / Int64sb, "producer_epoch" / Int16sb),
+    ),
+    m.ApiKey.MAP_GET: (
+        message(m.MapGetRequest, "topic" / String, "keys" / _Tuple(PrefixedArray(Int32sb, Bytes))),
+        message(m.MapGetResponse, "entries" / MAP_ENTRIES),
+    ),
+    m.ApiKey.MAP_SET: (
+        message(
+            m.MapSetRequest,
+            "topic" / String,
+            "writes"
+            / PrefixedArray(
+                Int32sb,
+                message(
+                    m.MapWrite,
+                    "key" / Bytes,
+                    "value" / NullableBytes,
+                    "expected_revision" / Int64sb,
+                ),
+            ),
+        ),
+        message(m.MapSetResponse, "revisions" / PrefixedArray(Int32sb, Int64sb)),
+    ),
+    m.ApiKey.MAP_SCAN: (
+        message(
+            m.MapScanRequest,
+            "topic" / String,
+            "prefix" / Bytes,
+            "limit" / Int32sb,
+            "after" / Bytes,
+        ),
+        message(m.MapScanResponse, "entries" / MAP_ENTRIES, "cursor" / Bytes),
+    ),
+    m.ApiKey.MAP_SIZE: (
+        message(m.MapSizeRequest, "topic" / String),
+        message(m.MapSizeResponse, "size" / Int64sb),
     ),
     m.ApiKey.API_VERSIONS: (
         message(m.ApiVersionsRequest),

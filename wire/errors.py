@@ -38,6 +38,7 @@ class ErrorCode(enum.IntEnum):
     OUT_OF_ORDER_SEQUENCE = 21
     UNKNOWN_PRODUCER_ID = 22
     RECORD_TOO_LARGE = 23
+    REVISION_MISMATCH = 24
 
 
 class HeadwaterError(Exception):
@@ -172,6 +173,12 @@ class RecordTooLarge(HeadwaterError):
     code = ErrorCode.RECORD_TOO_LARGE
 
 
+class RevisionMismatch(HeadwaterError):
+    """A map compare-and-set found the key at another revision than expected."""
+
+    code = ErrorCode.REVISION_MISMATCH
+
+
 _BY_CODE: dict[int, type[HeadwaterError]] = {}
 for _cls in (
     UnknownServerError,
@@ -197,6 +204,7 @@ for _cls in (
     OutOfOrderSequence,
     UnknownProducerId,
     RecordTooLarge,
+    RevisionMismatch,
 ):
     _BY_CODE[_cls.code] = _cls
 

@@ -21,6 +21,10 @@ class ApiKey(enum.IntEnum):
     SEEK = 6
     DELETE_SUBSCRIPTION = 7
     INIT_PRODUCER_ID = 8
+    MAP_GET = 20
+    MAP_SET = 21
+    MAP_SCAN = 22
+    MAP_SIZE = 23
     CREATE_TOPIC = 10
     DELETE_TOPIC = 11
     LIST_TOPICS = 12
@@ -56,6 +60,17 @@ class AckKind(enum.IntEnum):
     CUMULATIVE = 1  # the offset and everything below it on that partition (not for Shared)
 
 
+class Durable(enum.IntEnum):
+    """What a subscription keeps (TIBCO FTL's durable types)."""
+
+    DEFAULT = 0  # reliable topics: standard for Exclusive/Failover, shared for Shared
+    NONE = 1  # nothing kept: live messages from now on
+    STANDARD = 2  # one subscriber's stream (Exclusive or Failover), kept until acked
+    SHARED = 3  # apportioned among subscribers (Shared), each message kept until one acks
+    LAST_VALUE = 4  # the latest message per key: current values of the keys asked for, then updates
+    MAP = 5  # a last-value durable that is also read and written with the MAP_* requests
+
+
 class Isolation(enum.IntEnum):
     """When a reliable topic acknowledges a produce (see docs/PRODUCING.md)."""
 
@@ -80,6 +95,9 @@ class SubscriptionSettings:
     backoff_initial_ms: int = 0
     backoff_max_ms: int = 0
     committed_only: bool = False  # deliver only records an fsync already covers
+    durable: int = Durable.DEFAULT
+    keys: tuple[bytes, ...] = ()  # last-value: the keys wanted ...
+    key_prefix: bytes | None = None  # ... and/or every key starting with this
 
 
 # Requests
@@ -91,6 +109,38 @@ class ProduceRequest:
     partition: int
     batch: bytes  # one Kafka RecordBatch v2, base offset 0 (the server stamps it)
     isolation: int = Isolation.READ_UNCOMMITTED
+
+
+@dataclass(frozen=True, slots=True)
+class MapGetRequest:
+    topic: str
+    keys: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class MapWrite:
+    key: bytes
+    value: bytes | None  # None deletes the key (a tombstone record)
+    expected_revision: int = -1  # -1: any; 0: the key must not exist; else its current revision
+
+
+@dataclass(frozen=True, slots=True)
+class MapSetRequest:
+    topic: str
+    writes: tuple[MapWrite, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class MapScanRequest:
+    topic: str
+    prefix: bytes
+    limit: int
+    after: bytes  # resume after this key (the previous page's cursor); empty: from the start
+
+
+@dataclass(frozen=True, slots=True)
+class MapSizeRequest:
+    topic: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +257,37 @@ class ProduceResponse:
 
 
 @dataclass(frozen=True, slots=True)
+class MapEntry:
+    key: bytes
+    found: bool
+    revision: int  # the offset of the record holding the value
+    partition: int
+    timestamp: int
+    value: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class MapGetResponse:
+    entries: tuple[MapEntry, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class MapSetResponse:
+    revisions: tuple[int, ...]  # per write: the new revision (the record's offset)
+
+
+@dataclass(frozen=True, slots=True)
+class MapScanResponse:
+    entries: tuple[MapEntry, ...]
+    cursor: bytes  # pass as `after` for the next page; empty when the scan is complete
+
+
+@dataclass(frozen=True, slots=True)
+class MapSizeResponse:
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
 class InitProducerIdResponse:
     producer_id: int
     producer_epoch: int
@@ -303,6 +384,10 @@ Request = (
     | SeekRequest
     | DeleteSubscriptionRequest
     | InitProducerIdRequest
+    | MapGetRequest
+    | MapSetRequest
+    | MapScanRequest
+    | MapSizeRequest
     | CreateTopicRequest
     | DeleteTopicRequest
     | ListTopicsRequest
@@ -313,6 +398,10 @@ Response = (
     EmptyResponse
     | ProduceResponse
     | InitProducerIdResponse
+    | MapGetResponse
+    | MapSetResponse
+    | MapScanResponse
+    | MapSizeResponse
     | SubscribeResponse
     | ListTopicsResponse
     | DescribeTopicResponse

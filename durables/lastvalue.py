@@ -1,0 +1,205 @@
+"""The last value per key of a topic, in RocksDB: what last-value and map durables read.
+
+Each record of a topic with last-value state is applied in offset order: a record with a value
+becomes its key's current value (its offset is the key's *revision*); a record with a key and a
+null value (a tombstone) deletes the key; a record without a key is not part of the state. The
+key is the record key, or, when the topic names a key field, that field of the record's JSON
+value (dotted paths reach into nested objects).
+
+Keys in RocksDB:
+
+- `lv/<topic>\\0<key>`: the current value (`StoredValue.encode`);
+- `lvpos/<topic>\\0<partition>`: the next offset of that partition not yet applied;
+- `lvcount/<topic>`: how many keys exist.
+
+A batch's changes, its partition's position and the count go in one WriteBatch, so after a crash
+the state is exactly "everything below `lvpos`": the server re-applies the WAL from there, and
+from the beginning when the state is lost altogether.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from storage.state import StateStore, key
+from wire.errors import InvalidRequest
+from wire.limits import MAX_KEY_SIZE
+from wire.records import Record
+
+LV = b"lv/"
+LVPOS = b"lvpos/"
+LVCOUNT = b"lvcount/"
+_HEAD = struct.Struct(">iqqi")  # partition, offset, timestamp, value length (-1: null)
+_HEADER = struct.Struct(">Hi")  # header name length, value length (-1: null)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredValue:
+    key: bytes
+    partition: int
+    offset: int  # the revision
+    timestamp: int
+    value: bytes | None  # None only in change notifications: the key was deleted
+    headers: tuple[tuple[str, bytes | None], ...] = ()
+
+    def encode(self) -> bytes:
+        value = self.value or b""
+        parts = [
+            _HEAD.pack(self.partition, self.offset, self.timestamp, len(value)),
+            value,
+            struct.pack(">H", len(self.headers)),
+        ]
+        for name, data in self.headers:
+            encoded = name.encode()
+            parts.append(_HEADER.pack(len(encoded), -1 if data is None else len(data)))
+            parts.append(encoded + (data or b""))
+        return b"".join(parts)
+
+    @classmethod
+    def decode(cls, stored_key: bytes, data: bytes) -> StoredValue:
+        partition, offset, timestamp, length = _HEAD.unpack_from(data, 0)
+        position = _HEAD.size
+        value = data[position : position + length]
+        position += length
+        (count,) = struct.unpack_from(">H", data, position)
+        position += 2
+        headers: list[tuple[str, bytes | None]] = []
+        for _ in range(count):
+            name_length, data_length = _HEADER.unpack_from(data, position)
+            position += _HEADER.size
+            name = data[position : position + name_length].decode()
+            position += name_length
+            if data_length < 0:
+                headers.append((name, None))
+            else:
+                headers.append((name, data[position : position + data_length]))
+                position += data_length
+        return cls(stored_key, partition, offset, timestamp, value, tuple(headers))
+
+    def as_record(self) -> Record:
+        return Record(self.offset, self.timestamp, self.key, self.value, self.headers)
+
+
+def check_key(key_bytes: bytes) -> None:
+    if not key_bytes:
+        raise InvalidRequest("a last-value key must not be empty")
+    if len(key_bytes) > MAX_KEY_SIZE:
+        raise InvalidRequest(f"key of {len(key_bytes)} bytes exceeds the {MAX_KEY_SIZE}-byte limit")
+
+
+class LastValueIndex:
+    def __init__(self, state: StateStore, topic: str, partitions: int, key_field: str = "") -> None:
+        self._state = state
+        self.topic = topic
+        self.partitions = partitions
+        self.key_field = key_field
+        self._prefix = key(LV, topic) + b"\0"
+        self._count_key = key(LVCOUNT, topic)
+
+    # Keys
+
+    def key_of(self, record: Record) -> bytes | None:
+        """The record's last-value key; raises InvalidRequest when it cannot have one."""
+        if not self.key_field:
+            if record.key is not None:
+                check_key(record.key)
+            return record.key
+        if record.value is None:  # a tombstone names its key in the record key
+            if record.key is None:
+                raise InvalidRequest("a tombstone on a key-field topic needs a record key")
+            check_key(record.key)
+            return record.key
+        try:
+            document = json.loads(record.value)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise InvalidRequest(
+                f"record at offset delta {record.offset} is not JSON; topic {self.topic!r} "
+                f"takes its key from field {self.key_field!r}"
+            ) from None
+        found = document
+        for part in self.key_field.split("."):
+            if not isinstance(found, dict) or part not in found:
+                raise InvalidRequest(
+                    f"record at offset delta {record.offset} has no key field {self.key_field!r}"
+                )
+            found = found[part]
+        if isinstance(found, dict | list) or found is None:
+            raise InvalidRequest(f"key field {self.key_field!r} must be a string or a number")
+        result = (found if isinstance(found, str) else json.dumps(found)).encode()
+        check_key(result)
+        return result
+
+    def check(self, records: Sequence[Record]) -> list[bytes | None]:
+        """Every record's key, before the batch is accepted (raises on a bad one)."""
+        return [self.key_of(record) for record in records]
+
+    # Applying
+
+    def apply(
+        self,
+        partition: int,
+        base_offset: int,
+        records: Sequence[Record],
+        keys: Sequence[bytes | None],
+        sync: bool = False,
+    ) -> list[StoredValue]:
+        """Apply records appended at `base_offset`; returns the changes (value None: deleted)."""
+        latest: dict[bytes, StoredValue] = {}
+        for position, (record, record_key) in enumerate(zip(records, keys, strict=True)):
+            if record_key is None:
+                continue
+            offset = base_offset + position
+            latest[record_key] = StoredValue(
+                record_key, partition, offset, record.timestamp, record.value, tuple(record.headers)
+            )
+        count = self.size()
+        puts: dict[bytes, bytes] = {}
+        deletes: list[bytes] = []
+        for record_key, stored in latest.items():
+            existed = self._state.get(self._prefix + record_key) is not None
+            if stored.value is None:
+                deletes.append(self._prefix + record_key)
+                count -= existed
+            else:
+                puts[self._prefix + record_key] = stored.encode()
+                count += not existed
+        end = base_offset + len(records)
+        puts[key(LVPOS, self.topic, partition)] = str(end).encode()
+        puts[self._count_key] = str(count).encode()
+        self._state.write(puts, deletes, sync=sync)
+        return list(latest.values())
+
+    def applied(self, partition: int) -> int:
+        raw = self._state.get(key(LVPOS, self.topic, partition))
+        return int(raw) if raw else 0
+
+    # Reading
+
+    def get(self, record_key: bytes) -> StoredValue | None:
+        data = self._state.get(self._prefix + record_key)
+        return None if data is None else StoredValue.decode(record_key, data)
+
+    def scan(
+        self, prefix: bytes, after: bytes = b"", limit: int | None = None
+    ) -> tuple[list[StoredValue], bytes]:
+        """Keys starting with `prefix` and greater than `after`, in key order; the cursor to pass
+        as `after` for the next page (empty when there is none)."""
+        found: list[StoredValue] = []
+        start = self._prefix + max(prefix, after + b"\0" if after else b"")
+        for raw_key, data in self._state.scan_from(start, self._prefix + prefix):
+            if limit is not None and len(found) == limit:
+                return found, found[-1].key
+            found.append(StoredValue.decode(raw_key[len(self._prefix) :], data))
+        return found, b""
+
+    def size(self) -> int:
+        raw = self._state.get(self._count_key)
+        return int(raw) if raw else 0
+
+    def drop(self) -> None:
+        self._state.delete_prefix(self._prefix)
+        self._state.delete_prefix(key(LVPOS, self.topic) + b"\0")
+        self._state.write(deletes=[self._count_key])
