@@ -61,6 +61,10 @@ def _parser() -> argparse.ArgumentParser:
     create.add_argument("--partitions", type=int, default=1)
     create.add_argument("--dispatch", choices=["non-reliable", "reliable"], default="non-reliable")
     create.add_argument(
+        "--last-value", action="store_true", help="keep the last value per key (map, last-value)"
+    )
+    create.add_argument("--key-field", help="take last-value keys from this JSON field")
+    create.add_argument(
         "--config",
         action="append",
         default=[],
@@ -125,6 +129,35 @@ def _parser() -> argparse.ArgumentParser:
     consume.add_argument(
         "--no-ack", action="store_true", help="do not acknowledge (messages come back later)"
     )
+    consume.add_argument(
+        "--durable",
+        choices=["default", "none", "standard", "shared", "last-value", "map"],
+        default="default",
+    )
+    consume.add_argument(
+        "--key", action="append", default=[], help="last-value: a key to follow (repeatable)"
+    )
+    consume.add_argument("--key-prefix", help="last-value: follow every key with this prefix")
+
+    map_parser = commands.add_parser("map", help="read and write a map durable")
+    map_commands = map_parser.add_subparsers(dest="map_command", required=True)
+    get = map_commands.add_parser("get", parents=[client_options])
+    get.add_argument("topic")
+    get.add_argument("key")
+    set_ = map_commands.add_parser("set", parents=[client_options])
+    set_.add_argument("topic")
+    set_.add_argument("key")
+    set_.add_argument("value")
+    set_.add_argument("--revision", type=int, help="only if the key is at this revision")
+    delete_ = map_commands.add_parser("delete", parents=[client_options])
+    delete_.add_argument("topic")
+    delete_.add_argument("key")
+    scan = map_commands.add_parser("scan", parents=[client_options])
+    scan.add_argument("topic")
+    scan.add_argument("--prefix", default="")
+    scan.add_argument("--limit", type=int, default=100)
+    size = map_commands.add_parser("size", parents=[client_options])
+    size.add_argument("topic")
 
     subscription = commands.add_parser("subscription", help="manage reliable subscriptions")
     subscription_commands = subscription.add_subparsers(dest="subscription_command", required=True)
@@ -208,6 +241,8 @@ async def _run_client_command(args: argparse.Namespace) -> int:
             return await _produce(client, args)
         if args.command == "subscription":
             return await _subscription(client, args)
+        if args.command == "map":
+            return await _map(client, args)
         return await _consume(client, args)
     finally:
         await client.close()
@@ -221,6 +256,10 @@ async def _topic(client: Client, args: argparse.Namespace) -> int:
             if not separator or not name:
                 raise ValueError(f"--config takes NAME=VALUE, not {item!r}")
             configs[name] = value
+        if args.last_value:
+            configs["last.value"] = "true"
+        if args.key_field:
+            configs["key.field"] = args.key_field
         await client.create_topic(args.name, args.partitions, args.dispatch, configs)
         print(f"created topic {args.name}")
     elif args.topic_command == "delete":
@@ -367,6 +406,9 @@ async def _consume(client: Client, args: argparse.Namespace) -> int:
         priority=args.priority,
         limit=args.count,
         start=_position(args.start),  # type: ignore[arg-type]
+        durable=args.durable,
+        keys=args.key,
+        key_prefix=args.key_prefix,
     )
     received = 0
     async for message in consumer:
@@ -377,6 +419,36 @@ async def _consume(client: Client, args: argparse.Namespace) -> int:
         if args.count is not None and received >= args.count:
             break
     await consumer.close()
+    return 0
+
+
+async def _map(client: Client, args: argparse.Namespace) -> int:
+    table = client.map(args.topic)
+    if args.map_command == "get":
+        entry = await table.get(args.key)
+        if entry is None:
+            print(f"headwater: key {args.key!r} not found in {args.topic}", file=sys.stderr)
+            return 1
+        print(entry.value.decode(errors="backslashreplace"))
+    elif args.map_command == "set":
+        revision = await table.set(args.key, args.value, revision=args.revision)
+        print(f"revision {revision}")
+    elif args.map_command == "delete":
+        if await table.get(args.key) is None:
+            print(f"headwater: key {args.key!r} not found in {args.topic}", file=sys.stderr)
+            return 1
+        await table.delete(args.key)
+        print(f"deleted {args.key}")
+    elif args.map_command == "scan":
+        if args.limit < 1:
+            raise ValueError("--limit must be at least 1")
+        page = await table.scan(args.prefix, args.limit)
+        for entry in page.entries:
+            key, _ = _text_or_base64(entry.key)
+            value, _ = _text_or_base64(entry.value)
+            print(f"{key}\t{value}")
+    else:
+        print(await table.size())
     return 0
 
 

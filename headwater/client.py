@@ -20,12 +20,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal
 
 from headwater.connection import Connection, parse_server
+from headwater.maps import Map
 from headwater.producer import Producer, ProducerConfig
 from wire import messages as m
 from wire.errors import ConnectionClosed, HeadwaterError, InvalidRequest
@@ -170,6 +171,9 @@ class Client:
         backoff_initial: float | None = None,
         backoff_max: float | None = None,
         committed_only: bool = False,
+        durable: DurableName = "default",
+        keys: Iterable[str | bytes] = (),
+        key_prefix: str | bytes | None = None,
     ) -> Consumer:
         """Attach a consumer. The settings after `prefetch` apply to reliable topics and take
         effect when the subscription is created (its first consumer); None means the server's
@@ -177,7 +181,13 @@ class Client:
         epoch) starts at the first message at or after that time instead. With `limit`, the
         consumer never asks for more than `limit` messages in all (a bounded read leaves nothing
         delivered-and-unacked behind). `committed_only` delivers only records an fsync already
-        covers (the consumer side of read_committed)."""
+        covers (the consumer side of read_committed).
+
+        `durable` picks what the subscription keeps (FTL's durable types): "standard" (one
+        subscriber's stream, until acked), "shared" (apportioned, kept until one acks), "none"
+        (live only), "last-value" or "map" (the current value of each of `keys` and of every key
+        starting with `key_prefix`, then their updates); "default" is standard or shared on
+        reliable topics, by subscription type, and none on non-reliable ones."""
         sub_type = _SUBSCRIPTION_TYPES.get(type)
         if sub_type is None:
             raise InvalidRequest(
@@ -198,6 +208,9 @@ class Client:
             backoff_initial_ms=_ms(backoff_initial),
             backoff_max_ms=_ms(backoff_max),
             committed_only=committed_only,
+            durable=_durable_kind(durable),
+            keys=tuple(k.encode() if isinstance(k, str) else k for k in keys),
+            key_prefix=key_prefix.encode() if isinstance(key_prefix, str) else key_prefix,
         )
         response = await self._connection.request(
             m.SubscribeRequest(
@@ -214,6 +227,10 @@ class Client:
         assert isinstance(response, m.SubscribeResponse)
         return consumer
 
+    def map(self, topic: str) -> Map:
+        """The key/value API of a map durable on `topic` (a reliable topic)."""
+        return Map(self._connection, topic)
+
     async def seek(
         self,
         topic: str,
@@ -227,6 +244,18 @@ class Client:
 
     async def delete_subscription(self, topic: str, subscription: str) -> None:
         await self._connection.request(m.DeleteSubscriptionRequest(topic, subscription))
+
+
+DurableName = Literal["default", "none", "standard", "shared", "last-value", "map"]
+
+
+def _durable_kind(name: str) -> int:
+    try:
+        return m.Durable[name.upper().replace("-", "_")]
+    except KeyError:
+        raise InvalidRequest(
+            f"durable must be one of default, none, standard, shared, last-value, map; not {name!r}"
+        ) from None
 
 
 def _ms(seconds: float | None) -> int:

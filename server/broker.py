@@ -387,11 +387,13 @@ class Broker:
             current = index.get(write.key)
             revision = -2 if current is None else current.offset
             if write.expected_revision != -1 and write.expected_revision != revision:
-                raise RevisionMismatch(
-                    f"key {write.key!r} is at revision "
-                    f"{'none (absent)' if current is None else revision}, "
-                    f"not {write.expected_revision}"
+                found = "absent" if current is None else f"at revision {revision}"
+                wanted = (
+                    "absent"
+                    if write.expected_revision == -2
+                    else f"at revision {write.expected_revision}"
                 )
+                raise RevisionMismatch(f"key {write.key!r} is {found}, expected {wanted}")
         by_partition: dict[int, list[tuple[int, m.MapWrite]]] = {}
         for position, write in enumerate(request.writes):
             index_of_partition = zlib.crc32(write.key) % len(topic.partitions)

@@ -1,0 +1,124 @@
+"""The key/value API of a map durable: `client.map(topic)`.
+
+A map is a reliable topic whose last value per key the server keeps (RocksDB). Reading is a
+lookup in that state; writing appends a record to the topic, so subscribers see every change, and
+a delete appends a tombstone. Each value has a *revision*: the offset of the record that holds it,
+which compare-and-set checks against. Keys and values are bytes; `str` keys and values are
+encoded as UTF-8.
+
+    prices = client.map("prices")
+    revision = await prices.set("IBM", b"142.1")
+    entry = await prices.get("IBM")          # MapValue(key, value, revision, ...) or None
+    await prices.set("IBM", b"143.0", revision=revision)  # fails if someone wrote in between
+    page = await prices.scan(prefix="I", limit=100)       # MapPage(entries, cursor)
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass
+
+from headwater.connection import Connection
+from wire import messages as m
+
+ANY = -1
+ABSENT = -2
+
+
+@dataclass(frozen=True, slots=True)
+class MapValue:
+    key: bytes
+    value: bytes
+    revision: int
+    partition: int
+    timestamp: int
+
+
+@dataclass(frozen=True, slots=True)
+class MapPage:
+    entries: list[MapValue]
+    cursor: bytes  # pass to scan(cursor=...) for the next page; empty when done
+
+
+def _bytes(data: str | bytes) -> bytes:
+    return data.encode() if isinstance(data, str) else data
+
+
+def _value(entry: m.MapEntry) -> MapValue | None:
+    if not entry.found or entry.value is None:
+        return None
+    return MapValue(entry.key, entry.value, entry.revision, entry.partition, entry.timestamp)
+
+
+class Map:
+    def __init__(self, connection: Connection, topic: str) -> None:
+        self._connection = connection
+        self.topic = topic
+
+    async def get(self, key: str | bytes) -> MapValue | None:
+        return (await self.get_many([key]))[0]
+
+    async def get_many(self, keys: Iterable[str | bytes]) -> list[MapValue | None]:
+        response = await self._connection.request(
+            m.MapGetRequest(self.topic, tuple(_bytes(k) for k in keys))
+        )
+        assert isinstance(response, m.MapGetResponse)
+        return [_value(entry) for entry in response.entries]
+
+    async def set(self, key: str | bytes, value: str | bytes, revision: int | None = None) -> int:
+        """Write `value`; with `revision`, only if the key is still at it. Returns the new
+        revision. Raises `RevisionMismatch` when the expectation fails."""
+        return (await self._write([m.MapWrite(_bytes(key), _bytes(value), _expect(revision))]))[0]
+
+    async def create(self, key: str | bytes, value: str | bytes) -> int:
+        """Write `value` only if the key does not exist."""
+        return (await self._write([m.MapWrite(_bytes(key), _bytes(value), ABSENT)]))[0]
+
+    async def set_many(self, items: Mapping[str | bytes, str | bytes]) -> list[int]:
+        return await self._write([m.MapWrite(_bytes(k), _bytes(v), ANY) for k, v in items.items()])
+
+    async def delete(self, key: str | bytes, revision: int | None = None) -> int:
+        """Delete the key (a tombstone record); returns the tombstone's offset."""
+        return (await self._write([m.MapWrite(_bytes(key), None, _expect(revision))]))[0]
+
+    async def _write(self, writes: list[m.MapWrite]) -> list[int]:
+        response = await self._connection.request(m.MapSetRequest(self.topic, tuple(writes)))
+        assert isinstance(response, m.MapSetResponse)
+        return list(response.revisions)
+
+    async def scan(
+        self, prefix: str | bytes = b"", limit: int = 100, cursor: bytes = b""
+    ) -> MapPage:
+        """One page of keys starting with `prefix`, in key order, after `cursor`."""
+        response = await self._connection.request(
+            m.MapScanRequest(self.topic, _bytes(prefix), limit, cursor)
+        )
+        assert isinstance(response, m.MapScanResponse)
+        entries = [v for v in (_value(e) for e in response.entries) if v is not None]
+        return MapPage(entries, response.cursor)
+
+    async def items(
+        self, prefix: str | bytes = b"", page_size: int = 500
+    ) -> AsyncIterator[MapValue]:
+        """Every entry with `prefix`, a page at a time (each page is consistent)."""
+        cursor = b""
+        while True:
+            page = await self.scan(prefix, page_size, cursor)
+            for entry in page.entries:
+                yield entry
+            if not page.cursor:
+                return
+            cursor = page.cursor
+
+    async def size(self) -> int:
+        response = await self._connection.request(m.MapSizeRequest(self.topic))
+        assert isinstance(response, m.MapSizeResponse)
+        return response.size
+
+
+def _expect(revision: int | None) -> int:
+    if revision is None:
+        return ANY
+    if revision < 0:
+        raise ValueError("a revision is an offset, >= 0")
+    return revision
