@@ -15,6 +15,7 @@ encoded as UTF-8.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -55,8 +56,13 @@ class Map:
         self._connection = connection
         self.topic = topic
 
-    async def get(self, key: str | bytes) -> MapValue | None:
-        return (await self.get_many([key]))[0]
+    def get(self, key: str | bytes) -> asyncio.Future[MapValue | None]:
+        """The key's value, or None. Returns a future (await it): many gets in flight cost
+        one future each, with no task, which is what pipelining needs."""
+        response = self._connection.send_request(m.MapGetRequest(self.topic, (_bytes(key),)))
+        result: asyncio.Future[MapValue | None] = asyncio.get_running_loop().create_future()
+        response.add_done_callback(lambda done: _first_value(done, result))
+        return result
 
     async def get_many(self, keys: Iterable[str | bytes]) -> list[MapValue | None]:
         response = await self._connection.request(
@@ -114,6 +120,21 @@ class Map:
         response = await self._connection.request(m.MapSizeRequest(self.topic))
         assert isinstance(response, m.MapSizeResponse)
         return response.size
+
+
+def _first_value(
+    response: asyncio.Future[m.Response], result: asyncio.Future[MapValue | None]
+) -> None:
+    if result.done():
+        return
+    if response.cancelled():
+        result.cancel()
+    elif (error := response.exception()) is not None:
+        result.set_exception(error)
+    else:
+        answer = response.result()
+        assert isinstance(answer, m.MapGetResponse)
+        result.set_result(_value(answer.entries[0]))
 
 
 def _expect(revision: int | None) -> int:

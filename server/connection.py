@@ -46,6 +46,10 @@ from wire.frames import KNOWN_FLAGS, Flags, Frame, FrameDecoder, FrameHeader, Fr
 
 log = structlog.get_logger("headwater.connection")
 
+# plain ints: enum flag arithmetic costs microseconds per frame
+_NO_RESPONSE = int(Flags.NO_RESPONSE)
+_NOT_ON_REQUESTS = ~KNOWN_FLAGS | int(Flags.RESPONSE | Flags.PUSH)
+
 
 class Connection(asyncio.Protocol):
     def __init__(self, broker: Broker, config: ServerConfig, registry: set[Connection]) -> None:
@@ -58,6 +62,7 @@ class Connection(asyncio.Protocol):
         self.consumers: dict[int, Consumer] = {}
         self.peer = "?"
         self._tasks: set[asyncio.Future[None]] = set()
+        self._out: list[bytes] | None = None
 
     # asyncio callbacks
 
@@ -75,6 +80,17 @@ class Connection(asyncio.Protocol):
         except MalformedFrame as exc:
             self._fatal(0, 0, 0, exc)
             return
+        # Everything written while handling this chunk goes out in one write: pipelined
+        # requests get their responses in one syscall, not one each.
+        self._out = []
+        try:
+            self._handle_events(events)
+        finally:
+            out, self._out = self._out, None
+            if out and self._transport is not None:
+                self._transport.write(b"".join(out))
+
+    def _handle_events(self, events: list[Frame | FrameRejected]) -> None:
         for event in events:
             if type(event) is Frame:
                 self._handle(event)
@@ -129,7 +145,7 @@ class Connection(asyncio.Protocol):
     def _handle(self, frame: Frame) -> None:
         header = frame.header
         try:
-            if header.flags & ~KNOWN_FLAGS or header.flags & (Flags.RESPONSE | Flags.PUSH):
+            if header.flags & _NOT_ON_REQUESTS:
                 raise MalformedFrame(f"flags {header.flags:#06x} are not valid on a request")
             request = decode_request(header, frame.body)
             response = self._broker.handle(self, request)
@@ -170,7 +186,7 @@ class Connection(asyncio.Protocol):
         self._respond(header, response)
 
     def _respond(self, header: FrameHeader, response: m.Response) -> None:
-        if header.flags & Flags.NO_RESPONSE or self._transport is None:
+        if header.flags & _NO_RESPONSE or self._transport is None:
             return
         if type(response) is m.ProduceResponse:
             out = encode_produce_response(
@@ -178,13 +194,13 @@ class Connection(asyncio.Protocol):
             )
         else:
             out = encode_response(header.api_key, header.correlation_id, response)
-        self._transport.write(out)
+        self._write(out)
 
     def _send_error(
         self, api_key: int, api_version: int, correlation_id: int, error: HeadwaterError
     ) -> None:
         if self._transport is not None and not self._transport.is_closing():
-            self._transport.write(encode_error(api_key, api_version, correlation_id, error))
+            self._write(encode_error(api_key, api_version, correlation_id, error))
         if not isinstance(error, ProtocolError):
             return
         log.info("conn.protocol_error", peer=self.peer, code=error.code.name, error=error.message)
@@ -197,6 +213,12 @@ class Connection(asyncio.Protocol):
         if self._transport is not None:
             self._transport.close()
 
+    def _write(self, data: bytes) -> None:
+        if self._out is not None:
+            self._out.append(data)
+        elif self._transport is not None:
+            self._transport.write(data)
+
     # ConsumerSession
 
     @property
@@ -208,11 +230,14 @@ class Connection(asyncio.Protocol):
     ) -> None:
         if self._transport is not None:
             prefix = delivery_prefix(consumer_id, partition, len(batch), delivery_count)
-            self._transport.writelines((prefix, batch))
+            if self._out is not None:
+                self._out += (prefix, batch)
+            else:
+                self._transport.writelines((prefix, batch))
 
     def send_consumer_closed(self, consumer_id: int, code: int, message: str) -> None:
         if self._transport is not None:
-            self._transport.write(encode_push(consumer_id, m.ConsumerClosed(code, message)))
+            self._write(encode_push(consumer_id, m.ConsumerClosed(code, message)))
 
     def close(self) -> None:
         if self._transport is not None:

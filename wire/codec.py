@@ -348,6 +348,9 @@ def encode_request(request: m.Request, correlation_id: int, flags: int = 0) -> b
     if api_key == m.ApiKey.PRODUCE:
         assert isinstance(request, m.ProduceRequest)
         return b"".join(produce_request_parts(request, correlation_id, flags))
+    if api_key == m.ApiKey.MAP_GET:
+        assert isinstance(request, m.MapGetRequest)
+        return encode_map_get_request(request, correlation_id, flags)
     schema = SCHEMAS[api_key][0]
     return encode_frame(api_key, 0, correlation_id, flags, _build(schema, request))
 
@@ -373,6 +376,8 @@ def decode_request(header: FrameHeader, body: bytes) -> m.Request:
     check_version(header)
     if header.api_key == m.ApiKey.PRODUCE:
         return decode_produce_request(body)
+    if header.api_key == m.ApiKey.MAP_GET:
+        return decode_map_get_request(body)
     request: m.Request = _parse(SCHEMAS[header.api_key][0], body, m.ApiKey(header.api_key).name)
     return request
 
@@ -393,12 +398,100 @@ def decode_produce_request(body: bytes) -> m.ProduceRequest:
     return m.ProduceRequest(topic, partition, body[end + _PARTITION_ISOLATION.size :], isolation)
 
 
+def decode_map_get_request(body: bytes) -> m.MapGetRequest:
+    """The hot-path decoder for map get: equivalent to the construct schema (tested)."""
+    if len(body) < 2:
+        raise MalformedFrame("malformed MAP_GET: body shorter than its fixed fields")
+    (topic_length,) = _U16.unpack_from(body, 0)
+    position = 2 + topic_length
+    if len(body) < position + 4:
+        raise MalformedFrame("malformed MAP_GET: topic name runs past the end of the frame")
+    try:
+        topic = body[2:position].decode()
+    except UnicodeDecodeError:
+        raise MalformedFrame("malformed MAP_GET: topic name is not valid UTF-8") from None
+    (count,) = _I32.unpack_from(body, position)
+    position += 4
+    if count < 0 or count * 4 > len(body) - position:
+        raise MalformedFrame(f"malformed MAP_GET: {count} keys cannot fit in the frame")
+    keys = []
+    for _ in range(count):
+        if len(body) < position + 4:
+            raise MalformedFrame("malformed MAP_GET: key length runs past the end of the frame")
+        (length,) = _I32.unpack_from(body, position)
+        position += 4
+        if length < 0 or position + length > len(body):
+            raise MalformedFrame("malformed MAP_GET: key runs past the end of the frame")
+        keys.append(body[position : position + length])
+        position += length
+    if position != len(body):
+        raise MalformedFrame("malformed MAP_GET: bytes after the last key")
+    return m.MapGetRequest(topic, tuple(keys))
+
+
+_MAP_ENTRY_FIXED = struct.Struct(">?qiq")  # found, revision, partition, timestamp
+
+
+def encode_map_get_request(request: m.MapGetRequest, correlation_id: int, flags: int = 0) -> bytes:
+    """The hot-path encoder for map get: equivalent to the construct schema (tested)."""
+    topic = request.topic.encode()
+    parts = [_U16.pack(len(topic)), topic, _I32.pack(len(request.keys))]
+    for wanted in request.keys:
+        parts.append(_I32.pack(len(wanted)))
+        parts.append(wanted)
+    body = b"".join(parts)
+    return frame_prefix(m.ApiKey.MAP_GET, 0, correlation_id, flags, len(body)) + body
+
+
+def decode_map_get_response(body: bytes) -> m.MapGetResponse:
+    """The hot-path decoder for successful map get responses (after the error code)."""
+    try:
+        (count,) = _I32.unpack_from(body, 0)
+        position = 4
+        entries = []
+        for _ in range(count):
+            (length,) = _I32.unpack_from(body, position)
+            position += 4
+            entry_key = body[position : position + length]
+            position += length
+            found, revision, partition, timestamp = _MAP_ENTRY_FIXED.unpack_from(body, position)
+            position += _MAP_ENTRY_FIXED.size
+            (length,) = _I32.unpack_from(body, position)
+            position += 4
+            value = None if length < 0 else body[position : position + length]
+            position += max(length, 0)
+            entries.append(m.MapEntry(entry_key, found, revision, partition, timestamp, value))
+    except struct.error:
+        raise MalformedFrame("malformed MAP_GET response") from None
+    return m.MapGetResponse(tuple(entries))
+
+
+def encode_map_get_response(correlation_id: int, response: m.MapGetResponse) -> bytes:
+    """The hot-path encoder for map get responses: equivalent to the construct schema."""
+    parts = [_OK, _I32.pack(len(response.entries))]
+    for entry in response.entries:
+        parts.append(_I32.pack(len(entry.key)))
+        parts.append(entry.key)
+        parts.append(
+            _MAP_ENTRY_FIXED.pack(entry.found, entry.revision, entry.partition, entry.timestamp)
+        )
+        if entry.value is None:
+            parts.append(_I32.pack(-1))
+        else:
+            parts.append(_I32.pack(len(entry.value)))
+            parts.append(entry.value)
+    body = b"".join(parts)
+    return frame_prefix(m.ApiKey.MAP_GET, 0, correlation_id, Flags.RESPONSE, len(body)) + body
+
+
 # Responses
 
 
 def encode_response(api_key: int, correlation_id: int, response: m.Response) -> bytes:
     if type(response) is m.ProduceResponse:
         return encode_produce_response(correlation_id, response.partition, response.base_offset)
+    if type(response) is m.MapGetResponse:
+        return encode_map_get_response(correlation_id, response)
     schema = SCHEMAS[api_key][1]
     return encode_frame(api_key, 0, correlation_id, Flags.RESPONSE, _OK + _build(schema, response))
 
@@ -427,6 +520,8 @@ def decode_response(header: FrameHeader, body: bytes) -> m.Response:
     if header.api_key == m.ApiKey.PRODUCE and len(body) == _PRODUCE_RESPONSE.size:
         _, partition, base_offset = _PRODUCE_RESPONSE.unpack(body)
         return m.ProduceResponse(partition, base_offset)
+    if header.api_key == m.ApiKey.MAP_GET:
+        return decode_map_get_response(body[ERROR_HEADER.size :])
     schemas = SCHEMAS.get(header.api_key)
     if schemas is None:
         raise UnsupportedApi(f"response for unknown api key {header.api_key}")
