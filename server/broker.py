@@ -13,6 +13,7 @@ Reliable topics and subscriptions live in `TopicCatalog`, which owns their files
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import zlib
 from collections.abc import Awaitable, Callable
@@ -375,14 +376,27 @@ class Broker:
         _, index = await self._index(request.topic)
         return m.MapGetResponse(tuple(_entry(k, index.get(k)) for k in request.keys))
 
-    async def map_set(self, session: Session, request: m.MapSetRequest) -> m.Response:
+    def map_set(self, session: Session, request: m.MapSetRequest) -> Result:
         if not request.writes or len(request.writes) > MAX_MAP_KEYS:
             raise InvalidRequest(f"a set holds 1..{MAX_MAP_KEYS} writes")
         for write in request.writes:
             check_key(write.key)
             if write.expected_revision < -2:
                 raise InvalidRequest("expected_revision: -1 any, -2 absent, or a revision >= 0")
+        topic = self._topic(request.topic)
+        if topic.last_value is None:
+            return self._map_set_after_enabling(request)
+        return self._map_set(topic, topic.last_value, request)
+
+    async def _map_set_after_enabling(self, request: m.MapSetRequest) -> m.Response:
         topic, index = await self._index(request.topic)
+        result = self._map_set(topic, index, request)
+        if inspect.isawaitable(result):
+            return await result
+        return result
+
+    def _map_set(self, topic: Topic, index: LastValueIndex, request: m.MapSetRequest) -> Result:
+        """Synchronous up to the fsync wait (if the topic's policy needs one): no task."""
         if index.key_field:
             raise InvalidRequest(
                 f"topic {topic.name!r} takes keys from field {index.key_field!r} of its values: "
@@ -415,9 +429,10 @@ class Broker:
             assert partition.log is not None
             if partition.log.must_wait(sequence):
                 waits.append(partition.log.wait_durable(sequence))
-        for wait in waits:
-            await wait
-        return m.MapSetResponse(tuple(revisions))
+        response = m.MapSetResponse(tuple(revisions))
+        if not waits:
+            return response
+        return _after(asyncio.gather(*waits), response)
 
     async def map_scan(self, session: Session, request: m.MapScanRequest) -> m.Response:
         if not 1 <= request.limit <= MAX_MAP_KEYS:
@@ -474,6 +489,6 @@ def _entry(record_key: bytes, stored: StoredValue | None) -> m.MapEntry:
     )
 
 
-async def _after(waiting: Awaitable[None], response: m.Response) -> m.Response:
+async def _after(waiting: Awaitable[Any], response: m.Response) -> m.Response:
     await waiting
     return response

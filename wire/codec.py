@@ -351,6 +351,9 @@ def encode_request(request: m.Request, correlation_id: int, flags: int = 0) -> b
     if api_key == m.ApiKey.MAP_GET:
         assert isinstance(request, m.MapGetRequest)
         return encode_map_get_request(request, correlation_id, flags)
+    if api_key == m.ApiKey.MAP_SET:
+        assert isinstance(request, m.MapSetRequest)
+        return encode_map_set_request(request, correlation_id, flags)
     schema = SCHEMAS[api_key][0]
     return encode_frame(api_key, 0, correlation_id, flags, _build(schema, request))
 
@@ -378,6 +381,8 @@ def decode_request(header: FrameHeader, body: bytes) -> m.Request:
         return decode_produce_request(body)
     if header.api_key == m.ApiKey.MAP_GET:
         return decode_map_get_request(body)
+    if header.api_key == m.ApiKey.MAP_SET:
+        return decode_map_set_request(body)
     request: m.Request = _parse(SCHEMAS[header.api_key][0], body, m.ApiKey(header.api_key).name)
     return request
 
@@ -430,6 +435,83 @@ def decode_map_get_request(body: bytes) -> m.MapGetRequest:
 
 
 _MAP_ENTRY_FIXED = struct.Struct(">?qiq")  # found, revision, partition, timestamp
+_I64 = struct.Struct(">q")
+
+
+def _take_bytes(
+    body: bytes, position: int, what: str, nullable: bool = False
+) -> tuple[bytes | None, int]:
+    if len(body) < position + 4:
+        raise MalformedFrame(f"malformed {what}: length runs past the end of the frame")
+    (length,) = _I32.unpack_from(body, position)
+    position += 4
+    if length < 0:
+        if nullable:  # any negative length is null, as the construct schema reads it
+            return None, position
+        raise MalformedFrame(f"malformed {what}: negative length {length}")
+    if position + length > len(body):
+        raise MalformedFrame(f"malformed {what}: bytes run past the end of the frame")
+    return body[position : position + length], position + length
+
+
+def _take_topic(body: bytes, what: str) -> tuple[str, int]:
+    if len(body) < 2:
+        raise MalformedFrame(f"malformed {what}: body shorter than its fixed fields")
+    (topic_length,) = _U16.unpack_from(body, 0)
+    position = 2 + topic_length
+    if len(body) < position:
+        raise MalformedFrame(f"malformed {what}: topic name runs past the end of the frame")
+    try:
+        return body[2:position].decode(), position
+    except UnicodeDecodeError:
+        raise MalformedFrame(f"malformed {what}: topic name is not valid UTF-8") from None
+
+
+def decode_map_set_request(body: bytes) -> m.MapSetRequest:
+    """The hot-path decoder for map set: equivalent to the construct schema (tested)."""
+    topic, position = _take_topic(body, "MAP_SET")
+    if len(body) < position + 4:
+        raise MalformedFrame("malformed MAP_SET: write count runs past the end of the frame")
+    (count,) = _I32.unpack_from(body, position)
+    position += 4
+    if count < 0 or count * 16 > len(body) - position:
+        raise MalformedFrame(f"malformed MAP_SET: {count} writes cannot fit in the frame")
+    writes = []
+    for _ in range(count):
+        write_key, position = _take_bytes(body, position, "MAP_SET")
+        value, position = _take_bytes(body, position, "MAP_SET", nullable=True)
+        if len(body) < position + 8:
+            raise MalformedFrame("malformed MAP_SET: revision runs past the end of the frame")
+        (expected,) = _I64.unpack_from(body, position)
+        position += 8
+        assert write_key is not None
+        writes.append(m.MapWrite(write_key, value, expected))
+    if position != len(body):
+        raise MalformedFrame("malformed MAP_SET: bytes after the last write")
+    return m.MapSetRequest(topic, tuple(writes))
+
+
+def encode_map_set_request(request: m.MapSetRequest, correlation_id: int, flags: int = 0) -> bytes:
+    topic = request.topic.encode()
+    parts = [_U16.pack(len(topic)), topic, _I32.pack(len(request.writes))]
+    for write in request.writes:
+        parts += (_I32.pack(len(write.key)), write.key)
+        if write.value is None:
+            parts.append(_I32.pack(-1))
+        else:
+            parts += (_I32.pack(len(write.value)), write.value)
+        parts.append(_I64.pack(write.expected_revision))
+    body = b"".join(parts)
+    return frame_prefix(m.ApiKey.MAP_SET, 0, correlation_id, flags, len(body)) + body
+
+
+def encode_map_set_response(correlation_id: int, response: m.MapSetResponse) -> bytes:
+    body = (
+        _OK
+        + _I32.pack(len(response.revisions))
+        + b"".join(_I64.pack(r) for r in response.revisions)
+    )
+    return frame_prefix(m.ApiKey.MAP_SET, 0, correlation_id, Flags.RESPONSE, len(body)) + body
 
 
 def encode_map_get_request(request: m.MapGetRequest, correlation_id: int, flags: int = 0) -> bytes:
@@ -492,6 +574,8 @@ def encode_response(api_key: int, correlation_id: int, response: m.Response) -> 
         return encode_produce_response(correlation_id, response.partition, response.base_offset)
     if type(response) is m.MapGetResponse:
         return encode_map_get_response(correlation_id, response)
+    if type(response) is m.MapSetResponse:
+        return encode_map_set_response(correlation_id, response)
     schema = SCHEMAS[api_key][1]
     return encode_frame(api_key, 0, correlation_id, Flags.RESPONSE, _OK + _build(schema, response))
 
@@ -522,6 +606,10 @@ def decode_response(header: FrameHeader, body: bytes) -> m.Response:
         return m.ProduceResponse(partition, base_offset)
     if header.api_key == m.ApiKey.MAP_GET:
         return decode_map_get_response(body[ERROR_HEADER.size :])
+    if header.api_key == m.ApiKey.MAP_SET and len(body) >= 6:
+        (count,) = _I32.unpack_from(body, 2)
+        if count >= 0 and len(body) == 6 + 8 * count:
+            return m.MapSetResponse(tuple(r for (r,) in _I64.iter_unpack(body[6:])))
     schemas = SCHEMAS.get(header.api_key)
     if schemas is None:
         raise UnsupportedApi(f"response for unknown api key {header.api_key}")
