@@ -1,0 +1,93 @@
+"""A blocking client over plain sockets, for locust and scripts without asyncio.
+
+Locust runs users as gevent greenlets on a monkey-patched socket module, where an asyncio client
+cannot run; this one sends a frame and reads frames until the answer comes, one request at a
+time, with the same sans-I/O codec (`wire`) as the asyncio client. It covers producing, topic
+admin and the map API; consuming stays with the asyncio client.
+
+    with BlockingClient("127.0.0.1:6650") as client:
+        client.create_topic("events")
+        offset = client.produce("events", [(None, b"hello", ())])
+"""
+
+from __future__ import annotations
+
+import itertools
+import socket
+from collections.abc import Sequence
+
+from headwater.connection import parse_server
+from wire import messages as m
+from wire.codec import decode_response, encode_request
+from wire.errors import ConnectionClosed
+from wire.frames import Frame, FrameDecoder
+from wire.records import RecordInput, build_batch
+
+
+class BlockingClient:
+    def __init__(self, server: str = "127.0.0.1:6650", timeout: float = 10.0) -> None:
+        host, port = parse_server(server)
+        try:
+            self._socket = socket.create_connection((host, port), timeout=timeout)
+        except OSError as exc:
+            raise ConnectionClosed(f"cannot connect to {host}:{port}: {exc}") from None
+        self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._decoder = FrameDecoder()
+        self._correlation = itertools.count(1)
+
+    def request(self, request: m.Request) -> m.Response:
+        correlation_id = next(self._correlation)
+        try:
+            self._socket.sendall(encode_request(request, correlation_id))
+            while True:
+                for event in self._decoder.feed(self._read()):
+                    if (
+                        isinstance(event, Frame)
+                        and event.header.is_response
+                        and event.header.correlation_id == correlation_id
+                    ):
+                        return decode_response(event.header, event.body)
+        except OSError as exc:
+            raise ConnectionClosed(f"connection failed: {exc}") from None
+
+    def _read(self) -> bytes:
+        data = self._socket.recv(65536)
+        if not data:
+            raise ConnectionClosed("connection closed by the server")
+        return data
+
+    def create_topic(
+        self,
+        name: str,
+        partitions: int = 1,
+        reliable: bool = False,
+        configs: dict[str, str] | None = None,
+    ) -> None:
+        dispatch = m.DispatchMode.RELIABLE if reliable else m.DispatchMode.NON_RELIABLE
+        entries = tuple(m.ConfigEntry(k, v) for k, v in (configs or {}).items())
+        self.request(m.CreateTopicRequest(name, partitions, dispatch, entries))
+
+    def produce(self, topic: str, records: Sequence[RecordInput], partition: int = -1) -> int:
+        """Send one batch; returns its base offset."""
+        response = self.request(m.ProduceRequest(topic, partition, build_batch(records)))
+        assert isinstance(response, m.ProduceResponse)
+        return response.base_offset
+
+    def map_get(self, topic: str, key: bytes) -> bytes | None:
+        response = self.request(m.MapGetRequest(topic, (key,)))
+        assert isinstance(response, m.MapGetResponse)
+        return response.entries[0].value
+
+    def map_set(self, topic: str, key: bytes, value: bytes | None) -> int:
+        response = self.request(m.MapSetRequest(topic, (m.MapWrite(key, value),)))
+        assert isinstance(response, m.MapSetResponse)
+        return response.revisions[0]
+
+    def close(self) -> None:
+        self._socket.close()
+
+    def __enter__(self) -> BlockingClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
