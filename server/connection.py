@@ -149,17 +149,8 @@ class Connection(asyncio.Protocol):
                 raise MalformedFrame(f"flags {header.flags:#06x} are not valid on a request")
             request = decode_request(header, frame.body)
             response = self._broker.handle(self, request)
-        except HeadwaterError as exc:
-            self._send_error(header.api_key, header.api_version, header.correlation_id, exc)
-            return
-        except Exception:
-            log.exception("conn.handler_failed", peer=self.peer, api_key=header.api_key)
-            self._send_error(
-                header.api_key,
-                header.api_version,
-                header.correlation_id,
-                UnknownServerError("internal error; see the server log"),
-            )
+        except Exception as exc:
+            self._refuse(header, exc)
             return
         if inspect.isawaitable(response):
             task = asyncio.ensure_future(self._finish(header, response))
@@ -171,17 +162,8 @@ class Connection(asyncio.Protocol):
     async def _finish(self, header: FrameHeader, pending: Awaitable[m.Response]) -> None:
         try:
             response = await pending
-        except HeadwaterError as exc:
-            self._send_error(header.api_key, header.api_version, header.correlation_id, exc)
-            return
-        except Exception:
-            log.exception("conn.handler_failed", peer=self.peer, api_key=header.api_key)
-            self._send_error(
-                header.api_key,
-                header.api_version,
-                header.correlation_id,
-                UnknownServerError("internal error; see the server log"),
-            )
+        except Exception as exc:
+            self._refuse(header, exc)
             return
         self._respond(header, response)
 
@@ -195,6 +177,13 @@ class Connection(asyncio.Protocol):
         else:
             out = encode_response(header.api_key, header.correlation_id, response)
         self._write(out)
+
+    def _refuse(self, header: FrameHeader, error: Exception) -> None:
+        """Answer a request that failed: its own error, or for a bug a generic one (logged)."""
+        if not isinstance(error, HeadwaterError):
+            log.error("conn.handler_failed", peer=self.peer, api_key=header.api_key, exc_info=error)
+            error = UnknownServerError("internal error; see the server log")
+        self._send_error(header.api_key, header.api_version, header.correlation_id, error)
 
     def _send_error(
         self, api_key: int, api_version: int, correlation_id: int, error: HeadwaterError

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import structlog
 
 from durables.cursor import PartitionCursor
-from server.subscription import Consumer
+from server.subscription import Consumer, pick_consumer
 from server.topics import Topic
 from storage.state import CURSOR, StateStore, key
 from storage.wal import FsyncPolicy
@@ -173,23 +173,7 @@ class ReliableSubscription:
         self._wake.set()
 
     def _target(self) -> Consumer | None:
-        if self.sub_type == SubscriptionType.SHARED:
-            best: Consumer | None = None
-            for consumer in self.consumers.values():
-                if (
-                    consumer.credits > 0
-                    and consumer.session.writable
-                    and (best is None or consumer.credits > best.credits)
-                ):
-                    best = consumer
-            if best is not None:
-                del self.consumers[best.consumer_id]
-                self.consumers[best.consumer_id] = best
-            return best
-        active = self._active
-        if active is not None and active.credits > 0 and active.session.writable:
-            return active
-        return None
+        return pick_consumer(self.sub_type, self.consumers, self._active)
 
     # Acknowledgements
 

@@ -66,6 +66,30 @@ class Consumer:
         return (self.priority, self.name, self.consumer_id)
 
 
+def pick_consumer(
+    sub_type: SubscriptionType, consumers: dict[int, Consumer], active: Consumer | None
+) -> Consumer | None:
+    """Who may receive next: Shared, the consumer with the most credit (then moved last in
+    `consumers`, so equal credit rotates); Exclusive and Failover, the active consumer. Only a
+    consumer with credit and a socket that is not backed up qualifies."""
+    if sub_type == SubscriptionType.SHARED:
+        best: Consumer | None = None
+        for consumer in consumers.values():
+            if (
+                consumer.credits > 0
+                and consumer.session.writable
+                and (best is None or consumer.credits > best.credits)
+            ):
+                best = consumer
+        if best is not None:
+            del consumers[best.consumer_id]
+            consumers[best.consumer_id] = best
+        return best
+    if active is not None and active.credits > 0 and active.session.writable:
+        return active
+    return None
+
+
 class Subscription:
     def __init__(
         self, topic: str, name: str, sub_type: SubscriptionType, backlog_limit: int
@@ -139,24 +163,7 @@ class Subscription:
             target.session.send_delivery(target.consumer_id, partition, batch)
 
     def _target(self) -> Consumer | None:
-        if self.sub_type == SubscriptionType.SHARED:
-            best: Consumer | None = None
-            for consumer in self.consumers.values():
-                if (
-                    consumer.credits > 0
-                    and consumer.session.writable
-                    and (best is None or consumer.credits > best.credits)
-                ):
-                    best = consumer
-            if best is not None:
-                # Move the chosen consumer last so equal credit rotates among consumers.
-                del self.consumers[best.consumer_id]
-                self.consumers[best.consumer_id] = best
-            return best
-        active = self._active
-        if active is not None and active.credits > 0 and active.session.writable:
-            return active
-        return None
+        return pick_consumer(self.sub_type, self.consumers, self._active)
 
     def ack(self, consumer: Consumer, entries: Sequence[AckEntry], kind: int) -> None:
         """Non-reliable topics keep nothing to acknowledge: acks are accepted and ignored."""

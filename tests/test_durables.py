@@ -14,19 +14,11 @@ import headwater
 from durables.lastvalue import LV, LVCOUNT, LVPOS
 from headwater.testing import ServerProcess
 from storage.state import StateStore, key
+from tests.helpers import drain
 from tests.rawwire import RawPeer
 from wire import messages as m
 from wire.errors import ConsumerBusy, InvalidRequest, RevisionMismatch
 from wire.records import build_batch
-
-
-async def drain(consumer: headwater.Consumer, idle: float = 0.6) -> list[headwater.Message]:
-    received = []
-    while True:
-        try:
-            received.append(await consumer.receive(timeout=idle))
-        except TimeoutError:
-            return received
 
 
 async def produce(

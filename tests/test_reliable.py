@@ -9,16 +9,8 @@ import pytest
 import headwater
 from headwater.testing import ServerProcess
 from storage.segments import segment_name
+from tests.helpers import drain
 from wire.errors import InvalidRequest
-
-
-async def drain(consumer: headwater.Consumer, idle: float = 0.7) -> list[headwater.Message]:
-    received = []
-    while True:
-        try:
-            received.append(await consumer.receive(timeout=idle))
-        except TimeoutError:
-            return received
 
 
 async def produce(

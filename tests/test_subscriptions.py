@@ -9,19 +9,11 @@ import pytest
 
 import headwater
 from headwater.testing import ServerProcess
+from tests.helpers import drain
 from tests.rawwire import RawPeer
 from wire import messages as m
 from wire.errors import ConsumerBusy, SubscriptionTypeMismatch
 from wire.records import build_batch
-
-
-async def _drain(consumer: headwater.Consumer, idle: float = 0.5) -> list[headwater.Message]:
-    received = []
-    while True:
-        try:
-            received.append(await consumer.receive(timeout=idle))
-        except TimeoutError:
-            return received
 
 
 async def _produce(client: headwater.Client, topic: str, count: int, prefix: str = "m") -> None:
@@ -37,12 +29,12 @@ async def test_exclusive_refuses_a_second_consumer(client: headwater.Client, top
     with pytest.raises(ConsumerBusy, match="exclusive"):
         await client.subscribe(topic, "only", type="exclusive")
     await _produce(client, topic, 5)
-    assert [m.value for m in await _drain(first)] == [f"m{i}".encode() for i in range(5)]
+    assert [m.value for m in await drain(first)] == [f"m{i}".encode() for i in range(5)]
     # once the first leaves, the subscription may be taken again
     await first.close()
     second = await client.subscribe(topic, "only", type="exclusive")
     await _produce(client, topic, 1, prefix="after")
-    assert [m.value for m in await _drain(second)] == [b"after0"]
+    assert [m.value for m in await drain(second)] == [b"after0"]
 
 
 async def test_subscription_type_must_match(client: headwater.Client, topic: str) -> None:
@@ -64,7 +56,7 @@ async def test_shared_delivers_each_message_to_exactly_one_consumer(
     for i in range(300):
         future = await producer.send(f"job{i}".encode())
         await future  # one record per batch, so batches can spread
-    received = await asyncio.gather(*(_drain(c) for c in consumers))
+    received = await asyncio.gather(*(drain(c) for c in consumers))
     values = [m.value for batch in received for m in batch]
     assert sorted(values) == sorted(f"job{i}".encode() for i in range(300))
     assert len(set(values)) == 300
@@ -79,8 +71,8 @@ async def test_shared_and_exclusive_subscriptions_each_get_every_message(
     a = await client.subscribe(topic, "a", type="exclusive")
     b = await client.subscribe(topic, "b", type="shared")
     await _produce(client, topic, 20)
-    assert len(await _drain(a)) == 20
-    assert len(await _drain(b)) == 20
+    assert len(await drain(a)) == 20
+    assert len(await drain(b)) == 20
 
 
 async def test_failover_one_active_then_takeover(server: ServerProcess, topic: str) -> None:
@@ -91,8 +83,8 @@ async def test_failover_one_active_then_takeover(server: ServerProcess, topic: s
     await asyncio.sleep(0.1)
     async with await headwater.connect(server.address) as producer_client:
         await _produce(producer_client, topic, 10, prefix="before")
-        assert len(await _drain(active)) == 10
-        assert await _drain(standby, idle=0.3) == []
+        assert len(await drain(active)) == 10
+        assert await drain(standby, idle=0.3) == []
 
         description = await producer_client.describe_topic(topic)
         (subscription,) = description.subscriptions
@@ -101,7 +93,7 @@ async def test_failover_one_active_then_takeover(server: ServerProcess, topic: s
         await first_client.close()  # the active consumer disconnects
         await asyncio.sleep(0.2)
         await _produce(producer_client, topic, 10, prefix="after")
-        assert [m.value for m in await _drain(standby)] == [f"after{i}".encode() for i in range(10)]
+        assert [m.value for m in await drain(standby)] == [f"after{i}".encode() for i in range(10)]
     await second_client.close()
 
 
@@ -110,11 +102,11 @@ async def test_failover_orders_by_priority_then_name(client: headwater.Client, t
     alpha = await client.subscribe(topic, "fo", type="failover", name="alpha", priority=5)
     amy = await client.subscribe(topic, "fo", type="failover", name="amy", priority=0)
     await _produce(client, topic, 3)
-    assert len(await _drain(amy)) == 3
-    assert await _drain(zed, 0.2) == [] and await _drain(alpha, 0.2) == []
+    assert len(await drain(amy)) == 3
+    assert await drain(zed, 0.2) == [] and await drain(alpha, 0.2) == []
     await amy.close()
     await _produce(client, topic, 2)
-    assert len(await _drain(zed)) == 2
+    assert len(await drain(zed)) == 2
 
 
 async def test_flow_control_never_sends_more_than_granted(
@@ -178,7 +170,7 @@ async def test_keyed_messages_keep_their_partition(
     futures = [await producer.send(b"v", key=f"key{i % 5}".encode()) for i in range(50)]
     await producer.flush()
     partitions: dict[bytes, set[int]] = {}
-    for message in await _drain(consumer):
+    for message in await drain(consumer):
         assert message.key is not None
         partitions.setdefault(message.key, set()).add(message.partition)
     assert all(len(p) == 1 for p in partitions.values())
@@ -197,7 +189,7 @@ async def test_send_futures_resolve_to_the_offsets_consumers_read(
         await producer.send(f"v{i}".encode(), headers={"n": str(i).encode()}) for i in range(25)
     ]
     metadata = [await f for f in futures]
-    received = await _drain(consumer)
+    received = await drain(consumer)
     assert [(m.partition, m.offset) for m in metadata] == [
         (r.partition, r.offset) for r in received
     ]
