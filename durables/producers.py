@@ -66,6 +66,13 @@ class ProducerTable:
             f"producer {producer_id}: batch starts at sequence {base_sequence}, expected {expected}"
         )
 
+    def recover(self, producer_id: int, base_sequence: int, count: int, base_offset: int) -> None:
+        """A batch found in the WAL on start: record it unless the stored state already has it
+        (the state is written just after the append, so it can miss at most the newest)."""
+        entry = self.producers.get(producer_id)
+        if entry is None or base_sequence >= entry.next_sequence:
+            self.record(producer_id, base_sequence, count, base_offset)
+
     def record(
         self, producer_id: int, base_sequence: int, count: int, base_offset: int
     ) -> ProducerEntry:

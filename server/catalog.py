@@ -109,6 +109,18 @@ class TopicCatalog:
             if owner is not None and int(index) < len(owner.partitions):
                 table = owner.partitions[int(index)].producers
                 table.producers[int(producer_id)] = ProducerEntry.decode(value)
+        for topic in self.topics.values():
+            for partition in topic.partitions:
+                if partition.log is None:
+                    continue
+                for found in partition.log.recovered_batches():
+                    if found.producer_id >= 0:
+                        partition.producers.recover(
+                            found.producer_id,
+                            found.base_sequence,
+                            found.next_offset - found.base_offset,
+                            found.base_offset,
+                        )
         for raw_key, value in self._state.scan(SUBSCRIPTION):
             topic_name, name = raw_key.decode().split("\0")
             owner = self.topics.get(topic_name)

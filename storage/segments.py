@@ -58,6 +58,8 @@ class BatchLocation:
     position: int
     size: int
     max_timestamp: int
+    producer_id: int = -1
+    base_sequence: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +74,13 @@ def batch_location(batch: bytes | memoryview, position: int) -> BatchLocation:
     header = BATCH_HEADER.unpack_from(batch, 0)
     base_offset, max_timestamp, record_count = header[0], header[8], header[12]
     return BatchLocation(
-        base_offset, base_offset + record_count, position, len(batch), max_timestamp
+        base_offset,
+        base_offset + record_count,
+        position,
+        len(batch),
+        max_timestamp,
+        producer_id=header[9],
+        base_sequence=header[11],
     )
 
 

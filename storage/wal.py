@@ -31,7 +31,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
@@ -39,6 +39,7 @@ import structlog
 from storage.segments import (
     INDEX_INTERVAL_BYTES,
     INDEX_SUFFIX,
+    BatchLocation,
     IndexEntry,
     batch_location,
     build_index,
@@ -82,6 +83,8 @@ class Segment:
     write_fd: int | None = None
     last_index_position: int = -INDEX_INTERVAL_BYTES
     max_timestamp: int = -1
+    # the batches found by the recovery scan (active segment only)
+    recovered: list[BatchLocation] = field(default_factory=list)
 
     @property
     def index_path(self) -> Path:
@@ -183,6 +186,10 @@ class PartitionLog:
     @property
     def size(self) -> int:
         return sum(s.size for s in self._segments)
+
+    def recovered_batches(self) -> list[BatchLocation]:
+        """The active segment's batches as found on open (for state that follows the WAL)."""
+        return list(self._segments[-1].recovered)
 
     def sealed_segments(self) -> list[SealedSegment]:
         return [
@@ -482,6 +489,7 @@ def _recover_segment(base: int, path: Path) -> Segment:
         segment.index[-1].position if segment.index else -INDEX_INTERVAL_BYTES
     )
     segment.max_timestamp = max((b.max_timestamp for b in scan.batches), default=-1)
+    segment.recovered = scan.batches
     return segment
 
 

@@ -306,3 +306,30 @@ async def test_idempotence_rules_over_the_wire(fresh_server: ServerProcess) -> N
     await peer.close()
     async with await headwater.connect(fresh_server.address) as client:
         assert await read_all(client, "dedup") == [b"a", b"b", b"c", b"d"]
+
+
+async def test_dedup_state_recovers_from_the_wal(fresh_server: ServerProcess) -> None:
+    """A kill -9 between the WAL append and the producer-state write loses the state of the
+    newest batch; the server finds it again in the WAL's batch headers on start."""
+    from storage.state import PRODUCER, StateStore, key
+
+    async with await headwater.connect(fresh_server.address) as client:
+        await client.create_topic("window", dispatch="reliable", configs={"fsync": "always"})
+    peer = await RawPeer.open(fresh_server.address)
+    response = await peer.call(m.InitProducerIdRequest())
+    assert isinstance(response, m.InitProducerIdResponse)
+    builder = BatchBuilder(producer_id=response.producer_id, producer_epoch=0, base_sequence=0)
+    builder.append(None, b"once")
+    batch = builder.build()
+    assert await peer.call(m.ProduceRequest("window", 0, batch)) == m.ProduceResponse(0, 0)
+    await peer.close()
+    fresh_server.kill()
+    state = StateStore(fresh_server.data_dir / "state")
+    state.delete_prefix(key(PRODUCER, "window") + b"\0")  # as if the write never happened
+    state.close()
+    fresh_server.start()
+    peer = await RawPeer.open(fresh_server.address)
+    assert await peer.call(m.ProduceRequest("window", 0, batch)) == m.ProduceResponse(0, 0)
+    await peer.close()
+    async with await headwater.connect(fresh_server.address) as client:
+        assert await read_all(client, "window") == [b"once"]
