@@ -258,3 +258,14 @@ def test_produce_generates_load_with_options(server: ServerProcess, topic_name: 
     assert "next offsets: 5010" in described
     bad = hw("produce", topic_name, "--count", "1", "--retries", "-1", server=server)
     assert bad.returncode == 1 and "must not be negative" in bad.stderr
+
+
+def test_output_into_a_closed_pipe_exits_quietly(server: ServerProcess, topic_name: str) -> None:
+    for i in range(3):
+        assert hw("topic", "create", f"{topic_name}-{i}", server=server).returncode == 0
+    command = [sys.executable, "-m", "headwater", "topic", "list", "--server", server.address]
+    lister = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert lister.stdout is not None and lister.stderr is not None
+    lister.stdout.close()  # like `| head -0`: nobody reads
+    assert lister.wait(timeout=30) in (0, 141)
+    assert b"Traceback" not in lister.stderr.read()
