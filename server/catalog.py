@@ -445,8 +445,7 @@ class TopicCatalog:
             elif position == m.StartPosition.OFFSET:
                 offsets.append(min(max(value, earliest), latest))
             else:
-                assert partition.log is not None
-                offsets.append(await partition.log.offset_for_timestamp(value))
+                offsets.append(await topic.offset_for_timestamp(partition.index, value))
         return offsets
 
     async def seek(self, topic: Topic, name: str, start: int, value: int) -> None:

@@ -18,6 +18,7 @@ from durables.producers import ProducerTable
 from server.config import TopicSettings
 from server.lastvalue import LastValueSubscription
 from server.subscription import Subscription
+from storage.segments import batch_location
 from storage.wal import PartitionLog
 from wire.errors import InvalidPartition
 from wire.messages import DescribeTopicResponse, DispatchMode, TopicInfo
@@ -144,6 +145,23 @@ class Topic:
         if offset >= log.start_offset or self.archive is None:
             return await log.read(offset)
         return await self.archive.read(self.name, partition, offset)
+
+    async def offset_for_timestamp(self, partition: int, timestamp: int) -> int:
+        """The first offset of the first batch whose max timestamp is at or after `timestamp`:
+        archived history first (read in order, so linear in its size), then the local WAL."""
+        log = self.partitions[partition].log
+        assert log is not None
+        offset = self.start_offset(partition)
+        while self.archive is not None and offset < log.start_offset:
+            batches = await self.archive.read(self.name, partition, offset)
+            if not batches:
+                break
+            for batch in batches:
+                found = batch_location(batch, 0)
+                if found.max_timestamp >= timestamp:
+                    return max(found.base_offset, offset)
+                offset = found.next_offset
+        return await log.offset_for_timestamp(timestamp)
 
     def describe(self) -> DescribeTopicResponse:
         return DescribeTopicResponse(

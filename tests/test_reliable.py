@@ -312,3 +312,34 @@ async def test_bad_reliable_requests(client: headwater.Client, topic_name: str) 
         await client.seek(topic_name, "nope")
     with pytest.raises(InvalidRequest, match="no subscription"):
         await client.delete_subscription(topic_name, "nope")
+
+
+async def test_timestamp_start_reaches_into_archived_history(fresh_server: ServerProcess) -> None:
+    """Local segments deleted after upload (local object store): a timestamp start still
+    finds the first message at or after it, in the archive."""
+    from tests.rawwire import RawPeer
+    from wire import messages as m
+    from wire.records import build_batch
+
+    async with await headwater.connect(fresh_server.address) as client:
+        await client.create_topic(
+            "history",
+            dispatch="reliable",
+            configs={"segment.bytes": 1024, "retention.bytes": 0, "fsync": "never"},
+        )
+    peer = await RawPeer.open(fresh_server.address)
+    for i in range(60):  # one batch each, timestamps 1000, 2000, ...
+        batch = build_batch([(None, f"v{i:02d}".encode() * 30, [])], timestamp=1000 * (i + 1))
+        assert await peer.call(m.ProduceRequest("history", 0, batch)) == m.ProduceResponse(0, i)
+    await peer.close()
+    segments = fresh_server.data_dir / "topics" / "history" / "0"
+    for _ in range(100):  # sealed segments upload, then retention deletes them locally
+        if min(int(p.name[:20]) for p in segments.glob("*.log")) > 10:
+            break
+        await asyncio.sleep(0.1)
+    else:
+        raise AssertionError("local segments were not trimmed")
+    async with await headwater.connect(fresh_server.address) as client:
+        consumer = await client.subscribe("history", "ts", start_timestamp=5_500)
+        first = await consumer.receive(timeout=5)
+        assert (first.offset, first.timestamp) == (5, 6000)
