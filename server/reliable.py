@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import structlog
 
 from durables.cursor import PartitionCursor
-from server.subscription import Consumer, pick_consumer
+from server.subscription import Consumer, consumer_infos, pick_consumer
 from server.topics import Topic
 from storage.state import CURSOR, StateStore, key
 from storage.wal import FsyncPolicy
@@ -43,7 +43,6 @@ from wire.messages import (
     AckEntry,
     AckKind,
     Backoff,
-    ConsumerInfo,
     SubscriptionInfo,
     SubscriptionType,
 )
@@ -445,16 +444,7 @@ class ReliableSubscription:
             pending=backlog,
             delivered=self.delivered,
             dropped=0,
-            consumers=tuple(
-                ConsumerInfo(
-                    consumer_id=c.consumer_id,
-                    name=c.name,
-                    priority=c.priority,
-                    credits=c.credits,
-                    active=self.sub_type == SubscriptionType.SHARED or c is self._active,
-                )
-                for c in sorted(self.consumers.values(), key=lambda c: c.sort_key)
-            ),
+            consumers=consumer_infos(self.sub_type, self.consumers, self._active),
             unacked=sum(len(f) for f in self._in_flight),
             dead_lettered=self.dead_lettered,
         )

@@ -66,6 +66,22 @@ class Consumer:
         return (self.priority, self.name, self.consumer_id)
 
 
+def consumer_infos(
+    sub_type: SubscriptionType, consumers: dict[int, Consumer], active: Consumer | None
+) -> tuple[ConsumerInfo, ...]:
+    """What DESCRIBE_TOPIC shows of a subscription's consumers, in failover order."""
+    return tuple(
+        ConsumerInfo(
+            consumer_id=c.consumer_id,
+            name=c.name,
+            priority=c.priority,
+            credits=c.credits,
+            active=sub_type == SubscriptionType.SHARED or c is active,
+        )
+        for c in sorted(consumers.values(), key=lambda c: c.sort_key)
+    )
+
+
 def pick_consumer(
     sub_type: SubscriptionType, consumers: dict[int, Consumer], active: Consumer | None
 ) -> Consumer | None:
@@ -182,14 +198,5 @@ class Subscription:
             pending=self._backlog_count,
             delivered=self.delivered,
             dropped=self.dropped,
-            consumers=tuple(
-                ConsumerInfo(
-                    consumer_id=c.consumer_id,
-                    name=c.name,
-                    priority=c.priority,
-                    credits=c.credits,
-                    active=self.sub_type == SubscriptionType.SHARED or c is self._active,
-                )
-                for c in sorted(self.consumers.values(), key=lambda c: c.sort_key)
-            ),
+            consumers=consumer_infos(self.sub_type, self.consumers, self._active),
         )

@@ -49,7 +49,7 @@ async def test_object_store_contract(store: ObjectStore) -> None:
             await store.put(bad, b"x")
 
 
-def _s3_config(tmp_path: Path, s3: MotoS3, bucket: str, **topics: int) -> Path:
+def _s3_config(tmp_path: Path, s3: MotoS3, bucket: str) -> Path:
     config = tmp_path / "headwater.toml"
     lines = [
         "[object_store]",
@@ -62,6 +62,13 @@ def _s3_config(tmp_path: Path, s3: MotoS3, bucket: str, **topics: int) -> Path:
     ]
     config.write_text("\n".join(lines) + "\n")
     return config
+
+
+def _s3_server(tmp_path: Path, s3: MotoS3, bucket: str) -> ServerProcess:
+    """A server whose object store is the test's bucket on moto."""
+    config = _s3_config(tmp_path, s3, bucket)
+    server = ServerProcess(tmp_path / "data", extra_args=("--config", str(config)), env=CREDENTIALS)
+    return server.start()
 
 
 async def _objects(s3: MotoS3, bucket: str) -> list[str]:
@@ -89,9 +96,7 @@ async def _produce_each(client: headwater.Client, topic: str, values: list[bytes
 async def test_segments_upload_and_replay_from_s3_after_local_deletion(
     tmp_path: Path, s3: MotoS3, bucket: str
 ) -> None:
-    config = _s3_config(tmp_path, s3, bucket)
-    server = ServerProcess(tmp_path / "data", extra_args=("--config", str(config)), env=CREDENTIALS)
-    server.start()
+    server = _s3_server(tmp_path, s3, bucket)
     try:
         async with await headwater.connect(server.address) as client:
             await client.create_topic(
@@ -142,9 +147,7 @@ async def test_segments_upload_and_replay_from_s3_after_local_deletion(
 async def test_uploader_survives_the_object_store_going_down(
     tmp_path: Path, s3: MotoS3, bucket: str
 ) -> None:
-    config = _s3_config(tmp_path, s3, bucket)
-    server = ServerProcess(tmp_path / "data", extra_args=("--config", str(config)), env=CREDENTIALS)
-    server.start()
+    server = _s3_server(tmp_path, s3, bucket)
     try:
         async with await headwater.connect(server.address) as client:
             await client.create_topic(
@@ -180,9 +183,7 @@ async def test_uploader_survives_the_object_store_going_down(
 async def test_graceful_shutdown_uploads_the_active_segment(
     tmp_path: Path, s3: MotoS3, bucket: str
 ) -> None:
-    config = _s3_config(tmp_path, s3, bucket)
-    server = ServerProcess(tmp_path / "data", extra_args=("--config", str(config)), env=CREDENTIALS)
-    server.start()
+    server = _s3_server(tmp_path, s3, bucket)
     async with await headwater.connect(server.address) as client:
         await client.create_topic("bye", dispatch="reliable")
         await _produce_each(client, "bye", [b"last words"])
