@@ -87,6 +87,21 @@ def _consumer_main(*args: Any) -> None:
     _run(_consume(*args))
 
 
+def _start_consumer(
+    address: str, topic: str, messages: int, seconds: float, measure_latency: bool
+) -> tuple[Any, Any]:
+    """A consumer process, subscribed before this returns; its result comes on the queue."""
+    ready, out = mp.Event(), mp.Queue()
+    consumer = mp.Process(
+        target=_consumer_main,
+        args=(address, topic, messages, time.monotonic() + seconds, ready, out, measure_latency),
+    )
+    consumer.start()
+    if not ready.wait(30):
+        raise RuntimeError("consumer did not subscribe")
+    return consumer, out
+
+
 def _run(coroutine: Any) -> Any:
     """Clients run on uvloop, as a throughput-minded application would."""
     import uvloop
@@ -142,14 +157,7 @@ def _percentile(sorted_values: list[int], fraction: float) -> float:
 def run_throughput(address: str, messages: int, size: int) -> dict[str, Any]:
     topic = f"bench-throughput-{os.getpid()}-{time.time_ns()}"
     asyncio.run(_create_topic(address, topic))
-    ready, out = mp.Event(), mp.Queue()
-    consumer = mp.Process(
-        target=_consumer_main,
-        args=(address, topic, messages, time.monotonic() + 300, ready, out, False),
-    )
-    consumer.start()
-    if not ready.wait(30):
-        raise RuntimeError("consumer did not subscribe")
+    consumer, out = _start_consumer(address, topic, messages, 300, False)
     produced = _run(_produce_throughput(address, topic, messages, size))
     result = out.get(timeout=330)
     consumer.join(30)
@@ -170,14 +178,7 @@ def run_latency(address: str, rate: int, seconds: float, size: int) -> dict[str,
     topic = f"bench-latency-{os.getpid()}-{time.time_ns()}"
     asyncio.run(_create_topic(address, topic))
     expected = (max(1, rate // 1000)) * int(seconds * 1000)
-    ready, out = mp.Event(), mp.Queue()
-    consumer = mp.Process(
-        target=_consumer_main,
-        args=(address, topic, expected, time.monotonic() + seconds + 30, ready, out, True),
-    )
-    consumer.start()
-    if not ready.wait(30):
-        raise RuntimeError("consumer did not subscribe")
+    consumer, out = _start_consumer(address, topic, expected, seconds + 30, True)
     sent = _run(_produce_at_rate(address, topic, rate, seconds, size))
     result = out.get(timeout=seconds + 60)
     consumer.join(30)
@@ -237,14 +238,7 @@ def run_reliable(
 ) -> dict[str, Any]:
     topic = f"bench-reliable-{fsync}-{producers}-{time.time_ns()}"
     asyncio.run(_create_topic(address, topic, "reliable", fsync))
-    ready, out = mp.Event(), mp.Queue()
-    consumer = mp.Process(
-        target=_consumer_main,
-        args=(address, topic, messages, time.monotonic() + 300, ready, out, False),
-    )
-    consumer.start()
-    if not ready.wait(30):
-        raise RuntimeError("consumer did not subscribe")
+    consumer, out = _start_consumer(address, topic, messages, 300, False)
     produced = _run(_produce_reliable(address, topic, messages, size, producers, flush_every))
     result = out.get(timeout=330)
     consumer.join(30)

@@ -33,11 +33,11 @@ from dataclasses import dataclass
 import structlog
 
 from durables.cursor import PartitionCursor
-from server.subscription import Consumer, consumer_infos, pick_consumer
+from server.subscription import Consumer, ConsumerGroup
 from server.topics import Topic
 from storage.state import CURSOR, StateStore, key
 from storage.wal import FsyncPolicy
-from wire.errors import ConsumerBusy, InvalidRequest
+from wire.errors import InvalidRequest
 from wire.limits import MAX_CREDITS
 from wire.messages import (
     AckEntry,
@@ -98,8 +98,8 @@ class ReliableSubscription:
         self.name = name
         self.sub_type = sub_type
         self.settings = settings
-        self.consumers: dict[int, Consumer] = {}
-        self._active: Consumer | None = None
+        self.group = ConsumerGroup(topic.name, name, sub_type)
+        self.consumers = self.group.consumers
         self._cursors = cursors
         self._state = state
         self._sync_state = topic.settings is not None and topic.settings.fsync == FsyncPolicy.ALWAYS
@@ -142,27 +142,17 @@ class ReliableSubscription:
     # Consumers
 
     def attach(self, consumer: Consumer) -> None:
-        if self.sub_type == SubscriptionType.EXCLUSIVE and self.consumers:
-            raise ConsumerBusy(
-                f"subscription {self.name!r} on topic {self.topic!r} is exclusive and already "
-                "has a consumer"
-            )
-        self.consumers[consumer.consumer_id] = consumer
-        self._elect()
+        self.group.add(consumer)
         self._wake.set()
 
     def detach(self, consumer: Consumer) -> None:
-        if self.consumers.pop(consumer.consumer_id, None) is None:
+        if not self.group.remove(consumer):
             return
         now = time.monotonic()
         for delivery in list(self._deliveries.values()):
             if delivery.consumer_id == consumer.consumer_id:
                 self._requeue(delivery, now)
-        self._elect()
         self._wake.set()
-
-    def _elect(self) -> None:
-        self._active = min(self.consumers.values(), key=lambda c: c.sort_key, default=None)
 
     def grant(self, consumer: Consumer, credits: int) -> None:
         consumer.credits = min(consumer.credits + credits, MAX_CREDITS)
@@ -172,7 +162,7 @@ class ReliableSubscription:
         self._wake.set()
 
     def _target(self) -> Consumer | None:
-        return pick_consumer(self.sub_type, self.consumers, self._active)
+        return self.group.pick()
 
     # Acknowledgements
 
@@ -444,7 +434,7 @@ class ReliableSubscription:
             pending=backlog,
             delivered=self.delivered,
             dropped=0,
-            consumers=consumer_infos(self.sub_type, self.consumers, self._active),
+            consumers=self.group.infos(),
             unacked=sum(len(f) for f in self._in_flight),
             dead_lettered=self.dead_lettered,
         )

@@ -66,44 +66,80 @@ class Consumer:
         return (self.priority, self.name, self.consumer_id)
 
 
-def consumer_infos(
-    sub_type: SubscriptionType, consumers: dict[int, Consumer], active: Consumer | None
-) -> tuple[ConsumerInfo, ...]:
-    """What DESCRIBE_TOPIC shows of a subscription's consumers, in failover order."""
-    return tuple(
-        ConsumerInfo(
-            consumer_id=c.consumer_id,
-            name=c.name,
-            priority=c.priority,
-            credits=c.credits,
-            active=sub_type == SubscriptionType.SHARED or c is active,
+class ConsumerGroup:
+    """The consumers attached to one subscription, and which of them receives next.
+
+    Exclusive admits one consumer. Failover keeps an active consumer: the lowest (priority, name,
+    consumer id), elected again whenever one joins or leaves. Shared picks the consumer with the
+    most credit and moves it last in `consumers`, so equal credit rotates. Only a consumer with
+    credit and a socket that is not backed up is picked.
+    """
+
+    def __init__(self, topic: str, name: str, sub_type: SubscriptionType) -> None:
+        self.topic = topic
+        self.name = name
+        self.sub_type = sub_type
+        self.consumers: dict[int, Consumer] = {}
+        self.active: Consumer | None = None
+
+    def add(self, consumer: Consumer) -> None:
+        if self.sub_type == SubscriptionType.EXCLUSIVE and self.consumers:
+            raise ConsumerBusy(
+                f"subscription {self.name!r} on topic {self.topic!r} is exclusive and already "
+                "has a consumer"
+            )
+        self.consumers[consumer.consumer_id] = consumer
+        self._elect()
+
+    def remove(self, consumer: Consumer) -> bool:
+        """Drop a consumer; False if it was not attached."""
+        if self.consumers.pop(consumer.consumer_id, None) is None:
+            return False
+        self._elect()
+        return True
+
+    def _elect(self) -> None:
+        previous = self.active
+        self.active = min(self.consumers.values(), key=lambda c: c.sort_key, default=None)
+        if self.sub_type == SubscriptionType.FAILOVER and self.active is not previous:
+            log.info(
+                "subscription.failover",
+                topic=self.topic,
+                subscription=self.name,
+                active=self.active.name if self.active else None,
+            )
+
+    def pick(self) -> Consumer | None:
+        if self.sub_type == SubscriptionType.SHARED:
+            best: Consumer | None = None
+            for consumer in self.consumers.values():
+                if (
+                    consumer.credits > 0
+                    and consumer.session.writable
+                    and (best is None or consumer.credits > best.credits)
+                ):
+                    best = consumer
+            if best is not None:
+                del self.consumers[best.consumer_id]
+                self.consumers[best.consumer_id] = best
+            return best
+        active = self.active
+        if active is not None and active.credits > 0 and active.session.writable:
+            return active
+        return None
+
+    def infos(self) -> tuple[ConsumerInfo, ...]:
+        """What DESCRIBE_TOPIC shows of the consumers, in failover order."""
+        return tuple(
+            ConsumerInfo(
+                consumer_id=c.consumer_id,
+                name=c.name,
+                priority=c.priority,
+                credits=c.credits,
+                active=self.sub_type == SubscriptionType.SHARED or c is self.active,
+            )
+            for c in sorted(self.consumers.values(), key=lambda c: c.sort_key)
         )
-        for c in sorted(consumers.values(), key=lambda c: c.sort_key)
-    )
-
-
-def pick_consumer(
-    sub_type: SubscriptionType, consumers: dict[int, Consumer], active: Consumer | None
-) -> Consumer | None:
-    """Who may receive next: Shared, the consumer with the most credit (then moved last in
-    `consumers`, so equal credit rotates); Exclusive and Failover, the active consumer. Only a
-    consumer with credit and a socket that is not backed up qualifies."""
-    if sub_type == SubscriptionType.SHARED:
-        best: Consumer | None = None
-        for consumer in consumers.values():
-            if (
-                consumer.credits > 0
-                and consumer.session.writable
-                and (best is None or consumer.credits > best.credits)
-            ):
-                best = consumer
-        if best is not None:
-            del consumers[best.consumer_id]
-            consumers[best.consumer_id] = best
-        return best
-    if active is not None and active.credits > 0 and active.session.writable:
-        return active
-    return None
 
 
 class Subscription:
@@ -113,39 +149,20 @@ class Subscription:
         self.topic = topic
         self.name = name
         self.sub_type = sub_type
-        self.consumers: dict[int, Consumer] = {}
+        self.group = ConsumerGroup(topic, name, sub_type)
+        self.consumers = self.group.consumers
         self._backlog: deque[tuple[int, bytes, int]] = deque()
         self._backlog_count = 0
         self._backlog_limit = backlog_limit
         self.delivered = 0
         self.dropped = 0
-        self._active: Consumer | None = None
 
     def attach(self, consumer: Consumer) -> None:
-        if self.sub_type == SubscriptionType.EXCLUSIVE and self.consumers:
-            raise ConsumerBusy(
-                f"subscription {self.name!r} on topic {self.topic!r} is exclusive and already "
-                "has a consumer"
-            )
-        self.consumers[consumer.consumer_id] = consumer
-        self._elect()
+        self.group.add(consumer)
 
     def detach(self, consumer: Consumer) -> None:
-        if self.consumers.pop(consumer.consumer_id, None) is None:
-            return
-        self._elect()
-        self.drain()
-
-    def _elect(self) -> None:
-        previous = self._active
-        self._active = min(self.consumers.values(), key=lambda c: c.sort_key, default=None)
-        if self.sub_type == SubscriptionType.FAILOVER and self._active is not previous:
-            log.info(
-                "subscription.failover",
-                topic=self.topic,
-                subscription=self.name,
-                active=self._active.name if self._active else None,
-            )
+        if self.group.remove(consumer):
+            self.drain()
 
     def grant(self, consumer: Consumer, credits: int) -> None:
         consumer.credits = min(consumer.credits + credits, MAX_CREDITS)
@@ -179,7 +196,7 @@ class Subscription:
             target.session.send_delivery(target.consumer_id, partition, batch)
 
     def _target(self) -> Consumer | None:
-        return pick_consumer(self.sub_type, self.consumers, self._active)
+        return self.group.pick()
 
     def ack(self, consumer: Consumer, entries: Sequence[AckEntry], kind: int) -> None:
         """Non-reliable topics keep nothing to acknowledge: acks are accepted and ignored."""
@@ -198,5 +215,5 @@ class Subscription:
             pending=self._backlog_count,
             delivered=self.delivered,
             dropped=self.dropped,
-            consumers=consumer_infos(self.sub_type, self.consumers, self._active),
+            consumers=self.group.infos(),
         )

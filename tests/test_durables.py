@@ -342,3 +342,27 @@ async def test_cli_map_commands(server: ServerProcess, topic_name: str) -> None:
         server=server,
     )
     assert json.loads(watch.stdout)["value"] == "L"
+
+
+async def test_bad_map_and_ack_requests(server: ServerProcess, topic_name: str) -> None:
+    async with await headwater.connect(server.address) as client:
+        await client.create_topic(topic_name, dispatch="reliable", configs={"last.value": "true"})
+    peer = await RawPeer.open(server.address)
+
+    async def refused(request: m.Request, text: str) -> None:
+        error = await peer.call(request)
+        assert isinstance(error, InvalidRequest), error
+        assert text in error.message
+
+    await refused(m.MapScanRequest(topic_name, b"", 0, b""), "scan limit must be 1..1000")
+    await refused(m.MapScanRequest(topic_name, b"", 5000, b""), "scan limit must be 1..1000")
+    await refused(m.MapSetRequest(topic_name, ()), "a set holds 1..1000 writes")
+    await refused(m.MapSetRequest(topic_name, (m.MapWrite(b"k", b"v", -7),)), "expected_revision")
+    await refused(m.MapGetRequest(topic_name, (b"k",) * 1001), "at most 1000 keys")
+    subscribed = await peer.call(m.SubscribeRequest(topic_name, "s", 0, "c", 0, 10))
+    assert isinstance(subscribed, m.SubscribeResponse)
+    consumer = subscribed.consumer_id
+    await refused(m.AckRequest(consumer, (m.AckEntry(0, 0),), kind=5), "unknown ack kind 5")
+    await refused(m.AckRequest(consumer, (m.AckEntry(9, 0),)), "has no partition 9")
+    await refused(m.NackRequest(consumer, (m.AckEntry(0, 0),), -1), "nack delay must be >= 0")
+    await peer.close()
