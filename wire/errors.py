@@ -39,6 +39,14 @@ class ErrorCode(enum.IntEnum):
     UNKNOWN_PRODUCER_ID = 22
     RECORD_TOO_LARGE = 23
     REVISION_MISMATCH = 24
+    PARTITION_OFFLINE = 25
+    DECOMPRESSED_TOO_LARGE = 26
+    TOO_MANY_CONSUMERS = 27
+    TOO_MANY_SUBSCRIPTIONS = 28
+    TOO_MANY_CONNECTIONS = 29
+    CONNECTION_TIMEOUT = 30
+    UNKNOWN_SUBSCRIPTION = 31
+    WRONG_PARTITION = 32
 
 
 class HeadwaterError(Exception):
@@ -179,6 +187,54 @@ class RevisionMismatch(HeadwaterError):
     code = ErrorCode.REVISION_MISMATCH
 
 
+class PartitionOffline(HeadwaterError):
+    """The partition refuses reads or writes until the server restarts: an fsync failed (the
+    kernel may have dropped the unsynced pages, so nothing after the last good fsync can be
+    trusted) or its storage is damaged beyond what recovery could keep online."""
+
+    code = ErrorCode.PARTITION_OFFLINE
+
+
+class DecompressedTooLarge(HeadwaterError):
+    """A compressed batch inflates past the server's cap (a compression bomb, or simply too big)."""
+
+    code = ErrorCode.DECOMPRESSED_TOO_LARGE
+
+
+class TooManyConsumers(HeadwaterError):
+    code = ErrorCode.TOO_MANY_CONSUMERS
+
+
+class TooManySubscriptions(HeadwaterError):
+    """The connection already holds as many consumers as the server allows one connection."""
+
+    code = ErrorCode.TOO_MANY_SUBSCRIPTIONS
+
+
+class TooManyConnections(HeadwaterError):
+    code = ErrorCode.TOO_MANY_CONNECTIONS
+    retriable = True
+
+
+class ConnectionTimeout(HeadwaterError):
+    """The server closed a connection that stayed idle, or sent an incomplete frame, too long."""
+
+    code = ErrorCode.CONNECTION_TIMEOUT
+    retriable = True
+
+
+class UnknownSubscription(HeadwaterError):
+    """The subscription does not exist (never created, or deleted)."""
+
+    code = ErrorCode.UNKNOWN_SUBSCRIPTION
+
+
+class WrongPartition(HeadwaterError):
+    """On a last-value or map topic a keyed record must go to its key's partition."""
+
+    code = ErrorCode.WRONG_PARTITION
+
+
 _BY_CODE: dict[int, type[HeadwaterError]] = {}
 for _cls in (
     UnknownServerError,
@@ -205,6 +261,14 @@ for _cls in (
     UnknownProducerId,
     RecordTooLarge,
     RevisionMismatch,
+    PartitionOffline,
+    DecompressedTooLarge,
+    TooManyConsumers,
+    TooManySubscriptions,
+    TooManyConnections,
+    ConnectionTimeout,
+    UnknownSubscription,
+    WrongPartition,
 ):
     _BY_CODE[_cls.code] = _cls
 
