@@ -193,6 +193,8 @@ class Connection:
                 return
             if isinstance(push, m.Delivery):
                 handler.on_delivery(push)
+            elif isinstance(push, m.MessagesDropped):
+                pass  # surfaced to the application by the client-failures work (issue 9)
             else:
                 self.consumers.pop(header.correlation_id, None)
                 handler.on_closed(error_for_code(push.error_code, push.message))

@@ -60,6 +60,19 @@ class ServerConfig:
     # Bytes queued on a consumer's socket before the server stops sending to it (asyncio's
     # write-buffer high-water mark); resumes at a quarter of it.
     consumer_write_buffer: int = 4 * 1024 * 1024
+    # Per-client bounds (a hostile or broken client must not stall the others; each refusal has
+    # an error code, see docs/PROTOCOL.md).
+    max_connections: int = 10_000  # past it a new connection gets TOO_MANY_CONNECTIONS and closes
+    max_consumers_per_subscription: int = 10_000  # TOO_MANY_CONSUMERS
+    max_consumers_per_connection: int = 1_000  # TOO_MANY_SUBSCRIPTIONS
+    # A compressed batch may inflate to at most this many bytes (DECOMPRESSED_TOO_LARGE).
+    max_decompressed_batch: int = 64 * 1024 * 1024
+    # A connection stops being read while its unsent responses exceed this many bytes.
+    max_pending_response_bytes: int = 4 * 1024 * 1024
+    # A connection with no complete frame for this long is closed (CONNECTION_TIMEOUT).
+    idle_timeout: float = 600.0
+    # A frame must arrive whole within this long once its first byte has.
+    frame_timeout: float = 30.0
     # How long a graceful shutdown waits for uploads and connections to finish.
     shutdown_timeout: float = 10.0
     log_format: str = "console"  # or "json"

@@ -296,6 +296,7 @@ PUSH_SCHEMAS: Final[dict[int, DataclassAdapter]] = {
         m.Delivery, "partition" / Int32sb, "delivery_count" / Int32sb, "batch" / GreedyBytes
     ),
     m.ApiKey.CONSUMER_CLOSED: message(m.ConsumerClosed, "error_code" / Int16sb, "message" / String),
+    m.ApiKey.MESSAGES_DROPPED: message(m.MessagesDropped, "count" / Int64sb),
 }
 
 REQUEST_API_KEYS: Final = {cls: key for key, (schema, _) in SCHEMAS.items() for cls in [schema.cls]}
@@ -629,12 +630,12 @@ def delivery_prefix(
     ) + _DELIVER_FIELDS.pack(partition, delivery_count)
 
 
-def encode_push(consumer_id: int, push: m.Delivery | m.ConsumerClosed) -> bytes:
+def encode_push(consumer_id: int, push: m.Push) -> bytes:
     api_key = PUSH_API_KEYS[type(push)]
     return encode_frame(api_key, 0, consumer_id, Flags.PUSH, _build(PUSH_SCHEMAS[api_key], push))
 
 
-def decode_push(header: FrameHeader, body: bytes) -> m.Delivery | m.ConsumerClosed:
+def decode_push(header: FrameHeader, body: bytes) -> m.Push:
     if header.api_key == m.ApiKey.DELIVER:
         if len(body) < _DELIVER_FIELDS.size:
             raise MalformedFrame("delivery shorter than its fixed fields")
@@ -643,5 +644,5 @@ def decode_push(header: FrameHeader, body: bytes) -> m.Delivery | m.ConsumerClos
     schema = PUSH_SCHEMAS.get(header.api_key)
     if schema is None:
         raise UnsupportedApi(f"unknown pushed api key {header.api_key}")
-    push: m.Delivery | m.ConsumerClosed = _parse(schema, body, "pushed frame")
+    push: m.Push = _parse(schema, body, "pushed frame")
     return push

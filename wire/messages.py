@@ -33,6 +33,7 @@ class ApiKey(enum.IntEnum):
     # pushed by the server
     DELIVER = 100
     CONSUMER_CLOSED = 101
+    MESSAGES_DROPPED = 102
 
 
 class SubscriptionType(enum.IntEnum):
@@ -373,6 +374,16 @@ class ConsumerClosed:
     error_code: int
     message: str
 
+
+@dataclass(frozen=True, slots=True)
+class MessagesDropped:
+    """Non-reliable topics: the subscription dropped `count` messages since the last notice
+    because its consumers had no credit and its backlog was full. The consumer missed them."""
+
+    count: int
+
+
+Push = Delivery | ConsumerClosed | MessagesDropped
 
 Request = (
     ProduceRequest
