@@ -13,7 +13,8 @@ from headwater.producer import (
     RetryStrategy,
     SendFuture,
 )
-from wire.errors import ErrorCode, HeadwaterError
+from headwater.reconnect import ReconnectPolicy
+from wire.errors import ConnectionClosed, ConnectionLost, ErrorCode, HeadwaterError
 from wire.records import Compression
 
 __all__ = [
@@ -21,6 +22,8 @@ __all__ = [
     "AtMostOnce",
     "Client",
     "Compression",
+    "ConnectionClosed",
+    "ConnectionLost",
     "Consumer",
     "ErrorCode",
     "HeadwaterError",
@@ -28,6 +31,7 @@ __all__ = [
     "Message",
     "Producer",
     "ProducerConfig",
+    "ReconnectPolicy",
     "RecordMetadata",
     "RetryPolicy",
     "RetryStrategy",

@@ -5,6 +5,11 @@ cannot run; this one sends a frame and reads frames until the answer comes, one 
 time, with the same sans-I/O codec (`wire`) as the asyncio client. It covers producing, topic
 admin and the map API; consuming stays with the asyncio client.
 
+A server that dies, closes the connection or stops answering within `timeout` raises
+`ConnectionLost` (a slow answer `RequestTimeout`), never a hang. Either leaves the stream in an
+unknown state (half a frame read, an answer still to come), so the client closes its socket and
+every later request raises `ConnectionLost` too: open a new client to go on.
+
     with BlockingClient("127.0.0.1:6650") as client:
         client.create_topic("events")
         offset = client.produce("events", [(None, b"hello", ())])
@@ -19,7 +24,7 @@ from collections.abc import Sequence
 from headwater.connection import parse_server
 from wire import messages as m
 from wire.codec import decode_response, encode_request
-from wire.errors import ConnectionClosed
+from wire.errors import ConnectionClosed, ConnectionLost, HeadwaterError, RequestTimeout
 from wire.frames import Frame, FrameDecoder
 from wire.records import RecordInput, build_batch
 
@@ -27,6 +32,8 @@ from wire.records import RecordInput, build_batch
 class BlockingClient:
     def __init__(self, server: str = "127.0.0.1:6650", timeout: float = 10.0) -> None:
         host, port = parse_server(server)
+        self._address = f"{host}:{port}"
+        self._broken: HeadwaterError | None = None
         try:
             self._socket = socket.create_connection((host, port), timeout=timeout)
         except OSError as exc:
@@ -36,24 +43,46 @@ class BlockingClient:
         self._correlation = itertools.count(1)
 
     def request(self, request: m.Request) -> m.Response:
+        if self._broken is not None:
+            raise ConnectionLost(f"connection to {self._address} unusable: {self._broken.message}")
         correlation_id = next(self._correlation)
         try:
             self._socket.sendall(encode_request(request, correlation_id))
-            while True:
-                for event in self._decoder.feed(self._read()):
-                    if (
-                        isinstance(event, Frame)
-                        and event.header.is_response
-                        and event.header.correlation_id == correlation_id
-                    ):
-                        return decode_response(event.header, event.body)
+            answer = self._read_response(correlation_id)
+        except TimeoutError:
+            raise self._break(
+                RequestTimeout(f"no answer from {self._address} to {type(request).__name__}")
+            ) from None
         except OSError as exc:
-            raise ConnectionClosed(f"connection failed: {exc}") from None
+            raise self._break(self._lost(str(exc))) from None
+        except ConnectionClosed as exc:
+            raise self._break(exc) from None
+        except HeadwaterError as exc:  # the bytes from the server do not decode as frames
+            raise self._break(self._lost(f"the server sent an invalid frame: {exc}")) from None
+        return decode_response(answer.header, answer.body)  # raises the error it carries
+
+    def _read_response(self, correlation_id: int) -> Frame:
+        while True:
+            for event in self._decoder.feed(self._read()):
+                if (
+                    isinstance(event, Frame)
+                    and event.header.is_response
+                    and event.header.correlation_id == correlation_id
+                ):
+                    return event
+
+    def _lost(self, reason: str) -> ConnectionLost:
+        return ConnectionLost(f"connection to {self._address} lost: {reason}")
+
+    def _break(self, error: HeadwaterError) -> HeadwaterError:
+        self._broken = error
+        self._socket.close()
+        return error
 
     def _read(self) -> bytes:
         data = self._socket.recv(65536)
         if not data:
-            raise ConnectionClosed("connection closed by the server")
+            raise self._lost("closed by the server")
         return data
 
     def create_topic(

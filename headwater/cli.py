@@ -2,23 +2,23 @@
 
 Every client command takes `--server HOST:PORT` (default `$HEADWATER_SERVER`, else
 127.0.0.1:6650). A failure prints one line, `headwater: error: CODE: message`, to stderr and exits
-with status 1; bad usage exits with status 2 (argparse's convention).
+with status 1; bad usage exits with status 2 (argparse's convention). Nothing that failed reports
+success: `consume` exits 1 when its connection is lost (unless `--reconnect` brings it back), and
+an at-most-once `produce` waits a round trip for refusals before it says it produced.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
-import json
 import os
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from headwater.client import DISPATCH_NAMES, SUBSCRIPTION_TYPE_NAMES, Client, Message, connect
+from headwater.cli_output import describe_text, format_message, progress_bar, text_or_base64
+from headwater.client import DISPATCH_NAMES, Client, connect
 from headwater.producer import (
     AtLeastOnce,
     AtMostOnce,
@@ -28,10 +28,11 @@ from headwater.producer import (
     RetryPolicy,
 )
 from wire.errors import HeadwaterError
-from wire.messages import DescribeTopicResponse
 from wire.records import Compression
 
 DEFAULT_SERVER = "127.0.0.1:6650"
+# how long an at-most-once `produce` waits for the server to refuse what it sent
+AT_MOST_ONCE_CONFIRM_TIMEOUT = 5.0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -138,6 +139,11 @@ def _parser() -> argparse.ArgumentParser:
         "--key", action="append", default=[], help="last-value: a key to follow (repeatable)"
     )
     consume.add_argument("--key-prefix", help="last-value: follow every key with this prefix")
+    consume.add_argument(
+        "--reconnect",
+        action="store_true",
+        help="when the connection is lost, reconnect and resubscribe (gives up after 60 s)",
+    )
 
     map_parser = commands.add_parser("map", help="read and write a map durable")
     map_commands = map_parser.add_subparsers(dest="map_command", required=True)
@@ -237,7 +243,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 async def _run_client_command(args: argparse.Namespace) -> int:
-    client = await connect(args.server)
+    client = await connect(args.server, reconnect=getattr(args, "reconnect", False))
     try:
         if args.command == "topic":
             return await _topic(client, args)
@@ -275,37 +281,8 @@ async def _topic(client: Client, args: argparse.Namespace) -> int:
                 f"{topic.name}\tpartitions={topic.partitions}\tdispatch={DISPATCH_NAMES[topic.dispatch]}"
             )
     else:
-        print(_describe_text(await client.describe_topic(args.name)))
+        print(describe_text(await client.describe_topic(args.name)))
     return 0
-
-
-def _describe_text(description: DescribeTopicResponse) -> str:
-    topic = description.topic
-    lines = [
-        f"topic: {topic.name}",
-        f"dispatch: {DISPATCH_NAMES[topic.dispatch]}",
-        f"partitions: {topic.partitions}",
-        f"next offsets: {', '.join(str(o) for o in description.next_offsets)}",
-        f"start offsets: {', '.join(str(o) for o in description.start_offsets)}",
-        f"messages in: {description.messages_in}",
-        f"bytes in: {description.bytes_in}",
-        f"subscriptions: {len(description.subscriptions)}",
-    ]
-    if topic.configs:
-        lines.insert(3, "configs: " + ", ".join(f"{c.name}={c.value}" for c in topic.configs))
-    for sub in description.subscriptions:
-        lines.append(
-            f"  {sub.name} ({SUBSCRIPTION_TYPE_NAMES[sub.sub_type]}): pending={sub.pending} "
-            f"delivered={sub.delivered} dropped={sub.dropped} unacked={sub.unacked} "
-            f"dead_lettered={sub.dead_lettered}"
-        )
-        for consumer in sub.consumers:
-            marker = " active" if consumer.active else ""
-            lines.append(
-                f"    consumer {consumer.name} id={consumer.consumer_id} "
-                f"priority={consumer.priority} credits={consumer.credits}{marker}"
-            )
-    return "\n".join(lines)
 
 
 def _producer_config(args: argparse.Namespace) -> ProducerConfig:
@@ -344,7 +321,7 @@ async def _produce(client: Client, args: argparse.Namespace) -> int:
                 raise ValueError(f"line has no key separator {args.key_separator!r}: {key!r}")
         await producer.send(text.encode(), key=key.encode() if key is not None else None)
         sent += 1
-    await producer.flush()  # raises the first error
+    await _settle(producer, args)
     print(f"produced {sent} messages to {args.topic}", file=sys.stderr)
     return 0
 
@@ -360,9 +337,9 @@ async def _generate(producer: Producer, args: argparse.Namespace) -> int:
     for sent in range(1, args.count + 1):
         await producer.send(value, key=key)
         if time.monotonic() >= next_update or sent == args.count:
-            _progress_bar(sent, args.count, started)
+            progress_bar(sent, args.count, started)
             next_update = time.monotonic() + 0.25
-    await producer.flush()
+    await _settle(producer, args)
     elapsed = time.monotonic() - started
     print(
         f"\nproduced {args.count} messages of {args.size} bytes to {args.topic} in "
@@ -373,12 +350,13 @@ async def _generate(producer: Producer, args: argparse.Namespace) -> int:
     return 0
 
 
-def _progress_bar(done: int, total: int, started: float) -> None:
-    width = 30
-    filled = width * done // total
-    rate = done / max(time.monotonic() - started, 1e-9)
-    bar = "#" * filled + "-" * (width - filled)
-    print(f"\r[{bar}] {done:,}/{total:,} {rate:,.0f} msg/s", end="", file=sys.stderr, flush=True)
+async def _settle(producer: Producer, args: argparse.Namespace) -> None:
+    """Raise the first error of the sends. At-most-once frames are answered only when refused,
+    so wait a round trip for refusals: otherwise `produce nosuch` would report success."""
+    if args.delivery == "at-most-once":
+        await producer.confirm(timeout=AT_MOST_ONCE_CONFIRM_TIMEOUT)
+    else:
+        await producer.flush()
 
 
 def _position(text: str) -> str | int:
@@ -413,10 +391,11 @@ async def _consume(client: Client, args: argparse.Namespace) -> int:
         durable=args.durable,
         keys=args.key,
         key_prefix=args.key_prefix,
+        on_dropped=_warn_dropped,
     )
     received = 0
     async for message in consumer:
-        print(_format(message, args.format), flush=True)
+        print(format_message(message, args.format), flush=True)
         if not args.no_ack:
             await message.ack()
         received += 1
@@ -424,6 +403,12 @@ async def _consume(client: Client, args: argparse.Namespace) -> int:
             break
     await consumer.close()
     return 0
+
+
+def _warn_dropped(count: int) -> None:
+    print(
+        f"headwater: warning: missed {count} messages (the consumer fell behind)", file=sys.stderr
+    )
 
 
 async def _map(client: Client, args: argparse.Namespace) -> int:
@@ -448,40 +433,12 @@ async def _map(client: Client, args: argparse.Namespace) -> int:
             raise ValueError("--limit must be at least 1")
         page = await table.scan(args.prefix, args.limit)
         for entry in page.entries:
-            key, _ = _text_or_base64(entry.key)
-            value, _ = _text_or_base64(entry.value)
+            key, _ = text_or_base64(entry.key)
+            value, _ = text_or_base64(entry.value)
             print(f"{key}\t{value}")
     else:
         print(await table.size())
     return 0
-
-
-def _format(message: Message, output_format: str) -> str:
-    if output_format == "text":
-        return "" if message.value is None else message.value.decode(errors="backslashreplace")
-    record: dict[str, Any] = {
-        "topic": message.topic,
-        "partition": message.partition,
-        "offset": message.offset,
-        "timestamp": message.timestamp,
-    }
-    if message.delivery_count > 1:
-        record["delivery_count"] = message.delivery_count
-    for name, data in (("key", message.key), ("value", message.value)):
-        record[name], encoding = _text_or_base64(data)
-        if encoding:
-            record[f"{name}_encoding"] = encoding
-    return json.dumps(record, ensure_ascii=False)
-
-
-def _text_or_base64(data: bytes | None) -> tuple[str | None, str | None]:
-    """UTF-8 text as is; anything else base64-encoded, flagged by a `*_encoding` field."""
-    if data is None:
-        return None, None
-    try:
-        return data.decode(), None
-    except UnicodeDecodeError:
-        return base64.b64encode(data).decode(), "base64"
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The asyncio client: topic admin, producers and consumers over one connection.
 
-    client = await headwater.connect("127.0.0.1:6650")
+    client = await headwater.connect("127.0.0.1:6650", reconnect=True)
+
     await client.create_topic("events", partitions=2)
     producer = client.producer("events")
     future = await producer.send(b"hello", key=b"k")   # waits for queue room only
@@ -11,27 +12,41 @@
 
 The producer batches: records sent in the same event-loop turn (or up to `batch_size` bytes) for
 the same partition travel as one RecordBatch, and each record's future resolves with the batch's
-base offset plus its position. A consumer grants the server `prefetch` credits when it subscribes
-and tops them up as the application takes messages, so at most `prefetch` messages wait in memory.
+base offset plus its position. Consumers: headwater/consumer.py.
+
+With `reconnect`, losing the connection starts one reconnection task: it opens a new connection
+after the policy's delay, resubscribes every open consumer with its original request (a reliable
+subscription then redelivers what was not acknowledged: at-least-once holds), and repeats until it
+succeeds or the policy gives up. Requests already sent fail with `ConnectionLost` (the producers,
+on connections of their own, retry as their delivery policy says); requests made meanwhile wait
+for the reconnection and then go out.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import deque
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from functools import partial
+import logging
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
 from headwater.connection import Connection, parse_server
+from headwater.consumer import Consumer, Message, ms
 from headwater.maps import Map
 from headwater.producer import Producer, ProducerConfig
+from headwater.reconnect import ReconnectPolicy
 from wire import messages as m
-from wire.errors import ConnectionClosed, HeadwaterError, InvalidRequest
-from wire.limits import MAX_ACKS_PER_REQUEST
-from wire.records import decode_records
+from wire.errors import (
+    ConnectionClosed,
+    ConnectionLost,
+    ConsumerBusy,
+    HeadwaterError,
+    InvalidRequest,
+)
+
+__all__ = ["Client", "Consumer", "Message", "ReconnectPolicy", "connect"]
+
+logger = logging.getLogger("headwater.client")
 
 SubscriptionTypeName = Literal["exclusive", "shared", "failover"]
 DispatchName = Literal["non-reliable", "reliable"]
@@ -49,44 +64,43 @@ DISPATCH_NAMES: dict[int, str] = {mode: name for name, mode in _DISPATCH_MODES.i
 SUBSCRIPTION_TYPE_NAMES: dict[int, str] = {kind: name for name, kind in _SUBSCRIPTION_TYPES.items()}
 
 
-@dataclass(slots=True)
-class Message:
-    """A received record. Not frozen, unlike the wire messages: a frozen dataclass sets each field
-    through object.__setattr__, which made building messages the consumer's largest cost. The
-    consumer comes first so a positional `partial` can build messages (kwargs cost 15% more)."""
-
-    _consumer: Consumer | None = field(repr=False, compare=False)
-    topic: str
-    partition: int
-    delivery_count: int  # 1 the first time; counts redeliveries on reliable topics
-    offset: int
-    timestamp: int
-    key: bytes | None
-    value: bytes | None
-    headers: list[tuple[str, bytes | None]]
-
-    async def ack(self) -> None:
-        if self._consumer is not None:
-            await self._consumer.ack(self)
-
-    async def nack(self, delay: float | None = None) -> None:
-        """Hand the message back for redelivery after `delay` s (default: the backoff)."""
-        if self._consumer is not None:
-            await self._consumer.nack(self, delay)
-
-
-async def connect(server: str = "127.0.0.1:6650", *, timeout: float = 10.0) -> Client:
+async def connect(
+    server: str = "127.0.0.1:6650",
+    *,
+    timeout: float = 10.0,
+    reconnect: bool | ReconnectPolicy = False,
+) -> Client:
+    """Connect to `server` ("host:port"). With `reconnect` (True for the default policy), a lost
+    connection is reopened and the consumers resubscribed; the first connection is not retried."""
     host, port = parse_server(server)
-    return Client(await Connection.open(host, port, timeout), host, port, timeout)
+    policy = ReconnectPolicy() if reconnect is True else reconnect or None
+    return Client(await Connection.open(host, port, timeout), host, port, timeout, policy)
 
 
 class Client:
-    def __init__(self, connection: Connection, host: str, port: int, timeout: float) -> None:
+    def __init__(
+        self,
+        connection: Connection,
+        host: str,
+        port: int,
+        timeout: float,
+        reconnect: ReconnectPolicy | None = None,
+    ) -> None:
         self._connection = connection
         self._host = host
         self._port = port
         self._timeout = timeout
         self._producers: list[Producer] = []
+        self._policy = reconnect
+        self._consumers: set[Consumer] = set()  # the ones to resubscribe after a reconnection
+        self._online = asyncio.Event()  # clear while reconnecting
+        self._online.set()
+        self._reconnecting: asyncio.Task[None] | None = None
+        self._gave_up: ConnectionLost | None = None
+        self._closed = False
+        self.reconnections = 0  # successful ones, for monitoring
+        if reconnect is not None:
+            connection.on_lost = self._on_lost
 
     async def __aenter__(self) -> Client:
         return self
@@ -96,11 +110,127 @@ class Client:
 
     async def close(self) -> None:
         """Flush and close this client's producers, then the connection. Send errors not yet
-        collected by `flush()` are not raised here: they were reported on the send futures."""
+        collected by `flush()` are not raised here: they were reported on the send futures.
+        Consumers end their iteration normally."""
+        self._closed = True
+        if self._reconnecting is not None:
+            self._reconnecting.cancel()
+            await asyncio.gather(self._reconnecting, return_exceptions=True)
         for producer in self._producers:
             with contextlib.suppress(HeadwaterError):
                 await producer.close()
         await self._connection.close()
+        for consumer in self._consumers:
+            consumer._end(ConnectionClosed("client closed"))
+        self._consumers.clear()
+        self._online.set()  # wake requests waiting for a reconnection; they see the close
+
+    # Requests, across reconnections
+
+    async def _ready(self) -> Connection:
+        """The connection to use, after waiting out a reconnection in progress."""
+        if not self._online.is_set():
+            await self._online.wait()
+        if self._gave_up is not None:
+            raise ConnectionLost(self._gave_up.message)
+        return self._connection
+
+    async def _request(self, request: m.Request, timeout: float | None = 30.0) -> m.Response:
+        return await (await self._ready()).request(request, timeout)
+
+    def send_request(
+        self,
+        request: m.Request,
+        timeout: float | None = 30.0,
+        on_response: Callable[[m.Response], None] | None = None,
+    ) -> asyncio.Future[m.Response]:
+        """As `Connection.send_request`; while reconnecting, the request waits for it."""
+        if self._online.is_set() and self._gave_up is None:
+            return self._connection.send_request(request, timeout, on_response)
+        return asyncio.ensure_future(self._request(request, timeout))
+
+    async def request(self, request: m.Request, timeout: float | None = 30.0) -> m.Response:
+        return await self._request(request, timeout)
+
+    # Reconnection
+
+    def _on_lost(self, error: ConnectionLost) -> None:
+        if self._closed or self._gave_up is not None:
+            return
+        self._online.clear()
+        if self._reconnecting is None or self._reconnecting.done():
+            logger.warning("%s; reconnecting", error.message)
+            self._reconnecting = asyncio.get_running_loop().create_task(self._reconnect(error))
+
+    async def _reconnect(self, error: ConnectionLost) -> None:
+        assert self._policy is not None
+        loop = asyncio.get_running_loop()
+        started, attempts = loop.time(), 0
+        last: HeadwaterError = error
+        for delay in self._policy.delays():
+            timeout = self._policy.timeout
+            if timeout is not None and loop.time() + delay - started > timeout:
+                break
+            await asyncio.sleep(delay)
+            attempts += 1
+            if self._connection.closed:
+                try:
+                    connection = await Connection.open(self._host, self._port, self._timeout)
+                except ConnectionClosed as exc:
+                    last = exc
+                    continue
+                connection.on_lost = self._on_lost
+                self._connection = connection
+            try:
+                busy = await self._resubscribe(self._connection)
+            except ConnectionClosed as exc:  # lost again: the next attempt reopens it
+                last = exc
+                continue
+            if self._connection.closed:
+                continue
+            if not self._online.is_set():
+                self.reconnections += 1
+                logger.info("reconnected to %s:%s", self._host, self._port)
+            self._online.set()
+            if busy is None:
+                return
+            last = busy
+        self._give_up(last, attempts, loop.time() - started)
+
+    async def _resubscribe(self, connection: Connection) -> ConsumerBusy | None:
+        """Subscribe every suspended consumer again. An Exclusive subscription may still hold
+        our old consumer (the server has not noticed that connection die yet): such consumers
+        are tried again on the next round; any other refusal ends the consumer with it."""
+        busy = None
+        for consumer in list(self._consumers):
+            if not consumer.resumable:
+                if consumer._error is not None:
+                    self._consumers.discard(consumer)
+                continue
+            try:
+                if not await consumer._resubscribe(connection):
+                    self._consumers.discard(consumer)
+            except ConsumerBusy as exc:
+                busy = exc
+            except ConnectionClosed:
+                raise
+            except HeadwaterError as exc:
+                consumer._end(exc)
+                self._consumers.discard(consumer)
+        return busy
+
+    def _give_up(self, last: HeadwaterError, attempts: int, elapsed: float) -> None:
+        if self._connection.closed:
+            self._gave_up = ConnectionLost(
+                f"connection to {self._host}:{self._port} lost; gave up reconnecting after "
+                f"{attempts} attempts in {elapsed:.1f}s: {last.message}"
+            )
+            logger.error("%s", self._gave_up.message)
+        for consumer in list(self._consumers):
+            if consumer.resumable:
+                consumer._end(self._gave_up or last)
+                self._consumers.discard(consumer)
+        self._online.set()  # wake the waiting requests: they raise ConnectionLost
 
     # Admin
 
@@ -118,23 +248,23 @@ class Client:
                 f"dispatch must be one of {sorted(_DISPATCH_MODES)}, not {dispatch!r}"
             )
         entries = tuple(m.ConfigEntry(k, str(v)) for k, v in (configs or {}).items())
-        await self._connection.request(m.CreateTopicRequest(name, partitions, mode, entries))
+        await self._request(m.CreateTopicRequest(name, partitions, mode, entries))
 
     async def delete_topic(self, name: str) -> None:
-        await self._connection.request(m.DeleteTopicRequest(name))
+        await self._request(m.DeleteTopicRequest(name))
 
     async def list_topics(self) -> list[m.TopicInfo]:
-        response = await self._connection.request(m.ListTopicsRequest())
+        response = await self._request(m.ListTopicsRequest())
         assert isinstance(response, m.ListTopicsResponse)
         return list(response.topics)
 
     async def describe_topic(self, name: str) -> m.DescribeTopicResponse:
-        response = await self._connection.request(m.DescribeTopicRequest(name))
+        response = await self._request(m.DescribeTopicRequest(name))
         assert isinstance(response, m.DescribeTopicResponse)
         return response
 
     async def api_versions(self) -> dict[int, tuple[int, int]]:
-        response = await self._connection.request(m.ApiVersionsRequest())
+        response = await self._request(m.ApiVersionsRequest())
         assert isinstance(response, m.ApiVersionsResponse)
         return {a.api_key: (a.min_version, a.max_version) for a in response.apis}
 
@@ -174,6 +304,7 @@ class Client:
         durable: DurableName = "default",
         keys: Iterable[str | bytes] = (),
         key_prefix: str | bytes | None = None,
+        on_dropped: Callable[[int], None] | None = None,
     ) -> Consumer:
         """Attach a consumer. The settings after `prefetch` apply to reliable topics and take
         effect when the subscription is created (its first consumer); None means the server's
@@ -187,7 +318,11 @@ class Client:
         subscriber's stream, until acked), "shared" (apportioned, kept until one acks), "none"
         (live only), "last-value" or "map" (the current value of each of `keys` and of every key
         starting with `key_prefix`, then their updates); "default" is standard or shared on
-        reliable topics, by subscription type, and none on non-reliable ones."""
+        reliable topics, by subscription type, and none on non-reliable ones.
+
+        `on_dropped(count)` is called when the server reports that it dropped `count` messages
+        this consumer's subscription could not take (non-reliable topics; without a callback the
+        client logs a warning). The consumer counts them in `dropped`."""
         sub_type = _SUBSCRIPTION_TYPES.get(type)
         if sub_type is None:
             raise InvalidRequest(
@@ -199,37 +334,46 @@ class Client:
             if limit < 1:
                 raise InvalidRequest("limit must be at least 1")
             prefetch = min(prefetch, limit)
-        consumer = Consumer(self._connection, topic, subscription, prefetch, limit)
+        connection = await self._ready()
+        consumer = Consumer(
+            connection,
+            topic,
+            subscription,
+            prefetch,
+            limit,
+            resumable=self._policy is not None,
+            on_dropped=on_dropped,
+        )
         settings = m.SubscriptionSettings(
             *_start_position(start, start_timestamp),
-            ack_timeout_ms=_ms(ack_timeout),
+            ack_timeout_ms=ms(ack_timeout),
             max_deliveries=max_deliveries or 0,
             backoff=m.Backoff.FIXED if backoff == "fixed" else m.Backoff.EXPONENTIAL,
-            backoff_initial_ms=_ms(backoff_initial),
-            backoff_max_ms=_ms(backoff_max),
+            backoff_initial_ms=ms(backoff_initial),
+            backoff_max_ms=ms(backoff_max),
             committed_only=committed_only,
             durable=_durable_kind(durable),
             keys=tuple(k.encode() if isinstance(k, str) else k for k in keys),
             key_prefix=key_prefix.encode() if isinstance(key_prefix, str) else key_prefix,
         )
-        response = await self._connection.request(
-            m.SubscribeRequest(
-                topic=topic,
-                subscription=subscription,
-                sub_type=sub_type,
-                consumer_name=name or f"{subscription}-{id(consumer):x}",
-                priority=priority,
-                initial_credits=prefetch,
-                settings=settings,
-            ),
-            on_response=consumer._attach,
+        consumer._request = m.SubscribeRequest(
+            topic=topic,
+            subscription=subscription,
+            sub_type=sub_type,
+            consumer_name=name or f"{subscription}-{id(consumer):x}",
+            priority=priority,
+            initial_credits=prefetch,
+            settings=settings,
         )
+        response = await connection.request(consumer._request, on_response=consumer._attach)
         assert isinstance(response, m.SubscribeResponse)
+        if self._policy is not None:
+            self._consumers.add(consumer)
         return consumer
 
     def map(self, topic: str) -> Map:
         """The key/value API of a map durable on `topic` (a reliable topic)."""
-        return Map(self._connection, topic)
+        return Map(self, topic)
 
     async def seek(
         self,
@@ -240,10 +384,10 @@ class Client:
     ) -> None:
         """Move a reliable subscription; its unacknowledged messages are forgotten."""
         position, value = _start_position(start, start_timestamp)
-        await self._connection.request(m.SeekRequest(topic, subscription, position, value))
+        await self._request(m.SeekRequest(topic, subscription, position, value))
 
     async def delete_subscription(self, topic: str, subscription: str) -> None:
-        await self._connection.request(m.DeleteSubscriptionRequest(topic, subscription))
+        await self._request(m.DeleteSubscriptionRequest(topic, subscription))
 
 
 DurableName = Literal["default", "none", "standard", "shared", "last-value", "map"]
@@ -258,14 +402,6 @@ def _durable_kind(name: str) -> int:
         ) from None
 
 
-def _ms(seconds: float | None) -> int:
-    if seconds is None:
-        return 0
-    if seconds < 0:
-        raise InvalidRequest("durations must be >= 0")
-    return max(1, round(seconds * 1000))
-
-
 def _start_position(
     start: Literal["latest", "earliest"] | int, timestamp: int | None
 ) -> tuple[int, int]:
@@ -278,162 +414,3 @@ def _start_position(
     if isinstance(start, int) and start >= 0:
         return m.StartPosition.OFFSET, start
     raise InvalidRequest(f"start must be 'latest', 'earliest' or an offset >= 0, not {start!r}")
-
-
-class Consumer:
-    """An async iterator of `Message`s for one subscription."""
-
-    def __init__(
-        self,
-        connection: Connection,
-        topic: str,
-        subscription: str,
-        prefetch: int,
-        limit: int | None = None,
-    ) -> None:
-        self._connection = connection
-        self.topic = topic
-        self.subscription = subscription
-        self.consumer_id = -1
-        self._prefetch = prefetch
-        self._messages: deque[Message] = deque()
-        self._taken_since_grant = 0
-        # credit still to grant after the initial prefetch, when the consumer has a limit
-        self._grantable = None if limit is None else limit - prefetch
-        self._waiter: asyncio.Future[None] | None = None
-        self._error: HeadwaterError | None = None
-        self._pending_acks: list[m.AckEntry] = []
-        self._ack_flush_scheduled = False
-
-    def _attach(self, response: m.Response) -> None:
-        assert isinstance(response, m.SubscribeResponse)
-        self.consumer_id = response.consumer_id
-        self._connection.consumers[response.consumer_id] = self
-
-    def on_delivery(self, delivery: m.Delivery) -> None:
-        build = partial(Message, self, self.topic, delivery.partition, delivery.delivery_count)
-        try:
-            self._messages.extend(decode_records(delivery.batch, build))
-        except HeadwaterError as exc:
-            self.on_closed(exc)
-            return
-        self._wake()
-
-    def on_closed(self, error: HeadwaterError) -> None:
-        self._error = error
-        self._wake()
-
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
-    def __aiter__(self) -> Consumer:
-        return self
-
-    async def __anext__(self) -> Message:
-        try:
-            return await self.receive()
-        except ConnectionClosed:
-            raise StopAsyncIteration from None
-
-    async def receive(self, timeout: float | None = None) -> Message:
-        """The next message; raises the closing error, or TimeoutError after `timeout` seconds."""
-        if not self._messages:
-            await self._wait(timeout)
-        message = self._messages.popleft()
-        self._taken(1)
-        return message
-
-    async def receive_batch(
-        self, max_messages: int = 1000, timeout: float | None = None
-    ) -> list[Message]:
-        """Whatever is buffered, up to `max_messages` (waiting for at least one): one await for
-        many messages, for consumers that need the throughput."""
-        if not self._messages:
-            await self._wait(timeout)
-        messages = self._messages
-        count = min(max_messages, len(messages))
-        taken = [messages.popleft() for _ in range(count)]
-        self._taken(count)
-        return taken
-
-    async def _wait(self, timeout: float | None) -> None:
-        while not self._messages:
-            if self._error is not None:
-                raise self._error
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await asyncio.wait_for(self._waiter, timeout)
-            finally:
-                self._waiter = None
-
-    def _taken(self, count: int) -> None:
-        self._taken_since_grant += count
-        if self._taken_since_grant * 2 >= self._prefetch and self._error is None:
-            # Top credit back up in halves, as Pulsar's receiver queue does: one FLOW per
-            # prefetch/2 messages rather than one per message.
-            grant = self._taken_since_grant
-            if self._grantable is not None:
-                grant = min(grant, self._grantable)
-                self._grantable -= grant
-            self._taken_since_grant = 0
-            if grant > 0:
-                self._connection.send_nowait(m.FlowRequest(self.consumer_id, grant))
-
-    async def ack(self, message: Message) -> None:
-        """Acknowledge one message. Acks made in one event-loop turn travel in one request."""
-        self._pending_acks.append(m.AckEntry(message.partition, message.offset))
-        if not self._ack_flush_scheduled:
-            self._ack_flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush_acks)
-            self._connection.before_request.append(self._flush_acks)
-
-    async def ack_cumulative(self, message: Message) -> None:
-        """Acknowledge the message and every earlier one of its partition (not on Shared)."""
-        self._flush_acks()
-        if self._error is None:
-            self._connection.send_nowait(
-                m.AckRequest(
-                    self.consumer_id,
-                    (m.AckEntry(message.partition, message.offset),),
-                    m.AckKind.CUMULATIVE,
-                )
-            )
-
-    async def nack(self, message: Message, delay: float | None = None) -> None:
-        if self._error is None:
-            self._connection.send_nowait(
-                m.NackRequest(
-                    self.consumer_id,
-                    (m.AckEntry(message.partition, message.offset),),
-                    _ms(delay),
-                )
-            )
-
-    def _flush_acks(self) -> None:
-        if not self._ack_flush_scheduled:
-            return
-        self._ack_flush_scheduled = False
-        with contextlib.suppress(ValueError):
-            self._connection.before_request.remove(self._flush_acks)
-        pending, self._pending_acks = self._pending_acks, []
-        if self._error is not None:
-            return
-        for start in range(0, len(pending), MAX_ACKS_PER_REQUEST):
-            self._connection.send_nowait(
-                m.AckRequest(self.consumer_id, tuple(pending[start : start + MAX_ACKS_PER_REQUEST]))
-            )
-
-    async def close(self) -> None:
-        self._flush_acks()
-        if self._error is None and not self._connection.closed:
-            self._connection.consumers.pop(self.consumer_id, None)
-            await self._connection.request(m.UnsubscribeRequest(self.consumer_id))
-        self._error = self._error or ConnectionClosed("consumer closed")
-        self._wake()
-
-    async def __aenter__(self) -> Consumer:
-        return self
-
-    async def __aexit__(self, *_: object) -> None:
-        await self.close()

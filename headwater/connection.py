@@ -3,8 +3,10 @@
 Each request gets a fresh correlation id and a future; the response with that id resolves it (or
 fails it with the `HeadwaterError` the server named). Frames flagged PUSH carry a consumer id in the
 correlation id field and go to that consumer's handler. When the connection ends, every pending
-future fails with `ConnectionClosed` and every consumer is told. An error response to a request
-sent with NO_RESPONSE has no future waiting; it goes to `on_unsolicited_error`.
+future fails and every consumer is told: with `ConnectionClosed` when the application closed
+it, with `ConnectionLost` when the server or the network ended it (then `on_lost` runs, which is
+how a reconnecting client learns it must reconnect). An error response to a request sent with
+NO_RESPONSE has no future waiting; it goes to `on_unsolicited_error`.
 
 Writes respect asyncio's write-buffer watermarks: `drain()` waits while the socket is backed up,
 which is how a fast producer feels a slow network instead of growing memory.
@@ -20,7 +22,13 @@ from typing import Protocol, cast
 
 from wire import messages as m
 from wire.codec import decode_push, decode_response, encode_request, produce_request_parts
-from wire.errors import ConnectionClosed, HeadwaterError, RequestTimeout, error_for_code
+from wire.errors import (
+    ConnectionClosed,
+    ConnectionLost,
+    HeadwaterError,
+    RequestTimeout,
+    error_for_code,
+)
 from wire.frames import Flags, Frame, FrameDecoder
 
 logger = logging.getLogger("headwater.client")
@@ -32,6 +40,8 @@ class PushHandler(Protocol):
     def on_delivery(self, delivery: m.Delivery) -> None: ...
 
     def on_closed(self, error: HeadwaterError) -> None: ...
+
+    def on_dropped(self, count: int) -> None: ...
 
 
 def parse_server(server: str) -> tuple[str, int]:
@@ -58,16 +68,17 @@ class _Protocol(asyncio.Protocol):
         try:
             frames = self._decoder.feed(data)
         except HeadwaterError as exc:
-            self._connection._fail(exc)
+            self._connection._fail(
+                self._connection.lost(f"the server sent an invalid frame: {exc}")
+            )
             return
         for frame in frames:
             if isinstance(frame, Frame):
                 self._connection._on_frame(frame)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._connection._fail(
-            ConnectionClosed(f"connection lost: {exc}" if exc else "connection closed")
-        )
+        # After close() this is a no-op: the connection already failed with ConnectionClosed.
+        self._connection._fail(self._connection.lost(str(exc) if exc else "closed by the server"))
 
     def pause_writing(self) -> None:
         self._connection._writable.clear()
@@ -77,7 +88,8 @@ class _Protocol(asyncio.Protocol):
 
 
 class Connection:
-    def __init__(self) -> None:
+    def __init__(self, address: str = "") -> None:
+        self.address = address
         self._transport: asyncio.Transport | None = None
         self._correlation = itertools.count(1)
         self._pending: dict[int, asyncio.Future[m.Response]] = {}
@@ -88,10 +100,11 @@ class Connection:
         self._writable.set()
         self._closed: HeadwaterError | None = None
         self.on_unsolicited_error: Callable[[HeadwaterError], None] = self._log_error
+        self.on_lost: Callable[[ConnectionLost], None] | None = None
 
     @classmethod
     async def open(cls, host: str, port: int, timeout: float = 10.0) -> Connection:
-        connection = cls()
+        connection = cls(f"{host}:{port}")
         loop = asyncio.get_running_loop()
         try:
             await asyncio.wait_for(
@@ -107,9 +120,13 @@ class Connection:
     def closed(self) -> bool:
         return self._closed is not None
 
+    def lost(self, reason: str) -> ConnectionLost:
+        return ConnectionLost(f"connection to {self.address or 'the server'} lost: {reason}")
+
     def _check_open(self) -> asyncio.Transport:
         if self._closed is not None:
-            raise self._closed
+            # a fresh exception each time: re-raising one instance piles up its tracebacks
+            raise type(self._closed)(self._closed.message)
         assert self._transport is not None
         return self._transport
 
@@ -194,10 +211,14 @@ class Connection:
             if isinstance(push, m.Delivery):
                 handler.on_delivery(push)
             elif isinstance(push, m.MessagesDropped):
-                pass  # surfaced to the application by the client-failures work (issue 9)
+                handler.on_dropped(push.count)
             else:
                 self.consumers.pop(header.correlation_id, None)
-                handler.on_closed(error_for_code(push.error_code, push.message))
+                error = error_for_code(push.error_code, push.message)
+                if isinstance(error, ConnectionClosed):
+                    # a plain ConnectionClosed ends iteration quietly; the server never means that
+                    error = ConnectionLost(error.message)
+                handler.on_closed(error)
             return
         future = self._pending.pop(header.correlation_id, None)
         try:
@@ -222,6 +243,8 @@ class Connection:
             if not future.done():
                 future.set_exception(error)
         self._pending.clear()
+        if isinstance(error, ConnectionLost) and self.on_lost is not None:
+            self.on_lost(error)  # before the consumers hear of it, so they know a reconnect is due
         for handler in list(self.consumers.values()):
             handler.on_closed(error)
         self.consumers.clear()

@@ -18,9 +18,18 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
-from headwater.connection import Connection
 from wire import messages as m
+
+
+class Requester(Protocol):
+    """The client (or a connection): what a map sends its requests through."""
+
+    def send_request(self, request: m.Request) -> asyncio.Future[m.Response]: ...
+
+    async def request(self, request: m.Request) -> m.Response: ...
+
 
 ANY = -1
 ABSENT = -2
@@ -52,7 +61,7 @@ def _value(entry: m.MapEntry) -> MapValue | None:
 
 
 class Map:
-    def __init__(self, connection: Connection, topic: str) -> None:
+    def __init__(self, connection: Requester, topic: str) -> None:
         self._connection = connection
         self.topic = topic
 

@@ -11,7 +11,10 @@ One sender task writes closed batches in order on the producer's own connection,
 
 - `AtMostOnce()`: frames go out with NO_RESPONSE; each record's future resolves when its batch is
   written to the socket, with `offset=None`. A failure is reported on the future and never
-  retried; the producer never waits for the server. `AtMostOnce(wait_for_offsets=True)` asks for
+  retried; the producer never waits for the server. A refusal the server sends back (an unknown
+  topic, say) is raised by the next `flush()`; `confirm()` waits one round trip for such
+  refusals, which is what `headwater produce --delivery at-most-once` does before it reports
+  success. `AtMostOnce(wait_for_offsets=True)` asks for
   responses (futures then carry offsets) but still never retries.
 - `AtLeastOnce(RetryPolicy)`: a batch is done when the server acknowledges it. A retriable error
   (the connection failing, a timeout, the server shutting down or its storage failing) puts every
@@ -398,7 +401,7 @@ class Producer:
 
     async def _init_producer_id(self) -> None:
         """Idempotent producers get their id before building their first batch."""
-        response = await self._client._connection.request(m.InitProducerIdRequest())
+        response = await self._client.request(m.InitProducerIdRequest())
         assert isinstance(response, m.InitProducerIdResponse)
         self._producer_id = response.producer_id
 
@@ -407,6 +410,7 @@ class Producer:
             return self._connection
         try:
             self._connection = await self._client._open_connection()
+            self._connection.on_unsolicited_error = self._unsolicited_error
             return self._connection
         except HeadwaterError as exc:
             self._connection = None
@@ -484,6 +488,13 @@ class Producer:
         self._loop.call_later(delay, self._wake.set)
         logger.debug("retrying batch for partition %s in %.3fs: %s", batch.partition, delay, error)
 
+    def _unsolicited_error(self, error: HeadwaterError) -> None:
+        """The server refused a frame sent without response (at-most-once): which batch is not
+        known, so the error goes to the next `flush()` (and `confirm()`) and the log."""
+        logger.warning("at-most-once send to %s failed: %s", self.topic, error)
+        if self._first_error is None:
+            self._first_error = error
+
     def _fail(self, batch: _Batch, error: HeadwaterError) -> None:
         if not batch.result.done():
             batch.result.set_exception(error)
@@ -499,6 +510,20 @@ class Producer:
             self._close_batch(partition)
         self._update_room()
         await self._idle.wait()
+        error, self._first_error = self._first_error, None
+        if error is not None:
+            raise error
+
+    async def confirm(self, timeout: float = 2.0) -> None:
+        """`flush()`, then wait (at most `timeout` s) until the server has handled every frame
+        sent so far, and raise the first error it reported. For at-most-once producers, whose
+        frames get no answer unless refused: one round trip on the producer's connection, which
+        the server answers after every request sent before it. A refusal that only comes later
+        (a reliable topic's fsync failing after the append) is not waited for."""
+        await self.flush()
+        connection = self._connection
+        if connection is not None:
+            await connection.request(m.ApiVersionsRequest(), timeout=timeout)
         error, self._first_error = self._first_error, None
         if error is not None:
             raise error

@@ -279,3 +279,9 @@ def error_for_code(code: int, message: str) -> HeadwaterError:
     if cls is None:
         return UnknownServerError(f"error code {code}: {message}")
     return cls(message)
+
+
+class ConnectionLost(ConnectionClosed):
+    """Raised client-side when the server or the network ended the connection: the server died,
+    shut down, or the socket failed. Not sent on the wire (it shares CONNECTION_CLOSED); unlike
+    a plain ConnectionClosed it never means the application closed the connection itself."""
