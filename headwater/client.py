@@ -125,6 +125,11 @@ class Client:
         self._consumers.clear()
         self._online.set()  # wake requests waiting for a reconnection; they see the close
 
+    @property
+    def connected(self) -> bool:
+        """Whether the client has a working connection now (False while reconnecting)."""
+        return self._online.is_set() and self._gave_up is None and not self._connection.closed
+
     # Requests, across reconnections
 
     async def _ready(self) -> Connection:

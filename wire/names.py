@@ -1,4 +1,10 @@
-"""Validation of names that travel on the wire: topics, subscriptions, consumers."""
+"""Validation of names that travel on the wire: topics, subscriptions, consumers.
+
+Limits are in bytes of UTF-8, not characters: a topic name becomes a directory and object-key
+name (file systems cap a name at 255 bytes), and subscription names are part of state-store keys.
+Topic names are ASCII anyway; a subscription name of multi-byte characters reaches its limit in
+fewer characters.
+"""
 
 from __future__ import annotations
 
@@ -15,9 +21,10 @@ _TOPIC_NAME: Final = re.compile(r"[A-Za-z0-9._-]+")
 def check_topic_name(name: str) -> None:
     if not name:
         raise InvalidTopicName("topic name is empty")
-    if len(name) > MAX_TOPIC_NAME_LENGTH:
+    size = len(name.encode("utf-8", "surrogatepass"))
+    if size > MAX_TOPIC_NAME_LENGTH:
         raise InvalidTopicName(
-            f"topic name is {len(name)} characters, the limit is {MAX_TOPIC_NAME_LENGTH}"
+            f"topic name is {size} bytes, the limit is {MAX_TOPIC_NAME_LENGTH} bytes"
         )
     if name in (".", ".."):
         raise InvalidTopicName(f"topic name {name!r} is reserved")
@@ -28,12 +35,11 @@ def check_topic_name(name: str) -> None:
 
 
 def check_name(kind: str, name: str) -> None:
-    """Subscription and consumer names: non-empty, printable, bounded."""
+    """Subscription and consumer names: non-empty, printable, bounded in bytes."""
     if not name:
         raise InvalidRequest(f"{kind} name is empty")
-    if len(name) > MAX_NAME_LENGTH:
-        raise InvalidRequest(
-            f"{kind} name is {len(name)} characters, the limit is {MAX_NAME_LENGTH}"
-        )
+    size = len(name.encode("utf-8", "surrogatepass"))
+    if size > MAX_NAME_LENGTH:
+        raise InvalidRequest(f"{kind} name is {size} bytes, the limit is {MAX_NAME_LENGTH} bytes")
     if not name.isprintable():
         raise InvalidRequest(f"{kind} name {name!r} contains non-printable characters")
