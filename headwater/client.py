@@ -120,7 +120,7 @@ class Client:
             with contextlib.suppress(HeadwaterError):
                 await producer.close()
         await self._connection.close()
-        for consumer in self._consumers:
+        for consumer in list(self._consumers):
             consumer._end(ConnectionClosed("client closed"))
         self._consumers.clear()
         self._online.set()  # wake requests waiting for a reconnection; they see the close
@@ -187,7 +187,7 @@ class Client:
                 connection.on_lost = self._on_lost
                 self._connection = connection
             try:
-                busy = await self._resubscribe(self._connection)
+                again = await self._resubscribe(self._connection)
             except ConnectionClosed as exc:  # lost again: the next attempt reopens it
                 last = exc
                 continue
@@ -197,32 +197,30 @@ class Client:
                 self.reconnections += 1
                 logger.info("reconnected to %s:%s", self._host, self._port)
             self._online.set()
-            if busy is None:
+            if again is None:
                 return
-            last = busy
+            last = again
         self._give_up(last, attempts, loop.time() - started)
 
-    async def _resubscribe(self, connection: Connection) -> ConsumerBusy | None:
-        """Subscribe every suspended consumer again. An Exclusive subscription may still hold
-        our old consumer (the server has not noticed that connection die yet): such consumers
-        are tried again on the next round; any other refusal ends the consumer with it."""
-        busy = None
+    async def _resubscribe(self, connection: Connection) -> HeadwaterError | None:
+        """Subscribe every suspended consumer again; the last error worth another round, if
+        any. An Exclusive subscription may still hold our old consumer (the server has not yet
+        noticed that connection die): CONSUMER_BUSY, like a retriable error, leaves the consumer
+        suspended for the next round; any other refusal ends the consumer with it."""
+        again = None
         for consumer in list(self._consumers):
             if not consumer.resumable:
-                if consumer._error is not None:
-                    self._consumers.discard(consumer)
-                continue
+                continue  # attached already, or ended (and forgotten)
             try:
-                if not await consumer._resubscribe(connection):
-                    self._consumers.discard(consumer)
-            except ConsumerBusy as exc:
-                busy = exc
+                await consumer._resubscribe(connection)
             except ConnectionClosed:
                 raise
             except HeadwaterError as exc:
-                consumer._end(exc)
-                self._consumers.discard(consumer)
-        return busy
+                if exc.retriable or isinstance(exc, ConsumerBusy):
+                    again = exc
+                else:
+                    consumer._end(exc)
+        return again
 
     def _give_up(self, last: HeadwaterError, attempts: int, elapsed: float) -> None:
         if self._connection.closed:
@@ -234,7 +232,6 @@ class Client:
         for consumer in list(self._consumers):
             if consumer.resumable:
                 consumer._end(self._gave_up or last)
-                self._consumers.discard(consumer)
         self._online.set()  # wake the waiting requests: they raise ConnectionLost
 
     # Admin
@@ -348,6 +345,7 @@ class Client:
             limit,
             resumable=self._policy is not None,
             on_dropped=on_dropped,
+            on_end=self._consumers.discard,
         )
         settings = m.SubscriptionSettings(
             *_start_position(start, start_timestamp),

@@ -95,6 +95,7 @@ class Consumer:
         *,
         resumable: bool = False,
         on_dropped: Callable[[int], None] | None = None,
+        on_end: Callable[[Consumer], None] | None = None,
     ) -> None:
         self._connection = connection
         self.topic = topic
@@ -113,6 +114,7 @@ class Consumer:
         self._waiter: asyncio.Future[None] | None = None
         self._error: HeadwaterError | None = None
         self._resumable = resumable
+        self._on_end = on_end
         self._suspended = False  # connection lost; the client will resubscribe us
         self._request: m.SubscribeRequest | None = None
         self._pending_acks: list[m.AckEntry] = []
@@ -123,6 +125,9 @@ class Consumer:
     def _attach(self, response: m.Response) -> None:
         assert isinstance(response, m.SubscribeResponse)
         self.consumer_id = response.consumer_id
+        if self._error is not None:  # closed while its resubscription was under way
+            self._connection.send_nowait(m.UnsubscribeRequest(response.consumer_id))
+            return
         self._suspended = False
         self._connection.consumers[response.consumer_id] = self
 
@@ -165,6 +170,8 @@ class Consumer:
         self._error = self._error or error
         self._suspended = False
         self._wake()
+        if self._on_end is not None:
+            self._on_end(self)
 
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
@@ -177,16 +184,16 @@ class Consumer:
         """Open, and due to be resubscribed after a reconnection."""
         return self._error is None and self._suspended
 
-    async def _resubscribe(self, connection: Connection) -> bool:
-        """Subscribe again on a new connection with the first request's settings; False when a
-        limit is already met and nothing more will be asked for."""
+    async def _resubscribe(self, connection: Connection) -> None:
+        """Subscribe again on a new connection with the first request's settings (or end, when
+        a limit is already met and nothing more will be asked for)."""
         assert self._request is not None
         credits = max(1, self._prefetch - len(self._messages))
         if self._limit is not None:
             remaining = self._limit - self._received
             if remaining <= 0:
                 self._end(connection.lost("not resubscribed: the consumer's limit was reached"))
-                return False
+                return
             credits = min(credits, remaining)
             self._grantable = remaining - credits
         # Acks and grants of the old connection are gone with it: the server redelivers
@@ -197,7 +204,6 @@ class Consumer:
         await connection.request(
             replace(self._request, initial_credits=credits), on_response=self._attach
         )
-        return True
 
     # Iteration
 
