@@ -237,6 +237,24 @@ def test_cli_consume_exits_non_zero_when_server_is_killed(fresh_server: ServerPr
     assert "lost" in stderr
 
 
+def test_cli_consume_reconnect_survives_a_restart(fresh_server: ServerProcess) -> None:
+    pin_port(fresh_server)
+    assert hw("topic", "create", "t", "--dispatch", "reliable", server=fresh_server).returncode == 0
+    consumer = start_consumer(fresh_server, "t", "-s", "s", "--count", "1", "--reconnect")
+    try:
+        wait_for_consumers(fresh_server, "t", 1)
+        fresh_server.kill()
+        fresh_server.start()
+        assert hw("produce", "t", "after-restart", server=fresh_server).returncode == 0
+        stdout, stderr = consumer.communicate(timeout=30)
+    finally:
+        if consumer.poll() is None:
+            consumer.kill()
+            consumer.wait(10)
+    assert consumer.returncode == 0, stderr
+    assert stdout.splitlines() == ["after-restart"]
+
+
 def test_cli_at_most_once_produce_reports_a_refusal(server: ServerProcess) -> None:
     result = hw("produce", "nosuch", "--delivery", "at-most-once", "x", server=server)
     assert result.returncode == 1
