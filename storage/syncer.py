@@ -86,7 +86,8 @@ class Syncer:
     async def close(self) -> None:
         self._wake.set()
         if self._task is not None:
-            await self._task
+            if not self._task.done():
+                await self._task
         elif self._log.failed is None:
             with contextlib.suppress(OSError):
                 await self._sync_once()
