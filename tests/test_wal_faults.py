@@ -26,7 +26,8 @@ class FaultyOps(FileOps):
     """Real file operations, except the ones a test schedules to fail."""
 
     def __init__(self) -> None:
-        self.writes: list[str] = []  # per write call, in order: "ok", "half", "enospc", "eio", "zero"
+        # what each write call does, in order: "ok", "half", "enospc", "eio" or "zero"
+        self.writes: list[str] = []
         self.fail_fsync = False
         self.fail_truncate = False
         self.fsyncs = 0
@@ -166,7 +167,7 @@ async def test_failed_fsync_fails_the_partition_and_is_never_retried(tmp_path: P
     assert ops.fsyncs == fsyncs_before + 1, "a failed fsync was retried"
     await log.close()
     reopened = PartitionLog.open(tmp_path, LogConfig())
-    assert [v for _, v in await read_all(reopened)][0] == b"durable"
+    assert (await read_all(reopened))[0] == (0, b"durable")
     assert reopened.append(batch(b"new"), 1)[0] >= 2  # offset 1 was handed out
     await reopened.close()
 
