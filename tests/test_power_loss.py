@@ -53,10 +53,11 @@ async def test_power_loss_keeps_every_acked_message_and_no_subscription_skips(
             )
             consumer = await client.subscribe("power", "sub", start="earliest", prefetch=500)
 
-            async def stream() -> None:
+            async def stream(name: str) -> None:
                 producer = client.producer("power", linger=0.001)
                 for start in range(0, 200_000, 100):
-                    sent = [(await producer.send(v), v) for v in values(f"s{start}", 100)]
+                    batch = values(f"{name}{start}", 100)
+                    sent = [(await producer.send(v), v) for v in batch]
                     with contextlib.suppress(headwater.HeadwaterError):
                         await producer.flush()
                     for future, value in sent:
@@ -72,15 +73,16 @@ async def test_power_loss_keeps_every_acked_message_and_no_subscription_skips(
                     await message.ack()
                     sub_acked.add(message.offset)
 
-            tasks = [asyncio.create_task(stream()), asyncio.create_task(consume())]
+            tasks = [asyncio.create_task(stream(f"p{i}-")) for i in range(4)]
+            tasks.append(asyncio.create_task(consume()))
             deadline = asyncio.get_running_loop().time() + 20
-            while len(acked) < 3000 and asyncio.get_running_loop().time() < deadline:
+            while len(acked) < 5000 and asyncio.get_running_loop().time() < deadline:
                 await asyncio.sleep(0.05)
             server.kill()  # the power goes
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-        assert len(acked) >= 3000, "too few acks before the cut"
+        assert len(acked) >= 5000, "too few acks before the cut"
         cut = cut_to_last_fsync(server.data_dir, journal)
         server.env = {**env, "HEADWATER_TEST_BOOT_ID": "boot-2"}  # the machine rebooted
         server.start()
