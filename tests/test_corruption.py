@@ -122,20 +122,24 @@ async def test_corrupt_batch_and_flipped_length_in_sealed_segments_without_a_cop
         server.kill()
 
 
-async def test_missing_index_is_rebuilt_never_a_reason_to_truncate(tmp_path: Path) -> None:
+async def test_missing_index_is_rebuilt_and_a_sealed_segment_never_cut(tmp_path: Path) -> None:
     server = no_object_store(tmp_path).start()
     try:
         async with await headwater.connect(server.address) as client:
             acked = await _sealed_topic(client, "noindex", 120)
         server.kill()
         files = segments(server, "noindex")
+        victim = batches(files[2])[3]
+        flip(files[2], victim.position + victim.size - 10)  # and one bad batch in the middle
         sizes = {f: f.stat().st_size for f in files[:-1]}
         for path in files[:-1]:
             path.with_suffix(INDEX_SUFFIX).unlink()
         server.start()
         async with await headwater.connect(server.address) as client:
-            assert await read_from_earliest(client, "noindex", "r") == acked
-            assert status(await client.describe_topic("noindex")) == {}
+            received = await read_from_earliest(client, "noindex", "r")
+            assert received == {o: v for o, v in acked.items() if o != victim.base_offset}
+            found = status(await client.describe_topic("noindex"))
+            assert found["status.partition.0.quarantined"] == "1"
         assert {f: f.stat().st_size for f in files[:-1]} == sizes
         assert all(f.with_suffix(INDEX_SUFFIX).exists() for f in files[:-1])
     finally:
