@@ -382,8 +382,8 @@ class PartitionLog:
         damaged = False
         position_in_list = bisect.bisect_right(self._bases, offset) - 1
         for segment in list(self._segments[position_in_list:]):
-            index = [e for e in segment.index if e.offset <= offset]
-            position = index[-1].position if index else 0
+            entry = bisect.bisect_right(segment.index, offset, key=lambda e: e.offset) - 1
+            position = segment.index[entry].position if entry >= 0 else 0
             result = await asyncio.to_thread(
                 read_batches,
                 segment.path,

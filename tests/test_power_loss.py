@@ -148,9 +148,7 @@ def fill(directory: Path) -> Path:
 
 
 @pytest.mark.parametrize("fsync", ["always", "interval"])
-async def test_disk_full_on_a_real_filesystem(
-    tmp_path: Path, small_disk: Path, fsync: str
-) -> None:
+async def test_disk_full_on_a_real_filesystem(tmp_path: Path, small_disk: Path, fsync: str) -> None:
     config = tmp_path / "server.toml"
     config.write_text('[object_store]\nbackend = "none"\n')
     server = ServerProcess(tmp_path / "data", extra_args=("--config", str(config))).start()
