@@ -96,7 +96,10 @@ class TopicCatalog:
             else:
                 self.topics[name] = Topic(m.TopicInfo(name, data["partitions"], dispatch))
             if "last_value" in data:
-                await self.enable_last_value(self.topics[name], data["last_value"]["key_field"])
+                try:
+                    await self.enable_last_value(self.topics[name], data["last_value"]["key_field"])
+                except Exception:  # one topic's state must not keep the server down
+                    log.exception("last_value.rebuild_failed", topic=name)
         for topic in self.topics.values():
             for partition in topic.partitions:
                 if partition.log is not None:
@@ -113,6 +116,7 @@ class TopicCatalog:
             for partition in topic.partitions:
                 if partition.log is None:
                     continue
+                partition.forget_lost_producer_batches()
                 for found in partition.log.recovered_batches():
                     if found.producer_id >= 0:
                         partition.producers.recover(
@@ -157,7 +161,7 @@ class TopicCatalog:
 
     def _open_reliable(self, name: str, partitions: int, settings: TopicSettings) -> Topic:
         logs = [
-            PartitionLog.open(
+            PartitionLog.open_or_offline(
                 self._topic_dir(name) / str(p),
                 log_config(settings),
                 on_sealed=self._sealed(name, p),

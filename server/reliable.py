@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import heapq
 import itertools
+import struct
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ from wire.records import Compression, Record, inspect_batch, read_records, rebui
 log = structlog.get_logger("headwater.reliable")
 
 _YIELD_EVERY = 64  # pump rounds between yields to the event loop
+_BASE = struct.Struct(">q")  # a batch's base offset
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,7 +316,7 @@ class ReliableSubscription:
             cursor = self._cursors[partition]
             log_ = self._topic.partitions[partition].log
             assert log_ is not None
-            end = log_.durable_offset if self.settings.committed_only else log_.next_offset
+            end = log_.durable_offset if self.settings.committed_only else log_.visible_offset
             if cursor.dispatched >= end:
                 continue
             self._next_partition = (partition + 1) % partitions
@@ -324,6 +326,8 @@ class ReliableSubscription:
                 self._dirty.add(partition)
                 continue
             batches = await self._topic.read(partition, cursor.dispatched)
+            if batches and _BASE.unpack_from(batches[0])[0] >= end:
+                continue  # past a gap, the next batch is not visible yet
             if not batches or target.consumer_id not in self.consumers:
                 return bool(batches)
             return self._send_new(target, partition, batches[0])
@@ -336,6 +340,9 @@ class ReliableSubscription:
         first = cursor.dispatched
         if end <= first:  # already past this batch (a racing seek)
             return True
+        if info.base_offset > first:  # [first, base) hold nothing: skipped damage, or a gap
+            _skip_gap(cursor, first, info.base_offset)
+            first = info.base_offset
         if info.base_offset < first or end - first > target.credits:
             records = [r for r in read_records(batch) if r.offset >= first][: target.credits]
             batch = rebuild_batch(records, Compression(info.compression))
@@ -364,6 +371,19 @@ class ReliableSubscription:
         if not offsets:
             return True
         records = await self._fetch(partition, sorted(offsets))
+        gone = offsets.difference(r.offset for r in records)
+        if gone:  # lost to damage that no copy could repair: nothing left to deliver
+            log.error(
+                "subscription.offsets_unreadable",
+                topic=self.topic,
+                name=self.name,
+                partition=partition,
+                count=len(gone),
+                first=min(gone),
+            )
+            for offset in gone:
+                cursor.ack(offset)
+            self._dirty.add(partition)
         if target.consumer_id not in self.consumers:
             for record in records:
                 heapq.heappush(self._due, (now, partition, record.offset))
@@ -438,6 +458,16 @@ class ReliableSubscription:
             unacked=sum(len(f) for f in self._in_flight),
             dead_lettered=self.dead_lettered,
         )
+
+
+def _skip_gap(cursor: PartitionCursor, first: int, end: int) -> None:
+    """Move the cursor over offsets [first, end) that hold no record."""
+    if cursor.floor == cursor.dispatched == first:
+        cursor.reset(end)
+        return
+    cursor.record_delivery(first, end)
+    for offset in range(first, end):
+        cursor.ack(offset)
 
 
 def _runs(records: list[Record]) -> list[list[Record]]:

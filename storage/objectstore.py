@@ -1,8 +1,10 @@
 """Object storage behind one small async interface, with two backends.
 
 - `LocalObjectStore`: a directory (the embedded default, `<data_dir>/objects`). Puts write a
-  temporary file and rename it, so an object is whole or absent; conditional puts use a hard link,
-  which fails if the name exists.
+  temporary file, fsync it and rename it, so an object is whole or absent; conditional puts use a
+  hard link, which fails if the name exists. The directory is fsynced after the rename (and any
+  directory the put created, after its creation), so a stored object survives a power cut: the
+  uploader counts a segment as safe, and retention deletes the local copy, on that promise.
 - `S3ObjectStore`: S3 or any S3-compatible server through aiobotocore (`endpoint_url`), with
   credentials from the usual AWS variables or config files. Conditional puts send
   `If-None-Match: *`.
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from storage.fileio import fsync_directory
 from wire.errors import ObjectNotFound, StorageError
 
 
@@ -74,7 +77,10 @@ class LocalObjectStore:
     @staticmethod
     def _put(path: Path, data: bytes, only_if_absent: bool) -> bool:
         try:
+            created = [d for d in (path.parent, *path.parent.parents) if not d.exists()]
             path.parent.mkdir(parents=True, exist_ok=True)
+            for directory in reversed(created):
+                fsync_directory(directory.parent)
             temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
             with temporary.open("wb") as file:
                 file.write(data)
@@ -90,6 +96,7 @@ class LocalObjectStore:
                     os.replace(temporary, path)
             finally:
                 temporary.unlink(missing_ok=True)
+            fsync_directory(path.parent)
             return True
         except OSError as exc:
             raise StorageError(f"cannot write object {path}: {exc}") from None

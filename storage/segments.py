@@ -1,36 +1,47 @@
-"""WAL segment files: naming, scanning, recovery, and the sparse index.
+"""WAL segment files: naming, checking and scanning batches, resynchronising past damage, index.
 
 A segment is a file of record batches exactly as they travel on the wire (base offset stamped),
 named by the offset of its first record: `00000000000000001234.log`. Each batch carries its own
-length and CRC-32C, so a segment can always be re-read and checked from its first byte: that is
-how recovery finds the end of the good data after a crash (`scan_segment` stops at the first
-incomplete or corrupt batch, and the caller truncates there).
+length and CRC-32C, so a segment can always be re-read and checked from its first byte.
 
-The sparse index (`.index`, written when a segment is sealed) holds one entry per
+`scan_segment` reads a whole segment and tells damage apart by where it is:
+
+- a bad batch followed by good ones is a *hole* (corruption: a flipped byte, a bad sector). The
+  scan resynchronises by looking forward for the next position that holds a plausible batch: magic
+  byte 2, a sane length, a valid CRC, and a base offset not below the last good batch's end. What
+  follows a hole is kept; the hole itself is left in place for the caller to quarantine.
+- bad bytes with no good batch after them are the *tail*: torn by a write that never finished
+  (`torn`: the last header claims more bytes than the file holds), or corrupt.
+
+Offsets must increase along a segment; they need not be contiguous (a quarantined hole leaves a
+gap). The sparse index (`.index`, written when a segment is sealed) holds one entry per
 `INDEX_INTERVAL_BYTES` of log: `offset int64, position int64, max_timestamp int64`, where
 `max_timestamp` is the greatest timestamp at or before that position. A read seeks to the last
 entry at or below the wanted offset and scans forward from there. A missing or damaged index is
-rebuilt by scanning.
+rebuilt by scanning; it is never a reason to cut a segment.
 """
 
 from __future__ import annotations
 
 import itertools
-import os
+import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from storage.fileio import write_file_durably
 from wire.errors import CorruptBatch
+from wire.limits import MAX_BATCH_SIZE
 from wire.records import BATCH_HEADER, BATCH_HEADER_SIZE, inspect_batch
 
 LOG_SUFFIX: Final = ".log"
 INDEX_SUFFIX: Final = ".index"
 INDEX_INTERVAL_BYTES: Final = 4096
 INDEX_ENTRY = struct.Struct(">qqq")
-_LENGTH_PREFIX: Final = 12  # baseOffset int64 + batchLength int32
-_SCAN_CHUNK: Final = 1 << 20
+LENGTH_PREFIX: Final = 12  # baseOffset int64 + batchLength int32
+_MAGIC_POSITION: Final = 16
+_MAGIC: Final = b"\x02"
 
 
 def segment_name(base_offset: int) -> str:
@@ -63,11 +74,32 @@ class BatchLocation:
 
 
 @dataclass(frozen=True, slots=True)
-class ScanResult:
+class Damage:
+    """Bytes [position, position + length) of `path` hold no valid batch."""
+
+    path: Path
+    position: int
+    length: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentScan:
     batches: list[BatchLocation]
-    valid_size: int  # bytes of good batches from the start; anything after is torn or corrupt
+    holes: list[Damage]  # corrupt ranges with good batches after them
+    tail: Damage | None  # bad bytes at the end, with nothing good after them
+    torn: bool  # the tail is one batch whose header claims more bytes than the file holds
+    tail_claims: int | None  # the offset after the tail batch, if its header is plausible
     file_size: int
-    problem: str | None  # why the scan stopped early, if it did
+
+    @property
+    def valid_size(self) -> int:
+        return self.tail.position if self.tail is not None else self.file_size
+
+    @property
+    def problem(self) -> str | None:
+        damage = self.holes[0] if self.holes else self.tail
+        return None if damage is None else f"{damage.reason} at byte {damage.position}"
 
 
 def batch_location(batch: bytes | memoryview, position: int) -> BatchLocation:
@@ -84,58 +116,101 @@ def batch_location(batch: bytes | memoryview, position: int) -> BatchLocation:
     )
 
 
-def scan_segment(path: Path) -> ScanResult:
-    """Read a segment from the start, checking every batch's length and CRC."""
-    batches: list[BatchLocation] = []
-    file_size = path.stat().st_size
-    position = 0
-    problem: str | None = None
-    expected_offset: int | None = None
+def batch_length(buffer: bytes | mmap.mmap | memoryview, position: int, end: int) -> int | None:
+    """The total length of the batch whose header starts at `position`, if the header is
+    plausible (magic 2, a length between the header size and the batch limit); else None."""
+    if end - position < BATCH_HEADER_SIZE:
+        return None
+    if buffer[position + _MAGIC_POSITION] != 2:
+        return None
+    length: int = struct.unpack_from(">i", buffer, position + 8)[0]
+    total = LENGTH_PREFIX + length
+    if not BATCH_HEADER_SIZE <= total <= MAX_BATCH_SIZE:
+        return None
+    return total
+
+
+def check_batch(
+    buffer: bytes | mmap.mmap, position: int, end: int, min_offset: int
+) -> BatchLocation | None:
+    """The batch at `position` if it is whole, valid (CRC) and starts at or above `min_offset`."""
+    total = batch_length(buffer, position, end)
+    if total is None or position + total > end:
+        return None
+    data = buffer[position : position + total]
+    try:
+        info = inspect_batch(data)
+    except CorruptBatch:
+        return None
+    if info.base_offset < min_offset:
+        return None
+    return batch_location(data, position)
+
+
+def find_batch(buffer: bytes | mmap.mmap, start: int, end: int, min_offset: int) -> int | None:
+    """The first position at or after `start` where a valid batch begins (resynchronisation)."""
+    search = start + _MAGIC_POSITION
+    while True:
+        found = buffer.find(_MAGIC, search, end)
+        if found < 0:
+            return None
+        candidate = found - _MAGIC_POSITION
+        if check_batch(buffer, candidate, end, min_offset) is not None:
+            return candidate
+        search = found + 1
+
+
+def scan_segment(path: Path, base_offset: int | None = None) -> SegmentScan:
+    """Read a segment from the start, checking every batch; see the module docstring."""
+    if base_offset is None:
+        base_offset = parse_segment_name(path.name) or 0
     with path.open("rb") as file:
-        buffer = b""
-        buffer_start = 0
-        while True:
-            relative = position - buffer_start
-            if len(buffer) - relative < _LENGTH_PREFIX:
-                buffer = buffer[relative:] + file.read(_SCAN_CHUNK)
-                buffer_start = position
-                relative = 0
-                if len(buffer) < _LENGTH_PREFIX:
-                    if buffer:
-                        problem = f"incomplete batch header at byte {position}"
-                    break
-            (length,) = struct.unpack_from(">i", buffer, relative + 8)
-            total = _LENGTH_PREFIX + length
-            if length < BATCH_HEADER_SIZE - _LENGTH_PREFIX:
-                problem = f"impossible batch length {length} at byte {position}"
-                break
-            while len(buffer) - relative < total:
-                more = file.read(max(_SCAN_CHUNK, total))
-                if not more:
-                    break
-                buffer = buffer[relative:] + more
-                buffer_start = position
-                relative = 0
-            if len(buffer) - relative < total:
-                problem = f"incomplete batch at byte {position}"
-                break
-            view = memoryview(buffer)[relative : relative + total]
-            try:
-                inspect_batch(view)
-            except CorruptBatch as exc:
-                problem = f"corrupt batch at byte {position}: {exc.message}"
-                break
-            location = batch_location(view, position)
-            if expected_offset is not None and location.base_offset != expected_offset:
-                problem = (
-                    f"batch at byte {position} starts at offset {location.base_offset}, "
-                    f"expected {expected_offset}"
-                )
-                break
-            expected_offset = location.next_offset
-            batches.append(location)
-            position += total
-    return ScanResult(batches, position, file_size, problem)
+        size = file.seek(0, 2)
+        if size == 0:
+            return SegmentScan([], [], None, False, None, 0)
+        with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            return _scan(path, data, size, base_offset)
+
+
+def _scan(path: Path, data: mmap.mmap, size: int, base_offset: int) -> SegmentScan:
+    batches: list[BatchLocation] = []
+    holes: list[Damage] = []
+    position = 0
+    min_offset = base_offset
+    while position < size:
+        found = check_batch(data, position, size, min_offset)
+        if found is not None:
+            batches.append(found)
+            position += found.size
+            min_offset = found.next_offset
+            continue
+        resume = find_batch(data, position + 1, size, min_offset)
+        if resume is None:
+            break
+        holes.append(Damage(path, position, resume - position, _diagnose(data, position, size)))
+        position = resume
+    if position >= size:
+        return SegmentScan(batches, holes, None, False, None, size)
+    total = batch_length(data, position, size)
+    torn = (total is not None and position + total > size) or size - position < BATCH_HEADER_SIZE
+    claims = None
+    if size - position >= BATCH_HEADER_SIZE and data[position + _MAGIC_POSITION] == 2:
+        header = BATCH_HEADER.unpack_from(data, position)
+        if header[0] >= min_offset and header[12] >= 1:
+            claims = header[0] + header[12]
+    tail = Damage(path, position, size - position, _diagnose(data, position, size))
+    return SegmentScan(batches, holes, tail, torn, claims, size)
+
+
+def _diagnose(data: mmap.mmap, position: int, end: int) -> str:
+    total = batch_length(data, position, end)
+    if end - position < BATCH_HEADER_SIZE:
+        return "incomplete batch header"
+    if total is None:
+        return "impossible batch header (magic or length)"
+    if position + total > end:
+        return "incomplete batch"
+    return "corrupt batch (CRC, framing or offset)"
 
 
 def build_index(batches: list[BatchLocation]) -> list[IndexEntry]:
@@ -152,12 +227,7 @@ def build_index(batches: list[BatchLocation]) -> list[IndexEntry]:
 
 def write_index(path: Path, entries: list[IndexEntry]) -> None:
     data = b"".join(INDEX_ENTRY.pack(e.offset, e.position, e.max_timestamp) for e in entries)
-    temporary = path.with_suffix(".index.tmp")
-    with temporary.open("wb") as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, path)
+    write_file_durably(path, data)
 
 
 def read_index(path: Path, log_size: int) -> list[IndexEntry] | None:
@@ -169,7 +239,7 @@ def read_index(path: Path, log_size: int) -> list[IndexEntry] | None:
     if len(data) % INDEX_ENTRY.size:
         return None
     entries = [IndexEntry(*fields) for fields in INDEX_ENTRY.iter_unpack(data)]
-    if any(e.position >= log_size for e in entries) or any(
+    if any(e.position >= log_size or e.position < 0 for e in entries) or any(
         b.offset <= a.offset or b.position <= a.position for a, b in itertools.pairwise(entries)
     ):
         return None

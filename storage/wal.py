@@ -1,22 +1,24 @@
-"""The write-ahead log of one partition: append, group commit, roll, recover, read.
+"""The write-ahead log of one partition: append, group commit, roll, read, and failure handling.
 
 Appends are synchronous writes to the active segment (the OS page cache), so a batch is readable
 the moment `append` returns, and offsets are assigned in append order with no await in between.
 Durability is separate: `append` returns a sequence number and `wait_durable(seq)` resolves once an
-fsync covers it. One background syncer task per partition does every fsync, in a worker thread,
-so the event loop never blocks on the disk:
+fsync covers it. The syncer (`storage.syncer`) does every fsync in a worker thread.
 
-- `always`: group commit. The syncer runs whenever someone waits; one fsync covers every batch
-  appended before it started, and all their waiters wake together.
-- `interval`: the syncer fsyncs every `fsync_interval_ms`; nobody waits for it.
-- `never`: only sealing a segment fsyncs it (uploads need a stable file).
+Faults, and what they do (docs/DURABILITY.md has the reasons):
 
-The active segment rolls when it passes `segment_bytes` or `segment_ms` (which bounds how far
-uploads lag behind). A rolled segment is handed to the syncer, which fsyncs it, writes its sparse
-index and reports it sealed (the uploader takes it from there). On open, every segment is found,
-indexes are loaded (or rebuilt) and the last segment is scanned and cut at the first incomplete or
-corrupt batch; offsets continue from the last good batch, never from zero.
+- a failed write (ENOSPC, EIO, a short write) truncates the segment back to where the batch
+  started, before anything else can be appended, and raises `StorageError` (retriable); the next
+  append simply tries again. If even the truncate fails, the partition fails (below).
+- a failed fsync fails the partition: after it the kernel may have dropped the dirty pages, so no
+  later fsync can vouch for them. Waiters get `PartitionOffline`, appends are refused with it, the
+  durable offset stops, until a restart lets recovery decide what is on disk.
+- before an offset is handed out, the offset lease (`storage.offsets`) must cover it, so a restart
+  never gives an offset twice, whatever was lost.
+- reads get past damaged bytes (`storage.reader`), quarantining them, and say which offsets the
+  damage hid so the caller can look for another copy.
 
+Segment writes and fsyncs go through `FileOps` (`storage.fileio`), the seam fault tests replace.
 A small tail cache keeps the most recent batches in memory, so consumers at the live edge are
 served without touching the disk.
 """
@@ -26,77 +28,42 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
-import enum
-import os
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 
+from storage.fileio import FileOps, default_file_ops, write_all
+from storage.logstate import FsyncPolicy, LogConfig, SealedSegment, Segment
+from storage.offsets import MIN_LEASE_BLOCK, OffsetLease
+from storage.reader import read_batches
+from storage.recovery import quarantine, recover
 from storage.segments import (
     INDEX_INTERVAL_BYTES,
-    INDEX_SUFFIX,
     BatchLocation,
+    Damage,
     IndexEntry,
     batch_location,
-    build_index,
-    parse_segment_name,
-    read_index,
-    scan_segment,
     segment_name,
-    write_index,
 )
-from wire.records import BATCH_HEADER_SIZE, stamp_base_offset
+from storage.syncer import Syncer
+from wire.errors import PartitionOffline, StorageError
+from wire.records import stamp_base_offset
+
+__all__ = ["FsyncPolicy", "LogConfig", "LogRead", "PartitionLog", "SealedSegment"]
 
 log = structlog.get_logger("headwater.wal")
 
 _READ_CHUNK = 1 << 20
 
 
-class FsyncPolicy(enum.StrEnum):
-    ALWAYS = "always"
-    INTERVAL = "interval"
-    NEVER = "never"
-
-
 @dataclass(frozen=True, slots=True)
-class LogConfig:
-    fsync: FsyncPolicy = FsyncPolicy.ALWAYS
-    fsync_interval_ms: int = 100
-    segment_bytes: int = 64 * 1024 * 1024
-    segment_ms: int = 10 * 60 * 1000
-    tail_cache_bytes: int = 8 * 1024 * 1024
-
-
-@dataclass(slots=True)
-class Segment:
-    base_offset: int
-    path: Path
-    next_offset: int
-    size: int
-    index: list[IndexEntry]
-    created: float  # monotonic time of its first append (age-based rolling)
-    sealed: bool
-    write_fd: int | None = None
-    last_index_position: int = -INDEX_INTERVAL_BYTES
-    max_timestamp: int = -1
-    # the batches found by the recovery scan (active segment only)
-    recovered: list[BatchLocation] = field(default_factory=list)
-
-    @property
-    def index_path(self) -> Path:
-        return self.path.with_suffix(INDEX_SUFFIX)
-
-
-@dataclass(frozen=True, slots=True)
-class SealedSegment:
-    base_offset: int
-    next_offset: int
-    path: Path
-    size: int
+class LogRead:
+    batches: list[bytes]
+    damaged: bool  # damage was skipped before the first batch returned (offsets may be hidden)
 
 
 class PartitionLog:
@@ -106,27 +73,30 @@ class PartitionLog:
         config: LogConfig,
         segments: list[Segment],
         on_sealed: Callable[[SealedSegment], None] | None = None,
+        ops: FileOps | None = None,
     ) -> None:
         self.directory = directory
         self.config = config
+        self.ops = ops or default_file_ops()
         self._segments = segments
         self._bases = [s.base_offset for s in segments]
         self.on_sealed = on_sealed
         self._tail: deque[tuple[int, int, bytes]] = deque()
         self._tail_bytes = 0
         self._appended = 0
-        self._durable = 0
-        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
-        self._to_seal: list[Segment] = []
-        self._dirty: list[Segment] = []
-        self._wake = asyncio.Event()
-        self._syncer: asyncio.Task[None] | None = None
         self._closed = False
         self._append_listeners: list[Callable[[], None]] = []
-        # what was on disk at open counts as durable: it survived whatever stopped the server
-        self._durable_offset = segments[-1].next_offset
+        self.syncer = Syncer(self)
+        self.failed: str | None = None  # why the partition is offline, if it is
+        self.data_end = segments[-1].next_offset  # where the good data ended at open
+        self.quarantined = 0  # damaged ranges found (recovery and reads), each copied aside
+        self.write_errors = 0
+        self._reported: set[tuple[str, int]] = set()
+        self._recovered: list[BatchLocation] = []
+        self.lease = OffsetLease(directory)
+        self._dir_dirty = False
 
-    # Opening and recovery
+    # Opening
 
     @classmethod
     def open(
@@ -135,42 +105,54 @@ class PartitionLog:
         config: LogConfig,
         start_offset: int = 0,
         on_sealed: Callable[[SealedSegment], None] | None = None,
+        ops: FileOps | None = None,
     ) -> PartitionLog:
-        """Open (or create) the log in `directory`; a new log starts at `start_offset`."""
-        directory.mkdir(parents=True, exist_ok=True)
-        found = sorted(
-            (base, directory / name)
-            for name in os.listdir(directory)
-            if (base := parse_segment_name(name)) is not None
-        )
-        segments: list[Segment] = []
-        for position, (base, path) in enumerate(found):
-            is_last = position == len(found) - 1
-            size = path.stat().st_size
-            index = None if is_last else read_index(path.with_suffix(INDEX_SUFFIX), size)
-            if index is not None:
-                next_base = found[position + 1][0]
-                segments.append(Segment(base, path, next_base, size, index, 0.0, sealed=True))
-                continue
-            segment = _recover_segment(base, path)
-            segment.sealed = not is_last
-            if segment.sealed:
-                write_index(segment.index_path, segment.index)
-            segments.append(segment)
-        if not segments:
-            path = directory / segment_name(start_offset)
-            path.touch()
-            segments.append(Segment(start_offset, path, start_offset, 0, [], 0.0, sealed=False))
-        log_ = cls(directory, config, segments, on_sealed)
-        active = segments[-1]
-        active.write_fd = os.open(active.path, os.O_WRONLY | os.O_APPEND)
+        """Open (or create) the log in `directory`; a new log starts at `start_offset`.
+        Blocking (recovery reads and fsyncs): run it in a worker thread from the event loop."""
+        ops = ops or default_file_ops()
+        recovered = recover(directory, ops, start_offset)
+        log_ = cls(directory, config, recovered.segments, on_sealed, ops)
+        log_.data_end = recovered.data_end
+        log_.quarantined = len(recovered.quarantined)
+        log_._reported = {(str(d.path), d.position) for d in recovered.quarantined}
+        log_._recovered = recovered.recovered
+        active = recovered.segments[-1]
+        active.write_fd = ops.open_append(active.path)
         active.created = time.monotonic()
+        # What recovery kept may sit only in the page cache (the process was killed): make it
+        # durable before counting it as such.
+        ops.fsync(active.write_fd, active.path)
+        log_.extend_lease(active.next_offset + MIN_LEASE_BLOCK)
+        return log_
+
+    @classmethod
+    def open_or_offline(
+        cls,
+        directory: Path,
+        config: LogConfig,
+        on_sealed: Callable[[SealedSegment], None] | None = None,
+    ) -> PartitionLog:
+        """Open the log; if that fails, an offline log that refuses everything with the reason,
+        so one damaged partition never keeps the server (or its other partitions) down."""
+        try:
+            return cls.open(directory, config, on_sealed=on_sealed)
+        except Exception as exc:
+            reason = f"cannot open {directory}: {type(exc).__name__}: {exc}"
+            log.exception("wal.open_failed", directory=str(directory), error=reason)
+            return cls.offline(directory, config, reason)
+
+    @classmethod
+    def offline(cls, directory: Path, config: LogConfig, reason: str) -> PartitionLog:
+        placeholder = Segment(0, directory / segment_name(0), 0, 0, [], 0.0, sealed=False)
+        log_ = cls(directory, config, [placeholder])
+        log_.failed = reason
+        log_._closed = True
         return log_
 
     def start(self) -> None:
         """Start the background syncer (needs a running event loop)."""
-        if self._syncer is None:
-            self._syncer = asyncio.get_running_loop().create_task(self._sync_loop())
+        if self.failed is None:
+            self.syncer.start()
 
     # Properties
 
@@ -187,15 +169,28 @@ class PartitionLog:
     def size(self) -> int:
         return sum(s.size for s in self._segments)
 
+    @property
+    def durable_offset(self) -> int:
+        """Every offset below this is covered by an fsync (or was recovered and fsynced)."""
+        return self.syncer.durable_offset
+
+    @property
+    def visible_offset(self) -> int:
+        """What consumers may read: on `fsync=always` only what an fsync covers (the high
+        watermark), so nobody sees a record a power cut could take back; else everything."""
+        if self.config.fsync == FsyncPolicy.ALWAYS:
+            return self.durable_offset
+        return self.next_offset
+
     def recovered_batches(self) -> list[BatchLocation]:
-        """The active segment's batches as found on open (for state that follows the WAL)."""
-        return list(self._segments[-1].recovered)
+        """The last segment's batches as found on open (for state that follows the WAL)."""
+        return list(self._recovered)
 
     def sealed_segments(self) -> list[SealedSegment]:
         return [
             SealedSegment(s.base_offset, s.next_offset, s.path, s.size)
             for s in self._segments
-            if s.sealed and s not in self._to_seal
+            if s.sealed and not self.syncer.sealing(s)
         ]
 
     def add_append_listener(self, listener: Callable[[], None]) -> None:
@@ -206,12 +201,20 @@ class PartitionLog:
         with contextlib.suppress(ValueError):
             self._append_listeners.remove(listener)
 
+    def notify(self) -> None:
+        for listener in self._append_listeners:
+            listener()
+
     # Appending
 
     def append(self, batch: bytes, record_count: int) -> tuple[int, int]:
-        """Stamp and write a validated batch; returns (base offset, durability sequence)."""
+        """Stamp and write a validated batch; returns (base offset, durability sequence).
+
+        Raises `StorageError` (retriable, nothing written) or `PartitionOffline`."""
+        if self.failed is not None:
+            raise PartitionOffline(f"partition offline until restart: {self.failed}")
         if self._closed:
-            raise RuntimeError("log is closed")
+            raise StorageError("log is closed")
         active = self._segments[-1]
         if active.size > 0 and (
             active.size + len(batch) > self.config.segment_bytes
@@ -219,27 +222,54 @@ class PartitionLog:
         ):
             active = self._roll()
         base_offset = active.next_offset
+        end_offset = base_offset + record_count
+        if end_offset > self.lease.on_disk:
+            self._extend_lease_in_line(end_offset)
         stamped = bytearray(batch)
         stamp_base_offset(stamped, base_offset)
         data = bytes(stamped)
         assert active.write_fd is not None
-        _write_all(active.write_fd, data)
+        try:
+            write_all(self.ops, active.write_fd, data)
+        except OSError as exc:
+            self._write_failed(active, exc)
+        if self.write_errors:
+            log.info("wal.write_recovered", directory=str(self.directory), failed=self.write_errors)
+            self.write_errors = 0
         location = batch_location(data, active.size)
         if location.position - active.last_index_position >= INDEX_INTERVAL_BYTES:
             active.index.append(IndexEntry(base_offset, location.position, active.max_timestamp))
             active.last_index_position = location.position
         active.max_timestamp = max(active.max_timestamp, location.max_timestamp)
         active.size += len(data)
-        active.next_offset = base_offset + record_count
-        if not self._dirty or self._dirty[-1] is not active:
-            self._dirty.append(active)
+        active.next_offset = end_offset
         self._appended += 1
-        self._cache(base_offset, active.next_offset, data)
-        if self._waiters:
-            self._wake.set()
-        for listener in self._append_listeners:
-            listener()
+        self._cache(base_offset, end_offset, data)
+        self.syncer.appended(active, self.lease.on_disk - end_offset < self.lease.block // 2)
+        self.notify()
         return base_offset, self._appended
+
+    def _write_failed(self, active: Segment, exc: OSError) -> None:
+        """Remove whatever part of the batch reached the file, then refuse this one append."""
+        assert active.write_fd is not None
+        try:
+            self.ops.truncate(active.write_fd, active.size)
+        except OSError as truncate_error:
+            self.fail(
+                f"a write failed ({exc}) and the partial batch could not be removed "
+                f"({truncate_error})"
+            )
+            raise PartitionOffline(f"partition offline until restart: {self.failed}") from None
+        self.write_errors += 1
+        if self.write_errors == 1:  # once per run of failures, not once per produce
+            log.error(
+                "wal.write_failed",
+                segment=str(active.path),
+                position=active.size,
+                error=str(exc),
+                errno=exc.errno,
+            )
+        raise StorageError(f"cannot write to the log of {self.directory}: {exc}") from None
 
     def _cache(self, base: int, next_offset: int, data: bytes) -> None:
         self._tail.append((base, next_offset, data))
@@ -251,110 +281,85 @@ class PartitionLog:
     def roll_if_old(self) -> None:
         """Roll the active segment if it has data and has reached `segment_ms`."""
         active = self._segments[-1]
-        if active.size and (time.monotonic() - active.created) * 1000 >= self.config.segment_ms:
-            self._roll()
+        if (
+            self.failed is None
+            and not self._closed
+            and active.size
+            and (time.monotonic() - active.created) * 1000 >= self.config.segment_ms
+        ):
+            with contextlib.suppress(StorageError):  # the next append reports it
+                self._roll()
 
     def _roll(self) -> Segment:
         old = self._segments[-1]
-        old.sealed = True
-        self._to_seal.append(old)
         path = self.directory / segment_name(old.next_offset)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            fd = self.ops.open_append(path, create=True)
+        except OSError as exc:  # nothing changed: the old segment stays active
+            raise StorageError(f"cannot create segment {path}: {exc}") from None
+        old.sealed = True
         segment = Segment(
             old.next_offset, path, old.next_offset, 0, [], time.monotonic(), False, fd
         )
         self._segments.append(segment)
         self._bases.append(segment.base_offset)
-        self._wake.set()
+        self._dir_dirty = True  # the syncer makes the new name durable before any data in it
+        self.syncer.seal(old)
         log.debug("wal.rolled", directory=str(self.directory), base_offset=segment.base_offset)
         return segment
+
+    # The offset lease
+
+    def lease_target(self) -> int | None:
+        return self.lease.target(self.next_offset)
+
+    def extend_lease(self, reserved: int) -> None:
+        self.lease.extend(reserved)
+
+    def _extend_lease_in_line(self, needed: int) -> None:
+        try:
+            self.lease.extend(needed + self.lease.block)
+        except OSError as exc:
+            self.write_errors += 1
+            if self.write_errors == 1:
+                log.error("wal.lease_write_failed", directory=str(self.directory), error=str(exc))
+            raise StorageError(f"cannot record the offset lease: {exc}") from None
 
     # Durability
 
     def must_wait(self, sequence: int, committed: bool = False) -> bool:
         """Whether an ack for append `sequence` waits for an fsync: under policy `always`, or
         when the producer asked for read_committed."""
-        if self._durable >= sequence:
+        if self.syncer.durable_sequence >= sequence:
             return False
         return committed or self.config.fsync == FsyncPolicy.ALWAYS
 
-    @property
-    def durable_offset(self) -> int:
-        """Every offset below this is covered by an fsync (or was recovered from disk)."""
-        return self._durable_offset
-
     async def wait_durable(self, sequence: int) -> None:
-        """Resolve once an fsync covers append number `sequence`. Waiting starts an fsync now,
-        whatever the policy: that is how read_committed works on `interval` and `never` topics."""
-        if self._durable >= sequence:
+        """Resolve once an fsync covers append number `sequence`; `PartitionOffline` if the
+        partition failed first. Waiting starts an fsync now, whatever the policy: that is how
+        read_committed works on `interval` and `never` topics."""
+        await self.syncer.wait(sequence)
+
+    def fail(self, reason: str) -> None:
+        """Take the partition offline until restart (see the module docstring)."""
+        if self.failed is not None:
             return
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append((sequence, future))
-        self._wake.set()
-        await future
+        self.failed = reason
+        log.error("wal.partition_failed", directory=str(self.directory), reason=reason)
+        self.syncer.fail_waiters(PartitionOffline(f"partition offline until restart: {reason}"))
+        self.notify()
 
-    async def _sync_loop(self) -> None:
-        interval = (
-            self.config.fsync_interval_ms / 1000
-            if self.config.fsync == FsyncPolicy.INTERVAL
-            else None
-        )
-        while True:
-            if interval is None:
-                await self._wake.wait()
-            else:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), interval)
-            self._wake.clear()
-            try:
-                await self._sync_once()
-            except OSError as exc:  # a failing disk: waiters keep waiting; say so loudly
-                log.error("wal.fsync_failed", directory=str(self.directory), error=str(exc))
-                await asyncio.sleep(1)
-            if self._closed and not self._to_seal and not self._dirty:
-                return
+    def take_directory_dirty(self) -> bool:
+        dirty, self._dir_dirty = self._dir_dirty, False
+        return dirty
 
-    async def _sync_once(self) -> None:
-        target = self._appended
-        target_offset = self.next_offset
-        if self.config.fsync != FsyncPolicy.NEVER or self._waiters or self._closed:
-            dirty, self._dirty = self._dirty, []
-            for segment in dirty:
-                if segment.write_fd is not None:
-                    await asyncio.to_thread(os.fsync, segment.write_fd)
-            self._durable = max(self._durable, target)
-            self._advance_durable_offset(target_offset)
-            waiting, self._waiters = self._waiters, []
-            for sequence, future in waiting:
-                if sequence > self._durable:
-                    self._waiters.append((sequence, future))
-                elif not future.done():
-                    future.set_result(None)
-        sealing, self._to_seal = self._to_seal, []
-        for segment in sealing:
-            await asyncio.to_thread(_seal, segment)  # fsyncs it whatever the policy
-            if self.config.fsync == FsyncPolicy.NEVER:
-                self._dirty = [s for s in self._dirty if s is not segment]
-                self._advance_durable_offset(segment.next_offset)
-            log.info(
-                "wal.sealed",
-                directory=str(self.directory),
-                base_offset=segment.base_offset,
-                next_offset=segment.next_offset,
-                bytes=segment.size,
-            )
-            if self.on_sealed is not None:
-                self.on_sealed(
-                    SealedSegment(
-                        segment.base_offset, segment.next_offset, segment.path, segment.size
-                    )
-                )
+    @property
+    def appended(self) -> int:
+        return self._appended
 
-    def _advance_durable_offset(self, offset: int) -> None:
-        if offset > self._durable_offset:
-            self._durable_offset = offset
-            for listener in self._append_listeners:
-                listener()
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     # Reading
 
@@ -364,15 +369,48 @@ class PartitionLog:
         Empty when `offset` is at or past the end, or below `start_offset` (then the caller
         reads the object store).
         """
+        return (await self.read_span(offset, max_bytes)).batches
+
+    async def read_span(self, offset: int, max_bytes: int = _READ_CHUNK) -> LogRead:
+        """As `read`, and whether damage was skipped before the first batch returned: then the
+        offsets from `offset` up to that batch were hidden by it (or never existed: a gap)."""
         cached = self._read_cache(offset, max_bytes)
         if cached is not None:
-            return cached
+            return LogRead(cached, False)
         if offset >= self.next_offset or offset < self.start_offset:
-            return []
-        segment = self._segments[bisect.bisect_right(self._bases, offset) - 1]
-        entry_index = bisect.bisect_right([e.offset for e in segment.index], offset) - 1
-        position = segment.index[entry_index].position if entry_index >= 0 else 0
-        return await asyncio.to_thread(_read_batches, segment.path, position, offset, max_bytes)
+            return LogRead([], False)
+        damaged = False
+        position_in_list = bisect.bisect_right(self._bases, offset) - 1
+        for segment in list(self._segments[position_in_list:]):
+            entry = bisect.bisect_right(segment.index, offset, key=lambda e: e.offset) - 1
+            position = segment.index[entry].position if entry >= 0 else 0
+            result = await asyncio.to_thread(
+                read_batches,
+                segment.path,
+                position,
+                offset,
+                max_bytes,
+                segment.size,
+                segment.base_offset,
+            )
+            for damage in result.damage:
+                self._report(damage)
+            if result.damage and (
+                not result.batches or batch_location(result.batches[0], 0).base_offset > offset
+            ):
+                damaged = True
+            if result.batches or not segment.sealed:
+                return LogRead(result.batches, damaged)
+            # nothing at or after `offset` in this segment: a gap, or damage at its end
+        return LogRead([], damaged)
+
+    def _report(self, damage: Damage) -> None:
+        ident = (str(damage.path), damage.position)
+        if ident in self._reported:
+            return
+        self._reported.add(ident)
+        self.quarantined += 1
+        quarantine(self.directory, damage)
 
     def _read_cache(self, offset: int, max_bytes: int) -> list[bytes] | None:
         tail = self._tail
@@ -418,101 +456,42 @@ class PartitionLog:
             if (
                 segment.base_offset == base_offset
                 and segment.sealed
-                and segment not in self._to_seal
+                and not self.syncer.sealing(segment)
             ):
                 del self._segments[position]
                 del self._bases[position]
                 segment.path.unlink(missing_ok=True)
                 segment.index_path.unlink(missing_ok=True)
+                self._dir_dirty = True
+                self.syncer.wake()
                 return True
         return False
 
     # Shutdown
 
     async def close(self, seal_active: bool = False) -> None:
-        """Fsync everything; with `seal_active`, also seal the active segment (for upload)."""
+        """Fsync everything; with `seal_active`, also seal the active segment (for upload).
+        A clean close records the exact next offset, so a restart leaves no gap."""
         if self._closed:
             return
-        if seal_active and self._segments[-1].size:
-            self._roll()
+        if seal_active and self._segments[-1].size and self.failed is None:
+            with contextlib.suppress(StorageError):
+                self._roll()
         self._closed = True
-        self._wake.set()
-        if self._syncer is not None:
-            await self._syncer
-        else:
-            await self._sync_once()
+        await self.syncer.close()
         for segment in self._segments:
-            if segment.write_fd is not None:
-                await asyncio.to_thread(os.fsync, segment.write_fd)
-                os.close(segment.write_fd)
-                segment.write_fd = None
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
-
-
-def _seal(segment: Segment) -> None:
-    if segment.write_fd is not None:
-        os.fsync(segment.write_fd)
-        os.close(segment.write_fd)
-        segment.write_fd = None
-    write_index(segment.index_path, segment.index)
-
-
-def _recover_segment(base: int, path: Path) -> Segment:
-    scan = scan_segment(path)
-    if scan.valid_size < scan.file_size:
-        log.warning(
-            "wal.truncated",
-            segment=str(path),
-            kept_bytes=scan.valid_size,
-            dropped_bytes=scan.file_size - scan.valid_size,
-            reason=scan.problem,
-        )
-        with path.open("r+b") as file:
-            file.truncate(scan.valid_size)
-            file.flush()
-            os.fsync(file.fileno())
-    next_offset = scan.batches[-1].next_offset if scan.batches else base
-    if scan.batches and scan.batches[0].base_offset != base:
-        log.warning(
-            "wal.segment_base_mismatch", segment=str(path), first=scan.batches[0].base_offset
-        )
-    segment = Segment(
-        base, path, next_offset, scan.valid_size, build_index(scan.batches), 0.0, False
-    )
-    segment.last_index_position = (
-        segment.index[-1].position if segment.index else -INDEX_INTERVAL_BYTES
-    )
-    segment.max_timestamp = max((b.max_timestamp for b in scan.batches), default=-1)
-    segment.recovered = scan.batches
-    return segment
-
-
-def _read_batches(path: Path, position: int, offset: int, max_bytes: int) -> list[bytes]:
-    batches: list[bytes] = []
-    size = 0
-    with path.open("rb") as file:
-        file.seek(position)
-        while True:
-            header = file.read(BATCH_HEADER_SIZE)
-            if len(header) < BATCH_HEADER_SIZE:
-                return batches
-            location = batch_location(header, position)
-            length = 12 + int.from_bytes(header[8:12], "big")
-            if location.next_offset <= offset:
-                file.seek(length - BATCH_HEADER_SIZE, os.SEEK_CUR)
-                position += length
+            if segment.write_fd is None:
                 continue
-            rest = file.read(length - BATCH_HEADER_SIZE)
-            if len(rest) < length - BATCH_HEADER_SIZE:
-                return batches  # a batch still being written
-            batches.append(header + rest)
-            size += length
-            position += length
-            if size >= max_bytes:
-                return batches
+            if self.failed is None:
+                try:
+                    await asyncio.to_thread(self.ops.fsync, segment.write_fd, segment.path)
+                except OSError as exc:
+                    self.fail(f"fsync failed at close: {exc}")
+            with contextlib.suppress(OSError):
+                self.ops.close(segment.write_fd)
+            segment.write_fd = None
+        if self.failed is None:
+            try:
+                await asyncio.to_thread(self.lease.close, self.next_offset)
+            except OSError as exc:
+                log.warning("wal.lease_write_failed", directory=str(self.directory), error=str(exc))

@@ -22,7 +22,8 @@ async def read_all(log: PartitionLog, start: int = 0) -> list[tuple[int, bytes |
     offset = start
     while offset < log.next_offset:
         batches = await log.read(offset)
-        assert batches, f"no batch at {offset}"
+        if not batches:  # a gap up to the end (offsets skipped after a recovery cut)
+            break
         for data in batches:
             for record in read_records(data):
                 if record.offset >= offset:
@@ -81,7 +82,7 @@ async def test_group_commit_one_fsync_for_concurrent_appends(tmp_path: Path) -> 
     log.start()
     sequences = [log.append(batch(str(i).encode()), 1)[1] for i in range(50)]
     await asyncio.wait_for(asyncio.gather(*(log.wait_durable(s) for s in sequences)), 10)
-    assert log._durable >= 50
+    assert log.syncer.durable_sequence >= 50
     await log.close()
 
 
@@ -89,6 +90,8 @@ async def test_group_commit_one_fsync_for_concurrent_appends(tmp_path: Path) -> 
 async def test_torn_or_corrupt_tail_is_cut_at_the_last_good_batch(
     tmp_path: Path, damage: str
 ) -> None:
+    """The damaged last batch is cut (and copied to quarantine), but its offset was handed out
+    before the clean close, so appends continue above it: offset 9 is never given twice."""
     log = PartitionLog.open(tmp_path, LogConfig())
     log.start()
     for i in range(10):
@@ -105,12 +108,14 @@ async def test_torn_or_corrupt_tail_is_cut_at_the_last_good_batch(
         data += os.urandom(40)
     path.write_bytes(bytes(data))
     reopened = PartitionLog.open(tmp_path, LogConfig())
-    expected = 10 if damage == "garbage" else 9
-    assert reopened.next_offset == expected
-    assert [v for _, v in await read_all(reopened)] == [f"v{i}".encode() for i in range(expected)]
+    kept = 10 if damage == "garbage" else 9
+    assert reopened.next_offset == 10
+    assert [v for _, v in await read_all(reopened)] == [f"v{i}".encode() for i in range(kept)]
     assert path.stat().st_size == good_size
+    assert len(list((tmp_path / "quarantine").iterdir())) == 1
     reopened.start()
-    assert reopened.append(batch(b"next"), 1)[0] == expected
+    assert reopened.append(batch(b"next"), 1)[0] == 10
+    assert [o for o, _ in await read_all(reopened)] == [*range(kept), 10]
     await reopened.close()
     assert scan_segment(path).problem is None
 

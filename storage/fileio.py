@@ -1,0 +1,115 @@
+"""The WAL's one seam to the file system: every segment write, truncate and fsync goes through here.
+
+`FileOps` is a small object whose methods are thin wrappers over `os.*`. The WAL never calls
+`os.write` or `os.fsync` on a segment itself, so a test can hand it a subclass that fails exactly
+where a real disk does (a short write, ENOSPC, EIO, a failing fsync) and check what the WAL does
+next, without a special file system.
+
+Power-loss simulation: when the environment variable `HEADWATER_TEST_FSYNC_JOURNAL` names a file,
+`default_file_ops()` returns a `JournalingFileOps` that appends `<path>\\t<length>` to that file
+after each fsync of a segment completes (the length the file had when the fsync started, which the
+fsync therefore covers). A test kills the server with SIGKILL and cuts every segment back to its
+last journaled length: what a power cut would have left on the disk. Without the variable the
+journal does not exist and costs nothing. `fsync_directory` makes a created, renamed or deleted
+name durable (POSIX needs an fsync of the directory for that).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Final
+
+JOURNAL_ENV: Final = "HEADWATER_TEST_FSYNC_JOURNAL"
+BOOT_ID_ENV: Final = "HEADWATER_TEST_BOOT_ID"
+_BOOT_ID_FILE: Final = Path("/proc/sys/kernel/random/boot_id")
+
+
+class FileOps:
+    """Segment file operations; subclass and override to inject faults."""
+
+    def open_append(self, path: Path, create: bool = False) -> int:
+        flags = os.O_WRONLY | os.O_APPEND | (os.O_CREAT if create else 0)
+        return os.open(path, flags, 0o644)
+
+    def write(self, fd: int, data: memoryview) -> int:
+        return os.write(fd, data)
+
+    def truncate(self, fd: int, length: int) -> None:
+        os.ftruncate(fd, length)
+
+    def fsync(self, fd: int, path: Path) -> None:
+        os.fsync(fd)
+
+    def fsync_directory(self, directory: Path) -> None:
+        fsync_directory(directory)
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
+
+class JournalingFileOps(FileOps):
+    """Records the length every completed segment fsync covers (power-loss tests only)."""
+
+    def __init__(self, journal: Path) -> None:
+        self._journal = journal
+        self._lock = threading.Lock()  # fsyncs run in worker threads
+
+    def fsync(self, fd: int, path: Path) -> None:
+        length = os.fstat(fd).st_size
+        os.fsync(fd)
+        line = f"{path}\t{length}\n".encode()
+        with self._lock:
+            journal = os.open(self._journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(journal, line)
+            finally:
+                os.close(journal)
+
+
+def default_file_ops() -> FileOps:
+    journal = os.environ.get(JOURNAL_ENV)
+    return JournalingFileOps(Path(journal)) if journal else FileOps()
+
+
+def write_all(ops: FileOps, fd: int, data: bytes) -> None:
+    """Write every byte or raise OSError (a short write that makes no progress is ENOSPC)."""
+    view = memoryview(data)
+    while view:
+        written = ops.write(fd, view)
+        if written <= 0:
+            raise OSError(28, "No space left on device (write made no progress)")
+        view = view[written:]
+
+
+def fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_file_durably(path: Path, data: bytes) -> None:
+    """Replace `path` with `data` atomically and durably: temporary file, fsync, rename, and an
+    fsync of the directory so the new name survives a power loss too."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    with temporary.open("wb") as file:
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, path)
+    fsync_directory(path.parent)
+
+
+def boot_id() -> str:
+    """Identifies the running kernel: it changes when the machine restarts (or loses power), so
+    a WAL can tell a killed process (page cache kept) from a lost page cache."""
+    override = os.environ.get(BOOT_ID_ENV)
+    if override:
+        return override
+    try:
+        return _BOOT_ID_FILE.read_text().strip()
+    except OSError:
+        return "unknown"

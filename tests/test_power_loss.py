@@ -1,0 +1,184 @@
+"""A power cut, simulated on a real server, and a real full disk (a size-limited tmpfs).
+
+Power loss: the server runs with `HEADWATER_TEST_FSYNC_JOURNAL`, so every completed segment fsync
+records the length it covered. The test kills the server (SIGKILL) while producers stream and a
+subscription acks, cuts every segment back to its last journaled length (what the disk would
+hold after the power went), and restarts it as a new boot (`HEADWATER_TEST_BOOT_ID`). RocksDB is
+not cut: its synced writes are durable by its own WAL, and this simulates the segments only.
+
+Disk full: the topics directory is a tmpfs of a few MiB mounted by the test (we run as root; if
+the mount fails the test fails and says why). A filler file takes the last free byte while
+producers keep sending; space comes back; the server is killed and restarted, then stopped
+gracefully and restarted.
+
+Both check the promises: every acknowledged message is there, read back from `earliest`; no
+offset is given to two messages; the subscription skips nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import headwater
+from headwater.testing import ServerProcess
+from tests.faults import cut_to_last_fsync, produce_each, read_from_earliest
+from tests.helpers import drain
+from wire.errors import StorageError
+
+
+def values(prefix: str, count: int) -> list[bytes]:
+    return [f"{prefix}-{i:05d}-{'p' * 50}".encode() for i in range(count)]
+
+
+async def test_power_loss_keeps_every_acked_message_and_no_subscription_skips(
+    tmp_path: Path,
+) -> None:
+    journal = tmp_path / "fsync-journal"
+    env = {"HEADWATER_TEST_FSYNC_JOURNAL": str(journal), "HEADWATER_TEST_BOOT_ID": "boot-1"}
+    server = ServerProcess(tmp_path / "data", env=env).start()
+    acked: dict[int, bytes] = {}
+    sub_acked: set[int] = set()
+    try:
+        async with await headwater.connect(server.address) as client:
+            await client.create_topic(
+                "power", dispatch="reliable", configs={"fsync": "always", "segment.bytes": 65536}
+            )
+            consumer = await client.subscribe("power", "sub", start="earliest", prefetch=500)
+
+            async def stream(name: str) -> None:
+                producer = client.producer("power", linger=0.001)
+                for start in range(0, 200_000, 100):
+                    batch = values(f"{name}{start}", 100)
+                    sent = [(await producer.send(v), v) for v in batch]
+                    with contextlib.suppress(headwater.HeadwaterError):
+                        await producer.flush()
+                    for future, value in sent:
+                        with contextlib.suppress(headwater.HeadwaterError):
+                            metadata = await future
+                            assert metadata.offset is not None
+                            assert metadata.offset not in acked
+                            acked[metadata.offset] = value
+
+            async def consume() -> None:
+                for _ in range(1_000_000):
+                    message = await consumer.receive(timeout=30)
+                    await message.ack()
+                    sub_acked.add(message.offset)
+
+            tasks = [asyncio.create_task(stream(f"p{i}-")) for i in range(4)]
+            tasks.append(asyncio.create_task(consume()))
+            deadline = asyncio.get_running_loop().time() + 20
+            while len(acked) < 5000 and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.05)
+            server.kill()  # the power goes
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        assert len(acked) >= 5000, "too few acks before the cut"
+        cut = cut_to_last_fsync(server.data_dir, journal)
+        server.env = {**env, "HEADWATER_TEST_BOOT_ID": "boot-2"}  # the machine rebooted
+        server.start()
+        async with await headwater.connect(server.address) as client:
+            stored = await read_from_earliest(client, "power", "audit")
+            missing = set(acked) - set(stored)
+            assert not missing, f"{len(missing)} acknowledged messages lost"
+            assert all(stored[o] == v for o, v in acked.items()), "an offset was reused"
+            # the subscription: everything stored is either acked before the cut or comes now,
+            # and new messages are not skipped
+            consumer = await client.subscribe("power", "sub", prefetch=5000)
+            new, errors = await produce_each(client, "power", values("after", 20))
+            assert not errors and min(new) > max(acked)
+            received = {m.offset for m in await drain(consumer, idle=1.5)}
+            skipped = (set(stored) | set(new)) - sub_acked - received
+            assert not skipped, f"the subscription skipped {len(skipped)} messages"
+        report = (
+            f"acked={len(acked)} stored={len(stored)} cut_bytes={sum(cut.values())} "
+            f"sub_acked={len(sub_acked)} redelivered={len(received - set(new))}"
+        )
+        print(f"\npower loss: {report}")
+    finally:
+        server.kill()
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 12 MiB tmpfs, mounted for this test only."""
+    mount_point = tmp_path / "data" / "topics"
+    mount_point.mkdir(parents=True)
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", str(mount_point)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        pytest.fail(
+            "the disk-full test needs to mount a tmpfs (run the tests as root, or in a "
+            f"container allowed to mount): mount said {result.stderr.strip()!r}"
+        )
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def fill(directory: Path) -> Path:
+    """Take every free byte of `directory`'s file system with one file."""
+    filler = directory / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        for size in (1 << 20, 1 << 16, 1 << 12, 1 << 8, 1):
+            for _ in range(100_000):
+                try:
+                    os.write(fd, b"\0" * size)
+                except OSError as exc:
+                    assert exc.errno == errno.ENOSPC
+                    break
+    finally:
+        os.close(fd)
+    return filler
+
+
+@pytest.mark.parametrize("fsync", ["always", "interval"])
+async def test_disk_full_on_a_real_filesystem(tmp_path: Path, small_disk: Path, fsync: str) -> None:
+    config = tmp_path / "server.toml"
+    config.write_text('[object_store]\nbackend = "none"\n')
+    server = ServerProcess(tmp_path / "data", extra_args=("--config", str(config))).start()
+    try:
+        async with await headwater.connect(server.address) as client:
+            await client.create_topic("full", dispatch="reliable", configs={"fsync": fsync})
+            acked, errors = await produce_each(client, "full", values("before", 200))
+            assert not errors
+            filler = await asyncio.to_thread(fill, small_disk)
+            during, errors = await produce_each(client, "full", values("during", 100))
+            acked.update(during)
+            assert errors, "the disk was full and no produce failed"
+            assert all(isinstance(e, StorageError) and e.retriable for e in errors), errors
+            refused = len(errors)
+            os.unlink(filler)
+            after, errors = await produce_each(client, "full", values("after", 300))
+            assert not errors
+            acked.update(after)
+            assert await read_from_earliest(client, "full", "live") == acked
+        server.kill()
+        server.start()
+        async with await headwater.connect(server.address) as client:
+            assert await read_from_earliest(client, "full", "after-kill") == acked
+            new, errors = await produce_each(client, "full", values("new", 20))
+            assert not errors and min(new) > max(acked)
+            acked.update(new)
+        assert server.stop() == 0
+        server.start()
+        async with await headwater.connect(server.address) as client:
+            assert await read_from_earliest(client, "full", "after-stop") == acked
+        print(f"\ndisk full ({fsync}): acked={len(acked)} refused={refused}")
+    finally:
+        server.kill()

@@ -1,0 +1,250 @@
+"""The partition WAL under disk faults, injected through its file-ops seam (`storage.fileio`).
+
+Each test replaces the real `FileOps` with one that fails where a real disk does: a short write,
+ENOSPC, EIO, a failing fsync or truncate. The files are real; only the failing call is simulated.
+What must hold: nothing acknowledged is lost, a failed append leaves no byte behind, an offset is
+never given twice (also after a restart), and a failed fsync takes the partition offline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from storage.fileio import BOOT_ID_ENV, FileOps
+from storage.segments import scan_segment, segment_name
+from storage.wal import FsyncPolicy, LogConfig, PartitionLog
+from wire.errors import PartitionOffline, StorageError
+from wire.records import build_batch, read_records
+
+
+class FaultyOps(FileOps):
+    """Real file operations, except the ones a test schedules to fail."""
+
+    def __init__(self) -> None:
+        # what each write call does, in order: "ok", "half", "enospc", "eio" or "zero"
+        self.writes: list[str] = []
+        self.fail_fsync = False
+        self.fail_truncate = False
+        self.fsyncs = 0
+        self.directory_fsyncs = 0
+
+    def write(self, fd: int, data: memoryview) -> int:
+        action = self.writes.pop(0) if self.writes else "ok"
+        if action == "half":
+            return os.write(fd, data[: max(1, len(data) // 2)])
+        if action == "enospc":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        if action == "eio":
+            raise OSError(errno.EIO, "Input/output error")
+        if action == "zero":
+            return 0
+        return os.write(fd, data)
+
+    def truncate(self, fd: int, length: int) -> None:
+        if self.fail_truncate:
+            raise OSError(errno.EIO, "Input/output error")
+        os.ftruncate(fd, length)
+
+    def fsync(self, fd: int, path: Path) -> None:
+        self.fsyncs += 1
+        if self.fail_fsync:
+            raise OSError(errno.EIO, "Input/output error")
+        os.fsync(fd)
+
+    def fsync_directory(self, directory: Path) -> None:
+        self.directory_fsyncs += 1
+        super().fsync_directory(directory)
+
+
+def batch(*values: bytes) -> bytes:
+    return build_batch([(None, v, []) for v in values])
+
+
+async def read_all(log: PartitionLog) -> list[tuple[int, bytes | None]]:
+    out: list[tuple[int, bytes | None]] = []
+    offset = log.start_offset
+    for _ in range(10_000):
+        batches = await log.read(offset)
+        if not batches:
+            return out
+        for data in batches:
+            for record in read_records(data):
+                if record.offset >= offset:
+                    out.append((record.offset, record.value))
+            offset = read_records(data)[-1].offset + 1
+    raise AssertionError("read_all did not finish")
+
+
+async def abandon(log: PartitionLog) -> None:
+    """What kill -9 does to a log: nothing is closed, nothing more is written."""
+    task = log.syncer._task
+    if task is not None:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+@pytest.mark.parametrize("fault", [["half", "enospc"], ["enospc"], ["eio"], ["half", "zero"]])
+async def test_failed_append_leaves_nothing_behind_and_later_appends_work(
+    tmp_path: Path, fault: list[str]
+) -> None:
+    ops = FaultyOps()
+    log = PartitionLog.open(tmp_path, LogConfig(fsync=FsyncPolicy.ALWAYS), ops=ops)
+    log.start()
+    acked: dict[int, bytes] = {}
+    for i in range(5):
+        base, sequence = log.append(batch(f"before{i}".encode()), 1)
+        await log.wait_durable(sequence)
+        acked[base] = f"before{i}".encode()
+    size = (tmp_path / segment_name(0)).stat().st_size
+    ops.writes = list(fault)
+    with pytest.raises(StorageError) as raised:
+        log.append(batch(b"x" * 5000), 1)
+    assert raised.value.retriable
+    assert (tmp_path / segment_name(0)).stat().st_size == size, "a partial batch stayed behind"
+    assert log.next_offset == 5
+    for i in range(5):  # the disk is back
+        base, sequence = log.append(batch(f"after{i}".encode()), 1)
+        await log.wait_durable(sequence)
+        acked[base] = f"after{i}".encode()
+    assert dict(await read_all(log)) == acked
+    assert scan_segment(tmp_path / segment_name(0)).problem is None
+    await abandon(log)  # kill -9
+    reopened = PartitionLog.open(tmp_path, LogConfig())
+    assert dict(await read_all(reopened)) == acked
+    assert reopened.append(batch(b"new"), 1)[0] == 10
+    await reopened.close()
+    await log.close()
+
+
+async def test_failed_truncate_after_a_failed_write_takes_the_partition_offline(
+    tmp_path: Path,
+) -> None:
+    ops = FaultyOps()
+    log = PartitionLog.open(tmp_path, LogConfig(fsync=FsyncPolicy.ALWAYS), ops=ops)
+    log.start()
+    _, sequence = log.append(batch(b"kept"), 1)
+    await log.wait_durable(sequence)
+    ops.writes = ["half", "eio"]
+    ops.fail_truncate = True
+    with pytest.raises(PartitionOffline):
+        log.append(batch(b"y" * 3000), 1)
+    with pytest.raises(PartitionOffline):
+        log.append(batch(b"z"), 1)
+    assert log.failed is not None and "could not be removed" in log.failed
+    await log.close()
+    # the restart's recovery scan cuts the torn bytes; what was acked is there
+    reopened = PartitionLog.open(tmp_path, LogConfig())
+    assert await read_all(reopened) == [(0, b"kept")]
+    assert reopened.append(batch(b"next"), 1)[0] >= 1
+    await reopened.close()
+
+
+async def test_failed_fsync_fails_the_partition_and_is_never_retried(tmp_path: Path) -> None:
+    ops = FaultyOps()
+    log = PartitionLog.open(tmp_path, LogConfig(fsync=FsyncPolicy.ALWAYS), ops=ops)
+    log.start()
+    _, sequence = log.append(batch(b"durable"), 1)
+    await log.wait_durable(sequence)
+    ops.fail_fsync = True
+    fsyncs_before = ops.fsyncs
+    _, sequence = log.append(batch(b"pending"), 1)
+    with pytest.raises(PartitionOffline):
+        await asyncio.wait_for(log.wait_durable(sequence), 5)
+    assert log.failed is not None and "fsync failed" in log.failed
+    assert log.durable_offset == 1  # no ack, and no consumer, ever sees "pending"
+    assert log.visible_offset == 1
+    with pytest.raises(PartitionOffline):
+        log.append(batch(b"refused"), 1)
+    with pytest.raises(PartitionOffline):
+        await log.wait_durable(sequence)
+    ops.fail_fsync = False  # the disk "recovers": a later fsync would prove nothing
+    await asyncio.sleep(0.05)
+    assert ops.fsyncs == fsyncs_before + 1, "a failed fsync was retried"
+    await log.close()
+    reopened = PartitionLog.open(tmp_path, LogConfig())
+    assert (await read_all(reopened))[0] == (0, b"durable")
+    assert reopened.append(batch(b"new"), 1)[0] >= 2  # offset 1 was handed out
+    await reopened.close()
+
+
+async def test_fsync_always_consumers_see_only_what_an_fsync_covers(tmp_path: Path) -> None:
+    log = PartitionLog.open(tmp_path, LogConfig(fsync=FsyncPolicy.ALWAYS))
+    interval = PartitionLog.open(tmp_path / "i", LogConfig(fsync=FsyncPolicy.INTERVAL))
+    log.start()
+    _, sequence = log.append(batch(b"a"), 1)
+    interval.append(batch(b"a"), 1)
+    assert log.visible_offset == 0  # appended, not yet durable
+    assert interval.visible_offset == 1  # interval/never: visible once written
+    await log.wait_durable(sequence)
+    assert log.visible_offset == 1
+    await log.close()
+    await interval.close()
+
+
+async def test_directories_are_fsynced_after_segment_create_and_delete(tmp_path: Path) -> None:
+    ops = FaultyOps()
+    log = PartitionLog.open(tmp_path, LogConfig(segment_bytes=1024), ops=ops)
+    log.start()
+    before = ops.directory_fsyncs
+    for i in range(3):
+        _, sequence = log.append(batch(f"{i}".encode() * 1000), 1)
+        await log.wait_durable(sequence)
+    assert len(list(tmp_path.glob("*.log"))) == 3
+    assert ops.directory_fsyncs >= before + 2
+    for _ in range(100):
+        if log.sealed_segments():
+            break
+        await asyncio.sleep(0.01)
+    before = ops.directory_fsyncs
+    assert log.delete_segment(0)
+    _, sequence = log.append(batch(b"x"), 1)
+    await log.wait_durable(sequence)
+    assert ops.directory_fsyncs > before
+    await log.close()
+
+
+async def test_offsets_are_not_reused_after_a_power_loss_took_the_unsynced_tail(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fsync=never acks what is only in the page cache; a power cut takes it. The restart (a new
+    boot) continues above every offset handed out, so none is given to two messages."""
+    monkeypatch.setenv(BOOT_ID_ENV, "boot-1")
+    log = PartitionLog.open(tmp_path, LogConfig(fsync=FsyncPolicy.NEVER))
+    log.start()
+    handed_out = [log.append(batch(f"v{i}".encode()), 1)[0] for i in range(100)]
+    await abandon(log)
+    segment = tmp_path / segment_name(0)
+    size = segment.stat().st_size
+    with segment.open("r+b") as file:  # the power cut: half the unsynced data is gone
+        file.truncate(size // 2)
+    monkeypatch.setenv(BOOT_ID_ENV, "boot-2")
+    reopened = PartitionLog.open(tmp_path, LogConfig(fsync=FsyncPolicy.NEVER))
+    reopened.start()
+    new = [reopened.append(batch(f"n{i}".encode()), 1)[0] for i in range(10)]
+    assert min(new) > max(handed_out)
+    records = await read_all(reopened)
+    assert len({o for o, _ in records}) == len(records)
+    assert [o for o, v in records if v is not None and v.startswith(b"n")] == new
+    await reopened.close()
+    await log.close()
+
+
+async def test_a_killed_process_restarts_without_a_gap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Same boot: the page cache kept every completed write, so offsets simply continue."""
+    monkeypatch.setenv(BOOT_ID_ENV, "boot-1")
+    log = PartitionLog.open(tmp_path, LogConfig(fsync=FsyncPolicy.NEVER))
+    log.start()
+    for i in range(50):
+        log.append(batch(f"v{i}".encode()), 1)
+    await abandon(log)
+    reopened = PartitionLog.open(tmp_path, LogConfig())
+    assert reopened.next_offset == 50
+    await reopened.close()
+    await log.close()
