@@ -22,7 +22,7 @@ import errno
 import os
 import socket
 from concurrent.futures import ThreadPoolExecutor
-from typing import Final
+from typing import Final, cast
 
 import structlog
 
@@ -56,7 +56,7 @@ class _Refused(asyncio.Protocol):
         self._lingering = lingering
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         self._lingering.add(self)
         transport.write(self._frame)
         if transport.can_write_eof():

@@ -9,7 +9,7 @@ latency the test measures. Attacks:
 - `pipeline`: send 5,000 LIST_TOPICS at once and never read an answer;
 - `idle N`: open N connections and send nothing;
 - `partial N`: keep N connections each inside an incomplete frame, replacing the closed ones;
-- `flood`: pipeline LIST_TOPICS in 4 MiB writes, reading the answers, as fast as it can;
+- `flood TOPIC`: fire-and-forget PRODUCEs of one tiny record in 4 MiB writes, nonstop;
 - `badframes N`: N frames with an unknown api key, in large writes, answers read and dropped.
 """
 
@@ -29,7 +29,7 @@ import crc32c
 
 from wire import messages as m
 from wire.codec import encode_request
-from wire.frames import FrameDecoder
+from wire.frames import Flags, FrameDecoder
 from wire.records import Compression, build_batch
 
 ERROR = struct.Struct(">h")
@@ -58,17 +58,19 @@ def error_codes(data: bytes, decoder: FrameDecoder, codes: Counter[int]) -> None
             codes[ERROR.unpack_from(body)[0]] += 1
 
 
-def started() -> None:
+def started(seconds: float) -> float:
+    """Announce the attack; returns when it ends (counted from now, after any setup)."""
     print("attacking", flush=True)
+    return time.monotonic() + seconds
 
 
-def bomb(address: str, deadline: float, topic: str) -> dict[str, object]:
+def bomb(address: str, seconds: float, topic: str) -> dict[str, object]:
     request = encode_request(m.ProduceRequest(topic, -1, bomb_batch()), 1)
     sock = connect(address)
     decoder = FrameDecoder()
     codes: Counter[int] = Counter()
     slowest = 0.0
-    started()
+    deadline = started(seconds)
     while time.monotonic() < deadline:
         begin = time.monotonic()
         sock.sendall(request)
@@ -79,23 +81,27 @@ def bomb(address: str, deadline: float, topic: str) -> dict[str, object]:
     return {"codes": dict(codes), "slowest": slowest, "size": len(request)}
 
 
-def pipeline(address: str, deadline: float) -> dict[str, object]:
+def pipeline(address: str, seconds: float) -> dict[str, object]:
+    """5,000 LIST_TOPICS, then 5,000 more whenever the server takes them, never reading."""
     sock = connect(address)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     data = b"".join(encode_request(m.ListTopicsRequest(), i) for i in range(5000))
-    started()
+    deadline = started(seconds)
     sent = 0
-    sock.settimeout(max(0.1, deadline - time.monotonic()))
-    try:
-        while sent < len(data):
-            sent += sock.send(data[sent:])
-    except TimeoutError:
-        pass  # the server stopped reading: as it should
+    blocked = False
+    sock.settimeout(1.0)
+    while time.monotonic() < deadline:
+        try:
+            sock.sendall(data)
+            sent += 5000
+        except TimeoutError:
+            blocked = True  # the server stopped reading: as it should
+            break
     time.sleep(max(0.0, deadline - time.monotonic()))  # hold the connection, never read
-    return {"sent": sent, "total": len(data)}
+    return {"sent": sent, "blocked": blocked}
 
 
-def idle(address: str, deadline: float, count: int) -> dict[str, object]:
+def idle(address: str, seconds: float, count: int) -> dict[str, object]:
     sockets = []
     failed = 0
     for _ in range(count):
@@ -103,7 +109,7 @@ def idle(address: str, deadline: float, count: int) -> dict[str, object]:
             sockets.append(connect(address))
         except OSError:
             failed += 1
-    started()
+    deadline = started(seconds)
     time.sleep(max(0.0, deadline - time.monotonic()))
     codes: Counter[int] = Counter()
     closed = 0
@@ -122,21 +128,19 @@ def idle(address: str, deadline: float, count: int) -> dict[str, object]:
     return {"open": len(sockets), "failed": failed, "closed": closed, "codes": dict(codes)}
 
 
-def partial(address: str, deadline: float, count: int) -> dict[str, object]:
+def partial(address: str, seconds: float, count: int) -> dict[str, object]:
     fragment = encode_request(m.DescribeTopicRequest("some-topic"), 1)[:-3]
     live: list[socket.socket] = []
     codes: Counter[int] = Counter()
     opened = 0
-    announced = False
-    while time.monotonic() < deadline:
+    deadline = 0.0
+    while not deadline or time.monotonic() < deadline:
         while len(live) < count:
             sock = connect(address)
             sock.sendall(fragment)
             live.append(sock)
             opened += 1
-        if not announced:
-            started()
-            announced = True
+        deadline = deadline or started(seconds)
         ready, _, _ = select.select(live, [], [], 0.2)
         for sock in ready:
             try:
@@ -165,36 +169,36 @@ def _drain(sock: socket.socket, codes: Counter[int], done: threading.Event) -> N
         error_codes(data, decoder, codes)
 
 
-def flood(address: str, deadline: float) -> dict[str, object]:
+def flood(address: str, seconds: float, topic: str) -> dict[str, object]:
+    """Tiny fire-and-forget PRODUCEs in 4 MiB writes: every read the server makes is thousands
+    of frames, each cheap, together a long stretch of work."""
     sock = connect(address)
-    one = encode_request(m.ListTopicsRequest(), 7)
+    batch = build_batch([(None, b"f", [])])
+    one = encode_request(m.ProduceRequest(topic, -1, batch), 7, int(Flags.NO_RESPONSE))
     chunk = one * (4 * 1024 * 1024 // len(one))
     codes: Counter[int] = Counter()
     done = threading.Event()
     reader = threading.Thread(target=_drain, args=(sock, codes, done), daemon=True)
     reader.start()
-    started()
+    deadline = started(seconds)
     writes = 0
-    sock.settimeout(1.0)
+    sock.settimeout(None)  # a timed-out sendall would leave half a frame behind
     while time.monotonic() < deadline:
-        try:
-            sock.sendall(chunk)
-            writes += 1
-        except TimeoutError:
-            continue
+        sock.sendall(chunk)
+        writes += 1
     done.set()
     reader.join(2)
     return {"writes": writes, "frames": writes * (len(chunk) // len(one)), "codes": dict(codes)}
 
 
-def badframes(address: str, deadline: float, count: int) -> dict[str, object]:
+def badframes(address: str, seconds: float, count: int) -> dict[str, object]:
     sock = connect(address)
     one = struct.pack(">ihhiH", 10, 999, 0, 1, 0)  # api key 999: UNSUPPORTED_API
     codes: Counter[int] = Counter()
     done = threading.Event()
     reader = threading.Thread(target=_drain, args=(sock, codes, done), daemon=True)
     reader.start()
-    started()
+    deadline = started(seconds)
     sock.sendall(one * count)
     while sum(codes.values()) < count and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -204,20 +208,20 @@ def badframes(address: str, deadline: float, count: int) -> dict[str, object]:
 
 
 def main() -> None:
-    attack, address, seconds, *args = sys.argv[1:]
-    deadline = time.monotonic() + float(seconds)
+    attack, address, duration, *args = sys.argv[1:]
+    seconds = float(duration)
     if attack == "bomb":
-        result = bomb(address, deadline, args[0])
+        result = bomb(address, seconds, args[0])
     elif attack == "pipeline":
-        result = pipeline(address, deadline)
+        result = pipeline(address, seconds)
     elif attack == "idle":
-        result = idle(address, deadline, int(args[0]))
+        result = idle(address, seconds, int(args[0]))
     elif attack == "partial":
-        result = partial(address, deadline, int(args[0]))
+        result = partial(address, seconds, int(args[0]))
     elif attack == "flood":
-        result = flood(address, deadline)
+        result = flood(address, seconds, args[0])
     elif attack == "badframes":
-        result = badframes(address, deadline, int(args[0]))
+        result = badframes(address, seconds, int(args[0]))
     else:
         raise SystemExit(f"unknown attack {attack}")
     print(json.dumps(result), flush=True)
