@@ -311,9 +311,11 @@ async def test_timeouts_close_idle_and_stuck_connections(tmp_path: Path) -> None
                 decode_response(frame.header, frame.body)
             assert await peer.closed_by_server()
         # a connection with a consumer is not idle, however quiet: it still gets deliveries
-        async with await headwater.connect(server.address) as producer_client:
-            async with producer_client.producer("t") as producer:
-                await (await producer.send(b"late"))
+        async with (
+            await headwater.connect(server.address) as producer_client,
+            producer_client.producer("t") as producer,
+        ):
+            await (await producer.send(b"late"))
         deliveries = await consumer.deliveries(idle=1.0)
         assert len(deliveries) == 1
         await consumer.close()
