@@ -74,8 +74,10 @@ class _Refused(asyncio.Protocol):
 
 
 class Listener:
-    def __init__(self, broker: Broker, config: ServerConfig) -> None:
-        self._broker = broker
+    """`bind` first (a taken port fails start-up before anything else is opened), then `start`."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self._broker: Broker | None = None
         self._config = config
         self._loop = asyncio.get_running_loop()
         # One thread: a flood of compression bombs costs one core and one cap of memory at most.
@@ -95,7 +97,7 @@ class Listener:
     def connections(self) -> set[Connection]:
         return self.shared.connections
 
-    def start(self) -> int:
+    def bind(self) -> int:
         """Bind and listen on every address of `config.host`; returns the bound port."""
         host, port = self._config.host, self._config.port
         try:
@@ -120,12 +122,16 @@ class Listener:
                 raise StartupError(f"cannot listen on {where}: {exc.strerror or exc}") from None
             sock.setblocking(False)
             self._sockets.append(sock)
+        bound: int = self._sockets[0].getsockname()[1]
+        return bound
+
+    def start(self, broker: Broker) -> None:
+        """Accept connections for `broker`."""
+        self._broker = broker
         self._spare = _open_spare()
         for sock in self._sockets:
             self._watch(sock)
         self._sweeper = self._loop.call_later(self._sweep_every, self._sweep)
-        bound: int = self._sockets[0].getsockname()[1]
-        return bound
 
     def close(self) -> None:
         """Stop accepting (existing connections stay until `shutdown_connections`)."""
@@ -183,9 +189,11 @@ class Listener:
         task.add_done_callback(self._tasks.discard)
 
     async def _connect(self, sock: socket.socket) -> None:
+        broker = self._broker
+        assert broker is not None
         try:
             await self._loop.connect_accepted_socket(
-                lambda: Connection(self._broker, self._config, self.shared), sock
+                lambda: Connection(broker, self._config, self.shared), sock
             )
         except OSError as exc:  # the client left (or fds ran out) between accept and here
             log.debug("conn.setup_failed", error=str(exc))

@@ -63,8 +63,12 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
         raise StartupError(
             f"cannot create data directory {config.data_dir}: {exc.strerror}"
         ) from None
-    state = _open_state(config.data_dir / "state")
+    listener = Listener(config)
     async with contextlib.AsyncExitStack() as stack:
+        # the port first: a taken port is the likeliest start-up error, and costs nothing to check
+        port = listener.bind()
+        stack.callback(listener.close)
+        state = _open_state(config.data_dir / "state")
         stack.callback(state.close)
         try:
             store = await open_object_store(config)
@@ -89,10 +93,7 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
                 await catalog.close()
             raise StartupError(f"cannot open the topics in {config.data_dir}: {exc}") from None
         stack.push_async_callback(catalog.close)
-        broker = Broker(config, catalog)
-        listener = Listener(broker, config)
-        port = listener.start()
-        stack.callback(listener.close)
+        listener.start(Broker(config, catalog))
         if config.port_file is not None:
             temporary = config.port_file.with_suffix(".tmp")
             temporary.write_text(f"{port}\n")
