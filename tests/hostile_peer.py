@@ -156,12 +156,13 @@ def partial(address: str, seconds: float, count: int) -> dict[str, object]:
 
 def _drain(sock: socket.socket, codes: Counter[int], done: threading.Event) -> None:
     decoder = FrameDecoder()
-    sock.settimeout(0.5)
     while not done.is_set():
+        # select, not a socket timeout: the timeout would apply to the writer's sendall too
+        readable, _, _ = select.select([sock], [], [], 0.5)
+        if not readable:
+            continue
         try:
             data = sock.recv(1 << 20)
-        except TimeoutError:
-            continue
         except OSError:
             return
         if not data:
