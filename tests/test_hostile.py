@@ -201,6 +201,7 @@ async def under_attack(
         assert len(samples) >= MIN_SAMPLES, f"only {len(samples)} round trips"
         attempts.append(describe(samples))
         if p99(samples) < P99_LIMIT:
+            print(f"{args[0]}: {attempts}")  # shown with pytest -rP
             return samples, result
     raise AssertionError(f"p99 over {P99_LIMIT * 1000:.0f} ms under attack: {attempts}")
 
