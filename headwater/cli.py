@@ -209,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from server.config import ServerConfig
     from server.config_file import ConfigError, load_config, with_overrides
-    from server.serve import run
+    from server.serve import StartupError, run
 
     try:
         config = load_config(args.config) if args.config else ServerConfig()
@@ -238,7 +238,13 @@ def _serve(args: argparse.Namespace) -> int:
     if config.object_store.backend == "s3" and not config.object_store.bucket:
         print("headwater: error: object_store.bucket is required for s3", file=sys.stderr)
         return 2
-    run(config)
+    try:
+        run(config)
+    except StartupError as exc:
+        print(f"headwater: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:  # a signal before the handlers were installed
+        return 130
     return 0
 
 

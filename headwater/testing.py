@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -23,9 +24,13 @@ class ServerProcess:
         log_path: Path | None = None,
         extra_args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
+        preexec_fn: Callable[[], object] | None = None,
     ) -> None:
+        """`preexec_fn` runs in the child before the server starts (e.g. to lower a resource
+        limit with `resource.setrlimit`)."""
         self.extra_args = extra_args
         self.env = env
+        self.preexec_fn = preexec_fn
         self.data_dir = data_dir
         self.port_file = data_dir.parent / f"{data_dir.name}.port"
         self.log_path = log_path or data_dir.parent / f"{data_dir.name}.log"
@@ -58,6 +63,7 @@ class ServerProcess:
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **self.env} if self.env else None,
+            preexec_fn=self.preexec_fn,
         )
         log.close()
         deadline = time.monotonic() + timeout
@@ -80,6 +86,13 @@ class ServerProcess:
         if self.process is not None and self.process.poll() is None:
             os.kill(self.process.pid, signal.SIGKILL)
             self.process.wait(10)
+
+    def peak_rss(self) -> int:
+        """The server process's peak resident memory so far, in bytes (Linux: VmHWM)."""
+        assert self.process is not None
+        status = Path(f"/proc/{self.process.pid}/status").read_text()
+        line = next(line for line in status.splitlines() if line.startswith("VmHWM:"))
+        return int(line.split()[1]) * 1024
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None

@@ -43,7 +43,7 @@ from wire.errors import (
 )
 from wire.limits import MAX_ACKS_PER_REQUEST, MAX_CREDITS
 from wire.names import check_name
-from wire.records import build_batch, validate_records
+from wire.records import BatchInfo, build_batch, validate_records
 
 log = structlog.get_logger("headwater.broker")
 
@@ -97,14 +97,18 @@ class Broker:
 
     # Messages
 
-    def produce(self, session: Session, request: m.ProduceRequest) -> Result:
+    def produce(
+        self, session: Session, request: m.ProduceRequest, info: BatchInfo | None = None
+    ) -> Result:
+        """`info`: the batch already validated (the connection inflates large ones off the loop)."""
         topic = self._topic(request.topic)
         partition = topic.pick_partition(request.partition)
         if request.isolation not in (m.Isolation.READ_UNCOMMITTED, m.Isolation.READ_COMMITTED):
             raise InvalidRequest(
                 f"unknown isolation {request.isolation} (0 read_uncommitted, 1 read_committed)"
             )
-        info = validate_records(request.batch)
+        if info is None:
+            info = validate_records(request.batch, self._config.max_decompressed_batch)
         idempotent = info.producer_id >= 0
         if idempotent:
             if request.partition == -1:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from storage.wal import FsyncPolicy
-from wire.limits import MAX_FRAME_SIZE
+from wire.limits import MAX_DECOMPRESSED_BATCH, MAX_FRAME_SIZE
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,10 +66,12 @@ class ServerConfig:
     max_consumers_per_subscription: int = 10_000  # TOO_MANY_CONSUMERS
     max_consumers_per_connection: int = 1_000  # TOO_MANY_SUBSCRIPTIONS
     # A compressed batch may inflate to at most this many bytes (DECOMPRESSED_TOO_LARGE).
-    max_decompressed_batch: int = 64 * 1024 * 1024
-    # A connection stops being read while its unsent responses exceed this many bytes.
+    max_decompressed_batch: int = MAX_DECOMPRESSED_BATCH
+    # A connection stops being read while its unsent responses exceed this many bytes (the write
+    # buffer's high-water mark is the smaller of this and consumer_write_buffer).
     max_pending_response_bytes: int = 4 * 1024 * 1024
-    # A connection with no complete frame for this long is closed (CONNECTION_TIMEOUT).
+    # A connection with no consumers, nothing in progress and no complete frame for this long is
+    # closed (CONNECTION_TIMEOUT).
     idle_timeout: float = 600.0
     # A frame must arrive whole within this long once its first byte has.
     frame_timeout: float = 30.0

@@ -2,9 +2,9 @@
 
 Sections mirror the dataclasses: `[server]` (ServerConfig's own fields), `[topics]` (defaults for
 reliable topics), `[subscriptions]` (defaults for reliable subscriptions), `[object_store]`.
-Unknown sections or keys, and values of the wrong type, are errors that name the file, the key
-and what was expected: a typo must not silently fall back to a default. Command-line flags
-override the file (see `with_overrides`).
+Unknown sections or keys, values of the wrong type and values outside their allowed set or range
+(`check`) are errors that name the file, the key and what was expected: a typo must not silently
+fall back to a default. Command-line flags override the file (see `with_overrides`).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from server.config import ObjectStoreConfig, ServerConfig, SubscriptionDefaults, TopicSettings
+from server.logs import LOG_FORMATS, LOG_LEVELS
 from storage.wal import FsyncPolicy
 
 
@@ -49,7 +50,41 @@ def load_config(path: Path) -> ServerConfig:
         values[_NESTED.get(section, section)] = cls(
             **_build(path, section, cls, data.get(section, {}))
         )
-    return ServerConfig(**values)
+    config = ServerConfig(**values)
+    check(config, str(path))
+    return config
+
+
+# Limits that must be positive for the server to work at all (0 would refuse everything).
+_POSITIVE = (
+    "max_frame_size",
+    "max_connections",
+    "max_consumers_per_subscription",
+    "max_consumers_per_connection",
+    "max_decompressed_batch",
+    "max_pending_response_bytes",
+    "consumer_write_buffer",
+    "idle_timeout",
+    "frame_timeout",
+)
+
+
+def check(config: ServerConfig, where: str = "config") -> None:
+    """Values with an allowed set or range; `ConfigError` naming the key otherwise."""
+    if config.log_format not in LOG_FORMATS:
+        raise ConfigError(
+            f"{where}: server.log_format must be {' or '.join(LOG_FORMATS)}, "
+            f"not {config.log_format!r}"
+        )
+    if config.log_level not in LOG_LEVELS:
+        raise ConfigError(
+            f"{where}: server.log_level must be one of {', '.join(LOG_LEVELS)}, "
+            f"not {config.log_level!r}"
+        )
+    for name in _POSITIVE:
+        value = getattr(config, name)
+        if value <= 0:
+            raise ConfigError(f"{where}: server.{name} must be positive, not {value!r}")
 
 
 _NESTED_FIELDS = {"topic_defaults", "subscription_defaults", "object_store"}

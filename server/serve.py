@@ -2,8 +2,11 @@
 
 `serve` is a coroutine so tests and embedders can run it on their own loop; `run` is the blocking
 entry point behind `headwater serve`, on uvloop when it is installed. SIGINT and SIGTERM stop the
-listener, close the connections, seal and fsync every WAL, upload what is pending (within
-`shutdown_timeout`) and close RocksDB cleanly.
+listener, tell attached consumers SERVER_SHUTTING_DOWN, close the connections, seal and fsync
+every WAL, upload what is pending (within `shutdown_timeout`) and close RocksDB cleanly.
+
+Start-up failures (port in use, data directory locked by another server, unreadable storage)
+raise `StartupError` with one line for the user; `headwater serve` prints it and exits 1.
 """
 
 from __future__ import annotations
@@ -11,19 +14,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import resource
 import signal
+from pathlib import Path
 
 import structlog
 
 from server.broker import Broker
 from server.catalog import TopicCatalog
 from server.config import ServerConfig
-from server.connection import Connection
+from server.listener import Listener, StartupError
 from server.logs import configure_logging
 from storage.archive import ObjectArchive
 from storage.objectstore import LocalObjectStore, ObjectStore, S3ObjectStore
 from storage.state import StateStore
 from storage.uploader import Uploader
+from wire.errors import HeadwaterError
+
+__all__ = ["StartupError", "run", "serve"]
 
 log = structlog.get_logger("headwater.server")
 
@@ -42,65 +50,110 @@ async def open_object_store(config: ServerConfig) -> ObjectStore | None:
 
 
 async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None:
+    """Run until `stop` is set (or SIGINT/SIGTERM); `StartupError` if the server cannot start."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(signum, stop.set)
-
-    config.data_dir.mkdir(parents=True, exist_ok=True)
-    state = StateStore(config.data_dir / "state")
-    store = await open_object_store(config)
-    uploader = archive = None
-    if store is not None:
-        uploader = Uploader(
-            store,
-            state,
-            config.object_store.retry_initial_ms / 1000,
-            config.object_store.retry_max_ms / 1000,
-        )
-        uploader.start()
-        archive = ObjectArchive(store, uploader)
-    catalog = TopicCatalog(config, state, uploader, archive)
-    await catalog.open()
-    broker = Broker(config, catalog)
-    connections: set[Connection] = set()
-    server = await loop.create_server(
-        lambda: Connection(broker, config, connections),
-        config.host,
-        config.port,
-        reuse_address=True,
-    )
-    port = server.sockets[0].getsockname()[1]
-    if config.port_file is not None:
-        temporary = config.port_file.with_suffix(".tmp")
-        temporary.write_text(f"{port}\n")
-        os.replace(temporary, config.port_file)
-    log.info(
-        "server.listening",
-        host=config.host,
-        port=port,
-        data_dir=str(config.data_dir),
-        topics=len(catalog.topics),
-        object_store=config.object_store.backend,
-    )
+    _raise_fd_limit(config)
     try:
-        await stop.wait()
-    finally:
-        log.info("server.stopping", connections=len(connections))
-        server.close()
-        for connection in list(connections):
-            connection.close()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(server.wait_closed(), config.shutdown_timeout)
-        await catalog.close()
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StartupError(
+            f"cannot create data directory {config.data_dir}: {exc.strerror}"
+        ) from None
+    listener = Listener(config)
+    async with contextlib.AsyncExitStack() as stack:
+        # the port first: a taken port is the likeliest start-up error, and costs nothing to check
+        port = listener.bind()
+        stack.callback(listener.close)
+        state = _open_state(config.data_dir / "state")
+        stack.callback(state.close)
+        try:
+            store = await open_object_store(config)
+        except (OSError, HeadwaterError, ValueError) as exc:
+            raise StartupError(f"cannot open the object store: {exc}") from None
+        uploader = archive = None
         if store is not None:
-            await store.close()
-        state.close()
-        log.info("server.stopped")
+            stack.push_async_callback(store.close)
+            uploader = Uploader(
+                store,
+                state,
+                config.object_store.retry_initial_ms / 1000,
+                config.object_store.retry_max_ms / 1000,
+            )
+            uploader.start()
+            archive = ObjectArchive(store, uploader)
+        catalog = TopicCatalog(config, state, uploader, archive)
+        try:
+            await catalog.open()
+        except (OSError, HeadwaterError) as exc:
+            with contextlib.suppress(Exception):  # best effort: what did open is closed
+                await catalog.close()
+            raise StartupError(f"cannot open the topics in {config.data_dir}: {exc}") from None
+        stack.push_async_callback(catalog.close)
+        listener.start(Broker(config, catalog))
+        if config.port_file is not None:
+            temporary = config.port_file.with_suffix(".tmp")
+            temporary.write_text(f"{port}\n")
+            os.replace(temporary, config.port_file)
+        log.info(
+            "server.listening",
+            host=config.host,
+            port=port,
+            data_dir=str(config.data_dir),
+            topics=len(catalog.topics),
+            object_store=config.object_store.backend,
+        )
+        try:
+            await stop.wait()
+        finally:
+            log.info("server.stopping", connections=len(listener.connections))
+            listener.close()
+            # Consumers hear SERVER_SHUTTING_DOWN before their connection closes.
+            listener.shutdown_connections()
+            await _wait_closed(listener, config.shutdown_timeout)
+    log.info("server.stopped")
+
+
+def _open_state(path: Path) -> StateStore:
+    try:
+        return StateStore(path)
+    except Exception as exc:  # rocksdict raises plain Exception, with RocksDB's message
+        if "lock" in str(exc).lower():
+            raise StartupError(
+                f"data directory {path.parent} is in use by another server "
+                f"(cannot lock {path / 'LOCK'})"
+            ) from None
+        raise StartupError(f"cannot open the state store {path}: {exc}") from None
+
+
+def _raise_fd_limit(config: ServerConfig) -> None:
+    """Raise the soft open-files limit to the hard one: every connection costs a descriptor."""
+    with contextlib.suppress(ValueError, OSError):
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        if soft != resource.RLIM_INFINITY and config.max_connections + 256 > soft:
+            log.warning(
+                "server.fd_limit_low",
+                open_files=soft,
+                max_connections=config.max_connections,
+                hint="connections past the open-files limit are refused TOO_MANY_CONNECTIONS",
+            )
+
+
+async def _wait_closed(listener: Listener, timeout: float) -> None:
+    """Wait (bounded) for the connections to flush their last frames and close."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while listener.connections and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.01)
 
 
 def run(config: ServerConfig) -> None:
+    """`headwater serve`: raises `StartupError` (one line for the user) if it cannot start."""
     configure_logging(config.log_format, config.log_level)
     try:
         import uvloop

@@ -31,3 +31,7 @@ MAX_CREDITS: Final = 1_000_000
 
 # Acks carried by one ACK request.
 MAX_ACKS_PER_REQUEST: Final = 10_000
+
+# Bytes a compressed record batch may inflate to (the server's `max_decompressed_batch` default,
+# and the client's when it reads deliveries): a 96 KiB zstd batch can otherwise inflate to 3 GiB.
+MAX_DECOMPRESSED_BATCH: Final = 64 * 1024 * 1024
