@@ -115,9 +115,13 @@ class Broker:
     ) -> m.Response:
         async with turn:
             result = handler(session, request)
-            if inspect.isawaitable(result):
+            if not inspect.isawaitable(result):
+                return result
+            if type(request) in _IN_TURN or type(request) in _MAP_REQUESTS:
                 return await result
-            return result
+        # A produce's append is done: its fsync wait needs no turn, and holding one through it
+        # would serialise the produces queued behind it, one fsync each.
+        return await result
 
     def _topic(self, name: str) -> Topic:
         topic = self.catalog.topics.get(name)

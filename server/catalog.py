@@ -291,12 +291,19 @@ class TopicCatalog:
                     )
                 )
 
+        opening = asyncio.ensure_future(asyncio.to_thread(open_all))
         try:
-            await asyncio.to_thread(open_all)
-        except OSError as exc:
+            await asyncio.shield(opening)
+        except BaseException as exc:
+            # Cancelled or failed: the thread may still be opening; let it end, then close
+            # everything it opened, so no fd outlives the failed create.
+            with contextlib.suppress(BaseException):
+                await opening
             await self._close_logs(logs)
             await asyncio.to_thread(shutil.rmtree, directory, True)
             log.warning("topic.create_failed", topic=name, opened=len(logs), error=str(exc))
+            if not isinstance(exc, OSError):
+                raise
             raise StorageError(
                 f"cannot create topic {name!r}: partition {len(logs)} of {partitions}: "
                 f"{exc.strerror or exc}"
