@@ -114,6 +114,15 @@ class LastValueIndex:
     def partition_of(self, record_key: bytes) -> int:
         return zlib.crc32(record_key) % self.partitions
 
+    def partition_for(self, records: Sequence[Record]) -> int:
+        """Where a batch sent with no partition named goes: its first keyed record's partition
+        (`check` then refuses it if another keyed record belongs elsewhere)."""
+        for record in records:
+            record_key = self.key_of(record)
+            if record_key is not None:
+                return self.partition_of(record_key)
+        return 0
+
     # Keys
 
     def key_of(self, record: Record) -> bytes | None:

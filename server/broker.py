@@ -145,7 +145,9 @@ class Broker:
             )
         info = validate_records(request.batch)
         if request.partition == -1 and topic.last_value is not None:
-            partition = topic.partitions[_key_partition(topic.last_value, request.batch)]
+            partition = topic.partitions[
+                topic.last_value.partition_for(read_records(request.batch))
+            ]
         else:
             partition = topic.pick_partition(request.partition)
         idempotent = info.producer_id >= 0
@@ -457,16 +459,6 @@ class Broker:
         )
 
 
-def _key_partition(index: LastValueIndex, batch: bytes) -> int:
-    """The partition of a batch sent to a last-value topic with no partition named: its keyed
-    records' (the first one's; the append refuses the batch if the others disagree)."""
-    for record in read_records(batch):
-        record_key = index.key_of(record)
-        if record_key is not None:
-            return index.partition_of(record_key)
-    return 0
-
-
 _IN_TURN = frozenset(
     {
         m.SubscribeRequest,
@@ -477,8 +469,6 @@ _IN_TURN = frozenset(
     }
 )
 _MAP_REQUESTS = frozenset({m.MapGetRequest, m.MapSetRequest, m.MapScanRequest, m.MapSizeRequest})
-
-
 _TOPIC_FIELD = {
     m.ProduceRequest: "topic",
     m.SubscribeRequest: "topic",
