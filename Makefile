@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint typecheck bench clean
+.PHONY: install run test fuzz lint typecheck bench clean
 
 install: $(STAMP)
 
@@ -20,6 +20,10 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# the randomized admin/pipelining test with many more examples than CI runs
+fuzz: $(STAMP)
+	HEADWATER_FUZZ_EXAMPLES=200 $(BIN)/python -m pytest -q tests/test_admin_fuzz.py --timeout 3600
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -14,18 +14,27 @@ Keys in RocksDB:
 
 A batch's changes, its partition's position and the count go in one WriteBatch, so after a crash
 the state is exactly "everything below `lvpos`": the server re-applies the WAL from there, and
-from the beginning when the state is lost altogether.
+from the beginning when the state is lost altogether. The same rule holds while the state is
+being built: `apply` takes a batch only when it starts exactly at its partition's position, so a
+live append to a partition the catch-up has not reached yet is left for the catch-up to read
+from the WAL, and one to a partition already caught up is applied at once; none is missed.
+
+A key's revision is an offset, unique only within a partition, so on a topic with last-value
+state a keyed record belongs to its key's partition, `crc32(key) % partitions` (what the client's
+producer and map set use): `check` refuses any other with WRONG_PARTITION. Compare-and-set then
+compares revisions of one partition, where no two records share an offset.
 """
 
 from __future__ import annotations
 
 import json
 import struct
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from storage.state import StateStore, key
-from wire.errors import InvalidRequest
+from wire.errors import InvalidRequest, WrongPartition
 from wire.limits import MAX_KEY_SIZE
 from wire.records import Record
 
@@ -98,6 +107,21 @@ class LastValueIndex:
         self.key_field = key_field
         self._prefix = key(LV, topic) + b"\0"
         self._count_key = key(LVCOUNT, topic)
+        # the next offset to apply per partition (mirrors `lvpos`, read once)
+        self._applied = [_int(state.get(key(LVPOS, topic, p))) for p in range(partitions)]
+        self.ready = False  # set once the catch-up has applied the whole history
+
+    def partition_of(self, record_key: bytes) -> int:
+        return zlib.crc32(record_key) % self.partitions
+
+    def partition_for(self, records: Sequence[Record]) -> int:
+        """Where a batch sent with no partition named goes: its first keyed record's partition
+        (`check` then refuses it if another keyed record belongs elsewhere)."""
+        for record in records:
+            record_key = self.key_of(record)
+            if record_key is not None:
+                return self.partition_of(record_key)
+        return 0
 
     # Keys
 
@@ -132,9 +156,20 @@ class LastValueIndex:
         check_key(result)
         return result
 
-    def check(self, records: Sequence[Record]) -> list[bytes | None]:
-        """Every record's key, before the batch is accepted (raises on a bad one)."""
-        return [self.key_of(record) for record in records]
+    def check(self, records: Sequence[Record], partition: int | None = None) -> list[bytes | None]:
+        """Every record's key, before the batch is accepted into `partition` (raises on a bad
+        key, and on a keyed record that belongs to another partition)."""
+        keys = [self.key_of(record) for record in records]
+        if partition is not None and self.partitions > 1:
+            for record_key in keys:
+                if record_key is not None and self.partition_of(record_key) != partition:
+                    raise WrongPartition(
+                        f"key {record_key[:64]!r} belongs to partition "
+                        f"{self.partition_of(record_key)} of topic {self.topic!r} "
+                        f"(crc32(key) % {self.partitions}), not {partition}: a last-value "
+                        "topic keeps each key in one partition"
+                    )
+        return keys
 
     # Applying
 
@@ -146,7 +181,12 @@ class LastValueIndex:
         keys: Sequence[bytes | None],
         sync: bool = False,
     ) -> list[StoredValue]:
-        """Apply records appended at `base_offset`; returns the changes (value None: deleted)."""
+        """Apply records appended at `base_offset`; returns the changes (value None: deleted).
+
+        A batch that does not start at the partition's position is not applied (nothing is
+        returned): below it, it was applied already; above it, the catch-up reads it later."""
+        if base_offset != self._applied[partition]:
+            return []
         latest: dict[bytes, StoredValue] = {}
         for position, (record, record_key) in enumerate(zip(records, keys, strict=True)):
             if record_key is None:
@@ -170,11 +210,17 @@ class LastValueIndex:
         puts[key(LVPOS, self.topic, partition)] = str(end).encode()
         puts[self._count_key] = str(count).encode()
         self._state.write(puts, deletes, sync=sync)
+        self._applied[partition] = end
         return list(latest.values())
 
     def applied(self, partition: int) -> int:
-        raw = self._state.get(key(LVPOS, self.topic, partition))
-        return int(raw) if raw else 0
+        return self._applied[partition]
+
+    def skip_to(self, partition: int, offset: int) -> None:
+        """History below `offset` is gone (retention): start applying there."""
+        if offset > self._applied[partition]:
+            self._state.write({key(LVPOS, self.topic, partition): str(offset).encode()})
+            self._applied[partition] = offset
 
     # Reading
 
@@ -200,6 +246,16 @@ class LastValueIndex:
         return int(raw) if raw else 0
 
     def drop(self) -> None:
-        self._state.delete_prefix(self._prefix)
-        self._state.delete_prefix(key(LVPOS, self.topic) + b"\0")
-        self._state.write(deletes=[self._count_key])
+        drop_last_values(self._state, self.topic)
+
+
+def drop_last_values(state: StateStore, topic: str) -> None:
+    """Remove every last-value key of `topic` (a deleted topic's, also one whose delete a crash
+    interrupted, when no index object exists)."""
+    state.delete_prefix(key(LV, topic) + b"\0")
+    state.delete_prefix(key(LVPOS, topic) + b"\0")
+    state.write(deletes=[key(LVCOUNT, topic)])
+
+
+def _int(raw: bytes | None) -> int:
+    return int(raw) if raw else 0

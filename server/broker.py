@@ -8,6 +8,16 @@ bad request; the connection turns it into an error response. Consumer ids are un
 server, and a connection may only act on the consumers it created.
 
 Reliable topics and subscriptions live in `TopicCatalog`, which owns their files and state.
+Requests that change a topic or may await while acting on it (create, delete, subscribe, seek,
+DELETE_SUBSCRIPTION, a map request whose state is not built yet) run in a turn of the topic's
+name (`server.locks`), taken when the request is read; so does any other request naming a topic
+whose line is not empty, so pipelined requests keep their order. A handler in a turn looks the
+topic up once the turn is its own: a request that lost a race with a delete gets UNKNOWN_TOPIC,
+never a half-made subscription on a deleted topic.
+
+A consumer's connection may hold at most `max_consumers_per_connection` consumers
+(TOO_MANY_SUBSCRIPTIONS) and a subscription at most `max_consumers_per_subscription`
+(TOO_MANY_CONSUMERS).
 """
 
 from __future__ import annotations
@@ -15,16 +25,17 @@ from __future__ import annotations
 import asyncio
 import inspect
 import itertools
-import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
 
-from durables.lastvalue import LastValueIndex, StoredValue, check_key
+from durables.lastvalue import LastValueIndex, check_key
 from server.catalog import TopicCatalog
 from server.config import ServerConfig
 from server.lastvalue import LastValueSubscription
+from server.locks import Turn
+from server.maps import MapHandlers
 from server.reliable import ReliableSubscription
 from server.subscription import Consumer, Subscription
 from server.subscription import ConsumerSession as Session
@@ -35,15 +46,17 @@ from wire.errors import (
     ConsumerBusy,
     ErrorCode,
     InvalidRequest,
-    RevisionMismatch,
     SubscriptionTypeMismatch,
+    TooManyConsumers,
+    TooManySubscriptions,
     UnknownConsumer,
     UnknownProducerId,
+    UnknownSubscription,
     UnknownTopic,
 )
 from wire.limits import MAX_ACKS_PER_REQUEST, MAX_CREDITS
 from wire.names import check_name
-from wire.records import BatchInfo, build_batch, validate_records
+from wire.records import BatchInfo, read_records, validate_records
 
 log = structlog.get_logger("headwater.broker")
 
@@ -55,6 +68,7 @@ class Broker:
         self._config = config
         self.catalog = catalog
         self._consumer_ids = itertools.count(1)
+        self.maps = MapHandlers(catalog)
         self._handlers: dict[type, Callable[[Session, Any], Result]] = {
             m.ProduceRequest: self.produce,
             m.SubscribeRequest: self.subscribe,
@@ -65,10 +79,10 @@ class Broker:
             m.SeekRequest: self.seek,
             m.DeleteSubscriptionRequest: self.delete_subscription,
             m.InitProducerIdRequest: self.init_producer_id,
-            m.MapGetRequest: self.map_get,
-            m.MapSetRequest: self.map_set,
-            m.MapScanRequest: self.map_scan,
-            m.MapSizeRequest: self.map_size,
+            m.MapGetRequest: self.maps.map_get,
+            m.MapSetRequest: self.maps.map_set,
+            m.MapScanRequest: self.maps.map_scan,
+            m.MapSizeRequest: self.maps.map_size,
             m.CreateTopicRequest: self.create_topic,
             m.DeleteTopicRequest: self.delete_topic,
             m.ListTopicsRequest: self.list_topics,
@@ -81,7 +95,33 @@ class Broker:
         return self.catalog.topics
 
     def handle(self, session: Session, request: m.Request) -> Result:
-        return self._handlers[type(request)](session, request)
+        handler = self._handlers[type(request)]
+        kind = type(request)
+        name = _topic_named(request)
+        if name is not None and (
+            kind in _IN_TURN
+            or self.catalog.busy(name)
+            or (kind in _MAP_REQUESTS and not self.maps.ready(name))
+        ):
+            return self._in_turn(self.catalog.turn(name), handler, session, request)
+        return handler(session, request)
+
+    async def _in_turn(
+        self,
+        turn: Turn,
+        handler: Callable[[Session, Any], Result],
+        session: Session,
+        request: m.Request,
+    ) -> m.Response:
+        async with turn:
+            result = handler(session, request)
+            if not inspect.isawaitable(result):
+                return result
+            if type(request) in _IN_TURN or type(request) in _MAP_REQUESTS:
+                return await result
+        # A produce's append is done: its fsync wait needs no turn, and holding one through it
+        # would serialise the produces queued behind it, one fsync each.
+        return await result
 
     def _topic(self, name: str) -> Topic:
         topic = self.catalog.topics.get(name)
@@ -102,13 +142,20 @@ class Broker:
     ) -> Result:
         """`info`: the batch already validated (the connection inflates large ones off the loop)."""
         topic = self._topic(request.topic)
-        partition = topic.pick_partition(request.partition)
         if request.isolation not in (m.Isolation.READ_UNCOMMITTED, m.Isolation.READ_COMMITTED):
             raise InvalidRequest(
                 f"unknown isolation {request.isolation} (0 read_uncommitted, 1 read_committed)"
             )
         if info is None:
             info = validate_records(request.batch, self._config.max_decompressed_batch)
+        if request.partition == -1 and topic.last_value is not None:
+            partition = topic.partitions[
+                topic.last_value.partition_for(
+                    read_records(request.batch, self._config.max_decompressed_batch)
+                )
+            ]
+        else:
+            partition = topic.pick_partition(request.partition)
         idempotent = info.producer_id >= 0
         if idempotent:
             if request.partition == -1:
@@ -149,6 +196,11 @@ class Broker:
 
     def subscribe(self, session: Session, request: m.SubscribeRequest) -> Result:
         topic = self._topic(request.topic)
+        limit = self._config.max_consumers_per_connection
+        if len(session.consumers) >= limit:
+            raise TooManySubscriptions(
+                f"this connection already has {limit} consumers (max_consumers_per_connection)"
+            )
         check_name("subscription", request.subscription)
         check_name("consumer", request.consumer_name)
         try:
@@ -216,7 +268,7 @@ class Broker:
         topic: Topic,
         sub_type: m.SubscriptionType,
     ) -> m.Response:
-        subscription = await self.catalog.subscription(
+        subscription = await self.catalog.subscriptions.get_or_create(
             topic, request.subscription, sub_type, request.settings
         )
         return self._attach(session, request, topic, subscription, sub_type)
@@ -260,6 +312,17 @@ class Broker:
             raise SubscriptionTypeMismatch(
                 f"subscription {request.subscription!r} is {subscription.sub_type.name.lower()}, "
                 f"not {sub_type.name.lower()}"
+            )
+        limit = self._config.max_consumers_per_connection
+        if len(session.consumers) >= limit:  # checked again: a subscribe may have waited
+            raise TooManySubscriptions(
+                f"this connection already has {limit} consumers (max_consumers_per_connection)"
+            )
+        if len(subscription.consumers) >= self._config.max_consumers_per_subscription:
+            raise TooManyConsumers(
+                f"subscription {request.subscription!r} already has "
+                f"{self._config.max_consumers_per_subscription} consumers "
+                "(max_consumers_per_subscription)"
             )
         consumer = Consumer(
             consumer_id=next(self._consumer_ids),
@@ -337,7 +400,9 @@ class Broker:
 
     async def seek(self, session: Session, request: m.SeekRequest) -> m.Response:
         topic = self._topic(request.topic)
-        await self.catalog.seek(topic, request.subscription, request.start, request.start_value)
+        await self.catalog.subscriptions.seek(
+            topic, request.subscription, request.start, request.start_value
+        )
         return m.EmptyResponse()
 
     async def delete_subscription(
@@ -345,123 +410,41 @@ class Broker:
     ) -> m.Response:
         topic = self._topic(request.topic)
         subscription = topic.subscriptions.get(request.subscription)
-        if subscription is not None:
-            self._close_consumers(
-                list(subscription.consumers.values()), f"subscription {subscription.name!r} deleted"
+        if subscription is None:
+            raise UnknownSubscription(
+                f"topic {topic.name!r} has no subscription {request.subscription!r}"
             )
-        await self.catalog.delete_subscription(topic, request.subscription)
+        self._close_consumers(
+            list(subscription.consumers.values()),
+            ErrorCode.UNKNOWN_SUBSCRIPTION,
+            f"subscription {subscription.name!r} deleted",
+        )
+        await self.catalog.subscriptions.delete(topic, request.subscription)
         return m.EmptyResponse()
 
-    def _close_consumers(self, consumers: list[Consumer], reason: str) -> None:
+    def _close_consumers(self, consumers: list[Consumer], code: ErrorCode, reason: str) -> None:
         for consumer in consumers:
             consumer.session.consumers.pop(consumer.consumer_id, None)
             consumer.subscription.detach(consumer)
-            consumer.session.send_consumer_closed(
-                consumer.consumer_id, ErrorCode.UNKNOWN_TOPIC, reason
+            consumer.session.send_consumer_closed(consumer.consumer_id, code, reason)
+
+    def _close_topic_consumers(self, topic: Topic) -> None:
+        for subscription in list(topic.subscriptions.values()):
+            self._close_consumers(
+                list(subscription.consumers.values()),
+                ErrorCode.UNKNOWN_TOPIC,
+                f"topic {topic.name!r} was deleted",
             )
-
-    # Map durables
-
-    async def _index(self, topic_name: str) -> tuple[Topic, LastValueIndex]:
-        topic = self._topic(topic_name)
-        return topic, await self.catalog.enable_last_value(topic)
-
-    def map_get(self, session: Session, request: m.MapGetRequest) -> Result:
-        if len(request.keys) > MAX_MAP_KEYS:
-            raise InvalidRequest(f"at most {MAX_MAP_KEYS} keys per request")
-        for wanted in request.keys:
-            check_key(wanted)
-        index = self._topic(request.topic).last_value
-        if index is not None:  # the hot path: no task, no await
-            return m.MapGetResponse(tuple(_entry(k, index.get(k)) for k in request.keys))
-        return self._map_get_after_enabling(request)
-
-    async def _map_get_after_enabling(self, request: m.MapGetRequest) -> m.Response:
-        _, index = await self._index(request.topic)
-        return m.MapGetResponse(tuple(_entry(k, index.get(k)) for k in request.keys))
-
-    def map_set(self, session: Session, request: m.MapSetRequest) -> Result:
-        if not request.writes or len(request.writes) > MAX_MAP_KEYS:
-            raise InvalidRequest(f"a set holds 1..{MAX_MAP_KEYS} writes")
-        for write in request.writes:
-            check_key(write.key)
-            if write.expected_revision < -2:
-                raise InvalidRequest("expected_revision: -1 any, -2 absent, or a revision >= 0")
-        topic = self._topic(request.topic)
-        if topic.last_value is None:
-            return self._map_set_after_enabling(request)
-        return self._map_set(topic, topic.last_value, request)
-
-    async def _map_set_after_enabling(self, request: m.MapSetRequest) -> m.Response:
-        topic, index = await self._index(request.topic)
-        result = self._map_set(topic, index, request)
-        if inspect.isawaitable(result):
-            return await result
-        return result
-
-    def _map_set(self, topic: Topic, index: LastValueIndex, request: m.MapSetRequest) -> Result:
-        """Synchronous up to the fsync wait (if the topic's policy needs one): no task."""
-        if index.key_field:
-            raise InvalidRequest(
-                f"topic {topic.name!r} takes keys from field {index.key_field!r} of its values: "
-                "produce records to it instead of setting keys"
-            )
-        # Check every expectation, then write, with no await between: the check holds.
-        for write in request.writes:
-            current = index.get(write.key)
-            revision = -2 if current is None else current.offset
-            if write.expected_revision != -1 and write.expected_revision != revision:
-                found = "absent" if current is None else f"at revision {revision}"
-                wanted = (
-                    "absent"
-                    if write.expected_revision == -2
-                    else f"at revision {write.expected_revision}"
-                )
-                raise RevisionMismatch(f"key {write.key!r} is {found}, expected {wanted}")
-        by_partition: dict[int, list[tuple[int, m.MapWrite]]] = {}
-        for position, write in enumerate(request.writes):
-            index_of_partition = zlib.crc32(write.key) % len(topic.partitions)
-            by_partition.setdefault(index_of_partition, []).append((position, write))
-        revisions = [0] * len(request.writes)
-        waits = []
-        for partition_index, writes in by_partition.items():
-            partition = topic.partitions[partition_index]
-            batch = build_batch([(w.key, w.value, ()) for _, w in writes])
-            base_offset, sequence = topic.append(partition, batch, len(writes))
-            for delta, (position, _) in enumerate(writes):
-                revisions[position] = base_offset + delta
-            assert partition.log is not None
-            if partition.log.must_wait(sequence):
-                waits.append(partition.log.wait_durable(sequence))
-        response = m.MapSetResponse(tuple(revisions))
-        if not waits:
-            return response
-        return _after(asyncio.gather(*waits), response)
-
-    async def map_scan(self, session: Session, request: m.MapScanRequest) -> m.Response:
-        if not 1 <= request.limit <= MAX_MAP_KEYS:
-            raise InvalidRequest(f"scan limit must be 1..{MAX_MAP_KEYS}")
-        _, index = await self._index(request.topic)
-        values, cursor = index.scan(request.prefix, request.after, request.limit)
-        return m.MapScanResponse(tuple(_entry(v.key, v) for v in values), cursor)
-
-    async def map_size(self, session: Session, request: m.MapSizeRequest) -> m.Response:
-        _, index = await self._index(request.topic)
-        return m.MapSizeResponse(index.size())
 
     # Admin
 
     async def create_topic(self, session: Session, request: m.CreateTopicRequest) -> m.Response:
-        await self.catalog.create_topic(request)
+        await self.catalog.create_locked(request)
         return m.EmptyResponse()
 
     async def delete_topic(self, session: Session, request: m.DeleteTopicRequest) -> m.Response:
-        topic = self._topic(request.name)
-        for subscription in list(topic.subscriptions.values()):
-            self._close_consumers(
-                list(subscription.consumers.values()), f"topic {topic.name!r} was deleted"
-            )
-        await self.catalog.delete_topic(topic)
+        self._topic(request.name)
+        await self.catalog.delete_topic(request.name, self._close_topic_consumers)
         return m.EmptyResponse()
 
     def list_topics(self, session: Session, request: m.ListTopicsRequest) -> m.ListTopicsResponse:
@@ -482,15 +465,35 @@ class Broker:
         )
 
 
-MAX_MAP_KEYS = 1000  # keys per get/set request, entries per scan page
+_IN_TURN = frozenset(
+    {
+        m.SubscribeRequest,
+        m.SeekRequest,
+        m.DeleteSubscriptionRequest,
+        m.CreateTopicRequest,
+        m.DeleteTopicRequest,
+    }
+)
+_MAP_REQUESTS = frozenset({m.MapGetRequest, m.MapSetRequest, m.MapScanRequest, m.MapSizeRequest})
+_TOPIC_FIELD = {
+    m.ProduceRequest: "topic",
+    m.SubscribeRequest: "topic",
+    m.SeekRequest: "topic",
+    m.DeleteSubscriptionRequest: "topic",
+    m.MapGetRequest: "topic",
+    m.MapSetRequest: "topic",
+    m.MapScanRequest: "topic",
+    m.MapSizeRequest: "topic",
+    m.CreateTopicRequest: "name",
+    m.DeleteTopicRequest: "name",
+    m.DescribeTopicRequest: "name",
+}
 
 
-def _entry(record_key: bytes, stored: StoredValue | None) -> m.MapEntry:
-    if stored is None:
-        return m.MapEntry(record_key, False, -1, -1, -1, None)
-    return m.MapEntry(
-        record_key, True, stored.offset, stored.partition, stored.timestamp, stored.value
-    )
+def _topic_named(request: m.Request) -> str | None:
+    """The topic a request acts on, if it names one."""
+    field = _TOPIC_FIELD.get(type(request))
+    return None if field is None else str(getattr(request, field))
 
 
 async def _after(waiting: Awaitable[Any], response: m.Response) -> m.Response:

@@ -1,13 +1,29 @@
-"""The topic catalog: topics and reliable subscriptions, their files, state and lifecycle.
+"""The topic catalog: topics, their files, state and lifecycle.
 
-It owns what outlives a connection: topic metadata and subscription state in RocksDB, one WAL per
-reliable partition under `<data_dir>/topics/<topic>/<partition>/`, the uploader that ships sealed
-segments to the object store, and the housekeeping loop that rolls old segments (so uploads lag
-by at most `segment.ms`) and applies local retention, deleting only segments already uploaded
-(or any sealed segment when no object store is configured).
+It owns what outlives a connection: topic metadata in RocksDB, one WAL per reliable partition
+under `<data_dir>/topics/<topic>/<partition>/`, the uploader that ships sealed segments to the
+object store, and the housekeeping loop (`server.housekeeping`). Reliable subscriptions' state is
+in `server.reliable_store`, dead-letter topics in `server.deadletter`.
 
-A reliable subscription's dead-letter topic, `<topic>-<subscription>-DLQ`, is created on first use
-as a reliable topic with the source topic's settings.
+Admin operations run in a turn of their topic name (`server.locks`) from start to end, so they
+never interleave with each other, with subscribe or with the last-value catch-up. The broker takes
+the turn (`turn`) when it reads the request, so the methods here that say so expect the caller to
+hold it.
+
+A delete is made to stick before anything is removed: one synced WriteBatch deletes the topic's
+key and records `deleting/<topic>`; then subscriptions and logs are closed, the files, state keys
+(subscriptions, cursors, producers, last values, uploads) removed, and the marker deleted last. A
+crash anywhere in between leaves the marker, and the next start (or a create of the same name)
+finishes the removal, so a deleted topic never comes back and a re-created name never inherits
+the old topic's files or state: the create waits for the delete's lock and starts from nothing.
+
+A create that fails part-way (say at the fd limit, 700 partitions into 1,024) closes every log it
+opened and removes its directory before answering STORAGE_ERROR: nothing leaks.
+
+Last-value state is built on first use (`enable_last_value`) by a catch-up over each partition's
+history. The index is attached to the topic before the catch-up starts, so appends made meanwhile
+are applied at once for partitions already caught up and read from the WAL for the others;
+readers wait for `index.ready`.
 """
 
 from __future__ import annotations
@@ -16,20 +32,19 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-import re
 import shutil
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 import structlog
 
-from durables.cursor import PartitionCursor
-from durables.lastvalue import LastValueIndex
+from durables.lastvalue import LastValueIndex, drop_last_values
 from durables.producers import ProducerEntry
 from server.config import ServerConfig, TopicSettings
-from server.lastvalue import LastValueSubscription
-from server.reliable import ReliableSettings, ReliableSubscription
-from server.subscription import Subscription
+from server.deadletter import LAST_VALUE_CONFIGS, DeadLetters
+from server.housekeeping import HOUSEKEEPING_INTERVAL, housekeep_once
+from server.locks import NameLocks, Turn
+from server.reliable_store import SubscriptionStore
 from server.topic_settings import (
     log_config,
     parse_settings,
@@ -50,14 +65,14 @@ from storage.state import (
 from storage.uploader import Uploader
 from storage.wal import FsyncPolicy, PartitionLog
 from wire import messages as m
-from wire.errors import InvalidRequest, TopicExists, UnknownTopic
+from wire.errors import InvalidRequest, StorageError, TopicExists, UnknownTopic
 from wire.limits import MAX_PARTITIONS
 from wire.names import check_topic_name
-from wire.records import Record, build_batch, read_records
+from wire.records import Record, read_records
 
 log = structlog.get_logger("headwater.catalog")
 
-HOUSEKEEPING_INTERVAL = 1.0
+DELETING = b"deleting/"  # a delete in progress: its files and state keys are still being removed
 
 
 class TopicCatalog:
@@ -74,16 +89,25 @@ class TopicCatalog:
         self._archive = archive
         self.topics: dict[str, Topic] = {}
         self._housekeeping: asyncio.Task[None] | None = None
-        self._creating: dict[tuple[str, str], asyncio.Future[ReliableSubscription]] = {}
-        self._enabling: dict[str, asyncio.Future[LastValueIndex]] = {}
+        self._locks = NameLocks()
+        self.dead_letters = DeadLetters(self.topics, self._locks, self.create_locked)
+        self.subscriptions = SubscriptionStore(config, state, self.dead_letters)
 
     def _topic_dir(self, name: str) -> Path:
         return self._config.data_dir / "topics" / name
+
+    def turn(self, name: str) -> Turn:
+        """A place, taken now, in the line of operations on topic name `name`."""
+        return self._locks.turn(name)
+
+    def busy(self, name: str) -> bool:
+        return self._locks.busy(name)
 
     # Startup and shutdown
 
     async def open(self) -> None:
         """Load topics and subscriptions from state; open and recover every WAL."""
+        await self._finish_deletions()
         for raw_name, value in self._state.scan(TOPIC):
             name = raw_name.decode()
             data = json.loads(value)
@@ -135,29 +159,7 @@ class TopicCatalog:
         log.info("catalog.opened", topics=len(self.topics))
 
     def _load_subscription(self, topic: Topic, name: str, definition: dict[str, int]) -> None:
-        cursors = []
-        for partition in topic.partitions:
-            data = self._state.get(key(CURSOR, topic.name, name, partition.index))
-            cursors.append(
-                PartitionCursor.decode(data)
-                if data
-                else PartitionCursor.starting_at(partition.next_offset)
-            )
-        subscription = self._new_subscription(
-            topic,
-            name,
-            m.SubscriptionType(definition["type"]),
-            ReliableSettings(
-                definition["ack_timeout_ms"],
-                definition["max_deliveries"],
-                m.Backoff(definition["backoff"]),
-                definition["backoff_initial_ms"],
-                definition["backoff_max_ms"],
-                bool(definition.get("committed_only", False)),
-            ),
-            cursors,
-        )
-        topic.subscriptions[name] = subscription
+        self.subscriptions.load(topic, name, definition)
 
     def _open_reliable(self, name: str, partitions: int, settings: TopicSettings) -> Topic:
         logs = [
@@ -178,8 +180,20 @@ class TopicCatalog:
 
         return enqueue
 
+    async def _housekeep(self) -> None:
+        while True:
+            await asyncio.sleep(HOUSEKEEPING_INTERVAL)
+            try:
+                housekeep_once(self.topics, self.uploader)
+            except Exception:
+                log.exception("catalog.housekeeping_failed")
+
     async def close(self) -> None:
-        """Seal and fsync every WAL, persist every cursor, upload what is pending (bounded)."""
+        """Let running admin operations finish (bounded), then seal and fsync every WAL, persist
+        every cursor, upload what is pending (bounded)."""
+        self._locks.close()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._locks.idle(), self._config.shutdown_timeout)
         if self._housekeeping is not None:
             self._housekeeping.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -201,6 +215,12 @@ class TopicCatalog:
     # Topics
 
     async def create_topic(self, request: m.CreateTopicRequest) -> Topic:
+        check_topic_name(request.name)
+        async with self._locks.hold(request.name):
+            return await self.create_locked(request)
+
+    async def create_locked(self, request: m.CreateTopicRequest) -> Topic:
+        """Create a topic; the caller holds the lock of its name."""
         check_topic_name(request.name)
         if not 1 <= request.partitions <= MAX_PARTITIONS:
             raise InvalidRequest(
@@ -225,21 +245,28 @@ class TopicCatalog:
         wants_last_value = last_value.get("last.value") == "true" or bool(key_field)
         if request.name in self.topics:
             raise TopicExists(f"topic {request.name!r} already exists")
+        if self._state.get(key(DELETING, request.name)) is not None:
+            await self._purge(request.name)  # a delete of this name that did not finish
+            if self._state.get(key(DELETING, request.name)) is not None:
+                raise StorageError(
+                    f"the files of deleted topic {request.name!r} could not be removed yet; "
+                    "see the server log"
+                )
         data: dict[str, object] = {"partitions": request.partitions, "dispatch": int(dispatch)}
         if dispatch == m.DispatchMode.RELIABLE:
             data["settings"] = settings_to_json(settings)
-            topic = await asyncio.to_thread(
-                self._open_reliable, request.name, request.partitions, settings
-            )
+            topic = await self._open_new(request.name, request.partitions, settings)
             for partition in topic.partitions:
                 assert partition.log is not None
                 partition.log.start()
         else:
             topic = Topic(m.TopicInfo(request.name, request.partitions, dispatch))
-        if request.name in self.topics:  # created meanwhile by another connection
-            raise TopicExists(f"topic {request.name!r} already exists")
+        try:
+            self._state.put_json(key(TOPIC, request.name), data, sync=True)
+        except BaseException:
+            await self._discard(topic)
+            raise
         self.topics[request.name] = topic
-        self._state.put_json(key(TOPIC, request.name), data, sync=True)
         if wants_last_value:
             await self.enable_last_value(topic, key_field)
         log.info(
@@ -250,78 +277,143 @@ class TopicCatalog:
         )
         return topic
 
-    async def delete_topic(self, topic: Topic) -> None:
-        if self.topics.get(topic.name) is not topic:
-            raise UnknownTopic(f"topic {topic.name!r} does not exist")
-        del self.topics[topic.name]
-        for subscription in topic.subscriptions.values():
+    async def _open_new(self, name: str, partitions: int, settings: TopicSettings) -> Topic:
+        """Open a new topic's logs; on failure close those already open and remove them."""
+        directory = self._topic_dir(name)
+        # Files of a name with no topic in the state are a create that crashed before recording
+        # it: not this topic's data.
+        await asyncio.to_thread(shutil.rmtree, directory, True)
+        if self.uploader is not None:
+            self.uploader.forget_topic(name)
+        logs: list[PartitionLog] = []
+
+        def open_all() -> None:
+            for p in range(partitions):
+                logs.append(
+                    PartitionLog.open(
+                        directory / str(p), log_config(settings), on_sealed=self._sealed(name, p)
+                    )
+                )
+
+        opening = asyncio.ensure_future(asyncio.to_thread(open_all))
+        try:
+            await asyncio.shield(opening)
+        except BaseException as exc:
+            # Cancelled or failed: the thread may still be opening; let it end, then close
+            # everything it opened, so no fd outlives the failed create.
+            with contextlib.suppress(BaseException):
+                await opening
+            await self._close_logs(logs)
+            await asyncio.to_thread(shutil.rmtree, directory, True)
+            log.warning("topic.create_failed", topic=name, opened=len(logs), error=str(exc))
+            if not isinstance(exc, OSError):
+                raise
+            raise StorageError(
+                f"cannot create topic {name!r}: partition {len(logs)} of {partitions}: "
+                f"{exc.strerror or exc}"
+            ) from None
+        info = m.TopicInfo(name, partitions, m.DispatchMode.RELIABLE, settings_to_configs(settings))
+        return Topic(info, settings, logs, self._archive)
+
+    async def _discard(self, topic: Topic) -> None:
+        await self._close_logs([p.log for p in topic.partitions if p.log is not None])
+        if topic.reliable:
+            await asyncio.to_thread(shutil.rmtree, self._topic_dir(topic.name), True)
+
+    @staticmethod
+    async def _close_logs(logs: list[PartitionLog]) -> None:
+        for partition_log in logs:
+            with contextlib.suppress(OSError):
+                await partition_log.close()
+
+    async def delete_topic(self, name: str, on_removed: Callable[[Topic], None]) -> None:
+        """Delete topic `name` (the caller holds its turn): `on_removed` runs once it is gone
+        from `topics`, before any await, to tell its consumers."""
+        topic = self.topics.get(name)
+        if topic is None:
+            raise UnknownTopic(f"topic {name!r} does not exist")
+        self._state.write({key(DELETING, name): b""}, [key(TOPIC, name)], sync=True)
+        del self.topics[name]
+        on_removed(topic)
+        for subscription in list(topic.subscriptions.values()):
             await subscription.close()
         topic.subscriptions.clear()
-        for partition in topic.partitions:
-            if partition.log is not None:
-                await partition.log.close()
-        self._state.delete_prefix(key(SUBSCRIPTION, topic.name) + b"\0")
-        self._state.delete_prefix(key(CURSOR, topic.name) + b"\0")
-        self._state.delete_prefix(key(PRODUCER, topic.name) + b"\0")
-        if topic.last_value is not None:
-            topic.last_value.drop()
+        self.subscriptions.forget_topic(name)
+        await self._close_logs([p.log for p in topic.partitions if p.log is not None])
+        await self._purge(name)
+        log.info("topic.deleted", topic=name)
+
+    async def _purge(self, name: str) -> None:
+        """Remove a deleted topic's files and state keys, then its `deleting/` marker (kept if
+        the files could not all be removed, so the removal is tried again)."""
+        directory = self._topic_dir(name)
+        await asyncio.to_thread(shutil.rmtree, directory, True)
+        for prefix in (SUBSCRIPTION, CURSOR, PRODUCER):
+            self._state.delete_prefix(key(prefix, name) + b"\0")
+        drop_last_values(self._state, name)
         if self.uploader is not None:
-            self.uploader.forget_topic(topic.name)
-        self._state.write(deletes=[key(TOPIC, topic.name)], sync=True)
-        await asyncio.to_thread(shutil.rmtree, self._topic_dir(topic.name), True)
-        log.info("topic.deleted", topic=topic.name)
+            self.uploader.forget_topic(name)
+        if directory.exists():
+            log.warning("topic.delete_incomplete", topic=name, directory=str(directory))
+            return
+        self._state.write(deletes=[key(DELETING, name)], sync=True)
+
+    async def _finish_deletions(self) -> None:
+        for raw_name, _ in list(self._state.scan(DELETING)):
+            name = raw_name.decode()
+            log.info("topic.delete_resumed", topic=name)
+            await self._purge(name)
 
     # Last-value state
 
     async def enable_last_value(self, topic: Topic, key_field: str = "") -> LastValueIndex:
         """Keep the last value per key of `topic` from now on, built first from its history
-        (FTL's dynamic durables: the first last-value subscriber or map request pays for it)."""
+        (FTL's dynamic durables: the first last-value subscriber or map request pays for it).
+        The caller holds the topic's turn (or the server is starting)."""
         if topic.last_value is not None:
-            return topic.last_value
+            return topic.last_value  # built by an earlier turn
         if not topic.reliable:
             raise InvalidRequest(
                 f"topic {topic.name!r} is non-reliable: last-value and map durables need a "
                 "reliable topic"
             )
-        pending = self._enabling.get(topic.name)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        future: asyncio.Future[LastValueIndex] = asyncio.get_running_loop().create_future()
-        self._enabling[topic.name] = future
+        index = LastValueIndex(self._state, topic.name, len(topic.partitions), key_field)
+        topic.last_value = index  # appends apply from here on, in offset order (see apply)
         try:
-            index = LastValueIndex(self._state, topic.name, len(topic.partitions), key_field)
             await self._catch_up(topic, index)
-            topic.last_value = index  # no await since the catch-up ended: no append missed
             data = self._state.get_json(key(TOPIC, topic.name))
             data["last_value"] = {"key_field": key_field}
             self._state.put_json(key(TOPIC, topic.name), data, sync=True)
-            configs = [*topic.info.configs, m.ConfigEntry("last.value", "true")]
-            if key_field:
-                configs.append(m.ConfigEntry("key.field", key_field))
-            topic.info = dataclasses.replace(topic.info, configs=tuple(configs))
-            future.set_result(index)
-            log.info("last_value.enabled", topic=topic.name, keys=index.size())
-            return index
-        except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()
+        except BaseException:
+            topic.last_value = None
             raise
-        finally:
-            del self._enabling[topic.name]
+        index.ready = True
+        configs = [*topic.info.configs, m.ConfigEntry("last.value", "true")]
+        if key_field:
+            configs.append(m.ConfigEntry("key.field", key_field))
+        topic.info = dataclasses.replace(topic.info, configs=tuple(configs))
+        log.info("last_value.enabled", topic=topic.name, keys=index.size())
+        return index
 
     async def _catch_up(self, topic: Topic, index: LastValueIndex) -> None:
-        """Apply every stored record the index has not seen, partition by partition."""
+        """Apply every stored record the index has not seen. A partition, once caught up, stays
+        so: its later appends start at its position and `Topic.append` applies them."""
         for partition in topic.partitions:
-            offset = max(index.applied(partition.index), topic.start_offset(partition.index))
-            while offset < partition.next_offset:
-                batches = await topic.read(partition.index, offset)
+            p = partition.index
+            index.skip_to(p, topic.start_offset(p))
+            while index.applied(p) < partition.next_offset:
+                batches = await topic.read(p, index.applied(p))
                 if not batches:
-                    break
+                    raise StorageError(
+                        f"cannot read partition {p} of topic {topic.name!r} at offset "
+                        f"{index.applied(p)} to build its last values"
+                    )
                 for batch in batches:
-                    records = read_records(batch)
-                    keys = [_key_or_none(index, record) for record in records]
-                    index.apply(partition.index, records[0].offset, records, keys)
-                    offset = records[-1].offset + 1
+                    position = index.applied(p)
+                    records = [r for r in read_records(batch) if r.offset >= position]
+                    if records:
+                        keys = [_key_or_none(index, record) for record in records]
+                        index.apply(p, records[0].offset, records, keys)
 
     # Idempotent producers
 
@@ -343,209 +435,6 @@ class TopicCatalog:
                 {key(PRODUCER, topic.name, partition, producer_id): entry.encode()}, sync=sync
             )
 
-    # Reliable subscriptions
-
-    async def subscription(
-        self,
-        topic: Topic,
-        name: str,
-        sub_type: m.SubscriptionType,
-        settings: m.SubscriptionSettings,
-    ) -> Subscription | ReliableSubscription | LastValueSubscription:
-        """The existing subscription `name`, or a new one created from `settings`."""
-        existing = topic.subscriptions.get(name)
-        if existing is not None:
-            return existing
-        ident = (topic.name, name)
-        pending = self._creating.get(ident)
-        if pending is not None:  # another consumer is creating it right now
-            return await asyncio.shield(pending)
-        future: asyncio.Future[ReliableSubscription] = asyncio.get_running_loop().create_future()
-        self._creating[ident] = future
-        try:
-            resolved = self._resolve(settings)
-            offsets = await self.start_offsets(topic, settings.start, settings.start_value)
-            cursors = [PartitionCursor.starting_at(o) for o in offsets]
-            definition = {
-                "type": int(sub_type),
-                "ack_timeout_ms": resolved.ack_timeout_ms,
-                "max_deliveries": resolved.max_deliveries,
-                "backoff": int(resolved.backoff),
-                "backoff_initial_ms": resolved.backoff_initial_ms,
-                "backoff_max_ms": resolved.backoff_max_ms,
-                "committed_only": resolved.committed_only,
-            }
-            puts = {key(SUBSCRIPTION, topic.name, name): json.dumps(definition).encode()}
-            for partition, cursor in enumerate(cursors):
-                puts[key(CURSOR, topic.name, name, partition)] = cursor.encode()
-            self._state.write(puts, sync=True)
-            subscription = self._new_subscription(topic, name, sub_type, resolved, cursors)
-            topic.subscriptions[name] = subscription
-            future.set_result(subscription)
-            log.info(
-                "subscription.created",
-                topic=topic.name,
-                subscription=name,
-                type=sub_type.name.lower(),
-                start=list(offsets),
-            )
-            return subscription
-        except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()  # retrieved: waiters re-raise it
-            raise
-        finally:
-            del self._creating[ident]
-
-    def _new_subscription(
-        self,
-        topic: Topic,
-        name: str,
-        sub_type: m.SubscriptionType,
-        settings: ReliableSettings,
-        cursors: list[PartitionCursor],
-    ) -> ReliableSubscription:
-        subscription = ReliableSubscription(
-            topic, name, sub_type, settings, cursors, self._state, self._dead_letter(name)
-        )
-        subscription.start()
-        return subscription
-
-    def _resolve(self, settings: m.SubscriptionSettings) -> ReliableSettings:
-        defaults = self._config.subscription_defaults
-        for field in ("ack_timeout_ms", "max_deliveries", "backoff_initial_ms", "backoff_max_ms"):
-            if getattr(settings, field) < 0:
-                raise InvalidRequest(f"{field} must be >= 0")
-        try:
-            backoff = m.Backoff(settings.backoff)
-        except ValueError:
-            raise InvalidRequest(
-                f"unknown backoff {settings.backoff} (0 fixed, 1 exponential)"
-            ) from None
-        return ReliableSettings(
-            ack_timeout_ms=settings.ack_timeout_ms or defaults.ack_timeout_ms,
-            max_deliveries=settings.max_deliveries or defaults.max_deliveries,
-            backoff=backoff,
-            backoff_initial_ms=settings.backoff_initial_ms or defaults.backoff_initial_ms,
-            backoff_max_ms=settings.backoff_max_ms or defaults.backoff_max_ms,
-            committed_only=bool(settings.committed_only),
-        )
-
-    async def start_offsets(self, topic: Topic, start: int, value: int) -> list[int]:
-        try:
-            position = m.StartPosition(start)
-        except ValueError:
-            raise InvalidRequest(
-                f"unknown start position {start} (0 latest, 1 earliest, 2 offset, 3 timestamp)"
-            ) from None
-        offsets = []
-        for partition in topic.partitions:
-            earliest = topic.start_offset(partition.index)
-            latest = partition.next_offset
-            if position == m.StartPosition.LATEST:
-                offsets.append(latest)
-            elif position == m.StartPosition.EARLIEST:
-                offsets.append(earliest)
-            elif position == m.StartPosition.OFFSET:
-                offsets.append(min(max(value, earliest), latest))
-            else:
-                offsets.append(await topic.offset_for_timestamp(partition.index, value))
-        return offsets
-
-    async def seek(self, topic: Topic, name: str, start: int, value: int) -> None:
-        subscription = topic.subscriptions.get(name)
-        if not isinstance(subscription, ReliableSubscription):
-            raise InvalidRequest(
-                f"topic {topic.name!r} has no reliable subscription {name!r} to seek"
-            )
-        subscription.reset(await self.start_offsets(topic, start, value))
-        log.info("subscription.seek", topic=topic.name, subscription=name, start=start, value=value)
-
-    async def delete_subscription(self, topic: Topic, name: str) -> None:
-        subscription = topic.subscriptions.pop(name, None)
-        if subscription is None:
-            raise InvalidRequest(f"topic {topic.name!r} has no subscription {name!r}")
-        await subscription.close()
-        self._state.delete_prefix(key(CURSOR, topic.name, name) + b"\0")
-        self._state.write(deletes=[key(SUBSCRIPTION, topic.name, name)], sync=True)
-
-    def _dead_letter(self, subscription: str):  # type: ignore[no-untyped-def]
-        async def send(topic_name: str, partition: int, record: Record, deliveries: int) -> None:
-            source = self.topics[topic_name]
-            dlq_name = dead_letter_topic(topic_name, subscription)
-            dlq = self.topics.get(dlq_name)
-            if dlq is None:
-                dlq = await self.create_topic(
-                    m.CreateTopicRequest(dlq_name, 1, m.DispatchMode.RELIABLE, source.info.configs)
-                )
-            headers = [
-                *record.headers,
-                ("headwater.dlq.topic", topic_name.encode()),
-                ("headwater.dlq.partition", str(partition).encode()),
-                ("headwater.dlq.offset", str(record.offset).encode()),
-                ("headwater.dlq.deliveries", str(deliveries).encode()),
-            ]
-            batch = build_batch([(record.key, record.value, headers)], timestamp=record.timestamp)
-            target = dlq.partitions[0]
-            _, sequence = dlq.append(target, batch, 1)
-            assert target.log is not None
-            await target.log.wait_durable(sequence)
-            log.info(
-                "subscription.dead_lettered",
-                topic=topic_name,
-                subscription=subscription,
-                partition=partition,
-                offset=record.offset,
-                deliveries=deliveries,
-                dlq=dlq_name,
-            )
-
-        return send
-
-    # Housekeeping: age-based rolling and local retention
-
-    async def _housekeep(self) -> None:
-        while True:
-            await asyncio.sleep(HOUSEKEEPING_INTERVAL)
-            try:
-                self.housekeep_once()
-            except Exception:
-                log.exception("catalog.housekeeping_failed")
-
-    def housekeep_once(self) -> None:
-        now = time.time()
-        for topic in list(self.topics.values()):
-            settings = topic.settings
-            if settings is None:
-                continue
-            for partition in topic.partitions:
-                partition_log = partition.log
-                assert partition_log is not None
-                partition_log.roll_if_old()
-                sealed = partition_log.sealed_segments()
-                total = partition_log.size
-                for segment in sealed:
-                    too_big = 0 <= settings.retention_bytes < total
-                    age_ms = (now - segment.path.stat().st_mtime) * 1000
-                    too_old = 0 <= settings.retention_ms < age_ms
-                    if not (too_big or too_old):
-                        break
-                    if self.uploader is not None and not self.uploader.is_uploaded(
-                        topic.name, partition.index, segment.base_offset
-                    ):
-                        break  # never delete what only exists here
-                    if partition_log.delete_segment(segment.base_offset):
-                        total -= segment.size
-                        log.info(
-                            "retention.deleted",
-                            topic=topic.name,
-                            partition=partition.index,
-                            base_offset=segment.base_offset,
-                        )
-
-
-LAST_VALUE_CONFIGS = ("last.value", "key.field")
-
 
 def _key_or_none(index: LastValueIndex, record: Record) -> bytes | None:
     """History written before the state existed may hold records without a usable key."""
@@ -553,8 +442,3 @@ def _key_or_none(index: LastValueIndex, record: Record) -> bytes | None:
         return index.key_of(record)
     except InvalidRequest:
         return None
-
-
-def dead_letter_topic(topic: str, subscription: str) -> str:
-    safe = re.sub(r"[^A-Za-z0-9._-]", "_", subscription)
-    return f"{topic}-{safe}-DLQ"[:249]

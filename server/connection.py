@@ -429,6 +429,10 @@ class Connection(asyncio.Protocol):
         if self._transport is not None:
             self._write(encode_push(consumer_id, m.ConsumerClosed(code, message)))
 
+    def send_messages_dropped(self, consumer_id: int, count: int) -> None:
+        if self._transport is not None:
+            self._write(encode_push(consumer_id, m.MessagesDropped(count)))
+
     def close(self) -> None:
         """Close once the output is flushed; abort if the peer has not taken it in time."""
         transport = self._transport

@@ -14,6 +14,17 @@ one with the most credit) and sends it, within its credit:
 2. otherwise the next batch after `dispatched`, read from the WAL's tail cache, the WAL, or the
    object store, cut to start at `dispatched` and to the consumer's credit.
 
+The pump sleeps on one event. It is woken by a consumer arriving, credit, a writable socket, an ack
+timeout or redelivery falling due, and by appends: not through a listener per subscription on every
+partition (which made each append cost one wake-up per subscription, however idle), but through
+the topic's `AppendSignal`, which a sleeping pump joins only when it has a consumer able to take a
+message. An append fires the signal once and empties it, so its cost does not grow with the number
+of subscriptions, only with the pumps that are waiting to deliver that very append.
+
+Closing sets a flag, wakes and cancels the pump, and waits for it: the pump sleeps with a timer of
+its own rather than `asyncio.wait_for`, which on Python 3.11 can swallow a cancellation that races
+the wake-up (the pump then ran on, and the close, and with it DELETE_TOPIC, waited forever).
+
 Ack timeouts are tracked per delivered batch in a heap. Redelivery waits follow the subscription's
 backoff: fixed, or exponential in the number of deliveries, capped; a nack may name its own delay;
 a consumer that disconnects has its messages redelivered at once. On a restart, everything
@@ -23,27 +34,33 @@ dispatched and not acked is redelivered, with its delivery count kept.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import heapq
 import itertools
 import struct
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import structlog
 
 from durables.cursor import PartitionCursor
+from server.delivery import (
+    DEAD_LETTER_RETRY,
+    AppendSignal,
+    DeadLetter,
+    ReliableSettings,
+)
+from server.delivery import (
+    runs as _runs,
+)
 from server.subscription import Consumer, ConsumerGroup
 from server.topics import Topic
 from storage.state import CURSOR, StateStore, key
 from storage.wal import FsyncPolicy
-from wire.errors import InvalidRequest
-from wire.limits import MAX_CREDITS
+from wire.errors import HeadwaterError, InvalidRequest
 from wire.messages import (
     AckEntry,
     AckKind,
-    Backoff,
     SubscriptionInfo,
     SubscriptionType,
 )
@@ -53,26 +70,6 @@ log = structlog.get_logger("headwater.reliable")
 
 _YIELD_EVERY = 64  # pump rounds between yields to the event loop
 _BASE = struct.Struct(">q")  # a batch's base offset
-
-
-@dataclass(frozen=True, slots=True)
-class ReliableSettings:
-    ack_timeout_ms: int
-    max_deliveries: int  # 0: no limit
-    backoff: Backoff
-    backoff_initial_ms: int
-    backoff_max_ms: int
-    committed_only: bool = False  # deliver only what an fsync covers
-
-    def redelivery_delay(self, deliveries: int) -> float:
-        """Seconds to wait before delivery number `deliveries + 1`."""
-        initial = self.backoff_initial_ms / 1000
-        if self.backoff == Backoff.FIXED:
-            return initial
-        return float(min(initial * 2 ** max(0, deliveries - 1), self.backoff_max_ms / 1000))
-
-
-DeadLetter = Callable[[str, int, Record, int], Awaitable[None]]
 
 
 @dataclass(slots=True)
@@ -94,6 +91,7 @@ class ReliableSubscription:
         cursors: list[PartitionCursor],
         state: StateStore,
         dead_letter: DeadLetter,
+        signal: AppendSignal,
     ) -> None:
         self.topic = topic.name
         self._topic = topic
@@ -106,9 +104,11 @@ class ReliableSubscription:
         self._state = state
         self._sync_state = topic.settings is not None and topic.settings.fsync == FsyncPolicy.ALWAYS
         self._dead_letter = dead_letter
+        self._signal = signal
         # offset -> generation of the delivery it is in flight with, per partition
         self._in_flight: list[dict[int, int]] = [{} for _ in cursors]
         self._deliveries: dict[int, _Delivery] = {}
+        self._by_consumer: dict[int, set[int]] = {}  # consumer id -> its delivery generations
         self._deadlines: list[tuple[float, int]] = []  # (deadline, generation)
         self._due: list[tuple[float, int, int]] = []  # (not before, partition, offset)
         self._generations = itertools.count(1)
@@ -117,6 +117,8 @@ class ReliableSubscription:
         self._dirty: set[int] = set()
         self._flushing = False
         self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self.rounds = 0  # pump rounds run (tests count the work appends cause)
         self.delivered = 0
         self.dead_lettered = 0
         now = time.monotonic()
@@ -127,15 +129,12 @@ class ReliableSubscription:
     # Lifecycle
 
     def start(self) -> None:
-        for partition in self._topic.partitions:
-            assert partition.log is not None
-            partition.log.add_append_listener(self._wake.set)
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def close(self) -> None:
-        for partition in self._topic.partitions:
-            if partition.log is not None:
-                partition.log.remove_append_listener(self._wake.set)
+        self._closed = True
+        self._signal.leave(id(self))
+        self._wake.set()
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -151,13 +150,13 @@ class ReliableSubscription:
         if not self.group.remove(consumer):
             return
         now = time.monotonic()
-        for delivery in list(self._deliveries.values()):
-            if delivery.consumer_id == consumer.consumer_id:
-                self._requeue(delivery, now)
+        for generation in list(self._by_consumer.get(consumer.consumer_id, ())):
+            self._requeue(self._deliveries[generation], now)
+        self._by_consumer.pop(consumer.consumer_id, None)
         self._wake.set()
 
     def grant(self, consumer: Consumer, credits: int) -> None:
-        consumer.credits = min(consumer.credits + credits, MAX_CREDITS)
+        self.group.grant(consumer, credits)
         self._wake.set()
 
     def drain(self) -> None:
@@ -217,6 +216,7 @@ class ReliableSubscription:
             self._in_flight[partition].clear()
             self._dirty.add(partition)
         self._deliveries.clear()
+        self._by_consumer.clear()
         self._deadlines.clear()
         self._due.clear()
         self._persist()
@@ -254,8 +254,8 @@ class ReliableSubscription:
     # The pump
 
     async def _run(self) -> None:
-        rounds = 0
-        while True:
+        loop = asyncio.get_running_loop()
+        while not self._closed:
             self._expire(time.monotonic())
             try:
                 sent = await self._dispatch_once()
@@ -263,16 +263,24 @@ class ReliableSubscription:
                 log.exception("subscription.dispatch_failed", topic=self.topic, name=self.name)
                 await asyncio.sleep(1)
                 continue
-            rounds += 1
-            if sent and rounds % _YIELD_EVERY:
+            self.rounds += 1
+            if sent and self.rounds % _YIELD_EVERY:
                 continue
             if sent:
                 await asyncio.sleep(0)
                 continue
             self._wake.clear()
+            if self._closed:
+                return
+            if self._target() is not None:  # someone could take a message: wait for appends
+                self._signal.join(id(self), self._wake.set)
             timeout = self._next_event_in(time.monotonic())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
+            timer = loop.call_later(timeout, self._wake.set) if timeout is not None else None
+            try:
+                await self._wake.wait()
+            finally:
+                if timer is not None:
+                    timer.cancel()
 
     def _next_event_in(self, now: float) -> float | None:
         times = []
@@ -291,7 +299,7 @@ class ReliableSubscription:
 
     def _requeue(self, delivery: _Delivery, now: float, backoff: bool = False) -> None:
         """Put a delivery's unacked offsets back to be delivered again."""
-        self._deliveries.pop(delivery.generation, None)
+        self._forget(delivery)
         in_flight = self._in_flight[delivery.partition]
         cursor = self._cursors[delivery.partition]
         for offset in range(delivery.first, delivery.end):
@@ -303,6 +311,14 @@ class ReliableSubscription:
             delay = self.settings.redelivery_delay(cursor.delivery_count(offset)) if backoff else 0
             heapq.heappush(self._due, (now + delay, delivery.partition, offset))
         self._wake.set()
+
+    def _forget(self, delivery: _Delivery) -> None:
+        self._deliveries.pop(delivery.generation, None)
+        generations = self._by_consumer.get(delivery.consumer_id)
+        if generations is not None:
+            generations.discard(delivery.generation)
+            if not generations:
+                del self._by_consumer[delivery.consumer_id]
 
     async def _dispatch_once(self) -> bool:
         target = self._target()
@@ -370,7 +386,11 @@ class ReliableSubscription:
                 offsets.add(offset)
         if not offsets:
             return True
-        records = await self._fetch(partition, sorted(offsets))
+        try:
+            records = await self._fetch(partition, sorted(offsets))
+        except Exception:
+            self._retry_later(partition, offsets)  # never drop a message from redelivery
+            raise
         gone = offsets.difference(r.offset for r in records)
         if gone:  # lost to damage that no copy could repair: nothing left to deliver
             log.error(
@@ -394,12 +414,15 @@ class ReliableSubscription:
             for record in run:
                 count = cursor.delivery_count(record.offset)
                 if limit and count >= limit:
-                    await self._dead_letter(self.topic, partition, record, count)
+                    if not await self._send_to_dead_letter(partition, record, count):
+                        continue
                     self.dead_lettered += 1
                     cursor.ack(record.offset)
                     self._dirty.add(partition)
-                else:
+                elif target.consumer_id in self.consumers:
                     deliverable.append(record)
+                else:  # left while a dead letter was being written
+                    heapq.heappush(self._due, (now, partition, record.offset))
             for group in _runs(deliverable):
                 count = max(cursor.delivery_count(r.offset) for r in group) + 1
                 first, end = group[0].offset, group[-1].offset + 1
@@ -408,6 +431,29 @@ class ReliableSubscription:
         self._dirty.add(partition)
         self._persist()
         return True
+
+    async def _send_to_dead_letter(self, partition: int, record: Record, count: int) -> bool:
+        """False (and the message stays due, for a later try) when the dead-letter topic refused
+        it: a message is never dropped from redelivery."""
+        try:
+            await self._dead_letter(partition, record, count)
+        except (HeadwaterError, OSError) as exc:
+            log.warning(
+                "subscription.dead_letter_failed",
+                topic=self.topic,
+                subscription=self.name,
+                partition=partition,
+                offset=record.offset,
+                error=str(exc),
+            )
+            self._retry_later(partition, [record.offset])
+            return False
+        return True
+
+    def _retry_later(self, partition: int, offsets: Sequence[int] | set[int]) -> None:
+        due = time.monotonic() + DEAD_LETTER_RETRY
+        for offset in offsets:
+            heapq.heappush(self._due, (due, partition, offset))
 
     async def _fetch(self, partition: int, offsets: list[int]) -> list[Record]:
         """The records at `offsets` (sorted), read back from the WAL or the object store."""
@@ -432,12 +478,13 @@ class ReliableSubscription:
         generation = next(self._generations)
         delivery = _Delivery(partition, first, end, target.consumer_id, generation)
         self._deliveries[generation] = delivery
+        self._by_consumer.setdefault(target.consumer_id, set()).add(generation)
         in_flight = self._in_flight[partition]
         for offset in range(first, end):
             in_flight[offset] = generation
         deadline = time.monotonic() + self.settings.ack_timeout_ms / 1000
         heapq.heappush(self._deadlines, (deadline, generation))
-        target.credits -= end - first
+        self.group.charge(target, end - first)
         self.delivered += end - first
         target.session.send_delivery(target.consumer_id, partition, batch, count)
 
@@ -469,13 +516,3 @@ def _skip_gap(cursor: PartitionCursor, first: int, end: int) -> None:
     for offset in range(first, end):
         cursor.ack(offset)
 
-
-def _runs(records: list[Record]) -> list[list[Record]]:
-    """Split offset-sorted records into runs of consecutive offsets (one batch each)."""
-    runs: list[list[Record]] = []
-    for record in records:
-        if runs and runs[-1][-1].offset + 1 == record.offset:
-            runs[-1].append(record)
-        else:
-            runs.append([record])
-    return runs

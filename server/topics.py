@@ -17,23 +17,19 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final, Protocol
+from typing import Final, Protocol
 
 import structlog
 
 from durables.lastvalue import LastValueIndex
 from durables.producers import ProducerTable
 from server.config import TopicSettings
-from server.lastvalue import LastValueSubscription
-from server.subscription import Subscription
+from server.registry import SubscriptionRegistry
 from storage.segments import batch_location
 from storage.wal import PartitionLog
 from wire.errors import InvalidPartition, ObjectNotFound, StorageError
 from wire.messages import ConfigEntry, DescribeTopicResponse, DispatchMode, TopicInfo
 from wire.records import read_records
-
-if TYPE_CHECKING:
-    from server.reliable import ReliableSubscription
 
 log = structlog.get_logger("headwater.topics")
 
@@ -91,9 +87,7 @@ class Topic:
         self.partitions = [
             Partition(i, logs[i] if logs is not None else None) for i in range(info.partitions)
         ]
-        self.subscriptions: dict[
-            str, Subscription | ReliableSubscription | LastValueSubscription
-        ] = {}
+        self.subscriptions = SubscriptionRegistry()
         self.last_value: LastValueIndex | None = None
         self.messages_in = 0
         self.bytes_in = 0
@@ -126,9 +120,8 @@ class Topic:
         stamped = _BASE_OFFSET.pack(base_offset) + batch[8:]
         self.messages_in += record_count
         self.bytes_in += len(batch)
-        for subscription in self.subscriptions.values():
-            if isinstance(subscription, Subscription):
-                subscription.offer(partition.index, stamped, record_count)
+        for subscription in self.subscriptions.live.values():
+            subscription.offer(partition.index, stamped, record_count)
         return base_offset
 
     def append(self, partition: Partition, batch: bytes, record_count: int) -> tuple[int, int]:
@@ -141,20 +134,19 @@ class Topic:
         index = self.last_value
         if index is not None:
             records = read_records(batch)
-            keys = index.check(records)
+            keys = index.check(records, partition.index)
         base_offset, sequence = partition.log.append(batch, record_count)
         self.messages_in += record_count
         self.bytes_in += len(batch)
-        live = [s for s in self.subscriptions.values() if isinstance(s, Subscription)]
+        live = self.subscriptions.live
         if live:  # subscriptions that keep nothing see the batch as it passes
             stamped = _BASE_OFFSET.pack(base_offset) + batch[8:]
-            for subscription in live:
+            for subscription in live.values():
                 subscription.offer(partition.index, stamped, record_count)
         if index is not None:
             changes = index.apply(partition.index, base_offset, records, keys)
-            for view in list(self.subscriptions.values()):
-                if isinstance(view, LastValueSubscription):
-                    view.changed(changes)
+            for view in list(self.subscriptions.views.values()):
+                view.changed(changes)
         return base_offset, sequence
 
     def start_offset(self, partition: int) -> int:

@@ -197,7 +197,7 @@ def test_reliable_consume_from_ack_and_seek(server: ServerProcess, topic_name: s
     assert replay.stdout.splitlines() == ["a", "b", "c"]
     assert hw("subscription", "delete", topic_name, "s", server=server).returncode == 0
     gone = hw("subscription", "seek", topic_name, "s", "--to", "0", server=server)
-    assert gone.returncode == 1 and "no reliable subscription" in gone.stderr
+    assert gone.returncode == 1 and "UNKNOWN_SUBSCRIPTION" in gone.stderr
 
 
 def test_bad_positions_and_configs(server: ServerProcess, topic_name: str) -> None:

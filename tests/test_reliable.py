@@ -10,7 +10,7 @@ import headwater
 from headwater.testing import ServerProcess
 from storage.segments import segment_name
 from tests.helpers import drain
-from wire.errors import InvalidRequest
+from wire.errors import InvalidRequest, UnknownSubscription
 
 
 async def produce(
@@ -309,9 +309,9 @@ async def test_bad_reliable_requests(client: headwater.Client, topic_name: str) 
     await client.create_topic(topic_name)  # non-reliable
     with pytest.raises(InvalidRequest, match="keeps no history"):
         await client.subscribe(topic_name, "s", start="earliest")
-    with pytest.raises(InvalidRequest, match="no reliable subscription"):
+    with pytest.raises(UnknownSubscription, match="no subscription"):
         await client.seek(topic_name, "nope")
-    with pytest.raises(InvalidRequest, match="no subscription"):
+    with pytest.raises(UnknownSubscription, match="no subscription"):
         await client.delete_subscription(topic_name, "nope")
 
 

@@ -1,0 +1,191 @@
+"""Bounded work per client in the broker: consumer caps, consumer groups that stay cheap at ten
+thousand consumers, appends whose cost does not grow with idle subscriptions, a failed create that
+leaks nothing, and non-reliable consumers told how many messages they missed."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import resource
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+import headwater
+from headwater.testing import ServerProcess
+from server.catalog import TopicCatalog
+from server.config import ObjectStoreConfig, ServerConfig
+from server.subscription import Consumer, ConsumerGroup
+from storage.state import StateStore
+from tests.rawwire import RawPeer
+from wire import messages as m
+from wire.codec import decode_push
+from wire.errors import StorageError, TooManyConsumers, TooManySubscriptions
+from wire.records import build_batch, read_records
+
+
+def _server_with(tmp_path: Path, settings: str) -> ServerProcess:
+    config = tmp_path / "headwater.toml"
+    config.write_text(f"[server]\n{settings}\n")
+    return ServerProcess(tmp_path / "data", extra_args=("--config", str(config))).start()
+
+
+async def test_consumer_caps(tmp_path: Path) -> None:
+    server = _server_with(
+        tmp_path, "max_consumers_per_subscription = 3\nmax_consumers_per_connection = 5"
+    )
+    try:
+        async with await headwater.connect(server.address) as client:
+            await client.create_topic("capped")
+            for _ in range(3):
+                await client.subscribe("capped", "shared", type="shared")
+            with pytest.raises(TooManyConsumers, match="max_consumers_per_subscription"):
+                await client.subscribe("capped", "shared", type="shared")
+            await client.subscribe("capped", "other-1")
+            await client.subscribe("capped", "other-2")
+            with pytest.raises(TooManySubscriptions, match="max_consumers_per_connection"):
+                await client.subscribe("capped", "other-3")
+            async with await headwater.connect(server.address) as second:
+                await second.subscribe("capped", "other-3")  # the cap is per connection
+    finally:
+        server.kill()
+
+
+async def test_failed_create_closes_every_file_it_opened(fresh_server: ServerProcess) -> None:
+    assert fresh_server.process is not None
+    resource.prlimit(fresh_server.process.pid, resource.RLIMIT_NOFILE, (256, 256))
+    async with await headwater.connect(fresh_server.address) as client:
+        with pytest.raises(StorageError, match="cannot create topic 'wide'"):
+            await client.create_topic("wide", partitions=1024, dispatch="reliable")
+        assert await client.list_topics() == []
+        assert not (fresh_server.data_dir / "topics" / "wide").exists()
+        # nothing leaked: new connections and a topic with 100 partitions still fit
+        others = [await headwater.connect(fresh_server.address) for _ in range(40)]
+        await client.create_topic("narrow", partitions=100, dispatch="reliable")
+        for other in others:
+            await other.close()
+    assert "[error" not in fresh_server.log()
+
+
+async def test_dropped_messages_are_reported_before_the_next_delivery(tmp_path: Path) -> None:
+    server = _server_with(tmp_path, "subscription_backlog = 10")
+    try:
+        async with await headwater.connect(server.address) as client:
+            await client.create_topic("lossy")
+            peer = await RawPeer.open(server.address)
+            subscribed = await peer.call(
+                m.SubscribeRequest("lossy", "slow", m.SubscriptionType.EXCLUSIVE, "c", 0, 0)
+            )
+            assert isinstance(subscribed, m.SubscribeResponse)
+            producer = client.producer("lossy")
+            for i in range(25):  # one batch each: 10 fit the backlog, 15 are dropped
+                await (await producer.send(b"%d" % i))
+            await producer.close()
+            await peer.request(m.FlowRequest(subscribed.consumer_id, 100))
+            pushes = []
+            while sum(len(read_records(p.batch)) for p in pushes if isinstance(p, m.Delivery)) < 10:
+                frame = await peer.frame(timeout=5)
+                if frame.header.is_push:
+                    pushes.append(decode_push(frame.header, frame.body))
+            assert pushes[0] == m.MessagesDropped(15)
+            assert all(isinstance(p, m.Delivery) for p in pushes[1:])
+            await peer.close()
+    finally:
+        server.kill()
+
+
+async def test_appends_cost_nothing_per_idle_reliable_subscription(tmp_path: Path) -> None:
+    """With 300 subscriptions and no consumer, 200 appends run no subscription's pump: the
+    topic's one append listener has no one waiting (before: every append woke every pump)."""
+    config = ServerConfig(data_dir=tmp_path, object_store=ObjectStoreConfig(backend="none"))
+    state = StateStore(tmp_path / "state")
+    catalog = TopicCatalog(config, state)
+    await catalog.open()
+    try:
+        topic = await catalog.create_topic(
+            m.CreateTopicRequest(
+                "many", 2, m.DispatchMode.RELIABLE, (m.ConfigEntry("fsync", "never"),)
+            )
+        )
+        subscriptions = [
+            await catalog.subscriptions.get_or_create(
+                topic, f"s{i}", m.SubscriptionType.EXCLUSIVE, m.SubscriptionSettings()
+            )
+            for i in range(300)
+        ]
+        for _ in range(100):  # let every pump run its first round and go to sleep
+            await asyncio.sleep(0)
+        rounds = [s.rounds for s in subscriptions]  # type: ignore[union-attr]
+        assert all(rounds)
+        for i in range(200):
+            topic.append(topic.partitions[i % 2], build_batch([(None, b"x", ())]), 1)
+        for _ in range(100):
+            await asyncio.sleep(0)
+        assert [s.rounds for s in subscriptions] == rounds  # type: ignore[union-attr]
+    finally:
+        await catalog.close()
+        state.close()
+
+
+@dataclass
+class _Session:
+    """The consumer's side a group looks at: whether its socket takes more."""
+
+    writable: bool = True
+    consumers: dict[int, Consumer] = field(default_factory=dict)
+    peer: str = "test"
+
+
+def _consumer(consumer_id: int, credits: int, priority: int = 0) -> Consumer:
+    return Consumer(consumer_id, f"c{consumer_id % 97}", priority, _Session(), None, credits)  # type: ignore[arg-type]
+
+
+def test_shared_group_with_ten_thousand_consumers_picks_like_a_scan() -> None:
+    """The heap-based group agrees with the obvious O(n) rule at every step, and keeps its heap
+    bounded by the live consumers."""
+    rng = random.Random(9)
+    group = ConsumerGroup("t", "s", m.SubscriptionType.SHARED)
+    consumers = {i: _consumer(i, rng.randrange(0, 50)) for i in range(10_000)}
+    for consumer in consumers.values():
+        group.add(consumer)
+    for step in range(3_000):
+        action = rng.random()
+        if action < 0.1 and consumers:
+            gone = consumers.pop(rng.choice(list(consumers)))
+            assert group.remove(gone)
+        elif action < 0.2:
+            new = _consumer(10_000 + step, rng.randrange(0, 50))
+            consumers[new.consumer_id] = new
+            group.add(new)
+        elif action < 0.3 and consumers:
+            group.grant(consumers[rng.choice(list(consumers))], rng.randrange(1, 20))
+        elif action < 0.35 and consumers:
+            session = consumers[rng.choice(list(consumers))].session
+            session.writable = not session.writable  # type: ignore[misc]
+        else:
+            picked = group.pick()
+            eligible = [c for c in consumers.values() if c.credits > 0 and c.session.writable]
+            if not eligible:
+                assert picked is None
+                continue
+            assert picked is not None
+            assert picked.credits == max(c.credits for c in eligible)
+            group.charge(picked, 1)
+        assert len(group._heap) <= 2 * len(group.consumers) + 64
+
+
+def test_failover_group_elects_the_lowest_consumer_as_it_changes() -> None:
+    rng = random.Random(3)
+    group = ConsumerGroup("t", "s", m.SubscriptionType.FAILOVER)
+    consumers: dict[int, Consumer] = {}
+    for step in range(5_000):
+        if consumers and rng.random() < 0.45:
+            assert group.remove(consumers.pop(rng.choice(list(consumers))))
+        else:
+            new = _consumer(step, 1, priority=rng.randrange(0, 5))
+            consumers[step] = new
+            group.add(new)
+        expected = min(consumers.values(), key=lambda c: c.sort_key, default=None)
+        assert group.active is expected
+        assert len(group._heap) <= 2 * len(group.consumers) + 64
