@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import json
 import struct
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from storage.state import StateStore, key
 from wire.errors import InvalidRequest, WrongPartition
+from wire.keys import partition_for_key
 from wire.limits import MAX_KEY_SIZE
 from wire.records import Record
 
@@ -112,7 +112,7 @@ class LastValueIndex:
         self.ready = False  # set once the catch-up has applied the whole history
 
     def partition_of(self, record_key: bytes) -> int:
-        return zlib.crc32(record_key) % self.partitions
+        return partition_for_key(record_key, self.partitions)
 
     def partition_for(self, records: Sequence[Record]) -> int:
         """Where a batch sent with no partition named goes: its first keyed record's partition

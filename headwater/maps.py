@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from wire import messages as m
+from wire.keys import ABSENT_REVISION, ANY_REVISION
 
 
 class Requester(Protocol):
@@ -31,8 +32,8 @@ class Requester(Protocol):
     async def request(self, request: m.Request) -> m.Response: ...
 
 
-ANY = -1
-ABSENT = -2
+ANY = ANY_REVISION
+ABSENT = ABSENT_REVISION
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,6 @@ import bisect
 import itertools
 import logging
 import time
-import zlib
 from collections.abc import Generator, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +56,7 @@ from wire.errors import (
     RecordTooLarge,
     RequestTimeout,
 )
+from wire.keys import partition_for_key
 from wire.records import BatchBuilder
 
 if TYPE_CHECKING:
@@ -233,7 +233,7 @@ class Producer:
         if key is None:
             self._next_partition = (self._next_partition + 1) % self._partitions
             return self._next_partition
-        return zlib.crc32(key) % self._partitions
+        return partition_for_key(key, self._partitions)
 
     def _new_batch(self, partition: int) -> _Batch:
         sequence = self._sequences.get(partition, 0) if self.config.idempotent else -1

@@ -21,6 +21,7 @@ from server.subscription import ConsumerSession as Session
 from server.topics import Topic
 from wire import messages as m
 from wire.errors import InvalidRequest, RevisionMismatch, UnknownTopic
+from wire.keys import ABSENT_REVISION, ANY_REVISION
 from wire.records import build_batch
 
 Result = m.Response | Awaitable[m.Response]
@@ -66,7 +67,7 @@ class MapHandlers:
             raise InvalidRequest(f"a set holds 1..{MAX_MAP_KEYS} writes")
         for write in request.writes:
             check_key(write.key)
-            if write.expected_revision < -2:
+            if write.expected_revision < ABSENT_REVISION:
                 raise InvalidRequest("expected_revision: -1 any, -2 absent, or a revision >= 0")
         topic = self._topic(request.topic)
         if topic.last_value is None or not topic.last_value.ready:
@@ -90,12 +91,12 @@ class MapHandlers:
         # Check every expectation, then write, with no await between: the check holds.
         for write in request.writes:
             current = index.get(write.key)
-            revision = -2 if current is None else current.offset
-            if write.expected_revision != -1 and write.expected_revision != revision:
+            revision = ABSENT_REVISION if current is None else current.offset
+            if write.expected_revision not in (ANY_REVISION, revision):
                 found = "absent" if current is None else f"at revision {revision}"
                 wanted = (
                     "absent"
-                    if write.expected_revision == -2
+                    if write.expected_revision == ABSENT_REVISION
                     else f"at revision {write.expected_revision}"
                 )
                 raise RevisionMismatch(f"key {write.key!r} is {found}, expected {wanted}")

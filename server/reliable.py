@@ -515,4 +515,3 @@ def _skip_gap(cursor: PartitionCursor, first: int, end: int) -> None:
     cursor.record_delivery(first, end)
     for offset in range(first, end):
         cursor.ack(offset)
-

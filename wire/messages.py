@@ -122,7 +122,7 @@ class MapGetRequest:
 class MapWrite:
     key: bytes
     value: bytes | None  # None deletes the key (a tombstone record)
-    expected_revision: int = -1  # -1: any; 0: the key must not exist; else its current revision
+    expected_revision: int = -1  # wire.keys: ANY_REVISION (-1), ABSENT_REVISION (-2), or a revision
 
 
 @dataclass(frozen=True, slots=True)
