@@ -404,13 +404,22 @@ class TopicCatalog:
             while index.applied(p) < partition.next_offset:
                 batches = await topic.read(p, index.applied(p))
                 if not batches:
+                    wal = partition.log
+                    if wal is not None and index.applied(p) >= wal.start_offset:
+                        # nothing stored from here to the end: offsets a recovery skipped
+                        index.skip_to(p, partition.next_offset)
+                        break
                     raise StorageError(
                         f"cannot read partition {p} of topic {topic.name!r} at offset "
                         f"{index.applied(p)} to build its last values"
                     )
                 for batch in batches:
+                    decoded = read_records(batch)
+                    if decoded and decoded[0].offset > index.applied(p):
+                        # skipped damage or a recovery gap: those offsets hold no record
+                        index.skip_to(p, decoded[0].offset)
                     position = index.applied(p)
-                    records = [r for r in read_records(batch) if r.offset >= position]
+                    records = [r for r in decoded if r.offset >= position]
                     if records:
                         keys = [_key_or_none(index, record) for record in records]
                         index.apply(p, records[0].offset, records, keys)
