@@ -123,7 +123,11 @@ class Sent:
     checkable: bool = False  # a CAS/get whose answer the model knows exactly
 
     def __str__(self) -> str:
-        return f"{self.op} [request {self.request!r}]"
+        request = self.request
+        if isinstance(request, m.ProduceRequest):  # the records, not the batch's bytes
+            records = list(zip(self.keys, self.values, strict=True))
+            return f"{self.op} [PRODUCE {request.topic!r} partition {request.partition} {records}]"
+        return f"{self.op} [{request!r}]"
 
 
 def parse_uid(value: bytes) -> tuple[str, int] | None:

@@ -65,6 +65,9 @@ SETTINGS = settings(
     ),
     suppress_health_check=list(HealthCheck),
     print_blob=True,
+    # HEADWATER_FUZZ_DB=0: no example database, so each seed explores afresh instead of first
+    # replaying the last failure
+    **({"database": None} if os.environ.get("HEADWATER_FUZZ_DB") == "0" else {}),
     report_multiple_bugs=False,
 )
 
