@@ -98,11 +98,14 @@ class HeadwaterMachine(RuleBasedStateMachine):
 
     # Steps
 
-    @rule(ops=rounds())
-    def pipeline(self, ops: list[Op]) -> None:
+    @rule(ops=rounds(), trickle=st.sampled_from([None, 0.0, 0.0003, 0.001]))
+    def pipeline(self, ops: list[Op], trickle: float | None = None) -> None:
+        """Send a round pipelined: all at once, one write per connection, or (`trickle` seconds
+        apart) one write per request, so later requests arrive while the server works on
+        earlier ones."""
         self.rounds += 1
         self.since_restart += 1
-        self.run(self._round(ops))
+        self.run(self._round(ops, trickle))
 
     @precondition(lambda self: self.since_restart >= 3)
     @rule(how=st.sampled_from(["graceful", "kill -9"]))
@@ -128,9 +131,10 @@ class HeadwaterMachine(RuleBasedStateMachine):
 
     # A round
 
-    async def _round(self, ops: list[Op]) -> None:
+    async def _round(self, ops: list[Op], trickle: float | None) -> None:
         plans = self.model.plan(ops)
-        outcomes = await self._exchange([(s.op.conn, s) for s in plans], f"round {self.rounds}")
+        items = [(s.op.conn, s) for s in plans]
+        outcomes = await self._exchange(items, f"round {self.rounds}", trickle)
         listing = await self._listing()
         table = "\n    ".join(f"{s.op} -> {show(o)}" for s, o in zip(plans, outcomes, strict=True))
         try:
@@ -139,15 +143,21 @@ class HeadwaterMachine(RuleBasedStateMachine):
         except Violation as exc:
             raise Violation(f"{exc}\n  the round's answers:\n    {table}") from None
 
-    async def _exchange(self, items: list[tuple[int, Sent]], what: str) -> list[Outcome]:
-        """Send every request pipelined (one write per connection), then wait for all answers."""
+    async def _exchange(
+        self, items: list[tuple[int, Sent]], what: str, trickle: float | None = None
+    ) -> list[Outcome]:
+        """Send every request pipelined, then wait for all answers."""
         batches: dict[int, list[bytes]] = {}
         waiting = []
         for conn, sent in items:
             correlation, data, future = self.peers[conn].encode(sent.request)
             batches.setdefault(conn, []).append(data)
             waiting.append((conn, correlation, sent, future))
-        await asyncio.gather(*(self.peers[c].send(b"".join(d)) for c, d in batches.items()))
+            if trickle is not None:
+                await self.peers[conn].send(data)
+                await asyncio.sleep(trickle)  # shapes arrival times; nothing waits on it
+        if trickle is None:
+            await asyncio.gather(*(self.peers[c].send(b"".join(d)) for c, d in batches.items()))
         await asyncio.wait([f for *_, f in waiting], timeout=ANSWER_S)
         missing = [
             f"connection {conn}, correlation id {correlation}: {sent}"
