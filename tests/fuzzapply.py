@@ -28,6 +28,7 @@ from tests.fuzzops import (
     MapCas,
     MapGet,
     MapSet,
+    Nack,
     Produce,
     Subscribe,
     Unsubscribe,
@@ -175,7 +176,7 @@ def _refused(model: Model, sent: Sent) -> None:
 
 def _apply_exact(model: Model, sent: Sent, outcome: Outcome) -> None:
     op, pre = sent.op, sent.pre
-    if isinstance(op, Flow | Ack | Unsubscribe):
+    if isinstance(op, Flow | Ack | Nack | Unsubscribe):
         if sent.must_answer_ok:
             expect(sent, outcome, {OK}, f"{sent.consumer} is open")
         else:
@@ -184,6 +185,10 @@ def _apply_exact(model: Model, sent: Sent, outcome: Outcome) -> None:
         if code(outcome) == OK and consumer is not None:
             if isinstance(op, Unsubscribe):
                 consumer.gone = "unsubscribed"
+            elif isinstance(op, Nack):
+                assert isinstance(sent.request, m.NackRequest)
+                given = {(a.partition, a.offset) for a in sent.request.acks}
+                consumer.unacked = [x for x in consumer.unacked if x not in given]
             elif isinstance(op, Ack):
                 assert isinstance(sent.request, m.AckRequest)
                 done = {(a.partition, a.offset) for a in sent.request.acks}

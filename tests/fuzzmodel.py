@@ -30,6 +30,7 @@ from tests.fuzzops import (
     MapCas,
     MapGet,
     MapSet,
+    Nack,
     Op,
     Produce,
     Subscribe,
@@ -214,6 +215,7 @@ class Model:
                         ack_timeout_ms=1500,
                         backoff=m.Backoff.FIXED,
                         backoff_initial_ms=100,
+                        max_deliveries=2,
                     )
                 sub_type = {"sh": m.SubscriptionType.SHARED, "fo": m.SubscriptionType.FAILOVER}
                 s = Sent(
@@ -229,7 +231,7 @@ class Model:
                     ),
                     pre,
                 )
-            elif isinstance(op, Flow | Ack | Unsubscribe):
+            elif isinstance(op, Flow | Ack | Nack | Unsubscribe):
                 consumer = self._consumer_at(op.conn, op.slot)
                 cid = consumer.cid if consumer else 0
                 request: m.Request
@@ -237,6 +239,9 @@ class Model:
                     request = m.FlowRequest(cid, op.credits)
                 elif isinstance(op, Unsubscribe):
                     request = m.UnsubscribeRequest(cid)
+                elif isinstance(op, Nack):
+                    given = consumer.unacked[:3] if consumer else [(0, 0)]
+                    request = m.NackRequest(cid, tuple(m.AckEntry(p, o) for p, o in given), 50)
                 else:
                     request = self._ack_request(op, consumer)
                 s = Sent(op, request, None, consumer=consumer)

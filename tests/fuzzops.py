@@ -84,6 +84,14 @@ class Ack:
 
 
 @dataclass(frozen=True)
+class Nack:
+    """Give the consumer's first unacked records back; after 2 deliveries they are dead-lettered."""
+
+    conn: int
+    slot: int
+
+
+@dataclass(frozen=True)
 class Unsubscribe:
     conn: int
     slot: int
@@ -127,6 +135,7 @@ Op = (
     | Subscribe
     | Flow
     | Ack
+    | Nack
     | Unsubscribe
     | DeleteSub
     | MapSet
@@ -160,6 +169,7 @@ _STRATEGIES: list[tuple[type, int, st.SearchStrategy[Op]]] = [
     ),
     (Flow, 1, st.builds(Flow, _conn, _slot, st.integers(1, 20))),
     (Ack, 3, st.builds(Ack, _conn, _slot, st.sampled_from(["all", "first", "cumulative"]))),
+    (Nack, 1, st.builds(Nack, _conn, _slot)),
     (Unsubscribe, 1, st.builds(Unsubscribe, _conn, _slot)),
     (DeleteSub, 1, st.builds(DeleteSub, _conn, _topic, st.sampled_from(SUBS))),
     (MapSet, 3, st.builds(MapSet, _conn, _topic, _keys, st.just(False))),

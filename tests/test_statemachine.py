@@ -153,7 +153,9 @@ class HeadwaterMachine(RuleBasedStateMachine):
             self.model.apply(plans, outcomes, listing)
             await self._after_round()
         except Violation as exc:
-            raise Violation(f"{exc}\n  the round's answers:\n    {table}") from None
+            raise Violation(
+                f"{exc}\n  the round's answers:\n    {table}{self._errors_logged()}"
+            ) from None
 
     async def _exchange(
         self, items: list[tuple[int, Sent]], what: str, trickle: float | None = None
@@ -230,8 +232,9 @@ class HeadwaterMachine(RuleBasedStateMachine):
                     strict,
                     consumer.seen,
                 )
-                if consumer.reliable and consumer.sub != "lv":
-                    consumer.unacked.append((partition, record.offset))
+                position = (partition, record.offset)
+                if consumer.reliable and consumer.sub != "lv" and position not in consumer.unacked:
+                    consumer.unacked.append(position)
             consumer.checked = len(pushes.records)
             if pushes.closed is not None and consumer.gone is None:
                 consumer.gone = f"closed by the server: {pushes.closed.message}"
@@ -282,6 +285,17 @@ class HeadwaterMachine(RuleBasedStateMachine):
                 f"the server logged {len(bad)} error or traceback line(s):\n    "
                 + "\n    ".join(line[:3000] for line in bad[:5])
             )
+
+    def _errors_logged(self) -> str:
+        """The server's error lines so far, each as its event and the exception's last line."""
+        found = []
+        for raw in self.server.log().splitlines():
+            with contextlib.suppress(ValueError):
+                entry = json.loads(raw)
+                if isinstance(entry, dict) and entry.get("level") in ("error", "critical"):
+                    last = str(entry.get("exception", "")).strip().splitlines()[-1:]
+                    found.append(f"{entry.get('event')}: {' '.join(last)}")
+        return "\n  server errors:\n    " + "\n    ".join(found) if found else ""
 
     def _log_tail(self, lines: int = 12) -> str:
         tail = self.server.log().splitlines()[-lines:]
