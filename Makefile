@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint typecheck bench clean
+.PHONY: install run test lint typecheck bench clean fuzz
 
 install: $(STAMP)
 
@@ -27,6 +27,11 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
+
+# The long run of the state-machine test (tests/test_statemachine.py): many more examples, and a
+# failure is shrunk to a minimal program. HEADWATER_FUZZ_SEED=<n> replays a run.
+fuzz: $(STAMP)
+	HEADWATER_FUZZ=long $(BIN)/python -m pytest -q -s tests/test_statemachine.py -k test_state_machine
 
 bench: $(STAMP)
 	$(BIN)/python -m loadtest.bench
