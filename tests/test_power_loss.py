@@ -182,3 +182,33 @@ async def test_disk_full_on_a_real_filesystem(tmp_path: Path, small_disk: Path, 
         print(f"\ndisk full ({fsync}): acked={len(acked)} refused={refused}")
     finally:
         server.kill()
+
+
+async def test_map_state_survives_a_reboot_gap_at_the_end_of_the_log(tmp_path: Path) -> None:
+    """After a reboot the log continues above its offset lease, leaving a gap at its end. The
+    last-value state built over it at start must step over the gap (it once waited for offsets
+    that will never exist, and the map stayed unreadable)."""
+    env = {"HEADWATER_TEST_BOOT_ID": "boot-1"}
+    server = ServerProcess(tmp_path / "data", env=env).start()
+    try:
+        async with await headwater.connect(server.address) as client:
+            await client.create_topic(
+                "prices", dispatch="reliable", configs={"last.value": "true", "fsync": "always"}
+            )
+            prices = client.map("prices")
+            for i in range(10):
+                await prices.set(f"k{i}".encode(), f"v{i}".encode())
+        server.kill()
+        server.env = {"HEADWATER_TEST_BOOT_ID": "boot-2"}  # the machine rebooted
+        server.start()
+        async with await headwater.connect(server.address) as client:
+            prices = client.map("prices")
+            assert await prices.size() == 10
+            found = await prices.get(b"k3")
+            assert found is not None and found.value == b"v3"
+            await prices.set(b"k3", b"after")
+            found = await prices.get(b"k3")
+            assert found is not None and found.value == b"after"
+        assert "last_value.rebuild_failed" not in server.log()
+    finally:
+        server.kill()
