@@ -85,22 +85,26 @@ def latency_chart(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     plt.close(figure)
 
 
-def soak_chart(samples: list[dict[str, Any]], path: Path, title: str) -> None:
+def soak_chart(
+    windows: list[dict[str, Any]], resources: list[dict[str, Any]], path: Path, title: str
+) -> None:
     plt = _pyplot()
     figure, (latency, rss, fds) = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
-    times = [s["t"] for s in samples]
     for key, label in (("p99_reliable_ms", "reliable"), ("p99_non_reliable_ms", "non-reliable")):
-        points = [(s["t"], s[key]) for s in samples if s.get(key) is not None]
+        points = [(w["t"], w[key]) for w in windows if w.get(key) is not None]
         if points:
             latency.plot(*zip(*points, strict=True), marker=".", label=f"p99 {label}")
     latency.set_ylabel("p99 per window, ms")
     latency.set_yscale("log")
     latency.legend(fontsize=8)
     latency.set_title(title, fontsize=10)
-    rss.plot(times, [s["rss_mb"] for s in samples], color="#e45756")
+    times = [s["t"] for s in resources]
+    rss.plot(times, [s["rss_mb"] for s in resources], color="#e45756")
     rss.set_ylabel("server RSS, MB")
-    fds.plot(times, [s["fds"] for s in samples], color="#54a24b")
+    rss.set_ylim(bottom=0)
+    fds.plot(times, [s["fds"] for s in resources], color="#54a24b")
     fds.set_ylabel("server open fds")
+    fds.set_ylim(bottom=0)
     fds.set_xlabel("seconds since start")
     for axes in (latency, rss, fds):
         axes.grid(True, alpha=0.3)

@@ -136,10 +136,16 @@ def _client_main(client: Client, barrier: Any, produced: Any, out: Any) -> None:
     out.put((client.name, result))
 
 
-def run_row(server_pid: int | None, clients: Sequence[Client], timeout: float) -> dict[str, Any]:
+def run_row(
+    server_pid: int | None,
+    clients: Sequence[Client],
+    timeout: float,
+    on_tick: Callable[[], None] | None = None,
+) -> dict[str, Any]:
     """Run the clients at once; returns {"clients": {name: result}, "server_cpu_s": ...}.
 
-    Each result carries the client's "cpu_s". Every wait is bounded by `timeout`."""
+    Each result carries the client's "cpu_s". Every wait is bounded by `timeout`. `on_tick` is
+    called about once a second while the clients run (the soak samples the server with it)."""
     context = mp.get_context("fork")
     barrier = context.Barrier(len(clients) + 1)
     produced = context.Event()
@@ -162,6 +168,8 @@ def run_row(server_pid: int | None, clients: Sequence[Client], timeout: float) -
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise RuntimeError(f"row timed out after {timeout:.0f}s: {sorted(results)} done")
+            if on_tick is not None:
+                on_tick()
             try:
                 name, result = out.get(timeout=min(1.0, remaining))
             except Exception:
