@@ -23,8 +23,13 @@ from loadtest.harness import free_port, wait_port
 BINARIES = {"redis": "redis-server", "nats": "nats-server"}
 
 
+def _binary(name: str) -> str | None:
+    # Debian puts nats-server in /usr/sbin, which a non-root PATH may lack
+    return shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin:/usr/local/sbin")
+
+
 def missing() -> list[str]:
-    return [binary for binary in BINARIES.values() if shutil.which(binary) is None]
+    return [binary for binary in BINARIES.values() if _binary(binary) is None]
 
 
 class PeerServer:
@@ -73,7 +78,7 @@ def redis(scratch: Path) -> PeerServer:
     data = scratch / "redis"
     data.mkdir()
     command = [
-        BINARIES["redis"],
+        _binary(BINARIES["redis"]) or BINARIES["redis"],
         "--bind", "127.0.0.1",
         "--port", str(port),
         "--dir", str(data),
@@ -90,5 +95,5 @@ def nats(scratch: Path) -> PeerServer:
     port = free_port()
     data = scratch / "nats"
     data.mkdir()
-    command = [BINARIES["nats"], "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(data)]
+    command = [_binary(BINARIES["nats"]) or BINARIES["nats"], "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(data)]
     return PeerServer("nats-server", command, port, scratch / "nats.log").start()
