@@ -101,11 +101,12 @@ def table(results: list[dict[str, Any]]) -> str:
         )
         spread = f"{row['spread']:.0%}" if "spread" in row else ""
         lines.append(
-            f"{row['workload']:<40} {row['system'][:28]:<28} {text:>14} {spread:>6} {lost:>7}  {cpu}"
+            f"{row['workload']:<40} {row['system'][:28]:<28} {text:>14} {spread:>6} {lost:>7}"
+            f"  {cpu}"
         )
         if row["kind"] == "latency":
             lines.append(
-                f"{'':<40} {'':<28} p50 {row['p50_ms']} p999 {row['p999_ms']} max {row['max_ms']} ms"
+                f"{'':<69}p50 {row['p50_ms']} p999 {row['p999_ms']} max {row['max_ms']} ms"
             )
     return "\n".join(lines)
 
@@ -119,7 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", help="run only the rows whose workload contains this text")
     parser.add_argument("--format", choices=["table", "json"], default="table")
     parser.add_argument("--output", type=Path, help="also write the JSON report here")
-    parser.add_argument("--charts", type=Path, help="write bench-throughput.png, bench-latency.png here")
+    parser.add_argument(
+        "--charts", type=Path, help="write bench-throughput.png, bench-latency.png here"
+    )
     args = parser.parse_args(argv)
     repeats = args.repeats or (1 if args.quick else 3)
     report: dict[str, Any] = {
@@ -135,7 +138,9 @@ def main(argv: list[str] | None = None) -> int:
         server = ServerProcess(Path(scratch) / "data").start()
         try:
             rows = [
-                row for row in matrix(server, args.quick) if not args.only or args.only in row.workload
+                row
+                for row in matrix(server, args.quick)
+                if not args.only or args.only in row.workload
             ]
             results = []
             for index, row in enumerate(rows, 1):
@@ -154,7 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.format == "json":
         print(json.dumps(report, indent=2))
     else:
-        print(f"{report['date']}, {repeats} run(s) per row, {report['seconds']} s, load {report['machine']['load_average']}")
+        print(
+            f"{report['date']}, {repeats} run(s) per row, {report['seconds']} s, "
+            f"load {report['machine']['load_average']}"
+        )
         print(table(results))
     return 0
 
@@ -163,7 +171,9 @@ def write_charts(results: list[dict[str, Any]], directory: Path, report: dict[st
     from loadtest.charts import latency_chart, throughput_chart
 
     directory.mkdir(parents=True, exist_ok=True)
-    stamp = f"{report['date'][:10]}, {report['machine']['cpus']} cores, median of {report['repeats']}"
+    stamp = (
+        f"{report['date'][:10]}, {report['machine']['cpus']} cores, median of {report['repeats']}"
+    )
     throughput_chart(results, directory / "bench-throughput.png", f"Headwater throughput ({stamp})")
     latency_chart(results, directory / "bench-latency.png", f"End-to-end latency by rate ({stamp})")
 

@@ -25,10 +25,19 @@ def _pyplot() -> Any:
 def throughput_chart(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     plt = _pyplot()
     bars = [r for r in rows if r["kind"] != "latency" and "error" not in r]
-    labels = [f"{r['workload']} ({r['system']})" if r["system"] != "headwater" else r["workload"] for r in bars]
-    values = [r.get("msgs_per_s") or r.get("ops_per_s") or r.get("deliveries_per_s") or 0 for r in bars]
+    labels = [
+        f"{r['workload']} ({r['system']})" if r["system"] != "headwater" else r["workload"]
+        for r in bars
+    ]
+    values = [
+        r.get("msgs_per_s") or r.get("ops_per_s") or r.get("deliveries_per_s") or 0 for r in bars
+    ]
     colours = [
-        "#4c78a8" if r["system"] == "headwater" else "#f58518" if "redis" in r["system"] else "#54a24b"
+        "#4c78a8"
+        if r["system"] == "headwater"
+        else "#f58518"
+        if "redis" in r["system"]
+        else "#54a24b"
         for r in bars
     ]
     figure, axes = plt.subplots(figsize=(11, 0.34 * len(bars) + 1.6))

@@ -186,7 +186,9 @@ async def fill_map(address: str, topic: str, keys: int, size: int) -> None:
         )
         table = client.map(topic)
         for start in range(0, keys, 1000):
-            await table.set_many({f"key{i}": b"v" * size for i in range(start, min(keys, start + 1000))})
+            await table.set_many(
+                {f"key{i}": b"v" * size for i in range(start, min(keys, start + 1000))}
+            )
 
 
 async def fanout_followers(
@@ -214,7 +216,12 @@ async def fanout_followers(
     converged = time.monotonic()
     for client in clients:
         await client.close()
-    return {"started": started, "converged": converged, "deliveries": deliveries[0], "cpu_s": ctx.cpu()}
+    return {
+        "started": started,
+        "converged": converged,
+        "deliveries": deliveries[0],
+        "cpu_s": ctx.cpu(),
+    }
 
 
 async def fanout_setter(ctx: Context, address: str, topic: str, updates: int) -> dict[str, Any]:

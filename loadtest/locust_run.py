@@ -70,7 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="headwater-locust-") as scratch:
         server = None if args.server else ServerProcess(Path(scratch) / "data").start()
         try:
-            outcome = run_locust(args.server or server.address, args.users, args.seconds, args.results, name)  # type: ignore[union-attr]
+            outcome = run_locust(
+                args.server or server.address, args.users, args.seconds, args.results, name
+            )  # type: ignore[union-attr]
         finally:
             if server is not None:
                 server.stop()

@@ -85,7 +85,9 @@ class HeadwaterUser(User):
     def on_stop(self) -> None:
         self.wire.close()
 
-    def report(self, name: str, started: float, size: int = 0, error: Exception | None = None) -> None:
+    def report(
+        self, name: str, started: float, size: int = 0, error: Exception | None = None
+    ) -> None:
         self.environment.events.request.fire(
             request_type="headwater",
             name=name,

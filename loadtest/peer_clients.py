@@ -31,7 +31,13 @@ def _redis(port: int) -> Any:
 
 
 async def redis_publish(
-    ctx: Context, port: int, channel: str, total: int, size: int, producers: int = 1, batch: int = 1000
+    ctx: Context,
+    port: int,
+    channel: str,
+    total: int,
+    size: int,
+    producers: int = 1,
+    batch: int = 1000,
 ) -> dict[str, Any]:
     value = b"x" * size
     clients = [_redis(port) for _ in range(producers)]
@@ -317,7 +323,9 @@ async def js_setup(port: int, stream: str, subject: str) -> None:
     from nats.js.api import StorageType
 
     connection = await _nats(port)
-    await connection.jetstream().add_stream(name=stream, subjects=[subject], storage=StorageType.FILE)
+    await connection.jetstream().add_stream(
+        name=stream, subjects=[subject], storage=StorageType.FILE
+    )
     await connection.close()
 
 

@@ -52,7 +52,9 @@ class PeerServer:
             wait_port(self.port)
         except RuntimeError:
             self.stop()
-            raise RuntimeError(f"{self.name} did not start: {self.log.read_text()[-2000:]}") from None
+            raise RuntimeError(
+                f"{self.name} did not start: {self.log.read_text()[-2000:]}"
+            ) from None
         return self
 
     def version(self) -> str:
@@ -95,5 +97,14 @@ def nats(scratch: Path) -> PeerServer:
     port = free_port()
     data = scratch / "nats"
     data.mkdir()
-    command = [_binary(BINARIES["nats"]) or BINARIES["nats"], "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(data)]
+    command = [
+        _binary(BINARIES["nats"]) or BINARIES["nats"],
+        "-a",
+        "127.0.0.1",
+        "-p",
+        str(port),
+        "-js",
+        "-sd",
+        str(data),
+    ]
     return PeerServer("nats-server", command, port, scratch / "nats.log").start()

@@ -9,8 +9,8 @@ everywhere: headwater, redis-py, nats-py):
 | workload | Headwater | Redis | NATS |
 |---|---|---|---|
 | non-reliable 1p 100B | non-reliable topic | pub/sub | core |
-| reliable fsync=interval 1p/8p 100B | reliable, fsync every 100 ms | Streams, AOF everysec | JetStream file store |
-| map get / map set | map durable, 50 in flight | GET / SET, pipeline of 50 | KV get / put, 50 in flight |
+| reliable fsync=interval 1p/8p 100B | fsync every 100 ms | Streams, AOF everysec | JetStream |
+| map get / map set | map, 50 in flight | GET / SET, pipelines of 50 | KV, 50 in flight |
 | latency non-reliable 10k/50k/100k/s | non-reliable topic | pub/sub | core |
 
 Each row runs three times (`--quick`: once, small counts) and the median run is reported with
@@ -30,6 +30,7 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ from headwater.testing import ServerProcess
 from loadtest import peer_clients as pc
 from loadtest import peer_servers, rows
 from loadtest.bench import _scratch_parent, machine
-from loadtest.harness import Client, say
+from loadtest.harness import Client, Workload, say
 from loadtest.rows import MAIN_FIGURE, Row
 
 NOT_STORED = "nothing (not stored)"
@@ -52,117 +53,108 @@ RATES = (10_000, 50_000, 100_000)
 def _stream_row(
     workload: str,
     system: str,
-    pid: int,
+    server: peer_servers.PeerServer,
     fsync: str,
-    reliable: bool,
-    setup: Any,
-    producer: Any,
-    consumer: Any,
+    clients: tuple[Workload, Workload],
+    args: Callable[[str], tuple[dict[str, Any], dict[str, Any]]],
     params: dict[str, Any],
     kind: str = "stream",
 ) -> Row:
-    """A peer row: `setup(run)` returns (producer kwargs, consumer kwargs) for a fresh run."""
+    """A producer/consumer row of a peer: `args(name)` gives both processes' arguments for a
+    fresh channel, stream or subject `name` per run."""
+    tag = time.monotonic_ns()
 
-    def clients(run: int) -> list[Client]:
-        produce_args, consume_args = setup(run)
-        return [Client("producer", producer, produce_args), Client("consumer", consumer, consume_args)]
+    def setup(run: int) -> list[Client]:
+        produce_args, consume_args = args(f"b{tag}_{run}")
+        return [
+            Client("producer", clients[0], {"port": server.port} | produce_args),
+            Client("consumer", clients[1], {"port": server.port} | consume_args),
+        ]
 
-    return Row(workload, system, kind, clients, lambda: pid, params, fsync, reliable)
+    reliable = fsync != NOT_STORED
+    return Row(workload, system, kind, setup, lambda: server.pid, params, fsync, reliable)
 
 
-def peer_rows(redis: peer_servers.PeerServer, nats: peer_servers.PeerServer, quick: bool) -> list[Row]:
+def _map_row(op: str, system: str, server: peer_servers.PeerServer, client: Workload,
+             fsync: str, args: dict[str, Any]) -> Row:  # fmt: skip
+    params = {"depth": 50, "keys": 10_000, "size": 100}
+    kwargs = {"port": server.port, "op": op} | params | args
+    return Row(
+        f"map {op}", system, "map", lambda run: [Client("client", client, kwargs)],
+        lambda: server.pid, params, fsync if op == "set" else "", True,
+    )  # fmt: skip
+
+
+def peer_rows(
+    redis: peer_servers.PeerServer, nats: peer_servers.PeerServer, quick: bool
+) -> list[Row]:
     scale = 5 if quick else 1
     seconds = 1.5 if quick else 5.0
     out: list[Row] = []
-    tag = time.monotonic_ns()
 
-    def pubsub(count: int, producers: int) -> Any:
-        return lambda run: (
-            {"port": redis.port, "channel": f"c{tag}-{run}-{producers}", "total": count, "size": 100, "producers": producers},
-            {"port": redis.port, "channel": f"c{tag}-{run}-{producers}", "expected": count // producers * producers},
+    def flood(key: str, total: int, producers: int = 1, flush_every: int = 0) -> Any:
+        """Arguments for `total` messages from `producers` to a fresh `key` (channel, ...)."""
+        extra = {"flush_every": flush_every} if flush_every else {}
+        expected = total // producers * producers
+        return lambda name: (
+            {key: name, "total": total, "size": 100, "producers": producers} | extra,
+            {key: name, "expected": expected},
         )
 
-    def core(count: int, producers: int) -> Any:
-        return lambda run: (
-            {"port": nats.port, "subject": f"core.{tag}.{run}.{producers}", "total": count, "size": 100, "producers": producers},
-            {"port": nats.port, "subject": f"core.{tag}.{run}.{producers}", "expected": count // producers * producers},
-        )
+    def jetstream(total: int, producers: int) -> Any:
+        def args(name: str) -> Any:
+            asyncio.run(pc.js_setup(nats.port, name, f"js.{name}"))
+            return flood("subject", total, producers, 1000)(f"js.{name}")
 
+        return args
+
+    params = {"producers": 1, "size": 100}
     out.append(_stream_row(
-        "non-reliable 1p 100B", "redis pub/sub", redis.pid, NOT_STORED, False,
-        pubsub(300_000 // scale, 1), pc.redis_publish, pc.redis_subscribe, {"producers": 1, "size": 100},
+        "non-reliable 1p 100B", "redis pub/sub", redis, NOT_STORED,
+        (pc.redis_publish, pc.redis_subscribe), flood("channel", 300_000 // scale), params,
     ))  # fmt: skip
     out.append(_stream_row(
-        "non-reliable 1p 100B", "nats core", nats.pid, NOT_STORED, False,
-        core(600_000 // scale, 1), pc.nats_publish, pc.nats_subscribe, {"producers": 1, "size": 100},
+        "non-reliable 1p 100B", "nats core", nats, NOT_STORED,
+        (pc.nats_publish, pc.nats_subscribe), flood("subject", 600_000 // scale), params,
     ))  # fmt: skip
-
     for producers in (1, 8):
-        def streams(run: int, producers: int = producers) -> Any:
-            count = 200_000 // scale
-            stream = f"s{tag}-{run}-{producers}"
-            return (
-                {"port": redis.port, "stream": stream, "total": count, "size": 100, "producers": producers, "flush_every": 1000},
-                {"port": redis.port, "stream": stream, "expected": count // producers * producers},
-            )
-
-        def jetstream(run: int, producers: int = producers) -> Any:
-            count = 100_000 // scale
-            subject = f"js.{tag}.{run}.{producers}"
-            asyncio.run(pc.js_setup(nats.port, f"S{tag}_{run}_{producers}", subject))
-            return (
-                {"port": nats.port, "subject": subject, "total": count, "size": 100, "producers": producers, "flush_every": 1000},
-                {"port": nats.port, "subject": subject, "expected": count // producers * producers},
-            )
-
         workload = f"reliable fsync=interval {producers}p 100B"
         params = {"producers": producers, "size": 100}
         out.append(_stream_row(
-            workload, "redis streams (AOF everysec)", redis.pid, REDIS_AOF, True,
-            streams, pc.redis_xadd, pc.redis_xread, params,
+            workload, "redis streams (AOF everysec)", redis, REDIS_AOF,
+            (pc.redis_xadd, pc.redis_xread),
+            flood("stream", 200_000 // scale, producers, 1000), params,
         ))  # fmt: skip
         out.append(_stream_row(
-            workload, "nats jetstream (file)", nats.pid, NATS_FILE, True,
-            jetstream, pc.js_publish, pc.js_consume, params,
+            workload, "nats jetstream (file)", nats, NATS_FILE,
+            (pc.js_publish, pc.js_consume), jetstream(100_000 // scale, producers), params,
         ))  # fmt: skip
 
-    ops = 100_000 // scale
     asyncio.run(pc.redis_fill(redis.port, 10_000, 100))
     asyncio.run(pc.kv_fill(nats.port, "bench", 10_000, 100))
     for op in ("get", "set"):
-        common = {"op": op, "ops": ops, "depth": 50, "keys": 10_000, "size": 100}
-        params = {"depth": 50, "keys": 10_000, "size": 100}
-        out.append(Row(
-            f"map {op}", "redis (pipelined)", "map",
-            lambda run, common=common: [Client("client", pc.redis_map, {"port": redis.port} | common)],
-            lambda: redis.pid, params, REDIS_AOF if op == "set" else "", True,
-        ))  # fmt: skip
-        out.append(Row(
-            f"map {op}", "nats kv", "map",
-            lambda run, common=common: [Client("client", pc.nats_kv, {"port": nats.port, "bucket": "bench"} | common)],
-            lambda: nats.pid, params, NATS_FILE if op == "set" else "", True,
-        ))  # fmt: skip
+        ops = {"ops": 100_000 // scale}
+        out.append(_map_row(op, "redis (pipelined)", redis, pc.redis_map, REDIS_AOF, ops))
+        out.append(_map_row(op, "nats kv", nats, pc.nats_kv, NATS_FILE, ops | {"bucket": "bench"}))
 
     for rate in RATES:
-        workload = f"latency non-reliable {rate // 1000}k/s"
         expected = max(1, rate // 1000) * int(seconds * 1000)
 
-        def at_rate(key: str, port: int, prefix: str, rate: int = rate, expected: int = expected) -> Any:
-            return lambda run: (
-                {"port": port, key: f"{prefix}{tag}.{run}.{rate}", "rate": rate, "seconds": seconds, "size": 100},
-                {"port": port, key: f"{prefix}{tag}.{run}.{rate}", "expected": expected, "latency": True, "quiet": 1.0},
+        def steady(key: str, rate: int = rate, expected: int = expected) -> Any:
+            return lambda name: (
+                {key: name, "rate": rate, "seconds": seconds, "size": 100},
+                {key: name, "expected": expected, "latency": True, "quiet": 1.0},
             )
 
+        workload = f"latency non-reliable {rate // 1000}k/s"
         params = {"rate": rate, "size": 100}
         out.append(_stream_row(
-            workload, "redis pub/sub", redis.pid, NOT_STORED, False,
-            at_rate("channel", redis.port, "lat"), pc.redis_publish_at_rate, pc.redis_subscribe,
-            params, "latency",
+            workload, "redis pub/sub", redis, NOT_STORED,
+            (pc.redis_publish_at_rate, pc.redis_subscribe), steady("channel"), params, "latency",
         ))  # fmt: skip
         out.append(_stream_row(
-            workload, "nats core", nats.pid, NOT_STORED, False,
-            at_rate("subject", nats.port, "lat."), pc.nats_publish_at_rate, pc.nats_subscribe,
-            params, "latency",
+            workload, "nats core", nats, NOT_STORED,
+            (pc.nats_publish_at_rate, pc.nats_subscribe), steady("subject"), params, "latency",
         ))  # fmt: skip
     return out
 
@@ -206,7 +198,8 @@ def ratios(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def ratio_table(pairs: list[dict[str, Any]]) -> str:
     lines = [
-        f"{'workload':<32} {'peer':<29} {'headwater':>13} {'peer':>13} {'ratio':>6}  server CPU-s/M hw|peer"
+        f"{'workload':<32} {'peer':<29} {'headwater':>13} {'peer':>13} {'ratio':>6}  "
+        "server CPU-s/M hw|peer"
     ]
     for pair in pairs:
         latency = pair["figure"] == "p99_ms"
@@ -215,7 +208,8 @@ def ratio_table(pairs: list[dict[str, Any]]) -> str:
         lines.append(
             f"{pair['workload']:<32} {pair['peer'][:29]:<29} "
             f"{fmt.format(pair['headwater'] or 0):>13} {fmt.format(pair['peer_value']):>13} "
-            f"{pair['ratio'] if pair['ratio'] is not None else '-':>6}  {cpu['headwater']} | {cpu['peer']}"
+            f"{pair['ratio'] if pair['ratio'] is not None else '-':>6}  "
+            f"{cpu['headwater']} | {cpu['peer']}"
         )
     lines.append("ratio = headwater / peer (for p99 latency, below 1 means Headwater's is lower)")
     return "\n".join(lines)
@@ -230,7 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", help="run only the workloads containing this text")
     parser.add_argument("--format", choices=["table", "json"], default="table")
     parser.add_argument("--output", type=Path, help="also write the JSON report here")
-    parser.add_argument("--charts", type=Path, help="write peers-throughput.png, peers-latency.png here")
+    parser.add_argument(
+        "--charts", type=Path, help="write peers-throughput.png, peers-latency.png here"
+    )
     args = parser.parse_args(argv)
     absent = peer_servers.missing()
     if absent:
@@ -261,7 +257,14 @@ def main(argv: list[str] | None = None) -> int:
             report["versions"] = {"redis": redis.version(), "nats": nats.version()}
             every = headwater_rows(server, args.quick) + peer_rows(redis, nats, args.quick)
             every = [row for row in every if not args.only or args.only in row.workload]
-            every.sort(key=lambda row: (row.kind, row.workload.split(" ")[:-1], row.params.get("rate", 0), row.system != "headwater"))
+            every.sort(
+                key=lambda row: (
+                    row.kind,
+                    row.workload.split(" ")[:-1],
+                    row.params.get("rate", 0),
+                    row.system != "headwater",
+                )
+            )
             results = []
             for index, row in enumerate(every, 1):
                 say(f"[{index}/{len(every)}] {row.workload}: {row.system}")
@@ -281,12 +284,19 @@ def main(argv: list[str] | None = None) -> int:
 
         args.charts.mkdir(parents=True, exist_ok=True)
         stamp = f"{report['date'][:10]}, median of {repeats}"
-        throughput_chart(results, args.charts / "peers-throughput.png", f"Headwater and peers ({stamp})")
-        latency_chart(results, args.charts / "peers-latency.png", f"Latency, Headwater and peers ({stamp})")
+        throughput_chart(
+            results, args.charts / "peers-throughput.png", f"Headwater and peers ({stamp})"
+        )
+        latency_chart(
+            results, args.charts / "peers-latency.png", f"Latency, Headwater and peers ({stamp})"
+        )
     if args.format == "json":
         print(json.dumps(report, indent=2))
     else:
-        print(f"{report['date']}, {repeats} run(s) per row, {report['seconds']} s, load {report['machine']['load_average']}")
+        print(
+            f"{report['date']}, {repeats} run(s) per row, {report['seconds']} s, "
+            f"load {report['machine']['load_average']}"
+        )
         print(f"peers: {report['versions']['redis']}; {report['versions']['nats']}")
         print(ratio_table(report["ratios"]))
         print("what each side fsyncs:")

@@ -150,9 +150,7 @@ def _name(*parts: object) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text)
 
 
-def hw_stream(
-    server: Any, fsync: str | None, producers: int, size: int, messages: int
-) -> Row:
+def hw_stream(server: Any, fsync: str | None, producers: int, size: int, messages: int) -> Row:
     """Non-reliable when `fsync` is None, else reliable with that policy."""
     reliable = fsync is not None
     workload = (f"reliable fsync={fsync}" if reliable else "non-reliable") + (
@@ -183,7 +181,11 @@ def hw_stream(
             Client(
                 "consumer",
                 hw.consume,
-                common | {"expected": messages // producers * producers, "quiet": 2.0 if reliable else 0.5},
+                common
+                | {
+                    "expected": messages // producers * producers,
+                    "quiet": 2.0 if reliable else 0.5,
+                },
             ),
         ]
 
@@ -216,8 +218,16 @@ def hw_latency(server: Any, fsync: str | None, rate: int, seconds: float, size: 
         common = {"address": server.address, "topic": topic}
         expected = max(1, rate // 1000) * int(seconds * 1000)
         return [
-            Client("producer", hw.produce_at_rate, common | {"rate": rate, "seconds": seconds, "size": size}),
-            Client("consumer", hw.consume, common | {"expected": expected, "latency": True, "quiet": 1.0}),
+            Client(
+                "producer",
+                hw.produce_at_rate,
+                common | {"rate": rate, "seconds": seconds, "size": size},
+            ),
+            Client(
+                "consumer",
+                hw.consume,
+                common | {"expected": expected, "latency": True, "quiet": 1.0},
+            ),
         ]
 
     return Row(

@@ -261,7 +261,10 @@ def main(argv: list[str] | None = None) -> int:
                 now = time.monotonic()
                 if now - last_sample[0] >= 1.0:
                     last_sample[0] = now
-                    resources.append({"t": round(now - started, 1), "rss_mb": round(process_rss(pid) / 2**20, 1), "fds": process_fds(pid)})  # fmt: skip
+                    rss = round(process_rss(pid) / 2**20, 1)
+                    resources.append(
+                        {"t": round(now - started, 1), "rss_mb": rss, "fds": process_fds(pid)}
+                    )
 
             common = {"address": server.address, "rate": args.rate, "seconds": args.seconds}
             outcome = run_row(
