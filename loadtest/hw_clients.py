@@ -131,7 +131,7 @@ async def consume(
             else:
                 sum(len(m.value) for m in messages if m.value)  # touch every value
         dropped = consumer.dropped
-    result = {
+    result: dict[str, Any] = {
         "received": received,
         "first": first,
         "last": last,

@@ -69,10 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     name = f"locust-{time.strftime('%Y-%m-%d-%H%M%S', time.gmtime())}"
     with tempfile.TemporaryDirectory(prefix="headwater-locust-") as scratch:
         server = None if args.server else ServerProcess(Path(scratch) / "data").start()
+        address = args.server or (server.address if server else "")
         try:
-            outcome = run_locust(
-                args.server or server.address, args.users, args.seconds, args.results, name
-            )  # type: ignore[union-attr]
+            outcome = run_locust(address, args.users, args.seconds, args.results, name)
         finally:
             if server is not None:
                 server.stop()

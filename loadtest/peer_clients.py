@@ -126,7 +126,7 @@ async def redis_subscribe(
     await asyncio.gather(reader, return_exceptions=True)
     await pubsub.aclose()
     await client.aclose()
-    result = {**state, "cpu_s": ctx.cpu()}
+    result: dict[str, Any] = {**state, "cpu_s": ctx.cpu()}
     if latency:
         result["latency"] = latency_summary(latencies)
     return result
@@ -313,7 +313,7 @@ async def nats_subscribe(
     state["last"] = started
     await _until_done_or_quiet(ctx, done, state, quiet, started + deadline)
     await connection.close()
-    result = {**state, "slow_consumer_errors": errors[0], "cpu_s": ctx.cpu()}
+    result: dict[str, Any] = {**state, "slow_consumer_errors": errors[0], "cpu_s": ctx.cpu()}
     if latency:
         result["latency"] = latency_summary(latencies)
     return result
