@@ -106,7 +106,8 @@ def table(results: list[dict[str, Any]]) -> str:
         )
         if row["kind"] == "latency":
             lines.append(
-                f"{'':<69}p50 {row['p50_ms']} p999 {row['p999_ms']} max {row['max_ms']} ms"
+                f"{'':<69}p50 {row['p50_ms']} p999 {row['p999_ms']} max {row['max_ms']} ms, "
+                f"sent at {row['producer_msgs_per_s']:,}/s"
             )
     return "\n".join(lines)
 
