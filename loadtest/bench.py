@@ -13,8 +13,8 @@ Each row gives its main figure (msgs/s delivered for non-reliable, acknowledged 
 deliveries/s; p99), every run's figure and their spread, and the user+system CPU seconds per
 million messages of the server and of each client process: CPU per message is the steadier figure
 on a shared machine. `--quick` runs each row once with small counts (about a minute). Progress
-goes to stderr when it is a terminal; the report to stdout (a table, or `--format json`); PNG
-charts with `--charts DIR`.
+goes to stderr when it is a terminal; the report to stdout (a table, `--format json` or
+`--format markdown`); PNG charts with `--charts DIR`.
 
     python -m loadtest.bench --quick
     python -m loadtest.bench --format json --output loadtest/results/matrix.json --charts docs/
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="each row once, small counts")
     parser.add_argument("--repeats", type=int, help="runs per row (default 3, 1 with --quick)")
     parser.add_argument("--only", help="run only the rows whose workload contains this text")
-    parser.add_argument("--format", choices=["table", "json"], default="table")
+    parser.add_argument("--format", choices=["table", "json", "markdown"], default="table")
     parser.add_argument("--output", type=Path, help="also write the JSON report here")
     parser.add_argument(
         "--charts", type=Path, help="write bench-throughput.png, bench-latency.png here"
@@ -159,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
         write_charts(results, args.charts, report)
     if args.format == "json":
         print(json.dumps(report, indent=2))
+    elif args.format == "markdown":
+        from loadtest.report import matrix_markdown
+
+        print(matrix_markdown(report["results"]))
     else:
         print(
             f"{report['date']}, {repeats} run(s) per row, {report['seconds']} s, "

@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="each row once, small counts")
     parser.add_argument("--repeats", type=int, help="runs per row (default 3, 1 with --quick)")
     parser.add_argument("--only", help="run only the workloads containing this text")
-    parser.add_argument("--format", choices=["table", "json"], default="table")
+    parser.add_argument("--format", choices=["table", "json", "markdown"], default="table")
     parser.add_argument("--output", type=Path, help="also write the JSON report here")
     parser.add_argument(
         "--charts", type=Path, help="write peers-throughput.png, peers-latency.png here"
@@ -292,6 +292,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.format == "json":
         print(json.dumps(report, indent=2))
+    elif args.format == "markdown":
+        from loadtest.report import ratios_markdown
+
+        print(ratios_markdown(report["ratios"]))
     else:
         print(
             f"{report['date']}, {repeats} run(s) per row, {report['seconds']} s, "
