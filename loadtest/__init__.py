@@ -1,2 +1,3 @@
-"""Load tests and benchmarks: `bench` (end-to-end throughput and latency, server in its own
-process), and later the locustfile. Uses `headwater` and `wire` only, on 127.0.0.1."""
+"""Benchmarks and load tests, each with its servers in processes of their own on 127.0.0.1:
+`bench` (the matrix), `peers` (Redis and NATS side by side), `soak`, `locust_run` (locust), with
+the shared plumbing in `harness` and `rows`. Uses `headwater` and `wire` only, never the server."""

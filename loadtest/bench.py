@@ -1,321 +1,192 @@
-"""End-to-end benchmark: a server process, a producer process and a consumer process on loopback.
+"""The benchmark matrix: every Headwater workload, each row run three times, median reported.
 
-Two measurements on a fresh non-reliable topic:
+One server (`python -m headwater serve`, its own process, data in a temporary directory on the
+same disk as the project) and client processes for every row (loadtest/harness.py):
 
-- throughput: the producer sends `--messages` values of `--size` bytes as fast as the client
-  batches them; the consumer counts what arrives. Rate = messages / (last received - first sent).
-- latency: the producer sends at a fixed `--rate` for `--seconds`, each value carrying its send time
-  (CLOCK_MONOTONIC, shared by the processes); the consumer records receive - send: p50, p99, max.
+- non-reliable and reliable with fsync never, interval and always; 1 and 8 producers (connections
+  in one producer process); 100 B and 1 KiB values; one consumer process;
+- map get and map set (50 requests in flight), last-value fan-out to 100 subscribers;
+- end-to-end latency p50/p99/p999 at 10,000, 50,000 and 100,000 msgs/s, non-reliable and reliable
+  with fsync always.
 
-Progress goes to stderr once a second; the result is one JSON object on stdout (append it to
-loadtest/results/ and quote it in docs/BENCHMARKS.md). Everything runs on 127.0.0.1 and every
-loop is bounded by a message count and a deadline.
+Each row gives its main figure (msgs/s delivered for non-reliable, acknowledged for reliable; ops/s;
+deliveries/s; p99), every run's figure and their spread, and the user+system CPU seconds per
+million messages of the server and of each client process: CPU per message is the steadier figure
+on a shared machine. `--quick` runs each row once with small counts (about a minute). Progress
+goes to stderr when it is a terminal; the report to stdout (a table, `--format json` or
+`--format markdown`); PNG charts with `--charts DIR`.
 
-    python -m loadtest.bench --messages 2000000 --size 100 --rate 50000 --seconds 10
+    python -m loadtest.bench --quick
+    python -m loadtest.bench --format json --output loadtest/results/matrix.json --charts docs/
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import multiprocessing as mp
 import os
 import platform
-import struct
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import headwater
 from headwater.testing import ServerProcess
+from loadtest import rows as r
+from loadtest.harness import say
 
-_STAMP = struct.Struct(">q")
-IDLE_STOP = 3.0  # seconds without a message after which a consumer stops counting
-
-
-def _progress(label: str, done: int, total: int, started: float) -> None:
-    elapsed = time.monotonic() - started
-    rate = done / elapsed if elapsed else 0.0
-    print(f"  {label}: {done:,}/{total:,} ({rate:,.0f} msg/s)", file=sys.stderr, flush=True)
+RATES = (10_000, 50_000, 100_000)
 
 
-async def _consume(
-    address: str,
-    topic: str,
-    total: int,
-    deadline: float,
-    ready: Any,
-    out: Any,
-    measure_latency: bool,
-) -> None:
-    """Receive until `total` arrived, nothing came for IDLE_STOP seconds, or the deadline."""
-    async with await headwater.connect(address) as client:
-        consumer = await client.subscribe(topic, "bench", prefetch=20_000)
-        ready.set()
-        received = 0
-        latencies: list[int] = []
-        first = 0.0
-        started = time.monotonic()
-        next_report = started + 1
-        while received < total and time.monotonic() < deadline:
-            try:
-                messages = await consumer.receive_batch(5000, timeout=IDLE_STOP)
-            except TimeoutError:
-                break
-            now = time.monotonic_ns()
-            if not received:
-                first = now / 1e9
-            received += len(messages)
-            await consumer.ack_cumulative(messages[-1])  # one ack per batch (single partition)
-            if measure_latency:
-                unpack = _STAMP.unpack_from
-                latencies.extend(now - unpack(m.value)[0] for m in messages if m.value)
-            else:
-                # touch every value, as an application would
-                sum(len(m.value) for m in messages if m.value)
-            if time.monotonic() >= next_report:
-                _progress("consumed", received, total, started)
-                next_report += 1
-        last = time.monotonic() if received >= total else time.monotonic() - IDLE_STOP
-        out.put({"received": received, "first": first, "last": last, "latencies_ns": latencies})
+def matrix(server: ServerProcess, quick: bool) -> list[r.Row]:
+    scale = 5 if quick else 1
+    seconds = 1.5 if quick else 5.0
+    counts = {  # messages per run, by (reliable, size)
+        (False, 100): 600_000,
+        (False, 1024): 200_000,
+        (True, 100): 400_000,
+        (True, 1024): 150_000,
+    }
+    rows: list[r.Row] = []
+    for fsync in (None, "never", "interval", "always"):
+        for producers in (1, 8):
+            for size in (100, 1024):
+                count = counts[(fsync is not None, size)] // scale
+                rows.append(r.hw_stream(server, fsync, producers, size, count))
+    ops = 100_000 // scale
+    rows.append(r.hw_map(server, "get", ops, 50, 10_000, 100))
+    rows.append(r.hw_map(server, "set", ops, 50, 10_000, 100))
+    rows.append(r.hw_fanout(server, 100, 2_000 // scale))
+    for fsync in (None, "always"):
+        for rate in RATES:
+            rows.append(r.hw_latency(server, fsync, rate, seconds, 100))
+    return rows
 
 
-def _consumer_main(*args: Any) -> None:
-    _run(_consume(*args))
-
-
-def _start_consumer(
-    address: str, topic: str, messages: int, seconds: float, measure_latency: bool
-) -> tuple[Any, Any]:
-    """A consumer process, subscribed before this returns; its result comes on the queue."""
-    ready, out = mp.Event(), mp.Queue()
-    consumer = mp.Process(
-        target=_consumer_main,
-        args=(address, topic, messages, time.monotonic() + seconds, ready, out, measure_latency),
-    )
-    consumer.start()
-    if not ready.wait(30):
-        raise RuntimeError("consumer did not subscribe")
-    return consumer, out
-
-
-def _run(coroutine: Any) -> Any:
-    """Clients run on uvloop, as a throughput-minded application would."""
-    import uvloop
-
-    return uvloop.run(coroutine)
-
-
-async def _produce_throughput(address: str, topic: str, total: int, size: int) -> dict[str, Any]:
-    async with await headwater.connect(address) as client:
-        producer = client.producer(topic, batch_size=64 * 1024)
-        value = b"x" * size
-        started = time.monotonic()
-        next_report = started + 1
-        last_future = None
-        for i in range(total):
-            last_future = await producer.send(value)
-            if i % 1024 == 0 and time.monotonic() >= next_report:
-                _progress("produced", i, total, started)
-                next_report += 1
-        await producer.flush()
-        assert last_future is not None
-        await last_future
-        return {"started": started, "finished": time.monotonic()}
-
-
-async def _produce_at_rate(address: str, topic: str, rate: int, seconds: float, size: int) -> int:
-    """Send `rate` msgs/s in 1 ms ticks; returns how many were sent."""
-    async with await headwater.connect(address) as client:
-        producer = client.producer(topic)
-        padding = b"x" * max(0, size - _STAMP.size)
-        per_tick = max(1, rate // 1000)
-        ticks = int(seconds * 1000)
-        started = time.monotonic()
-        sent = 0
-        for tick in range(ticks):
-            for _ in range(per_tick):
-                await producer.send(_STAMP.pack(time.monotonic_ns()) + padding)
-            sent += per_tick
-            delay = started + (tick + 1) / 1000 - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-        await producer.flush()
-        return sent
-
-
-def _percentile(sorted_values: list[int], fraction: float) -> float:
-    if not sorted_values:
-        return float("nan")
-    index = min(len(sorted_values) - 1, int(fraction * len(sorted_values)))
-    return sorted_values[index] / 1e6
-
-
-def run_throughput(address: str, messages: int, size: int) -> dict[str, Any]:
-    topic = f"bench-throughput-{os.getpid()}-{time.time_ns()}"
-    asyncio.run(_create_topic(address, topic))
-    consumer, out = _start_consumer(address, topic, messages, 300, False)
-    produced = _run(_produce_throughput(address, topic, messages, size))
-    result = out.get(timeout=330)
-    consumer.join(30)
-    elapsed = result["last"] - produced["started"]
+def machine() -> dict[str, Any]:
+    memory = ""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            memory = meminfo.readline().split(":", 1)[1].strip()
+    except OSError:
+        pass
     return {
-        "messages": messages,
-        "received": result["received"],
-        "lost": messages - result["received"],
-        "value_size": size,
-        "seconds": round(elapsed, 3),
-        "msgs_per_s": round(result["received"] / elapsed),
-        "mb_per_s": round(result["received"] * size / elapsed / 1e6, 1),
-        "producer_msgs_per_s": round(messages / (produced["finished"] - produced["started"])),
+        "cpus": os.cpu_count(),
+        "memory": memory,
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "python": platform.python_version(),
+        "platform": platform.platform(),
     }
 
 
-def run_latency(address: str, rate: int, seconds: float, size: int) -> dict[str, Any]:
-    topic = f"bench-latency-{os.getpid()}-{time.time_ns()}"
-    asyncio.run(_create_topic(address, topic))
-    expected = (max(1, rate // 1000)) * int(seconds * 1000)
-    consumer, out = _start_consumer(address, topic, expected, seconds + 30, True)
-    sent = _run(_produce_at_rate(address, topic, rate, seconds, size))
-    result = out.get(timeout=seconds + 60)
-    consumer.join(30)
-    latencies = sorted(result["latencies_ns"])
-    return {
-        "rate": rate,
-        "seconds": seconds,
-        "sent": sent,
-        "received": result["received"],
-        "lost": sent - result["received"],
-        "p50_ms": round(_percentile(latencies, 0.50), 3),
-        "p99_ms": round(_percentile(latencies, 0.99), 3),
-        "max_ms": round(_percentile(latencies, 1.0), 3),
-    }
-
-
-async def _create_topic(
-    address: str, topic: str, dispatch: str = "non-reliable", fsync: str | None = None
-) -> None:
-    async with await headwater.connect(address) as client:
-        configs = {"fsync": fsync} if fsync else None
-        await client.create_topic(topic, dispatch=dispatch, configs=configs)  # type: ignore[arg-type]
-
-
-async def _produce_reliable(
-    address: str, topic: str, total: int, size: int, producers: int, flush_every: int
-) -> dict[str, Any]:
-    """`producers` connections, each sending its share and waiting for acks every `flush_every`."""
-    value = b"r" * size
-    share = total // producers
-    started = time.monotonic()
-    done = [0]
-
-    async def one_producer() -> None:
-        async with await headwater.connect(address) as client:
-            producer = client.producer(topic, batch_size=1 << 20)
-            for start in range(0, share, flush_every):
-                for _ in range(min(flush_every, share - start)):
-                    await producer.send(value)
-                await producer.flush()
-                done[0] += min(flush_every, share - start)
-
-    async def report() -> None:
-        while True:
-            await asyncio.sleep(1)
-            _progress("acked", done[0], share * producers, started)
-
-    reporter = asyncio.create_task(report())
-    await asyncio.gather(*(one_producer() for _ in range(producers)))
-    reporter.cancel()
-    finished = time.monotonic()
-    return {"started": started, "finished": finished, "sent": share * producers}
-
-
-def run_reliable(
-    address: str, fsync: str, producers: int, messages: int, size: int, flush_every: int
-) -> dict[str, Any]:
-    topic = f"bench-reliable-{fsync}-{producers}-{time.time_ns()}"
-    asyncio.run(_create_topic(address, topic, "reliable", fsync))
-    consumer, out = _start_consumer(address, topic, messages, 300, False)
-    produced = _run(_produce_reliable(address, topic, messages, size, producers, flush_every))
-    result = out.get(timeout=330)
-    consumer.join(30)
-    acked_seconds = produced["finished"] - produced["started"]
-    delivered_seconds = result["last"] - produced["started"]
-    return {
-        "fsync": fsync,
-        "producers": producers,
-        "messages": produced["sent"],
-        "flush_every": flush_every,
-        "acked_msgs_per_s": round(produced["sent"] / acked_seconds),
-        "delivered": result["received"],
-        "delivered_msgs_per_s": round(result["received"] / delivered_seconds),
-    }
+def table(results: list[dict[str, Any]]) -> str:
+    """A plain-text table: the main figure, spread, loss and CPU-s per million per process."""
+    lines = [
+        f"{'workload':<40} {'system':<28} {'figure':>14} {'spread':>6} {'lost':>7}  "
+        "CPU-s per million msgs"
+    ]
+    for row in results:
+        if "error" in row:
+            lines.append(f"{row['workload']:<40} {row['system'][:28]:<28} failed: {row['error']}")
+            continue
+        key = r.MAIN_FIGURE[row["kind"]]
+        figure = row.get(key)
+        unit = " ms p99" if row["kind"] == "latency" else "/s"
+        text = f"{figure:,.3f}{unit}" if row["kind"] == "latency" else f"{figure:,.0f}{unit}"
+        lost = f"{row['lost_pct']}%" if "lost_pct" in row else ""
+        cpu = ", ".join(
+            f"{name} {value:.2f}" if value is not None else f"{name} -"
+            for name, value in row["cpu_s_per_million"].items()
+        )
+        spread = f"{row['spread']:.0%}" if "spread" in row else ""
+        lines.append(
+            f"{row['workload']:<40} {row['system'][:28]:<28} {text:>14} {spread:>6} {lost:>7}"
+            f"  {cpu}"
+        )
+        if row["kind"] == "latency":
+            lines.append(
+                f"{'':<69}p50 {row['p50_ms']} p999 {row['p999_ms']} max {row['max_ms']} ms, "
+                f"sent at {row['producer_msgs_per_s']:,}/s"
+            )
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--messages", type=int, default=2_000_000)
-    parser.add_argument("--size", type=int, default=100)
-    parser.add_argument("--rate", type=int, default=50_000, help="latency test rate, msgs/s")
-    parser.add_argument("--seconds", type=float, default=10.0, help="latency test duration")
-    parser.add_argument("--server", help="use a running server instead of starting one")
+    parser.add_argument("--quick", action="store_true", help="each row once, small counts")
+    parser.add_argument("--repeats", type=int, help="runs per row (default 3, 1 with --quick)")
+    parser.add_argument("--only", help="run only the rows whose workload contains this text")
+    parser.add_argument("--format", choices=["table", "json", "markdown"], default="table")
+    parser.add_argument("--output", type=Path, help="also write the JSON report here")
     parser.add_argument(
-        "--suite", choices=["all", "non-reliable", "reliable"], default="all", help="what to run"
-    )
-    parser.add_argument(
-        "--reliable-messages", type=int, default=500_000, help="messages per reliable run"
-    )
-    parser.add_argument(
-        "--flush-every", type=int, default=1000, help="reliable: records per producer flush"
+        "--charts", type=Path, help="write bench-throughput.png, bench-latency.png here"
     )
     args = parser.parse_args(argv)
+    repeats = args.repeats or (1 if args.quick else 3)
     report: dict[str, Any] = {
-        "benchmark": "end to end",
+        "benchmark": "matrix",
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-        },
+        "quick": args.quick,
+        "repeats": repeats,
+        "machine": machine(),
     }
-
-    with tempfile.TemporaryDirectory(prefix="headwater-bench-") as scratch:
-        server = None
-        address = args.server
-        if address is None:
-            server = ServerProcess(Path(scratch) / "data").start()
-            address = server.address
+    started = time.monotonic()
+    # not /tmp, which may be a tmpfs where fsync costs nothing
+    with tempfile.TemporaryDirectory(prefix="headwater-bench-", dir=_scratch_parent()) as scratch:
+        server = ServerProcess(Path(scratch) / "data").start()
         try:
-            if args.suite in ("all", "non-reliable"):
-                print(f"non-reliable: {args.messages:,} x {args.size} B", file=sys.stderr)
-                report["throughput"] = run_throughput(address, args.messages, args.size)
-                print(f"latency: {args.rate:,} msg/s for {args.seconds}s", file=sys.stderr)
-                report["latency"] = run_latency(address, args.rate, args.seconds, args.size)
-            if args.suite in ("all", "reliable"):
-                report["reliable"] = []
-                for fsync in ("never", "interval", "always"):
-                    for producers in (1, 8):
-                        print(f"reliable: fsync {fsync}, {producers} producer(s)", file=sys.stderr)
-                        report["reliable"].append(
-                            run_reliable(
-                                address,
-                                fsync,
-                                producers,
-                                args.reliable_messages,
-                                args.size,
-                                args.flush_every,
-                            )
-                        )
+            rows = [
+                row
+                for row in matrix(server, args.quick)
+                if not args.only or args.only in row.workload
+            ]
+            results = []
+            for index, row in enumerate(rows, 1):
+                say(f"[{index}/{len(rows)}] {row.workload}")
+                results.append(r.measure(row, repeats))
         finally:
-            if server is not None:
-                server.stop()
-    print(json.dumps(report, indent=2))
+            server.stop()
+    report["seconds"] = round(time.monotonic() - started, 1)
+    report["machine"]["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
+    report["results"] = results
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps(report, indent=2) + "\n")
+    if args.charts:
+        write_charts(results, args.charts, report)
+    if args.format == "json":
+        print(json.dumps(report, indent=2))
+    elif args.format == "markdown":
+        from loadtest.report import matrix_markdown
+
+        print(matrix_markdown(report["results"]))
+    else:
+        print(
+            f"{report['date']}, {repeats} run(s) per row, {report['seconds']} s, "
+            f"load {report['machine']['load_average']}"
+        )
+        print(table(results))
     return 0
+
+
+def write_charts(results: list[dict[str, Any]], directory: Path, report: dict[str, Any]) -> None:
+    from loadtest.charts import latency_chart, throughput_chart
+
+    directory.mkdir(parents=True, exist_ok=True)
+    stamp = (
+        f"{report['date'][:10]}, {report['machine']['cpus']} cores, median of {report['repeats']}"
+    )
+    throughput_chart(results, directory / "bench-throughput.png", f"Headwater throughput ({stamp})")
+    latency_chart(results, directory / "bench-latency.png", f"End-to-end latency by rate ({stamp})")
+
+
+def _scratch_parent() -> str | None:
+    """A directory on a real disk for data: $HEADWATER_BENCH_DIR, else /var/tmp."""
+    parent = os.environ.get("HEADWATER_BENCH_DIR", "/var/tmp")
+    return parent if os.path.isdir(parent) else None
 
 
 if __name__ == "__main__":

@@ -1,0 +1,235 @@
+"""Headwater's side of each benchmark: the client processes' workloads (see loadtest/harness.py).
+
+Each function runs in its own client process on uvloop with the public asyncio client: it sets up,
+awaits `ctx.start()` (every client of the row is then ready), does its work within a deadline, and
+returns a dict with its own CPU seconds (`ctx.cpu()`).
+
+- `produce`: `producers` connections in this process send `total` values; a reliable run flushes
+  (waits for every ack) each `flush_every` records per producer, a non-reliable one only at the end.
+- `produce_at_rate`: a fixed rate in 1 ms ticks, each value starting with its send time.
+- `consume`: one consumer, `receive_batch` and one cumulative ack per batch; it stops when it has
+  `expected` messages or, once the producers are done, when nothing came for `quiet` seconds.
+- `map_ops`: map get or set, `depth` requests in flight per round.
+- `fanout_followers` / `fanout_setter`: last-value subscribers following one key that another
+  process sets `updates` times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import time
+from typing import Any
+
+import headwater
+from loadtest.harness import Context, latency_summary, percentile, say
+
+STAMP = struct.Struct(">q")  # CLOCK_MONOTONIC nanoseconds, the same clock in every process
+
+
+async def produce(
+    ctx: Context,
+    address: str,
+    topic: str,
+    total: int,
+    size: int,
+    producers: int = 1,
+    flush_every: int = 0,
+    deadline: float = 300.0,
+) -> dict[str, Any]:
+    value = b"x" * size
+    share = total // producers
+    clients = [await headwater.connect(address) for _ in range(producers)]
+    sent = [0]
+    started = await ctx.start()
+    stop_at = started + deadline
+
+    async def one(client: headwater.Client) -> None:
+        producer = client.producer(topic, batch_size=256 * 1024 if flush_every else 64 * 1024)
+        step = flush_every or share
+        for begin in range(0, share, step):
+            for _ in range(min(step, share - begin)):
+                await producer.send(value)
+            await producer.flush()
+            sent[0] += min(step, share - begin)
+            if time.monotonic() > stop_at:
+                break
+
+    await _with_progress(asyncio.gather(*(one(c) for c in clients)), "sent", sent, total)
+    finished = time.monotonic()
+    ctx.produced.set()
+    for client in clients:
+        await client.close()
+    return {"started": started, "finished": finished, "sent": sent[0], "cpu_s": ctx.cpu()}
+
+
+async def _with_progress(work: Any, label: str, counter: list[int], total: int) -> None:
+    async def report() -> None:
+        while True:
+            await asyncio.sleep(1)
+            say(f"    {label} {counter[0]:,}/{total:,}")
+
+    reporter = asyncio.create_task(report())
+    try:
+        await work
+    finally:
+        reporter.cancel()
+
+
+async def produce_at_rate(
+    ctx: Context, address: str, topic: str, rate: int, seconds: float, size: int
+) -> dict[str, Any]:
+    """`rate` msgs/s in 1 ms ticks for `seconds`; each value carries its send time."""
+    async with await headwater.connect(address) as client:
+        producer = client.producer(topic)
+        padding = b"x" * max(0, size - STAMP.size)
+        per_tick = max(1, rate // 1000)
+        started = await ctx.start()
+        sent = 0
+        for tick in range(int(seconds * 1000)):
+            for _ in range(per_tick):
+                await producer.send(STAMP.pack(time.monotonic_ns()) + padding)
+            sent += per_tick
+            delay = started + (tick + 1) / 1000 - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        await producer.flush()
+        finished = time.monotonic()
+    ctx.produced.set()
+    return {"started": started, "finished": finished, "sent": sent, "cpu_s": ctx.cpu()}
+
+
+async def consume(
+    ctx: Context,
+    address: str,
+    topic: str,
+    expected: int,
+    latency: bool = False,
+    quiet: float = 0.5,
+    deadline: float = 300.0,
+) -> dict[str, Any]:
+    async with await headwater.connect(address) as client:
+        consumer = await client.subscribe(topic, "bench", prefetch=20_000)
+        started = await ctx.start()
+        received, first, last = 0, 0.0, started
+        latencies: list[int] = []
+        unpack = STAMP.unpack_from
+        while received < expected and time.monotonic() < started + deadline:
+            try:
+                messages = await consumer.receive_batch(5000, timeout=0.25)
+            except TimeoutError:
+                if ctx.produced.is_set() and time.monotonic() - last > quiet:
+                    break
+                continue
+            now_ns = time.monotonic_ns()
+            last = now_ns / 1e9
+            first = first or last
+            received += len(messages)
+            await consumer.ack_cumulative(messages[-1])  # one ack per batch (one partition)
+            if latency:
+                latencies.extend(now_ns - unpack(m.value)[0] for m in messages if m.value)
+            else:
+                sum(len(m.value) for m in messages if m.value)  # touch every value
+        dropped = consumer.dropped
+    result: dict[str, Any] = {
+        "received": received,
+        "first": first,
+        "last": last,
+        "dropped_notified": dropped,
+        "cpu_s": ctx.cpu(),
+    }
+    if latency:
+        result["latency"] = latency_summary(latencies)
+    return result
+
+
+async def map_ops(
+    ctx: Context, address: str, topic: str, op: str, ops: int, depth: int, keys: int, size: int
+) -> dict[str, Any]:
+    """`ops` gets or sets over `keys` keys, `depth` at a time; rounds' latency percentiles."""
+    value = b"v" * size
+    async with await headwater.connect(address) as client:
+        table = client.map(topic)
+        started = await ctx.start()
+        rounds: list[float] = []
+        done = 0
+        while done < ops:
+            count = min(depth, ops - done)
+            begin = time.perf_counter()
+            if op == "get":
+                await asyncio.gather(*(table.get(f"key{(done + i) % keys}") for i in range(count)))
+            else:
+                await asyncio.gather(
+                    *(table.set(f"key{(done + i) % keys}", value) for i in range(count))
+                )
+            rounds.append(time.perf_counter() - begin)
+            done += count
+        finished = time.monotonic()
+    return {"started": started, "finished": finished, "ops": done, "cpu_s": ctx.cpu()} | (
+        round_summary(rounds)
+    )
+
+
+def round_summary(rounds: list[float]) -> dict[str, float]:
+    rounds.sort()
+    return {
+        "round_p50_ms": round(percentile(rounds, 0.5) * 1000, 3),
+        "round_p99_ms": round(percentile(rounds, 0.99) * 1000, 3),
+    }
+
+
+async def fill_map(address: str, topic: str, keys: int, size: int) -> None:
+    """Create the map topic and its keys (run by the parent before the row)."""
+    async with await headwater.connect(address) as client:
+        await client.create_topic(
+            topic, dispatch="reliable", configs={"fsync": "interval", "last.value": "true"}
+        )
+        table = client.map(topic)
+        for start in range(0, keys, 1000):
+            await table.set_many(
+                {f"key{i}": b"v" * size for i in range(start, min(keys, start + 1000))}
+            )
+
+
+async def fanout_followers(
+    ctx: Context, address: str, topic: str, subscribers: int, updates: int, deadline: float = 120
+) -> dict[str, Any]:
+    """`subscribers` last-value consumers of key "k" on 10 connections; each stops when it holds
+    the final value. Returns deliveries and when the last subscriber converged."""
+    clients = [await headwater.connect(address) for _ in range(10)]
+    consumers = [
+        await clients[i % 10].subscribe(topic, f"s{i}", durable="last-value", keys=["k"])
+        for i in range(subscribers)
+    ]
+    final = str(updates).encode()
+    deliveries = [0]
+
+    async def follow(consumer: headwater.Consumer) -> None:
+        while True:
+            messages = await consumer.receive_batch(1000, timeout=deadline)
+            deliveries[0] += len(messages)
+            if messages[-1].value == final:
+                return
+
+    started = await ctx.start()
+    await asyncio.wait_for(asyncio.gather(*(follow(c) for c in consumers)), deadline)
+    converged = time.monotonic()
+    for client in clients:
+        await client.close()
+    return {
+        "started": started,
+        "converged": converged,
+        "deliveries": deliveries[0],
+        "cpu_s": ctx.cpu(),
+    }
+
+
+async def fanout_setter(ctx: Context, address: str, topic: str, updates: int) -> dict[str, Any]:
+    async with await headwater.connect(address) as client:
+        table = client.map(topic)
+        started = await ctx.start()
+        for i in range(1, updates + 1):
+            await table.set("k", str(i).encode())
+        finished = time.monotonic()
+    ctx.produced.set()
+    return {"started": started, "finished": finished, "sets": updates, "cpu_s": ctx.cpu()}
