@@ -3,7 +3,9 @@
 It owns what outlives a connection: topic metadata in RocksDB, one WAL per reliable partition
 under `<data_dir>/topics/<topic>/<partition>/`, the uploader that ships sealed segments to the
 object store, and the housekeeping loop (`server.housekeeping`). Reliable subscriptions' state is
-in `server.reliable_store`, dead-letter topics in `server.deadletter`.
+in `server.reliable_store`, producer ids in `server.producers`, dead-letter topics in
+`server.deadletter`. Synced state writes go through the catalog's `StateWriter` (group commit off
+the event loop); `close` flushes it before the logs are closed.
 
 Admin operations run in a turn of their topic name (`server.locks`) from start to end, so they
 never interleave with each other, with subscribe or with the last-value catch-up. The broker takes

@@ -59,6 +59,7 @@ class SyncedLog(Protocol):
 
     def notify(self) -> None: ...
 
+
 log = structlog.get_logger("headwater.wal")
 
 
