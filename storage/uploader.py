@@ -6,6 +6,12 @@ the log: a segment counts as uploaded only once both objects exist, which is rec
 delays (capped) until they succeed, and the queue simply grows by one entry per sealed segment.
 Retention asks `is_uploaded` before deleting a local segment.
 
+Deleting a topic (`forget_topic`) forgets its uploads and queues a purge of its objects. The queue
+is worked in order, so the purge runs after any upload of the deleted topic already queued or in
+flight and before any upload of a topic re-created under the same name: the new topic never
+inherits an old object or upload record. Each topic name has an epoch, bumped by a delete, so an
+upload that finishes after its topic was deleted is not recorded (the purge removes its objects).
+
 Object names: `<topic>/<partition>/<base offset, 20 digits>.log` and `.index`.
 """
 
@@ -50,7 +56,9 @@ class Uploader:
         self._state = state
         self._retry_initial = retry_initial
         self._retry_max = retry_max
-        self._queue: asyncio.Queue[tuple[str, int, SealedSegment]] = asyncio.Queue()
+        # (topic, partition, segment or None for a purge of the topic's objects, topic epoch)
+        self._queue: asyncio.Queue[tuple[str, int, SealedSegment | None, int]] = asyncio.Queue()
+        self._epochs: dict[str, int] = {}
         self._queued: set[tuple[str, int, int]] = set()
         self._uploaded: dict[tuple[str, int], list[UploadedSegment]] = {}
         self._task: asyncio.Task[None] | None = None
@@ -73,7 +81,7 @@ class Uploader:
         if ident in self._queued or self.is_uploaded(topic, partition, segment.base_offset):
             return
         self._queued.add(ident)
-        self._queue.put_nowait((topic, partition, segment))
+        self._queue.put_nowait((topic, partition, segment, self._epochs.get(topic, 0)))
 
     def is_uploaded(self, topic: str, partition: int, base_offset: int) -> bool:
         segments = self._uploaded.get((topic, partition), [])
@@ -89,15 +97,22 @@ class Uploader:
 
     async def _run(self) -> None:
         while True:
-            topic, partition, segment = await self._queue.get()
+            topic, partition, segment, epoch = await self._queue.get()
+            if segment is not None and epoch != self._epochs.get(topic, 0):
+                self._queued.discard((topic, partition, segment.base_offset))
+                continue  # its topic was deleted since: the purge queued then removes the rest
             self._busy = True
             delay = self._retry_initial
             try:
                 while True:
                     try:
-                        await self._upload(topic, partition, segment)
+                        if segment is None:
+                            await self._purge(topic)
+                        else:
+                            await self._upload(topic, partition, segment, epoch)
                         break
                     except FileNotFoundError:
+                        assert segment is not None
                         log.warning(
                             "upload.segment_gone",
                             topic=topic,
@@ -111,7 +126,7 @@ class Uploader:
                             "upload.retry",
                             topic=topic,
                             partition=partition,
-                            base_offset=segment.base_offset,
+                            base_offset=segment.base_offset if segment is not None else None,
                             error=str(exc),
                             delay_s=delay,
                         )
@@ -119,14 +134,17 @@ class Uploader:
                         delay = min(delay * 2, self._retry_max)
             finally:
                 self._busy = False
-                self._queued.discard((topic, partition, segment.base_offset))
+                if segment is not None:
+                    self._queued.discard((topic, partition, segment.base_offset))
 
-    async def _upload(self, topic: str, partition: int, segment: SealedSegment) -> None:
+    async def _upload(self, topic: str, partition: int, segment: SealedSegment, epoch: int) -> None:
         index_path = segment.path.with_suffix(".index")
         index = await asyncio.to_thread(_read_or_empty, index_path)
         data = await asyncio.to_thread(segment.path.read_bytes)
         await self.store.put(object_key(topic, partition, segment.base_offset, ".index"), index)
         await self.store.put(object_key(topic, partition, segment.base_offset), data)
+        if epoch != self._epochs.get(topic, 0):
+            return  # deleted while uploading: not recorded; the purge queued since removes it
         self._state.write(
             {
                 key(
@@ -155,9 +173,19 @@ class Uploader:
         return True
 
     def forget_topic(self, topic: str) -> None:
+        """The topic was deleted: forget its uploads and remove its objects (in queue order)."""
         for ident in [k for k in self._uploaded if k[0] == topic]:
             del self._uploaded[ident]
         self._state.delete_prefix(key(UPLOAD, topic) + b"\0")
+        epoch = self._epochs.get(topic, 0) + 1
+        self._epochs[topic] = epoch
+        self._queue.put_nowait((topic, -1, None, epoch))
+
+    async def _purge(self, topic: str) -> None:
+        objects = await self.store.list(f"{topic}/")
+        for found in objects:
+            await self.store.delete(found.key)
+        log.info("upload.topic_purged", topic=topic, objects=len(objects))
 
     async def close(self) -> None:
         if self._task is not None:

@@ -193,3 +193,72 @@ async def test_graceful_shutdown_uploads_the_active_segment(
         "bye/0/00000000000000000000.index",
         "bye/0/00000000000000000000.log",
     ]
+
+
+async def test_deleting_a_topic_removes_its_objects_and_a_new_one_inherits_nothing(
+    fresh_server: ServerProcess,
+) -> None:
+    """A re-created name is a new topic: none of the old topic's archived segments may be
+    served to it, and the deleted topic's objects leave the store."""
+    objects = fresh_server.data_dir / "objects" / "reborn"
+    settings = {"segment.bytes": 1024, "retention.bytes": 0, "fsync": "never"}
+    async with await headwater.connect(fresh_server.address) as client:
+        await client.create_topic("reborn", dispatch="reliable", configs=settings)
+        await _produce_each(client, "reborn", [f"old-{i:03d}".encode() * 20 for i in range(40)])
+        for _ in range(100):  # sealed segments upload in the background
+            if len(list(objects.rglob("*.log"))) >= 3:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("no segment of the first topic was uploaded")
+        await client.delete_topic("reborn")
+        await client.create_topic("reborn", dispatch="reliable", configs=settings)
+        await _produce_each(client, "reborn", [b"new-0", b"new-1"])
+        consumer = await client.subscribe("reborn", "reader", start="earliest")
+        received = [(await consumer.receive(timeout=5)).value for _ in range(2)]
+        assert received == [b"new-0", b"new-1"]
+    for _ in range(100):  # the purge runs in the uploader's queue, after the delete answered
+        if not [p for p in objects.rglob("*.log") if int(p.name[:20]) > 1]:
+            break
+        await asyncio.sleep(0.1)
+    else:
+        raise AssertionError("the deleted topic's objects are still in the store")
+
+
+class _GatedStore(LocalObjectStore):
+    """A real local store whose puts wait until released: holds an upload in flight."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def put(self, key: str, data: bytes) -> None:
+        self.entered.set()
+        await self.release.wait()
+        await super().put(key, data)
+
+
+async def test_an_upload_finishing_after_its_topic_was_deleted_is_not_recorded(
+    tmp_path: Path,
+) -> None:
+    from storage.logstate import SealedSegment
+    from storage.state import UPLOAD, StateStore
+    from storage.uploader import Uploader
+
+    state = StateStore(tmp_path / "state")
+    store = _GatedStore(tmp_path / "objects")
+    uploader = Uploader(store, state)
+    uploader.start()
+    segment = tmp_path / "00000000000000000000.log"
+    segment.write_bytes(b"x" * 10)
+    uploader.enqueue("t", 0, SealedSegment(0, 5, segment, 10))
+    await asyncio.wait_for(store.entered.wait(), 5)
+    uploader.forget_topic("t")  # deleted while its segment is being uploaded
+    store.release.set()
+    assert await uploader.drain(5)
+    assert not uploader.is_uploaded("t", 0, 0)
+    assert list(state.scan(UPLOAD)) == []
+    assert await store.list("t/") == []
+    await uploader.close()
+    state.close()
