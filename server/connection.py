@@ -27,7 +27,6 @@ No client may stall the others, so the work one connection gets is bounded:
 from __future__ import annotations
 
 import asyncio
-import inspect
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
@@ -37,7 +36,7 @@ from typing import Final, cast
 
 import structlog
 
-from server.broker import Broker
+from server.broker import Broker, Reply, Waiting
 from server.config import ServerConfig
 from server.logs import ProtocolErrorLog
 from server.subscription import Consumer
@@ -258,9 +257,9 @@ class Connection(asyncio.Protocol):
             return
         self._answer(header, response)
 
-    def _answer(self, header: FrameHeader, response: m.Response | Awaitable[m.Response]) -> None:
-        if inspect.isawaitable(response):
-            task = asyncio.ensure_future(self._finish(header, response))
+    def _answer(self, header: FrameHeader, response: Reply) -> None:
+        if isinstance(response, Waiting):
+            task = asyncio.ensure_future(self._finish(header, response.resolve()))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             return
