@@ -161,6 +161,9 @@ class Security:
             if parts is None:
                 raise AuthenticationFailed("not a Headwater token (hw1.<id>.<secret>)")
             entry = self._entries.get(parts[0])
+            if entry is None:  # created a moment ago? (a stat; failures are rate-limited)
+                self.reload()
+                entry = self._entries.get(parts[0])
             if entry is None or not check_secret(entry, parts[1]):
                 raise AuthenticationFailed(f"unknown token or wrong secret (token id {parts[0]})")
             reason = entry.valid(now)
