@@ -10,7 +10,9 @@ producers' own, and reconnections): AUTHENTICATE with the token, or with mechani
 when there is a client certificate and no token. A refusal raises `AuthenticationFailed` and the
 connection is closed. A TLS handshake the server rejects for the client's certificate surfaces
 as `AuthenticationFailed` too, not as a lost connection: with TLS 1.3 the server's verdict on
-the client certificate only arrives after the client's side of the handshake completed.
+the client certificate only arrives after the client's side of the handshake completed, and a
+server may close without sending its alert (uvloop does), so a connection that presented a
+certificate and was closed or reset before the handshake's answer counts as refused.
 """
 
 from __future__ import annotations
@@ -73,4 +75,18 @@ def tls_refusal(exc: BaseException | None) -> AuthenticationFailed | None:
     text = str(exc).lower()
     if "alert" in text and ("certificate" in text or "unknown ca" in text):
         return AuthenticationFailed(f"the server refused our TLS client certificate: {exc}")
+    return None
+
+
+def certificate_refused(exc: BaseException, presented: bool) -> AuthenticationFailed | None:
+    """A close or reset before the handshake's answer, after presenting a client certificate."""
+    if not presented:
+        return None
+    if isinstance(exc, ssl.SSLCertVerificationError | ConnectionRefusedError | TimeoutError):
+        return None
+    if isinstance(exc, HeadwaterError | ConnectionResetError | ssl.SSLError | EOFError):
+        return AuthenticationFailed(
+            f"the server closed the connection before answering the handshake: it refused the "
+            f"TLS client certificate ({exc})"
+        )
     return None

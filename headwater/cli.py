@@ -2,7 +2,7 @@
 
 Every client command takes `--server HOST:PORT` (default `$HEADWATER_SERVER`, else
 127.0.0.1:6650), `--token` (default `$HEADWATER_TOKEN`) and `--tls` with `--ca`, `--cert`,
-`--key`; `headwater token` manages a tokens file (headwater/token_cli.py). A failure prints one
+`--cert-key`; `headwater token` manages a tokens file (headwater/token_cli.py). A failure prints one
 line, `headwater: error: CODE: message`, to stderr and exits with status 1; bad usage exits with
 status 2 (argparse's convention). Nothing that failed reports success: `consume` exits 1 when its
 connection is lost (unless `--reconnect` brings it back), and an at-most-once `produce` waits a
@@ -58,7 +58,10 @@ def _parser() -> argparse.ArgumentParser:
     client_options.add_argument("--tls", action="store_true", help="connect with TLS")
     client_options.add_argument("--ca", type=Path, help="verify the server with this CA (PEM)")
     client_options.add_argument("--cert", type=Path, help="TLS client certificate (PEM)")
-    client_options.add_argument("--key", type=Path, help="the client certificate's key (PEM)")
+    # (--key is the message key of produce and consume)
+    client_options.add_argument(
+        "--cert-key", type=Path, help="the client certificate's private key (PEM)"
+    )
 
     serve = commands.add_parser("serve", help="run a server")
     serve.add_argument("--config", type=Path, help="TOML configuration file (flags override it)")
@@ -291,7 +294,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 async def _run_client_command(args: argparse.Namespace) -> int:
-    tls = Tls(args.ca, args.cert, args.key) if args.tls or args.ca or args.cert else None
+    tls = Tls(args.ca, args.cert, args.cert_key) if args.tls or args.ca or args.cert else None
     client = await connect(
         args.server, reconnect=getattr(args, "reconnect", False), token=args.token, tls=tls
     )

@@ -99,10 +99,17 @@ class _Opener:
         self.context: ssl.SSLContext | None = ssl_context(tls)
         self.handshake = handshake_request(token, tls)
         self.server_hostname = tls.server_hostname if isinstance(tls, Tls) else None
+        self.client_certificate = isinstance(tls, Tls) and tls.cert is not None
 
     async def open(self) -> Connection:
         return await Connection.open(
-            self.host, self.port, self.timeout, self.context, self.handshake, self.server_hostname
+            self.host,
+            self.port,
+            self.timeout,
+            self.context,
+            self.handshake,
+            self.server_hostname,
+            self.client_certificate,
         )
 
 

@@ -24,7 +24,7 @@ import ssl
 from collections.abc import Callable
 from typing import Protocol, cast
 
-from headwater.auth import tls_refusal
+from headwater.auth import certificate_refused, tls_refusal
 from wire import messages as m
 from wire.codec import decode_push, decode_response, encode_request, produce_request_parts
 from wire.errors import (
@@ -123,7 +123,10 @@ class Connection:
         tls: ssl.SSLContext | None = None,
         handshake: m.AuthenticateRequest | None = None,
         server_hostname: str | None = None,
+        client_certificate: bool = False,
     ) -> Connection:
+        """Connect, wrap in TLS if `tls`, and send `handshake` first. `client_certificate`:
+        `tls` presents one, so a server closing before it answers means it refused it."""
         connection = cls(f"{host}:{port}")
         loop = asyncio.get_running_loop()
         try:
@@ -138,7 +141,7 @@ class Connection:
                 timeout,
             )
         except (TimeoutError, OSError) as exc:
-            refused = tls_refusal(exc)
+            refused = tls_refusal(exc) or certificate_refused(exc, client_certificate)
             if refused is not None:
                 raise refused from None
             raise ConnectionClosed(
@@ -147,6 +150,9 @@ class Connection:
         if handshake is not None:
             try:
                 response = await connection.request(handshake, timeout)
+            except ConnectionLost as exc:
+                await connection.close()
+                raise certificate_refused(exc, client_certificate) or exc from None
             except HeadwaterError:
                 await connection.close()
                 raise

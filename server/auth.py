@@ -176,6 +176,9 @@ class Security:
                 raise AuthenticationFailed("no verified TLS client certificate on this connection")
             entries = self._certificate_entries(name, now)
             if not entries:
+                self.reload()
+                entries = self._certificate_entries(name, now)
+            if not entries:
                 raise AuthenticationFailed(f"no valid certificate entry for {name!r}")
             return self._build(name, "certificate", entries)
         raise AuthenticationFailed(
