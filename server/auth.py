@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
+import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -48,6 +49,8 @@ from wire.errors import (
 log = structlog.get_logger("headwater.auth")
 
 TICK_SECONDS = 1.0
+# An unauthenticated connection holds a slot of max_connections; it gets this long to authenticate.
+HANDSHAKE_TIMEOUT = 10.0
 FAILURE_WINDOW = 60.0
 MAX_TRACKED_ADDRESSES = 100_000
 
@@ -102,6 +105,7 @@ class Security:
         self._peers: Callable[[], Iterable[AuthPeer]] = tuple
         self._is_reliable: Callable[[str], bool] = lambda topic: False
         self._timer: asyncio.TimerHandle | None = None
+        self._waiting: weakref.WeakKeyDictionary[AuthPeer, float] = weakref.WeakKeyDictionary()
 
     def start(
         self, peers: Callable[[], Iterable[AuthPeer]], is_reliable: Callable[[str], bool]
@@ -358,6 +362,11 @@ class Security:
         for peer in list(self._peers()):
             session = peer.auth
             if session is None:
+                since = self._waiting.setdefault(peer, now)
+                if now - since > HANDSHAKE_TIMEOUT:
+                    peer.revoke(
+                        AuthenticationRequired(f"no AUTHENTICATE within {HANDSHAKE_TIMEOUT:g} s")
+                    )
                 continue
             if session.mechanism == "certificate":
                 entries = self._certificate_entries(session.principal, now)

@@ -436,3 +436,33 @@ async def test_authentication_off_answers_the_handshake_with_an_empty_principal(
     client = await headwater.connect(server.address, token="hw1.abc.def")
     assert client._connection.principal == ""
     await client.close()
+
+
+async def test_a_connection_that_never_authenticates_is_closed(secure: SecureServer) -> None:
+    peer = await RawPeer.open(secure.address)
+    frame = await peer.frame(timeout=15)  # HANDSHAKE_TIMEOUT (10 s) and a sweep
+    assert frame.header.correlation_id == 0
+    with pytest.raises(AuthenticationRequired, match="no AUTHENTICATE within"):
+        decode_response(frame.header, frame.body)
+    assert await peer.closed_by_server()
+    await peer.close()
+
+
+def test_security_settings_load_from_the_config_file(tmp_path: Path) -> None:
+    from server.config_file import ConfigError, load_config
+
+    path = tmp_path / "headwater.toml"
+    path.write_text(
+        '[security]\nauth_tokens = "/etc/tokens.json"\ninsecure = true\n'
+        "produce_bytes_per_second = 1000\n"
+    )
+    security = load_config(path).security
+    assert security.auth_tokens == Path("/etc/tokens.json")
+    assert security.insecure is True
+    assert security.produce_bytes_per_second == 1000
+    path.write_text('[security]\ntls_client_ca = "ca.pem"\n')
+    with pytest.raises(ConfigError, match="tls_client_ca needs tls_cert"):
+        load_config(path)
+    path.write_text("[security]\ninsecure = 1\n")
+    with pytest.raises(ConfigError, match=r"security\.insecure must be bool"):
+        load_config(path)
