@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -46,15 +45,3 @@ def secure_server(tmp_path: Path, *extra_args: str) -> Iterator[SecureServer]:
         yield SecureServer(process, tokens, admin)
     finally:
         process.kill()
-
-
-async def wait_until(condition: object, timeout: float = 10.0, what: str = "") -> None:
-    """Poll `condition()` (bounded): for effects with no event to await, like a file reload."""
-    import asyncio
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():  # type: ignore[operator]
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"not within {timeout}s: {what}")

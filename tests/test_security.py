@@ -466,3 +466,42 @@ def test_security_settings_load_from_the_config_file(tmp_path: Path) -> None:
     path.write_text("[security]\ninsecure = 1\n")
     with pytest.raises(ConfigError, match=r"security\.insecure must be bool"):
         load_config(path)
+
+
+async def test_a_quotad_consumer_receives_at_its_quota(secure: SecureServer) -> None:
+    quota = 50_000
+    async with await headwater.connect(secure.address, token=secure.admin) as admin:
+        await admin.create_topic("backlog", dispatch="reliable")
+        producer = admin.producer("backlog")
+        for _ in range(300):
+            await producer.send(b"y" * 1000)
+        await producer.flush()
+    slow = await headwater.connect(
+        secure.address,
+        token=secure.token("reader", "consume:backlog", quotas={"consume_bytes_per_second": quota}),
+    )
+    fast = await headwater.connect(secure.address, token=secure.token("other", "consume:backlog"))
+
+    async def read_for(client: headwater.Client, name: str, seconds: float) -> int:
+        consumer = await client.subscribe("backlog", name, start="earliest", prefetch=50)
+        received, started = 0, time.monotonic()
+        while time.monotonic() - started < seconds and received < 300:
+            try:
+                message = await consumer.receive(
+                    timeout=max(0.01, seconds - (time.monotonic() - started))
+                )
+            except TimeoutError:
+                break
+            await message.ack()
+            received += 1
+        return received
+
+    slow_count, fast_count = await asyncio.gather(
+        read_for(slow, "slow", 3.0), read_for(fast, "fast", 3.0)
+    )
+    print(f"consume quota {quota} B/s: {slow_count} kB in 3 s; unlimited: {fast_count} kB")
+    # one second of burst and three of rate: about 200 messages of 1 kB
+    assert 100 <= slow_count <= 260
+    assert fast_count == 300
+    await slow.close()
+    await fast.close()
