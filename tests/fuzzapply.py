@@ -24,16 +24,21 @@ from tests.fuzzops import (
     Create,
     Delete,
     DeleteSub,
+    Describe,
     Flow,
+    ListAll,
     MapCas,
     MapGet,
     MapSet,
     Nack,
     Produce,
+    Seek,
+    Steal,
     Subscribe,
     Unsubscribe,
     WrongPartition,
     key_partition,
+    visible,
 )
 from tests.fuzzpeer import Outcome
 from wire import messages as m
@@ -66,12 +71,23 @@ def kind_of(info: m.TopicInfo) -> tuple[str, bool]:
 def apply_round(
     model: Model, plans: list[Sent], outcomes: list[Outcome], listing: dict[str, m.TopicInfo]
 ) -> None:
+    permitted = []
+    for sent, outcome in zip(plans, outcomes, strict=True):
+        if sent.forbidden:  # checked before the broker sees it: no topic state matters
+            expect(sent, outcome, {"NOT_AUTHORIZED"}, "the principal has no grant for it")
+            _refused(model, sent)
+        else:
+            permitted.append((sent, outcome))
+    plans = [s for s, _ in permitted]
+    outcomes = [o for _, o in permitted]
     changed = _apply_admin(model, plans, outcomes, listing)
     for sent, outcome in zip(plans, outcomes, strict=True):
         if isinstance(sent.op, Create | Delete):
             continue
         topic = getattr(sent.op, "topic", None)
-        if topic is not None and topic in changed:
+        if isinstance(sent.op, Seek | Describe | ListAll | Steal):
+            _apply_probe(model, sent, outcome, topic in changed)
+        elif topic is not None and topic in changed:
             _apply_ambiguous(model, sent, outcome, changed[topic])
         else:
             _apply_exact(model, sent, outcome)
@@ -140,6 +156,36 @@ def _apply_admin(
             model.live[name] = new
         changed[name] = new
     return changed
+
+
+def _apply_probe(model: Model, sent: Sent, outcome: Outcome, ambiguous: bool) -> None:
+    """The hostile connection's extra requests (authenticated run)."""
+    op, pre = sent.op, sent.pre
+    if isinstance(op, Steal):
+        expect(sent, outcome, {"UNKNOWN_CONSUMER"}, "the consumer id belongs to another connection")
+    elif isinstance(op, ListAll):
+        expect(sent, outcome, {OK}, "anyone may list")
+        assert isinstance(outcome, m.ListTopicsResponse) and model.grants is not None
+        hidden = [t.name for t in outcome.topics if not visible(model.grants[op.conn], t.name)]
+        if hidden:
+            raise Violation(f"{sent}\n  LIST_TOPICS showed topics without a grant: {hidden}")
+    elif isinstance(op, Describe):
+        allowed = {OK, "UNKNOWN_TOPIC"} if ambiguous else {OK if pre else "UNKNOWN_TOPIC"}
+        expect(sent, outcome, allowed, f"describing {pre or 'no topic'}")
+        if isinstance(outcome, m.DescribeTopicResponse) and outcome.topic.name != op.topic:
+            raise Violation(f"{sent}\n  answered {outcome}: another topic")
+    else:
+        assert isinstance(op, Seek)
+        allowed = {OK, "UNKNOWN_TOPIC", "UNKNOWN_SUBSCRIPTION", "INVALID_REQUEST"}
+        if not ambiguous and pre is None:
+            allowed = {"UNKNOWN_TOPIC"}
+        elif not ambiguous and pre is not None and op.sub in pre.subs:
+            allowed = {OK}
+        expect(sent, outcome, allowed, f"seeking {op.sub!r} of {pre or 'no topic'}")
+        if code(outcome) == OK:
+            for consumer in model.consumers.values():
+                if consumer.topic == op.topic and consumer.sub == op.sub:
+                    consumer.unacked.clear()  # forgotten; redelivered from earliest
 
 
 def _closing(model: Model, which: object, reason: str) -> None:

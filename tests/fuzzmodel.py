@@ -26,16 +26,21 @@ from tests.fuzzops import (
     Create,
     Delete,
     DeleteSub,
+    Describe,
     Flow,
+    ListAll,
     MapCas,
     MapGet,
     MapSet,
     Nack,
     Op,
     Produce,
+    Seek,
+    Steal,
     Subscribe,
     Unsubscribe,
     WrongPartition,
+    granted,
     key_partition,
 )
 from tests.fuzzpeer import Outcome
@@ -122,6 +127,7 @@ class Sent:
     wrong: bool = False
     revision: int = -1
     checkable: bool = False  # a CAS/get whose answer the model knows exactly
+    forbidden: bool = False  # the connection's principal lacks the grant: NOT_AUTHORIZED
 
     def __str__(self) -> str:
         request = self.request
@@ -136,8 +142,25 @@ def parse_uid(value: bytes) -> tuple[str, int] | None:
     return (topic, int(uid)) if uid.isdigit() else None
 
 
+# the grant each op needs on its topic (docs/SECURITY.md); ops not listed need none
+_NEEDS = {
+    Create: "admin",
+    Delete: "admin",
+    Produce: "produce",
+    WrongPartition: "produce",
+    MapSet: "produce",
+    MapCas: "produce",
+    Subscribe: "consume",
+    MapGet: "consume",
+    Describe: "consume",
+    DeleteSub: "admin",  # or consume and owning it: no principal here has consume without admin
+    Seek: "admin",
+}
+
+
 class Model:
-    def __init__(self) -> None:
+    def __init__(self, grants: tuple[tuple[str, ...], ...] | None = None) -> None:
+        self.grants = grants  # per connection, when authentication is on
         self.live: dict[str, Gen] = {}
         self.payloads: dict[int, Payload] = {}
         self.consumers: dict[tuple[int, int], ConsumerModel] = {}
@@ -156,7 +179,25 @@ class Model:
         mine = sorted((c for c in self.consumers.values() if c.conn == conn), key=lambda c: c.cid)
         return mine[slot % len(mine)] if mine else None
 
+    def forbidden(self, op: Op) -> bool:
+        needs = _NEEDS.get(type(op))
+        if self.grants is None or needs is None:
+            return False
+        grants = self.grants[op.conn]
+        topic: str = op.topic  # type: ignore[union-attr]
+        if needs == "admin" and isinstance(op, DeleteSub | Seek):
+            assert granted(grants, "admin", topic) or not granted(grants, "consume", topic)
+        return not granted(grants, needs, topic)
+
     def plan(self, ops: list[Op]) -> list[Sent]:
+        ops_all, ops = ops, [op for op in ops if not self.forbidden(op)]
+        plans = self._plan(ops_all, ops)
+        for s in plans:
+            s.forbidden = self.forbidden(s.op)
+        return plans
+
+    def _plan(self, ops_all: list[Op], ops: list[Op]) -> list[Sent]:
+        """Plans every op of `ops_all`; only the permitted ones (`ops`) make names ambiguous."""
         admin = {op.topic for op in ops if isinstance(op, Create | Delete)}
         dropped_subs = {(op.topic, op.sub) for op in ops if isinstance(op, DeleteSub)}
         written = {
@@ -168,7 +209,7 @@ class Model:
         }
         unsubscribed: set[int] = set()
         plans = []
-        for op in ops:
+        for op in ops_all:
             topic = getattr(op, "topic", None)
             pre = self.live.get(topic) if topic else None
             parts = pre.partitions if pre else 1
@@ -256,6 +297,20 @@ class Model:
                     unsubscribed.add(consumer.cid)
             elif isinstance(op, DeleteSub):
                 s = Sent(op, m.DeleteSubscriptionRequest(op.topic, op.sub), pre)
+            elif isinstance(op, Seek):
+                s = Sent(op, m.SeekRequest(op.topic, op.sub, m.StartPosition.EARLIEST), pre)
+            elif isinstance(op, Describe):
+                s = Sent(op, m.DescribeTopicRequest(op.topic), pre)
+            elif isinstance(op, ListAll):
+                s = Sent(op, m.ListTopicsRequest(), None)
+            elif isinstance(op, Steal):
+                victim = self._consumer_at(op.victim, op.slot)
+                cid = victim.cid if victim else 1_000_000 + op.slot
+                stolen: m.Request = {
+                    "flow": m.FlowRequest(cid, 5),
+                    "ack": m.AckRequest(cid, (m.AckEntry(0, 0),)),
+                }.get(op.how, m.UnsubscribeRequest(cid))
+                s = Sent(op, stolen, None, consumer=victim)
             elif isinstance(op, MapSet):
                 s = Sent(op, m.MapGetRequest(op.topic, ()), pre)
                 writes = []

@@ -45,10 +45,17 @@ class FuzzPeer:
         self._task = asyncio.get_running_loop().create_task(self._read())
 
     @classmethod
-    async def open(cls, index: int, address: str) -> FuzzPeer:
+    async def open(cls, index: int, address: str, token: str | None = None) -> FuzzPeer:
+        """Connects; with `token`, authenticates first (docs/SECURITY.md)."""
         host, port = address.rsplit(":", 1)
         reader, writer = await asyncio.open_connection(host, int(port))
-        return cls(index, reader, writer)
+        peer = cls(index, reader, writer)
+        if token is not None:
+            answer = await peer.call(m.AuthenticateRequest("token", token.encode()), 10.0)
+            if not isinstance(answer, m.AuthenticateResponse):
+                await peer.close()
+                raise AssertionError(f"connection {index}: AUTHENTICATE answered {answer}")
+        return peer
 
     def encode(self, request: m.Request) -> tuple[int, bytes, asyncio.Future[Outcome]]:
         self._correlation += 1

@@ -20,7 +20,9 @@ Modes: CI by default (a few examples, no shrinking, well under two minutes when 
 `HEADWATER_FUZZ=long` (`make fuzz`) runs many more examples and shrinks a failure to a minimal
 program. `HEADWATER_FUZZ_SEED` replays a run; `HEADWATER_FUZZ_EXAMPLES` and `HEADWATER_FUZZ_STEPS`
 override the sizes; `HEADWATER_FUZZ_SKIP=Delete,WrongPartition` leaves out op kinds (to get past a
-known bug). A failure prints the seed, the steps as a replayable program and the violated promise.
+known bug). `test_state_machine_with_auth` runs the same machine with authentication on, three
+principals, one of them hostile (tests/fuzzauth.py); `make fuzz` runs both long. A failure
+prints the seed, the steps as a replayable program and the violated promise.
 """
 
 from __future__ import annotations
@@ -75,6 +77,9 @@ SETTINGS = settings(
 
 class HeadwaterMachine(RuleBasedStateMachine):
     last_failure_dir: Path | None = None
+    topics: tuple[str, ...] = TOPICS
+    check_conn = 0  # the connection the checks (listing, read-back, map get) use
+    connections = CONNECTIONS
 
     def __init__(self) -> None:
         super().__init__()
@@ -83,12 +88,21 @@ class HeadwaterMachine(RuleBasedStateMachine):
         self.since_restart = 0
         self.loop = asyncio.new_event_loop()
         self.dir = Path(tempfile.mkdtemp(prefix="hw-fuzz-"))
-        self.server = ServerProcess(self.dir / "data", extra_args=("--log-format", "json"))
+        self.tokens: list[str | None] = [None] * self.connections
+        self.server = ServerProcess(
+            self.dir / "data", extra_args=("--log-format", "json", *self._server_args())
+        )
         self.server.start()
         self.log_position = 0
-        self.model = Model()
+        self.model = Model(self._grants())
         self.peers: list[FuzzPeer] = []
         self.run(self._connect())
+
+    def _server_args(self) -> tuple[str, ...]:
+        return ()
+
+    def _grants(self) -> tuple[tuple[str, ...], ...] | None:
+        return None
 
     def run(self, coroutine):  # type: ignore[no-untyped-def]
         try:
@@ -186,13 +200,14 @@ class HeadwaterMachine(RuleBasedStateMachine):
         return (await self._exchange([(conn, sent)], what))[0]
 
     async def _listing(self) -> dict[str, m.TopicInfo]:
-        outcome = await self._call(0, m.ListTopicsRequest(), "LIST_TOPICS")
+        outcome = await self._call(self.check_conn, m.ListTopicsRequest(), "LIST_TOPICS")
         if not isinstance(outcome, m.ListTopicsResponse):
             raise Violation(f"LIST_TOPICS answered {show(outcome)}")
         return {t.name: t for t in outcome.topics}
 
     async def _after_round(self) -> None:
         self._check_peers()
+        self._check_pushed_ids()
         self._check_deliveries()
         await self._check_closed()
         await self._check_maps("after the round")
@@ -204,6 +219,19 @@ class HeadwaterMachine(RuleBasedStateMachine):
                 raise Violation(
                     f"connection {peer.index}: {peer.lost or ''} {peer.bad_frames}"
                     + self._log_tail()
+                )
+
+    def _check_pushed_ids(self) -> None:
+        """A connection is pushed only for consumer ids its own SUBSCRIBE was given."""
+        for peer in self.peers:
+            if peer.index == self.check_conn:
+                continue
+            own = {c.cid for c in self.model.consumers.values() if c.conn == peer.index}
+            stray = sorted(cid for cid, p in peer.pushes.items() if p.records and cid not in own)
+            if stray:
+                raise Violation(
+                    f"connection {peer.index} was delivered records for consumer ids {stray} "
+                    f"it never subscribed (its own: {sorted(own)})"
                 )
 
     def _check_deliveries(self) -> None:
@@ -246,7 +274,9 @@ class HeadwaterMachine(RuleBasedStateMachine):
         for gen in list(self.model.live.values()):
             if not gen.map_enabled:
                 continue
-            outcome = await self._call(0, m.MapGetRequest(gen.name, KEYS), f"map get {gen}")
+            outcome = await self._call(
+                self.check_conn, m.MapGetRequest(gen.name, KEYS), f"map get {gen}"
+            )
             if not isinstance(outcome, m.MapGetResponse):
                 raise Violation(f"{when}: map get of every key of {gen} answered {show(outcome)}")
             self.model.check_map(gen, outcome.entries, f"{when}: map get of every key")
@@ -320,10 +350,12 @@ class HeadwaterMachine(RuleBasedStateMachine):
             _check_listing(self.model, listing)
         except Violation as exc:
             raise Violation(f"{when}: {exc}") from None
-        for name in TOPICS:
+        for name in self.topics:
             if name not in self.model.live:
                 batch = build_batch([(None, f"{name}/0".encode(), ())])
-                outcome = await self._call(0, m.ProduceRequest(name, 0, batch), "produce")
+                outcome = await self._call(
+                    self.check_conn, m.ProduceRequest(name, 0, batch), "produce"
+                )
                 if code(outcome) != "UNKNOWN_TOPIC":
                     raise Violation(
                         f"{when}: producing to {name!r}, deleted or never created, answered "
@@ -337,14 +369,16 @@ class HeadwaterMachine(RuleBasedStateMachine):
 
     async def _read_back(self, gen: Gen, when: str) -> None:
         """Every acknowledged record of `gen`, read from earliest by the `verify` subscription."""
-        peer = self.peers[0]
+        peer = self.peers[self.check_conn]
         where = f"{when}: reading {gen} back from earliest"
-        described = await self._call(0, m.DescribeTopicRequest(gen.name), f"describe {gen}")
+        described = await self._call(
+            self.check_conn, m.DescribeTopicRequest(gen.name), f"describe {gen}"
+        )
         if not isinstance(described, m.DescribeTopicResponse):
             raise Violation(f"{where}: DESCRIBE_TOPIC answered {show(described)}")
         if "verify" in gen.subs:
             seek = m.SeekRequest(gen.name, "verify", m.StartPosition.EARLIEST)
-            outcome = await self._call(0, seek, f"seek verify of {gen}")
+            outcome = await self._call(self.check_conn, seek, f"seek verify of {gen}")
             expect(Sent(f"seek {gen}", seek, gen), outcome, {OK}, "verify exists")  # type: ignore[arg-type]
         subscribe = m.SubscribeRequest(
             gen.name,
@@ -355,7 +389,7 @@ class HeadwaterMachine(RuleBasedStateMachine):
             1_000_000,
             m.SubscriptionSettings(start=m.StartPosition.EARLIEST),
         )
-        outcome = await self._call(0, subscribe, f"subscribe verify to {gen}")
+        outcome = await self._call(self.check_conn, subscribe, f"subscribe verify to {gen}")
         if not isinstance(outcome, m.SubscribeResponse):
             raise Violation(f"{where}: SUBSCRIBE answered {show(outcome)}")
         gen.subs.add("verify")
@@ -398,13 +432,18 @@ class HeadwaterMachine(RuleBasedStateMachine):
                 tuple(m.AckEntry(p, o) for p, o in sorted(highest.items())),
                 m.AckKind.CUMULATIVE,
             )
-            await self._call(0, ack, "ack verify")
-        await self._call(0, m.UnsubscribeRequest(outcome.consumer_id), "unsubscribe verify")
+            await self._call(self.check_conn, ack, "ack verify")
+        await self._call(
+            self.check_conn, m.UnsubscribeRequest(outcome.consumer_id), "unsubscribe verify"
+        )
 
     # Connections
 
     async def _connect(self) -> None:
-        self.peers = [await FuzzPeer.open(i, self.server.address) for i in range(CONNECTIONS)]
+        self.peers = [
+            await FuzzPeer.open(i, self.server.address, self.tokens[i])
+            for i in range(self.connections)
+        ]
 
     async def _disconnect(self) -> None:
         for peer in self.peers:
@@ -436,3 +475,14 @@ def test_reproduction(name: str) -> None:
                 machine.pipeline(list(step))
     finally:
         machine.teardown()
+
+
+@pytest.mark.timeout(0 if LONG else 600)
+def test_state_machine_with_auth() -> None:
+    """The same with authentication on: well-behaved principals and one hostile one, which is
+    refused everything outside its grants (tests/fuzzauth.py)."""
+    from tests.fuzzauth import AuthMachine
+
+    value = _seed()
+    print(f"reproduce: HEADWATER_FUZZ_SEED={value} HEADWATER_FUZZ={'long' if LONG else 'ci'}")
+    run_state_machine_as_test(seed(value)(AuthMachine), settings=SETTINGS)
