@@ -12,6 +12,8 @@ happen before the response can be written:
   a WAL read to find a timestamp, building last-value state); `work` ends in a `Reply`.
 
 `Waiting.resolve()` gives the final response; the connection awaits it in a task of its own.
+A `bulky` response (a listing of many topics, a topic with many subscriptions) is encoded on a
+worker thread, so one client's large answer does not freeze the others.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from collections.abc import Awaitable, Coroutine
 from typing import Any
 
 from wire import messages as m
+from wire.codec import encode_response
+from wire.frames import FrameHeader
 
 
 class Waiting:
@@ -69,3 +73,23 @@ async def resolve(reply: Reply) -> m.Response:
     if isinstance(reply, Waiting):
         return await reply.resolve()
     return reply
+
+
+# Answers with more elements than this are encoded on a worker thread, not the loop (`bulky`):
+# encoding costs ~100 µs per topic or subscription, so listing 10,000 topics froze every
+# client for 1.35 s.
+BULKY_ELEMENTS = 200
+
+
+def bulky(response: m.Response) -> bool:
+    kind = type(response)
+    if kind is m.ListTopicsResponse:
+        return len(response.topics) > BULKY_ELEMENTS  # type: ignore[union-attr]
+    if kind is m.DescribeTopicResponse:
+        return len(response.subscriptions) > BULKY_ELEMENTS  # type: ignore[union-attr]
+    return False
+
+
+async def encode_off_loop(header: FrameHeader, response: m.Response) -> bytes:
+    """On a worker thread, which yields the GIL every switch interval: the loop serves others."""
+    return await asyncio.to_thread(encode_response, header.api_key, header.correlation_id, response)

@@ -1,0 +1,156 @@
+"""Attacks with bulk: one request whose answer is large must not freeze every other client.
+
+A canary connection sends API_VERSIONS in a loop while an attacker's connection makes the server
+build a large answer (10,000 topics listed, a topic with thousands of subscriptions described);
+the canary's slowest round trip is the stall everyone else saw. The attacker only splits the
+answers into frames while the canary runs (decoding them in the test process would stall the
+test's own loop) and decodes them afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from headwater.testing import ServerProcess
+from tests.fuzzpeer import FuzzPeer, Outcome
+from wire import messages as m
+from wire.codec import decode_response, encode_request
+from wire.errors import HeadwaterError
+from wire.frames import Frame, FrameDecoder
+
+STALL_S = 0.5  # the slowest canary round trip allowed while the bulk answers are built
+
+
+async def _pipelined(peer: FuzzPeer, requests: list[m.Request], timeout: float) -> list[Outcome]:
+    futures = []
+    data = []
+    for request in requests:
+        _, encoded, future = peer.encode(request)
+        data.append(encoded)
+        futures.append(future)
+    await peer.send(b"".join(data))
+    _, pending = await asyncio.wait(futures, timeout=timeout)
+    assert not pending, f"{len(pending)} of {len(requests)} requests unanswered in {timeout}s"
+    return [f.result() for f in futures]
+
+
+async def _bulk(address: str, requests: list[m.Request], timeout: float) -> list[Outcome]:
+    """Send `requests` pipelined on a connection of their own; their answers, decoded only
+    once all have arrived."""
+    host, port = address.rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"".join(encode_request(r, i + 1) for i, r in enumerate(requests)))
+    decoder = FrameDecoder()
+    frames: list[Frame] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(frames) < len(requests):
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, f"{len(frames)} of {len(requests)} answered in {timeout}s"
+            data = await asyncio.wait_for(reader.read(1 << 20), remaining)
+            assert data, "the server closed the connection"
+            frames += [f for f in decoder.feed(data) if isinstance(f, Frame)]
+    finally:
+        writer.close()
+    answers: list[Outcome] = []
+    for frame in frames:
+        try:
+            answers.append(decode_response(frame.header, frame.body))
+        except HeadwaterError as exc:
+            answers.append(exc)
+    return answers
+
+
+async def _worst_stall(address: str, attack: asyncio.Future[object]) -> float:
+    """The slowest API_VERSIONS round trip of a canary while `attack` runs."""
+    canary = await FuzzPeer.open(9, address)
+    worst = 0.0
+    try:
+        for _ in range(100_000):
+            if attack.done():
+                break
+            start = time.monotonic()
+            answer = await canary.call(m.ApiVersionsRequest(), 30)
+            assert isinstance(answer, m.ApiVersionsResponse), answer
+            worst = max(worst, time.monotonic() - start)
+            await asyncio.sleep(0.002)
+    finally:
+        await canary.close()
+    attack.result()
+    return worst
+
+
+@pytest.mark.timeout(300)
+def test_listing_many_topics_does_not_stall_others(tmp_path: Path) -> None:
+    """LIST_TOPICS over 4,000 topics, five pipelined: encoding each answer took ~0.5 s on the
+    loop (1.35 s for 10,000 topics), during which no other client was served."""
+    server = ServerProcess(tmp_path / "data").start()
+
+    async def main() -> None:
+        peer = await FuzzPeer.open(0, server.address)
+        for chunk in range(8):
+            creates: list[m.Request] = [
+                m.CreateTopicRequest(f"topic.{chunk}.{i}", 1, m.DispatchMode.NON_RELIABLE, ())
+                for i in range(500)
+            ]
+            for answer in await _pipelined(peer, creates, 60):
+                assert isinstance(answer, m.EmptyResponse), answer
+        attack = asyncio.ensure_future(_bulk(server.address, [m.ListTopicsRequest()] * 5, 60))
+        worst = await _worst_stall(server.address, attack)
+        for answer in attack.result():  # type: ignore[attr-defined]
+            assert isinstance(answer, m.ListTopicsResponse) and len(answer.topics) == 4000
+        print(f"worst canary round trip {worst * 1000:.0f} ms")
+        assert worst < STALL_S, f"another client waited {worst:.2f}s for API_VERSIONS"
+        await peer.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        server.kill()
+
+
+@pytest.mark.timeout(300)
+def test_describing_many_subscriptions_does_not_stall_others(tmp_path: Path) -> None:
+    """DESCRIBE_TOPIC of a reliable topic with 3,000 durable subscriptions, five pipelined."""
+    server = ServerProcess(tmp_path / "data").start()
+
+    async def main() -> None:
+        peer = await FuzzPeer.open(0, server.address)
+        created = await peer.call(m.CreateTopicRequest("t", 1, m.DispatchMode.RELIABLE, ()), 10)
+        assert isinstance(created, m.EmptyResponse), created
+        for chunk in range(6):
+            subscribes: list[m.Request] = [
+                m.SubscribeRequest(
+                    "t",
+                    f"s{chunk}.{i}",
+                    m.SubscriptionType.SHARED,
+                    "c",
+                    0,
+                    1,
+                    m.SubscriptionSettings(),
+                )
+                for i in range(500)
+            ]
+            answers = await _pipelined(peer, subscribes, 60)
+            leave: list[m.Request] = []
+            for answer in answers:
+                assert isinstance(answer, m.SubscribeResponse), answer
+                leave.append(m.UnsubscribeRequest(answer.consumer_id))
+            await _pipelined(peer, leave, 60)
+        attack = asyncio.ensure_future(_pipelined(peer, [m.DescribeTopicRequest("t")] * 5, 60))
+        worst = await _worst_stall(server.address, attack)
+        for answer in attack.result():  # type: ignore[attr-defined]
+            assert isinstance(answer, m.DescribeTopicResponse)
+            assert len(answer.subscriptions) == 3000
+        print(f"worst canary round trip {worst * 1000:.0f} ms")
+        assert worst < STALL_S, f"another client waited {worst:.2f}s for API_VERSIONS"
+        await peer.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        server.kill()

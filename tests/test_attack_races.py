@@ -1,0 +1,113 @@
+"""Attacks by pipelining: admin requests racing acks and each other on one reliable topic.
+
+Each test writes its requests in one `write` (FuzzPeer), so the server reads them together, and
+then requires every request answered within a bound and the server still serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from pathlib import Path
+
+import pytest
+
+from headwater.testing import ServerProcess
+from tests.fuzzpeer import FuzzPeer, Outcome
+from wire import messages as m
+from wire.errors import HeadwaterError
+from wire.records import build_batch
+
+ANSWER_S = 5.0
+
+
+def _reliable(name: str) -> m.CreateTopicRequest:
+    return m.CreateTopicRequest(
+        name, 1, m.DispatchMode.RELIABLE, (m.ConfigEntry("fsync", "always"),)
+    )
+
+
+def _subscribe(topic: str, sub: str, credits: int = 100) -> m.SubscribeRequest:
+    return m.SubscribeRequest(
+        topic,
+        sub,
+        m.SubscriptionType.SHARED,
+        "c",
+        0,
+        credits,
+        m.SubscriptionSettings(start=m.StartPosition.EARLIEST, ack_timeout_ms=500),
+    )
+
+
+async def _pipelined(peer: FuzzPeer, requests: list[m.Request]) -> list[Outcome]:
+    futures = []
+    data = []
+    for request in requests:
+        _, encoded, future = peer.encode(request)
+        data.append(encoded)
+        futures.append(future)
+    await peer.send(b"".join(data))
+    _, pending = await asyncio.wait(futures, timeout=ANSWER_S)
+    assert not pending, (
+        f"{len(pending)} of {len(requests)} pipelined requests unanswered within {ANSWER_S}s: "
+        + ", ".join(
+            type(r).__name__ for r, f in zip(requests, futures, strict=True) if not f.done()
+        )
+    )
+    return [f.result() for f in futures]
+
+
+def _ok(outcome: Outcome) -> bool:
+    return not isinstance(outcome, HeadwaterError)
+
+
+@pytest.mark.timeout(120)
+def test_seek_delete_subscription_and_acks_pipelined(tmp_path: Path) -> None:
+    """SEEK, DELETE_SUBSCRIPTION, ACKs, re-SUBSCRIBE in every order, pipelined, while records are
+    delivered: every request answered, and afterwards the topic still serves a new subscriber."""
+    server = ServerProcess(tmp_path / "data").start()
+
+    async def main() -> None:
+        peer = await FuzzPeer.open(0, server.address)
+        other = await FuzzPeer.open(1, server.address)
+        assert _ok(await peer.call(_reliable("t"), ANSWER_S))
+        batch = build_batch([(None, f"v{i}".encode(), ()) for i in range(20)])
+        assert _ok(await peer.call(m.ProduceRequest("t", 0, batch), ANSWER_S))
+        kinds = ["seek", "delete", "ack", "nack", "subscribe"]
+        for round_, order in enumerate(itertools.permutations(kinds, 4)):
+            if round_ >= 40:
+                break
+            sub = await peer.call(_subscribe("t", "s"), ANSWER_S)
+            assert isinstance(sub, m.SubscribeResponse), sub
+            cid = sub.consumer_id
+            deadline = asyncio.get_running_loop().time() + ANSWER_S
+            while not peer.pushes_for(cid).records:  # something delivered, unacked
+                assert asyncio.get_running_loop().time() < deadline, "nothing delivered"
+                await peer.arrival(0.5)
+            entries = tuple(m.AckEntry(p, r.offset) for p, _, r in peer.pushes_for(cid).records)
+            requests: dict[str, m.Request] = {
+                "seek": m.SeekRequest("t", "s", m.StartPosition.EARLIEST),
+                "delete": m.DeleteSubscriptionRequest("t", "s"),
+                "ack": m.AckRequest(cid, entries[:5]),
+                "nack": m.NackRequest(cid, entries[5:8], 10),
+                "subscribe": _subscribe("t", "s"),
+            }
+            await _pipelined(peer, [requests[k] for k in order])
+            # a second connection races a seek of its own against the first one's
+            await _pipelined(other, [m.SeekRequest("t", "s", m.StartPosition.LATEST)])
+            await _pipelined(peer, [m.DeleteSubscriptionRequest("t", "s")])
+        # the server still serves: a fresh subscription reads all 20 from earliest
+        sub = await other.call(_subscribe("t", "fresh"), ANSWER_S)
+        assert isinstance(sub, m.SubscribeResponse), sub
+        deadline = asyncio.get_running_loop().time() + ANSWER_S
+        while len({r.offset for _, _, r in other.pushes_for(sub.consumer_id).records}) < 20:
+            assert asyncio.get_running_loop().time() < deadline, "fresh subscriber starved"
+            await other.arrival(0.5)
+        await peer.close()
+        await other.close()
+
+    try:
+        asyncio.run(main())
+        assert "Traceback" not in server.log()
+    finally:
+        server.kill()
