@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from wire import messages as m
@@ -90,6 +91,15 @@ def bulky(response: m.Response) -> bool:
     return False
 
 
+# One thread for all of them: it yields the GIL to the loop every switch interval, where several
+# threads taking turns (one per pipelined LIST_TOPICS) starved the loop for hundreds of ms.
+_encoder: ThreadPoolExecutor | None = None
+
+
 async def encode_off_loop(header: FrameHeader, response: m.Response) -> bytes:
-    """On a worker thread, which yields the GIL every switch interval: the loop serves others."""
-    return await asyncio.to_thread(encode_response, header.api_key, header.correlation_id, response)
+    global _encoder
+    if _encoder is None:
+        _encoder = ThreadPoolExecutor(1, thread_name_prefix="hw-encode")
+    return await asyncio.get_running_loop().run_in_executor(
+        _encoder, encode_response, header.api_key, header.correlation_id, response
+    )
