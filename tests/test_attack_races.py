@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -109,5 +111,55 @@ def test_seek_delete_subscription_and_acks_pipelined(tmp_path: Path) -> None:
     try:
         asyncio.run(main())
         assert "Traceback" not in server.log()
+    finally:
+        server.kill()
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_subscription_left_with_unacked_messages_stays_idle(tmp_path: Path) -> None:
+    """A reliable subscription whose consumer left holding unacked messages has redeliveries due
+    and nobody to send them to, after a restart: its pump woke for that past due time every
+    millisecond, forever (found by the kill -9 attack: verify subscriptions left behind burned
+    the CPU)."""
+    server = ServerProcess(tmp_path / "data").start()
+
+    async def main() -> None:
+        peer = await FuzzPeer.open(0, server.address)
+        assert _ok(await peer.call(_reliable("t"), ANSWER_S))
+        batch = build_batch([(None, f"v{i}".encode(), ()) for i in range(50)])
+        assert _ok(await peer.call(m.ProduceRequest("t", 0, batch), ANSWER_S))
+        for name in ("a", "b", "c"):
+            subscribe = m.SubscribeRequest(
+                "t",
+                name,
+                m.SubscriptionType.EXCLUSIVE,
+                "c",
+                0,
+                100,
+                m.SubscriptionSettings(start=m.StartPosition.EARLIEST),
+            )
+            sub = await peer.call(subscribe, ANSWER_S)
+            assert isinstance(sub, m.SubscribeResponse), sub
+            deadline = asyncio.get_running_loop().time() + ANSWER_S
+            while len(peer.pushes_for(sub.consumer_id).records) < 50:
+                assert asyncio.get_running_loop().time() < deadline, "nothing delivered"
+                await peer.arrival(0.5)
+        await peer.close()
+
+    try:
+        asyncio.run(main())
+        server.kill()
+        server.start()  # the subscriptions come back with their unacked messages, no consumer
+        assert server.process is not None
+        before = _cpu_seconds(server.process.pid)
+        time.sleep(2.0)  # the measurement window, not a synchronisation
+        used = _cpu_seconds(server.process.pid) - before
+        assert used < 0.4, f"an idle server used {used:.2f} s of CPU in 2 s"
     finally:
         server.kill()
