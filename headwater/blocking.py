@@ -23,9 +23,9 @@ from collections.abc import Sequence
 
 from headwater.connection import parse_server
 from wire import messages as m
-from wire.codec import decode_response, encode_request
 from wire.errors import ConnectionClosed, ConnectionLost, HeadwaterError, RequestTimeout
 from wire.frames import Frame, FrameDecoder
+from wire.protocol import decode_response, encode_request
 from wire.records import RecordInput, build_batch
 
 

@@ -26,7 +26,7 @@ from typing import Protocol, cast
 
 from headwater.auth import certificate_refused, tls_refusal
 from wire import messages as m
-from wire.codec import decode_push, decode_response, encode_request, produce_request_parts
+from wire.api.produce import produce_request_parts
 from wire.errors import (
     AuthenticationFailed,
     ConnectionClosed,
@@ -36,6 +36,7 @@ from wire.errors import (
     error_for_code,
 )
 from wire.frames import Flags, Frame, FrameDecoder
+from wire.protocol import decode_push, decode_response, encode_request
 
 logger = logging.getLogger("headwater.client")
 

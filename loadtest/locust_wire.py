@@ -22,9 +22,9 @@ import time
 
 from headwater.connection import parse_server
 from wire import messages as m
-from wire.codec import decode_push, decode_response, encode_request
 from wire.errors import ConnectionLost, HeadwaterError
 from wire.frames import Flags, Frame, FrameDecoder
+from wire.protocol import decode_push, decode_response, encode_request
 
 
 class WireConnection:
