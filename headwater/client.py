@@ -319,12 +319,9 @@ class Client:
         """A producer for `topic` on a connection of its own (so it can reconnect and retry).
         Settings come from `config`, or from `ProducerConfig` fields given as keywords:
         `client.producer("t", delivery=AtMostOnce(), linger=0.005)`."""
-        producer = Producer(self, topic, config or ProducerConfig(**options))
+        producer = Producer(self._opener.open, topic, config or ProducerConfig(**options))
         self._producers.append(producer)
         return producer
-
-    async def _open_connection(self) -> Connection:
-        return await self._opener.open()
 
     async def subscribe(
         self,
