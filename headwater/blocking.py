@@ -22,7 +22,7 @@ import socket
 import time
 from collections.abc import Sequence
 
-from headwater.connection import parse_server
+from headwater.connection import default_server, parse_server
 from wire import messages as m
 from wire.errors import (
     AuthenticationFailed,
@@ -30,14 +30,16 @@ from wire.errors import (
     ConnectionLost,
     HeadwaterError,
     RequestTimeout,
+    TopicExists,
 )
 from wire.records import RecordInput, build_batch
 from wire.session import Answer, ClientSession
 
 
 class BlockingClient:
-    def __init__(self, server: str = "127.0.0.1:6650", timeout: float = 10.0) -> None:
-        host, port = parse_server(server)
+    def __init__(self, server: str | None = None, timeout: float = 10.0) -> None:
+        """`server` is "host:port"; by default $HEADWATER_SERVER, else 127.0.0.1:6650."""
+        host, port = parse_server(server or default_server())
         self._address = f"{host}:{port}"
         self._broken: HeadwaterError | None = None
         try:
@@ -94,10 +96,17 @@ class BlockingClient:
         partitions: int = 1,
         reliable: bool = False,
         configs: dict[str, str] | None = None,
+        *,
+        exist_ok: bool = False,
     ) -> None:
+        """Create a topic; with `exist_ok`, one of that name existing already is no error."""
         dispatch = m.DispatchMode.RELIABLE if reliable else m.DispatchMode.NON_RELIABLE
         entries = tuple(m.ConfigEntry(k, v) for k, v in (configs or {}).items())
-        self.request(m.CreateTopicRequest(name, partitions, dispatch, entries))
+        try:
+            self.request(m.CreateTopicRequest(name, partitions, dispatch, entries))
+        except TopicExists:
+            if not exist_ok:
+                raise
 
     def produce(self, topic: str, records: Sequence[RecordInput], partition: int = -1) -> int:
         """Send one batch; returns its base offset."""

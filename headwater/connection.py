@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import ssl
 from collections.abc import Callable
 from typing import cast
@@ -34,11 +35,25 @@ from wire.errors import (
 )
 from wire.session import ClientSession, PushHandler
 
-__all__ = ["DEFAULT_PORT", "Connection", "PushHandler", "parse_server"]
+__all__ = [
+    "DEFAULT_PORT",
+    "DEFAULT_SERVER",
+    "Connection",
+    "PushHandler",
+    "default_server",
+    "parse_server",
+]
 
 logger = logging.getLogger("headwater.client")
 
 DEFAULT_PORT = 6650
+DEFAULT_SERVER = f"127.0.0.1:{DEFAULT_PORT}"
+SERVER_VARIABLE = "HEADWATER_SERVER"
+
+
+def default_server() -> str:
+    """The server to use when none is named: $HEADWATER_SERVER, else 127.0.0.1:6650."""
+    return os.environ.get(SERVER_VARIABLE) or DEFAULT_SERVER
 
 
 def parse_server(server: str) -> tuple[str, int]:
