@@ -52,6 +52,13 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="listen port (default 6650; 0 picks a free one)")
     serve.add_argument("--data-dir", type=Path, help="data directory (default ./data)")
     serve.add_argument("--port-file", type=Path, help="write the bound port here once listening")
+    serve.add_argument(
+        "--http-port",
+        type=int,
+        help="HTTP port for /metrics, /healthz, /readyz and the status page (default: none; "
+        "0 picks a free one)",
+    )
+    serve.add_argument("--http-port-file", type=Path, help="write the bound HTTP port here")
     serve.add_argument("--log-format", choices=["console", "json"])
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
 
@@ -222,11 +229,16 @@ def _serve(args: argparse.Namespace) -> int:
         port=args.port,
         data_dir=args.data_dir,
         port_file=args.port_file,
+        http_port=args.http_port,
+        http_port_file=args.http_port_file,
         log_format=args.log_format,
         log_level=args.log_level,
     )
     if not 0 <= config.port < 65536:
         print(f"headwater: error: port {config.port} is out of range", file=sys.stderr)
+        return 2
+    if config.http_port is not None and not 0 <= config.http_port < 65536:
+        print(f"headwater: error: http port {config.http_port} is out of range", file=sys.stderr)
         return 2
     if config.object_store.backend not in ("local", "s3", "none"):
         print(

@@ -41,6 +41,7 @@ from server.broker import Broker
 from server.config import ServerConfig
 from server.logs import ProtocolErrorLog
 from server.subscription import Consumer
+from server.traffic import TrafficStats
 from wire import messages as m
 from wire.codec import (
     decode_request,
@@ -85,6 +86,7 @@ class Shared:
     connections: set[Connection] = field(default_factory=set)
     inflater: Executor | None = None  # None: inflate on the loop (tests, embedders)
     protocol_errors: ProtocolErrorLog = field(default_factory=ProtocolErrorLog)
+    traffic: TrafficStats = field(default_factory=TrafficStats)  # for server.metrics
 
 
 class Connection(asyncio.Protocol):
@@ -245,28 +247,38 @@ class Connection(asyncio.Protocol):
 
     def _handle(self, frame: Frame) -> None:
         header = frame.header
+        started = time.perf_counter()  # produce latency (server.traffic)
         try:
             if header.flags & _NOT_ON_REQUESTS:
                 raise MalformedFrame(f"flags {header.flags:#06x} are not valid on a request")
             request = decode_request(header, frame.body)
             if type(request) is m.ProduceRequest and is_compressed(request.batch):
-                self._produce_compressed(header, request)
+                self._produce_compressed(header, request, started)
                 return
             response = self._broker.handle(self, request)
         except Exception as exc:
             self._refuse(header, exc)
             return
-        self._answer(header, response)
+        self._answer(header, response, started)
 
-    def _answer(self, header: FrameHeader, response: m.Response | Awaitable[m.Response]) -> None:
+    def _answer(
+        self,
+        header: FrameHeader,
+        response: m.Response | Awaitable[m.Response],
+        started: float | None = None,
+    ) -> None:
         if inspect.isawaitable(response):
-            task = asyncio.ensure_future(self._finish(header, response))
+            task = asyncio.ensure_future(self._finish(header, response, started))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             return
+        if started is not None and type(response) is m.ProduceResponse:
+            self._shared.traffic.produced(started)
         self._respond(header, response)
 
-    def _produce_compressed(self, header: FrameHeader, request: m.ProduceRequest) -> None:
+    def _produce_compressed(
+        self, header: FrameHeader, request: m.ProduceRequest, started: float
+    ) -> None:
         cap = self._config.max_decompressed_batch
         info: BatchInfo | None = None
         try:
@@ -278,7 +290,7 @@ class Connection(asyncio.Protocol):
             raise
         except HeadwaterError:
             pass  # the broker reports it, after its own checks (unknown topic first)
-        self._answer(header, self._broker.produce(self, request, info))
+        self._answer(header, self._broker.produce(self, request, info), started)
 
     def _inflate_off_loop(self, header: FrameHeader, request: m.ProduceRequest, cap: int) -> None:
         self._inflating = True
@@ -314,12 +326,16 @@ class Connection(asyncio.Protocol):
             ),
         )
 
-    async def _finish(self, header: FrameHeader, pending: Awaitable[m.Response]) -> None:
+    async def _finish(
+        self, header: FrameHeader, pending: Awaitable[m.Response], started: float | None = None
+    ) -> None:
         try:
             response = await pending
         except Exception as exc:
             self._refuse(header, exc)
             return
+        if started is not None and type(response) is m.ProduceResponse:
+            self._shared.traffic.produced(started)
         self._respond(header, response)
 
     def _respond(self, header: FrameHeader, response: m.Response) -> None:
@@ -419,6 +435,7 @@ class Connection(asyncio.Protocol):
     ) -> None:
         if self._transport is not None:
             prefix = delivery_prefix(consumer_id, partition, len(batch), delivery_count)
+            self._shared.traffic.delivered(self.consumers.get(consumer_id), batch, delivery_count)
             if self._out is not None:
                 self._out += (prefix, batch)
                 self._out_bytes += len(prefix) + len(batch)

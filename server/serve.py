@@ -25,6 +25,7 @@ from server.catalog import TopicCatalog
 from server.config import ServerConfig
 from server.listener import Listener, StartupError
 from server.logs import configure_logging
+from server.status import start_operator_port
 from storage.archive import ObjectArchive
 from storage.objectstore import LocalObjectStore, ObjectStore, S3ObjectStore
 from storage.state import StateStore
@@ -68,6 +69,7 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
         # the port first: a taken port is the likeliest start-up error, and costs nothing to check
         port = listener.bind()
         stack.callback(listener.close)
+        operator = await start_operator_port(config, listener, stack)  # metrics, health, status
         state = _open_state(config.data_dir / "state")
         stack.callback(state.close)
         try:
@@ -94,6 +96,8 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
             raise StartupError(f"cannot open the topics in {config.data_dir}: {exc}") from None
         stack.push_async_callback(catalog.close)
         listener.start(Broker(config, catalog))
+        if operator is not None:
+            operator.recovered(catalog)
         if config.port_file is not None:
             temporary = config.port_file.with_suffix(".tmp")
             temporary.write_text(f"{port}\n")
@@ -110,6 +114,8 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
             await stop.wait()
         finally:
             log.info("server.stopping", connections=len(listener.connections))
+            if operator is not None:
+                operator.stopping = True
             listener.close()
             # Consumers hear SERVER_SHUTTING_DOWN before their connection closes.
             listener.shutdown_connections()
