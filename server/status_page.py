@@ -28,7 +28,7 @@ PAGE: Final = """<!doctype html>
   .panel { background: #fff; border: 1px solid #dde1e7; border-radius: 6px; padding: 8px 10px; }
   .panel h3 { font-size: 13px; margin: 0 0 4px; font-weight: 600; }
   svg.chart { display: block; }
-  .legend { font-size: 12px; color: #505a6b; max-width: 440px; }
+  .legend { font-size: 12px; color: #505a6b; max-width: 400px; }
   .legend span { display: inline-block; margin-right: 10px; white-space: nowrap; }
   .legend i { display: inline-block; width: 10px; height: 3px; margin-right: 4px;
               vertical-align: middle; }
@@ -60,7 +60,7 @@ PAGE: Final = """<!doctype html>
 "use strict";
 const COLORS = ["#2f6fdf", "#e0732c", "#2a9d5c", "#c23b7a", "#7c5cd6", "#b59a1c",
                 "#1aa3b0", "#8a4b2d", "#5f6b7d", "#d64545"];
-const W = 440, H = 190, PAD_L = 52, PAD_R = 8, PAD_T = 8, PAD_B = 22;
+const W = 400, H = 190, PAD_L = 52, PAD_R = 8, PAD_T = 8, PAD_B = 22;
 const SVG = "http://www.w3.org/2000/svg";
 
 function el(name, attrs, parent) {
@@ -76,14 +76,20 @@ function fmt(n) {
   if (a >= 1e9) return (n / 1e9).toFixed(1) + "G";
   if (a >= 1e6) return (n / 1e6).toFixed(1) + "M";
   if (a >= 1e4) return (n / 1e3).toFixed(1) + "k";
-  return Number.isInteger(n) ? String(n) : n.toFixed(1);
+  return Number.isInteger(n) ? String(n) : String(Number(n.toPrecision(3)));
+}
+
+function niceMax(v) {  // 1, 2 or 5 times a power of ten: round numbers on the axis
+  if (!(v > 0)) return 1;
+  const e = Math.pow(10, Math.floor(Math.log10(v))), f = v / e;
+  return (f <= 1 ? 1 : f <= 2 ? 2 : f <= 5 ? 5 : 10) * e;
 }
 
 function chart(holder, times, series) {
   const names = Object.keys(series);
   let max = 0, points = 0;
   for (const name of names) for (const v of series[name]) if (v !== null && v > max) max = v;
-  max = max > 0 ? max * 1.1 : 1;
+  max = niceMax(max);
   const t0 = times.length ? times[0] : 0, t1 = times.length ? times[times.length - 1] : 1;
   const span = Math.max(t1 - t0, 1);
   const x = t => PAD_L + (t - t0) / span * (W - PAD_L - PAD_R);
