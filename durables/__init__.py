@@ -1,4 +1,6 @@
-"""Delivery state and semantics, independent of I/O: `cursor` holds a reliable subscription's
-acknowledgement state per partition (floor, out-of-order acks, delivery counts) and its encoding.
-The standard, shared, last-value and map durables arrive with the durables issue. Imports `wire`
-and `storage` only."""
+"""Delivery semantics, independent of I/O: no asyncio, no clock, no files. `cursor` holds a
+reliable subscription's acknowledgement state per partition and its encoding; `delivery` is the
+at-least-once state machine of one reliable subscription (in flight, ack timeouts, backoff,
+redelivery, dead-letter decisions), driven with `now` as an argument; `group` picks who receives
+next (Exclusive, Shared, Failover); `producers` deduplicates idempotent produces; `lastvalue`
+plans what a batch does to a topic's last values. Imports `wire` only."""

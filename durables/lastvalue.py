@@ -1,4 +1,4 @@
-"""The last value per key of a topic, in RocksDB: what last-value and map durables read.
+"""The last value per key of a topic: which keys a batch changes, and to what (no I/O).
 
 Each record of a topic with last-value state is applied in offset order: a record with a value
 becomes its key's current value (its offset is the key's *revision*); a record with a key and a
@@ -6,18 +6,9 @@ null value (a tombstone) deletes the key; a record without a key is not part of 
 key is the record key, or, when the topic names a key field, that field of the record's JSON
 value (dotted paths reach into nested objects).
 
-Keys in RocksDB:
-
-- `lv/<topic>\\0<key>`: the current value (`StoredValue.encode`);
-- `lvpos/<topic>\\0<partition>`: the next offset of that partition not yet applied;
-- `lvcount/<topic>`: how many keys exist.
-
-A batch's changes, its partition's position and the count go in one WriteBatch, so after a crash
-the state is exactly "everything below `lvpos`": the server re-applies the WAL from there, and
-from the beginning when the state is lost altogether. The same rule holds while the state is
-being built: `apply` takes a batch only when it starts exactly at its partition's position, so a
-live append to a partition the catch-up has not reached yet is left for the catch-up to read
-from the WAL, and one to a partition already caught up is applied at once; none is missed.
+`LastValueKeys.changes` plans what a batch does to the state: the newest value per key (a value
+of None deletes the key). `storage.lastvalue_store` writes the plan to RocksDB, with the
+partition's position, in one WriteBatch; `server.lastvalue.LastValueIndex` joins the two.
 
 A key's revision is an offset, unique only within a partition, so on a topic with last-value
 state a keyed record belongs to its key's partition, `crc32(key) % partitions` (what the client's
@@ -32,15 +23,11 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from storage.state import StateStore, key
 from wire.errors import InvalidRequest, WrongPartition
 from wire.keys import partition_for_key
 from wire.limits import MAX_KEY_SIZE
 from wire.records import Record
 
-LV = b"lv/"
-LVPOS = b"lvpos/"
-LVCOUNT = b"lvcount/"
 _HEAD = struct.Struct(">iqqi")  # partition, offset, timestamp, value length (-1: null)
 _HEADER = struct.Struct(">Hi")  # header name length, value length (-1: null)
 
@@ -99,17 +86,14 @@ def check_key(key_bytes: bytes) -> None:
         raise InvalidRequest(f"key of {len(key_bytes)} bytes exceeds the {MAX_KEY_SIZE}-byte limit")
 
 
-class LastValueIndex:
-    def __init__(self, state: StateStore, topic: str, partitions: int, key_field: str = "") -> None:
-        self._state = state
+class LastValueKeys:
+    """A topic's rule for last-value keys: which key a record has, which partition it belongs
+    to, and what a batch changes."""
+
+    def __init__(self, topic: str, partitions: int, key_field: str = "") -> None:
         self.topic = topic
         self.partitions = partitions
         self.key_field = key_field
-        self._prefix = key(LV, topic) + b"\0"
-        self._count_key = key(LVCOUNT, topic)
-        # the next offset to apply per partition (mirrors `lvpos`, read once)
-        self._applied = [_int(state.get(key(LVPOS, topic, p))) for p in range(partitions)]
-        self.ready = False  # set once the catch-up has applied the whole history
 
     def partition_of(self, record_key: bytes) -> int:
         return partition_for_key(record_key, self.partitions)
@@ -171,91 +155,24 @@ class LastValueIndex:
                     )
         return keys
 
-    # Applying
-
-    def apply(
+    def changes(
         self,
         partition: int,
         base_offset: int,
         records: Sequence[Record],
         keys: Sequence[bytes | None],
-        sync: bool = False,
     ) -> list[StoredValue]:
-        """Apply records appended at `base_offset`; returns the changes (value None: deleted).
-
-        A batch that does not start at the partition's position is not applied (nothing is
-        returned): below it, it was applied already; above it, the catch-up reads it later."""
-        if base_offset != self._applied[partition]:
-            return []
+        """The newest value per key among records appended at `base_offset` (None: deleted)."""
         latest: dict[bytes, StoredValue] = {}
         for position, (record, record_key) in enumerate(zip(records, keys, strict=True)):
             if record_key is None:
                 continue
-            offset = base_offset + position
             latest[record_key] = StoredValue(
-                record_key, partition, offset, record.timestamp, record.value, tuple(record.headers)
+                record_key,
+                partition,
+                base_offset + position,
+                record.timestamp,
+                record.value,
+                tuple(record.headers),
             )
-        count = self.size()
-        puts: dict[bytes, bytes] = {}
-        deletes: list[bytes] = []
-        for record_key, stored in latest.items():
-            existed = self._state.get(self._prefix + record_key) is not None
-            if stored.value is None:
-                deletes.append(self._prefix + record_key)
-                count -= existed
-            else:
-                puts[self._prefix + record_key] = stored.encode()
-                count += not existed
-        end = base_offset + len(records)
-        puts[key(LVPOS, self.topic, partition)] = str(end).encode()
-        puts[self._count_key] = str(count).encode()
-        self._state.write(puts, deletes, sync=sync)
-        self._applied[partition] = end
         return list(latest.values())
-
-    def applied(self, partition: int) -> int:
-        return self._applied[partition]
-
-    def skip_to(self, partition: int, offset: int) -> None:
-        """History below `offset` is gone (retention): start applying there."""
-        if offset > self._applied[partition]:
-            self._state.write({key(LVPOS, self.topic, partition): str(offset).encode()})
-            self._applied[partition] = offset
-
-    # Reading
-
-    def get(self, record_key: bytes) -> StoredValue | None:
-        data = self._state.get(self._prefix + record_key)
-        return None if data is None else StoredValue.decode(record_key, data)
-
-    def scan(
-        self, prefix: bytes, after: bytes = b"", limit: int | None = None
-    ) -> tuple[list[StoredValue], bytes]:
-        """Keys starting with `prefix` and greater than `after`, in key order; the cursor to pass
-        as `after` for the next page (empty when there is none)."""
-        found: list[StoredValue] = []
-        start = self._prefix + max(prefix, after + b"\0" if after else b"")
-        for raw_key, data in self._state.scan_from(start, self._prefix + prefix):
-            if limit is not None and len(found) == limit:
-                return found, found[-1].key
-            found.append(StoredValue.decode(raw_key[len(self._prefix) :], data))
-        return found, b""
-
-    def size(self) -> int:
-        raw = self._state.get(self._count_key)
-        return int(raw) if raw else 0
-
-    def drop(self) -> None:
-        drop_last_values(self._state, self.topic)
-
-
-def drop_last_values(state: StateStore, topic: str) -> None:
-    """Remove every last-value key of `topic` (a deleted topic's, also one whose delete a crash
-    interrupted, when no index object exists)."""
-    state.delete_prefix(key(LV, topic) + b"\0")
-    state.delete_prefix(key(LVPOS, topic) + b"\0")
-    state.write(deletes=[key(LVCOUNT, topic)])
-
-
-def _int(raw: bytes | None) -> int:
-    return int(raw) if raw else 0

@@ -1,7 +1,7 @@
 """Headwater's Python client: `await headwater.connect()` returns a `Client` with topic admin,
 producers and consumers. The `headwater` command line lives in `headwater.cli`."""
 
-from headwater.client import Client, Consumer, Message, connect
+from headwater.client import Client, Consumer, Message, Tls, connect
 from headwater.producer import (
     AtLeastOnce,
     AtMostOnce,
@@ -14,12 +14,20 @@ from headwater.producer import (
     SendFuture,
 )
 from headwater.reconnect import ReconnectPolicy
-from wire.errors import ConnectionClosed, ConnectionLost, ErrorCode, HeadwaterError
+from wire.errors import (
+    AuthenticationFailed,
+    ConnectionClosed,
+    ConnectionLost,
+    ErrorCode,
+    HeadwaterError,
+    NotAuthorized,
+)
 from wire.records import Compression
 
 __all__ = [
     "AtLeastOnce",
     "AtMostOnce",
+    "AuthenticationFailed",
     "Client",
     "Compression",
     "ConnectionClosed",
@@ -29,6 +37,7 @@ __all__ = [
     "HeadwaterError",
     "Isolation",
     "Message",
+    "NotAuthorized",
     "Producer",
     "ProducerConfig",
     "ReconnectPolicy",
@@ -36,5 +45,6 @@ __all__ = [
     "RetryPolicy",
     "RetryStrategy",
     "SendFuture",
+    "Tls",
     "connect",
 ]

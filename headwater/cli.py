@@ -1,22 +1,27 @@
 """The `headwater` command: run a server, manage topics, produce and consume.
 
 Every client command takes `--server HOST:PORT` (default `$HEADWATER_SERVER`, else
-127.0.0.1:6650). A failure prints one line, `headwater: error: CODE: message`, to stderr and exits
-with status 1; bad usage exits with status 2 (argparse's convention). Nothing that failed reports
-success: `consume` exits 1 when its connection is lost (unless `--reconnect` brings it back), and
-an at-most-once `produce` waits a round trip for refusals before it says it produced.
+127.0.0.1:6650), `--token` (default `$HEADWATER_TOKEN`) and `--tls` with `--ca`, `--cert`,
+`--cert-key`; `headwater token` manages a tokens file (headwater/token_cli.py). A failure prints one
+line, `headwater: error: CODE: message`, to stderr and exits with status 1; bad usage exits with
+status 2 (argparse's convention). Nothing that failed reports success: `consume` exits 1 when its
+connection is lost (unless `--reconnect` brings it back), and an at-most-once `produce` waits a
+round trip for refusals before it says it produced.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from headwater import token_cli
+from headwater.auth import Tls
 from headwater.cli_output import describe_text, format_message, progress_bar, text_or_base64
 from headwater.client import DISPATCH_NAMES, Client, connect
 from headwater.producer import (
@@ -45,6 +50,18 @@ def _parser() -> argparse.ArgumentParser:
         default=os.environ.get("HEADWATER_SERVER", DEFAULT_SERVER),
         help="HOST:PORT of the server (env HEADWATER_SERVER, default %(default)s)",
     )
+    client_options.add_argument(
+        "--token",
+        default=os.environ.get("HEADWATER_TOKEN"),
+        help="authenticate with this token (env HEADWATER_TOKEN)",
+    )
+    client_options.add_argument("--tls", action="store_true", help="connect with TLS")
+    client_options.add_argument("--ca", type=Path, help="verify the server with this CA (PEM)")
+    client_options.add_argument("--cert", type=Path, help="TLS client certificate (PEM)")
+    # (--key is the message key of produce and consume)
+    client_options.add_argument(
+        "--cert-key", type=Path, help="the client certificate's private key (PEM)"
+    )
 
     serve = commands.add_parser("serve", help="run a server")
     serve.add_argument("--config", type=Path, help="TOML configuration file (flags override it)")
@@ -61,6 +78,15 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--http-port-file", type=Path, help="write the bound HTTP port here")
     serve.add_argument("--log-format", choices=["console", "json"])
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--auth-tokens", type=Path, help="tokens file: clients must authenticate")
+    serve.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow a non-loopback --host without authentication",
+    )
+    serve.add_argument("--tls-cert", type=Path, help="TLS certificate chain (PEM)")
+    serve.add_argument("--tls-key", type=Path, help="TLS private key (PEM)")
+    serve.add_argument("--tls-client-ca", type=Path, help="verify client certificates (mTLS)")
 
     topic = commands.add_parser("topic", help="create, list, describe and delete topics")
     topic_commands = topic.add_subparsers(dest="topic_command", required=True)
@@ -173,6 +199,7 @@ def _parser() -> argparse.ArgumentParser:
     size.add_argument("topic")
 
     subscription = commands.add_parser("subscription", help="manage reliable subscriptions")
+    token_cli.add_parser(commands)
     subscription_commands = subscription.add_subparsers(dest="subscription_command", required=True)
     seek = subscription_commands.add_parser(
         "seek", parents=[client_options], help="move a subscription; unacked messages are dropped"
@@ -197,6 +224,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.values = [*args.values, *extra]
     if args.command == "serve":
         return _serve(args)
+    if args.command == "token":
+        return token_cli.run(args)
     try:
         return asyncio.run(_run_client_command(args))
     except HeadwaterError as exc:
@@ -215,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from server.config import ServerConfig
-    from server.config_file import ConfigError, load_config, with_overrides
+    from server.config_file import ConfigError, check, load_config, with_overrides
     from server.serve import StartupError, run
 
     try:
@@ -234,6 +263,22 @@ def _serve(args: argparse.Namespace) -> int:
         log_format=args.log_format,
         log_level=args.log_level,
     )
+    flags = {
+        "auth_tokens": args.auth_tokens,
+        "insecure": args.insecure or None,
+        "tls_cert": args.tls_cert,
+        "tls_key": args.tls_key,
+        "tls_client_ca": args.tls_client_ca,
+    }
+    security = dataclasses.replace(
+        config.security, **{k: v for k, v in flags.items() if v is not None}
+    )
+    config = dataclasses.replace(config, security=security)
+    try:
+        check(config, "command line")
+    except ConfigError as exc:
+        print(f"headwater: error: {exc}", file=sys.stderr)
+        return 2
     if not 0 <= config.port < 65536:
         print(f"headwater: error: port {config.port} is out of range", file=sys.stderr)
         return 2
@@ -261,7 +306,10 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 async def _run_client_command(args: argparse.Namespace) -> int:
-    client = await connect(args.server, reconnect=getattr(args, "reconnect", False))
+    tls = Tls(args.ca, args.cert, args.cert_key) if args.tls or args.ca or args.cert else None
+    client = await connect(
+        args.server, reconnect=getattr(args, "reconnect", False), token=args.token, tls=tls
+    )
     try:
         if args.command == "topic":
             return await _topic(client, args)

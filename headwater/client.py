@@ -27,9 +27,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
+from headwater.auth import Tls, TlsOption, handshake_request, ssl_context
 from headwater.connection import Connection, parse_server
 from headwater.consumer import Consumer, Message, ms
 from headwater.maps import Map
@@ -37,6 +39,7 @@ from headwater.producer import Producer, ProducerConfig
 from headwater.reconnect import ReconnectPolicy
 from wire import messages as m
 from wire.errors import (
+    AuthenticationFailed,
     ConnectionClosed,
     ConnectionLost,
     ConsumerBusy,
@@ -44,7 +47,7 @@ from wire.errors import (
     InvalidRequest,
 )
 
-__all__ = ["Client", "Consumer", "Message", "ReconnectPolicy", "connect"]
+__all__ = ["Client", "Consumer", "Message", "ReconnectPolicy", "Tls", "connect"]
 
 logger = logging.getLogger("headwater.client")
 
@@ -69,12 +72,45 @@ async def connect(
     *,
     timeout: float = 10.0,
     reconnect: bool | ReconnectPolicy = False,
+    token: str | None = None,
+    tls: TlsOption = None,
 ) -> Client:
     """Connect to `server` ("host:port"). With `reconnect` (True for the default policy), a lost
-    connection is reopened and the consumers resubscribed; the first connection is not retried."""
+    connection is reopened and the consumers resubscribed; the first connection is not retried.
+
+    `token` authenticates every connection the client opens (`headwater token create` makes
+    one); `tls` is True (verify the server with the system's CAs), a `headwater.Tls` naming the
+    CA and a client certificate, or an `ssl.SSLContext`. A client certificate without a token
+    authenticates as the certificate's common name. A refused credential raises
+    `AuthenticationFailed`."""
     host, port = parse_server(server)
     policy = ReconnectPolicy() if reconnect is True else reconnect or None
-    return Client(await Connection.open(host, port, timeout), host, port, timeout, policy)
+    opener = _Opener(host, port, timeout, token, tls)
+    return Client(await opener.open(), host, port, timeout, policy, opener)
+
+
+class _Opener:
+    """Opens the client's connections: TLS and the handshake, the same for every one."""
+
+    def __init__(
+        self, host: str, port: int, timeout: float, token: str | None, tls: TlsOption
+    ) -> None:
+        self.host, self.port, self.timeout = host, port, timeout
+        self.context: ssl.SSLContext | None = ssl_context(tls)
+        self.handshake = handshake_request(token, tls)
+        self.server_hostname = tls.server_hostname if isinstance(tls, Tls) else None
+        self.client_certificate = isinstance(tls, Tls) and tls.cert is not None
+
+    async def open(self) -> Connection:
+        return await Connection.open(
+            self.host,
+            self.port,
+            self.timeout,
+            self.context,
+            self.handshake,
+            self.server_hostname,
+            self.client_certificate,
+        )
 
 
 class Client:
@@ -85,8 +121,10 @@ class Client:
         port: int,
         timeout: float,
         reconnect: ReconnectPolicy | None = None,
+        opener: _Opener | None = None,
     ) -> None:
         self._connection = connection
+        self._opener = opener or _Opener(host, port, timeout, None, None)
         self._host = host
         self._port = port
         self._timeout = timeout
@@ -180,7 +218,10 @@ class Client:
             attempts += 1
             if self._connection.closed:
                 try:
-                    connection = await Connection.open(self._host, self._port, self._timeout)
+                    connection = await self._opener.open()
+                except AuthenticationFailed as exc:  # revoked meanwhile: retrying cannot help
+                    last = exc
+                    break
                 except ConnectionClosed as exc:
                     last = exc
                     continue
@@ -283,7 +324,7 @@ class Client:
         return producer
 
     async def _open_connection(self) -> Connection:
-        return await Connection.open(self._host, self._port, self._timeout)
+        return await self._opener.open()
 
     async def subscribe(
         self,

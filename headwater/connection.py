@@ -9,7 +9,10 @@ how a reconnecting client learns it must reconnect). An error response to a requ
 NO_RESPONSE has no future waiting; it goes to `on_unsolicited_error`.
 
 Writes respect asyncio's write-buffer watermarks: `drain()` waits while the socket is backed up,
-which is how a fast producer feels a slow network instead of growing memory.
+which is how a fast producer feels a slow network instead of growing memory. A THROTTLE push
+(the principal is over its produce quota) sets `throttled_until`; producers wait it out
+(`throttle()`) before sending more. `open` can wrap the socket in TLS and authenticate first
+(headwater/auth.py).
 """
 
 from __future__ import annotations
@@ -17,12 +20,15 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import ssl
 from collections.abc import Callable
 from typing import Protocol, cast
 
+from headwater.auth import certificate_refused, tls_refusal
 from wire import messages as m
 from wire.codec import decode_push, decode_response, encode_request, produce_request_parts
 from wire.errors import (
+    AuthenticationFailed,
     ConnectionClosed,
     ConnectionLost,
     HeadwaterError,
@@ -78,6 +84,10 @@ class _Protocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         # After close() this is a no-op: the connection already failed with ConnectionClosed.
+        refused = tls_refusal(exc)
+        if refused is not None:
+            self._connection._fail(refused)
+            return
         self._connection._fail(self._connection.lost(str(exc) if exc else "closed by the server"))
 
     def pause_writing(self) -> None:
@@ -101,20 +111,60 @@ class Connection:
         self._closed: HeadwaterError | None = None
         self.on_unsolicited_error: Callable[[HeadwaterError], None] = self._log_error
         self.on_lost: Callable[[ConnectionLost], None] | None = None
+        self.throttled_until = 0.0  # loop time until which the server asked us to hold produce
+        self.principal: str | None = None  # as the handshake named it ("" if auth is off)
 
     @classmethod
-    async def open(cls, host: str, port: int, timeout: float = 10.0) -> Connection:
+    async def open(
+        cls,
+        host: str,
+        port: int,
+        timeout: float = 10.0,
+        tls: ssl.SSLContext | None = None,
+        handshake: m.AuthenticateRequest | None = None,
+        server_hostname: str | None = None,
+        client_certificate: bool = False,
+    ) -> Connection:
+        """Connect, wrap in TLS if `tls`, and send `handshake` first. `client_certificate`:
+        `tls` presents one, so a server closing before it answers means it refused it."""
         connection = cls(f"{host}:{port}")
         loop = asyncio.get_running_loop()
         try:
             await asyncio.wait_for(
-                loop.create_connection(lambda: _Protocol(connection), host, port), timeout
+                loop.create_connection(
+                    lambda: _Protocol(connection),
+                    host,
+                    port,
+                    ssl=tls,
+                    server_hostname=(server_hostname or host) if tls is not None else None,
+                ),
+                timeout,
             )
         except (TimeoutError, OSError) as exc:
+            refused = tls_refusal(exc) or certificate_refused(exc, client_certificate)
+            if refused is not None:
+                raise refused from None
             raise ConnectionClosed(
                 f"cannot connect to {host}:{port}: {exc or 'timed out'}"
             ) from None
+        if handshake is not None:
+            try:
+                response = await connection.request(handshake, timeout)
+            except ConnectionLost as exc:
+                await connection.close()
+                raise certificate_refused(exc, client_certificate) or exc from None
+            except HeadwaterError:
+                await connection.close()
+                raise
+            assert isinstance(response, m.AuthenticateResponse)
+            connection.principal = response.principal
         return connection
+
+    async def throttle(self) -> None:
+        """Wait out a THROTTLE the server sent (the principal is over its produce quota)."""
+        delay = self.throttled_until - asyncio.get_running_loop().time()
+        if delay > 0:
+            await asyncio.sleep(delay)
 
     @property
     def closed(self) -> bool:
@@ -199,6 +249,9 @@ class Connection:
 
     def _on_frame(self, frame: Frame) -> None:
         header = frame.header
+        if header.is_push and header.api_key == m.ApiKey.THROTTLE:
+            self._throttled(frame)
+            return
         if header.is_push:
             handler = self.consumers.get(header.correlation_id)
             if handler is None:
@@ -212,7 +265,7 @@ class Connection:
                 handler.on_delivery(push)
             elif isinstance(push, m.MessagesDropped):
                 handler.on_dropped(push.count)
-            else:
+            elif isinstance(push, m.ConsumerClosed):
                 self.consumers.pop(header.correlation_id, None)
                 error = error_for_code(push.error_code, push.message)
                 if isinstance(error, ConnectionClosed):
@@ -224,6 +277,9 @@ class Connection:
         try:
             response = decode_response(header, frame.body)
         except HeadwaterError as exc:
+            if header.correlation_id == 0 and isinstance(exc, AuthenticationFailed):
+                self._fail(exc)  # the credential was revoked or expired: every request fails
+                return
             if future is None:
                 self.on_unsolicited_error(exc)
             elif not future.done():
@@ -234,6 +290,16 @@ class Connection:
             callback(response)
         if future is not None and not future.done():
             future.set_result(response)
+
+    def _throttled(self, frame: Frame) -> None:
+        try:
+            push = decode_push(frame.header, frame.body)
+        except HeadwaterError:
+            return
+        if isinstance(push, m.Throttle):
+            until = asyncio.get_running_loop().time() + push.throttle_ms / 1000
+            self.throttled_until = max(self.throttled_until, until)
+            logger.debug("throttled by the server for %d ms", push.throttle_ms)
 
     def _fail(self, error: HeadwaterError) -> None:
         if self._closed is not None:

@@ -292,6 +292,7 @@ class Producer:
                 connection = await self._connect()
                 if connection is None:
                     break  # retry scheduled, or batches failed
+                await connection.throttle()  # the server's THROTTLE: over the produce quota
                 self._queue.pop(0)
                 self._transmit(connection, batch)
             self._update_room()

@@ -3,7 +3,9 @@
 It owns what outlives a connection: topic metadata in RocksDB, one WAL per reliable partition
 under `<data_dir>/topics/<topic>/<partition>/`, the uploader that ships sealed segments to the
 object store, and the housekeeping loop (`server.housekeeping`). Reliable subscriptions' state is
-in `server.reliable_store`, dead-letter topics in `server.deadletter`.
+in `server.reliable_store`, producer ids in `server.producers`, dead-letter topics in
+`server.deadletter`. Synced state writes go through the catalog's `StateWriter` (group commit off
+the event loop); `close` flushes it before the logs are closed.
 
 Admin operations run in a turn of their topic name (`server.locks`) from start to end, so they
 never interleave with each other, with subscribe or with the last-value catch-up. The broker takes
@@ -38,12 +40,12 @@ from pathlib import Path
 
 import structlog
 
-from durables.lastvalue import LastValueIndex, drop_last_values
-from durables.producers import ProducerEntry
 from server.config import ServerConfig, TopicSettings
 from server.deadletter import LAST_VALUE_CONFIGS, DeadLetters
 from server.housekeeping import HOUSEKEEPING_INTERVAL, housekeep_once
+from server.lastvalue import LastValueIndex
 from server.locks import NameLocks, Turn
+from server.producers import ProducerIds
 from server.reliable_store import SubscriptionStore
 from server.topic_settings import (
     log_config,
@@ -52,18 +54,11 @@ from server.topic_settings import (
     settings_to_configs,
     settings_to_json,
 )
-from server.topics import Archive, Topic
-from storage.state import (
-    CURSOR,
-    NEXT_PRODUCER_ID,
-    PRODUCER,
-    SUBSCRIPTION,
-    TOPIC,
-    StateStore,
-    key,
-)
+from server.topics import Archive, LogTopic, MemoryTopic, Topic
+from storage.lastvalue_store import drop_last_values
+from storage.state import CURSOR, PRODUCER, SUBSCRIPTION, TOPIC, StateStore, StateWriter, key
 from storage.uploader import Uploader
-from storage.wal import FsyncPolicy, PartitionLog
+from storage.wal import PartitionLog
 from wire import messages as m
 from wire.errors import InvalidRequest, StorageError, TopicExists, UnknownTopic
 from wire.limits import MAX_PARTITIONS
@@ -85,13 +80,15 @@ class TopicCatalog:
     ) -> None:
         self._config = config
         self._state = state
+        self.writer = StateWriter(state)
+        self.producers = ProducerIds(self.writer)
         self.uploader = uploader
         self._archive = archive
         self.topics: dict[str, Topic] = {}
         self._housekeeping: asyncio.Task[None] | None = None
         self._locks = NameLocks()
         self.dead_letters = DeadLetters(self.topics, self._locks, self.create_locked)
-        self.subscriptions = SubscriptionStore(config, state, self.dead_letters)
+        self.subscriptions = SubscriptionStore(config, self.writer, self.dead_letters)
 
     def _topic_dir(self, name: str) -> Path:
         return self._config.data_dir / "topics" / name
@@ -118,50 +115,33 @@ class TopicCatalog:
                     self._open_reliable, name, data["partitions"], settings
                 )
             else:
-                self.topics[name] = Topic(m.TopicInfo(name, data["partitions"], dispatch))
+                self.topics[name] = MemoryTopic(m.TopicInfo(name, data["partitions"], dispatch))
             if "last_value" in data:
                 try:
                     await self.enable_last_value(self.topics[name], data["last_value"]["key_field"])
                 except Exception:  # one topic's state must not keep the server down
                     log.exception("last_value.rebuild_failed", topic=name)
         for topic in self.topics.values():
+            if not topic.reliable:
+                continue
             for partition in topic.partitions:
-                if partition.log is not None:
-                    partition.log.start()
-                    for segment in partition.log.sealed_segments():
-                        self._sealed(topic.name, partition.index)(segment)
-        for raw_key, value in self._state.scan(PRODUCER):
-            topic_name, index, producer_id = raw_key.decode().split("\0")
-            owner = self.topics.get(topic_name)
-            if owner is not None and int(index) < len(owner.partitions):
-                table = owner.partitions[int(index)].producers
-                table.producers[int(producer_id)] = ProducerEntry.decode(value)
-        for topic in self.topics.values():
-            for partition in topic.partitions:
-                if partition.log is None:
-                    continue
-                partition.forget_lost_producer_batches()
-                for found in partition.log.recovered_batches():
-                    if found.producer_id >= 0:
-                        partition.producers.recover(
-                            found.producer_id,
-                            found.base_sequence,
-                            found.next_offset - found.base_offset,
-                            found.base_offset,
-                        )
+                partition.log.start()
+                for segment in partition.log.sealed_segments():
+                    self._sealed(topic.name, partition.index)(segment)
+        self.producers.load(self.topics)
         for raw_key, value in self._state.scan(SUBSCRIPTION):
             topic_name, name = raw_key.decode().split("\0")
             owner = self.topics.get(topic_name)
-            if owner is None:
+            if owner is None or not owner.reliable:
                 continue
             self._load_subscription(owner, name, json.loads(value))
         self._housekeeping = asyncio.get_running_loop().create_task(self._housekeep())
         log.info("catalog.opened", topics=len(self.topics))
 
-    def _load_subscription(self, topic: Topic, name: str, definition: dict[str, int]) -> None:
+    def _load_subscription(self, topic: LogTopic, name: str, definition: dict[str, int]) -> None:
         self.subscriptions.load(topic, name, definition)
 
-    def _open_reliable(self, name: str, partitions: int, settings: TopicSettings) -> Topic:
+    def _open_reliable(self, name: str, partitions: int, settings: TopicSettings) -> LogTopic:
         logs = [
             PartitionLog.open_or_offline(
                 self._topic_dir(name) / str(p),
@@ -171,7 +151,7 @@ class TopicCatalog:
             for p in range(partitions)
         ]
         info = m.TopicInfo(name, partitions, m.DispatchMode.RELIABLE, settings_to_configs(settings))
-        return Topic(info, settings, logs, self._archive)
+        return LogTopic(info, settings, logs, self._archive)
 
     def _sealed(self, topic: str, partition: int):  # type: ignore[no-untyped-def]
         def enqueue(segment):  # type: ignore[no-untyped-def]
@@ -201,11 +181,10 @@ class TopicCatalog:
         for topic in self.topics.values():
             for subscription in topic.subscriptions.values():
                 await subscription.close()
+        await self.writer.flush()
         seal = self.uploader is not None
         for topic in self.topics.values():
-            for partition in topic.partitions:
-                if partition.log is not None:
-                    await partition.log.close(seal_active=seal)
+            await topic.close(seal)
         if self.uploader is not None:
             uploaded = await self.uploader.drain(self._config.shutdown_timeout)
             if not uploaded:
@@ -253,16 +232,16 @@ class TopicCatalog:
                     "see the server log"
                 )
         data: dict[str, object] = {"partitions": request.partitions, "dispatch": int(dispatch)}
+        topic: Topic
         if dispatch == m.DispatchMode.RELIABLE:
             data["settings"] = settings_to_json(settings)
             topic = await self._open_new(request.name, request.partitions, settings)
             for partition in topic.partitions:
-                assert partition.log is not None
                 partition.log.start()
         else:
-            topic = Topic(m.TopicInfo(request.name, request.partitions, dispatch))
+            topic = MemoryTopic(m.TopicInfo(request.name, request.partitions, dispatch))
         try:
-            self._state.put_json(key(TOPIC, request.name), data, sync=True)
+            await self.writer.put_json(key(TOPIC, request.name), data)
         except BaseException:
             await self._discard(topic)
             raise
@@ -277,7 +256,7 @@ class TopicCatalog:
         )
         return topic
 
-    async def _open_new(self, name: str, partitions: int, settings: TopicSettings) -> Topic:
+    async def _open_new(self, name: str, partitions: int, settings: TopicSettings) -> LogTopic:
         """Open a new topic's logs; on failure close those already open and remove them."""
         directory = self._topic_dir(name)
         # Files of a name with no topic in the state are a create that crashed before recording
@@ -313,11 +292,11 @@ class TopicCatalog:
                 f"{exc.strerror or exc}"
             ) from None
         info = m.TopicInfo(name, partitions, m.DispatchMode.RELIABLE, settings_to_configs(settings))
-        return Topic(info, settings, logs, self._archive)
+        return LogTopic(info, settings, logs, self._archive)
 
     async def _discard(self, topic: Topic) -> None:
-        await self._close_logs([p.log for p in topic.partitions if p.log is not None])
         if topic.reliable:
+            await self._close_logs([p.log for p in topic.partitions])
             await asyncio.to_thread(shutil.rmtree, self._topic_dir(topic.name), True)
 
     @staticmethod
@@ -332,14 +311,16 @@ class TopicCatalog:
         topic = self.topics.get(name)
         if topic is None:
             raise UnknownTopic(f"topic {name!r} does not exist")
-        self._state.write({key(DELETING, name): b""}, [key(TOPIC, name)], sync=True)
+        await self.writer.synced({key(DELETING, name): b""}, [key(TOPIC, name)])
         del self.topics[name]
         on_removed(topic)
         for subscription in list(topic.subscriptions.values()):
             await subscription.close()
         topic.subscriptions.clear()
         self.subscriptions.forget_topic(name)
-        await self._close_logs([p.log for p in topic.partitions if p.log is not None])
+        if topic.reliable:
+            await self._close_logs([p.log for p in topic.partitions])
+        await self.writer.flush()  # no queued write of the topic may land after the purge
         await self._purge(name)
         log.info("topic.deleted", topic=name)
 
@@ -356,7 +337,7 @@ class TopicCatalog:
         if directory.exists():
             log.warning("topic.delete_incomplete", topic=name, directory=str(directory))
             return
-        self._state.write(deletes=[key(DELETING, name)], sync=True)
+        await self.writer.synced(deletes=[key(DELETING, name)])
 
     async def _finish_deletions(self) -> None:
         for raw_name, _ in list(self._state.scan(DELETING)):
@@ -370,20 +351,16 @@ class TopicCatalog:
         """Keep the last value per key of `topic` from now on, built first from its history
         (FTL's dynamic durables: the first last-value subscriber or map request pays for it).
         The caller holds the topic's turn (or the server is starting)."""
+        topic = last_value_topic(topic)
         if topic.last_value is not None:
             return topic.last_value  # built by an earlier turn
-        if not topic.reliable:
-            raise InvalidRequest(
-                f"topic {topic.name!r} is non-reliable: last-value and map durables need a "
-                "reliable topic"
-            )
         index = LastValueIndex(self._state, topic.name, len(topic.partitions), key_field)
         topic.last_value = index  # appends apply from here on, in offset order (see apply)
         try:
             await self._catch_up(topic, index)
             data = self._state.get_json(key(TOPIC, topic.name))
             data["last_value"] = {"key_field": key_field}
-            self._state.put_json(key(TOPIC, topic.name), data, sync=True)
+            await self.writer.put_json(key(TOPIC, topic.name), data)
         except BaseException:
             topic.last_value = None
             raise
@@ -395,7 +372,7 @@ class TopicCatalog:
         log.info("last_value.enabled", topic=topic.name, keys=index.size())
         return index
 
-    async def _catch_up(self, topic: Topic, index: LastValueIndex) -> None:
+    async def _catch_up(self, topic: LogTopic, index: LastValueIndex) -> None:
         """Apply every stored record the index has not seen. A partition, once caught up, stays
         so: its later appends start at its position and `Topic.append` applies them."""
         for partition in topic.partitions:
@@ -404,8 +381,7 @@ class TopicCatalog:
             while index.applied(p) < partition.next_offset:
                 batches = await topic.read(p, index.applied(p))
                 if not batches:
-                    wal = partition.log
-                    if wal is not None and index.applied(p) >= wal.start_offset:
+                    if index.applied(p) >= partition.log.start_offset:
                         # nothing stored from here to the end: offsets a recovery skipped
                         index.skip_to(p, partition.next_offset)
                         break
@@ -424,25 +400,15 @@ class TopicCatalog:
                         keys = [_key_or_none(index, record) for record in records]
                         index.apply(p, records[0].offset, records, keys)
 
-    # Idempotent producers
 
-    def new_producer_id(self) -> int:
-        producer_id = int(self._state.get(NEXT_PRODUCER_ID) or b"0")
-        self._state.write({NEXT_PRODUCER_ID: str(producer_id + 1).encode()}, sync=True)
-        return producer_id
-
-    def issued(self, producer_id: int) -> bool:
-        return 0 <= producer_id < int(self._state.get(NEXT_PRODUCER_ID) or b"0")
-
-    def save_producer(
-        self, topic: Topic, partition: int, producer_id: int, entry: ProducerEntry
-    ) -> None:
-        """Persist an idempotent producer's state with the batch it just appended (reliable)."""
-        if topic.reliable:
-            sync = topic.settings is not None and topic.settings.fsync == FsyncPolicy.ALWAYS
-            self._state.write(
-                {key(PRODUCER, topic.name, partition, producer_id): entry.encode()}, sync=sync
-            )
+def last_value_topic(topic: Topic) -> LogTopic:
+    """`topic`, if it can keep last values (it is reliable)."""
+    if not topic.reliable:
+        raise InvalidRequest(
+            f"topic {topic.name!r} is non-reliable: last-value and map durables need a "
+            "reliable topic"
+        )
+    return topic
 
 
 def _key_or_none(index: LastValueIndex, record: Record) -> bytes | None:

@@ -47,6 +47,24 @@ class ObjectStoreConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class SecurityConfig:
+    """Authentication, TLS and quotas (docs/SECURITY.md). All off by default, which the server
+    allows on a loopback address only (or with `insecure`)."""
+
+    auth_tokens: Path | None = None  # the tokens file; set: every connection must authenticate
+    insecure: bool = False  # listen on a non-loopback address without authentication anyway
+    tls_cert: Path | None = None  # PEM certificate chain; with tls_key: clients must use TLS
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None  # verify client certificates against this CA (mTLS)
+    # Defaults for principals whose tokens file entry sets none. 0: unlimited.
+    max_connections_per_principal: int = 1_000  # past it: TOO_MANY_CONNECTIONS
+    produce_bytes_per_second: int = 0  # past it: THROTTLE push and reads paused
+    consume_bytes_per_second: int = 0  # past it: deliveries paused
+    # Failed AUTHENTICATEs per source address per minute; past it every attempt is refused.
+    auth_failures_per_minute: int = 10
+
+
+@dataclass(frozen=True, slots=True)
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 6650
@@ -86,3 +104,4 @@ class ServerConfig:
     topic_defaults: TopicSettings = field(default_factory=TopicSettings)
     subscription_defaults: SubscriptionDefaults = field(default_factory=SubscriptionDefaults)
     object_store: ObjectStoreConfig = field(default_factory=ObjectStoreConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)

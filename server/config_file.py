@@ -1,7 +1,8 @@
 """Loading `ServerConfig` from a TOML file (`headwater serve --config FILE`).
 
 Sections mirror the dataclasses: `[server]` (ServerConfig's own fields), `[topics]` (defaults for
-reliable topics), `[subscriptions]` (defaults for reliable subscriptions), `[object_store]`.
+reliable topics), `[subscriptions]` (defaults for reliable subscriptions), `[object_store]`,
+`[security]` (authentication, TLS, quotas).
 Unknown sections or keys, values of the wrong type and values outside their allowed set or range
 (`check`) are errors that name the file, the key and what was expected: a typo must not silently
 fall back to a default. Command-line flags override the file (see `with_overrides`).
@@ -16,7 +17,13 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from server.config import ObjectStoreConfig, ServerConfig, SubscriptionDefaults, TopicSettings
+from server.config import (
+    ObjectStoreConfig,
+    SecurityConfig,
+    ServerConfig,
+    SubscriptionDefaults,
+    TopicSettings,
+)
 from server.logs import LOG_FORMATS, LOG_LEVELS
 from storage.wal import FsyncPolicy
 
@@ -29,6 +36,7 @@ _SECTIONS: dict[str, type] = {
     "topics": TopicSettings,
     "subscriptions": SubscriptionDefaults,
     "object_store": ObjectStoreConfig,
+    "security": SecurityConfig,
 }
 _NESTED = {"topics": "topic_defaults", "subscriptions": "subscription_defaults"}
 
@@ -87,9 +95,29 @@ def check(config: ServerConfig, where: str = "config") -> None:
             raise ConfigError(f"{where}: server.{name} must be positive, not {value!r}")
     if config.http_port is not None and not 0 <= config.http_port < 65536:
         raise ConfigError(f"{where}: server.http_port must be 0..65535, not {config.http_port}")
+    _check_security(config, where)
 
 
-_NESTED_FIELDS = {"topic_defaults", "subscription_defaults", "object_store"}
+def _check_security(config: ServerConfig, where: str) -> None:
+    security = config.security
+    if (security.tls_cert is None) != (security.tls_key is None):
+        raise ConfigError(f"{where}: security.tls_cert and security.tls_key go together")
+    if security.tls_client_ca is not None and security.tls_cert is None:
+        raise ConfigError(f"{where}: security.tls_client_ca needs tls_cert and tls_key")
+    if security.tls_client_ca is not None and security.auth_tokens is None:
+        raise ConfigError(
+            f"{where}: security.tls_client_ca needs auth_tokens (certificate principals' grants "
+            "are entries of the tokens file)"
+        )
+    for name in ("max_connections_per_principal", "auth_failures_per_minute"):
+        if getattr(security, name) <= 0:
+            raise ConfigError(f"{where}: security.{name} must be positive")
+    for name in ("produce_bytes_per_second", "consume_bytes_per_second"):
+        if getattr(security, name) < 0:
+            raise ConfigError(f"{where}: security.{name} must be >= 0 (0: unlimited)")
+
+
+_NESTED_FIELDS = {"topic_defaults", "subscription_defaults", "object_store", "security"}
 
 
 def _build(
@@ -123,6 +151,8 @@ def _convert(path: Path, name: str, hint: Any, value: Any) -> Any:
                 raise ConfigError(
                     f"{path}: {name} must be always, interval or never, not {value!r}"
                 ) from None
+        if option is bool and isinstance(value, bool):
+            return value
         if option is float and isinstance(value, int | float) and not isinstance(value, bool):
             return float(value)
         if option is int and isinstance(value, int) and not isinstance(value, bool):

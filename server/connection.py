@@ -22,12 +22,17 @@ No client may stall the others, so the work one connection gets is bounded:
   inflated (under `max_decompressed_batch`) on the listener's inflater thread, and the
   connection's later frames wait for it, so order is kept and the loop never spends the cap.
 - Idle and incomplete-frame timeouts are checked by the listener's sweep (`check_timeouts`).
+
+With authentication on (`Shared.security`), `_guard` runs before the broker: AUTHENTICATE is
+answered there, any other request must pass `Security.check` (the handshake done, a grant for
+its action and topic), and produce bytes are charged to the principal's quota: in debt, the
+connection gets a THROTTLE push and is not read (`_held`) until the debt is paid. Deliveries are
+charged to the consume quota the same way, by making the connection unwritable for a while.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
@@ -37,10 +42,13 @@ from typing import Final, cast
 
 import structlog
 
-from server.broker import Broker
+from server.auth import Security, Session
+from server.broker import Broker, Reply, Waiting
 from server.config import ServerConfig
+from server.guard import Guarded
 from server.logs import ProtocolErrorLog
 from server.subscription import Consumer
+from server.tls import ServerTls
 from server.traffic import TrafficStats
 from wire import messages as m
 from wire.codec import (
@@ -52,6 +60,7 @@ from wire.codec import (
     encode_response,
 )
 from wire.errors import (
+    AuthenticationFailed,
     ConnectionTimeout,
     DecompressedTooLarge,
     ErrorCode,
@@ -86,10 +95,12 @@ class Shared:
     connections: set[Connection] = field(default_factory=set)
     inflater: Executor | None = None  # None: inflate on the loop (tests, embedders)
     protocol_errors: ProtocolErrorLog = field(default_factory=ProtocolErrorLog)
+    security: Security | None = None  # None: no authentication (the embedded loopback default)
+    tls: ServerTls | None = None  # None: plaintext
     traffic: TrafficStats = field(default_factory=TrafficStats)  # for server.metrics
 
 
-class Connection(asyncio.Protocol):
+class Connection(Guarded, asyncio.Protocol):
     def __init__(self, broker: Broker, config: ServerConfig, shared: Shared) -> None:
         self._broker = broker
         self._config = config
@@ -111,6 +122,11 @@ class Connection(asyncio.Protocol):
         self._protocol_errors = 0
         self.last_frame = self._loop.time()
         self._partial_since: float | None = None
+        self._security = shared.security
+        self.auth: Session | None = None
+        self.peercert: object = None
+        self._held = False  # over the produce quota: not read until the debt is paid
+        self._consume_held = False  # over the consume quota: no deliveries for a while
 
     # asyncio callbacks
 
@@ -121,6 +137,8 @@ class Connection(asyncio.Protocol):
         )
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        if self._security is not None:
+            self.peercert = transport.get_extra_info("peercert")
         self._shared.connections.add(self)
         log.debug("conn.opened", peer=self.peer)
 
@@ -158,6 +176,8 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._shared.connections.discard(self)
+        if self._security is not None:
+            self._security.release(self)
         for consumer in list(self.consumers.values()):
             self._broker.detach(consumer)
         self.consumers.clear()
@@ -186,7 +206,7 @@ class Connection(asyncio.Protocol):
         its bound, or a frame waits for its batch to be inflated off the loop."""
         self._scheduled = False
         transport = self._transport
-        if transport is None or self._inflating or self._paused:
+        if transport is None or self._inflating or self._paused or self._held:
             self._update_reading()
             return
         # Everything written while handling the slice goes out in one write: pipelined
@@ -209,7 +229,12 @@ class Connection(asyncio.Protocol):
                     self._queue = []
                     self._next = 0
                     return
-                if self._inflating or self._out_bytes > bound or time.perf_counter() > deadline:
+                if (
+                    self._inflating
+                    or self._held
+                    or self._out_bytes > bound
+                    or time.perf_counter() > deadline
+                ):
                     break
         finally:
             out, self._out = self._out, None
@@ -219,7 +244,7 @@ class Connection(asyncio.Protocol):
         if self._next == len(queue):
             self._queue = []
             self._next = 0
-        elif not (self._inflating or self._paused):
+        elif not (self._inflating or self._paused or self._held):
             self._schedule()
         self._update_reading()
 
@@ -232,7 +257,7 @@ class Connection(asyncio.Protocol):
         transport = self._transport
         if transport is None or transport.is_closing():
             return
-        want = not (self._paused or self._inflating or self._next < len(self._queue))
+        want = not (self._paused or self._inflating or self._held or self._next < len(self._queue))
         if want == self._reading:
             return
         self._reading = want
@@ -252,28 +277,32 @@ class Connection(asyncio.Protocol):
             if header.flags & _NOT_ON_REQUESTS:
                 raise MalformedFrame(f"flags {header.flags:#06x} are not valid on a request")
             request = decode_request(header, frame.body)
+            if self._security is not None or type(request) is m.AuthenticateRequest:
+                early = self._guard(request)
+                if early is not None:
+                    self._answer(header, early)
+                    return
             if type(request) is m.ProduceRequest and is_compressed(request.batch):
                 self._produce_compressed(header, request, started)
                 return
             response = self._broker.handle(self, request)
+            if self.auth is not None:
+                assert self._security is not None
+                response = self._security.after(self, request, response)
         except Exception as exc:
             self._refuse(header, exc)
+            if isinstance(exc, AuthenticationFailed):
+                self.close()
             return
         self._answer(header, response, started)
 
-    def _answer(
-        self,
-        header: FrameHeader,
-        response: m.Response | Awaitable[m.Response],
-        started: float | None = None,
-    ) -> None:
-        if inspect.isawaitable(response):
-            task = asyncio.ensure_future(self._finish(header, response, started))
+    def _answer(self, header: FrameHeader, response: Reply, started: float | None = None) -> None:
+        if isinstance(response, Waiting):
+            task = asyncio.ensure_future(self._finish(header, response.resolve(), started))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             return
-        if started is not None and type(response) is m.ProduceResponse:
-            self._shared.traffic.produced(started)
+        self._shared.traffic.produced(started, response)
         self._respond(header, response)
 
     def _produce_compressed(
@@ -334,8 +363,7 @@ class Connection(asyncio.Protocol):
         except Exception as exc:
             self._refuse(header, exc)
             return
-        if started is not None and type(response) is m.ProduceResponse:
-            self._shared.traffic.produced(started)
+        self._shared.traffic.produced(started, response)
         self._respond(header, response)
 
     def _respond(self, header: FrameHeader, response: m.Response) -> None:
@@ -428,7 +456,7 @@ class Connection(asyncio.Protocol):
 
     @property
     def writable(self) -> bool:
-        return not self._paused and self._transport is not None
+        return not self._paused and self._transport is not None and not self._consume_held
 
     def send_delivery(
         self, consumer_id: int, partition: int, batch: bytes, delivery_count: int = 1
@@ -441,6 +469,8 @@ class Connection(asyncio.Protocol):
                 self._out_bytes += len(prefix) + len(batch)
             else:
                 self._transport.writelines((prefix, batch))
+            if self.auth is not None and self.auth.consume_rate > 0:
+                self._charge_consume(len(batch))
 
     def send_consumer_closed(self, consumer_id: int, code: int, message: str) -> None:
         if self._transport is not None:

@@ -18,7 +18,7 @@ import structlog
 
 from server.delivery import DeadLetter
 from server.locks import NameLocks
-from server.topics import Topic
+from server.topics import LogTopic, Topic
 from wire import messages as m
 from wire.errors import InvalidRequest
 from wire.records import Record, build_batch
@@ -41,14 +41,14 @@ class DeadLetters:
         self._locks = locks
         self._create = create
 
-    def sender(self, source: Topic, subscription: str) -> DeadLetter:
+    def sender(self, source: LogTopic, subscription: str) -> DeadLetter:
         async def send(partition: int, record: Record, deliveries: int) -> None:
             await self.send(source, subscription, partition, record, deliveries)
 
         return send
 
     async def send(
-        self, source: Topic, subscription: str, partition: int, record: Record, deliveries: int
+        self, source: LogTopic, subscription: str, partition: int, record: Record, deliveries: int
     ) -> None:
         dlq_name = dead_letter_topic(source.name, subscription)
         headers = [
@@ -70,7 +70,6 @@ class DeadLetters:
                 raise InvalidRequest(f"dead-letter topic {dlq_name!r} exists and is non-reliable")
             target = dlq.partitions[0]
             _, sequence = dlq.append(target, batch, 1)
-            assert target.log is not None
             waiting = target.log.wait_durable(sequence)
         await waiting  # outside the lock: a close of the DLQ's log resolves it too
         log.info(

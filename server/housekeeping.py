@@ -24,12 +24,11 @@ HOUSEKEEPING_INTERVAL = 1.0
 def housekeep_once(topics: dict[str, Topic], uploader: Uploader | None) -> None:
     now = time.time()
     for topic in list(topics.values()):
-        settings = topic.settings
-        if settings is None:
+        if not topic.reliable:
             continue
+        settings = topic.settings
         for partition in topic.partitions:
             partition_log = partition.log
-            assert partition_log is not None
             partition_log.roll_if_old()
             sealed = partition_log.sealed_segments()
             total = partition_log.size

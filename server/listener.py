@@ -11,7 +11,9 @@ does not hog the loop:
   again; if even that fails, accepting pauses for `RETRY_DELAY` and resumes by itself.
 
 The listener also runs the periodic sweep that applies the idle and incomplete-frame timeouts to
-every connection and flushes the protocol-error log summary.
+every connection, flushes the protocol-error log summary and reloads a changed TLS certificate.
+With TLS (`Shared.tls`) an accepted socket is wrapped before its `Connection` sees a byte; a
+failed TLS handshake (a client certificate from another CA, a plaintext client) closes it.
 """
 
 from __future__ import annotations
@@ -191,11 +193,19 @@ class Listener:
     async def _connect(self, sock: socket.socket) -> None:
         broker = self._broker
         assert broker is not None
+        tls = self.shared.tls
         try:
             await self._loop.connect_accepted_socket(
-                lambda: Connection(broker, self._config, self.shared), sock
+                lambda: Connection(broker, self._config, self.shared),
+                sock,
+                ssl=None if tls is None else tls.context,
+                ssl_handshake_timeout=None if tls is None else self._config.frame_timeout,
             )
-        except OSError as exc:  # the client left (or fds ran out) between accept and here
+        except OSError as exc:  # the client left (or fds ran out, or TLS failed) meanwhile
+            if tls is not None:
+                self.shared.protocol_errors.note(
+                    self._loop.time(), _peer(sock), True, "conn.tls_failed", error=str(exc)
+                )
             log.debug("conn.setup_failed", error=str(exc))
             sock.close()
         finally:
@@ -263,6 +273,8 @@ class Listener:
         for connection in list(self.connections):
             connection.check_timeouts(now)
         self.shared.protocol_errors.tick(now)
+        if self.shared.tls is not None:
+            self.shared.tls.maybe_reload()
         self._sweeper = self._loop.call_later(self._sweep_every, self._sweep)
 
 

@@ -10,21 +10,16 @@ its revisions are unique.
 
 from __future__ import annotations
 
-import asyncio
-import inspect
-from collections.abc import Awaitable
-from typing import Any
-
-from durables.lastvalue import LastValueIndex, StoredValue, check_key
-from server.catalog import TopicCatalog
-from server.subscription import ConsumerSession as Session
-from server.topics import Topic
+from durables.lastvalue import StoredValue, check_key
+from server.catalog import TopicCatalog, last_value_topic
+from server.kind import ConsumerSession as Session
+from server.lastvalue import LastValueIndex
+from server.reply import AfterWork, Reply, after
+from server.topics import LogTopic, Topic
 from wire import messages as m
 from wire.errors import InvalidRequest, RevisionMismatch, UnknownTopic
 from wire.keys import ABSENT_REVISION, ANY_REVISION
 from wire.records import build_batch
-
-Result = m.Response | Awaitable[m.Response]
 
 
 class MapHandlers:
@@ -42,13 +37,13 @@ class MapHandlers:
             raise UnknownTopic(f"topic {name!r} does not exist")
         return topic
 
-    async def _index(self, topic_name: str) -> tuple[Topic, LastValueIndex]:
+    async def _index(self, topic_name: str) -> tuple[LogTopic, LastValueIndex]:
         """The topic's last values, built first if need be (the broker runs a map request whose
         index is not ready in the topic's turn)."""
-        topic = self._topic(topic_name)
+        topic = last_value_topic(self._topic(topic_name))
         return topic, await self._catalog.enable_last_value(topic)
 
-    def map_get(self, session: Session, request: m.MapGetRequest) -> Result:
+    def map_get(self, session: Session, request: m.MapGetRequest) -> Reply:
         if len(request.keys) > MAX_MAP_KEYS:
             raise InvalidRequest(f"at most {MAX_MAP_KEYS} keys per request")
         for wanted in request.keys:
@@ -56,13 +51,13 @@ class MapHandlers:
         index = self._topic(request.topic).last_value
         if index is not None and index.ready:  # the hot path: no task, no await
             return m.MapGetResponse(tuple(_entry(k, index.get(k)) for k in request.keys))
-        return self._map_get_after_enabling(request)
+        return AfterWork(self._map_get_after_enabling(request))
 
-    async def _map_get_after_enabling(self, request: m.MapGetRequest) -> m.Response:
+    async def _map_get_after_enabling(self, request: m.MapGetRequest) -> Reply:
         _, index = await self._index(request.topic)
         return m.MapGetResponse(tuple(_entry(k, index.get(k)) for k in request.keys))
 
-    def map_set(self, session: Session, request: m.MapSetRequest) -> Result:
+    def map_set(self, session: Session, request: m.MapSetRequest) -> Reply:
         if not request.writes or len(request.writes) > MAX_MAP_KEYS:
             raise InvalidRequest(f"a set holds 1..{MAX_MAP_KEYS} writes")
         for write in request.writes:
@@ -70,18 +65,15 @@ class MapHandlers:
             if write.expected_revision < ABSENT_REVISION:
                 raise InvalidRequest("expected_revision: -1 any, -2 absent, or a revision >= 0")
         topic = self._topic(request.topic)
-        if topic.last_value is None or not topic.last_value.ready:
-            return self._map_set_after_enabling(request)
+        if not topic.reliable or topic.last_value is None or not topic.last_value.ready:
+            return AfterWork(self._map_set_after_enabling(request))
         return self._map_set(topic, topic.last_value, request)
 
-    async def _map_set_after_enabling(self, request: m.MapSetRequest) -> m.Response:
+    async def _map_set_after_enabling(self, request: m.MapSetRequest) -> Reply:
         topic, index = await self._index(request.topic)
-        result = self._map_set(topic, index, request)
-        if inspect.isawaitable(result):
-            return await result
-        return result
+        return self._map_set(topic, index, request)
 
-    def _map_set(self, topic: Topic, index: LastValueIndex, request: m.MapSetRequest) -> Result:
+    def _map_set(self, topic: LogTopic, index: LastValueIndex, request: m.MapSetRequest) -> Reply:
         """Synchronous up to the fsync wait (if the topic's policy needs one): no task."""
         if index.key_field:
             raise InvalidRequest(
@@ -112,22 +104,24 @@ class MapHandlers:
             base_offset, sequence = topic.append(partition, batch, len(writes))
             for delta, (position, _) in enumerate(writes):
                 revisions[position] = base_offset + delta
-            assert partition.log is not None
             if partition.log.must_wait(sequence):
                 waits.append(partition.log.wait_durable(sequence))
-        response = m.MapSetResponse(tuple(revisions))
-        if not waits:
-            return response
-        return _after(asyncio.gather(*waits), response)
+        return after(m.MapSetResponse(tuple(revisions)), *waits)
 
-    async def map_scan(self, session: Session, request: m.MapScanRequest) -> m.Response:
+    def map_scan(self, session: Session, request: m.MapScanRequest) -> Reply:
         if not 1 <= request.limit <= MAX_MAP_KEYS:
             raise InvalidRequest(f"scan limit must be 1..{MAX_MAP_KEYS}")
+        return AfterWork(self._map_scan(request))
+
+    async def _map_scan(self, request: m.MapScanRequest) -> Reply:
         _, index = await self._index(request.topic)
         values, cursor = index.scan(request.prefix, request.after, request.limit)
         return m.MapScanResponse(tuple(_entry(v.key, v) for v in values), cursor)
 
-    async def map_size(self, session: Session, request: m.MapSizeRequest) -> m.Response:
+    def map_size(self, session: Session, request: m.MapSizeRequest) -> Reply:
+        return AfterWork(self._map_size(request))
+
+    async def _map_size(self, request: m.MapSizeRequest) -> Reply:
         _, index = await self._index(request.topic)
         return m.MapSizeResponse(index.size())
 
@@ -141,8 +135,3 @@ def _entry(record_key: bytes, stored: StoredValue | None) -> m.MapEntry:
     return m.MapEntry(
         record_key, True, stored.offset, stored.partition, stored.timestamp, stored.value
     )
-
-
-async def _after(waiting: Awaitable[Any], response: m.Response) -> m.Response:
-    await waiting
-    return response

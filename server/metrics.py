@@ -119,7 +119,7 @@ class HeadwaterCollector(Collector):
             dispatch = DispatchMode(topic.info.dispatch).name.lower().replace("_", "-")
             partitions.add_metric([name, dispatch], len(topic.partitions))
             out = traffic.get(name)
-            logs = [p.log for p in topic.partitions if p.log is not None]
+            logs = [p.log for p in topic.partitions] if topic.reliable else []
             values = {
                 "messages_in": topic.messages_in,
                 "bytes_in": topic.bytes_in,
@@ -127,7 +127,7 @@ class HeadwaterCollector(Collector):
                 "bytes_out": out.bytes_out if out is not None else 0,
                 "wal_appends": sum(wal.appended for wal in logs),
                 "quarantined": sum(wal.quarantined for wal in logs),
-                "read_skipped": sum(p.skipped for p in topic.partitions),
+                "read_skipped": sum(p.skipped for p in topic.partitions) if topic.reliable else 0,
             }
             for key, family in counters.items():
                 family.add_metric([name], values[key])
@@ -209,7 +209,7 @@ class HeadwaterCollector(Collector):
                 count += len(uploaded)
                 total += sum(s.size for s in uploaded)
                 end = uploaded[-1].next_offset if uploaded else 0
-                local = partition.log.start_offset if partition.log is not None else 0
+                local = partition.log.start_offset
                 behind += max(partition.next_offset - max(end, local), 0)
             segments.add_metric([name], count)
             size.add_metric([name], total)

@@ -1,43 +1,34 @@
-"""A topic's subscriptions by name, also indexed by kind, so appends cost O(1) in subscriptions.
+"""A topic's subscriptions by name, also indexed by feed, so appends cost O(1) in subscriptions.
 
-An append hands each batch to the subscriptions that see it as it passes: the non-reliable ones
-(`live`, which keep nothing and must be offered the batch) and the last-value views (`views`).
-Reliable subscriptions read the WAL at their own pace and are woken through the topic's
-`AppendSignal`, so the append path never iterates them: with a thousand reliable subscriptions
-and no live one, an append touches none.
+An append hands each batch to the subscriptions that see it as it passes: those fed batches
+(`live`, which keep nothing and must be offered the batch) and those fed last-value changes
+(`views`). Reliable subscriptions (fed nothing) read the WAL at their own pace and are woken
+through the topic's `AppendSignal`, so the append path never iterates them: with a thousand
+reliable subscriptions and no live one, an append touches none.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, MutableMapping
-from typing import TYPE_CHECKING
 
-from server.lastvalue import LastValueSubscription
-from server.subscription import Subscription
-
-if TYPE_CHECKING:
-    from server.reliable import ReliableSubscription
+from server.kind import Feed, SubscriptionKind
 
 
-class SubscriptionRegistry(
-    MutableMapping[str, "Subscription | ReliableSubscription | LastValueSubscription"]
-):
+class SubscriptionRegistry(MutableMapping[str, SubscriptionKind]):
     def __init__(self) -> None:
-        self._all: dict[str, Subscription | ReliableSubscription | LastValueSubscription] = {}
-        self.live: dict[str, Subscription] = {}
-        self.views: dict[str, LastValueSubscription] = {}
+        self._all: dict[str, SubscriptionKind] = {}
+        self.live: dict[str, SubscriptionKind] = {}
+        self.views: dict[str, SubscriptionKind] = {}
 
-    def __getitem__(self, name: str) -> Subscription | ReliableSubscription | LastValueSubscription:
+    def __getitem__(self, name: str) -> SubscriptionKind:
         return self._all[name]
 
-    def __setitem__(
-        self, name: str, subscription: Subscription | ReliableSubscription | LastValueSubscription
-    ) -> None:
+    def __setitem__(self, name: str, subscription: SubscriptionKind) -> None:
         self._unindex(name)
         self._all[name] = subscription
-        if isinstance(subscription, Subscription):
+        if subscription.feed == Feed.BATCHES:
             self.live[name] = subscription
-        elif isinstance(subscription, LastValueSubscription):
+        elif subscription.feed == Feed.CHANGES:
             self.views[name] = subscription
 
     def __delitem__(self, name: str) -> None:

@@ -16,14 +16,14 @@ import json
 import structlog
 
 from durables.cursor import PartitionCursor
+from durables.delivery import ReliableSettings
 from server.config import ServerConfig
 from server.deadletter import DeadLetters
-from server.delivery import AppendSignal, ReliableSettings
-from server.lastvalue import LastValueSubscription
+from server.delivery import AppendSignal
+from server.kind import SubscriptionKind
 from server.reliable import ReliableSubscription
-from server.subscription import Subscription
-from server.topics import Topic
-from storage.state import CURSOR, SUBSCRIPTION, StateStore, key
+from server.topics import LogTopic, Topic
+from storage.state import CURSOR, SUBSCRIPTION, StateWriter, key
 from wire import messages as m
 from wire.errors import InvalidRequest, UnknownSubscription
 
@@ -31,25 +31,27 @@ log = structlog.get_logger("headwater.catalog")
 
 
 class SubscriptionStore:
-    def __init__(self, config: ServerConfig, state: StateStore, dead_letters: DeadLetters) -> None:
+    def __init__(
+        self, config: ServerConfig, writer: StateWriter, dead_letters: DeadLetters
+    ) -> None:
         self._config = config
-        self._state = state
+        self._writer = writer
+        self._state = writer.store
         self._dead_letters = dead_letters
         self._signals: dict[str, AppendSignal] = {}
 
-    def signal(self, topic: Topic) -> AppendSignal:
+    def signal(self, topic: LogTopic) -> AppendSignal:
         signal = self._signals.get(topic.name)
         if signal is None:
             signal = self._signals[topic.name] = AppendSignal()
             for partition in topic.partitions:
-                assert partition.log is not None
                 partition.log.add_append_listener(signal.fire)
         return signal
 
     def forget_topic(self, name: str) -> None:
         self._signals.pop(name, None)
 
-    def load(self, topic: Topic, name: str, definition: dict[str, int]) -> None:
+    def load(self, topic: LogTopic, name: str, definition: dict[str, int]) -> None:
         cursors = []
         for partition in topic.partitions:
             data = self._state.get(key(CURSOR, topic.name, name, partition.index))
@@ -76,11 +78,11 @@ class SubscriptionStore:
 
     async def get_or_create(
         self,
-        topic: Topic,
+        topic: LogTopic,
         name: str,
         sub_type: m.SubscriptionType,
         settings: m.SubscriptionSettings,
-    ) -> Subscription | ReliableSubscription | LastValueSubscription:
+    ) -> SubscriptionKind:
         """The existing subscription `name` (of any kind), or a new reliable one made from
         `settings`. The caller holds the topic's admin lock."""
         existing = topic.subscriptions.get(name)
@@ -101,7 +103,7 @@ class SubscriptionStore:
         puts = {key(SUBSCRIPTION, topic.name, name): json.dumps(definition).encode()}
         for partition, cursor in enumerate(cursors):
             puts[key(CURSOR, topic.name, name, partition)] = cursor.encode()
-        self._state.write(puts, sync=True)
+        await self._writer.synced(puts)
         subscription = self._new(topic, name, sub_type, resolved, cursors)
         topic.subscriptions[name] = subscription
         log.info(
@@ -115,7 +117,7 @@ class SubscriptionStore:
 
     def _new(
         self,
-        topic: Topic,
+        topic: LogTopic,
         name: str,
         sub_type: m.SubscriptionType,
         settings: ReliableSettings,
@@ -127,7 +129,7 @@ class SubscriptionStore:
             sub_type,
             settings,
             cursors,
-            self._state,
+            self._writer,
             self._dead_letters.sender(topic, name),
             self.signal(topic),
         )
@@ -154,7 +156,7 @@ class SubscriptionStore:
             committed_only=bool(settings.committed_only),
         )
 
-    async def start_offsets(self, topic: Topic, start: int, value: int) -> list[int]:
+    async def start_offsets(self, topic: LogTopic, start: int, value: int) -> list[int]:
         try:
             position = m.StartPosition(start)
         except ValueError:
@@ -179,12 +181,12 @@ class SubscriptionStore:
         subscription = topic.subscriptions.get(name)
         if subscription is None:
             raise UnknownSubscription(f"topic {topic.name!r} has no subscription {name!r}")
-        if not isinstance(subscription, ReliableSubscription):
+        if not subscription.persistent or not topic.reliable:
             raise InvalidRequest(
                 f"subscription {name!r} of topic {topic.name!r} is not a reliable one: "
                 "only those can seek"
             )
-        subscription.reset(await self.start_offsets(topic, start, value))
+        subscription.seek(await self.start_offsets(topic, start, value))
         log.info("subscription.seek", topic=topic.name, subscription=name, start=start, value=value)
 
     async def delete(self, topic: Topic, name: str) -> None:
@@ -193,6 +195,7 @@ class SubscriptionStore:
         if subscription is None:
             raise UnknownSubscription(f"topic {topic.name!r} has no subscription {name!r}")
         await subscription.close()
+        await self._writer.flush()  # no cursor write of it may land after the delete
         self._state.delete_prefix(key(CURSOR, topic.name, name) + b"\0")
-        self._state.write(deletes=[key(SUBSCRIPTION, topic.name, name)], sync=True)
+        await self._writer.synced(deletes=[key(SUBSCRIPTION, topic.name, name)])
         log.info("subscription.deleted", topic=topic.name, subscription=name)

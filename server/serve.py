@@ -5,8 +5,10 @@ entry point behind `headwater serve`, on uvloop when it is installed. SIGINT and
 listener, tell attached consumers SERVER_SHUTTING_DOWN, close the connections, seal and fsync
 every WAL, upload what is pending (within `shutdown_timeout`) and close RocksDB cleanly.
 
-Start-up failures (port in use, data directory locked by another server, unreadable storage)
+Start-up failures (port in use, data directory locked by another server, unreadable storage,
+an unreadable tokens file or TLS certificate, a non-loopback address without authentication)
 raise `StartupError` with one line for the user; `headwater serve` prints it and exits 1.
+SIGHUP re-reads the tokens file and the TLS certificate (both are also reloaded when they change).
 """
 
 from __future__ import annotations
@@ -20,12 +22,15 @@ from pathlib import Path
 
 import structlog
 
+from server.auth import Security
 from server.broker import Broker
 from server.catalog import TopicCatalog
 from server.config import ServerConfig
 from server.listener import Listener, StartupError
 from server.logs import configure_logging
 from server.status import start_operator_port
+from server.tls import ServerTls, TlsError, is_loopback
+from server.tokens import TokenFileError
 from storage.archive import ObjectArchive
 from storage.objectstore import LocalObjectStore, ObjectStore, S3ObjectStore
 from storage.state import StateStore
@@ -65,6 +70,10 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
             f"cannot create data directory {config.data_dir}: {exc.strerror}"
         ) from None
     listener = Listener(config)
+    listener.shared.security, listener.shared.tls = _security(config)
+    if listener.shared.security is not None or listener.shared.tls is not None:
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError, AttributeError):
+            loop.add_signal_handler(signal.SIGHUP, _reload, listener)
     async with contextlib.AsyncExitStack() as stack:
         # the port first: a taken port is the likeliest start-up error, and costs nothing to check
         port = listener.bind()
@@ -96,6 +105,12 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
             raise StartupError(f"cannot open the topics in {config.data_dir}: {exc}") from None
         stack.push_async_callback(catalog.close)
         listener.start(Broker(config, catalog))
+        if listener.shared.security is not None:
+            listener.shared.security.start(
+                lambda: tuple(listener.connections),
+                lambda name: name in catalog.topics and catalog.topics[name].reliable,
+            )
+            stack.callback(listener.shared.security.close)
         if operator is not None:
             operator.recovered(catalog)
         if config.port_file is not None:
@@ -109,6 +124,8 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
             data_dir=str(config.data_dir),
             topics=len(catalog.topics),
             object_store=config.object_store.backend,
+            auth="tokens" if listener.shared.security is not None else "off",
+            tls=listener.shared.tls is not None,
         )
         try:
             await stop.wait()
@@ -121,6 +138,36 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
             listener.shutdown_connections()
             await _wait_closed(listener, config.shutdown_timeout)
     log.info("server.stopped")
+
+
+def _security(config: ServerConfig) -> tuple[Security | None, ServerTls | None]:
+    """The authentication and TLS parts, or `StartupError` (an exposed server without auth)."""
+    settings = config.security
+    if settings.auth_tokens is None and not settings.insecure and not is_loopback(config.host):
+        raise StartupError(
+            f"refusing to listen on {config.host or '*'} without authentication: give "
+            "--auth-tokens FILE, or --insecure to let anyone who can reach it do anything"
+        )
+    tls = None
+    if settings.tls_cert is not None and settings.tls_key is not None:
+        try:
+            tls = ServerTls(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
+        except TlsError as exc:
+            raise StartupError(str(exc)) from None
+    if settings.auth_tokens is None:
+        return None, tls
+    try:
+        return Security(settings, config.data_dir), tls
+    except TokenFileError as exc:
+        raise StartupError(str(exc)) from None
+
+
+def _reload(listener: Listener) -> None:
+    log.info("server.sighup", hint="reloading the tokens file and the TLS certificate")
+    if listener.shared.security is not None:
+        listener.shared.security.reload(force=True)
+    if listener.shared.tls is not None:
+        listener.shared.tls.maybe_reload(force=True)
 
 
 def _open_state(path: Path) -> StateStore:

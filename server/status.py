@@ -211,9 +211,9 @@ class ServerState:
             "name": topic.name,
             "dispatch": DispatchMode(topic.info.dispatch).name.lower().replace("_", "-"),
             "partitions": len(topic.partitions),
-            "offline_partitions": sum(
-                1 for p in topic.partitions if p.log is not None and p.log.failed is not None
-            ),
+            "offline_partitions": sum(1 for p in topic.partitions if p.log.failed is not None)
+            if topic.reliable
+            else 0,
             "messages_in": topic.messages_in,
             "bytes_in": topic.bytes_in,
             "messages_out": out.messages_out if out is not None else 0,

@@ -1,5 +1,9 @@
 """Topics and partitions: the non-reliable publish path and the reliable append path.
 
+Two classes, one per dispatch mode: `MemoryTopic` (non-reliable) and `LogTopic` (reliable, one
+`PartitionLog` per partition); `Topic` is either, told apart by `reliable` (a literal, so the
+type checker narrows on it). Both answer `accept`, the produce path's one call.
+
 A topic has a fixed number of partitions and the subscriptions on it. Non-reliable publish stamps
 the batch with the partition's next in-memory offset and hands it to every subscription: no disk,
 no acks, offsets restart at 0 with the server. Reliable append writes the batch to the partition's
@@ -16,20 +20,23 @@ topic's configs, each offline partition with its reason and the damage counters.
 from __future__ import annotations
 
 import struct
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Final, Protocol
+from typing import Final, Literal, Protocol
 
 import structlog
 
-from durables.lastvalue import LastValueIndex
 from durables.producers import ProducerTable
 from server.config import TopicSettings
+from server.lastvalue import LastValueIndex
 from server.registry import SubscriptionRegistry
 from storage.segments import batch_location
 from storage.wal import PartitionLog
 from wire.errors import InvalidPartition, ObjectNotFound, StorageError
-from wire.messages import ConfigEntry, DescribeTopicResponse, DispatchMode, TopicInfo
+from wire.messages import ConfigEntry, DescribeTopicResponse, TopicInfo
 from wire.records import read_records
+
+__all__ = ["Archive", "LogTopic", "MemoryTopic", "Topic"]
 
 log = structlog.get_logger("headwater.topics")
 
@@ -50,45 +57,37 @@ class Archive(Protocol):
 
 
 @dataclass(slots=True)
-class Partition:
+class MemoryPartition:
     index: int
-    log: PartitionLog | None = None
-    _next_offset: int = 0  # non-reliable only
+    next_offset: int = 0  # offsets restart at 0 with the server
+    producers: ProducerTable = field(default_factory=ProducerTable)
+
+
+@dataclass(slots=True)
+class LogPartition:
+    index: int
+    log: PartitionLog
     producers: ProducerTable = field(default_factory=ProducerTable)
     skipped: int = 0  # reads that had to skip damaged or missing data
 
     @property
     def next_offset(self) -> int:
-        return self.log.next_offset if self.log is not None else self._next_offset
+        return self.log.next_offset
 
     def forget_lost_producer_batches(self) -> None:
         """Idempotent-producer entries pointing at or past the end of the data recovery found
         describe batches a crash took away: forget them, so the producer's retry is appended
         again (at a new offset) instead of being answered with the offset of a lost batch."""
-        if self.log is None:
-            return
         end = self.log.data_end
         for entry in self.producers.producers.values():
             while entry.recent and entry.recent[-1][2] >= end:
                 entry.recent.pop()
 
 
-class Topic:
-    def __init__(
-        self,
-        info: TopicInfo,
-        settings: TopicSettings | None = None,
-        logs: list[PartitionLog] | None = None,
-        archive: Archive | None = None,
-    ) -> None:
+class _TopicBase:
+    def __init__(self, info: TopicInfo) -> None:
         self.info = info
-        self.settings = settings
-        self.archive = archive
-        self.partitions = [
-            Partition(i, logs[i] if logs is not None else None) for i in range(info.partitions)
-        ]
         self.subscriptions = SubscriptionRegistry()
-        self.last_value: LastValueIndex | None = None
         self.messages_in = 0
         self.bytes_in = 0
         self._next_partition = 0
@@ -97,40 +96,95 @@ class Topic:
     def name(self) -> str:
         return self.info.name
 
-    @property
-    def reliable(self) -> bool:
-        return self.info.dispatch == DispatchMode.RELIABLE
-
-    def pick_partition(self, requested: int) -> Partition:
+    def _pick(self, requested: int, count: int) -> int:
         """`requested` -1 lets the server choose, round-robin per batch."""
         if requested == -1:
             index = self._next_partition
-            self._next_partition = (index + 1) % len(self.partitions)
-            return self.partitions[index]
-        if not 0 <= requested < len(self.partitions):
+            self._next_partition = (index + 1) % count
+            return index
+        if not 0 <= requested < count:
             raise InvalidPartition(
-                f"topic {self.name!r} has partitions 0..{len(self.partitions) - 1}, not {requested}"
+                f"topic {self.name!r} has partitions 0..{count - 1}, not {requested}"
             )
-        return self.partitions[requested]
+        return requested
 
-    def publish(self, partition: Partition, batch: bytes, record_count: int) -> int:
-        """Non-reliable: stamp and fan out a validated batch; returns its base offset."""
-        base_offset = partition._next_offset
-        partition._next_offset = base_offset + record_count
+
+class MemoryTopic(_TopicBase):
+    """Non-reliable: publish stamps a batch with the partition's next in-memory offset and hands
+    it to every subscription; nothing is kept."""
+
+    reliable: Literal[False] = False
+    settings: None = None
+    last_value: None = None
+
+    def __init__(self, info: TopicInfo) -> None:
+        super().__init__(info)
+        self.partitions = [MemoryPartition(i) for i in range(info.partitions)]
+
+    def pick_partition(self, requested: int) -> MemoryPartition:
+        return self.partitions[self._pick(requested, len(self.partitions))]
+
+    def accept(
+        self, partition: MemoryPartition, batch: bytes, record_count: int, committed: bool
+    ) -> tuple[int, Awaitable[None] | None]:
+        """Stamp and fan out a validated batch: (base offset, nothing to wait for)."""
+        base_offset = partition.next_offset
+        partition.next_offset = base_offset + record_count
         stamped = _BASE_OFFSET.pack(base_offset) + batch[8:]
         self.messages_in += record_count
         self.bytes_in += len(batch)
         for subscription in self.subscriptions.live.values():
             subscription.offer(partition.index, stamped, record_count)
-        return base_offset
+        return base_offset, None
 
-    def append(self, partition: Partition, batch: bytes, record_count: int) -> tuple[int, int]:
-        """Reliable: write a validated batch to the WAL; returns (base offset, durability seq).
+    def start_offset(self, partition: int) -> int:
+        return self.partitions[partition].next_offset
+
+    def describe(self) -> DescribeTopicResponse:
+        return _describe(self, self.info)
+
+    async def close(self, seal: bool = False) -> None:
+        """Nothing to close: a memory topic holds no files."""
+
+
+class LogTopic(_TopicBase):
+    """Reliable: append writes a batch to the partition's WAL, which assigns the offset."""
+
+    reliable: Literal[True] = True
+
+    def __init__(
+        self,
+        info: TopicInfo,
+        settings: TopicSettings,
+        logs: list[PartitionLog],
+        archive: Archive | None = None,
+    ) -> None:
+        super().__init__(info)
+        self.settings = settings
+        self.archive = archive
+        self.partitions = [LogPartition(i, logs[i]) for i in range(info.partitions)]
+        self.last_value: LastValueIndex | None = None
+
+    def pick_partition(self, requested: int) -> LogPartition:
+        return self.partitions[self._pick(requested, len(self.partitions))]
+
+    def accept(
+        self, partition: LogPartition, batch: bytes, record_count: int, committed: bool
+    ) -> tuple[int, Awaitable[None] | None]:
+        """Append, and say what the producer's answer waits for: the fsync, when the topic's
+        policy (or `committed`, read_committed) asks for one."""
+        base_offset, sequence = self.append(partition, batch, record_count)
+        wal = partition.log
+        if wal.must_wait(sequence, committed):
+            return base_offset, wal.wait_durable(sequence)
+        return base_offset, None
+
+    def append(self, partition: LogPartition, batch: bytes, record_count: int) -> tuple[int, int]:
+        """Write a validated batch to the WAL; returns (base offset, durability sequence).
 
         With last-value state, every record's key is checked first (a bad one refuses the whole
         batch, before anything is written), and the state follows the append at once.
         """
-        assert partition.log is not None
         index = self.last_value
         if index is not None:
             records = read_records(batch)
@@ -152,8 +206,6 @@ class Topic:
     def start_offset(self, partition: int) -> int:
         """The oldest offset still stored for `partition`, in the object store or locally."""
         log = self.partitions[partition].log
-        if log is None:
-            return self.partitions[partition].next_offset
         archived = self.archive.start_offset(self.name, partition) if self.archive else None
         return min(log.start_offset, archived) if archived is not None else log.start_offset
 
@@ -161,7 +213,6 @@ class Topic:
         """Reliable: batches from the one holding `offset` (local WAL, else the object store).
         The first batch may start above `offset` when damage or missing data was skipped."""
         wal = self.partitions[partition].log
-        assert wal is not None
         archive = self.archive
         for _ in range(_MAX_ARCHIVE_SKIPS):
             if offset >= wal.start_offset or archive is None:
@@ -183,7 +234,6 @@ class Topic:
 
     async def _read_local(self, partition: int, offset: int) -> list[bytes]:
         wal = self.partitions[partition].log
-        assert wal is not None
         result = await wal.read_span(offset)
         if not result.damaged:
             return result.batches
@@ -219,7 +269,6 @@ class Topic:
         """The first offset of the first batch whose max timestamp is at or after `timestamp`:
         archived history first (read in order, so linear in its size), then the local WAL."""
         log = self.partitions[partition].log
-        assert log is not None
         offset = self.start_offset(partition)
         while self.archive is not None and offset < log.start_offset:
             batches = await self.read(partition, offset)
@@ -233,22 +282,18 @@ class Topic:
         return await log.offset_for_timestamp(timestamp)
 
     def describe(self) -> DescribeTopicResponse:
-        return DescribeTopicResponse(
-            topic=self._info_with_status(),
-            next_offsets=tuple(p.next_offset for p in self.partitions),
-            start_offsets=tuple(self.start_offset(p.index) for p in self.partitions),
-            messages_in=self.messages_in,
-            bytes_in=self.bytes_in,
-            subscriptions=tuple(s.info() for _, s in sorted(self.subscriptions.items())),
-        )
+        return _describe(self, self._info_with_status())
+
+    async def close(self, seal: bool = False) -> None:
+        """Close every partition's log (sealing the active segment if `seal`)."""
+        for partition in self.partitions:
+            await partition.log.close(seal_active=seal)
 
     def _info_with_status(self) -> TopicInfo:
         """The topic's info, with `status.*` entries for storage trouble (none when healthy)."""
         status: list[ConfigEntry] = []
         for partition in self.partitions:
             wal = partition.log
-            if wal is None:
-                continue
             prefix = f"status.partition.{partition.index}"
             if wal.failed is not None:
                 status.append(ConfigEntry(f"{prefix}.offline", wal.failed))
@@ -261,3 +306,17 @@ class Topic:
         return TopicInfo(
             self.info.name, self.info.partitions, self.info.dispatch, (*self.info.configs, *status)
         )
+
+
+Topic = MemoryTopic | LogTopic
+
+
+def _describe(topic: Topic, info: TopicInfo) -> DescribeTopicResponse:
+    return DescribeTopicResponse(
+        topic=info,
+        next_offsets=tuple(p.next_offset for p in topic.partitions),
+        start_offsets=tuple(topic.start_offset(p.index) for p in topic.partitions),
+        messages_in=topic.messages_in,
+        bytes_in=topic.bytes_in,
+        subscriptions=tuple(s.info() for _, s in sorted(topic.subscriptions.items())),
+    )

@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from storage.latency import LatencyHistogram
+from wire.messages import ProduceResponse
 
 if TYPE_CHECKING:
-    from server.subscription import Consumer
+    from server.kind import Consumer
 
 # RecordBatch v2 header: maxTimestamp at byte 35, recordCount at byte 57 (of 61).
 _MAX_TIMESTAMP = struct.Struct(">q")
@@ -61,10 +62,11 @@ class TrafficStats:
             late_ms = time.time() * 1000 - _MAX_TIMESTAMP.unpack_from(batch, 35)[0]
             stats.latency.observe(max(late_ms, 0.0) / 1000)
 
-    def produced(self, started: float) -> None:
-        """A PRODUCE answered (durable as its topic's fsync policy says); `started` is the
-        `time.perf_counter()` when its frame began to be handled."""
-        self.produce_latency.observe(time.perf_counter() - started)
+    def produced(self, started: float | None, response: object) -> None:
+        """A request answered: if it was a PRODUCE (made durable as its topic's fsync policy
+        says), `started`, the `time.perf_counter()` when its frame began to be handled, dates it."""
+        if started is not None and type(response) is ProduceResponse:
+            self.produce_latency.observe(time.perf_counter() - started)
 
     def prune(self, live_topics: Collection[str]) -> None:
         for name in [name for name in self.topics if name not in live_topics]:

@@ -1,2 +1,3 @@
-"""Bytes at rest: RocksDB state (topic metadata today); WAL segments, recovery and the object store
-(local directory and S3) arrive with reliable dispatch. Imports `wire` only."""
+"""Bytes at rest: the WAL (segments, group commit, recovery, reads past damage), the object store
+(local directory and S3) and uploads, RocksDB state (`state`, with the group-committing
+`StateWriter`) and the last-value store. Imports `wire` only."""

@@ -21,23 +21,53 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import structlog
 
+from storage.fileio import FileOps
 from storage.latency import FSYNC_SECONDS
-from storage.logstate import FsyncPolicy, SealedSegment, Segment
+from storage.logstate import FsyncPolicy, LogConfig, SealedSegment, Segment
 from storage.segments import write_index
 from wire.errors import PartitionOffline
 
-if TYPE_CHECKING:
-    from storage.wal import PartitionLog
+
+class SyncedLog(Protocol):
+    """What the syncer needs of its `storage.wal.PartitionLog` (a protocol, so the two modules
+    do not import each other)."""
+
+    directory: Path
+    config: LogConfig
+    ops: FileOps
+    on_sealed: Callable[[SealedSegment], None] | None
+    failed: str | None
+
+    @property
+    def next_offset(self) -> int: ...
+
+    @property
+    def appended(self) -> int: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    def take_directory_dirty(self) -> bool: ...
+
+    def lease_target(self) -> int | None: ...
+
+    def extend_lease(self, reserved: int) -> None: ...
+
+    def fail(self, reason: str) -> None: ...
+
+    def notify(self) -> None: ...
+
 
 log = structlog.get_logger("headwater.wal")
 
 
 class Syncer:
-    def __init__(self, partition_log: PartitionLog) -> None:
+    def __init__(self, partition_log: SyncedLog) -> None:
         self._log = partition_log
         self.durable_sequence = 0
         # what was on disk at open counts as durable: recovery fsynced it

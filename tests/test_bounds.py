@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 import headwater
+from durables.group import ConsumerGroup
 from headwater.testing import ServerProcess
 from server.catalog import TopicCatalog
 from server.config import ObjectStoreConfig, ServerConfig
-from server.subscription import Consumer, ConsumerGroup
+from server.kind import Consumer
 from storage.state import StateStore
 from tests.rawwire import RawPeer
 from wire import messages as m

@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import headwater
-from durables.lastvalue import LV, LVCOUNT, LVPOS
 from headwater.testing import ServerProcess
+from storage.lastvalue_store import LV, LVCOUNT, LVPOS
 from storage.state import StateStore, key
 from tests.helpers import drain
 from tests.rawwire import RawPeer

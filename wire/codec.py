@@ -289,6 +289,10 @@ SCHEMAS: Final[dict[int, tuple[DataclassAdapter, DataclassAdapter]]] = {
             ),
         ),
     ),
+    m.ApiKey.AUTHENTICATE: (
+        message(m.AuthenticateRequest, "mechanism" / String, "credentials" / Bytes),
+        message(m.AuthenticateResponse, "principal" / String, "expires_ms" / Int64sb),
+    ),
 }
 
 PUSH_SCHEMAS: Final[dict[int, DataclassAdapter]] = {
@@ -297,6 +301,7 @@ PUSH_SCHEMAS: Final[dict[int, DataclassAdapter]] = {
     ),
     m.ApiKey.CONSUMER_CLOSED: message(m.ConsumerClosed, "error_code" / Int16sb, "message" / String),
     m.ApiKey.MESSAGES_DROPPED: message(m.MessagesDropped, "count" / Int64sb),
+    m.ApiKey.THROTTLE: message(m.Throttle, "throttle_ms" / Int32sb),
 }
 
 REQUEST_API_KEYS: Final = {cls: key for key, (schema, _) in SCHEMAS.items() for cls in [schema.cls]}

@@ -47,6 +47,9 @@ class ErrorCode(enum.IntEnum):
     CONNECTION_TIMEOUT = 30
     UNKNOWN_SUBSCRIPTION = 31
     WRONG_PARTITION = 32
+    AUTHENTICATION_FAILED = 33
+    NOT_AUTHORIZED = 34
+    AUTHENTICATION_REQUIRED = 35
 
 
 class HeadwaterError(Exception):
@@ -235,6 +238,26 @@ class WrongPartition(HeadwaterError):
     code = ErrorCode.WRONG_PARTITION
 
 
+class AuthenticationFailed(HeadwaterError):
+    """The credential was refused (unknown, wrong, expired or revoked token; a certificate
+    without grants; too many failures from this address). The server closes the connection."""
+
+    code = ErrorCode.AUTHENTICATION_FAILED
+
+
+class AuthenticationRequired(AuthenticationFailed):
+    """A request other than AUTHENTICATE (or API_VERSIONS) before the handshake. The server
+    closes the connection."""
+
+    code = ErrorCode.AUTHENTICATION_REQUIRED
+
+
+class NotAuthorized(HeadwaterError):
+    """The principal has no grant for this action on this topic (or subscription)."""
+
+    code = ErrorCode.NOT_AUTHORIZED
+
+
 _BY_CODE: dict[int, type[HeadwaterError]] = {}
 for _cls in (
     UnknownServerError,
@@ -269,6 +292,9 @@ for _cls in (
     ConnectionTimeout,
     UnknownSubscription,
     WrongPartition,
+    AuthenticationFailed,
+    NotAuthorized,
+    AuthenticationRequired,
 ):
     _BY_CODE[_cls.code] = _cls
 

@@ -30,10 +30,12 @@ class ApiKey(enum.IntEnum):
     LIST_TOPICS = 12
     DESCRIBE_TOPIC = 13
     API_VERSIONS = 18
+    AUTHENTICATE = 30
     # pushed by the server
     DELIVER = 100
     CONSUMER_CLOSED = 101
     MESSAGES_DROPPED = 102
+    THROTTLE = 103
 
 
 class SubscriptionType(enum.IntEnum):
@@ -243,6 +245,15 @@ class ApiVersionsRequest:
     pass
 
 
+@dataclass(frozen=True, slots=True)
+class AuthenticateRequest:
+    """The handshake (docs/SECURITY.md): `mechanism` "token" with the token's bytes, or
+    "certificate" (empty credentials) to be known by the TLS client certificate."""
+
+    mechanism: str
+    credentials: bytes
+
+
 # Responses
 
 
@@ -355,6 +366,12 @@ class ApiVersionsResponse:
     apis: tuple[ApiVersionRange, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class AuthenticateResponse:
+    principal: str  # empty: the server does not authenticate (anyone may do anything)
+    expires_ms: int  # when the credential expires (ms since the epoch); 0: never
+
+
 # Pushed by the server
 
 
@@ -383,7 +400,16 @@ class MessagesDropped:
     count: int
 
 
-Push = Delivery | ConsumerClosed | MessagesDropped
+@dataclass(frozen=True, slots=True)
+class Throttle:
+    """The principal is over its produce quota: the server reads nothing more from this
+    connection for `throttle_ms`, and the client should hold its produce requests that long.
+    Sent with correlation id 0."""
+
+    throttle_ms: int
+
+
+Push = Delivery | ConsumerClosed | MessagesDropped | Throttle
 
 Request = (
     ProduceRequest
@@ -404,6 +430,7 @@ Request = (
     | ListTopicsRequest
     | DescribeTopicRequest
     | ApiVersionsRequest
+    | AuthenticateRequest
 )
 Response = (
     EmptyResponse
@@ -417,4 +444,5 @@ Response = (
     | ListTopicsResponse
     | DescribeTopicResponse
     | ApiVersionsResponse
+    | AuthenticateResponse
 )

@@ -1,0 +1,315 @@
+"""The I/O-free delivery core, driven directly with a fake clock (`now` is a number the test
+moves): no server, no sleeps. Each durables class on its own: `PartitionCursor`,
+`ReliableDelivery`, `ConsumerGroup`, `LastValueKeys`; and the state writer's group commit."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from durables.cursor import PartitionCursor
+from durables.delivery import DEAD_LETTER_RETRY, ReliableDelivery, ReliableSettings, runs
+from durables.group import ConsumerGroup
+from durables.lastvalue import LastValueKeys
+from storage.state import StateStore, StateWriter
+from wire import messages as m
+from wire.errors import ConsumerBusy, InvalidRequest, WrongPartition
+from wire.keys import partition_for_key
+from wire.records import Record
+
+
+def _settings(**overrides: object) -> ReliableSettings:
+    values: dict[str, object] = {
+        "ack_timeout_ms": 1000,
+        "max_deliveries": 0,
+        "backoff": m.Backoff.FIXED,
+        "backoff_initial_ms": 100,
+        "backoff_max_ms": 1000,
+    }
+    values.update(overrides)
+    return ReliableSettings(**values)  # type: ignore[arg-type]
+
+
+def _core(partitions: int = 1, shared: bool = False, **settings: object) -> ReliableDelivery:
+    cursors = [PartitionCursor.starting_at(0) for _ in range(partitions)]
+    return ReliableDelivery(_settings(**settings), cursors, shared, now=0.0, topic="t")
+
+
+def _record(offset: int) -> Record:
+    return Record(offset, 0, None, b"v", ())
+
+
+# PartitionCursor
+
+
+def test_cursor_floor_advances_over_out_of_order_acks_and_survives_encoding() -> None:
+    cursor = PartitionCursor.starting_at(10)
+    cursor.record_delivery(10, 15)
+    cursor.record_delivery(12, 13)  # a redelivery counts
+    assert cursor.ack(11) and cursor.ack(13)
+    assert cursor.floor == 10 and cursor.unacked() == [10, 12, 14]
+    assert cursor.delivery_count(12) == 2 and cursor.delivery_count(15) == 0
+    decoded = PartitionCursor.decode(cursor.encode())
+    assert decoded == cursor
+    assert cursor.ack(10)
+    assert cursor.floor == 12 and not cursor.ack(11)
+    assert cursor.ack_up_to(20) and cursor.floor == 15 and cursor.unacked() == []
+
+
+# ReliableDelivery
+
+
+def test_new_messages_are_planned_in_ranges_cut_to_credit() -> None:
+    core = _core(partitions=2)
+    assert core.next_partition([0, 0]) is None
+    assert core.next_partition([5, 3]) == 0
+    assert core.next_partition([5, 3]) == 1  # round-robin
+    assert core.plan_new(0, 0, 5, credits=3) == (0, 3)
+    core.sent(7, 0, 0, 3, now=0.0)
+    assert core.position(0) == 3 and core.unacked == 3 and core.delivered == 3
+    assert core.plan_new(0, 0, 5, credits=10) == (3, 5)  # the batch again, from the position
+    assert core.plan_new(0, 0, 3, credits=10) is None  # already past it
+    assert core.take_dirty() == {0: core.cursors[0].encode()}
+    assert core.take_dirty() == {}
+
+
+def test_a_gap_before_a_batch_is_stepped_over_not_delivered() -> None:
+    core = _core()
+    core.sent(1, 0, 0, 2, now=0.0)
+    assert core.plan_new(0, 5, 2, credits=10) == (5, 7)  # offsets 2..4 hold no record
+    assert core.cursors[0].unacked() == [0, 1]
+    core.ack([m.AckEntry(0, 0), m.AckEntry(0, 1)], m.AckKind.INDIVIDUAL)
+    assert core.cursors[0].floor == 5
+
+
+def test_ack_timeout_redelivers_after_the_backoff() -> None:
+    core = _core(ack_timeout_ms=1000, backoff_initial_ms=100)
+    core.sent(1, 0, 0, 3, now=0.0)
+    core.ack([m.AckEntry(0, 1)], m.AckKind.INDIVIDUAL)
+    assert core.wake_at() == 1.0
+    core.expire(0.999)
+    assert core.take_due(0.999, credits=10) is None
+    core.expire(1.0)
+    assert core.unacked == 0
+    assert core.take_due(1.05, credits=10) is None  # the backoff: 100 ms
+    assert core.wake_at() == pytest.approx(1.1)
+    due = core.take_due(1.1, credits=10)
+    assert due is not None and (due.partition, due.offsets) == (0, [0, 2])
+    plan = core.split_due(0, [_record(0), _record(2)])
+    assert plan.dead == [] and [[r.offset for r in run] for run in plan.send] == [[0], [2]]
+    assert core.delivery_count(0, [0]) == 2
+
+
+def test_exponential_backoff_grows_with_deliveries_and_is_capped() -> None:
+    settings = _settings(backoff=m.Backoff.EXPONENTIAL, backoff_initial_ms=100, backoff_max_ms=350)
+    assert [settings.redelivery_delay(n) for n in (1, 2, 3, 4)] == [0.1, 0.2, 0.35, 0.35]
+
+
+def test_nack_delay_and_consumer_leaving() -> None:
+    core = _core()
+    core.sent(1, 0, 0, 2, now=0.0)
+    core.sent(2, 0, 2, 4, now=0.0)
+    core.nack([m.AckEntry(0, 0)], delay_ms=500, now=0.0)
+    core.nack([m.AckEntry(0, 0)], delay_ms=500, now=0.0)  # not in flight any more: ignored
+    core.consumer_left(2, now=0.1)  # its offsets are due at once
+    due = core.take_due(0.1, credits=10)
+    assert due is not None and due.offsets == [2, 3]
+    assert core.take_due(0.4, credits=10) is None
+    due = core.take_due(0.5, credits=10)
+    assert due is not None and due.offsets == [0]
+    with pytest.raises(InvalidRequest, match="nack delay"):
+        core.nack([m.AckEntry(0, 1)], delay_ms=-1, now=0.0)
+
+
+def test_redelivery_is_limited_by_credit_and_skips_what_was_acked_meanwhile() -> None:
+    core = _core()
+    core.sent(1, 0, 0, 5, now=0.0)
+    core.consumer_left(1, now=0.0)
+    core.ack([m.AckEntry(0, 1)], m.AckKind.INDIVIDUAL)
+    first = core.take_due(0.0, credits=2)
+    assert first is not None and first.offsets == [0, 2]
+    second = core.take_due(0.0, credits=2)
+    assert second is not None and second.offsets == [3, 4]
+
+
+def test_max_deliveries_dead_letters_and_a_refused_dead_letter_is_retried() -> None:
+    core = _core(max_deliveries=2)
+    core.sent(1, 0, 0, 2, now=0.0)
+    core.consumer_left(1, now=0.0)
+    core.sent(1, 0, 0, 2, now=0.0)  # the second delivery
+    core.consumer_left(1, now=0.0)
+    due = core.take_due(0.0, credits=10)
+    assert due is not None and due.offsets == [0, 1]
+    plan = core.split_due(0, [_record(0), _record(1)])
+    assert [(r.offset, count) for r, count in plan.dead] == [(0, 2), (1, 2)]
+    assert plan.send == []
+    core.dead_letter_written(0, 0)
+    core.dead_letter_failed(0, 1, now=0.0)
+    assert core.dead_lettered == 1 and core.cursors[0].floor == 1
+    assert core.take_due(DEAD_LETTER_RETRY - 0.01, credits=10) is None
+    retry = core.take_due(DEAD_LETTER_RETRY, credits=10)
+    assert retry is not None and retry.offsets == [1]
+
+
+def test_a_restart_redelivers_what_was_dispatched_and_not_acked_at_once() -> None:
+    cursor = PartitionCursor.starting_at(0)
+    cursor.record_delivery(0, 3)
+    cursor.ack(1)
+    core = ReliableDelivery(_settings(), [cursor], shared=False, now=50.0)
+    due = core.take_due(50.0, credits=10)
+    assert due is not None and due.offsets == [0, 2]
+
+
+def test_acks_are_checked_and_seek_forgets_everything_in_flight() -> None:
+    core = _core(shared=True)
+    core.sent(1, 0, 0, 3, now=0.0)
+    with pytest.raises(InvalidRequest, match="cumulative"):
+        core.ack([m.AckEntry(0, 2)], m.AckKind.CUMULATIVE)
+    with pytest.raises(InvalidRequest, match="topic 't' has no partition 3"):
+        core.ack([m.AckEntry(3, 0)], m.AckKind.INDIVIDUAL)
+    core.reset([10])
+    assert core.unacked == 0 and core.wake_at() is None and core.position(0) == 10
+    core.expire(100.0)
+    assert core.take_due(100.0, credits=10) is None
+
+
+def test_cumulative_ack_clears_everything_below() -> None:
+    core = _core()
+    core.sent(1, 0, 0, 4, now=0.0)
+    core.ack([m.AckEntry(0, 2)], m.AckKind.CUMULATIVE)
+    assert core.unacked == 1 and core.cursors[0].floor == 3
+    assert core.backlog([10]) == 7
+
+
+def test_runs_split_at_missing_offsets() -> None:
+    records = [_record(o) for o in (1, 2, 4, 5, 6, 9)]
+    assert [[r.offset for r in run] for run in runs(records)] == [[1, 2], [4, 5, 6], [9]]
+
+
+# ConsumerGroup
+
+
+@dataclass
+class _Session:
+    writable: bool = True
+
+
+@dataclass(eq=False)
+class _Member:
+    consumer_id: int
+    name: str
+    priority: int = 0
+    credits: int = 0
+    session: _Session = field(default_factory=_Session)
+
+
+def test_exclusive_admits_one_consumer() -> None:
+    group: ConsumerGroup[_Member] = ConsumerGroup("t", "s", m.SubscriptionType.EXCLUSIVE)
+    first = _Member(1, "a", credits=1)
+    group.add(first)
+    with pytest.raises(ConsumerBusy):
+        group.add(_Member(2, "b"))
+    assert group.pick() is first
+    first.session.writable = False
+    assert group.pick() is None
+
+
+def test_failover_elects_the_lowest_and_reports_each_change() -> None:
+    elected: list[str | None] = []
+    group: ConsumerGroup[_Member] = ConsumerGroup(
+        "t", "s", m.SubscriptionType.FAILOVER, lambda c: elected.append(c.name if c else None)
+    )
+    b, a = _Member(1, "b", credits=1), _Member(2, "a", credits=1)
+    group.add(b)
+    group.add(a)
+    assert group.pick() is a
+    group.remove(a)
+    assert group.pick() is b
+    group.remove(b)
+    assert elected == ["b", "a", "b", None]
+
+
+def test_shared_picks_the_most_credit_and_rotates_among_equals() -> None:
+    group: ConsumerGroup[_Member] = ConsumerGroup("t", "s", m.SubscriptionType.SHARED)
+    members = [_Member(i, f"c{i}") for i in range(3)]
+    for member in members:
+        group.add(member)
+        group.grant(member, 2)
+    picked = []
+    for _ in range(6):
+        chosen = group.pick()
+        assert chosen is not None
+        picked.append(chosen.consumer_id)
+        group.charge(chosen, 1)
+    assert sorted(picked) == [0, 0, 1, 1, 2, 2] and picked[:3] == [0, 1, 2]
+    assert group.pick() is None
+
+
+# LastValueKeys
+
+
+def test_last_value_changes_keep_the_newest_value_per_key() -> None:
+    keys = LastValueKeys("t", 1)
+    records = [
+        Record(0, 5, b"a", b"1", ()),
+        Record(1, 6, None, b"unkeyed", ()),
+        Record(2, 7, b"a", b"2", ()),
+        Record(3, 8, b"b", None, ()),
+    ]
+    changes = keys.changes(0, 100, records, keys.check(records))
+    assert [(c.key, c.offset, c.value) for c in changes] == [(b"a", 102, b"2"), (b"b", 103, None)]
+
+
+def test_last_value_keys_from_a_field_and_their_partition() -> None:
+    keys = LastValueKeys("t", 4, key_field="user.id")
+    record = Record(0, 0, None, b'{"user": {"id": 42}}', ())
+    assert keys.key_of(record) == b"42"
+    home = partition_for_key(b"42", 4)
+    assert keys.partition_for([record]) == home
+    with pytest.raises(WrongPartition):
+        keys.check([record], (home + 1) % 4)
+    with pytest.raises(InvalidRequest, match="not JSON"):
+        keys.key_of(Record(0, 0, None, b"nope", ()))
+
+
+# StateWriter
+
+
+async def test_state_writer_group_commits_concurrent_synced_writes(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "state")
+    try:
+        writer = StateWriter(store)
+        waits = [writer.synced({f"k{i}".encode(): b"%d" % i}) for i in range(50)]
+        assert writer.write({b"plain": b"x"}) is None  # not synced: written at once
+        assert store.get(b"plain") == b"x"
+        await asyncio.gather(*waits)
+        assert writer.commits <= 2  # the first write, then everything queued behind it
+        assert all(store.get(f"k{i}".encode()) == b"%d" % i for i in range(50))
+        second = writer.synced({b"k0": b"new"})
+        third = writer.synced({b"k0": b"newer"})
+        await asyncio.gather(second, third)
+        assert store.get(b"k0") == b"newer"  # in order: the later write wins
+        await writer.flush()
+    finally:
+        store.close()
+
+
+async def test_producer_ids_are_counted_in_memory_and_survive_a_restart(tmp_path: Path) -> None:
+    from server.producers import ProducerIds
+
+    store = StateStore(tmp_path / "state")
+    try:
+        ids = ProducerIds(StateWriter(store))
+        first, durable = ids.issue()
+        second, durable_too = ids.issue()
+        assert (first, second) == (0, 1)
+        assert ids.issued(1) and not ids.issued(2)  # known before the writes complete
+        await asyncio.gather(durable, durable_too)
+        third, durable = ProducerIds(StateWriter(store)).issue()
+        await durable
+        assert third == 2
+    finally:
+        store.close()
