@@ -265,6 +265,10 @@ def test_health_and_readiness(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, answer
             time.sleep(0.1)
         assert get(port, "/readyz", method="HEAD")[:3:2] == (200, b"")
+        assert server.stop() == 0  # a graceful stop closes the HTTP port with the rest
+        assert "Traceback" not in server.log()
+        with pytest.raises(OSError):
+            get(port, "/healthz")
     finally:
         server.kill()
 
