@@ -1,0 +1,162 @@
+"""The fold, in Spark: per (topic, partition, key) the record with the highest offset wins.
+
+Input is the new WAL records (`headwater_wal`, above the previous horizon) and the previous
+snapshot's rows (`headwater_snapshot`), which are records too, with their original offsets, so
+merging is the same fold. One aggregation groups by (topic, partition, key, corrupt) and keeps,
+per group, the winner (`max_by` offset), the highest offset, and how many WAL rows it saw (snapshot
+rows count zero). Keyless records all land in the key-null group of their partition and corrupt
+stretches each in a group of their own, so the same pass counts them. Spark aggregates partially
+inside each reading task before the shuffle, so a heavily overwritten history shrinks early.
+
+The grouped result is persisted and used twice: first a small per-partition summary comes back to
+the driver (records in, keyless, tombstones, highest offset, corrupt stretches) from which the job
+sets each partition's new horizon; then the live winners are hash-partitioned by (topic,
+partition), sorted by key within each task, and written by `SnapshotWriter` (writer.py) inside
+`mapInArrow`, which returns only the list of files written.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from spark_compaction.manifest import SnapshotFile
+from spark_compaction.source import files_option, segments_option
+from spark_compaction.store import BlockingStore, StoreSpec
+from spark_compaction.wal import SegmentObject
+from spark_compaction.writer import RESULT_DDL, results_batch, write_snapshot_files
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionStats:
+    topic: str
+    partition: int
+    records_in: int
+    keyless: int
+    live: int
+    tombstones: int
+    max_offset: int | None
+    corrupt: tuple[str, ...]
+
+
+def read_inputs(
+    spark: SparkSession,
+    spec: StoreSpec,
+    segments: Sequence[SegmentObject],
+    from_offsets: dict[str, int],
+    previous_files: Sequence[SnapshotFile],
+    group_bytes: int,
+) -> DataFrame:
+    wal = (
+        spark.read.format("headwater_wal")
+        .option("store", spec.to_json())
+        .option("segments", segments_option(segments))
+        .option("from_offsets", _json(from_offsets))
+        .option("group_bytes", str(group_bytes))
+        .load()
+        .withColumn("wal", F.lit(1))
+    )
+    if not previous_files:
+        return wal
+    previous = (
+        spark.read.format("headwater_snapshot")
+        .option("store", spec.to_json())
+        .option("files", files_option(previous_files))
+        .load()
+        .withColumn("corrupt", F.lit(None).cast("string"))
+        .withColumn("wal", F.lit(0))
+    )
+    return wal.unionByName(previous)
+
+
+def fold(records: DataFrame) -> DataFrame:
+    return records.groupBy("topic", "partition", "key", "corrupt").agg(
+        F.max_by(F.struct("offset", "timestamp", "value", "headers"), "offset").alias("winner"),
+        F.max("offset").alias("max_offset"),
+        F.sum("wal").alias("wal_rows"),
+    )
+
+
+def partition_stats(groups: DataFrame) -> list[PartitionStats]:
+    keyed = F.col("key").isNotNull()
+    tombstone = F.col("winner.value").isNull()
+    rows = (
+        groups.groupBy("topic", "partition")
+        .agg(
+            F.sum("wal_rows").alias("records_in"),
+            F.sum(F.when(~keyed & F.col("corrupt").isNull(), F.col("wal_rows")).otherwise(0)).alias(
+                "keyless"
+            ),
+            F.sum(F.when(keyed & ~tombstone, 1).otherwise(0)).alias("live"),
+            F.sum(F.when(keyed & tombstone, 1).otherwise(0)).alias("tombstones"),
+            F.max("max_offset").alias("max_offset"),
+            F.sort_array(F.collect_list("corrupt")).alias("corrupt"),
+        )
+        .collect()
+    )
+    return sorted(
+        (
+            PartitionStats(
+                r["topic"],
+                r["partition"],
+                int(r["records_in"] or 0),
+                int(r["keyless"] or 0),
+                int(r["live"] or 0),
+                int(r["tombstones"] or 0),
+                r["max_offset"],
+                tuple(r["corrupt"]),
+            )
+            for r in rows
+        ),
+        key=lambda s: (s.topic, s.partition),
+    )
+
+
+def write(
+    groups: DataFrame,
+    spec: StoreSpec,
+    horizons: dict[tuple[str, int], int],
+    rows_per_file: int,
+    tasks: int,
+) -> list[tuple[str, int, SnapshotFile]]:
+    if not horizons:
+        return []
+    live = groups.where(F.col("key").isNotNull() & F.col("winner.value").isNotNull()).select(
+        "topic",
+        "partition",
+        "key",
+        F.col("winner.value").alias("value"),
+        F.col("winner.offset").alias("offset"),
+        F.col("winner.timestamp").alias("timestamp"),
+        F.col("winner.headers").alias("headers"),
+    )
+    spread = live.repartition(max(1, min(len(horizons), tasks)), "topic", "partition")
+    ordered = spread.sortWithinPartitions("topic", "partition", "key")
+
+    def write_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        store = BlockingStore(spec)
+        try:
+            written = list(write_snapshot_files(store, horizons, batches, rows_per_file))
+        finally:
+            store.close()
+        yield results_batch(written)
+
+    rows = ordered.mapInArrow(write_task, RESULT_DDL).collect()
+    return [
+        (r["topic"], r["partition"], SnapshotFile(r["file"], r["rows"], r["bytes"])) for r in rows
+    ]
+
+
+def persisted(frame: DataFrame) -> DataFrame:
+    return frame.persist(StorageLevel.MEMORY_AND_DISK)
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
