@@ -12,26 +12,24 @@ The grouped result is persisted and used twice: first a small per-partition summ
 the driver (records in, keyless, tombstones, highest offset, corrupt stretches) from which the job
 sets each partition's new horizon; then the live winners are hash-partitioned by (topic,
 partition), sorted by key within each task, and written by `SnapshotWriter` (writer.py) inside
-`mapInArrow`, which returns only the list of files written.
+the `headwater_snapshot` data source's Arrow writer; the driver knows the files from the counts.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import pyarrow as pa
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark_compaction.manifest import SnapshotFile
 from spark_compaction.source import files_option, segments_option
-from spark_compaction.store import BlockingStore, StoreSpec
+from spark_compaction.store import StoreSpec
 from spark_compaction.wal import SegmentObject
-from spark_compaction.writer import RESULT_DDL, results_batch, write_snapshot_files
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,9 +123,10 @@ def write(
     horizons: dict[tuple[str, int], int],
     rows_per_file: int,
     tasks: int,
-) -> list[tuple[str, int, SnapshotFile]]:
+) -> None:
+    """Write the live winners of the partitions in `horizons` as snapshot files (no manifest)."""
     if not horizons:
-        return []
+        return
     live = groups.where(F.col("key").isNotNull() & F.col("winner.value").isNotNull()).select(
         "topic",
         "partition",
@@ -139,19 +138,14 @@ def write(
     )
     spread = live.repartition(max(1, min(len(horizons), tasks)), "topic", "partition")
     ordered = spread.sortWithinPartitions("topic", "partition", "key")
-
-    def write_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        store = BlockingStore(spec)
-        try:
-            written = list(write_snapshot_files(store, horizons, batches, rows_per_file))
-        finally:
-            store.close()
-        yield results_batch(written)
-
-    rows = ordered.mapInArrow(write_task, RESULT_DDL).collect()
-    return [
-        (r["topic"], r["partition"], SnapshotFile(r["file"], r["rows"], r["bytes"])) for r in rows
-    ]
+    (
+        ordered.write.format("headwater_snapshot")
+        .option("store", spec.to_json())
+        .option("horizons", _json({f"{t}/{p}": h for (t, p), h in horizons.items()}))
+        .option("rows_per_file", str(rows_per_file))
+        .mode("append")
+        .save()
+    )
 
 
 def persisted(frame: DataFrame) -> DataFrame:

@@ -24,6 +24,8 @@ from typing import Any
 from spark_compaction.manifest import (
     ROOT,
     Manifest,
+    SnapshotFile,
+    data_prefix,
     manifest_horizons,
     manifest_key,
     now_iso,
@@ -33,7 +35,8 @@ from spark_compaction.manifest import (
 from spark_compaction.source import DEFAULT_GROUP_BYTES
 from spark_compaction.store import BlockingStore, StoreSpec
 from spark_compaction.wal import SegmentObject, list_segments
-from spark_compaction.writer import ROWS_PER_FILE
+from spark_compaction.writer import ROWS_PER_FILE, expected_files
+from wire.errors import StorageError
 
 Progress = Callable[[str], None]
 
@@ -121,8 +124,25 @@ def plan(store: BlockingStore, settings: CompactionSettings) -> list[PartitionPl
     return plans
 
 
+def written_files(
+    store: BlockingStore, topic: str, partition: int, horizon: int, rows: int, rows_per_file: int
+) -> list[SnapshotFile]:
+    """The files the writer tasks stored for a partition, checked against what they had to store."""
+    sizes = {i.key: i.size for i in store.list(data_prefix(topic, partition, horizon))}
+    files = []
+    for key, count in expected_files(topic, partition, horizon, rows, rows_per_file):
+        if key not in sizes:
+            raise StorageError(f"snapshot file {key} is missing after the write")
+        files.append(SnapshotFile(key, count, sizes[key]))
+    return files
+
+
 def compute(
-    spark: Any, settings: CompactionSettings, plans: Sequence[PartitionPlan], progress: Progress
+    spark: Any,
+    store: BlockingStore,
+    settings: CompactionSettings,
+    plans: Sequence[PartitionPlan],
+    progress: Progress,
 ) -> list[Outcome]:
     """Fold and write the data files of every planned partition; commits nothing."""
     from spark_compaction import compact
@@ -146,12 +166,15 @@ def compute(
                 horizons[(p.topic, p.partition)] = max(found.max_offset + 1, p.from_offset)
         progress(f"writing snapshots of {len(horizons)} partitions")
         tasks = int(spark.conf.get("spark.sql.shuffle.partitions"))
-        written = compact.write(groups, settings.store, horizons, settings.rows_per_file, tasks)
+        compact.write(groups, settings.store, horizons, settings.rows_per_file, tasks)
     finally:
         groups.unpersist()
-    files: dict[tuple[str, int], list[Any]] = {}
-    for topic, partition, file in sorted(written, key=lambda w: w[2].key):
-        files.setdefault((topic, partition), []).append(file)
+    files = {
+        (topic, partition): written_files(
+            store, topic, partition, horizon, stats[(topic, partition)].live, settings.rows_per_file
+        )
+        for (topic, partition), horizon in horizons.items()
+    }
     created_at = now_iso()
     outcomes = []
     for p in plans:
@@ -159,7 +182,7 @@ def compute(
         horizon = horizons.get((p.topic, p.partition))
         manifest = None
         if s is not None and horizon is not None:
-            partition_files = tuple(files.get((p.topic, p.partition), []))
+            partition_files = tuple(files[(p.topic, p.partition)])
             manifest = Manifest(
                 topic=p.topic,
                 partition=p.partition,
@@ -232,14 +255,17 @@ def apply_retention(
     return removed
 
 
-def run(spark: Any, settings: CompactionSettings, progress: Progress | None = None) -> Summary:
+def run(
+    session: Callable[[], Any], settings: CompactionSettings, progress: Progress | None = None
+) -> Summary:
+    """One run; `session` gives the Spark session, called only when there is something to read."""
     started = time.monotonic()
     report = progress or (lambda _: None)
     summary = Summary()
     with BlockingStore(settings.store) as store:
         report(f"listing {settings.store.describe()}")
         plans = plan(store, settings)
-        outcomes = compute(spark, settings, plans, report)
+        outcomes = compute(session(), store, settings, plans, report) if plans else []
         report("committing manifests")
         committed = commit(store, outcomes)
         report("removing expired snapshots")

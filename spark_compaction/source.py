@@ -16,7 +16,8 @@ without converting row by row. Options (all strings, as Spark passes them):
 `headwater_snapshot` reads snapshot Parquet files (one input partition per file) through the same
 store code, since the pyspark wheel has no S3 file system: `files`, a JSON list of
 [key, rows, bytes] as a manifest lists them, or `topics` for the newest snapshot of every
-partition of those topics.
+partition of those topics. It also writes them, from Arrow batches (`DataSourceArrowWriter`),
+which is how the job stores snapshot files from its executors.
 
 This module imports pyspark; only the compaction job imports it, never the server.
 """
@@ -29,7 +30,14 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    DataSourceWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
 from pyspark.sql.types import StructType
 
 from spark_compaction.loader import decode_snapshot_file, newest_manifest
@@ -37,6 +45,7 @@ from spark_compaction.manifest import SnapshotFile
 from spark_compaction.schema import WAL_DDL
 from spark_compaction.store import BlockingStore, StoreSpec, open_store
 from spark_compaction.wal import SegmentObject, decode_segment, group_segments, list_segments
+from spark_compaction.writer import ROWS_PER_FILE, write_snapshot_files
 
 DEFAULT_GROUP_BYTES = 64 * 1024 * 1024
 
@@ -146,8 +155,33 @@ class SnapshotReader(DataSourceReader):
         yield from table.to_batches()
 
 
+class SnapshotWriterTask(DataSourceArrowWriter):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.spec = StoreSpec.from_json(options["store"])
+        self.horizons = {
+            (topic, int(partition)): horizon
+            for name, horizon in json.loads(options["horizons"]).items()
+            for topic, partition in [name.rsplit("/", 1)]
+        }
+        self.rows_per_file = int(options.get("rows_per_file", ROWS_PER_FILE))
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        with BlockingStore(self.spec) as store:
+            for _ in write_snapshot_files(store, self.horizons, iterator, self.rows_per_file):
+                pass
+        return WriterCommitMessage()
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        pass  # the job's driver commits, with one manifest per partition (manifest.py)
+
+
 class SnapshotDataSource(DataSource):
-    """`spark.read.format("headwater_snapshot").option("store", ...).option("topics", "t")`"""
+    """Read: `spark.read.format("headwater_snapshot").option("store", ...).option("topics", "t")`.
+
+    Write (the compaction job): rows of SNAPSHOT_SCHEMA, hash-partitioned by (topic, partition)
+    and sorted by key within each task, with options `store`, `horizons` (JSON
+    {"<topic>/<partition>": horizon}) and `rows_per_file`. Writes data files only, no manifest.
+    """
 
     @classmethod
     def name(cls) -> str:
@@ -158,6 +192,9 @@ class SnapshotDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return SnapshotReader(dict(self.options))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        return SnapshotWriterTask(dict(self.options))
 
 
 async def _newest_files(spec: StoreSpec, topics: list[str]) -> list[SnapshotFile]:

@@ -1,14 +1,17 @@
 """Writing snapshot Parquet files: rows of a partition, sorted by key, cut into fixed-size files.
 
-The writer runs inside a Spark task (`mapInArrow`) that holds whole partitions, their rows sorted
-by (topic, partition, key). It takes Arrow batches as Spark hands them over, cuts them at
-partition boundaries, and writes a file every `rows_per_file` rows (and one for the rest), named
-`part-00000.parquet`, `part-00001.parquet`, ... under the partition's horizon directory. File
-boundaries therefore depend only on the rows, never on how Spark happened to batch them, and a
-rerun produces the same names with the same bytes (same rows, same order, same writer settings).
+The writer runs inside a Spark write task (the `headwater_snapshot` data source's Arrow writer,
+source.py) that holds whole partitions, their rows sorted by (topic, partition, key). It takes
+Arrow batches as Spark hands them over, cuts them at partition boundaries, and writes a file
+every `rows_per_file` rows (and one for the rest), named `part-00000.parquet`,
+`part-00001.parquet`, ... under the partition's horizon directory. File boundaries therefore
+depend only on the rows, never on how Spark happened to batch them, and a rerun produces the same
+names with the same bytes (same rows, same order, same writer settings).
 
-Each file is built in memory and stored with one put (the object store API is whole-object), so a
-task holds at most about one file of rows; `rows_per_file` bounds it.
+Because files are cut at fixed row counts, the driver knows the names and row counts of a
+partition's files from its number of live keys alone (`expected_files`), and needs nothing back
+from the tasks but success. Each file is built in memory and stored with one put (the object
+store API is whole-object), so a task holds about one file of rows; `rows_per_file` bounds it.
 """
 
 from __future__ import annotations
@@ -27,18 +30,6 @@ from spark_compaction.store import BlockingStore
 ROWS_PER_FILE = 1_000_000
 ROW_GROUP_ROWS = 128 * 1024
 COMPRESSION = "zstd"
-
-# What a writer task reports for each file it stored.
-RESULT_SCHEMA = pa.schema(
-    [
-        pa.field("topic", pa.string()),
-        pa.field("partition", pa.int32()),
-        pa.field("file", pa.string()),
-        pa.field("rows", pa.int64()),
-        pa.field("bytes", pa.int64()),
-    ]
-)
-RESULT_DDL = "topic string, partition int, file string, rows bigint, bytes bigint"
 
 
 def encode_parquet(table: pa.Table) -> bytes:
@@ -137,19 +128,17 @@ def write_snapshot_files(
         yield (*_owner(written), written)
 
 
+def expected_files(
+    topic: str, partition: int, horizon: int, rows: int, rows_per_file: int
+) -> list[tuple[str, int]]:
+    """(key, rows) of each file a writer makes for a partition of `rows` live keys."""
+    count = -(-rows // rows_per_file)
+    return [
+        (data_key(topic, partition, horizon, i), min(rows_per_file, rows - i * rows_per_file))
+        for i in range(count)
+    ]
+
+
 def _owner(written: SnapshotFile) -> tuple[str, int]:
     _, topic, partition, _ = written.key.split("/", 3)
     return topic, int(partition)
-
-
-def results_batch(written: list[tuple[str, int, SnapshotFile]]) -> pa.RecordBatch:
-    return pa.RecordBatch.from_arrays(
-        [
-            pa.array([w[0] for w in written], pa.string()),
-            pa.array([w[1] for w in written], pa.int32()),
-            pa.array([w[2].key for w in written], pa.string()),
-            pa.array([w[2].rows for w in written], pa.int64()),
-            pa.array([w[2].bytes for w in written], pa.int64()),
-        ],
-        schema=RESULT_SCHEMA,
-    )
