@@ -88,7 +88,9 @@ def partition_stats(groups: DataFrame) -> list[PartitionStats]:
     rows = (
         groups.groupBy("topic", "partition")
         .agg(
-            F.sum("wal_rows").alias("records_in"),
+            F.sum(F.when(F.col("corrupt").isNull(), F.col("wal_rows")).otherwise(0)).alias(
+                "records_in"
+            ),
             F.sum(F.when(~keyed & F.col("corrupt").isNull(), F.col("wal_rows")).otherwise(0)).alias(
                 "keyless"
             ),
