@@ -143,15 +143,17 @@ class _Runner:
         self.conf = conf
         self.output = output
         self.spark: Any = None
+        self.owned = False
         self.last_status = 0
         self.progress = _Progress(self) if sys.stderr.isatty() else None
 
     def session(self) -> Any:
         if self.spark is None:
-            from spark_compaction.session import spark_session
+            from spark_compaction.session import running_session, spark_session
 
             if self.progress:
                 self.progress.message(f"starting Spark ({self.master})")
+            self.owned = not running_session()  # an embedding process's session is not ours
             self.spark = spark_session(self.master, self.conf)
         return self.spark
 
@@ -181,9 +183,9 @@ class _Runner:
         return 0
 
     def close(self) -> None:
-        if self.spark is not None:
+        if self.spark is not None and self.owned:
             self.spark.stop()
-            self.spark = None
+        self.spark = None
 
 
 def _text(summary: Any) -> str:

@@ -52,3 +52,10 @@ def spark_session(master: str = "local[2]", conf: Mapping[str, str] | None = Non
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     return spark
+
+
+def running_session() -> bool:
+    """Whether this process has a Spark session already (which `spark_session` would join)."""
+    from pyspark import SparkContext
+
+    return SparkContext._active_spark_context is not None
