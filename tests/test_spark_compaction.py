@@ -168,31 +168,46 @@ def test_run_killed_before_its_manifest_is_invisible_and_rerun_is_identical(
     spark: Any, tmp_path: Path
 ) -> None:
     first, second = _history(4, 600), _history(5, 600)
-    crashed, clean = StoreSpec.local(tmp_path / "crashed"), StoreSpec.local(tmp_path / "clean")
-    for spec in (crashed, clean):
-        _write(spec, "t", first)
-        run(session(spark), CompactionSettings(spec))
-        _write(spec, "t", second, start=600)
-    before = snapshot(crashed, "t", 1)
+    spec = StoreSpec.local(tmp_path)
+    settings = CompactionSettings(spec, rows_per_file=100)
+    _write(spec, "t", first)
+    run(session(spark), settings)
+    _write(spec, "t", second, start=600)
+    before = snapshot(spec, "t", 1)
 
-    # the run dies after writing every data file, before any manifest: what a kill there leaves
-    settings = CompactionSettings(crashed)
-    with BlockingStore(crashed) as store:
+    # the run dies after writing its data files, before any manifest: what a kill there leaves
+    with BlockingStore(spec) as store:
         outcomes = compute(spark, store, settings, plan(store, settings), lambda _: None)
-        assert [o.manifest.horizon for o in outcomes if o.manifest] == [1200, 1200, 1200]
-        assert store.list("snapshots/t/1/00000000000000001200/")  # its files are there
-    assert snapshot(crashed, "t", 1) == before  # and no reader sees them
+    manifests = {(o.plan.topic, o.plan.partition): o.manifest for o in outcomes}
+    assert [m.horizon for m in manifests.values() if m] == [1200, 1200, 1200]
+    crashed = _store_files(spec)
+    new_files = [k for k in crashed if "/00000000000000001200/" in k]
+    assert len(new_files) == 3 * 3
+    assert snapshot(spec, "t", 1) == before  # no reader sees any of it
+    # ... and had it died in the middle of writing them, one would be missing
+    (tmp_path / new_files[4]).unlink()
 
     summary = run(session(spark), settings)
+
     assert summary.records_in == 3 * 600
-    run(session(spark), CompactionSettings(clean))
-    assert _without_clock(_store_files(crashed)) == _without_clock(_store_files(clean))
-    assert snapshot(crashed, "t", 1) == (1200, python_fold(first[1] + second[1]))
+    after = _store_files(spec)
+    assert {k: after[k] for k in crashed} == crashed  # the same files, byte for byte
+    committed = {k: Manifest.decode(k, v) for k, v in after.items() if k not in crashed}
+    assert sorted(committed) == [f"snapshots/t/{p}/manifest-{1200:020d}.json" for p in range(3)]
+    for manifest in committed.values():  # the manifests the killed run would have written
+        expected = manifests[(manifest.topic, manifest.partition)]
+        assert expected is not None
+        assert dataclasses.replace(manifest, created_at="") == dataclasses.replace(
+            expected, created_at=""
+        )
+        assert snapshot(spec, "t", manifest.partition) == (
+            1200,
+            python_fold(first[manifest.partition] + second[manifest.partition]),
+        )
 
     # run again: nothing new, so the same manifests and files, byte for byte
-    files = _store_files(crashed)
     assert run(session(spark), settings).segments == 0
-    assert _store_files(crashed) == files
+    assert _store_files(spec) == after
 
 
 def test_corrupt_batches_are_skipped_counted_and_reported(spark: Any, tmp_path: Path) -> None:
