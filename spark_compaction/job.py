@@ -86,6 +86,7 @@ class Summary:
     corrupt: list[str] = field(default_factory=list)
     snapshots: list[dict[str, Any]] = field(default_factory=list)
     removed_objects: int = 0
+    phases: dict[str, float] = field(default_factory=dict)  # seconds, by phase of the run
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -99,6 +100,7 @@ class Summary:
             "corrupt": self.corrupt,
             "snapshots": self.snapshots,
             "removed_objects": self.removed_objects,
+            "phases": {name: round(seconds, 3) for name, seconds in self.phases.items()},
         }
 
 
@@ -143,8 +145,11 @@ def compute(
     settings: CompactionSettings,
     plans: Sequence[PartitionPlan],
     progress: Progress,
+    phases: dict[str, float] | None = None,
 ) -> list[Outcome]:
     """Fold and write the data files of every planned partition; commits nothing."""
+    phases = {} if phases is None else phases
+    clock = time.monotonic()
     from spark_compaction import compact
 
     if not plans:
@@ -159,6 +164,8 @@ def compute(
     groups = compact.persisted(compact.fold(records))
     try:
         stats = {(s.topic, s.partition): s for s in compact.partition_stats(groups)}
+        phases["read_and_fold"] = time.monotonic() - clock
+        clock = time.monotonic()
         horizons = {}
         for p in plans:
             found = stats.get((p.topic, p.partition))
@@ -167,6 +174,7 @@ def compute(
         progress(f"writing snapshots of {len(horizons)} partitions")
         tasks = int(spark.conf.get("spark.sql.shuffle.partitions"))
         compact.write(groups, settings.store, horizons, settings.rows_per_file, tasks)
+        phases["write"] = time.monotonic() - clock
     finally:
         groups.unpersist()
     files = {
@@ -262,14 +270,26 @@ def run(
     started = time.monotonic()
     report = progress or (lambda _: None)
     summary = Summary()
+    phases = summary.phases
     with BlockingStore(settings.store) as store:
         report(f"listing {settings.store.describe()}")
         plans = plan(store, settings)
-        outcomes = compute(session(), store, settings, plans, report) if plans else []
+        phases["plan"] = time.monotonic() - started
+        if plans:
+            clock = time.monotonic()
+            spark = session()
+            phases["spark_start"] = time.monotonic() - clock
+            outcomes = compute(spark, store, settings, plans, report, phases)
+        else:
+            outcomes = []
         report("committing manifests")
+        clock = time.monotonic()
         committed = commit(store, outcomes)
+        phases["commit"] = time.monotonic() - clock
         report("removing expired snapshots")
+        clock = time.monotonic()
         summary.removed_objects = apply_retention(store, settings.topics, settings.retention)
+        phases["retention"] = time.monotonic() - clock
     summary.segments = sum(len(p.segments) for p in plans)
     for outcome in outcomes:
         summary.records_in += outcome.records_in

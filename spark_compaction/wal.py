@@ -19,12 +19,12 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from spark_compaction.schema import WAL_SCHEMA
+from spark_compaction.schema import HEADER_TYPE, HEADERS_TYPE, WAL_SCHEMA
 from spark_compaction.store import BlockingStore
 from storage.objectstore import ObjectInfo
 from wire.errors import CorruptBatch
 from wire.limits import MAX_BATCH_SIZE
-from wire.records import BATCH_HEADER_SIZE, Record, read_records
+from wire.records import BATCH_HEADER_SIZE, decode_records, read_base_offset
 
 _LENGTH_PREFIX = 12  # baseOffset int64 + batchLength int32
 ROWS_PER_BATCH = 32_768
@@ -90,68 +90,88 @@ def group_segments(
     return groups
 
 
-class _Columns:
-    def __init__(self) -> None:
-        self.offsets: list[int | None] = []
-        self.timestamps: list[int | None] = []
-        self.keys: list[bytes | None] = []
-        self.values: list[bytes | None] = []
-        self.headers: list[list[dict[str, object]]] = []
-        self.corrupt: list[str | None] = []
+Row = tuple[int, int, bytes | None, bytes | None, list[tuple[str, bytes | None]]]
 
-    def __len__(self) -> int:
-        return len(self.offsets)
 
-    def batch(self, topic: str, partition: int) -> pa.RecordBatch:
-        count = len(self.offsets)
-        return pa.RecordBatch.from_arrays(
-            [
-                pa.array([topic] * count, pa.string()),
-                pa.array([partition] * count, pa.int32()),
-                pa.array(self.offsets, pa.int64()),
-                pa.array(self.timestamps, pa.int64()),
-                pa.array(self.keys, pa.binary()),
-                pa.array(self.values, pa.binary()),
-                pa.array(self.headers, WAL_SCHEMA.field("headers").type),
-                pa.array(self.corrupt, pa.string()),
-            ],
-            schema=WAL_SCHEMA,
+def _row(
+    offset: int,
+    timestamp: int,
+    key: bytes | None,
+    value: bytes | None,
+    headers: list[tuple[str, bytes | None]],
+) -> Row:
+    return offset, timestamp, key, value, headers
+
+
+_EMPTY_HEADERS = pa.array([], HEADER_TYPE)
+
+
+def _headers(headers: Sequence[list[tuple[str, bytes | None]]]) -> pa.Array:
+    if not any(headers):  # the usual case, built without a Python object per record
+        return pa.ListArray.from_arrays(
+            pa.array([0] * (len(headers) + 1), pa.int32()), _EMPTY_HEADERS, type=HEADERS_TYPE
         )
+    return pa.array([[{"key": k, "value": v} for k, v in h] for h in headers], HEADERS_TYPE)
+
+
+def _records_batch(topic: str, partition: int, rows: list[Row]) -> pa.RecordBatch:
+    count = len(rows)
+    offsets, timestamps, keys, values, headers = zip(*rows, strict=True)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.repeat(pa.scalar(topic, pa.string()), count),
+            pa.repeat(pa.scalar(partition, pa.int32()), count),
+            pa.array(offsets, pa.int64()),
+            pa.array(timestamps, pa.int64()),
+            pa.array(keys, pa.binary()),
+            pa.array(values, pa.binary()),
+            _headers(headers),
+            pa.nulls(count, pa.string()),
+        ],
+        schema=WAL_SCHEMA,
+    )
+
+
+def _problems_batch(topic: str, partition: int, problems: list[str]) -> pa.RecordBatch:
+    count = len(problems)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.repeat(pa.scalar(topic, pa.string()), count),
+            pa.repeat(pa.scalar(partition, pa.int32()), count),
+            pa.nulls(count, pa.int64()),
+            pa.nulls(count, pa.int64()),
+            pa.nulls(count, pa.binary()),
+            pa.nulls(count, pa.binary()),
+            _headers([[]] * count),
+            pa.array(problems, pa.string()),
+        ],
+        schema=WAL_SCHEMA,
+    )
 
 
 def decode_segment(
     segment: SegmentObject, data: bytes, from_offset: int = 0, rows_per_batch: int = ROWS_PER_BATCH
 ) -> Iterator[pa.RecordBatch]:
     """The records at or above `from_offset` as WAL rows, and one row per corrupt stretch."""
-    columns = _Columns()
-    for problem, records in _batches(segment, data):
+    rows: list[Row] = []
+    problems: list[str] = []
+    for problem, records in iter_batches(segment, data):
         if problem is not None:
-            columns.offsets.append(None)
-            columns.timestamps.append(None)
-            columns.keys.append(None)
-            columns.values.append(None)
-            columns.headers.append([])
-            columns.corrupt.append(problem)
+            problems.append(problem)
             continue
-        for record in records:
-            if record.offset < from_offset:
-                continue
-            columns.offsets.append(record.offset)
-            columns.timestamps.append(record.timestamp)
-            columns.keys.append(record.key)
-            columns.values.append(record.value)
-            columns.headers.append(
-                [{"key": k, "value": v} for k, v in record.headers] if record.headers else []
-            )
-            columns.corrupt.append(None)
-        if len(columns) >= rows_per_batch:
-            yield columns.batch(segment.topic, segment.partition)
-            columns = _Columns()
-    if len(columns):
-        yield columns.batch(segment.topic, segment.partition)
+        if records[0][0] < from_offset:
+            records = [r for r in records if r[0] >= from_offset]
+        rows.extend(records)
+        if len(rows) >= rows_per_batch:
+            yield _records_batch(segment.topic, segment.partition, rows)
+            rows = []
+    if rows:
+        yield _records_batch(segment.topic, segment.partition, rows)
+    if problems:
+        yield _problems_batch(segment.topic, segment.partition, problems)
 
 
-def _batches(segment: SegmentObject, data: bytes) -> Iterator[tuple[str | None, list[Record]]]:
+def iter_batches(segment: SegmentObject, data: bytes) -> Iterator[tuple[str | None, list[Row]]]:
     position = 0
     view = memoryview(data)
     while position < len(data):
@@ -170,7 +190,10 @@ def _batches(segment: SegmentObject, data: bytes) -> Iterator[tuple[str | None, 
             return
         batch = bytes(view[position : position + length])
         try:
-            records = read_records(batch)
+            records = decode_records(batch, _row)
+            base = read_base_offset(batch)
+            if records[0][0] != base or records[-1][0] != base + len(records) - 1:
+                raise CorruptBatch("record offset deltas are not 0, 1, 2, ...")
         except CorruptBatch as exc:
             yield f"{where}: {exc}", []
         else:
