@@ -2,11 +2,15 @@
 
 Input is the new WAL records (`headwater_wal`, above the previous horizon) and the previous
 snapshot's rows (`headwater_snapshot`), which are records too, with their original offsets, so
-merging is the same fold. One aggregation groups by (topic, partition, key, corrupt) and keeps,
-per group, the winner (`max_by` offset), the highest offset, and how many WAL rows it saw (snapshot
-rows count zero). Keyless records all land in the key-null group of their partition and corrupt
-stretches each in a group of their own, so the same pass counts them. Spark aggregates partially
-inside each reading task before the shuffle, so a heavily overwritten history shrinks early.
+merging is the same fold. The WAL is read with `fold=true`: each reading task already keeps only
+the newest record per key of its segments (wal.Folder, in the Python worker, where the records
+are decoded anyway), with a count of the records each row stands for; Spark's sort-based
+aggregation (`max_by` over a struct holding binary values cannot use its hash aggregation) then
+sorts one row per key and task instead of one per record. One aggregation groups by (topic,
+partition, key, corrupt) and keeps, per group, the winner (`max_by` offset), the highest offset,
+and how many WAL records it stands for (snapshot rows count zero). Keyless records all land in the
+key-null group of their partition and corrupt stretches each in a group of their own, so the same
+pass counts them.
 
 The grouped result is persisted and used twice: first a small per-partition summary comes back to
 the driver (records in, keyless, tombstones, highest offset, corrupt stretches) from which the job
@@ -58,8 +62,8 @@ def read_inputs(
         .option("segments", segments_option(segments))
         .option("from_offsets", _json(from_offsets))
         .option("group_bytes", str(group_bytes))
+        .option("fold", "true")
         .load()
-        .withColumn("wal", F.lit(1))
     )
     if not previous_files:
         return wal
@@ -69,7 +73,7 @@ def read_inputs(
         .option("files", files_option(previous_files))
         .load()
         .withColumn("corrupt", F.lit(None).cast("string"))
-        .withColumn("wal", F.lit(0))
+        .withColumn("records", F.lit(0).cast("bigint"))
     )
     return wal.unionByName(previous)
 
@@ -78,7 +82,7 @@ def fold(records: DataFrame) -> DataFrame:
     return records.groupBy("topic", "partition", "key", "corrupt").agg(
         F.max_by(F.struct("offset", "timestamp", "value", "headers"), "offset").alias("winner"),
         F.max("offset").alias("max_offset"),
-        F.sum("wal").alias("wal_rows"),
+        F.sum("records").alias("records"),
     )
 
 
@@ -88,10 +92,10 @@ def partition_stats(groups: DataFrame) -> list[PartitionStats]:
     rows = (
         groups.groupBy("topic", "partition")
         .agg(
-            F.sum(F.when(F.col("corrupt").isNull(), F.col("wal_rows")).otherwise(0)).alias(
+            F.sum(F.when(F.col("corrupt").isNull(), F.col("records")).otherwise(0)).alias(
                 "records_in"
             ),
-            F.sum(F.when(~keyed & F.col("corrupt").isNull(), F.col("wal_rows")).otherwise(0)).alias(
+            F.sum(F.when(~keyed & F.col("corrupt").isNull(), F.col("records")).otherwise(0)).alias(
                 "keyless"
             ),
             F.sum(F.when(keyed & ~tombstone, 1).otherwise(0)).alias("live"),

@@ -39,6 +39,12 @@ WAL_DDL: Final = (
     "headers array<struct<key: string, value: binary>>, corrupt string"
 )
 
+# `fold=true` rows: WAL rows already folded within one Spark task, with `records`, the number of
+# WAL records each row stands for (a key's winner: that key's records; the key-null row: the
+# keyless records; a corrupt stretch: 0).
+FOLDED_SCHEMA: Final = WAL_SCHEMA.append(pa.field("records", pa.int64()))
+FOLDED_DDL: Final = WAL_DDL + ", records bigint"
+
 SNAPSHOT_SCHEMA: Final = pa.schema(
     [
         pa.field("topic", pa.string(), nullable=False),

@@ -12,6 +12,9 @@ without converting row by row. Options (all strings, as Spark passes them):
 - `segments`: a JSON list of [topic, partition, base_offset, size] to read exactly those
 - `from_offsets`: JSON {"<topic>/<partition>": offset}: records below it are left out
 - `group_bytes`: target bytes of segments per input partition (default 64 MiB)
+- `fold`: "true" to fold inside each task (wal.Folder): one row per key seen, newest record, with
+  a `records` column counting the records it stands for (schema.FOLDED_DDL). The compaction job
+  reads this way; Spark then folds the tasks' rows, far fewer than the records.
 
 `headwater_snapshot` reads snapshot Parquet files (one input partition per file) through the same
 store code, since the pyspark wheel has no S3 file system: `files`, a JSON list of
@@ -42,9 +45,15 @@ from pyspark.sql.types import StructType
 
 from spark_compaction.loader import decode_snapshot_file, newest_manifest
 from spark_compaction.manifest import SnapshotFile
-from spark_compaction.schema import WAL_DDL
+from spark_compaction.schema import FOLDED_DDL, WAL_DDL
 from spark_compaction.store import BlockingStore, StoreSpec, open_store
-from spark_compaction.wal import SegmentObject, decode_segment, group_segments, list_segments
+from spark_compaction.wal import (
+    Folder,
+    SegmentObject,
+    decode_segment,
+    group_segments,
+    list_segments,
+)
 from spark_compaction.writer import ROWS_PER_FILE, write_snapshot_files
 
 DEFAULT_GROUP_BYTES = 64 * 1024 * 1024
@@ -91,6 +100,7 @@ class WalReader(DataSourceReader):
             self.pinned = [SegmentObject(t, p, b, s) for t, p, b, s in json.loads(pinned)]
         self.from_offsets: dict[str, int] = json.loads(options.get("from_offsets", "{}"))
         self.group_bytes = int(options.get("group_bytes", DEFAULT_GROUP_BYTES))
+        self.fold = options.get("fold", "false").lower() == "true"
 
     def partitions(self) -> Sequence[InputPartition]:
         segments = self.pinned
@@ -111,9 +121,15 @@ class WalReader(DataSourceReader):
             return
         store = BlockingStore(self.spec)
         try:
+            folder = Folder(partition.segments[0]) if self.fold else None
             for segment in partition.segments:
                 data = store.get(segment.key)
-                yield from decode_segment(segment, data, partition.from_offset)
+                if folder is None:
+                    yield from decode_segment(segment, data, partition.from_offset)
+                else:
+                    yield from folder.add(segment, data, partition.from_offset)
+            if folder is not None:
+                yield from folder.finish()
         finally:
             store.close()
 
@@ -126,7 +142,7 @@ class WalDataSource(DataSource):
         return "headwater_wal"
 
     def schema(self) -> str:
-        return WAL_DDL
+        return FOLDED_DDL if self.options.get("fold", "false").lower() == "true" else WAL_DDL
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return WalReader(dict(self.options))

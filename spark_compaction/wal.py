@@ -14,12 +14,13 @@ must report damage, not die of it.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
 
-from spark_compaction.schema import HEADER_TYPE, HEADERS_TYPE, WAL_SCHEMA
+from spark_compaction.schema import FOLDED_SCHEMA, HEADER_TYPE, HEADERS_TYPE, WAL_SCHEMA
 from spark_compaction.store import BlockingStore
 from storage.objectstore import ObjectInfo
 from wire.errors import CorruptBatch
@@ -169,6 +170,56 @@ def decode_segment(
         yield _records_batch(segment.topic, segment.partition, rows)
     if problems:
         yield _problems_batch(segment.topic, segment.partition, problems)
+
+
+class Folder:
+    """Folds the records of one partition's segments as they are decoded: the map-side combiner.
+
+    Keeps the newest record per key and counts records per key, so a task hands Spark one row per
+    key it saw instead of one per record. Past `max_keys` keys it hands over what it has and starts
+    again (Spark's own fold merges the pieces), so a task's memory stays bounded.
+    """
+
+    def __init__(self, segment: SegmentObject, max_keys: int = 1_000_000) -> None:
+        self._topic = segment.topic
+        self._partition = segment.partition
+        self._max_keys = max_keys
+        self._winners: dict[bytes | None, Row] = {}
+        self._counts: Counter[bytes | None] = Counter()
+        self._problems: list[str] = []
+
+    def add(
+        self, segment: SegmentObject, data: bytes, from_offset: int
+    ) -> Iterator[pa.RecordBatch]:
+        winners, counts = self._winners, self._counts
+        for problem, records in iter_batches(segment, data):
+            if problem is not None:
+                self._problems.append(problem)
+                continue
+            if records[0][0] < from_offset:
+                records = [r for r in records if r[0] >= from_offset]
+            keys = [r[2] for r in records]
+            winners.update(zip(keys, records, strict=True))  # in offset order: the last one wins
+            counts.update(keys)
+            if len(winners) > self._max_keys:
+                yield from self.finish()
+                winners, counts = self._winners, self._counts
+
+    def finish(self) -> Iterator[pa.RecordBatch]:
+        if self._winners:
+            rows = list(self._winners.values())
+            keyless = self._winners.get(None)
+            if keyless is not None:  # the key-null row only carries the keyless count and offset
+                self._winners[None] = (keyless[0], keyless[1], None, None, [])
+                rows = list(self._winners.values())
+            batch = _records_batch(self._topic, self._partition, rows)
+            counts = pa.array([self._counts[r[2]] for r in rows], pa.int64())
+            yield pa.RecordBatch.from_arrays([*batch.columns, counts], schema=FOLDED_SCHEMA)
+        if self._problems:
+            batch = _problems_batch(self._topic, self._partition, self._problems)
+            zeros = pa.array([0] * len(self._problems), pa.int64())
+            yield pa.RecordBatch.from_arrays([*batch.columns, zeros], schema=FOLDED_SCHEMA)
+        self._winners, self._counts, self._problems = {}, Counter(), []
 
 
 def iter_batches(segment: SegmentObject, data: bytes) -> Iterator[tuple[str | None, list[Row]]]:

@@ -22,7 +22,7 @@ from spark_compaction.manifest import (
 )
 from spark_compaction.schema import WAL_DDL, WAL_SCHEMA
 from spark_compaction.store import BlockingStore, StoreSpec
-from spark_compaction.wal import decode_segment, list_segments
+from spark_compaction.wal import Folder, decode_segment, list_segments
 from spark_compaction.writer import encode_parquet
 from storage.objectstore import LocalObjectStore, ObjectInfo
 from wire.errors import StorageError
@@ -246,3 +246,34 @@ def test_wal_data_source_yields_every_record(spark: object, tmp_path: Path) -> N
             e.headers for e in records
         ]
     assert {r.topic for r in rows} == {"events"}
+
+
+@pytest.mark.parametrize("max_keys", [5, 1_000_000])
+def test_folder_keeps_the_newest_record_per_key_and_counts_records(
+    tmp_path: Path, max_keys: int
+) -> None:
+    entries = list(generate(500, 30, seed=6))
+    with BlockingStore(StoreSpec.local(tmp_path)) as store:
+        write_segments(store, "t", 0, entries, batch_records=20, segment_batches=5)
+        segments = list_segments(store, ["t"])
+        folder = Folder(segments[0], max_keys=max_keys)
+        rows = []
+        for segment in segments:
+            for batch in folder.add(segment, store.get(segment.key), from_offset=40):
+                rows.extend(batch.to_pylist())
+        rows.extend(r for batch in folder.finish() for r in batch.to_pylist())
+    assert len(rows) > 31 if max_keys == 5 else len(rows) == 31  # 30 keys and the keyless row
+    newest: dict[object, dict[str, object]] = {}
+    counts: dict[object, int] = {}
+    for row in rows:  # what Spark's fold does with the pieces
+        if row["key"] not in newest or row["offset"] > newest[row["key"]]["offset"]:
+            newest[row["key"]] = row
+        counts[row["key"]] = counts.get(row["key"], 0) + row["records"]
+    kept = entries[40:]
+    assert sum(counts.values()) == len(kept)
+    assert counts[None] == sum(e.key is None for e in kept)
+    last = {e.key: (40 + i, e.value) for i, e in enumerate(kept)}
+    assert {k: (r["offset"], r["value"]) for k, r in newest.items() if k is not None} == {
+        k: v for k, v in last.items() if k is not None
+    }
+    assert newest[None]["offset"] == last[None][0] and newest[None]["value"] is None
