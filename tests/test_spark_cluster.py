@@ -121,6 +121,7 @@ def cluster(tmp_path: Path) -> Iterator[Standalone]:
     standalone.stop()
 
 
+@pytest.mark.timeout(480)  # four JVMs on a small shared machine
 def test_standalone_cluster_writes_the_same_snapshot_as_local(
     spark: Any, cluster: Standalone, tmp_path: Path
 ) -> None:
