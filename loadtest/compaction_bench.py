@@ -7,10 +7,10 @@ server cuts them by default) is written to a local object store (not timed). The
 - the pure-Python fold, in this process: list the segment objects, fetch each, decode its batches
   with `wire.records`, fold into a dict (last offset wins, tombstones delete), sort each partition
   by key and write it as Parquet the way the job does. Each phase is timed.
-- the Spark job (`spark_compaction.job.run`) on local[2], the session started beforehand (its
-  start-up is reported apart): `phases` says how long reading + decoding + the partial and final
-  aggregation took (one Spark job ending in the per-partition counts) and how long the shuffle by
-  partition, the sort and the Parquet writes took.
+- the Spark job (`spark_compaction.job.run`) on local[2], the session started and warmed up by a
+  small run beforehand (both reported apart): `phases` says how long reading, decoding and folding
+  took (one Spark job ending in the per-partition counts) and how long the shuffle by partition,
+  the sort and the Parquet writes took.
 
 Both results are checked to hold the same number of live keys. Figures are records/s and MB/s of
 WAL (segment bytes read). Results go to stdout as JSON and, with `--chart FILE`, to an SVG chart.
@@ -173,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chart", type=Path, help="write an SVG bar chart here")
     parser.add_argument("--scratch", type=Path, help="directory for the stores (default: /tmp)")
     parser.add_argument("--driver-memory", default="2g")
+    parser.add_argument("--warmup", type=int, default=100_000, help="records of the warm-up run")
     args = parser.parse_args(argv)
     from spark_compaction.session import spark_session
 
@@ -183,7 +184,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     spark_start = time.monotonic() - clock
     rows: list[dict[str, Any]] = []
+    cold = 0.0
     try:
+        # the first job of a session pays for JIT compilation and Python worker start-up: run
+        # one small history first and report it apart, so the sizes compare steady states
+        with tempfile.TemporaryDirectory(prefix="compaction-bench-", dir=args.scratch) as tmp:
+            write_history(Path(tmp) / "objects", args.warmup)
+            clock = time.monotonic()
+            spark_fold(spark, Path(tmp) / "objects")
+            cold = time.monotonic() - clock
+            log(f"warm-up: {args.warmup:,} records in {cold:.1f} s (first job of the session)")
         for count in args.records:
             with tempfile.TemporaryDirectory(prefix="compaction-bench-", dir=args.scratch) as tmp:
                 root = Path(tmp) / "objects"
@@ -233,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             "platform": platform.platform(),
         },
         "spark_start_seconds": round(spark_start, 1),
+        "warmup": {"records": args.warmup, "seconds": round(cold, 1)},
         "results": rows,
     }
     print(json.dumps(report, indent=2))
