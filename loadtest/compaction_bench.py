@@ -85,20 +85,23 @@ def python_fold(root: Path, output: Path) -> dict[str, Any]:
             data = store.get(segment.key)
             phases["fetch"] += time.monotonic() - clock
             clock = time.monotonic()
-            decoded = [rows for problem, rows in iter_batches(segment, data) if problem is None]
-            phases["decode"] += time.monotonic() - clock
-            clock = time.monotonic()
             partition = segment.partition
-            for rows in decoded:
-                records += len(rows)
-                for offset, timestamp, key, value, _headers in rows:
-                    if key is None:
-                        continue
-                    if value is None:
-                        state.pop((partition, key), None)
-                    else:
-                        state[(partition, key)] = (offset, timestamp, value)
-            phases["fold"] += time.monotonic() - clock
+            # batch by batch, as a streaming fold would: holding a whole segment's decoded
+            # records at once costs more in garbage collection than the fold itself
+            for problem, rows in iter_batches(segment, data):
+                decoded = time.monotonic()
+                phases["decode"] += decoded - clock
+                if problem is None:
+                    records += len(rows)
+                    for offset, timestamp, key, value, _headers in rows:
+                        if key is None:
+                            continue
+                        if value is None:
+                            state.pop((partition, key), None)
+                        else:
+                            state[(partition, key)] = (offset, timestamp, value)
+                clock = time.monotonic()
+                phases["fold"] += clock - decoded
     clock = time.monotonic()
     output.mkdir(parents=True, exist_ok=True)
     for partition in range(PARTITIONS):

@@ -14,6 +14,7 @@ must report damage, not die of it.
 
 from __future__ import annotations
 
+import gc
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -192,18 +193,26 @@ class Folder:
         self, segment: SegmentObject, data: bytes, from_offset: int
     ) -> Iterator[pa.RecordBatch]:
         winners, counts = self._winners, self._counts
-        for problem, records in iter_batches(segment, data):
-            if problem is not None:
-                self._problems.append(problem)
-                continue
-            if records[0][0] < from_offset:
-                records = [r for r in records if r[0] >= from_offset]
-            keys = [r[2] for r in records]
-            winners.update(zip(keys, records, strict=True))  # in offset order: the last one wins
-            counts.update(keys)
-            if len(winners) > self._max_keys:
-                yield from self.finish()
-                winners, counts = self._winners, self._counts
+        # Decoding makes millions of short-lived tuples (with header lists), none in a cycle: the
+        # cyclic collector would only rescan the survivors, a quarter of the CPU time here.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            for problem, records in iter_batches(segment, data):
+                if problem is not None:
+                    self._problems.append(problem)
+                    continue
+                if records[0][0] < from_offset:
+                    records = [r for r in records if r[0] >= from_offset]
+                keys = [r[2] for r in records]
+                winners.update(zip(keys, records, strict=True))  # offset order: the last wins
+                counts.update(keys)
+                if len(winners) > self._max_keys:
+                    yield from self.finish()
+                    winners, counts = self._winners, self._counts
+        finally:
+            if collecting:
+                gc.enable()
 
     def finish(self) -> Iterator[pa.RecordBatch]:
         if self._winners:
