@@ -123,6 +123,32 @@ def python_fold(root: Path, output: Path) -> dict[str, Any]:
     return {"records": records, "keys_out": len(state), "phases": phases}
 
 
+def tree_cpu_seconds() -> float:
+    """CPU time of this process and every descendant (the JVM, its Python workers), from /proc.
+
+    Wall time on a machine shared with other work says little; CPU seconds per record say how
+    much work each engine does, whatever else is running. Exited workers count through their
+    parent's cutime/cstime.
+    """
+    ticks = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid = int(stat.parent.name)
+        parents[pid] = int(fields[1])
+        cpu[pid] = sum(int(f) for f in fields[11:15]) / ticks
+    total, frontier = 0.0, [os.getpid()]
+    while frontier:
+        pid = frontier.pop()
+        total += cpu.get(pid, 0.0)
+        frontier.extend(child for child, parent in parents.items() if parent == pid)
+    return total
+
+
 def spark_fold(spark: Any, root: Path) -> dict[str, Any]:
     from spark_compaction.job import CompactionSettings, run
     from spark_compaction.store import StoreSpec
@@ -205,21 +231,24 @@ def main(argv: list[str] | None = None) -> int:
                 generated = time.monotonic() - clock
                 log(f"{count:,} records, {wal_bytes / 1e6:,.0f} MB of WAL in {generated:.0f} s")
 
-                clock = time.monotonic()
+                clock, cpu = time.monotonic(), tree_cpu_seconds()
                 baseline = python_fold(root, Path(tmp) / "python-snapshot")
                 python_seconds = time.monotonic() - clock
-                log(f"  python  {python_seconds:7.1f} s  {baseline['phases']}")
+                python_cpu = tree_cpu_seconds() - cpu
+                phases = baseline["phases"]
+                log(f"  python {python_seconds:6.1f} s {python_cpu:6.1f} cpu-s {phases}")
                 shutil.rmtree(Path(tmp) / "python-snapshot")
 
-                clock = time.monotonic()
+                clock, cpu = time.monotonic(), tree_cpu_seconds()
                 summary = spark_fold(spark, root)
                 spark_seconds = time.monotonic() - clock
-                log(f"  spark   {spark_seconds:7.1f} s  {summary['phases']}")
+                spark_cpu = tree_cpu_seconds() - cpu
+                log(f"  spark  {spark_seconds:6.1f} s {spark_cpu:6.1f} cpu-s {summary['phases']}")
                 if summary["keys_out"] != baseline["keys_out"]:
                     raise RuntimeError(f"spark {summary['keys_out']} keys, python {baseline}")
-                for engine, seconds, phases in (
-                    ("spark local[2]", spark_seconds, summary["phases"]),
-                    ("python, one process", python_seconds, baseline["phases"]),
+                for engine, seconds, cpu_seconds, phases in (
+                    ("spark local[2]", spark_seconds, spark_cpu, summary["phases"]),
+                    ("python, one process", python_seconds, python_cpu, baseline["phases"]),
                 ):
                     rows.append(
                         {
@@ -228,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
                             "wal_mb": round(wal_bytes / 1e6, 1),
                             "keys_out": summary["keys_out"],
                             "seconds": round(seconds, 2),
+                            "cpu_seconds": round(cpu_seconds, 2),
+                            "load_average": round(os.getloadavg()[0], 1),
                             "records_per_s": round(count / seconds),
                             "mb_per_s": round(wal_bytes / 1e6 / seconds, 1),
                             "phases": {k: round(v, 2) for k, v in phases.items()},
