@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from headwater import token_cli
+from headwater import compact_cli, token_cli
 from headwater.auth import Tls
 from headwater.cli_output import describe_text, format_message, progress_bar, text_or_base64
 from headwater.client import DISPATCH_NAMES, Client, connect
@@ -210,6 +210,8 @@ def _parser() -> argparse.ArgumentParser:
     remove = subscription_commands.add_parser("delete", parents=[client_options])
     remove.add_argument("topic")
     remove.add_argument("subscription")
+
+    compact_cli.add_parser(commands)
     return parser
 
 
@@ -226,6 +228,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _serve(args)
     if args.command == "token":
         return token_cli.run(args)
+    if args.command == "compact":
+        return compact_cli.run_compact(args)
     try:
         return asyncio.run(_run_client_command(args))
     except HeadwaterError as exc:
