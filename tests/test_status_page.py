@@ -3,7 +3,7 @@ traffic: its charts render with data, and a screenshot is kept as a test artifac
 
 The screenshot goes to the test's tmp dir and is copied to `test-artifacts/status-page.png` at
 the repository root (or `$HEADWATER_TEST_ARTIFACTS`); that directory ignores itself in git.
-`make test` installs chromium when it is missing; a bare `pytest` without it skips this test.
+`make test` installs chromium when it is missing; without it this test fails and says so.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def _browser() -> str:
         found = shutil.which(name)
         if found:
             return found
-    pytest.skip("no chromium: install Debian's chromium (`make test` does it when it can)")
+    pytest.fail("no chromium: install Debian's chromium (`make test` does it when it can)")
 
 
 async def _chromium(browser: str, profile: Path, *args: str) -> bytes:
