@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from headwater import token_cli
+from headwater import compact_cli, token_cli
 from headwater.auth import Tls
 from headwater.cli_output import describe_text, format_message, progress_bar, text_or_base64
 from headwater.client import DISPATCH_NAMES, Client, connect
@@ -69,6 +69,13 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="listen port (default 6650; 0 picks a free one)")
     serve.add_argument("--data-dir", type=Path, help="data directory (default ./data)")
     serve.add_argument("--port-file", type=Path, help="write the bound port here once listening")
+    serve.add_argument(
+        "--http-port",
+        type=int,
+        help="HTTP port for /metrics, /healthz, /readyz and the status page (default: none; "
+        "0 picks a free one)",
+    )
+    serve.add_argument("--http-port-file", type=Path, help="write the bound HTTP port here")
     serve.add_argument("--log-format", choices=["console", "json"])
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--auth-tokens", type=Path, help="tokens file: clients must authenticate")
@@ -203,6 +210,8 @@ def _parser() -> argparse.ArgumentParser:
     remove = subscription_commands.add_parser("delete", parents=[client_options])
     remove.add_argument("topic")
     remove.add_argument("subscription")
+
+    compact_cli.add_parser(commands)
     return parser
 
 
@@ -219,6 +228,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _serve(args)
     if args.command == "token":
         return token_cli.run(args)
+    if args.command == "compact":
+        return compact_cli.run_compact(args)
     try:
         return asyncio.run(_run_client_command(args))
     except HeadwaterError as exc:
@@ -251,6 +262,8 @@ def _serve(args: argparse.Namespace) -> int:
         port=args.port,
         data_dir=args.data_dir,
         port_file=args.port_file,
+        http_port=args.http_port,
+        http_port_file=args.http_port_file,
         log_format=args.log_format,
         log_level=args.log_level,
     )
@@ -272,6 +285,9 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     if not 0 <= config.port < 65536:
         print(f"headwater: error: port {config.port} is out of range", file=sys.stderr)
+        return 2
+    if config.http_port is not None and not 0 <= config.http_port < 65536:
+        print(f"headwater: error: http port {config.http_port} is out of range", file=sys.stderr)
         return 2
     if config.object_store.backend not in ("local", "s3", "none"):
         print(
