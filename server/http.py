@@ -13,6 +13,13 @@ hard lifetime (`CONNECTION_LIFETIME`), and at most `MAX_CONNECTIONS` are open: p
 oldest one is aborted, so slow clients cannot lock scrapers out either. Accepting is done by hand
 (`add_reader`), like `server.listener`, so running out of file descriptors pauses it instead of
 closing the listening socket for good.
+
+Security (docs/SECURITY.md) comes from the caller: with a `ServerTls`, every accepted socket
+is wrapped with its current context (the message port's, so a reloaded certificate applies to
+both) and a client that does not complete a TLS handshake within `HEAD_TIMEOUT` is dropped, so
+plaintext never reaches a handler; at most `MAX_CONNECTIONS` handshakes are pending at once.
+A `Guard` sees every parsed request before routing and may answer it instead (401/403/429), so
+an unauthenticated client cannot even learn which paths exist.
 """
 
 from __future__ import annotations
@@ -21,9 +28,10 @@ import asyncio
 import contextlib
 import errno
 import socket
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Final, cast
+from typing import Final, Protocol, cast
 
 import structlog
 
@@ -39,9 +47,12 @@ RETRY_DELAY: Final = 0.5
 _REASONS: Final = {
     200: "OK",
     400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
     404: "Not Found",
     405: "Method Not Allowed",
     408: "Request Timeout",
+    429: "Too Many Requests",
     431: "Request Header Fields Too Large",
     500: "Internal Server Error",
     503: "Service Unavailable",
@@ -54,13 +65,33 @@ class Response:
     status: int
     body: bytes
     content_type: str = "text/plain; charset=utf-8"
+    headers: tuple[tuple[str, str], ...] = ()  # extra response headers (WWW-Authenticate, ...)
 
 
 Handler = Callable[[str], Awaitable[Response]]  # the query string -> the answer
 
 
+@dataclass(frozen=True, slots=True)
+class Request:
+    """What a guard sees: the path, the headers (names lower-cased) and the peer's address."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    peer: str  # the source address, without the port
+
+
+Guard = Callable[[Request], Response | None]  # None: let the request through to its route
+
+
 class HttpStartupError(Exception):
     pass
+
+
+class TlsSource(Protocol):
+    """`server.tls.ServerTls`: its context is read per connection, so a reload applies at once."""
+
+    context: ssl.SSLContext
 
 
 class _Request(asyncio.Protocol):
@@ -119,8 +150,11 @@ class _Request(asyncio.Protocol):
 
     async def _dispatch(self, head: bytes) -> None:
         method, target, response = _parse(head)
+        path, _, query = target.partition("?")
+        guard = self._server.guard
+        if response is None and guard is not None:
+            response = guard(Request(method, path, _headers(head), self._peer()))
         if response is None:
-            path, _, query = target.partition("?")
             handler = self._server.routes.get(path)
             if handler is None:
                 response = Response(404, b"not found; see / for the status page\n")
@@ -132,6 +166,10 @@ class _Request(asyncio.Protocol):
                     response = Response(500, b"internal error; see the server log\n")
         self._reply(response, head_only=method == "HEAD")
 
+    def _peer(self) -> str:
+        address = None if self._transport is None else self._transport.get_extra_info("peername")
+        return str(address[0]) if isinstance(address, tuple) and address else ""
+
     def _reply(self, response: Response, head_only: bool = False) -> None:
         self._answered = True
         transport = self._transport
@@ -141,7 +179,8 @@ class _Request(asyncio.Protocol):
             f"HTTP/1.1 {response.status} {_REASONS.get(response.status, 'Error')}\r\n"
             f"Content-Type: {response.content_type}\r\n"
             f"Content-Length: {len(response.body)}\r\n"
-            "Cache-Control: no-store\r\n"
+            + "".join(f"{name}: {value}\r\n" for name, value in response.headers)
+            + "Cache-Control: no-store\r\n"
             "Connection: close\r\n\r\n"
         ).encode()
         transport.write(head if head_only else head + response.body)
@@ -165,13 +204,33 @@ def _parse(head: bytes) -> tuple[str, str, Response | None]:
     return method, target, None
 
 
+def _headers(head: bytes) -> dict[str, str]:
+    """The header fields of a request head (names lower-cased; a repeated name: the last)."""
+    headers: dict[str, str] = {}
+    for line in head.split(b"\r\n")[1:]:
+        name, separator, value = line.partition(b":")
+        if separator:
+            headers[name.strip().lower().decode("latin-1")] = value.strip().decode("latin-1")
+    return headers
+
+
 class HttpListener:
     """`bind` (port conflicts fail start-up early), then `start`, then `close`."""
 
-    def __init__(self, host: str, port: int, routes: dict[str, Handler]) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        routes: dict[str, Handler],
+        tls: TlsSource | None = None,
+        guard: Guard | None = None,
+    ) -> None:
         self.host = host
         self.port = port
         self.routes = routes
+        self.tls = tls
+        self.guard = guard
+        self._handshakes = 0
         self.loop = asyncio.get_running_loop()
         self._sockets: list[socket.socket] = []
         self._watching: set[socket.socket] = set()
@@ -260,6 +319,9 @@ class HttpListener:
                     self.loop.call_later(RETRY_DELAY, self._resume, listening)
                     return
                 continue
+            if self.tls is not None and self._handshakes >= MAX_CONNECTIONS:
+                sock.close()  # handshakes are bounded too, else they would be the way in
+                continue
             self.spawn(self._connect(sock))
 
     def _resume(self, listening: socket.socket) -> None:
@@ -267,8 +329,21 @@ class HttpListener:
             self._watch(listening)
 
     async def _connect(self, sock: socket.socket) -> None:
+        tls = self.tls
+        if tls is not None:
+            self._handshakes += 1
         try:
-            await self.loop.connect_accepted_socket(lambda: _Request(self), sock)
-        except OSError:
+            await self.loop.connect_accepted_socket(
+                lambda: _Request(self),
+                sock,
+                ssl=None if tls is None else tls.context,
+                ssl_handshake_timeout=None if tls is None else HEAD_TIMEOUT,
+            )
+        except (TimeoutError, OSError) as exc:  # gone, or no TLS handshake (plaintext)
+            if tls is not None:
+                log.info("http.tls_failed", error=str(exc) or type(exc).__name__)
             with contextlib.suppress(OSError):
                 sock.close()
+        finally:
+            if tls is not None:
+                self._handshakes -= 1
