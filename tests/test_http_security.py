@@ -237,5 +237,6 @@ async def test_the_http_port_refuses_a_non_loopback_host_without_auth(tmp_path: 
     config = ServerConfig(host="0.0.0.0", http_port=0, data_dir=tmp_path)
     listener = Listener(config)
     async with contextlib.AsyncExitStack() as stack:
+        stack.callback(listener.close)
         with pytest.raises(StartupError, match=r"refusing to serve HTTP on 0\.0\.0\.0"):
             await start_operator_port(config, listener, stack)
