@@ -114,13 +114,12 @@ class ServerConfig:
         # copy: the built-in defaults then keep everything. A bound set explicitly still applies.
         if self.object_store.backend == "none":
             defaults = self.topic_defaults
-            keep = {
-                name: -1
-                for name, value in (
-                    ("retention_bytes", DEFAULT_RETENTION_BYTES),
-                    ("retention_ms", DEFAULT_RETENTION_MS),
+            keep_bytes = defaults.retention_bytes == DEFAULT_RETENTION_BYTES
+            keep_ms = defaults.retention_ms == DEFAULT_RETENTION_MS
+            if keep_bytes or keep_ms:
+                defaults = replace(
+                    defaults,
+                    retention_bytes=-1 if keep_bytes else defaults.retention_bytes,
+                    retention_ms=-1 if keep_ms else defaults.retention_ms,
                 )
-                if getattr(defaults, name) == value
-            }
-            if keep:
-                object.__setattr__(self, "topic_defaults", replace(defaults, **keep))
+                object.__setattr__(self, "topic_defaults", defaults)
