@@ -9,7 +9,6 @@ from pathlib import Path
 from storage.wal import FsyncPolicy
 from wire.limits import MAX_DECOMPRESSED_BATCH, MAX_FRAME_SIZE
 
-
 DEFAULT_RETENTION_BYTES = 1024**3  # per partition
 DEFAULT_RETENTION_MS = 7 * 24 * 3600 * 1000
 

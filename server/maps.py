@@ -4,9 +4,9 @@ Get and set are synchronous when the topic's state is ready (no task, no await) 
 fsync only when the topic's policy needs one. A read (get, scan, size) never changes a topic: on a
 topic without last-value state it is refused with INVALID_REQUEST (`no_last_value_state`). The
 first MAP_SET builds the state (`TopicCatalog.enable_last_value`); the broker runs such a request
-in the topic's turn, so the build never races a delete or another build. A set checks every compare-and-set expectation and
-appends with no await in between, and writes each key to its partition, `crc32(key) % n`, where
-its revisions are unique.
+in the topic's turn, so the build never races a delete or another build. A set checks every
+compare-and-set expectation and appends with no await in between, and writes each key to its
+partition, `crc32(key) % n`, where its revisions are unique.
 """
 
 from __future__ import annotations
