@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 
-from headwater import cli_commands, token_cli
+from headwater import cli_commands, compact_cli, token_cli
 from headwater.auth import Tls
 from headwater.cli_consume import consume
 from headwater.cli_parser import add_client_commands, add_global_options
@@ -35,6 +35,7 @@ FORMATS = {
     "topic describe": ("table", "json"),
     "map scan": ("table", "json"),
     "consume": ("text", "json"),
+    "compact": ("text", "json"),
 }
 
 
@@ -60,6 +61,13 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="listen port (default 6650; 0 picks a free one)")
     serve.add_argument("--data-dir", type=Path, help="data directory (default ./data)")
     serve.add_argument("--port-file", type=Path, help="write the bound port here once listening")
+    serve.add_argument(
+        "--http-port",
+        type=int,
+        help="HTTP port for /metrics, /healthz, /readyz and the status page (default: none; "
+        "0 picks a free one)",
+    )
+    serve.add_argument("--http-port-file", type=Path, help="write the bound HTTP port here")
     serve.add_argument("--log-format", choices=["console", "json"], help="log lines on stderr")
     serve.add_argument(
         "--log-level",
@@ -78,6 +86,7 @@ def _parser() -> argparse.ArgumentParser:
 
     add_client_commands(commands)
     token_cli.add_parser(commands)
+    compact_cli.add_parser(commands)
     return parser
 
 
@@ -109,6 +118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             else f"--format for {_command_name(args)} must be {' or '.join(formats)}, "
             f"not {args.format!r}"
         )
+    if args.command == "compact":
+        return compact_cli.run_compact(args)
     if args.command == "produce" and args.size is not None and args.count is None:
         parser.error("--size only applies to generated messages: give --count too")
     try:
@@ -143,6 +154,8 @@ def _serve(args: argparse.Namespace) -> int:
         port=args.port,
         data_dir=args.data_dir,
         port_file=args.port_file,
+        http_port=args.http_port,
+        http_port_file=args.http_port_file,
         log_format=args.log_format,
         log_level=args.log_level,
     )
@@ -164,6 +177,9 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     if not 0 <= config.port < 65536:
         print(f"headwater: error: port {config.port} is out of range", file=sys.stderr)
+        return 2
+    if config.http_port is not None and not 0 <= config.http_port < 65536:
+        print(f"headwater: error: http port {config.http_port} is out of range", file=sys.stderr)
         return 2
     if config.object_store.backend not in ("local", "s3", "none"):
         print(

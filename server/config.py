@@ -77,6 +77,10 @@ class ServerConfig:
     data_dir: Path = Path("./data")
     # Written with the bound port once the server listens (useful with port 0).
     port_file: Path | None = None
+    # The operator's HTTP port (metrics, health checks, status page; docs/OPERATIONS.md) on the
+    # same host: None, the default, opens none; 0 picks a free port.
+    http_port: int | None = None
+    http_port_file: Path | None = None  # written with the bound HTTP port
     max_frame_size: int = MAX_FRAME_SIZE
     # Non-reliable: messages a subscription holds while its consumers have no credit. Past it,
     # new messages are dropped and counted, so a slow consumer costs bounded memory.

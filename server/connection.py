@@ -49,6 +49,7 @@ from server.guard import Guarded
 from server.logs import ProtocolErrorLog
 from server.subscription import Consumer
 from server.tls import ServerTls
+from server.traffic import TrafficStats
 from wire import messages as m
 from wire.codec import (
     decode_request,
@@ -96,6 +97,7 @@ class Shared:
     protocol_errors: ProtocolErrorLog = field(default_factory=ProtocolErrorLog)
     security: Security | None = None  # None: no authentication (the embedded loopback default)
     tls: ServerTls | None = None  # None: plaintext
+    traffic: TrafficStats = field(default_factory=TrafficStats)  # for server.metrics
 
 
 class Connection(Guarded, asyncio.Protocol):
@@ -270,6 +272,7 @@ class Connection(Guarded, asyncio.Protocol):
 
     def _handle(self, frame: Frame) -> None:
         header = frame.header
+        started = time.perf_counter()  # produce latency (server.traffic)
         try:
             if header.flags & _NOT_ON_REQUESTS:
                 raise MalformedFrame(f"flags {header.flags:#06x} are not valid on a request")
@@ -280,7 +283,7 @@ class Connection(Guarded, asyncio.Protocol):
                     self._answer(header, early)
                     return
             if type(request) is m.ProduceRequest and is_compressed(request.batch):
-                self._produce_compressed(header, request)
+                self._produce_compressed(header, request, started)
                 return
             response = self._broker.handle(self, request)
             if self.auth is not None:
@@ -291,17 +294,20 @@ class Connection(Guarded, asyncio.Protocol):
             if isinstance(exc, AuthenticationFailed):
                 self.close()
             return
-        self._answer(header, response)
+        self._answer(header, response, started)
 
-    def _answer(self, header: FrameHeader, response: Reply) -> None:
+    def _answer(self, header: FrameHeader, response: Reply, started: float | None = None) -> None:
         if isinstance(response, Waiting):
-            task = asyncio.ensure_future(self._finish(header, response.resolve()))
+            task = asyncio.ensure_future(self._finish(header, response.resolve(), started))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             return
+        self._shared.traffic.produced(started, response)
         self._respond(header, response)
 
-    def _produce_compressed(self, header: FrameHeader, request: m.ProduceRequest) -> None:
+    def _produce_compressed(
+        self, header: FrameHeader, request: m.ProduceRequest, started: float
+    ) -> None:
         cap = self._config.max_decompressed_batch
         info: BatchInfo | None = None
         try:
@@ -313,7 +319,7 @@ class Connection(Guarded, asyncio.Protocol):
             raise
         except HeadwaterError:
             pass  # the broker reports it, after its own checks (unknown topic first)
-        self._answer(header, self._broker.produce(self, request, info))
+        self._answer(header, self._broker.produce(self, request, info), started)
 
     def _inflate_off_loop(self, header: FrameHeader, request: m.ProduceRequest, cap: int) -> None:
         self._inflating = True
@@ -349,12 +355,15 @@ class Connection(Guarded, asyncio.Protocol):
             ),
         )
 
-    async def _finish(self, header: FrameHeader, pending: Awaitable[m.Response]) -> None:
+    async def _finish(
+        self, header: FrameHeader, pending: Awaitable[m.Response], started: float | None = None
+    ) -> None:
         try:
             response = await pending
         except Exception as exc:
             self._refuse(header, exc)
             return
+        self._shared.traffic.produced(started, response)
         self._respond(header, response)
 
     def _respond(self, header: FrameHeader, response: m.Response) -> None:
@@ -454,6 +463,7 @@ class Connection(Guarded, asyncio.Protocol):
     ) -> None:
         if self._transport is not None:
             prefix = delivery_prefix(consumer_id, partition, len(batch), delivery_count)
+            self._shared.traffic.delivered(self.consumers.get(consumer_id), batch, delivery_count)
             if self._out is not None:
                 self._out += (prefix, batch)
                 self._out_bytes += len(prefix) + len(batch)
