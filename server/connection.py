@@ -51,14 +51,7 @@ from server.subscription import Consumer
 from server.tls import ServerTls
 from server.traffic import TrafficStats
 from wire import messages as m
-from wire.codec import (
-    decode_request,
-    delivery_prefix,
-    encode_error,
-    encode_produce_response,
-    encode_push,
-    encode_response,
-)
+from wire.api.produce import delivery_prefix, encode_produce_response
 from wire.errors import (
     AuthenticationFailed,
     ConnectionTimeout,
@@ -72,6 +65,7 @@ from wire.errors import (
     UnknownServerError,
 )
 from wire.frames import KNOWN_FLAGS, Flags, Frame, FrameDecoder, FrameHeader, FrameRejected
+from wire.protocol import decode_request, encode_error, encode_push, encode_response
 from wire.records import BatchInfo, is_compressed, validate_records
 
 log = structlog.get_logger("headwater.connection")

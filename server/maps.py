@@ -20,6 +20,7 @@ from server.topics import LogTopic, Topic
 from wire import messages as m
 from wire.errors import InvalidRequest, RevisionMismatch, UnknownTopic
 from wire.keys import ABSENT_REVISION, ANY_REVISION
+from wire.limits import MAX_MAP_KEYS
 from wire.records import build_batch
 
 
@@ -133,9 +134,6 @@ class MapHandlers:
     async def _map_size(self, request: m.MapSizeRequest) -> Reply:
         index = await self._read_index(request.topic)
         return m.MapSizeResponse(index.size())
-
-
-MAX_MAP_KEYS = 1000  # keys per get/set request, entries per scan page
 
 
 def no_last_value_state(topic: str) -> InvalidRequest:

@@ -26,7 +26,6 @@ import headwater
 from headwater.testing import ServerProcess
 from tests.rawwire import RawPeer
 from wire import messages as m
-from wire.codec import decode_response, encode_request
 from wire.errors import (
     ConsumerBusy,
     HeadwaterError,
@@ -35,6 +34,7 @@ from wire.errors import (
     TopicExists,
     UnknownTopic,
 )
+from wire.protocol import decode_response, encode_request
 from wire.records import build_batch
 
 NAMES = ("a", "b")

@@ -14,7 +14,6 @@ import headwater
 from headwater.testing import ServerProcess
 from tests.rawwire import RawPeer
 from wire import messages as m
-from wire.codec import decode_push, decode_response, encode_request
 from wire.errors import (
     ErrorCode,
     HeadwaterError,
@@ -23,6 +22,7 @@ from wire.errors import (
     UnknownTopic,
     WrongPartition,
 )
+from wire.protocol import decode_push, decode_response, encode_request
 from wire.records import build_batch
 
 RELIABLE = m.DispatchMode.RELIABLE
