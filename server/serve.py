@@ -28,7 +28,7 @@ from server.catalog import TopicCatalog
 from server.config import ServerConfig
 from server.listener import Listener, StartupError
 from server.logs import configure_logging
-from server.status import start_operator_port
+from server.operator_port import start_operator_port
 from server.tls import ServerTls, TlsError, is_loopback
 from server.tokens import TokenFileError
 from storage.archive import ObjectArchive

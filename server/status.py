@@ -11,8 +11,7 @@ Readiness (`/readyz`): recovery has finished and a probe file in the data direct
 written and fsynced. The probe runs in a thread, at most once a second whatever the request
 rate, and is abandoned (503) after `PROBE_TIMEOUT` if the disk hangs.
 
-`routes` wires the HTTP paths: `/metrics` (`server.metrics`), `/healthz`, `/readyz`, `/` (the
-page in `server.status_page`) and `/status.json`.
+The HTTP paths are wired in `server.operator_port`.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ import asyncio
 import contextlib
 import importlib.metadata
 import itertools
-import json
 import os
 import time
 from collections import deque
@@ -29,21 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-import structlog
-
-from server.http import Handler, HttpListener, HttpStartupError, Response
 from wire.messages import DispatchMode, SubscriptionInfo, SubscriptionType
 
 if TYPE_CHECKING:
-    from prometheus_client import CollectorRegistry
-
     from server.catalog import TopicCatalog
-    from server.config import ServerConfig
     from server.listener import Listener
     from server.topics import Topic
     from server.traffic import TrafficStats
 
-log = structlog.get_logger("headwater.server")
 
 SAMPLE_INTERVAL: Final = 2.0
 SAMPLES: Final = 300  # 10 minutes
@@ -267,63 +258,3 @@ def _probe_write(path: Path) -> None:
     finally:
         os.close(fd)
     path.unlink()
-
-
-def routes(state: ServerState, registry: CollectorRegistry) -> dict[str, Handler]:
-    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
-    from server.status_page import PAGE
-
-    async def metrics(query: str) -> Response:
-        return Response(200, generate_latest(registry), CONTENT_TYPE_LATEST)
-
-    async def healthz(query: str) -> Response:
-        return Response(200, b"ok\n")
-
-    async def readyz(query: str) -> Response:
-        reason = await state.readiness()
-        if reason is None:
-            return Response(200, b"ready\n")
-        return Response(503, f"not ready: {reason}\n".encode())
-
-    async def page(query: str) -> Response:
-        return Response(200, PAGE.encode(), "text/html; charset=utf-8")
-
-    async def status_json(query: str) -> Response:
-        body = json.dumps(state.status(await state.readiness()), separators=(",", ":"))
-        return Response(200, body.encode(), "application/json")
-
-    return {
-        "/metrics": metrics,
-        "/healthz": healthz,
-        "/readyz": readyz,
-        "/": page,
-        "/status.json": status_json,
-    }
-
-
-async def start_operator_port(
-    config: ServerConfig, listener: Listener, stack: contextlib.AsyncExitStack
-) -> ServerState | None:
-    """Open the HTTP port if `config.http_port` is set (before recovery, so /healthz answers and
-    /readyz says 503 while topics are opened); `stack` closes it. None when there is none."""
-    if config.http_port is None:
-        return None
-    from server.listener import StartupError
-    from server.metrics import make_registry
-
-    state = ServerState(config.data_dir, listener)
-    http = HttpListener(config.host, config.http_port, routes(state, make_registry(state)))
-    try:
-        port = http.bind()
-    except HttpStartupError as exc:
-        raise StartupError(str(exc)) from None
-    stack.callback(http.close)
-    stack.push_async_callback(state.close)
-    http.start()
-    if config.http_port_file is not None:
-        temporary = config.http_port_file.with_suffix(".tmp")
-        temporary.write_text(f"{port}\n")
-        os.replace(temporary, config.http_port_file)
-    log.info("server.http_listening", host=config.host, port=port)
-    return state
