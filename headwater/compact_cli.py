@@ -43,7 +43,13 @@ def add_parser(commands: Any) -> None:
         metavar="DURATION",
         help="how long a superseded snapshot stays readable (default %(default)s)",
     )
-    compact.add_argument("--format", choices=["text", "json"], default="text")
+    # default SUPPRESS: a global `--format` before the command applies (headwater/cli.py: text)
+    compact.add_argument(
+        "--format",
+        choices=["text", "json"],
+        default=argparse.SUPPRESS,
+        help="report format (default text)",
+    )
     compact.add_argument(
         "--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting"
     )
