@@ -11,7 +11,7 @@ RESULTS := loadtest/results
 PEER_BINARIES := redis-server nats-server
 export PATH := $(PATH):/usr/sbin:/sbin
 
-.PHONY: install run test fuzz lint typecheck bench bench-quick bench-peers peer-servers soak loadtest clean
+.PHONY: install run test browser fuzz lint typecheck bench bench-quick bench-peers peer-servers soak loadtest clean
 
 install: $(STAMP)
 
@@ -24,10 +24,29 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/headwater serve --host 127.0.0.1 --port 6650 --data-dir ./data
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(BIN)/python -m pytest -q
 
-# the randomized admin/pipelining test with many more examples than CI runs
+# Debian's chromium, for tests/test_status_page.py (the status page in a headless browser).
+# Installed when missing and possible (root, or sudo without a password, and apt-get); when not,
+# an error says so, and tests/test_status_page.py fails saying why (never a silent skip).
+browser:
+	@if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ]; then sudo=""; \
+		elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo="sudo -n"; \
+		else sudo=none; fi; \
+		if [ "$$sudo" = none ] || ! command -v apt-get >/dev/null 2>&1; then \
+			echo "error: chromium is not installed and cannot be installed here (needs root or" \
+				"passwordless sudo, and apt-get): tests/test_status_page.py will fail;" \
+				"run 'apt-get install chromium' as root to include it" >&2; \
+		else \
+			echo "installing chromium (Debian package) for tests/test_status_page.py"; \
+			$$sudo apt-get update -qq && $$sudo apt-get install -y -qq chromium || \
+				echo "error: apt-get could not install chromium (see above):" \
+					"tests/test_status_page.py will fail" >&2; \
+		fi; \
+	fi
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .

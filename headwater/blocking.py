@@ -2,7 +2,8 @@
 
 Locust runs users as gevent greenlets on a monkey-patched socket module, where an asyncio client
 cannot run; this one sends a frame and reads frames until the answer comes, one request at a
-time, with the same sans-I/O codec (`wire`) as the asyncio client. It covers producing, topic
+time, with the same sans-I/O session (`wire.session.ClientSession`: ids, pending answers, THROTTLE)
+as the asyncio client. It covers producing, topic
 admin and the map API; consuming stays with the asyncio client.
 
 A server that dies, closes the connection or stops answering within `timeout` raises
@@ -17,21 +18,28 @@ every later request raises `ConnectionLost` too: open a new client to go on.
 
 from __future__ import annotations
 
-import itertools
 import socket
+import time
 from collections.abc import Sequence
 
-from headwater.connection import parse_server
+from headwater.connection import default_server, parse_server
 from wire import messages as m
-from wire.codec import decode_response, encode_request
-from wire.errors import ConnectionClosed, ConnectionLost, HeadwaterError, RequestTimeout
-from wire.frames import Frame, FrameDecoder
+from wire.errors import (
+    AuthenticationFailed,
+    ConnectionClosed,
+    ConnectionLost,
+    HeadwaterError,
+    RequestTimeout,
+    TopicExists,
+)
 from wire.records import RecordInput, build_batch
+from wire.session import Answer, ClientSession
 
 
 class BlockingClient:
-    def __init__(self, server: str = "127.0.0.1:6650", timeout: float = 10.0) -> None:
-        host, port = parse_server(server)
+    def __init__(self, server: str | None = None, timeout: float = 10.0) -> None:
+        """`server` is "host:port"; by default $HEADWATER_SERVER, else 127.0.0.1:6650."""
+        host, port = parse_server(server or default_server())
         self._address = f"{host}:{port}"
         self._broken: HeadwaterError | None = None
         try:
@@ -39,43 +47,40 @@ class BlockingClient:
         except OSError as exc:
             raise ConnectionClosed(f"cannot connect to {host}:{port}: {exc}") from None
         self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._decoder = FrameDecoder()
-        self._correlation = itertools.count(1)
+        self._session = ClientSession(time.monotonic)
 
     def request(self, request: m.Request) -> m.Response:
         if self._broken is not None:
             raise ConnectionLost(f"connection to {self._address} unusable: {self._broken.message}")
-        correlation_id = next(self._correlation)
+        answer = Answer()
+        _, frame = self._session.request(request, answer)
         try:
-            self._socket.sendall(encode_request(request, correlation_id))
-            answer = self._read_response(correlation_id)
+            delay = self._session.throttle_delay() if type(request) is m.ProduceRequest else 0.0
+            if delay > 0:
+                time.sleep(delay)  # the server's THROTTLE: this principal is over its quota
+            self._socket.sendall(frame)
+            while not answer.done():
+                fatal = self._session.receive(self._read())
+                if fatal is not None:
+                    raise fatal
         except TimeoutError:
             raise self._break(
                 RequestTimeout(f"no answer from {self._address} to {type(request).__name__}")
             ) from None
         except OSError as exc:
             raise self._break(self._lost(str(exc))) from None
-        except ConnectionClosed as exc:
+        except (ConnectionClosed, AuthenticationFailed) as exc:  # lost, or credential revoked
             raise self._break(exc) from None
         except HeadwaterError as exc:  # the bytes from the server do not decode as frames
             raise self._break(self._lost(f"the server sent an invalid frame: {exc}")) from None
-        return decode_response(answer.header, answer.body)  # raises the error it carries
-
-    def _read_response(self, correlation_id: int) -> Frame:
-        while True:
-            for event in self._decoder.feed(self._read()):
-                if (
-                    isinstance(event, Frame)
-                    and event.header.is_response
-                    and event.header.correlation_id == correlation_id
-                ):
-                    return event
+        return answer.result()  # raises the error the server answered with
 
     def _lost(self, reason: str) -> ConnectionLost:
         return ConnectionLost(f"connection to {self._address} lost: {reason}")
 
     def _break(self, error: HeadwaterError) -> HeadwaterError:
         self._broken = error
+        self._session.fail(error)
         self._socket.close()
         return error
 
@@ -91,10 +96,17 @@ class BlockingClient:
         partitions: int = 1,
         reliable: bool = False,
         configs: dict[str, str] | None = None,
+        *,
+        exist_ok: bool = False,
     ) -> None:
+        """Create a topic; with `exist_ok`, one of that name existing already is no error."""
         dispatch = m.DispatchMode.RELIABLE if reliable else m.DispatchMode.NON_RELIABLE
         entries = tuple(m.ConfigEntry(k, v) for k, v in (configs or {}).items())
-        self.request(m.CreateTopicRequest(name, partitions, dispatch, entries))
+        try:
+            self.request(m.CreateTopicRequest(name, partitions, dispatch, entries))
+        except TopicExists:
+            if not exist_ok:
+                raise
 
     def produce(self, topic: str, records: Sequence[RecordInput], partition: int = -1) -> int:
         """Send one batch; returns its base offset."""

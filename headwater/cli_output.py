@@ -1,4 +1,9 @@
-"""What the `headwater` command prints: topic descriptions, consumed messages, progress."""
+"""What the `headwater` command prints: topic listings and descriptions (table or JSON), consumed
+messages (text or JSON), progress.
+
+The JSON shapes are a stable interface, documented in docs/CLI.md: keys are only ever added.
+Bytes that are not UTF-8 are printed base64-encoded with a `*_encoding: "base64"` key beside them.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +11,11 @@ import base64
 import json
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from headwater.client import DISPATCH_NAMES, SUBSCRIPTION_TYPE_NAMES, Message
-from wire.messages import DescribeTopicResponse
+from wire.messages import DescribeTopicResponse, TopicInfo
 
 
 def describe_text(description: DescribeTopicResponse) -> str:
@@ -41,7 +47,78 @@ def describe_text(description: DescribeTopicResponse) -> str:
     return "\n".join(lines)
 
 
+def topics_json(topics: Sequence[TopicInfo]) -> str:
+    return json.dumps([_topic_record(topic) for topic in topics], ensure_ascii=False)
+
+
+def topics_table(topics: Sequence[TopicInfo]) -> str:
+    rows = [("NAME", "PARTITIONS", "DISPATCH")]
+    rows += [(t.name, str(t.partitions), DISPATCH_NAMES[t.dispatch]) for t in topics]
+    widths = [max(len(row[i]) for row in rows) for i in range(2)]
+    return "\n".join(
+        f"{name:<{widths[0]}}  {partitions:>{widths[1]}}  {dispatch}".rstrip()
+        for name, partitions, dispatch in rows
+    )
+
+
+def _topic_record(topic: TopicInfo) -> dict[str, Any]:
+    return {
+        "name": topic.name,
+        "partitions": topic.partitions,
+        "dispatch": DISPATCH_NAMES[topic.dispatch],
+        "configs": {c.name: c.value for c in topic.configs},
+    }
+
+
+def describe_json(description: DescribeTopicResponse) -> str:
+    record = _topic_record(description.topic)
+    record["messages_in"] = description.messages_in
+    record["bytes_in"] = description.bytes_in
+    record["offsets"] = [
+        {"partition": p, "start": start, "next": next_}
+        for p, (start, next_) in enumerate(
+            zip(description.start_offsets, description.next_offsets, strict=True)
+        )
+    ]
+    record["subscriptions"] = [
+        {
+            "name": sub.name,
+            "type": SUBSCRIPTION_TYPE_NAMES[sub.sub_type],
+            "pending": sub.pending,
+            "delivered": sub.delivered,
+            "dropped": sub.dropped,
+            "unacked": sub.unacked,
+            "dead_lettered": sub.dead_lettered,
+            "consumers": [
+                {
+                    "id": c.consumer_id,
+                    "name": c.name,
+                    "priority": c.priority,
+                    "credits": c.credits,
+                    "active": c.active,
+                }
+                for c in sub.consumers
+            ],
+        }
+        for sub in description.subscriptions
+    ]
+    return json.dumps(record, ensure_ascii=False)
+
+
+def map_entry_json(key: bytes, value: bytes, revision: int) -> str:
+    record: dict[str, Any] = {}
+    for name, data in (("key", key), ("value", value)):
+        record[name], encoding = text_or_base64(data)
+        if encoding:
+            record[f"{name}_encoding"] = encoding
+    record["revision"] = revision
+    return json.dumps(record, ensure_ascii=False)
+
+
 def progress_bar(done: int, total: int, started: float) -> None:
+    """A bar redrawn in place with `\r`: on a terminal only, never into a file or a pipe."""
+    if not sys.stderr.isatty():
+        return
     width = 30
     filled = width * done // total
     rate = done / max(time.monotonic() - started, 1e-9)
@@ -49,9 +126,42 @@ def progress_bar(done: int, total: int, started: float) -> None:
     print(f"\r[{bar}] {done:,}/{total:,} {rate:,.0f} msg/s", end="", file=sys.stderr, flush=True)
 
 
-def format_message(message: Message, output_format: str) -> str:
+MESSAGE_FIELDS = ("partition", "offset", "timestamp", "key", "headers")
+
+
+def parse_fields(text: str) -> tuple[str, ...]:
+    """`--print key,offset`: the fields to show, in the fixed MESSAGE_FIELDS order."""
+    wanted = {f.strip() for f in text.split(",") if f.strip()}
+    unknown = wanted - set(MESSAGE_FIELDS)
+    if unknown:
+        raise ValueError(
+            f"--print takes fields from {','.join(MESSAGE_FIELDS)}, not {','.join(sorted(unknown))}"
+        )
+    return tuple(f for f in MESSAGE_FIELDS if f in wanted)
+
+
+def _text(data: bytes | None) -> str:
+    return "" if data is None else data.decode(errors="backslashreplace")
+
+
+def format_text(message: Message, fields: Sequence[str]) -> str:
+    """The value, after `name=value` for each of `fields`, tab-separated. A missing key prints as
+    `key=` with nothing after it; headers as `headers=name:value,name:value`."""
+    shown = []
+    for name in fields:
+        if name == "key":
+            shown.append(f"key={_text(message.key)}")
+        elif name == "headers":
+            pairs = ",".join(f"{h}:{_text(v)}" for h, v in message.headers)
+            shown.append(f"headers={pairs}")
+        else:
+            shown.append(f"{name}={getattr(message, name)}")
+    return "\t".join([*shown, _text(message.value)])
+
+
+def format_message(message: Message, output_format: str, fields: Sequence[str] = ()) -> str:
     if output_format == "text":
-        return "" if message.value is None else message.value.decode(errors="backslashreplace")
+        return format_text(message, fields)
     record: dict[str, Any] = {
         "topic": message.topic,
         "partition": message.partition,
@@ -64,7 +174,17 @@ def format_message(message: Message, output_format: str) -> str:
         record[name], encoding = text_or_base64(data)
         if encoding:
             record[f"{name}_encoding"] = encoding
+    if message.headers:
+        record["headers"] = [_header(name, value) for name, value in message.headers]
     return json.dumps(record, ensure_ascii=False)
+
+
+def _header(name: str, value: bytes | None) -> dict[str, Any]:
+    text, encoding = text_or_base64(value)
+    header: dict[str, Any] = {"name": name, "value": text}
+    if encoding:
+        header["value_encoding"] = encoding
+    return header
 
 
 def text_or_base64(data: bytes | None) -> tuple[str | None, str | None]:

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
 from headwater.auth import Tls, TlsOption, handshake_request, ssl_context
-from headwater.connection import Connection, parse_server
+from headwater.connection import Connection, default_server, parse_server
 from headwater.consumer import Consumer, Message, ms
 from headwater.maps import Map
 from headwater.producer import Producer, ProducerConfig
@@ -45,6 +45,7 @@ from wire.errors import (
     ConsumerBusy,
     HeadwaterError,
     InvalidRequest,
+    TopicExists,
 )
 
 __all__ = ["Client", "Consumer", "Message", "ReconnectPolicy", "Tls", "connect"]
@@ -68,22 +69,23 @@ SUBSCRIPTION_TYPE_NAMES: dict[int, str] = {kind: name for name, kind in _SUBSCRI
 
 
 async def connect(
-    server: str = "127.0.0.1:6650",
+    server: str | None = None,
     *,
     timeout: float = 10.0,
     reconnect: bool | ReconnectPolicy = False,
     token: str | None = None,
     tls: TlsOption = None,
 ) -> Client:
-    """Connect to `server` ("host:port"). With `reconnect` (True for the default policy), a lost
-    connection is reopened and the consumers resubscribed; the first connection is not retried.
+    """Connect to `server` ("host:port"; by default $HEADWATER_SERVER, else 127.0.0.1:6650).
+    With `reconnect` (True for the default policy), a lost connection is reopened and the
+    consumers resubscribed; the first connection is not retried.
 
     `token` authenticates every connection the client opens (`headwater token create` makes
     one); `tls` is True (verify the server with the system's CAs), a `headwater.Tls` naming the
     CA and a client certificate, or an `ssl.SSLContext`. A client certificate without a token
     authenticates as the certificate's common name. A refused credential raises
     `AuthenticationFailed`."""
-    host, port = parse_server(server)
+    host, port = parse_server(server or default_server())
     policy = ReconnectPolicy() if reconnect is True else reconnect or None
     opener = _Opener(host, port, timeout, token, tls)
     return Client(await opener.open(), host, port, timeout, policy, opener)
@@ -283,15 +285,23 @@ class Client:
         partitions: int = 1,
         dispatch: DispatchName = "non-reliable",
         configs: Mapping[str, str | int] | None = None,
+        *,
+        exist_ok: bool = False,
     ) -> None:
-        """Create a topic; `configs` are reliable-topic settings such as {"fsync": "interval"}."""
+        """Create a topic; `configs` are reliable-topic settings such as {"fsync": "interval"}.
+        With `exist_ok`, a topic of that name that exists already is not an error (as
+        `os.makedirs`: its settings are not compared)."""
         mode = _DISPATCH_MODES.get(dispatch)
         if mode is None:
             raise InvalidRequest(
                 f"dispatch must be one of {sorted(_DISPATCH_MODES)}, not {dispatch!r}"
             )
         entries = tuple(m.ConfigEntry(k, str(v)) for k, v in (configs or {}).items())
-        await self._request(m.CreateTopicRequest(name, partitions, mode, entries))
+        try:
+            await self._request(m.CreateTopicRequest(name, partitions, mode, entries))
+        except TopicExists:
+            if not exist_ok:
+                raise
 
     async def delete_topic(self, name: str) -> None:
         await self._request(m.DeleteTopicRequest(name))
@@ -319,12 +329,9 @@ class Client:
         """A producer for `topic` on a connection of its own (so it can reconnect and retry).
         Settings come from `config`, or from `ProducerConfig` fields given as keywords:
         `client.producer("t", delivery=AtMostOnce(), linger=0.005)`."""
-        producer = Producer(self, topic, config or ProducerConfig(**options))
+        producer = Producer(self._opener.open, topic, config or ProducerConfig(**options))
         self._producers.append(producer)
         return producer
-
-    async def _open_connection(self) -> Connection:
-        return await self._opener.open()
 
     async def subscribe(
         self,

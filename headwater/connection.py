@@ -1,53 +1,59 @@
-"""The client's side of one TCP connection: requests matched to responses, pushes routed.
+"""The client's side of one TCP connection: the asyncio I/O around `wire.session.ClientSession`.
 
-Each request gets a fresh correlation id and a future; the response with that id resolves it (or
-fails it with the `HeadwaterError` the server named). Frames flagged PUSH carry a consumer id in the
-correlation id field and go to that consumer's handler. When the connection ends, every pending
-future fails and every consumer is told: with `ConnectionClosed` when the application closed
-it, with `ConnectionLost` when the server or the network ended it (then `on_lost` runs, which is
-how a reconnecting client learns it must reconnect). An error response to a request sent with
-NO_RESPONSE has no future waiting; it goes to `on_unsolicited_error`.
+The session (sans-I/O, shared with the blocking clients) numbers requests, keeps the futures
+waiting for answers, routes pushes to consumers by consumer id and tracks THROTTLE; this module
+writes the frames it returns, feeds it what the socket reads, and ends everything when the
+connection ends: every pending future fails and every consumer is told, with `ConnectionClosed`
+when the application closed it, with `ConnectionLost` when the server or the network ended it
+(then `on_lost` runs, which is how a reconnecting client learns it must reconnect). An error
+response to a request sent with NO_RESPONSE has no future waiting; it goes to
+`on_unsolicited_error`.
 
 Writes respect asyncio's write-buffer watermarks: `drain()` waits while the socket is backed up,
-which is how a fast producer feels a slow network instead of growing memory. A THROTTLE push
-(the principal is over its produce quota) sets `throttled_until`; producers wait it out
-(`throttle()`) before sending more. `open` can wrap the socket in TLS and authenticate first
-(headwater/auth.py).
+which is how a fast producer feels a slow network instead of growing memory. Producers wait out a
+THROTTLE (`throttle()`) before sending more. `open` can wrap the socket in TLS and authenticate
+first (headwater/auth.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
+import os
 import ssl
 from collections.abc import Callable
-from typing import Protocol, cast
+from typing import cast
 
 from headwater.auth import certificate_refused, tls_refusal
 from wire import messages as m
-from wire.codec import decode_push, decode_response, encode_request, produce_request_parts
 from wire.errors import (
     AuthenticationFailed,
     ConnectionClosed,
     ConnectionLost,
     HeadwaterError,
     RequestTimeout,
-    error_for_code,
 )
-from wire.frames import Flags, Frame, FrameDecoder
+from wire.session import ClientSession, PushHandler
+
+__all__ = [
+    "DEFAULT_PORT",
+    "DEFAULT_SERVER",
+    "Connection",
+    "PushHandler",
+    "default_server",
+    "parse_server",
+]
 
 logger = logging.getLogger("headwater.client")
 
 DEFAULT_PORT = 6650
+DEFAULT_SERVER = f"127.0.0.1:{DEFAULT_PORT}"
+SERVER_VARIABLE = "HEADWATER_SERVER"
 
 
-class PushHandler(Protocol):
-    def on_delivery(self, delivery: m.Delivery) -> None: ...
-
-    def on_closed(self, error: HeadwaterError) -> None: ...
-
-    def on_dropped(self, count: int) -> None: ...
+def default_server() -> str:
+    """The server to use when none is named: $HEADWATER_SERVER, else 127.0.0.1:6650."""
+    return os.environ.get(SERVER_VARIABLE) or DEFAULT_SERVER
 
 
 def parse_server(server: str) -> tuple[str, int]:
@@ -65,22 +71,19 @@ def parse_server(server: str) -> tuple[str, int]:
 class _Protocol(asyncio.Protocol):
     def __init__(self, connection: Connection) -> None:
         self._connection = connection
-        self._decoder = FrameDecoder()
+        self._receive = connection.session.receive
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._connection._transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
-        try:
-            frames = self._decoder.feed(data)
-        except HeadwaterError as exc:
-            self._connection._fail(
-                self._connection.lost(f"the server sent an invalid frame: {exc}")
-            )
-            return
-        for frame in frames:
-            if isinstance(frame, Frame):
-                self._connection._on_frame(frame)
+        fatal = self._receive(data)
+        if fatal is not None:
+            connection = self._connection
+            if isinstance(fatal, AuthenticationFailed):  # revoked or expired: all requests fail
+                connection._fail(fatal)
+            else:
+                connection._fail(connection.lost(f"the server sent an invalid frame: {fatal}"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         # After close() this is a no-op: the connection already failed with ConnectionClosed.
@@ -101,17 +104,15 @@ class Connection:
     def __init__(self, address: str = "") -> None:
         self.address = address
         self._transport: asyncio.Transport | None = None
-        self._correlation = itertools.count(1)
-        self._pending: dict[int, asyncio.Future[m.Response]] = {}
-        self._callbacks: dict[int, Callable[[m.Response], None]] = {}
-        self.consumers: dict[int, PushHandler] = {}
+        self._loop = asyncio.get_running_loop()
+        self.session = ClientSession(self._loop.time)
+        self.session.on_unsolicited_error = self._unsolicited
         self.before_request: list[Callable[[], None]] = []
         self._writable = asyncio.Event()
         self._writable.set()
         self._closed: HeadwaterError | None = None
         self.on_unsolicited_error: Callable[[HeadwaterError], None] = self._log_error
         self.on_lost: Callable[[ConnectionLost], None] | None = None
-        self.throttled_until = 0.0  # loop time until which the server asked us to hold produce
         self.principal: str | None = None  # as the handshake named it ("" if auth is off)
 
     @classmethod
@@ -162,9 +163,20 @@ class Connection:
 
     async def throttle(self) -> None:
         """Wait out a THROTTLE the server sent (the principal is over its produce quota)."""
-        delay = self.throttled_until - asyncio.get_running_loop().time()
+        delay = self.session.throttle_delay()
         if delay > 0:
+            logger.debug("throttled by the server for %.3f s", delay)
             await asyncio.sleep(delay)
+
+    @property
+    def throttled_until(self) -> float:
+        """Loop time until which the server asked us to hold produce (THROTTLE)."""
+        return self.session.throttled_until
+
+    @property
+    def consumers(self) -> dict[int, PushHandler]:
+        """Consumer id -> the consumer its pushes go to (the session's routing table)."""
+        return self.session.consumers
 
     @property
     def closed(self) -> bool:
@@ -202,22 +214,17 @@ class Connection:
         transport = self._check_open()
         for flush in list(self.before_request):
             flush()  # e.g. acks batched for this turn go out before a later request
-        correlation_id = next(self._correlation)
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[m.Response] = loop.create_future()
-        self._pending[correlation_id] = future
-        if on_response is not None:
-            self._callbacks[correlation_id] = on_response
-        transport.write(encode_request(request, correlation_id))
+        future: asyncio.Future[m.Response] = self._loop.create_future()
+        correlation_id, frame = self.session.request(request, future, on_response)
+        transport.write(frame)
         if timeout is not None:
             # A timer rather than asyncio.wait_for, which costs a task per request.
-            timer = loop.call_later(timeout, self._time_out, correlation_id, request)
+            timer = self._loop.call_later(timeout, self._time_out, correlation_id, request)
             future.add_done_callback(lambda _: timer.cancel())
         return future
 
     def _time_out(self, correlation_id: int, request: m.Request) -> None:
-        self._callbacks.pop(correlation_id, None)
-        future = self._pending.pop(correlation_id, None)
+        future = self.session.forget(correlation_id)
         if future is not None and not future.done():
             future.set_exception(RequestTimeout(f"no response to {type(request).__name__} in time"))
 
@@ -226,16 +233,12 @@ class Connection:
     ) -> None:
         """Write a produce frame without copying its batch; `response` (if any) gets the answer."""
         transport = self._check_open()
-        correlation_id = next(self._correlation)
-        if response is not None:
-            self._pending[correlation_id] = response
-        flags = 0 if response is not None else Flags.NO_RESPONSE
-        transport.writelines(produce_request_parts(request, correlation_id, flags))
+        transport.writelines(self.session.produce(request, response))
 
     def send_nowait(self, request: m.Request) -> None:
         """Send with NO_RESPONSE: the server answers only an error (to on_unsolicited_error)."""
         transport = self._check_open()
-        transport.write(encode_request(request, next(self._correlation), Flags.NO_RESPONSE))
+        transport.write(self.session.request(request, None)[1])
 
     @property
     def writable(self) -> bool:
@@ -247,73 +250,17 @@ class Connection:
             await self._writable.wait()
         self._check_open()
 
-    def _on_frame(self, frame: Frame) -> None:
-        header = frame.header
-        if header.is_push and header.api_key == m.ApiKey.THROTTLE:
-            self._throttled(frame)
-            return
-        if header.is_push:
-            handler = self.consumers.get(header.correlation_id)
-            if handler is None:
-                return  # a delivery racing our unsubscribe
-            try:
-                push = decode_push(header, frame.body)
-            except HeadwaterError as exc:
-                handler.on_closed(exc)
-                return
-            if isinstance(push, m.Delivery):
-                handler.on_delivery(push)
-            elif isinstance(push, m.MessagesDropped):
-                handler.on_dropped(push.count)
-            elif isinstance(push, m.ConsumerClosed):
-                self.consumers.pop(header.correlation_id, None)
-                error = error_for_code(push.error_code, push.message)
-                if isinstance(error, ConnectionClosed):
-                    # a plain ConnectionClosed ends iteration quietly; the server never means that
-                    error = ConnectionLost(error.message)
-                handler.on_closed(error)
-            return
-        future = self._pending.pop(header.correlation_id, None)
-        try:
-            response = decode_response(header, frame.body)
-        except HeadwaterError as exc:
-            if header.correlation_id == 0 and isinstance(exc, AuthenticationFailed):
-                self._fail(exc)  # the credential was revoked or expired: every request fails
-                return
-            if future is None:
-                self.on_unsolicited_error(exc)
-            elif not future.done():
-                future.set_exception(exc)
-            return
-        callback = self._callbacks.pop(header.correlation_id, None)
-        if callback is not None:
-            callback(response)
-        if future is not None and not future.done():
-            future.set_result(response)
-
-    def _throttled(self, frame: Frame) -> None:
-        try:
-            push = decode_push(frame.header, frame.body)
-        except HeadwaterError:
-            return
-        if isinstance(push, m.Throttle):
-            until = asyncio.get_running_loop().time() + push.throttle_ms / 1000
-            self.throttled_until = max(self.throttled_until, until)
-            logger.debug("throttled by the server for %d ms", push.throttle_ms)
+    def _unsolicited(self, error: HeadwaterError) -> None:
+        self.on_unsolicited_error(error)  # looked up per call: producers replace it
 
     def _fail(self, error: HeadwaterError) -> None:
         if self._closed is not None:
             return
         self._closed = error
-        for future in self._pending.values():
-            if not future.done():
-                future.set_exception(error)
-        self._pending.clear()
+        self.session.fail(error)
         if isinstance(error, ConnectionLost) and self.on_lost is not None:
             self.on_lost(error)  # before the consumers hear of it, so they know a reconnect is due
-        for handler in list(self.consumers.values()):
-            handler.on_closed(error)
-        self.consumers.clear()
+        self.session.close_consumers(error)
         self._writable.set()  # wake writers so they see the error
         if self._transport is not None:
             self._transport.close()

@@ -34,7 +34,7 @@ def add_parser(commands: Any) -> None:
         help="the tokens file (env HEADWATER_TOKENS_FILE)",
     )
     create = token_commands.add_parser("create", parents=[file_option])
-    create.add_argument("principal")
+    create.add_argument("principal", help="who the token (or certificate) stands for")
     create.add_argument(
         "--allow",
         action="append",
@@ -48,12 +48,18 @@ def add_parser(commands: Any) -> None:
         action="store_true",
         help="no token: grants for TLS client certificates with this common name",
     )
-    create.add_argument("--produce-bytes-per-second", type=int, metavar="N")
-    create.add_argument("--consume-bytes-per-second", type=int, metavar="N")
-    create.add_argument("--max-connections", type=int, metavar="N")
+    create.add_argument(
+        "--produce-bytes-per-second", type=int, metavar="N", help="produce quota (0: unlimited)"
+    )
+    create.add_argument(
+        "--consume-bytes-per-second", type=int, metavar="N", help="consume quota (0: unlimited)"
+    )
+    create.add_argument("--max-connections", type=int, metavar="N", help="connections at once")
     token_commands.add_parser("list", parents=[file_option])
     revoke = token_commands.add_parser("revoke", parents=[file_option])
-    revoke.add_argument("selector", metavar="ID|PRINCIPAL")
+    revoke.add_argument(
+        "selector", metavar="ID|PRINCIPAL", help="a token's id, or a principal: all its tokens"
+    )
 
 
 def parse_duration(text: str) -> int:

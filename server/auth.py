@@ -187,6 +187,33 @@ class Security:
             f"unknown mechanism {request.mechanism!r} (token or certificate)"
         )
 
+    def bearer(self, address: str, token: str | None) -> Session | int:
+        """The session of an HTTP request's bearer token (the operator port), or the status that
+        refuses it: 429 while `address` is over its failure limit (shared with AUTHENTICATE), 401
+        for no token or a malformed, unknown, wrong, expired or revoked one. One answer for all of
+        them, so nothing tells whether an id exists; only the log says which (never the secret)."""
+        if self._blocked(address, time.monotonic()):
+            log.warning("auth.http_rate_limited", peer=address)
+            return 429
+        if token is None:
+            return 401
+        self.reload()  # a stat: a revocation applies to the very next request
+        parts = split_token(token)
+        entry = None if parts is None else self._entries.get(parts[0])
+        reason: str | None
+        if parts is None:
+            reason = "not a Headwater token"
+        elif entry is None or not check_secret(entry, parts[1]):
+            reason = "unknown token or wrong secret"
+        else:
+            reason = entry.valid(time.time())
+        if entry is None or reason is not None:
+            self._failed(address, time.monotonic())
+            token_id = None if parts is None else parts[0]
+            log.warning("auth.http_failed", peer=address, entry=token_id, error=reason)
+            return 401
+        return self._build(entry.principal, "token", [entry])
+
     def _certificate_entries(self, name: str, now: float) -> list[Entry]:
         return [
             e

@@ -34,8 +34,8 @@ from server.maps import MapHandlers
 from server.reply import AfterDurable, AfterWork, Reply, Waiting, after
 from server.topics import LogTopic, MemoryTopic, Topic
 from wire import messages as m
-from wire.codec import SUPPORTED_VERSIONS
 from wire.errors import ErrorCode, InvalidRequest, UnknownProducerId, UnknownTopic
+from wire.protocol import SUPPORTED_VERSIONS
 from wire.records import BatchInfo, read_records, validate_records
 
 Handler = Callable[[Session, Any], Reply]

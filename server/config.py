@@ -3,11 +3,14 @@ passed down. Every option is documented in docs/CONFIGURATION.md."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from storage.wal import FsyncPolicy
 from wire.limits import MAX_DECOMPRESSED_BATCH, MAX_FRAME_SIZE
+
+DEFAULT_RETENTION_BYTES = 1024**3  # per partition
+DEFAULT_RETENTION_MS = 7 * 24 * 3600 * 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,9 +21,12 @@ class TopicSettings:
     fsync_interval_ms: int = 100
     segment_bytes: int = 64 * 1024 * 1024
     segment_ms: int = 10 * 60 * 1000  # also bounds how far object-store uploads lag behind
-    # Local retention: sealed segments past these bounds are deleted, once uploaded. -1: keep all.
-    retention_bytes: int = -1
-    retention_ms: int = -1
+    # Local retention: sealed segments past these bounds are deleted, once uploaded (the object
+    # store keeps them; what exists only here is never deleted). -1: keep all. The defaults bound
+    # a busy server's disk without a setting; with `object_store.backend = "none"` they do not
+    # apply (see ServerConfig.__post_init__).
+    retention_bytes: int = DEFAULT_RETENTION_BYTES
+    retention_ms: int = DEFAULT_RETENTION_MS
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +77,10 @@ class ServerConfig:
     data_dir: Path = Path("./data")
     # Written with the bound port once the server listens (useful with port 0).
     port_file: Path | None = None
+    # The operator's HTTP port (metrics, health checks, status page; docs/OPERATIONS.md) on the
+    # same host: None, the default, opens none; 0 picks a free port.
+    http_port: int | None = None
+    http_port_file: Path | None = None  # written with the bound HTTP port
     max_frame_size: int = MAX_FRAME_SIZE
     # Non-reliable: messages a subscription holds while its consumers have no credit. Past it,
     # new messages are dropped and counted, so a slow consumer costs bounded memory.
@@ -101,3 +111,18 @@ class ServerConfig:
     subscription_defaults: SubscriptionDefaults = field(default_factory=SubscriptionDefaults)
     object_store: ObjectStoreConfig = field(default_factory=ObjectStoreConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
+
+    def __post_init__(self) -> None:
+        # Without an object store nothing is ever uploaded, and retention would delete the only
+        # copy: the built-in defaults then keep everything. A bound set explicitly still applies.
+        if self.object_store.backend == "none":
+            defaults = self.topic_defaults
+            keep_bytes = defaults.retention_bytes == DEFAULT_RETENTION_BYTES
+            keep_ms = defaults.retention_ms == DEFAULT_RETENTION_MS
+            if keep_bytes or keep_ms:
+                defaults = replace(
+                    defaults,
+                    retention_bytes=-1 if keep_bytes else defaults.retention_bytes,
+                    retention_ms=-1 if keep_ms else defaults.retention_ms,
+                )
+                object.__setattr__(self, "topic_defaults", defaults)

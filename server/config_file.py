@@ -93,6 +93,8 @@ def check(config: ServerConfig, where: str = "config") -> None:
         value = getattr(config, name)
         if value <= 0:
             raise ConfigError(f"{where}: server.{name} must be positive, not {value!r}")
+    if config.http_port is not None and not 0 <= config.http_port < 65536:
+        raise ConfigError(f"{where}: server.http_port must be 0..65535, not {config.http_port}")
     _check_security(config, where)
 
 

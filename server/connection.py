@@ -50,15 +50,9 @@ from server.logs import ProtocolErrorLog
 from server.reply import bulky, encode_off_loop
 from server.subscription import Consumer
 from server.tls import ServerTls
+from server.traffic import TrafficStats
 from wire import messages as m
-from wire.codec import (
-    decode_request,
-    delivery_prefix,
-    encode_error,
-    encode_produce_response,
-    encode_push,
-    encode_response,
-)
+from wire.api.produce import delivery_prefix, encode_produce_response
 from wire.errors import (
     AuthenticationFailed,
     ConnectionTimeout,
@@ -72,6 +66,7 @@ from wire.errors import (
     UnknownServerError,
 )
 from wire.frames import KNOWN_FLAGS, Flags, Frame, FrameDecoder, FrameHeader, FrameRejected
+from wire.protocol import decode_request, encode_error, encode_push, encode_response
 from wire.records import BatchInfo, is_compressed, validate_records
 
 log = structlog.get_logger("headwater.connection")
@@ -97,6 +92,7 @@ class Shared:
     protocol_errors: ProtocolErrorLog = field(default_factory=ProtocolErrorLog)
     security: Security | None = None  # None: no authentication (the embedded loopback default)
     tls: ServerTls | None = None  # None: plaintext
+    traffic: TrafficStats = field(default_factory=TrafficStats)  # for server.metrics
 
 
 class Connection(Guarded, asyncio.Protocol):
@@ -271,6 +267,7 @@ class Connection(Guarded, asyncio.Protocol):
 
     def _handle(self, frame: Frame) -> None:
         header = frame.header
+        started = time.perf_counter()  # produce latency (server.traffic)
         try:
             if header.flags & _NOT_ON_REQUESTS:
                 raise MalformedFrame(f"flags {header.flags:#06x} are not valid on a request")
@@ -281,7 +278,7 @@ class Connection(Guarded, asyncio.Protocol):
                     self._answer(header, early)
                     return
             if type(request) is m.ProduceRequest and is_compressed(request.batch):
-                self._produce_compressed(header, request)
+                self._produce_compressed(header, request, started)
                 return
             response = self._broker.handle(self, request)
             if self.auth is not None:
@@ -292,17 +289,20 @@ class Connection(Guarded, asyncio.Protocol):
             if isinstance(exc, AuthenticationFailed):
                 self.close()
             return
-        self._answer(header, response)
+        self._answer(header, response, started)
 
-    def _answer(self, header: FrameHeader, response: Reply) -> None:
+    def _answer(self, header: FrameHeader, response: Reply, started: float | None = None) -> None:
         if isinstance(response, Waiting):
-            task = asyncio.ensure_future(self._finish(header, response.resolve()))
+            task = asyncio.ensure_future(self._finish(header, response.resolve(), started))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             return
+        self._shared.traffic.produced(started, response)
         self._respond(header, response)
 
-    def _produce_compressed(self, header: FrameHeader, request: m.ProduceRequest) -> None:
+    def _produce_compressed(
+        self, header: FrameHeader, request: m.ProduceRequest, started: float
+    ) -> None:
         cap = self._config.max_decompressed_batch
         info: BatchInfo | None = None
         try:
@@ -314,7 +314,7 @@ class Connection(Guarded, asyncio.Protocol):
             raise
         except HeadwaterError:
             pass  # the broker reports it, after its own checks (unknown topic first)
-        self._answer(header, self._broker.produce(self, request, info))
+        self._answer(header, self._broker.produce(self, request, info), started)
 
     def _inflate_off_loop(self, header: FrameHeader, request: m.ProduceRequest, cap: int) -> None:
         self._inflating = True
@@ -350,12 +350,15 @@ class Connection(Guarded, asyncio.Protocol):
             ),
         )
 
-    async def _finish(self, header: FrameHeader, pending: Awaitable[m.Response]) -> None:
+    async def _finish(
+        self, header: FrameHeader, pending: Awaitable[m.Response], started: float | None = None
+    ) -> None:
         try:
             response = await pending
         except Exception as exc:
             self._refuse(header, exc)
             return
+        self._shared.traffic.produced(started, response)
         self._respond(header, response)
 
     def _respond(self, header: FrameHeader, response: m.Response) -> None:
@@ -464,6 +467,7 @@ class Connection(Guarded, asyncio.Protocol):
     ) -> None:
         if self._transport is not None:
             prefix = delivery_prefix(consumer_id, partition, len(batch), delivery_count)
+            self._shared.traffic.delivered(self.consumers.get(consumer_id), batch, delivery_count)
             if self._out is not None:
                 self._out += (prefix, batch)
                 self._out_bytes += len(prefix) + len(batch)

@@ -24,6 +24,7 @@ from server.config import ServerConfig
 from server.kind import Consumer, SubscriptionKind
 from server.kind import ConsumerSession as Session
 from server.lastvalue import LastValueSubscription
+from server.maps import no_last_value_state
 from server.reply import AfterWork, Reply
 from server.subscription import Subscription
 from server.topics import LogTopic, Topic
@@ -122,7 +123,9 @@ class ConsumerHandlers:
         topic: LogTopic,
         sub_type: m.SubscriptionType,
     ) -> Reply:
-        index = await self._catalog.enable_last_value(topic)
+        if topic.last_value is None:  # a subscription is a read: it must not switch the state on
+            raise no_last_value_state(topic.name)
+        index = await self._catalog.enable_last_value(topic)  # finishes a build under way
         existing = topic.subscriptions.get(request.subscription)
         if existing is not None:
             if existing.durable != m.Durable.LAST_VALUE:

@@ -15,8 +15,8 @@ from typing import Any, Protocol
 
 from server.auth import Security, Session
 from wire import messages as m
-from wire.codec import encode_push
 from wire.errors import HeadwaterError
+from wire.protocol import encode_push
 
 
 class _Host(Protocol):

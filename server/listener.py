@@ -31,8 +31,8 @@ import structlog
 from server.broker import Broker
 from server.config import ServerConfig
 from server.connection import Connection, Shared
-from wire.codec import encode_error
 from wire.errors import HeadwaterError, TooManyConnections
+from wire.protocol import encode_error
 
 log = structlog.get_logger("headwater.server")
 

@@ -1,11 +1,12 @@
 """Map durables' requests: MAP_GET, MAP_SET, MAP_SCAN, MAP_SIZE on a topic's last-value state.
 
 Get and set are synchronous when the topic's state is ready (no task, no await) and wait for an
-fsync only when the topic's policy needs one. The first map request of a topic builds the state
-(`TopicCatalog.enable_last_value`); the broker runs such a request in the topic's turn, so the
-build never races a delete or another build. A set checks every compare-and-set expectation and
-appends with no await in between, and writes each key to its partition, `crc32(key) % n`, where
-its revisions are unique.
+fsync only when the topic's policy needs one. A read (get, scan, size) never changes a topic: on a
+topic without last-value state it is refused with INVALID_REQUEST (`no_last_value_state`). The
+first MAP_SET builds the state (`TopicCatalog.enable_last_value`); the broker runs such a request
+in the topic's turn, so the build never races a delete or another build. A set checks every
+compare-and-set expectation and appends with no await in between, and writes each key to its
+partition, `crc32(key) % n`, where its revisions are unique.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from server.topics import LogTopic, Topic
 from wire import messages as m
 from wire.errors import InvalidRequest, RevisionMismatch, UnknownTopic
 from wire.keys import ABSENT_REVISION, ANY_REVISION
+from wire.limits import MAX_MAP_KEYS
 from wire.records import build_batch
 
 
@@ -39,9 +41,17 @@ class MapHandlers:
 
     async def _index(self, topic_name: str) -> tuple[LogTopic, LastValueIndex]:
         """The topic's last values, built first if need be (the broker runs a map request whose
-        index is not ready in the topic's turn)."""
+        index is not ready in the topic's turn). Only writes call this."""
         topic = last_value_topic(self._topic(topic_name))
         return topic, await self._catalog.enable_last_value(topic)
+
+    async def _read_index(self, topic_name: str) -> LastValueIndex:
+        """The topic's last values for a read, which must not create them: a topic without the
+        state is refused rather than switched to keeping it (a read changes no configuration)."""
+        topic = last_value_topic(self._topic(topic_name))
+        if topic.last_value is None:
+            raise no_last_value_state(topic.name)
+        return await self._catalog.enable_last_value(topic)  # finishes a build under way
 
     def map_get(self, session: Session, request: m.MapGetRequest) -> Reply:
         if len(request.keys) > MAX_MAP_KEYS:
@@ -54,7 +64,7 @@ class MapHandlers:
         return AfterWork(self._map_get_after_enabling(request))
 
     async def _map_get_after_enabling(self, request: m.MapGetRequest) -> Reply:
-        _, index = await self._index(request.topic)
+        index = await self._read_index(request.topic)
         return m.MapGetResponse(tuple(_entry(k, index.get(k)) for k in request.keys))
 
     def map_set(self, session: Session, request: m.MapSetRequest) -> Reply:
@@ -114,7 +124,7 @@ class MapHandlers:
         return AfterWork(self._map_scan(request))
 
     async def _map_scan(self, request: m.MapScanRequest) -> Reply:
-        _, index = await self._index(request.topic)
+        index = await self._read_index(request.topic)
         values, cursor = index.scan(request.prefix, request.after, request.limit)
         return m.MapScanResponse(tuple(_entry(v.key, v) for v in values), cursor)
 
@@ -122,11 +132,15 @@ class MapHandlers:
         return AfterWork(self._map_size(request))
 
     async def _map_size(self, request: m.MapSizeRequest) -> Reply:
-        _, index = await self._index(request.topic)
+        index = await self._read_index(request.topic)
         return m.MapSizeResponse(index.size())
 
 
-MAX_MAP_KEYS = 1000  # keys per get/set request, entries per scan page
+def no_last_value_state(topic: str) -> InvalidRequest:
+    return InvalidRequest(
+        f"topic {topic!r} has no last-value state: create it with --last-value or "
+        "`topic alter --last-value`, or write to it with map set"
+    )
 
 
 def _entry(record_key: bytes, stored: StoredValue | None) -> m.MapEntry:

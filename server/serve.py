@@ -28,6 +28,7 @@ from server.catalog import TopicCatalog
 from server.config import ServerConfig
 from server.listener import Listener, StartupError
 from server.logs import configure_logging
+from server.operator_port import start_operator_port
 from server.tls import ServerTls, TlsError, is_loopback
 from server.tokens import TokenFileError
 from storage.archive import ObjectArchive
@@ -77,6 +78,7 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
         # the port first: a taken port is the likeliest start-up error, and costs nothing to check
         port = listener.bind()
         stack.callback(listener.close)
+        operator = await start_operator_port(config, listener, stack)  # metrics, health, status
         state = _open_state(config.data_dir / "state")
         stack.callback(state.close)
         try:
@@ -109,6 +111,8 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
                 lambda name: name in catalog.topics and catalog.topics[name].reliable,
             )
             stack.callback(listener.shared.security.close)
+        if operator is not None:
+            operator.recovered(catalog)
         if config.port_file is not None:
             temporary = config.port_file.with_suffix(".tmp")
             temporary.write_text(f"{port}\n")
@@ -127,6 +131,8 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
             await stop.wait()
         finally:
             log.info("server.stopping", connections=len(listener.connections))
+            if operator is not None:
+                operator.stopping = True
             listener.close()
             # Consumers hear SERVER_SHUTTING_DOWN before their connection closes.
             listener.shutdown_connections()

@@ -12,19 +12,22 @@ Rolled segments are sealed here (fsync, close, index) and reported to `on_sealed
 lease is extended here too, ahead of need, so appends rarely write it themselves.
 
 A failed fsync is never retried: the partition fails (`PartitionLog.fail`) and this task ends.
+Each fsync is timed in its worker thread and counted on the loop (`storage.latency`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import structlog
 
 from storage.fileio import FileOps
+from storage.latency import FSYNC_SECONDS
 from storage.logstate import FsyncPolicy, LogConfig, SealedSegment, Segment
 from storage.segments import write_index
 from wire.errors import PartitionOffline
@@ -146,13 +149,21 @@ class Syncer:
         target = partition_log.appended
         target_offset = partition_log.next_offset
         if partition_log.take_directory_dirty():
-            await asyncio.to_thread(partition_log.ops.fsync_directory, partition_log.directory)
+            FSYNC_SECONDS.observe(
+                await asyncio.to_thread(
+                    _timed, partition_log.ops.fsync_directory, partition_log.directory
+                )
+            )
         policy = partition_log.config.fsync
         if policy != FsyncPolicy.NEVER or self._waiters or partition_log.closed:
             dirty, self._dirty = self._dirty, []
             for segment in dirty:
                 if segment.write_fd is not None:
-                    await asyncio.to_thread(partition_log.ops.fsync, segment.write_fd, segment.path)
+                    FSYNC_SECONDS.observe(
+                        await asyncio.to_thread(
+                            _timed, partition_log.ops.fsync, segment.write_fd, segment.path
+                        )
+                    )
             self.durable_sequence = max(self.durable_sequence, target)
             self._advance(target_offset)
             waiting, self._waiters = self._waiters, []
@@ -163,7 +174,9 @@ class Syncer:
                     future.set_result(None)
         sealing = list(self._to_seal)
         for segment in sealing:
-            await asyncio.to_thread(self._seal, segment)
+            elapsed = await asyncio.to_thread(self._seal, segment)
+            if elapsed is not None:
+                FSYNC_SECONDS.observe(elapsed)
             self._to_seal.remove(segment)
             if policy == FsyncPolicy.NEVER:
                 self._dirty = [s for s in self._dirty if s is not segment]
@@ -194,18 +207,29 @@ class Syncer:
                         error=str(exc),
                     )
 
-    def _seal(self, segment: Segment) -> None:
+    def _seal(self, segment: Segment) -> float | None:
+        """Runs in a worker thread; returns how long the fsync took, if there was one."""
         ops = self._log.ops
+        elapsed = None
         if segment.write_fd is not None:
-            ops.fsync(segment.write_fd, segment.path)  # an OSError here fails the partition
+            # an OSError here fails the partition
+            elapsed = _timed(ops.fsync, segment.write_fd, segment.path)
             ops.close(segment.write_fd)
             segment.write_fd = None
         try:
             write_index(segment.index_path, segment.index)
         except OSError as exc:  # the index is a cache: the next open rebuilds it
             log.warning("wal.index_write_failed", index=str(segment.index_path), error=str(exc))
+        return elapsed
 
     def _advance(self, offset: int) -> None:
         if offset > self.durable_offset:
             self.durable_offset = offset
             self._log.notify()
+
+
+def _timed(call: Callable[..., Any], *args: Any) -> float:
+    """Run `call` (an fsync, in a worker thread); its duration in seconds."""
+    started = time.perf_counter()
+    call(*args)
+    return time.perf_counter() - started

@@ -69,3 +69,17 @@ async def bucket(s3: MotoS3, request: pytest.FixtureRequest) -> str:
     name = f"hw-{next(_names)}-{test}".strip("-")
     await create_bucket(s3, name)
     return name
+
+
+@pytest.fixture(scope="session")
+def spark(s3: MotoS3) -> Iterator[object]:
+    """One local[2] Spark session for every Spark test. It asks for `s3` first so that the JVM, and
+    the Python workers it starts, inherit the AWS variables pointing at moto."""
+    from spark_compaction.session import spark_session
+
+    session = spark_session(
+        "local[2]",
+        {"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"},
+    )
+    yield session
+    session.stop()

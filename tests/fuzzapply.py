@@ -278,6 +278,9 @@ def _apply_exact(model: Model, sent: Sent, outcome: Outcome) -> None:
             allowed.add("CONSUMER_BUSY")
         if op.sub == "lv" and not pre.reliable:
             allowed = {"INVALID_REQUEST"}
+        elif op.sub == "lv" and not pre.map_enabled:
+            # a read never switches last-value state on; a write of this round may have
+            allowed.add("INVALID_REQUEST")
         expect(sent, outcome, allowed, f"subscribing {op.sub!r} to {pre}")
         if isinstance(outcome, m.SubscribeResponse):
             _new_consumer(model, sent, outcome, frozenset({pre.gid}), pre.reliable)
@@ -320,6 +323,9 @@ def _apply_map_exact(model: Model, sent: Sent, outcome: Outcome, pre: Gen) -> No
         expect(
             sent, outcome, allowed, f"compare-and-set on {pre}, model: {pre.keys.get(sent.keys[0])}"
         )  # type: ignore[arg-type]
+    elif isinstance(op, MapGet) and not pre.map_enabled:
+        # a read never switches last-value state on; a write of this round may have
+        expect(sent, outcome, {OK, "INVALID_REQUEST"}, f"{pre} may have no last-value state")
     else:
         expect(sent, outcome, {OK}, f"{pre} is reliable")
     if code(outcome) != OK:

@@ -1,6 +1,6 @@
 """A pipelining raw-protocol peer for the state-machine test (tests/test_statemachine.py).
 
-Requests are encoded with `wire.codec` and written in one `write` per round, so the server sees
+Requests are encoded with `wire.protocol` and written in one `write` per round, so the server sees
 them pipelined, usually in one read. A reader task decodes every frame as it arrives: a response
 resolves the future of its correlation id (an error response resolves it with the
 `HeadwaterError`, it is not raised), a pushed DELIVER or CONSUMER_CLOSED is stored per consumer id
@@ -14,9 +14,9 @@ import contextlib
 from dataclasses import dataclass, field
 
 from wire import messages as m
-from wire.codec import decode_push, decode_response, encode_request
 from wire.errors import HeadwaterError
 from wire.frames import FrameDecoder
+from wire.protocol import decode_push, decode_response, encode_request
 from wire.records import Record, read_records
 
 Outcome = m.Response | HeadwaterError

@@ -11,7 +11,7 @@ from tests.fuzzops import (
     Create,
     Delete,
     DeleteSub,
-    MapGet,
+    MapSet,
     Op,
     Produce,
     Subscribe,
@@ -54,7 +54,7 @@ REPRODUCTIONS: dict[str, list[Step]] = {
         (Produce(0, "t0", 0, 2, None),),
         "kill -9",
     ],
-    # the first map request builds the map partition by partition; produces to partition 0 that
+    # the first map write builds the map partition by partition; produces to partition 0 that
     # arrive while a later partition is read from disk (cold cache: after a restart) are never
     # applied, and `map get` misses them. Timing-dependent: three topics give three chances.
     "catch_up_misses_appends": [
@@ -62,7 +62,7 @@ REPRODUCTIONS: dict[str, list[Step]] = {
         tuple(Produce(i % 3, t, 0, 3, k) for i, t in enumerate(TOPICS) for k in (1, 3)),
         tuple(Produce(i % 3, t, 0, 3, k) for i, t in enumerate(TOPICS) for k in (1, 3)),
         "kill -9",
-        tuple(MapGet(0, t, (0,)) for t in TOPICS)
+        tuple(MapSet(0, t, (0,), False) for t in TOPICS)  # the first write builds the map
         + tuple(Produce(1 + i % 2, t, 0, 1, 2 * (i % 2)) for t in TOPICS for i in range(6)),
     ],
     # a keyed record sent to another partition than its key's is accepted on a last-value topic,

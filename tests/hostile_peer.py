@@ -28,8 +28,8 @@ import cramjam
 import crc32c
 
 from wire import messages as m
-from wire.codec import encode_request
 from wire.frames import Flags, FrameDecoder
+from wire.protocol import encode_request
 from wire.records import Compression, build_batch
 
 ERROR = struct.Struct(">h")

@@ -10,9 +10,9 @@ import asyncio
 import contextlib
 
 from wire import messages as m
-from wire.codec import decode_push, decode_response, encode_request
 from wire.errors import HeadwaterError
 from wire.frames import Frame, FrameDecoder
+from wire.protocol import decode_push, decode_response, encode_request
 
 
 class RawPeer:

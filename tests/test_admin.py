@@ -7,8 +7,8 @@ import pytest
 import headwater
 from headwater.testing import ServerProcess
 from wire import messages as m
-from wire.codec import SUPPORTED_VERSIONS
 from wire.errors import ServerShuttingDown, TopicExists, UnknownTopic
+from wire.protocol import SUPPORTED_VERSIONS
 
 
 async def test_create_list_describe_delete(fresh_server: ServerProcess) -> None:

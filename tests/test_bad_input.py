@@ -12,7 +12,6 @@ import headwater
 from headwater.testing import ServerProcess
 from tests.rawwire import RawPeer
 from wire import messages as m
-from wire.codec import encode_request
 from wire.errors import (
     CorruptBatch,
     ErrorCode,
@@ -25,6 +24,7 @@ from wire.errors import (
 )
 from wire.frames import Flags, Frame
 from wire.limits import MAX_FRAME_SIZE
+from wire.protocol import encode_request
 from wire.records import build_batch
 
 
@@ -50,7 +50,7 @@ async def test_unknown_api_key_keeps_the_connection(server: ServerProcess) -> No
 
 
 async def _response_of(frame: Frame) -> object:
-    from wire.codec import decode_response
+    from wire.protocol import decode_response
 
     try:
         return decode_response(frame.header, frame.body)

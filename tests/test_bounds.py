@@ -21,8 +21,8 @@ from server.kind import Consumer
 from storage.state import StateStore
 from tests.rawwire import RawPeer
 from wire import messages as m
-from wire.codec import decode_push
 from wire.errors import StorageError, TooManyConsumers, TooManySubscriptions
+from wire.protocol import decode_push
 from wire.records import build_batch, read_records
 
 

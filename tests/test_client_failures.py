@@ -22,7 +22,7 @@ from headwater.blocking import BlockingClient
 from headwater.testing import ServerProcess
 from tests.test_cli import hw, start_consumer, wait_for_consumers
 from wire import messages as m
-from wire.codec import decode_request, delivery_prefix, encode_push, encode_response
+from wire.api.produce import delivery_prefix
 from wire.errors import (
     ConnectionClosed,
     ConnectionLost,
@@ -34,6 +34,7 @@ from wire.errors import (
 )
 from wire.frames import Flags, Frame, FrameDecoder
 from wire.names import check_name, check_topic_name
+from wire.protocol import decode_request, encode_push, encode_response
 from wire.records import build_batch
 
 FAST = headwater.ReconnectPolicy(initial_delay=0.05, max_delay=0.5, timeout=30)

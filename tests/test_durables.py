@@ -170,8 +170,7 @@ async def test_last_value_and_map_need_a_reliable_topic(
 async def test_map_api(client: headwater.Client, topic_name: str) -> None:
     await client.create_topic(topic_name, partitions=3, dispatch="reliable")
     table = client.map(topic_name)
-    assert await table.size() == 0 and await table.get("a") is None
-    revision = await table.create("a", "1")
+    revision = await table.create("a", "1")  # the first write switches last-value state on
     with pytest.raises(RevisionMismatch, match="is at revision 0, expected absent"):
         await table.create("a", "again")
     with pytest.raises(RevisionMismatch):
@@ -202,12 +201,34 @@ async def test_state_is_built_from_history_on_first_use(
     await client.create_topic(topic_name, dispatch="reliable")  # no last-value state yet
     await produce(client, topic_name, [(b"x", b"1"), (b"y", b"2"), (b"x", b"3"), (None, b"nokey")])
     table = client.map(topic_name)
+    await table.set("z", "0")  # the first map write builds the state from the history
     assert (await table.get("x")).value == b"3"  # type: ignore[union-attr]
-    assert await table.size() == 2
+    assert await table.size() == 3
     await produce(client, topic_name, [(b"y", None)])  # maintained from now on
     assert await table.get("y") is None
     info = await client.describe_topic(topic_name)
     assert ("last.value", "true") in [(c.name, c.value) for c in info.topic.configs]
+
+
+async def test_a_read_never_switches_last_value_state_on(
+    client: headwater.Client, topic_name: str
+) -> None:
+    """Issue 13: MAP_GET/SCAN/SIZE and last-value subscriptions on a topic without last-value
+    state are refused (INVALID_REQUEST) and leave the topic's configuration as it was."""
+    await client.create_topic(topic_name, dispatch="reliable")
+    await produce(client, topic_name, [(b"x", b"1")])
+    table = client.map(topic_name)
+    refused = "has no last-value state: create it with --last-value"
+    for read in (lambda: table.get("x"), table.size, lambda: table.scan("")):
+        with pytest.raises(InvalidRequest, match=refused):
+            await read()
+    for durable in ("last-value", "map"):
+        with pytest.raises(InvalidRequest, match=refused):
+            await client.subscribe(topic_name, "lv", durable=durable, keys=["x"])  # type: ignore[arg-type]
+    info = await client.describe_topic(topic_name)
+    assert "last.value" not in [c.name for c in info.topic.configs]
+    await table.set("y", "2")  # a write does switch it on
+    assert [e.key for e in (await table.scan("")).entries] == [b"x", b"y"]
 
 
 async def test_last_values_survive_kill_9_and_rebuild_when_state_is_lost(
@@ -277,7 +298,10 @@ def test_map_agrees_with_a_dict_across_restarts(
     async def run() -> None:
         client = await headwater.connect(fresh_server.address)
         await client.create_topic(
-            topic, partitions=2, dispatch="reliable", configs={"fsync": "always"}
+            topic,
+            partitions=2,
+            dispatch="reliable",
+            configs={"fsync": "always", "last.value": "true"},  # reads alone never enable it
         )
         for op, name, value in ops:
             if op == "set":

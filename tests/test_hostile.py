@@ -29,13 +29,13 @@ from headwater.testing import ServerProcess
 from tests.hostile_peer import bomb_batch
 from tests.rawwire import RawPeer
 from wire import messages as m
-from wire.codec import decode_response
 from wire.errors import (
     ConnectionTimeout,
     DecompressedTooLarge,
     ErrorCode,
     TooManyConnections,
 )
+from wire.protocol import decode_response
 from wire.records import build_batch
 
 P99_LIMIT = 0.050

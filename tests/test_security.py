@@ -21,7 +21,6 @@ from server.tokens import load
 from tests.rawwire import RawPeer
 from tests.secure import SecureServer, secure_server
 from wire import messages as m
-from wire.codec import decode_push, decode_response, encode_push, encode_request, encode_response
 from wire.errors import (
     AuthenticationFailed,
     AuthenticationRequired,
@@ -30,6 +29,7 @@ from wire.errors import (
     TooManyConnections,
 )
 from wire.frames import FrameDecoder
+from wire.protocol import decode_push, decode_response, encode_push, encode_request, encode_response
 from wire.records import build_batch
 
 

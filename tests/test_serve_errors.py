@@ -17,8 +17,8 @@ import pytest
 from headwater.testing import ServerProcess
 from tests.rawwire import RawPeer
 from wire import messages as m
-from wire.codec import decode_push
 from wire.errors import ErrorCode
+from wire.protocol import decode_push
 
 
 def serve(*args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:

@@ -35,3 +35,11 @@ MAX_ACKS_PER_REQUEST: Final = 10_000
 # Bytes a compressed record batch may inflate to (the server's `max_decompressed_batch` default,
 # and the client's when it reads deliveries): a 96 KiB zstd batch can otherwise inflate to 3 GiB.
 MAX_DECOMPRESSED_BATCH: Final = 64 * 1024 * 1024
+
+# Keys one MAP_GET names, writes one MAP_SET carries, entries one MAP_SCAN page returns: a request
+# is answered from one RocksDB snapshot in one event-loop turn, so it must stay short.
+MAX_MAP_KEYS: Final = 1000
+
+# Bytes of an error response's message (UTF-8, cut there): enough for any message the server
+# composes, and a peer-supplied name quoted in one cannot make an error frame large.
+MAX_ERROR_MESSAGE: Final = 4096

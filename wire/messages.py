@@ -1,8 +1,9 @@
 """One frozen dataclass per request, response and pushed frame, plus the enums they use.
 
-These are plain values: how they become bytes is `wire.codec`'s job. Enum-valued fields hold plain
-ints on the wire (`sub_type`, `dispatch`): the server checks them and answers an unknown value with
-`INVALID_REQUEST`, rather than the codec failing on it as a malformed frame.
+These are plain values: how they become bytes is `wire.protocol`'s job (with the API families in
+`wire.api`). Enum-valued fields hold plain ints on the wire (`sub_type`, `dispatch`): the server
+checks them and answers an unknown value with `INVALID_REQUEST`, rather than the codec failing on
+it as a malformed frame.
 """
 
 from __future__ import annotations

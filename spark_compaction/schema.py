@@ -1,0 +1,58 @@
+"""The two row shapes of compaction, as Arrow schemas and Spark DDL: WAL rows and snapshot rows.
+
+WAL rows are what the `headwater_wal` data source yields, one per record of a segment object
+(plus one per corrupt stretch of a segment, with only `topic`, `partition` and `corrupt` set).
+Their Arrow schema must equal, field for field, what Spark derives from `WAL_DDL` (pyspark checks
+it before it accepts an Arrow batch from a data source); tests/test_spark_reader.py checks that.
+
+Snapshot rows are the Parquet files the job writes (docs/COMPACTION.md documents them): one row
+per live key of a partition, sorted by key, tombstones and keyless records already gone.
+`SCHEMA_VERSION` goes into every manifest and changes whenever this file changes the Parquet
+schema, so a reader can refuse a snapshot it does not understand.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import pyarrow as pa
+
+SCHEMA_VERSION: Final = 1
+
+HEADER_TYPE: Final = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
+HEADERS_TYPE: Final = pa.list_(pa.field("element", HEADER_TYPE))
+
+WAL_SCHEMA: Final = pa.schema(
+    [
+        pa.field("topic", pa.string()),
+        pa.field("partition", pa.int32()),
+        pa.field("offset", pa.int64()),
+        pa.field("timestamp", pa.int64()),
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary()),
+        pa.field("headers", HEADERS_TYPE),
+        pa.field("corrupt", pa.string()),
+    ]
+)
+WAL_DDL: Final = (
+    "topic string, partition int, offset bigint, timestamp bigint, key binary, value binary, "
+    "headers array<struct<key: string, value: binary>>, corrupt string"
+)
+
+# `fold=true` rows: WAL rows already folded within one Spark task, with `records`, the number of
+# WAL records each row stands for (a key's winner: that key's records; the key-null row: the
+# keyless records; a corrupt stretch: 0).
+FOLDED_SCHEMA: Final = WAL_SCHEMA.append(pa.field("records", pa.int64()))
+FOLDED_DDL: Final = WAL_DDL + ", records bigint"
+
+SNAPSHOT_SCHEMA: Final = pa.schema(
+    [
+        pa.field("topic", pa.string(), nullable=False),
+        pa.field("partition", pa.int32(), nullable=False),
+        pa.field("key", pa.binary(), nullable=False),
+        pa.field("value", pa.binary(), nullable=False),
+        pa.field("offset", pa.int64(), nullable=False),
+        pa.field("timestamp", pa.int64(), nullable=False),
+        pa.field("headers", HEADERS_TYPE, nullable=False),
+    ]
+)

@@ -1,0 +1,229 @@
+"""The compaction job on the shared local[2] Spark session: its snapshots equal a plain-Python fold
+of the same records, incremental runs equal one run, a run killed before its manifest is invisible
+and a rerun gives the same manifest and files, corrupt batches are skipped and reported; on a
+local directory and on S3 (moto's standalone server)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from spark_compaction.history import Entry, generate, write_segments
+from spark_compaction.job import CompactionSettings, apply_retention, compute, plan, run
+from spark_compaction.loader import load_snapshot
+from spark_compaction.manifest import Manifest, manifest_horizons
+from spark_compaction.store import BlockingStore, StoreSpec, open_store
+from spark_compaction.wal import list_segments
+from tests.s3 import MotoS3, create_bucket
+
+Folded = dict[bytes, tuple[bytes, int, int, tuple[tuple[str, bytes | None], ...]]]
+
+
+def python_fold(entries: list[Entry], state: Folded | None = None, start: int = 0) -> Folded:
+    """The reference: replay every record in offset order; the last value of a key stays."""
+    folded = dict(state or {})
+    for offset, entry in enumerate(entries, start):
+        if entry.key is None:
+            continue
+        if entry.value is None:
+            folded.pop(entry.key, None)
+        else:
+            folded[entry.key] = (entry.value, offset, entry.timestamp, entry.headers)
+    return folded
+
+
+def snapshot(spec: StoreSpec, topic: str, partition: int) -> tuple[int, Folded]:
+    async def load() -> tuple[int, Folded]:
+        store = await open_store(spec)
+        try:
+            loaded = await load_snapshot(store, topic, partition)
+            assert loaded is not None, f"no snapshot of {topic}/{partition}"
+            rows = [row async for row in loaded.rows()]
+        finally:
+            await store.close()
+        keys = [r.key for r in rows]
+        assert keys == sorted(keys), "snapshot rows are in key order"
+        return loaded.horizon, {r.key: (r.value, r.offset, r.timestamp, r.headers) for r in rows}
+
+    return asyncio.run(load())
+
+
+def session(spark: Any) -> Any:
+    return lambda: spark
+
+
+@pytest.fixture(params=["local", "s3"])
+def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreSpec]:
+    if request.param == "local":
+        yield StoreSpec.local(tmp_path / "objects")
+        return
+    s3: MotoS3 = request.getfixturevalue("s3")
+    bucket = "spark-" + re.sub(r"[^a-z0-9]", "-", request.node.name.lower())[-40:].strip("-")
+    asyncio.run(create_bucket(s3, bucket))
+    yield StoreSpec("s3", bucket=bucket, prefix="wal", endpoint_url=s3.endpoint_url)
+
+
+def _history(seed: int, count: int) -> dict[int, list[Entry]]:
+    return {p: list(generate(count, 250, seed=seed * 10 + p)) for p in range(3)}
+
+
+def _write(spec: StoreSpec, topic: str, history: dict[int, list[Entry]], start: int = 0) -> None:
+    with BlockingStore(spec) as store:
+        for partition, entries in history.items():
+            write_segments(store, topic, partition, entries, start_offset=start, batch_records=40)
+
+
+def test_snapshot_equals_a_python_fold_of_the_history(spark: Any, any_store: StoreSpec) -> None:
+    history = _history(1, 2400)  # 60 batches per partition, 8 segments, every codec
+    _write(any_store, "orders", history)
+    _write(any_store, "ignored", {0: list(generate(30, 5))})
+
+    summary = run(session(spark), CompactionSettings(any_store, ("orders",), rows_per_file=100))
+
+    everything = [e for entries in history.values() for e in entries]
+    expected = {p: python_fold(entries) for p, entries in history.items()}
+    assert summary.segments == 24
+    assert summary.records_in == len(everything)
+    assert summary.keyless_skipped == sum(e.key is None for e in everything)
+    assert summary.keys_out == sum(len(f) for f in expected.values())
+    tombstoned = {
+        p: {e.key for e in entries if e.key is not None} - set(expected[p])
+        for p, entries in history.items()
+    }
+    assert summary.tombstones_dropped == sum(len(t) for t in tombstoned.values()) > 0
+    assert summary.corrupt_batches == 0
+    for partition, folded in expected.items():
+        horizon, rows = snapshot(any_store, "orders", partition)
+        assert horizon == 2400
+        assert rows == folded
+    assert all(s["files"] == 3 for s in summary.snapshots)  # ~240 keys, 100 rows a file
+    with BlockingStore(any_store) as store:
+        assert manifest_horizons(store.list("snapshots/ignored/")) == []
+
+    if any_store.backend == "local":  # plain Parquet: pyarrow and Spark SQL read it as it is
+        directory = Path(any_store.path) / "snapshots/orders/0/00000000000000002400"
+        table = pq.read_table(directory)
+        assert sorted(table.column("key").to_pylist()) == sorted(expected[0])
+        assert spark.read.parquet(str(directory)).count() == len(expected[0])
+
+
+def test_two_runs_with_writes_between_equal_one_run(spark: Any, tmp_path: Path) -> None:
+    first, second = _history(2, 1200), _history(3, 800)
+    twice, once = StoreSpec.local(tmp_path / "twice"), StoreSpec.local(tmp_path / "once")
+    settings = CompactionSettings(twice, retention=3600)
+
+    _write(twice, "t", first)
+    run(session(spark), settings)
+    _write(twice, "t", second, start=1200)
+    summary = run(session(spark), settings)
+    assert summary.segments == 3 * 3  # only the new segments were read
+    assert summary.records_in == 3 * 800
+
+    _write(once, "t", first)
+    _write(once, "t", second, start=1200)
+    run(session(spark), CompactionSettings(once))
+
+    for partition in range(3):
+        expected = python_fold(first[partition] + second[partition])
+        assert snapshot(twice, "t", partition) == (2000, expected)
+        assert snapshot(once, "t", partition) == (2000, expected)
+
+    # nothing new: nothing read, no new manifest, Spark not even asked for
+    summary = run(lambda: pytest.fail("no Spark session needed"), settings)
+    assert (summary.segments, summary.snapshots) == (0, [])
+
+    # both snapshots are kept until the superseded one has been so for `retention` seconds
+    with BlockingStore(twice) as store:
+        assert manifest_horizons(store.list("snapshots/t/0/")) == [1200, 2000]
+        assert apply_retention(store, (), retention=3600) == 0
+        assert apply_retention(store, ("t",), retention=0) == 3 * 2  # manifest and file each
+        assert manifest_horizons(store.list("snapshots/t/0/")) == [2000]
+        assert [i.key for i in store.list("snapshots/t/0/00000000000000001200/")] == []
+    assert snapshot(twice, "t", 0) == (2000, python_fold(first[0] + second[0]))
+
+
+def _store_files(spec: StoreSpec) -> dict[str, bytes]:
+    with BlockingStore(spec) as store:
+        return {i.key: store.get(i.key) for i in store.list("snapshots/")}
+
+
+def _without_clock(files: dict[str, bytes]) -> dict[str, Any]:
+    """Manifests with `created_at`, their one clock-dependent field, blanked; files as they are."""
+    return {
+        key: dataclasses.replace(Manifest.decode(key, data), created_at="")
+        if key.endswith(".json")
+        else data
+        for key, data in files.items()
+    }
+
+
+def test_run_killed_before_its_manifest_is_invisible_and_rerun_is_identical(
+    spark: Any, tmp_path: Path
+) -> None:
+    first, second = _history(4, 600), _history(5, 600)
+    spec = StoreSpec.local(tmp_path)
+    settings = CompactionSettings(spec, rows_per_file=100)
+    _write(spec, "t", first)
+    run(session(spark), settings)
+    _write(spec, "t", second, start=600)
+    before = snapshot(spec, "t", 1)
+
+    # the run dies after writing its data files, before any manifest: what a kill there leaves
+    with BlockingStore(spec) as store:
+        outcomes = compute(spark, store, settings, plan(store, settings), lambda _: None)
+    manifests = {(o.plan.topic, o.plan.partition): o.manifest for o in outcomes}
+    assert [m.horizon for m in manifests.values() if m] == [1200, 1200, 1200]
+    crashed = _store_files(spec)
+    new_files = [k for k in crashed if "/00000000000000001200/" in k]
+    assert len(new_files) == 3 * 3
+    assert snapshot(spec, "t", 1) == before  # no reader sees any of it
+    # ... and had it died in the middle of writing them, one would be missing
+    (tmp_path / new_files[4]).unlink()
+
+    summary = run(session(spark), settings)
+
+    assert summary.records_in == 3 * 600
+    after = _store_files(spec)
+    assert {k: after[k] for k in crashed} == crashed  # the same files, byte for byte
+    committed = {k: Manifest.decode(k, v) for k, v in after.items() if k not in crashed}
+    assert sorted(committed) == [f"snapshots/t/{p}/manifest-{1200:020d}.json" for p in range(3)]
+    for manifest in committed.values():  # the manifests the killed run would have written
+        expected = manifests[(manifest.topic, manifest.partition)]
+        assert expected is not None
+        assert dataclasses.replace(manifest, created_at="") == dataclasses.replace(
+            expected, created_at=""
+        )
+        assert snapshot(spec, "t", manifest.partition) == (
+            1200,
+            python_fold(first[manifest.partition] + second[manifest.partition]),
+        )
+
+    # run again: nothing new, so the same manifests and files, byte for byte
+    assert run(session(spark), settings).segments == 0
+    assert _store_files(spec) == after
+
+
+def test_corrupt_batches_are_skipped_counted_and_reported(spark: Any, tmp_path: Path) -> None:
+    spec = StoreSpec.local(tmp_path)
+    entries = list(generate(400, 40, seed=7))
+    with BlockingStore(spec) as store:
+        write_segments(store, "t", 0, entries, batch_records=50, segment_batches=4)
+        segment = list_segments(store, ["t"])[1]  # offsets 200..399, batches of 50
+        data = bytearray(store.get(segment.key))
+        data[100] ^= 0xFF  # inside its first batch's records: offsets 200..249
+        store.put(segment.key, bytes(data))
+
+    summary = run(session(spark), CompactionSettings(spec))
+
+    assert summary.corrupt_batches == 1
+    assert summary.corrupt[0].startswith(f"{segment.key} at byte 0: ")
+    assert summary.records_in == 350
+    assert snapshot(spec, "t", 0) == (400, python_fold(entries[:200] + [
+        Entry(None, None, (), 0)] * 50 + entries[250:]))  # fmt: skip

@@ -1,0 +1,149 @@
+"""The status page in a real headless browser (Debian's chromium), against a live server with
+traffic: its charts render with data, and a screenshot is kept as a test artifact.
+
+The screenshot goes to the test's tmp dir and is copied to `test-artifacts/status-page.png` at
+the repository root (or `$HEADWATER_TEST_ARTIFACTS`); that directory ignores itself in git.
+`make test` installs chromium when it is missing; without it this test fails and says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import shutil
+import struct
+import time
+from pathlib import Path
+
+import pytest
+
+import headwater
+from tests.test_metrics import get, start_with_http
+
+ROOT = Path(__file__).resolve().parent.parent
+WINDOW = (1400, 1000)
+
+
+def _browser() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        found = shutil.which(name)
+        if found:
+            return found
+    pytest.fail("no chromium: install Debian's chromium (`make test` does it when it can)")
+
+
+async def _chromium(browser: str, profile: Path, *args: str) -> bytes:
+    process = await asyncio.create_subprocess_exec(
+        browser,
+        "--headless",
+        "--no-sandbox",  # needed as root and in containers
+        "--disable-gpu",
+        "--hide-scrollbars",
+        "--no-first-run",
+        f"--user-data-dir={profile}",
+        f"--window-size={WINDOW[0]},{WINDOW[1]}",
+        "--virtual-time-budget=4000",  # the page's first refreshes, in virtual time
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        out, _ = await asyncio.wait_for(process.communicate(), 90)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert process.returncode == 0, f"chromium exited with {process.returncode}"
+    return out
+
+
+async def _traffic(address: str, stop: asyncio.Event) -> None:
+    """Steady traffic: a reliable topic read by one subscription and ignored by another (its
+    lag grows), and a non-reliable topic read as it comes."""
+    async with await headwater.connect(address) as client:
+        await client.create_topic("orders", partitions=2, dispatch="reliable")
+        await client.create_topic("clicks")
+        audit = await client.subscribe("orders", "audit", start="earliest")
+        await (await client.subscribe("orders", "reports", start="earliest")).close()
+        views = await client.subscribe("clicks", "views")
+        orders, clicks = client.producer("orders"), client.producer("clicks")
+        for step in range(1000):  # bounded: about 100 s at most
+            if stop.is_set():
+                break
+            for i in range(40 + step % 20):  # clicks twice as fast: two distinct lines
+                await orders.send(b"order %d" % i)
+                await clicks.send(b"click %d" % i)
+                await clicks.send(b"click %d" % i)
+            await orders.flush()
+            await clicks.flush()
+            for batch in (audit, views):
+                for message in await batch.receive_batch(1000, timeout=0.05):
+                    await message.ack()
+            await asyncio.sleep(0.1)
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height
+
+
+def _keep(screenshot: Path) -> Path:
+    artifacts = Path(os.environ.get("HEADWATER_TEST_ARTIFACTS", ROOT / "test-artifacts"))
+    artifacts.mkdir(parents=True, exist_ok=True)
+    ignore = artifacts / ".gitignore"
+    if not ignore.exists():
+        ignore.write_text("*\n")
+    kept = artifacts / "status-page.png"
+    shutil.copyfile(screenshot, kept)
+    return kept
+
+
+async def test_status_page_renders_charts_in_chromium(tmp_path: Path) -> None:
+    browser = _browser()
+    server, port = start_with_http(tmp_path)
+    stop = asyncio.Event()
+    traffic = asyncio.create_task(_traffic(server.address, stop))
+    try:
+        # Wait (bounded) until the ring holds a few samples with traffic in them: every 2 s.
+        deadline = time.monotonic() + 30
+        while True:
+            assert not traffic.done() or traffic.exception() is None, traffic.exception()
+            status, _, body = await asyncio.to_thread(get, port, "/status.json")
+            assert status == 200
+            history = json.loads(body)["history"]
+            rates = [r for r in history["in_per_second"].get("orders", []) if r]
+            lag = [v for v in history["lag"].get("orders/reports", []) if v]
+            if len(rates) >= 3 and len(lag) >= 3:
+                break
+            assert time.monotonic() < deadline, history
+            await asyncio.sleep(0.5)
+
+        url = f"http://127.0.0.1:{port}/"
+        dom = (await _chromium(browser, tmp_path / "profile-dom", "--dump-dom", url)).decode()
+        assert "data-rendered=" in dom, "the page's script never rendered a status"
+        charts = re.findall(r'<svg class="chart"[^>]*data-series="(\d+)" data-points="(\d+)"', dom)
+        assert len(charts) == 3, dom[:2000]
+        for series, points in charts:
+            assert int(series) >= 1 and int(points) >= 3, charts
+        assert dom.count('class="series"') >= 5  # in: 2 topics, out: 2, lag: 2 subscriptions
+        for name in ("orders", "clicks", "audit", "reports"):
+            assert f">{name}</td>" in dom, name
+        assert '<span class="good">ready</span>' in dom
+        assert '<div id="error"></div>' in dom  # no failed refresh
+
+        screenshot = tmp_path / "status-page.png"
+        await _chromium(browser, tmp_path / "profile-shot", f"--screenshot={screenshot}", url)
+        assert _png_size(screenshot) == WINDOW
+        assert screenshot.stat().st_size > 20_000  # charts and tables, not a blank page
+        kept = _keep(screenshot)
+        print(f"status page screenshot: {kept}")
+    finally:
+        stop.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(traffic, 10)
+        server.kill()
