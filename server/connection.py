@@ -371,15 +371,10 @@ class Connection(Guarded, asyncio.Protocol):
         elif not bulky(response):
             out = encode_response(header.api_key, header.correlation_id, response)
         else:
-            task = self._loop.create_task(self._write_when(encode_off_loop(header, response)))
+            task = self._loop.create_task(encode_off_loop(header, response, self._write))
             self._tasks.add(task)
             return task.add_done_callback(self._tasks.discard)
         self._write(out)
-
-    async def _write_when(self, encoded: Awaitable[bytes]) -> None:
-        out = await encoded
-        if self._transport is not None and not self._transport.is_closing():
-            self._write(out)
 
     def _refuse(self, header: FrameHeader, error: Exception) -> None:
         """Answer a request that failed: its own error, or for a bug a generic one (logged)."""

@@ -19,7 +19,7 @@ worker thread, so one client's large answer does not freeze the others.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -96,10 +96,15 @@ def bulky(response: m.Response) -> bool:
 _encoder: ThreadPoolExecutor | None = None
 
 
-async def encode_off_loop(header: FrameHeader, response: m.Response) -> bytes:
+async def encode_off_loop(
+    header: FrameHeader, response: m.Response, write: Callable[[bytes], None]
+) -> None:
+    """Encode `response` on the encoder thread, then `write` it (on the loop)."""
     global _encoder
     if _encoder is None:
         _encoder = ThreadPoolExecutor(1, thread_name_prefix="hw-encode")
-    return await asyncio.get_running_loop().run_in_executor(
-        _encoder, encode_response, header.api_key, header.correlation_id, response
+    write(
+        await asyncio.get_running_loop().run_in_executor(
+            _encoder, encode_response, header.api_key, header.correlation_id, response
+        )
     )
