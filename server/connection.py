@@ -334,6 +334,14 @@ class Connection(Guarded, asyncio.Protocol):
             self._answer(header, self._broker.produce(self, request, info))
         except Exception as exc:
             self._refuse(header, exc)
+        self._resume()
+
+    def _encoded(self, task: asyncio.Future[None]) -> None:
+        self._tasks.discard(task)
+        self._inflating = False
+        self._resume()
+
+    def _resume(self) -> None:
         self.last_frame = self._loop.time()
         if self._next < len(self._queue):
             self._schedule()
@@ -371,9 +379,10 @@ class Connection(Guarded, asyncio.Protocol):
         elif not bulky(response):
             out = encode_response(header.api_key, header.correlation_id, response)
         else:
+            self._inflating = True  # later frames wait, as for an inflation: memory stays bounded
             task = self._loop.create_task(encode_off_loop(header, response, self._write))
             self._tasks.add(task)
-            return task.add_done_callback(self._tasks.discard)
+            return task.add_done_callback(self._encoded)
         self._write(out)
 
     def _refuse(self, header: FrameHeader, error: Exception) -> None:
@@ -399,11 +408,6 @@ class Connection(Guarded, asyncio.Protocol):
                 error=error.message,
             )
 
-    def _fatal(self, error: HeadwaterError) -> None:
-        """Answer (correlation id 0), then close: the byte stream cannot be resynchronised."""
-        self._send_error(0, 0, 0, error)
-        self.close()
-
     def _write(self, data: bytes) -> None:
         if self._out is not None:
             self._out.append(data)
@@ -427,21 +431,17 @@ class Connection(Guarded, asyncio.Protocol):
             and self._reading
             and now - partial_since > self._config.frame_timeout
         ):
-            self._time_out(
-                f"no complete frame within frame_timeout ({self._config.frame_timeout:g} s): "
-                f"{self._decoder.pending_bytes} bytes of a frame arrived"
-            )
+            limit, got = self._config.frame_timeout, self._decoder.pending_bytes
+            why = f"no complete frame within frame_timeout ({limit:g} s): {got} bytes of a frame"
+            self._fatal(ConnectionTimeout(why + " arrived"))
         elif (
             now - self.last_frame > self._config.idle_timeout
             and not self.consumers
             and not self._tasks
             and not self._inflating
         ):
-            self._time_out(f"idle for idle_timeout ({self._config.idle_timeout:g} s)")
-
-    def _time_out(self, message: str) -> None:
-        self._send_error(0, 0, 0, ConnectionTimeout(message))
-        self.close()
+            idle = self._config.idle_timeout
+            self._fatal(ConnectionTimeout(f"idle for idle_timeout ({idle:g} s)"))
 
     def shutdown(self) -> None:
         """Graceful server stop: tell each consumer, then close."""

@@ -56,6 +56,12 @@ class _Host(Protocol):
 
 
 class Guarded:
+    def _fatal(self: _Host, error: HeadwaterError) -> None:
+        """Answer (correlation id 0), then close: the byte stream cannot be resynchronised (or
+        the connection timed out)."""
+        self._send_error(0, 0, 0, error)
+        self.close()
+
     def _guard(self: _Host, request: m.Request) -> m.Response | None:
         """A response to send instead of the broker's, or None to go on; raises to refuse."""
         security = self._security
