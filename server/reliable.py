@@ -14,7 +14,8 @@ one with the most credit) and sends it, within its credit:
    message already delivered `max_deliveries` times goes to the dead-letter topic instead and is
    acked here;
 2. otherwise the next batch after the cursor's position, read from the WAL's tail cache, the WAL,
-   or the object store, cut to the consumer's credit (`plan_new`).
+   or the object store, cut to the consumer's credit (`plan_new`), and the batches after it from
+   the same read while the group would pick that consumer again (a disk read is not per batch).
 
 The pump sleeps on one event. It is woken by a consumer arriving, credit, a writable socket, an ack
 timeout or redelivery falling due, and by appends: not through a listener per subscription on every
@@ -237,7 +238,16 @@ class ReliableSubscription:
                 continue
             if not batches or target.consumer_id not in self.consumers:
                 return bool(batches)
-            self._send_new(target, partition, batches[0])
+            # A read from disk costs about the same for one batch as for its megabyte of them
+            # (after a restart the tail cache is empty): one read per batch sent made a fresh
+            # subscription crawl at ~100 records/s. So send the batches read while the group
+            # would pick this consumer again (credit left, socket writable, its Shared turn).
+            for batch in batches:
+                if _BASE.unpack_from(batch)[0] >= ends[partition]:
+                    break
+                self._send_new(target, partition, batch)
+                if self.group.pick() is not target:
+                    break
             return True
         return False
 
