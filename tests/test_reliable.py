@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
 import headwater
 from headwater.testing import ServerProcess
+from server.catalog import TopicCatalog
+from server.config import ObjectStoreConfig, ServerConfig
+from server.kind import Consumer
+from server.topics import LogTopic
 from storage.segments import segment_name
+from storage.state import StateStore
 from tests.helpers import drain
+from wire import messages as m
 from wire.errors import InvalidRequest, UnknownSubscription
+from wire.records import build_batch, read_records
 
 
 async def produce(
@@ -344,3 +353,78 @@ async def test_timestamp_start_reaches_into_archived_history(fresh_server: Serve
         consumer = await client.subscribe("history", "ts", start_timestamp=5_500)
         first = await consumer.receive(timeout=5)
         assert (first.offset, first.timestamp) == (5, 6000)
+
+
+@dataclass
+class _Session:
+    """A consumer's connection as the pump sees it: always writable, keeps what it is sent."""
+
+    writable: bool = True
+    consumers: dict[int, Consumer] = field(default_factory=dict)
+    peer: str = "test"
+    offsets: list[int] = field(default_factory=list)
+
+    def send_delivery(
+        self, consumer_id: int, partition: int, batch: bytes, delivery_count: int = 1
+    ) -> None:
+        self.offsets.extend(r.offset for r in read_records(batch))
+
+    def send_consumer_closed(self, consumer_id: int, code: int, message: str) -> None:
+        pass
+
+    def send_messages_dropped(self, consumer_id: int, count: int) -> None:
+        pass
+
+
+async def test_a_fresh_subscription_after_a_restart_is_not_one_disk_read_per_batch(
+    tmp_path: Path,
+) -> None:
+    """After a restart the tail cache is empty, so the pump reads the WAL from disk; each read
+    returns up to a megabyte of batches. Sending only the first of them (before) cost one
+    whole read per batch: with single-record batches a fresh subscription from earliest crawled
+    at ~100 records/s (test_kill_9_under_mixed_load's stall). Now the batches of one read go out
+    while the consumer has credit: 600 records, a handful of reads."""
+    config = ServerConfig(data_dir=tmp_path, object_store=ObjectStoreConfig(backend="none"))
+    create = m.CreateTopicRequest(
+        "t", 1, m.DispatchMode.RELIABLE, (m.ConfigEntry("fsync", "always"),)
+    )
+    state = StateStore(tmp_path / "state")
+    try:
+        catalog = TopicCatalog(config, state)
+        await catalog.open()
+        topic = await catalog.create_topic(create)
+        for i in range(600):
+            topic.append(topic.partitions[0], build_batch([(None, b"v%d" % i, ())]), 1)
+        await catalog.close()
+
+        catalog = TopicCatalog(config, state)
+        await catalog.open()
+        try:
+            topic = catalog.topics["t"]
+            assert isinstance(topic, LogTopic)
+            reads = 0
+            read = topic.read
+
+            async def counting_read(partition: int, offset: int) -> list[bytes]:
+                nonlocal reads
+                reads += 1
+                return await read(partition, offset)
+
+            topic.read = counting_read  # type: ignore[method-assign]
+            settings = m.SubscriptionSettings(start=m.StartPosition.EARLIEST)
+            subscription = await catalog.subscriptions.get_or_create(
+                topic, "fresh", m.SubscriptionType.EXCLUSIVE, settings
+            )
+            session = _Session()
+            consumer = Consumer(1, "c", 0, session, subscription, 1000)  # type: ignore[arg-type]
+            subscription.attach(consumer)
+            deadline = asyncio.get_running_loop().time() + 10
+            while len(session.offsets) < 600 and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.01)
+            assert session.offsets == list(range(600))
+            assert consumer.credits == 400
+            assert reads <= 5, f"{reads} WAL reads for 600 single-record batches"
+        finally:
+            await catalog.close()
+    finally:
+        state.close()
