@@ -101,12 +101,12 @@ async def _send_round(peers: list[RawPeer], ops: list[tuple[object, ...]]) -> No
                 model.pop(name, None)
             elif kind == "produce":
                 request = m.ProduceRequest(name, int(op[2]), build_batch([(None, value, ())]))  # type: ignore[call-overload]
-                check = ("produce", name, value) if exists else UnknownTopic
+                check = ("produce", model[name], value) if exists else UnknownTopic
             else:
                 key = str(op[2]).encode()
                 request = m.MapSetRequest(name, (m.MapWrite(key, value),))
                 partition = zlib.crc32(key) % PARTITIONS
-                check = ("map_set", name, value, partition) if exists else UnknownTopic
+                check = ("map_set", model[name], value, partition) if exists else UnknownTopic
         correlation = next(_ids)
         outgoing[peer_index].append(encode_request(request, correlation))
         expected[correlation] = (peers[peer_index], check)
@@ -124,7 +124,9 @@ async def _send_round(peers: list[RawPeer], ops: list[tuple[object, ...]]) -> No
                 answers[frame.header.correlation_id] = decode_response(frame.header, frame.body)
             except HeadwaterError as exc:
                 answers[frame.header.correlation_id] = exc
-    # Answers are checked in request order: the model's acks are recorded per incarnation.
+    # Answers are checked in request order. An ack goes to the incarnation of the topic its
+    # request was made against (captured above): by now a later op of this round may have
+    # deleted and re-created the topic, and the new one never held that record.
     for correlation, (_, check) in expected.items():
         answer = answers[correlation]
         if check == "map_get":
@@ -141,12 +143,10 @@ async def _send_round(peers: list[RawPeer], ops: list[tuple[object, ...]]) -> No
             ), answer
         elif isinstance(check, tuple) and check[0] == "produce":
             assert isinstance(answer, m.ProduceResponse), answer
-            if check[1] in model:
-                model[check[1]].acked.append((answer.partition, answer.base_offset, check[2]))
+            check[1].acked.append((answer.partition, answer.base_offset, check[2]))
         elif isinstance(check, tuple):
             assert isinstance(answer, m.MapSetResponse), answer
-            if check[1] in model:
-                model[check[1]].acked.append((check[3], answer.revisions[0], check[2]))
+            check[1].acked.append((check[3], answer.revisions[0], check[2]))
         elif isinstance(check, type) and issubclass(check, HeadwaterError):
             assert isinstance(answer, check), (check, answer)
         else:
