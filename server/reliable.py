@@ -242,8 +242,13 @@ class ReliableSubscription:
             # (after a restart the tail cache is empty): one read per batch sent made a fresh
             # subscription crawl at ~100 records/s. So send the batches read while the group
             # would pick this consumer again (credit left, socket writable, its Shared turn).
-            for batch in batches:
-                if _BASE.unpack_from(batch)[0] >= ends[partition]:
+            for index, batch in enumerate(batches):
+                base = _BASE.unpack_from(batch)[0]
+                if base >= ends[partition]:
+                    break
+                if index and base != core.position(partition):
+                    # a hole inside the read (a damaged batch skipped): the next read starts
+                    # there, so the object store's copy is tried before anything is stepped over
                     break
                 self._send_new(target, partition, batch)
                 if self.group.pick() is not target:
