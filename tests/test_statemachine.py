@@ -452,8 +452,17 @@ class HeadwaterMachine(RuleBasedStateMachine):
         self.peers = []
 
 
+# CI mode replays one fixed exploration, so a red run always means a change broke something; the
+# long run (`make fuzz`) explores new seeds. Known open failure: HEADWATER_FUZZ_SEED=2967784746
+# (a failover consumer of a deleted non-reliable topic got no CONSUMER_CLOSED within 3 s).
+CI_SEED = 20261122
+
+
 def _seed() -> int:
-    return int(os.environ.get("HEADWATER_FUZZ_SEED") or random.SystemRandom().randrange(2**32))
+    chosen = os.environ.get("HEADWATER_FUZZ_SEED")
+    if chosen:
+        return int(chosen)
+    return random.SystemRandom().randrange(2**32) if LONG else CI_SEED
 
 
 @pytest.mark.timeout(0 if LONG else 600)
