@@ -17,7 +17,7 @@ from headwater.producer import (
     SendFuture,
 )
 from headwater.reconnect import ReconnectPolicy
-from wire.errors import (
+from headwater.wire.errors import (
     AuthenticationFailed,
     AuthenticationRequired,
     ConnectionClosed,
@@ -59,7 +59,7 @@ from wire.errors import (
     UnsupportedVersion,
     WrongPartition,
 )
-from wire.records import Compression
+from headwater.wire.records import Compression
 
 __all__ = [
     "AtLeastOnce",

@@ -24,8 +24,8 @@ from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 from headwater.producer_config import ProducerConfig, RecordMetadata
-from wire import messages as m
-from wire.records import BatchBuilder
+from headwater.wire import messages as m
+from headwater.wire.records import BatchBuilder
 
 BATCH_OVERHEAD = 61  # RecordBatch v2 header bytes
 RECORD_OVERHEAD = 64  # bytes a record may add beyond key, value and headers (varints, header)

@@ -21,8 +21,8 @@ import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
-from wire import messages as m
-from wire.errors import AuthenticationFailed, HeadwaterError
+from headwater.wire import messages as m
+from headwater.wire.errors import AuthenticationFailed, HeadwaterError
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,8 +23,8 @@ import time
 from collections.abc import Sequence
 
 from headwater.connection import default_server, parse_server
-from wire import messages as m
-from wire.errors import (
+from headwater.wire import messages as m
+from headwater.wire.errors import (
     AuthenticationFailed,
     ConnectionClosed,
     ConnectionLost,
@@ -32,8 +32,8 @@ from wire.errors import (
     RequestTimeout,
     TopicExists,
 )
-from wire.records import RecordInput, build_batch
-from wire.session import Answer, ClientSession
+from headwater.wire.records import RecordInput, build_batch
+from headwater.wire.session import Answer, ClientSession
 
 
 class BlockingClient:

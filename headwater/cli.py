@@ -27,7 +27,7 @@ from headwater.auth import Tls
 from headwater.cli_consume import consume
 from headwater.cli_parser import add_client_commands, add_global_options
 from headwater.client import connect
-from wire.errors import HeadwaterError
+from headwater.wire.errors import HeadwaterError
 
 # the formats each command prints (`--format`); the first is the default
 FORMATS = {
@@ -139,9 +139,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from server.config import ServerConfig
-    from server.config_file import ConfigError, check, load_config, with_overrides
-    from server.serve import StartupError, run
+    from headwater.server.config import ServerConfig
+    from headwater.server.config_file import ConfigError, check, load_config, with_overrides
+    from headwater.server.serve import StartupError, run
 
     try:
         config = load_config(args.config) if args.config else ServerConfig()

@@ -29,7 +29,7 @@ from headwater.producer import (
     ProducerConfig,
     RetryPolicy,
 )
-from wire.records import Compression
+from headwater.wire.records import Compression
 
 # how long an at-most-once `produce` waits for the server to refuse what it sent
 AT_MOST_ONCE_CONFIRM_TIMEOUT = 5.0

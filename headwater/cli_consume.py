@@ -25,7 +25,7 @@ from headwater.cli_commands import position
 from headwater.cli_output import format_message, parse_fields
 from headwater.client import Client
 from headwater.consumer import Consumer
-from wire.errors import ConnectionClosed, ConnectionLost, InvalidPartition
+from headwater.wire.errors import ConnectionClosed, ConnectionLost, InvalidPartition
 
 # how long the consumer waits for a message before asking the server whether it is at the end
 END_CHECK_INTERVAL = 0.3

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from headwater.client import DISPATCH_NAMES, SUBSCRIPTION_TYPE_NAMES, Message
-from wire.messages import DescribeTopicResponse, TopicInfo
+from headwater.wire.messages import DescribeTopicResponse, TopicInfo
 
 
 def describe_text(description: DescribeTopicResponse) -> str:

@@ -37,8 +37,8 @@ from headwater.consumer import Consumer, Message, ms
 from headwater.maps import Map
 from headwater.producer import Producer, ProducerConfig
 from headwater.reconnect import ReconnectPolicy
-from wire import messages as m
-from wire.errors import (
+from headwater.wire import messages as m
+from headwater.wire.errors import (
     AuthenticationFailed,
     ConnectionClosed,
     ConnectionLost,

@@ -67,12 +67,12 @@ def parse_duration(text: str) -> float:
 
 
 def _settings(args: argparse.Namespace) -> Any:
-    from server.config import ServerConfig
-    from server.config_file import ConfigError, load_config, with_overrides
-    from spark_compaction.job import CompactionSettings
-    from spark_compaction.store import StoreSpec
-    from wire.errors import InvalidTopicName
-    from wire.names import check_topic_name
+    from headwater.server.config import ServerConfig
+    from headwater.server.config_file import ConfigError, load_config, with_overrides
+    from headwater.spark_compaction.job import CompactionSettings
+    from headwater.spark_compaction.store import StoreSpec
+    from headwater.wire.errors import InvalidTopicName
+    from headwater.wire.names import check_topic_name
 
     try:
         config = load_config(args.config) if args.config else ServerConfig()
@@ -155,7 +155,7 @@ class _Runner:
 
     def session(self) -> Any:
         if self.spark is None:
-            from spark_compaction.session import running_session, spark_session
+            from headwater.spark_compaction.session import running_session, spark_session
 
             if self.progress:
                 self.progress.message(f"starting Spark ({self.master})")
@@ -164,7 +164,7 @@ class _Runner:
         return self.spark
 
     def once(self) -> int:
-        from spark_compaction.job import run
+        from headwater.spark_compaction.job import run
 
         progress = self.progress
         try:

@@ -25,15 +25,15 @@ from collections.abc import Callable
 from typing import cast
 
 from headwater.auth import certificate_refused, tls_refusal
-from wire import messages as m
-from wire.errors import (
+from headwater.wire import messages as m
+from headwater.wire.errors import (
     AuthenticationFailed,
     ConnectionClosed,
     ConnectionLost,
     HeadwaterError,
     RequestTimeout,
 )
-from wire.session import ClientSession, PushHandler
+from headwater.wire.session import ClientSession, PushHandler
 
 __all__ = [
     "DEFAULT_PORT",

@@ -29,16 +29,16 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TYPE_CHECKING
 
-from wire import messages as m
-from wire.errors import (
+from headwater.wire import messages as m
+from headwater.wire.errors import (
     ConnectionClosed,
     ConnectionLost,
     HeadwaterError,
     InvalidRequest,
     ServerShuttingDown,
 )
-from wire.limits import MAX_ACKS_PER_REQUEST
-from wire.records import decode_records
+from headwater.wire.limits import MAX_ACKS_PER_REQUEST
+from headwater.wire.records import decode_records
 
 if TYPE_CHECKING:
     from headwater.connection import Connection

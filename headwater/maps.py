@@ -20,8 +20,8 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from wire import messages as m
-from wire.keys import ABSENT_REVISION, ANY_REVISION
+from headwater.wire import messages as m
+from headwater.wire.keys import ABSENT_REVISION, ANY_REVISION
 
 
 class Requester(Protocol):

@@ -52,9 +52,9 @@ from headwater.producer_config import (
     RetryStrategy,
 )
 from headwater.sender import ConnectionFactory, Sender
-from wire import messages as m
-from wire.errors import ConnectionClosed, RecordTooLarge
-from wire.keys import partition_for_key
+from headwater.wire import messages as m
+from headwater.wire.errors import ConnectionClosed, RecordTooLarge
+from headwater.wire.keys import partition_for_key
 
 
 class Producer:

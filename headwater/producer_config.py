@@ -11,9 +11,9 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from wire import messages as m
-from wire.errors import InvalidRequest
-from wire.records import Compression
+from headwater.wire import messages as m
+from headwater.wire.errors import InvalidRequest
+from headwater.wire.records import Compression
 
 Isolation = m.Isolation
 

@@ -15,7 +15,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from wire.errors import InvalidRequest
+from headwater.wire.errors import InvalidRequest
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,8 +25,8 @@ from collections.abc import Awaitable, Callable
 from headwater.accumulator import ProducerBatch, RecordAccumulator
 from headwater.connection import Connection
 from headwater.producer_config import AtLeastOnce, AtMostOnce, ProducerConfig
-from wire import messages as m
-from wire.errors import HeadwaterError, RequestTimeout
+from headwater.wire import messages as m
+from headwater.wire.errors import HeadwaterError, RequestTimeout
 
 logger = logging.getLogger("headwater.producer")
 

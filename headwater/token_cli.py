@@ -70,7 +70,7 @@ def parse_duration(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from server.tokens import TokenFileError
+    from headwater.server.tokens import TokenFileError
 
     if args.file is None:
         print("headwater: error: give --file (or set HEADWATER_TOKENS_FILE)", file=sys.stderr)
@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _create(args: argparse.Namespace) -> int:
-    from server.tokens import create
+    from headwater.server.tokens import create
 
     quotas = {
         name: value
@@ -115,7 +115,7 @@ def _create(args: argparse.Namespace) -> int:
 
 
 def _list(path: Path) -> int:
-    from server.tokens import load
+    from headwater.server.tokens import load
 
     now = time.time()
     for entry in load(path).values():
@@ -134,7 +134,7 @@ def _list(path: Path) -> int:
 
 
 def _revoke(path: Path, selector: str) -> int:
-    from server.tokens import revoke
+    from headwater.server.tokens import revoke
 
     revoked = revoke(path, selector)
     if not revoked:

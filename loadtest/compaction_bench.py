@@ -37,9 +37,9 @@ VALUE_SIZE = 100
 
 
 def write_history(root: Path, records: int) -> int:
-    from spark_compaction.history import generate, write_segments
-    from spark_compaction.store import BlockingStore, StoreSpec
-    from wire.records import Compression
+    from headwater.spark_compaction.history import generate, write_segments
+    from headwater.spark_compaction.store import BlockingStore, StoreSpec
+    from headwater.wire.records import Compression
 
     per_partition = records // PARTITIONS
     with BlockingStore(StoreSpec.local(root)) as store:
@@ -69,9 +69,9 @@ def python_fold(root: Path, output: Path) -> dict[str, Any]:
     """The single-process baseline, phase by phase."""
     import pyarrow as pa
 
-    from spark_compaction.store import BlockingStore, StoreSpec
-    from spark_compaction.wal import iter_batches, list_segments
-    from spark_compaction.writer import encode_parquet
+    from headwater.spark_compaction.store import BlockingStore, StoreSpec
+    from headwater.spark_compaction.wal import iter_batches, list_segments
+    from headwater.spark_compaction.writer import encode_parquet
 
     phases = dict.fromkeys(("list", "fetch", "decode", "fold", "write"), 0.0)
     records = 0
@@ -150,8 +150,8 @@ def tree_cpu_seconds() -> float:
 
 
 def spark_fold(spark: Any, root: Path) -> dict[str, Any]:
-    from spark_compaction.job import CompactionSettings, run
-    from spark_compaction.store import StoreSpec
+    from headwater.spark_compaction.job import CompactionSettings, run
+    from headwater.spark_compaction.store import StoreSpec
 
     summary = run(lambda: spark, CompactionSettings(StoreSpec.local(root), ("bench",)))
     return summary.as_dict()
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--driver-memory", default="2g")
     parser.add_argument("--warmup", type=int, default=100_000, help="records of the warm-up run")
     args = parser.parse_args(argv)
-    from spark_compaction.session import spark_session
+    from headwater.spark_compaction.session import spark_session
 
     clock = time.monotonic()
     spark = spark_session(

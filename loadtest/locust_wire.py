@@ -22,9 +22,9 @@ import socket
 import time
 
 from headwater.connection import parse_server
-from wire import messages as m
-from wire.errors import ConnectionLost, HeadwaterError
-from wire.session import Answer, ClientSession
+from headwater.wire import messages as m
+from headwater.wire.errors import ConnectionLost, HeadwaterError
+from headwater.wire.session import Answer, ClientSession
 
 
 class WireConnection:

@@ -37,10 +37,10 @@ from locust import User, between, events, task
 from locust.exception import StopUser
 
 from headwater.blocking import BlockingClient
+from headwater.wire import messages as m
+from headwater.wire.errors import HeadwaterError, TopicExists
+from headwater.wire.records import BatchBuilder, decode_records
 from loadtest.locust_wire import WireConnection
-from wire import messages as m
-from wire.errors import HeadwaterError, TopicExists
-from wire.records import BatchBuilder, decode_records
 
 FAST, STORED, MAP = "locust-fast", "locust-stored", "locust-map"
 STAMP = struct.Struct(">q")

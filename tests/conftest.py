@@ -75,7 +75,7 @@ async def bucket(s3: MotoS3, request: pytest.FixtureRequest) -> str:
 def spark(s3: MotoS3) -> Iterator[object]:
     """One local[2] Spark session for every Spark test. It asks for `s3` first so that the JVM, and
     the Python workers it starts, inherit the AWS variables pointing at moto."""
-    from spark_compaction.session import spark_session
+    from headwater.spark_compaction.session import spark_session
 
     session = spark_session(
         "local[2]",

@@ -8,10 +8,10 @@ import contextlib
 from pathlib import Path
 
 import headwater
+from headwater.storage.segments import BatchLocation, scan_segment
 from headwater.testing import ServerProcess
-from storage.segments import BatchLocation, scan_segment
+from headwater.wire.errors import HeadwaterError
 from tests.helpers import drain
-from wire.errors import HeadwaterError
 
 
 async def produce_each(

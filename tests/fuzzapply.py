@@ -9,6 +9,7 @@ as acknowledged (or, in an ambiguous round, as allowed in the new generation).
 
 from __future__ import annotations
 
+from headwater.wire import messages as m
 from tests.fuzzmodel import (
     OK,
     ConsumerModel,
@@ -41,7 +42,6 @@ from tests.fuzzops import (
     visible,
 )
 from tests.fuzzpeer import Outcome
-from wire import messages as m
 
 _AMBIGUOUS = {
     Produce: {OK, "UNKNOWN_TOPIC", "INVALID_PARTITION", "WRONG_PARTITION"},

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from hypothesis.stateful import rule
 
-from server.tokens import create
+from headwater.server.tokens import create
+from headwater.wire import messages as m
 from tests.fuzzmodel import Violation, show
 from tests.fuzzops import AUTH_PRINCIPALS, AUTH_TOPICS, Op, auth_rounds, visible
 from tests.test_statemachine import HeadwaterMachine
-from wire import messages as m
 
 
 class AuthMachine(HeadwaterMachine):

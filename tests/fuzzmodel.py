@@ -20,6 +20,9 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
+from headwater.wire import messages as m
+from headwater.wire.errors import HeadwaterError
+from headwater.wire.records import Record, build_batch
 from tests.fuzzops import (
     KEYS,
     Ack,
@@ -44,9 +47,6 @@ from tests.fuzzops import (
     key_partition,
 )
 from tests.fuzzpeer import Outcome
-from wire import messages as m
-from wire.errors import HeadwaterError
-from wire.records import Record, build_batch
 
 OK = "OK"
 _MISSING = object()

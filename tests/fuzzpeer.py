@@ -13,11 +13,11 @@ import asyncio
 import contextlib
 from dataclasses import dataclass, field
 
-from wire import messages as m
-from wire.errors import HeadwaterError
-from wire.frames import FrameDecoder
-from wire.protocol import decode_push, decode_response, encode_request
-from wire.records import Record, read_records
+from headwater.wire import messages as m
+from headwater.wire.errors import HeadwaterError
+from headwater.wire.frames import FrameDecoder
+from headwater.wire.protocol import decode_push, decode_response, encode_request
+from headwater.wire.records import Record, read_records
 
 Outcome = m.Response | HeadwaterError
 

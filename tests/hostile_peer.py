@@ -27,10 +27,10 @@ from collections import Counter
 import cramjam
 import crc32c
 
-from wire import messages as m
-from wire.frames import Flags, FrameDecoder
-from wire.protocol import encode_request
-from wire.records import Compression, build_batch
+from headwater.wire import messages as m
+from headwater.wire.frames import Flags, FrameDecoder
+from headwater.wire.protocol import encode_request
+from headwater.wire.records import Compression, build_batch
 
 ERROR = struct.Struct(">h")
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from wire import messages as m
-from wire.errors import HeadwaterError
-from wire.frames import Frame, FrameDecoder
-from wire.protocol import decode_push, decode_response, encode_request
+from headwater.wire import messages as m
+from headwater.wire.errors import HeadwaterError
+from headwater.wire.frames import Frame, FrameDecoder
+from headwater.wire.protocol import decode_push, decode_response, encode_request
 
 
 class RawPeer:

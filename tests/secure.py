@@ -7,8 +7,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from headwater.server.tokens import create
 from headwater.testing import ServerProcess
-from server.tokens import create
 
 
 @dataclass

@@ -6,9 +6,9 @@ import pytest
 
 import headwater
 from headwater.testing import ServerProcess
-from wire import messages as m
-from wire.errors import ServerShuttingDown, TopicExists, UnknownTopic
-from wire.protocol import SUPPORTED_VERSIONS
+from headwater.wire import messages as m
+from headwater.wire.errors import ServerShuttingDown, TopicExists, UnknownTopic
+from headwater.wire.protocol import SUPPORTED_VERSIONS
 
 
 async def test_create_list_describe_delete(fresh_server: ServerProcess) -> None:

@@ -24,9 +24,8 @@ from hypothesis import strategies as st
 
 import headwater
 from headwater.testing import ServerProcess
-from tests.rawwire import RawPeer
-from wire import messages as m
-from wire.errors import (
+from headwater.wire import messages as m
+from headwater.wire.errors import (
     ConsumerBusy,
     HeadwaterError,
     InvalidRequest,
@@ -34,8 +33,9 @@ from wire.errors import (
     TopicExists,
     UnknownTopic,
 )
-from wire.protocol import decode_response, encode_request
-from wire.records import build_batch
+from headwater.wire.protocol import decode_response, encode_request
+from headwater.wire.records import build_batch
+from tests.rawwire import RawPeer
 
 NAMES = ("a", "b")
 PARTITIONS = 2

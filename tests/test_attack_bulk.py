@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 
 from headwater.testing import ServerProcess
+from headwater.wire import messages as m
+from headwater.wire.codec import decode_response, encode_request
+from headwater.wire.errors import HeadwaterError
+from headwater.wire.frames import Frame, FrameDecoder
 from tests.fuzzpeer import FuzzPeer, Outcome
-from wire import messages as m
-from wire.codec import decode_response, encode_request
-from wire.errors import HeadwaterError
-from wire.frames import Frame, FrameDecoder
 
 
 async def _pipelined(peer: FuzzPeer, requests: list[m.Request], timeout: float) -> list[Outcome]:

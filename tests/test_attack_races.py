@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from headwater.testing import ServerProcess
+from headwater.wire import messages as m
+from headwater.wire.errors import HeadwaterError
+from headwater.wire.records import build_batch
 from tests.fuzzpeer import FuzzPeer, Outcome
-from wire import messages as m
-from wire.errors import HeadwaterError
-from wire.records import build_batch
 
 ANSWER_S = 5.0
 

@@ -10,9 +10,8 @@ import pytest
 
 import headwater
 from headwater.testing import ServerProcess
-from tests.rawwire import RawPeer
-from wire import messages as m
-from wire.errors import (
+from headwater.wire import messages as m
+from headwater.wire.errors import (
     CorruptBatch,
     ErrorCode,
     HeadwaterError,
@@ -22,10 +21,11 @@ from wire.errors import (
     UnknownConsumer,
     UnknownTopic,
 )
-from wire.frames import Flags, Frame
-from wire.limits import MAX_FRAME_SIZE
-from wire.protocol import encode_request
-from wire.records import build_batch
+from headwater.wire.frames import Flags, Frame
+from headwater.wire.limits import MAX_FRAME_SIZE
+from headwater.wire.protocol import encode_request
+from headwater.wire.records import build_batch
+from tests.rawwire import RawPeer
 
 
 async def _still_serves(server: ServerProcess) -> None:
@@ -50,7 +50,7 @@ async def test_unknown_api_key_keeps_the_connection(server: ServerProcess) -> No
 
 
 async def _response_of(frame: Frame) -> object:
-    from wire.protocol import decode_response
+    from headwater.wire.protocol import decode_response
 
     try:
         return decode_response(frame.header, frame.body)

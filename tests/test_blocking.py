@@ -6,7 +6,7 @@ import pytest
 
 from headwater.blocking import BlockingClient
 from headwater.testing import ServerProcess
-from wire.errors import ConnectionClosed, TopicExists, UnknownTopic
+from headwater.wire.errors import ConnectionClosed, TopicExists, UnknownTopic
 
 
 def test_blocking_client_produces_and_uses_maps(server: ServerProcess, topic_name: str) -> None:

@@ -13,17 +13,17 @@ from pathlib import Path
 import pytest
 
 import headwater
-from durables.group import ConsumerGroup
+from headwater.durables.group import ConsumerGroup
+from headwater.server.catalog import TopicCatalog
+from headwater.server.config import ObjectStoreConfig, ServerConfig
+from headwater.server.kind import Consumer
+from headwater.storage.state import StateStore
 from headwater.testing import ServerProcess
-from server.catalog import TopicCatalog
-from server.config import ObjectStoreConfig, ServerConfig
-from server.kind import Consumer
-from storage.state import StateStore
+from headwater.wire import messages as m
+from headwater.wire.errors import StorageError, TooManyConsumers, TooManySubscriptions
+from headwater.wire.protocol import decode_push
+from headwater.wire.records import build_batch, read_records
 from tests.rawwire import RawPeer
-from wire import messages as m
-from wire.errors import StorageError, TooManyConsumers, TooManySubscriptions
-from wire.protocol import decode_push
-from wire.records import build_batch, read_records
 
 
 def _server_with(tmp_path: Path, settings: str) -> ServerProcess:

@@ -6,9 +6,9 @@ import dataclasses
 from pathlib import Path
 
 import headwater
+from headwater.server.config import ObjectStoreConfig, ServerConfig, TopicSettings
+from headwater.server.config_file import load_config, with_overrides
 from headwater.testing import ServerProcess
-from server.config import ObjectStoreConfig, ServerConfig, TopicSettings
-from server.config_file import load_config, with_overrides
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "headwater.example.toml"
 

@@ -10,7 +10,7 @@ import headwater
 from headwater.blocking import BlockingClient
 from headwater.connection import default_server
 from headwater.testing import ServerProcess
-from wire import errors
+from headwater.wire import errors
 
 
 async def test_create_topic_exist_ok_accepts_an_existing_topic(

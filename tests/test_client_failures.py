@@ -20,10 +20,9 @@ import pytest
 import headwater
 from headwater.blocking import BlockingClient
 from headwater.testing import ServerProcess
-from tests.test_cli import hw, start_consumer, wait_for_consumers
-from wire import messages as m
-from wire.api.produce import delivery_prefix
-from wire.errors import (
+from headwater.wire import messages as m
+from headwater.wire.api.produce import delivery_prefix
+from headwater.wire.errors import (
     ConnectionClosed,
     ConnectionLost,
     InvalidRequest,
@@ -32,10 +31,11 @@ from wire.errors import (
     UnknownTopic,
     error_for_code,
 )
-from wire.frames import Flags, Frame, FrameDecoder
-from wire.names import check_name, check_topic_name
-from wire.protocol import decode_request, encode_push, encode_response
-from wire.records import build_batch
+from headwater.wire.frames import Flags, Frame, FrameDecoder
+from headwater.wire.names import check_name, check_topic_name
+from headwater.wire.protocol import decode_request, encode_push, encode_response
+from headwater.wire.records import build_batch
+from tests.test_cli import hw, start_consumer, wait_for_consumers
 
 FAST = headwater.ReconnectPolicy(initial_delay=0.05, max_delay=0.5, timeout=30)
 

@@ -12,9 +12,8 @@ import pytest
 
 import headwater
 from headwater.testing import ServerProcess
-from tests.rawwire import RawPeer
-from wire import messages as m
-from wire.errors import (
+from headwater.wire import messages as m
+from headwater.wire.errors import (
     ErrorCode,
     HeadwaterError,
     RevisionMismatch,
@@ -22,8 +21,9 @@ from wire.errors import (
     UnknownTopic,
     WrongPartition,
 )
-from wire.protocol import decode_push, decode_response, encode_request
-from wire.records import build_batch
+from headwater.wire.protocol import decode_push, decode_response, encode_request
+from headwater.wire.records import build_batch
+from tests.rawwire import RawPeer
 
 RELIABLE = m.DispatchMode.RELIABLE
 _correlation = itertools.count(1000)

@@ -13,8 +13,9 @@ import shutil
 from pathlib import Path
 
 import headwater
+from headwater.storage.segments import INDEX_SUFFIX
 from headwater.testing import ServerProcess
-from storage.segments import INDEX_SUFFIX
+from headwater.wire.messages import DescribeTopicResponse
 from tests.faults import (
     batches,
     flip,
@@ -24,7 +25,6 @@ from tests.faults import (
     segments,
 )
 from tests.helpers import drain
-from wire.messages import DescribeTopicResponse
 
 
 def values(prefix: str, count: int) -> list[bytes]:

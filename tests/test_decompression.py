@@ -12,8 +12,8 @@ import crc32c
 import pytest
 from kafka.record.default_records import DefaultRecordBatchBuilder as KafkaBuilder
 
-from wire.errors import CorruptBatch, DecompressedTooLarge
-from wire.records import Compression, inflate, read_records, validate_records
+from headwater.wire.errors import CorruptBatch, DecompressedTooLarge
+from headwater.wire.records import Compression, inflate, read_records, validate_records
 
 CODECS = [Compression.GZIP, Compression.SNAPPY, Compression.LZ4, Compression.ZSTD]
 

@@ -11,14 +11,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import headwater
+from headwater.storage.lastvalue_store import LV, LVCOUNT, LVPOS
+from headwater.storage.state import StateStore, key
 from headwater.testing import ServerProcess
-from storage.lastvalue_store import LV, LVCOUNT, LVPOS
-from storage.state import StateStore, key
+from headwater.wire import messages as m
+from headwater.wire.errors import ConsumerBusy, InvalidRequest, RevisionMismatch
+from headwater.wire.records import build_batch
 from tests.helpers import drain
 from tests.rawwire import RawPeer
-from wire import messages as m
-from wire.errors import ConsumerBusy, InvalidRequest, RevisionMismatch
-from wire.records import build_batch
 
 
 async def produce(

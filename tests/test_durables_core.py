@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from durables.cursor import PartitionCursor
-from durables.delivery import DEAD_LETTER_RETRY, ReliableDelivery, ReliableSettings, runs
-from durables.group import ConsumerGroup
-from durables.lastvalue import LastValueKeys
-from storage.state import StateStore, StateWriter
-from wire import messages as m
-from wire.errors import ConsumerBusy, InvalidRequest, WrongPartition
-from wire.keys import partition_for_key
-from wire.records import Record
+from headwater.durables.cursor import PartitionCursor
+from headwater.durables.delivery import DEAD_LETTER_RETRY, ReliableDelivery, ReliableSettings, runs
+from headwater.durables.group import ConsumerGroup
+from headwater.durables.lastvalue import LastValueKeys
+from headwater.storage.state import StateStore, StateWriter
+from headwater.wire import messages as m
+from headwater.wire.errors import ConsumerBusy, InvalidRequest, WrongPartition
+from headwater.wire.keys import partition_for_key
+from headwater.wire.records import Record
 
 
 def _settings(**overrides: object) -> ReliableSettings:
@@ -298,7 +298,7 @@ async def test_state_writer_group_commits_concurrent_synced_writes(tmp_path: Pat
 
 
 async def test_producer_ids_are_counted_in_memory_and_survive_a_restart(tmp_path: Path) -> None:
-    from server.producers import ProducerIds
+    from headwater.server.producers import ProducerIds
 
     store = StateStore(tmp_path / "state")
     try:

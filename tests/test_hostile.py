@@ -26,17 +26,17 @@ import pytest
 
 import headwater
 from headwater.testing import ServerProcess
-from tests.hostile_peer import bomb_batch
-from tests.rawwire import RawPeer
-from wire import messages as m
-from wire.errors import (
+from headwater.wire import messages as m
+from headwater.wire.errors import (
     ConnectionTimeout,
     DecompressedTooLarge,
     ErrorCode,
     TooManyConnections,
 )
-from wire.protocol import decode_response
-from wire.records import build_batch
+from headwater.wire.protocol import decode_response
+from headwater.wire.records import build_batch
+from tests.hostile_peer import bomb_batch
+from tests.rawwire import RawPeer
 
 P99_LIMIT = 0.050
 ATTACK_SECONDS = 6.0

@@ -22,15 +22,15 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import headwater
+from headwater.server.config import ServerConfig
+from headwater.server.listener import Listener, StartupError
+from headwater.server.operator_port import start_operator_port
+from headwater.server.tls import peer_common_name
+from headwater.server.tokens import revoke
 from headwater.testing import ServerProcess
-from server.config import ServerConfig
-from server.listener import Listener, StartupError
-from server.operator_port import start_operator_port
-from server.tls import peer_common_name
-from server.tokens import revoke
+from headwater.wire.errors import AuthenticationFailed
 from tests.certs import Authority, Issued
 from tests.secure import SecureServer, secure_server
-from wire.errors import AuthenticationFailed
 
 Answer = tuple[int, dict[str, str], bytes]
 

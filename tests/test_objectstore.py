@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 import headwater
+from headwater.storage.objectstore import LocalObjectStore, ObjectStore, S3ObjectStore
 from headwater.testing import ServerProcess
-from storage.objectstore import LocalObjectStore, ObjectStore, S3ObjectStore
+from headwater.wire.errors import ObjectNotFound, StorageError
 from tests.s3 import CREDENTIALS, MotoS3, create_bucket
-from wire.errors import ObjectNotFound, StorageError
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -242,9 +242,9 @@ class _GatedStore(LocalObjectStore):
 async def test_an_upload_finishing_after_its_topic_was_deleted_is_not_recorded(
     tmp_path: Path,
 ) -> None:
-    from storage.logstate import SealedSegment
-    from storage.state import UPLOAD, StateStore
-    from storage.uploader import Uploader
+    from headwater.storage.logstate import SealedSegment
+    from headwater.storage.state import UPLOAD, StateStore
+    from headwater.storage.uploader import Uploader
 
     state = StateStore(tmp_path / "state")
     store = _GatedStore(tmp_path / "objects")

@@ -13,10 +13,8 @@ from kafka.record.default_records import DefaultRecordBatch as KafkaBatch
 import headwater
 from headwater import AtLeastOnce, AtMostOnce, Compression, Isolation, RetryPolicy
 from headwater.testing import ServerProcess
-from tests.proxy import FaultyProxy
-from tests.rawwire import RawPeer
-from wire import messages as m
-from wire.errors import (
+from headwater.wire import messages as m
+from headwater.wire.errors import (
     ErrorCode,
     HeadwaterError,
     OutOfOrderSequence,
@@ -24,7 +22,9 @@ from wire.errors import (
     UnknownProducerId,
     UnknownTopic,
 )
-from wire.records import BatchBuilder, read_records
+from headwater.wire.records import BatchBuilder, read_records
+from tests.proxy import FaultyProxy
+from tests.rawwire import RawPeer
 
 
 @pytest.fixture
@@ -311,7 +311,7 @@ async def test_idempotence_rules_over_the_wire(fresh_server: ServerProcess) -> N
 async def test_dedup_state_recovers_from_the_wal(fresh_server: ServerProcess) -> None:
     """A kill -9 between the WAL append and the producer-state write loses the state of the
     newest batch; the server finds it again in the WAL's batch headers on start."""
-    from storage.state import PRODUCER, StateStore, key
+    from headwater.storage.state import PRODUCER, StateStore, key
 
     async with await headwater.connect(fresh_server.address) as client:
         await client.create_topic("window", dispatch="reliable", configs={"fsync": "always"})

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatch as KafkaBatch
 from kafka.record.default_records import DefaultRecordBatchBuilder as KafkaBuilder
 
-from wire.errors import CorruptBatch
-from wire.records import (
+from headwater.wire.errors import CorruptBatch
+from headwater.wire.records import (
     BatchBuilder,
     build_batch,
     inspect_batch,

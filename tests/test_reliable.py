@@ -9,17 +9,17 @@ from pathlib import Path
 import pytest
 
 import headwater
+from headwater.server.catalog import TopicCatalog
+from headwater.server.config import ObjectStoreConfig, ServerConfig
+from headwater.server.kind import Consumer
+from headwater.server.topics import LogTopic
+from headwater.storage.segments import segment_name
+from headwater.storage.state import StateStore
 from headwater.testing import ServerProcess
-from server.catalog import TopicCatalog
-from server.config import ObjectStoreConfig, ServerConfig
-from server.kind import Consumer
-from server.topics import LogTopic
-from storage.segments import segment_name
-from storage.state import StateStore
+from headwater.wire import messages as m
+from headwater.wire.errors import InvalidRequest, UnknownSubscription
+from headwater.wire.records import build_batch, read_records
 from tests.helpers import drain
-from wire import messages as m
-from wire.errors import InvalidRequest, UnknownSubscription
-from wire.records import build_batch, read_records
 
 
 async def produce(
@@ -327,9 +327,9 @@ async def test_bad_reliable_requests(client: headwater.Client, topic_name: str) 
 async def test_timestamp_start_reaches_into_archived_history(fresh_server: ServerProcess) -> None:
     """Local segments deleted after upload (local object store): a timestamp start still
     finds the first message at or after it, in the archive."""
+    from headwater.wire import messages as m
+    from headwater.wire.records import build_batch
     from tests.rawwire import RawPeer
-    from wire import messages as m
-    from wire.records import build_batch
 
     async with await headwater.connect(fresh_server.address) as client:
         await client.create_topic(

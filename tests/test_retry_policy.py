@@ -7,7 +7,7 @@ import random
 import pytest
 
 from headwater.producer import RetryPolicy, RetryStrategy
-from wire.errors import InvalidRequest
+from headwater.wire.errors import InvalidRequest
 
 
 def test_fixed() -> None:

@@ -16,21 +16,27 @@ from pathlib import Path
 import pytest
 
 import headwater
+from headwater.server.tokens import load
 from headwater.testing import ServerProcess
-from server.tokens import load
-from tests.rawwire import RawPeer
-from tests.secure import SecureServer, secure_server
-from wire import messages as m
-from wire.errors import (
+from headwater.wire import messages as m
+from headwater.wire.errors import (
     AuthenticationFailed,
     AuthenticationRequired,
     ErrorCode,
     NotAuthorized,
     TooManyConnections,
 )
-from wire.frames import FrameDecoder
-from wire.protocol import decode_push, decode_response, encode_push, encode_request, encode_response
-from wire.records import build_batch
+from headwater.wire.frames import FrameDecoder
+from headwater.wire.protocol import (
+    decode_push,
+    decode_response,
+    encode_push,
+    encode_request,
+    encode_response,
+)
+from headwater.wire.records import build_batch
+from tests.rawwire import RawPeer
+from tests.secure import SecureServer, secure_server
 
 
 @pytest.fixture
@@ -399,7 +405,7 @@ async def test_a_connection_that_never_authenticates_is_closed(secure: SecureSer
 
 
 def test_security_settings_load_from_the_config_file(tmp_path: Path) -> None:
-    from server.config_file import ConfigError, load_config
+    from headwater.server.config_file import ConfigError, load_config
 
     path = tmp_path / "headwater.toml"
     path.write_text(

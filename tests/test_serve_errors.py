@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from headwater.testing import ServerProcess
+from headwater.wire import messages as m
+from headwater.wire.errors import ErrorCode
+from headwater.wire.protocol import decode_push
 from tests.rawwire import RawPeer
-from wire import messages as m
-from wire.errors import ErrorCode
-from wire.protocol import decode_push
 
 
 def serve(*args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:

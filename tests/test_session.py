@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from wire import messages as m
-from wire.api.produce import delivery_prefix
-from wire.errors import (
+from headwater.wire import messages as m
+from headwater.wire.api.produce import delivery_prefix
+from headwater.wire.errors import (
     AuthenticationFailed,
     ConnectionClosed,
     ConnectionLost,
@@ -12,9 +12,9 @@ from wire.errors import (
     TopicExists,
     UnknownTopic,
 )
-from wire.frames import Flags, FrameDecoder
-from wire.protocol import decode_request, encode_error, encode_push, encode_response
-from wire.session import Answer, ClientSession
+from headwater.wire.frames import Flags, FrameDecoder
+from headwater.wire.protocol import decode_request, encode_error, encode_push, encode_response
+from headwater.wire.session import Answer, ClientSession
 
 
 class Clock:

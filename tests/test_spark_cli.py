@@ -18,9 +18,9 @@ import pytest
 
 import headwater
 from headwater.cli import main
+from headwater.spark_compaction.loader import load_snapshot
+from headwater.storage.objectstore import LocalObjectStore
 from headwater.testing import ServerProcess
-from spark_compaction.loader import load_snapshot
-from storage.objectstore import LocalObjectStore
 from tests.s3 import free_port
 
 SUMMARY_KEYS = {

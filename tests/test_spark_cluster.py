@@ -20,9 +20,9 @@ from typing import Any
 import pyspark
 import pytest
 
-from spark_compaction.history import generate, write_segments
-from spark_compaction.job import CompactionSettings, run
-from spark_compaction.store import BlockingStore, StoreSpec
+from headwater.spark_compaction.history import generate, write_segments
+from headwater.spark_compaction.job import CompactionSettings, run
+from headwater.spark_compaction.store import BlockingStore, StoreSpec
 from tests.s3 import free_port
 from tests.test_spark_compaction import _store_files, _without_clock, python_fold, snapshot
 

@@ -15,12 +15,12 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from spark_compaction.history import Entry, generate, write_segments
-from spark_compaction.job import CompactionSettings, apply_retention, compute, plan, run
-from spark_compaction.loader import load_snapshot
-from spark_compaction.manifest import Manifest, manifest_horizons
-from spark_compaction.store import BlockingStore, StoreSpec, open_store
-from spark_compaction.wal import list_segments
+from headwater.spark_compaction.history import Entry, generate, write_segments
+from headwater.spark_compaction.job import CompactionSettings, apply_retention, compute, plan, run
+from headwater.spark_compaction.loader import load_snapshot
+from headwater.spark_compaction.manifest import Manifest, manifest_horizons
+from headwater.spark_compaction.store import BlockingStore, StoreSpec, open_store
+from headwater.spark_compaction.wal import list_segments
 from tests.s3 import MotoS3, create_bucket
 
 Folded = dict[bytes, tuple[bytes, int, int, tuple[tuple[str, bytes | None], ...]]]

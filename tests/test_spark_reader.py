@@ -10,9 +10,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from spark_compaction.history import Entry, generate, write_segments
-from spark_compaction.loader import load_snapshot
-from spark_compaction.manifest import (
+from headwater.spark_compaction.history import Entry, generate, write_segments
+from headwater.spark_compaction.loader import load_snapshot
+from headwater.spark_compaction.manifest import (
     Manifest,
     SnapshotFile,
     data_key,
@@ -20,13 +20,13 @@ from spark_compaction.manifest import (
     now_iso,
     retention_plan,
 )
-from spark_compaction.schema import WAL_DDL, WAL_SCHEMA
-from spark_compaction.store import BlockingStore, StoreSpec
-from spark_compaction.wal import Folder, decode_segment, list_segments
-from spark_compaction.writer import encode_parquet
-from storage.objectstore import LocalObjectStore, ObjectInfo
-from wire.errors import StorageError
-from wire.records import BATCH_HEADER_SIZE
+from headwater.spark_compaction.schema import WAL_DDL, WAL_SCHEMA
+from headwater.spark_compaction.store import BlockingStore, StoreSpec
+from headwater.spark_compaction.wal import Folder, decode_segment, list_segments
+from headwater.spark_compaction.writer import encode_parquet
+from headwater.storage.objectstore import LocalObjectStore, ObjectInfo
+from headwater.wire.errors import StorageError
+from headwater.wire.records import BATCH_HEADER_SIZE
 
 
 def _rows(store: BlockingStore, topic: str) -> list[dict[str, object]]:
@@ -125,7 +125,7 @@ def test_arrow_schemas_are_the_ones_spark_derives(spark: object) -> None:
     from pyspark.sql.pandas.types import to_arrow_schema
     from pyspark.sql.types import _parse_datatype_string
 
-    from spark_compaction.source import SNAPSHOT_READ_DDL, SNAPSHOT_READ_SCHEMA
+    from headwater.spark_compaction.source import SNAPSHOT_READ_DDL, SNAPSHOT_READ_SCHEMA
 
     assert to_arrow_schema(_parse_datatype_string(WAL_DDL), timezone="UTC") == WAL_SCHEMA
     assert (

@@ -44,13 +44,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
 
 from headwater.testing import ServerProcess
+from headwater.wire import messages as m
+from headwater.wire.records import build_batch
 from tests.fuzzapply import _check_listing, expect
 from tests.fuzzmodel import OK, Gen, Model, Sent, Violation, code, show
 from tests.fuzzops import CONNECTIONS, KEYS, TOPICS, Op, rounds
 from tests.fuzzpeer import FuzzPeer, Outcome
 from tests.fuzzrepro import REPRODUCTIONS
-from wire import messages as m
-from wire.records import build_batch
 
 LONG = os.environ.get("HEADWATER_FUZZ") == "long"
 ANSWER_S = float(os.environ.get("HEADWATER_FUZZ_ANSWER_S", "5"))

@@ -9,11 +9,11 @@ import pytest
 
 import headwater
 from headwater.testing import ServerProcess
+from headwater.wire import messages as m
+from headwater.wire.errors import ConsumerBusy, SubscriptionTypeMismatch
+from headwater.wire.records import build_batch
 from tests.helpers import drain
 from tests.rawwire import RawPeer
-from wire import messages as m
-from wire.errors import ConsumerBusy, SubscriptionTypeMismatch
-from wire.records import build_batch
 
 
 async def _produce(client: headwater.Client, topic: str, count: int, prefix: str = "m") -> None:
@@ -127,7 +127,7 @@ async def test_flow_control_never_sends_more_than_granted(
     assert await peer.deliveries(idle=0.3) == []  # no credit yet
     await peer.request(m.FlowRequest(consumer_id, 10))
     deliveries = await peer.deliveries(idle=0.5)
-    from wire.records import read_records
+    from headwater.wire.records import read_records
 
     records = [r for _, d in deliveries for r in read_records(d.batch)]
     assert [r.value for r in records] == [f"r{i}".encode() for i in range(10)]

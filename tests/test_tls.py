@@ -19,10 +19,10 @@ import pytest
 
 import headwater
 from headwater import Tls
-from server.tokens import create
+from headwater.server.tokens import create
+from headwater.wire.errors import AuthenticationFailed, ConnectionClosed, NotAuthorized
 from tests.certs import Authority, Issued
 from tests.secure import SecureServer, secure_server
-from wire.errors import AuthenticationFailed, ConnectionClosed, NotAuthorized
 
 
 @dataclass

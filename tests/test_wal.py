@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from storage.segments import scan_segment, segment_name
-from storage.wal import FsyncPolicy, LogConfig, PartitionLog
-from wire.records import build_batch, read_records
+from headwater.storage.segments import scan_segment, segment_name
+from headwater.storage.wal import FsyncPolicy, LogConfig, PartitionLog
+from headwater.wire.records import build_batch, read_records
 
 
 def batch(*values: bytes) -> bytes:

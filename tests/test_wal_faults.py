@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from storage.fileio import BOOT_ID_ENV, FileOps
-from storage.segments import scan_segment, segment_name
-from storage.wal import FsyncPolicy, LogConfig, PartitionLog
-from wire.errors import PartitionOffline, StorageError
-from wire.records import build_batch, read_records
+from headwater.storage.fileio import BOOT_ID_ENV, FileOps
+from headwater.storage.segments import scan_segment, segment_name
+from headwater.storage.wal import FsyncPolicy, LogConfig, PartitionLog
+from headwater.wire.errors import PartitionOffline, StorageError
+from headwater.wire.records import build_batch, read_records
 
 
 class FaultyOps(FileOps):

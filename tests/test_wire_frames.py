@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from wire import messages as m
-from wire.codec import (
+from headwater.wire import messages as m
+from headwater.wire.codec import (
     decode_request,
     decode_response,
     delivery_prefix,
@@ -14,13 +14,13 @@ from wire.codec import (
     encode_request,
     encode_response,
 )
-from wire.errors import (
+from headwater.wire.errors import (
     MalformedFrame,
     TopicExists,
     UnsupportedApi,
     UnsupportedVersion,
 )
-from wire.frames import Flags, Frame, FrameDecoder, FrameHeader, FrameRejected
+from headwater.wire.frames import Flags, Frame, FrameDecoder, FrameHeader, FrameRejected
 
 # (message, correlation id, exact frame bytes as hex) — quoted in docs/PROTOCOL.md
 REQUEST_VECTORS = [

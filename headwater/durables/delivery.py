@@ -1,0 +1,354 @@
+"""At-least-once delivery of one reliable subscription, as a state machine with no I/O and no clock.
+
+`ReliableDelivery` holds, per partition, the `PartitionCursor` (acked floor, out-of-order acks,
+what was dispatched, delivery counts) and which offsets are in flight to which consumer. The
+server's pump feeds it events, each with the time `now` it happened, and asks it what to do:
+
+- events: `sent` (a range went to a consumer), `ack`, `nack`, `consumer_left`, `expire` (time
+  passed: ack timeouts fall due), `reset` (a seek), `dead_letter_written`, `dead_letter_failed`,
+  `unreadable` (offsets lost to damage no copy could repair);
+- decisions: `take_due` (redeliver these offsets of one partition), `split_due` (of those, which
+  go to the dead-letter topic, having been delivered `max_deliveries` times, and which are sent),
+  `next_partition` and `plan_new` (send this range of new messages, cut to the consumer's
+  credit, stepping over offsets that hold no record), `wake_at` (the next time something falls
+  due).
+
+Ack timeouts are tracked per delivered range in a heap of (deadline, generation); what waits for
+redelivery is a heap of (not before, partition, offset). Redelivery waits follow the backoff:
+fixed, or exponential in the number of deliveries, capped; a nack may name its own delay; a
+consumer that leaves has its messages redelivered at once. On a restart everything dispatched and
+not acked is due at once, with its delivery count kept (the cursor carries it).
+
+Cursors that changed are collected in `dirty`; the server persists `take_dirty()`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
+
+from headwater.durables.cursor import PartitionCursor
+from headwater.wire.errors import InvalidRequest
+from headwater.wire.messages import AckEntry, AckKind, Backoff
+
+DEAD_LETTER_RETRY = 1.0  # seconds before a message whose dead-lettering failed is tried again
+
+
+@dataclass(frozen=True, slots=True)
+class ReliableSettings:
+    ack_timeout_ms: int
+    max_deliveries: int  # 0: no limit
+    backoff: Backoff
+    backoff_initial_ms: int
+    backoff_max_ms: int
+    committed_only: bool = False  # deliver only what an fsync covers
+
+    def redelivery_delay(self, deliveries: int) -> float:
+        """Seconds to wait before delivery number `deliveries + 1`."""
+        initial = self.backoff_initial_ms / 1000
+        if self.backoff == Backoff.FIXED:
+            return initial
+        return float(min(initial * 2 ** max(0, deliveries - 1), self.backoff_max_ms / 1000))
+
+
+class HasOffset(Protocol):
+    @property
+    def offset(self) -> int: ...
+
+
+R = TypeVar("R", bound=HasOffset)
+
+
+def runs(records: Sequence[R]) -> list[list[R]]:
+    """Split offset-sorted records into runs of consecutive offsets (one batch each)."""
+    found: list[list[R]] = []
+    for record in records:
+        if found and found[-1][-1].offset + 1 == record.offset:
+            found[-1].append(record)
+        else:
+            found.append([record])
+    return found
+
+
+@dataclass(slots=True)
+class _Delivery:
+    partition: int
+    first: int
+    end: int
+    consumer_id: int
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Redeliver:
+    """Redeliver these offsets (sorted) of `partition`: read them back and pass them to
+    `split_due`. Empty when everything that fell due was acked or in flight meanwhile."""
+
+    partition: int
+    offsets: list[int]
+
+
+@dataclass(slots=True)
+class DuePlan(Generic[R]):
+    """What to do with records read back for redelivery."""
+
+    dead: list[tuple[R, int]] = field(default_factory=list)  # (record, deliveries): dead-letter
+    send: list[list[R]] = field(default_factory=list)  # runs of consecutive offsets: send each
+
+
+class ReliableDelivery:
+    def __init__(
+        self,
+        settings: ReliableSettings,
+        cursors: list[PartitionCursor],
+        shared: bool,
+        now: float,
+        topic: str = "",
+    ) -> None:
+        self.settings = settings
+        self._topic = topic
+        self.cursors = cursors
+        self._shared = shared
+        # offset -> generation of the delivery it is in flight with, per partition
+        self._in_flight: list[dict[int, int]] = [{} for _ in cursors]
+        self._deliveries: dict[int, _Delivery] = {}
+        self._by_consumer: dict[int, set[int]] = {}  # consumer id -> its delivery generations
+        self._deadlines: list[tuple[float, int]] = []  # (deadline, generation)
+        self._due: list[tuple[float, int, int]] = []  # (not before, partition, offset)
+        self._generations = itertools.count(1)
+        self._next_partition = 0
+        self.dirty: set[int] = set()
+        self.delivered = 0
+        self.dead_lettered = 0
+        for partition, cursor in enumerate(cursors):
+            for offset in cursor.unacked():
+                heapq.heappush(self._due, (now, partition, offset))
+
+    # Events
+
+    def sent(self, consumer_id: int, partition: int, first: int, end: int, now: float) -> None:
+        """Offsets [first, end) of `partition` just went to `consumer_id`."""
+        generation = next(self._generations)
+        self._deliveries[generation] = _Delivery(partition, first, end, consumer_id, generation)
+        self._by_consumer.setdefault(consumer_id, set()).add(generation)
+        in_flight = self._in_flight[partition]
+        for offset in range(first, end):
+            in_flight[offset] = generation
+        heapq.heappush(self._deadlines, (now + self.settings.ack_timeout_ms / 1000, generation))
+        self.cursors[partition].record_delivery(first, end)
+        self.delivered += end - first
+        self.dirty.add(partition)
+
+    def ack(self, entries: Sequence[AckEntry], kind: int) -> None:
+        if kind == AckKind.CUMULATIVE and self._shared:
+            raise InvalidRequest("cumulative acks are not allowed on a shared subscription")
+        self._check_partitions(entries)
+        for entry in entries:
+            cursor = self.cursors[entry.partition]
+            in_flight = self._in_flight[entry.partition]
+            if kind == AckKind.CUMULATIVE:
+                changed = cursor.ack_up_to(entry.offset)
+                for offset in [o for o in in_flight if o <= entry.offset]:
+                    del in_flight[offset]
+            else:
+                changed = cursor.ack(entry.offset)
+                in_flight.pop(entry.offset, None)
+            if changed:
+                self.dirty.add(entry.partition)
+
+    def nack(self, entries: Sequence[AckEntry], delay_ms: int, now: float) -> None:
+        if delay_ms < 0:
+            raise InvalidRequest(f"nack delay must be >= 0 ms, not {delay_ms}")
+        self._check_partitions(entries)
+        for entry in entries:
+            cursor = self.cursors[entry.partition]
+            if self._in_flight[entry.partition].pop(entry.offset, None) is None:
+                continue
+            if cursor.is_acked(entry.offset):
+                continue
+            delay = (
+                delay_ms / 1000
+                if delay_ms
+                else self.settings.redelivery_delay(cursor.delivery_count(entry.offset))
+            )
+            heapq.heappush(self._due, (now + delay, entry.partition, entry.offset))
+
+    def _check_partitions(self, entries: Sequence[AckEntry]) -> None:
+        for entry in entries:
+            if not 0 <= entry.partition < len(self.cursors):
+                raise InvalidRequest(f"topic {self._topic!r} has no partition {entry.partition}")
+
+    def consumer_left(self, consumer_id: int, now: float) -> None:
+        """What it had in flight is due again at once."""
+        for generation in list(self._by_consumer.get(consumer_id, ())):
+            self._requeue(self._deliveries[generation], now)
+        self._by_consumer.pop(consumer_id, None)
+
+    def expire(self, now: float) -> None:
+        """Deliveries whose ack timeout passed are due again, after their backoff."""
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, generation = heapq.heappop(self._deadlines)
+            delivery = self._deliveries.get(generation)
+            if delivery is not None:
+                self._requeue(delivery, now, backoff=True)
+
+    def reset(self, offsets: Sequence[int]) -> None:
+        """Seek: start every partition again at the given offset, forgetting unacked messages."""
+        for partition, offset in enumerate(offsets):
+            self.cursors[partition].reset(offset)
+            self._in_flight[partition].clear()
+            self.dirty.add(partition)
+        self._deliveries.clear()
+        self._by_consumer.clear()
+        self._deadlines.clear()
+        self._due.clear()
+
+    def requeue(self, partition: int, offsets: Sequence[int], not_before: float) -> None:
+        """Offsets taken for redelivery that could not be sent: due again at `not_before`."""
+        for offset in offsets:
+            heapq.heappush(self._due, (not_before, partition, offset))
+
+    def dead_letter_written(self, partition: int, offset: int) -> None:
+        self.dead_lettered += 1
+        self.cursors[partition].ack(offset)
+        self.dirty.add(partition)
+
+    def dead_letter_failed(self, partition: int, offset: int, now: float) -> None:
+        """The dead-letter topic refused it: try again later, never drop it."""
+        self.requeue(partition, [offset], now + DEAD_LETTER_RETRY)
+
+    def unreadable(self, partition: int, offsets: Sequence[int]) -> None:
+        """Lost to damage that no copy could repair: nothing left to deliver."""
+        for offset in offsets:
+            self.cursors[partition].ack(offset)
+        self.dirty.add(partition)
+
+    def _requeue(self, delivery: _Delivery, now: float, backoff: bool = False) -> None:
+        self._forget(delivery)
+        in_flight = self._in_flight[delivery.partition]
+        cursor = self.cursors[delivery.partition]
+        for offset in range(delivery.first, delivery.end):
+            if in_flight.get(offset) != delivery.generation:
+                continue
+            del in_flight[offset]
+            if cursor.is_acked(offset):
+                continue
+            delay = self.settings.redelivery_delay(cursor.delivery_count(offset)) if backoff else 0
+            heapq.heappush(self._due, (now + delay, delivery.partition, offset))
+
+    def _forget(self, delivery: _Delivery) -> None:
+        self._deliveries.pop(delivery.generation, None)
+        generations = self._by_consumer.get(delivery.consumer_id)
+        if generations is not None:
+            generations.discard(delivery.generation)
+            if not generations:
+                del self._by_consumer[delivery.consumer_id]
+
+    # Decisions
+
+    def wake_at(self) -> float | None:
+        """When the next ack timeout or redelivery falls due (None: nothing waits)."""
+        if self._deadlines and self._due:
+            return min(self._deadlines[0][0], self._due[0][0])
+        if self._deadlines:
+            return self._deadlines[0][0]
+        if self._due:
+            return self._due[0][0]
+        return None
+
+    def take_due(self, now: float, credits: int) -> Redeliver | None:
+        """Up to `credits` offsets of one partition due for redelivery (None: none is due)."""
+        due = self._due
+        if not due or due[0][0] > now:
+            return None
+        partition = due[0][1]
+        cursor = self.cursors[partition]
+        in_flight = self._in_flight[partition]
+        offsets: set[int] = set()
+        while due and due[0][0] <= now and due[0][1] == partition and len(offsets) < credits:
+            _, _, offset = heapq.heappop(due)
+            if not cursor.is_acked(offset) and offset not in in_flight:
+                offsets.add(offset)
+        return Redeliver(partition, sorted(offsets))
+
+    def split_due(self, partition: int, records: Sequence[R]) -> DuePlan[R]:
+        """Records read back for redelivery: those delivered `max_deliveries` times go to the
+        dead-letter topic, the others are sent again in runs of consecutive offsets."""
+        cursor = self.cursors[partition]
+        limit = self.settings.max_deliveries
+        plan: DuePlan[R] = DuePlan()
+        live = []
+        for record in records:
+            count = cursor.delivery_count(record.offset)
+            if limit and count >= limit:
+                plan.dead.append((record, count))
+            else:
+                live.append(record)
+        plan.send = runs(live)
+        return plan
+
+    def delivery_count(self, partition: int, offsets: Sequence[int]) -> int:
+        """The delivery number a redelivery of `offsets` will carry."""
+        cursor = self.cursors[partition]
+        return max(cursor.delivery_count(offset) for offset in offsets) + 1
+
+    def next_partition(self, ends: Sequence[int]) -> int | None:
+        """The next partition, round-robin, with new messages below its end in `ends`."""
+        count = len(self.cursors)
+        for step in range(count):
+            partition = (self._next_partition + step) % count
+            if self.cursors[partition].dispatched < ends[partition]:
+                self._next_partition = (partition + 1) % count
+                return partition
+        return None
+
+    def position(self, partition: int) -> int:
+        """The first offset of `partition` never dispatched."""
+        return self.cursors[partition].dispatched
+
+    def restart_at(self, partition: int, offset: int) -> None:
+        """Retention (or a seek) left the cursor behind the oldest stored message."""
+        self.cursors[partition].reset(offset)
+        self.dirty.add(partition)
+
+    def plan_new(
+        self, partition: int, base_offset: int, record_count: int, credits: int
+    ) -> tuple[int, int] | None:
+        """The range [first, end) to send from a batch read at the partition's position, cut to
+        `credits`; None when the cursor is already past it (a racing seek). Offsets between the
+        position and the batch hold no record (skipped damage, a gap): the cursor steps over."""
+        cursor = self.cursors[partition]
+        end = base_offset + record_count
+        first = cursor.dispatched
+        if end <= first:
+            return None
+        if base_offset > first:
+            if cursor.floor == cursor.dispatched == first:
+                cursor.reset(base_offset)
+            else:
+                cursor.record_delivery(first, base_offset)
+                for offset in range(first, base_offset):
+                    cursor.ack(offset)
+            self.dirty.add(partition)
+            first = base_offset
+        return first, min(end, first + credits)
+
+    # Persistence and introspection
+
+    def take_dirty(self) -> dict[int, bytes]:
+        """The encoded cursors changed since the last call, by partition."""
+        dirty, self.dirty = self.dirty, set()
+        return {p: self.cursors[p].encode() for p in sorted(dirty)}
+
+    def backlog(self, next_offsets: Sequence[int]) -> int:
+        return sum(
+            end - cursor.floor - len(cursor.acked)
+            for end, cursor in zip(next_offsets, self.cursors, strict=True)
+        )
+
+    @property
+    def unacked(self) -> int:
+        return sum(len(f) for f in self._in_flight)

@@ -1,0 +1,178 @@
+"""The last value per key of a topic: which keys a batch changes, and to what (no I/O).
+
+Each record of a topic with last-value state is applied in offset order: a record with a value
+becomes its key's current value (its offset is the key's *revision*); a record with a key and a
+null value (a tombstone) deletes the key; a record without a key is not part of the state. The
+key is the record key, or, when the topic names a key field, that field of the record's JSON
+value (dotted paths reach into nested objects).
+
+`LastValueKeys.changes` plans what a batch does to the state: the newest value per key (a value
+of None deletes the key). `storage.lastvalue_store` writes the plan to RocksDB, with the
+partition's position, in one WriteBatch; `server.lastvalue.LastValueIndex` joins the two.
+
+A key's revision is an offset, unique only within a partition, so on a topic with last-value
+state a keyed record belongs to its key's partition, `crc32(key) % partitions` (what the client's
+producer and map set use): `check` refuses any other with WRONG_PARTITION. Compare-and-set then
+compares revisions of one partition, where no two records share an offset.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from headwater.wire.errors import InvalidRequest, WrongPartition
+from headwater.wire.keys import partition_for_key
+from headwater.wire.limits import MAX_KEY_SIZE
+from headwater.wire.records import Record
+
+_HEAD = struct.Struct(">iqqi")  # partition, offset, timestamp, value length (-1: null)
+_HEADER = struct.Struct(">Hi")  # header name length, value length (-1: null)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredValue:
+    key: bytes
+    partition: int
+    offset: int  # the revision
+    timestamp: int
+    value: bytes | None  # None only in change notifications: the key was deleted
+    headers: tuple[tuple[str, bytes | None], ...] = ()
+
+    def encode(self) -> bytes:
+        value = self.value or b""
+        parts = [
+            _HEAD.pack(self.partition, self.offset, self.timestamp, len(value)),
+            value,
+            struct.pack(">H", len(self.headers)),
+        ]
+        for name, data in self.headers:
+            encoded = name.encode()
+            parts.append(_HEADER.pack(len(encoded), -1 if data is None else len(data)))
+            parts.append(encoded + (data or b""))
+        return b"".join(parts)
+
+    @classmethod
+    def decode(cls, stored_key: bytes, data: bytes) -> StoredValue:
+        partition, offset, timestamp, length = _HEAD.unpack_from(data, 0)
+        position = _HEAD.size
+        value = data[position : position + length]
+        position += length
+        (count,) = struct.unpack_from(">H", data, position)
+        position += 2
+        headers: list[tuple[str, bytes | None]] = []
+        for _ in range(count):
+            name_length, data_length = _HEADER.unpack_from(data, position)
+            position += _HEADER.size
+            name = data[position : position + name_length].decode()
+            position += name_length
+            if data_length < 0:
+                headers.append((name, None))
+            else:
+                headers.append((name, data[position : position + data_length]))
+                position += data_length
+        return cls(stored_key, partition, offset, timestamp, value, tuple(headers))
+
+    def as_record(self) -> Record:
+        return Record(self.offset, self.timestamp, self.key, self.value, self.headers)
+
+
+def check_key(key_bytes: bytes) -> None:
+    if not key_bytes:
+        raise InvalidRequest("a last-value key must not be empty")
+    if len(key_bytes) > MAX_KEY_SIZE:
+        raise InvalidRequest(f"key of {len(key_bytes)} bytes exceeds the {MAX_KEY_SIZE}-byte limit")
+
+
+class LastValueKeys:
+    """A topic's rule for last-value keys: which key a record has, which partition it belongs
+    to, and what a batch changes."""
+
+    def __init__(self, topic: str, partitions: int, key_field: str = "") -> None:
+        self.topic = topic
+        self.partitions = partitions
+        self.key_field = key_field
+
+    def partition_of(self, record_key: bytes) -> int:
+        return partition_for_key(record_key, self.partitions)
+
+    def partition_for(self, records: Sequence[Record]) -> int:
+        """Where a batch sent with no partition named goes: its first keyed record's partition
+        (`check` then refuses it if another keyed record belongs elsewhere)."""
+        for record in records:
+            record_key = self.key_of(record)
+            if record_key is not None:
+                return self.partition_of(record_key)
+        return 0
+
+    # Keys
+
+    def key_of(self, record: Record) -> bytes | None:
+        """The record's last-value key; raises InvalidRequest when it cannot have one."""
+        if not self.key_field:
+            if record.key is not None:
+                check_key(record.key)
+            return record.key
+        if record.value is None:  # a tombstone names its key in the record key
+            if record.key is None:
+                raise InvalidRequest("a tombstone on a key-field topic needs a record key")
+            check_key(record.key)
+            return record.key
+        try:
+            document = json.loads(record.value)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise InvalidRequest(
+                f"record at offset delta {record.offset} is not JSON; topic {self.topic!r} "
+                f"takes its key from field {self.key_field!r}"
+            ) from None
+        found = document
+        for part in self.key_field.split("."):
+            if not isinstance(found, dict) or part not in found:
+                raise InvalidRequest(
+                    f"record at offset delta {record.offset} has no key field {self.key_field!r}"
+                )
+            found = found[part]
+        if isinstance(found, dict | list) or found is None:
+            raise InvalidRequest(f"key field {self.key_field!r} must be a string or a number")
+        result = (found if isinstance(found, str) else json.dumps(found)).encode()
+        check_key(result)
+        return result
+
+    def check(self, records: Sequence[Record], partition: int | None = None) -> list[bytes | None]:
+        """Every record's key, before the batch is accepted into `partition` (raises on a bad
+        key, and on a keyed record that belongs to another partition)."""
+        keys = [self.key_of(record) for record in records]
+        if partition is not None and self.partitions > 1:
+            for record_key in keys:
+                if record_key is not None and self.partition_of(record_key) != partition:
+                    raise WrongPartition(
+                        f"key {record_key[:64]!r} belongs to partition "
+                        f"{self.partition_of(record_key)} of topic {self.topic!r} "
+                        f"(crc32(key) % {self.partitions}), not {partition}: a last-value "
+                        "topic keeps each key in one partition"
+                    )
+        return keys
+
+    def changes(
+        self,
+        partition: int,
+        base_offset: int,
+        records: Sequence[Record],
+        keys: Sequence[bytes | None],
+    ) -> list[StoredValue]:
+        """The newest value per key among records appended at `base_offset` (None: deleted)."""
+        latest: dict[bytes, StoredValue] = {}
+        for position, (record, record_key) in enumerate(zip(records, keys, strict=True)):
+            if record_key is None:
+                continue
+            latest[record_key] = StoredValue(
+                record_key,
+                partition,
+                base_offset + position,
+                record.timestamp,
+                record.value,
+                tuple(record.headers),
+            )
+        return list(latest.values())

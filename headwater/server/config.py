@@ -1,0 +1,128 @@
+"""Server configuration: frozen dataclasses, built once by `serve` (from TOML and flags) and
+passed down. Every option is documented in docs/CONFIGURATION.md."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from headwater.storage.wal import FsyncPolicy
+from headwater.wire.limits import MAX_DECOMPRESSED_BATCH, MAX_FRAME_SIZE
+
+DEFAULT_RETENTION_BYTES = 1024**3  # per partition
+DEFAULT_RETENTION_MS = 7 * 24 * 3600 * 1000
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSettings:
+    """Per-topic settings of reliable topics; the server's defaults apply to unset ones."""
+
+    fsync: FsyncPolicy = FsyncPolicy.ALWAYS
+    fsync_interval_ms: int = 100
+    segment_bytes: int = 64 * 1024 * 1024
+    segment_ms: int = 10 * 60 * 1000  # also bounds how far object-store uploads lag behind
+    # Local retention: sealed segments past these bounds are deleted, once uploaded (the object
+    # store keeps them; what exists only here is never deleted). -1: keep all. The defaults bound
+    # a busy server's disk without a setting; with `object_store.backend = "none"` they do not
+    # apply (see ServerConfig.__post_init__).
+    retention_bytes: int = DEFAULT_RETENTION_BYTES
+    retention_ms: int = DEFAULT_RETENTION_MS
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionDefaults:
+    """Defaults for reliable subscriptions that do not set their own."""
+
+    ack_timeout_ms: int = 30_000
+    max_deliveries: int = 0  # 0: never dead-letter
+    backoff_initial_ms: int = 1_000
+    backoff_max_ms: int = 60_000
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectStoreConfig:
+    backend: str = "local"  # "local", "s3" or "none"
+    path: Path | None = None  # local backend; default <data_dir>/objects
+    bucket: str = ""
+    prefix: str = "headwater"
+    endpoint_url: str | None = None  # any S3-compatible server; None: AWS
+    region: str | None = None
+    # Uploader: retry delays while the store is failing (doubling, capped).
+    retry_initial_ms: int = 500
+    retry_max_ms: int = 30_000
+
+
+@dataclass(frozen=True, slots=True)
+class SecurityConfig:
+    """Authentication, TLS and quotas (docs/SECURITY.md). All off by default, which the server
+    allows on a loopback address only (or with `insecure`)."""
+
+    auth_tokens: Path | None = None  # the tokens file; set: every connection must authenticate
+    insecure: bool = False  # listen on a non-loopback address without authentication anyway
+    tls_cert: Path | None = None  # PEM certificate chain; with tls_key: clients must use TLS
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None  # verify client certificates against this CA (mTLS)
+    # Defaults for principals whose tokens file entry sets none. 0: unlimited.
+    max_connections_per_principal: int = 1_000  # past it: TOO_MANY_CONNECTIONS
+    produce_bytes_per_second: int = 0  # past it: THROTTLE push and reads paused
+    consume_bytes_per_second: int = 0  # past it: deliveries paused
+    # Failed AUTHENTICATEs per source address per minute; past it every attempt is refused.
+    auth_failures_per_minute: int = 10
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 6650
+    data_dir: Path = Path("./data")
+    # Written with the bound port once the server listens (useful with port 0).
+    port_file: Path | None = None
+    # The operator's HTTP port (metrics, health checks, status page; docs/OPERATIONS.md) on the
+    # same host: None, the default, opens none; 0 picks a free port.
+    http_port: int | None = None
+    http_port_file: Path | None = None  # written with the bound HTTP port
+    max_frame_size: int = MAX_FRAME_SIZE
+    # Non-reliable: messages a subscription holds while its consumers have no credit. Past it,
+    # new messages are dropped and counted, so a slow consumer costs bounded memory.
+    subscription_backlog: int = 10_000
+    # Bytes queued on a consumer's socket before the server stops sending to it (asyncio's
+    # write-buffer high-water mark); resumes at a quarter of it.
+    consumer_write_buffer: int = 4 * 1024 * 1024
+    # Per-client bounds (a hostile or broken client must not stall the others; each refusal has
+    # an error code, see docs/PROTOCOL.md).
+    max_connections: int = 10_000  # past it a new connection gets TOO_MANY_CONNECTIONS and closes
+    max_consumers_per_subscription: int = 10_000  # TOO_MANY_CONSUMERS
+    max_consumers_per_connection: int = 1_000  # TOO_MANY_SUBSCRIPTIONS
+    # A compressed batch may inflate to at most this many bytes (DECOMPRESSED_TOO_LARGE).
+    max_decompressed_batch: int = MAX_DECOMPRESSED_BATCH
+    # A connection stops being read while its unsent responses exceed this many bytes (the write
+    # buffer's high-water mark is the smaller of this and consumer_write_buffer).
+    max_pending_response_bytes: int = 4 * 1024 * 1024
+    # A connection with no consumers, nothing in progress and no complete frame for this long is
+    # closed (CONNECTION_TIMEOUT).
+    idle_timeout: float = 600.0
+    # A frame must arrive whole within this long once its first byte has.
+    frame_timeout: float = 30.0
+    # How long a graceful shutdown waits for uploads and connections to finish.
+    shutdown_timeout: float = 10.0
+    log_format: str = "console"  # or "json"
+    log_level: str = "info"
+    topic_defaults: TopicSettings = field(default_factory=TopicSettings)
+    subscription_defaults: SubscriptionDefaults = field(default_factory=SubscriptionDefaults)
+    object_store: ObjectStoreConfig = field(default_factory=ObjectStoreConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
+
+    def __post_init__(self) -> None:
+        # Without an object store nothing is ever uploaded, and retention would delete the only
+        # copy: the built-in defaults then keep everything. A bound set explicitly still applies.
+        if self.object_store.backend == "none":
+            defaults = self.topic_defaults
+            keep_bytes = defaults.retention_bytes == DEFAULT_RETENTION_BYTES
+            keep_ms = defaults.retention_ms == DEFAULT_RETENTION_MS
+            if keep_bytes or keep_ms:
+                defaults = replace(
+                    defaults,
+                    retention_bytes=-1 if keep_bytes else defaults.retention_bytes,
+                    retention_ms=-1 if keep_ms else defaults.retention_ms,
+                )
+                object.__setattr__(self, "topic_defaults", defaults)

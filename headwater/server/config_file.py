@@ -1,0 +1,168 @@
+"""Loading `ServerConfig` from a TOML file (`headwater serve --config FILE`).
+
+Sections mirror the dataclasses: `[server]` (ServerConfig's own fields), `[topics]` (defaults for
+reliable topics), `[subscriptions]` (defaults for reliable subscriptions), `[object_store]`,
+`[security]` (authentication, TLS, quotas).
+Unknown sections or keys, values of the wrong type and values outside their allowed set or range
+(`check`) are errors that name the file, the key and what was expected: a typo must not silently
+fall back to a default. Command-line flags override the file (see `with_overrides`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+from headwater.server.config import (
+    ObjectStoreConfig,
+    SecurityConfig,
+    ServerConfig,
+    SubscriptionDefaults,
+    TopicSettings,
+)
+from headwater.server.logs import LOG_FORMATS, LOG_LEVELS
+from headwater.storage.wal import FsyncPolicy
+
+
+class ConfigError(ValueError):
+    pass
+
+
+_SECTIONS: dict[str, type] = {
+    "topics": TopicSettings,
+    "subscriptions": SubscriptionDefaults,
+    "object_store": ObjectStoreConfig,
+    "security": SecurityConfig,
+}
+_NESTED = {"topics": "topic_defaults", "subscriptions": "subscription_defaults"}
+
+
+def load_config(path: Path) -> ServerConfig:
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    unknown = set(data) - {"server", *_SECTIONS}
+    if unknown:
+        raise ConfigError(
+            f"{path}: unknown section(s) {sorted(unknown)}; known: server, {', '.join(_SECTIONS)}"
+        )
+    values = _build(path, "server", ServerConfig, data.get("server", {}), skip=_NESTED_FIELDS)
+    for section, cls in _SECTIONS.items():
+        values[_NESTED.get(section, section)] = cls(
+            **_build(path, section, cls, data.get(section, {}))
+        )
+    config = ServerConfig(**values)
+    check(config, str(path))
+    return config
+
+
+# Limits that must be positive for the server to work at all (0 would refuse everything).
+_POSITIVE = (
+    "max_frame_size",
+    "max_connections",
+    "max_consumers_per_subscription",
+    "max_consumers_per_connection",
+    "max_decompressed_batch",
+    "max_pending_response_bytes",
+    "consumer_write_buffer",
+    "idle_timeout",
+    "frame_timeout",
+)
+
+
+def check(config: ServerConfig, where: str = "config") -> None:
+    """Values with an allowed set or range; `ConfigError` naming the key otherwise."""
+    if config.log_format not in LOG_FORMATS:
+        raise ConfigError(
+            f"{where}: server.log_format must be {' or '.join(LOG_FORMATS)}, "
+            f"not {config.log_format!r}"
+        )
+    if config.log_level not in LOG_LEVELS:
+        raise ConfigError(
+            f"{where}: server.log_level must be one of {', '.join(LOG_LEVELS)}, "
+            f"not {config.log_level!r}"
+        )
+    for name in _POSITIVE:
+        value = getattr(config, name)
+        if value <= 0:
+            raise ConfigError(f"{where}: server.{name} must be positive, not {value!r}")
+    if config.http_port is not None and not 0 <= config.http_port < 65536:
+        raise ConfigError(f"{where}: server.http_port must be 0..65535, not {config.http_port}")
+    _check_security(config, where)
+
+
+def _check_security(config: ServerConfig, where: str) -> None:
+    security = config.security
+    if (security.tls_cert is None) != (security.tls_key is None):
+        raise ConfigError(f"{where}: security.tls_cert and security.tls_key go together")
+    if security.tls_client_ca is not None and security.tls_cert is None:
+        raise ConfigError(f"{where}: security.tls_client_ca needs tls_cert and tls_key")
+    if security.tls_client_ca is not None and security.auth_tokens is None:
+        raise ConfigError(
+            f"{where}: security.tls_client_ca needs auth_tokens (certificate principals' grants "
+            "are entries of the tokens file)"
+        )
+    for name in ("max_connections_per_principal", "auth_failures_per_minute"):
+        if getattr(security, name) <= 0:
+            raise ConfigError(f"{where}: security.{name} must be positive")
+    for name in ("produce_bytes_per_second", "consume_bytes_per_second"):
+        if getattr(security, name) < 0:
+            raise ConfigError(f"{where}: security.{name} must be >= 0 (0: unlimited)")
+
+
+_NESTED_FIELDS = {"topic_defaults", "subscription_defaults", "object_store", "security"}
+
+
+def _build(
+    path: Path, section: str, cls: type, table: Any, skip: set[str] | None = None
+) -> dict[str, Any]:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [{section}] must be a table")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls)} - (skip or set())
+    values: dict[str, Any] = {}
+    for name, value in table.items():
+        if name not in fields:
+            raise ConfigError(
+                f"{path}: unknown key {section}.{name}; known: {', '.join(sorted(fields))}"
+            )
+        values[name] = _convert(path, f"{section}.{name}", hints[name], value)
+    return values
+
+
+def _convert(path: Path, name: str, hint: Any, value: Any) -> Any:
+    options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    for option in options:
+        if option is type(None):
+            continue
+        if option is Path and isinstance(value, str):
+            return Path(value)
+        if option is FsyncPolicy and isinstance(value, str):
+            try:
+                return FsyncPolicy(value)
+            except ValueError:
+                raise ConfigError(
+                    f"{path}: {name} must be always, interval or never, not {value!r}"
+                ) from None
+        if option is bool and isinstance(value, bool):
+            return value
+        if option is float and isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if option is int and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if option is str and isinstance(value, str):
+            return value
+    expected = " or ".join(getattr(o, "__name__", str(o)) for o in options if o is not type(None))
+    raise ConfigError(f"{path}: {name} must be {expected}, not {value!r}")
+
+
+def with_overrides(config: ServerConfig, **overrides: Any) -> ServerConfig:
+    """Apply command-line flags that were given (None means not given)."""
+    return dataclasses.replace(config, **{k: v for k, v in overrides.items() if v is not None})

@@ -1,0 +1,95 @@
+"""Per-topic-name turns: what serialises the operations that must not interleave on a topic.
+
+Each topic name has a line (FIFO) of turns. Create, delete, subscribe, seek, DELETE_SUBSCRIPTION,
+the last-value catch-up and writing a dead letter each run in a turn of the name they act on,
+awaits included: a delete never iterates subscriptions a subscribe is adding, a create of a name
+starts only once the delete of that name has removed every file and state key, and the catch-up
+never races the delete that removes its state.
+
+A place in the line is taken synchronously (`turn`), when the request is read, not when its
+handler task first runs. So requests pipelined on a connection keep their order: a produce that
+follows a CREATE_TOPIC in the same read waits for the create (the broker queues any request
+naming a topic while that name's line is not empty) instead of overtaking it and finding no
+topic. A name with an empty line costs nothing: produce and map get stay synchronous.
+
+Lines exist only while someone holds or waits for a turn. After `close`, no new turn is given
+(SERVER_SHUTTING_DOWN), and `idle` lets shutdown wait for the turns still running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from types import TracebackType
+
+from headwater.wire.errors import ServerShuttingDown
+
+
+class Turn:
+    """One place in a name's line; `async with` waits for it and gives it up at the end."""
+
+    def __init__(self, locks: NameLocks, name: str, future: asyncio.Future[None]) -> None:
+        self._locks = locks
+        self._name = name
+        self._future = future
+
+    async def __aenter__(self) -> None:
+        try:
+            await self._future
+        except BaseException:
+            self._locks._release(self._name, self._future)
+            raise
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._locks._release(self._name, self._future)
+
+
+class NameLocks:
+    def __init__(self) -> None:
+        self._lines: dict[str, deque[asyncio.Future[None]]] = {}
+        self._closed = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def busy(self, name: str) -> bool:
+        """Whether some operation on `name` runs or waits."""
+        return name in self._lines
+
+    def turn(self, name: str) -> Turn:
+        """Take a place in `name`'s line now; enter the returned `Turn` to wait for it."""
+        if self._closed:
+            raise ServerShuttingDown("the server is shutting down")
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        line = self._lines.setdefault(name, deque())
+        if not line:
+            future.set_result(None)
+        line.append(future)
+        self._idle.clear()
+        return Turn(self, name, future)
+
+    def hold(self, name: str) -> Turn:
+        return self.turn(name)
+
+    def _release(self, name: str, future: asyncio.Future[None]) -> None:
+        line = self._lines.get(name)
+        if line is None or future not in line:
+            return
+        first = line[0] is future
+        line.remove(future)
+        if not line:
+            del self._lines[name]
+            if not self._lines:
+                self._idle.set()
+        elif first and not line[0].done():
+            line[0].set_result(None)
+
+    def close(self) -> None:
+        self._closed = True
+
+    async def idle(self) -> None:
+        await self._idle.wait()

@@ -1,0 +1,201 @@
+"""Reliable subscriptions' definitions and cursors in RocksDB: load, create, seek, delete.
+
+A subscription's definition (`sub/<topic>\\0<name>`) and its cursors (`cursor/...`, one per
+partition) are written in one synced WriteBatch when it is created, and removed together when it is
+deleted. The callers hold the topic's admin lock (`server.locks`), so a create, a seek and a delete
+of one subscription, or a delete of its topic, never interleave.
+
+Each reliable topic has one `AppendSignal`, made on its first subscription and registered as the
+only append listener of the topic's partition logs, whatever the number of subscriptions.
+"""
+
+from __future__ import annotations
+
+import json
+
+import structlog
+
+from headwater.durables.cursor import PartitionCursor
+from headwater.durables.delivery import ReliableSettings
+from headwater.server.config import ServerConfig
+from headwater.server.deadletter import DeadLetters
+from headwater.server.delivery import AppendSignal
+from headwater.server.kind import SubscriptionKind
+from headwater.server.reliable import ReliableSubscription
+from headwater.server.topics import LogTopic, Topic
+from headwater.storage.state import CURSOR, SUBSCRIPTION, StateWriter, key
+from headwater.wire import messages as m
+from headwater.wire.errors import InvalidRequest, UnknownSubscription
+
+log = structlog.get_logger("headwater.catalog")
+
+
+class SubscriptionStore:
+    def __init__(
+        self, config: ServerConfig, writer: StateWriter, dead_letters: DeadLetters
+    ) -> None:
+        self._config = config
+        self._writer = writer
+        self._state = writer.store
+        self._dead_letters = dead_letters
+        self._signals: dict[str, AppendSignal] = {}
+
+    def signal(self, topic: LogTopic) -> AppendSignal:
+        signal = self._signals.get(topic.name)
+        if signal is None:
+            signal = self._signals[topic.name] = AppendSignal()
+            for partition in topic.partitions:
+                partition.log.add_append_listener(signal.fire)
+        return signal
+
+    def forget_topic(self, name: str) -> None:
+        self._signals.pop(name, None)
+
+    def load(self, topic: LogTopic, name: str, definition: dict[str, int]) -> None:
+        cursors = []
+        for partition in topic.partitions:
+            data = self._state.get(key(CURSOR, topic.name, name, partition.index))
+            cursors.append(
+                PartitionCursor.decode(data)
+                if data
+                else PartitionCursor.starting_at(partition.next_offset)
+            )
+        subscription = self._new(
+            topic,
+            name,
+            m.SubscriptionType(definition["type"]),
+            ReliableSettings(
+                definition["ack_timeout_ms"],
+                definition["max_deliveries"],
+                m.Backoff(definition["backoff"]),
+                definition["backoff_initial_ms"],
+                definition["backoff_max_ms"],
+                bool(definition.get("committed_only", False)),
+            ),
+            cursors,
+        )
+        topic.subscriptions[name] = subscription
+
+    async def get_or_create(
+        self,
+        topic: LogTopic,
+        name: str,
+        sub_type: m.SubscriptionType,
+        settings: m.SubscriptionSettings,
+    ) -> SubscriptionKind:
+        """The existing subscription `name` (of any kind), or a new reliable one made from
+        `settings`. The caller holds the topic's admin lock."""
+        existing = topic.subscriptions.get(name)
+        if existing is not None:
+            return existing
+        resolved = self._resolve(settings)
+        offsets = await self.start_offsets(topic, settings.start, settings.start_value)
+        cursors = [PartitionCursor.starting_at(o) for o in offsets]
+        definition = {
+            "type": int(sub_type),
+            "ack_timeout_ms": resolved.ack_timeout_ms,
+            "max_deliveries": resolved.max_deliveries,
+            "backoff": int(resolved.backoff),
+            "backoff_initial_ms": resolved.backoff_initial_ms,
+            "backoff_max_ms": resolved.backoff_max_ms,
+            "committed_only": resolved.committed_only,
+        }
+        puts = {key(SUBSCRIPTION, topic.name, name): json.dumps(definition).encode()}
+        for partition, cursor in enumerate(cursors):
+            puts[key(CURSOR, topic.name, name, partition)] = cursor.encode()
+        await self._writer.synced(puts)
+        subscription = self._new(topic, name, sub_type, resolved, cursors)
+        topic.subscriptions[name] = subscription
+        log.info(
+            "subscription.created",
+            topic=topic.name,
+            subscription=name,
+            type=sub_type.name.lower(),
+            start=list(offsets),
+        )
+        return subscription
+
+    def _new(
+        self,
+        topic: LogTopic,
+        name: str,
+        sub_type: m.SubscriptionType,
+        settings: ReliableSettings,
+        cursors: list[PartitionCursor],
+    ) -> ReliableSubscription:
+        subscription = ReliableSubscription(
+            topic,
+            name,
+            sub_type,
+            settings,
+            cursors,
+            self._writer,
+            self._dead_letters.sender(topic, name),
+            self.signal(topic),
+        )
+        subscription.start()
+        return subscription
+
+    def _resolve(self, settings: m.SubscriptionSettings) -> ReliableSettings:
+        defaults = self._config.subscription_defaults
+        for field in ("ack_timeout_ms", "max_deliveries", "backoff_initial_ms", "backoff_max_ms"):
+            if getattr(settings, field) < 0:
+                raise InvalidRequest(f"{field} must be >= 0")
+        try:
+            backoff = m.Backoff(settings.backoff)
+        except ValueError:
+            raise InvalidRequest(
+                f"unknown backoff {settings.backoff} (0 fixed, 1 exponential)"
+            ) from None
+        return ReliableSettings(
+            ack_timeout_ms=settings.ack_timeout_ms or defaults.ack_timeout_ms,
+            max_deliveries=settings.max_deliveries or defaults.max_deliveries,
+            backoff=backoff,
+            backoff_initial_ms=settings.backoff_initial_ms or defaults.backoff_initial_ms,
+            backoff_max_ms=settings.backoff_max_ms or defaults.backoff_max_ms,
+            committed_only=bool(settings.committed_only),
+        )
+
+    async def start_offsets(self, topic: LogTopic, start: int, value: int) -> list[int]:
+        try:
+            position = m.StartPosition(start)
+        except ValueError:
+            raise InvalidRequest(
+                f"unknown start position {start} (0 latest, 1 earliest, 2 offset, 3 timestamp)"
+            ) from None
+        offsets = []
+        for partition in topic.partitions:
+            earliest = topic.start_offset(partition.index)
+            latest = partition.next_offset
+            if position == m.StartPosition.LATEST:
+                offsets.append(latest)
+            elif position == m.StartPosition.EARLIEST:
+                offsets.append(earliest)
+            elif position == m.StartPosition.OFFSET:
+                offsets.append(min(max(value, earliest), latest))
+            else:
+                offsets.append(await topic.offset_for_timestamp(partition.index, value))
+        return offsets
+
+    async def seek(self, topic: Topic, name: str, start: int, value: int) -> None:
+        subscription = topic.subscriptions.get(name)
+        if subscription is None:
+            raise UnknownSubscription(f"topic {topic.name!r} has no subscription {name!r}")
+        if not subscription.persistent or not topic.reliable:
+            raise InvalidRequest(
+                f"subscription {name!r} of topic {topic.name!r} is not a reliable one: "
+                "only those can seek"
+            )
+        subscription.seek(await self.start_offsets(topic, start, value))
+        log.info("subscription.seek", topic=topic.name, subscription=name, start=start, value=value)
+
+    async def delete(self, topic: Topic, name: str) -> None:
+        """Close and remove a subscription whose consumers were already detached."""
+        subscription = topic.subscriptions.pop(name, None)
+        if subscription is None:
+            raise UnknownSubscription(f"topic {topic.name!r} has no subscription {name!r}")
+        await subscription.close()
+        await self._writer.flush()  # no cursor write of it may land after the delete
+        self._state.delete_prefix(key(CURSOR, topic.name, name) + b"\0")
+        await self._writer.synced(deletes=[key(SUBSCRIPTION, topic.name, name)])
+        log.info("subscription.deleted", topic=topic.name, subscription=name)

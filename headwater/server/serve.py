@@ -1,0 +1,216 @@
+"""The composition root: build the configuration's parts, listen, run until a signal, shut down.
+
+`serve` is a coroutine so tests and embedders can run it on their own loop; `run` is the blocking
+entry point behind `headwater serve`, on uvloop when it is installed. SIGINT and SIGTERM stop the
+listener, tell attached consumers SERVER_SHUTTING_DOWN, close the connections, seal and fsync
+every WAL, upload what is pending (within `shutdown_timeout`) and close RocksDB cleanly.
+
+Start-up failures (port in use, data directory locked by another server, unreadable storage,
+an unreadable tokens file or TLS certificate, a non-loopback address without authentication)
+raise `StartupError` with one line for the user; `headwater serve` prints it and exits 1.
+SIGHUP re-reads the tokens file and the TLS certificate (both are also reloaded when they change).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import resource
+import signal
+from pathlib import Path
+
+import structlog
+
+from headwater.server.auth import Security
+from headwater.server.broker import Broker
+from headwater.server.catalog import TopicCatalog
+from headwater.server.config import ServerConfig
+from headwater.server.listener import Listener, StartupError
+from headwater.server.logs import configure_logging
+from headwater.server.operator_port import start_operator_port
+from headwater.server.tls import ServerTls, TlsError, is_loopback
+from headwater.server.tokens import TokenFileError
+from headwater.storage.archive import ObjectArchive
+from headwater.storage.objectstore import LocalObjectStore, ObjectStore, S3ObjectStore
+from headwater.storage.state import StateStore
+from headwater.storage.uploader import Uploader
+from headwater.wire.errors import HeadwaterError
+
+__all__ = ["StartupError", "run", "serve"]
+
+log = structlog.get_logger("headwater.server")
+
+
+async def open_object_store(config: ServerConfig) -> ObjectStore | None:
+    settings = config.object_store
+    if settings.backend == "none":
+        return None
+    if settings.backend == "local":
+        return LocalObjectStore(settings.path or config.data_dir / "objects")
+    if settings.backend == "s3":
+        return await S3ObjectStore(
+            settings.bucket, settings.prefix, settings.endpoint_url, settings.region
+        ).open()
+    raise ValueError(f"unknown object store backend {settings.backend!r} (local, s3 or none)")
+
+
+async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None:
+    """Run until `stop` is set (or SIGINT/SIGTERM); `StartupError` if the server cannot start."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(signum, stop.set)
+    _raise_fd_limit(config)
+    try:
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StartupError(
+            f"cannot create data directory {config.data_dir}: {exc.strerror}"
+        ) from None
+    listener = Listener(config)
+    listener.shared.security, listener.shared.tls = _security(config)
+    if listener.shared.security is not None or listener.shared.tls is not None:
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError, AttributeError):
+            loop.add_signal_handler(signal.SIGHUP, _reload, listener)
+    async with contextlib.AsyncExitStack() as stack:
+        # the port first: a taken port is the likeliest start-up error, and costs nothing to check
+        port = listener.bind()
+        stack.callback(listener.close)
+        operator = await start_operator_port(config, listener, stack)  # metrics, health, status
+        state = _open_state(config.data_dir / "state")
+        stack.callback(state.close)
+        try:
+            store = await open_object_store(config)
+        except (OSError, HeadwaterError, ValueError) as exc:
+            raise StartupError(f"cannot open the object store: {exc}") from None
+        uploader = archive = None
+        if store is not None:
+            stack.push_async_callback(store.close)
+            uploader = Uploader(
+                store,
+                state,
+                config.object_store.retry_initial_ms / 1000,
+                config.object_store.retry_max_ms / 1000,
+            )
+            uploader.start()
+            archive = ObjectArchive(store, uploader)
+        catalog = TopicCatalog(config, state, uploader, archive)
+        try:
+            await catalog.open()
+        except (OSError, HeadwaterError) as exc:
+            with contextlib.suppress(Exception):  # best effort: what did open is closed
+                await catalog.close()
+            raise StartupError(f"cannot open the topics in {config.data_dir}: {exc}") from None
+        stack.push_async_callback(catalog.close)
+        listener.start(Broker(config, catalog))
+        if listener.shared.security is not None:
+            listener.shared.security.start(
+                lambda: tuple(listener.connections),
+                lambda name: name in catalog.topics and catalog.topics[name].reliable,
+            )
+            stack.callback(listener.shared.security.close)
+        if operator is not None:
+            operator.recovered(catalog)
+        if config.port_file is not None:
+            temporary = config.port_file.with_suffix(".tmp")
+            temporary.write_text(f"{port}\n")
+            os.replace(temporary, config.port_file)
+        log.info(
+            "server.listening",
+            host=config.host,
+            port=port,
+            data_dir=str(config.data_dir),
+            topics=len(catalog.topics),
+            object_store=config.object_store.backend,
+            auth="tokens" if listener.shared.security is not None else "off",
+            tls=listener.shared.tls is not None,
+        )
+        try:
+            await stop.wait()
+        finally:
+            log.info("server.stopping", connections=len(listener.connections))
+            if operator is not None:
+                operator.stopping = True
+            listener.close()
+            # Consumers hear SERVER_SHUTTING_DOWN before their connection closes.
+            listener.shutdown_connections()
+            await _wait_closed(listener, config.shutdown_timeout)
+    log.info("server.stopped")
+
+
+def _security(config: ServerConfig) -> tuple[Security | None, ServerTls | None]:
+    """The authentication and TLS parts, or `StartupError` (an exposed server without auth)."""
+    settings = config.security
+    if settings.auth_tokens is None and not settings.insecure and not is_loopback(config.host):
+        raise StartupError(
+            f"refusing to listen on {config.host or '*'} without authentication: give "
+            "--auth-tokens FILE, or --insecure to let anyone who can reach it do anything"
+        )
+    tls = None
+    if settings.tls_cert is not None and settings.tls_key is not None:
+        try:
+            tls = ServerTls(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
+        except TlsError as exc:
+            raise StartupError(str(exc)) from None
+    if settings.auth_tokens is None:
+        return None, tls
+    try:
+        return Security(settings, config.data_dir), tls
+    except TokenFileError as exc:
+        raise StartupError(str(exc)) from None
+
+
+def _reload(listener: Listener) -> None:
+    log.info("server.sighup", hint="reloading the tokens file and the TLS certificate")
+    if listener.shared.security is not None:
+        listener.shared.security.reload(force=True)
+    if listener.shared.tls is not None:
+        listener.shared.tls.maybe_reload(force=True)
+
+
+def _open_state(path: Path) -> StateStore:
+    try:
+        return StateStore(path)
+    except Exception as exc:  # rocksdict raises plain Exception, with RocksDB's message
+        if "lock" in str(exc).lower():
+            raise StartupError(
+                f"data directory {path.parent} is in use by another server "
+                f"(cannot lock {path / 'LOCK'})"
+            ) from None
+        raise StartupError(f"cannot open the state store {path}: {exc}") from None
+
+
+def _raise_fd_limit(config: ServerConfig) -> None:
+    """Raise the soft open-files limit to the hard one: every connection costs a descriptor."""
+    with contextlib.suppress(ValueError, OSError):
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        if soft != resource.RLIM_INFINITY and config.max_connections + 256 > soft:
+            log.warning(
+                "server.fd_limit_low",
+                open_files=soft,
+                max_connections=config.max_connections,
+                hint="connections past the open-files limit are refused TOO_MANY_CONNECTIONS",
+            )
+
+
+async def _wait_closed(listener: Listener, timeout: float) -> None:
+    """Wait (bounded) for the connections to flush their last frames and close."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while listener.connections and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.01)
+
+
+def run(config: ServerConfig) -> None:
+    """`headwater serve`: raises `StartupError` (one line for the user) if it cannot start."""
+    configure_logging(config.log_format, config.log_level)
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on every platform we ship
+        asyncio.run(serve(config))
+    else:
+        uvloop.run(serve(config))

@@ -1,0 +1,312 @@
+"""One compaction run: plan, fold and write, commit, clean up; and the summary it reports.
+
+1. Plan (driver, object store only): list the WAL segment objects of the chosen topics and each
+   partition's newest manifest; a partition takes part when it has segments past the manifest's
+   `last_segment`. The list is pinned: segments uploaded while the run is going wait for the next.
+2. Compute (Spark, compact.py): fold the new records into the previous snapshot, collect each
+   partition's counts, set its horizon (highest offset read + 1), and write its Parquet files.
+   A partition whose new segments hold no readable record gets no new snapshot; its corrupt
+   batches are reported, and reported again by the next run, which reads them again.
+3. Commit: one manifest per partition, written with a conditional put. If the manifest is already
+   there (a rerun that finishes what a crashed run began), the one that is there stands.
+4. Retention (manifest.py): superseded snapshots older than `retention` go.
+
+`compute` is separate from `commit` so a test can stop a run exactly where a crash would.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from headwater.spark_compaction.manifest import (
+    ROOT,
+    Manifest,
+    SnapshotFile,
+    data_prefix,
+    manifest_horizons,
+    manifest_key,
+    now_iso,
+    partition_prefix,
+    retention_plan,
+)
+from headwater.spark_compaction.source import DEFAULT_GROUP_BYTES
+from headwater.spark_compaction.store import BlockingStore, StoreSpec
+from headwater.spark_compaction.wal import SegmentObject, list_segments
+from headwater.spark_compaction.writer import ROWS_PER_FILE, expected_files
+from headwater.wire.errors import StorageError
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionSettings:
+    store: StoreSpec
+    topics: tuple[str, ...] = ()  # empty: every topic with segments in the store
+    retention: float = 3600.0  # seconds a superseded snapshot stays readable
+    rows_per_file: int = ROWS_PER_FILE
+    group_bytes: int = DEFAULT_GROUP_BYTES  # segment bytes per Spark input partition
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionPlan:
+    topic: str
+    partition: int
+    previous: Manifest | None
+    segments: tuple[SegmentObject, ...]
+
+    @property
+    def from_offset(self) -> int:
+        return self.previous.horizon if self.previous else 0
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """One partition's result: counts, and the manifest to commit (None: nothing new)."""
+
+    plan: PartitionPlan
+    records_in: int
+    keyless: int
+    tombstones: int
+    corrupt: tuple[str, ...]
+    manifest: Manifest | None
+
+
+@dataclass
+class Summary:
+    segments: int = 0
+    records_in: int = 0
+    keys_out: int = 0
+    tombstones_dropped: int = 0
+    keyless_skipped: int = 0
+    corrupt_batches: int = 0
+    seconds: float = 0.0
+    corrupt: list[str] = field(default_factory=list)
+    snapshots: list[dict[str, Any]] = field(default_factory=list)
+    removed_objects: int = 0
+    phases: dict[str, float] = field(default_factory=dict)  # seconds, by phase of the run
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "segments": self.segments,
+            "records_in": self.records_in,
+            "keys_out": self.keys_out,
+            "tombstones_dropped": self.tombstones_dropped,
+            "keyless_skipped": self.keyless_skipped,
+            "corrupt_batches": self.corrupt_batches,
+            "seconds": round(self.seconds, 3),
+            "corrupt": self.corrupt,
+            "snapshots": self.snapshots,
+            "removed_objects": self.removed_objects,
+            "phases": {name: round(seconds, 3) for name, seconds in self.phases.items()},
+        }
+
+
+def read_newest_manifest(store: BlockingStore, topic: str, partition: int) -> Manifest | None:
+    horizons = manifest_horizons(store.list(partition_prefix(topic, partition)))
+    if not horizons:
+        return None
+    key = manifest_key(topic, partition, horizons[-1])
+    return Manifest.decode(key, store.get(key))
+
+
+def plan(store: BlockingStore, settings: CompactionSettings) -> list[PartitionPlan]:
+    by_partition: dict[tuple[str, int], list[SegmentObject]] = {}
+    for segment in list_segments(store, settings.topics):
+        by_partition.setdefault((segment.topic, segment.partition), []).append(segment)
+    plans = []
+    for (topic, partition), segments in sorted(by_partition.items()):
+        previous = read_newest_manifest(store, topic, partition)
+        done = previous.last_segment if previous else -1
+        new = tuple(s for s in segments if s.base_offset > done)
+        if new:
+            plans.append(PartitionPlan(topic, partition, previous, new))
+    return plans
+
+
+def written_files(
+    store: BlockingStore, topic: str, partition: int, horizon: int, rows: int, rows_per_file: int
+) -> list[SnapshotFile]:
+    """The files the writer tasks stored for a partition, checked against what they had to store."""
+    sizes = {i.key: i.size for i in store.list(data_prefix(topic, partition, horizon))}
+    files = []
+    for key, count in expected_files(topic, partition, horizon, rows, rows_per_file):
+        if key not in sizes:
+            raise StorageError(f"snapshot file {key} is missing after the write")
+        files.append(SnapshotFile(key, count, sizes[key]))
+    return files
+
+
+def compute(
+    spark: Any,
+    store: BlockingStore,
+    settings: CompactionSettings,
+    plans: Sequence[PartitionPlan],
+    progress: Progress,
+    phases: dict[str, float] | None = None,
+) -> list[Outcome]:
+    """Fold and write the data files of every planned partition; commits nothing."""
+    phases = {} if phases is None else phases
+    clock = time.monotonic()
+    from headwater.spark_compaction import compact
+
+    if not plans:
+        return []
+    segments = [s for p in plans for s in p.segments]
+    previous_files = [f for p in plans if p.previous for f in p.previous.files]
+    from_offsets = {f"{p.topic}/{p.partition}": p.from_offset for p in plans}
+    progress(f"reading {len(segments)} segments of {len(plans)} partitions")
+    records = compact.read_inputs(
+        spark, settings.store, segments, from_offsets, previous_files, settings.group_bytes
+    )
+    groups = compact.persisted(compact.fold(records))
+    try:
+        stats = {(s.topic, s.partition): s for s in compact.partition_stats(groups)}
+        phases["read_and_fold"] = time.monotonic() - clock
+        clock = time.monotonic()
+        horizons = {}
+        for p in plans:
+            found = stats.get((p.topic, p.partition))
+            if found is not None and found.records_in > 0 and found.max_offset is not None:
+                horizons[(p.topic, p.partition)] = max(found.max_offset + 1, p.from_offset)
+        progress(f"writing snapshots of {len(horizons)} partitions")
+        tasks = int(spark.conf.get("spark.sql.shuffle.partitions"))
+        compact.write(groups, settings.store, horizons, settings.rows_per_file, tasks)
+        phases["write"] = time.monotonic() - clock
+    finally:
+        groups.unpersist()
+    files = {
+        (topic, partition): written_files(
+            store, topic, partition, horizon, stats[(topic, partition)].live, settings.rows_per_file
+        )
+        for (topic, partition), horizon in horizons.items()
+    }
+    created_at = now_iso()
+    outcomes = []
+    for p in plans:
+        s = stats.get((p.topic, p.partition))
+        horizon = horizons.get((p.topic, p.partition))
+        manifest = None
+        if s is not None and horizon is not None:
+            partition_files = tuple(files[(p.topic, p.partition)])
+            manifest = Manifest(
+                topic=p.topic,
+                partition=p.partition,
+                horizon=horizon,
+                last_segment=p.segments[-1].base_offset,
+                previous_horizon=p.previous.horizon if p.previous else None,
+                files=partition_files,
+                rows=sum(f.rows for f in partition_files),
+                records_in=s.records_in,
+                tombstones_dropped=s.tombstones,
+                keyless_skipped=s.keyless,
+                corrupt_batches=len(s.corrupt),
+                created_at=created_at,
+            )
+        outcomes.append(
+            Outcome(
+                p,
+                s.records_in if s else 0,
+                s.keyless if s else 0,
+                s.tombstones if s else 0,
+                s.corrupt if s else (),
+                manifest,
+            )
+        )
+    return outcomes
+
+
+def commit(store: BlockingStore, outcomes: Sequence[Outcome]) -> list[Manifest]:
+    """Write each new manifest unless a manifest at or past its horizon exists already."""
+    committed = []
+    for outcome in outcomes:
+        manifest = outcome.manifest
+        if manifest is None:
+            continue
+        prefix = partition_prefix(manifest.topic, manifest.partition)
+        existing = manifest_horizons(store.list(prefix))
+        if existing and existing[-1] >= manifest.horizon:
+            continue  # a rerun, or a concurrent run that got further: what is there stands
+        key = manifest_key(manifest.topic, manifest.partition, manifest.horizon)
+        if store.put_if_absent(key, manifest.encode()):
+            committed.append(manifest)
+    return committed
+
+
+def apply_retention(
+    store: BlockingStore, topics: Sequence[str], retention: float, now: float | None = None
+) -> int:
+    """Remove expired snapshots of `topics` (all when empty); returns how many objects went."""
+    now = time.time() if now is None else now
+    prefixes = [f"{ROOT}/{t}/" for t in sorted(set(topics))] or [f"{ROOT}/"]
+    by_partition: dict[tuple[str, int], list[Any]] = {}
+    for prefix in prefixes:
+        for info in store.list(prefix):
+            parts = info.key.split("/")
+            if len(parts) >= 4 and parts[2].isdigit():
+                by_partition.setdefault((parts[1], int(parts[2])), []).append(info)
+    removed = 0
+    for (topic, partition), listing in sorted(by_partition.items()):
+        horizons = manifest_horizons(listing)
+        if len(horizons) < 2 and len(listing) == len(horizons):
+            continue  # one snapshot and nothing else: nothing can expire
+        created = {}
+        for horizon in horizons:
+            key = manifest_key(topic, partition, horizon)
+            created[horizon] = Manifest.decode(key, store.get(key)).created_at_seconds
+        doomed = retention_plan(topic, partition, listing, created, retention, now)
+        for key in [*doomed.manifests, *doomed.files]:
+            store.delete(key)
+            removed += 1
+    return removed
+
+
+def run(
+    session: Callable[[], Any], settings: CompactionSettings, progress: Progress | None = None
+) -> Summary:
+    """One run; `session` gives the Spark session, called only when there is something to read."""
+    started = time.monotonic()
+    report = progress or (lambda _: None)
+    summary = Summary()
+    phases = summary.phases
+    with BlockingStore(settings.store) as store:
+        report(f"listing {settings.store.describe()}")
+        plans = plan(store, settings)
+        phases["plan"] = time.monotonic() - started
+        if plans:
+            clock = time.monotonic()
+            spark = session()
+            phases["spark_start"] = time.monotonic() - clock
+            outcomes = compute(spark, store, settings, plans, report, phases)
+        else:
+            outcomes = []
+        report("committing manifests")
+        clock = time.monotonic()
+        committed = commit(store, outcomes)
+        phases["commit"] = time.monotonic() - clock
+        report("removing expired snapshots")
+        clock = time.monotonic()
+        summary.removed_objects = apply_retention(store, settings.topics, settings.retention)
+        phases["retention"] = time.monotonic() - clock
+    summary.segments = sum(len(p.segments) for p in plans)
+    for outcome in outcomes:
+        summary.records_in += outcome.records_in
+        summary.tombstones_dropped += outcome.tombstones
+        summary.keyless_skipped += outcome.keyless
+        summary.corrupt.extend(outcome.corrupt)
+    summary.corrupt_batches = len(summary.corrupt)
+    for manifest in committed:
+        summary.keys_out += manifest.rows
+        summary.snapshots.append(
+            {
+                "topic": manifest.topic,
+                "partition": manifest.partition,
+                "horizon": manifest.horizon,
+                "rows": manifest.rows,
+                "files": len(manifest.files),
+            }
+        )
+    summary.seconds = time.monotonic() - started
+    return summary

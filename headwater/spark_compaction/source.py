@@ -1,0 +1,245 @@
+"""Spark data sources (pyspark.sql.datasource) over the object store: the WAL and the snapshots.
+
+`headwater_wal` yields one row per WAL record (schema.WAL_DDL). On the driver, `partitions()` lists
+the segment objects (or takes the pinned list the compaction job passes, so what it reads is
+exactly what it planned) and makes one input partition per group of consecutive segments of a
+partition, about `group_bytes` each. On the executors, `read()` fetches each segment whole,
+decodes it with `wire` (spark_compaction/wal.py) and yields Arrow record batches, which Spark takes
+without converting row by row. Options (all strings, as Spark passes them):
+
+- `store`: the object store, `StoreSpec.to_json()`
+- `topics`: comma-separated topics (default: every topic in the store), or
+- `segments`: a JSON list of [topic, partition, base_offset, size] to read exactly those
+- `from_offsets`: JSON {"<topic>/<partition>": offset}: records below it are left out
+- `group_bytes`: target bytes of segments per input partition (default 64 MiB)
+- `fold`: "true" to fold inside each task (wal.Folder): one row per key seen, newest record, with
+  a `records` column counting the records it stands for (schema.FOLDED_DDL). The compaction job
+  reads this way; Spark then folds the tasks' rows, far fewer than the records.
+
+`headwater_snapshot` reads snapshot Parquet files (one input partition per file) through the same
+store code, since the pyspark wheel has no S3 file system: `files`, a JSON list of
+[key, rows, bytes] as a manifest lists them, or `topics` for the newest snapshot of every
+partition of those topics. It also writes them, from Arrow batches (`DataSourceArrowWriter`),
+which is how the job stores snapshot files from its executors.
+
+This module imports pyspark; only the compaction job imports it, never the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    DataSourceWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import StructType
+
+from headwater.spark_compaction.loader import decode_snapshot_file, newest_manifest
+from headwater.spark_compaction.manifest import SnapshotFile
+from headwater.spark_compaction.schema import FOLDED_DDL, WAL_DDL
+from headwater.spark_compaction.store import BlockingStore, StoreSpec, open_store
+from headwater.spark_compaction.wal import (
+    Folder,
+    SegmentObject,
+    decode_segment,
+    group_segments,
+    list_segments,
+)
+from headwater.spark_compaction.writer import ROWS_PER_FILE, write_snapshot_files
+
+DEFAULT_GROUP_BYTES = 64 * 1024 * 1024
+
+SNAPSHOT_READ_DDL = (
+    "topic string, partition int, key binary, value binary, offset bigint, timestamp bigint, "
+    "headers array<struct<key: string, value: binary>>"
+)
+SNAPSHOT_READ_SCHEMA = pa.schema(
+    [
+        pa.field("topic", pa.string()),
+        pa.field("partition", pa.int32()),
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary()),
+        pa.field("offset", pa.int64()),
+        pa.field("timestamp", pa.int64()),
+        pa.field(
+            "headers",
+            pa.list_(
+                pa.field(
+                    "element",
+                    pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]),
+                )
+            ),
+        ),
+    ]
+)
+
+
+class SegmentGroup(InputPartition):
+    def __init__(self, segments: Sequence[SegmentObject], from_offset: int) -> None:
+        super().__init__(tuple(segments))
+        self.segments = tuple(segments)
+        self.from_offset = from_offset
+
+
+class WalReader(DataSourceReader):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.spec = StoreSpec.from_json(options["store"])
+        self.topics = [t for t in options.get("topics", "").split(",") if t]
+        pinned = options.get("segments")
+        self.pinned = None
+        if pinned is not None:
+            self.pinned = [SegmentObject(t, p, b, s) for t, p, b, s in json.loads(pinned)]
+        self.from_offsets: dict[str, int] = json.loads(options.get("from_offsets", "{}"))
+        self.group_bytes = int(options.get("group_bytes", DEFAULT_GROUP_BYTES))
+        self.fold = options.get("fold", "false").lower() == "true"
+
+    def partitions(self) -> Sequence[InputPartition]:
+        segments = self.pinned
+        if segments is None:
+            with BlockingStore(self.spec) as store:
+                segments = list_segments(store, self.topics)
+        groups = group_segments(segments, self.group_bytes)
+        if not groups:
+            return [SegmentGroup((), 0)]
+        return [
+            SegmentGroup(g, self.from_offsets.get(f"{g[0].topic}/{g[0].partition}", 0))
+            for g in groups
+        ]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, SegmentGroup)
+        if not partition.segments:
+            return
+        store = BlockingStore(self.spec)
+        try:
+            folder = Folder(partition.segments[0]) if self.fold else None
+            for segment in partition.segments:
+                data = store.get(segment.key)
+                if folder is None:
+                    yield from decode_segment(segment, data, partition.from_offset)
+                else:
+                    yield from folder.add(segment, data, partition.from_offset)
+            if folder is not None:
+                yield from folder.finish()
+        finally:
+            store.close()
+
+
+class WalDataSource(DataSource):
+    """`spark.read.format("headwater_wal").option("store", spec.to_json()).load()`"""
+
+    @classmethod
+    def name(cls) -> str:
+        return "headwater_wal"
+
+    def schema(self) -> str:
+        return FOLDED_DDL if self.options.get("fold", "false").lower() == "true" else WAL_DDL
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return WalReader(dict(self.options))
+
+
+class SnapshotReader(DataSourceReader):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.spec = StoreSpec.from_json(options["store"])
+        files = options.get("files")
+        self.files = None if files is None else [SnapshotFile(*f) for f in json.loads(files)]
+        self.topics = [t for t in options.get("topics", "").split(",") if t]
+
+    def partitions(self) -> Sequence[InputPartition]:
+        files = self.files
+        if files is None:
+            files = asyncio.run(_newest_files(self.spec, self.topics))
+        return [InputPartition(f) for f in files] or [InputPartition(None)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        file = partition.value
+        if file is None:
+            return
+        with BlockingStore(self.spec) as store:
+            data = store.get(file.key)
+        table = decode_snapshot_file(file, data).cast(SNAPSHOT_READ_SCHEMA)
+        yield from table.to_batches()
+
+
+class SnapshotWriterTask(DataSourceArrowWriter):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.spec = StoreSpec.from_json(options["store"])
+        self.horizons = {
+            (topic, int(partition)): horizon
+            for name, horizon in json.loads(options["horizons"]).items()
+            for topic, partition in [name.rsplit("/", 1)]
+        }
+        self.rows_per_file = int(options.get("rows_per_file", ROWS_PER_FILE))
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        with BlockingStore(self.spec) as store:
+            for _ in write_snapshot_files(store, self.horizons, iterator, self.rows_per_file):
+                pass
+        return WriterCommitMessage()
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        pass  # the job's driver commits, with one manifest per partition (manifest.py)
+
+
+class SnapshotDataSource(DataSource):
+    """Read: `spark.read.format("headwater_snapshot").option("store", ...).option("topics", "t")`.
+
+    Write (the compaction job): rows of SNAPSHOT_SCHEMA, hash-partitioned by (topic, partition)
+    and sorted by key within each task, with options `store`, `horizons` (JSON
+    {"<topic>/<partition>": horizon}) and `rows_per_file`. Writes data files only, no manifest.
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        return "headwater_snapshot"
+
+    def schema(self) -> str:
+        return SNAPSHOT_READ_DDL
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return SnapshotReader(dict(self.options))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        return SnapshotWriterTask(dict(self.options))
+
+
+async def _newest_files(spec: StoreSpec, topics: list[str]) -> list[SnapshotFile]:
+    store = await open_store(spec)
+    try:
+        partitions: set[tuple[str, int]] = set()
+        for topic in topics:
+            for info in await store.list(f"snapshots/{topic}/"):
+                parts = info.key.split("/")
+                if len(parts) >= 4 and parts[2].isdigit():
+                    partitions.add((topic, int(parts[2])))
+        files: list[SnapshotFile] = []
+        for topic, partition in sorted(partitions):
+            manifest = await newest_manifest(store, topic, partition)
+            if manifest is not None:
+                files.extend(manifest.files)
+        return files
+    finally:
+        await store.close()
+
+
+def segments_option(segments: Sequence[SegmentObject]) -> str:
+    return json.dumps([[s.topic, s.partition, s.base_offset, s.size] for s in segments])
+
+
+def files_option(files: Sequence[SnapshotFile]) -> str:
+    return json.dumps([[f.key, f.rows, f.bytes] for f in files])
+
+
+def register(spark: Any) -> None:
+    spark.dataSource.register(WalDataSource)
+    spark.dataSource.register(SnapshotDataSource)

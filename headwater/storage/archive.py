@@ -1,0 +1,132 @@
+"""Reading history back from the object store: the part of a partition older than its local WAL.
+
+The uploader's record says which offsets each uploaded segment holds. A read finds the segment
+holding the offset, fetches its sparse index (cached), and makes one ranged GET from the index
+entry at or below the offset: about `READ_BYTES`, extended if a single batch is larger. Only whole
+batches are returned; the caller reads on from the offset after the last one, so a replay moves
+from object store to local WAL to live tail by offset, with no gap and no duplicate.
+
+Damage in an object is skipped like damage in a local segment: the reader resynchronises on the
+next valid batch. A missing index object is not fatal (the read starts at the segment's first
+byte); a missing log object raises `ObjectNotFound`, and `next_after` tells the caller where the
+next data is, so a replay goes on past the hole.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import OrderedDict
+
+import structlog
+
+from headwater.storage.objectstore import ObjectStore
+from headwater.storage.segments import (
+    INDEX_ENTRY,
+    IndexEntry,
+    batch_length,
+    check_batch,
+    find_batch,
+)
+from headwater.storage.uploader import Uploader, object_key
+from headwater.wire.errors import ObjectNotFound
+
+log = structlog.get_logger("headwater.archive")
+
+READ_BYTES = 1 << 20
+_INDEX_CACHE = 256
+
+
+class ObjectArchive:
+    def __init__(self, store: ObjectStore, uploader: Uploader) -> None:
+        self._store = store
+        self._uploaded = uploader
+        self._indexes: OrderedDict[str, list[IndexEntry]] = OrderedDict()
+
+    def start_offset(self, topic: str, partition: int) -> int | None:
+        segments = self._uploaded.uploaded(topic, partition)
+        return segments[0].base_offset if segments else None
+
+    def covers(self, topic: str, partition: int, offset: int) -> bool:
+        """Whether an uploaded segment holds `offset`."""
+        return self._uploaded_holding(topic, partition, offset) is not None
+
+    def next_after(self, topic: str, partition: int, offset: int) -> int | None:
+        """Where archived data goes on after `offset`'s segment (or the gap `offset` is in)."""
+        segments = self._uploaded.uploaded(topic, partition)
+        bases = [s.base_offset for s in segments]
+        position = bisect.bisect_right(bases, offset) - 1
+        if position >= 0 and offset < segments[position].next_offset:
+            return segments[position].next_offset
+        return bases[position + 1] if position + 1 < len(bases) else None
+
+    def _uploaded_holding(self, topic: str, partition: int, offset: int) -> int | None:
+        segments = self._uploaded.uploaded(topic, partition)
+        position = bisect.bisect_right([s.base_offset for s in segments], offset) - 1
+        if position < 0 or offset >= segments[position].next_offset:
+            return None
+        return position
+
+    async def read(self, topic: str, partition: int, offset: int) -> list[bytes]:
+        segments = self._uploaded.uploaded(topic, partition)
+        position = bisect.bisect_right([s.base_offset for s in segments], offset) - 1
+        if position < 0 or offset >= segments[position].next_offset:
+            return []
+        segment = segments[position]
+        log_key = object_key(topic, partition, segment.base_offset)
+        index = await self._index(topic, partition, segment.base_offset)
+        entry = bisect.bisect_right([e.offset for e in index], offset) - 1
+        start = index[entry].position if entry >= 0 else 0
+        length = READ_BYTES
+        while True:
+            end = min(start + length, segment.size)
+            data = await self._store.get(log_key, start, end)
+            batches = _whole_batches(data, offset, log_key, start)
+            if batches or end >= segment.size:
+                return batches
+            length *= 4  # one batch larger than the range, or the offset further on
+
+    async def _index(self, topic: str, partition: int, base_offset: int) -> list[IndexEntry]:
+        index_key = object_key(topic, partition, base_offset, ".index")
+        cached = self._indexes.get(index_key)
+        if cached is not None:
+            self._indexes.move_to_end(index_key)
+            return cached
+        try:
+            data = await self._store.get(index_key)
+        except ObjectNotFound:
+            log.warning("archive.index_missing", key=index_key)
+            data = b""  # read from the segment's first byte
+        entries = [IndexEntry(*fields) for fields in INDEX_ENTRY.iter_unpack(data)]
+        self._indexes[index_key] = entries
+        if len(self._indexes) > _INDEX_CACHE:
+            self._indexes.popitem(last=False)
+        return entries
+
+
+def _whole_batches(data: bytes, offset: int, log_key: str, start: int) -> list[bytes]:
+    """The whole, valid batches in `data` holding offsets >= `offset`; damage is skipped."""
+    batches = []
+    position = 0
+    min_offset = 0
+    while position < len(data):
+        found = check_batch(data, position, len(data), min_offset)
+        if found is None:
+            total = batch_length(data, position, len(data))
+            if total is not None and position + total > len(data):
+                break  # a batch cut by the end of the ranged read: the caller reads on
+            resume = find_batch(data, position + 1, len(data), min_offset)
+            log.error(
+                "archive.damaged_batch",
+                key=log_key,
+                position=start + position,
+                length=(len(data) if resume is None else resume) - position,
+            )
+            if resume is None:
+                break
+            position = resume
+            continue
+        if found.next_offset > offset:
+            batches.append(data[position : position + found.size])
+        position += found.size
+        min_offset = found.next_offset
+    return batches

@@ -1,0 +1,243 @@
+"""Object storage behind one small async interface, with two backends.
+
+- `LocalObjectStore`: a directory (the embedded default, `<data_dir>/objects`). Puts write a
+  temporary file, fsync it and rename it, so an object is whole or absent; conditional puts use a
+  hard link, which fails if the name exists. The directory is fsynced after the rename (and any
+  directory the put created, after its creation), so a stored object survives a power cut: the
+  uploader counts a segment as safe, and retention deletes the local copy, on that promise.
+- `S3ObjectStore`: S3 or any S3-compatible server through aiobotocore (`endpoint_url`), with
+  credentials from the usual AWS variables or config files. Conditional puts send
+  `If-None-Match: *`.
+
+Keys are '/'-separated relative names; `prefix` (S3) or the root directory (local) is added here.
+Every failure is raised as `StorageError` (`ObjectNotFound` for a missing key), so callers retry
+without knowing the backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from headwater.storage.fileio import fsync_directory
+from headwater.wire.errors import ObjectNotFound, StorageError
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    key: str
+    size: int
+
+
+class ObjectStore(Protocol):
+    async def put(self, key: str, data: bytes) -> None: ...
+
+    async def put_if_absent(self, key: str, data: bytes) -> bool:
+        """Store unless `key` exists; returns whether it stored."""
+        ...
+
+    async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        """Bytes [start, end) of the object (to its end when `end` is None)."""
+        ...
+
+    async def list(self, prefix: str) -> list[ObjectInfo]: ...
+
+    async def delete(self, key: str) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+def _check_key(key: str) -> None:
+    parts = key.split("/")
+    if not key or any(p in ("", ".", "..") for p in parts):
+        raise StorageError(f"invalid object key {key!r}")
+
+
+class LocalObjectStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, key: str) -> Path:
+        _check_key(key)
+        return self.root / key
+
+    async def put(self, key: str, data: bytes) -> None:
+        await asyncio.to_thread(self._put, self._path(key), data, False)
+
+    async def put_if_absent(self, key: str, data: bytes) -> bool:
+        return await asyncio.to_thread(self._put, self._path(key), data, True)
+
+    @staticmethod
+    def _put(path: Path, data: bytes, only_if_absent: bool) -> bool:
+        try:
+            created = [d for d in (path.parent, *path.parent.parents) if not d.exists()]
+            path.parent.mkdir(parents=True, exist_ok=True)
+            for directory in reversed(created):
+                fsync_directory(directory.parent)
+            temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+            with temporary.open("wb") as file:
+                file.write(data)
+                file.flush()
+                os.fsync(file.fileno())
+            try:
+                if only_if_absent:
+                    try:
+                        os.link(temporary, path)
+                    except FileExistsError:
+                        return False
+                else:
+                    os.replace(temporary, path)
+            finally:
+                temporary.unlink(missing_ok=True)
+            fsync_directory(path.parent)
+            return True
+        except OSError as exc:
+            raise StorageError(f"cannot write object {path}: {exc}") from None
+
+    async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        return await asyncio.to_thread(self._get, key, self._path(key), start, end)
+
+    @staticmethod
+    def _get(key: str, path: Path, start: int, end: int | None) -> bytes:
+        try:
+            with path.open("rb") as file:
+                file.seek(start)
+                return file.read() if end is None else file.read(max(0, end - start))
+        except FileNotFoundError:
+            raise ObjectNotFound(f"object {key!r} does not exist") from None
+        except OSError as exc:
+            raise StorageError(f"cannot read object {key!r}: {exc}") from None
+
+    async def list(self, prefix: str) -> list[ObjectInfo]:
+        return await asyncio.to_thread(self._list, prefix)
+
+    def _list(self, prefix: str) -> builtins.list[ObjectInfo]:
+        found = []
+        for directory, _, files in os.walk(self.root):
+            for name in files:
+                if name.startswith("."):
+                    continue
+                path = Path(directory) / name
+                key = path.relative_to(self.root).as_posix()
+                if key.startswith(prefix):
+                    found.append(ObjectInfo(key, path.stat().st_size))
+        return sorted(found, key=lambda o: o.key)
+
+    async def delete(self, key: str) -> None:
+        path = self._path(key)
+        await asyncio.to_thread(path.unlink, True)
+
+    async def close(self) -> None:
+        pass
+
+
+class S3ObjectStore:
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        endpoint_url: str | None = None,
+        region: str | None = None,
+    ) -> None:
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self._endpoint_url = endpoint_url
+        self._region = region
+        self._client: Any = None
+        self._exit: contextlib.AsyncExitStack | None = None
+
+    async def open(self) -> S3ObjectStore:
+        from aiobotocore.config import AioConfig
+        from aiobotocore.session import get_session
+
+        self._exit = contextlib.AsyncExitStack()
+        config = AioConfig(
+            retries={"max_attempts": 2, "mode": "standard"},
+            connect_timeout=5,
+            read_timeout=30,
+        )
+        self._client = await self._exit.enter_async_context(
+            get_session().create_client(
+                "s3",
+                endpoint_url=self._endpoint_url,
+                region_name=self._region or "us-east-1",
+                config=config,
+            )
+        )
+        return self
+
+    def _key(self, key: str) -> str:
+        _check_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    async def put(self, key: str, data: bytes) -> None:
+        try:
+            await self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+        except Exception as exc:
+            raise StorageError(f"S3 put {key!r} failed: {exc}") from None
+
+    async def put_if_absent(self, key: str, data: bytes) -> bool:
+        try:
+            await self._client.put_object(
+                Bucket=self.bucket, Key=self._key(key), Body=data, IfNoneMatch="*"
+            )
+            return True
+        except Exception as exc:
+            if _status(exc) in (409, 412):
+                return False
+            raise StorageError(f"S3 conditional put {key!r} failed: {exc}") from None
+
+    async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        arguments: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(key)}
+        if start or end is not None:
+            if end is not None and end <= start:
+                return b""
+            arguments["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
+        try:
+            response = await self._client.get_object(**arguments)
+            async with response["Body"] as stream:
+                data: bytes = await stream.read()
+                return data
+        except Exception as exc:
+            if _status(exc) == 404:
+                raise ObjectNotFound(f"object {key!r} does not exist") from None
+            raise StorageError(f"S3 get {key!r} failed: {exc}") from None
+
+    async def list(self, prefix: str) -> list[ObjectInfo]:
+        found = []
+        strip = len(self.prefix) + 1 if self.prefix else 0
+        try:
+            paginator = self._client.get_paginator("list_objects_v2")
+            full_prefix = f"{self.prefix}/{prefix}" if self.prefix else prefix
+            async for page in paginator.paginate(Bucket=self.bucket, Prefix=full_prefix):
+                for item in page.get("Contents", []):
+                    found.append(ObjectInfo(item["Key"][strip:], item["Size"]))
+        except Exception as exc:
+            raise StorageError(f"S3 list {prefix!r} failed: {exc}") from None
+        return found
+
+    async def delete(self, key: str) -> None:
+        try:
+            await self._client.delete_object(Bucket=self.bucket, Key=self._key(key))
+        except Exception as exc:
+            raise StorageError(f"S3 delete {key!r} failed: {exc}") from None
+
+    async def close(self) -> None:
+        if self._exit is not None:
+            await self._exit.aclose()
+            self._exit = None
+
+
+def _status(exc: Exception) -> int | None:
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return int(status) if status is not None else None
+    return None

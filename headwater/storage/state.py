@@ -1,0 +1,189 @@
+"""Server state in RocksDB (rocksdict) under `<data_dir>/state`, one key prefix per kind:
+
+- `topic/<name>`: a topic's partitions, dispatch mode and settings (JSON);
+- `sub/<topic>\\0<subscription>`: a reliable subscription's type and settings (JSON);
+- `cursor/<topic>\\0<subscription>\\0<partition>`: its acknowledgement state (`PartitionCursor`);
+- `upload/<topic>\\0<partition>\\0<base offset, 20 digits>`: a segment uploaded to the object
+  store, with its next offset and size;
+- `producer/<topic>\\0<partition>\\0<producer id>`: an idempotent producer's recent batches;
+- `meta/next-producer-id`: the next producer id to hand out.
+
+`\\0` separates names because no topic or subscription name may contain it. Changes that belong
+together go in one WriteBatch (`write`). Either way the write reaches the OS before returning, so
+it survives the process being killed.
+
+Writes that must also survive a power loss (RocksDB fsyncs its log) go through the one
+`StateWriter`, which group-commits them off the event loop, as the WAL's syncer does: while one
+synced WriteBatch is being written in a worker thread, the writes that arrive queue up, and the
+next WriteBatch takes them all, so n concurrent callers cost one fsync, not n, and the loop never
+waits for the disk. Each caller gets a future and awaits it only where its promise needs it (a
+produce's answer under fsync `always`, a topic's creation). Writes of one key are never split
+between the queue and direct `write` calls (a key's writes are synced by its topic's policy, or
+always, or never), so going around the queue never reorders them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+
+from headwater.wire.errors import StorageError
+
+TOPIC = b"topic/"
+SUBSCRIPTION = b"sub/"
+CURSOR = b"cursor/"
+UPLOAD = b"upload/"
+PRODUCER = b"producer/"
+NEXT_PRODUCER_ID = b"meta/next-producer-id"
+SEP = b"\0"
+
+
+def key(prefix: bytes, *parts: str | int) -> bytes:
+    encoded = [f"{p:020d}" if isinstance(p, int) else p for p in parts]
+    return prefix + SEP.join(part.encode() for part in encoded)
+
+
+class StateStore:
+    def __init__(self, path: Path) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        options = Options(raw_mode=True)
+        options.create_if_missing(True)
+        self._db = Rdict(str(path), options)
+        self._sync = WriteOptions()
+        self._sync.sync = True
+
+    def get(self, k: bytes) -> bytes | None:
+        value: bytes | None = self._db.get(k)
+        return value
+
+    def get_json(self, k: bytes) -> Any:
+        value = self.get(k)
+        return None if value is None else json.loads(value)
+
+    def write(
+        self,
+        puts: dict[bytes, bytes] | None = None,
+        deletes: list[bytes] | None = None,
+        sync: bool = False,
+    ) -> None:
+        batch = WriteBatch(raw_mode=True)
+        for k, v in (puts or {}).items():
+            batch.put(k, v)
+        for k in deletes or []:
+            batch.delete(k)
+        if sync:
+            self._db.write(batch, self._sync)
+        else:
+            self._db.write(batch)
+
+    def write_all(
+        self, changes: Sequence[tuple[dict[bytes, bytes], list[bytes]]], sync: bool = False
+    ) -> None:
+        """Several writes, in order, as one WriteBatch (the later of two puts of a key wins)."""
+        batch = WriteBatch(raw_mode=True)
+        for puts, deletes in changes:
+            for k, v in puts.items():
+                batch.put(k, v)
+            for k in deletes:
+                batch.delete(k)
+        if sync:
+            self._db.write(batch, self._sync)
+        else:
+            self._db.write(batch)
+
+    def put_json(self, k: bytes, value: Any, sync: bool = False) -> None:
+        self.write({k: json.dumps(value).encode()}, sync=sync)
+
+    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """Every (key without prefix, value) under `prefix`, in key order."""
+        iterator = self._db.iter()
+        iterator.seek(prefix)
+        while iterator.valid():
+            k = iterator.key()
+            if not k.startswith(prefix):
+                return
+            yield k[len(prefix) :], iterator.value()
+            iterator.next()
+
+    def scan_from(self, start: bytes, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """Every (key, value) from `start` on while keys begin with `prefix`. An iterator reads
+        one consistent view of the database, whatever is written meanwhile."""
+        iterator = self._db.iter()
+        iterator.seek(start)
+        while iterator.valid():
+            k = iterator.key()
+            if not k.startswith(prefix):
+                return
+            yield k, iterator.value()
+            iterator.next()
+
+    def delete_prefix(self, prefix: bytes) -> None:
+        self.write(deletes=[prefix + k for k, _ in self.scan(prefix)])
+
+    def close(self) -> None:
+        self._db.close()
+
+
+class StateWriter:
+    """The one writer of synced state: group commit in a worker thread (see the module doc)."""
+
+    def __init__(self, store: StateStore) -> None:
+        self.store = store
+        self._queue: list[tuple[dict[bytes, bytes], list[bytes]]] = []
+        self._waiters: list[asyncio.Future[None]] = []
+        self._task: asyncio.Task[None] | None = None
+        self.commits = 0  # synced WriteBatches written (tests count them)
+
+    def write(
+        self,
+        puts: dict[bytes, bytes] | None = None,
+        deletes: list[bytes] | None = None,
+        sync: bool = False,
+    ) -> asyncio.Future[None] | None:
+        """Write now (`sync` False: nothing to wait for), or queue a synced write and return
+        the future that completes once it is on disk."""
+        if not sync:
+            self.store.write(puts, deletes)
+            return None
+        return self.synced(puts, deletes)
+
+    def synced(
+        self, puts: dict[bytes, bytes] | None = None, deletes: list[bytes] | None = None
+    ) -> asyncio.Future[None]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        self._queue.append((puts or {}, deletes or []))
+        self._waiters.append(future)
+        if self._task is None or self._task.done():
+            self._task = loop.create_task(self._run())
+        return future
+
+    async def put_json(self, k: bytes, value: Any) -> None:
+        await self.synced({k: json.dumps(value).encode()})
+
+    async def _run(self) -> None:
+        while self._queue:
+            changes, self._queue = self._queue, []
+            waiters, self._waiters = self._waiters, []
+            try:
+                await asyncio.to_thread(self.store.write_all, changes, True)
+            except Exception as exc:  # rocksdict raises plain Exceptions for I/O errors
+                error = StorageError(f"state write failed: {exc}")
+                for future in waiters:
+                    if not future.done():
+                        future.set_exception(error)
+                continue
+            self.commits += 1
+            for future in waiters:
+                if not future.done():
+                    future.set_result(None)
+
+    async def flush(self) -> None:
+        """Wait until every queued write is on disk (or failed)."""
+        while self._task is not None and not self._task.done():
+            await asyncio.wait([self._task])

@@ -1,0 +1,201 @@
+"""Ships sealed WAL segments to the object store in the background, and remembers what it shipped.
+
+Sealed segments are queued by the WAL (`enqueue`) and uploaded one at a time, index first, then
+the log: a segment counts as uploaded only once both objects exist, which is recorded in RocksDB
+(`upload/...`). The object store being down never blocks producers: uploads retry with doubling
+delays (capped) until they succeed, and the queue simply grows by one entry per sealed segment.
+Retention asks `is_uploaded` before deleting a local segment.
+
+Deleting a topic (`forget_topic`) forgets its uploads and queues a purge of its objects. The queue
+is worked in order, so the purge runs after any upload of the deleted topic already queued or in
+flight and before any upload of a topic re-created under the same name: the new topic never
+inherits an old object or upload record. Each topic name has an epoch, bumped by a delete, so an
+upload that finishes after its topic was deleted is not recorded (the purge removes its objects).
+
+Object names: `<topic>/<partition>/<base offset, 20 digits>.log` and `.index`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from headwater.storage.objectstore import ObjectStore
+from headwater.storage.state import UPLOAD, StateStore, key
+from headwater.storage.wal import SealedSegment
+from headwater.wire.errors import StorageError
+
+log = structlog.get_logger("headwater.uploader")
+
+
+@dataclass(frozen=True, slots=True)
+class UploadedSegment:
+    base_offset: int
+    next_offset: int
+    size: int
+
+
+def object_key(topic: str, partition: int, base_offset: int, suffix: str = ".log") -> str:
+    return f"{topic}/{partition}/{base_offset:020d}{suffix}"
+
+
+class Uploader:
+    def __init__(
+        self,
+        store: ObjectStore,
+        state: StateStore,
+        retry_initial: float = 0.5,
+        retry_max: float = 30.0,
+    ) -> None:
+        self.store = store
+        self._state = state
+        self._retry_initial = retry_initial
+        self._retry_max = retry_max
+        # (topic, partition, segment or None for a purge of the topic's objects, topic epoch)
+        self._queue: asyncio.Queue[tuple[str, int, SealedSegment | None, int]] = asyncio.Queue()
+        self._epochs: dict[str, int] = {}
+        self._queued: set[tuple[str, int, int]] = set()
+        self._uploaded: dict[tuple[str, int], list[UploadedSegment]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._busy = False
+        self.failures = 0
+        for raw_key, value in state.scan(UPLOAD):
+            topic, partition, base = raw_key.decode().split("\0")
+            next_offset, size = (int(v) for v in value.decode().split(","))
+            self._record(topic, int(partition), UploadedSegment(int(base), next_offset, size))
+
+    def _record(self, topic: str, partition: int, segment: UploadedSegment) -> None:
+        segments = self._uploaded.setdefault((topic, partition), [])
+        bisect.insort(segments, segment, key=lambda s: s.base_offset)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def enqueue(self, topic: str, partition: int, segment: SealedSegment) -> None:
+        ident = (topic, partition, segment.base_offset)
+        if ident in self._queued or self.is_uploaded(topic, partition, segment.base_offset):
+            return
+        self._queued.add(ident)
+        self._queue.put_nowait((topic, partition, segment, self._epochs.get(topic, 0)))
+
+    def is_uploaded(self, topic: str, partition: int, base_offset: int) -> bool:
+        segments = self._uploaded.get((topic, partition), [])
+        position = bisect.bisect_left([s.base_offset for s in segments], base_offset)
+        return position < len(segments) and segments[position].base_offset == base_offset
+
+    def uploaded(self, topic: str, partition: int) -> list[UploadedSegment]:
+        return list(self._uploaded.get((topic, partition), []))
+
+    @property
+    def pending(self) -> int:
+        return self._queue.qsize() + (1 if self._busy else 0)
+
+    async def _run(self) -> None:
+        while True:
+            topic, partition, segment, epoch = await self._queue.get()
+            if segment is not None and epoch != self._epochs.get(topic, 0):
+                self._queued.discard((topic, partition, segment.base_offset))
+                continue  # its topic was deleted since: the purge queued then removes the rest
+            self._busy = True
+            delay = self._retry_initial
+            try:
+                while True:
+                    try:
+                        if segment is None:
+                            await self._purge(topic)
+                        else:
+                            await self._upload(topic, partition, segment, epoch)
+                        break
+                    except FileNotFoundError:
+                        assert segment is not None
+                        log.warning(
+                            "upload.segment_gone",
+                            topic=topic,
+                            partition=partition,
+                            base_offset=segment.base_offset,
+                        )
+                        break
+                    except (StorageError, OSError) as exc:
+                        self.failures += 1
+                        log.warning(
+                            "upload.retry",
+                            topic=topic,
+                            partition=partition,
+                            base_offset=segment.base_offset if segment is not None else None,
+                            error=str(exc),
+                            delay_s=delay,
+                        )
+                        await asyncio.sleep(delay)
+                        delay = min(delay * 2, self._retry_max)
+            finally:
+                self._busy = False
+                if segment is not None:
+                    self._queued.discard((topic, partition, segment.base_offset))
+
+    async def _upload(self, topic: str, partition: int, segment: SealedSegment, epoch: int) -> None:
+        index_path = segment.path.with_suffix(".index")
+        index = await asyncio.to_thread(_read_or_empty, index_path)
+        data = await asyncio.to_thread(segment.path.read_bytes)
+        await self.store.put(object_key(topic, partition, segment.base_offset, ".index"), index)
+        await self.store.put(object_key(topic, partition, segment.base_offset), data)
+        if epoch != self._epochs.get(topic, 0):
+            return  # deleted while uploading: not recorded; the purge queued since removes it
+        self._state.write(
+            {
+                key(
+                    UPLOAD, topic, partition, segment.base_offset
+                ): f"{segment.next_offset},{len(data)}".encode()
+            }
+        )
+        self._record(
+            topic, partition, UploadedSegment(segment.base_offset, segment.next_offset, len(data))
+        )
+        log.info(
+            "upload.done",
+            topic=topic,
+            partition=partition,
+            base_offset=segment.base_offset,
+            bytes=len(data),
+        )
+
+    async def drain(self, timeout: float) -> bool:
+        """Wait until nothing is queued or uploading; False if `timeout` passed first."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while self.pending:
+            if asyncio.get_running_loop().time() >= deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
+
+    def forget_topic(self, topic: str) -> None:
+        """The topic was deleted: forget its uploads and remove its objects (in queue order)."""
+        for ident in [k for k in self._uploaded if k[0] == topic]:
+            del self._uploaded[ident]
+        self._state.delete_prefix(key(UPLOAD, topic) + b"\0")
+        epoch = self._epochs.get(topic, 0) + 1
+        self._epochs[topic] = epoch
+        self._queue.put_nowait((topic, -1, None, epoch))
+
+    async def _purge(self, topic: str) -> None:
+        objects = await self.store.list(f"{topic}/")
+        for found in objects:
+            await self.store.delete(found.key)
+        log.info("upload.topic_purged", topic=topic, objects=len(objects))
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+
+def _read_or_empty(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return b""

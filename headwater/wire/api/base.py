@@ -1,0 +1,164 @@
+"""Building blocks of the API families: the `Api` table entry, construct primitives, struct formats.
+
+An `Api` names its request and response bodies as construct schemas (`DataclassAdapter`s over
+the frozen dataclasses of `wire.messages`, so the declaration is the only description of the
+layout) and may add struct fast paths. A fast path must give the same bytes and the same values
+as the schema (tests/test_wire_roundtrip.py runs a corpus through both); it exists where
+construct's interpreted parse (~20 us per frame) would dominate a hot path. `decode_response`
+fast paths may return None to hand an unusual body to the schema, whose error then names it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+from collections.abc import Callable
+from typing import Any, Final
+
+from construct import (
+    Adapter,
+    Construct,
+    ConstructError,
+    GreedyBytes,
+    Int16ub,
+    Int32sb,
+    PascalString,
+    Prefixed,
+    Struct,
+)
+from construct import Bytes as Bytes_
+
+from headwater.wire import messages as m
+from headwater.wire.errors import HeadwaterError, MalformedFrame
+
+
+class DataclassAdapter(Adapter):  # type: ignore[misc]
+    """Parses into a frozen dataclass (lists become tuples) and builds from one."""
+
+    def __init__(self, cls: type, subcon: Construct) -> None:
+        super().__init__(subcon)
+        self.cls = cls
+        self.fields = [f.name for f in dataclasses.fields(cls)]
+        declared = {sc.name for sc in subcon.subcons}
+        if declared != set(self.fields):
+            raise TypeError(f"{cls.__name__}: schema fields {declared} != {set(self.fields)}")
+
+    def _decode(self, obj: Any, context: Any, path: Any) -> Any:
+        values = {}
+        for name in self.fields:
+            value = obj[name]
+            values[name] = tuple(value) if isinstance(value, list) else value
+        return self.cls(**values)
+
+    def _encode(self, obj: Any, context: Any, path: Any) -> Any:
+        return {name: getattr(obj, name) for name in self.fields}
+
+
+String = PascalString(Int16ub, "utf8")
+Bytes = Prefixed(Int32sb, GreedyBytes)
+
+
+class _NullableBytes(Adapter):  # type: ignore[misc]
+    """int32 length (-1 for null) and the bytes."""
+
+    def _decode(self, obj: Any, context: Any, path: Any) -> Any:
+        return None if obj.length < 0 else bytes(obj.data)
+
+    def _encode(self, obj: Any, context: Any, path: Any) -> Any:
+        return {"length": -1, "data": b""} if obj is None else {"length": len(obj), "data": obj}
+
+
+NullableBytes = _NullableBytes(
+    Struct("length" / Int32sb, "data" / Bytes_(lambda this: max(this.length, 0)))
+)
+
+
+class BytesTuple(Adapter):  # type: ignore[misc]
+    def _decode(self, obj: Any, context: Any, path: Any) -> Any:
+        return tuple(bytes(item) for item in obj)
+
+    def _encode(self, obj: Any, context: Any, path: Any) -> Any:
+        return list(obj)
+
+
+def message(cls: type, *fields: Any) -> DataclassAdapter:
+    return DataclassAdapter(cls, Struct(*fields))
+
+
+EMPTY_RESPONSE = message(m.EmptyResponse)
+
+ERROR_HEADER = struct.Struct(">h")
+OK: Final = ERROR_HEADER.pack(0)
+U16 = struct.Struct(">H")
+I32 = struct.Struct(">i")
+I64 = struct.Struct(">q")
+
+# Fast paths: (request, correlation id, flags) -> frame; body -> request; (correlation id,
+# response) -> frame; body after the error code -> response, or None for the schema to decide.
+RequestEncoder = Callable[[Any, int, int], bytes]
+RequestDecoder = Callable[[bytes], m.Request]
+ResponseEncoder = Callable[[int, Any], bytes]
+ResponseDecoder = Callable[[bytes], m.Response | None]
+PushDecoder = Callable[[bytes], m.Push]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Api:
+    key: m.ApiKey
+    request: DataclassAdapter
+    response: DataclassAdapter
+    encode_request: RequestEncoder | None = None
+    decode_request: RequestDecoder | None = None
+    encode_response: ResponseEncoder | None = None
+    decode_response: ResponseDecoder | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PushApi:
+    key: m.ApiKey
+    schema: DataclassAdapter
+    decode: PushDecoder | None = None
+
+
+def parse(schema: Construct, body: bytes, what: str) -> Any:
+    try:
+        return schema.parse(body)
+    except (ConstructError, UnicodeDecodeError, ValueError, OverflowError) as exc:
+        raise MalformedFrame(f"malformed {what}: {exc}") from None
+
+
+def build(schema: Construct, value: Any) -> bytes:
+    try:
+        return bytes(schema.build(value))
+    except (ConstructError, UnicodeEncodeError, ValueError, OverflowError, TypeError) as exc:
+        raise HeadwaterError(f"cannot encode {type(value).__name__}: {exc}") from None
+
+
+def take_topic(body: bytes, what: str) -> tuple[str, int]:
+    """The leading topic name (uint16 length + UTF-8) and the position after it."""
+    if len(body) < 2:
+        raise MalformedFrame(f"malformed {what}: body shorter than its fixed fields")
+    (topic_length,) = U16.unpack_from(body, 0)
+    position = 2 + topic_length
+    if len(body) < position:
+        raise MalformedFrame(f"malformed {what}: topic name runs past the end of the frame")
+    try:
+        return body[2:position].decode(), position
+    except UnicodeDecodeError:
+        raise MalformedFrame(f"malformed {what}: topic name is not valid UTF-8") from None
+
+
+def take_bytes(
+    body: bytes, position: int, what: str, nullable: bool = False
+) -> tuple[bytes | None, int]:
+    if len(body) < position + 4:
+        raise MalformedFrame(f"malformed {what}: length runs past the end of the frame")
+    (length,) = I32.unpack_from(body, position)
+    position += 4
+    if length < 0:
+        if nullable:  # any negative length is null, as the construct schema reads it
+            return None, position
+        raise MalformedFrame(f"malformed {what}: negative length {length}")
+    if position + length > len(body):
+        raise MalformedFrame(f"malformed {what}: bytes run past the end of the frame")
+    return body[position : position + length], position + length

@@ -1,0 +1,235 @@
+"""The map API: MAP_GET, MAP_SET, MAP_SCAN, MAP_SIZE.
+
+Get and set carry their own struct fast paths both ways (a map get is a request per lookup, so
+construct's parse would be most of its cost); scan and size use the schemas. A request may name
+at most `wire.limits.MAX_MAP_KEYS` keys or writes; the server checks that, the decoder only
+checks that the counts fit in the frame.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Final
+
+from construct import Flag, Int32sb, Int64sb, PrefixedArray
+
+from headwater.wire import messages as m
+from headwater.wire.api.base import (
+    I32,
+    I64,
+    OK,
+    U16,
+    Api,
+    Bytes,
+    BytesTuple,
+    NullableBytes,
+    String,
+    message,
+    take_bytes,
+    take_topic,
+)
+from headwater.wire.errors import MalformedFrame
+from headwater.wire.frames import Flags, frame_prefix
+
+_MAP_ENTRY_FIXED = struct.Struct(">?qiq")  # found, revision, partition, timestamp
+
+MAP_ENTRY = message(
+    m.MapEntry,
+    "key" / Bytes,
+    "found" / Flag,
+    "revision" / Int64sb,
+    "partition" / Int32sb,
+    "timestamp" / Int64sb,
+    "value" / NullableBytes,
+)
+MAP_ENTRIES = PrefixedArray(Int32sb, MAP_ENTRY)
+
+
+def encode_map_get_request(request: m.MapGetRequest, correlation_id: int, flags: int = 0) -> bytes:
+    """The hot-path encoder for map get: equivalent to the construct schema (tested)."""
+    topic = request.topic.encode()
+    parts = [U16.pack(len(topic)), topic, I32.pack(len(request.keys))]
+    for wanted in request.keys:
+        parts.append(I32.pack(len(wanted)))
+        parts.append(wanted)
+    body = b"".join(parts)
+    return frame_prefix(m.ApiKey.MAP_GET, 0, correlation_id, flags, len(body)) + body
+
+
+def decode_map_get_request(body: bytes) -> m.MapGetRequest:
+    """The hot-path decoder for map get: equivalent to the construct schema (tested)."""
+    if len(body) < 2:
+        raise MalformedFrame("malformed MAP_GET: body shorter than its fixed fields")
+    (topic_length,) = U16.unpack_from(body, 0)
+    position = 2 + topic_length
+    if len(body) < position + 4:
+        raise MalformedFrame("malformed MAP_GET: topic name runs past the end of the frame")
+    try:
+        topic = body[2:position].decode()
+    except UnicodeDecodeError:
+        raise MalformedFrame("malformed MAP_GET: topic name is not valid UTF-8") from None
+    (count,) = I32.unpack_from(body, position)
+    position += 4
+    if count < 0 or count * 4 > len(body) - position:
+        raise MalformedFrame(f"malformed MAP_GET: {count} keys cannot fit in the frame")
+    keys = []
+    for _ in range(count):
+        if len(body) < position + 4:
+            raise MalformedFrame("malformed MAP_GET: key length runs past the end of the frame")
+        (length,) = I32.unpack_from(body, position)
+        position += 4
+        if length < 0 or position + length > len(body):
+            raise MalformedFrame("malformed MAP_GET: key runs past the end of the frame")
+        keys.append(body[position : position + length])
+        position += length
+    if position != len(body):
+        raise MalformedFrame("malformed MAP_GET: bytes after the last key")
+    return m.MapGetRequest(topic, tuple(keys))
+
+
+def encode_map_get_response(correlation_id: int, response: m.MapGetResponse) -> bytes:
+    """The hot-path encoder for map get responses: equivalent to the construct schema."""
+    parts = [OK, I32.pack(len(response.entries))]
+    for entry in response.entries:
+        parts.append(I32.pack(len(entry.key)))
+        parts.append(entry.key)
+        parts.append(
+            _MAP_ENTRY_FIXED.pack(entry.found, entry.revision, entry.partition, entry.timestamp)
+        )
+        if entry.value is None:
+            parts.append(I32.pack(-1))
+        else:
+            parts.append(I32.pack(len(entry.value)))
+            parts.append(entry.value)
+    body = b"".join(parts)
+    return frame_prefix(m.ApiKey.MAP_GET, 0, correlation_id, Flags.RESPONSE, len(body)) + body
+
+
+def decode_map_get_response(body: bytes) -> m.MapGetResponse:
+    """The hot-path decoder for successful map get responses (after the error code)."""
+    try:
+        (count,) = I32.unpack_from(body, 0)
+        position = 4
+        entries = []
+        for _ in range(count):
+            (length,) = I32.unpack_from(body, position)
+            position += 4
+            entry_key = body[position : position + length]
+            position += length
+            found, revision, partition, timestamp = _MAP_ENTRY_FIXED.unpack_from(body, position)
+            position += _MAP_ENTRY_FIXED.size
+            (length,) = I32.unpack_from(body, position)
+            position += 4
+            value = None if length < 0 else body[position : position + length]
+            position += max(length, 0)
+            entries.append(m.MapEntry(entry_key, found, revision, partition, timestamp, value))
+    except struct.error:
+        raise MalformedFrame("malformed MAP_GET response") from None
+    return m.MapGetResponse(tuple(entries))
+
+
+def encode_map_set_request(request: m.MapSetRequest, correlation_id: int, flags: int = 0) -> bytes:
+    topic = request.topic.encode()
+    parts = [U16.pack(len(topic)), topic, I32.pack(len(request.writes))]
+    for write in request.writes:
+        parts += (I32.pack(len(write.key)), write.key)
+        if write.value is None:
+            parts.append(I32.pack(-1))
+        else:
+            parts += (I32.pack(len(write.value)), write.value)
+        parts.append(I64.pack(write.expected_revision))
+    body = b"".join(parts)
+    return frame_prefix(m.ApiKey.MAP_SET, 0, correlation_id, flags, len(body)) + body
+
+
+def decode_map_set_request(body: bytes) -> m.MapSetRequest:
+    """The hot-path decoder for map set: equivalent to the construct schema (tested)."""
+    topic, position = take_topic(body, "MAP_SET")
+    if len(body) < position + 4:
+        raise MalformedFrame("malformed MAP_SET: write count runs past the end of the frame")
+    (count,) = I32.unpack_from(body, position)
+    position += 4
+    if count < 0 or count * 16 > len(body) - position:
+        raise MalformedFrame(f"malformed MAP_SET: {count} writes cannot fit in the frame")
+    writes = []
+    for _ in range(count):
+        write_key, position = take_bytes(body, position, "MAP_SET")
+        value, position = take_bytes(body, position, "MAP_SET", nullable=True)
+        if len(body) < position + 8:
+            raise MalformedFrame("malformed MAP_SET: revision runs past the end of the frame")
+        (expected,) = I64.unpack_from(body, position)
+        position += 8
+        assert write_key is not None
+        writes.append(m.MapWrite(write_key, value, expected))
+    if position != len(body):
+        raise MalformedFrame("malformed MAP_SET: bytes after the last write")
+    return m.MapSetRequest(topic, tuple(writes))
+
+
+def encode_map_set_response(correlation_id: int, response: m.MapSetResponse) -> bytes:
+    body = (
+        OK + I32.pack(len(response.revisions)) + b"".join(I64.pack(r) for r in response.revisions)
+    )
+    return frame_prefix(m.ApiKey.MAP_SET, 0, correlation_id, Flags.RESPONSE, len(body)) + body
+
+
+def decode_map_set_response(body: bytes) -> m.MapSetResponse | None:
+    """The fast path for a well-formed answer; anything else goes to the schema."""
+    if len(body) >= 4:
+        (count,) = I32.unpack_from(body, 0)
+        if count >= 0 and len(body) == 4 + 8 * count:
+            return m.MapSetResponse(tuple(r for (r,) in I64.iter_unpack(body[4:])))
+    return None
+
+
+APIS: Final = (
+    Api(
+        m.ApiKey.MAP_GET,
+        message(
+            m.MapGetRequest, "topic" / String, "keys" / BytesTuple(PrefixedArray(Int32sb, Bytes))
+        ),
+        message(m.MapGetResponse, "entries" / MAP_ENTRIES),
+        encode_request=encode_map_get_request,
+        decode_request=decode_map_get_request,
+        encode_response=encode_map_get_response,
+        decode_response=decode_map_get_response,
+    ),
+    Api(
+        m.ApiKey.MAP_SET,
+        message(
+            m.MapSetRequest,
+            "topic" / String,
+            "writes"
+            / PrefixedArray(
+                Int32sb,
+                message(
+                    m.MapWrite,
+                    "key" / Bytes,
+                    "value" / NullableBytes,
+                    "expected_revision" / Int64sb,
+                ),
+            ),
+        ),
+        message(m.MapSetResponse, "revisions" / PrefixedArray(Int32sb, Int64sb)),
+        encode_request=encode_map_set_request,
+        decode_request=decode_map_set_request,
+        encode_response=encode_map_set_response,
+        decode_response=decode_map_set_response,
+    ),
+    Api(
+        m.ApiKey.MAP_SCAN,
+        message(
+            m.MapScanRequest,
+            "topic" / String,
+            "prefix" / Bytes,
+            "limit" / Int32sb,
+            "after" / Bytes,
+        ),
+        message(m.MapScanResponse, "entries" / MAP_ENTRIES, "cursor" / Bytes),
+    ),
+    Api(
+        m.ApiKey.MAP_SIZE,
+        message(m.MapSizeRequest, "topic" / String),
+        message(m.MapSizeResponse, "size" / Int64sb),
+    ),
+)

@@ -1,0 +1,153 @@
+"""Framing: the size prefix, the frame header, and an incremental decoder fed with bytes.
+
+Every frame is `int32 size` (the byte count that follows) and a 10-byte header: `api_key int16,
+api_version int16, correlation_id int32, flags uint16`, big-endian. Flags tell the three kinds of
+frame apart by the header alone: a request (no flag), a response (`RESPONSE`), and a frame the
+server pushes on its own (`PUSH`, e.g. a delivery to a consumer). A request may carry
+`NO_RESPONSE`: the server then answers only if the request fails.
+
+`FrameDecoder` is sans-I/O, in the manner of h11: feed it whatever bytes arrived, take the events
+out. A frame announcing more than `MAX_FRAME_SIZE` bytes is reported as `FrameRejected` as soon as
+its header is in, and its body is skipped as it arrives, never buffered. A size too small to hold
+a header cannot be skipped safely and raises `MalformedFrame`: the stream is lost.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass
+from typing import Final
+
+from headwater.wire.errors import MalformedFrame
+from headwater.wire.limits import MAX_FRAME_SIZE
+
+SIZE = struct.Struct(">i")
+HEADER = struct.Struct(">hhiH")
+HEADER_SIZE: Final = HEADER.size
+PREFIXED_HEADER = struct.Struct(">ihhiH")
+
+
+class Flags(enum.IntFlag):
+    NONE = 0
+    RESPONSE = 0x01
+    PUSH = 0x02
+    NO_RESPONSE = 0x04
+
+
+KNOWN_FLAGS: Final = int(Flags.RESPONSE | Flags.PUSH | Flags.NO_RESPONSE)
+
+
+@dataclass(frozen=True, slots=True)
+class FrameHeader:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    flags: int
+
+    @property
+    def is_response(self) -> bool:
+        return bool(self.flags & Flags.RESPONSE)
+
+    @property
+    def is_push(self) -> bool:
+        return bool(self.flags & Flags.PUSH)
+
+    @property
+    def wants_response(self) -> bool:
+        return not self.flags & Flags.NO_RESPONSE
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """A complete frame: its header and its body (the bytes after the header)."""
+
+    header: FrameHeader
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class FrameRejected:
+    """A frame over the size limit; its body is being skipped, not buffered."""
+
+    header: FrameHeader
+    size: int
+
+
+def encode_frame(
+    api_key: int, api_version: int, correlation_id: int, flags: int, body: bytes
+) -> bytes:
+    return (
+        PREFIXED_HEADER.pack(HEADER_SIZE + len(body), api_key, api_version, correlation_id, flags)
+        + body
+    )
+
+
+def frame_prefix(
+    api_key: int, api_version: int, correlation_id: int, flags: int, body_size: int
+) -> bytes:
+    """Size prefix and header of a frame whose body is written separately (no copy of the body)."""
+    return PREFIXED_HEADER.pack(
+        HEADER_SIZE + body_size, api_key, api_version, correlation_id, flags
+    )
+
+
+class FrameDecoder:
+    """Turns a byte stream into `Frame` and `FrameRejected` events."""
+
+    def __init__(self, max_frame_size: int = MAX_FRAME_SIZE) -> None:
+        self._buffer = bytearray()
+        self._skip = 0
+        self._max_frame_size = max_frame_size
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes of an incomplete frame held (or still to skip): nonzero at EOF means truncation."""
+        return len(self._buffer) + self._skip
+
+    def partial_header(self) -> FrameHeader | None:
+        """The header of the incomplete frame in the buffer, if that much of it arrived."""
+        if len(self._buffer) >= SIZE.size + HEADER_SIZE:
+            return FrameHeader(*HEADER.unpack_from(self._buffer, SIZE.size))
+        return None
+
+    def feed(self, data: bytes) -> list[Frame | FrameRejected]:
+        if self._skip:
+            if len(data) <= self._skip:
+                self._skip -= len(data)
+                return []
+            data = data[self._skip :]
+            self._skip = 0
+        buffer = self._buffer
+        buffer += data
+        events: list[Frame | FrameRejected] = []
+        position = 0
+        available = len(buffer)
+        while available - position >= SIZE.size + HEADER_SIZE:
+            size, api_key, api_version, correlation_id, flags = PREFIXED_HEADER.unpack_from(
+                buffer, position
+            )
+            if size < HEADER_SIZE:
+                raise MalformedFrame(
+                    f"frame size {size} is smaller than the {HEADER_SIZE}-byte header"
+                )
+            header = FrameHeader(api_key, api_version, correlation_id, flags)
+            if size > self._max_frame_size:
+                events.append(FrameRejected(header, size))
+                remaining = size - HEADER_SIZE
+                in_buffer = available - position - SIZE.size - HEADER_SIZE
+                if in_buffer >= remaining:
+                    position += SIZE.size + size
+                    continue
+                self._skip = remaining - in_buffer
+                position = available
+                break
+            end = position + SIZE.size + size
+            if end > available:
+                break
+            body = bytes(buffer[position + SIZE.size + HEADER_SIZE : end])
+            events.append(Frame(header, body))
+            position = end
+        if position:
+            del buffer[:position]
+        return events
