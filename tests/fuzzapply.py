@@ -80,6 +80,7 @@ def apply_round(
             permitted.append((sent, outcome))
     plans = [s for s, _ in permitted]
     outcomes = [o for _, o in permitted]
+    _apply_unsubscribes(plans, outcomes)
     changed = _apply_admin(model, plans, outcomes, listing)
     for sent, outcome in zip(plans, outcomes, strict=True):
         if isinstance(sent.op, Create | Delete):
@@ -92,6 +93,18 @@ def apply_round(
         else:
             _apply_exact(model, sent, outcome)
     _check_listing(model, listing)
+
+
+def _apply_unsubscribes(plans: list[Sent], outcomes: list[Outcome]) -> None:
+    """An UNSUBSCRIBE answered OK detached its consumer before any close of the round could reach
+    it (a closed consumer id answers UNKNOWN_CONSUMER), so a topic or subscription deleted in the
+    same round owes it no CONSUMER_CLOSED. Applied before deletes, whatever their order in the
+    round: rounds run on several connections at once."""
+    for sent, outcome in zip(plans, outcomes, strict=True):
+        consumer = sent.consumer
+        if isinstance(sent.op, Unsubscribe) and code(outcome) == OK and consumer is not None:
+            if consumer.gone is None:
+                consumer.gone = "unsubscribed"
 
 
 def _apply_admin(

@@ -15,6 +15,7 @@ from tests.fuzzops import (
     Op,
     Produce,
     Subscribe,
+    Unsubscribe,
     WrongPartition,
 )
 
@@ -70,5 +71,12 @@ REPRODUCTIONS: dict[str, list[Step]] = {
     "wrong_partition_on_map_topic": [
         (Create(0, "t0", "lv", 2),),
         (WrongPartition(0, "t0", 0),),
+    ],
+    # (the model's bug, seed 2967784746) an UNSUBSCRIBE answered OK in the same round as the
+    # topic's delete: the model expected a CONSUMER_CLOSED for the consumer it had just detached
+    "unsubscribe_then_delete_topic": [
+        (Create(0, "t0", "nr", 3),),
+        (Subscribe(0, "t0", "fo", 2),),
+        (Unsubscribe(0, 0), Delete(0, "t0")),
     ],
 }
