@@ -102,9 +102,9 @@ def _apply_unsubscribes(plans: list[Sent], outcomes: list[Outcome]) -> None:
     round: rounds run on several connections at once."""
     for sent, outcome in zip(plans, outcomes, strict=True):
         consumer = sent.consumer
-        if isinstance(sent.op, Unsubscribe) and code(outcome) == OK and consumer is not None:
-            if consumer.gone is None:
-                consumer.gone = "unsubscribed"
+        unsubscribed = isinstance(sent.op, Unsubscribe) and code(outcome) == OK
+        if unsubscribed and consumer is not None and consumer.gone is None:
+            consumer.gone = "unsubscribed"
 
 
 def _apply_admin(
