@@ -190,3 +190,63 @@ def test_failover_group_elects_the_lowest_consumer_as_it_changes() -> None:
         expected = min(consumers.values(), key=lambda c: c.sort_key, default=None)
         assert group.active is expected
         assert len(group._heap) <= 2 * len(group.consumers) + 64
+
+
+@dataclass
+class _Receiving(_Session):
+    """A session that records its deliveries."""
+
+    delivered: list[int] = field(default_factory=list)
+
+    def send_delivery(
+        self, consumer_id: int, partition: int, batch: bytes, delivery_count: int = 1
+    ) -> None:
+        self.delivered.append(len(read_records(batch)))
+
+
+async def test_a_subscription_whose_consumer_left_with_unacked_messages_sleeps(
+    tmp_path: Path,
+) -> None:
+    """Its unacked messages fall due for redelivery at once, but nobody can take them: the pump
+    must sleep until a consumer or credit arrives (before: it woke every millisecond, ~5% of a
+    core for each such subscription, e.g. every subscription after a restart)."""
+    config = ServerConfig(data_dir=tmp_path, object_store=ObjectStoreConfig(backend="none"))
+    state = StateStore(tmp_path / "state")
+    catalog = TopicCatalog(config, state)
+    await catalog.open()
+    try:
+        topic = await catalog.create_topic(
+            m.CreateTopicRequest(
+                "t", 1, m.DispatchMode.RELIABLE, (m.ConfigEntry("fsync", "never"),)
+            )
+        )
+        topic.append(topic.partitions[0], build_batch([(None, b"x", ())] * 5), 5)
+        subscription = await catalog.subscriptions.get_or_create(
+            topic,
+            "s",
+            m.SubscriptionType.EXCLUSIVE,
+            m.SubscriptionSettings(start=m.StartPosition.EARLIEST),
+        )
+        session = _Receiving()
+        consumer = Consumer(1, "c", 0, session, subscription, 0)  # type: ignore[arg-type]
+        subscription.attach(consumer)
+        subscription.grant(consumer, 10)
+        deadline = asyncio.get_running_loop().time() + 10
+        while sum(session.delivered) < 5 and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.001)
+        assert sum(session.delivered) == 5
+        subscription.detach(consumer)  # 5 unacked: due for redelivery now
+        for _ in range(100):  # let the pump see the detach and go to sleep
+            await asyncio.sleep(0)
+        rounds = subscription.rounds  # type: ignore[attr-defined]
+        await asyncio.sleep(0.2)  # an interval in which a spinning pump runs ~200 rounds
+        assert subscription.rounds - rounds <= 1  # type: ignore[attr-defined]
+        comeback = Consumer(2, "c", 0, session, subscription, 0)  # type: ignore[arg-type]
+        subscription.attach(comeback)
+        subscription.grant(comeback, 10)
+        while sum(session.delivered) < 10 and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.001)
+        assert sum(session.delivered) == 10  # the five redelivered to the next consumer
+    finally:
+        await catalog.close()
+        state.close()

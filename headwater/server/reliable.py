@@ -205,9 +205,13 @@ class ReliableSubscription:
             self._wake.clear()
             if self._closed:
                 return
+            wake_at = None
             if self.group.pick() is not None:  # someone could take a message: wait for appends
                 self._signal.join(id(self), self._wake.set)
-            wake_at = self.core.wake_at()
+                wake_at = self.core.wake_at()
+            # else nobody can take a redelivery or notice an ack timeout before a consumer, credit
+            # or a writable socket wakes the pump (which then expires and redelivers): a timer
+            # here fired every millisecond once a redelivery was overdue with no consumer
             timer = None
             if wake_at is not None:
                 timeout = max(0.0, wake_at - time.monotonic()) + 0.001
