@@ -35,7 +35,7 @@ import contextlib
 import dataclasses
 import json
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 
 import structlog
@@ -186,13 +186,13 @@ class TopicCatalog:
             self._housekeeping.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._housekeeping
-        for topic in self.topics.values():
-            for subscription in topic.subscriptions.values():
-                await subscription.close()
+        topics = list(self.topics.values())
+        await _in_parallel([s.close() for t in topics for s in list(t.subscriptions.values())])
         await self.writer.flush()
         seal = self.uploader is not None
-        for topic in self.topics.values():
-            await topic.close(seal)
+        # a partition's close is a few fsyncs; one after another, 10,000 topics took longer than
+        # the shutdown timeout, while the disk takes many at once about as fast as one
+        await _in_parallel([topic.close(seal) for topic in topics])
         if self.uploader is not None:
             uploaded = await self.uploader.drain(self._config.shutdown_timeout)
             if not uploaded:
@@ -425,3 +425,21 @@ def _key_or_none(index: LastValueIndex, record: Record) -> bytes | None:
         return index.key_of(record)
     except InvalidRequest:
         return None
+
+
+_CLOSING_AT_ONCE = 64
+
+
+async def _in_parallel(closes: list[Coroutine[object, object, None]]) -> None:
+    """Await `closes`, at most `_CLOSING_AT_ONCE` at a time; the first error is raised after all
+    have run, so one failing close does not leave the others unclosed."""
+    slots = asyncio.Semaphore(_CLOSING_AT_ONCE)
+
+    async def one(close: Coroutine[object, object, None]) -> None:
+        async with slots:
+            await close
+
+    results = await asyncio.gather(*(one(c) for c in closes), return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
