@@ -11,8 +11,8 @@ It runs on the server's event loop, so it must never stall the message port: han
 coroutines that only read in-memory state (or hand disk work to a thread), each connection has a
 hard lifetime (`CONNECTION_LIFETIME`), and at most `MAX_CONNECTIONS` are open: past that the
 oldest one is aborted, so slow clients cannot lock scrapers out either. Accepting is done by hand
-(`add_reader`), like `server.listener`, so running out of file descriptors pauses it instead of
-closing the listening socket for good.
+(`accepting.Acceptor`, as on the message port), so running out of file descriptors pauses it
+instead of closing the listening socket for good.
 
 Security (docs/SECURITY.md) comes from the caller: with a `ServerTls`, every accepted socket
 is wrapped with its current context (the message port's, so a reloaded certificate applies to
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import socket
 import ssl
 from collections.abc import Awaitable, Callable
@@ -34,6 +33,8 @@ from dataclasses import dataclass
 from typing import Final, Protocol, cast
 
 import structlog
+
+from headwater.server.accepting import Acceptor, ListenError, listen_on
 
 log = structlog.get_logger("headwater.http")
 
@@ -232,49 +233,26 @@ class HttpListener:
         self.guard = guard
         self._handshakes = 0
         self.loop = asyncio.get_running_loop()
-        self._sockets: list[socket.socket] = []
-        self._watching: set[socket.socket] = set()
+        self._acceptor: Acceptor | None = None
         self._open: dict[_Request, None] = {}  # insertion-ordered: the oldest first
         self._tasks: set[asyncio.Task[None]] = set()
 
     def bind(self) -> int:
         try:
-            infos = socket.getaddrinfo(
-                self.host, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-            )
-        except socket.gaierror as exc:
-            raise HttpStartupError(f"cannot resolve {self.host!r}: {exc.strerror}") from None
-        for family, kind, proto, _name, address in infos:
-            if self._sockets and self.port == 0:
-                address = (address[0], self._sockets[0].getsockname()[1], *address[2:])
-            sock = socket.socket(family, kind, proto)
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                if family == socket.AF_INET6:
-                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-                sock.bind(address)
-                sock.listen(128)
-                sock.setblocking(False)
-            except OSError as exc:
-                sock.close()
-                self.close()
-                where = f"{self.host or '*'}:{address[1]!s}"
-                raise HttpStartupError(
-                    f"cannot listen for HTTP on {where}: {exc.strerror or exc}"
-                ) from None
-            self._sockets.append(sock)
-        bound: int = self._sockets[0].getsockname()[1]
+            sockets = listen_on(self.host, self.port, 128, " for HTTP")
+        except ListenError as exc:
+            raise HttpStartupError(str(exc)) from None
+        self._acceptor = Acceptor(sockets, self._admit, burst=ACCEPT_BURST, retry_delay=RETRY_DELAY)
+        bound: int = sockets[0].getsockname()[1]
         return bound
 
     def start(self) -> None:
-        for sock in self._sockets:
-            self._watch(sock)
+        assert self._acceptor is not None, "bind first"
+        self._acceptor.start()
 
     def close(self) -> None:
-        for sock in self._sockets:
-            self._unwatch(sock)
-            sock.close()
-        self._sockets.clear()
+        if self._acceptor is not None:
+            self._acceptor.close()
         for request in list(self._open):
             request.abort()
         for task in self._tasks:
@@ -297,36 +275,11 @@ class HttpListener:
 
     # Accepting
 
-    def _watch(self, sock: socket.socket) -> None:
-        if sock not in self._watching and sock.fileno() >= 0:
-            self._watching.add(sock)
-            self.loop.add_reader(sock.fileno(), self._accept, sock)
-
-    def _unwatch(self, sock: socket.socket) -> None:
-        if sock in self._watching:
-            self._watching.discard(sock)
-            self.loop.remove_reader(sock.fileno())
-
-    def _accept(self, listening: socket.socket) -> None:
-        for _ in range(ACCEPT_BURST):
-            try:
-                sock, _address = listening.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    self._unwatch(listening)  # out of descriptors: try again a little later
-                    self.loop.call_later(RETRY_DELAY, self._resume, listening)
-                    return
-                continue
-            if self.tls is not None and self._handshakes >= MAX_CONNECTIONS:
-                sock.close()  # handshakes are bounded too, else they would be the way in
-                continue
-            self.spawn(self._connect(sock))
-
-    def _resume(self, listening: socket.socket) -> None:
-        if listening in self._sockets:
-            self._watch(listening)
+    def _admit(self, sock: socket.socket) -> None:
+        if self.tls is not None and self._handshakes >= MAX_CONNECTIONS:
+            sock.close()  # handshakes are bounded too, else they would be the way in
+            return
+        self.spawn(self._connect(sock))
 
     async def _connect(self, sock: socket.socket) -> None:
         tls = self.tls

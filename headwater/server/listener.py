@@ -1,9 +1,8 @@
 """The accept loop: its own, so that running out of file descriptors is survived, not fatal.
 
 uvloop's `create_server` closes the listening socket for good on an `accept` error such as EMFILE,
-which locked every client out until a restart. Here the listening socket is watched with
-`add_reader` and accepted by hand, at most `ACCEPT_BURST` per wake-up so a connection storm
-does not hog the loop:
+which locked every client out until a restart. Here an `accepting.Acceptor` accepts by hand, at
+most `ACCEPT_BURST` per wake-up so a connection storm does not hog the loop:
 - past `max_connections`, a new connection gets a TOO_MANY_CONNECTIONS error frame (correlation
   id 0) and is closed;
 - on EMFILE/ENFILE one spare descriptor, held for this, is released to accept the waiting
@@ -20,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import os
 import socket
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +26,7 @@ from typing import Final, cast
 
 import structlog
 
+from headwater.server.accepting import Acceptor, ListenError, listen_on
 from headwater.server.broker import Broker
 from headwater.server.config import ServerConfig
 from headwater.server.connection import Connection, Shared
@@ -43,7 +42,6 @@ BACKLOG: Final = 1024
 # does not reset the connection before the client has read its error frame.
 REFUSAL_LINGER: Final = 1.0
 MAX_LINGERING: Final = 256
-_OUT_OF_FDS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
 class StartupError(Exception):
@@ -85,8 +83,7 @@ class Listener:
         # One thread: a flood of compression bombs costs one core and one cap of memory at most.
         self._inflater = ThreadPoolExecutor(1, thread_name_prefix="headwater-inflate")
         self.shared = Shared(inflater=self._inflater)
-        self._sockets: list[socket.socket] = []
-        self._accepting: set[socket.socket] = set()
+        self._acceptor: Acceptor | None = None
         self._admitting = 0
         self._lingering: set[_Refused] = set()
         self._tasks: set[asyncio.Task[object]] = set()
@@ -101,46 +98,34 @@ class Listener:
 
     def bind(self) -> int:
         """Bind and listen on every address of `config.host`; returns the bound port."""
-        host, port = self._config.host, self._config.port
         try:
-            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        except socket.gaierror as exc:
-            raise StartupError(f"cannot resolve listen address {host!r}: {exc.strerror}") from None
-        for family, kind, proto, _name, address in infos:
-            if self._sockets and port == 0:
-                # port 0: bind further addresses to the port the first one got
-                address = (address[0], self._sockets[0].getsockname()[1], *address[2:])
-            sock = socket.socket(family, kind, proto)
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                if family == socket.AF_INET6:
-                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-                sock.bind(address)
-                sock.listen(BACKLOG)
-            except OSError as exc:
-                sock.close()
-                self.close()
-                where = f"{host or '*'}:{address[1]!s}"
-                raise StartupError(f"cannot listen on {where}: {exc.strerror or exc}") from None
-            sock.setblocking(False)
-            self._sockets.append(sock)
-        bound: int = self._sockets[0].getsockname()[1]
+            sockets = listen_on(self._config.host, self._config.port, BACKLOG)
+        except ListenError as exc:
+            self.close()
+            raise StartupError(str(exc)) from None
+        self._acceptor = Acceptor(
+            sockets,
+            self._admit,
+            burst=ACCEPT_BURST,
+            retry_delay=RETRY_DELAY,
+            out_of_fds=self._out_of_fds,
+            resumed=self._resumed,
+        )
+        bound: int = sockets[0].getsockname()[1]
         return bound
 
     def start(self, broker: Broker) -> None:
         """Accept connections for `broker`."""
         self._broker = broker
         self._spare = _open_spare()
-        for sock in self._sockets:
-            self._watch(sock)
+        assert self._acceptor is not None, "bind first"
+        self._acceptor.start()
         self._sweeper = self._loop.call_later(self._sweep_every, self._sweep)
 
     def close(self) -> None:
         """Stop accepting (existing connections stay until `shutdown_connections`)."""
-        for sock in self._sockets:
-            self._unwatch(sock)
-            sock.close()
-        self._sockets.clear()
+        if self._acceptor is not None:
+            self._acceptor.close()
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
@@ -154,29 +139,6 @@ class Listener:
             connection.shutdown()
 
     # Accepting
-
-    def _watch(self, sock: socket.socket) -> None:
-        if sock not in self._accepting and sock.fileno() >= 0:
-            self._accepting.add(sock)
-            self._loop.add_reader(sock.fileno(), self._accept, sock)
-
-    def _unwatch(self, sock: socket.socket) -> None:
-        if sock in self._accepting:
-            self._accepting.discard(sock)
-            self._loop.remove_reader(sock.fileno())
-
-    def _accept(self, listening: socket.socket) -> None:
-        for _ in range(ACCEPT_BURST):
-            try:
-                sock, _address = listening.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                if exc.errno in _OUT_OF_FDS:
-                    self._out_of_fds(listening, exc)
-                    return
-                continue  # ECONNABORTED and the like: that client is gone
-            self._admit(sock)
 
     def _admit(self, sock: socket.socket) -> None:
         cap = self._config.max_connections
@@ -229,7 +191,7 @@ class Listener:
         except OSError:
             sock.close()
 
-    def _out_of_fds(self, listening: socket.socket, exc: OSError) -> None:
+    def _out_of_fds(self, listening: socket.socket, exc: OSError) -> bool:
         now = self._loop.time()
         if now - self._last_out_of_fds_log > 10.0:
             self._last_out_of_fds_log = now
@@ -254,17 +216,13 @@ class Listener:
                     ),
                 )
             self._spare = _open_spare()
-            if self._spare is not None:
-                return  # still watching: the next waiting client is refused the same way
-        # Without a spare descriptor accept would fail again at once: wait for fds to free up.
-        self._unwatch(listening)
-        self._loop.call_later(RETRY_DELAY, self._resume_accepting, listening)
+        # with a spare again, the next waiting client is refused the same way; without one,
+        # accept would fail again at once: the acceptor pauses
+        return self._spare is not None
 
-    def _resume_accepting(self, listening: socket.socket) -> None:
-        if listening in self._sockets:
-            if self._spare is None:
-                self._spare = _open_spare()
-            self._watch(listening)
+    def _resumed(self) -> None:
+        if self._spare is None:
+            self._spare = _open_spare()
 
     # Timeouts
 
