@@ -94,8 +94,12 @@ async def topic_create(client: Client, args: argparse.Namespace) -> int:
         existing = (await client.describe_topic(args.name)).topic
         partitions, dispatch = existing.partitions, DISPATCH_NAMES[existing.dispatch]
     record = {"name": args.name, "partitions": partitions, "dispatch": dispatch, "created": created}
-    what = "created" if created else "exists already:"
-    _emit(args, record, f"{what} topic {args.name} ({dispatch}, {partitions} partitions)")
+    text = (
+        f"created topic {args.name} ({dispatch})"
+        if created
+        else f"topic {args.name} exists already ({dispatch}, {partitions} partitions)"
+    )
+    _emit(args, record, text)
     return 0
 
 
