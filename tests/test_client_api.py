@@ -16,21 +16,19 @@ from headwater.wire import errors
 async def test_create_topic_exist_ok_accepts_an_existing_topic(
     client: headwater.Client, topic_name: str
 ) -> None:
-    await client.create_topic(topic_name, exist_ok=True, dispatch="non-reliable")  # created
-    await client.create_topic(
-        topic_name, exist_ok=True, dispatch="non-reliable"
-    )  # exists: no error
+    await client.create_topic(topic_name, exist_ok=True)  # created
+    await client.create_topic(topic_name, exist_ok=True)  # exists: no error
     with pytest.raises(headwater.TopicExists):
-        await client.create_topic(topic_name, dispatch="non-reliable")
+        await client.create_topic(topic_name)
     assert [t.name for t in await client.list_topics()].count(topic_name) == 1
 
 
 def test_blocking_create_topic_exist_ok(server: ServerProcess, topic_name: str) -> None:
     with BlockingClient(server.address) as client:
-        client.create_topic(topic_name, exist_ok=True, dispatch="non-reliable")
-        client.create_topic(topic_name, exist_ok=True, dispatch="non-reliable")
+        client.create_topic(topic_name, exist_ok=True)
+        client.create_topic(topic_name, exist_ok=True)
         with pytest.raises(headwater.TopicExists):
-            client.create_topic(topic_name, dispatch="non-reliable")
+            client.create_topic(topic_name)
 
 
 async def test_connect_without_an_address_reads_headwater_server(
@@ -38,9 +36,9 @@ async def test_connect_without_an_address_reads_headwater_server(
 ) -> None:
     monkeypatch.setenv("HEADWATER_SERVER", server.address)
     async with await headwater.connect() as client:
-        await client.create_topic(topic_name, dispatch="non-reliable")
+        await client.create_topic(topic_name)
     with BlockingClient() as blocking:
-        blocking.create_topic(topic_name, exist_ok=True, dispatch="non-reliable")
+        blocking.create_topic(topic_name, exist_ok=True)
 
 
 def test_the_default_server_without_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -392,25 +392,25 @@ def test_blocking_client_raises_connection_lost_on_dead_server(
     fresh_server: ServerProcess,
 ) -> None:
     with BlockingClient(fresh_server.address) as client:
-        client.create_topic("t", dispatch="non-reliable")
+        client.create_topic("t")
         fresh_server.kill()
         with pytest.raises(ConnectionLost, match="lost"):
             client.produce("t", [(None, b"x", ())])
         with pytest.raises(ConnectionLost):
-            client.create_topic("u", dispatch="non-reliable")
+            client.create_topic("u")
 
 
 def test_blocking_client_times_out_then_refuses(fresh_server: ServerProcess) -> None:
     with BlockingClient(fresh_server.address, timeout=0.5) as client:
-        client.create_topic("t", dispatch="non-reliable")
+        client.create_topic("t")
         assert fresh_server.process is not None
         os.kill(fresh_server.process.pid, signal.SIGSTOP)
         try:
             with pytest.raises(RequestTimeout):
-                client.create_topic("u", dispatch="non-reliable")
+                client.create_topic("u")
             # the late answer must not be taken for the next request's
             with pytest.raises(ConnectionLost, match="unusable"):
-                client.create_topic("v", dispatch="non-reliable")
+                client.create_topic("v")
         finally:
             kill_stopped(fresh_server)
 
