@@ -14,6 +14,8 @@ from typing import Any
 
 import headwater
 from headwater.testing import ServerProcess
+from headwater.wire import messages as m
+from headwater.wire.records import build_batch
 from tests.test_cli import hw
 
 
@@ -279,3 +281,43 @@ def test_server_info(fresh_server: ServerProcess) -> None:
     assert "version: " in table and "data dir usage: " in table
     wrong = hw("server", "info", "--format", "yaml", server=server)
     assert wrong.returncode == 2 and "--format for server info must be" in wrong.stderr
+
+
+async def produce_at(client: headwater.Client, topic: str, timestamps: list[int]) -> None:
+    """One batch per record, each with its own timestamp (the producer stamps 'now')."""
+    for number, timestamp in enumerate(timestamps):
+        batch = build_batch([(None, f"m{number}".encode(), ())], timestamp=timestamp)
+        await client.request(m.ProduceRequest(topic, 0, batch))
+
+
+async def test_reset_to_a_timestamp_uses_each_segments_index(fresh_server: ServerProcess) -> None:
+    """Across many segments, local and archived (uploaded, then deleted locally by retention),
+    with timestamps out of order: the answer is the first batch at or after the time."""
+    base = 1_700_000_000_000
+    stamps = [base + i * 1000 for i in range(120)]
+    stamps[10] = base + 45_000  # a late clock: every time up to it is first reached at offset 10
+    async with await headwater.connect(fresh_server.address) as client:
+        await client.create_topic("timed", configs={"segment.bytes": 1024, "retention.bytes": 2048})
+        await produce_at(client, "timed", stamps)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # sealed segments uploaded, then deleted locally
+            (storage,) = (await client.describe_topic("timed")).partitions
+            if storage.local_start_offset >= 60:
+                break
+            await asyncio.sleep(0.2)
+        assert storage.local_start_offset >= 60 and storage.start_offset == 0, storage
+        await client.subscribe("timed", "s", start="earliest", prefetch=1)
+        expected = {
+            base - 1: 0,
+            base + 5_000: 5,
+            base + 30_500: 10,  # record 10's time is later than this
+            base + 45_000: 10,
+            base + 45_001: 46,
+            base + 80_500: 81,
+            base + 110_500: 111,
+            base + 119_000: 119,
+            base + 119_001: 120,  # after everything: the end
+        }
+        for when, offset in expected.items():
+            moved = await client.reset_subscription("timed", "s", timestamp=when)
+            assert moved.partitions[0].committed == offset, (when, offset)
