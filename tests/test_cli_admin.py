@@ -16,6 +16,7 @@ import headwater
 from headwater.testing import ServerProcess
 from headwater.wire import messages as m
 from headwater.wire.records import build_batch
+from tests.secure import secure_server
 from tests.test_cli import hw
 
 
@@ -321,3 +322,26 @@ async def test_reset_to_a_timestamp_uses_each_segments_index(fresh_server: Serve
         for when, offset in expected.items():
             moved = await client.reset_subscription("timed", "s", timestamp=when)
             assert moved.partitions[0].committed == offset, (when, offset)
+
+
+def test_admin_commands_follow_the_grants(tmp_path: Path) -> None:
+    """With tokens: alter needs `admin` on the topic; listing a topic's subscriptions `consume`;
+    the listing of every topic's shows only the topics the principal has a grant on."""
+    with secure_server(tmp_path) as secure:
+        server = secure.process
+        admin = ("--token", secure.admin)
+        for name in ("mine", "theirs"):
+            ok("topic", "create", name, *admin, server=server)
+            ok("consume", name, "-s", f"{name}-sub", "--from", "earliest", "--timeout", "0.5",
+               *admin, server=server)  # fmt: skip
+        reader = ("--token", secure.token("reader", "consume:mine"))
+        refused("topic", "alter", "mine", "--config", "retention.ms=1", *reader, server=server,
+                says="NOT_AUTHORIZED")  # fmt: skip
+        refused("subscription", "list", "theirs", *reader, server=server, says="NOT_AUTHORIZED")
+        listed = as_json("subscription", "list", *reader, server=server)
+        assert [(s["topic"], s["name"]) for s in listed] == [("mine", "mine-sub")]
+        assert len(as_json("subscription", "list", *admin, server=server)) == 2
+        assert as_json("server", "info", *reader, server=server)["topics"] == 2
+        altered = as_json("topic", "alter", "mine", "--config", "retention.ms=1000", *admin,
+                          server=server)  # fmt: skip
+        assert altered["configs"]["retention.ms"] == "1000"
