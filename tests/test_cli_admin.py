@@ -18,6 +18,7 @@ from headwater.wire import messages as m
 from headwater.wire.records import build_batch
 from tests.secure import secure_server
 from tests.test_cli import hw
+from tests.test_metrics import scrape, start_with_http, value
 
 
 def ok(*args: str, server: ServerProcess) -> str:
@@ -345,3 +346,34 @@ def test_admin_commands_follow_the_grants(tmp_path: Path) -> None:
         altered = as_json("topic", "alter", "mine", "--config", "retention.ms=1000", *admin,
                           server=server)  # fmt: skip
         assert altered["configs"]["retention.ms"] == "1000"
+
+
+async def test_altered_fsync_policy_applies_at_once(tmp_path: Path) -> None:
+    """`fsync` changed on a live topic moves its WAL at once: never -> interval starts the
+    interval fsyncs (the syncer reads its policy each round), -> always fsyncs every append."""
+    process, http_port = start_with_http(tmp_path)
+    try:
+        async with await headwater.connect(process.address) as client:
+            await client.create_topic("policy", configs={"fsync": "never"})
+            producer = client.producer("policy")
+
+            async def produce(count: int) -> float:
+                before = value(scrape(http_port), "headwater_wal_fsyncs_total")
+                for number in range(count):
+                    await (await producer.send(f"m{number}".encode()))
+                return value(scrape(http_port), "headwater_wal_fsyncs_total") - before
+
+            assert await produce(20) < 10  # never: no fsync per append
+            await client.alter_topic("policy", {"fsync": "interval", "fsync.interval.ms": 20})
+            # twice: the first fsync may be the one the alter itself starts
+            for text in (b"one", b"two"):
+                before = value(scrape(http_port), "headwater_wal_fsyncs_total")
+                await (await producer.send(text))
+                deadline = time.monotonic() + 10
+                while value(scrape(http_port), "headwater_wal_fsyncs_total") == before:
+                    assert time.monotonic() < deadline, f"no interval fsync after {text!r}"
+                    await asyncio.sleep(0.05)
+            await client.alter_topic("policy", {"fsync": "always"})
+            assert await produce(20) >= 20  # always: each awaited append waits for its fsync
+    finally:
+        process.kill()
