@@ -31,8 +31,16 @@ from headwater.wire.errors import HeadwaterError
 
 # the formats each command prints (`--format`); the first is the default
 FORMATS = {
+    "topic create": ("table", "json"),
     "topic list": ("table", "json"),
     "topic describe": ("table", "json"),
+    "topic alter": ("table", "json"),
+    "topic delete": ("table", "json"),
+    "subscription list": ("table", "json"),
+    "subscription reset": ("table", "json"),
+    "subscription seek": ("table", "json"),
+    "subscription delete": ("table", "json"),
+    "server info": ("table", "json"),
     "map scan": ("table", "json"),
     "consume": ("text", "json"),
     "compact": ("text", "json"),
@@ -215,6 +223,8 @@ async def _run_client_command(args: argparse.Namespace) -> int:
             return await cli_commands.subscription(client, args)
         if args.command == "map":
             return await cli_commands.map_command(client, args)
+        if args.command == "server":
+            return await cli_commands.server(client, args)
         return await consume(client, args)
     finally:
         await client.close()

@@ -1,4 +1,5 @@
-"""The client commands of `headwater` other than consume: topic, produce, map, subscription.
+"""The client commands of `headwater` other than consume: topic, produce, map, subscription,
+server.
 
 Each takes a connected `Client` and the parsed arguments, prints its result on standard output
 (notes and progress on standard error) and returns the exit status; errors are raised
@@ -8,19 +9,27 @@ Each takes a connected `Client` and the parsed arguments, prints its result on s
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
+from datetime import UTC, datetime
 
 from headwater.cli_output import (
     describe_json,
     describe_text,
     map_entry_json,
     progress_bar,
+    server_info_record,
+    server_info_text,
+    subscription_record,
+    subscriptions_table,
     text_or_base64,
+    topic_record,
+    topic_text,
     topics_json,
     topics_table,
 )
-from headwater.client import Client
+from headwater.client import DISPATCH_NAMES, Client
 from headwater.producer import (
     AtLeastOnce,
     AtMostOnce,
@@ -29,6 +38,7 @@ from headwater.producer import (
     ProducerConfig,
     RetryPolicy,
 )
+from headwater.wire.errors import TopicExists
 from headwater.wire.records import Compression
 
 # how long an at-most-once `produce` waits for the server to refuse what it sent
@@ -46,24 +56,64 @@ def name_values(items: list[str], option: str) -> dict[str, str]:
     return pairs
 
 
+def _emit(args: argparse.Namespace, record: object, text: str) -> None:
+    print(json.dumps(record, ensure_ascii=False) if args.format == "json" else text)
+
+
 async def topic(client: Client, args: argparse.Namespace) -> int:
     if args.topic_command == "create":
-        configs = name_values(args.config, "--config")
-        if args.last_value:
-            configs["last.value"] = "true"
-        if args.key_field:
-            configs["key.field"] = args.key_field
-        await client.create_topic(args.name, args.partitions, args.dispatch, configs)
-        print(f"created topic {args.name} ({args.dispatch})")
-    elif args.topic_command == "delete":
+        return await topic_create(client, args)
+    if args.topic_command == "alter":
+        return await topic_alter(client, args)
+    if args.topic_command == "delete":
         await client.delete_topic(args.name)
-        print(f"deleted topic {args.name}")
+        _emit(args, {"name": args.name, "deleted": True}, f"deleted topic {args.name}")
     elif args.topic_command == "list":
         topics = await client.list_topics()
         print(topics_json(topics) if args.format == "json" else topics_table(topics))
     else:
         description = await client.describe_topic(args.name)
         print(describe_json(description) if args.format == "json" else describe_text(description))
+    return 0
+
+
+async def topic_create(client: Client, args: argparse.Namespace) -> int:
+    configs = name_values(args.config, "--config")
+    if args.last_value:
+        configs["last.value"] = "true"
+    if args.key_field:
+        configs["key.field"] = args.key_field
+    created = True
+    partitions, dispatch = args.partitions, args.dispatch
+    try:
+        await client.create_topic(args.name, partitions, dispatch, configs)
+    except TopicExists:
+        if not args.exist_ok:
+            raise
+        created = False  # say what exists, which may differ from what was asked
+        existing = (await client.describe_topic(args.name)).topic
+        partitions, dispatch = existing.partitions, DISPATCH_NAMES[existing.dispatch]
+    record = {"name": args.name, "partitions": partitions, "dispatch": dispatch, "created": created}
+    text = (
+        f"created topic {args.name} ({dispatch})"
+        if created
+        else f"topic {args.name} exists already ({dispatch}, {partitions} partitions)"
+    )
+    _emit(args, record, text)
+    return 0
+
+
+async def topic_alter(client: Client, args: argparse.Namespace) -> int:
+    """`topic alter NAME --config K=V ... [--last-value [--key-field F]]`."""
+    configs = name_values(args.config, "--config")
+    if args.key_field is not None:
+        if not args.last_value:
+            raise ValueError("--key-field goes with --last-value")
+        configs["key.field"] = args.key_field
+    if not configs and not args.last_value:
+        raise ValueError("nothing to change: give --config NAME=VALUE or --last-value")
+    info = await client.alter_topic(args.name, configs, last_value=args.last_value)
+    _emit(args, topic_record(info), f"altered topic {args.name}\n{topic_text(info)}")
     return 0
 
 
@@ -161,13 +211,73 @@ def position(text: str) -> str | int:
     raise ValueError(f"position must be earliest, latest or an offset, not {text!r}")
 
 
+def reset_target(text: str, now_ms: int | None = None) -> tuple[str | int | None, int | None]:
+    """`--to`: (earliest|latest|offset, None) or (None, a time in ms since the epoch).
+    A time in the future is refused: nothing is stored there yet (`--to latest` says that)."""
+    if text in ("earliest", "latest"):
+        return text, None
+    if text.isdigit():
+        return int(text), None
+    if text.startswith("@") and text[1:].isdigit():
+        timestamp = int(text[1:])
+    else:
+        try:
+            when = datetime.fromisoformat(text)
+        except ValueError:
+            raise ValueError(
+                "--to must be earliest, latest, an offset, @ and ms since the epoch, or an "
+                f"ISO-8601 time such as 2026-11-22T08:00:00Z; not {text!r}"
+            ) from None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        timestamp = int(when.timestamp() * 1000)
+        if timestamp < 0:
+            raise ValueError(f"--to {text}: a time before 1970 holds no message")
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    if timestamp > now_ms:
+        raise ValueError(
+            f"--to {text}: that time ({timestamp} ms) is in the future (now {now_ms} ms); "
+            "to skip to the newest messages use --to latest"
+        )
+    return None, timestamp
+
+
 async def subscription(client: Client, args: argparse.Namespace) -> int:
-    if args.subscription_command == "seek":
-        await client.seek(args.topic, args.subscription, position(args.to))  # type: ignore[arg-type]
-        print(f"moved {args.subscription} on {args.topic} to {args.to}")
+    command = args.subscription_command
+    if command == "list":
+        subscriptions = await client.list_subscriptions(args.topic)
+        if args.format == "json":
+            print(json.dumps([subscription_record(s) for s in subscriptions], ensure_ascii=False))
+        else:
+            print(subscriptions_table(subscriptions))
+    elif command in ("reset", "seek"):
+        to, timestamp = reset_target(args.to)
+        detail = await client.reset_subscription(
+            args.topic,
+            args.subscription,
+            to,  # type: ignore[arg-type]
+            timestamp=timestamp,
+        )
+        positions = ", ".join(f"{p.partition}:{p.committed}" for p in detail.partitions)
+        _emit(
+            args,
+            subscription_record(detail),
+            f"moved {args.subscription} on {args.topic} to {args.to} "
+            f"(partition:offset {positions})",
+        )
     else:
         await client.delete_subscription(args.topic, args.subscription)
-        print(f"deleted subscription {args.subscription} on {args.topic}")
+        _emit(
+            args,
+            {"topic": args.topic, "name": args.subscription, "deleted": True},
+            f"deleted subscription {args.subscription} on {args.topic}",
+        )
+    return 0
+
+
+async def server(client: Client, args: argparse.Namespace) -> int:
+    info = await client.server_info()
+    _emit(args, server_info_record(info), server_info_text(info))
     return 0
 
 

@@ -1,5 +1,5 @@
-"""What the `headwater` command prints: topic listings and descriptions (table or JSON), consumed
-messages (text or JSON), progress.
+"""What the `headwater` command prints: topics, subscriptions and server info (table or JSON),
+consumed messages (text or JSON), progress.
 
 The JSON shapes are a stable interface, documented in docs/CLI.md: keys are only ever added.
 Bytes that are not UTF-8 are printed base64-encoded with a `*_encoding: "base64"` key beside them.
@@ -15,7 +15,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from headwater.client import DISPATCH_NAMES, SUBSCRIPTION_TYPE_NAMES, Message
-from headwater.wire.messages import DescribeTopicResponse, TopicInfo
+from headwater.wire.messages import (
+    DescribeTopicResponse,
+    Durable,
+    ServerInfoResponse,
+    SubscriptionDetail,
+    TopicInfo,
+)
+
+DURABLE_NAMES: dict[int, str] = {d: d.name.lower().replace("_", "-") for d in Durable}
 
 
 def describe_text(description: DescribeTopicResponse) -> str:
@@ -30,6 +38,9 @@ def describe_text(description: DescribeTopicResponse) -> str:
         f"bytes in: {description.bytes_in}",
         f"subscriptions: {len(description.subscriptions)}",
     ]
+    if description.partitions:
+        lines.append("storage:")
+        lines.extend("  " + row for row in _partition_rows(description).split("\n"))
     if topic.configs:
         lines.insert(3, "configs: " + ", ".join(f"{c.name}={c.value}" for c in topic.configs))
     for sub in description.subscriptions:
@@ -47,8 +58,43 @@ def describe_text(description: DescribeTopicResponse) -> str:
     return "\n".join(lines)
 
 
+def _partition_rows(description: DescribeTopicResponse) -> str:
+    rows = [("PARTITION", "START", "NEXT", "LOCAL_START", "BYTES", "SEGMENTS", "UPLOAD_LAG")]
+    for p in description.partitions:
+        lag = "-" if p.uploaded_offset < 0 else f"{p.upload_lag_offsets} ({p.upload_lag_bytes} B)"
+        rows.append(
+            (
+                str(p.partition),
+                str(p.start_offset),
+                str(p.next_offset),
+                str(p.local_start_offset),
+                str(p.size_bytes),
+                str(p.segments),
+                lag,
+            )
+        )
+    return table(rows)
+
+
+def table(rows: Sequence[Sequence[str]]) -> str:
+    """Columns padded to their widest cell; numbers (and "-") right-aligned."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = []
+    for row in rows:
+        cells = [
+            cell.rjust(width) if _numeric(cell) else cell.ljust(width)
+            for cell, width in zip(row, widths, strict=True)
+        ]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def _numeric(cell: str) -> bool:
+    return cell == "-" or cell.split(" ")[0].lstrip("-").isdigit()
+
+
 def topics_json(topics: Sequence[TopicInfo]) -> str:
-    return json.dumps([_topic_record(topic) for topic in topics], ensure_ascii=False)
+    return json.dumps([topic_record(topic) for topic in topics], ensure_ascii=False)
 
 
 def topics_table(topics: Sequence[TopicInfo]) -> str:
@@ -61,7 +107,7 @@ def topics_table(topics: Sequence[TopicInfo]) -> str:
     )
 
 
-def _topic_record(topic: TopicInfo) -> dict[str, Any]:
+def topic_record(topic: TopicInfo) -> dict[str, Any]:
     return {
         "name": topic.name,
         "partitions": topic.partitions,
@@ -71,7 +117,7 @@ def _topic_record(topic: TopicInfo) -> dict[str, Any]:
 
 
 def describe_json(description: DescribeTopicResponse) -> str:
-    record = _topic_record(description.topic)
+    record = topic_record(description.topic)
     record["messages_in"] = description.messages_in
     record["bytes_in"] = description.bytes_in
     record["offsets"] = [
@@ -79,6 +125,20 @@ def describe_json(description: DescribeTopicResponse) -> str:
         for p, (start, next_) in enumerate(
             zip(description.start_offsets, description.next_offsets, strict=True)
         )
+    ]
+    record["partitions"] = [
+        {
+            "partition": p.partition,
+            "start_offset": p.start_offset,
+            "next_offset": p.next_offset,
+            "local_start_offset": p.local_start_offset,
+            "size_bytes": p.size_bytes,
+            "segments": p.segments,
+            "uploaded_offset": p.uploaded_offset,
+            "upload_lag_offsets": p.upload_lag_offsets,
+            "upload_lag_bytes": p.upload_lag_bytes,
+        }
+        for p in description.partitions
     ]
     record["subscriptions"] = [
         {
@@ -103,6 +163,106 @@ def describe_json(description: DescribeTopicResponse) -> str:
         for sub in description.subscriptions
     ]
     return json.dumps(record, ensure_ascii=False)
+
+
+def topic_text(topic: TopicInfo) -> str:
+    lines = [
+        f"topic: {topic.name}",
+        f"dispatch: {DISPATCH_NAMES[topic.dispatch]}",
+        f"partitions: {topic.partitions}",
+    ]
+    lines += [f"  {c.name}={c.value}" for c in topic.configs]
+    return "\n".join(lines)
+
+
+def subscription_record(sub: SubscriptionDetail) -> dict[str, Any]:
+    return {
+        "topic": sub.topic,
+        "name": sub.name,
+        "type": SUBSCRIPTION_TYPE_NAMES.get(sub.sub_type, str(sub.sub_type)),
+        "durable": DURABLE_NAMES.get(sub.durable, str(sub.durable)),
+        "consumers": sub.consumers,
+        "backlog": sub.backlog,
+        "lag": sub.lag,
+        "unacked": sub.unacked,
+        "redelivering": sub.redelivering,
+        "delivered": sub.delivered,
+        "dropped": sub.dropped,
+        "dead_lettered": sub.dead_lettered,
+        "partitions": [
+            {
+                "partition": p.partition,
+                "committed": p.committed,
+                "dispatched": p.dispatched,
+                "next_offset": p.next_offset,
+                "backlog": p.backlog,
+                "lag": p.lag,
+                "unacked": p.unacked,
+                "redelivering": p.redelivering,
+                "dead_lettered": p.dead_lettered,
+            }
+            for p in sub.partitions
+        ],
+    }
+
+
+def subscriptions_table(subscriptions: Sequence[SubscriptionDetail]) -> str:
+    """One row per partition (one for a subscription without cursors, partition "-")."""
+    rows: list[tuple[str, ...]] = [
+        (
+            "TOPIC", "SUBSCRIPTION", "TYPE", "DURABLE", "CONSUMERS", "PARTITION", "COMMITTED",
+            "NEXT", "BACKLOG", "LAG", "UNACKED", "REDELIVERING", "DEAD_LETTERED",
+        )
+    ]  # fmt: skip
+    for sub in subscriptions:
+        head = (
+            sub.topic,
+            sub.name,
+            SUBSCRIPTION_TYPE_NAMES.get(sub.sub_type, str(sub.sub_type)),
+            DURABLE_NAMES.get(sub.durable, str(sub.durable)),
+            str(sub.consumers),
+        )
+        if not sub.partitions:
+            totals = (sub.backlog, sub.lag, sub.unacked, sub.redelivering, sub.dead_lettered)
+            rows.append((*head, "-", "-", "-", *(str(c) for c in totals)))
+        for p in sub.partitions:
+            counts = (
+                p.partition, p.committed, p.next_offset, p.backlog, p.lag, p.unacked,
+                p.redelivering, p.dead_lettered,
+            )  # fmt: skip
+            rows.append((*head, *(str(c) for c in counts)))
+    if len(rows) == 1:
+        return "no subscriptions"
+    return table(rows)
+
+
+def server_info_record(info: ServerInfoResponse) -> dict[str, Any]:
+    return {
+        "version": info.version,
+        "started_ms": info.started_ms,
+        "uptime_ms": info.uptime_ms,
+        "connections": info.connections,
+        "topics": info.topic_count,
+        "subscriptions": info.subscription_count,
+        "data_dir": info.data_dir,
+        "data_dir_bytes": info.data_dir_bytes,
+    }
+
+
+def server_info_text(info: ServerInfoResponse) -> str:
+    seconds = info.uptime_ms // 1000
+    uptime = f"{seconds // 86400}d {seconds // 3600 % 24}h {seconds // 60 % 60}m {seconds % 60}s"
+    return "\n".join(
+        [
+            f"version: {info.version}",
+            f"uptime: {uptime}",
+            f"connections: {info.connections}",
+            f"topics: {info.topic_count}",
+            f"subscriptions: {info.subscription_count}",
+            f"data dir: {info.data_dir}",
+            f"data dir usage: {info.data_dir_bytes} bytes ({info.data_dir_bytes / 1e6:,.1f} MB)",
+        ]
+    )
 
 
 def map_entry_json(key: bytes, value: bytes, revision: int) -> str:

@@ -16,8 +16,14 @@ from typing import Any
 
 DEFAULT_SERVER = "127.0.0.1:6650"
 FORMATS_HELP = (
-    "output format: table|json for topic list/describe and map scan, text|json for consume "
-    "(default: table, or text for consume)"
+    "output format: table|json for the topic, subscription, server and map scan commands, "
+    "text|json for consume (default: table, or text for consume)"
+)
+RESET_TO = "earliest|latest|OFFSET|@EPOCH_MS|ISO-8601"
+RESET_HELP = (
+    "the new position on every partition: earliest, latest, an offset, or a time (@ and ms "
+    "since the epoch, or ISO-8601 such as 2026-11-22T08:00:00Z; without a zone UTC): each "
+    "partition's first message at or after it"
 )
 
 
@@ -69,10 +75,11 @@ def add_client_commands(commands: Any) -> None:
     _consume_command(commands)
     _map_commands(commands)
     _subscription_commands(commands)
+    _server_commands(commands)
 
 
 def _topic_commands(commands: Any) -> None:
-    topic = _command(commands, "topic", "create, list, describe and delete topics")
+    topic = _command(commands, "topic", "create, list, describe, alter and delete topics")
     topic_commands = topic.add_subparsers(dest="topic_command", required=True)
     create = _command(topic_commands, "create", "create a topic (reliable unless asked)")
     create.add_argument("name", help="the topic's name")
@@ -95,11 +102,38 @@ def _topic_commands(commands: Any) -> None:
         metavar="NAME=VALUE",
         help="reliable-topic setting, e.g. fsync=interval (repeatable)",
     )
+    create.add_argument(
+        "--exist-ok", action="store_true", help="a topic of that name existing already is no error"
+    )
     _command(topic_commands, "list", "list the topics")
-    describe = _command(topic_commands, "describe", "offsets, configs and subscriptions")
+    describe = _command(
+        topic_commands, "describe", "offsets, storage per partition, configs and subscriptions"
+    )
     describe.add_argument("name", help="the topic's name")
+    _topic_alter_command(topic_commands)
     delete = _command(topic_commands, "delete", "delete a topic and everything it stores")
     delete.add_argument("name", help="the topic's name")
+
+
+def _topic_alter_command(topic_commands: Any) -> None:
+    alter = _command(
+        topic_commands, "alter", "change a topic's configs (applied at once, kept on restart)"
+    )
+    alter.add_argument("name", help="the topic's name")
+    alter.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a config to change, e.g. retention.ms=3600000 (repeatable; the others keep "
+        "their values)",
+    )
+    alter.add_argument(
+        "--last-value",
+        action="store_true",
+        help="start keeping the last value per key (map and last-value durables)",
+    )
+    alter.add_argument("--key-field", help="with --last-value: take the keys from this JSON field")
 
 
 def _produce_command(commands: Any) -> None:
@@ -269,19 +303,34 @@ def _map_commands(commands: Any) -> None:
 
 
 def _subscription_commands(commands: Any) -> None:
-    subscription = _command(commands, "subscription", "manage reliable subscriptions")
+    subscription = _command(
+        commands, "subscription", "list, reset and delete reliable subscriptions"
+    )
     subscription_commands = subscription.add_subparsers(dest="subscription_command", required=True)
-    seek = _command(
-        subscription_commands, "seek", "move a subscription; unacked messages are dropped"
+    listing = _command(
+        subscription_commands,
+        "list",
+        "subscriptions with backlog, lag, unacked, redelivering and dead-lettered per partition",
     )
-    seek.add_argument("topic", help="the topic")
-    seek.add_argument("subscription", help="the subscription")
-    seek.add_argument(
-        "--to",
-        required=True,
-        metavar="earliest|latest|OFFSET",
-        help="the new position, on every partition",
-    )
+    listing.add_argument("topic", nargs="?", help="only this topic's (default: every topic's)")
+    for name, help_ in (
+        ("reset", "move a subscription; its unacknowledged messages are forgotten"),
+        ("seek", "the same as reset"),
+    ):
+        reset = _command(subscription_commands, name, help_)
+        reset.add_argument("topic", help="the topic")
+        reset.add_argument("subscription", help="the subscription")
+        reset.add_argument("--to", required=True, metavar=RESET_TO, help=RESET_HELP)
     remove = _command(subscription_commands, "delete", "delete a subscription")
     remove.add_argument("topic", help="the topic")
     remove.add_argument("subscription", help="the subscription")
+
+
+def _server_commands(commands: Any) -> None:
+    server = _command(commands, "server", "about the server")
+    server_commands = server.add_subparsers(dest="server_command", required=True)
+    _command(
+        server_commands,
+        "info",
+        "version, uptime, connections, topics, subscriptions and data directory usage",
+    )

@@ -12,7 +12,8 @@
 
 The producer batches: records sent in the same event-loop turn (or up to `batch_size` bytes) for
 the same partition travel as one RecordBatch, and each record's future resolves with the batch's
-base offset plus its position. Consumers: headwater/consumer.py.
+base offset plus its position. Consumers: headwater/consumer.py. The operator requests (alter
+topic configs, list and reset subscriptions, server info) come from headwater/client_admin.py.
 
 With `reconnect`, losing the connection starts one reconnection task: it opens a new connection
 after the policy's delay, resubscribes every open consumer with its original request (a reliable
@@ -32,6 +33,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
 from headwater.auth import Tls, TlsOption, handshake_request, ssl_context
+from headwater.client_admin import AdminMixin
 from headwater.connection import Connection, default_server, parse_server
 from headwater.consumer import Consumer, Message, ms
 from headwater.maps import Map
@@ -115,7 +117,7 @@ class _Opener:
         )
 
 
-class Client:
+class Client(AdminMixin):
     def __init__(
         self,
         connection: Connection,
@@ -283,12 +285,14 @@ class Client:
         self,
         name: str,
         partitions: int = 1,
-        dispatch: DispatchName = "non-reliable",
+        dispatch: DispatchName = "reliable",
         configs: Mapping[str, str | int] | None = None,
         *,
         exist_ok: bool = False,
     ) -> None:
-        """Create a topic; `configs` are reliable-topic settings such as {"fsync": "interval"}.
+        """Create a topic, reliable unless `dispatch="non-reliable"` (in memory, fire and forget:
+        a slow consumer misses messages); `configs` are reliable-topic settings such as
+        {"fsync": "interval"}.
         With `exist_ok`, a topic of that name that exists already is not an error (as
         `os.makedirs`: its settings are not compared)."""
         mode = _DISPATCH_MODES.get(dispatch)

@@ -45,7 +45,7 @@ async def client(server: ServerProcess) -> AsyncIterator[headwater.Client]:
 
 @pytest.fixture
 async def topic(client: headwater.Client, topic_name: str) -> str:
-    await client.create_topic(topic_name)
+    await client.create_topic(topic_name, dispatch="non-reliable")
     return topic_name
 
 

@@ -13,10 +13,10 @@ from headwater.wire.protocol import SUPPORTED_VERSIONS
 
 async def test_create_list_describe_delete(fresh_server: ServerProcess) -> None:
     async with await headwater.connect(fresh_server.address) as client:
-        await client.create_topic("alpha", partitions=3)
-        await client.create_topic("beta")
+        await client.create_topic("alpha", partitions=3, dispatch="non-reliable")
+        await client.create_topic("beta", dispatch="non-reliable")
         with pytest.raises(TopicExists):
-            await client.create_topic("alpha")
+            await client.create_topic("alpha", dispatch="non-reliable")
         assert await client.list_topics() == [
             m.TopicInfo("alpha", 3, m.DispatchMode.NON_RELIABLE),
             m.TopicInfo("beta", 1, m.DispatchMode.NON_RELIABLE),
@@ -46,8 +46,8 @@ async def test_create_list_describe_delete(fresh_server: ServerProcess) -> None:
 
 async def test_topics_survive_a_restart(fresh_server: ServerProcess) -> None:
     async with await headwater.connect(fresh_server.address) as client:
-        await client.create_topic("kept", partitions=2)
-        await client.create_topic("gone")
+        await client.create_topic("kept", partitions=2, dispatch="non-reliable")
+        await client.create_topic("gone", dispatch="non-reliable")
         await client.delete_topic("gone")
     assert fresh_server.stop() == 0  # graceful shutdown on SIGTERM
     fresh_server.start()
@@ -57,7 +57,7 @@ async def test_topics_survive_a_restart(fresh_server: ServerProcess) -> None:
 
 async def test_topics_survive_kill_9(fresh_server: ServerProcess) -> None:
     async with await headwater.connect(fresh_server.address) as client:
-        await client.create_topic("durable-metadata")
+        await client.create_topic("durable-metadata", dispatch="non-reliable")
     fresh_server.kill()
     fresh_server.start()
     async with await headwater.connect(fresh_server.address) as client:
@@ -72,7 +72,7 @@ async def test_api_versions(client: headwater.Client) -> None:
 
 async def test_graceful_shutdown_with_connected_clients(fresh_server: ServerProcess) -> None:
     client = await headwater.connect(fresh_server.address)
-    await client.create_topic("t")
+    await client.create_topic("t", dispatch="non-reliable")
     consumer = await client.subscribe("t", "s")
     assert fresh_server.stop() == 0
     # the consumer is told why it ends (CONSUMER_CLOSED with SERVER_SHUTTING_DOWN), not left

@@ -159,14 +159,14 @@ async def test_unknown_topic(client: headwater.Client) -> None:
 )
 async def test_bad_topic_names(client: headwater.Client, name: str) -> None:
     with pytest.raises(InvalidTopicName):
-        await client.create_topic(name)
+        await client.create_topic(name, dispatch="non-reliable")
 
 
 async def test_bad_create_arguments(client: headwater.Client, topic_name: str) -> None:
     with pytest.raises(InvalidRequest, match="partitions"):
-        await client.create_topic(topic_name, partitions=0)
+        await client.create_topic(topic_name, partitions=0, dispatch="non-reliable")
     with pytest.raises(InvalidRequest, match="partitions"):
-        await client.create_topic(topic_name, partitions=100_000)
+        await client.create_topic(topic_name, partitions=100_000, dispatch="non-reliable")
     with pytest.raises(InvalidRequest, match="unknown topic config 'colour'"):
         await client.create_topic(topic_name, dispatch="reliable", configs={"colour": "red"})
     with pytest.raises(InvalidRequest, match="fsync must be always, interval or never"):
@@ -174,7 +174,7 @@ async def test_bad_create_arguments(client: headwater.Client, topic_name: str) -
     with pytest.raises(InvalidRequest, match=r"segment\.bytes must be an integer"):
         await client.create_topic(topic_name, dispatch="reliable", configs={"segment.bytes": "x"})
     with pytest.raises(InvalidRequest, match="non-reliable topics take no configs"):
-        await client.create_topic(topic_name, configs={"fsync": "never"})
+        await client.create_topic(topic_name, configs={"fsync": "never"}, dispatch="non-reliable")
     with pytest.raises(InvalidRequest, match="dispatch"):
         await client.create_topic(topic_name, dispatch="sometimes")  # type: ignore[arg-type]
 

@@ -38,7 +38,7 @@ async def test_consumer_caps(tmp_path: Path) -> None:
     )
     try:
         async with await headwater.connect(server.address) as client:
-            await client.create_topic("capped")
+            await client.create_topic("capped", dispatch="non-reliable")
             for _ in range(3):
                 await client.subscribe("capped", "shared", type="shared")
             with pytest.raises(TooManyConsumers, match="max_consumers_per_subscription"):
@@ -73,7 +73,7 @@ async def test_dropped_messages_are_reported_before_the_next_delivery(tmp_path: 
     server = _server_with(tmp_path, "subscription_backlog = 10")
     try:
         async with await headwater.connect(server.address) as client:
-            await client.create_topic("lossy")
+            await client.create_topic("lossy", dispatch="non-reliable")
             peer = await RawPeer.open(server.address)
             subscribed = await peer.call(
                 m.SubscribeRequest("lossy", "slow", m.SubscriptionType.EXCLUSIVE, "c", 0, 0)

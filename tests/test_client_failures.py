@@ -67,7 +67,7 @@ async def test_consumer_raises_connection_lost_when_server_is_killed(
     fresh_server: ServerProcess,
 ) -> None:
     async with await headwater.connect(fresh_server.address) as client:
-        await client.create_topic("t")
+        await client.create_topic("t", dispatch="non-reliable")
         consumer = await client.subscribe("t", "s")
         fresh_server.kill()
 
@@ -92,7 +92,7 @@ async def test_consumer_raises_on_graceful_shutdown(fresh_server: ServerProcess)
 
 async def test_buffered_messages_come_before_the_error(fresh_server: ServerProcess) -> None:
     async with await headwater.connect(fresh_server.address) as client:
-        await client.create_topic("t")
+        await client.create_topic("t", dispatch="non-reliable")
         consumer = await client.subscribe("t", "s")
         async with client.producer("t") as producer:
             for i in range(3):
@@ -111,7 +111,7 @@ async def test_only_a_consumer_the_application_closed_ends_iteration(
     server: ServerProcess, topic_name: str
 ) -> None:
     async with await headwater.connect(server.address) as client:
-        await client.create_topic(topic_name)
+        await client.create_topic(topic_name, dispatch="non-reliable")
         consumer = await client.subscribe(topic_name, "s")
         closer = asyncio.get_running_loop().call_later(0.2, asyncio.ensure_future, consumer.close())
         assert [m async for m in consumer] == []  # no error
@@ -122,7 +122,7 @@ async def test_only_a_consumer_the_application_closed_ends_iteration(
             await asyncio.wait_for(anext(other), 10)
     # the client closed by the application: its consumers end quietly too
     client = await headwater.connect(server.address)
-    await client.create_topic(topic_name)
+    await client.create_topic(topic_name, dispatch="non-reliable")
     consumer = await client.subscribe(topic_name, "s")
     asyncio.get_running_loop().call_later(0.2, asyncio.ensure_future, client.close())
     assert [m async for m in consumer] == []
@@ -199,7 +199,7 @@ async def test_reconnect_after_graceful_shutdown(fresh_server: ServerProcess) ->
 async def test_reconnect_gives_up_with_connection_lost(fresh_server: ServerProcess) -> None:
     policy = headwater.ReconnectPolicy(initial_delay=0.05, max_delay=0.1, max_attempts=3)
     async with await headwater.connect(fresh_server.address, reconnect=policy) as client:
-        await client.create_topic("t")
+        await client.create_topic("t", dispatch="non-reliable")
         consumer = await client.subscribe("t", "s")
         fresh_server.kill()
         with pytest.raises(ConnectionLost, match="gave up reconnecting after 3 attempts"):

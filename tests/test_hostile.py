@@ -69,7 +69,9 @@ def hostile_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerP
 
 async def _create_topics(address: str, names: list[str]) -> None:
     async with await headwater.connect(address) as client:
-        await asyncio.gather(*(client.create_topic(name) for name in names))
+        await asyncio.gather(
+            *(client.create_topic(name, dispatch="non-reliable") for name in names)
+        )
 
 
 class Attack:
@@ -133,7 +135,7 @@ class NormalClient:
     @classmethod
     async def open(cls, address: str, topic: str) -> NormalClient:
         client = await headwater.connect(address)
-        await client.create_topic(topic)
+        await client.create_topic(topic, dispatch="non-reliable")
         consumer = await client.subscribe(topic, "normal")
         producer = client.producer(topic, linger=0.0)
         self = cls(client, consumer, producer)
@@ -298,7 +300,7 @@ async def test_accept_loop_survives_running_out_of_descriptors(tmp_path: Path) -
         assert "server.out_of_fds" in server.log()
         # the attacker's sockets are closed now: the server accepts again, by itself
         async with await headwater.connect(server.address) as client:
-            await client.create_topic("after")
+            await client.create_topic("after", dispatch="non-reliable")
             assert [t.name for t in await client.list_topics()] == ["after"]
         assert server.alive()
     finally:
@@ -359,7 +361,7 @@ async def test_large_pipelined_reads_do_not_stall_a_normal_client(
     hostile_server: ServerProcess, normal: NormalClient, topic_name: str
 ) -> None:
     flooded = f"{topic_name}-flood"
-    await normal.client.create_topic(flooded)
+    await normal.client.create_topic(flooded, dispatch="non-reliable")
     _, result = await under_attack(
         normal, "flood", hostile_server.address, str(ATTACK_SECONDS), flooded
     )

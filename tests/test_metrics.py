@@ -206,7 +206,7 @@ async def test_dropped_messages_and_toml_http_port(tmp_path: Path, topic_name: s
     server, port = start_with_http(tmp_path, via_config="subscription_backlog = 10")
     try:
         async with await headwater.connect(server.address) as client:
-            await client.create_topic(topic_name)
+            await client.create_topic(topic_name, dispatch="non-reliable")
             slow = await client.subscribe(topic_name, "slow", prefetch=1, on_dropped=lambda n: None)
             producer = client.producer(topic_name)
             for i in range(100):  # one batch each: a batch is kept or dropped whole
@@ -344,7 +344,7 @@ async def test_slow_http_clients_are_cut_off_and_do_not_stall_anything(
     started = time.monotonic()
     # The message port is not stalled: a round trip through a topic works at once...
     async with await headwater.connect(server.address) as client:
-        await client.create_topic(topic_name)
+        await client.create_topic(topic_name, dispatch="non-reliable")
         consumer = await client.subscribe(topic_name, "s")
         await client.producer(topic_name).send(b"through")
         assert (await consumer.receive(timeout=5)).value == b"through"

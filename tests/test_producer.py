@@ -126,7 +126,7 @@ async def test_non_retriable_errors_fail_at_once(client: headwater.Client) -> No
 
 async def test_retries_give_up_after_the_policy(server: ServerProcess, topic_name: str) -> None:
     async with await headwater.connect(server.address) as admin:
-        await admin.create_topic(topic_name)
+        await admin.create_topic(topic_name, dispatch="non-reliable")
         proxy = await FaultyProxy(server.port).start()
         proxy.drop_requests = 1.0  # every request is lost
         async with await headwater.connect(proxy.address) as client:

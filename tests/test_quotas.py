@@ -52,8 +52,8 @@ async def test_a_quotad_producer_is_slowed_to_its_quota_and_another_keeps_its_ra
 ) -> None:
     quota = 100_000
     async with await headwater.connect(secure.address, token=secure.admin) as admin:
-        await admin.create_topic("slow")
-        await admin.create_topic("fast")
+        await admin.create_topic("slow", dispatch="non-reliable")
+        await admin.create_topic("fast", dispatch="non-reliable")
     slow = await headwater.connect(
         secure.address,
         token=secure.token("slow", "produce:slow", quotas={"produce_bytes_per_second": quota}),

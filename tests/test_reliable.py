@@ -40,7 +40,7 @@ async def test_reliable_and_non_reliable_side_by_side(
 ) -> None:
     reliable, fast = f"{topic_name}-r", f"{topic_name}-n"
     await client.create_topic(reliable, dispatch="reliable", configs={"fsync": "never"})
-    await client.create_topic(fast)
+    await client.create_topic(fast, dispatch="non-reliable")
     r_consumer = await client.subscribe(reliable, "s", start="earliest")
     n_consumer = await client.subscribe(fast, "s")
     await produce(client, reliable, values("r", 50))
@@ -315,7 +315,7 @@ async def test_acks_and_delivery_counts_survive_a_restart(fresh_server: ServerPr
 
 
 async def test_bad_reliable_requests(client: headwater.Client, topic_name: str) -> None:
-    await client.create_topic(topic_name)  # non-reliable
+    await client.create_topic(topic_name, dispatch="non-reliable")  # non-reliable
     with pytest.raises(InvalidRequest, match="keeps no history"):
         await client.subscribe(topic_name, "s", start="earliest")
     with pytest.raises(UnknownSubscription, match="no subscription"):

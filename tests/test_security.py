@@ -82,7 +82,7 @@ async def test_wrong_token_is_refused_and_the_pipelined_produce_never_runs(
     secure: SecureServer,
 ) -> None:
     async with await headwater.connect(secure.address, token=secure.admin) as admin:
-        await admin.create_topic("guarded")
+        await admin.create_topic("guarded", dispatch="non-reliable")
     good = secure.token("app", "all:guarded")
     entry_id = good.split(".")[1]
     for wrong in (f"hw1.{entry_id}.not-the-secret", "hw1.000000000000.x", "garbage"):
@@ -110,7 +110,7 @@ async def test_no_handshake_is_refused_with_authentication_required(
     secure: SecureServer,
 ) -> None:
     async with await headwater.connect(secure.address, token=secure.admin) as admin:
-        await admin.create_topic("quiet")
+        await admin.create_topic("quiet", dispatch="non-reliable")
         producer = admin.producer("quiet")
         await (await producer.send(b"secret"))
     peer = await RawPeer.open(secure.address)
@@ -137,7 +137,7 @@ async def test_expired_token_is_refused_and_a_live_one_is_cut_when_it_expires(
         await headwater.connect(secure.address, token=expired)
     soon = secure.token("app", "all:*", expires=int(time.time()) + 2)
     client = await headwater.connect(secure.address, token=soon)
-    await client.create_topic("short-lived")
+    await client.create_topic("short-lived", dispatch="non-reliable")
     started = time.monotonic()
     with pytest.raises(AuthenticationFailed):
         while time.monotonic() - started < 10:
@@ -227,7 +227,7 @@ async def test_exact_and_prefix_grants_refuse_exactly_the_other_actions(
 ) -> None:
     admin = await headwater.connect(secure.address, token=secure.admin)
     for name in ("orders", "orders2", "events.a", "events.b"):
-        await admin.create_topic(name)
+        await admin.create_topic(name, dispatch="non-reliable")
     app = await headwater.connect(
         secure.address, token=secure.token("app", "produce:orders", "consume:events.*")
     )
@@ -238,7 +238,7 @@ async def test_exact_and_prefix_grants_refuse_exactly_the_other_actions(
     consumer = await app.subscribe("events.a", "s")
     await expect_refused(app.subscribe("orders", "s"))
     await expect_refused(app.subscribe("orders2", "s"))
-    await expect_refused(app.create_topic("events.c"))
+    await expect_refused(app.create_topic("events.c", dispatch="non-reliable"))
     await expect_refused(app.delete_topic("events.b"))
     await expect_refused(app.describe_topic("orders"))
     assert {t.name for t in await app.list_topics()} == {"orders", "events.a", "events.b"}

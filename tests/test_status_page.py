@@ -65,7 +65,7 @@ async def _traffic(address: str, stop: asyncio.Event) -> None:
     lag grows), and a non-reliable topic read as it comes."""
     async with await headwater.connect(address) as client:
         await client.create_topic("orders", partitions=2, dispatch="reliable")
-        await client.create_topic("clicks")
+        await client.create_topic("clicks", dispatch="non-reliable")
         audit = await client.subscribe("orders", "audit", start="earliest")
         await (await client.subscribe("orders", "reports", start="earliest")).close()
         views = await client.subscribe("clicks", "views")

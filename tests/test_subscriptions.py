@@ -164,7 +164,7 @@ async def test_slow_consumer_drops_are_counted_and_never_stall_the_producer(
 async def test_keyed_messages_keep_their_partition(
     client: headwater.Client, topic_name: str
 ) -> None:
-    await client.create_topic(topic_name, partitions=4)
+    await client.create_topic(topic_name, partitions=4, dispatch="non-reliable")
     consumer = await client.subscribe(topic_name, "k")
     producer = client.producer(topic_name)
     futures = [await producer.send(b"v", key=f"key{i % 5}".encode()) for i in range(50)]

@@ -54,7 +54,7 @@ async def test_token_over_tls_round_trip_and_plaintext_is_refused(
     async with await headwater.connect(
         tls_server.address, token=tls_server.admin, tls=tls
     ) as client:
-        await client.create_topic("secret")
+        await client.create_topic("secret", dispatch="non-reliable")
         consumer = await client.subscribe("secret", "s")
         await (await client.producer("secret").send(b"over tls"))
         assert (await consumer.receive(timeout=5)).value == b"over tls"
@@ -71,8 +71,8 @@ async def test_client_certificate_is_the_identity_and_its_grants_apply(
     async with await headwater.connect(
         tls_server.address, token=tls_server.admin, tls=Tls(ca=pki.ca.path)
     ) as admin:
-        await admin.create_topic("svc.events")
-        await admin.create_topic("other")
+        await admin.create_topic("svc.events", dispatch="non-reliable")
+        await admin.create_topic("other", dispatch="non-reliable")
         issued = pki.ca.issue(tmp_path / "pki", "svc", False)
         client = await headwater.connect(
             tls_server.address, tls=Tls(pki.ca.path, issued.cert, issued.key)
@@ -93,7 +93,7 @@ async def test_client_certificate_from_the_wrong_ca_is_refused(
     async with await headwater.connect(
         tls_server.address, token=tls_server.admin, tls=Tls(ca=pki.ca.path)
     ) as admin:
-        await admin.create_topic("target")
+        await admin.create_topic("target", dispatch="non-reliable")
         forged = pki.rogue.issue(tmp_path / "pki", "svc", False)  # the right name, wrong CA
         with pytest.raises(AuthenticationFailed):
             await headwater.connect(

@@ -66,6 +66,9 @@ requests = st.one_of(
     st.just(m.ListTopicsRequest()),
     st.builds(m.DescribeTopicRequest, names),
     st.just(m.ApiVersionsRequest()),
+    st.builds(m.AlterTopicConfigsRequest, names, configs),
+    st.builds(m.ListSubscriptionsRequest, names),
+    st.just(m.ServerInfoRequest()),
 )
 topic_infos = st.builds(m.TopicInfo, names, i32, i8, configs)
 consumer_infos = st.builds(m.ConsumerInfo, i32, names, i32, i32, st.booleans())
@@ -80,6 +83,15 @@ subscription_infos = st.builds(
     i64,
     i64,
 )
+partition_infos = st.builds(m.PartitionInfo, i32, i64, i64, i64, i64, i32, i64, i64, i64)
+subscription_details = st.builds(
+    m.SubscriptionDetail,
+    names, names, i8, i8, i32, i64, i64, i64, i64, i64, i64, i64,
+    st.lists(
+        st.builds(m.SubscriptionPartition, i32, i64, i64, i64, i64, i64, i64, i64, i64),
+        max_size=3,
+    ).map(tuple),
+)  # fmt: skip
 responses = st.one_of(
     st.tuples(st.just(m.ApiKey.PRODUCE), st.builds(m.ProduceResponse, i32, i64)),
     st.tuples(st.just(m.ApiKey.SUBSCRIBE), st.builds(m.SubscribeResponse, i32)),
@@ -109,7 +121,21 @@ responses = st.one_of(
             i64,
             i64,
             st.lists(subscription_infos, max_size=3).map(tuple),
+            st.lists(partition_infos, max_size=3).map(tuple),
         ),
+    ),
+    st.tuples(
+        st.just(m.ApiKey.ALTER_TOPIC_CONFIGS), st.builds(m.AlterTopicConfigsResponse, topic_infos)
+    ),
+    st.tuples(
+        st.just(m.ApiKey.LIST_SUBSCRIPTIONS),
+        st.builds(
+            m.ListSubscriptionsResponse, st.lists(subscription_details, max_size=3).map(tuple)
+        ),
+    ),
+    st.tuples(
+        st.just(m.ApiKey.SERVER_INFO),
+        st.builds(m.ServerInfoResponse, names, i64, i64, i32, i32, i32, names, i64),
     ),
     st.tuples(
         st.just(m.ApiKey.API_VERSIONS),

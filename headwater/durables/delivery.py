@@ -123,6 +123,7 @@ class ReliableDelivery:
         self.dirty: set[int] = set()
         self.delivered = 0
         self.dead_lettered = 0
+        self.dead_lettered_by_partition: dict[int, int] = {}
         for partition, cursor in enumerate(cursors):
             for offset in cursor.unacked():
                 heapq.heappush(self._due, (now, partition, offset))
@@ -213,6 +214,9 @@ class ReliableDelivery:
 
     def dead_letter_written(self, partition: int, offset: int) -> None:
         self.dead_lettered += 1
+        self.dead_lettered_by_partition[partition] = (
+            self.dead_lettered_by_partition.get(partition, 0) + 1
+        )
         self.cursors[partition].ack(offset)
         self.dirty.add(partition)
 
@@ -348,6 +352,10 @@ class ReliableDelivery:
             end - cursor.floor - len(cursor.acked)
             for end, cursor in zip(next_offsets, self.cursors, strict=True)
         )
+
+    def in_flight(self, partition: int) -> int:
+        """Offsets of `partition` delivered and awaiting an ack."""
+        return len(self._in_flight[partition])
 
     @property
     def unacked(self) -> int:

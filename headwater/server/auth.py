@@ -329,6 +329,10 @@ class Security:
             return m.ListTopicsResponse(
                 tuple(t for t in result.topics if may_see(session.grants, t.name))
             )
+        if kind is m.ListSubscriptionsRequest and isinstance(result, m.ListSubscriptionsResponse):
+            return m.ListSubscriptionsResponse(
+                tuple(s for s in result.subscriptions if may_see(session.grants, s.topic))
+            )
         if kind is m.SubscribeRequest:
             assert isinstance(request, m.SubscribeRequest)
             if self._is_reliable(request.topic):

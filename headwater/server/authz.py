@@ -94,6 +94,10 @@ def request_action(request: m.Request) -> tuple[Action | str, str]:
         return Action.ADMIN, request.name  # type: ignore[union-attr]
     if kind is m.DescribeTopicRequest:
         return Action.CONSUME, request.name  # type: ignore[union-attr]
+    if kind is m.AlterTopicConfigsRequest:
+        return Action.ADMIN, request.name  # type: ignore[union-attr]
+    if kind is m.ListSubscriptionsRequest and request.topic:  # type: ignore[union-attr]
+        return Action.CONSUME, request.topic  # type: ignore[union-attr]
     return ANYONE, ""
 
 

@@ -20,10 +20,12 @@ produces queued behind it do not wait for its fsync.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 from headwater.durables.producers import ProducerTable
+from headwater.server.admin import AdminHandlers
 from headwater.server.catalog import TopicCatalog
 from headwater.server.config import ServerConfig
 from headwater.server.consuming import ConsumerHandlers, close_consumers
@@ -42,9 +44,15 @@ Handler = Callable[[Session, Any], Reply]
 
 
 class Broker:
-    def __init__(self, config: ServerConfig, catalog: TopicCatalog) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        catalog: TopicCatalog,
+        connections: Callable[[], int] = lambda: 0,
+    ) -> None:
         self._config = config
         self.catalog = catalog
+        self.admin = AdminHandlers(catalog, config.data_dir, connections)
         self.maps = MapHandlers(catalog)
         self.consumers = ConsumerHandlers(config, catalog)
         consumers = self.consumers
@@ -67,6 +75,9 @@ class Broker:
             m.ListTopicsRequest: self.list_topics,
             m.DescribeTopicRequest: self.describe_topic,
             m.ApiVersionsRequest: self.api_versions,
+            m.AlterTopicConfigsRequest: self.admin.alter_topic_configs,
+            m.ListSubscriptionsRequest: self.admin.list_subscriptions,
+            m.ServerInfoRequest: self.admin.server_info,
         }
 
     @property
@@ -194,7 +205,8 @@ class Broker:
     def describe_topic(
         self, session: Session, request: m.DescribeTopicRequest
     ) -> m.DescribeTopicResponse:
-        return self._topic(request.name).describe()
+        topic = self._topic(request.name)
+        return dataclasses.replace(topic.describe(), partitions=self.admin.partitions(topic))
 
     def api_versions(
         self, session: Session, request: m.ApiVersionsRequest
@@ -222,6 +234,7 @@ _IN_TURN = frozenset(
         m.DeleteSubscriptionRequest,
         m.CreateTopicRequest,
         m.DeleteTopicRequest,
+        m.AlterTopicConfigsRequest,
     }
 )
 _MAP_REQUESTS = frozenset({m.MapGetRequest, m.MapSetRequest, m.MapScanRequest, m.MapSizeRequest})
@@ -237,6 +250,8 @@ _TOPIC_FIELD = {
     m.CreateTopicRequest: "name",
     m.DeleteTopicRequest: "name",
     m.DescribeTopicRequest: "name",
+    m.AlterTopicConfigsRequest: "name",
+    m.ListSubscriptionsRequest: "topic",
 }
 
 

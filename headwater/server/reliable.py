@@ -95,7 +95,6 @@ class ReliableSubscription:
             settings, cursors, sub_type == SubscriptionType.SHARED, time.monotonic(), topic.name
         )
         self._writer = writer
-        self._sync_state = topic.settings.fsync == FsyncPolicy.ALWAYS
         self._dead_letter = dead_letter
         self._signal = signal
         self._wake = asyncio.Event()
@@ -105,6 +104,11 @@ class ReliableSubscription:
         self.rounds = 0  # pump rounds run (tests count the work appends cause)
 
     # Lifecycle
+
+    @property
+    def _sync_state(self) -> bool:
+        """Read each time: `topic alter` may change the fsync policy while the server runs."""
+        return self._topic.settings.fsync == FsyncPolicy.ALWAYS
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())

@@ -88,6 +88,8 @@ def bulky(response: m.Response) -> bool:
         return len(response.topics) > BULKY_ELEMENTS  # type: ignore[union-attr]
     if kind is m.DescribeTopicResponse:
         return len(response.subscriptions) > BULKY_ELEMENTS  # type: ignore[union-attr]
+    if kind is m.ListSubscriptionsResponse:
+        return len(response.subscriptions) > BULKY_ELEMENTS  # type: ignore[union-attr]
     return False
 
 

@@ -104,7 +104,7 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
                 await catalog.close()
             raise StartupError(f"cannot open the topics in {config.data_dir}: {exc}") from None
         stack.push_async_callback(catalog.close)
-        listener.start(Broker(config, catalog))
+        listener.start(Broker(config, catalog, lambda: len(listener.connections)))
         if listener.shared.security is not None:
             listener.shared.security.start(
                 lambda: tuple(listener.connections),

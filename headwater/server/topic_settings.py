@@ -24,6 +24,7 @@ _NAMES = {
     "retention.ms": "retention_ms",
 }
 _FIELDS = {v: k for k, v in _NAMES.items()}
+TOPIC_CONFIG_NAMES = tuple(_NAMES)
 _MINIMUM = {
     "fsync_interval_ms": 1,
     "segment_bytes": 1024,

@@ -19,6 +19,7 @@ topic's configs, each offline partition with its reason and the damage counters.
 
 from __future__ import annotations
 
+import bisect
 import struct
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from headwater.durables.producers import ProducerTable
 from headwater.server.config import TopicSettings
 from headwater.server.lastvalue import LastValueIndex
 from headwater.server.registry import SubscriptionRegistry
-from headwater.storage.segments import batch_location
+from headwater.storage.segments import IndexEntry, batch_location
 from headwater.storage.wal import PartitionLog
 from headwater.wire.errors import InvalidPartition, ObjectNotFound, StorageError
 from headwater.wire.messages import ConfigEntry, DescribeTopicResponse, TopicInfo
@@ -42,6 +43,7 @@ log = structlog.get_logger("headwater.topics")
 
 _BASE_OFFSET = struct.Struct(">q")
 _MAX_ARCHIVE_SKIPS: Final = 10_000  # bounds one read's walk over missing objects
+_MAX_SEGMENT_STEPS: Final = 10_000_000  # bounds a timestamp search's walk over segments
 
 
 class Archive(Protocol):
@@ -54,6 +56,10 @@ class Archive(Protocol):
     def next_after(self, topic: str, partition: int, offset: int) -> int | None: ...
 
     async def read(self, topic: str, partition: int, offset: int) -> list[bytes]: ...
+
+    async def segment_index(
+        self, topic: str, partition: int, offset: int
+    ) -> tuple[int, list[IndexEntry]] | None: ...
 
 
 @dataclass(slots=True)
@@ -266,20 +272,59 @@ class LogTopic(_TopicBase):
         )
 
     async def offset_for_timestamp(self, partition: int, timestamp: int) -> int:
-        """The first offset of the first batch whose max timestamp is at or after `timestamp`:
-        archived history first (read in order, so linear in its size), then the local WAL."""
-        log = self.partitions[partition].log
+        """The first offset of the first batch whose max timestamp is at or after `timestamp`
+        (the end when none is). Segment by segment, archived history then the local WAL: each
+        segment's sparse index holds the greatest timestamp before each entry, so the scan of a
+        segment starts at its last entry with only older batches before it: a segment holding
+        nothing that recent costs one read from its last index entry, not a read of it all."""
+        wal = self.partitions[partition].log
         offset = self.start_offset(partition)
-        while self.archive is not None and offset < log.start_offset:
-            batches = await self.read(partition, offset)
-            if not batches:
+        for _ in range(_MAX_SEGMENT_STEPS):
+            if offset >= self.partitions[partition].next_offset:
                 break
-            for batch in batches:
+            located = await self._segment_index(partition, offset)
+            if located is None:  # a gap in the archive, or between it and the local WAL
+                following = None
+                if self.archive is not None:
+                    following = self.archive.next_after(self.name, partition, offset)
+                if following is None or following > wal.start_offset:
+                    following = wal.start_offset
+                offset = max(offset + 1, following)
+                continue
+            segment_end, index = located
+            start = offset
+            for entry in index:
+                if entry.max_timestamp >= timestamp:
+                    break
+                start = max(start, entry.offset)
+            batches = await self.read(partition, start)
+            if not batches:
+                offset = max(segment_end, start + 1)
+                continue
+            for batch in batches:  # all of them: a read may run on into the next segment
                 found = batch_location(batch, 0)
                 if found.max_timestamp >= timestamp:
-                    return max(found.base_offset, offset)
-                offset = found.next_offset
-        return await log.offset_for_timestamp(timestamp)
+                    return max(found.base_offset, start)
+                start = max(start, found.next_offset)
+            offset = max(start, offset + 1)
+        return self.partitions[partition].next_offset
+
+    async def _segment_index(
+        self, partition: int, offset: int
+    ) -> tuple[int, list[IndexEntry]] | None:
+        """(end offset, sparse index) of the segment holding `offset`, local or archived."""
+        wal = self.partitions[partition].log
+        if offset < wal.start_offset:
+            if self.archive is None:
+                return None
+            return await self.archive.segment_index(self.name, partition, offset)
+        segments = wal._segments  # read only: the WAL has no public list of its segments
+        position = bisect.bisect_right([s.base_offset for s in segments], offset) - 1
+        segment = segments[max(position, 0)]
+        if offset >= segment.next_offset:  # past a cut: the read steps to the next segment
+            following = position + 1 < len(segments)
+            return (segments[position + 1].base_offset if following else offset + 1), []
+        return segment.next_offset, list(segment.index)
 
     def describe(self) -> DescribeTopicResponse:
         return _describe(self, self._info_with_status())

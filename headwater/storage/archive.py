@@ -66,6 +66,17 @@ class ObjectArchive:
             return None
         return position
 
+    async def segment_index(
+        self, topic: str, partition: int, offset: int
+    ) -> tuple[int, list[IndexEntry]] | None:
+        """The end offset and sparse index of the uploaded segment holding `offset` (None: no
+        segment does), for a timestamp search that skips what the index shows is older."""
+        position = self._uploaded_holding(topic, partition, offset)
+        if position is None:
+            return None
+        segment = self._uploaded.uploaded(topic, partition)[position]
+        return segment.next_offset, await self._index(topic, partition, segment.base_offset)
+
     async def read(self, topic: str, partition: int, offset: int) -> list[bytes]:
         segments = self._uploaded.uploaded(topic, partition)
         position = bisect.bisect_right([s.base_offset for s in segments], offset) - 1

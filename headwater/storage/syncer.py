@@ -127,9 +127,12 @@ class Syncer:
                 await self._sync_once()
 
     async def _run(self) -> None:
-        config = self._log.config
-        interval = config.fsync_interval_ms / 1000 if config.fsync == FsyncPolicy.INTERVAL else None
         while self._log.failed is None:
+            # read each round: `topic alter` may change the policy while the log is open
+            config = self._log.config
+            interval = (
+                config.fsync_interval_ms / 1000 if config.fsync == FsyncPolicy.INTERVAL else None
+            )
             if interval is None:
                 await self._wake.wait()
             else:

@@ -30,6 +30,9 @@ class ApiKey(enum.IntEnum):
     DELETE_TOPIC = 11
     LIST_TOPICS = 12
     DESCRIBE_TOPIC = 13
+    ALTER_TOPIC_CONFIGS = 15
+    LIST_SUBSCRIPTIONS = 16
+    SERVER_INFO = 17
     API_VERSIONS = 18
     AUTHENTICATE = 30
     # pushed by the server
@@ -353,6 +356,7 @@ class DescribeTopicResponse:
     messages_in: int
     bytes_in: int
     subscriptions: tuple[SubscriptionInfo, ...]
+    partitions: tuple[PartitionInfo, ...] = ()  # storage per partition (reliable topics)
 
 
 @dataclass(frozen=True, slots=True)
@@ -410,6 +414,27 @@ class Throttle:
     throttle_ms: int
 
 
+# The admin messages operators added live in `wire.admin_messages` (below its imports' classes).
+from headwater.wire.admin_messages import (  # noqa: E402
+    AlterTopicConfigsRequest as AlterTopicConfigsRequest,
+)
+from headwater.wire.admin_messages import (  # noqa: E402
+    AlterTopicConfigsResponse as AlterTopicConfigsResponse,
+)
+from headwater.wire.admin_messages import (  # noqa: E402
+    ListSubscriptionsRequest as ListSubscriptionsRequest,
+)
+from headwater.wire.admin_messages import (  # noqa: E402
+    ListSubscriptionsResponse as ListSubscriptionsResponse,
+)
+from headwater.wire.admin_messages import PartitionInfo as PartitionInfo  # noqa: E402
+from headwater.wire.admin_messages import ServerInfoRequest as ServerInfoRequest  # noqa: E402
+from headwater.wire.admin_messages import ServerInfoResponse as ServerInfoResponse  # noqa: E402
+from headwater.wire.admin_messages import SubscriptionDetail as SubscriptionDetail  # noqa: E402
+from headwater.wire.admin_messages import (  # noqa: E402
+    SubscriptionPartition as SubscriptionPartition,
+)
+
 Push = Delivery | ConsumerClosed | MessagesDropped | Throttle
 
 Request = (
@@ -432,6 +457,9 @@ Request = (
     | DescribeTopicRequest
     | ApiVersionsRequest
     | AuthenticateRequest
+    | AlterTopicConfigsRequest
+    | ListSubscriptionsRequest
+    | ServerInfoRequest
 )
 Response = (
     EmptyResponse
@@ -446,4 +474,7 @@ Response = (
     | DescribeTopicResponse
     | ApiVersionsResponse
     | AuthenticateResponse
+    | AlterTopicConfigsResponse
+    | ListSubscriptionsResponse
+    | ServerInfoResponse
 )

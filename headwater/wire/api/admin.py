@@ -1,4 +1,5 @@
-"""Admin: CREATE_TOPIC, DELETE_TOPIC, LIST_TOPICS, DESCRIBE_TOPIC, INIT_PRODUCER_ID, API_VERSIONS.
+"""Admin: CREATE_TOPIC, DELETE_TOPIC, LIST_TOPICS, DESCRIBE_TOPIC, INIT_PRODUCER_ID, API_VERSIONS,
+ALTER_TOPIC_CONFIGS, LIST_SUBSCRIPTIONS, SERVER_INFO.
 
 No fast paths: these are rare, and construct's declarations are their only layout description.
 """
@@ -39,6 +40,46 @@ SUBSCRIPTION_INFO = message(
     "unacked" / Int64sb,
     "dead_lettered" / Int64sb,
 )
+PARTITION_INFO = message(
+    m.PartitionInfo,
+    "partition" / Int32sb,
+    "start_offset" / Int64sb,
+    "next_offset" / Int64sb,
+    "local_start_offset" / Int64sb,
+    "size_bytes" / Int64sb,
+    "segments" / Int32sb,
+    "uploaded_offset" / Int64sb,
+    "upload_lag_offsets" / Int64sb,
+    "upload_lag_bytes" / Int64sb,
+)
+SUBSCRIPTION_PARTITION = message(
+    m.SubscriptionPartition,
+    "partition" / Int32sb,
+    "committed" / Int64sb,
+    "dispatched" / Int64sb,
+    "next_offset" / Int64sb,
+    "backlog" / Int64sb,
+    "lag" / Int64sb,
+    "unacked" / Int64sb,
+    "redelivering" / Int64sb,
+    "dead_lettered" / Int64sb,
+)
+SUBSCRIPTION_DETAIL = message(
+    m.SubscriptionDetail,
+    "topic" / String,
+    "name" / String,
+    "sub_type" / Int8sb,
+    "durable" / Int8sb,
+    "consumers" / Int32sb,
+    "backlog" / Int64sb,
+    "lag" / Int64sb,
+    "unacked" / Int64sb,
+    "redelivering" / Int64sb,
+    "delivered" / Int64sb,
+    "dropped" / Int64sb,
+    "dead_lettered" / Int64sb,
+    "partitions" / PrefixedArray(Int32sb, SUBSCRIPTION_PARTITION),
+)
 
 APIS: Final = (
     Api(
@@ -69,6 +110,35 @@ APIS: Final = (
             "messages_in" / Int64sb,
             "bytes_in" / Int64sb,
             "subscriptions" / PrefixedArray(Int32sb, SUBSCRIPTION_INFO),
+            "partitions" / PrefixedArray(Int32sb, PARTITION_INFO),
+        ),
+    ),
+    Api(
+        m.ApiKey.ALTER_TOPIC_CONFIGS,
+        message(m.AlterTopicConfigsRequest, "name" / String, "configs" / CONFIG_ENTRIES),
+        message(m.AlterTopicConfigsResponse, "topic" / TOPIC_INFO),
+    ),
+    Api(
+        m.ApiKey.LIST_SUBSCRIPTIONS,
+        message(m.ListSubscriptionsRequest, "topic" / String),
+        message(
+            m.ListSubscriptionsResponse,
+            "subscriptions" / PrefixedArray(Int32sb, SUBSCRIPTION_DETAIL),
+        ),
+    ),
+    Api(
+        m.ApiKey.SERVER_INFO,
+        message(m.ServerInfoRequest),
+        message(
+            m.ServerInfoResponse,
+            "version" / String,
+            "started_ms" / Int64sb,
+            "uptime_ms" / Int64sb,
+            "connections" / Int32sb,
+            "topic_count" / Int32sb,
+            "subscription_count" / Int32sb,
+            "data_dir" / String,
+            "data_dir_bytes" / Int64sb,
         ),
     ),
     Api(
