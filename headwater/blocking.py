@@ -94,12 +94,13 @@ class BlockingClient:
         self,
         name: str,
         partitions: int = 1,
-        reliable: bool = False,
+        reliable: bool = True,
         configs: dict[str, str] | None = None,
         *,
         exist_ok: bool = False,
     ) -> None:
-        """Create a topic; with `exist_ok`, one of that name existing already is no error."""
+        """Create a topic (reliable unless `reliable=False`, as `Client.create_topic`); with
+        `exist_ok`, one of that name existing already is no error."""
         dispatch = m.DispatchMode.RELIABLE if reliable else m.DispatchMode.NON_RELIABLE
         entries = tuple(m.ConfigEntry(k, v) for k, v in (configs or {}).items())
         try:
