@@ -57,7 +57,7 @@ async def consume(client: Client, args: argparse.Namespace) -> int:
     consumer = await client.subscribe(
         args.topic,
         args.subscription,
-        type=args.type,
+        type=args.type.replace("-", "_"),
         name=args.name,
         priority=args.priority,
         prefetch=args.prefetch,

@@ -174,7 +174,7 @@ def _consume_command(commands: Any) -> None:
     consume.add_argument("--subscription", "-s", required=True, help="the subscription's name")
     consume.add_argument(
         "--type",
-        choices=["exclusive", "shared", "failover"],
+        choices=["exclusive", "shared", "failover", "key-shared"],
         default="exclusive",
         help="subscription type (default exclusive)",
     )

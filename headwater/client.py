@@ -52,13 +52,14 @@ __all__ = ["Client", "Consumer", "Message", "ReconnectPolicy", "Tls", "connect"]
 
 logger = logging.getLogger("headwater.client")
 
-SubscriptionTypeName = Literal["exclusive", "shared", "failover"]
+SubscriptionTypeName = Literal["exclusive", "shared", "failover", "key_shared"]
 DispatchName = Literal["non-reliable", "reliable"]
 
 _SUBSCRIPTION_TYPES: dict[str, m.SubscriptionType] = {
     "exclusive": m.SubscriptionType.EXCLUSIVE,
     "shared": m.SubscriptionType.SHARED,
     "failover": m.SubscriptionType.FAILOVER,
+    "key_shared": m.SubscriptionType.KEY_SHARED,
 }
 _DISPATCH_MODES: dict[str, m.DispatchMode] = {
     "non-reliable": m.DispatchMode.NON_RELIABLE,

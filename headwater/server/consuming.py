@@ -78,7 +78,8 @@ class ConsumerHandlers:
             sub_type = m.SubscriptionType(request.sub_type)
         except ValueError:
             raise InvalidRequest(
-                f"unknown subscription type {request.sub_type} (0 exclusive, 1 shared, 2 failover)"
+                f"unknown subscription type {request.sub_type} "
+                "(0 exclusive, 1 shared, 2 failover, 3 key_shared)"
             ) from None
         if not 0 <= request.initial_credits <= MAX_CREDITS:
             raise InvalidRequest(f"initial credits must be 0..{MAX_CREDITS}")
@@ -97,6 +98,7 @@ class ConsumerHandlers:
             subscription = Subscription(
                 topic.name, request.subscription, sub_type, self._config.subscription_backlog
             )
+            subscription.group.partitions = len(topic.partitions)
         elif subscription.durable != m.Durable.NONE:
             raise InvalidRequest(
                 f"subscription {request.subscription!r} exists and is durable; "
@@ -294,8 +296,13 @@ def _durable_kind(
         )
     if durable == m.Durable.STANDARD and sub_type == m.SubscriptionType.SHARED:
         raise InvalidRequest("a standard durable takes an exclusive or failover subscription")
-    if durable == m.Durable.SHARED and sub_type != m.SubscriptionType.SHARED:
-        raise InvalidRequest("a shared durable takes a shared subscription")
+    shared = (m.SubscriptionType.SHARED, m.SubscriptionType.KEY_SHARED)
+    if durable == m.Durable.STANDARD and sub_type == m.SubscriptionType.KEY_SHARED:
+        raise InvalidRequest("a standard durable takes an exclusive or failover subscription")
+    if durable == m.Durable.SHARED and sub_type not in shared:
+        raise InvalidRequest("a shared durable takes a shared or key_shared subscription")
+    if durable in (m.Durable.LAST_VALUE, m.Durable.MAP) and sub_type == m.SubscriptionType.KEY_SHARED:
+        raise InvalidRequest("a last-value subscription has one consumer: not key_shared")
     if durable in (m.Durable.LAST_VALUE, m.Durable.MAP):
         if not settings.keys and settings.key_prefix is None:
             raise InvalidRequest("a last-value subscription names keys, a key prefix, or both")

@@ -51,6 +51,7 @@ from headwater.durables.delivery import (
 from headwater.durables.group import ConsumerGroup
 from headwater.durables.lastvalue import StoredValue
 from headwater.server.delivery import AppendSignal, DeadLetter
+from headwater.server.keyed import KeyedDispatch
 from headwater.server.kind import Consumer, Feed
 from headwater.server.subscription import failover_logger
 from headwater.server.topics import LogTopic
@@ -85,15 +86,16 @@ class ReliableSubscription:
         self._topic = topic
         self.name = name
         self.sub_type = sub_type
-        self.durable = Durable.SHARED if sub_type == SubscriptionType.SHARED else Durable.STANDARD
+        shared = sub_type in (SubscriptionType.SHARED, SubscriptionType.KEY_SHARED)
+        self.durable = Durable.SHARED if shared else Durable.STANDARD
         self.settings = settings
         self.group: ConsumerGroup[Consumer] = ConsumerGroup(
             topic.name, name, sub_type, failover_logger(topic.name, name)
         )
+        self.group.partitions = len(topic.partitions)
         self.consumers = self.group.consumers
-        self.core = ReliableDelivery(
-            settings, cursors, sub_type == SubscriptionType.SHARED, time.monotonic(), topic.name
-        )
+        self.core = ReliableDelivery(settings, cursors, shared, time.monotonic(), topic.name)
+        self._keyed = KeyedDispatch(self) if sub_type == SubscriptionType.KEY_SHARED else None
         self._writer = writer
         self._sync_state = topic.settings.fsync == FsyncPolicy.ALWAYS
         self._dead_letter = dead_letter
@@ -131,6 +133,8 @@ class ReliableSubscription:
     def detach(self, consumer: Consumer) -> None:
         if not self.group.remove(consumer):
             return
+        if self._keyed is not None:
+            self._keyed.holds.returned_all(consumer.consumer_id)
         self.core.consumer_left(consumer.consumer_id, time.monotonic())
         self._wake.set()
 
@@ -143,10 +147,17 @@ class ReliableSubscription:
 
     def ack(self, consumer: Consumer, entries: Sequence[AckEntry], kind: int) -> None:
         self.core.ack(entries, kind)
-        self._persist()
+        self.persist()
+        if self._keyed is not None:  # an ack may free a key held back for another consumer
+            for entry in entries:
+                self._keyed.holds.release(entry.partition, entry.offset)
+            self._wake.set()
 
     def nack(self, consumer: Consumer, entries: Sequence[AckEntry], delay_ms: int) -> None:
         self.core.nack(entries, delay_ms, time.monotonic())
+        if self._keyed is not None:
+            for entry in entries:
+                self._keyed.holds.returned(entry.partition, entry.offset)
         self._wake.set()
 
     def offer(self, partition: int, batch: bytes, count: int) -> None:
@@ -158,12 +169,14 @@ class ReliableSubscription:
     def seek(self, offsets: list[int]) -> None:
         """Start every partition again at the given offset, forgetting unacked messages."""
         self.core.reset(offsets)
-        self._persist()
+        if self._keyed is not None:
+            self._keyed.holds.clear()
+        self.persist()
         self._wake.set()
 
     # Persistence: coalesce cursor writes, one WriteBatch per event-loop turn at most.
 
-    def _persist(self) -> None:
+    def persist(self) -> None:
         if self.core.dirty and not self._flushing:
             self._flushing = True
             asyncio.get_running_loop().create_task(self._flush())
@@ -219,17 +232,32 @@ class ReliableSubscription:
                     timer.cancel()
 
     async def _dispatch_once(self) -> bool:
-        target = self.group.pick()
+        group = self.group
+        group.partitions = len(self._topic.partitions)  # partitions may have been added
+        if self._keyed is not None:
+            return await self._keyed.dispatch()
+        if group.partitions > 1 and self.sub_type != SubscriptionType.SHARED:
+            # Failover over partitions: each consumer sends from the partitions it is active for
+            for target in group.ready():
+                if await self._dispatch_to(target, set(group.owned(target))):
+                    return True
+            return False
+        return await self._dispatch_to(group.pick(), None)
+
+    async def _dispatch_to(self, target: Consumer | None, owned: set[int] | None) -> bool:
         if target is None:
             return False
-        due = self.core.take_due(time.monotonic(), target.credits)
+        due = self.core.take_due(time.monotonic(), target.credits, owned)
         if due is not None:
             await self._redeliver(target, due)
             return True
         topic = self._topic
         committed = self.settings.committed_only
         ends = [
-            p.log.durable_offset if committed else p.log.visible_offset for p in topic.partitions
+            (p.log.durable_offset if committed else p.log.visible_offset)
+            if owned is None or p.index in owned
+            else 0
+            for p in topic.partitions
         ]
         core = self.core
         while (partition := core.next_partition(ends)) is not None:
@@ -256,7 +284,9 @@ class ReliableSubscription:
                     # there, so the object store's copy is tried before anything is stepped over
                     break
                 self._send_new(target, partition, batch)
-                if self.group.pick() is not target:
+                if owned is None and self.group.pick() is not target:
+                    break
+                if owned is not None and not (target.credits > 0 and target.session.writable):
                     break
             return True
         return False
@@ -270,8 +300,8 @@ class ReliableSubscription:
                 records = [r for r in read_records(batch) if first <= r.offset < end]
                 batch = rebuild_batch(records, Compression(info.compression))
                 end = records[-1].offset + 1
-            self._send(target, partition, first, end, batch, 1)
-        self._persist()
+            self.send(target, partition, first, end, batch, 1)
+        self.persist()
 
     async def _redeliver(self, target: Consumer, due: Redeliver) -> None:
         partition, offsets = due.partition, due.offsets
@@ -279,7 +309,7 @@ class ReliableSubscription:
             return
         core = self.core
         try:
-            records = await self._fetch(partition, offsets)
+            records = await self.fetch(partition, offsets)
         except Exception:
             core.requeue(partition, offsets, time.monotonic() + DEAD_LETTER_RETRY)
             raise  # never drop a message from redelivery
@@ -299,7 +329,7 @@ class ReliableSubscription:
             return
         plan = core.split_due(partition, records)
         for record, count in plan.dead:
-            if await self._send_to_dead_letter(partition, record, count):
+            if await self.send_to_dead_letter(partition, record, count):
                 core.dead_letter_written(partition, record.offset)
         for group in plan.send:
             if target.consumer_id not in self.consumers:  # left while a dead letter was written
@@ -307,10 +337,10 @@ class ReliableSubscription:
                 continue
             count = core.delivery_count(partition, [r.offset for r in group])
             first, end = group[0].offset, group[-1].offset + 1
-            self._send(target, partition, first, end, rebuild_batch(group), count)
-        self._persist()
+            self.send(target, partition, first, end, rebuild_batch(group), count)
+        self.persist()
 
-    async def _send_to_dead_letter(self, partition: int, record: Record, count: int) -> bool:
+    async def send_to_dead_letter(self, partition: int, record: Record, count: int) -> bool:
         """False (and the message stays due, for a later try) when the dead-letter topic refused
         it: a message is never dropped from redelivery."""
         try:
@@ -328,7 +358,7 @@ class ReliableSubscription:
             return False
         return True
 
-    async def _fetch(self, partition: int, offsets: list[int]) -> list[Record]:
+    async def fetch(self, partition: int, offsets: list[int]) -> list[Record]:
         """The records at `offsets` (sorted), read back from the WAL or the object store."""
         wanted = set(offsets)
         found: list[Record] = []
@@ -346,12 +376,25 @@ class ReliableSubscription:
                 offset = info.base_offset + info.record_count
         return found
 
-    def _send(
+    def send(
         self, target: Consumer, partition: int, first: int, end: int, batch: bytes, count: int
     ) -> None:
         self.core.sent(target.consumer_id, partition, first, end, time.monotonic())
         self.group.charge(target, end - first)
         target.session.send_delivery(target.consumer_id, partition, batch, count)
+
+    # Partitions added to the topic
+
+    def grow(self, cursors: list[PartitionCursor]) -> None:
+        """The topic has new partitions: deliver them from these cursors (their beginning)."""
+        self.core.grow(cursors)
+        self.group.partitions = len(self._topic.partitions)
+        self.persist()
+        self._wake.set()
+
+    @property
+    def log_topic(self) -> LogTopic:
+        return self._topic
 
     # Introspection
 

@@ -43,6 +43,7 @@ class SubscriptionType(enum.IntEnum):
     EXCLUSIVE = 0
     SHARED = 1
     FAILOVER = 2
+    KEY_SHARED = 3  # a key's records go to one consumer at a time (a hash ring of consumers)
 
 
 class DispatchMode(enum.IntEnum):
