@@ -58,6 +58,8 @@ async def topic(client: Client, args: argparse.Namespace) -> int:
     elif args.topic_command == "delete":
         await client.delete_topic(args.name)
         print(f"deleted topic {args.name}")
+    elif args.topic_command == "alter":
+        await alter_partitions(client, args)
     elif args.topic_command == "list":
         topics = await client.list_topics()
         print(topics_json(topics) if args.format == "json" else topics_table(topics))
@@ -65,6 +67,13 @@ async def topic(client: Client, args: argparse.Namespace) -> int:
         description = await client.describe_topic(args.name)
         print(describe_json(description) if args.format == "json" else describe_text(description))
     return 0
+
+
+async def alter_partitions(client: Client, args: argparse.Namespace) -> None:
+    """`topic alter NAME --partitions M`: grow the topic to M partitions."""
+    if args.partitions is not None:
+        await client.create_partitions(args.name, args.partitions)
+        print(f"topic {args.name} has {args.partitions} partitions")
 
 
 def _producer_config(args: argparse.Namespace) -> ProducerConfig:

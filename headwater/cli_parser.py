@@ -95,6 +95,13 @@ def _topic_commands(commands: Any) -> None:
         metavar="NAME=VALUE",
         help="reliable-topic setting, e.g. fsync=interval (repeatable)",
     )
+    alter = _command(topic_commands, "alter", "change a topic (add partitions)")
+    alter.add_argument("name", help="the topic's name")
+    alter.add_argument(
+        "--partitions",
+        type=int,
+        help="grow to this many partitions in all (never fewer; keyed routing changes)",
+    )
     _command(topic_commands, "list", "list the topics")
     describe = _command(topic_commands, "describe", "offsets, configs and subscriptions")
     describe.add_argument("name", help="the topic's name")

@@ -307,6 +307,11 @@ class Client:
     async def delete_topic(self, name: str) -> None:
         await self._request(m.DeleteTopicRequest(name))
 
+    async def create_partitions(self, name: str, partitions: int) -> None:
+        """Grow topic `name` to `partitions` partitions in all (they are never removed; the
+        same count again is not an error). Keyed records route by the new count from then on."""
+        await self._request(m.CreatePartitionsRequest(name, partitions))
+
     async def list_topics(self) -> list[m.TopicInfo]:
         response = await self._request(m.ListTopicsRequest())
         assert isinstance(response, m.ListTopicsResponse)

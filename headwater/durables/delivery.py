@@ -316,7 +316,7 @@ class ReliableDelivery:
 
     def next_partition(self, ends: Sequence[int]) -> int | None:
         """The next partition, round-robin, with new messages below its end in `ends`."""
-        count = len(self.cursors)
+        count = min(len(self.cursors), len(ends))  # a read may span partitions being added
         for step in range(count):
             partition = (self._next_partition + step) % count
             if self.cursors[partition].dispatched < ends[partition]:

@@ -31,6 +31,7 @@ from headwater.server.kind import Consumer
 from headwater.server.kind import ConsumerSession as Session
 from headwater.server.locks import Turn
 from headwater.server.maps import MapHandlers
+from headwater.server.partitions import add_partitions
 from headwater.server.reply import AfterDurable, AfterWork, Reply, Waiting, after
 from headwater.server.topics import LogTopic, MemoryTopic, Topic
 from headwater.wire import messages as m
@@ -67,6 +68,7 @@ class Broker:
             m.ListTopicsRequest: self.list_topics,
             m.DescribeTopicRequest: self.describe_topic,
             m.ApiVersionsRequest: self.api_versions,
+            m.CreatePartitionsRequest: self.create_partitions,
         }
 
     @property
@@ -188,6 +190,9 @@ class Broker:
         await self.catalog.delete_topic(request.name, _close_topic_consumers)
         return m.EmptyResponse()
 
+    def create_partitions(self, session: Session, request: m.CreatePartitionsRequest) -> Reply:
+        return AfterWork(add_partitions(self.catalog, request))
+
     def list_topics(self, session: Session, request: m.ListTopicsRequest) -> m.ListTopicsResponse:
         return m.ListTopicsResponse(tuple(t.info for _, t in sorted(self.catalog.topics.items())))
 
@@ -222,6 +227,7 @@ _IN_TURN = frozenset(
         m.DeleteSubscriptionRequest,
         m.CreateTopicRequest,
         m.DeleteTopicRequest,
+        m.CreatePartitionsRequest,
     }
 )
 _MAP_REQUESTS = frozenset({m.MapGetRequest, m.MapSetRequest, m.MapScanRequest, m.MapSizeRequest})
@@ -237,6 +243,7 @@ _TOPIC_FIELD = {
     m.CreateTopicRequest: "name",
     m.DeleteTopicRequest: "name",
     m.DescribeTopicRequest: "name",
+    m.CreatePartitionsRequest: "name",
 }
 
 

@@ -301,7 +301,8 @@ def _durable_kind(
         raise InvalidRequest("a standard durable takes an exclusive or failover subscription")
     if durable == m.Durable.SHARED and sub_type not in shared:
         raise InvalidRequest("a shared durable takes a shared or key_shared subscription")
-    if durable in (m.Durable.LAST_VALUE, m.Durable.MAP) and sub_type == m.SubscriptionType.KEY_SHARED:
+    last_value = (m.Durable.LAST_VALUE, m.Durable.MAP)
+    if durable in last_value and sub_type == m.SubscriptionType.KEY_SHARED:
         raise InvalidRequest("a last-value subscription has one consumer: not key_shared")
     if durable in (m.Durable.LAST_VALUE, m.Durable.MAP):
         if not settings.keys and settings.key_prefix is None:

@@ -32,6 +32,7 @@ class ApiKey(enum.IntEnum):
     DESCRIBE_TOPIC = 13
     API_VERSIONS = 18
     AUTHENTICATE = 30
+    CREATE_PARTITIONS = 14
     # pushed by the server
     DELIVER = 100
     CONSUMER_CLOSED = 101
@@ -411,6 +412,14 @@ class Throttle:
     throttle_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class CreatePartitionsRequest:
+    """Grow topic `name` to `partitions` partitions in all (never fewer than it has)."""
+
+    name: str
+    partitions: int
+
+
 Push = Delivery | ConsumerClosed | MessagesDropped | Throttle
 
 Request = (
@@ -433,6 +442,7 @@ Request = (
     | DescribeTopicRequest
     | ApiVersionsRequest
     | AuthenticateRequest
+    | CreatePartitionsRequest
 )
 Response = (
     EmptyResponse

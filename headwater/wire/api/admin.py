@@ -1,4 +1,5 @@
-"""Admin: CREATE_TOPIC, DELETE_TOPIC, LIST_TOPICS, DESCRIBE_TOPIC, INIT_PRODUCER_ID, API_VERSIONS.
+"""Admin: CREATE_TOPIC, DELETE_TOPIC, LIST_TOPICS, DESCRIBE_TOPIC, INIT_PRODUCER_ID, API_VERSIONS,
+CREATE_PARTITIONS.
 
 No fast paths: these are rare, and construct's declarations are their only layout description.
 """
@@ -92,5 +93,10 @@ APIS: Final = (
                 ),
             ),
         ),
+    ),
+    Api(
+        m.ApiKey.CREATE_PARTITIONS,
+        message(m.CreatePartitionsRequest, "name" / String, "partitions" / Int32sb),
+        EMPTY_RESPONSE,
     ),
 )
