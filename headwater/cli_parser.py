@@ -209,8 +209,8 @@ def _consume_command(commands: Any) -> None:
         "--partition",
         type=int,
         metavar="P",
-        help="print only partition P's messages; the others are not acknowledged, so the "
-        "subscription keeps them (a filter in the client: the server still sends them)",
+        help="attach to partition P only: the server sends this consumer nothing else, and "
+        "the subscription keeps the other partitions' messages",
     )
     consume.add_argument(
         "--timeout",

@@ -361,6 +361,7 @@ class Client:
         keys: Iterable[str | bytes] = (),
         key_prefix: str | bytes | None = None,
         on_dropped: Callable[[int], None] | None = None,
+        partitions: Iterable[int] = (),
     ) -> Consumer:
         """Attach a consumer. The settings after `prefetch` apply to reliable topics and take
         effect when the subscription is created (its first consumer); None means the server's
@@ -378,7 +379,11 @@ class Client:
 
         `on_dropped(count)` is called when the server reports that it dropped `count` messages
         this consumer's subscription could not take (non-reliable topics; without a callback the
-        client logs a warning). The consumer counts them in `dropped`."""
+        client logs a warning). The consumer counts them in `dropped`.
+
+        `partitions` attaches the consumer to those partitions only (default: every one): the
+        server sends it nothing else; Failover then spreads each partition over the consumers
+        that chose it."""
         sub_type = _SUBSCRIPTION_TYPES.get(type)
         if sub_type is None:
             raise InvalidRequest(
@@ -421,6 +426,7 @@ class Client:
             priority=priority,
             initial_credits=prefetch,
             settings=settings,
+            partitions=tuple(partitions),
         )
         response = await connection.request(consumer._request, on_response=consumer._attach)
         assert isinstance(response, m.SubscribeResponse)

@@ -11,7 +11,7 @@ import pytest
 import headwater
 from headwater.producer import AtLeastOnce, ProducerConfig
 from headwater.testing import ServerProcess
-from headwater.wire.errors import InvalidRequest, UnknownTopic
+from headwater.wire.errors import InvalidPartition, InvalidRequest, UnknownTopic
 from headwater.wire.keys import partition_for_key
 from tests.helpers import drain
 
@@ -144,7 +144,7 @@ async def test_alter_adds_partitions_and_reliable_subscriptions_get_them_from_th
             await producer.send(b"after", key=key)
         await producer.close()
         got = await drain(consumer)
-        assert sorted(m.key for m in got) == sorted(keys)
+        assert sorted(m.key or b"" for m in got) == sorted(keys)
         assert all(m.partition == partition_for_key(m.key or b"", 5) for m in got)
 
 
@@ -355,3 +355,38 @@ async def test_shared_spreads_every_partition_across_its_consumers(
         await producer.close()
         owners = await _receive_all(consumers)
     assert owners == {0: {"a", "b"}, 1: {"a", "b"}}
+
+
+async def test_a_consumer_attaches_to_chosen_partitions(
+    server: ServerProcess, topic_name: str
+) -> None:
+    """SUBSCRIBE's `partitions`: a consumer is sent only the partitions it chose; Failover spreads
+    each partition over the consumers that chose it; a partition that does not exist is refused."""
+    async with await headwater.connect(server.address) as admin:
+        await admin.create_topic(topic_name, partitions=4, dispatch="reliable")
+        with pytest.raises(InvalidPartition):
+            await admin.subscribe(topic_name, "x", partitions=[4])
+        with pytest.raises(InvalidRequest):
+            await admin.subscribe(topic_name, "ks", type="key_shared", partitions=[1])
+        only_2 = await admin.subscribe(topic_name, "p2", partitions=[2], start="earliest")
+        fo = {
+            "a": await admin.subscribe(topic_name, "fo", type="failover", name="a", partitions=[0]),
+            "b": await admin.subscribe(topic_name, "fo", type="failover", name="b"),
+        }
+        shared = await admin.subscribe(topic_name, "sh", type="shared", partitions=[0, 3])
+        live_client = await headwater.connect(server.address)
+        await live_client.create_topic(topic_name + "-live", partitions=3)
+        live = await live_client.subscribe(topic_name + "-live", "l", partitions=[1])
+        producer = admin.producer(topic_name)
+        live_producer = admin.producer(topic_name + "-live")
+        for i in range(40):
+            await producer.send(b"r", partition=i % 4)
+            await live_producer.send(b"l", partition=i % 3)
+        await producer.close()
+        await live_producer.close()
+        assert {m.partition for m in await drain(only_2)} == {2}
+        owners = await _receive_all(fo)
+        assert owners == {0: {"a"}, 1: {"b"}, 2: {"b"}, 3: {"b"}}
+        assert sorted({m.partition for m in await drain(shared)}) == [0, 3]
+        assert {m.partition for m in await drain(live)} == {1}
+        await live_client.close()

@@ -79,14 +79,18 @@ class ConsumerGroup(Generic[M]):
         self._heap: list[tuple[Any, ...]] = []
         self._stamp: dict[int, int] = {}  # Shared: consumer id -> stamp of its current entry
         self._stamps = itertools.count()
+        # consumer id -> the partitions it chose (SUBSCRIBE's `partitions`); absent: every one
+        self.chosen: dict[int, frozenset[int]] = {}
 
-    def add(self, consumer: M) -> None:
+    def add(self, consumer: M, partitions: frozenset[int] | None = None) -> None:
         if self.sub_type == SubscriptionType.EXCLUSIVE and self.consumers:
             raise ConsumerBusy(
                 f"subscription {self.name!r} on topic {self.topic!r} is exclusive and already "
                 "has a consumer"
             )
         self.consumers[consumer.consumer_id] = consumer
+        if partitions:
+            self.chosen[consumer.consumer_id] = partitions
         if self._key_shared:
             self.ring.add(consumer.consumer_id, consumer.name)
         if self._shared:
@@ -100,6 +104,7 @@ class ConsumerGroup(Generic[M]):
         """Drop a consumer; False if it was not attached."""
         if self.consumers.pop(consumer.consumer_id, None) is None:
             return False
+        self.chosen.pop(consumer.consumer_id, None)
         if self._key_shared:
             self.ring.remove(consumer.consumer_id)
         if self._shared:
@@ -149,23 +154,57 @@ class ConsumerGroup(Generic[M]):
         if self._on_elected is not None and self.active is not previous:
             self._on_elected(self.active)
 
-    # Failover over partitions
+    # Failover over partitions, and consumers that chose partitions
+
+    def accepts(self, consumer: M, partition: int) -> bool:
+        chosen = self.chosen.get(consumer.consumer_id)
+        return chosen is None or partition in chosen
+
+    def takes(self, partition: int) -> bool:
+        """Whether some attached consumer takes `partition`."""
+        if not self.chosen:
+            return bool(self.consumers)
+        return any(self.accepts(c, partition) for c in self.consumers.values())
 
     def owner(self, partition: int) -> M | None:
-        """The active consumer of `partition` (Exclusive, Failover): consumer i % n."""
-        ordered = self._ordered
-        return ordered[partition % len(ordered)] if ordered else None
+        """The active consumer of `partition` (Exclusive, Failover): of the consumers that take
+        the partition, in failover order, number i % n."""
+        eligible = self._ordered
+        if self.chosen:
+            eligible = [c for c in eligible if self.accepts(c, partition)]
+        return eligible[partition % len(eligible)] if eligible else None
 
     def owned(self, consumer: M) -> list[int]:
-        """The partitions `consumer` is active for (Exclusive, Failover)."""
+        """The partitions `consumer` may be sent now: those it is active for (Exclusive,
+        Failover), or those it chose (Shared)."""
+        if self._shared:
+            return [p for p in range(self.partitions) if self.accepts(consumer, p)]
+        if self.chosen:
+            return [p for p in range(self.partitions) if self.owner(p) is consumer]
         ordered = self._ordered
         if consumer not in ordered:
             return []
         return list(range(ordered.index(consumer), self.partitions, len(ordered)))
 
     def ready(self) -> list[M]:
-        """Failover: the consumers that could take a message now, in failover order."""
+        """The consumers that could take a message now: in failover order (Exclusive,
+        Failover), by most credit (Shared)."""
+        if self._shared:
+            found = [c for c in self.consumers.values() if c.credits > 0 and c.session.writable]
+            return sorted(found, key=lambda c: -c.credits)
         return [c for c in self._ordered if c.credits > 0 and c.session.writable]
+
+    def pick_for(self, partition: int) -> M | None:
+        """Who takes a message of `partition` now (None: nobody can)."""
+        if not self._shared and self.partitions > 1:
+            owner = self.owner(partition)
+            if owner is not None and owner.credits > 0 and owner.session.writable:
+                return owner
+            return None
+        if self.chosen:
+            ready = [c for c in self.ready() if self.accepts(c, partition)]
+            return ready[0] if ready else None
+        return self.pick()
 
     def key_owner(self, hashed: int) -> M | None:
         """Key_Shared: the consumer owning a key hash."""

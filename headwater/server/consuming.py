@@ -32,6 +32,7 @@ from headwater.wire import messages as m
 from headwater.wire.errors import (
     ConsumerBusy,
     ErrorCode,
+    InvalidPartition,
     InvalidRequest,
     SubscriptionTypeMismatch,
     TooManyConsumers,
@@ -84,6 +85,7 @@ class ConsumerHandlers:
         if not 0 <= request.initial_credits <= MAX_CREDITS:
             raise InvalidRequest(f"initial credits must be 0..{MAX_CREDITS}")
         durable = _durable_kind(topic, sub_type, request.settings)
+        _check_partitions(topic, sub_type, durable, request.partitions)
         if topic.reliable and durable in (m.Durable.LAST_VALUE, m.Durable.MAP):
             return AfterWork(self._subscribe_last_value(session, request, topic, sub_type))
         if topic.reliable and durable != m.Durable.NONE:
@@ -178,6 +180,7 @@ class ConsumerHandlers:
             session=session,
             subscription=subscription,
             credits=request.initial_credits,
+            partitions=frozenset(request.partitions) or None,
         )
         subscription.attach(consumer)
         topic.subscriptions[subscription.name] = subscription
@@ -310,3 +313,20 @@ def _durable_kind(
         for wanted in settings.keys:
             check_key(wanted)
     return durable
+
+
+def _check_partitions(
+    topic: Topic, sub_type: m.SubscriptionType, durable: m.Durable, partitions: tuple[int, ...]
+) -> None:
+    if not partitions:
+        return
+    count = len(topic.partitions)
+    for partition in partitions:
+        if not 0 <= partition < count:
+            raise InvalidPartition(
+                f"topic {topic.name!r} has partitions 0..{count - 1}, not {partition}"
+            )
+    if sub_type == m.SubscriptionType.KEY_SHARED:
+        raise InvalidRequest("a key_shared consumer takes every partition: it cannot choose")
+    if durable in (m.Durable.LAST_VALUE, m.Durable.MAP):
+        raise InvalidRequest("a last-value subscription takes keys, not partitions")

@@ -127,7 +127,7 @@ class ReliableSubscription:
     # Consumers and their requests
 
     def attach(self, consumer: Consumer) -> None:
-        self.group.add(consumer)
+        self.group.add(consumer, consumer.partitions)
         self._wake.set()
 
     def detach(self, consumer: Consumer) -> None:
@@ -236,8 +236,9 @@ class ReliableSubscription:
         group.partitions = len(self._topic.partitions)  # partitions may have been added
         if self._keyed is not None:
             return await self._keyed.dispatch()
-        if group.partitions > 1 and self.sub_type != SubscriptionType.SHARED:
-            # Failover over partitions: each consumer sends from the partitions it is active for
+        if group.partitions > 1 and (self.sub_type != SubscriptionType.SHARED or group.chosen):
+            # Failover over partitions, or consumers that chose partitions: each consumer is
+            # sent from the partitions it is active for, or chose
             for target in group.ready():
                 if await self._dispatch_to(target, set(group.owned(target))):
                     return True

@@ -10,8 +10,9 @@ cuts a batch by key: each record goes to its key's owner on the hash ring, runs 
 consumer as one batch; the backlog's head waits while the owner of its first record cannot take it.
 
 A batch holding more records than the chosen consumer's credit is split (re-encoded) at the credit,
-so no consumer ever receives more than it granted. When the backlog is full new batches are dropped
-and counted: a slow consumer costs bounded memory and never stalls a producer. The drop is not
+so no consumer ever receives more than it granted. A batch of a partition that none of the
+consumers chose (SUBSCRIBE's `partitions`) is discarded: nobody wants it. When the backlog is
+full new batches are dropped and counted: a slow consumer costs bounded memory and never stalls a producer. The drop is not
 silent: the consumer that receives the subscription's next delivery first gets a MESSAGES_DROPPED
 push with the number of messages dropped since the previous notice (one notice, however many
 batches were dropped).
@@ -72,7 +73,7 @@ class Subscription:
         self._unreported = 0  # dropped since the last MESSAGES_DROPPED notice
 
     def attach(self, consumer: Consumer) -> None:
-        self.group.add(consumer)
+        self.group.add(consumer, consumer.partitions)
 
     def detach(self, consumer: Consumer) -> None:
         if self.group.remove(consumer):
@@ -101,6 +102,10 @@ class Subscription:
                 continue
             target = self._target(partition)
             if target is None:
+                if self.group.chosen and not self.group.takes(partition):
+                    backlog.popleft()  # its consumers chose other partitions: nobody wants it
+                    self._backlog_count -= count
+                    continue
                 return
             if count <= target.credits:
                 backlog.popleft()
@@ -118,13 +123,7 @@ class Subscription:
             target.session.send_delivery(target.consumer_id, partition, batch)
 
     def _target(self, partition: int) -> Consumer | None:
-        group = self.group
-        if group.partitions > 1 and self.sub_type != SubscriptionType.SHARED:
-            owner = group.owner(partition)  # Failover: the partition's active consumer
-            if owner is not None and owner.credits > 0 and owner.session.writable:
-                return owner
-            return None
-        return group.pick()
+        return self.group.pick_for(partition)
 
     def _drain_keyed(self, partition: int, batch: bytes, count: int) -> bool:
         """Key_Shared: send the head batch's records to their keys' owners, in runs, as far as

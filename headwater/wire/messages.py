@@ -163,6 +163,7 @@ class SubscribeRequest:
     priority: int = 0  # Failover: the lowest value is active; ties go to the first name
     initial_credits: int = 0
     settings: SubscriptionSettings = SubscriptionSettings()
+    partitions: tuple[int, ...] = ()  # this consumer takes only these partitions; (): every one
 
 
 @dataclass(frozen=True, slots=True)
