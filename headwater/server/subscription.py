@@ -12,10 +12,10 @@ consumer as one batch; the backlog's head waits while the owner of its first rec
 A batch holding more records than the chosen consumer's credit is split (re-encoded) at the credit,
 so no consumer ever receives more than it granted. A batch of a partition that none of the
 consumers chose (SUBSCRIBE's `partitions`) is discarded: nobody wants it. When the backlog is
-full new batches are dropped and counted: a slow consumer costs bounded memory and never stalls a producer. The drop is not
-silent: the consumer that receives the subscription's next delivery first gets a MESSAGES_DROPPED
-push with the number of messages dropped since the previous notice (one notice, however many
-batches were dropped).
+full new batches are dropped and counted: a slow consumer costs bounded memory and never stalls
+a producer. The drop is not silent: the consumer that receives the subscription's next delivery
+first gets a MESSAGES_DROPPED push with the number of messages dropped since the previous notice
+(one notice, however many batches were dropped).
 """
 
 from __future__ import annotations
