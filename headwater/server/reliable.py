@@ -8,7 +8,9 @@ persists changed cursors, and sleeps until the core's next wake-up time.
 
 One pump task per subscription does all sending, so no two deliveries race. Each round it picks a
 consumer the subscription type allows (Exclusive: the one; Failover: the active one; Shared: the
-one with the most credit) and sends it, within its credit:
+one with the most credit) and sends it, within its credit (on a topic of several partitions,
+Failover, and consumers that chose partitions, are tried in turn, each with the partitions it is
+active for or chose; Key_Shared cuts batches by key owner, `server.keyed`):
 
 1. messages due for redelivery (`take_due`), re-encoded as batches of consecutive offsets; a
    message already delivered `max_deliveries` times goes to the dead-letter topic instead and is
