@@ -4,15 +4,24 @@ under load and kill -9, and Failover/Shared over partitions."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
 import headwater
 from headwater.producer import AtLeastOnce, ProducerConfig
+from headwater.server.catalog import TopicCatalog
+from headwater.server.config import ObjectStoreConfig, ServerConfig
+from headwater.server.kind import Consumer
+from headwater.storage.state import StateStore
 from headwater.testing import ServerProcess
+from headwater.wire import messages as m
 from headwater.wire.errors import InvalidPartition, InvalidRequest, UnknownTopic
 from headwater.wire.keys import partition_for_key
+from headwater.wire.records import build_batch
 from tests.helpers import drain
 
 # The vectors of docs/PROTOCOL.md ("Partition of a key"): key, crc32, partition for N = 1, 2, 3,
@@ -460,3 +469,70 @@ async def test_failover_under_load_one_active_consumer_per_partition_at_every_mo
         owners = [first[p] for p in sorted(p for p in first if p[0] == partition)]
         runs = [o for i, o in enumerate(owners) if i == 0 or owners[i - 1] != o]
         assert len(runs) <= 4, (partition, runs)  # ownership changed at most 3 times
+
+
+@dataclass
+class _Session:
+    writable: bool = True
+    consumers: dict[int, Consumer] = field(default_factory=dict)
+    peer: str = "test"
+    deliveries: list[tuple[int, int]] = field(default_factory=list)
+
+    def send_delivery(
+        self, consumer_id: int, partition: int, batch: bytes, delivery_count: int = 1
+    ) -> None:
+        self.deliveries.append((consumer_id, partition))
+
+    def send_consumer_closed(self, consumer_id: int, code: int, message: str) -> None:
+        pass
+
+    def send_messages_dropped(self, consumer_id: int, count: int) -> None:
+        pass
+
+
+async def test_due_messages_nobody_can_take_do_not_spin_the_pump(tmp_path: Path) -> None:
+    """A Failover consumer holds partition 1 with no credit left and its message falls due (ack
+    timeout): the pump waits for credit instead of waking every millisecond (before: a 1 ms
+    timer on the past due time, some 6% of a core per stuck subscription)."""
+    config = ServerConfig(data_dir=tmp_path, object_store=ObjectStoreConfig(backend="none"))
+    state = StateStore(tmp_path / "state")
+    catalog = TopicCatalog(config, state)
+    await catalog.open()
+    try:
+        topic = await catalog.create_topic(
+            m.CreateTopicRequest(
+                "t", 2, m.DispatchMode.RELIABLE, (m.ConfigEntry("fsync", "never"),)
+            )
+        )
+        assert topic.reliable
+        subscription = await catalog.subscriptions.get_or_create(
+            topic,
+            "fo",
+            m.SubscriptionType.FAILOVER,
+            m.SubscriptionSettings(
+                start=m.StartPosition.EARLIEST, ack_timeout_ms=50, backoff_initial_ms=1
+            ),
+        )
+        session = _Session()
+        for consumer_id, name in ((1, "a"), (2, "b")):
+            consumer = Consumer(consumer_id, name, 0, session, subscription, credits=1)
+            session.consumers[consumer_id] = consumer
+            subscription.attach(consumer)
+        topic.append(topic.partitions[1], build_batch([(None, b"x", ())]), 1)
+        deadline = time.monotonic() + 5
+        while not session.deliveries:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        assert session.deliveries == [(2, 1)]  # b owns partition 1, and now has no credit
+        await asyncio.sleep(0.2)  # the ack timeout passes: the message is due, b cannot take it
+        rounds = subscription.rounds  # type: ignore[attr-defined]
+        await asyncio.sleep(0.5)
+        assert subscription.rounds - rounds < 25  # type: ignore[attr-defined]
+        subscription.grant(session.consumers[2], 1)
+        while len(session.deliveries) < 2:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        assert session.deliveries[1] == (2, 1)  # the redelivery, at once on credit
+    finally:
+        await catalog.close()
+        state.close()

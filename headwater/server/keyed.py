@@ -48,9 +48,11 @@ class KeyedDispatch:
     async def dispatch(self) -> bool:
         sub = self._sub
         core = sub.core
-        due = core.take_due(time.monotonic(), MAX_CREDITS)
-        if due is not None and due.offsets and await self._redeliver(due):
-            return True
+        # every partition's due records, until one goes: those that cannot go now are requeued
+        # a little later, so this ends
+        while (due := core.take_due(time.monotonic(), MAX_CREDITS)) is not None:
+            if due.offsets and await self._redeliver(due):
+                return True
         topic = sub.log_topic
         committed = sub.settings.committed_only
         ends = [

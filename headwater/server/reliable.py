@@ -66,6 +66,7 @@ from headwater.wire.records import Compression, Record, inspect_batch, read_reco
 log = structlog.get_logger("headwater.reliable")
 
 _YIELD_EVERY = 64  # pump rounds between yields to the event loop
+_STUCK_RECHECK = 0.25  # seconds: a round that sent nothing while something is due looks again
 _BASE = struct.Struct(">q")  # a batch's base offset
 
 
@@ -204,7 +205,8 @@ class ReliableSubscription:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while not self._closed:
-            self.core.expire(time.monotonic())
+            started = time.monotonic()
+            self.core.expire(started)
             try:
                 sent = await self._dispatch_once()
             except Exception:  # a bug must not stop the subscription for good
@@ -225,8 +227,13 @@ class ReliableSubscription:
             wake_at = self.core.wake_at()
             timer = None
             if wake_at is not None:
-                timeout = max(0.0, wake_at - time.monotonic()) + 0.001
-                timer = loop.call_later(timeout, self._wake.set)
+                timeout = max(0.0, wake_at - time.monotonic())
+                if wake_at <= started:
+                    # due before this round, yet nothing went: nobody can take it now, and what
+                    # changes that (credit, a consumer, a writable socket) wakes the pump; a 1 ms
+                    # timer here made a stuck subscription spin
+                    timeout = _STUCK_RECHECK
+                timer = loop.call_later(timeout + 0.001, self._wake.set)
             try:
                 await self._wake.wait()
             finally:
