@@ -222,16 +222,20 @@ class ReliableSubscription:
             self._wake.clear()
             if self._closed:
                 return
+            wake_at = None
             if self.group.pick() is not None:  # someone could take a message: wait for appends
                 self._signal.join(id(self), self._wake.set)
-            wake_at = self.core.wake_at()
+                wake_at = self.core.wake_at()
+            # else nobody can take a redelivery or notice an ack timeout before a consumer, credit
+            # or a writable socket wakes the pump (which then expires and redelivers): a timer
+            # here fired every millisecond once a redelivery was overdue with no consumer
             timer = None
             if wake_at is not None:
                 timeout = max(0.0, wake_at - time.monotonic())
                 if wake_at <= started:
-                    # due before this round, yet nothing went: nobody can take it now, and what
-                    # changes that (credit, a consumer, a writable socket) wakes the pump; a 1 ms
-                    # timer here made a stuck subscription spin
+                    # due before this round, yet nothing went: someone has credit, but not the
+                    # consumer the due message is for (Failover over partitions, Key_Shared);
+                    # what changes that wakes the pump, and a 1 ms timer here made it spin
                     timeout = _STUCK_RECHECK
                 timer = loop.call_later(timeout + 0.001, self._wake.set)
             try:
