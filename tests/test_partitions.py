@@ -536,3 +536,27 @@ async def test_due_messages_nobody_can_take_do_not_spin_the_pump(tmp_path: Path)
     finally:
         await catalog.close()
         state.close()
+
+
+def test_cli_topic_alter_partitions_and_consume_key_shared(
+    server: ServerProcess, topic_name: str
+) -> None:
+    from tests.test_cli import hw
+
+    assert hw("topic", "create", topic_name, "--partitions", "2", server=server).returncode == 0
+    altered = hw("topic", "alter", topic_name, "--partitions", "3", server=server)
+    assert altered.returncode == 0, altered.stderr
+    assert f"topic {topic_name} has 3 partitions" in altered.stdout
+    shrink = hw("topic", "alter", topic_name, "--partitions", "1", server=server)
+    assert shrink.returncode == 1 and "never removed" in shrink.stderr
+    sent = hw("produce", topic_name, "--partition", "2", "a", "b", server=server)
+    assert sent.returncode == 0, sent.stderr
+    got = hw(
+        "consume", topic_name, "-s", "ks", "--type", "key-shared", "--from", "earliest",
+        "--exit-at-end", "--print", "partition", server=server,
+    )  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.splitlines() == ["partition=2\ta", "partition=2\tb"]
+    described = hw("topic", "describe", topic_name, "--format", "json", server=server)
+    assert '"type": "key_shared"' in described.stdout
+    assert '"partitions": 3' in described.stdout
