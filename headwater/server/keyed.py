@@ -89,7 +89,10 @@ class KeyedDispatch:
         first, end = planned
         records = [r for r in read_records(batch) if first <= r.offset < end]
         plan = self._plan(partition, records, redelivery=False)
-        self._send_runs(partition, plan, Compression(info.compression), 1)
+        whole = len(plan) == info.record_count and len(plan) == len(records)
+        # one owner for the whole batch (few keys, or one consumer): sent as read, not rebuilt
+        original = batch if whole and all(o is plan[0][0] for o, _, _ in plan) else None
+        self._send_runs(partition, plan, Compression(info.compression), 1, original)
         return bool(plan), len(plan) == len(records)
 
     def _plan(
@@ -121,6 +124,7 @@ class KeyedDispatch:
         plan: list[tuple[Consumer, Record, int]],
         compression: Compression,
         count: int,
+        original: bytes | None = None,
     ) -> None:
         sub = self._sub
         at = 0
@@ -135,7 +139,7 @@ class KeyedDispatch:
                 end += 1
             run = [record for _, record, _ in plan[at:end]]
             delivery_count = count or sub.core.delivery_count(partition, [r.offset for r in run])
-            batch = rebuild_batch(run, compression)
+            batch = original if original is not None else rebuild_batch(run, compression)
             sub.send(owner, partition, run[0].offset, run[-1].offset + 1, batch, delivery_count)
             for _, record, hashed in plan[at:end]:
                 self.holds.hold(partition, record.offset, hashed, owner.consumer_id)

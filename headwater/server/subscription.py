@@ -159,8 +159,11 @@ class Subscription:
             if self._unreported:
                 owner.session.send_messages_dropped(owner.consumer_id, self._unreported)
                 self._unreported = 0
-            run = [record for _, record in plan[at:end]]
-            owner.session.send_delivery(owner.consumer_id, partition, rebuild_batch(run))
+            if at == 0 and end == len(records):  # one owner for the whole batch: as it came
+                owner.session.send_delivery(owner.consumer_id, partition, batch)
+            else:
+                run = [record for _, record in plan[at:end]]
+                owner.session.send_delivery(owner.consumer_id, partition, rebuild_batch(run))
             at = end
         return True
 
