@@ -560,3 +560,27 @@ def test_cli_topic_alter_partitions_and_consume_key_shared(
     described = hw("topic", "describe", topic_name, "--format", "json", server=server)
     assert '"type": "key_shared"' in described.stdout
     assert '"partitions": 3' in described.stdout
+
+
+async def test_producer_learns_the_new_count_after_its_age_or_a_partition_error(
+    server: ServerProcess, topic_name: str
+) -> None:
+    keys = [f"key{i}".encode() for i in range(30)]
+    async with await headwater.connect(server.address) as client:
+        await client.create_topic(topic_name, partitions=2, dispatch="reliable")
+        producer = client.producer(topic_name, ProducerConfig(metadata_max_age=3600))
+
+        async def routed() -> dict[bytes, int]:
+            futures = [(k, await producer.send(b"v", key=k)) for k in keys]
+            await producer.flush()
+            return {k: (await f).partition for k, f in futures}
+
+        assert await routed() == {k: partition_for_key(k, 2) for k in keys}
+        await client.create_partitions(topic_name, 4)
+        assert await routed() == {k: partition_for_key(k, 2) for k in keys}  # still trusted
+        with pytest.raises(InvalidPartition):
+            await (await producer.send(b"v", partition=9))
+        with pytest.raises(InvalidPartition):
+            await producer.flush()  # reports the error once
+        assert await routed() == {k: partition_for_key(k, 4) for k in keys}  # asked again
+        await producer.close()
