@@ -110,9 +110,17 @@ async def topic_alter(client: Client, args: argparse.Namespace) -> int:
         if not args.last_value:
             raise ValueError("--key-field goes with --last-value")
         configs["key.field"] = args.key_field
-    if not configs and not args.last_value:
-        raise ValueError("nothing to change: give --config NAME=VALUE or --last-value")
-    info = await client.alter_topic(args.name, configs, last_value=args.last_value)
+    if not configs and not args.last_value and args.partitions is None:
+        raise ValueError(
+            "nothing to change: give --config NAME=VALUE, --last-value or --partitions M"
+        )
+    if args.partitions is not None:
+        # added first: a refused count (fewer, or a last-value topic) leaves the configs as
+        # they were too
+        await client.create_partitions(args.name, args.partitions)
+    if configs or args.last_value:
+        await client.alter_topic(args.name, configs, last_value=args.last_value)
+    info = (await client.describe_topic(args.name)).topic
     _emit(args, topic_record(info), f"altered topic {args.name}\n{topic_text(info)}")
     return 0
 

@@ -9,9 +9,9 @@ so when nothing has arrived for a moment it asks the server again: a subscriptio
 pending (and, when acknowledging, nothing unacknowledged) is at the end too. A non-reliable topic
 keeps no history, so there `--exit-at-end` stops as soon as nothing is waiting.
 
-`--partition P` is a filter in the client (the protocol assigns partitions to subscriptions, not
-to consumers): other partitions' messages are neither printed nor acknowledged, so a reliable
-subscription keeps them for later.
+`--partition P` attaches the consumer to partition P only (SUBSCRIBE's `partitions`): the
+server sends it nothing of the others, which a reliable subscription keeps for other consumers
+or later.
 """
 
 from __future__ import annotations
@@ -57,17 +57,17 @@ async def consume(client: Client, args: argparse.Namespace) -> int:
     consumer = await client.subscribe(
         args.topic,
         args.subscription,
-        type=args.type,
+        type=args.type.replace("-", "_"),
         name=args.name,
         priority=args.priority,
         prefetch=args.prefetch,
-        # a filtered consumer must not stop the server sending before --count of its partition
-        limit=args.count if args.partition is None else None,
+        limit=args.count,
         start=position(args.start),  # type: ignore[arg-type]
         durable=args.durable,
         keys=args.key,
         key_prefix=args.key_prefix,
         on_dropped=_warn_dropped,
+        partitions=() if args.partition is None else (args.partition,),
     )
     try:
         return await _print_messages(client, consumer, args, fields, ends)

@@ -117,7 +117,9 @@ def _topic_commands(commands: Any) -> None:
 
 def _topic_alter_command(topic_commands: Any) -> None:
     alter = _command(
-        topic_commands, "alter", "change a topic's configs (applied at once, kept on restart)"
+        topic_commands,
+        "alter",
+        "change a topic's configs or add partitions (applied at once, kept on restart)",
     )
     alter.add_argument("name", help="the topic's name")
     alter.add_argument(
@@ -134,6 +136,11 @@ def _topic_alter_command(topic_commands: Any) -> None:
         help="start keeping the last value per key (map and last-value durables)",
     )
     alter.add_argument("--key-field", help="with --last-value: take the keys from this JSON field")
+    alter.add_argument(
+        "--partitions",
+        type=int,
+        help="grow to this many partitions in all (never fewer; keyed routing changes)",
+    )
 
 
 def _produce_command(commands: Any) -> None:
@@ -208,7 +215,7 @@ def _consume_command(commands: Any) -> None:
     consume.add_argument("--subscription", "-s", required=True, help="the subscription's name")
     consume.add_argument(
         "--type",
-        choices=["exclusive", "shared", "failover"],
+        choices=["exclusive", "shared", "failover", "key-shared"],
         default="exclusive",
         help="subscription type (default exclusive)",
     )
@@ -236,8 +243,8 @@ def _consume_command(commands: Any) -> None:
         "--partition",
         type=int,
         metavar="P",
-        help="print only partition P's messages; the others are not acknowledged, so the "
-        "subscription keeps them (a filter in the client: the server still sends them)",
+        help="attach to partition P only: the server sends this consumer nothing else, and "
+        "the subscription keeps the other partitions' messages",
     )
     consume.add_argument(
         "--timeout",

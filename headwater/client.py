@@ -54,13 +54,14 @@ __all__ = ["Client", "Consumer", "Message", "ReconnectPolicy", "Tls", "connect"]
 
 logger = logging.getLogger("headwater.client")
 
-SubscriptionTypeName = Literal["exclusive", "shared", "failover"]
+SubscriptionTypeName = Literal["exclusive", "shared", "failover", "key_shared"]
 DispatchName = Literal["non-reliable", "reliable"]
 
 _SUBSCRIPTION_TYPES: dict[str, m.SubscriptionType] = {
     "exclusive": m.SubscriptionType.EXCLUSIVE,
     "shared": m.SubscriptionType.SHARED,
     "failover": m.SubscriptionType.FAILOVER,
+    "key_shared": m.SubscriptionType.KEY_SHARED,
 }
 _DISPATCH_MODES: dict[str, m.DispatchMode] = {
     "non-reliable": m.DispatchMode.NON_RELIABLE,
@@ -310,6 +311,11 @@ class Client(AdminMixin):
     async def delete_topic(self, name: str) -> None:
         await self._request(m.DeleteTopicRequest(name))
 
+    async def create_partitions(self, name: str, partitions: int) -> None:
+        """Grow topic `name` to `partitions` partitions in all (they are never removed; the
+        same count again is not an error). Keyed records route by the new count from then on."""
+        await self._request(m.CreatePartitionsRequest(name, partitions))
+
     async def list_topics(self) -> list[m.TopicInfo]:
         response = await self._request(m.ListTopicsRequest())
         assert isinstance(response, m.ListTopicsResponse)
@@ -359,6 +365,7 @@ class Client(AdminMixin):
         keys: Iterable[str | bytes] = (),
         key_prefix: str | bytes | None = None,
         on_dropped: Callable[[int], None] | None = None,
+        partitions: Iterable[int] = (),
     ) -> Consumer:
         """Attach a consumer. The settings after `prefetch` apply to reliable topics and take
         effect when the subscription is created (its first consumer); None means the server's
@@ -376,7 +383,11 @@ class Client(AdminMixin):
 
         `on_dropped(count)` is called when the server reports that it dropped `count` messages
         this consumer's subscription could not take (non-reliable topics; without a callback the
-        client logs a warning). The consumer counts them in `dropped`."""
+        client logs a warning). The consumer counts them in `dropped`.
+
+        `partitions` attaches the consumer to those partitions only (default: every one): the
+        server sends it nothing else; Failover then spreads each partition over the consumers
+        that chose it."""
         sub_type = _SUBSCRIPTION_TYPES.get(type)
         if sub_type is None:
             raise InvalidRequest(
@@ -419,6 +430,7 @@ class Client(AdminMixin):
             priority=priority,
             initial_credits=prefetch,
             settings=settings,
+            partitions=tuple(partitions),
         )
         response = await connection.request(consumer._request, on_response=consumer._attach)
         assert isinstance(response, m.SubscribeResponse)

@@ -37,6 +37,7 @@ once an fsync covers the batch.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping
 
 from headwater.accumulator import BATCH_OVERHEAD, RECORD_OVERHEAD, RecordAccumulator, SendFuture
@@ -65,6 +66,7 @@ class Producer:
         self._accumulator = RecordAccumulator(loop, topic, config, self._ready)
         self._sender = Sender(loop, topic, config, self._accumulator, connect)
         self._partitions: int | None = None
+        self._partitions_at = 0.0  # when `_partitions` was learned (time.monotonic())
         self._next_partition = 0
         self._closed = False
 
@@ -112,10 +114,18 @@ class Producer:
     async def _partition_for(self, key: bytes | None) -> int:
         if key is None and not self.config.idempotent:
             return -1  # the server spreads keyless batches round-robin
-        if self._partitions is None:
-            response = await (await self._sender.open()).request(m.DescribeTopicRequest(self.topic))
+        now = time.monotonic()
+        sender = self._sender
+        if (
+            self._partitions is None
+            or sender.metadata_stale
+            or now - self._partitions_at > self.config.metadata_max_age
+        ):
+            sender.metadata_stale = False
+            response = await (await sender.open()).request(m.DescribeTopicRequest(self.topic))
             assert isinstance(response, m.DescribeTopicResponse)
             self._partitions = response.topic.partitions
+            self._partitions_at = now
         if key is None:
             self._next_partition = (self._next_partition + 1) % self._partitions
             return self._next_partition

@@ -105,12 +105,15 @@ class ProducerConfig:
     compression: Compression = Compression.NONE
     isolation: m.Isolation = m.Isolation.READ_UNCOMMITTED
     idempotent: bool = False
+    # seconds a topic's partition count is trusted before a keyed send asks again (partitions
+    # may be added); a WRONG_PARTITION or INVALID_PARTITION answer asks again at once
+    metadata_max_age: float = 30.0
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.max_request_size < 1024:
             raise InvalidRequest("batch_size must be >= 1 and max_request_size >= 1024")
-        if self.linger < 0 or self.request_timeout <= 0:
-            raise InvalidRequest("linger must be >= 0 and request_timeout > 0")
+        if self.linger < 0 or self.request_timeout <= 0 or self.metadata_max_age < 0:
+            raise InvalidRequest("linger and metadata_max_age must be >= 0 and request_timeout > 0")
         if self.max_queued_batches < 1 or self.max_in_flight < 1:
             raise InvalidRequest("max_queued_batches and max_in_flight must be >= 1")
         if self.idempotent and self.max_in_flight > 16:

@@ -26,7 +26,12 @@ from headwater.accumulator import ProducerBatch, RecordAccumulator
 from headwater.connection import Connection
 from headwater.producer_config import AtLeastOnce, AtMostOnce, ProducerConfig
 from headwater.wire import messages as m
-from headwater.wire.errors import HeadwaterError, RequestTimeout
+from headwater.wire.errors import (
+    HeadwaterError,
+    InvalidPartition,
+    RequestTimeout,
+    WrongPartition,
+)
 
 logger = logging.getLogger("headwater.producer")
 
@@ -49,6 +54,7 @@ class Sender:
         self._open_connection = connect
         self.connection: Connection | None = None
         self.first_error: HeadwaterError | None = None
+        self.metadata_stale = False  # a partition error: the partition count may have changed
         delivery = config.delivery
         self._retries = isinstance(delivery, AtLeastOnce)
         self._wants_response = self._retries or (
@@ -178,6 +184,8 @@ class Sender:
             self.first_error = error
 
     def _fail(self, batch: ProducerBatch, error: HeadwaterError) -> None:
+        if isinstance(error, (InvalidPartition, WrongPartition)):
+            self.metadata_stale = True  # the producer asks for the partition count again
         if not batch.result.done():
             batch.result.set_exception(error)
         if self.first_error is None:

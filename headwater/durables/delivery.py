@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
@@ -127,6 +127,13 @@ class ReliableDelivery:
         for partition, cursor in enumerate(cursors):
             for offset in cursor.unacked():
                 heapq.heappush(self._due, (now, partition, offset))
+
+    def grow(self, cursors: Sequence[PartitionCursor]) -> None:
+        """Partitions were added to the topic: track them too, from these cursors."""
+        for cursor in cursors:
+            self.cursors.append(cursor)
+            self._in_flight.append({})
+            self.dirty.add(len(self.cursors) - 1)
 
     # Events
 
@@ -263,9 +270,21 @@ class ReliableDelivery:
             return self._due[0][0]
         return None
 
-    def take_due(self, now: float, credits: int) -> Redeliver | None:
-        """Up to `credits` offsets of one partition due for redelivery (None: none is due)."""
+    def take_due(
+        self, now: float, credits: int, allowed: Container[int] | None = None
+    ) -> Redeliver | None:
+        """Up to `credits` offsets of one partition due for redelivery (None: none is due), of
+        the `allowed` partitions only when given (a Failover consumer's own)."""
         due = self._due
+        if allowed is not None:
+            skipped = []
+            while due and due[0][0] <= now and due[0][1] not in allowed:
+                skipped.append(heapq.heappop(due))
+            try:
+                return self.take_due(now, credits)
+            finally:
+                for entry in skipped:
+                    heapq.heappush(due, entry)
         if not due or due[0][0] > now:
             return None
         partition = due[0][1]
@@ -301,7 +320,7 @@ class ReliableDelivery:
 
     def next_partition(self, ends: Sequence[int]) -> int | None:
         """The next partition, round-robin, with new messages below its end in `ends`."""
-        count = len(self.cursors)
+        count = min(len(self.cursors), len(ends))  # a read may span partitions being added
         for step in range(count):
             partition = (self._next_partition + step) % count
             if self.cursors[partition].dispatched < ends[partition]:

@@ -90,7 +90,7 @@ def request_action(request: m.Request) -> tuple[Action | str, str]:
         return Action.CONSUME, request.topic  # type: ignore[union-attr]
     if kind is m.SeekRequest or kind is m.DeleteSubscriptionRequest:
         return OWNER_OR_ADMIN, request.topic  # type: ignore[union-attr]
-    if kind is m.CreateTopicRequest or kind is m.DeleteTopicRequest:
+    if kind in (m.CreateTopicRequest, m.DeleteTopicRequest, m.CreatePartitionsRequest):
         return Action.ADMIN, request.name  # type: ignore[union-attr]
     if kind is m.DescribeTopicRequest:
         return Action.CONSUME, request.name  # type: ignore[union-attr]

@@ -33,6 +33,7 @@ from headwater.server.kind import Consumer
 from headwater.server.kind import ConsumerSession as Session
 from headwater.server.locks import Turn
 from headwater.server.maps import MapHandlers
+from headwater.server.partitions import add_partitions
 from headwater.server.reply import AfterDurable, AfterWork, Reply, Waiting, after
 from headwater.server.topics import LogTopic, MemoryTopic, Topic
 from headwater.wire import messages as m
@@ -78,6 +79,7 @@ class Broker:
             m.AlterTopicConfigsRequest: self.admin.alter_topic_configs,
             m.ListSubscriptionsRequest: self.admin.list_subscriptions,
             m.ServerInfoRequest: self.admin.server_info,
+            m.CreatePartitionsRequest: self.create_partitions,
         }
 
     @property
@@ -199,6 +201,9 @@ class Broker:
         await self.catalog.delete_topic(request.name, _close_topic_consumers)
         return m.EmptyResponse()
 
+    def create_partitions(self, session: Session, request: m.CreatePartitionsRequest) -> Reply:
+        return AfterWork(add_partitions(self.catalog, request))
+
     def list_topics(self, session: Session, request: m.ListTopicsRequest) -> m.ListTopicsResponse:
         return m.ListTopicsResponse(tuple(t.info for _, t in sorted(self.catalog.topics.items())))
 
@@ -235,6 +240,7 @@ _IN_TURN = frozenset(
         m.CreateTopicRequest,
         m.DeleteTopicRequest,
         m.AlterTopicConfigsRequest,
+        m.CreatePartitionsRequest,
     }
 )
 _MAP_REQUESTS = frozenset({m.MapGetRequest, m.MapSetRequest, m.MapScanRequest, m.MapSizeRequest})
@@ -252,6 +258,7 @@ _TOPIC_FIELD = {
     m.DescribeTopicRequest: "name",
     m.AlterTopicConfigsRequest: "name",
     m.ListSubscriptionsRequest: "topic",
+    m.CreatePartitionsRequest: "name",
 }
 
 

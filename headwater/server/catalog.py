@@ -102,6 +102,16 @@ class TopicCatalog:
     def _topic_dir(self, name: str) -> Path:
         return self._config.data_dir / "topics" / name
 
+    # for `server.partitions`, which adds partitions to an open topic
+    topic_dir = _topic_dir
+
+    @property
+    def state(self) -> StateStore:
+        return self._state
+
+    def sealed(self, topic: str, partition: int):  # type: ignore[no-untyped-def]
+        return self._sealed(topic, partition)
+
     def turn(self, name: str) -> Turn:
         """A place, taken now, in the line of operations on topic name `name`."""
         return self._locks.turn(name)

@@ -32,6 +32,7 @@ from headwater.wire import messages as m
 from headwater.wire.errors import (
     ConsumerBusy,
     ErrorCode,
+    InvalidPartition,
     InvalidRequest,
     SubscriptionTypeMismatch,
     TooManyConsumers,
@@ -78,11 +79,13 @@ class ConsumerHandlers:
             sub_type = m.SubscriptionType(request.sub_type)
         except ValueError:
             raise InvalidRequest(
-                f"unknown subscription type {request.sub_type} (0 exclusive, 1 shared, 2 failover)"
+                f"unknown subscription type {request.sub_type} "
+                "(0 exclusive, 1 shared, 2 failover, 3 key_shared)"
             ) from None
         if not 0 <= request.initial_credits <= MAX_CREDITS:
             raise InvalidRequest(f"initial credits must be 0..{MAX_CREDITS}")
         durable = _durable_kind(topic, sub_type, request.settings)
+        _check_partitions(topic, sub_type, durable, request.partitions)
         if topic.reliable and durable in (m.Durable.LAST_VALUE, m.Durable.MAP):
             return AfterWork(self._subscribe_last_value(session, request, topic, sub_type))
         if topic.reliable and durable != m.Durable.NONE:
@@ -97,6 +100,7 @@ class ConsumerHandlers:
             subscription = Subscription(
                 topic.name, request.subscription, sub_type, self._config.subscription_backlog
             )
+            subscription.group.partitions = len(topic.partitions)
         elif subscription.durable != m.Durable.NONE:
             raise InvalidRequest(
                 f"subscription {request.subscription!r} exists and is durable; "
@@ -176,6 +180,7 @@ class ConsumerHandlers:
             session=session,
             subscription=subscription,
             credits=request.initial_credits,
+            partitions=frozenset(request.partitions) or None,
         )
         subscription.attach(consumer)
         topic.subscriptions[subscription.name] = subscription
@@ -294,11 +299,34 @@ def _durable_kind(
         )
     if durable == m.Durable.STANDARD and sub_type == m.SubscriptionType.SHARED:
         raise InvalidRequest("a standard durable takes an exclusive or failover subscription")
-    if durable == m.Durable.SHARED and sub_type != m.SubscriptionType.SHARED:
-        raise InvalidRequest("a shared durable takes a shared subscription")
+    shared = (m.SubscriptionType.SHARED, m.SubscriptionType.KEY_SHARED)
+    if durable == m.Durable.STANDARD and sub_type == m.SubscriptionType.KEY_SHARED:
+        raise InvalidRequest("a standard durable takes an exclusive or failover subscription")
+    if durable == m.Durable.SHARED and sub_type not in shared:
+        raise InvalidRequest("a shared durable takes a shared or key_shared subscription")
+    last_value = (m.Durable.LAST_VALUE, m.Durable.MAP)
+    if durable in last_value and sub_type == m.SubscriptionType.KEY_SHARED:
+        raise InvalidRequest("a last-value subscription has one consumer: not key_shared")
     if durable in (m.Durable.LAST_VALUE, m.Durable.MAP):
         if not settings.keys and settings.key_prefix is None:
             raise InvalidRequest("a last-value subscription names keys, a key prefix, or both")
         for wanted in settings.keys:
             check_key(wanted)
     return durable
+
+
+def _check_partitions(
+    topic: Topic, sub_type: m.SubscriptionType, durable: m.Durable, partitions: tuple[int, ...]
+) -> None:
+    if not partitions:
+        return
+    count = len(topic.partitions)
+    for partition in partitions:
+        if not 0 <= partition < count:
+            raise InvalidPartition(
+                f"topic {topic.name!r} has partitions 0..{count - 1}, not {partition}"
+            )
+    if sub_type == m.SubscriptionType.KEY_SHARED:
+        raise InvalidRequest("a key_shared consumer takes every partition: it cannot choose")
+    if durable in (m.Durable.LAST_VALUE, m.Durable.MAP):
+        raise InvalidRequest("a last-value subscription takes keys, not partitions")

@@ -56,6 +56,7 @@ class Consumer:
     session: ConsumerSession
     subscription: SubscriptionKind
     credits: int = 0
+    partitions: frozenset[int] | None = None  # the partitions it chose; None: every one
 
     @property
     def sort_key(self) -> tuple[int, str, int]:

@@ -8,7 +8,9 @@ persists changed cursors, and sleeps until the core's next wake-up time.
 
 One pump task per subscription does all sending, so no two deliveries race. Each round it picks a
 consumer the subscription type allows (Exclusive: the one; Failover: the active one; Shared: the
-one with the most credit) and sends it, within its credit:
+one with the most credit) and sends it, within its credit (on a topic of several partitions,
+Failover, and consumers that chose partitions, are tried in turn, each with the partitions it is
+active for or chose; Key_Shared cuts batches by key owner, `server.keyed`):
 
 1. messages due for redelivery (`take_due`), re-encoded as batches of consecutive offsets; a
    message already delivered `max_deliveries` times goes to the dead-letter topic instead and is
@@ -51,6 +53,7 @@ from headwater.durables.delivery import (
 from headwater.durables.group import ConsumerGroup
 from headwater.durables.lastvalue import StoredValue
 from headwater.server.delivery import AppendSignal, DeadLetter
+from headwater.server.keyed import KeyedDispatch
 from headwater.server.kind import Consumer, Feed
 from headwater.server.subscription import failover_logger
 from headwater.server.topics import LogTopic
@@ -63,6 +66,7 @@ from headwater.wire.records import Compression, Record, inspect_batch, read_reco
 log = structlog.get_logger("headwater.reliable")
 
 _YIELD_EVERY = 64  # pump rounds between yields to the event loop
+_STUCK_RECHECK = 0.25  # seconds: a round that sent nothing while something is due looks again
 _BASE = struct.Struct(">q")  # a batch's base offset
 
 
@@ -85,15 +89,16 @@ class ReliableSubscription:
         self._topic = topic
         self.name = name
         self.sub_type = sub_type
-        self.durable = Durable.SHARED if sub_type == SubscriptionType.SHARED else Durable.STANDARD
+        shared = sub_type in (SubscriptionType.SHARED, SubscriptionType.KEY_SHARED)
+        self.durable = Durable.SHARED if shared else Durable.STANDARD
         self.settings = settings
         self.group: ConsumerGroup[Consumer] = ConsumerGroup(
             topic.name, name, sub_type, failover_logger(topic.name, name)
         )
+        self.group.partitions = len(topic.partitions)
         self.consumers = self.group.consumers
-        self.core = ReliableDelivery(
-            settings, cursors, sub_type == SubscriptionType.SHARED, time.monotonic(), topic.name
-        )
+        self.core = ReliableDelivery(settings, cursors, shared, time.monotonic(), topic.name)
+        self._keyed = KeyedDispatch(self) if sub_type == SubscriptionType.KEY_SHARED else None
         self._writer = writer
         self._dead_letter = dead_letter
         self._signal = signal
@@ -129,12 +134,14 @@ class ReliableSubscription:
     # Consumers and their requests
 
     def attach(self, consumer: Consumer) -> None:
-        self.group.add(consumer)
+        self.group.add(consumer, consumer.partitions)
         self._wake.set()
 
     def detach(self, consumer: Consumer) -> None:
         if not self.group.remove(consumer):
             return
+        if self._keyed is not None:
+            self._keyed.holds.returned_all(consumer.consumer_id)
         self.core.consumer_left(consumer.consumer_id, time.monotonic())
         self._wake.set()
 
@@ -147,10 +154,17 @@ class ReliableSubscription:
 
     def ack(self, consumer: Consumer, entries: Sequence[AckEntry], kind: int) -> None:
         self.core.ack(entries, kind)
-        self._persist()
+        self.persist()
+        if self._keyed is not None:  # an ack may free a key held back for another consumer
+            for entry in entries:
+                self._keyed.holds.release(entry.partition, entry.offset)
+            self._wake.set()
 
     def nack(self, consumer: Consumer, entries: Sequence[AckEntry], delay_ms: int) -> None:
         self.core.nack(entries, delay_ms, time.monotonic())
+        if self._keyed is not None:
+            for entry in entries:
+                self._keyed.holds.returned(entry.partition, entry.offset)
         self._wake.set()
 
     def offer(self, partition: int, batch: bytes, count: int) -> None:
@@ -162,12 +176,14 @@ class ReliableSubscription:
     def seek(self, offsets: list[int]) -> None:
         """Start every partition again at the given offset, forgetting unacked messages."""
         self.core.reset(offsets)
-        self._persist()
+        if self._keyed is not None:
+            self._keyed.holds.clear()
+        self.persist()
         self._wake.set()
 
     # Persistence: coalesce cursor writes, one WriteBatch per event-loop turn at most.
 
-    def _persist(self) -> None:
+    def persist(self) -> None:
         if self.core.dirty and not self._flushing:
             self._flushing = True
             asyncio.get_running_loop().create_task(self._flush())
@@ -193,7 +209,8 @@ class ReliableSubscription:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while not self._closed:
-            self.core.expire(time.monotonic())
+            started = time.monotonic()
+            self.core.expire(started)
             try:
                 sent = await self._dispatch_once()
             except Exception:  # a bug must not stop the subscription for good
@@ -218,8 +235,13 @@ class ReliableSubscription:
             # here fired every millisecond once a redelivery was overdue with no consumer
             timer = None
             if wake_at is not None:
-                timeout = max(0.0, wake_at - time.monotonic()) + 0.001
-                timer = loop.call_later(timeout, self._wake.set)
+                timeout = max(0.0, wake_at - time.monotonic())
+                if wake_at <= started:
+                    # due before this round, yet nothing went: someone has credit, but not the
+                    # consumer the due message is for (Failover over partitions, Key_Shared);
+                    # what changes that wakes the pump, and a 1 ms timer here made it spin
+                    timeout = _STUCK_RECHECK
+                timer = loop.call_later(timeout + 0.001, self._wake.set)
             try:
                 await self._wake.wait()
             finally:
@@ -227,17 +249,33 @@ class ReliableSubscription:
                     timer.cancel()
 
     async def _dispatch_once(self) -> bool:
-        target = self.group.pick()
+        group = self.group
+        group.partitions = len(self._topic.partitions)  # partitions may have been added
+        if self._keyed is not None:
+            return await self._keyed.dispatch()
+        if group.partitions > 1 and (self.sub_type != SubscriptionType.SHARED or group.chosen):
+            # Failover over partitions, or consumers that chose partitions: each consumer is
+            # sent from the partitions it is active for, or chose
+            for target in group.ready():
+                if await self._dispatch_to(target, set(group.owned(target))):
+                    return True
+            return False
+        return await self._dispatch_to(group.pick(), None)
+
+    async def _dispatch_to(self, target: Consumer | None, owned: set[int] | None) -> bool:
         if target is None:
             return False
-        due = self.core.take_due(time.monotonic(), target.credits)
+        due = self.core.take_due(time.monotonic(), target.credits, owned)
         if due is not None:
             await self._redeliver(target, due)
             return True
         topic = self._topic
         committed = self.settings.committed_only
         ends = [
-            p.log.durable_offset if committed else p.log.visible_offset for p in topic.partitions
+            (p.log.durable_offset if committed else p.log.visible_offset)
+            if owned is None or p.index in owned
+            else 0
+            for p in topic.partitions
         ]
         core = self.core
         while (partition := core.next_partition(ends)) is not None:
@@ -264,7 +302,9 @@ class ReliableSubscription:
                     # there, so the object store's copy is tried before anything is stepped over
                     break
                 self._send_new(target, partition, batch)
-                if self.group.pick() is not target:
+                if owned is None and self.group.pick() is not target:
+                    break
+                if owned is not None and not (target.credits > 0 and target.session.writable):
                     break
             return True
         return False
@@ -278,8 +318,8 @@ class ReliableSubscription:
                 records = [r for r in read_records(batch) if first <= r.offset < end]
                 batch = rebuild_batch(records, Compression(info.compression))
                 end = records[-1].offset + 1
-            self._send(target, partition, first, end, batch, 1)
-        self._persist()
+            self.send(target, partition, first, end, batch, 1)
+        self.persist()
 
     async def _redeliver(self, target: Consumer, due: Redeliver) -> None:
         partition, offsets = due.partition, due.offsets
@@ -287,7 +327,7 @@ class ReliableSubscription:
             return
         core = self.core
         try:
-            records = await self._fetch(partition, offsets)
+            records = await self.fetch(partition, offsets)
         except Exception:
             core.requeue(partition, offsets, time.monotonic() + DEAD_LETTER_RETRY)
             raise  # never drop a message from redelivery
@@ -307,7 +347,7 @@ class ReliableSubscription:
             return
         plan = core.split_due(partition, records)
         for record, count in plan.dead:
-            if await self._send_to_dead_letter(partition, record, count):
+            if await self.send_to_dead_letter(partition, record, count):
                 core.dead_letter_written(partition, record.offset)
         for group in plan.send:
             if target.consumer_id not in self.consumers:  # left while a dead letter was written
@@ -315,10 +355,10 @@ class ReliableSubscription:
                 continue
             count = core.delivery_count(partition, [r.offset for r in group])
             first, end = group[0].offset, group[-1].offset + 1
-            self._send(target, partition, first, end, rebuild_batch(group), count)
-        self._persist()
+            self.send(target, partition, first, end, rebuild_batch(group), count)
+        self.persist()
 
-    async def _send_to_dead_letter(self, partition: int, record: Record, count: int) -> bool:
+    async def send_to_dead_letter(self, partition: int, record: Record, count: int) -> bool:
         """False (and the message stays due, for a later try) when the dead-letter topic refused
         it: a message is never dropped from redelivery."""
         try:
@@ -336,7 +376,7 @@ class ReliableSubscription:
             return False
         return True
 
-    async def _fetch(self, partition: int, offsets: list[int]) -> list[Record]:
+    async def fetch(self, partition: int, offsets: list[int]) -> list[Record]:
         """The records at `offsets` (sorted), read back from the WAL or the object store."""
         wanted = set(offsets)
         found: list[Record] = []
@@ -354,12 +394,25 @@ class ReliableSubscription:
                 offset = info.base_offset + info.record_count
         return found
 
-    def _send(
+    def send(
         self, target: Consumer, partition: int, first: int, end: int, batch: bytes, count: int
     ) -> None:
         self.core.sent(target.consumer_id, partition, first, end, time.monotonic())
         self.group.charge(target, end - first)
         target.session.send_delivery(target.consumer_id, partition, batch, count)
+
+    # Partitions added to the topic
+
+    def grow(self, cursors: list[PartitionCursor]) -> None:
+        """The topic has new partitions: deliver them from these cursors (their beginning)."""
+        self.core.grow(cursors)
+        self.group.partitions = len(self._topic.partitions)
+        self.persist()
+        self._wake.set()
+
+    @property
+    def log_topic(self) -> LogTopic:
+        return self._topic
 
     # Introspection
 

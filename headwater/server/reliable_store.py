@@ -24,6 +24,7 @@ from headwater.server.kind import SubscriptionKind
 from headwater.server.reliable import ReliableSubscription
 from headwater.server.topics import LogTopic, Topic
 from headwater.storage.state import CURSOR, SUBSCRIPTION, StateWriter, key
+from headwater.storage.wal import PartitionLog
 from headwater.wire import messages as m
 from headwater.wire.errors import InvalidRequest, UnknownSubscription
 
@@ -48,6 +49,13 @@ class SubscriptionStore:
                 partition.log.add_append_listener(signal.fire)
         return signal
 
+    def partitions_added(self, topic: LogTopic, logs: list[PartitionLog]) -> None:
+        """New partitions append to the topic's signal too (if it has one yet)."""
+        signal = self._signals.get(topic.name)
+        if signal is not None:
+            for partition_log in logs:
+                partition_log.add_append_listener(signal.fire)
+
     def forget_topic(self, name: str) -> None:
         self._signals.pop(name, None)
 
@@ -58,7 +66,8 @@ class SubscriptionStore:
             cursors.append(
                 PartitionCursor.decode(data)
                 if data
-                else PartitionCursor.starting_at(partition.next_offset)
+                # a partition with no cursor was added after the subscription: from its start
+                else PartitionCursor.starting_at(topic.start_offset(partition.index))
             )
         subscription = self._new(
             topic,

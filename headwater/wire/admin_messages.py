@@ -97,3 +97,11 @@ class ServerInfoResponse:
     subscription_count: int
     data_dir: str
     data_dir_bytes: int  # bytes of the files under the data directory
+
+
+@dataclass(frozen=True, slots=True)
+class CreatePartitionsRequest:
+    """Grow topic `name` to `partitions` partitions in all (never fewer than it has)."""
+
+    name: str
+    partitions: int

@@ -30,6 +30,7 @@ class ApiKey(enum.IntEnum):
     DELETE_TOPIC = 11
     LIST_TOPICS = 12
     DESCRIBE_TOPIC = 13
+    CREATE_PARTITIONS = 14
     ALTER_TOPIC_CONFIGS = 15
     LIST_SUBSCRIPTIONS = 16
     SERVER_INFO = 17
@@ -46,6 +47,7 @@ class SubscriptionType(enum.IntEnum):
     EXCLUSIVE = 0
     SHARED = 1
     FAILOVER = 2
+    KEY_SHARED = 3  # a key's records go to one consumer at a time (a hash ring of consumers)
 
 
 class DispatchMode(enum.IntEnum):
@@ -164,6 +166,7 @@ class SubscribeRequest:
     priority: int = 0  # Failover: the lowest value is active; ties go to the first name
     initial_credits: int = 0
     settings: SubscriptionSettings = SubscriptionSettings()
+    partitions: tuple[int, ...] = ()  # this consumer takes only these partitions; (): every one
 
 
 @dataclass(frozen=True, slots=True)
@@ -422,6 +425,9 @@ from headwater.wire.admin_messages import (  # noqa: E402
     AlterTopicConfigsResponse as AlterTopicConfigsResponse,
 )
 from headwater.wire.admin_messages import (  # noqa: E402
+    CreatePartitionsRequest as CreatePartitionsRequest,
+)
+from headwater.wire.admin_messages import (  # noqa: E402
     ListSubscriptionsRequest as ListSubscriptionsRequest,
 )
 from headwater.wire.admin_messages import (  # noqa: E402
@@ -460,6 +466,7 @@ Request = (
     | AlterTopicConfigsRequest
     | ListSubscriptionsRequest
     | ServerInfoRequest
+    | CreatePartitionsRequest
 )
 Response = (
     EmptyResponse

@@ -1,5 +1,5 @@
 """Admin: CREATE_TOPIC, DELETE_TOPIC, LIST_TOPICS, DESCRIBE_TOPIC, INIT_PRODUCER_ID, API_VERSIONS,
-ALTER_TOPIC_CONFIGS, LIST_SUBSCRIPTIONS, SERVER_INFO.
+ALTER_TOPIC_CONFIGS, LIST_SUBSCRIPTIONS, SERVER_INFO, CREATE_PARTITIONS.
 
 No fast paths: these are rare, and construct's declarations are their only layout description.
 """
@@ -162,5 +162,10 @@ APIS: Final = (
                 ),
             ),
         ),
+    ),
+    Api(
+        m.ApiKey.CREATE_PARTITIONS,
+        message(m.CreatePartitionsRequest, "name" / String, "partitions" / Int32sb),
+        EMPTY_RESPONSE,
     ),
 )

@@ -52,6 +52,7 @@ APIS: Final = (
             "priority" / Int32sb,
             "initial_credits" / Int32sb,
             "settings" / SUBSCRIPTION_SETTINGS,
+            "partitions" / PrefixedArray(Int32sb, Int32sb),
         ),
         message(m.SubscribeResponse, "consumer_id" / Int32sb),
     ),
