@@ -23,9 +23,10 @@ A create that fails part-way (say at the fd limit, 700 partitions into 1,024) cl
 opened and removes its directory before answering STORAGE_ERROR: nothing leaks.
 
 Last-value state is built on first use (`enable_last_value`) by a catch-up over each partition's
-history. The index is attached to the topic before the catch-up starts, so appends made meanwhile
-are applied at once for partitions already caught up and read from the WAL for the others;
-readers wait for `index.ready`.
+history, from the newest snapshot's horizon on when the state is behind a snapshot
+(`LastValueIndex.bootstrap`). The index is attached to the topic before the catch-up starts, so
+appends made meanwhile are applied at once for partitions already caught up and read from the WAL
+for the others; readers wait for `index.ready`.
 """
 
 from __future__ import annotations
@@ -377,14 +378,22 @@ class TopicCatalog:
         if key_field:
             configs.append(m.ConfigEntry("key.field", key_field))
         topic.info = dataclasses.replace(topic.info, configs=tuple(configs))
-        log.info("last_value.enabled", topic=topic.name, keys=index.size())
+        log.info(
+            "last_value.enabled",
+            topic=topic.name,
+            keys=index.size(),
+            replayed=index.replayed,
+            snapshots=index.snapshot_horizons,
+        )
         return index
 
     async def _catch_up(self, topic: LogTopic, index: LastValueIndex) -> None:
         """Apply every stored record the index has not seen. A partition, once caught up, stays
         so: its later appends start at its position and `Topic.append` applies them."""
+        store = self.uploader.store if self.uploader is not None else None
         for partition in topic.partitions:
             p = partition.index
+            await index.bootstrap(store, p, topic.start_offset(p), partition.next_offset)
             index.skip_to(p, topic.start_offset(p))
             while index.applied(p) < partition.next_offset:
                 batches = await topic.read(p, index.applied(p))
@@ -407,6 +416,7 @@ class TopicCatalog:
                     if records:
                         keys = [_key_or_none(index, record) for record in records]
                         index.apply(p, records[0].offset, records, keys)
+                        index.replayed += len(records)
 
 
 def last_value_topic(topic: Topic) -> LogTopic:
