@@ -154,11 +154,11 @@ async def _settle(producer: Producer, args: argparse.Namespace) -> None:
 
 
 def position(text: str) -> str | int:
-    if text in ("earliest", "latest"):
+    if text in ("earliest", "latest", "snapshot"):
         return text
     if text.isdigit():
         return int(text)
-    raise ValueError(f"position must be earliest, latest or an offset, not {text!r}")
+    raise ValueError(f"position must be earliest, latest, snapshot or an offset, not {text!r}")
 
 
 async def subscription(client: Client, args: argparse.Namespace) -> int:

@@ -220,8 +220,9 @@ def _consume_command(commands: Any) -> None:
         "--from",
         dest="start",
         default="latest",
-        metavar="earliest|latest|OFFSET",
-        help="where a new reliable subscription starts (default latest)",
+        metavar="earliest|latest|snapshot|OFFSET",
+        help="where a new reliable subscription starts (default latest); snapshot: the newest "
+        "compaction snapshot (one value per key), then the log after it",
     )
     consume.add_argument(
         "--no-ack", action="store_true", help="do not acknowledge (messages come back later)"
@@ -279,7 +280,7 @@ def _subscription_commands(commands: Any) -> None:
     seek.add_argument(
         "--to",
         required=True,
-        metavar="earliest|latest|OFFSET",
+        metavar="earliest|latest|snapshot|OFFSET",
         help="the new position, on every partition",
     )
     remove = _command(subscription_commands, "delete", "delete a subscription")

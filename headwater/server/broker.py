@@ -20,6 +20,7 @@ produces queued behind it do not wait for its fsync.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -191,10 +192,29 @@ class Broker:
     def list_topics(self, session: Session, request: m.ListTopicsRequest) -> m.ListTopicsResponse:
         return m.ListTopicsResponse(tuple(t.info for _, t in sorted(self.catalog.topics.items())))
 
-    def describe_topic(
-        self, session: Session, request: m.DescribeTopicRequest
-    ) -> m.DescribeTopicResponse:
-        return self._topic(request.name).describe()
+    def describe_topic(self, session: Session, request: m.DescribeTopicRequest) -> Reply:
+        topic = self._topic(request.name)
+        if self.catalog.horizons is None or not topic.reliable:
+            return topic.describe()
+        return AfterWork(self._describe_with_horizons(topic))
+
+    async def _describe_with_horizons(self, topic: LogTopic) -> Reply:
+        """Each partition's newest snapshot horizon, as `snapshot.partition.<p>.horizon`
+        entries after the topic's configs (none for a partition without a snapshot)."""
+        assert self.catalog.horizons is not None
+        horizons = await self.catalog.horizons.get(topic.name)
+        description = topic.describe()
+        entries = tuple(
+            m.ConfigEntry(f"snapshot.partition.{p}.horizon", str(horizon))
+            for p, horizon in sorted(horizons.items())
+            if p < len(topic.partitions) and horizon <= topic.partitions[p].next_offset
+        )
+        if not entries:
+            return description
+        info = description.topic
+        return dataclasses.replace(
+            description, topic=dataclasses.replace(info, configs=(*info.configs, *entries))
+        )
 
     def api_versions(
         self, session: Session, request: m.ApiVersionsRequest

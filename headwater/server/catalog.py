@@ -57,6 +57,7 @@ from headwater.server.topic_settings import (
 )
 from headwater.server.topics import Archive, LogTopic, MemoryTopic, Topic
 from headwater.storage.lastvalue_store import drop_last_values
+from headwater.storage.snapshots import HorizonCache
 from headwater.storage.state import (
     CURSOR,
     PRODUCER,
@@ -92,12 +93,16 @@ class TopicCatalog:
         self.writer = StateWriter(state)
         self.producers = ProducerIds(self.writer)
         self.uploader = uploader
+        # newest snapshot horizons, for describe (docs/COMPACTION.md)
+        self.horizons = HorizonCache(uploader.store) if uploader is not None else None
         self._archive = archive
         self.topics: dict[str, Topic] = {}
         self._housekeeping: asyncio.Task[None] | None = None
         self._locks = NameLocks()
         self.dead_letters = DeadLetters(self.topics, self._locks, self.create_locked)
-        self.subscriptions = SubscriptionStore(config, self.writer, self.dead_letters)
+        self.subscriptions = SubscriptionStore(
+            config, self.writer, self.dead_letters, uploader.store if uploader else None
+        )
 
     def _topic_dir(self, name: str) -> Path:
         return self._config.data_dir / "topics" / name

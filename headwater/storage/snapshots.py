@@ -18,6 +18,7 @@ off the event loop. docs/COMPACTION.md documents the schema.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -27,6 +28,7 @@ from typing import Final
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import structlog
 
 from headwater.storage.objectstore import ObjectInfo, ObjectStore
 from headwater.wire.errors import StorageError
@@ -47,6 +49,8 @@ SNAPSHOT_SCHEMA: Final = pa.schema(
         pa.field("headers", HEADERS_TYPE, nullable=False),
     ]
 )
+
+log = structlog.get_logger("headwater.snapshots")
 
 _MANIFEST_PREFIX = "manifest-"
 _MANIFEST_SUFFIX = ".json"
@@ -150,6 +154,43 @@ async def newest_horizons(store: ObjectStore, topic: str) -> dict[int, int]:
         partition = int(parts[0])
         found[partition] = max(horizon, found.get(partition, -1))
     return found
+
+
+class HorizonCache:
+    """Each topic's newest snapshot horizons, for `describe`: listed at most every `ttl` seconds.
+    A caller waits at most `wait` seconds for a listing (then gets what was known before, and the
+    listing goes on for the next caller), so the object store being slow or down never makes a
+    describe slow or fail."""
+
+    def __init__(self, store: ObjectStore, ttl: float = 5.0, wait: float = 1.0) -> None:
+        self._store = store
+        self._ttl = ttl
+        self._wait = wait
+        self._known: dict[str, tuple[float, dict[int, int]]] = {}
+        self._listing: dict[str, asyncio.Task[None]] = {}
+
+    async def get(self, topic: str) -> dict[int, int]:
+        loop = asyncio.get_running_loop()
+        known = self._known.get(topic)
+        if known is not None and loop.time() - known[0] < self._ttl:
+            return known[1]
+        task = self._listing.get(topic)
+        if task is None:
+            task = self._listing[topic] = loop.create_task(self._list(topic))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(task), self._wait)
+        known = self._known.get(topic)
+        return known[1] if known is not None else {}
+
+    async def _list(self, topic: str) -> None:
+        try:
+            horizons = await newest_horizons(self._store, topic)
+        except Exception as exc:  # StorageError, or anything else: describe must still answer
+            log.warning("snapshots.list_failed", topic=topic, error=str(exc))
+            return
+        finally:
+            self._listing.pop(topic, None)
+        self._known[topic] = (asyncio.get_running_loop().time(), horizons)
 
 
 # Reading
