@@ -105,7 +105,7 @@ async def produce(
     """In batches of 20 records (one flush each), so segments of 2 KiB fill and seal."""
     producer = client.producer(topic)
     for index, (key, value) in enumerate(items, 1):
-        await producer.send(value, key=key)
+        await producer.send(value, key=key, partition=0)  # one queue: offsets follow the order
         if index % 20 == 0:
             await producer.flush()
     await producer.flush()
@@ -222,5 +222,122 @@ async def test_damaged_snapshot_falls_back_to_a_full_replay(tmp_path: Path) -> N
         async with await headwater.connect(server.address) as client:
             assert await map_state(client, "kv", keys) == before
         assert server.log().count("last_value.snapshot_unusable") == 2
+    finally:
+        server.kill()
+
+
+def fold(items: list[tuple[bytes | None, bytes | None]]) -> dict[bytes, tuple[int, bytes]]:
+    """key -> (offset, value) of the live keys after `items`, produced at offsets 0, 1, ..."""
+    live: dict[bytes, tuple[int, bytes]] = {}
+    for offset, (key, value) in enumerate(items):
+        if key is None:
+            continue
+        if value is None:
+            live.pop(key, None)
+        else:
+            live[key] = (offset, value)
+    return live
+
+
+FILLER = [(b"filler", b"%d" % i) for i in range(200)]
+
+
+async def receive_until(
+    consumer: headwater.Consumer, done: Callable[[list[headwater.Message]], bool]
+) -> list[headwater.Message]:
+    received: list[headwater.Message] = []
+    for _ in range(10_000):
+        if done(received):
+            return received
+        message = await consumer.receive(timeout=10)
+        await message.ack()
+        received.append(message)
+    raise AssertionError("too many messages")
+
+
+async def test_snapshot_start_delivers_one_value_per_live_key_then_the_log(tmp_path: Path) -> None:
+    keys = 40
+    server = ServerProcess(tmp_path / "data").start()
+    try:
+        manifest = await build_topic(server, "kv", keys)
+        horizon = manifest.horizon
+        items = history(400, keys, "old") + FILLER + history(60, 8, "tail")
+        expected_rows = fold(items[:horizon])
+        tombstoned = {k for k, v in items[:horizon] if k is not None and k not in expected_rows}
+        assert tombstoned, "the history should delete some keys for good"
+        async with await headwater.connect(server.address) as client:
+            consumer = await client.subscribe("kv", "boot", start="snapshot")
+            end = len(items)
+            received = await receive_until(
+                consumer, lambda r: len(r) == len(expected_rows) + end - horizon
+            )
+            snapshot_part = [m for m in received if m.offset < horizon]
+            log_part = [m for m in received if m.offset >= horizon]
+            # one current value per live key, with its original offset; no tombstoned key
+            assert {m.key: (m.offset, m.value) for m in snapshot_part} == expected_rows
+            assert len(snapshot_part) == len(expected_rows)
+            assert not tombstoned & {m.key for m in snapshot_part}
+            assert [m.offset for m in snapshot_part] == sorted(m.offset for m in snapshot_part)
+            # then every record of the log from the horizon on, in order
+            assert [m.offset for m in log_part] == list(range(horizon, end))
+            assert received.index(log_part[0]) == len(snapshot_part)
+            # and records produced after subscribing
+            await produce(client, "kv", [(b"k001", b"late-1"), (b"new", b"late-2")])
+            later = await receive_until(consumer, lambda r: len(r) == 2)
+            assert [(m.offset, m.key, m.value) for m in later] == [
+                (end, b"k001", b"late-1"),
+                (end + 1, b"new", b"late-2"),
+            ]
+            description = await client.describe_topic("kv")
+            configs = {c.name: c.value for c in description.topic.configs}
+            assert configs["snapshot.partition.0.horizon"] == str(horizon)
+    finally:
+        server.kill()
+
+
+async def test_snapshot_start_goes_on_with_the_snapshot_after_a_restart(tmp_path: Path) -> None:
+    """A subscription stopped half-way through the snapshot's rows resumes them after a
+    restart, even with the history below the horizon gone from the WAL."""
+    keys = 40
+    server = ServerProcess(tmp_path / "data").start()
+    try:
+        manifest = await build_topic(server, "kv", keys)
+        horizon = manifest.horizon
+        items = history(400, keys, "old") + FILLER + history(60, 8, "tail")
+        expected_rows = fold(items[:horizon])
+        async with await headwater.connect(server.address) as client:
+            consumer = await client.subscribe("kv", "boot", start="snapshot", prefetch=5)
+            first = await receive_until(consumer, lambda r: len(r) == 10)
+            await consumer.close()
+        assert all(m.offset < horizon for m in first)
+        server.stop()
+        for path in (server.data_dir / "objects" / "kv" / "0").glob("*"):
+            if int(path.name[:20]) < manifest.last_segment:
+                path.unlink()
+        server.start()
+        async with await headwater.connect(server.address) as client:
+            consumer = await client.subscribe("kv", "boot")
+            rest = await receive_until(
+                consumer, lambda r: len(r) == len(expected_rows) - 10 + len(items) - horizon
+            )
+        rows = {m.key: (m.offset, m.value) for m in first + rest if m.offset < horizon}
+        assert rows == expected_rows
+        assert [m.offset for m in rest if m.offset >= horizon] == list(range(horizon, len(items)))
+    finally:
+        server.kill()
+
+
+async def test_snapshot_start_without_a_snapshot_is_earliest(tmp_path: Path) -> None:
+    server = ServerProcess(tmp_path / "data").start()
+    try:
+        async with await headwater.connect(server.address) as client:
+            await client.create_topic("plain", dispatch="reliable", configs=SEGMENT_CONFIGS)
+            items = history(50, 10, "p")
+            await produce(client, "plain", items)
+            consumer = await client.subscribe("plain", "s", start="snapshot")
+            received = await receive_until(consumer, lambda r: len(r) == len(items))
+            assert [m.offset for m in received] == list(range(len(items)))
+            description = await client.describe_topic("plain")
+            assert not [c for c in description.topic.configs if c.name.startswith("snapshot.")]
     finally:
         server.kill()
