@@ -341,3 +341,37 @@ async def test_snapshot_start_without_a_snapshot_is_earliest(tmp_path: Path) -> 
             assert not [c for c in description.topic.configs if c.name.startswith("snapshot.")]
     finally:
         server.kill()
+
+
+async def test_deleting_a_topic_removes_its_snapshots_and_only_its_own(tmp_path: Path) -> None:
+    """A re-created topic must never load the snapshot of the one deleted before it; and a topic
+    named `snapshots` takes only its own segments with it."""
+    server = ServerProcess(tmp_path / "data").start()
+    objects = server.data_dir / "objects"
+    try:
+        await build_topic(server, "kv", 40)
+        async with await headwater.connect(server.address) as client:
+            await client.create_topic("snapshots", dispatch="reliable", configs=SEGMENT_CONFIGS)
+            await produce(client, "snapshots", FILLER)
+            await wait_for(lambda: bool(list((objects / "snapshots" / "0").glob("*.log"))))
+            kept = snapshot_files(objects, "kv")
+            assert any(p.name.startswith("manifest-") for p in kept)
+            await client.delete_topic("snapshots")
+            # one purge when it was created, one now
+            await wait_for(lambda: purged(server).count("topic=snapshots") == 2)
+            assert not list((objects / "snapshots" / "0").glob("*.log"))
+            assert kept == snapshot_files(objects, "kv")
+            await client.delete_topic("kv")
+            await wait_for(lambda: purged(server).count("topic=kv") == 2)
+            assert snapshot_files(objects, "kv") == []
+    finally:
+        server.kill()
+
+
+def purged(server: ServerProcess) -> str:
+    """The server's log lines of finished topic purges."""
+    return "\n".join(line for line in server.log().splitlines() if "upload.topic_purged" in line)
+
+
+def snapshot_files(objects: Path, topic: str) -> list[Path]:
+    return sorted(p for p in (objects / "snapshots" / topic).rglob("*") if p.is_file())

@@ -249,11 +249,11 @@ class SubscriptionStore:
         if isinstance(subscription, ReliableSubscription):
             subscription.snapshot = feed
             definition = self._state.get_json(key(SUBSCRIPTION, topic.name, name))
+            before = definition.pop("snapshot", None)
             if feed is not None:
                 definition["snapshot"] = {str(p): h for p, h in feed.horizons.items()}
-            else:
-                definition.pop("snapshot", None)
-            await self._writer.put_json(key(SUBSCRIPTION, topic.name, name), definition)
+            if definition.get("snapshot") != before:
+                await self._writer.put_json(key(SUBSCRIPTION, topic.name, name), definition)
         log.info("subscription.seek", topic=topic.name, subscription=name, start=start, value=value)
 
     async def delete(self, topic: Topic, name: str) -> None:
