@@ -11,20 +11,27 @@ such a fold.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
 
 import headwater
-from headwater.spark_compaction.manifest import Manifest, manifest_key, now_iso
+from headwater.durables.lastvalue import StoredValue
+from headwater.server.lastvalue import LastValueIndex
+from headwater.spark_compaction.manifest import Manifest, data_key, manifest_key, now_iso
 from headwater.spark_compaction.schema import SNAPSHOT_SCHEMA
 from headwater.spark_compaction.store import BlockingStore, StoreSpec
 from headwater.spark_compaction.wal import iter_batches, list_segments
-from headwater.spark_compaction.writer import write_snapshot_files
+from headwater.spark_compaction.writer import encode_parquet, write_snapshot_files
 from headwater.storage.lastvalue_store import drop_last_values
+from headwater.storage.objectstore import LocalObjectStore
+from headwater.storage.snapshots import SnapshotFile
 from headwater.storage.state import StateStore
 from headwater.testing import ServerProcess
+from headwater.wire.records import Record
+from tests.test_cli import hw
 
 SEGMENT_CONFIGS = {
     "last.value": "true",
@@ -291,6 +298,25 @@ async def test_snapshot_start_delivers_one_value_per_live_key_then_the_log(tmp_p
             description = await client.describe_topic("kv")
             configs = {c.name: c.value for c in description.topic.configs}
             assert configs["snapshot.partition.0.horizon"] == str(horizon)
+        # the command line: the same messages, and --exit-at-end finds the end
+        cli = await asyncio.to_thread(
+            hw,
+            "consume",
+            "kv",
+            "-s",
+            "cli",
+            "--from",
+            "snapshot",
+            "--exit-at-end",
+            "--format",
+            "json",
+            server=server,
+        )
+        assert cli.returncode == 0, cli.stderr
+        printed = [json.loads(line) for line in cli.stdout.splitlines()]
+        assert [m["offset"] for m in printed] == [m.offset for m in received + later]
+        described = await asyncio.to_thread(hw, "topic", "describe", "kv", server=server)
+        assert f"snapshot.partition.0.horizon={horizon}" in described.stdout
     finally:
         server.kill()
 
@@ -375,3 +401,87 @@ def purged(server: ServerProcess) -> str:
 
 def snapshot_files(objects: Path, topic: str) -> list[Path]:
     return sorted(p for p in (objects / "snapshots" / topic).rglob("*") if p.is_file())
+
+
+async def put_snapshot(
+    store: LocalObjectStore,
+    topic: str,
+    partition: int,
+    horizon: int,
+    rows: list[tuple[bytes, int, bytes]],
+) -> None:
+    """A one-file snapshot of (key, offset, value) rows, written and committed as the job does."""
+    rows = sorted(rows)
+    table = pa.table(
+        {
+            "topic": [topic] * len(rows),
+            "partition": [partition] * len(rows),
+            "key": [k for k, _, _ in rows],
+            "value": [v for _, _, v in rows],
+            "offset": [o for _, o, _ in rows],
+            "timestamp": [1000 + o for _, o, _ in rows],
+            "headers": [[] for _ in rows],
+        },
+        schema=SNAPSHOT_SCHEMA,
+    )
+    data = encode_parquet(table)
+    key = data_key(topic, partition, horizon, 0)
+    await store.put(key, data)
+    manifest = Manifest(
+        topic,
+        partition,
+        horizon,
+        0,
+        None,
+        (SnapshotFile(key, len(rows), len(data)),),
+        len(rows),
+        horizon,
+        0,
+        0,
+        0,
+        now_iso(),
+    )
+    assert await store.put_if_absent(manifest_key(topic, partition, horizon), manifest.encode())
+
+
+def _values(index: LastValueIndex) -> dict[bytes, tuple[int, int, bytes | None]]:
+    return {v.key: (v.partition, v.offset, v.value) for v in index.scan(b"")[0]}
+
+
+async def test_a_load_replaces_only_its_partition_and_an_interrupted_one_is_redone(
+    tmp_path: Path,
+) -> None:
+    state = StateStore(tmp_path / "state")
+    store = LocalObjectStore(tmp_path / "objects")
+    try:
+        index = LastValueIndex(state, "t", 2)
+        old = [(b"a", b"old"), (b"gone", b"x"), (b"b", b"old")]
+        index.apply(
+            0,
+            0,
+            [Record(o, 1000 + o, k, v, ()) for o, (k, v) in enumerate(old)],
+            [k for k, _ in old],
+        )
+        index.apply(1, 0, [Record(0, 1000, b"p1", b"one", ())], [b"p1"])
+        await put_snapshot(store, "t", 0, 100, [(b"a", 50, b"new"), (b"c", 60, b"c")])
+        # a snapshot above the partition's end is not this log's: ignored
+        await index.bootstrap(store, 0, 0, 99)
+        assert index.applied(0) == 3 and index.snapshot_horizons == {}
+        await index.bootstrap(store, 0, 0, 100)
+        expected = {b"a": (0, 50, b"new"), b"c": (0, 60, b"c"), b"p1": (1, 0, b"one")}
+        assert _values(index) == expected and index.size() == 3
+        assert index.applied(0) == 100 and index.applied(1) == 1
+        # a load cut short (a crash): the next start clears the partition and loads again
+        index._store.begin_load(0, lambda data: StoredValue.decode(b"", data).partition == 0)
+        index._store.put_rows({b"half": b"\0" * 26})
+        restarted = LastValueIndex(state, "t", 2)
+        assert restarted.applied(0) == 0 and restarted._store.loading(0)
+        await restarted.bootstrap(store, 0, 0, 100)
+        assert _values(restarted) == expected and restarted.size() == 3
+        assert not restarted._store.loading(0) and restarted.applied(0) == 100
+        # not behind the snapshot: nothing is loaded again
+        again = LastValueIndex(state, "t", 2)
+        await again.bootstrap(store, 0, 0, 100)
+        assert again.snapshot_horizons == {}
+    finally:
+        state.close()
