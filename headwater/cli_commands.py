@@ -158,7 +158,7 @@ def position(text: str) -> str | int:
         return text
     if text.isdigit():
         return int(text)
-    raise ValueError(f"position must be earliest, latest, snapshot or an offset, not {text!r}")
+    raise ValueError(f"position must be earliest, latest or an offset (or snapshot), not {text!r}")
 
 
 async def subscription(client: Client, args: argparse.Namespace) -> int:

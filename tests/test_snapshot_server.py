@@ -26,11 +26,12 @@ from headwater.spark_compaction.store import BlockingStore, StoreSpec
 from headwater.spark_compaction.wal import iter_batches, list_segments
 from headwater.spark_compaction.writer import encode_parquet, write_snapshot_files
 from headwater.storage.lastvalue_store import drop_last_values
-from headwater.storage.objectstore import LocalObjectStore
+from headwater.storage.objectstore import LocalObjectStore, S3ObjectStore
 from headwater.storage.snapshots import SnapshotFile
 from headwater.storage.state import StateStore
 from headwater.testing import ServerProcess
 from headwater.wire.records import Record
+from tests.s3 import CREDENTIALS, MotoS3
 from tests.test_cli import hw
 
 SEGMENT_CONFIGS = {
@@ -41,9 +42,9 @@ SEGMENT_CONFIGS = {
 }
 
 
-def make_snapshot(objects: Path, topic: str, partition: int, rows_per_file: int = 16) -> Manifest:
+def make_snapshot(spec: StoreSpec, topic: str, partition: int, rows_per_file: int = 16) -> Manifest:
     """Fold every uploaded segment of one partition into a committed snapshot."""
-    with BlockingStore(StoreSpec.local(objects)) as store:
+    with BlockingStore(spec) as store:
         segments = [s for s in list_segments(store, [topic]) if s.partition == partition]
         assert segments, "nothing uploaded yet"
         winners: dict[bytes, tuple[int, int, bytes | None, list[tuple[str, bytes | None]]]] = {}
@@ -157,7 +158,8 @@ async def build_topic(server: ServerProcess, topic: str, keys: int) -> Manifest:
         # records of one other key seal the segments of the history, which are then uploaded
         await produce(client, topic, [(b"filler", b"%d" % i) for i in range(200)])
         await wait_for(lambda: any(int(p.name[:20]) >= 400 for p in uploaded(server, topic)))
-    manifest = await asyncio.to_thread(make_snapshot, server.data_dir / "objects", topic, 0)
+    spec = StoreSpec.local(server.data_dir / "objects")
+    manifest = await asyncio.to_thread(make_snapshot, spec, topic, 0)
     assert manifest.rows > 0 and len(manifest.files) > 1
     async with await headwater.connect(server.address) as client:
         await produce(client, topic, history(60, 8, "tail"))  # after the horizon, on 8 of the keys
@@ -317,6 +319,15 @@ async def test_snapshot_start_delivers_one_value_per_live_key_then_the_log(tmp_p
         assert [m["offset"] for m in printed] == [m.offset for m in received + later]
         described = await asyncio.to_thread(hw, "topic", "describe", "kv", server=server)
         assert f"snapshot.partition.0.horizon={horizon}" in described.stdout
+        # a seek to the snapshot gives an existing subscription the same again
+        async with await headwater.connect(server.address) as client:
+            await client.seek("kv", "boot", "snapshot")
+            consumer = await client.subscribe("kv", "boot")
+            everything = received + later
+            replay = await receive_until(consumer, lambda r: len(r) == len(everything))
+            assert [(m.offset, m.value) for m in replay] == [
+                (m.offset, m.value) for m in everything
+            ]
     finally:
         server.kill()
 
@@ -498,3 +509,70 @@ async def test_a_load_replaces_only_its_partition_and_an_interrupted_one_is_redo
         assert again.snapshot_horizons == {}
     finally:
         state.close()
+
+
+async def test_rebuild_and_snapshot_start_with_s3(tmp_path: Path, s3: MotoS3, bucket: str) -> None:
+    """The same on S3 (moto's server): describe, a snapshot start, and a rebuild after the
+    state and every segment below the horizon are gone."""
+    keys = 40
+    config = tmp_path / "headwater.toml"
+    config.write_text(
+        f'[object_store]\nbackend = "s3"\nbucket = "{bucket}"\nprefix = "wal"\n'
+        f'endpoint_url = "{s3.endpoint_url}"\nretry_initial_ms = 100\nretry_max_ms = 500\n'
+    )
+    server = ServerProcess(
+        tmp_path / "data", extra_args=("--config", str(config)), env=CREDENTIALS
+    ).start()
+    store = await S3ObjectStore(bucket, "wal", s3.endpoint_url).open()
+    spec = StoreSpec("s3", bucket=bucket, prefix="wal", endpoint_url=s3.endpoint_url)
+
+    async def segments() -> list[int]:
+        return sorted(
+            int(o.key.split("/")[-1][:20])
+            for o in await store.list("kv/0/")
+            if o.key.endswith(".log")
+        )
+
+    try:
+        async with await headwater.connect(server.address) as client:
+            await client.create_topic("kv", dispatch="reliable", configs=SEGMENT_CONFIGS)
+            await produce(client, "kv", history(400, keys, "old") + FILLER)
+            for _ in range(400):
+                if any(base >= 400 for base in await segments()):
+                    break
+                await asyncio.sleep(0.05)
+            manifest = await asyncio.to_thread(make_snapshot, spec, "kv", 0)
+            horizon = manifest.horizon
+            await produce(client, "kv", history(60, 8, "tail"))
+            items = history(400, keys, "old") + FILLER + history(60, 8, "tail")
+            expected_rows = fold(items[:horizon])
+            before = await map_state(client, "kv", keys)
+            consumer = await client.subscribe("kv", "boot", start="snapshot")
+            received = await receive_until(
+                consumer, lambda r: len(r) == len(expected_rows) + len(items) - horizon
+            )
+            assert {m.key: (m.offset, m.value) for m in received if m.offset < horizon} == (
+                expected_rows
+            )
+            configs = {c.name: c.value for c in (await client.describe_topic("kv")).topic.configs}
+            assert configs["snapshot.partition.0.horizon"] == str(horizon)
+        server.stop()
+        lose_last_value_state(server, "kv")
+        for base in await segments():
+            following = [b for b in await segments() if b > base]
+            if following and following[0] <= horizon:
+                await store.delete(f"kv/0/{base:020d}.log")
+                await store.delete(f"kv/0/{base:020d}.index")
+        local = server.data_dir / "topics" / "kv" / "0"
+        for path in local.glob("*.log"):
+            later = sorted(p for p in local.glob("*.log") if p > path)
+            if later and int(later[0].name[:20]) <= horizon:
+                for sibling in local.glob(path.name[:20] + ".*"):
+                    sibling.unlink()
+        server.start()
+        async with await headwater.connect(server.address) as client:
+            assert await map_state(client, "kv", keys) == before
+        assert "last_value.snapshot_loaded" in server.log()
+    finally:
+        server.kill()
+        await store.close()
