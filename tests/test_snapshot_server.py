@@ -487,9 +487,9 @@ async def test_a_load_replaces_only_its_partition_and_an_interrupted_one_is_redo
         index.apply(1, 0, [Record(0, 1000, b"p1", b"one", ())], [b"p1"])
         await put_snapshot(store, "t", 0, 100, [(b"a", 50, b"new"), (b"c", 60, b"c")])
         # a snapshot above the partition's end is not this log's: ignored
-        await index.bootstrap(store, 0, 0, 99)
+        await index.bootstrap(store, 0, 0, 99, 100)
         assert index.applied(0) == 3 and index.snapshot_horizons == {}
-        await index.bootstrap(store, 0, 0, 100)
+        await index.bootstrap(store, 0, 0, 100, 100)
         expected = {b"a": (0, 50, b"new"), b"c": (0, 60, b"c"), b"p1": (1, 0, b"one")}
         assert _values(index) == expected and index.size() == 3
         assert index.applied(0) == 100 and index.applied(1) == 1
@@ -498,13 +498,16 @@ async def test_a_load_replaces_only_its_partition_and_an_interrupted_one_is_redo
         index._store.put_rows({b"half": b"\0" * 26})
         restarted = LastValueIndex(state, "t", 2)
         assert restarted.applied(0) == 0 and restarted._store.loading(0)
-        await restarted.bootstrap(store, 0, 0, 100)
+        await restarted.bootstrap(store, 0, 0, 100, 100)
         assert _values(restarted) == expected and restarted.size() == 3
         assert not restarted._store.loading(0) and restarted.applied(0) == 100
         # not behind the snapshot: nothing is loaded again
         again = LastValueIndex(state, "t", 2)
-        await again.bootstrap(store, 0, 0, 100)
+        await again.bootstrap(store, 0, 0, 100, 100)
         assert again.snapshot_horizons == {}
+        # the store is listed only when some partition's state is short of its end
+        assert await again.snapshots(store, [100, 1]) == {}
+        assert await again.snapshots(store, [150, 1]) == {0: 100}
     finally:
         state.close()
 

@@ -396,9 +396,12 @@ class TopicCatalog:
         """Apply every stored record the index has not seen. A partition, once caught up, stays
         so: its later appends start at its position and `Topic.append` applies them."""
         store = self.uploader.store if self.uploader is not None else None
+        horizons = await index.snapshots(store, [p.next_offset for p in topic.partitions])
         for partition in topic.partitions:
             p = partition.index
-            await index.bootstrap(store, p, topic.start_offset(p), partition.next_offset)
+            await index.bootstrap(
+                store, p, topic.start_offset(p), partition.next_offset, horizons.get(p)
+            )
             index.skip_to(p, topic.start_offset(p))
             while index.applied(p) < partition.next_offset:
                 batches = await topic.read(p, index.applied(p))

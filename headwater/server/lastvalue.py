@@ -31,7 +31,7 @@ from headwater.durables.lastvalue import LastValueKeys, StoredValue
 from headwater.server.kind import Consumer, Feed
 from headwater.storage.lastvalue_store import LastValueStore
 from headwater.storage.objectstore import ObjectStore
-from headwater.storage.snapshots import Snapshot, batch_rows, newest_manifest
+from headwater.storage.snapshots import Snapshot, batch_rows, newest_horizons, read_manifest
 from headwater.storage.state import StateStore
 from headwater.wire.errors import ConsumerBusy, InvalidRequest, StorageError
 from headwater.wire.limits import MAX_CREDITS
@@ -82,31 +82,40 @@ class LastValueIndex(LastValueKeys):
     def skip_to(self, partition: int, offset: int) -> None:
         self._store.skip_to(partition, offset)
 
+    async def snapshots(
+        self, store: ObjectStore | None, next_offsets: Sequence[int]
+    ) -> dict[int, int]:
+        """The newest snapshot horizon of each partition (one listing of the store), when one
+        could matter: some partition's state is short of its end, and the topic has no key
+        field (snapshots are keyed by record key; a key-field topic keys by its values)."""
+        if store is None or self.key_field:
+            return {}
+        if all(self.applied(p) >= end for p, end in enumerate(next_offsets)):
+            return {}  # a horizon is at most the end: nothing can be behind one
+        try:
+            return await newest_horizons(store, self.topic)
+        except StorageError as exc:
+            log.error("last_value.snapshot_unreadable", topic=self.topic, error=str(exc))
+            return {}
+
     async def bootstrap(
-        self, store: ObjectStore | None, partition: int, start_offset: int, next_offset: int
+        self,
+        store: ObjectStore | None,
+        partition: int,
+        start_offset: int,
+        next_offset: int,
+        horizon: int | None,
     ) -> None:
         """Before the catch-up of `partition`: finish off an interrupted load, and load the
-        newest snapshot when the state is behind it and that beats replaying the WAL."""
+        snapshot at `horizon` (its newest) when the state is behind it and that beats
+        replaying the WAL."""
         belongs = _belongs(partition)
         if self._store.loading(partition):
             log.warning("last_value.load_interrupted", topic=self.topic, partition=partition)
             self._store.abandon_load(partition, belongs)
-        if store is None or self.key_field:
-            return  # snapshots are keyed by record key; a key-field topic keys by its values
-        try:
-            manifest = await newest_manifest(store, self.topic, partition)
-        except StorageError as exc:
-            log.error(
-                "last_value.snapshot_unreadable",
-                topic=self.topic,
-                partition=partition,
-                error=str(exc),
-            )
-            return
-        if manifest is None:
-            return
         applied = self.applied(partition)
-        horizon = manifest.horizon
+        if store is None or horizon is None or applied >= horizon:
+            return
         if horizon > next_offset:
             log.warning(
                 "last_value.snapshot_ahead",
@@ -116,8 +125,19 @@ class LastValueIndex(LastValueKeys):
                 next_offset=next_offset,
             )
             return  # not a snapshot of this log (one of an earlier topic of that name)
-        if applied >= horizon or (applied >= start_offset and horizon - applied <= manifest.rows):
-            return  # not behind, or replaying the WAL is no more work than loading
+        try:
+            manifest = await read_manifest(store, self.topic, partition, horizon)
+        except StorageError as exc:
+            log.error(
+                "last_value.snapshot_unreadable",
+                topic=self.topic,
+                partition=partition,
+                horizon=horizon,
+                error=str(exc),
+            )
+            return
+        if applied >= start_offset and horizon - applied <= manifest.rows:
+            return  # replaying the WAL is no more work than loading the snapshot
         snapshot = Snapshot(store, manifest)
         self._loading.add(partition)
         try:
