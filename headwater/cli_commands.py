@@ -212,17 +212,17 @@ async def _settle(producer: Producer, args: argparse.Namespace) -> None:
 
 
 def position(text: str) -> str | int:
-    if text in ("earliest", "latest"):
+    if text in ("earliest", "latest", "snapshot"):
         return text
     if text.isdigit():
         return int(text)
-    raise ValueError(f"position must be earliest, latest or an offset, not {text!r}")
+    raise ValueError(f"position must be earliest, latest or an offset (or snapshot), not {text!r}")
 
 
 def reset_target(text: str, now_ms: int | None = None) -> tuple[str | int | None, int | None]:
-    """`--to`: (earliest|latest|offset, None) or (None, a time in ms since the epoch).
+    """`--to`: (earliest|latest|snapshot|offset, None) or (None, a time in ms since the epoch).
     A time in the future is refused: nothing is stored there yet (`--to latest` says that)."""
-    if text in ("earliest", "latest"):
+    if text in ("earliest", "latest", "snapshot"):
         return text, None
     if text.isdigit():
         return int(text), None
@@ -233,8 +233,8 @@ def reset_target(text: str, now_ms: int | None = None) -> tuple[str | int | None
             when = datetime.fromisoformat(text)
         except ValueError:
             raise ValueError(
-                "--to must be earliest, latest, an offset, @ and ms since the epoch, or an "
-                f"ISO-8601 time such as 2026-11-22T08:00:00Z; not {text!r}"
+                "--to must be earliest, latest, snapshot, an offset, @ and ms since the epoch, "
+                f"or an ISO-8601 time such as 2026-11-22T08:00:00Z; not {text!r}"
             ) from None
         if when.tzinfo is None:
             when = when.replace(tzinfo=UTC)

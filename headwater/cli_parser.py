@@ -19,9 +19,10 @@ FORMATS_HELP = (
     "output format: table|json for the topic, subscription, server and map scan commands, "
     "text|json for consume (default: table, or text for consume)"
 )
-RESET_TO = "earliest|latest|OFFSET|@EPOCH_MS|ISO-8601"
+RESET_TO = "earliest|latest|snapshot|OFFSET|@EPOCH_MS|ISO-8601"
 RESET_HELP = (
-    "the new position on every partition: earliest, latest, an offset, or a time (@ and ms "
+    "the new position on every partition: earliest, latest, snapshot (the newest compaction "
+    "snapshot, then the log after it), an offset, or a time (@ and ms "
     "since the epoch, or ISO-8601 such as 2026-11-22T08:00:00Z; without a zone UTC): each "
     "partition's first message at or after it"
 )
@@ -261,8 +262,9 @@ def _consume_command(commands: Any) -> None:
         "--from",
         dest="start",
         default="latest",
-        metavar="earliest|latest|OFFSET",
-        help="where a new reliable subscription starts (default latest)",
+        metavar="earliest|latest|snapshot|OFFSET",
+        help="where a new reliable subscription starts (default latest); snapshot: the newest "
+        "compaction snapshot (one value per key), then the log after it",
     )
     consume.add_argument(
         "--no-ack", action="store_true", help="do not acknowledge (messages come back later)"

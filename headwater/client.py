@@ -56,6 +56,7 @@ logger = logging.getLogger("headwater.client")
 
 SubscriptionTypeName = Literal["exclusive", "shared", "failover", "key_shared"]
 DispatchName = Literal["non-reliable", "reliable"]
+StartName = Literal["latest", "earliest", "snapshot"]
 
 _SUBSCRIPTION_TYPES: dict[str, m.SubscriptionType] = {
     "exclusive": m.SubscriptionType.EXCLUSIVE,
@@ -353,7 +354,7 @@ class Client(AdminMixin):
         priority: int = 0,
         prefetch: int = 1000,
         limit: int | None = None,
-        start: Literal["latest", "earliest"] | int = "latest",
+        start: StartName | int = "latest",
         start_timestamp: int | None = None,
         ack_timeout: float | None = None,
         max_deliveries: int | None = None,
@@ -369,8 +370,11 @@ class Client(AdminMixin):
     ) -> Consumer:
         """Attach a consumer. The settings after `prefetch` apply to reliable topics and take
         effect when the subscription is created (its first consumer); None means the server's
-        default. `start` is "latest", "earliest" or an offset; `start_timestamp` (ms since the
-        epoch) starts at the first message at or after that time instead. With `limit`, the
+        default. `start` is "latest", "earliest", "snapshot" or an offset; `start_timestamp` (ms
+        since the epoch) starts at the first message at or after that time instead. "snapshot"
+        delivers the topic's newest compaction snapshot first (one current value per live key,
+        with its original offset), then the log after the snapshot's horizon; a partition with
+        no snapshot starts at earliest (docs/COMPACTION.md). With `limit`, the
         consumer never asks for more than `limit` messages in all (a bounded read leaves nothing
         delivered-and-unacked behind). `committed_only` delivers only records an fsync already
         covers (the consumer side of read_committed).
@@ -446,7 +450,7 @@ class Client(AdminMixin):
         self,
         topic: str,
         subscription: str,
-        start: Literal["latest", "earliest"] | int = "earliest",
+        start: StartName | int = "earliest",
         start_timestamp: int | None = None,
     ) -> None:
         """Move a reliable subscription; its unacknowledged messages are forgotten."""
@@ -469,15 +473,17 @@ def _durable_kind(name: str) -> int:
         ) from None
 
 
-def _start_position(
-    start: Literal["latest", "earliest"] | int, timestamp: int | None
-) -> tuple[int, int]:
+def _start_position(start: StartName | int, timestamp: int | None) -> tuple[int, int]:
     if timestamp is not None:
         return m.StartPosition.TIMESTAMP, timestamp
     if start == "latest":
         return m.StartPosition.LATEST, 0
     if start == "earliest":
         return m.StartPosition.EARLIEST, 0
+    if start == "snapshot":
+        return m.StartPosition.SNAPSHOT, 0
     if isinstance(start, int) and start >= 0:
         return m.StartPosition.OFFSET, start
-    raise InvalidRequest(f"start must be 'latest', 'earliest' or an offset >= 0, not {start!r}")
+    raise InvalidRequest(
+        f"start must be 'latest', 'earliest', 'snapshot' or an offset >= 0, not {start!r}"
+    )

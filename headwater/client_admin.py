@@ -47,11 +47,12 @@ class AdminMixin:
         self,
         topic: str,
         subscription: str,
-        to: Literal["earliest", "latest"] | int | None = None,
+        to: Literal["earliest", "latest", "snapshot"] | int | None = None,
         *,
         timestamp: int | None = None,
     ) -> m.SubscriptionDetail:
-        """Move a reliable subscription to "earliest", "latest", an offset (every partition),
+        """Move a reliable subscription to "earliest", "latest", "snapshot" (the newest compaction
+        snapshot's rows, then the log after it), an offset (every partition),
         or with `timestamp` (ms since the epoch) to each partition's first message at or after
         that time. Its unacknowledged messages are forgotten. Returns its new positions."""
         if (to is None) == (timestamp is None):
@@ -64,10 +65,14 @@ class AdminMixin:
             request = m.SeekRequest(topic, subscription, m.StartPosition.EARLIEST)
         elif to == "latest":
             request = m.SeekRequest(topic, subscription, m.StartPosition.LATEST)
+        elif to == "snapshot":
+            request = m.SeekRequest(topic, subscription, m.StartPosition.SNAPSHOT)
         elif isinstance(to, int) and not isinstance(to, bool) and to >= 0:
             request = m.SeekRequest(topic, subscription, m.StartPosition.OFFSET, to)
         else:
-            raise InvalidRequest(f"reset to 'earliest', 'latest' or an offset >= 0, not {to!r}")
+            raise InvalidRequest(
+                f"reset to 'earliest', 'latest', 'snapshot' or an offset >= 0, not {to!r}"
+            )
         await self.request(request)
         for detail in await self.list_subscriptions(topic):
             if detail.name == subscription:

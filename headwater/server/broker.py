@@ -207,11 +207,32 @@ class Broker:
     def list_topics(self, session: Session, request: m.ListTopicsRequest) -> m.ListTopicsResponse:
         return m.ListTopicsResponse(tuple(t.info for _, t in sorted(self.catalog.topics.items())))
 
-    def describe_topic(
-        self, session: Session, request: m.DescribeTopicRequest
-    ) -> m.DescribeTopicResponse:
+    def describe_topic(self, session: Session, request: m.DescribeTopicRequest) -> Reply:
         topic = self._topic(request.name)
+        if self.catalog.horizons is None or not topic.reliable:
+            return self._describe(topic)
+        return AfterWork(self._describe_with_horizons(topic))
+
+    def _describe(self, topic: Topic) -> m.DescribeTopicResponse:
         return dataclasses.replace(topic.describe(), partitions=self.admin.partitions(topic))
+
+    async def _describe_with_horizons(self, topic: LogTopic) -> Reply:
+        """Each partition's newest snapshot horizon, as `snapshot.partition.<p>.horizon`
+        entries after the topic's configs (none for a partition without a snapshot)."""
+        assert self.catalog.horizons is not None
+        horizons = await self.catalog.horizons.get(topic.name)
+        description = self._describe(topic)
+        entries = tuple(
+            m.ConfigEntry(f"snapshot.partition.{p}.horizon", str(horizon))
+            for p, horizon in sorted(horizons.items())
+            if p < len(topic.partitions) and horizon <= topic.partitions[p].next_offset
+        )
+        if not entries:
+            return description
+        info = description.topic
+        return dataclasses.replace(
+            description, topic=dataclasses.replace(info, configs=(*info.configs, *entries))
+        )
 
     def api_versions(
         self, session: Session, request: m.ApiVersionsRequest

@@ -23,9 +23,10 @@ A create that fails part-way (say at the fd limit, 700 partitions into 1,024) cl
 opened and removes its directory before answering STORAGE_ERROR: nothing leaks.
 
 Last-value state is built on first use (`enable_last_value`) by a catch-up over each partition's
-history. The index is attached to the topic before the catch-up starts, so appends made meanwhile
-are applied at once for partitions already caught up and read from the WAL for the others;
-readers wait for `index.ready`.
+history, from the newest snapshot's horizon on when the state is behind a snapshot
+(`LastValueIndex.bootstrap`). The index is attached to the topic before the catch-up starts, so
+appends made meanwhile are applied at once for partitions already caught up and read from the WAL
+for the others; readers wait for `index.ready`.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from headwater.server.topic_settings import (
 )
 from headwater.server.topics import Archive, LogTopic, MemoryTopic, Topic
 from headwater.storage.lastvalue_store import drop_last_values
+from headwater.storage.snapshots import HorizonCache
 from headwater.storage.state import (
     CURSOR,
     PRODUCER,
@@ -92,12 +94,16 @@ class TopicCatalog:
         self.writer = StateWriter(state)
         self.producers = ProducerIds(self.writer)
         self.uploader = uploader
+        # newest snapshot horizons, for describe (docs/COMPACTION.md)
+        self.horizons = HorizonCache(uploader.store) if uploader is not None else None
         self._archive = archive
         self.topics: dict[str, Topic] = {}
         self._housekeeping: asyncio.Task[None] | None = None
         self._locks = NameLocks()
         self.dead_letters = DeadLetters(self.topics, self._locks, self.create_locked)
-        self.subscriptions = SubscriptionStore(config, self.writer, self.dead_letters)
+        self.subscriptions = SubscriptionStore(
+            config, self.writer, self.dead_letters, uploader.store if uploader else None
+        )
 
     def _topic_dir(self, name: str) -> Path:
         return self._config.data_dir / "topics" / name
@@ -410,14 +416,25 @@ class TopicCatalog:
         if key_field:
             configs.append(m.ConfigEntry("key.field", key_field))
         topic.info = dataclasses.replace(topic.info, configs=tuple(configs))
-        log.info("last_value.enabled", topic=topic.name, keys=index.size())
+        log.info(
+            "last_value.enabled",
+            topic=topic.name,
+            keys=index.size(),
+            replayed=index.replayed,
+            snapshots=index.snapshot_horizons,
+        )
         return index
 
     async def _catch_up(self, topic: LogTopic, index: LastValueIndex) -> None:
         """Apply every stored record the index has not seen. A partition, once caught up, stays
         so: its later appends start at its position and `Topic.append` applies them."""
+        store = self.uploader.store if self.uploader is not None else None
+        horizons = await index.snapshots(store, [p.next_offset for p in topic.partitions])
         for partition in topic.partitions:
             p = partition.index
+            await index.bootstrap(
+                store, p, topic.start_offset(p), partition.next_offset, horizons.get(p)
+            )
             index.skip_to(p, topic.start_offset(p))
             while index.applied(p) < partition.next_offset:
                 batches = await topic.read(p, index.applied(p))
@@ -440,6 +457,7 @@ class TopicCatalog:
                     if records:
                         keys = [_key_or_none(index, record) for record in records]
                         index.apply(p, records[0].offset, records, keys)
+                        index.replayed += len(records)
 
 
 def last_value_topic(topic: Topic) -> LogTopic:

@@ -6,6 +6,11 @@ exactly at its partition's position, so while the state is being built a live ap
 partition the catch-up has not reached yet is left for the catch-up to read from the WAL, and one
 to a partition already caught up is applied at once; none is missed.
 
+When a partition's state is behind its newest snapshot (docs/COMPACTION.md, "Server side"),
+`bootstrap` loads the snapshot into it before the catch-up replays the WAL from the horizon on;
+a snapshot that cannot be read is abandoned (an error log) and the partition rebuilt from its
+history instead, never left half-loaded.
+
 A last-value subscription belongs to one consumer and names keys and/or a key prefix. When it
 attaches, it reads the current value of every matching key from the index and registers for
 changes in the same synchronous step, so no update falls between the snapshot and the live
@@ -18,13 +23,17 @@ delivered as a tombstone (the key with a null value). Nothing is acknowledged.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+
+import structlog
 
 from headwater.durables.lastvalue import LastValueKeys, StoredValue
 from headwater.server.kind import Consumer, Feed
 from headwater.storage.lastvalue_store import LastValueStore
+from headwater.storage.objectstore import ObjectStore
+from headwater.storage.snapshots import Snapshot, batch_rows, newest_horizons, read_manifest
 from headwater.storage.state import StateStore
-from headwater.wire.errors import ConsumerBusy, InvalidRequest
+from headwater.wire.errors import ConsumerBusy, InvalidRequest, StorageError
 from headwater.wire.limits import MAX_CREDITS
 from headwater.wire.messages import (
     AckEntry,
@@ -35,12 +44,19 @@ from headwater.wire.messages import (
 )
 from headwater.wire.records import Record, rebuild_batch
 
+log = structlog.get_logger("headwater.lastvalue")
+
+_LOAD_CHUNK = 10_000  # snapshot rows per WriteBatch
+
 
 class LastValueIndex(LastValueKeys):
     def __init__(self, state: StateStore, topic: str, partitions: int, key_field: str = "") -> None:
         super().__init__(topic, partitions, key_field)
         self._store = LastValueStore(state, topic, partitions)
         self.ready = False  # set once the catch-up has applied the whole history
+        self._loading: set[int] = set()  # partitions a snapshot is being loaded into
+        self.replayed = 0  # records the catch-up applied from the WAL (tests, logs)
+        self.snapshot_horizons: dict[int, int] = {}  # partition -> horizon of the snapshot loaded
 
     def apply(
         self,
@@ -52,7 +68,7 @@ class LastValueIndex(LastValueKeys):
         """Apply records appended at `base_offset`; returns the changes (value None: deleted).
         A batch that does not start at the partition's position is not applied (nothing is
         returned): below it, it was applied already; above it, the catch-up reads it later."""
-        if base_offset != self._store.applied(partition):
+        if base_offset != self._store.applied(partition) or partition in self._loading:
             return []
         changes = self.changes(partition, base_offset, records, keys)
         puts = {c.key: c.encode() for c in changes if c.value is not None}
@@ -65,6 +81,106 @@ class LastValueIndex(LastValueKeys):
 
     def skip_to(self, partition: int, offset: int) -> None:
         self._store.skip_to(partition, offset)
+
+    async def snapshots(
+        self, store: ObjectStore | None, next_offsets: Sequence[int]
+    ) -> dict[int, int]:
+        """The newest snapshot horizon of each partition (one listing of the store), when one
+        could matter: some partition's state is short of its end, and the topic has no key
+        field (snapshots are keyed by record key; a key-field topic keys by its values)."""
+        if store is None or self.key_field:
+            return {}
+        if all(self.applied(p) >= end for p, end in enumerate(next_offsets)):
+            return {}  # a horizon is at most the end: nothing can be behind one
+        try:
+            return await newest_horizons(store, self.topic)
+        except StorageError as exc:
+            log.error("last_value.snapshot_unreadable", topic=self.topic, error=str(exc))
+            return {}
+
+    async def bootstrap(
+        self,
+        store: ObjectStore | None,
+        partition: int,
+        start_offset: int,
+        next_offset: int,
+        horizon: int | None,
+    ) -> None:
+        """Before the catch-up of `partition`: finish off an interrupted load, and load the
+        snapshot at `horizon` (its newest) when the state is behind it and that beats
+        replaying the WAL."""
+        belongs = _belongs(partition)
+        if self._store.loading(partition):
+            log.warning("last_value.load_interrupted", topic=self.topic, partition=partition)
+            self._store.abandon_load(partition, belongs)
+        applied = self.applied(partition)
+        if store is None or horizon is None or applied >= horizon:
+            return
+        if horizon > next_offset:
+            log.warning(
+                "last_value.snapshot_ahead",
+                topic=self.topic,
+                partition=partition,
+                horizon=horizon,
+                next_offset=next_offset,
+            )
+            return  # not a snapshot of this log (one of an earlier topic of that name)
+        try:
+            manifest = await read_manifest(store, self.topic, partition, horizon)
+        except StorageError as exc:
+            log.error(
+                "last_value.snapshot_unreadable",
+                topic=self.topic,
+                partition=partition,
+                horizon=horizon,
+                error=str(exc),
+            )
+            return
+        if applied >= start_offset and horizon - applied <= manifest.rows:
+            return  # replaying the WAL is no more work than loading the snapshot
+        snapshot = Snapshot(store, manifest)
+        self._loading.add(partition)
+        try:
+            self._store.begin_load(partition, belongs)
+            async for batch in snapshot.batches():
+                rows = batch_rows(batch)
+                for start in range(0, len(rows), _LOAD_CHUNK):
+                    self._store.put_rows(
+                        {
+                            row.key: StoredValue(
+                                row.key,
+                                partition,
+                                row.offset,
+                                row.timestamp,
+                                row.value,
+                                row.headers,
+                            ).encode()
+                            for row in rows[start : start + _LOAD_CHUNK]
+                        }
+                    )
+            self._store.finish_load(partition, horizon)
+        except StorageError as exc:
+            self._store.abandon_load(partition, belongs)
+            log.error(
+                "last_value.snapshot_unusable",
+                topic=self.topic,
+                partition=partition,
+                horizon=horizon,
+                error=str(exc),
+                fallback="replay from the oldest stored offset",
+            )
+            return
+        finally:
+            self._loading.discard(partition)
+        self.snapshot_horizons[partition] = horizon
+        log.info(
+            "last_value.snapshot_loaded",
+            topic=self.topic,
+            partition=partition,
+            horizon=horizon,
+            keys=manifest.rows,
+            state_was_at=applied,
+        )
 
     def get(self, record_key: bytes) -> StoredValue | None:
         data = self._store.get(record_key)
@@ -81,6 +197,13 @@ class LastValueIndex(LastValueKeys):
 
     def drop(self) -> None:
         self._store.drop()
+
+
+def _belongs(partition: int) -> Callable[[bytes], bool]:
+    def belongs(data: bytes) -> bool:
+        return StoredValue.decode(b"", data).partition == partition
+
+    return belongs
 
 
 class LastValueSubscription:

@@ -26,6 +26,9 @@ the topic's `AppendSignal`, which a sleeping pump joins only when it has a consu
 message. An append fires the signal once and empties it, so its cost does not grow with the number
 of subscriptions, only with the pumps that are waiting to deliver that very append.
 
+A subscription started at `snapshot` reads each partition below its snapshot's horizon from a
+`SnapshotFeed` (server.snapshot_feed) rather than the log, and the log from the horizon on.
+
 Closing sets a flag, wakes and cancels the pump, and waits for it: the pump sleeps with a timer of
 its own rather than `asyncio.wait_for`, which on Python 3.11 can swallow a cancellation that races
 the wake-up (the pump then ran on, and the close, and with it DELETE_TOPIC, waited forever).
@@ -55,6 +58,7 @@ from headwater.durables.lastvalue import StoredValue
 from headwater.server.delivery import AppendSignal, DeadLetter
 from headwater.server.keyed import KeyedDispatch
 from headwater.server.kind import Consumer, Feed
+from headwater.server.snapshot_feed import SnapshotFeed
 from headwater.server.subscription import failover_logger
 from headwater.server.topics import LogTopic
 from headwater.storage.state import CURSOR, StateWriter, key
@@ -84,8 +88,10 @@ class ReliableSubscription:
         writer: StateWriter,
         dead_letter: DeadLetter,
         signal: AppendSignal,
+        snapshot: SnapshotFeed | None = None,
     ) -> None:
         self.topic = topic.name
+        self.snapshot = snapshot
         self._topic = topic
         self.name = name
         self.sub_type = sub_type
@@ -279,11 +285,25 @@ class ReliableSubscription:
         ]
         core = self.core
         while (partition := core.next_partition(ends)) is not None:
-            start = topic.start_offset(partition)
-            if core.position(partition) < start:
-                core.restart_at(partition, start)
-                continue
-            batches = await topic.read(partition, core.position(partition))
+            position = core.position(partition)
+            feed = self.snapshot
+            from_feed = feed is not None and feed.covers(partition, position)
+            if feed is not None and from_feed:
+                batches = await feed.read(partition, position)
+                if batches == []:  # past the last row: the log goes on at the horizon
+                    core.plan_new(partition, feed.horizon(partition), 0, 0)
+                    self.persist()
+                    continue
+                if batches is None:
+                    continue  # unreadable: read from the log (the feed dropped the partition)
+            else:
+                if feed is not None:
+                    feed.release(partition, core.cursors[partition].floor)
+                start = topic.start_offset(partition)
+                if position < start:
+                    core.restart_at(partition, start)
+                    continue
+                batches = await topic.read(partition, position)
             if batches and _BASE.unpack_from(batches[0])[0] >= ends[partition]:
                 ends[partition] = 0  # past a gap, the next batch is not visible yet
                 continue
@@ -297,9 +317,10 @@ class ReliableSubscription:
                 base = _BASE.unpack_from(batch)[0]
                 if base >= ends[partition]:
                     break
-                if index and base != core.position(partition):
+                if index and base != core.position(partition) and not from_feed:
                     # a hole inside the read (a damaged batch skipped): the next read starts
                     # there, so the object store's copy is tried before anything is stepped over
+                    # (a snapshot's rows have holes by nature: superseded records)
                     break
                 self._send_new(target, partition, batch)
                 if owned is None and self.group.pick() is not target:
@@ -378,8 +399,17 @@ class ReliableSubscription:
 
     async def fetch(self, partition: int, offsets: list[int]) -> list[Record]:
         """The records at `offsets` (sorted), read back from the WAL or the object store."""
-        wanted = set(offsets)
         found: list[Record] = []
+        feed = self.snapshot
+        if feed is not None and feed.covers(partition, offsets[0]):
+            below = [o for o in offsets if feed.covers(partition, o)]
+            rows = await feed.records(partition, below)
+            if rows is not None:
+                found.extend(rows)
+                offsets = [o for o in offsets if not feed.covers(partition, o)]
+                if not offsets:
+                    return found
+        wanted = set(offsets)
         offset = offsets[0]
         last = offsets[-1]
         while offset <= last:

@@ -5,6 +5,11 @@ partition) are written in one synced WriteBatch when it is created, and removed 
 deleted. The callers hold the topic's admin lock (`server.locks`), so a create, a seek and a delete
 of one subscription, or a delete of its topic, never interleave.
 
+A subscription started (or moved) at `snapshot` gets a `SnapshotFeed` over the newest snapshot of
+each partition that has a readable one (the others start at earliest); its definition keeps those
+horizons, so after a restart a partition whose cursor is still below its horizon goes on reading
+the snapshot.
+
 Each reliable topic has one `AppendSignal`, made on its first subscription and registered as the
 only append listener of the topic's partition logs, whatever the number of subscriptions.
 """
@@ -12,6 +17,7 @@ only append listener of the topic's partition logs, whatever the number of subsc
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import structlog
 
@@ -22,20 +28,28 @@ from headwater.server.deadletter import DeadLetters
 from headwater.server.delivery import AppendSignal
 from headwater.server.kind import SubscriptionKind
 from headwater.server.reliable import ReliableSubscription
+from headwater.server.snapshot_feed import SnapshotFeed
 from headwater.server.topics import LogTopic, Topic
+from headwater.storage.objectstore import ObjectStore
+from headwater.storage.snapshots import newest_horizons
 from headwater.storage.state import CURSOR, SUBSCRIPTION, StateWriter, key
 from headwater.storage.wal import PartitionLog
 from headwater.wire import messages as m
-from headwater.wire.errors import InvalidRequest, UnknownSubscription
+from headwater.wire.errors import InvalidRequest, StorageError, UnknownSubscription
 
 log = structlog.get_logger("headwater.catalog")
 
 
 class SubscriptionStore:
     def __init__(
-        self, config: ServerConfig, writer: StateWriter, dead_letters: DeadLetters
+        self,
+        config: ServerConfig,
+        writer: StateWriter,
+        dead_letters: DeadLetters,
+        snapshots: ObjectStore | None = None,
     ) -> None:
         self._config = config
+        self._snapshots = snapshots
         self._writer = writer
         self._state = writer.store
         self._dead_letters = dead_letters
@@ -59,7 +73,7 @@ class SubscriptionStore:
     def forget_topic(self, name: str) -> None:
         self._signals.pop(name, None)
 
-    def load(self, topic: LogTopic, name: str, definition: dict[str, int]) -> None:
+    def load(self, topic: LogTopic, name: str, definition: dict[str, Any]) -> None:
         cursors = []
         for partition in topic.partitions:
             data = self._state.get(key(CURSOR, topic.name, name, partition.index))
@@ -82,8 +96,22 @@ class SubscriptionStore:
                 bool(definition.get("committed_only", False)),
             ),
             cursors,
+            self._feed(topic, definition, cursors),
         )
         topic.subscriptions[name] = subscription
+
+    def _feed(
+        self, topic: LogTopic, definition: dict[str, Any], cursors: list[PartitionCursor]
+    ) -> SnapshotFeed | None:
+        """The snapshot a loaded subscription still reads below its horizons, if any."""
+        horizons = {
+            int(p): h
+            for p, h in definition.get("snapshot", {}).items()
+            if int(p) < len(cursors) and cursors[int(p)].floor < h
+        }
+        if not horizons or self._snapshots is None:
+            return None
+        return SnapshotFeed(self._snapshots, topic.name, horizons)
 
     async def get_or_create(
         self,
@@ -98,9 +126,9 @@ class SubscriptionStore:
         if existing is not None:
             return existing
         resolved = self._resolve(settings)
-        offsets = await self.start_offsets(topic, settings.start, settings.start_value)
+        offsets, feed = await self._start(topic, settings.start, settings.start_value)
         cursors = [PartitionCursor.starting_at(o) for o in offsets]
-        definition = {
+        definition: dict[str, Any] = {
             "type": int(sub_type),
             "ack_timeout_ms": resolved.ack_timeout_ms,
             "max_deliveries": resolved.max_deliveries,
@@ -109,11 +137,13 @@ class SubscriptionStore:
             "backoff_max_ms": resolved.backoff_max_ms,
             "committed_only": resolved.committed_only,
         }
+        if feed is not None:
+            definition["snapshot"] = {str(p): h for p, h in feed.horizons.items()}
         puts = {key(SUBSCRIPTION, topic.name, name): json.dumps(definition).encode()}
         for partition, cursor in enumerate(cursors):
             puts[key(CURSOR, topic.name, name, partition)] = cursor.encode()
         await self._writer.synced(puts)
-        subscription = self._new(topic, name, sub_type, resolved, cursors)
+        subscription = self._new(topic, name, sub_type, resolved, cursors, feed)
         topic.subscriptions[name] = subscription
         log.info(
             "subscription.created",
@@ -131,6 +161,7 @@ class SubscriptionStore:
         sub_type: m.SubscriptionType,
         settings: ReliableSettings,
         cursors: list[PartitionCursor],
+        feed: SnapshotFeed | None = None,
     ) -> ReliableSubscription:
         subscription = ReliableSubscription(
             topic,
@@ -141,6 +172,7 @@ class SubscriptionStore:
             self._writer,
             self._dead_letters.sender(topic, name),
             self.signal(topic),
+            feed,
         )
         subscription.start()
         return subscription
@@ -170,7 +202,8 @@ class SubscriptionStore:
             position = m.StartPosition(start)
         except ValueError:
             raise InvalidRequest(
-                f"unknown start position {start} (0 latest, 1 earliest, 2 offset, 3 timestamp)"
+                f"unknown start position {start} "
+                "(0 latest, 1 earliest, 2 offset, 3 timestamp, 4 snapshot)"
             ) from None
         offsets = []
         for partition in topic.partitions:
@@ -178,13 +211,38 @@ class SubscriptionStore:
             latest = partition.next_offset
             if position == m.StartPosition.LATEST:
                 offsets.append(latest)
-            elif position == m.StartPosition.EARLIEST:
+            elif position in (m.StartPosition.EARLIEST, m.StartPosition.SNAPSHOT):
                 offsets.append(earliest)
             elif position == m.StartPosition.OFFSET:
                 offsets.append(min(max(value, earliest), latest))
             else:
                 offsets.append(await topic.offset_for_timestamp(partition.index, value))
         return offsets
+
+    async def _start(
+        self, topic: LogTopic, start: int, value: int
+    ) -> tuple[list[int], SnapshotFeed | None]:
+        """Where each partition starts, and the snapshot feed of a `snapshot` start (None when
+        no partition has a readable snapshot: then the start is earliest everywhere)."""
+        offsets = await self.start_offsets(topic, start, value)
+        if start != m.StartPosition.SNAPSHOT or self._snapshots is None:
+            return offsets, None
+        try:
+            horizons = await newest_horizons(self._snapshots, topic.name)
+        except StorageError as exc:
+            log.error("subscription.snapshot_unreadable", topic=topic.name, error=str(exc))
+            return offsets, None
+        usable = {
+            p: h
+            for p, h in horizons.items()
+            if p < len(topic.partitions) and 0 < h <= topic.partitions[p].next_offset
+        }
+        feed = SnapshotFeed(self._snapshots, topic.name, usable)
+        for partition in sorted(usable):
+            first = await feed.start(partition)
+            if first is not None:
+                offsets[partition] = first
+        return offsets, feed if feed.horizons else None
 
     async def seek(self, topic: Topic, name: str, start: int, value: int) -> None:
         subscription = topic.subscriptions.get(name)
@@ -195,7 +253,16 @@ class SubscriptionStore:
                 f"subscription {name!r} of topic {topic.name!r} is not a reliable one: "
                 "only those can seek"
             )
-        subscription.seek(await self.start_offsets(topic, start, value))
+        offsets, feed = await self._start(topic, start, value)
+        subscription.seek(offsets)
+        if isinstance(subscription, ReliableSubscription):
+            subscription.snapshot = feed
+            definition = self._state.get_json(key(SUBSCRIPTION, topic.name, name))
+            before = definition.pop("snapshot", None)
+            if feed is not None:
+                definition["snapshot"] = {str(p): h for p, h in feed.horizons.items()}
+            if definition.get("snapshot") != before:
+                await self._writer.put_json(key(SUBSCRIPTION, topic.name, name), definition)
         log.info("subscription.seek", topic=topic.name, subscription=name, start=start, value=value)
 
     async def delete(self, topic: Topic, name: str) -> None:

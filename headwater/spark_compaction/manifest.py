@@ -12,6 +12,9 @@ with a conditional put (`put_if_absent`); it is the commit. Readers only look fo
 the one with the highest horizon, and read the files it lists, so an interrupted run (files but no
 manifest) is invisible to them.
 
+Names and the `Manifest` itself live in `headwater.storage.snapshots` (the server reads them
+too); they are re-exported here.
+
 Retention: a snapshot whose manifest was superseded more than `retention` seconds ago is removed
 (manifest first, then its files, so no manifest ever points at missing files); so are data
 directories below the newest horizon that never got a manifest. The newest manifest and its files
@@ -22,101 +25,38 @@ writing them.
 from __future__ import annotations
 
 import itertools
-import json
-import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from dataclasses import dataclass
 
-from headwater.spark_compaction.schema import SCHEMA_VERSION
 from headwater.storage.objectstore import ObjectInfo
-from headwater.wire.errors import StorageError
+from headwater.storage.snapshots import (
+    ROOT,
+    Manifest,
+    SnapshotFile,
+    data_key,
+    data_prefix,
+    manifest_horizons,
+    manifest_key,
+    now_iso,
+    parse_manifest_key,
+    partition_prefix,
+)
 
-ROOT = "snapshots"
-_MANIFEST_PREFIX = "manifest-"
-_MANIFEST_SUFFIX = ".json"
-
-
-def partition_prefix(topic: str, partition: int) -> str:
-    return f"{ROOT}/{topic}/{partition}/"
-
-
-def manifest_key(topic: str, partition: int, horizon: int) -> str:
-    return f"{partition_prefix(topic, partition)}{_MANIFEST_PREFIX}{horizon:020d}{_MANIFEST_SUFFIX}"
-
-
-def data_prefix(topic: str, partition: int, horizon: int) -> str:
-    return f"{partition_prefix(topic, partition)}{horizon:020d}/"
-
-
-def data_key(topic: str, partition: int, horizon: int, index: int) -> str:
-    return f"{data_prefix(topic, partition, horizon)}part-{index:05d}.parquet"
-
-
-@dataclass(frozen=True, slots=True)
-class SnapshotFile:
-    key: str
-    rows: int
-    bytes: int
-
-
-@dataclass(frozen=True, slots=True)
-class Manifest:
-    topic: str
-    partition: int
-    horizon: int  # every record below this offset is folded in
-    last_segment: int  # base offset of the last WAL segment folded in; the next run reads past it
-    previous_horizon: int | None  # the snapshot this one was merged with, if any
-    files: tuple[SnapshotFile, ...]
-    rows: int  # live keys
-    records_in: int  # WAL records read by the run that made this snapshot
-    tombstones_dropped: int
-    keyless_skipped: int
-    corrupt_batches: int
-    created_at: str  # ISO 8601, UTC: the only field that depends on the clock
-    schema_version: int = SCHEMA_VERSION
-
-    def encode(self) -> bytes:
-        document = asdict(self)
-        document["files"] = [asdict(f) for f in self.files]
-        return (json.dumps(document, indent=2, sort_keys=True) + "\n").encode()
-
-    @classmethod
-    def decode(cls, key: str, data: bytes) -> Manifest:
-        try:
-            document = json.loads(data)
-            files = tuple(SnapshotFile(**f) for f in document.pop("files"))
-            manifest = cls(files=files, **document)
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
-            raise StorageError(f"snapshot manifest {key} is not valid: {exc}") from None
-        if manifest.schema_version != SCHEMA_VERSION:
-            raise StorageError(
-                f"snapshot manifest {key} has schema version {manifest.schema_version}; "
-                f"this version reads {SCHEMA_VERSION}"
-            )
-        return manifest
-
-    @property
-    def created_at_seconds(self) -> float:
-        return datetime.fromisoformat(self.created_at).timestamp()
-
-
-def now_iso(now: float | None = None) -> str:
-    moment = datetime.fromtimestamp(time.time() if now is None else now, UTC)
-    return moment.isoformat(timespec="milliseconds")
-
-
-def parse_manifest_key(key: str) -> int | None:
-    name = key.rsplit("/", 1)[-1]
-    if not (name.startswith(_MANIFEST_PREFIX) and name.endswith(_MANIFEST_SUFFIX)):
-        return None
-    digits = name[len(_MANIFEST_PREFIX) : -len(_MANIFEST_SUFFIX)]
-    return int(digits) if len(digits) == 20 and digits.isdigit() else None
-
-
-def manifest_horizons(listing: Sequence[ObjectInfo]) -> list[int]:
-    """Horizons of the manifests in a partition's listing, lowest first."""
-    return sorted(h for h in (parse_manifest_key(i.key) for i in listing) if h is not None)
+__all__ = [
+    "ROOT",
+    "Manifest",
+    "RetentionPlan",
+    "SnapshotFile",
+    "data_directories",
+    "data_key",
+    "data_prefix",
+    "manifest_horizons",
+    "manifest_key",
+    "now_iso",
+    "parse_manifest_key",
+    "partition_prefix",
+    "retention_plan",
+]
 
 
 def data_directories(listing: Sequence[ObjectInfo], prefix: str) -> dict[int, list[str]]:

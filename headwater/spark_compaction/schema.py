@@ -17,10 +17,19 @@ from typing import Final
 
 import pyarrow as pa
 
-SCHEMA_VERSION: Final = 1
+# the snapshot schema is read by the server too, so it lives in storage
+from headwater.storage.snapshots import HEADER_TYPE, HEADERS_TYPE, SCHEMA_VERSION, SNAPSHOT_SCHEMA
 
-HEADER_TYPE: Final = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
-HEADERS_TYPE: Final = pa.list_(pa.field("element", HEADER_TYPE))
+__all__ = [
+    "FOLDED_DDL",
+    "FOLDED_SCHEMA",
+    "HEADERS_TYPE",
+    "HEADER_TYPE",
+    "SCHEMA_VERSION",
+    "SNAPSHOT_SCHEMA",
+    "WAL_DDL",
+    "WAL_SCHEMA",
+]
 
 WAL_SCHEMA: Final = pa.schema(
     [
@@ -44,15 +53,3 @@ WAL_DDL: Final = (
 # keyless records; a corrupt stretch: 0).
 FOLDED_SCHEMA: Final = WAL_SCHEMA.append(pa.field("records", pa.int64()))
 FOLDED_DDL: Final = WAL_DDL + ", records bigint"
-
-SNAPSHOT_SCHEMA: Final = pa.schema(
-    [
-        pa.field("topic", pa.string(), nullable=False),
-        pa.field("partition", pa.int32(), nullable=False),
-        pa.field("key", pa.binary(), nullable=False),
-        pa.field("value", pa.binary(), nullable=False),
-        pa.field("offset", pa.int64(), nullable=False),
-        pa.field("timestamp", pa.int64(), nullable=False),
-        pa.field("headers", HEADERS_TYPE, nullable=False),
-    ]
-)

@@ -5,20 +5,32 @@ Keys:
 
 - `lv/<topic>\\0<key>`: the current value (an encoded `durables.lastvalue.StoredValue`);
 - `lvpos/<topic>\\0<partition>`: the next offset of that partition not yet applied;
-- `lvcount/<topic>`: how many keys exist.
+- `lvcount/<topic>`: how many keys exist;
+- `lvload/<topic>\\0<partition>`: a snapshot load of that partition is under way (see below).
 
 A batch's changes, its partition's position and the count go in one WriteBatch, so after a crash
 the state is exactly "everything below `lvpos`", and the server re-applies the WAL from there.
 These writes are never synced: the WAL is the record, this is a view of it rebuilt from there.
+
+Loading a snapshot into a partition (`begin_load`, `put_rows`, `finish_load`) takes many
+WriteBatches, so it is bracketed: `begin_load` sets the partition's position to 0 and writes the
+`lvload` marker in one WriteBatch, then removes the partition's keys; `finish_load` moves the
+position to the snapshot's horizon and removes the marker in one WriteBatch. A partition found
+with the marker (a load a crash or a bad file interrupted) holds an unknown mix of keys:
+`loading` says so, and the caller clears it (`clear`) before building it again by any means.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from headwater.storage.state import StateStore, key
 
 LV = b"lv/"
 LVPOS = b"lvpos/"
 LVCOUNT = b"lvcount/"
+LVLOAD = b"lvload/"
+_CLEAR_CHUNK = 10_000  # keys deleted per WriteBatch while a partition is cleared
 
 
 class LastValueStore:
@@ -29,6 +41,7 @@ class LastValueStore:
         self._count_key = key(LVCOUNT, topic)
         # the next offset to apply per partition (mirrors `lvpos`, read once)
         self._applied = [_int(state.get(key(LVPOS, topic, p))) for p in range(partitions)]
+        self._partitions = partitions
 
     def applied(self, partition: int) -> int:
         return self._applied[partition]
@@ -52,6 +65,63 @@ class LastValueStore:
         rows[self._count_key] = str(count).encode()
         self._state.write(rows, removed)
         self._applied[partition] = end
+
+    def loading(self, partition: int) -> bool:
+        """Whether a snapshot load of `partition` was begun and not finished."""
+        return self._state.get(key(LVLOAD, self.topic, partition)) is not None
+
+    def begin_load(self, partition: int, belongs: Callable[[bytes], bool]) -> None:
+        """Mark `partition` as being loaded (position 0) and remove its keys."""
+        self._state.write(
+            {key(LVLOAD, self.topic, partition): b"", key(LVPOS, self.topic, partition): b"0"}
+        )
+        self._applied[partition] = 0
+        self.clear(partition, belongs)
+
+    def clear(self, partition: int, belongs: Callable[[bytes], bool]) -> None:
+        """Remove the keys of `partition` (`belongs(data)`: whether a stored value is one of
+        them), leaving its position and marker as they are."""
+        doomed: list[bytes] = []
+        for raw_key, data in self._state.scan_from(self._prefix, self._prefix):
+            if self._partitions == 1 or belongs(data):
+                doomed.append(raw_key)
+            if len(doomed) >= _CLEAR_CHUNK:
+                self._delete(doomed)
+                doomed = []
+        self._delete(doomed)
+
+    def _delete(self, raw_keys: list[bytes]) -> None:
+        if raw_keys:
+            count = self.size() - sum(self._state.get(k) is not None for k in raw_keys)
+            self._state.write({self._count_key: str(count).encode()}, raw_keys)
+
+    def put_rows(self, puts: dict[bytes, bytes]) -> None:
+        """Set keys (record keys) of a partition being loaded, leaving its position alone."""
+        count = self.size()
+        prefix = self._prefix
+        get = self._state.get
+        rows: dict[bytes, bytes] = {}
+        for record_key, data in puts.items():
+            count += get(prefix + record_key) is None
+            rows[prefix + record_key] = data
+        rows[self._count_key] = str(count).encode()
+        self._state.write(rows)
+
+    def finish_load(self, partition: int, horizon: int) -> None:
+        """The load is complete: everything below `horizon` is in."""
+        self._state.write(
+            {key(LVPOS, self.topic, partition): str(horizon).encode()},
+            [key(LVLOAD, self.topic, partition)],
+        )
+        self._applied[partition] = horizon
+
+    def abandon_load(self, partition: int, belongs: Callable[[bytes], bool]) -> None:
+        """Undo a load that failed part-way: no keys, position 0, no marker."""
+        self.clear(partition, belongs)
+        self._state.write(
+            {key(LVPOS, self.topic, partition): b"0"}, [key(LVLOAD, self.topic, partition)]
+        )
+        self._applied[partition] = 0
 
     def skip_to(self, partition: int, offset: int) -> None:
         """History below `offset` is gone (retention): start applying there."""
@@ -89,6 +159,7 @@ def drop_last_values(state: StateStore, topic: str) -> None:
     interrupted, when no store object exists)."""
     state.delete_prefix(key(LV, topic) + b"\0")
     state.delete_prefix(key(LVPOS, topic) + b"\0")
+    state.delete_prefix(key(LVLOAD, topic) + b"\0")
     state.write(deletes=[key(LVCOUNT, topic)])
 
 

@@ -6,7 +6,8 @@ the log: a segment counts as uploaded only once both objects exist, which is rec
 delays (capped) until they succeed, and the queue simply grows by one entry per sealed segment.
 Retention asks `is_uploaded` before deleting a local segment.
 
-Deleting a topic (`forget_topic`) forgets its uploads and queues a purge of its objects. The queue
+Deleting a topic (`forget_topic`) forgets its uploads and queues a purge of its objects (its
+segments and its compaction snapshots, `snapshots/<topic>/...`). The queue
 is worked in order, so the purge runs after any upload of the deleted topic already queued or in
 flight and before any upload of a topic re-created under the same name: the new topic never
 inherits an old object or upload record. Each topic name has an epoch, bumped by a delete, so an
@@ -26,6 +27,7 @@ from pathlib import Path
 import structlog
 
 from headwater.storage.objectstore import ObjectStore
+from headwater.storage.snapshots import topic_prefix as snapshot_prefix
 from headwater.storage.state import UPLOAD, StateStore, key
 from headwater.storage.wal import SealedSegment
 from headwater.wire.errors import StorageError
@@ -182,7 +184,10 @@ class Uploader:
         self._queue.put_nowait((topic, -1, None, epoch))
 
     async def _purge(self, topic: str) -> None:
-        objects = await self.store.list(f"{topic}/")
+        # the topic's segments (exactly <topic>/<partition>/<name>: a topic named `snapshots`
+        # must not take other topics' snapshots with it) and its compaction snapshots
+        segments = [o for o in await self.store.list(f"{topic}/") if o.key.count("/") == 2]
+        objects = segments + await self.store.list(snapshot_prefix(topic))
         for found in objects:
             await self.store.delete(found.key)
         log.info("upload.topic_purged", topic=topic, objects=len(objects))

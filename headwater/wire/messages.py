@@ -62,6 +62,7 @@ class StartPosition(enum.IntEnum):
     EARLIEST = 1  # the oldest message still stored (locally or in the object store)
     OFFSET = 2  # `start_value` is an offset, applied to every partition
     TIMESTAMP = 3  # `start_value` is a time in ms: the first message at or after it
+    SNAPSHOT = 4  # the newest snapshot's rows (one per live key), then the log after its horizon
 
 
 class AckKind(enum.IntEnum):
