@@ -32,6 +32,10 @@ class ApiKey(enum.IntEnum):
     DESCRIBE_TOPIC = 13
     API_VERSIONS = 18
     AUTHENTICATE = 30
+    REGISTER_SCHEMA = 40
+    GET_SCHEMA = 41
+    LIST_SCHEMAS = 42
+    CHECK_SCHEMA = 43
     # pushed by the server
     DELIVER = 100
     CONSUMER_CLOSED = 101
@@ -410,6 +414,82 @@ class Throttle:
     throttle_ms: int
 
 
+# Schemas (docs/SCHEMAS.md). Types and modes travel as their names.
+
+SCHEMA_TYPES = ("bytes", "string", "int64", "json", "avro")
+COMPATIBILITY_MODES = ("none", "backward", "forward", "full")
+SCHEMA_VERSION_HEADER = "hw-schema-version"  # on each record: the version its value was encoded by
+LATEST_SCHEMA = -1  # GET_SCHEMA's version for the newest one
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaInfo:
+    topic: str
+    version: int  # 1, 2, ...
+    schema_type: str  # one of SCHEMA_TYPES
+    definition: bytes  # JSON Schema or Avro schema text; empty for bytes, string, int64, any JSON
+    registered_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterSchemaRequest:
+    """Add a version (or find an identical one). `compatibility`, if not empty, first sets the
+    topic's mode, which then decides this registration."""
+
+    topic: str
+    schema_type: str
+    definition: bytes = b""
+    compatibility: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterSchemaResponse:
+    version: int
+    created: bool  # False: an identical version existed and is answered instead
+
+
+@dataclass(frozen=True, slots=True)
+class GetSchemaRequest:
+    topic: str
+    version: int = LATEST_SCHEMA
+
+
+@dataclass(frozen=True, slots=True)
+class GetSchemaResponse:
+    schema: SchemaInfo
+    compatibility: str
+
+
+@dataclass(frozen=True, slots=True)
+class ListSchemasRequest:
+    topic: str
+
+
+@dataclass(frozen=True, slots=True)
+class ListSchemasResponse:
+    """Every version without its definition (GET_SCHEMA gives that)."""
+
+    compatibility: str
+    versions: tuple[SchemaInfo, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CheckSchemaRequest:
+    """Would REGISTER_SCHEMA accept this? Changes nothing."""
+
+    topic: str
+    schema_type: str
+    definition: bytes = b""
+    compatibility: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckSchemaResponse:
+    compatible: bool
+    existing_version: int  # an identical version already registered, else 0
+    reasons: tuple[str, ...]  # why not, when not compatible
+
+
 Push = Delivery | ConsumerClosed | MessagesDropped | Throttle
 
 Request = (
@@ -432,6 +512,10 @@ Request = (
     | DescribeTopicRequest
     | ApiVersionsRequest
     | AuthenticateRequest
+    | RegisterSchemaRequest
+    | GetSchemaRequest
+    | ListSchemasRequest
+    | CheckSchemaRequest
 )
 Response = (
     EmptyResponse
@@ -446,4 +530,8 @@ Response = (
     | DescribeTopicResponse
     | ApiVersionsResponse
     | AuthenticateResponse
+    | RegisterSchemaResponse
+    | GetSchemaResponse
+    | ListSchemasResponse
+    | CheckSchemaResponse
 )
