@@ -32,6 +32,7 @@ from headwater.server.kind import ConsumerSession as Session
 from headwater.server.locks import Turn
 from headwater.server.maps import MapHandlers
 from headwater.server.reply import AfterDurable, AfterWork, Reply, Waiting, after
+from headwater.server.schemas import SchemaHandlers
 from headwater.server.topics import LogTopic, MemoryTopic, Topic
 from headwater.wire import messages as m
 from headwater.wire.errors import ErrorCode, InvalidRequest, UnknownProducerId, UnknownTopic
@@ -48,6 +49,7 @@ class Broker:
         self.maps = MapHandlers(catalog)
         self.consumers = ConsumerHandlers(config, catalog)
         consumers = self.consumers
+        schemas = SchemaHandlers(catalog.schemas, catalog.topics)
         self._handlers: dict[type, Handler] = {
             m.ProduceRequest: self.produce,
             m.SubscribeRequest: consumers.subscribe,
@@ -67,6 +69,10 @@ class Broker:
             m.ListTopicsRequest: self.list_topics,
             m.DescribeTopicRequest: self.describe_topic,
             m.ApiVersionsRequest: self.api_versions,
+            m.RegisterSchemaRequest: schemas.register,
+            m.GetSchemaRequest: schemas.get,
+            m.ListSchemasRequest: schemas.list,
+            m.CheckSchemaRequest: schemas.check,
         }
 
     @property
@@ -116,6 +122,9 @@ class Broker:
             )
         if info is None:
             info = validate_records(request.batch, self._config.max_decompressed_batch)
+        schemas = self.catalog.schemas.validating.get(request.topic)
+        if schemas is not None:  # the one per-record cost, and only on topics with a schema
+            schemas.check_batch(request.batch, self._config.max_decompressed_batch)
         if not topic.reliable:
             return self._publish(topic, request, info)
         return self._append(topic, request, info)
@@ -222,6 +231,7 @@ _IN_TURN = frozenset(
         m.DeleteSubscriptionRequest,
         m.CreateTopicRequest,
         m.DeleteTopicRequest,
+        m.RegisterSchemaRequest,
     }
 )
 _MAP_REQUESTS = frozenset({m.MapGetRequest, m.MapSetRequest, m.MapScanRequest, m.MapSizeRequest})
@@ -237,6 +247,10 @@ _TOPIC_FIELD = {
     m.CreateTopicRequest: "name",
     m.DeleteTopicRequest: "name",
     m.DescribeTopicRequest: "name",
+    m.RegisterSchemaRequest: "topic",
+    m.GetSchemaRequest: "topic",
+    m.ListSchemasRequest: "topic",
+    m.CheckSchemaRequest: "topic",
 }
 
 
