@@ -17,6 +17,7 @@ from headwater.producer import (
     SendFuture,
 )
 from headwater.reconnect import ReconnectPolicy
+from headwater.schema_codec import SchemaCodec
 from headwater.wire.errors import (
     AuthenticationFailed,
     AuthenticationRequired,
@@ -106,6 +107,7 @@ __all__ = [
     "RetryStrategy",
     "RevisionMismatch",
     "SchemaViolation",
+    "SchemaCodec",
     "SendFuture",
     "ServerShuttingDown",
     "StorageError",
