@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from headwater.wire.messages import COMPATIBILITY_MODES, SCHEMA_TYPES
+
 DEFAULT_SERVER = "127.0.0.1:6650"
 FORMATS_HELP = (
     "output format: table|json for topic list/describe and map scan, text|json for consume "
@@ -94,6 +96,15 @@ def _topic_commands(commands: Any) -> None:
         default=[],
         metavar="NAME=VALUE",
         help="reliable-topic setting, e.g. fsync=interval (repeatable)",
+    )
+    create.add_argument(
+        "--schema", choices=SCHEMA_TYPES, help="schema type (default bytes); docs/SCHEMAS.md"
+    )
+    create.add_argument(
+        "--schema-file", type=Path, metavar="FILE", help="JSON Schema or Avro schema ('-': stdin)"
+    )
+    create.add_argument(
+        "--compatibility", choices=COMPATIBILITY_MODES, help="for new versions (default backward)"
     )
     _command(topic_commands, "list", "list the topics")
     describe = _command(topic_commands, "describe", "offsets, configs and subscriptions")
