@@ -238,6 +238,11 @@ def _consume_command(commands: Any) -> None:
         "--no-ack", action="store_true", help="do not acknowledge (messages come back later)"
     )
     consume.add_argument(
+        "--raw",
+        action="store_true",
+        help="print values as stored (default: int64 as a number, avro as JSON)",
+    )
+    consume.add_argument(
         "--durable",
         choices=["default", "none", "standard", "shared", "last-value", "map"],
         default="default",

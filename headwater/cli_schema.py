@@ -9,13 +9,14 @@ exits 1 when the topic's compatibility mode would refuse the schema, so scripts 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from headwater.cli_parser import add_global_options
-from headwater.client import Client
+from headwater.client import Client, Consumer, Message
 from headwater.schema_codec import SchemaCodec
 from headwater.wire import messages as m
 
@@ -103,6 +104,24 @@ def text_value(codec: SchemaCodec, text: str) -> Any:
         return json.loads(text)
     except ValueError as exc:
         raise ValueError(f"not JSON for a {kind} topic: {exc}: {text[:80]!r}") from None
+
+
+async def readable(consumer: Consumer, message: Message) -> Message:
+    """The message with an int64 value as its decimal digits and an Avro one as JSON; others
+    (bytes, string, json) as they are: printed as stored, they already read."""
+    version = message.schema_version
+    if version is None or message.value is None:
+        return message
+    codec = await consumer.codec(version)
+    if codec.schema_type not in ("int64", "avro"):
+        return message
+    value = codec.decode(message.value)
+    text = (
+        str(value)
+        if codec.schema_type == "int64"
+        else json.dumps(value, default=str, ensure_ascii=False)
+    )
+    return dataclasses.replace(message, value=text.encode())
 
 
 def _info_record(info: m.SchemaInfo, compatibility: str | None = None) -> dict[str, Any]:

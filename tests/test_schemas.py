@@ -6,6 +6,7 @@ import asyncio
 import io
 import json
 import struct
+from pathlib import Path
 from typing import Any
 
 import fastavro
@@ -16,6 +17,7 @@ from headwater.testing import ServerProcess
 from headwater.wire import messages as m
 from headwater.wire.errors import ErrorCode
 from headwater.wire.records import Compression, build_batch
+from tests.test_cli import hw
 
 HEADER = m.SCHEMA_VERSION_HEADER
 ORDER = {
@@ -333,3 +335,65 @@ async def test_ten_thousand_versions_stop_at_the_limit(
     assert len(refusals) == 10_000 - (limit - 1)
     assert all(f"has {limit} schema versions" in r for r in refusals)
     assert len((await client.list_schemas(topic_name)).versions) == limit
+
+
+def test_the_command_line(server: ServerProcess, topic_name: str, tmp_path: Path) -> None:
+    order, order_v2, needs_quantity = (tmp_path / f"{n}.avsc" for n in ("v1", "v2", "bad"))
+    order.write_text(json.dumps(ORDER))
+    order_v2.write_text(json.dumps(ORDER_V2))
+    required = {"name": "quantity", "type": "int"}
+    needs_quantity.write_text(json.dumps({**ORDER, "fields": [*ORDER["fields"], required]}))
+    created = hw(
+        "topic", "create", topic_name, "--schema", "avro", "--schema-file", str(order),
+        "--compatibility", "full", server=server,
+    )  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    got = json.loads(hw("schema", "get", topic_name, "--format", "json", server=server).stdout)
+    assert (got["version"], got["type"], got["compatibility"]) == (1, "avro", "full")
+    assert json.loads(got["definition"]) == ORDER
+    check = ["schema", "check", topic_name, "--type", "avro", "--schema-file"]
+    refused = hw(*check, str(needs_quantity), server=server)
+    assert refused.returncode == 1 and "not compatible:" in refused.stdout
+    assert "reader_field_missing_default_value" in refused.stdout
+    assert hw(*check, str(order_v2), server=server).stdout.strip() == "compatible"
+    register = ["schema", "register", topic_name, "--type", "avro", "--schema-file"]
+    failed = hw(*register, str(needs_quantity), server=server)
+    assert failed.returncode == 1 and "INCOMPATIBLE_SCHEMA" in failed.stderr
+    registered = hw(*register, str(order_v2), server=server)
+    assert registered.stdout.strip() == f"registered version 2 of {topic_name}"
+    again = hw(*register, "-", "--format", "json", server=server, stdin=json.dumps(ORDER))
+    assert json.loads(again.stdout) == {"version": 1, "created": False}
+    listed = json.loads(hw("schema", "list", topic_name, "--format", "json", server=server).stdout)
+    assert [(s["version"], s["type"]) for s in listed["versions"]] == [(1, "avro"), (2, "avro")]
+    table = hw("schema", "list", topic_name, server=server).stdout.splitlines()
+    assert table[0] == "compatibility: full" and table[1].split() == [
+        "VERSION",
+        "TYPE",
+        "REGISTERED_MS",
+    ]
+    # produce reads each line as the schema says; consume prints the value decoded
+    produced = hw("produce", topic_name, '{"id": 7, "item": "pen"}', server=server)
+    assert produced.returncode == 0, produced.stderr
+    bad = hw("produce", topic_name, '{"id": "seven"}', server=server)
+    assert bad.returncode == 1 and "SCHEMA_VIOLATION" in bad.stderr
+    consumed = hw(
+        "consume", topic_name, "-s", "cli", "--from", "earliest", "-n", "1", "--print", "headers",
+        server=server,
+    )  # fmt: skip
+    assert consumed.stdout.strip() == (
+        f'headers={HEADER}:2\t{{"id": 7, "item": "pen", "quantity": 1}}'
+    ), consumed.stderr
+    numbers = f"{topic_name}-n"
+    assert hw("topic", "create", numbers, "--schema", "int64", server=server).returncode == 0
+    assert hw("produce", numbers, "42", "-7", server=server).returncode == 0
+    not_a_number = hw("produce", numbers, "4.5", server=server)
+    assert not_a_number.returncode == 1 and "not an integer" in not_a_number.stderr
+    values = hw("consume", numbers, "-s", "c", "--from", "earliest", "-n", "2", server=server)
+    assert values.stdout.split() == ["42", "-7"]
+    raw = hw(
+        "consume", numbers, "-s", "r", "--from", "earliest", "-n", "1", "--raw", "--format",
+        "json", server=server,
+    )  # fmt: skip
+    assert json.loads(raw.stdout)["value"] == "\u0000" * 7 + "*"  # 42 as 8 bytes big-endian
+    missing = hw("topic", "create", f"{topic_name}-x", "--schema-file", str(order), server=server)
+    assert missing.returncode == 1 and "--schema-file needs --schema" in missing.stderr
