@@ -14,9 +14,18 @@ import pytest
 
 import headwater
 from headwater.testing import ServerProcess
+from headwater.wire import frames
 from headwater.wire import messages as m
 from headwater.wire.errors import ErrorCode
+from headwater.wire.protocol import (
+    REQUEST_API_KEYS,
+    decode_request,
+    decode_response,
+    encode_request,
+    encode_response,
+)
 from headwater.wire.records import Compression, build_batch
+from tests.secure import secure_server
 from tests.test_cli import hw
 
 HEADER = m.SCHEMA_VERSION_HEADER
@@ -397,3 +406,50 @@ def test_the_command_line(server: ServerProcess, topic_name: str, tmp_path: Path
     assert json.loads(raw.stdout)["value"] == "\u0000" * 7 + "*"  # 42 as 8 bytes big-endian
     missing = hw("topic", "create", f"{topic_name}-x", "--schema-file", str(order), server=server)
     assert missing.returncode == 1 and "--schema-file needs --schema" in missing.stderr
+
+
+SCHEMA_MESSAGES: list[tuple[m.Request, m.Response]] = [
+    (
+        m.RegisterSchemaRequest("t", "avro", b'{"type": "record"}', "full"),
+        m.RegisterSchemaResponse(3, True),
+    ),
+    (
+        m.GetSchemaRequest("t", m.LATEST_SCHEMA),
+        m.GetSchemaResponse(m.SchemaInfo("t", 2, "json", b"{}", 17), "backward"),
+    ),
+    (
+        m.ListSchemasRequest("t\u00e9"),
+        m.ListSchemasResponse("none", (m.SchemaInfo("t", 1, "string", b"", 1),) * 3),
+    ),
+    (
+        m.CheckSchemaRequest("t", "json", b"", ""),
+        m.CheckSchemaResponse(False, 0, ("backward (new reads old): /: why", "\u00e9")),
+    ),
+]
+
+
+@pytest.mark.parametrize(("request_", "response"), SCHEMA_MESSAGES)
+def test_schema_messages_round_trip(request_: m.Request, response: m.Response) -> None:
+    frame = encode_request(request_, 9)
+    header = frames.FrameHeader(*frames.HEADER.unpack_from(frame, frames.SIZE.size))
+    assert header.api_key == REQUEST_API_KEYS[type(request_)]
+    assert decode_request(header, frame[frames.SIZE.size + frames.HEADER_SIZE :]) == request_
+    encoded = encode_response(header.api_key, 9, response)
+    assert decode_response(header, encoded[frames.SIZE.size + frames.HEADER_SIZE :]) == response
+
+
+async def test_reading_schemas_takes_any_grant_and_registering_admin(tmp_path: Path) -> None:
+    with secure_server(tmp_path) as secure:
+        async with await headwater.connect(secure.address, token=secure.admin) as admin:
+            await admin.create_topic("orders", schema="string")
+        producer_only = secure.token("app", "produce:orders")
+        stranger = secure.token("other", "all:elsewhere")
+        async with await headwater.connect(secure.address, token=producer_only) as app:
+            assert (await app.get_schema("orders")).schema.schema_type == "string"
+            async with app.producer("orders", schema="auto") as producer:
+                assert (await (await producer.send("hello"))).offset == 0
+            with pytest.raises(headwater.NotAuthorized, match="may not admin"):
+                await app.register_schema("orders", "string")
+        async with await headwater.connect(secure.address, token=stranger) as other:
+            with pytest.raises(headwater.NotAuthorized, match="no grant on topic 'orders'"):
+                await other.list_schemas("orders")
