@@ -237,7 +237,11 @@ def test_value_checks(kind: str, definition: bytes, good: bytes, bad: bytes, why
     assert problem is not None and why in problem
 
 
+RECURSIVE = record({"name": "next", "type": ["null", "Order"]})
+
 INVALID = [
+    # a value could nest one level per byte: fastavro's C reader crashed the process at 100,000
+    ("avro", json.dumps(RECURSIVE).encode(), "contains itself"),
     ("xml", b"", "unknown schema type 'xml'"),
     ("string", b"{}", "takes no definition"),
     ("json", b"{not json", "not valid JSON"),

@@ -285,6 +285,12 @@ async def test_hostile_schema_requests_get_precise_errors(
         await client.register_schema(topic_name, "json", huge)
     with pytest.raises(headwater.InvalidSchema, match="not a valid Avro schema"):
         await client.check_schema(topic_name, "avro", '{"type": "record", "name": "R"}')
+    linked_list = {**ORDER, "fields": [{"name": "next", "type": ["null", "Order"]}]}
+    with pytest.raises(headwater.InvalidSchema, match="contains itself"):
+        await client.register_schema(topic_name, "avro", linked_list, compatibility="none")
+    nested = b"[" * 200_000 + b"]" * 200_000
+    with pytest.raises(headwater.SchemaViolation, match="record 0: value is not valid JSON"):
+        await produce_raw(client, topic_name, [(nested, v(1))])
     with pytest.raises(headwater.UnknownSchema, match="no schema version 5"):
         await client.get_schema(topic_name, 5)
     assert (await client.get_schema(topic_name)).schema.version == 1  # still answering

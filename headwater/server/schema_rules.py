@@ -230,6 +230,7 @@ def _parse_avro(definition: bytes, document: Any) -> ParsedSchema:
         parsed = fastavro.parse_schema(document)
     except Exception as exc:
         raise InvalidSchema(f"not a valid Avro schema: {_short(exc)}") from None
+    _refuse_recursion(apache)
     _refuse_empty_items(apache, set())
 
     def check(value: bytes) -> str | None:
@@ -244,6 +245,43 @@ def _parse_avro(definition: bytes, document: Any) -> ParsedSchema:
         return None
 
     return ParsedSchema("avro", definition, document, check, apache)
+
+
+def _children(schema: avro.schema.Schema) -> list[avro.schema.Schema]:
+    if isinstance(schema, avro.schema.ArraySchema):
+        return [schema.items]
+    if isinstance(schema, avro.schema.MapSchema):
+        return [schema.values]
+    if isinstance(schema, avro.schema.UnionSchema):
+        return list(schema.schemas)
+    if isinstance(schema, avro.schema.RecordSchema):
+        return [field.type for field in schema.fields]
+    return []
+
+
+def _refuse_recursion(root: avro.schema.Schema) -> None:
+    """A record that contains itself lets a value nest as deep as its bytes allow (one byte a
+    level), deeper than fastavro's C reader can recurse without crashing the process."""
+    done: set[int] = set()
+    on_path: set[int] = set()
+    stack: list[tuple[avro.schema.Schema, bool]] = [(root, False)]
+    while stack:
+        schema, leaving = stack.pop()
+        if leaving:
+            on_path.discard(id(schema))
+            done.add(id(schema))
+            continue
+        if id(schema) in on_path:
+            name = getattr(schema, "fullname", schema.type)
+            raise InvalidSchema(
+                f"Avro type {name!r} contains itself: recursive schemas are not accepted "
+                "(a value could nest without bound)"
+            )
+        if id(schema) in done:
+            continue
+        on_path.add(id(schema))
+        stack.append((schema, True))
+        stack.extend((child, False) for child in _children(schema))
 
 
 def _refuse_empty_items(schema: avro.schema.Schema, seen: set[int]) -> None:
