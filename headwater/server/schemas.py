@@ -37,7 +37,12 @@ from typing import TYPE_CHECKING, Any, Final
 import structlog
 
 from headwater.server.reply import AfterWork, Reply
-from headwater.server.schema_rules import ParsedSchema, compatibility_problems, parse_schema
+from headwater.server.schema_rules import (
+    Check,
+    ParsedSchema,
+    compatibility_problems,
+    parse_schema,
+)
 from headwater.storage.state import StateStore, StateWriter, key
 from headwater.wire import messages as m
 from headwater.wire.errors import (
@@ -120,7 +125,7 @@ class TopicSchemas:
     def check_batch(self, batch: bytes, max_decompressed: int) -> None:
         """Raise SchemaViolation naming the first record that does not match."""
         records = decode_records(batch, _value_and_headers, max_decompressed)
-        known = len(self.versions)
+        checks: dict[bytes, tuple[int, Check]] = {}  # header value -> (version, its check)
         for index, (value, headers) in enumerate(records):
             if value is None:
                 continue  # a tombstone: no value to check
@@ -130,18 +135,26 @@ class TopicSchemas:
                     f"record {index}: no {_HEADER} header; topic {self.topic!r} has a schema, and "
                     "each record names the version its value was encoded with"
                 )
-            version = int(raw) if raw.isdigit() and len(raw) <= 9 else -1
-            if not 1 <= version <= known:
-                raise SchemaViolation(
-                    f"record {index}: {_HEADER} {raw[:20]!r} is not a registered version of "
-                    f"topic {self.topic!r} (1..{known})"
-                )
-            problem = self.parsed(version).check(value)
+            found = checks.get(raw)
+            if found is None:
+                version = self._version(index, raw)
+                found = checks[raw] = (version, self.parsed(version).check)
+            version, check = found
+            problem = check(value)
             if problem is not None:
                 schema_type = self.versions[version - 1].schema_type
                 raise SchemaViolation(
                     f"record {index}: {problem} (schema version {version}, {schema_type})"
                 )
+
+    def _version(self, index: int, raw: bytes) -> int:
+        version = int(raw) if raw.isdigit() and len(raw) <= 9 else -1
+        if not 1 <= version <= len(self.versions):
+            raise SchemaViolation(
+                f"record {index}: {_HEADER} {raw[:20]!r} is not a registered version of "
+                f"topic {self.topic!r} (1..{len(self.versions)})"
+            )
+        return version
 
 
 def _value_and_headers(
