@@ -173,6 +173,8 @@ def _parse_json_schema(definition: bytes, document: Any) -> ParsedSchema:
         if problem is not None:
             return problem
         try:
+            if validator.is_valid(parsed):  # stops at the first error; the reason only on failure
+                return None
             error = jsonschema.exceptions.best_match(validator.iter_errors(parsed))
         except RecursionError:
             return "value nests too deeply to validate"
