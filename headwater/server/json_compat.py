@@ -72,11 +72,12 @@ _STRING: Final = ("minLength", "maxLength", "pattern", "format")
 _ARRAY: Final = ("items", "minItems", "maxItems", "uniqueItems")
 _OBJECT: Final = ("properties", "required", "additionalProperties", "minProperties")
 
-# is `value` valid under `schema`? (a real validator, given by the caller)
-Accepts = Callable[[Any, Any], bool]
+# the values `schema` does not accept (a real validator, given by the caller)
+Rejects = Callable[[Any, list[Any]], list[Any]]
+MAX_ENUM_COMPARED: Final = 1000  # values of an enum checked one by one against the other side
 
 
-def subset_problems(a: Any, b: Any, accepts: Accepts, path: str = "") -> list[str]:
+def subset_problems(a: Any, b: Any, rejects: Rejects, path: str = "") -> list[str]:
     """Why documents valid under `a` (the writer's schema) may not all be valid under `b` (the
     reader's); empty when they all are."""
     if b is True or (isinstance(b, dict) and not _constraints(b)):
@@ -93,7 +94,9 @@ def subset_problems(a: Any, b: Any, accepts: Accepts, path: str = "") -> list[st
     if "enum" in a or "const" in a:
         values = a["enum"] if "enum" in a else [a["const"]]
         if isinstance(values, list):
-            rejected = [v for v in values if not accepts(b, v)]
+            if len(values) > MAX_ENUM_COMPARED:
+                return [f"{where}: an enum of more than {MAX_ENUM_COMPARED} values is not compared"]
+            rejected = rejects(b, values)
             return [f"{where}: value {v!r} is accepted by the writer only" for v in rejected[:5]]
     problems = [
         f"{where}: keyword {k!r} differs (only identical use of it can be compared)"
@@ -111,9 +114,9 @@ def subset_problems(a: Any, b: Any, accepts: Accepts, path: str = "") -> list[st
     if "string" in types_a:
         problems += _string(a, b, where)
     if "array" in types_a:
-        problems += _array(a, b, accepts, path)
+        problems += _array(a, b, rejects, path)
     if "object" in types_a:
-        problems += _object(a, b, accepts, path)
+        problems += _object(a, b, rejects, path)
     return problems
 
 
@@ -184,9 +187,9 @@ def _string(a: dict[str, Any], b: dict[str, Any], where: str) -> list[str]:
     return problems
 
 
-def _array(a: dict[str, Any], b: dict[str, Any], accepts: Accepts, path: str) -> list[str]:
+def _array(a: dict[str, Any], b: dict[str, Any], rejects: Rejects, path: str) -> list[str]:
     where = path or "/"
-    problems = subset_problems(a.get("items", True), b.get("items", True), accepts, path + "/items")
+    problems = subset_problems(a.get("items", True), b.get("items", True), rejects, path + "/items")
     if a.get("minItems", 0) < b.get("minItems", 0):
         problems.append(f"{where}: minItems is larger for the reader")
     if a.get("maxItems", math.inf) > b.get("maxItems", math.inf):
@@ -196,7 +199,7 @@ def _array(a: dict[str, Any], b: dict[str, Any], accepts: Accepts, path: str) ->
     return problems
 
 
-def _object(a: dict[str, Any], b: dict[str, Any], accepts: Accepts, path: str) -> list[str]:
+def _object(a: dict[str, Any], b: dict[str, Any], rejects: Rejects, path: str) -> list[str]:
     where = path or "/"
     problems = []
     missing = sorted(set(b.get("required", [])) - set(a.get("required", [])))
@@ -211,9 +214,9 @@ def _object(a: dict[str, Any], b: dict[str, Any], accepts: Accepts, path: str) -
     for name in sorted(set(props_a) | set(props_b)):
         inner = f"{path}/properties/{name}"
         problems += subset_problems(
-            props_a.get(name, rest_a), props_b.get(name, rest_b), accepts, inner
+            props_a.get(name, rest_a), props_b.get(name, rest_b), rejects, inner
         )
-    problems += subset_problems(rest_a, rest_b, accepts, path + "/additionalProperties")
+    problems += subset_problems(rest_a, rest_b, rejects, path + "/additionalProperties")
     if a.get("minProperties", 0) < b.get("minProperties", 0):
         problems.append(f"{where}: minProperties is larger for the reader")
     if a.get("maxProperties", math.inf) > b.get("maxProperties", math.inf):

@@ -208,12 +208,18 @@ def _refuse_remote_refs(document: Any) -> None:
             stack.extend(node)
 
 
-def json_accepts(schema: Any, value: Any) -> bool:
-    """Whether `value` is valid under the (sub)schema; False when that cannot be decided."""
-    try:
-        return bool(_DRAFT(schema).is_valid(value))
-    except Exception:
-        return False
+def json_rejects(schema: Any, values: list[Any]) -> list[Any]:
+    """The values not valid under the (sub)schema, or whose validity cannot be decided."""
+    validator = _DRAFT(schema)
+    rejected = []
+    for value in values:
+        try:
+            if validator.is_valid(value):
+                continue
+        except Exception:
+            pass
+        rejected.append(value)
+    return rejected
 
 
 # Avro
@@ -344,7 +350,7 @@ def _reads(reader: ParsedSchema, writer: ParsedSchema) -> list[str]:
     """Why `reader` may not read every value `writer` accepts."""
     if reader.schema_type == "json":
         try:
-            return subset_problems(writer.document, reader.document, json_accepts)
+            return subset_problems(writer.document, reader.document, json_rejects)
         except RecursionError:
             return ["the schemas nest too deeply to compare"]
     if reader.avro is None or writer.avro is None:
