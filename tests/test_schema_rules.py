@@ -71,6 +71,13 @@ JSON_CASES = [
     ),
     ("enum gains a value", {"enum": ["a", "b"]}, {"enum": ["a", "b", "c"]}, True, False),
     (
+        "large enums are not compared",
+        {"enum": list(range(1001))},
+        {"enum": list(range(1002))},
+        False,
+        False,
+    ),
+    (
         "nested property type widens",
         obj({"o": obj({"x": INT})}),
         obj({"o": obj({"x": {"type": "number"}})}),

@@ -94,7 +94,10 @@ def subset_problems(a: Any, b: Any, rejects: Rejects, path: str = "") -> list[st
     if "enum" in a or "const" in a:
         values = a["enum"] if "enum" in a else [a["const"]]
         if isinstance(values, list):
-            if len(values) > MAX_ENUM_COMPARED:
+            other = b.get("enum")
+            if len(values) > MAX_ENUM_COMPARED or (
+                isinstance(other, list) and len(other) > MAX_ENUM_COMPARED
+            ):
                 return [f"{where}: an enum of more than {MAX_ENUM_COMPARED} values is not compared"]
             rejected = rejects(b, values)
             return [f"{where}: value {v!r} is accepted by the writer only" for v in rejected[:5]]

@@ -26,6 +26,7 @@ version travels with the record as the producer wrote it: nothing in the batch i
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import time
@@ -283,25 +284,29 @@ class SchemaRegistry:
             raise UnknownTopic(f"topic {topic!r} does not exist")
         return self.topics.get(topic) or TopicSchemas(topic, self._state)
 
-    def _evaluate(
-        self, schemas: TopicSchemas, request: m.RegisterSchemaRequest | m.CheckSchemaRequest
+    @staticmethod
+    async def _evaluate(
+        schemas: TopicSchemas, request: m.RegisterSchemaRequest | m.CheckSchemaRequest
     ) -> tuple[ParsedSchema, str, int, list[str]]:
-        """(the parsed schema, the mode that decides, an identical version or 0, problems)."""
+        """(the parsed schema, the mode that decides, an identical version or 0, problems).
+        Parsing and comparing run in a worker thread: a 512 KiB definition, or two large
+        schemas to compare, must not hold up the other connections."""
         mode = request.compatibility or schemas.compatibility
         _check_mode(mode)
-        parsed = parse_schema(request.schema_type, request.definition)
+        latest = schemas.parsed(len(schemas.versions)) if schemas.versions else None
+        parsed = await asyncio.to_thread(parse_schema, request.schema_type, request.definition)
         existing = schemas.identical(parsed)
-        if existing or not schemas.versions:
+        if existing or latest is None:
             return parsed, mode, existing, []
-        latest = schemas.parsed(len(schemas.versions))
-        return parsed, mode, 0, compatibility_problems(mode, latest, parsed)
+        problems = await asyncio.to_thread(compatibility_problems, mode, latest, parsed)
+        return parsed, mode, 0, problems
 
     async def register(
         self, topics: Collection[str], request: m.RegisterSchemaRequest
     ) -> m.RegisterSchemaResponse:
         """Add a version (the caller holds the topic's turn)."""
         schemas = self._schemas(topics, request.topic)
-        parsed, mode, existing, problems = self._evaluate(schemas, request)
+        parsed, mode, existing, problems = await self._evaluate(schemas, request)
         if problems:
             raise IncompatibleSchema(_reasons(request.topic, mode, problems))
         puts: dict[bytes, bytes] = {}
@@ -351,11 +356,11 @@ class SchemaRegistry:
         versions = tuple(schemas.info(v.version, False) for v in schemas.versions)
         return m.ListSchemasResponse(schemas.compatibility, versions)
 
-    def check(
+    async def check(
         self, topics: Collection[str], request: m.CheckSchemaRequest
     ) -> m.CheckSchemaResponse:
         schemas = self._schemas(topics, request.topic)
-        _, _, existing, problems = self._evaluate(schemas, request)
+        _, _, existing, problems = await self._evaluate(schemas, request)
         shown = tuple(p[:1000] for p in problems[:_MAX_REASONS])
         return m.CheckSchemaResponse(not problems, existing, shown)
 
@@ -383,4 +388,4 @@ class SchemaHandlers:
         return self._registry.list(self._topics, request)
 
     def check(self, session: Session, request: m.CheckSchemaRequest) -> Reply:
-        return self._registry.check(self._topics, request)
+        return AfterWork(self._registry.check(self._topics, request))
