@@ -340,7 +340,7 @@ class SchemaRegistry:
     def get(self, topics: Collection[str], request: m.GetSchemaRequest) -> m.GetSchemaResponse:
         schemas = self._schemas(topics, request.topic)
         count = len(schemas.versions)
-        if request.version == m.LATEST_SCHEMA and count == 0:
+        if request.version in (m.LATEST_SCHEMA, 0) and count == 0:
             bare = m.SchemaInfo(request.topic, 0, "bytes", b"", 0)
             return m.GetSchemaResponse(bare, schemas.compatibility)
         version = count if request.version == m.LATEST_SCHEMA else request.version
