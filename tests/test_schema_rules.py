@@ -256,6 +256,7 @@ INVALID = [
     ("json", b"[1]", "an object or a boolean"),
     ("json", b'{"$ref": "https://example.com/s.json"}', "is not local"),
     ("json", b"\xff\xfe{}", "not UTF-8"),
+    ("json", b'{"$ref": "#/$defs/missing"}', "does not resolve"),
     ("json", b'{"a":' * (MAX_NESTING + 1) + b"1" + b"}" * (MAX_NESTING + 1), "nests deeper"),
     ("json", b"[" * 100_000 + b"]" * 100_000, "nests deeper"),
     ("json", b" " * (MAX_SCHEMA_SIZE + 1), "exceeds the 524288-byte limit"),

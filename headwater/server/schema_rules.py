@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import json
+import urllib.parse
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -192,10 +193,13 @@ _DRAFT: Final = jsonschema.Draft202012Validator
 
 
 def _refuse_remote_refs(document: Any) -> None:
-    stack = [document]
+    """Only local references, and (where no inner `$id` moves the base) only ones that resolve:
+    a dangling one would refuse every produced value instead of the schema."""
+    stack, local, inner_ids = [document], [], False
     while stack:
         node = stack.pop()
         if isinstance(node, dict):
+            inner_ids = inner_ids or (node is not document and "$id" in node)
             for name in ("$ref", "$dynamicRef"):
                 target = node.get(name)
                 if isinstance(target, str) and not target.startswith("#"):
@@ -203,9 +207,28 @@ def _refuse_remote_refs(document: Any) -> None:
                         f"{name} {target[:100]!r} is not local: only '#...' references are "
                         "allowed (the server fetches nothing)"
                     )
+                if name == "$ref" and isinstance(target, str) and target.startswith("#/"):
+                    local.append(target)
             stack.extend(node.values())
         elif isinstance(node, list):
             stack.extend(node)
+    if not inner_ids:
+        for target in local:
+            if not _resolves(document, target[2:]):
+                raise InvalidSchema(f"$ref {target[:100]!r} does not resolve in the schema")
+
+
+def _resolves(document: Any, pointer: str) -> bool:
+    node = document
+    for raw in pointer.split("/"):
+        part = urllib.parse.unquote(raw).replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return False
+    return True
 
 
 def json_rejects(schema: Any, values: list[Any]) -> list[Any]:
