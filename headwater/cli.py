@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 
-from headwater import cli_commands, compact_cli, token_cli
+from headwater import cli_commands, cli_schema, compact_cli, token_cli
 from headwater.auth import Tls
 from headwater.cli_consume import consume
 from headwater.cli_parser import add_client_commands, add_global_options
@@ -44,6 +44,7 @@ FORMATS = {
     "map scan": ("table", "json"),
     "consume": ("text", "json"),
     "compact": ("text", "json"),
+    **cli_schema.FORMATS,
 }
 
 
@@ -93,6 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--tls-client-ca", type=Path, help="verify client certificates (mTLS)")
 
     add_client_commands(commands)
+    cli_schema.add_parser(commands)
     token_cli.add_parser(commands)
     compact_cli.add_parser(commands)
     return parser
@@ -225,6 +227,8 @@ async def _run_client_command(args: argparse.Namespace) -> int:
             return await cli_commands.map_command(client, args)
         if args.command == "server":
             return await cli_commands.server(client, args)
+        if args.command == "schema":
+            return await cli_schema.run(client, args)
         return await consume(client, args)
     finally:
         await client.close()

@@ -14,6 +14,7 @@ import sys
 import time
 from datetime import UTC, datetime
 
+from headwater import cli_schema
 from headwater.cli_output import (
     describe_json,
     describe_text,
@@ -83,6 +84,7 @@ async def topic_create(client: Client, args: argparse.Namespace) -> int:
         configs["last.value"] = "true"
     if args.key_field:
         configs["key.field"] = args.key_field
+    configs.update(cli_schema.topic_configs(args))
     created = True
     partitions, dispatch = args.partitions, args.dispatch
     try:
@@ -151,9 +153,10 @@ async def produce(client: Client, args: argparse.Namespace) -> int:
     if args.partition is not None and args.partition < 0:
         raise ValueError(f"--partition must be at least 0, not {args.partition}")
     headers = {k: v.encode() for k, v in name_values(args.header, "--header").items()}
-    producer = client.producer(args.topic, _producer_config(args))
     if args.count is not None:
-        return await _generate(producer, args, headers)
+        return await _generate(client.producer(args.topic, _producer_config(args)), args, headers)
+    codec = await client.schema_codec(args.topic)  # values are read as the topic's schema says
+    producer = client.producer(args.topic, _producer_config(args), schema=codec)
     values = args.values or (line.rstrip("\n") for line in sys.stdin)
     sent = 0
     for text in values:
@@ -163,7 +166,7 @@ async def produce(client: Client, args: argparse.Namespace) -> int:
             if not separator:
                 raise ValueError(f"line has no key separator {args.key_separator!r}: {key!r}")
         await producer.send(
-            text.encode(),
+            cli_schema.text_value(codec, text),
             key=key.encode() if key is not None else None,
             headers=headers,
             partition=args.partition,

@@ -23,6 +23,7 @@ import time
 
 from headwater.cli_commands import position
 from headwater.cli_output import format_message, parse_fields
+from headwater.cli_schema import readable
 from headwater.client import Client
 from headwater.consumer import Consumer
 from headwater.wire.errors import ConnectionClosed, ConnectionLost, InvalidPartition
@@ -105,7 +106,8 @@ async def _print_messages(
         last_message = time.monotonic()
         if args.partition is not None and message.partition != args.partition:
             continue  # not acknowledged: the subscription keeps it
-        print(format_message(message, args.format, fields), flush=True)
+        shown = message if args.raw else await readable(consumer, message)
+        print(format_message(shown, args.format, fields), flush=True)
         if not args.no_ack:
             await message.ack()
         received += 1

@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from headwater.wire.messages import COMPATIBILITY_MODES, SCHEMA_TYPES
+
 DEFAULT_SERVER = "127.0.0.1:6650"
 FORMATS_HELP = (
     "output format: table|json for the topic, subscription, server and map scan commands, "
@@ -105,6 +107,15 @@ def _topic_commands(commands: Any) -> None:
     )
     create.add_argument(
         "--exist-ok", action="store_true", help="a topic of that name existing already is no error"
+    )
+    create.add_argument(
+        "--schema", choices=SCHEMA_TYPES, help="schema type (default bytes); docs/SCHEMAS.md"
+    )
+    create.add_argument(
+        "--schema-file", type=Path, metavar="FILE", help="JSON Schema or Avro schema ('-': stdin)"
+    )
+    create.add_argument(
+        "--compatibility", choices=COMPATIBILITY_MODES, help="for new versions (default backward)"
     )
     _command(topic_commands, "list", "list the topics")
     describe = _command(
@@ -268,6 +279,11 @@ def _consume_command(commands: Any) -> None:
     )
     consume.add_argument(
         "--no-ack", action="store_true", help="do not acknowledge (messages come back later)"
+    )
+    consume.add_argument(
+        "--raw",
+        action="store_true",
+        help="print values as stored (default: int64 as a number, avro as JSON)",
     )
     consume.add_argument(
         "--durable",

@@ -39,6 +39,7 @@ from headwater.consumer import Consumer, Message, ms
 from headwater.maps import Map
 from headwater.producer import Producer, ProducerConfig
 from headwater.reconnect import ReconnectPolicy
+from headwater.schema_codec import Definition, SchemaAdmin, SchemaCodec, schema_configs
 from headwater.wire import messages as m
 from headwater.wire.errors import (
     AuthenticationFailed,
@@ -119,7 +120,7 @@ class _Opener:
         )
 
 
-class Client(AdminMixin):
+class Client(AdminMixin, SchemaAdmin):
     def __init__(
         self,
         connection: Connection,
@@ -291,18 +292,24 @@ class Client(AdminMixin):
         configs: Mapping[str, str | int] | None = None,
         *,
         exist_ok: bool = False,
+        schema: str | None = None,
+        schema_definition: Definition = None,
+        compatibility: str | None = None,
     ) -> None:
         """Create a topic, reliable unless `dispatch="non-reliable"` (in memory, fire and forget:
         a slow consumer misses messages); `configs` are reliable-topic settings such as
         {"fsync": "interval"}.
         With `exist_ok`, a topic of that name that exists already is not an error (as
-        `os.makedirs`: its settings are not compared)."""
+        `os.makedirs`: its settings are not compared). `schema` (bytes, string, int64, json,
+        avro), its definition and the compatibility mode make the topic's schema version 1
+        (docs/SCHEMAS.md)."""
         mode = _DISPATCH_MODES.get(dispatch)
         if mode is None:
             raise InvalidRequest(
                 f"dispatch must be one of {sorted(_DISPATCH_MODES)}, not {dispatch!r}"
             )
-        entries = tuple(m.ConfigEntry(k, str(v)) for k, v in (configs or {}).items())
+        settings = {**(configs or {}), **schema_configs(schema, schema_definition, compatibility)}
+        entries = tuple(m.ConfigEntry(k, str(v)) for k, v in settings.items())
         try:
             await self._request(m.CreateTopicRequest(name, partitions, mode, entries))
         except TopicExists:
@@ -335,12 +342,19 @@ class Client(AdminMixin):
     # Messages
 
     def producer(
-        self, topic: str, config: ProducerConfig | None = None, **options: Any
+        self,
+        topic: str,
+        config: ProducerConfig | None = None,
+        *,
+        schema: SchemaCodec | int | Literal["auto"] | None = None,
+        **options: Any,
     ) -> Producer:
         """A producer for `topic` on a connection of its own (so it can reconnect and retry).
         Settings come from `config`, or from `ProducerConfig` fields given as keywords:
-        `client.producer("t", delivery=AtMostOnce(), linger=0.005)`."""
-        producer = Producer(self._opener.open, topic, config or ProducerConfig(**options))
+        `client.producer("t", delivery=AtMostOnce(), linger=0.005)`. With `schema` ("auto":
+        the topic's latest version when the first record is sent; a version number; or a
+        `SchemaCodec`) `send` takes values of the schema's type and encodes them."""
+        producer = Producer(self._opener.open, topic, config or ProducerConfig(**options), schema)
         self._producers.append(producer)
         return producer
 

@@ -27,8 +27,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from headwater.schema_codec import SchemaCodec, version_of
 from headwater.wire import messages as m
 from headwater.wire.errors import (
     ConnectionClosed,
@@ -72,6 +73,19 @@ class Message:
         """Hand the message back for redelivery after `delay` s (default: the backoff)."""
         if self._consumer is not None:
             await self._consumer.nack(self, delay)
+
+    @property
+    def schema_version(self) -> int | None:
+        """The schema version the value was encoded with (its `hw-schema-version` header)."""
+        return version_of(self.headers)
+
+    async def decoded(self) -> Any:
+        """The value decoded by its schema version (str, int, a JSON value, a dict for Avro;
+        bytes without a version), the version fetched once per consumer (docs/SCHEMAS.md)."""
+        version = self.schema_version
+        if version is None or self._consumer is None:
+            return self.value
+        return (await self._consumer.codec(version)).decode(self.value)
 
 
 def ms(seconds: float | None) -> int:
@@ -119,6 +133,16 @@ class Consumer:
         self._request: m.SubscribeRequest | None = None
         self._pending_acks: list[m.AckEntry] = []
         self._ack_flush_scheduled = False
+        self._codecs: dict[int, SchemaCodec] = {}
+
+    async def codec(self, version: int) -> SchemaCodec:
+        """Schema version `version` of the topic, fetched on first use."""
+        codec = self._codecs.get(version)
+        if codec is None:
+            response = await self._connection.request(m.GetSchemaRequest(self.topic, version))
+            assert isinstance(response, m.GetSchemaResponse)
+            codec = self._codecs[version] = SchemaCodec(response.schema)
+        return codec
 
     # Pushes from the connection
 

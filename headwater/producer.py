@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping
+from typing import Any, Literal
 
 from headwater.accumulator import BATCH_OVERHEAD, RECORD_OVERHEAD, RecordAccumulator, SendFuture
 from headwater.connection import Connection
@@ -52,6 +53,7 @@ from headwater.producer_config import (
     RetryPolicy,
     RetryStrategy,
 )
+from headwater.schema_codec import SchemaCodec
 from headwater.sender import ConnectionFactory, Sender
 from headwater.wire import messages as m
 from headwater.wire.errors import ConnectionClosed, RecordTooLarge
@@ -59,9 +61,16 @@ from headwater.wire.keys import partition_for_key
 
 
 class Producer:
-    def __init__(self, connect: ConnectionFactory, topic: str, config: ProducerConfig) -> None:
+    def __init__(
+        self,
+        connect: ConnectionFactory,
+        topic: str,
+        config: ProducerConfig,
+        schema: SchemaCodec | int | Literal["auto"] | None = None,
+    ) -> None:
         self.topic = topic
         self.config = config
+        self._schema = schema  # what to encode values by; "auto"/a number until fetched
         loop = asyncio.get_running_loop()
         self._accumulator = RecordAccumulator(loop, topic, config, self._ready)
         self._sender = Sender(loop, topic, config, self._accumulator, connect)
@@ -82,18 +91,24 @@ class Producer:
 
     async def send(
         self,
-        value: bytes | None,
+        value: bytes | Any | None,
         key: bytes | None = None,
         headers: Mapping[str, bytes] | None = None,
         partition: int | None = None,
     ) -> SendFuture:
-        """Queue one record; waits only while the producer's queue is full."""
+        """Queue one record; waits only while the producer's queue is full. With a schema,
+        `value` is of its type (str, int, a JSON value, a dict for Avro) and is encoded here."""
         if self._closed:
             raise ConnectionClosed("producer is closed")
+        header_list: list[tuple[str, bytes]] = list(headers.items()) if headers else []
+        if self._schema is not None:
+            codec = await self.schema()
+            value = codec.encode(value)
+            if codec.header is not None:
+                header_list.append(codec.header)
         accumulator = self._accumulator
         while not accumulator.room.is_set():
             await accumulator.room.wait()
-        header_list = list(headers.items()) if headers else []
         size = (
             RECORD_OVERHEAD
             + (len(key) if key else 0)
@@ -130,6 +145,16 @@ class Producer:
             self._next_partition = (self._next_partition + 1) % self._partitions
             return self._next_partition
         return partition_for_key(key, self._partitions)
+
+    async def schema(self) -> SchemaCodec:
+        """The codec values are encoded by (fetched on the first call for "auto" or a number)."""
+        if not isinstance(self._schema, SchemaCodec):
+            wanted = m.LATEST_SCHEMA if self._schema in ("auto", None) else int(self._schema)
+            request = m.GetSchemaRequest(self.topic, wanted)
+            response = await (await self._sender.open()).request(request)
+            assert isinstance(response, m.GetSchemaResponse)
+            self._schema = SchemaCodec(response.schema)
+        return self._schema
 
     async def _init_producer_id(self) -> None:
         """Idempotent producers get their id before building their first batch."""

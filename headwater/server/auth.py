@@ -30,6 +30,7 @@ from typing import Any, Protocol
 import structlog
 
 from headwater.server.authz import (
+    ANY_GRANT,
     ANYONE,
     OWNER_OR_ADMIN,
     Action,
@@ -298,6 +299,10 @@ class Security:
             if type(request) is m.SubscribeRequest:
                 self._check_owner(session, topic, request.subscription, "attach to")
             return
+        if need == ANY_GRANT:
+            if may_see(session.grants, topic):
+                return
+            raise NotAuthorized(f"principal {session.principal!r} has no grant on topic {topic!r}")
         assert need == OWNER_OR_ADMIN
         subscription = request.subscription  # type: ignore[union-attr]
         owner = self._owners.owner(topic, subscription)

@@ -31,6 +31,8 @@ class Action(enum.Enum):
 
 # Subscription management: admin on the topic, or the principal owns the subscription.
 OWNER_OR_ADMIN = "owner-or-admin"
+# Reading a topic's schemas: any grant on the topic (producers encode by them, consumers decode).
+ANY_GRANT = "any-grant"
 # Anyone authenticated (API_VERSIONS, LIST_TOPICS which is filtered, consumer-scoped requests).
 ANYONE = "anyone"
 
@@ -98,7 +100,12 @@ def request_action(request: m.Request) -> tuple[Action | str, str]:
         return Action.ADMIN, request.name  # type: ignore[union-attr]
     if kind is m.ListSubscriptionsRequest and request.topic:  # type: ignore[union-attr]
         return Action.CONSUME, request.topic  # type: ignore[union-attr]
+    if kind is m.RegisterSchemaRequest:
+        return Action.ADMIN, request.topic  # type: ignore[union-attr]
+    if kind in _SCHEMA_READS:
+        return ANY_GRANT, request.topic  # type: ignore[union-attr]
     return ANYONE, ""
 
 
 _CONSUME = frozenset({m.SubscribeRequest, m.MapGetRequest, m.MapScanRequest, m.MapSizeRequest})
+_SCHEMA_READS = frozenset({m.GetSchemaRequest, m.ListSchemasRequest, m.CheckSchemaRequest})

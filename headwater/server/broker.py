@@ -35,6 +35,7 @@ from headwater.server.locks import Turn
 from headwater.server.maps import MapHandlers
 from headwater.server.partitions import add_partitions
 from headwater.server.reply import AfterDurable, AfterWork, Reply, Waiting, after
+from headwater.server.schemas import SchemaHandlers
 from headwater.server.topics import LogTopic, MemoryTopic, Topic
 from headwater.wire import messages as m
 from headwater.wire.errors import ErrorCode, InvalidRequest, UnknownProducerId, UnknownTopic
@@ -57,6 +58,7 @@ class Broker:
         self.maps = MapHandlers(catalog)
         self.consumers = ConsumerHandlers(config, catalog)
         consumers = self.consumers
+        schemas = SchemaHandlers(catalog.schemas, catalog.topics)
         self._handlers: dict[type, Handler] = {
             m.ProduceRequest: self.produce,
             m.SubscribeRequest: consumers.subscribe,
@@ -80,6 +82,10 @@ class Broker:
             m.ListSubscriptionsRequest: self.admin.list_subscriptions,
             m.ServerInfoRequest: self.admin.server_info,
             m.CreatePartitionsRequest: self.create_partitions,
+            m.RegisterSchemaRequest: schemas.register,
+            m.GetSchemaRequest: schemas.get,
+            m.ListSchemasRequest: schemas.list,
+            m.CheckSchemaRequest: schemas.check,
         }
 
     @property
@@ -129,6 +135,9 @@ class Broker:
             )
         if info is None:
             info = validate_records(request.batch, self._config.max_decompressed_batch)
+        schemas = self.catalog.schemas.validating.get(request.topic)
+        if schemas is not None:  # the one per-record cost, and only on topics with a schema
+            schemas.check_batch(request.batch, self._config.max_decompressed_batch)
         if not topic.reliable:
             return self._publish(topic, request, info)
         return self._append(topic, request, info)
@@ -262,6 +271,7 @@ _IN_TURN = frozenset(
         m.DeleteTopicRequest,
         m.AlterTopicConfigsRequest,
         m.CreatePartitionsRequest,
+        m.RegisterSchemaRequest,
     }
 )
 _MAP_REQUESTS = frozenset({m.MapGetRequest, m.MapSetRequest, m.MapScanRequest, m.MapSizeRequest})
@@ -280,6 +290,10 @@ _TOPIC_FIELD = {
     m.AlterTopicConfigsRequest: "name",
     m.ListSubscriptionsRequest: "topic",
     m.CreatePartitionsRequest: "name",
+    m.RegisterSchemaRequest: "topic",
+    m.GetSchemaRequest: "topic",
+    m.ListSchemasRequest: "topic",
+    m.CheckSchemaRequest: "topic",
 }
 
 

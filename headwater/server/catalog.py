@@ -49,6 +49,7 @@ from headwater.server.lastvalue import LastValueIndex
 from headwater.server.locks import NameLocks, Turn
 from headwater.server.producers import ProducerIds
 from headwater.server.reliable_store import SubscriptionStore
+from headwater.server.schemas import SchemaRegistry
 from headwater.server.topic_settings import (
     log_config,
     parse_settings,
@@ -104,6 +105,7 @@ class TopicCatalog:
         self.subscriptions = SubscriptionStore(
             config, self.writer, self.dead_letters, uploader.store if uploader else None
         )
+        self.schemas = SchemaRegistry(state, self.writer)
 
     def _topic_dir(self, name: str) -> Path:
         return self._config.data_dir / "topics" / name
@@ -151,6 +153,7 @@ class TopicCatalog:
                 for segment in partition.log.sealed_segments():
                     self._sealed(topic.name, partition.index)(segment)
         self.producers.load(self.topics)
+        self.schemas.load(self.topics)
         for raw_key, value in self._state.scan(SUBSCRIPTION):
             topic_name, name = raw_key.decode().split("\0")
             owner = self.topics.get(topic_name)
@@ -258,11 +261,14 @@ class TopicCatalog:
             raise InvalidRequest(
                 f"unknown dispatch mode {request.dispatch} (0 non-reliable, 1 reliable)"
             ) from None
-        if dispatch == m.DispatchMode.NON_RELIABLE and request.configs:
-            raise InvalidRequest("non-reliable topics take no configs (they keep nothing)")
-        last_value = {c.name: c.value for c in request.configs if c.name in LAST_VALUE_CONFIGS}
+        schema_configs, configs = self.schemas.split_configs(request.configs)
+        if dispatch == m.DispatchMode.NON_RELIABLE and configs:
+            raise InvalidRequest(
+                "non-reliable topics take no configs but schema.* (they keep nothing)"
+            )
+        last_value = {c.name: c.value for c in configs if c.name in LAST_VALUE_CONFIGS}
         settings = parse_settings(
-            [c for c in request.configs if c.name not in LAST_VALUE_CONFIGS],
+            [c for c in configs if c.name not in LAST_VALUE_CONFIGS],
             self._config.topic_defaults,
         )
         if last_value.get("last.value", "true") not in ("true", "false"):
@@ -278,6 +284,7 @@ class TopicCatalog:
                     f"the files of deleted topic {request.name!r} could not be removed yet; "
                     "see the server log"
                 )
+        schemas, schema_puts = self.schemas.prepare(request.name, schema_configs)
         data: dict[str, object] = {"partitions": request.partitions, "dispatch": int(dispatch)}
         topic: Topic
         if dispatch == m.DispatchMode.RELIABLE:
@@ -288,11 +295,14 @@ class TopicCatalog:
         else:
             topic = MemoryTopic(m.TopicInfo(request.name, request.partitions, dispatch))
         try:
-            await self.writer.put_json(key(TOPIC, request.name), data)
+            topic_key = {key(TOPIC, request.name): json.dumps(data).encode()}
+            await self.writer.synced(topic_key | (schema_puts if schema_configs else {}))
         except BaseException:
             await self._discard(topic)
             raise
         self.topics[request.name] = topic
+        if schema_configs:
+            self.schemas.install(schemas)
         if wants_last_value:
             await self.enable_last_value(topic, key_field)
         log.info(
@@ -360,6 +370,7 @@ class TopicCatalog:
             raise UnknownTopic(f"topic {name!r} does not exist")
         await self.writer.synced({key(DELETING, name): b""}, [key(TOPIC, name)])
         del self.topics[name]
+        self.schemas.forget(name)
         on_removed(topic)
         for subscription in list(topic.subscriptions.values()):
             await subscription.close()
@@ -379,6 +390,7 @@ class TopicCatalog:
         for prefix in (SUBSCRIPTION, CURSOR, PRODUCER):
             self._state.delete_prefix(key(prefix, name) + b"\0")
         drop_last_values(self._state, name)
+        self._state.delete_prefix(self.schemas.purge_prefix(name))
         if self.uploader is not None:
             self.uploader.forget_topic(name)
         if directory.exists():

@@ -13,6 +13,19 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from headwater.wire.messages import ConfigEntry, TopicInfo
 
+__all__ = [
+    "AlterTopicConfigsRequest",
+    "AlterTopicConfigsResponse",
+    "CreatePartitionsRequest",
+    "ListSubscriptionsRequest",
+    "ListSubscriptionsResponse",
+    "PartitionInfo",
+    "ServerInfoRequest",
+    "ServerInfoResponse",
+    "SubscriptionDetail",
+    "SubscriptionPartition",
+]
+
 
 @dataclass(frozen=True, slots=True)
 class PartitionInfo:

@@ -50,6 +50,10 @@ class ErrorCode(enum.IntEnum):
     AUTHENTICATION_FAILED = 33
     NOT_AUTHORIZED = 34
     AUTHENTICATION_REQUIRED = 35
+    SCHEMA_VIOLATION = 36
+    INVALID_SCHEMA = 37
+    INCOMPATIBLE_SCHEMA = 38
+    UNKNOWN_SCHEMA = 39
 
 
 class HeadwaterError(Exception):
@@ -258,6 +262,37 @@ class NotAuthorized(HeadwaterError):
     code = ErrorCode.NOT_AUTHORIZED
 
 
+class SchemaViolation(HeadwaterError):
+    """A produced record does not match its topic's schema: the whole batch is refused. The
+    message starts with `record N:`, N the record's position in the batch (`record_index`)."""
+
+    code = ErrorCode.SCHEMA_VIOLATION
+
+    @property
+    def record_index(self) -> int | None:
+        head, _, _ = self.message.partition(":")
+        number = head.removeprefix("record ")
+        return int(number) if head.startswith("record ") and number.isdigit() else None
+
+
+class InvalidSchema(HeadwaterError):
+    """A schema definition that does not parse, is of an unknown type, or breaks a limit."""
+
+    code = ErrorCode.INVALID_SCHEMA
+
+
+class IncompatibleSchema(HeadwaterError):
+    """The topic's compatibility mode refuses the new schema version."""
+
+    code = ErrorCode.INCOMPATIBLE_SCHEMA
+
+
+class UnknownSchema(HeadwaterError):
+    """The topic has no schema version of that number (or no schema at all)."""
+
+    code = ErrorCode.UNKNOWN_SCHEMA
+
+
 _BY_CODE: dict[int, type[HeadwaterError]] = {}
 for _cls in (
     UnknownServerError,
@@ -295,6 +330,10 @@ for _cls in (
     AuthenticationFailed,
     NotAuthorized,
     AuthenticationRequired,
+    SchemaViolation,
+    InvalidSchema,
+    IncompatibleSchema,
+    UnknownSchema,
 ):
     _BY_CODE[_cls.code] = _cls
 

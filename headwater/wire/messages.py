@@ -36,6 +36,10 @@ class ApiKey(enum.IntEnum):
     SERVER_INFO = 17
     API_VERSIONS = 18
     AUTHENTICATE = 30
+    REGISTER_SCHEMA = 40
+    GET_SCHEMA = 41
+    LIST_SCHEMAS = 42
+    CHECK_SCHEMA = 43
     # pushed by the server
     DELIVER = 100
     CONSUMER_CLOSED = 101
@@ -418,29 +422,10 @@ class Throttle:
     throttle_ms: int
 
 
-# The admin messages operators added live in `wire.admin_messages` (below its imports' classes).
-from headwater.wire.admin_messages import (  # noqa: E402
-    AlterTopicConfigsRequest as AlterTopicConfigsRequest,
-)
-from headwater.wire.admin_messages import (  # noqa: E402
-    AlterTopicConfigsResponse as AlterTopicConfigsResponse,
-)
-from headwater.wire.admin_messages import (  # noqa: E402
-    CreatePartitionsRequest as CreatePartitionsRequest,
-)
-from headwater.wire.admin_messages import (  # noqa: E402
-    ListSubscriptionsRequest as ListSubscriptionsRequest,
-)
-from headwater.wire.admin_messages import (  # noqa: E402
-    ListSubscriptionsResponse as ListSubscriptionsResponse,
-)
-from headwater.wire.admin_messages import PartitionInfo as PartitionInfo  # noqa: E402
-from headwater.wire.admin_messages import ServerInfoRequest as ServerInfoRequest  # noqa: E402
-from headwater.wire.admin_messages import ServerInfoResponse as ServerInfoResponse  # noqa: E402
-from headwater.wire.admin_messages import SubscriptionDetail as SubscriptionDetail  # noqa: E402
-from headwater.wire.admin_messages import (  # noqa: E402
-    SubscriptionPartition as SubscriptionPartition,
-)
+# The admin messages operators added and the schema messages live in modules of their own (which
+# import the classes above); re-exported here with their `__all__`.
+from headwater.wire.admin_messages import *  # noqa: E402
+from headwater.wire.schema_messages import *  # noqa: E402
 
 Push = Delivery | ConsumerClosed | MessagesDropped | Throttle
 
@@ -468,6 +453,10 @@ Request = (
     | ListSubscriptionsRequest
     | ServerInfoRequest
     | CreatePartitionsRequest
+    | RegisterSchemaRequest
+    | GetSchemaRequest
+    | ListSchemasRequest
+    | CheckSchemaRequest
 )
 Response = (
     EmptyResponse
@@ -485,4 +474,8 @@ Response = (
     | AlterTopicConfigsResponse
     | ListSubscriptionsResponse
     | ServerInfoResponse
+    | RegisterSchemaResponse
+    | GetSchemaResponse
+    | ListSchemasResponse
+    | CheckSchemaResponse
 )
