@@ -36,12 +36,13 @@ import contextlib
 import dataclasses
 import json
 import shutil
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import structlog
 
+from headwater.server.bounded import bounded_gather
 from headwater.server.config import ServerConfig, TopicSettings
 from headwater.server.deadletter import LAST_VALUE_CONFIGS, DeadLetters
 from headwater.server.housekeeping import HOUSEKEEPING_INTERVAL, housekeep_once
@@ -172,24 +173,21 @@ class TopicCatalog:
         """Open and recover the reliable topics' WALs, several at a time: an open is mostly
         waiting on the disk (the lease's fsyncs), and one after another 10,000 topics took
         minutes to start."""
-        opened: dict[str, LogTopic] = {}
-        slots = asyncio.Semaphore(_OPENING_AT_ONCE)
-
-        async def one(name: str, data: dict[str, Any]) -> None:
-            settings = settings_from_json(data.get("settings", {}), self._config.topic_defaults)
-            async with slots:
-                opened[name] = await asyncio.to_thread(
-                    self._open_reliable, name, data["partitions"], settings
+        reliable = [(n, d) for n, d in entries if d["dispatch"] == m.DispatchMode.RELIABLE]
+        defaults = self._config.topic_defaults
+        topics = await bounded_gather(
+            (
+                asyncio.to_thread(
+                    self._open_reliable,
+                    name,
+                    data["partitions"],
+                    settings_from_json(data.get("settings", {}), defaults),
                 )
-
-        await asyncio.gather(
-            *(
-                one(name, data)
-                for name, data in entries
-                if data["dispatch"] == m.DispatchMode.RELIABLE
-            )
+                for name, data in reliable
+            ),
+            _OPENING_AT_ONCE,
         )
-        return opened
+        return {name: topic for (name, _), topic in zip(reliable, topics, strict=True)}
 
     def _open_reliable(self, name: str, partitions: int, settings: TopicSettings) -> LogTopic:
         logs = [
@@ -229,12 +227,13 @@ class TopicCatalog:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._housekeeping
         topics = list(self.topics.values())
-        await _in_parallel([s.close() for t in topics for s in list(t.subscriptions.values())])
+        subscriptions = [s for t in topics for s in list(t.subscriptions.values())]
+        await bounded_gather((s.close() for s in subscriptions), _CLOSING_AT_ONCE)
         await self.writer.flush()
         seal = self.uploader is not None
         # a partition's close is a few fsyncs; one after another, 10,000 topics took longer than
         # the shutdown timeout, while the disk takes many at once about as fast as one
-        await _in_parallel([topic.close(seal) for topic in topics])
+        await bounded_gather((topic.close(seal) for topic in topics), _CLOSING_AT_ONCE)
         if self.uploader is not None:
             uploaded = await self.uploader.drain(self._config.shutdown_timeout)
             if not uploaded:
@@ -492,18 +491,3 @@ def _key_or_none(index: LastValueIndex, record: Record) -> bytes | None:
 
 _CLOSING_AT_ONCE = 64
 _OPENING_AT_ONCE = 16  # the default executor's threads bound it further
-
-
-async def _in_parallel(closes: list[Coroutine[object, object, None]]) -> None:
-    """Await `closes`, at most `_CLOSING_AT_ONCE` at a time; the first error is raised after all
-    have run, so one failing close does not leave the others unclosed."""
-    slots = asyncio.Semaphore(_CLOSING_AT_ONCE)
-
-    async def one(close: Coroutine[object, object, None]) -> None:
-        async with slots:
-            await close
-
-    results = await asyncio.gather(*(one(c) for c in closes), return_exceptions=True)
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
