@@ -8,6 +8,7 @@ from headwater.client import Client, Consumer, Message, Tls, connect
 from headwater.producer import (
     AtLeastOnce,
     AtMostOnce,
+    BatchSendFuture,
     Isolation,
     Producer,
     ProducerConfig,
@@ -15,6 +16,7 @@ from headwater.producer import (
     RetryPolicy,
     RetryStrategy,
     SendFuture,
+    SentBatch,
 )
 from headwater.reconnect import ReconnectPolicy
 from headwater.wire.errors import (
@@ -66,6 +68,7 @@ __all__ = [
     "AtMostOnce",
     "AuthenticationFailed",
     "AuthenticationRequired",
+    "BatchSendFuture",
     "Client",
     "Compression",
     "ConnectionClosed",
@@ -100,6 +103,7 @@ __all__ = [
     "RetryStrategy",
     "RevisionMismatch",
     "SendFuture",
+    "SentBatch",
     "ServerShuttingDown",
     "StorageError",
     "SubscriptionTypeMismatch",

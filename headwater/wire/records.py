@@ -138,6 +138,62 @@ class BatchBuilder:
         self.count += 1
         return position
 
+    def extend(
+        self,
+        values: Sequence[bytes | None],
+        keys: Sequence[bytes | None] | None,
+        headers: Sequence[list[tuple[str, bytes | None]]] | None,
+        timestamp: int,
+        start: int,
+        fill: int,
+        space: int,
+        overhead: int,
+    ) -> tuple[int, int]:
+        """Append `values[start:]` (with their keys and headers, all at `timestamp`) until the
+        estimated bytes reach `fill` or the next record would pass `space`; a record is estimated
+        as `overhead` + its key, value and header bytes. Returns (index after the last record
+        appended, estimated bytes added). One call per batch: the loop calls the C encoder
+        directly, with none of `append`'s per-record keyword handling."""
+        append = self._builder.append
+        position = self.count
+        used = 0
+        index = start
+        stop = len(values)
+        if keys is None and headers is None:
+            no_headers: list[tuple[str, bytes | None]] = []
+            while index < stop:
+                value = values[index]
+                size = overhead + (len(value) if value is not None else 0)
+                if used + size > space:
+                    break
+                append(position, timestamp, None, value, no_headers)
+                position += 1
+                index += 1
+                used += size
+                if used >= fill:
+                    break
+        else:
+            while index < stop:
+                value = values[index]
+                key = keys[index] if keys is not None else None
+                record_headers = headers[index] if headers is not None else []
+                size = (
+                    overhead
+                    + (len(value) if value is not None else 0)
+                    + (len(key) if key is not None else 0)
+                    + sum(len(k) + len(v or b"") for k, v in record_headers)
+                )
+                if used + size > space:
+                    break
+                append(position, timestamp, key, value, record_headers)
+                position += 1
+                index += 1
+                used += size
+                if used >= fill:
+                    break
+        self.count = position
+        return index, used
+
     def size(self) -> int:
         """Bytes so far (before compression)."""
         size: int = self._builder.size()
