@@ -29,7 +29,7 @@ import struct
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Final, TypeVar
+from typing import Final, Protocol, TypeVar
 
 import cramjam
 import crc32c
@@ -287,24 +287,34 @@ def read_base_offset(batch: bytes | bytearray | memoryview) -> int:
     return offset
 
 
-def decode_records(
-    batch: bytes,
-    build: Callable[[int, int, bytes | None, bytes | None, list[tuple[str, bytes | None]]], T],
-    max_decompressed: int = MAX_DECOMPRESSED_BATCH,
-) -> list[T]:
-    """Decode every record as `build(offset, timestamp, key, value, headers)`, in C but for `build`.
+class RawRecord(Protocol):
+    """A record as the C codec decodes it (aiokafka's DefaultRecord), read-only."""
 
-    The caller's own type is built directly, with no intermediate object per record: on a
-    consumer, record decoding is the hot path. Raises `CorruptBatch` if the batch does not check,
-    `DecompressedTooLarge` if it inflates past `max_decompressed` bytes.
+    @property
+    def offset(self) -> int: ...
+    @property
+    def timestamp(self) -> int: ...
+    @property
+    def key(self) -> bytes | None: ...
+    @property
+    def value(self) -> bytes | None: ...
+    @property
+    def headers(self) -> list[tuple[str, bytes | None]]: ...
+
+
+def decode_batch(
+    batch: bytes, max_decompressed: int = MAX_DECOMPRESSED_BATCH, info: BatchInfo | None = None
+) -> list[RawRecord]:
+    """Every record as the C codec's own object, decoded in one C loop (no Python per record).
+
+    Raises `CorruptBatch` if the batch does not check, `DecompressedTooLarge` if it inflates past
+    `max_decompressed` bytes. `info`: what `inspect_batch` said of this batch already.
     """
-    info = inspect_batch(batch)
+    if info is None:
+        info = inspect_batch(batch)
     plain = inflate(batch, max_decompressed, info.compression)
     try:
-        records = [
-            build(r.offset, r.timestamp, r.key, r.value, r.headers)
-            for r in DefaultRecordBatch(plain)
-        ]
+        records: list[RawRecord] = list(DefaultRecordBatch(plain))
     except _DECODE_ERRORS as exc:
         raise CorruptBatch(f"record batch does not decode: {exc}") from None
     if len(records) != info.record_count:
@@ -312,6 +322,22 @@ def decode_records(
             f"record batch header says {info.record_count} records, {len(records)} decode"
         )
     return records
+
+
+def decode_records(
+    batch: bytes,
+    build: Callable[[int, int, bytes | None, bytes | None, list[tuple[str, bytes | None]]], T],
+    max_decompressed: int = MAX_DECOMPRESSED_BATCH,
+) -> list[T]:
+    """Decode every record as `build(offset, timestamp, key, value, headers)`, in C but for `build`.
+
+    The caller's own type is built directly, with no intermediate object of ours per record: on a
+    consumer, record decoding is the hot path. Raises as `decode_batch`.
+    """
+    return [
+        build(r.offset, r.timestamp, r.key, r.value, r.headers)
+        for r in decode_batch(batch, max_decompressed)
+    ]
 
 
 def is_compressed(batch: bytes | bytearray | memoryview) -> bool:
