@@ -5,6 +5,7 @@ Every exception the client raises is a `HeadwaterError` subclass carrying the wi
 and every one is importable from here (`except headwater.TopicExists:`)."""
 
 from headwater.client import Client, Consumer, Message, Tls, connect
+from headwater.message_batch import MessageBatch
 from headwater.producer import (
     AtLeastOnce,
     AtMostOnce,
@@ -87,6 +88,7 @@ __all__ = [
     "Isolation",
     "MalformedFrame",
     "Message",
+    "MessageBatch",
     "NotAuthorized",
     "NotSupported",
     "ObjectNotFound",
