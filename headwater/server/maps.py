@@ -60,7 +60,8 @@ class MapHandlers:
             check_key(wanted)
         index = self._topic(request.topic).last_value
         if index is not None and index.ready:  # the hot path: no task, no await
-            return m.MapGetResponse(tuple(_entry(k, index.get(k)) for k in request.keys))
+            get = index.get_head
+            return m.MapGetResponse(tuple(_head_entry(k, get(k)) for k in request.keys))
         return AfterWork(self._map_get_after_enabling(request))
 
     async def _map_get_after_enabling(self, request: m.MapGetRequest) -> Reply:
@@ -92,6 +93,8 @@ class MapHandlers:
             )
         # Check every expectation, then write, with no await between: the check holds.
         for write in request.writes:
+            if write.expected_revision == ANY_REVISION:
+                continue  # nothing to compare: no lookup
             current = index.get(write.key)
             revision = ABSENT_REVISION if current is None else current.offset
             if write.expected_revision not in (ANY_REVISION, revision):
@@ -141,6 +144,13 @@ def no_last_value_state(topic: str) -> InvalidRequest:
         f"topic {topic!r} has no last-value state: create it with --last-value or "
         "`topic alter --last-value`, or write to it with map set"
     )
+
+
+def _head_entry(record_key: bytes, head: tuple[int, int, int, bytes] | None) -> m.MapEntry:
+    if head is None:
+        return m.MapEntry(record_key, False, -1, -1, -1, None)
+    partition, revision, timestamp, value = head
+    return m.MapEntry(record_key, True, revision, partition, timestamp, value)
 
 
 def _entry(record_key: bytes, stored: StoredValue | None) -> m.MapEntry:

@@ -220,8 +220,17 @@ def build_batch(
     builder = BatchBuilder(compression)
     if timestamp is None:
         timestamp = int(time.time() * 1000)
-    for key, value, headers in records:
-        builder.append(key, value, headers, timestamp)
+    listed = list(records)
+    builder.extend(
+        [value for _, value, _ in listed],
+        [key for key, _, _ in listed],
+        [list(headers) for _, _, headers in listed],
+        timestamp,
+        0,
+        _NO_SIZE_LIMIT,
+        _NO_SIZE_LIMIT,
+        0,
+    )
     return builder.build(base_offset)
 
 
