@@ -261,6 +261,31 @@ async def test_batches_iterator_ends_when_the_consumer_closes(
     assert seen == [b"a", b"b"]
 
 
+@pytest.mark.parametrize("codec", [Compression.NONE, Compression.ZSTD])
+async def test_batches_cut_to_a_small_credit_keep_every_field(
+    client: headwater.Client, topic: str, codec: Compression
+) -> None:
+    """A 100-record batch to a consumer granting 7 at a time: the server cuts it (split_batch),
+    and every record arrives whole: key, value, headers, timestamp, offset."""
+    consumer = await client.subscribe(topic, "small", prefetch=7)
+    producer = client.producer(topic, compression=codec)
+    values = [f"value {i}".encode() for i in range(100)]
+    keys = [f"key {i}".encode() if i % 2 else None for i in range(100)]
+    headers = [{"i": str(i).encode()} if i % 3 else None for i in range(100)]
+    sent = await (await producer.send_batch(values, keys, headers, partition=0))
+    received = []
+    async with asyncio.timeout(10):
+        while len(received) < 100:
+            received.append(await consumer.receive())
+    assert [x.value for x in received] == values
+    assert [x.key for x in received] == keys
+    assert [x.headers for x in received] == [
+        [("i", str(i).encode())] if i % 3 else [] for i in range(100)
+    ]
+    assert [x.offset for x in received] == list(range(100))
+    assert [x.timestamp for x in received] == [metadata.timestamp for metadata in sent]
+
+
 # One map request per round
 
 

@@ -495,11 +495,17 @@ def validate_records(batch: bytes, max_decompressed: int = MAX_DECOMPRESSED_BATC
 
 
 def split_batch(batch: bytes, count: int) -> tuple[bytes, bytes]:
-    """Cut a valid batch after `count` records, keeping offsets, timestamps and codec."""
+    """Cut a valid batch after `count` records, keeping offsets, timestamps and codec.
+
+    The codec's own record objects go straight back into the builder: a consumer with less
+    credit than a batch holds costs no object of ours per record."""
     info = inspect_batch(batch)
     if not 0 < count < info.record_count:
         raise ValueError(f"cannot split a batch of {info.record_count} records at {count}")
-    records = read_records(batch)
+    records = decode_batch(batch, info=info)
+    base = info.base_offset
+    if [r.offset for r in records] != list(range(base, base + len(records))):
+        raise CorruptBatch("record offset deltas are not 0, 1, 2, ...")
     compression = Compression(info.compression)
     return (
         rebuild_batch(records[:count], compression),
@@ -507,9 +513,22 @@ def split_batch(batch: bytes, count: int) -> tuple[bytes, bytes]:
     )
 
 
-def rebuild_batch(records: Sequence[Record], compression: Compression = Compression.NONE) -> bytes:
+def rebuild_batch(
+    records: Sequence[Record | RawRecord], compression: Compression = Compression.NONE
+) -> bytes:
     """Encode decoded records again as one batch, keeping their offsets and timestamps."""
-    builder = BatchBuilder(compression)
-    for record in records:
-        builder.append(record.key, record.value, record.headers, record.timestamp)
-    return builder.build(records[0].offset)
+    builder = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=compression,
+        is_transactional=0,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=_NO_SIZE_LIMIT,
+    )
+    append = builder.append
+    for position, record in enumerate(records):
+        append(position, record.timestamp, record.key, record.value, list(record.headers))
+    batch = builder.build()
+    _BASE_OFFSET.pack_into(batch, 0, records[0].offset)
+    return bytes(batch)
