@@ -27,9 +27,11 @@ import enum
 import mmap
 import struct
 import time
+from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Final, Protocol, TypeVar
 
 import cramjam
@@ -161,18 +163,28 @@ class BatchBuilder:
         index = start
         stop = len(values)
         if keys is None and headers is None:
+            # Values only: where the batch ends is found in C (running sizes, bisect), so the
+            # loop below does nothing per record but call the encoder.
             no_headers: list[tuple[str, bytes | None]] = []
-            while index < stop:
-                value = values[index]
-                size = overhead + (len(value) if value is not None else 0)
-                if used + size > space:
-                    break
-                append(position, timestamp, None, value, no_headers)
-                position += 1
-                index += 1
-                used += size
-                if used >= fill:
-                    break
+            # At most this many records can reach `fill`: each is estimated at `overhead` or more.
+            window = min(fill, space) // overhead + 1 if overhead > 0 else len(values)
+            chunk = values[start : start + window]
+            try:
+                running = [0, *accumulate(map(len, chunk))]  # type: ignore[arg-type]
+            except TypeError:  # a None value (a tombstone) counts as empty
+                running = [0, *accumulate(len(v) if v is not None else 0 for v in chunk)]
+
+            def estimate(k: int) -> int:
+                return running[k] + overhead * k
+
+            candidates = range(len(chunk) + 1)
+            fits = bisect_right(candidates, space, key=estimate) - 1  # within `space`
+            count = min(fits, bisect_left(candidates, fill, key=estimate))  # up to `fill`
+            for offset_delta, value in enumerate(chunk[:count], position):
+                append(offset_delta, timestamp, None, value, no_headers)
+            position += count
+            index = start + count
+            used = estimate(count)
         else:
             while index < stop:
                 value = values[index]
