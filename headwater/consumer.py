@@ -136,6 +136,8 @@ class Consumer:
     def on_delivery(self, delivery: m.Delivery) -> None:
         """Keep the batch as it came (header and CRC checked): it is decoded when taken, by
         `receive` into messages or by the application from a `MessageBatch`."""
+        if self._error is not None:
+            return  # ended (a batch did not decode, say): nothing more is handed out
         try:
             info = inspect_batch(delivery.batch)
         except HeadwaterError as exc:
@@ -171,6 +173,12 @@ class Consumer:
                 self.subscription,
                 count,
             )
+
+    def on_undecodable(self, error: HeadwaterError) -> None:
+        """A delivered batch did not decode (found when it was taken): the consumer ends, and
+        what was delivered after it is not handed out."""
+        self._batches.clear()
+        self.on_closed(error)
 
     def on_closed(self, error: HeadwaterError) -> None:
         if self._error is not None:
@@ -249,12 +257,7 @@ class Consumer:
             if not self._batches:
                 assert self._error is not None
                 raise type(self._error)(self._error.message)
-            batch = self._batches.popleft()
-            try:
-                self._messages.extend(batch.messages())
-            except HeadwaterError:
-                self._batches.clear()  # the consumer ended (the batch's decode said why)
-                raise
+            self._messages.extend(self._batches.popleft().messages())
 
     def _buffered(self) -> int:
         return len(self._messages) + sum(len(b) for b in self._batches)

@@ -91,7 +91,7 @@ class MessageBatch(Sequence["Message"]):
                 try:
                     self._records = decode_batch(self._batch, info=self._info)
                 except HeadwaterError as exc:
-                    self._consumer.on_closed(exc)
+                    self._consumer.on_undecodable(exc)
                     raise
                 self._batch = b""  # the decoded records hold what is needed
         return self._records

@@ -362,15 +362,18 @@ async def test_undecodable_records_refused_on_reliable_end_only_their_consumers(
     await client.create_topic(f"{topic_name}-r", dispatch="reliable")
     await client.create_topic(topic_name)
     consumer = await client.subscribe(topic_name, "watch")
+    lazy = await client.subscribe(topic_name, "lazy")
     peer = await RawPeer.open(server.address)
     try:
         refused = await peer.call(m.ProduceRequest(f"{topic_name}-r", 0, undecodable))
         assert isinstance(refused, CorruptBatch) and "decode" in refused.message
         good = build_batch([(None, b"before", [])])
+        after = build_batch([(None, b"after", [])])
         assert await peer.call(m.ProduceRequest(topic_name, 0, good)) == m.ProduceResponse(0, 0)
         assert await peer.call(m.ProduceRequest(topic_name, 0, undecodable)) == (
             m.ProduceResponse(0, 1)
         )
+        assert await peer.call(m.ProduceRequest(topic_name, 0, after)) == m.ProduceResponse(0, 2)
     finally:
         await peer.close()
     assert (await consumer.receive(timeout=5)).value == b"before"
@@ -378,6 +381,14 @@ async def test_undecodable_records_refused_on_reliable_end_only_their_consumers(
         await consumer.receive(timeout=5)
     with pytest.raises(CorruptBatch):  # ended: it says so again, never hangs
         await consumer.receive(timeout=5)
+    # Lazily: the batch is handed out, its first access raises and ends the consumer.
+    assert (await lazy.next_batch(timeout=5)).values() == [b"before"]
+    bad = await lazy.next_batch(timeout=5)
+    assert len(bad) == 1
+    with pytest.raises(CorruptBatch):
+        bad.values()
+    with pytest.raises(CorruptBatch):  # what came after it is not handed out
+        await lazy.next_batch(timeout=5)
 
 
 # Offsets under concurrent producers
