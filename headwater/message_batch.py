@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, overload
 
 from headwater.wire.errors import HeadwaterError
-from headwater.wire.records import BatchInfo, RawRecord, decode_batch
+from headwater.wire.records import BatchInfo, RawRecord, decode_batch, decode_records
 
 if TYPE_CHECKING:
     from headwater.consumer import Consumer, Message
@@ -118,10 +118,18 @@ class MessageBatch(Sequence["Message"]):
         """A `Message` per record (built on the first call)."""
         if self._messages is None:
             build = self._build
-            messages = [
-                build(r.offset, r.timestamp, r.key, r.value, list(r.headers))
-                for r in self._decoded()
-            ]
+            if self._records is not None:
+                messages = [
+                    build(r.offset, r.timestamp, r.key, r.value, list(r.headers))
+                    for r in self._records
+                ]
+            else:  # straight from the bytes: one pass, as the per-message consumer always did
+                try:
+                    messages = decode_records(self._batch, build, info=self._info)
+                except HeadwaterError as exc:
+                    self._consumer.on_undecodable(exc)
+                    raise
+                self._batch = b""
             if messages and self.missed:
                 messages[0].missed = self.missed
             self._messages = messages
