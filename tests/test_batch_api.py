@@ -273,7 +273,7 @@ async def test_batches_cut_to_a_small_credit_keep_every_field(
     keys = [f"key {i}".encode() if i % 2 else None for i in range(100)]
     headers = [{"i": str(i).encode()} if i % 3 else None for i in range(100)]
     sent = await (await producer.send_batch(values, keys, headers, partition=0))
-    received = []
+    received: list[headwater.Message] = []
     async with asyncio.timeout(10):
         while len(received) < 100:
             received.append(await consumer.receive())
@@ -440,3 +440,22 @@ async def test_send_batch_on_a_closed_producer_fails(client: headwater.Client, t
     await producer.close()
     with pytest.raises(HeadwaterError):
         await producer.send_batch([b"x"])
+
+
+def test_encoded_map_get_answer_is_the_same_bytes_as_the_entries() -> None:
+    """The server's hot path (`encode_map_entries`) and the `MapEntry` encoder agree."""
+    from headwater.wire.api.maps import encode_map_entries, encode_map_get_response
+    from headwater.wire.frames import Frame, FrameDecoder
+    from headwater.wire.protocol import decode_response
+
+    found = [(b"a", (0, 5, 1700000000000, b"value")), (b"missing", None), (b"e", (2, 9, 1, b""))]
+    entries = (
+        m.MapEntry(b"a", True, 5, 0, 1700000000000, b"value"),
+        m.MapEntry(b"missing", False, -1, -1, -1, None),
+        m.MapEntry(b"e", True, 9, 2, 1, b""),
+    )
+    fast = encode_map_get_response(7, encode_map_entries(found))
+    assert fast == encode_map_get_response(7, m.MapGetResponse(entries))
+    (frame,) = FrameDecoder().feed(fast)
+    assert isinstance(frame, Frame)
+    assert decode_response(frame.header, frame.body) == m.MapGetResponse(entries)

@@ -18,6 +18,7 @@ from headwater.server.lastvalue import LastValueIndex
 from headwater.server.reply import AfterWork, Reply, after
 from headwater.server.topics import LogTopic, Topic
 from headwater.wire import messages as m
+from headwater.wire.api.maps import encode_map_entries
 from headwater.wire.errors import InvalidRequest, RevisionMismatch, UnknownTopic
 from headwater.wire.keys import ABSENT_REVISION, ANY_REVISION
 from headwater.wire.limits import MAX_MAP_KEYS
@@ -59,9 +60,9 @@ class MapHandlers:
         for wanted in request.keys:
             check_key(wanted)
         index = self._topic(request.topic).last_value
-        if index is not None and index.ready:  # the hot path: no task, no await
+        if index is not None and index.ready:  # the hot path: no task, no await, no object per key
             get = index.get_head
-            return m.MapGetResponse(tuple(_head_entry(k, get(k)) for k in request.keys))
+            return encode_map_entries([(k, get(k)) for k in request.keys])
         return AfterWork(self._map_get_after_enabling(request))
 
     async def _map_get_after_enabling(self, request: m.MapGetRequest) -> Reply:
@@ -144,13 +145,6 @@ def no_last_value_state(topic: str) -> InvalidRequest:
         f"topic {topic!r} has no last-value state: create it with --last-value or "
         "`topic alter --last-value`, or write to it with map set"
     )
-
-
-def _head_entry(record_key: bytes, head: tuple[int, int, int, bytes] | None) -> m.MapEntry:
-    if head is None:
-        return m.MapEntry(record_key, False, -1, -1, -1, None)
-    partition, revision, timestamp, value = head
-    return m.MapEntry(record_key, True, revision, partition, timestamp, value)
 
 
 def _entry(record_key: bytes, stored: StoredValue | None) -> m.MapEntry:
