@@ -1,7 +1,8 @@
 """The producer's accumulator: records into per-partition batches, closed batches into a queue.
 
 As in aiokafka, the producer is two halves: this one collects and the sender
-(headwater/sender.py) transmits. `append` adds a record to its partition's open batch; a batch
+(headwater/sender.py) transmits. `append` adds a record to its partition's open batch (`extend`
+adds many, for `send_batch`, in one call to the C encoder's loop per batch); a batch
 closes when it reaches `batch_size` bytes, after `linger` seconds (0: at the end of the current
 event-loop turn, so records sent together travel together), or on `close_all` (flush); it never
 grows past `max_request_size`. Closed batches wait in `queue`, in the order they were opened
@@ -167,8 +168,9 @@ class SentBatch(Sequence[RecordMetadata]):
         responses: list[m.ProduceResponse],
     ) -> None:
         self._topic = topic
+        # the timestamps, not the batches: a kept SentBatch holds no encoded bytes
         self._parts = [
-            (batch, first, count, response)
+            (batch.timestamps, first, count, response)
             for (batch, first, count), response in zip(segments, responses, strict=True)
         ]
         self._length = sum(count for _, _, count in segments)
@@ -189,13 +191,11 @@ class SentBatch(Sequence[RecordMetadata]):
             index += self._length
         if not 0 <= index < self._length:
             raise IndexError("record index out of range")
-        for batch, first, count, response in self._parts:
+        for timestamps, first, count, response in self._parts:
             if index < count:
                 position = first + index
                 offset = response.base_offset + position if response.base_offset >= 0 else None
-                return RecordMetadata(
-                    self._topic, response.partition, offset, batch.timestamps[position]
-                )
+                return RecordMetadata(self._topic, response.partition, offset, timestamps[position])
             index -= count
         raise AssertionError("unreachable")
 

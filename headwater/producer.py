@@ -5,7 +5,8 @@ backpressure) and a sender (headwater/sender.py: one task writing batches, retri
 connections from a factory (`Client.producer` passes its opener), so it needs nothing else of the
 client. This module is the application's side: `send`, partitioning, `flush`, `confirm`, `close`.
 
-`send` appends a record to its partition's open batch and returns a `SendFuture` at once; it waits
+`send` appends a record to its partition's open batch and returns a `SendFuture` at once
+(`send_batch` appends many, encoded in one loop per batch, with one `BatchSendFuture`); it waits
 only while `max_queued_batches` batches are already waiting to be sent or answered
 (backpressure: memory stays bounded). A batch closes when it reaches `batch_size` bytes, or after
 `linger` seconds (0: at the end of the current event-loop turn, so records sent together travel
