@@ -98,6 +98,28 @@ async def test_send_batch_delivers_every_value_in_order(
     assert await nothing_more(consumer)
 
 
+async def test_send_batch_waits_for_queue_room(client: headwater.Client, topic: str) -> None:
+    """One call of 20,000 values with room for 2 queued batches of about 1 KiB: the call fills
+    a batch, waits for room, fills the next, and never holds more than the bound."""
+    consumer = await client.subscribe(topic, "s", prefetch=20_000)
+    producer = client.producer(topic, batch_size=1024, max_queued_batches=2, linger=0.001)
+    accumulator = producer._accumulator
+    most = [0]
+    original = accumulator.update_room
+
+    def watch() -> None:
+        most[0] = max(most[0], len(accumulator.queue) + len(accumulator.in_flight))
+        original()
+
+    accumulator.update_room = watch  # type: ignore[method-assign]
+    values = [f"{i:06d}".encode() * 10 for i in range(20_000)]
+    sent = await asyncio.wait_for(await producer.send_batch(values), 60)
+    assert sent.offsets == list(range(20_000))
+    assert 1 <= most[0] <= 2  # queued or in flight: never past max_queued_batches
+    received = [v for batch in await take(consumer, 20_000, 30) for v in batch.values()]
+    assert received == values
+
+
 async def test_send_batch_futures_name_every_record(client: headwater.Client, topic: str) -> None:
     producer = client.producer(topic, delivery=AtMostOnce(wait_for_offsets=True), batch_size=300)
     future = await producer.send_batch([b"a" * 50] * 20)
