@@ -96,7 +96,8 @@ async def produce_at_rate(
     size: int,
     api: str = "batch",
 ) -> dict[str, Any]:
-    """`rate` msgs/s in 1 ms ticks for `seconds`; each value carries its send time."""
+    """`rate` msgs/s in 1 ms ticks for `seconds`; each value carries its send time (with the
+    batch API, one time per tick: the tick's values go out in one call)."""
     async with await headwater.connect(address) as client:
         producer = client.producer(topic)
         padding = b"x" * max(0, size - STAMP.size)
