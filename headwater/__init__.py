@@ -5,9 +5,11 @@ Every exception the client raises is a `HeadwaterError` subclass carrying the wi
 and every one is importable from here (`except headwater.TopicExists:`)."""
 
 from headwater.client import Client, Consumer, Message, Tls, connect
+from headwater.message_batch import MessageBatch
 from headwater.producer import (
     AtLeastOnce,
     AtMostOnce,
+    BatchSendFuture,
     Isolation,
     Producer,
     ProducerConfig,
@@ -15,6 +17,7 @@ from headwater.producer import (
     RetryPolicy,
     RetryStrategy,
     SendFuture,
+    SentBatch,
 )
 from headwater.reconnect import ReconnectPolicy
 from headwater.schema_codec import SchemaCodec
@@ -71,6 +74,7 @@ __all__ = [
     "AtMostOnce",
     "AuthenticationFailed",
     "AuthenticationRequired",
+    "BatchSendFuture",
     "Client",
     "Compression",
     "ConnectionClosed",
@@ -91,6 +95,7 @@ __all__ = [
     "Isolation",
     "MalformedFrame",
     "Message",
+    "MessageBatch",
     "NotAuthorized",
     "NotSupported",
     "ObjectNotFound",
@@ -109,6 +114,7 @@ __all__ = [
     "SchemaCodec",
     "SchemaViolation",
     "SendFuture",
+    "SentBatch",
     "ServerShuttingDown",
     "StorageError",
     "SubscriptionTypeMismatch",

@@ -1,7 +1,8 @@
 """The producer's accumulator: records into per-partition batches, closed batches into a queue.
 
 As in aiokafka, the producer is two halves: this one collects and the sender
-(headwater/sender.py) transmits. `append` adds a record to its partition's open batch; a batch
+(headwater/sender.py) transmits. `append` adds a record to its partition's open batch (`extend`
+adds many, for `send_batch`, in one call to the C encoder's loop per batch); a batch
 closes when it reaches `batch_size` bytes, after `linger` seconds (0: at the end of the current
 event-loop turn, so records sent together travel together), or on `close_all` (flush); it never
 grows past `max_request_size`. Closed batches wait in `queue`, in the order they were opened
@@ -20,8 +21,8 @@ import asyncio
 import bisect
 import itertools
 import time
-from collections.abc import Callable, Generator, Iterator
-from typing import Any
+from collections.abc import Callable, Generator, Iterator, Sequence
+from typing import Any, overload
 
 from headwater.producer_config import ProducerConfig, RecordMetadata
 from headwater.wire import messages as m
@@ -114,6 +115,103 @@ class SendFuture:
         )
 
 
+class BatchSendFuture:
+    """The outcome of one `send_batch`: await it for a `SentBatch` (every record's metadata).
+
+    The records may span several produce batches (each closes at `batch_size`); this waits for
+    each in turn and raises the first error. `futures()` gives one `SendFuture` per record, for
+    an application that must tell which records of a partly failed call were delivered.
+    """
+
+    __slots__ = ("_segments", "_topic")
+
+    def __init__(self, topic: str, segments: list[tuple[ProducerBatch, int, int]]) -> None:
+        self._topic = topic
+        self._segments = segments  # (batch, position of the first record, record count)
+
+    def __await__(self) -> Generator[Any, None, SentBatch]:
+        responses = []
+        for batch, _, _ in self._segments:
+            responses.append((yield from batch.result.__await__()))
+        return SentBatch(self._topic, self._segments, responses)
+
+    def __len__(self) -> int:
+        return sum(count for _, _, count in self._segments)
+
+    def done(self) -> bool:
+        return all(batch.result.done() for batch, _, _ in self._segments)
+
+    def exception(self) -> BaseException | None:
+        """The first error of a finished call (InvalidStateError while any part is pending)."""
+        for batch, _, _ in self._segments:
+            error = batch.result.exception()
+            if error is not None:
+                return error
+        return None
+
+    def futures(self) -> list[SendFuture]:
+        return [
+            SendFuture(self._topic, batch, position)
+            for batch, first, count in self._segments
+            for position in range(first, first + count)
+        ]
+
+
+class SentBatch(Sequence[RecordMetadata]):
+    """Every record's `RecordMetadata` of a completed `send_batch`, in the order sent, built
+    when asked for (a per-record object is what the batch API avoids)."""
+
+    def __init__(
+        self,
+        topic: str,
+        segments: list[tuple[ProducerBatch, int, int]],
+        responses: list[m.ProduceResponse],
+    ) -> None:
+        self._topic = topic
+        # the timestamps, not the batches: a kept SentBatch holds no encoded bytes
+        self._parts = [
+            (batch.timestamps, first, count, response)
+            for (batch, first, count), response in zip(segments, responses, strict=True)
+        ]
+        self._length = sum(count for _, _, count in segments)
+
+    def __len__(self) -> int:
+        return self._length
+
+    @overload
+    def __getitem__(self, index: int) -> RecordMetadata: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[RecordMetadata]: ...
+
+    def __getitem__(self, index: int | slice) -> RecordMetadata | list[RecordMetadata]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self._length))]
+        if index < 0:
+            index += self._length
+        if not 0 <= index < self._length:
+            raise IndexError("record index out of range")
+        for timestamps, first, count, response in self._parts:
+            if index < count:
+                position = first + index
+                offset = response.base_offset + position if response.base_offset >= 0 else None
+                return RecordMetadata(self._topic, response.partition, offset, timestamps[position])
+            index -= count
+        raise AssertionError("unreachable")
+
+    @property
+    def offsets(self) -> list[int | None]:
+        """Each record's offset (None when the delivery semantic does not wait for offsets)."""
+        offsets: list[int | None] = []
+        for _, first, count, response in self._parts:
+            if response.base_offset < 0:
+                offsets.extend([None] * count)
+            else:
+                start = response.base_offset + first
+                offsets.extend(range(start, start + count))
+        return offsets
+
+
 class RecordAccumulator:
     def __init__(
         self,
@@ -160,6 +258,44 @@ class RecordAccumulator:
         if batch.size >= self.config.batch_size:
             self.close_batch(partition)
         return SendFuture(self.topic, batch, position)
+
+    def extend(
+        self,
+        partition: int,
+        values: Sequence[bytes | None],
+        keys: Sequence[bytes | None] | None,
+        headers: Sequence[list[tuple[str, bytes | None]]] | None,
+        start: int,
+    ) -> tuple[ProducerBatch, int, int]:
+        """Add `values[start:]` to the partition's open batch until it closes (each record's size
+        checked against max_request_size already): (the batch, its position of the first record
+        added, the index after the last). Callers loop, waiting for `room` between calls."""
+        config = self.config
+        batch = self._open.get(partition)
+        if batch is None:
+            batch = self._new_batch(partition)
+        timestamp = int(time.time() * 1000)
+        first = batch.builder.count
+        stop, used = batch.builder.extend(
+            values,
+            keys,
+            headers,
+            timestamp,
+            start,
+            config.batch_size - batch.size,
+            config.max_request_size - batch.size,
+            RECORD_OVERHEAD,
+        )
+        if stop == start:  # the next record does not fit: it starts the next batch
+            if first == 0:
+                raise ValueError("a record larger than max_request_size reached the accumulator")
+            self.close_batch(partition)
+            return self.extend(partition, values, keys, headers, start)
+        batch.timestamps.extend(itertools.repeat(timestamp, stop - start))
+        batch.size += used
+        if batch.size >= config.batch_size or stop < len(values):
+            self.close_batch(partition)
+        return batch, first, stop
 
     def _new_batch(self, partition: int) -> ProducerBatch:
         idempotent = self.config.idempotent

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
 from headwater.auth import Tls, TlsOption, handshake_request, ssl_context
-from headwater.client_admin import AdminMixin
+from headwater.client_admin import AdminMixin, StartName, start_position
 from headwater.connection import Connection, default_server, parse_server
 from headwater.consumer import Consumer, Message, ms
 from headwater.maps import Map
@@ -57,7 +57,6 @@ logger = logging.getLogger("headwater.client")
 
 SubscriptionTypeName = Literal["exclusive", "shared", "failover", "key_shared"]
 DispatchName = Literal["non-reliable", "reliable"]
-StartName = Literal["latest", "earliest", "snapshot"]
 
 _SUBSCRIPTION_TYPES: dict[str, m.SubscriptionType] = {
     "exclusive": m.SubscriptionType.EXCLUSIVE,
@@ -429,7 +428,7 @@ class Client(AdminMixin, SchemaAdmin):
             on_end=self._consumers.discard,
         )
         settings = m.SubscriptionSettings(
-            *_start_position(start, start_timestamp),
+            *start_position(start, start_timestamp),
             ack_timeout_ms=ms(ack_timeout),
             max_deliveries=max_deliveries or 0,
             backoff=m.Backoff.FIXED if backoff == "fixed" else m.Backoff.EXPONENTIAL,
@@ -460,20 +459,6 @@ class Client(AdminMixin, SchemaAdmin):
         """The key/value API of a map durable on `topic` (a reliable topic)."""
         return Map(self, topic)
 
-    async def seek(
-        self,
-        topic: str,
-        subscription: str,
-        start: StartName | int = "earliest",
-        start_timestamp: int | None = None,
-    ) -> None:
-        """Move a reliable subscription; its unacknowledged messages are forgotten."""
-        position, value = _start_position(start, start_timestamp)
-        await self._request(m.SeekRequest(topic, subscription, position, value))
-
-    async def delete_subscription(self, topic: str, subscription: str) -> None:
-        await self._request(m.DeleteSubscriptionRequest(topic, subscription))
-
 
 DurableName = Literal["default", "none", "standard", "shared", "last-value", "map"]
 
@@ -485,19 +470,3 @@ def _durable_kind(name: str) -> int:
         raise InvalidRequest(
             f"durable must be one of default, none, standard, shared, last-value, map; not {name!r}"
         ) from None
-
-
-def _start_position(start: StartName | int, timestamp: int | None) -> tuple[int, int]:
-    if timestamp is not None:
-        return m.StartPosition.TIMESTAMP, timestamp
-    if start == "latest":
-        return m.StartPosition.LATEST, 0
-    if start == "earliest":
-        return m.StartPosition.EARLIEST, 0
-    if start == "snapshot":
-        return m.StartPosition.SNAPSHOT, 0
-    if isinstance(start, int) and start >= 0:
-        return m.StartPosition.OFFSET, start
-    raise InvalidRequest(
-        f"start must be 'latest', 'earliest', 'snapshot' or an offset >= 0, not {start!r}"
-    )

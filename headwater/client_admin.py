@@ -18,10 +18,26 @@ from typing import Literal
 from headwater.wire import messages as m
 from headwater.wire.errors import InvalidRequest, UnknownSubscription
 
+StartName = Literal["latest", "earliest", "snapshot"]
+
 
 class AdminMixin:
     async def request(self, request: m.Request, timeout: float | None = 30.0) -> m.Response:
         raise NotImplementedError  # `Client` has it
+
+    async def seek(
+        self,
+        topic: str,
+        subscription: str,
+        start: StartName | int = "earliest",
+        start_timestamp: int | None = None,
+    ) -> None:
+        """Move a reliable subscription; its unacknowledged messages are forgotten."""
+        position, value = start_position(start, start_timestamp)
+        await self.request(m.SeekRequest(topic, subscription, position, value))
+
+    async def delete_subscription(self, topic: str, subscription: str) -> None:
+        await self.request(m.DeleteSubscriptionRequest(topic, subscription))
 
     async def alter_topic(
         self, name: str, configs: Mapping[str, str | int] | None = None, *, last_value: bool = False
@@ -84,3 +100,19 @@ class AdminMixin:
         response = await self.request(m.ServerInfoRequest())
         assert isinstance(response, m.ServerInfoResponse)
         return response
+
+
+def start_position(start: StartName | int, timestamp: int | None) -> tuple[int, int]:
+    if timestamp is not None:
+        return m.StartPosition.TIMESTAMP, timestamp
+    if start == "latest":
+        return m.StartPosition.LATEST, 0
+    if start == "earliest":
+        return m.StartPosition.EARLIEST, 0
+    if start == "snapshot":
+        return m.StartPosition.SNAPSHOT, 0
+    if isinstance(start, int) and start >= 0:
+        return m.StartPosition.OFFSET, start
+    raise InvalidRequest(
+        f"start must be 'latest', 'earliest', 'snapshot' or an offset >= 0, not {start!r}"
+    )

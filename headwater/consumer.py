@@ -24,11 +24,12 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from headwater.message_batch import MessageBatch
 from headwater.schema_codec import SchemaCodec, version_of
 from headwater.wire import messages as m
 from headwater.wire.errors import (
@@ -39,7 +40,7 @@ from headwater.wire.errors import (
     ServerShuttingDown,
 )
 from headwater.wire.limits import MAX_ACKS_PER_REQUEST
-from headwater.wire.records import decode_records
+from headwater.wire.records import inspect_batch
 
 if TYPE_CHECKING:
     from headwater.connection import Connection
@@ -121,7 +122,8 @@ class Consumer:
         self._limit = limit
         self._received = 0
         self._missed = 0  # dropped, not yet reported on a message
-        self._messages: deque[Message] = deque()
+        self._messages: deque[Message] = deque()  # decoded, for receive()
+        self._batches: deque[MessageBatch] = deque()  # as delivered, not decoded yet
         self._taken_since_grant = 0
         # credit still to grant after the initial prefetch, when the consumer has a limit
         self._grantable = None if limit is None else limit - prefetch
@@ -156,16 +158,30 @@ class Consumer:
         self._connection.consumers[response.consumer_id] = self
 
     def on_delivery(self, delivery: m.Delivery) -> None:
-        build = partial(Message, self, self.topic, delivery.partition, delivery.delivery_count)
+        """Keep the batch as it came (header and CRC checked): it is decoded when taken, by
+        `receive` into messages or by the application from a `MessageBatch`."""
+        if self._error is not None:
+            return  # ended (a batch did not decode, say): nothing more is handed out
         try:
-            records = decode_records(delivery.batch, build)
+            info = inspect_batch(delivery.batch)
         except HeadwaterError as exc:
             self.on_closed(exc)
             return
-        if self._missed and records:
-            records[0].missed, self._missed = self._missed, 0
-        self._received += len(records)
-        self._messages.extend(records)
+        build = partial(Message, self, self.topic, delivery.partition, delivery.delivery_count)
+        self._batches.append(
+            MessageBatch(
+                self,
+                self.topic,
+                delivery.partition,
+                delivery.delivery_count,
+                delivery.batch,
+                info,
+                build,
+                self._missed,
+            )
+        )
+        self._missed = 0
+        self._received += info.record_count
         self._wake()
 
     def on_dropped(self, count: int) -> None:
@@ -181,6 +197,12 @@ class Consumer:
                 self.subscription,
                 count,
             )
+
+    def on_undecodable(self, error: HeadwaterError) -> None:
+        """A delivered batch did not decode (found when it was taken): the consumer ends, and
+        what was delivered after it is not handed out."""
+        self._batches.clear()
+        self.on_closed(error)
 
     def on_closed(self, error: HeadwaterError) -> None:
         if self._error is not None:
@@ -212,7 +234,7 @@ class Consumer:
         """Subscribe again on a new connection with the first request's settings (or end, when
         a limit is already met and nothing more will be asked for)."""
         assert self._request is not None
-        credits = max(1, self._prefetch - len(self._messages))
+        credits = max(1, self._prefetch - self._buffered())
         if self._limit is not None:
             remaining = self._limit - self._received
             if remaining <= 0:
@@ -246,9 +268,49 @@ class Consumer:
         """The next message; raises the closing error, or TimeoutError after `timeout` seconds."""
         if not self._messages:
             await self._wait(timeout)
+            self._decode_next()
         message = self._messages.popleft()
         self._taken(1)
         return message
+
+    def _decode_next(self, more: bool = False) -> None:
+        """The next delivered batch into messages (`_wait` returned: there is one); `more`:
+        one more even if messages are buffered."""
+        while more or not self._messages:
+            more = False
+            if not self._batches:
+                assert self._error is not None
+                raise type(self._error)(self._error.message)
+            self._messages.extend(self._batches.popleft().messages())
+
+    def _buffered(self) -> int:
+        return len(self._messages) + sum(len(b) for b in self._batches)
+
+    async def next_batch(self, timeout: float | None = None) -> MessageBatch:
+        """The next delivered batch, not decoded until accessed (see `MessageBatch`): one await
+        and no per-record work for consumers that need the throughput. Raises as `receive`."""
+        if not self._messages:
+            await self._wait(timeout)
+        if self._messages:  # left over from receive(): hand them out first, in order
+            messages = list(self._messages)
+            self._messages.clear()
+            batch = MessageBatch.of_messages(self, messages)
+        else:
+            batch = self._batches.popleft()
+        self._taken(len(batch))
+        return batch
+
+    async def batches(self) -> AsyncIterator[MessageBatch]:
+        """`async for batch in consumer.batches()`: `next_batch` until the consumer is closed
+        (ends quietly) or fails (raises, as iterating messages does)."""
+        while True:
+            try:
+                batch = await self.next_batch()
+            except ConnectionClosed as exc:
+                if isinstance(exc, ConnectionLost):
+                    raise
+                return
+            yield batch
 
     async def receive_batch(
         self, max_messages: int = 1000, timeout: float | None = None
@@ -257,14 +319,17 @@ class Consumer:
         many messages, for consumers that need the throughput."""
         if not self._messages:
             await self._wait(timeout)
+            self._decode_next()
         messages = self._messages
+        while len(messages) < max_messages and self._batches:
+            self._decode_next(more=True)
         count = min(max_messages, len(messages))
         taken = [messages.popleft() for _ in range(count)]
         self._taken(count)
         return taken
 
     async def _wait(self, timeout: float | None) -> None:
-        while not self._messages:
+        while not (self._messages or self._batches):
             if self._error is not None:
                 raise type(self._error)(self._error.message)
             self._waiter = asyncio.get_running_loop().create_future()
@@ -300,15 +365,24 @@ class Consumer:
             asyncio.get_running_loop().call_soon(self._flush_acks)
             self._connection.before_request.append(self._flush_acks)
 
+    async def ack_offsets(self, partition: int, offsets: list[int]) -> None:
+        """Acknowledge many messages of a partition (a `MessageBatch.ack()`)."""
+        self._pending_acks.extend(m.AckEntry(partition, offset) for offset in offsets)
+        if not self._ack_flush_scheduled:
+            self._ack_flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush_acks)
+            self._connection.before_request.append(self._flush_acks)
+
     async def ack_cumulative(self, message: Message) -> None:
         """Acknowledge the message and every earlier one of its partition (not on Shared)."""
+        await self.ack_cumulative_offset(message.partition, message.offset)
+
+    async def ack_cumulative_offset(self, partition: int, offset: int) -> None:
         self._flush_acks()
         if self._live:
             self._connection.send_nowait(
                 m.AckRequest(
-                    self.consumer_id,
-                    (m.AckEntry(message.partition, message.offset),),
-                    m.AckKind.CUMULATIVE,
+                    self.consumer_id, (m.AckEntry(partition, offset),), m.AckKind.CUMULATIVE
                 )
             )
 

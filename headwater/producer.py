@@ -5,7 +5,8 @@ backpressure) and a sender (headwater/sender.py: one task writing batches, retri
 connections from a factory (`Client.producer` passes its opener), so it needs nothing else of the
 client. This module is the application's side: `send`, partitioning, `flush`, `confirm`, `close`.
 
-`send` appends a record to its partition's open batch and returns a `SendFuture` at once; it waits
+`send` appends a record to its partition's open batch and returns a `SendFuture` at once
+(`send_batch` appends many, encoded in one loop per batch, with one `BatchSendFuture`); it waits
 only while `max_queued_batches` batches are already waiting to be sent or answered
 (backpressure: memory stays bounded). A batch closes when it reaches `batch_size` bytes, or after
 `linger` seconds (0: at the end of the current event-loop turn, so records sent together travel
@@ -38,10 +39,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from headwater.accumulator import BATCH_OVERHEAD, RECORD_OVERHEAD, RecordAccumulator, SendFuture
+from headwater.accumulator import (
+    BATCH_OVERHEAD,
+    RECORD_OVERHEAD,
+    BatchSendFuture,
+    ProducerBatch,
+    RecordAccumulator,
+    SendFuture,
+    SentBatch,
+)
 from headwater.connection import Connection
 from headwater.producer_config import (
     AtLeastOnce,
@@ -58,6 +67,8 @@ from headwater.sender import ConnectionFactory, Sender
 from headwater.wire import messages as m
 from headwater.wire.errors import ConnectionClosed, RecordTooLarge
 from headwater.wire.keys import partition_for_key
+
+HeaderList = list[tuple[str, bytes | None]]
 
 
 class Producer:
@@ -125,6 +136,98 @@ class Producer:
         if partition is None:
             partition = await self._partition_for(key)
         return accumulator.append(partition, key, value, header_list, size)
+
+    async def send_batch(
+        self,
+        values: Sequence[bytes | Any | None],
+        keys: Sequence[bytes | None] | None = None,
+        headers: Sequence[Mapping[str, bytes] | None] | None = None,
+        partition: int | None = None,
+    ) -> BatchSendFuture:
+        """Queue many records in one call: as `send` for each value in order (same batching,
+        delivery semantic, retries and backpressure), with the records encoded by the C codec
+        in one loop per produce batch and one future for the call. `keys` and `headers`, when
+        given, hold one entry per value. Without keys (and without `partition`) every record of
+        the call goes to one partition: the server's choice, or the next partition in turn for
+        an idempotent producer. With a schema, values are of its type, as for `send`. Raises
+        RecordTooLarge, before queuing anything, if a record would exceed max_request_size."""
+        if self._closed:
+            raise ConnectionClosed("producer is closed")
+        count = len(values)
+        if (keys is not None and len(keys) != count) or (
+            headers is not None and len(headers) != count
+        ):
+            raise ValueError("send_batch: keys and headers need one entry per value")
+        header_lists: list[HeaderList] | None = (
+            None if headers is None else [list(h.items()) if h else [] for h in headers]
+        )
+        if self._schema is not None:  # values of the schema's type, encoded and versioned here
+            codec = await self.schema()
+            values = [codec.encode(value) for value in values]
+            if codec.header is not None:
+                header_lists = [[*h, codec.header] for h in header_lists or ([],) * count]
+        self._check_sizes(values, keys, header_lists)
+        if self.config.idempotent and self._accumulator.producer_id < 0:
+            await self._init_producer_id()
+        if partition is not None or keys is None:
+            if partition is None:
+                partition = await self._partition_for(None)
+            segments = await self._extend(partition, values, keys, header_lists)
+            return BatchSendFuture(self.topic, segments)
+        # Keyed: each partition's share, in the order given (order holds within a partition).
+        shares: dict[int, list[int]] = {}
+        for index, key in enumerate(keys):
+            shares.setdefault(await self._partition_for(key), []).append(index)
+        segments = []
+        for target, indexes in shares.items():
+            segments += await self._extend(
+                target,
+                [values[i] for i in indexes],
+                [keys[i] for i in indexes],
+                None if header_lists is None else [header_lists[i] for i in indexes],
+            )
+        return BatchSendFuture(self.topic, segments)
+
+    def _check_sizes(
+        self,
+        values: Sequence[bytes | None],
+        keys: Sequence[bytes | None] | None,
+        headers: list[HeaderList] | None,
+    ) -> None:
+        sizes = [len(v) if v is not None else 0 for v in values]
+        if keys is not None:
+            sizes = [s + (len(k) if k is not None else 0) for s, k in zip(sizes, keys, strict=True)]
+        if headers is not None:
+            sizes = [
+                s + sum(len(k) + len(v or b"") for k, v in h)
+                for s, h in zip(sizes, headers, strict=True)
+            ]
+        largest = max(sizes, default=0) + RECORD_OVERHEAD
+        if largest + BATCH_OVERHEAD > self.config.max_request_size:
+            raise RecordTooLarge(
+                f"record of about {largest} bytes exceeds max_request_size "
+                f"{self.config.max_request_size}"
+            )
+
+    async def _extend(
+        self,
+        partition: int,
+        values: Sequence[bytes | None],
+        keys: Sequence[bytes | None] | None,
+        headers: list[HeaderList] | None,
+    ) -> list[tuple[ProducerBatch, int, int]]:
+        accumulator = self._accumulator
+        segments = []
+        start = 0
+        while start < len(values):
+            while not accumulator.room.is_set():
+                await accumulator.room.wait()
+            if self._closed:
+                raise ConnectionClosed("producer is closed")
+            batch, first, stop = accumulator.extend(partition, values, keys, headers, start)
+            segments.append((batch, first, stop - start))
+            start = stop
+        return segments
 
     async def _partition_for(self, key: bytes | None) -> int:
         if key is None and not self.config.idempotent:
@@ -206,6 +309,7 @@ class Producer:
 __all__ = [
     "AtLeastOnce",
     "AtMostOnce",
+    "BatchSendFuture",
     "DeliverySemantic",
     "Isolation",
     "Producer",
@@ -214,4 +318,5 @@ __all__ = [
     "RetryPolicy",
     "RetryStrategy",
     "SendFuture",
+    "SentBatch",
 ]

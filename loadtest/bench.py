@@ -120,16 +120,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, help="runs per row (default 3, 1 with --quick)")
     parser.add_argument("--only", help="run only the rows whose workload contains this text")
     parser.add_argument("--format", choices=["table", "json", "markdown"], default="table")
+    parser.add_argument(
+        "--api",
+        choices=["batch", "record"],
+        default="batch",
+        help="Headwater's client API: batch calls (default) or one call per record",
+    )
     parser.add_argument("--output", type=Path, help="also write the JSON report here")
     parser.add_argument(
         "--charts", type=Path, help="write bench-throughput.png, bench-latency.png here"
     )
     args = parser.parse_args(argv)
+    r.CLIENT_API = args.api
     repeats = args.repeats or (1 if args.quick else 3)
     report: dict[str, Any] = {
         "benchmark": "matrix",
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "quick": args.quick,
+        "api": args.api,
         "repeats": repeats,
         "machine": machine(),
     }

@@ -7,9 +7,14 @@ returns a dict with its own CPU seconds (`ctx.cpu()`).
 - `produce`: `producers` connections in this process send `total` values; a reliable run flushes
   (waits for every ack) each `flush_every` records per producer, a non-reliable one only at the end.
 - `produce_at_rate`: a fixed rate in 1 ms ticks, each value starting with its send time.
-- `consume`: one consumer, `receive_batch` and one cumulative ack per batch; it stops when it has
-  `expected` messages or, once the producers are done, when nothing came for `quiet` seconds.
-- `map_ops`: map get or set, `depth` requests in flight per round.
+- `consume`: one consumer, one cumulative ack per batch; it stops when it has `expected` messages
+  or, once the producers are done, when nothing came for `quiet` seconds.
+- `map_ops`: map get or set, `depth` operations per round.
+
+`api` picks the client API: "batch" (the default) uses `Producer.send_batch` (1,000 values per
+call), `Consumer.next_batch` (values read from a lazily decoded `MessageBatch`) and one
+`get_many`/`set_many` request per map round; "record" uses `send` per value, `receive_batch`
+(a `Message` per record) and one request per map operation, pipelined: the per-record API.
 - `fanout_followers` / `fanout_setter`: last-value subscribers following one key that another
   process sets `updates` times.
 """
@@ -36,8 +41,10 @@ async def produce(
     producers: int = 1,
     flush_every: int = 0,
     deadline: float = 300.0,
+    api: str = "batch",
 ) -> dict[str, Any]:
     value = b"x" * size
+    chunk = [value] * 1000
     share = total // producers
     clients = [await headwater.connect(address) for _ in range(producers)]
     sent = [0]
@@ -48,8 +55,12 @@ async def produce(
         producer = client.producer(topic, batch_size=256 * 1024 if flush_every else 64 * 1024)
         step = flush_every or share
         for begin in range(0, share, step):
-            for _ in range(min(step, share - begin)):
-                await producer.send(value)
+            if api == "batch":
+                for part in range(begin, min(begin + step, share), len(chunk)):
+                    await producer.send_batch(chunk[: min(len(chunk), share - part)])
+            else:
+                for _ in range(min(step, share - begin)):
+                    await producer.send(value)
             await producer.flush()
             sent[0] += min(step, share - begin)
             if time.monotonic() > stop_at:
@@ -77,9 +88,16 @@ async def _with_progress(work: Any, label: str, counter: list[int], total: int) 
 
 
 async def produce_at_rate(
-    ctx: Context, address: str, topic: str, rate: int, seconds: float, size: int
+    ctx: Context,
+    address: str,
+    topic: str,
+    rate: int,
+    seconds: float,
+    size: int,
+    api: str = "batch",
 ) -> dict[str, Any]:
-    """`rate` msgs/s in 1 ms ticks for `seconds`; each value carries its send time."""
+    """`rate` msgs/s in 1 ms ticks for `seconds`; each value carries its send time (with the
+    batch API, one time per tick: the tick's values go out in one call)."""
     async with await headwater.connect(address) as client:
         producer = client.producer(topic)
         padding = b"x" * max(0, size - STAMP.size)
@@ -87,8 +105,12 @@ async def produce_at_rate(
         started = await ctx.start()
         sent = 0
         for tick in range(int(seconds * 1000)):
-            for _ in range(per_tick):
-                await producer.send(STAMP.pack(time.monotonic_ns()) + padding)
+            if api == "batch":
+                stamp = STAMP.pack(time.monotonic_ns()) + padding
+                await producer.send_batch([stamp] * per_tick)
+            else:
+                for _ in range(per_tick):
+                    await producer.send(STAMP.pack(time.monotonic_ns()) + padding)
             sent += per_tick
             delay = started + (tick + 1) / 1000 - time.monotonic()
             if delay > 0:
@@ -107,6 +129,7 @@ async def consume(
     latency: bool = False,
     quiet: float = 0.5,
     deadline: float = 300.0,
+    api: str = "batch",
 ) -> dict[str, Any]:
     async with await headwater.connect(address) as client:
         consumer = await client.subscribe(topic, "bench", prefetch=20_000)
@@ -116,7 +139,10 @@ async def consume(
         unpack = STAMP.unpack_from
         while received < expected and time.monotonic() < started + deadline:
             try:
-                messages = await consumer.receive_batch(5000, timeout=0.25)
+                if api == "batch":
+                    batch = await consumer.next_batch(timeout=0.25)
+                else:
+                    messages = await consumer.receive_batch(5000, timeout=0.25)
             except TimeoutError:
                 if ctx.produced.is_set() and time.monotonic() - last > quiet:
                     break
@@ -124,12 +150,18 @@ async def consume(
             now_ns = time.monotonic_ns()
             last = now_ns / 1e9
             first = first or last
-            received += len(messages)
-            await consumer.ack_cumulative(messages[-1])  # one ack per batch (one partition)
-            if latency:
-                latencies.extend(now_ns - unpack(m.value)[0] for m in messages if m.value)
+            if api == "batch":
+                received += len(batch)
+                values = batch.values()
+                await batch.ack_cumulative()  # one ack per batch (one partition)
             else:
-                sum(len(m.value) for m in messages if m.value)  # touch every value
+                received += len(messages)
+                values = [m.value for m in messages]
+                await consumer.ack_cumulative(messages[-1])
+            if latency:
+                latencies.extend(now_ns - unpack(v)[0] for v in values if v)
+            else:
+                sum(len(v) for v in values if v)  # touch every value
         dropped = consumer.dropped
     result: dict[str, Any] = {
         "received": received,
@@ -144,9 +176,18 @@ async def consume(
 
 
 async def map_ops(
-    ctx: Context, address: str, topic: str, op: str, ops: int, depth: int, keys: int, size: int
+    ctx: Context,
+    address: str,
+    topic: str,
+    op: str,
+    ops: int,
+    depth: int,
+    keys: int,
+    size: int,
+    api: str = "batch",
 ) -> dict[str, Any]:
-    """`ops` gets or sets over `keys` keys, `depth` at a time; rounds' latency percentiles."""
+    """`ops` gets or sets over `keys` keys, `depth` per round (one request, or `depth` pipelined
+    requests with api "record"); rounds' latency percentiles."""
     value = b"v" * size
     async with await headwater.connect(address) as client:
         table = client.map(topic)
@@ -156,7 +197,12 @@ async def map_ops(
         while done < ops:
             count = min(depth, ops - done)
             begin = time.perf_counter()
-            if op == "get":
+            names = [f"key{(done + i) % keys}" for i in range(count)]
+            if api == "batch" and op == "get":
+                await table.get_many(names)
+            elif api == "batch":
+                await table.set_many(dict.fromkeys(names, value))
+            elif op == "get":
                 await asyncio.gather(*(table.get(f"key{(done + i) % keys}") for i in range(count)))
             else:
                 await asyncio.gather(

@@ -129,6 +129,11 @@ def measure(row: Row, repeats: int) -> dict[str, Any]:
 
 # Headwater rows
 
+# Which client API Headwater's client processes use (loadtest/hw_clients.py): "batch" (send_batch,
+# lazily decoded receive batches, one map request per round) or "record" (one call per value or
+# map operation); `--api` of loadtest.bench and loadtest.peers sets it before rows are made.
+CLIENT_API = "batch"
+
 FSYNC_WORDS = {
     "never": "never (acked once written to the OS)",
     "interval": "every 100 ms (fsync.interval.ms), acked before the fsync",
@@ -153,6 +158,7 @@ def _name(*parts: object) -> str:
 def hw_stream(server: Any, fsync: str | None, producers: int, size: int, messages: int) -> Row:
     """Non-reliable when `fsync` is None, else reliable with that policy."""
     reliable = fsync is not None
+    api = CLIENT_API
     workload = (f"reliable fsync={fsync}" if reliable else "non-reliable") + (
         f" {producers}p {size}B"
     )
@@ -165,7 +171,7 @@ def hw_stream(server: Any, fsync: str | None, producers: int, size: int, message
             "reliable" if reliable else "non-reliable",
             {"fsync": fsync} if fsync else None,
         )
-        common = {"address": server.address, "topic": topic}
+        common = {"address": server.address, "topic": topic, "api": api}
         return [
             Client(
                 "producer",
@@ -195,7 +201,7 @@ def hw_stream(server: Any, fsync: str | None, producers: int, size: int, message
         "stream",
         setup,
         lambda: server.process.pid,
-        {"producers": producers, "size": size},
+        {"producers": producers, "size": size, "api": api},
         FSYNC_WORDS[fsync] if fsync else "nothing (not stored)",
         reliable,
     )
@@ -203,6 +209,7 @@ def hw_stream(server: Any, fsync: str | None, producers: int, size: int, message
 
 def hw_latency(server: Any, fsync: str | None, rate: int, seconds: float, size: int) -> Row:
     reliable = fsync is not None
+    api = CLIENT_API
     workload = (f"latency reliable fsync={fsync}" if reliable else "latency non-reliable") + (
         f" {rate // 1000}k/s"
     )
@@ -215,7 +222,7 @@ def hw_latency(server: Any, fsync: str | None, rate: int, seconds: float, size: 
             "reliable" if reliable else "non-reliable",
             {"fsync": fsync} if fsync else None,
         )
-        common = {"address": server.address, "topic": topic}
+        common = {"address": server.address, "topic": topic, "api": api}
         expected = max(1, rate // 1000) * int(seconds * 1000)
         return [
             Client(
@@ -236,7 +243,7 @@ def hw_latency(server: Any, fsync: str | None, rate: int, seconds: float, size: 
         "latency",
         setup,
         lambda: server.process.pid,
-        {"rate": rate, "size": size},
+        {"rate": rate, "size": size, "api": api},
         FSYNC_WORDS[fsync] if fsync else "nothing (not stored)",
         reliable,
     )
@@ -244,13 +251,14 @@ def hw_latency(server: Any, fsync: str | None, rate: int, seconds: float, size: 
 
 def hw_map(server: Any, op: str, ops: int, depth: int, keys: int, size: int) -> Row:
     topic = _name("map", op)
+    api = CLIENT_API
     filled: list[bool] = []
 
     def setup(run: int) -> list[Client]:
         if not filled:
             asyncio.run(hw.fill_map(server.address, topic, keys, size))
             filled.append(True)
-        args = {"address": server.address, "topic": topic, "op": op, "ops": ops}
+        args = {"address": server.address, "topic": topic, "op": op, "ops": ops, "api": api}
         return [Client("client", hw.map_ops, args | {"depth": depth, "keys": keys, "size": size})]
 
     return Row(
@@ -259,7 +267,7 @@ def hw_map(server: Any, op: str, ops: int, depth: int, keys: int, size: int) -> 
         "map",
         setup,
         lambda: server.process.pid,
-        {"depth": depth, "keys": keys, "size": size},
+        {"depth": depth, "keys": keys, "size": size, "api": api},
         FSYNC_WORDS["interval"] if op == "set" else "",
         True,
     )

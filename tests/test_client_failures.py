@@ -97,7 +97,7 @@ async def test_buffered_messages_come_before_the_error(fresh_server: ServerProce
         async with client.producer("t") as producer:
             for i in range(3):
                 await producer.send(b"%d" % i)
-        while len(consumer._messages) < 3:  # bounded by the test timeout
+        while consumer._buffered() < 3:  # bounded by the test timeout
             await asyncio.sleep(0.01)
         fresh_server.kill()
         received = []

@@ -89,3 +89,13 @@ def test_a_violation_is_seen(tmp_path: Path) -> None:
     assert _layer_of("headwater.server") not in ALLOWED["durables"]
     assert _layer_of("headwater.producer") == "client"
     assert _layer_of("headwater") == "client"
+
+
+def test_no_module_is_over_500_lines() -> None:
+    """Small modules with one job each: a module that outgrows 500 lines gets split."""
+    long = {
+        str(path.relative_to(PACKAGE.parent)): lines
+        for path in PACKAGE.rglob("*.py")
+        if (lines := len(path.read_text().splitlines())) > 500
+    }
+    assert long == {}

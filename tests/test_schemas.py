@@ -193,6 +193,23 @@ async def test_the_client_encodes_and_decodes_each_type(
     await consumer.close()
 
 
+async def test_send_batch_encodes_by_the_schema_and_versions_every_record(
+    client: headwater.Client, topic_name: str
+) -> None:
+    await client.create_topic(topic_name, dispatch="reliable", schema="json")
+    consumer = await client.subscribe(topic_name, "s", start="earliest")
+    values = [{"n": i} for i in range(5)]
+    async with client.producer(topic_name, schema="auto") as producer:
+        await (await producer.send_batch(values, headers=[{"trace": b"t"}] * 5))
+        with pytest.raises(headwater.SchemaViolation, match="cannot encode"):
+            await producer.send_batch([{"n": 1}, {1, 2}])  # a set is no JSON value
+    received = [await consumer.receive(timeout=10) for _ in range(5)]
+    assert [message.schema_version for message in received] == [1] * 5
+    assert [await message.decoded() for message in received] == values
+    assert all(message.headers[0] == ("trace", b"t") for message in received)
+    await consumer.close()
+
+
 async def test_compatibility_modes_over_the_wire(client: headwater.Client, topic_name: str) -> None:
     await client.create_topic(topic_name, schema="avro", schema_definition=ORDER)
     assert (await client.get_schema(topic_name)).compatibility == "backward"

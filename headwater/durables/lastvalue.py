@@ -54,6 +54,13 @@ class StoredValue:
             parts.append(encoded + (data or b""))
         return b"".join(parts)
 
+    @staticmethod
+    def decode_head(data: bytes) -> tuple[int, int, int, bytes]:
+        """(partition, offset, timestamp, value) of stored data, headers left unread: what a
+        map get answers, without building a StoredValue per key."""
+        partition, offset, timestamp, length = _HEAD.unpack_from(data, 0)
+        return partition, offset, timestamp, data[_HEAD.size : _HEAD.size + length]
+
     @classmethod
     def decode(cls, stored_key: bytes, data: bytes) -> StoredValue:
         partition, offset, timestamp, length = _HEAD.unpack_from(data, 0)

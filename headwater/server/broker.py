@@ -40,7 +40,13 @@ from headwater.server.topics import LogTopic, MemoryTopic, Topic
 from headwater.wire import messages as m
 from headwater.wire.errors import ErrorCode, InvalidRequest, UnknownProducerId, UnknownTopic
 from headwater.wire.protocol import SUPPORTED_VERSIONS
-from headwater.wire.records import BatchInfo, read_records, validate_records
+from headwater.wire.records import (
+    BatchInfo,
+    Compression,
+    inspect_batch,
+    read_records,
+    validate_records,
+)
 
 Handler = Callable[[Session, Any], Reply]
 
@@ -134,13 +140,25 @@ class Broker:
                 f"unknown isolation {request.isolation} (0 read_uncommitted, 1 read_committed)"
             )
         if info is None:
-            info = validate_records(request.batch, self._config.max_decompressed_batch)
+            info = self._check_batch(topic, request.batch)
         schemas = self.catalog.schemas.validating.get(request.topic)
         if schemas is not None:  # the one per-record cost, and only on topics with a schema
             schemas.check_batch(request.batch, self._config.max_decompressed_batch)
         if not topic.reliable:
             return self._publish(topic, request, info)
         return self._append(topic, request, info)
+
+    def _check_batch(self, topic: Topic, batch: bytes) -> BatchInfo:
+        """What a produce's batch must pass. A non-reliable topic keeps nothing and has no
+        last-value state, so an uncompressed batch there is checked by its header and CRC alone
+        and fanned out undecoded (a record that does not decode ends the consumers that got it,
+        and no later one). Reliable topics store what they take: every record is decoded once
+        (in C), so a stored batch always reads."""
+        if not topic.reliable:
+            info = inspect_batch(batch)
+            if info.compression == Compression.NONE:
+                return info
+        return validate_records(batch, self._config.max_decompressed_batch)
 
     def _publish(self, topic: MemoryTopic, request: m.ProduceRequest, info: BatchInfo) -> Reply:
         partition = topic.pick_partition(request.partition)

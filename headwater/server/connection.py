@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from functools import partial
@@ -315,20 +315,17 @@ class Connection(Guarded, asyncio.Protocol):
         try:
             info = validate_records(request.batch, min(cap, INLINE_INFLATE))
         except DecompressedTooLarge:
-            if cap > INLINE_INFLATE:
-                self._inflate_off_loop(header, request, cap)
+            if cap > INLINE_INFLATE:  # on the inflater thread; later frames wait for it
+                self._inflating = True
+                future = self._loop.run_in_executor(
+                    self._shared.inflater, validate_records, request.batch, cap
+                )
+                future.add_done_callback(partial(self._inflated, header, request))
                 return
             raise
         except HeadwaterError:
             pass  # the broker reports it, after its own checks (unknown topic first)
         self._answer(header, self._broker.produce(self, request, info), started)
-
-    def _inflate_off_loop(self, header: FrameHeader, request: m.ProduceRequest, cap: int) -> None:
-        self._inflating = True
-        future = self._loop.run_in_executor(
-            self._shared.inflater, validate_records, request.batch, cap
-        )
-        future.add_done_callback(partial(self._inflated, header, request))
 
     def _inflated(
         self, header: FrameHeader, request: m.ProduceRequest, future: asyncio.Future[BatchInfo]
@@ -500,6 +497,3 @@ class Connection(Guarded, asyncio.Protocol):
 
     def __repr__(self) -> str:
         return f"Connection({self.peer})"
-
-
-ConnectionFactory = Callable[[], Connection]

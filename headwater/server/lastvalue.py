@@ -186,6 +186,11 @@ class LastValueIndex(LastValueKeys):
         data = self._store.get(record_key)
         return None if data is None else StoredValue.decode(record_key, data)
 
+    def get_head(self, record_key: bytes) -> tuple[int, int, int, bytes] | None:
+        """(partition, revision, timestamp, value), or None: `get` without the headers."""
+        data = self._store.get(record_key)
+        return None if data is None else StoredValue.decode_head(data)
+
     def scan(
         self, prefix: bytes, after: bytes = b"", limit: int | None = None
     ) -> tuple[list[StoredValue], bytes]:

@@ -7,13 +7,8 @@ the broker assigned into the first 8 bytes (outside the CRC, as Kafka designed i
 travels on as opaque bytes. `split_batch` re-encodes the only time a batch must be cut: when a
 consumer has credit for fewer records than the batch holds.
 
-Compressed batches are inflated here, not by aiokafka (whose codec inflates whatever a batch
-holds): `inflate` writes into a buffer of at most `max_decompressed` bytes and stops as soon as the
-output would pass it, so a compression bomb costs at most the cap in memory and time before it is
-refused with `DecompressedTooLarge`. Snappy (xerial framing) declares each block's size up front,
-which is checked before anything is inflated. The inflated records are then read by aiokafka's
-codec as an uncompressed batch. Buffers past 1 MiB are anonymous memory maps, so only the pages
-actually written cost memory.
+Compressed batches are inflated by headwater/wire/compression.py (under a size cap) and then read
+by aiokafka's codec as uncompressed ones.
 
 Header layout (61 bytes, big-endian): baseOffset int64, batchLength int32, partitionLeaderEpoch
 int32, magic int8 (=2), crc uint32 (CRC-32C of everything after it), attributes int16,
@@ -23,50 +18,32 @@ int16, baseSequence int32, recordCount int32.
 
 from __future__ import annotations
 
-import enum
-import mmap
 import struct
 import time
+from bisect import bisect_left, bisect_right
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Final, TypeVar
+from itertools import accumulate
+from typing import Final, Protocol, TypeVar
 
-import cramjam
 import crc32c
 from aiokafka.errors import CorruptRecordException, UnsupportedCodecError
 from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
-from headwater.wire.errors import CorruptBatch, DecompressedTooLarge
+from headwater.wire.compression import HEADER_SIZE, inflate
+from headwater.wire.compression import Compression as Compression  # re-exported
+from headwater.wire.compression import is_compressed as is_compressed  # re-exported
+from headwater.wire.errors import CorruptBatch
 from headwater.wire.limits import MAX_BATCH_SIZE, MAX_DECOMPRESSED_BATCH
 
 BATCH_HEADER = struct.Struct(">qiibIhiqqqhii")
 BATCH_HEADER_SIZE: Final = BATCH_HEADER.size  # 61
+assert BATCH_HEADER_SIZE == HEADER_SIZE
 _LENGTH_FIELD_END: Final = 12  # batchLength counts the bytes after baseOffset and itself
 _CRC_START: Final = 21
 _BASE_OFFSET = struct.Struct(">q")
-SIZE_PREFIX = struct.Struct(">i")
 _NO_SIZE_LIMIT: Final = 1 << 62
-_ATTRIBUTES_LOW_BYTE: Final = 22  # attributes is the int16 at 21; the codec is its low 3 bits
-_CODEC_MASK: Final = 0x07
-# First inflate attempt: this many times the compressed size (most data compresses less), so a
-# small batch does not pay for a buffer as large as the cap; a miss retries at the cap.
-_FIRST_GUESS_RATIO: Final = 8
-_MIN_GUESS: Final = 64 * 1024
-_MMAP_FROM: Final = 1024 * 1024
-# cramjam's message when the output buffer is full (Rust's io::ErrorKind::WriteZero)
-_BUFFER_FULL = "write whole buffer"
-_XERIAL_HEADER: Final = b"\x82SNAPPY\x00"
-_XERIAL_HEADER_SIZE: Final = 16
-
-
-class Compression(enum.IntEnum):
-    """Kafka's codec ids, the low 3 bits of the batch attributes."""
-
-    NONE = 0
-    GZIP = 1
-    SNAPPY = 2
-    LZ4 = 3
-    ZSTD = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +115,72 @@ class BatchBuilder:
         self.count += 1
         return position
 
+    def extend(
+        self,
+        values: Sequence[bytes | None],
+        keys: Sequence[bytes | None] | None,
+        headers: Sequence[list[tuple[str, bytes | None]]] | None,
+        timestamp: int,
+        start: int,
+        fill: int,
+        space: int,
+        overhead: int,
+    ) -> tuple[int, int]:
+        """Append `values[start:]` (with their keys and headers, all at `timestamp`) until the
+        estimated bytes reach `fill` or the next record would pass `space`; a record is estimated
+        as `overhead` + its key, value and header bytes. Returns (index after the last record
+        appended, estimated bytes added). One call per batch: the loop calls the C encoder
+        directly, with none of `append`'s per-record keyword handling."""
+        append = self._builder.append
+        position = self.count
+        used = 0
+        index = start
+        stop = len(values)
+        if keys is None and headers is None:
+            # Values only: where the batch ends is found in C (running sizes, bisect), so the
+            # loop below does nothing per record but call the encoder.
+            no_headers: list[tuple[str, bytes | None]] = []
+            # At most this many records can reach `fill`: each is estimated at `overhead` or more.
+            window = min(fill, space) // overhead + 1 if overhead > 0 else len(values)
+            chunk = values[start : start + window]
+            try:
+                running = [0, *accumulate(map(len, chunk))]  # type: ignore[arg-type]
+            except TypeError:  # a None value (a tombstone) counts as empty
+                running = [0, *accumulate(len(v) if v is not None else 0 for v in chunk)]
+
+            def estimate(k: int) -> int:
+                return running[k] + overhead * k
+
+            candidates = range(len(chunk) + 1)
+            fits = bisect_right(candidates, space, key=estimate) - 1  # within `space`
+            count = min(fits, bisect_left(candidates, fill, key=estimate))  # up to `fill`
+            for offset_delta, value in enumerate(chunk[:count], position):
+                append(offset_delta, timestamp, None, value, no_headers)
+            position += count
+            index = start + count
+            used = estimate(count)
+        else:
+            while index < stop:
+                value = values[index]
+                key = keys[index] if keys is not None else None
+                record_headers = headers[index] if headers is not None else []
+                size = (
+                    overhead
+                    + (len(value) if value is not None else 0)
+                    + (len(key) if key is not None else 0)
+                    + sum(len(k) + len(v or b"") for k, v in record_headers)
+                )
+                if used + size > space:
+                    break
+                append(position, timestamp, key, value, record_headers)
+                position += 1
+                index += 1
+                used += size
+                if used >= fill:
+                    break
+        self.count = position
+        return index, used
+
     def size(self) -> int:
         """Bytes so far (before compression)."""
         size: int = self._builder.size()
@@ -163,8 +206,17 @@ def build_batch(
     builder = BatchBuilder(compression)
     if timestamp is None:
         timestamp = int(time.time() * 1000)
-    for key, value, headers in records:
-        builder.append(key, value, headers, timestamp)
+    listed = list(records)
+    builder.extend(
+        [value for _, value, _ in listed],
+        [key for key, _, _ in listed],
+        [list(headers) for _, _, headers in listed],
+        timestamp,
+        0,
+        _NO_SIZE_LIMIT,
+        _NO_SIZE_LIMIT,
+        0,
+    )
     return builder.build(base_offset)
 
 
@@ -231,18 +283,56 @@ def read_base_offset(batch: bytes | bytearray | memoryview) -> int:
     return offset
 
 
+class RawRecord(Protocol):
+    """A record as the C codec decodes it (aiokafka's DefaultRecord), read-only."""
+
+    @property
+    def offset(self) -> int: ...
+    @property
+    def timestamp(self) -> int: ...
+    @property
+    def key(self) -> bytes | None: ...
+    @property
+    def value(self) -> bytes | None: ...
+    @property
+    def headers(self) -> list[tuple[str, bytes | None]]: ...
+
+
+def decode_batch(
+    batch: bytes, max_decompressed: int = MAX_DECOMPRESSED_BATCH, info: BatchInfo | None = None
+) -> list[RawRecord]:
+    """Every record as the C codec's own object, decoded in one C loop (no Python per record).
+
+    Raises `CorruptBatch` if the batch does not check, `DecompressedTooLarge` if it inflates past
+    `max_decompressed` bytes. `info`: what `inspect_batch` said of this batch already.
+    """
+    if info is None:
+        info = inspect_batch(batch)
+    plain = inflate(batch, max_decompressed, info.compression)
+    try:
+        records: list[RawRecord] = list(DefaultRecordBatch(plain))
+    except _DECODE_ERRORS as exc:
+        raise CorruptBatch(f"record batch does not decode: {exc}") from None
+    if len(records) != info.record_count:
+        raise CorruptBatch(
+            f"record batch header says {info.record_count} records, {len(records)} decode"
+        )
+    return records
+
+
 def decode_records(
     batch: bytes,
     build: Callable[[int, int, bytes | None, bytes | None, list[tuple[str, bytes | None]]], T],
     max_decompressed: int = MAX_DECOMPRESSED_BATCH,
+    info: BatchInfo | None = None,
 ) -> list[T]:
     """Decode every record as `build(offset, timestamp, key, value, headers)`, in C but for `build`.
 
-    The caller's own type is built directly, with no intermediate object per record: on a
-    consumer, record decoding is the hot path. Raises `CorruptBatch` if the batch does not check,
-    `DecompressedTooLarge` if it inflates past `max_decompressed` bytes.
+    The caller's own type is built directly, in the same pass, with no intermediate object of
+    ours per record: on a consumer, record decoding is the hot path. Raises as `decode_batch`.
     """
-    info = inspect_batch(batch)
+    if info is None:
+        info = inspect_batch(batch)
     plain = inflate(batch, max_decompressed, info.compression)
     try:
         records = [
@@ -256,107 +346,6 @@ def decode_records(
             f"record batch header says {info.record_count} records, {len(records)} decode"
         )
     return records
-
-
-def is_compressed(batch: bytes | bytearray | memoryview) -> bool:
-    """Whether the batch's codec bits are set (no other check: `inspect_batch` does those)."""
-    return len(batch) > _ATTRIBUTES_LOW_BYTE and bool(batch[_ATTRIBUTES_LOW_BYTE] & _CODEC_MASK)
-
-
-def inflate(
-    batch: bytes, max_decompressed: int = MAX_DECOMPRESSED_BATCH, compression: int | None = None
-) -> bytes | memoryview:
-    """The batch as an uncompressed one: its header, codec bits cleared, then its records inflated.
-
-    The CRC is left as it was (it covers the compressed bytes); the result is for reading only.
-    Raises `DecompressedTooLarge` as soon as the records would pass `max_decompressed` bytes.
-    """
-    codec = batch[_ATTRIBUTES_LOW_BYTE] & _CODEC_MASK if compression is None else compression
-    if codec == Compression.NONE:
-        return batch
-    payload = memoryview(batch)[BATCH_HEADER_SIZE:]
-    if codec == Compression.SNAPPY:
-        return _inflate_snappy(batch, payload, max_decompressed)
-    guess = min(max_decompressed, max(_MIN_GUESS, len(payload) * _FIRST_GUESS_RATIO))
-    inflated = _inflate_into(batch, payload, codec, guess)
-    if inflated is None and guess < max_decompressed:
-        inflated = _inflate_into(batch, payload, codec, max_decompressed)
-    if inflated is None:
-        raise DecompressedTooLarge(
-            f"{Compression(codec).name.lower()} record batch of {len(batch)} bytes inflates past "
-            f"the {max_decompressed}-byte limit"
-        )
-    return inflated
-
-
-def _buffer(batch: bytes, size: int) -> bytearray | mmap.mmap:
-    buffer: bytearray | mmap.mmap = (
-        bytearray(BATCH_HEADER_SIZE + size)
-        if size <= _MMAP_FROM
-        else mmap.mmap(-1, BATCH_HEADER_SIZE + size)
-    )
-    buffer[:BATCH_HEADER_SIZE] = batch[:BATCH_HEADER_SIZE]
-    buffer[_ATTRIBUTES_LOW_BYTE] &= ~_CODEC_MASK & 0xFF
-    return buffer
-
-
-def _inflate_into(batch: bytes, payload: memoryview, codec: int, size: int) -> memoryview | None:
-    """Inflate into a buffer of `size` bytes; None if the records do not fit."""
-    buffer = _buffer(batch, size)
-    module = {Compression.GZIP: cramjam.gzip, Compression.LZ4: cramjam.lz4}.get(
-        Compression(codec), cramjam.zstd
-    )
-    try:
-        written: int = module.decompress_into(
-            payload,
-            memoryview(buffer)[BATCH_HEADER_SIZE:],
-        )
-    except cramjam.DecompressionError as exc:
-        if _BUFFER_FULL in str(exc):
-            return None
-        raise CorruptBatch(f"record batch does not decompress: {exc}") from None
-    return memoryview(buffer)[: BATCH_HEADER_SIZE + written]
-
-
-def _inflate_snappy(batch: bytes, payload: memoryview, limit: int) -> memoryview:
-    """Kafka's snappy: raw snappy, or xerial blocks; every block states its inflated size."""
-    blocks: list[memoryview] = []
-    if bytes(payload[: len(_XERIAL_HEADER)]) == _XERIAL_HEADER and len(payload) > 16:
-        position = _XERIAL_HEADER_SIZE
-        while position < len(payload):
-            if position + 4 > len(payload):
-                raise CorruptBatch("snappy block size is truncated")
-            (size,) = SIZE_PREFIX.unpack_from(payload, position)
-            position += 4
-            if size < 0 or position + size > len(payload):
-                raise CorruptBatch(f"snappy block of {size} bytes overruns the batch")
-            blocks.append(payload[position : position + size])
-            position += size
-    else:
-        blocks.append(payload)
-    total = 0
-    sizes = []
-    try:
-        for block in blocks:
-            sizes.append(cramjam.snappy.decompress_raw_len(block))
-            total += sizes[-1]
-            if total > limit:
-                raise DecompressedTooLarge(
-                    f"snappy record batch of {len(batch)} bytes inflates past the "
-                    f"{limit}-byte limit"
-                )
-        buffer = _buffer(batch, total)
-        view = memoryview(buffer)
-        position = BATCH_HEADER_SIZE
-        for block, size in zip(blocks, sizes, strict=True):
-            cramjam.snappy.decompress_raw_into(
-                block,
-                view[position : position + size],
-            )
-            position += size
-    except cramjam.DecompressionError as exc:
-        raise CorruptBatch(f"record batch does not decompress: {exc}") from None
-    return view
 
 
 def _record(
@@ -387,28 +376,33 @@ def validate_records(batch: bytes, max_decompressed: int = MAX_DECOMPRESSED_BATC
     """
     info = inspect_batch(batch)
     plain = inflate(batch, max_decompressed, info.compression)
-    count = 0
-    last_offset = -1
     try:
-        for record in DefaultRecordBatch(plain):
-            count += 1
-            last_offset = record.offset
+        # The codec stops after the header's record count and refuses leftover bytes; the
+        # deque drains it in C, keeping only the last record (no Python per record).
+        last = deque(DefaultRecordBatch(plain), maxlen=1)
     except _DECODE_ERRORS as exc:
         raise CorruptBatch(f"record batch does not decode: {exc}") from None
-    if count != info.record_count or last_offset != info.base_offset + count - 1:
+    last_offset = last[0].offset if last else -1
+    if last_offset != info.base_offset + info.record_count - 1:
         raise CorruptBatch(
-            f"record batch header says {info.record_count} records, {count} decode "
-            f"with last offset {last_offset}"
+            f"record batch header says {info.record_count} records, the last decodes "
+            f"with offset {last_offset}"
         )
     return info
 
 
 def split_batch(batch: bytes, count: int) -> tuple[bytes, bytes]:
-    """Cut a valid batch after `count` records, keeping offsets, timestamps and codec."""
+    """Cut a valid batch after `count` records, keeping offsets, timestamps and codec.
+
+    The codec's own record objects go straight back into the builder: a consumer with less
+    credit than a batch holds costs no object of ours per record."""
     info = inspect_batch(batch)
     if not 0 < count < info.record_count:
         raise ValueError(f"cannot split a batch of {info.record_count} records at {count}")
-    records = read_records(batch)
+    records = decode_batch(batch, info=info)
+    base = info.base_offset
+    if [r.offset for r in records] != list(range(base, base + len(records))):
+        raise CorruptBatch("record offset deltas are not 0, 1, 2, ...")
     compression = Compression(info.compression)
     return (
         rebuild_batch(records[:count], compression),
@@ -416,9 +410,22 @@ def split_batch(batch: bytes, count: int) -> tuple[bytes, bytes]:
     )
 
 
-def rebuild_batch(records: Sequence[Record], compression: Compression = Compression.NONE) -> bytes:
+def rebuild_batch(
+    records: Sequence[Record | RawRecord], compression: Compression = Compression.NONE
+) -> bytes:
     """Encode decoded records again as one batch, keeping their offsets and timestamps."""
-    builder = BatchBuilder(compression)
-    for record in records:
-        builder.append(record.key, record.value, record.headers, record.timestamp)
-    return builder.build(records[0].offset)
+    builder = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=compression,
+        is_transactional=0,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=_NO_SIZE_LIMIT,
+    )
+    append = builder.append
+    for position, record in enumerate(records):
+        append(position, record.timestamp, record.key, record.value, list(record.headers))
+    batch = builder.build()
+    _BASE_OFFSET.pack_into(batch, 0, records[0].offset)
+    return bytes(batch)

@@ -9,6 +9,8 @@ checks that the counts fit in the frame.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Final
 
 from construct import Flag, Int32sb, Int64sb, PrefixedArray
@@ -32,6 +34,7 @@ from headwater.wire.errors import MalformedFrame
 from headwater.wire.frames import Flags, frame_prefix
 
 _MAP_ENTRY_FIXED = struct.Struct(">?qiq")  # found, revision, partition, timestamp
+_ABSENT = _MAP_ENTRY_FIXED.pack(False, -1, -1, -1) + I32.pack(-1)  # not found, null value
 
 MAP_ENTRY = message(
     m.MapEntry,
@@ -87,8 +90,41 @@ def decode_map_get_request(body: bytes) -> m.MapGetRequest:
     return m.MapGetRequest(topic, tuple(keys))
 
 
+@dataclass(frozen=True, slots=True)
+class EncodedMapGetResponse(m.MapGetResponse):
+    """A MAP_GET answer built as bytes by `encode_map_entries` (the server's hot path: no
+    `MapEntry` per key); `entries` stays empty. It goes on the wire as the equal `MapGetResponse`
+    would, and is decoded as one."""
+
+    body: bytes = b""
+
+
+def encode_map_entries(
+    found: Sequence[tuple[bytes, tuple[int, int, int, bytes] | None]],
+) -> EncodedMapGetResponse:
+    """(key, (partition, revision, timestamp, value) or None) per key, encoded as MAP_GET's
+    entry array."""
+    parts = [I32.pack(len(found))]
+    append = parts.append
+    fixed = _MAP_ENTRY_FIXED.pack
+    for entry_key, head in found:
+        append(I32.pack(len(entry_key)))
+        append(entry_key)
+        if head is None:
+            append(_ABSENT)
+        else:
+            partition, revision, timestamp, value = head
+            append(fixed(True, revision, partition, timestamp))
+            append(I32.pack(len(value)))
+            append(value)
+    return EncodedMapGetResponse((), b"".join(parts))
+
+
 def encode_map_get_response(correlation_id: int, response: m.MapGetResponse) -> bytes:
     """The hot-path encoder for map get responses: equivalent to the construct schema."""
+    if type(response) is EncodedMapGetResponse:
+        body = OK + response.body
+        return frame_prefix(m.ApiKey.MAP_GET, 0, correlation_id, Flags.RESPONSE, len(body)) + body
     parts = [OK, I32.pack(len(response.entries))]
     for entry in response.entries:
         parts.append(I32.pack(len(entry.key)))
