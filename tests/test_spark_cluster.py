@@ -80,7 +80,8 @@ class Standalone:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=2) as r:
                 state: dict[str, Any] = json.load(r)
                 return state
-        except OSError:
+        except (OSError, ValueError):
+            # not up yet; while the master's UI starts, /json/ can answer with the HTML page
             return None
 
     def wait_for_worker(self, timeout: float = 120.0) -> None:
