@@ -377,3 +377,36 @@ async def test_altered_fsync_policy_applies_at_once(tmp_path: Path) -> None:
             assert await produce(20) >= 20  # always: each awaited append waits for its fsync
     finally:
         process.kill()
+
+
+async def test_a_flood_of_server_info_does_not_stall_other_clients_fsyncs(
+    fresh_server: ServerProcess,
+) -> None:
+    """Thousands of SERVER_INFO pipelined on one connection: the data-dir walk is shared, so the
+    worker threads stay free for everyone's fsyncs (before: each request walked in a worker
+    thread of its own, and another client's fsync=always produce waited over 30 s)."""
+    from tests.rawwire import RawPeer
+
+    async with await headwater.connect(fresh_server.address) as client:
+        slots = asyncio.Semaphore(64)
+
+        async def create(index: int) -> None:
+            async with slots:
+                await client.create_topic(f"many-{index}", partitions=4)
+
+        await asyncio.gather(*(create(i) for i in range(400)))  # a data dir worth walking
+        await client.create_topic("synced", configs={"fsync": "always"})
+        producer = client.producer("synced", linger=0.0)
+        peer = await RawPeer.open(fresh_server.address)
+        flood = 3000
+        for _ in range(flood):
+            await peer.request(m.ServerInfoRequest())
+        for _ in range(10):
+            began = time.monotonic()
+            await asyncio.wait_for(await producer.send(b"x"), 10)
+            assert time.monotonic() - began < 5.0
+        answers = [await peer.response(timeout=60) for _ in range(flood)]
+        assert all(isinstance(a, m.ServerInfoResponse) for a in answers)
+        assert answers[-1].topic_count == 401  # type: ignore[union-attr]
+        await peer.close()
+        await producer.close()

@@ -14,7 +14,10 @@ its next append, the syncer reads its interval every round) and housekeeping rea
 LIST_SUBSCRIPTIONS and SERVER_INFO only read. A reliable subscription's counts come from its
 cursor per partition: `committed` (every offset below is acknowledged), `dispatched` (the first
 offset never delivered), the in-flight deliveries (`unacked`); what was delivered and is neither
-acked nor in flight waits for redelivery. SERVER_INFO walks the data directory in a worker thread.
+acked nor in flight waits for redelivery. SERVER_INFO's data-dir usage comes from one walk in a
+worker thread at a time, reused for `DISK_USAGE_TTL` seconds: every request walking on its own
+let one connection pipelining thousands of them fill the shared worker threads, and the fsyncs of
+every other client's produce waited behind the walks.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from headwater.wire.errors import InvalidRequest, UnknownTopic
 log = structlog.get_logger("headwater.admin")
 
 _STARTED: Final = time.time()  # the module is imported when the server starts
+DISK_USAGE_TTL: Final = 1.0
 
 # Configs fixed at creation, and what to do instead.
 _FIXED: Final = {
@@ -66,6 +70,8 @@ class AdminHandlers:
         self._catalog = catalog
         self._data_dir = data_dir
         self._connections = connections
+        self._usage: asyncio.Future[int] | None = None  # the walk running or last finished
+        self._usage_at = -DISK_USAGE_TTL
 
     def _topic(self, name: str) -> Topic:
         topic = self._catalog.topics.get(name)
@@ -189,7 +195,7 @@ class AdminHandlers:
     async def _server_info(self) -> Reply:
         topics = self._catalog.topics
         now = time.time()
-        used = await asyncio.to_thread(_disk_usage, self._data_dir)
+        used = await self._data_dir_bytes()
         return m.ServerInfoResponse(
             version=version(),
             started_ms=int(_STARTED * 1000),
@@ -200,6 +206,13 @@ class AdminHandlers:
             data_dir=str(self._data_dir.resolve()),
             data_dir_bytes=used,
         )
+
+    async def _data_dir_bytes(self) -> int:
+        now = time.monotonic()
+        if self._usage is None or (self._usage.done() and now - self._usage_at > DISK_USAGE_TTL):
+            self._usage = asyncio.ensure_future(asyncio.to_thread(_disk_usage, self._data_dir))
+            self._usage_at = now
+        return await asyncio.shield(self._usage)
 
     # DESCRIBE_TOPIC's storage
 
