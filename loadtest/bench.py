@@ -22,7 +22,6 @@ goes to stderr when it is a terminal; the report to stdout (a table, `--format j
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -34,7 +33,7 @@ from typing import Any
 
 from headwater.testing import ServerProcess
 from loadtest import rows as r
-from loadtest.harness import say
+from loadtest.harness import run_options, say
 
 RATES = (10_000, 50_000, 100_000)
 
@@ -113,23 +112,7 @@ def table(results: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--quick", action="store_true", help="each row once, small counts")
-    parser.add_argument("--repeats", type=int, help="runs per row (default 3, 1 with --quick)")
-    parser.add_argument("--only", help="run only the rows whose workload contains this text")
-    parser.add_argument("--format", choices=["table", "json", "markdown"], default="table")
-    parser.add_argument(
-        "--api",
-        choices=["batch", "record"],
-        default="batch",
-        help="Headwater's client API: batch calls (default) or one call per record",
-    )
-    parser.add_argument("--output", type=Path, help="also write the JSON report here")
-    parser.add_argument(
-        "--charts", type=Path, help="write bench-throughput.png, bench-latency.png here"
-    )
+    parser = run_options(__doc__, "rows with a workload", "bench-throughput.png, bench-latency.png")
     args = parser.parse_args(argv)
     r.CLIENT_API = args.api
     repeats = args.repeats or (1 if args.quick else 3)

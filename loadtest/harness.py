@@ -16,6 +16,7 @@ every process), so the parent can combine a producer's start with a consumer's l
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import multiprocessing as mp
 import os
@@ -23,7 +24,7 @@ import socket
 import statistics
 import sys
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,37 @@ class Client:
     name: str
     workload: Workload
     kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def run_options(description: str | None, rows: str, charts: str) -> argparse.ArgumentParser:
+    """The options loadtest/bench.py and loadtest/peers.py share; `rows` says what `--only`
+    filters, `charts` which PNG files `--charts` writes."""
+    parser = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="each row once, small counts")
+    parser.add_argument("--repeats", type=int, help="runs per row (default 3, 1 with --quick)")
+    parser.add_argument("--only", help=f"run only the {rows} containing this text")
+    parser.add_argument("--format", choices=["table", "json", "markdown"], default="table")
+    parser.add_argument(
+        "--api",
+        choices=["batch", "record"],
+        default="batch",
+        help="Headwater's client API: batch calls (default) or one call per record",
+    )
+    parser.add_argument("--output", type=Path, help="also write the JSON report here")
+    parser.add_argument("--charts", type=Path, help=f"write {charts} here")
+    return parser
+
+
+async def ticks(started: float, seconds: float) -> AsyncIterator[int]:
+    """The 1 ms ticks of a paced sender, from `started` for `seconds`: yields each tick's number,
+    then sleeps until the next one is due (a late sender catches up without sleeping)."""
+    for tick in range(int(seconds * 1000)):
+        yield tick
+        delay = started + (tick + 1) / 1000 - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
 
 
 class Context:

@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 import headwater
-from loadtest.harness import Context, latency_summary, percentile, say
+from loadtest.harness import Context, latency_summary, percentile, say, ticks
 
 STAMP = struct.Struct(">q")  # CLOCK_MONOTONIC nanoseconds, the same clock in every process
 
@@ -104,7 +104,7 @@ async def produce_at_rate(
         per_tick = max(1, rate // 1000)
         started = await ctx.start()
         sent = 0
-        for tick in range(int(seconds * 1000)):
+        async for _ in ticks(started, seconds):
             if api == "batch":
                 stamp = STAMP.pack(time.monotonic_ns()) + padding
                 await producer.send_batch([stamp] * per_tick)
@@ -112,9 +112,6 @@ async def produce_at_rate(
                 for _ in range(per_tick):
                     await producer.send(STAMP.pack(time.monotonic_ns()) + padding)
             sent += per_tick
-            delay = started + (tick + 1) / 1000 - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
         await producer.flush()
         finished = time.monotonic()
     ctx.produced.set()

@@ -18,7 +18,7 @@ import asyncio
 import time
 from typing import Any
 
-from loadtest.harness import Context, latency_summary
+from loadtest.harness import Context, latency_summary, ticks
 from loadtest.hw_clients import STAMP, round_summary
 
 # Redis
@@ -70,15 +70,12 @@ async def redis_publish_at_rate(
     per_tick = max(1, rate // 1000)
     started = await ctx.start()
     sent = 0
-    for tick in range(int(seconds * 1000)):
+    async for _ in ticks(started, seconds):
         pipe = client.pipeline(transaction=False)
         for _ in range(per_tick):
             pipe.publish(channel, STAMP.pack(time.monotonic_ns()) + padding)
         await pipe.execute()
         sent += per_tick
-        delay = started + (tick + 1) / 1000 - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
     finished = time.monotonic()
     ctx.produced.set()
     await client.aclose()
@@ -264,14 +261,11 @@ async def nats_publish_at_rate(
     per_tick = max(1, rate // 1000)
     started = await ctx.start()
     sent = 0
-    for tick in range(int(seconds * 1000)):
+    async for _ in ticks(started, seconds):
         for _ in range(per_tick):
             await connection.publish(subject, STAMP.pack(time.monotonic_ns()) + padding)
         await connection.flush(timeout=10)  # one tick's messages go out now, not when buffered
         sent += per_tick
-        delay = started + (tick + 1) / 1000 - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
     finished = time.monotonic()
     ctx.produced.set()
     await connection.close()

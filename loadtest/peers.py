@@ -24,7 +24,6 @@ report says what each side fsyncs. Servers are stopped by PID at the end, whatev
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import sys
@@ -38,7 +37,7 @@ from headwater.testing import ServerProcess
 from loadtest import peer_clients as pc
 from loadtest import peer_servers, rows
 from loadtest.bench import _scratch_parent, machine
-from loadtest.harness import Client, Workload, say
+from loadtest.harness import Client, Workload, run_options, say
 from loadtest.rows import MAIN_FIGURE, Row
 
 NOT_STORED = "nothing (not stored)"
@@ -216,23 +215,7 @@ def ratio_table(pairs: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--quick", action="store_true", help="each row once, small counts")
-    parser.add_argument("--repeats", type=int, help="runs per row (default 3, 1 with --quick)")
-    parser.add_argument("--only", help="run only the workloads containing this text")
-    parser.add_argument("--format", choices=["table", "json", "markdown"], default="table")
-    parser.add_argument(
-        "--api",
-        choices=["batch", "record"],
-        default="batch",
-        help="Headwater's client API: batch calls (default) or one call per record",
-    )
-    parser.add_argument("--output", type=Path, help="also write the JSON report here")
-    parser.add_argument(
-        "--charts", type=Path, help="write peers-throughput.png, peers-latency.png here"
-    )
+    parser = run_options(__doc__, "workloads", "peers-throughput.png, peers-latency.png")
     args = parser.parse_args(argv)
     rows.CLIENT_API = args.api
     absent = peer_servers.missing()

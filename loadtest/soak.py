@@ -44,6 +44,7 @@ from loadtest.harness import (
     process_rss,
     run_row,
     say,
+    ticks,
 )
 
 HEADER = struct.Struct(">qq")  # sequence number, send time (monotonic ns)
@@ -60,7 +61,7 @@ async def producer(
     acked, errors = 0, 0
     started = await ctx.start()
     sequence = 0
-    for tick in range(int(seconds * 1000)):
+    async for tick in ticks(started, seconds):
         for _ in range(per_tick):
             now = time.monotonic_ns()
             for kind in TOPICS:
@@ -75,9 +76,6 @@ async def producer(
                 say(f"  reliable send failed: {exc}")
         if tick % 10_000 == 0:
             say(f"  {tick / 1000:.0f}s: {sequence:,} sent per topic")
-        delay = started + (tick + 1) / 1000 - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
     try:
         await producers["reliable"].flush()
         acked = sequence
