@@ -345,13 +345,19 @@ async def test_snapshot_start_goes_on_with_the_snapshot_after_a_restart(tmp_path
             # a row handed back is delivered again, read from the snapshot
             row = await consumer.receive(timeout=10)
             await row.nack(delay=0.01)  # (0 would mean the backoff)
-            first: list[headwater.Message] = []
-            for _ in range(20):  # new rows may come first, until the 10 ms have passed
+            # the credit comes back as a message is received (not acked), so new rows stream on
+            # while the 10 ms run; once they have passed, the due row goes before new ones: only
+            # the row already sent (prefetch 1) can still come first (a loop of 20 rows raced
+            # the 10 ms on a fast machine: acks are batched, the rows pipelined)
+            first: list[headwater.Message] = [await consumer.receive(timeout=10)]
+            await asyncio.sleep(0.05)  # the 10 ms delay is the behaviour: let the clock pass it
+            for _ in range(3):
                 message = await consumer.receive(timeout=10)
-                await message.ack()
                 first.append(message)
                 if message.offset == row.offset:
                     break
+            for message in first:
+                await message.ack()
             repeat = first[-1]
             assert (repeat.offset, repeat.key, repeat.value) == (row.offset, row.key, row.value)
             assert repeat.delivery_count == 2
