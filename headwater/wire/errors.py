@@ -54,6 +54,7 @@ class ErrorCode(enum.IntEnum):
     INVALID_SCHEMA = 37
     INCOMPATIBLE_SCHEMA = 38
     UNKNOWN_SCHEMA = 39
+    NOT_OWNER = 40
 
 
 class HeadwaterError(Exception):
@@ -293,6 +294,25 @@ class UnknownSchema(HeadwaterError):
     code = ErrorCode.UNKNOWN_SCHEMA
 
 
+class NotOwner(HeadwaterError):
+    """In a cluster, this broker does not own the partition (now): the message is
+    `owner=<broker id>@<host>:<port>` (or `owner=none` while nobody owns it), so a client can go
+    there at once; it looks up again (LOOKUP) and retries."""
+
+    code = ErrorCode.NOT_OWNER
+    retriable = True
+
+    @property
+    def owner_address(self) -> tuple[str, int] | None:
+        """(host, port) of the owner named in the message, None when there is none."""
+        _, _, rest = self.message.partition("owner=")
+        _, at, address = rest.split()[0].partition("@") if rest.split() else ("", "", "")
+        host, colon, port = address.rpartition(":")
+        if not at or not colon or not port.isdigit():
+            return None
+        return host, int(port)
+
+
 _BY_CODE: dict[int, type[HeadwaterError]] = {}
 for _cls in (
     UnknownServerError,
@@ -334,6 +354,7 @@ for _cls in (
     InvalidSchema,
     IncompatibleSchema,
     UnknownSchema,
+    NotOwner,
 ):
     _BY_CODE[_cls.code] = _cls
 

@@ -35,6 +35,7 @@ class ApiKey(enum.IntEnum):
     LIST_SUBSCRIPTIONS = 16
     SERVER_INFO = 17
     API_VERSIONS = 18
+    LOOKUP = 19  # which broker owns each partition of a topic (a cluster; docs/CLUSTER.md)
     AUTHENTICATE = 30
     REGISTER_SCHEMA = 40
     GET_SCHEMA = 41
