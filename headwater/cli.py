@@ -92,6 +92,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--tls-cert", type=Path, help="TLS certificate chain (PEM)")
     serve.add_argument("--tls-key", type=Path, help="TLS private key (PEM)")
     serve.add_argument("--tls-client-ca", type=Path, help="verify client certificates (mTLS)")
+    serve.add_argument(
+        "--cluster", metavar="etcd://HOST:PORT", help="join a cluster coordinated by this etcd"
+    )
+    serve.add_argument("--advertise", metavar="HOST:PORT", help="where clients reach this broker")
+    serve.add_argument("--broker-id", help="this broker's id in the cluster (default: --advertise)")
 
     add_client_commands(commands)
     cli_schema.add_parser(commands)
@@ -179,7 +184,14 @@ def _serve(args: argparse.Namespace) -> int:
     security = dataclasses.replace(
         config.security, **{k: v for k, v in flags.items() if v is not None}
     )
-    config = dataclasses.replace(config, security=security)
+    cluster = {"etcd": args.cluster, "advertise": args.advertise, "broker_id": args.broker_id}
+    config = dataclasses.replace(
+        config,
+        security=security,
+        cluster=dataclasses.replace(
+            config.cluster, **{k: v for k, v in cluster.items() if v is not None}
+        ),
+    )
     try:
         check(config, "command line")
     except ConfigError as exc:

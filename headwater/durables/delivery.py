@@ -214,6 +214,21 @@ class ReliableDelivery:
         self._deadlines.clear()
         self._due.clear()
 
+    def replace_cursor(self, partition: int, cursor: PartitionCursor, now: float) -> None:
+        """A cluster take-over: the partition's cursor is the checkpoint the previous owner left.
+        What this core had in flight there is forgotten (its acks went elsewhere); the
+        checkpoint's unacked messages are due at once (at-least-once)."""
+        self.cursors[partition] = cursor
+        self._in_flight[partition].clear()
+        for delivery in list(self._deliveries.values()):
+            if delivery.partition == partition:
+                self._forget(delivery)
+        self._due = [entry for entry in self._due if entry[1] != partition]
+        heapq.heapify(self._due)
+        for offset in cursor.unacked():
+            heapq.heappush(self._due, (now, partition, offset))
+        self.dirty.add(partition)
+
     def requeue(self, partition: int, offsets: Sequence[int], not_before: float) -> None:
         """Offsets taken for redelivery that could not be sent: due again at `not_before`."""
         for offset in offsets:

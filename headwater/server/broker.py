@@ -33,12 +33,19 @@ from headwater.server.kind import Consumer
 from headwater.server.kind import ConsumerSession as Session
 from headwater.server.locks import Turn
 from headwater.server.maps import MapHandlers
+from headwater.server.ownership import Ownership, not_owner
 from headwater.server.partitions import add_partitions
 from headwater.server.reply import AfterDurable, AfterWork, Reply, Waiting, after
 from headwater.server.schemas import SchemaHandlers
 from headwater.server.topics import LogTopic, MemoryTopic, Topic
 from headwater.wire import messages as m
-from headwater.wire.errors import ErrorCode, InvalidRequest, UnknownProducerId, UnknownTopic
+from headwater.wire.errors import (
+    ErrorCode,
+    InvalidRequest,
+    NotSupported,
+    UnknownProducerId,
+    UnknownTopic,
+)
 from headwater.wire.protocol import SUPPORTED_VERSIONS
 from headwater.wire.records import (
     BatchInfo,
@@ -63,6 +70,8 @@ class Broker:
         self.admin = AdminHandlers(catalog, config.data_dir, connections)
         self.maps = MapHandlers(catalog)
         self.consumers = ConsumerHandlers(config, catalog)
+        self.gate: Ownership | None = None  # a cluster's ownership (enter_cluster)
+        self.cluster: Any = None
         consumers = self.consumers
         schemas = SchemaHandlers(catalog.schemas, catalog.topics)
         self._handlers: dict[type, Handler] = {
@@ -161,7 +170,9 @@ class Broker:
         return validate_records(batch, self._config.max_decompressed_batch)
 
     def _publish(self, topic: MemoryTopic, request: m.ProduceRequest, info: BatchInfo) -> Reply:
-        partition = topic.pick_partition(request.partition)
+        partition = self._pick(topic, request.partition)
+        if self.gate is not None and not self.gate.serves(topic.name, partition.index):
+            raise not_owner(self.gate, topic.name, partition.index)
         if info.producer_id < 0:
             base_offset, _ = topic.accept(partition, request.batch, info.record_count, False)
             return m.ProduceResponse(partition.index, base_offset)
@@ -180,7 +191,9 @@ class Broker:
             records = read_records(request.batch, self._config.max_decompressed_batch)
             partition = topic.partitions[topic.last_value.partition_for(records)]
         else:
-            partition = topic.pick_partition(request.partition)
+            partition = self._pick(topic, request.partition)
+        if self.gate is not None and not self.gate.serves(topic.name, partition.index):
+            raise not_owner(self.gate, topic.name, partition.index)
         if info.producer_id < 0:
             base_offset, durable = topic.accept(
                 partition, request.batch, info.record_count, committed
@@ -196,6 +209,25 @@ class Broker:
         )
         saved = self.catalog.producers.save(topic, partition.index, info.producer_id, entry)
         return after(m.ProduceResponse(partition.index, base_offset), durable, saved)
+
+    def _pick(self, topic: Topic, requested: int) -> Any:
+        """The partition asked for; for -1, the next in turn (in a cluster, of those served
+        here: a producer that leaves the choice to the broker is never sent elsewhere)."""
+        partition = topic.pick_partition(requested)
+        if requested == -1 and self.gate is not None:
+            for _ in range(len(topic.partitions)):
+                if self.gate.serves(topic.name, partition.index):
+                    break
+                partition = topic.pick_partition(requested)
+        return partition
+
+    def enter_cluster(self, ownership: Ownership, cluster: Any) -> None:
+        """Serve only the partitions `ownership` gives this broker, and define topics through
+        `cluster` (a `server.cluster_mode.ClusterMode`; docs/CLUSTER.md)."""
+        self.gate = ownership
+        self.cluster = cluster
+        self.maps.ownership = ownership
+        self.catalog.subscriptions.serves = ownership.serves
 
     def _check_producer(
         self, request: m.ProduceRequest, info: BatchInfo, producers: ProducerTable
@@ -217,7 +249,10 @@ class Broker:
         return AfterWork(self._create_topic(request))
 
     async def _create_topic(self, request: m.CreateTopicRequest) -> Reply:
-        await self.catalog.create_locked(request)
+        if self.cluster is not None:
+            await self.cluster.create_topic(request)
+        else:
+            await self.catalog.create_locked(request)
         return m.EmptyResponse()
 
     def delete_topic(self, session: Session, request: m.DeleteTopicRequest) -> Reply:
@@ -225,10 +260,15 @@ class Broker:
 
     async def _delete_topic(self, request: m.DeleteTopicRequest) -> Reply:
         self._topic(request.name)
-        await self.catalog.delete_topic(request.name, _close_topic_consumers)
+        if self.cluster is not None:
+            await self.cluster.delete_topic(request.name)
+        else:
+            await self.catalog.delete_topic(request.name, close_topic_consumers)
         return m.EmptyResponse()
 
     def create_partitions(self, session: Session, request: m.CreatePartitionsRequest) -> Reply:
+        if self.cluster is not None:
+            raise NotSupported("adding partitions to a topic of a cluster is not supported yet")
         return AfterWork(add_partitions(self.catalog, request))
 
     def list_topics(self, session: Session, request: m.ListTopicsRequest) -> m.ListTopicsResponse:
@@ -271,7 +311,7 @@ class Broker:
         )
 
 
-def _close_topic_consumers(topic: Topic) -> None:
+def close_topic_consumers(topic: Topic) -> None:
     for subscription in list(topic.subscriptions.values()):
         close_consumers(
             list(subscription.consumers.values()),

@@ -436,6 +436,10 @@ class TopicCatalog:
         )
         return index
 
+    async def catch_up_last_values(self, topic: LogTopic, index: LastValueIndex) -> None:
+        """A partition's state was restarted (a cluster take-over): apply what it misses."""
+        await self._catch_up(topic, index)
+
     async def _catch_up(self, topic: LogTopic, index: LastValueIndex) -> None:
         """Apply every stored record the index has not seen. A partition, once caught up, stays
         so: its later appends start at its position and `Topic.append` applies them."""

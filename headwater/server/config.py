@@ -71,6 +71,20 @@ class SecurityConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """Cluster mode (docs/CLUSTER.md); `etcd` empty: one broker, no coordination (the default)."""
+
+    etcd: str = ""  # "etcd://127.0.0.1:2379"
+    advertise: str = ""  # host:port clients reach this broker at; default: the bound address
+    broker_id: str = ""  # unique in the cluster; default: the advertised address
+    lease_ttl_ms: int = 10_000  # a killed broker's partitions move after about this long
+    # a reliable produce is answered once its batch is in the object store; the batches of every
+    # producer of a partition within this window go out as one object
+    commit_interval_ms: int = 5
+    checkpoint_interval_ms: int = 500  # cursors written to etcd at most this often
+
+
+@dataclass(frozen=True, slots=True)
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 6650
@@ -111,6 +125,7 @@ class ServerConfig:
     subscription_defaults: SubscriptionDefaults = field(default_factory=SubscriptionDefaults)
     object_store: ObjectStoreConfig = field(default_factory=ObjectStoreConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     def __post_init__(self) -> None:
         # Without an object store nothing is ever uploaded, and retention would delete the only

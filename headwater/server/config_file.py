@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from headwater.server.config import (
+    ClusterConfig,
     ObjectStoreConfig,
     SecurityConfig,
     ServerConfig,
@@ -37,6 +38,7 @@ _SECTIONS: dict[str, type] = {
     "subscriptions": SubscriptionDefaults,
     "object_store": ObjectStoreConfig,
     "security": SecurityConfig,
+    "cluster": ClusterConfig,
 }
 _NESTED = {"topics": "topic_defaults", "subscriptions": "subscription_defaults"}
 
@@ -96,6 +98,26 @@ def check(config: ServerConfig, where: str = "config") -> None:
     if config.http_port is not None and not 0 <= config.http_port < 65536:
         raise ConfigError(f"{where}: server.http_port must be 0..65535, not {config.http_port}")
     _check_security(config, where)
+    _check_cluster(config, where)
+
+
+def _check_cluster(config: ServerConfig, where: str) -> None:
+    cluster = config.cluster
+    if not cluster.etcd:
+        return
+    if not cluster.etcd.startswith("etcd://") or not cluster.etcd[7:]:
+        raise ConfigError(f"{where}: cluster.etcd must look like etcd://HOST:PORT")
+    if config.object_store.backend == "none":
+        raise ConfigError(
+            f"{where}: a cluster needs a shared object store (object_store.backend s3, or local "
+            "with object_store.path on storage every broker sees)"
+        )
+    host, _, port = cluster.advertise.rpartition(":")
+    if cluster.advertise and (not host or not port.isdigit()):
+        raise ConfigError(f"{where}: cluster.advertise must be HOST:PORT")
+    for name in ("lease_ttl_ms", "commit_interval_ms", "checkpoint_interval_ms"):
+        if getattr(cluster, name) <= 0:
+            raise ConfigError(f"{where}: cluster.{name} must be positive")
 
 
 def _check_security(config: ServerConfig, where: str) -> None:
@@ -117,7 +139,7 @@ def _check_security(config: ServerConfig, where: str) -> None:
             raise ConfigError(f"{where}: security.{name} must be >= 0 (0: unlimited)")
 
 
-_NESTED_FIELDS = {"topic_defaults", "subscription_defaults", "object_store", "security"}
+_NESTED_FIELDS = {"topic_defaults", "subscription_defaults", "object_store", "security", "cluster"}
 
 
 def _build(

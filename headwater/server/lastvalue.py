@@ -82,6 +82,12 @@ class LastValueIndex(LastValueKeys):
     def skip_to(self, partition: int, offset: int) -> None:
         self._store.skip_to(partition, offset)
 
+    def restart_partition(self, partition: int) -> None:
+        """The partition's log was replaced (a cluster take-over): forget its keys and apply it
+        again from offset 0 (the catch-up loads a snapshot first when one helps)."""
+        self._store.clear(partition, _belongs(partition))
+        self._store.write(partition, 0, {}, [])
+
     async def snapshots(
         self, store: ObjectStore | None, next_offsets: Sequence[int]
     ) -> dict[int, int]:

@@ -11,10 +11,13 @@ partition, `crc32(key) % n`, where its revisions are unique.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from headwater.durables.lastvalue import StoredValue, check_key
 from headwater.server.catalog import TopicCatalog, last_value_topic
 from headwater.server.kind import ConsumerSession as Session
 from headwater.server.lastvalue import LastValueIndex
+from headwater.server.ownership import Ownership, not_owner
 from headwater.server.reply import AfterWork, Reply, after
 from headwater.server.topics import LogTopic, Topic
 from headwater.wire import messages as m
@@ -28,6 +31,16 @@ from headwater.wire.records import build_batch
 class MapHandlers:
     def __init__(self, catalog: TopicCatalog) -> None:
         self._catalog = catalog
+        self.ownership: Ownership | None = None  # a cluster: keys of partitions served here only
+
+    def _check_served(self, topic: str, index: LastValueIndex, keys: Iterable[bytes]) -> None:
+        ownership = self.ownership
+        if ownership is None:
+            return
+        for record_key in keys:
+            partition = index.partition_of(record_key)
+            if not ownership.serves(topic, partition):
+                raise not_owner(ownership, topic, partition)
 
     def ready(self, topic_name: str) -> bool:
         """Whether map requests on `topic_name` can be answered without building its state."""
@@ -61,12 +74,14 @@ class MapHandlers:
             check_key(wanted)
         index = self._topic(request.topic).last_value
         if index is not None and index.ready:  # the hot path: no task, no await, no object per key
+            self._check_served(request.topic, index, request.keys)
             get = index.get_head
             return encode_map_entries([(k, get(k)) for k in request.keys])
         return AfterWork(self._map_get_after_enabling(request))
 
     async def _map_get_after_enabling(self, request: m.MapGetRequest) -> Reply:
         index = await self._read_index(request.topic)
+        self._check_served(request.topic, index, request.keys)
         return m.MapGetResponse(tuple(_entry(k, index.get(k)) for k in request.keys))
 
     def map_set(self, session: Session, request: m.MapSetRequest) -> Reply:
@@ -92,6 +107,7 @@ class MapHandlers:
                 f"topic {topic.name!r} takes keys from field {index.key_field!r} of its values: "
                 "produce records to it instead of setting keys"
             )
+        self._check_served(topic.name, index, (w.key for w in request.writes))
         # Check every expectation, then write, with no await between: the check holds.
         for write in request.writes:
             if write.expected_revision == ANY_REVISION:
@@ -118,8 +134,9 @@ class MapHandlers:
             base_offset, sequence = topic.append(partition, batch, len(writes))
             for delta, (position, _) in enumerate(writes):
                 revisions[position] = base_offset + delta
-            if partition.log.must_wait(sequence):
-                waits.append(partition.log.wait_durable(sequence))
+            wait = topic.durability(partition, base_offset, batch, len(writes), sequence)
+            if wait is not None:
+                waits.append(wait)
         return after(m.MapSetResponse(tuple(revisions)), *waits)
 
     def map_scan(self, session: Session, request: m.MapScanRequest) -> Reply:

@@ -42,7 +42,7 @@ from __future__ import annotations
 import asyncio
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import structlog
 
@@ -110,6 +110,8 @@ class ReliableSubscription:
         self._signal = signal
         self._wake = asyncio.Event()
         self._flushing = False
+        # in a cluster, whether this broker serves a partition now (server.ownership)
+        self.serves: Callable[[str, int], bool] | None = None
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self.rounds = 0  # pump rounds run (tests count the work appends cause)
@@ -123,6 +125,10 @@ class ReliableSubscription:
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def wake(self) -> None:
+        """What this broker serves changed (a cluster): look at the partitions again."""
+        self._wake.set()
 
     async def close(self) -> None:
         self._closed = True
@@ -259,14 +265,23 @@ class ReliableSubscription:
         group.partitions = len(self._topic.partitions)  # partitions may have been added
         if self._keyed is not None:
             return await self._keyed.dispatch()
+        served = self._served()
         if group.partitions > 1 and (self.sub_type != SubscriptionType.SHARED or group.chosen):
             # Failover over partitions, or consumers that chose partitions: each consumer is
             # sent from the partitions it is active for, or chose
             for target in group.ready():
-                if await self._dispatch_to(target, set(group.owned(target))):
+                owned = set(group.owned(target))
+                if await self._dispatch_to(target, owned if served is None else owned & served):
                     return True
             return False
-        return await self._dispatch_to(group.pick(), None)
+        return await self._dispatch_to(group.pick(), served)
+
+    def _served(self) -> set[int] | None:
+        """The partitions this broker serves (a cluster), None for all of them."""
+        serves = self.serves
+        if serves is None:
+            return None
+        return {p for p in range(len(self._topic.partitions)) if serves(self.topic, p)}
 
     async def _dispatch_to(self, target: Consumer | None, owned: set[int] | None) -> bool:
         if target is None:

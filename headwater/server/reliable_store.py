@@ -17,6 +17,7 @@ only append listener of the topic's partition logs, whatever the number of subsc
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
@@ -54,6 +55,11 @@ class SubscriptionStore:
         self._state = writer.store
         self._dead_letters = dead_letters
         self._signals: dict[str, AppendSignal] = {}
+        # a cluster's ownership (server.ownership): pumps send only the partitions served here
+        self.serves: Callable[[str, int], bool] | None = None
+        # a cluster's: told of a subscription created or deleted here (etcd, checkpoints)
+        self.created: Callable[[LogTopic, str, dict[str, Any]], Awaitable[None]] | None = None
+        self.deleted: Callable[[str, str], Awaitable[None]] | None = None
 
     def signal(self, topic: LogTopic) -> AppendSignal:
         signal = self._signals.get(topic.name)
@@ -145,6 +151,8 @@ class SubscriptionStore:
         await self._writer.synced(puts)
         subscription = self._new(topic, name, sub_type, resolved, cursors, feed)
         topic.subscriptions[name] = subscription
+        if self.created is not None:
+            await self.created(topic, name, definition)
         log.info(
             "subscription.created",
             topic=topic.name,
@@ -174,6 +182,7 @@ class SubscriptionStore:
             self.signal(topic),
             feed,
         )
+        subscription.serves = self.serves
         subscription.start()
         return subscription
 
@@ -274,4 +283,6 @@ class SubscriptionStore:
         await self._writer.flush()  # no cursor write of it may land after the delete
         self._state.delete_prefix(key(CURSOR, topic.name, name) + b"\0")
         await self._writer.synced(deletes=[key(SUBSCRIPTION, topic.name, name)])
+        if self.deleted is not None:
+            await self.deleted(topic.name, name)
         log.info("subscription.deleted", topic=topic.name, subscription=name)

@@ -104,7 +104,23 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
                 await catalog.close()
             raise StartupError(f"cannot open the topics in {config.data_dir}: {exc}") from None
         stack.push_async_callback(catalog.close)
-        listener.start(Broker(config, catalog, lambda: len(listener.connections)))
+        broker = Broker(config, catalog, lambda: len(listener.connections))
+        if config.cluster.etcd:
+            if store is None:
+                raise StartupError("a cluster needs a shared object store")
+            from headwater.server.cluster_mode import ClusterMode  # grpc only when clustered
+
+            cluster = ClusterMode(config, catalog, broker, store, port)
+            try:
+                await cluster.start()
+            except (OSError, HeadwaterError, ConnectionError, TimeoutError) as exc:
+                raise StartupError(
+                    f"cannot join the cluster at {config.cluster.etcd}: {exc}"
+                ) from None
+            stack.push_async_callback(
+                cluster.stop
+            )  # hands partitions off before the catalog closes
+        listener.start(broker)
         if listener.shared.security is not None:
             listener.shared.security.start(
                 lambda: tuple(listener.connections),

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import bisect
 import struct
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Final, Literal, Protocol
 
@@ -170,6 +170,8 @@ class LogTopic(_TopicBase):
         self.archive = archive
         self.partitions = [LogPartition(i, logs[i]) for i in range(info.partitions)]
         self.last_value: LastValueIndex | None = None
+        # a cluster's `TailCommitter.add`: an append is answered once it is in the object store
+        self.cloud_commit: Callable[[str, int, int, bytes, int], Awaitable[None]] | None = None
 
     def pick_partition(self, requested: int) -> LogPartition:
         return self.partitions[self._pick(requested, len(self.partitions))]
@@ -180,10 +182,28 @@ class LogTopic(_TopicBase):
         """Append, and say what the producer's answer waits for: the fsync, when the topic's
         policy (or `committed`, read_committed) asks for one."""
         base_offset, sequence = self.append(partition, batch, record_count)
+        return base_offset, self.durability(
+            partition, base_offset, batch, record_count, sequence, committed
+        )
+
+    def durability(
+        self,
+        partition: LogPartition,
+        base_offset: int,
+        batch: bytes,
+        record_count: int,
+        sequence: int,
+        committed: bool = False,
+    ) -> Awaitable[None] | None:
+        """What the answer to an append waits for: in a cluster, the batch in the object store
+        (`server.tail_commit`); else the fsync, when the topic's policy or `committed` asks."""
+        if self.cloud_commit is not None:
+            stamped = _BASE_OFFSET.pack(base_offset) + batch[8:]
+            return self.cloud_commit(self.name, partition.index, base_offset, stamped, record_count)
         wal = partition.log
         if wal.must_wait(sequence, committed):
-            return base_offset, wal.wait_durable(sequence)
-        return base_offset, None
+            return wal.wait_durable(sequence)
+        return None
 
     def append(self, partition: LogPartition, batch: bytes, record_count: int) -> tuple[int, int]:
         """Write a validated batch to the WAL; returns (base offset, durability sequence).

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,6 +67,10 @@ class Uploader:
         self._task: asyncio.Task[None] | None = None
         self._busy = False
         self.failures = 0
+        # a cluster's: upload only what this broker serves (a partition handed off must not
+        # overwrite its new owner's segments), and drop the tail chunks a segment now holds
+        self.may_upload: Callable[[str, int], bool] = lambda topic, partition: True
+        self.on_uploaded: Callable[[str, int, int, int], None] | None = None
         for raw_key, value in state.scan(UPLOAD):
             topic, partition, base = raw_key.decode().split("\0")
             next_offset, size = (int(v) for v in value.decode().split(","))
@@ -140,6 +145,11 @@ class Uploader:
                     self._queued.discard((topic, partition, segment.base_offset))
 
     async def _upload(self, topic: str, partition: int, segment: SealedSegment, epoch: int) -> None:
+        if not self.may_upload(topic, partition):
+            log.info(
+                "upload.not_served", topic=topic, partition=partition, base=segment.base_offset
+            )
+            return
         index_path = segment.path.with_suffix(".index")
         index = await asyncio.to_thread(_read_or_empty, index_path)
         data = await asyncio.to_thread(segment.path.read_bytes)
@@ -157,6 +167,8 @@ class Uploader:
         self._record(
             topic, partition, UploadedSegment(segment.base_offset, segment.next_offset, len(data))
         )
+        if self.on_uploaded is not None:
+            self.on_uploaded(topic, partition, segment.base_offset, segment.next_offset)
         log.info(
             "upload.done",
             topic=topic,
@@ -174,6 +186,19 @@ class Uploader:
             await asyncio.sleep(0.05)
         return True
 
+    def adopt(self, topic: str, partition: int, segments: list[UploadedSegment]) -> None:
+        """Segments another broker uploaded (a cluster take-over): reads below the local log
+        go to them."""
+        rows = {}
+        for segment in segments:
+            if not self.is_uploaded(topic, partition, segment.base_offset):
+                self._record(topic, partition, segment)
+                rows[key(UPLOAD, topic, partition, segment.base_offset)] = (
+                    f"{segment.next_offset},{segment.size}".encode()
+                )
+        if rows:
+            self._state.write(rows)
+
     def forget_topic(self, topic: str) -> None:
         """The topic was deleted: forget its uploads and remove its objects (in queue order)."""
         for ident in [k for k in self._uploaded if k[0] == topic]:
@@ -186,7 +211,11 @@ class Uploader:
     async def _purge(self, topic: str) -> None:
         # the topic's segments (exactly <topic>/<partition>/<name>: a topic named `snapshots`
         # must not take other topics' snapshots with it) and its compaction snapshots
-        segments = [o for o in await self.store.list(f"{topic}/") if o.key.count("/") == 2]
+        segments = [
+            o
+            for o in await self.store.list(f"{topic}/")
+            if o.key.count("/") == 2 or (o.key.count("/") == 3 and o.key.split("/")[2] == "tail")
+        ]
         objects = segments + await self.store.list(snapshot_prefix(topic))
         for found in objects:
             await self.store.delete(found.key)

@@ -1,0 +1,264 @@
+"""A cluster broker's side of taking a partition over, handing it off, and losing it.
+
+The etcd coordinator (`server.cluster`) decides who owns each partition; this module is the
+`PartitionHandler` it calls, and keeps what a new owner needs where it can find it:
+
+- **acquire** (the ownership key is ours, not yet served): under the topic's turn, list the
+  partition's cloud tail (`storage.cloud_tail`), resolve the valid chain and its end E, write our
+  epoch's marker at E (first time only), and make the local WAL equal to the chain. The local log
+  is kept only when it already ends at E with everything up to E stored by us; otherwise it is
+  rebuilt: closed, removed, opened again at the start of the chain's last contiguous run (what is
+  below is in uploaded segments, adopted for reads), and the run's batches appended, offsets
+  unchanged. Last-value state of a rebuilt partition is cleared and caught up (snapshot + log).
+  Then each reliable subscription's cursor for the partition is replaced by the checkpoint the
+  previous owner left (unacked messages due again: at-least-once).
+- **release** (graceful hand-off; the partition is no longer served): wait until what was
+  appended is in the object store, then write every cursor's final checkpoint, so the next owner
+  redelivers only what was unacked.
+- **lost** (fenced): what waits for the object store is answered NOT_OWNER at once.
+
+Cursors are also checkpointed every `checkpoint_interval` while owned (only those that changed),
+so a kill -9 costs at most that interval of acks: those messages are delivered again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+import structlog
+
+from headwater.durables.cursor import PartitionCursor
+from headwater.server.catalog import TopicCatalog
+from headwater.server.reliable import ReliableSubscription
+from headwater.server.tail_commit import TailCommitter
+from headwater.server.topic_settings import log_config
+from headwater.server.topics import LogTopic
+from headwater.storage.cloud_tail import CloudTail
+from headwater.storage.uploader import UploadedSegment
+from headwater.storage.wal import PartitionLog
+from headwater.wire.records import inspect_batch
+
+log = structlog.get_logger("headwater.cluster")
+
+
+class Checkpoints(Protocol):
+    async def put_checkpoint(self, key: str, value: bytes) -> None: ...
+
+    async def get_checkpoint(self, key: str) -> bytes | None: ...
+
+    def owned(self) -> list[tuple[str, int]]: ...
+
+
+def checkpoint_key(topic: str, subscription: str, partition: int) -> str:
+    return f"{topic}/{subscription}/{partition}"
+
+
+class ClusterPartitions:
+    def __init__(
+        self,
+        catalog: TopicCatalog,
+        tail: CloudTail,
+        committer: TailCommitter,
+        checkpoints: Checkpoints,
+        checkpoint_interval: float = 0.5,
+    ) -> None:
+        self._catalog = catalog
+        self._tail = tail
+        self._committer = committer
+        self._checkpoints = checkpoints
+        self._interval = checkpoint_interval
+        self._written: dict[tuple[str, str, int], bytes] = {}
+        # (topic, partition) -> the offset up to which our local log is known to equal the
+        # object store's chain (set by a take-over, moved by our stored chunks)
+        self._verified: dict[tuple[str, int], int] = {}
+        self._task: asyncio.Task[None] | None = None
+        self.rebuilt = 0
+        self.kept = 0
+        self.wake: Callable[[], None] = lambda: None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._checkpoint_loop())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def stored(self, topic: str, partition: int, end: int) -> None:
+        """The committer stored our chunk up to `end`."""
+        self._verified[topic, partition] = end
+
+    # PartitionHandler
+
+    async def acquire(self, topic: str, partition: int, epoch: int) -> None:
+        async with self._catalog.turn(topic):
+            found = self._catalog.topics.get(topic)
+            if found is None:
+                raise LookupError(f"topic {topic!r} is not known here yet")
+            if not isinstance(found, LogTopic):
+                return  # non-reliable: nothing is kept, nothing to take over
+            started = time.monotonic()
+            state = await self._tail.state(topic, partition)
+            end, run = state.resolve()
+            if epoch not in state.markers:
+                await self._tail.mark_epoch(topic, partition, epoch, end)
+            local = found.partitions[partition].log
+            if local.next_offset == end and self._verified.get((topic, partition)) == end:
+                self.kept += 1
+            else:
+                await self._rebuild(found, partition, run, end)
+                self.rebuilt += 1
+            self._verified[topic, partition] = end
+            await self._load_cursors(found, partition)
+            log.info(
+                "cluster.partition_acquired",
+                topic=topic,
+                partition=partition,
+                epoch=epoch,
+                end=end,
+                chunks=len(run),
+                ms=round((time.monotonic() - started) * 1000, 1),
+            )
+        self._wake_subscriptions(topic)
+
+    async def release(self, topic: str, partition: int) -> None:
+        with contextlib.suppress(Exception):
+            await self._committer.drain(topic, partition)
+        await self._checkpoint_partition(topic, partition, force=True)
+        log.info("cluster.partition_released", topic=topic, partition=partition)
+
+    def lost(self, topic: str, partition: int) -> None:
+        self._committer.reset(topic, partition)
+        self._verified.pop((topic, partition), None)
+        log.warning("cluster.partition_lost", topic=topic, partition=partition)
+
+    # Take-over
+
+    async def _rebuild(self, topic: LogTopic, partition: int, run: list, end: int) -> None:  # type: ignore[type-arg]
+        start = run[0].first if run else end
+        holder = topic.partitions[partition]
+        old = holder.log
+        listeners = old.append_listeners
+        await old.close()
+        directory = old.directory
+        await asyncio.to_thread(shutil.rmtree, directory, True)
+        uploader = self._catalog.uploader
+        if uploader is not None:
+            uploader.adopt(
+                topic.name, partition, await self._segments(topic.name, partition, start)
+            )
+        fresh = await asyncio.to_thread(
+            PartitionLog.open,
+            directory,
+            log_config(topic.settings),
+            start,
+            self._catalog.sealed(topic.name, partition),
+        )
+        for chunk in run:
+            for batch in await self._tail.read(topic.name, partition, chunk):
+                info = inspect_batch(batch)
+                if info.base_offset < fresh.next_offset:
+                    continue  # the run's first chunk may start inside an uploaded segment
+                fresh.append(batch, info.record_count)
+        fresh.start()
+        for listener in listeners:
+            fresh.add_append_listener(listener)
+        holder.log = fresh
+        holder.producers.producers.clear()  # the previous owner's sequences are not known here
+        index = topic.last_value
+        if index is not None:
+            index.restart_partition(partition)
+            await self._catalog.catch_up_last_values(topic, index)
+
+    async def _segments(self, topic: str, partition: int, start: int) -> list[UploadedSegment]:
+        """The segments in the object store below `start`, as the archive needs them."""
+        prefix = f"{topic}/{partition}/"
+        found = sorted(
+            (int(o.key[len(prefix) : -len(".log")]), o.size)
+            for o in await self._tail.store.list(prefix)
+            if o.key.endswith(".log") and o.key.count("/") == 2
+        )
+        segments = []
+        for i, (base, size) in enumerate(found):
+            following = found[i + 1][0] if i + 1 < len(found) else start
+            if base < start:
+                segments.append(UploadedSegment(base, max(following, base + 1), size))
+        return segments
+
+    async def _load_cursors(self, topic: LogTopic, partition: int) -> None:
+        now = time.monotonic()
+        for subscription in _reliable(topic):
+            data = await self._checkpoints.get_checkpoint(
+                checkpoint_key(topic.name, subscription.name, partition)
+            )
+            if data is None:
+                # nobody consumed this partition for it elsewhere: from the oldest stored
+                # message (never lose one; a `latest` subscription checkpoints at creation)
+                cursor = PartitionCursor.starting_at(
+                    min(subscription.core.position(partition), topic.start_offset(partition))
+                )
+            else:
+                cursor = PartitionCursor.decode(data)
+            subscription.core.replace_cursor(partition, cursor, now)
+            subscription.persist()
+            self._written[topic.name, subscription.name, partition] = cursor.encode()
+
+    def _wake_subscriptions(self, topic: str) -> None:
+        found = self._catalog.topics.get(topic)
+        if isinstance(found, LogTopic):
+            for subscription in _reliable(found):
+                subscription.wake()
+
+    # Checkpoints
+
+    async def checkpoint_new(self, topic: LogTopic, subscription: str) -> None:
+        """A subscription was just created here: its start, for the partitions owned here."""
+        for name, partition in self._checkpoints.owned():
+            if name == topic.name:
+                await self._checkpoint_partition(name, partition, force=True, only=subscription)
+
+    async def _checkpoint_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval)
+            for topic, partition in self._checkpoints.owned():
+                try:
+                    await self._checkpoint_partition(topic, partition)
+                except Exception as exc:  # etcd away: the next round tries again
+                    log.warning(
+                        "cluster.checkpoint_failed",
+                        topic=topic,
+                        partition=partition,
+                        error=str(exc),
+                    )
+                    break
+
+    async def _checkpoint_partition(
+        self, topic: str, partition: int, force: bool = False, only: str | None = None
+    ) -> None:
+        found = self._catalog.topics.get(topic)
+        if not isinstance(found, LogTopic):
+            return
+        for subscription in _reliable(found):
+            if only is not None and subscription.name != only:
+                continue
+            data = subscription.core.cursors[partition].encode()
+            ident = (topic, subscription.name, partition)
+            if not force and self._written.get(ident) == data:
+                continue
+            await self._checkpoints.put_checkpoint(
+                checkpoint_key(topic, subscription.name, partition), data
+            )
+            self._written[ident] = data
+
+
+def _reliable(topic: LogTopic) -> list[ReliableSubscription]:
+    return [s for s in topic.subscriptions.values() if isinstance(s, ReliableSubscription)]
+
+
+__all__ = ["ClusterPartitions", "checkpoint_key"]

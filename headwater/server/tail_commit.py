@@ -1,0 +1,144 @@
+"""Acknowledge a cluster's reliable produce once its batch is in the object store.
+
+`TailCommitter.add` is called by `LogTopic.accept` right after the local append (the WAL is the
+owner's cache; the object store is the record any broker can take the partition over from) and
+returns what the producer's answer waits for. Batches appended to one partition within
+`interval` seconds, by any number of producers, go out as one chunk (`storage.cloud_tail`): one
+PUT per partition per interval, not per batch. A partition has at most one chunk in flight, so
+its chunks are contiguous and in order; partitions flush independently.
+
+A failed PUT is retried, the same chunk with the same bytes (a retry that merged newer batches
+would make two chunks start at one offset), with doubling delays, for as long as this broker
+serves the partition. The answer is sent only if the broker still serves the partition when the
+PUT has completed: a fenced broker (its lease not confirmed in time) could have been replaced by
+an owner that no longer counts this chunk, so its producers get NOT_OWNER and retry at the new
+owner (at-least-once: the batch may then be stored twice, never lost).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import structlog
+
+from headwater.storage.cloud_tail import Chunk, CloudTail
+from headwater.wire.errors import HeadwaterError, StorageError
+
+log = structlog.get_logger("headwater.cluster")
+
+_RETRY_INITIAL = 0.05
+_RETRY_MAX = 2.0
+
+
+@dataclass(slots=True)
+class _Pending:
+    first: int = -1
+    end: int = -1
+    batches: list[bytes] = field(default_factory=list)
+    waiters: list[asyncio.Future[None]] = field(default_factory=list)
+
+
+class TailCommitter:
+    def __init__(
+        self,
+        tail: CloudTail,
+        interval: float,
+        serves: Callable[[str, int], bool],
+        epoch: Callable[[str, int], int | None],
+        not_owner: Callable[[str, int], HeadwaterError],
+    ) -> None:
+        self._tail = tail
+        self._interval = interval
+        self._serves = serves
+        self._epoch = epoch
+        self._not_owner = not_owner
+        self._pending: dict[tuple[str, int], _Pending] = {}
+        self._flushing: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self.chunks = 0
+        self.failures = 0
+        self.on_stored: Callable[[str, int, int], None] = lambda topic, partition, end: None
+
+    def add(
+        self, topic: str, partition: int, base: int, batch: bytes, count: int
+    ) -> Awaitable[None]:
+        """`batch` stamped with its base offset; the answer waits on the returned future."""
+        key = (topic, partition)
+        pending = self._pending.get(key)
+        if pending is None:
+            pending = self._pending[key] = _Pending(first=base, end=base)
+        if base != pending.end:  # the WAL assigns offsets in order: a gap is a bug upstream
+            raise StorageError(f"{topic}/{partition}: batch at {base}, chunk ends at {pending.end}")
+        pending.batches.append(batch)
+        pending.end = base + count
+        waiter = asyncio.get_running_loop().create_future()
+        pending.waiters.append(waiter)
+        if key not in self._flushing:
+            self._flushing[key] = asyncio.get_running_loop().create_task(self._run(key))
+        return waiter
+
+    def reset(self, topic: str, partition: int) -> None:
+        """Fail what waits for a partition (it was lost or is being rebuilt)."""
+        pending = self._pending.pop((topic, partition), None)
+        if pending is not None:
+            self._fail(pending, self._not_owner(topic, partition))
+
+    async def drain(self, topic: str, partition: int) -> None:
+        """Wait until what was added for the partition is stored (a graceful hand-off)."""
+        task = self._flushing.get((topic, partition))
+        if task is not None:
+            await asyncio.shield(task)
+
+    async def _run(self, key: tuple[str, int]) -> None:
+        try:
+            while self._pending.get(key) is not None:
+                await asyncio.sleep(self._interval)  # the window that groups producers' batches
+                pending = self._pending.pop(key, None)
+                if pending is None:
+                    return
+                await self._store(key, pending)
+        finally:
+            self._flushing.pop(key, None)
+
+    async def _store(self, key: tuple[str, int], pending: _Pending) -> None:
+        topic, partition = key
+        epoch = self._epoch(topic, partition)
+        if epoch is None or not self._serves(topic, partition):
+            self._fail(pending, self._not_owner(topic, partition))
+            return
+        chunk = Chunk(pending.first, pending.end, epoch)
+        data = b"".join(pending.batches)
+        delay = _RETRY_INITIAL
+        while True:
+            try:
+                await self._tail.put(topic, partition, chunk, data)
+                break
+            except StorageError as exc:
+                self.failures += 1
+                log.warning(
+                    "cluster.tail_put_failed",
+                    topic=topic,
+                    partition=partition,
+                    first=chunk.first,
+                    error=str(exc),
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _RETRY_MAX)
+            if not self._serves(topic, partition):
+                self._fail(pending, self._not_owner(topic, partition))
+                return
+        if not self._serves(topic, partition):
+            self._fail(pending, self._not_owner(topic, partition))
+            return
+        self.chunks += 1
+        self.on_stored(topic, partition, chunk.end)
+        for waiter in pending.waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    @staticmethod
+    def _fail(pending: _Pending, error: HeadwaterError) -> None:
+        for waiter in pending.waiters:
+            if not waiter.done():
+                waiter.set_exception(error)

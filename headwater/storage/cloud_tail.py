@@ -1,0 +1,153 @@
+"""The cloud tail: a partition's newest acknowledged batches as small objects, for a cluster.
+
+In a cluster a reliable produce is acknowledged only once its batch is in the object store, so
+that any broker can take the partition over (docs/CLUSTER.md). Whole segments are uploaded only
+when they seal; until then the owner writes, every few milliseconds, one *chunk* per partition
+holding the batches appended since the last one:
+
+    <topic>/<partition>/tail/<first offset>-<end offset>-<epoch>.log   (each 20 digits)
+
+(the stamped batches, back to back). The epoch is the ownership key's etcd revision, which grows
+at every change of owner. A broker that takes a partition over writes a marker first,
+
+    <topic>/<partition>/tail/epoch-<epoch, 20 digits>
+
+holding the offset its epoch starts at (the end of the chain it found). A chunk counts only when
+it lies inside its epoch's range, [its marker's offset, the next epoch's marker's offset): a chunk
+an old owner put after it was fenced (its PUT was in flight when its lease ran out; it never
+acknowledged it) starts at or past the next marker and is ignored, so an offset is never given to
+two messages even then. `resolve` applies that rule and gives the valid chain's last contiguous
+run, which is what a new owner rebuilds its local WAL from; everything below the run's start is
+in uploaded segments.
+
+Chunks are deleted once a segment the owner uploaded holds them entirely (`collectable`); the
+newest chunk always stays, so the end of the log is known from a listing alone.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from dataclasses import dataclass
+
+from headwater.storage.objectstore import ObjectStore
+
+_CHUNK = re.compile(r"^(\d{20})-(\d{20})-(\d{20})\.log$")
+_MARKER = re.compile(r"^epoch-(\d{20})$")
+_LENGTH = struct.Struct(">i")
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Chunk:
+    first: int
+    end: int
+    epoch: int
+
+    def name(self, topic: str, partition: int) -> str:
+        prefix = tail_prefix(topic, partition)
+        return f"{prefix}{self.first:020d}-{self.end:020d}-{self.epoch:020d}.log"
+
+
+@dataclass(frozen=True, slots=True)
+class TailState:
+    """What a listing of one partition's tail shows."""
+
+    chunks: list[Chunk]
+    markers: dict[int, int]  # epoch -> the offset it starts at
+
+    def resolve(self) -> tuple[int, list[Chunk]]:
+        """(the end of the valid chain, the chunks of its last contiguous run, in order)."""
+        epochs = sorted(self.markers)
+        valid: list[Chunk] = []
+        for chunk in self.chunks:
+            start = self.markers.get(chunk.epoch)
+            if start is None:
+                continue  # no marker: written by an owner that never wrote one (cannot happen)
+            later = [self.markers[e] for e in epochs if e > chunk.epoch]
+            limit = min(later) if later else None
+            if chunk.first < start or (limit is not None and chunk.end > limit):
+                continue
+            valid.append(chunk)
+        valid.sort()
+        run: list[Chunk] = []
+        for chunk in valid:
+            if run and chunk.first == run[-1].end:
+                run.append(chunk)
+            elif not run or chunk.first > run[-1].end:
+                run = [chunk]  # a gap: everything below is in segments
+            # (an overlapping chunk of a later epoch cannot be valid; one of an older epoch was
+            # replaced by a re-upload at the same offsets: keep the first)
+        if not run:
+            end = max(self.markers.values(), default=0)
+            return end, []
+        return max(run[-1].end, max(self.markers.values(), default=0)), run
+
+
+def tail_prefix(topic: str, partition: int) -> str:
+    return f"{topic}/{partition}/tail/"
+
+
+def split_batches(data: bytes) -> list[bytes]:
+    """The stamped batches a chunk holds, back to back (length at bytes 8..12 of each)."""
+    batches = []
+    position = 0
+    while position + 12 <= len(data):
+        size = _LENGTH.unpack_from(data, position + 8)[0] + 12
+        if size < 12 or position + size > len(data):
+            raise ValueError(f"chunk cut at byte {position}")
+        batches.append(data[position : position + size])
+        position += size
+    if position != len(data):
+        raise ValueError(f"chunk cut at byte {position}")
+    return batches
+
+
+class CloudTail:
+    def __init__(self, store: ObjectStore) -> None:
+        self.store = store
+
+    async def state(self, topic: str, partition: int) -> TailState:
+        prefix = tail_prefix(topic, partition)
+        chunks: list[Chunk] = []
+        markers: dict[int, int] = {}
+        marker_names: list[tuple[int, str]] = []
+        for info in await self.store.list(prefix):
+            name = info.key[len(prefix) :]
+            if match := _CHUNK.match(name):
+                chunks.append(Chunk(*(int(g) for g in match.groups())))
+            elif match := _MARKER.match(name):
+                marker_names.append((int(match.group(1)), info.key))
+        for epoch, object_key in marker_names:
+            markers[epoch] = int((await self.store.get(object_key)).decode())
+        return TailState(sorted(chunks), markers)
+
+    async def mark_epoch(self, topic: str, partition: int, epoch: int, start: int) -> None:
+        """Record where `epoch` starts; refuses to move an existing marker (a second take-over
+        with the same epoch must find the same start)."""
+        object_key = f"{tail_prefix(topic, partition)}epoch-{epoch:020d}"
+        if not await self.store.put_if_absent(object_key, str(start).encode()):
+            existing = int((await self.store.get(object_key)).decode())
+            if existing != start:
+                raise ValueError(
+                    f"epoch {epoch} of {topic}/{partition} starts at {existing}, not {start}"
+                )
+
+    async def put(self, topic: str, partition: int, chunk: Chunk, data: bytes) -> None:
+        await self.store.put(chunk.name(topic, partition), data)
+
+    async def read(self, topic: str, partition: int, chunk: Chunk) -> list[bytes]:
+        return split_batches(await self.store.get(chunk.name(topic, partition)))
+
+    async def collect(self, topic: str, partition: int, base: int, end: int) -> int:
+        """Delete the chunks an uploaded segment [base, end) holds entirely, except the newest
+        chunk of the partition; returns how many went."""
+        state = await self.state(topic, partition)
+        if not state.chunks:
+            return 0
+        newest = max(state.chunks, key=lambda c: (c.end, c.epoch))
+        gone = 0
+        for chunk in state.chunks:
+            if chunk != newest and base <= chunk.first and chunk.end <= end:
+                await self.store.delete(chunk.name(topic, partition))
+                gone += 1
+        return gone

@@ -1,0 +1,95 @@
+"""Brokers of a real cluster for tests: etcd (tests.etcd_support), moto's S3 and N `headwater serve
+--cluster` processes on loopback, each stopped by its PID.
+
+`Cluster.owners(topic)` reads the ownership keys straight from etcd (the coordinator's layout,
+`server.cluster.layout`), so tests can check who owns what independently of the brokers' answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import aetcd
+
+from headwater.testing import ServerProcess
+from tests.etcd_support import EtcdServer
+from tests.s3 import MotoS3
+
+PREFIX = "/headwater"
+
+
+class Cluster:
+    def __init__(
+        self, root: Path, etcd: EtcdServer, s3: MotoS3, bucket: str, lease_ttl_ms: int = 3000
+    ) -> None:
+        self.root = root
+        self.etcd = etcd
+        self.brokers: dict[str, ServerProcess] = {}
+        self._config = root / "cluster.toml"
+        self._config.write_text(
+            f"""
+[object_store]
+backend = "s3"
+bucket = "{bucket}"
+endpoint_url = "{s3.endpoint_url}"
+region = "us-east-1"
+retry_initial_ms = 50
+retry_max_ms = 500
+
+[cluster]
+lease_ttl_ms = {lease_ttl_ms}
+checkpoint_interval_ms = 200
+"""
+        )
+
+    def start_broker(self, broker_id: str) -> ServerProcess:
+        process = ServerProcess(
+            self.root / broker_id,
+            extra_args=(
+                "--config",
+                str(self._config),
+                "--cluster",
+                self.etcd.endpoint,
+                "--broker-id",
+                broker_id,
+                "--log-format",
+                "json",
+            ),
+        ).start(timeout=60)
+        self.brokers[broker_id] = process
+        return process
+
+    def stop_all(self) -> None:
+        for process in self.brokers.values():
+            process.kill()
+
+    async def _etcd(self) -> aetcd.Client:
+        return aetcd.Client(host="127.0.0.1", port=self.etcd.client_port)
+
+    async def owners(self, topic: str) -> dict[int, str]:
+        """partition -> the broker id holding its ownership key now."""
+        async with await self._etcd() as client:
+            found = await client.get_prefix(f"{PREFIX}/owners/{topic}/".encode())
+        return {int(kv.key.decode().rsplit("/", 1)[1]): kv.value.decode() for kv in found}
+
+    async def address(self, broker_id: str) -> str:
+        async with await self._etcd() as client:
+            found = await client.get(f"{PREFIX}/brokers/{broker_id}".encode())
+        data = json.loads(found.value)
+        return f"{data['host']}:{data['port']}"
+
+    async def wait_owned(
+        self, topic: str, partitions: int, among: set[str], timeout: float = 30.0
+    ) -> dict[int, str]:
+        """Until every partition is owned by one of `among` (bounded); the owners."""
+        deadline = time.monotonic() + timeout
+        owners: dict[int, str] = {}
+        while time.monotonic() < deadline:
+            owners = await self.owners(topic)
+            if len(owners) == partitions and set(owners.values()) <= among:
+                return owners
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"partitions of {topic} not owned by {among} in {timeout}s: {owners}")

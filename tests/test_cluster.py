@@ -1,0 +1,221 @@
+"""Three brokers, a real etcd and moto's S3 on loopback: partitions spread, NOT_OWNER, kill -9
+failover with nothing acknowledged lost, map values read back from the new owner, and a graceful
+hand-off that redelivers nothing acked.
+
+Each test talks to the owner of each partition, found from etcd's ownership keys
+(`tests.cluster_support`), so the data path is checked independently of the client's routing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+import headwater
+from headwater.wire import messages as m
+from headwater.wire.records import build_batch
+from tests.cluster_support import Cluster
+from tests.etcd_support import EtcdServer
+from tests.s3 import MotoS3
+
+PARTITIONS = 6
+LEASE_TTL_MS = 3000
+TAKE_OVER_S = LEASE_TTL_MS / 1000 + 10  # the lease runs out, a rebalance round, the rebuild
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, s3: MotoS3, bucket: str) -> Iterator[Cluster]:
+    etcd = EtcdServer(tmp_path / "etcd").start()
+    cluster = Cluster(tmp_path, etcd, s3, bucket, LEASE_TTL_MS)
+    try:
+        yield cluster
+    finally:
+        cluster.stop_all()
+        etcd.kill()
+
+
+class Owners:
+    """A connection per broker, and the owner of each partition as etcd says."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.clients: dict[str, headwater.Client] = {}
+
+    async def client(self, broker_id: str) -> headwater.Client:
+        if broker_id not in self.clients:
+            address = await self.cluster.address(broker_id)
+            self.clients[broker_id] = await headwater.connect(address)
+        return self.clients[broker_id]
+
+    def forget(self, broker_id: str) -> None:
+        self.clients.pop(broker_id, None)
+
+    async def close(self) -> None:
+        for client in self.clients.values():
+            await client.close()
+
+
+@pytest.fixture
+async def owners(cluster: Cluster) -> AsyncIterator[Owners]:
+    found = Owners(cluster)
+    try:
+        yield found
+    finally:
+        await found.close()
+
+
+async def start_three(cluster: Cluster) -> None:
+    await asyncio.gather(*(asyncio.to_thread(cluster.start_broker, b) for b in ("b1", "b2", "b3")))
+
+
+async def produce(client: headwater.Client, topic: str, value: bytes, partition: int) -> int:
+    """One acknowledged message to `partition` of this broker; its offset (no retries here:
+    an error is the broker's answer)."""
+    batch = build_batch([(None, value, ())])
+    response = await client._request(m.ProduceRequest(topic, partition, batch))
+    assert isinstance(response, m.ProduceResponse)
+    return response.base_offset
+
+
+async def produce_each(
+    owners: Owners, topic: str, owner_of: dict[int, str], tag: str, count: int
+) -> dict[int, list[bytes]]:
+    """`count` acknowledged messages to every partition, each sent to its owner."""
+    acked: dict[int, list[bytes]] = {}
+    for partition, broker_id in sorted(owner_of.items()):
+        client = await owners.client(broker_id)
+        values = [f"{tag}-{partition}-{i}".encode() for i in range(count)]
+        for value in values:
+            await produce(client, topic, value, partition)
+        acked[partition] = values
+    return acked
+
+
+async def consume_all(
+    owners: Owners, topic: str, brokers: list[str], wanted: set[bytes], timeout: float = 30.0
+) -> set[bytes]:
+    """Subscribe `s` on every broker and ack until `wanted` is all seen (bounded)."""
+    consumers = [
+        await (await owners.client(b)).subscribe(topic, "s", start="earliest") for b in brokers
+    ]
+    seen: set[bytes] = set()
+    deadline = time.monotonic() + timeout
+
+    async def drain(consumer: headwater.Consumer) -> None:
+        while not wanted <= seen and time.monotonic() < deadline:
+            try:
+                message = await consumer.receive(timeout=0.5)
+            except TimeoutError:
+                continue
+            seen.add(message.value)
+            await message.ack()
+
+    await asyncio.gather(*(drain(c) for c in consumers))
+    for consumer in consumers:
+        await consumer.close()
+    return seen
+
+
+async def test_partitions_spread_and_a_non_owner_answers_not_owner(
+    cluster: Cluster, owners: Owners
+) -> None:
+    await start_three(cluster)
+    first = await owners.client("b1")
+    await first.create_topic("orders", partitions=PARTITIONS)
+    owner_of = await cluster.wait_owned("orders", PARTITIONS, {"b1", "b2", "b3"})
+    assert set(owner_of.values()) == {"b1", "b2", "b3"}  # spread over all three
+    partition, owner = next(iter(sorted(owner_of.items())))
+    stranger = next(b for b in ("b1", "b2", "b3") if b != owner)
+    with pytest.raises(headwater.NotOwner) as refused:
+        await produce(await owners.client(stranger), "orders", b"x", partition)
+    host, port = refused.value.owner_address or ("", 0)
+    assert f"{host}:{port}" == await cluster.address(owner)
+    # the owner takes it, and every broker knows the topic
+    await produce(await owners.client(owner), "orders", b"x", partition)
+    for broker_id in ("b1", "b2", "b3"):
+        names = [t.name for t in await (await owners.client(broker_id)).list_topics()]
+        assert "orders" in names
+
+
+async def test_kill9_moves_partitions_and_loses_nothing_acknowledged(
+    cluster: Cluster, owners: Owners
+) -> None:
+    await start_three(cluster)
+    first = await owners.client("b1")
+    await first.create_topic("orders", partitions=PARTITIONS)
+    await first.create_topic("kv", partitions=3, configs={"last.value": "true"})
+    owner_of = await cluster.wait_owned("orders", PARTITIONS, {"b1", "b2", "b3"})
+    kv_owner = await cluster.wait_owned("kv", 3, {"b1", "b2", "b3"})
+    before = await produce_each(owners, "orders", owner_of, "before", 30)
+    # map values, each set at its key's owner
+    keys = {f"key-{i}".encode(): f"value-{i}".encode() for i in range(12)}
+    for key, value in keys.items():
+        partition = headwater_partition(key, 3)
+        await (await owners.client(kv_owner[partition])).map("kv").set(key, value)
+    # consume part of it, acking, so cursors have moved before the kill
+    seen = await consume_all(
+        owners, "orders", ["b1", "b2", "b3"], {v for vs in before.values() for v in vs[:10]}
+    )
+    victim = owner_of[0]
+    survivors = {"b1", "b2", "b3"} - {victim}
+    killed_at = time.monotonic()
+    cluster.brokers[victim].kill()
+    owners.forget(victim)
+    moved = await cluster.wait_owned(
+        "orders", PARTITIONS, survivors, timeout=LEASE_TTL_MS / 1000 + 15
+    )
+    failover = time.monotonic() - killed_at
+    assert failover < LEASE_TTL_MS / 1000 + 15
+    after = await produce_each(owners, "orders", moved, "after", 10)
+    wanted = {v for vs in (*before.values(), *after.values()) for v in vs}
+    seen |= await consume_all(owners, "orders", sorted(survivors), wanted)
+    assert wanted <= seen, f"lost {len(wanted - seen)} acknowledged messages"
+    # map values set before the kill read back from the new owner
+    kv_moved = await cluster.wait_owned("kv", 3, survivors, timeout=TAKE_OVER_S)
+    for key, value in keys.items():
+        owner = kv_moved[headwater_partition(key, 3)]
+        found = await (await owners.client(owner)).map("kv").get(key)
+        assert found is not None and found.value == value
+
+
+async def test_graceful_stop_hands_off_without_redelivering_acked(
+    cluster: Cluster, owners: Owners
+) -> None:
+    await start_three(cluster)
+    first = await owners.client("b1")
+    await first.create_topic("orders", partitions=PARTITIONS)
+    owner_of = await cluster.wait_owned("orders", PARTITIONS, {"b1", "b2", "b3"})
+    acked = await produce_each(owners, "orders", owner_of, "one", 20)
+    everything = {v for vs in acked.values() for v in vs}
+    assert await consume_all(owners, "orders", ["b1", "b2", "b3"], everything) >= everything
+    leaving = owner_of[0]
+    staying = sorted({"b1", "b2", "b3"} - {leaving})
+    await owners.clients.pop(leaving).close()
+    assert cluster.brokers[leaving].stop() == 0
+    moved = await cluster.wait_owned("orders", PARTITIONS, set(staying), timeout=20)
+    fresh = await produce_each(owners, "orders", moved, "two", 5)
+    wanted = {v for vs in fresh.values() for v in vs}
+    consumers = [
+        await (await owners.client(b)).subscribe("orders", "s", start="earliest") for b in staying
+    ]
+    received: list[bytes] = []
+    deadline = time.monotonic() + 30
+    while len(received) < len(wanted) and time.monotonic() < deadline:
+        for consumer in consumers:
+            try:
+                message = await consumer.receive(timeout=0.2)
+            except TimeoutError:
+                continue
+            received.append(message.value)
+            await message.ack()
+    assert sorted(received) == sorted(wanted)  # nothing acked came again
+
+
+def headwater_partition(key: bytes, partitions: int) -> int:
+    from headwater.wire.keys import partition_for_key
+
+    return partition_for_key(key, partitions)
