@@ -1,0 +1,27 @@
+"""Cluster mode: brokers coordinated by etcd (docs/CLUSTER.md).
+
+`Coordinator` implements `server.ownership.Ownership` from lease-backed owner keys in etcd, drives
+a `PartitionHandler` (the data path) through acquire / release / lost, and keeps the topic and
+subscription definitions and the cursor checkpoints of the cluster.
+"""
+
+from headwater.server.cluster.coordinator import Coordinator
+from headwater.server.cluster.layout import DEFAULT_PREFIX, Layout, parse_endpoint, rendezvous
+from headwater.server.cluster.state import (
+    ClusterStartupError,
+    DuplicateBroker,
+    EtcdUnreachable,
+    PartitionHandler,
+)
+
+__all__ = [
+    "DEFAULT_PREFIX",
+    "ClusterStartupError",
+    "Coordinator",
+    "DuplicateBroker",
+    "EtcdUnreachable",
+    "Layout",
+    "PartitionHandler",
+    "parse_endpoint",
+    "rendezvous",
+]

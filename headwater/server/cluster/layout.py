@@ -1,0 +1,115 @@
+"""The etcd key layout of a Headwater cluster, and the rendezvous choice of a partition's owner.
+
+Everything lives under one prefix (default `/headwater`):
+
+    <prefix>/brokers/<broker id>                 {"host", "port", "started"}   broker's lease
+    <prefix>/owners/<topic>/<partition>          "<broker id>"                 owner's lease
+    <prefix>/topics/<topic>                      the topic's definition (JSON)
+    <prefix>/subscriptions/<topic>/<name>        a subscription's definition (JSON)
+    <prefix>/checkpoints/<key>                   bytes (cursors), the data path's keys
+
+Topic names never hold "/" (wire.names), so `<topic>/<rest>` splits at the first "/". Pure
+functions only: the coordinator and `headwater cluster status` share them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_PREFIX = "/headwater"
+# etcd refuses values above 1.5 MiB by default; cursors are small, and a bound keeps it that way
+MAX_CHECKPOINT_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    prefix: str = DEFAULT_PREFIX
+
+    def root(self, kind: str) -> bytes:
+        return f"{self.prefix.rstrip('/')}/{kind}/".encode()
+
+    def broker(self, broker_id: str) -> bytes:
+        return self.root("brokers") + broker_id.encode()
+
+    def owner(self, topic: str, partition: int) -> bytes:
+        return self.root("owners") + f"{topic}/{partition}".encode()
+
+    def owners_of(self, topic: str) -> bytes:
+        return self.root("owners") + f"{topic}/".encode()
+
+    def topic(self, name: str) -> bytes:
+        return self.root("topics") + name.encode()
+
+    def subscription(self, topic: str, name: str) -> bytes:
+        return self.root("subscriptions") + f"{topic}/{name}".encode()
+
+    def subscriptions_of(self, topic: str) -> bytes:
+        return self.root("subscriptions") + f"{topic}/".encode()
+
+    def checkpoint(self, key: str) -> bytes:
+        return self.root("checkpoints") + key.encode()
+
+    def name_in(self, kind: str, key: bytes) -> str:
+        """The part of `key` after `<prefix>/<kind>/`."""
+        return key[len(self.root(kind)) :].decode()
+
+    def parse_owner(self, key: bytes) -> tuple[str, int] | None:
+        """(topic, partition) of an owner key, None for a key that is not one."""
+        topic, _, partition = self.name_in("owners", key).partition("/")
+        if not topic or not partition.isdigit():
+            return None
+        return topic, int(partition)
+
+    def parse_subscription(self, key: bytes) -> tuple[str, str] | None:
+        topic, _, name = self.name_in("subscriptions", key).partition("/")
+        return (topic, name) if topic and name else None
+
+
+def parse_endpoint(endpoint: str) -> list[tuple[str, int]]:
+    """`etcd://host:port[,host:port...]` -> [(host, port), ...]; ValueError saying what is wrong."""
+    scheme, sep, rest = endpoint.partition("://")
+    if not sep or scheme != "etcd":
+        raise ValueError(f"cluster endpoint {endpoint!r} must look like etcd://HOST:PORT")
+    found = []
+    for item in rest.rstrip("/").split(","):
+        host, colon, port = item.strip().rpartition(":")
+        if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"cluster endpoint {endpoint!r}: {item!r} is not HOST:PORT")
+        found.append((host.strip("[]"), int(port)))
+    return found
+
+
+def rendezvous(brokers: Iterable[str], topic: str, partition: int) -> list[str]:
+    """The brokers in the partition's order of preference (highest hash first).
+
+    Rendezvous hashing moves only the partitions a joining or leaving broker wins or held; every
+    broker computes the same order from the same membership, with no coordination.
+    """
+
+    def weight(broker: str) -> tuple[bytes, str]:
+        digest = hashlib.blake2b(f"{broker}\0{topic}\0{partition}".encode(), digest_size=8)
+        return digest.digest(), broker
+
+    return sorted(brokers, key=weight, reverse=True)
+
+
+def encode(value: dict[str, Any]) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+
+
+def decode(value: bytes) -> dict[str, Any] | None:
+    """A JSON object, or None for anything else (a value written by hand with etcdctl)."""
+    try:
+        parsed = json.loads(value)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def partitions_of(definition: dict[str, Any]) -> int:
+    count = definition.get("partitions")
+    return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else 0

@@ -1,0 +1,174 @@
+"""Topic and subscription definitions, and cursor checkpoints, kept in etcd (cluster mode's source
+of truth).
+
+Writes go straight to etcd (a topic is created by a transaction comparing its key's version with
+0, so two brokers creating the same topic cannot both succeed). Reads come from the caches the
+watches keep; `on_topic` / `on_subscription` are awaited in revision order for every change the
+watch sees, and for every existing definition when the coordinator starts. A failed etcd call
+raises `StorageError` (retriable), which the server answers as STORAGE_ERROR.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from headwater.server.cluster.etcd import Entry, EtcdSession, EtcdUnavailable
+from headwater.server.cluster.layout import MAX_CHECKPOINT_BYTES, Layout, decode, encode
+from headwater.wire.errors import StorageError
+
+TopicCallback = Callable[[str, dict[str, Any] | None], Awaitable[None]]
+SubscriptionCallback = Callable[[str, str, dict[str, Any] | None], Awaitable[None]]
+
+
+def _check_definition(definition: dict[str, Any]) -> None:
+    count = definition.get("partitions")
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise ValueError(f"a topic definition needs 'partitions' >= 1, got {count!r}")
+
+
+class Metadata:
+    on_topic: TopicCallback | None
+    on_subscription: SubscriptionCallback | None
+    _layout: Layout
+    _session: EtcdSession
+    _topics: dict[str, dict[str, Any]]
+    _subscriptions: dict[str, dict[str, dict[str, Any]]]
+    _topics_changed: asyncio.Condition
+    _wake: asyncio.Event
+
+    async def _etcd(self, operation: Callable[[Any], Awaitable[Any]]) -> Any:
+        try:
+            return await self._session.call(operation)
+        except EtcdUnavailable as exc:
+            raise StorageError(f"cluster metadata unavailable: {exc}") from None
+
+    # topics
+
+    async def create_topic(self, name: str, definition: dict[str, Any]) -> bool:
+        """Create the topic; False when it exists already."""
+        _check_definition(definition)
+        key = self._layout.topic(name)
+        value = encode(definition)
+        won, _ = await self._etcd(
+            lambda c: c.transaction(
+                compare=[c.transactions.version(key) == 0],
+                success=[c.transactions.put(key, value)],
+                failure=[],
+            )
+        )
+        return bool(won)
+
+    async def update_topic(self, name: str, definition: dict[str, Any]) -> None:
+        """Replace the definition (alter, more partitions); partitions past a smaller count are
+        given up by their owners."""
+        _check_definition(definition)
+        key = self._layout.topic(name)
+        value = encode(definition)
+        await self._etcd(lambda c: c.put(key, value))
+
+    async def delete_topic(self, name: str) -> bool:
+        """Delete the topic with its owner keys and subscriptions, in one transaction; False when
+        it does not exist."""
+        key = self._layout.topic(name)
+        owners = self._layout.owners_of(name)
+        subscriptions = self._layout.subscriptions_of(name)
+
+        def transaction(c: Any) -> Any:
+            from aetcd.utils import prefix_range_end
+
+            return c.transaction(
+                compare=[c.transactions.version(key) > 0],
+                success=[
+                    c.transactions.delete(key),
+                    c.transactions.delete(owners, range_end=prefix_range_end(owners)),
+                    c.transactions.delete(subscriptions, range_end=prefix_range_end(subscriptions)),
+                ],
+                failure=[],
+            )
+
+        won, _ = await self._etcd(transaction)
+        return bool(won)
+
+    def topics(self) -> dict[str, dict[str, Any]]:
+        return dict(self._topics)
+
+    async def wait_topic(self, name: str, present: bool, timeout: float) -> bool:
+        """Whether the watched cache shows the topic (or its absence) within `timeout`."""
+        deadline = time.monotonic() + timeout
+        async with self._topics_changed:
+            while (name in self._topics) != present:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                try:
+                    await asyncio.wait_for(self._topics_changed.wait(), left)
+                except TimeoutError:
+                    return (name in self._topics) == present
+            return True
+
+    async def _topic_changed(self, raw: bytes, entry: Entry | None) -> None:
+        name = self._layout.name_in("topics", raw)
+        definition = decode(entry.value) if entry is not None else None
+        if entry is not None and definition is None:
+            return  # not a definition of ours (written by hand): ignored
+        if definition is None:
+            self._topics.pop(name, None)
+        else:
+            self._topics[name] = definition
+        async with self._topics_changed:
+            self._topics_changed.notify_all()
+        self._wake.set()
+        if self.on_topic is not None:
+            await self.on_topic(name, definition)
+
+    # subscriptions
+
+    async def put_subscription(self, topic: str, name: str, definition: dict[str, Any]) -> None:
+        key = self._layout.subscription(topic, name)
+        value = encode(definition)
+        await self._etcd(lambda c: c.put(key, value))
+
+    async def delete_subscription(self, topic: str, name: str) -> None:
+        key = self._layout.subscription(topic, name)
+        await self._etcd(lambda c: c.delete(key))
+
+    def subscriptions(self, topic: str) -> dict[str, dict[str, Any]]:
+        return dict(self._subscriptions.get(topic, {}))
+
+    async def _subscription_changed(self, raw: bytes, entry: Entry | None) -> None:
+        parsed = self._layout.parse_subscription(raw)
+        definition = decode(entry.value) if entry is not None else None
+        if parsed is None or (entry is not None and definition is None):
+            return
+        topic, name = parsed
+        if definition is None:
+            named = self._subscriptions.get(topic, {})
+            named.pop(name, None)
+            if not named:
+                self._subscriptions.pop(topic, None)
+        else:
+            self._subscriptions.setdefault(topic, {})[name] = definition
+        if self.on_subscription is not None:
+            await self.on_subscription(topic, name, definition)
+
+    # checkpoints
+
+    async def put_checkpoint(self, key: str, value: bytes) -> None:
+        if len(value) > MAX_CHECKPOINT_BYTES:
+            raise ValueError(
+                f"checkpoint {key!r} is {len(value)} bytes, the limit is {MAX_CHECKPOINT_BYTES}"
+            )
+        raw = self._layout.checkpoint(key)
+        await self._etcd(lambda c: c.put(raw, bytes(value)))
+
+    async def get_checkpoint(self, key: str) -> bytes | None:
+        raw = self._layout.checkpoint(key)
+        found = await self._etcd(lambda c: c.get(raw))
+        return None if found is None else bytes(found.value)
+
+    async def delete_checkpoints(self, prefix: str) -> None:
+        raw = self._layout.checkpoint(prefix)
+        await self._etcd(lambda c: c.delete_prefix(raw))

@@ -1,0 +1,515 @@
+"""The etcd coordinator against a real etcd (tests/etcd_support.py): membership, ownership spread
+and hand-off, kill -9 take-over, fencing through etcd outages (checked on etcd's revision history:
+no owner key is ever put over an existing one), metadata watches, checkpoints, and the
+`headwater cluster status` command."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aetcd
+import pytest
+
+from headwater.server.cluster import Coordinator, DuplicateBroker, EtcdUnreachable, Layout
+from headwater.server.ownership import BrokerAddress
+from tests.etcd_support import EtcdServer, etcd_server
+from tests.s3 import free_port
+
+TTL = 2.0
+REBALANCE = 0.2
+TOPIC = "orders"
+PARTITIONS = 6
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def etcd(tmp_path: Path) -> Iterator[EtcdServer]:
+    yield from etcd_server(tmp_path / "etcd")
+
+
+@dataclass
+class Recorder:
+    """A PartitionHandler that records every call, in order, with a monotonic time."""
+
+    name: str
+    calls: list[tuple[float, str, str, int, int | None]] = field(default_factory=list)
+    fail_acquire: bool = False
+    on_release: Callable[[str, int], Awaitable[None]] | None = None
+
+    async def acquire(self, topic: str, partition: int, epoch: int) -> None:
+        self.calls.append((time.monotonic(), "acquire", topic, partition, epoch))
+        if self.fail_acquire:
+            raise RuntimeError("cannot take it now")
+
+    async def release(self, topic: str, partition: int) -> None:
+        if self.on_release is not None:
+            await self.on_release(topic, partition)
+        self.calls.append((time.monotonic(), "release", topic, partition, None))
+
+    def lost(self, topic: str, partition: int) -> None:
+        self.calls.append((time.monotonic(), "lost", topic, partition, None))
+
+    def count(self, kind: str) -> int:
+        return sum(1 for call in self.calls if call[1] == kind)
+
+
+def make(etcd: EtcdServer, broker_id: str, ttl: float = TTL) -> tuple[Coordinator, Recorder]:
+    coordinator = Coordinator(
+        etcd.endpoint,
+        BrokerAddress(broker_id, "127.0.0.1", free_port()),
+        lease_ttl=ttl,
+        rebalance_interval=REBALANCE,
+    )
+    recorder = Recorder(broker_id)
+    coordinator.handler = recorder
+    return coordinator, recorder
+
+
+async def until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout}s: {what}")
+        await asyncio.sleep(0.05)
+
+
+def servers_of(coordinators: list[Coordinator], partition: int) -> list[str]:
+    return [c.this_broker.broker_id for c in coordinators if c.serves(TOPIC, partition)]
+
+
+def settled(coordinators: list[Coordinator]) -> bool:
+    """Every partition served by exactly one, and every broker serving at least one."""
+    return all(len(servers_of(coordinators, p)) == 1 for p in range(PARTITIONS)) and all(
+        c.owned() for c in coordinators
+    )
+
+
+class DoubleServing:
+    """Samples every coordinator's serves() for every partition, every few milliseconds."""
+
+    def __init__(self, coordinators: list[Coordinator]) -> None:
+        self.coordinators = coordinators
+        self.seen: list[tuple[int, list[str]]] = []
+        self.samples = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> DoubleServing:
+        self._task = asyncio.get_running_loop().create_task(self._sample())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        assert not self.seen, f"partitions served by two brokers at once: {self.seen[:5]}"
+        assert self.samples > 10
+
+    async def _sample(self) -> None:
+        while True:
+            for partition in range(PARTITIONS):
+                serving = servers_of(self.coordinators, partition)
+                if len(serving) > 1:
+                    self.seen.append((partition, serving))
+            self.samples += 1
+            await asyncio.sleep(0.005)
+
+
+async def owner_history(etcd: EtcdServer) -> list[Any]:
+    """Every event ever seen on the owner keys, from revision 1 (etcd keeps the history)."""
+    client = aetcd.Client("127.0.0.1", etcd.client_port, timeout=5)
+    try:
+        prefix = Layout().root("owners")
+        current = (await client.get_prefix(b"/")).header.revision
+        events: list[Any] = []
+        if current <= 1:
+            return events
+        watch = await client.watch_prefix(prefix, start_revision=1)
+        deadline = time.monotonic() + 10
+        last = 0
+        iterator = aiter(watch)
+        while last < current and time.monotonic() < deadline:
+            try:
+                event = await asyncio.wait_for(anext(iterator), 1.0)
+            except TimeoutError:
+                break  # no more events on the owner keys up to now
+            events.append(event)
+            last = event.kv.mod_revision
+        await watch.cancel()
+        return events
+    finally:
+        await client.close()
+
+
+def assert_never_overwritten(events: list[Any]) -> None:
+    """An owner key is only ever created (version 1) or deleted, never put over itself."""
+    puts = [e for e in events if e.kind == aetcd.EventKind.PUT]
+    assert puts, "no owner key was ever written"
+    overwritten = [(e.kv.key, e.kv.version) for e in puts if e.kv.version != 1]
+    assert not overwritten, f"owner keys put while they existed: {overwritten}"
+
+
+@pytest.fixture
+async def three(etcd: EtcdServer) -> AsyncIterator[list[tuple[Coordinator, Recorder]]]:
+    brokers = [make(etcd, f"b{i}") for i in (1, 2, 3)]
+    for coordinator, _ in brokers:
+        await coordinator.start()
+    assert await brokers[0][0].create_topic(TOPIC, {"partitions": PARTITIONS})
+    coordinators = [c for c, _ in brokers]
+    await until(lambda: settled(coordinators), 15, "6 partitions spread over 3 brokers")
+    yield brokers
+    for coordinator, _ in brokers:
+        with contextlib.suppress(Exception):
+            await coordinator.stop(graceful=False)
+
+
+async def test_three_brokers_share_six_partitions(
+    etcd: EtcdServer, three: list[tuple[Coordinator, Recorder]]
+) -> None:
+    coordinators = [c for c, _ in three]
+    async with DoubleServing(coordinators):
+        await asyncio.sleep(0.5)
+        assert settled(coordinators)
+    for partition in range(PARTITIONS):
+        (server,) = servers_of(coordinators, partition)
+        for coordinator in coordinators:  # every broker agrees on the owner
+            owner = coordinator.owner(TOPIC, partition)
+            assert owner is not None and owner.broker_id == server
+    assert sum(len(c.owned()) for c in coordinators) == PARTITIONS
+    assert {b.broker_id for b in coordinators[0].brokers()} == {"b1", "b2", "b3"}
+    for coordinator, recorder in three:
+        for topic, partition in coordinator.owned():
+            assert coordinator.epoch(topic, partition) is not None
+        assert recorder.count("lost") == 0
+    assert_never_overwritten(await owner_history(etcd))
+
+
+async def test_graceful_stop_releases_before_deleting_the_key(
+    etcd: EtcdServer, three: list[tuple[Coordinator, Recorder]]
+) -> None:
+    (leaving, recorder), *staying = three
+    held = leaving.owned()
+    layout = Layout()
+    checks: list[tuple[bool, bool]] = []
+
+    async def on_release(topic: str, partition: int) -> None:
+        # while the data path finishes: not served any more, and the key is still there
+        found = await leaving._session.call(lambda c: c.get(layout.owner(topic, partition)))
+        checks.append((leaving.serves(topic, partition), found is not None))
+
+    recorder.on_release = on_release
+    coordinators = [c for c, _ in staying]
+    async with DoubleServing([leaving, *coordinators]):
+        await leaving.stop(graceful=True)
+        await until(
+            lambda: all(len(servers_of(coordinators, p)) == 1 for p in range(PARTITIONS)),
+            TTL + 3,
+            "the stopped broker's partitions taken by the others",
+        )
+    assert sorted((c[2], c[3]) for c in recorder.calls if c[1] == "release") == held
+    assert checks == [(False, True)] * len(held)
+    assert recorder.count("lost") == 0
+    assert {b.broker_id for b in coordinators[0].brokers()} == {"b2", "b3"}
+    assert_never_overwritten(await owner_history(etcd))
+
+
+async def test_joining_broker_gets_partitions_by_hand_off(etcd: EtcdServer) -> None:
+    first = [make(etcd, f"j{i}") for i in (1, 2)]
+    for coordinator, _ in first:
+        await coordinator.start()
+    await first[0][0].create_topic(TOPIC, {"partitions": PARTITIONS})
+    coordinators = [c for c, _ in first]
+    await until(lambda: settled(coordinators), 10, "6 partitions over 2 brokers")
+    joiner, joined = make(etcd, "j3")
+    try:
+        async with DoubleServing([*coordinators, joiner]):
+            await joiner.start()
+            await until(
+                lambda: settled([*coordinators, joiner]), 15, "the joining broker served some"
+            )
+        for topic, partition in joiner.owned():
+            acquired = next(c[0] for c in joined.calls if c[1:4] == ("acquire", topic, partition))
+            releases = [
+                c[0]
+                for _, recorder in first
+                for c in recorder.calls
+                if c[1:4] == ("release", topic, partition)
+            ]
+            assert releases and max(releases) < acquired, "acquired before the old owner released"
+        assert all(r.count("lost") == 0 for _, r in [*first, (joiner, joined)])
+    finally:
+        for coordinator in [*coordinators, joiner]:
+            await coordinator.stop(graceful=False)
+    assert_never_overwritten(await owner_history(etcd))
+
+
+async def test_killed_broker_partitions_taken_within_the_lease(etcd: EtcdServer) -> None:
+    survivors = [make(etcd, f"k{i}") for i in (1, 2)]
+    for coordinator, _ in survivors:
+        await coordinator.start()
+    await survivors[0][0].create_topic(TOPIC, {"partitions": PARTITIONS})
+    victim = subprocess.Popen(
+        [sys.executable, "-m", "tests.etcd_support", etcd.endpoint, "k3", "1", str(TTL)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    coordinators = [c for c, _ in survivors]
+    try:
+
+        def victim_owns() -> dict[int, int]:
+            epochs = {}
+            for partition in range(PARTITIONS):
+                owner = coordinators[0].owner(TOPIC, partition)
+                entry = coordinators[0]._owners.get((TOPIC, partition))
+                if owner is not None and owner.broker_id == "k3" and entry is not None:
+                    epochs[partition] = entry.create_revision
+            return epochs
+
+        await until(
+            lambda: (
+                bool(victim_owns())
+                and all(
+                    len(servers_of(coordinators, p)) == 1 or p in victim_owns()
+                    for p in range(PARTITIONS)
+                )
+            ),
+            15,
+            "the subprocess broker owns some partitions, the others the rest",
+        )
+        taken = victim_owns()
+        os.kill(victim.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        victim.wait(10)
+        async with DoubleServing(coordinators):
+            await until(
+                lambda: all(len(servers_of(coordinators, p)) == 1 for p in range(PARTITIONS)),
+                TTL + REBALANCE + 3,
+                "the killed broker's partitions served by the others",
+            )
+        took = time.monotonic() - killed
+        assert took < TTL + 1 + REBALANCE + 1.5, took  # etcd checks expiry every 0.5 s
+        for partition, old_epoch in taken.items():
+            epochs = [
+                c[4]
+                for _, recorder in survivors
+                for c in recorder.calls
+                if c[1:4] == ("acquire", TOPIC, partition)
+            ]
+            assert epochs and max(e for e in epochs if e is not None) > old_epoch
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+            victim.wait(10)
+        for coordinator in coordinators:
+            await coordinator.stop(graceful=False)
+    assert_never_overwritten(await owner_history(etcd))
+
+
+async def test_etcd_outage_short_keeps_serving_long_fences_then_recovers(etcd: EtcdServer) -> None:
+    ttl = 3.0
+    brokers = [make(etcd, f"o{i}", ttl=ttl) for i in (1, 2)]
+    coordinators = [c for c, _ in brokers]
+    for coordinator in coordinators:
+        await coordinator.start()
+    try:
+        await coordinators[0].create_topic(TOPIC, {"partitions": PARTITIONS})
+        await until(lambda: settled(coordinators), 10, "6 partitions over 2 brokers")
+        epochs = {
+            (c.this_broker.broker_id, k): c.epoch(*k) for c in coordinators for k in c.owned()
+        }
+        async with DoubleServing(coordinators):
+            # shorter than the TTL: serving goes on, nothing is lost
+            etcd.kill()
+            down = time.monotonic()
+            while time.monotonic() - down < 0.8:
+                assert settled(coordinators)
+                await asyncio.sleep(0.02)
+            etcd.start()
+            await asyncio.sleep(ttl / 3 + 0.3)  # a keepalive round after etcd is back
+            assert settled(coordinators)
+            assert all(r.count("lost") == 0 for _, r in brokers)
+
+            # longer than the TTL: fenced, lost() for every partition, nothing acquired meanwhile
+            acquires = [r.count("acquire") for _, r in brokers]
+            etcd.kill()
+            await until(
+                lambda: not any(c.serves(TOPIC, p) for c in coordinators for p in range(6)),
+                ttl,
+                "every broker fenced",
+            )
+            assert sum(r.count("lost") for _, r in brokers) == PARTITIONS
+            assert all(c.status()["lease"]["fenced"] for c in coordinators)
+            await asyncio.sleep(ttl)  # well past the TTL, etcd still down
+            assert [r.count("acquire") for _, r in brokers] == acquires
+            assert not any(c.serves(TOPIC, p) for c in coordinators for p in range(6))
+
+            # etcd back on the same data: the leases survived, the keys are still ours
+            etcd.start()
+            await until(lambda: settled(coordinators), 10, "ownership recovered")
+        assert {
+            (c.this_broker.broker_id, k): c.epoch(*k) for c in coordinators for k in c.owned()
+        } == epochs
+        for coordinator, recorder in brokers:
+            reacquired = [c for c in recorder.calls if c[1] == "acquire"][
+                -len(coordinator.owned()) :
+            ]
+            assert all(c[4] == coordinator.epoch(c[2], c[3]) for c in reacquired)
+    finally:
+        for coordinator in coordinators:
+            await coordinator.stop(graceful=False)
+    assert_never_overwritten(await owner_history(etcd))
+
+
+async def test_expired_lease_means_new_lease_and_rebalance(etcd: EtcdServer) -> None:
+    coordinator, recorder = make(etcd, "x1")
+    await coordinator.start()
+    try:
+        await coordinator.create_topic(TOPIC, {"partitions": 2})
+        await until(lambda: len(coordinator.owned()) == 2, 10, "both partitions served")
+        old_lease = coordinator._lease_id
+        # what etcd does to a lease it could not renew in time
+        await coordinator._session.call(lambda c: c.revoke_lease(old_lease))
+        await until(lambda: recorder.count("lost") == 2, TTL + 2, "both partitions lost")
+        await until(lambda: len(coordinator.owned()) == 2, TTL + 5, "taken again on a new lease")
+        assert coordinator._lease_id != old_lease
+        assert {b.broker_id for b in coordinator.brokers()} == {"x1"}
+        assert coordinator._brokers.keys() == {"x1"}  # registered again
+    finally:
+        await coordinator.stop()
+
+
+async def test_second_broker_with_the_same_id_is_refused(etcd: EtcdServer) -> None:
+    first, _ = make(etcd, "same")
+    await first.start()
+    try:
+        second, _ = make(etcd, "same")
+        started = time.monotonic()
+        with pytest.raises(DuplicateBroker, match="already registered"):
+            await second.start()
+        assert time.monotonic() - started < TTL + 3
+        assert first.status()["lease"]["registered"]
+    finally:
+        await first.stop()
+    # once the first is gone, the id is free again
+    again, _ = make(etcd, "same")
+    await again.start()
+    await again.stop()
+
+
+async def test_unreachable_etcd_at_start_is_a_startup_error() -> None:
+    coordinator = Coordinator(
+        f"etcd://127.0.0.1:{free_port()}",
+        BrokerAddress("b1", "127.0.0.1", 1),
+        lease_ttl=TTL,
+    )
+    started = time.monotonic()
+    with pytest.raises(EtcdUnreachable, match="cannot reach etcd"):
+        await coordinator.start()
+    assert time.monotonic() - started < 5
+    with pytest.raises(ValueError, match="etcd://HOST:PORT"):
+        Coordinator("http://127.0.0.1:2379", BrokerAddress("b1", "127.0.0.1", 1))
+
+
+async def test_topic_and_subscription_watches(etcd: EtcdServer) -> None:
+    writer, _ = make(etcd, "m1")
+    await writer.start()
+    assert await writer.create_topic("before", {"partitions": 1, "dispatch": "reliable"})
+    await writer.put_subscription("before", "s1", {"type": "shared"})
+    watcher, recorder = make(etcd, "m2")
+    seen: list[tuple[str, Any]] = []
+
+    async def on_topic(name: str, definition: dict[str, Any] | None) -> None:
+        seen.append(("topic", name, definition, recorder.count("acquire")))
+
+    async def on_subscription(topic: str, name: str, definition: dict[str, Any] | None) -> None:
+        seen.append(("subscription", topic, name, definition))
+
+    watcher.on_topic = on_topic
+    watcher.on_subscription = on_subscription
+    await watcher.start()
+    try:
+        # existing definitions are reported at start, before any partition is acquired
+        assert seen[:2] == [
+            ("topic", "before", {"dispatch": "reliable", "partitions": 1}, 0),
+            ("subscription", "before", "s1", {"type": "shared"}),
+        ]
+        assert not await writer.create_topic("before", {"partitions": 3})
+        assert await writer.create_topic("later", {"partitions": 2})
+        assert await watcher.wait_topic("later", present=True, timeout=5)
+        await writer.update_topic("later", {"partitions": 4})
+        await writer.put_subscription("later", "s2", {"type": "exclusive"})
+        await until(lambda: "s2" in watcher.subscriptions("later"), 5, "subscription seen")
+        await writer.delete_subscription("later", "s2")
+        await until(lambda: not watcher.subscriptions("later"), 5, "subscription gone")
+        assert await writer.delete_topic("before")
+        assert not await writer.delete_topic("before")
+        assert await watcher.wait_topic("before", present=False, timeout=5)
+        assert not await watcher.wait_topic("never", present=True, timeout=0.2)
+        assert watcher.topics() == {"later": {"partitions": 4}}
+        # each kind in revision order (the two watches are independent streams)
+        assert [e[1:3] for e in seen[2:] if e[0] == "topic"] == [
+            ("later", {"partitions": 2}),
+            ("later", {"partitions": 4}),
+            ("before", None),
+        ]
+        assert [e[1:] for e in seen[2:] if e[0] == "subscription"] == [
+            ("later", "s2", {"type": "exclusive"}),
+            ("later", "s2", None),
+            ("before", "s1", None),  # deleted with its topic
+        ]
+        with pytest.raises(ValueError, match="partitions"):
+            await writer.create_topic("bad", {"partitions": 0})
+    finally:
+        await watcher.stop()
+        await writer.stop()
+
+
+async def test_deleted_topic_partitions_are_lost_and_their_keys_gone(etcd: EtcdServer) -> None:
+    coordinator, recorder = make(etcd, "d1")
+    await coordinator.start()
+    try:
+        await coordinator.create_topic(TOPIC, {"partitions": 3})
+        await until(lambda: len(coordinator.owned()) == 3, 10, "3 partitions served")
+        assert await coordinator.delete_topic(TOPIC)
+        await until(lambda: recorder.count("lost") == 3, 5, "every partition lost")
+        assert coordinator.owned() == []
+        prefix = Layout().root("owners")
+        left = await coordinator._session.call(lambda c: c.get_prefix(prefix))
+        assert len(left) == 0
+        # fewer partitions: the ones past the new count are released
+        await coordinator.create_topic("grow", {"partitions": 3})
+        await until(lambda: len(coordinator.owned()) == 3, 10, "3 partitions of grow")
+        await coordinator.update_topic("grow", {"partitions": 1})
+        await until(lambda: coordinator.owned() == [("grow", 0)], 5, "partitions 1, 2 released")
+        assert recorder.count("release") == 2
+    finally:
+        await coordinator.stop()
+
+
+async def test_checkpoints_round_trip(etcd: EtcdServer) -> None:
+    coordinator, _ = make(etcd, "c1")
+    await coordinator.start()
+    try:
+        await coordinator.put_checkpoint("orders/0/sub-a", b"\x00\x01cursor")
+        await coordinator.put_checkpoint("orders/0/sub-b", b"b")
+        await coordinator.put_checkpoint("orders/1/sub-a", b"c")
+        assert await coordinator.get_checkpoint("orders/0/sub-a") == b"\x00\x01cursor"
+        assert await coordinator.get_checkpoint("orders/9/none") is None
+        await coordinator.delete_checkpoints("orders/0/")
+        assert await coordinator.get_checkpoint("orders/0/sub-a") is None
+        assert await coordinator.get_checkpoint("orders/1/sub-a") == b"c"
+        with pytest.raises(ValueError, match="limit"):
+            await coordinator.put_checkpoint("big", b"x" * (64 * 1024 + 1))
+    finally:
+        await coordinator.stop()
