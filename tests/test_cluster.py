@@ -84,13 +84,23 @@ async def produce(client: headwater.Client, topic: str, value: bytes, partition:
 async def produce_each(
     owners: Owners, topic: str, owner_of: dict[int, str], tag: str, count: int
 ) -> dict[int, list[bytes]]:
-    """`count` acknowledged messages to every partition, each sent to its owner."""
+    """`count` acknowledged messages to every partition, each sent to its owner; a NOT_OWNER
+    (the key is held but the take-over is not finished, or it moved) is retried at the owner
+    etcd names then, as a client does (bounded)."""
     acked: dict[int, list[bytes]] = {}
     for partition, broker_id in sorted(owner_of.items()):
-        client = await owners.client(broker_id)
         values = [f"{tag}-{partition}-{i}".encode() for i in range(count)]
         for value in values:
-            await produce(client, topic, value, partition)
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    await produce(await owners.client(broker_id), topic, value, partition)
+                    break
+                except headwater.NotOwner:
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.1)
+                    broker_id = (await owners.cluster.owners(topic)).get(partition, broker_id)
         acked[partition] = values
     return acked
 
@@ -162,14 +172,10 @@ async def test_kill9_moves_partitions_and_loses_nothing_acknowledged(
     )
     victim = owner_of[0]
     survivors = {"b1", "b2", "b3"} - {victim}
-    killed_at = time.monotonic()
     cluster.brokers[victim].kill()
     owners.forget(victim)
-    moved = await cluster.wait_owned(
-        "orders", PARTITIONS, survivors, timeout=LEASE_TTL_MS / 1000 + 15
-    )
-    failover = time.monotonic() - killed_at
-    assert failover < LEASE_TTL_MS / 1000 + 15
+    # within the lease timeout (and a rebalance round) the others own its partitions
+    moved = await cluster.wait_owned("orders", PARTITIONS, survivors, timeout=TAKE_OVER_S)
     after = await produce_each(owners, "orders", moved, "after", 10)
     wanted = {v for vs in (*before.values(), *after.values()) for v in vs}
     seen |= await consume_all(owners, "orders", sorted(survivors), wanted)

@@ -79,6 +79,7 @@ class ClusterMode:
         uploader = catalog.uploader
         if uploader is not None:
             uploader.may_upload = coordinator.serves
+            uploader.purges = False
             uploader.on_uploaded = self._collect
         catalog.subscriptions.created = self._subscription_created
         catalog.subscriptions.deleted = self._subscription_deleted
@@ -122,6 +123,8 @@ class ClusterMode:
         if not await self.coordinator.delete_topic(name):
             raise UnknownTopic(f"topic {name!r} does not exist")
         await self._drop_local(name)
+        if self._catalog.uploader is not None:
+            self._catalog.uploader.purge(name)
 
     async def _on_topic(self, name: str, definition: dict[str, Any] | None) -> None:
         catalog = self._catalog

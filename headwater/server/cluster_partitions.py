@@ -38,9 +38,10 @@ from headwater.server.reliable import ReliableSubscription
 from headwater.server.tail_commit import TailCommitter
 from headwater.server.topic_settings import log_config
 from headwater.server.topics import LogTopic
-from headwater.storage.cloud_tail import CloudTail
+from headwater.storage.cloud_tail import Chunk, CloudTail
 from headwater.storage.uploader import UploadedSegment
 from headwater.storage.wal import PartitionLog
+from headwater.wire.errors import StorageError
 from headwater.wire.records import inspect_batch
 
 log = structlog.get_logger("headwater.cluster")
@@ -140,32 +141,39 @@ class ClusterPartitions:
 
     # Take-over
 
-    async def _rebuild(self, topic: LogTopic, partition: int, run: list, end: int) -> None:  # type: ignore[type-arg]
+    async def _rebuild(self, topic: LogTopic, partition: int, run: list[Chunk], end: int) -> None:
         start = run[0].first if run else end
+        # everything is fetched before the old log is touched: a failed read leaves it as it was
+        batches = [b for chunk in run for b in await self._tail.read(topic.name, partition, chunk)]
+        segments = await self._segments(topic.name, partition, start)
         holder = topic.partitions[partition]
         old = holder.log
-        listeners = old.append_listeners
+        listeners = list(old._append_listeners)  # the topic's AppendSignal
         await old.close()
-        directory = old.directory
-        await asyncio.to_thread(shutil.rmtree, directory, True)
-        uploader = self._catalog.uploader
-        if uploader is not None:
-            uploader.adopt(
-                topic.name, partition, await self._segments(topic.name, partition, start)
-            )
+        await asyncio.to_thread(shutil.rmtree, old.directory, True)
+        if self._catalog.uploader is not None:
+            self._catalog.uploader.adopt(topic.name, partition, segments)
         fresh = await asyncio.to_thread(
             PartitionLog.open,
-            directory,
+            old.directory,
             log_config(topic.settings),
             start,
             self._catalog.sealed(topic.name, partition),
         )
-        for chunk in run:
-            for batch in await self._tail.read(topic.name, partition, chunk):
+        try:
+            for batch in batches:
                 info = inspect_batch(batch)
                 if info.base_offset < fresh.next_offset:
                     continue  # the run's first chunk may start inside an uploaded segment
+                if info.base_offset != fresh.next_offset:
+                    raise StorageError(
+                        f"{topic.name}/{partition}: the cloud tail jumps from "
+                        f"{fresh.next_offset} to {info.base_offset}"
+                    )
                 fresh.append(batch, info.record_count)
+        except BaseException:
+            await fresh.close()
+            raise
         fresh.start()
         for listener in listeners:
             fresh.add_append_listener(listener)

@@ -71,6 +71,9 @@ class Uploader:
         # overwrite its new owner's segments), and drop the tail chunks a segment now holds
         self.may_upload: Callable[[str, int], bool] = lambda topic, partition: True
         self.on_uploaded: Callable[[str, int, int, int], None] | None = None
+        # False in a cluster: the objects are the cluster's, and a broker creating or dropping
+        # its copy of a topic must not remove them (`purge` does, for the cluster's delete)
+        self.purges = True
         for raw_key, value in state.scan(UPLOAD):
             topic, partition, base = raw_key.decode().split("\0")
             next_offset, size = (int(v) for v in value.decode().split(","))
@@ -206,7 +209,12 @@ class Uploader:
         self._state.delete_prefix(key(UPLOAD, topic) + b"\0")
         epoch = self._epochs.get(topic, 0) + 1
         self._epochs[topic] = epoch
-        self._queue.put_nowait((topic, -1, None, epoch))
+        if self.purges:
+            self._queue.put_nowait((topic, -1, None, epoch))
+
+    def purge(self, topic: str) -> None:
+        """Remove the topic's objects (in queue order): a cluster's delete, by its one broker."""
+        self._queue.put_nowait((topic, -1, None, self._epochs.get(topic, 0)))
 
     async def _purge(self, topic: str) -> None:
         # the topic's segments (exactly <topic>/<partition>/<name>: a topic named `snapshots`

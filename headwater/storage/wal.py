@@ -197,10 +197,6 @@ class PartitionLog:
         """Called after each append, and when the durable offset advances."""
         self._append_listeners.append(listener)
 
-    @property
-    def append_listeners(self) -> list[Callable[[], None]]:
-        return list(self._append_listeners)
-
     def remove_append_listener(self, listener: Callable[[], None]) -> None:
         with contextlib.suppress(ValueError):
             self._append_listeners.remove(listener)
