@@ -23,7 +23,13 @@ PREFIX = "/headwater"
 
 class Cluster:
     def __init__(
-        self, root: Path, etcd: EtcdServer, s3: MotoS3, bucket: str, lease_ttl_ms: int = 3000
+        self,
+        root: Path,
+        etcd: EtcdServer,
+        s3: MotoS3,
+        bucket: str,
+        lease_ttl_ms: int = 3000,
+        s3_endpoint: str | None = None,
     ) -> None:
         self.root = root
         self.etcd = etcd
@@ -34,7 +40,7 @@ class Cluster:
 [object_store]
 backend = "s3"
 bucket = "{bucket}"
-endpoint_url = "{s3.endpoint_url}"
+endpoint_url = "{s3_endpoint or s3.endpoint_url}"
 region = "us-east-1"
 retry_initial_ms = 50
 retry_max_ms = 500

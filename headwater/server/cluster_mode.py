@@ -27,7 +27,7 @@ from headwater.server.cluster_partitions import ClusterPartitions, checkpoint_ke
 from headwater.server.config import ServerConfig
 from headwater.server.ownership import BrokerAddress, not_owner
 from headwater.server.tail_commit import TailCommitter
-from headwater.server.topics import LogTopic
+from headwater.server.topics import LogTopic, Topic
 from headwater.storage.cloud_tail import CloudTail
 from headwater.storage.objectstore import ObjectStore
 from headwater.wire import messages as m
@@ -64,6 +64,7 @@ class ClusterMode:
             self.tail,
             self.committer,
             coordinator,
+            coordinator.serves,
             settings.checkpoint_interval_ms / 1000,
         )
         self.committer.on_stored = self.partitions.stored
@@ -74,8 +75,7 @@ class ClusterMode:
     async def start(self) -> None:
         catalog, coordinator = self._catalog, self.coordinator
         for topic in catalog.topics.values():
-            if isinstance(topic, LogTopic):
-                topic.cloud_commit = self.committer.add
+            self._clustered(topic)
         uploader = catalog.uploader
         if uploader is not None:
             uploader.may_upload = coordinator.serves
@@ -100,9 +100,7 @@ class ClusterMode:
 
     async def create_topic(self, request: m.CreateTopicRequest) -> None:
         """CREATE_TOPIC, in the topic's turn (the broker holds it)."""
-        topic = await self._catalog.create_locked(request)
-        if isinstance(topic, LogTopic):
-            topic.cloud_commit = self.committer.add
+        self._clustered(await self._catalog.create_locked(request))
         definition = {
             "partitions": request.partitions,
             "dispatch": int(request.dispatch),
@@ -141,14 +139,17 @@ class ClusterMode:
             tuple(m.ConfigEntry(str(k), str(v)) for k, v in definition.get("configs", [])),
         )
         try:
-            topic = await catalog.create_topic(request)
+            self._clustered(await catalog.create_topic(request))
         except TopicExists:
             return  # created here meanwhile (our own create, seen through the watch)
         except Exception:
             log.exception("cluster.topic_create_failed", topic=name)
-            return
+
+    def _clustered(self, topic: Topic) -> None:
+        """A reliable topic's appends are answered, and read, once in the object store."""
         if isinstance(topic, LogTopic):
             topic.cloud_commit = self.committer.add
+            topic.cloud_end = self.partitions.cloud_end
 
     async def _drop_local(self, name: str) -> None:
         if name in self._catalog.topics:

@@ -66,9 +66,11 @@ class ClusterPartitions:
         tail: CloudTail,
         committer: TailCommitter,
         checkpoints: Checkpoints,
+        serves: Callable[[str, int], bool],
         checkpoint_interval: float = 0.5,
     ) -> None:
         self._catalog = catalog
+        self._serves = serves
         self._tail = tail
         self._committer = committer
         self._checkpoints = checkpoints
@@ -92,8 +94,17 @@ class ClusterPartitions:
                 await self._task
 
     def stored(self, topic: str, partition: int, end: int) -> None:
-        """The committer stored our chunk up to `end`."""
+        """The committer stored our chunk up to `end`: subscriptions may now send it."""
         self._verified[topic, partition] = end
+        found = self._catalog.topics.get(topic)
+        if isinstance(found, LogTopic):
+            found.partitions[partition].log.notify()  # wakes the topic's pumps
+
+    def cloud_end(self, topic: str, partition: int) -> int:
+        """How far the partition is known to be in the object store, 0 unless served here."""
+        if not self._serves(topic, partition):
+            return 0
+        return self._verified.get((topic, partition), 0)
 
     # PartitionHandler
 

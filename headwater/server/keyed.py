@@ -55,9 +55,7 @@ class KeyedDispatch:
                 return True
         topic = sub.log_topic
         committed = sub.settings.committed_only
-        ends = [
-            p.log.durable_offset if committed else p.log.visible_offset for p in topic.partitions
-        ]
+        ends = [topic.readable_end(p, committed) for p in topic.partitions]
         while (partition := core.next_partition(ends)) is not None:
             start = topic.start_offset(partition)
             if core.position(partition) < start:

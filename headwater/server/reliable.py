@@ -293,9 +293,7 @@ class ReliableSubscription:
         topic = self._topic
         committed = self.settings.committed_only
         ends = [
-            (p.log.durable_offset if committed else p.log.visible_offset)
-            if owned is None or p.index in owned
-            else 0
+            topic.readable_end(p, committed) if owned is None or p.index in owned else 0
             for p in topic.partitions
         ]
         core = self.core

@@ -172,6 +172,8 @@ class LogTopic(_TopicBase):
         self.last_value: LastValueIndex | None = None
         # a cluster's `TailCommitter.add`: an append is answered once it is in the object store
         self.cloud_commit: Callable[[str, int, int, bytes, int], Awaitable[None]] | None = None
+        # and the offset up to which a partition is in the object store (served here, else 0)
+        self.cloud_end: Callable[[str, int], int] | None = None
 
     def pick_partition(self, requested: int) -> LogPartition:
         return self.partitions[self._pick(requested, len(self.partitions))]
@@ -228,6 +230,16 @@ class LogTopic(_TopicBase):
             for view in list(self.subscriptions.views.values()):
                 view.changed(changes)
         return base_offset, sequence
+
+    def readable_end(self, partition: LogPartition, committed: bool) -> int:
+        """Where subscriptions may read up to: what is visible (or fsynced, for read_committed);
+        in a cluster, only what is in the object store, so no consumer ever acks an offset a
+        take-over could give to another message."""
+        wal = partition.log
+        end = wal.durable_offset if committed else wal.visible_offset
+        if self.cloud_end is not None:
+            end = min(end, self.cloud_end(self.name, partition.index))
+        return end
 
     def start_offset(self, partition: int) -> int:
         """The oldest offset still stored for `partition`, in the object store or locally."""
