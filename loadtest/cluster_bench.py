@@ -1,0 +1,295 @@
+"""A 3-broker cluster against one broker on the same machine, and the failover time.
+
+    python -m loadtest.cluster_bench [--seconds 10] [--producers 8] [--window 8] [--output FILE]
+
+Rows, each a fresh set of processes on 127.0.0.1 (etcd and moto's S3 server started here, stopped
+by PID):
+
+- `1 broker, embedded`: today's default, a local object store, fsync `always`;
+- `1 broker, cluster`: the same broker in cluster mode (etcd + S3): a produce is answered once
+  its batch is in the object store, so the difference is what object-store durability costs;
+- `3 brokers, cluster`: a 6-partition topic spread over three brokers.
+
+Each row runs `--producers` asyncio producers in this process, each with up to `--window`
+produces in flight to the owner of its partition (found in etcd), 100-byte values, for
+`--seconds`. Reported: acknowledged messages/s, acknowledgement latency percentiles, and CPU
+seconds per million messages of every broker (from /proc) and of this client. On these shared
+2-core machines rates swing 2x from run to run; the brokers' CPU per message is the steadier figure.
+
+`failover`: one producer keeps producing to a partition while a consumer reads it; its owner is
+killed with kill -9; reported: seconds from the kill to the first produce acknowledged by the new
+owner and to the first message of that partition delivered by it (the lease TTL, `--lease-ms`,
+bounds both from below).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import aetcd
+
+import headwater
+from headwater.testing import ServerProcess
+from headwater.wire import messages as m
+from headwater.wire.records import build_batch
+from loadtest.harness import free_port, latency_summary, process_cpu, say, wait_port
+
+PARTITIONS = 6
+CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "x",
+    "AWS_SECRET_ACCESS_KEY": "x",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+class Backing:
+    """etcd and moto, for the cluster rows."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.etcd_port, self.s3_port = free_port(), free_port()
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> None:
+        peer = free_port()
+        client = f"http://127.0.0.1:{self.etcd_port}"
+        etcd = shutil.which("etcd") or "/usr/bin/etcd"
+        self.processes.append(
+            subprocess.Popen(
+                [etcd, f"--data-dir={self.root / 'etcd'}", f"--listen-client-urls={client}",
+                 f"--advertise-client-urls={client}", f"--listen-peer-urls=http://127.0.0.1:{peer}",
+                 f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+                 f"--initial-cluster=default=http://127.0.0.1:{peer}", "--log-level=error"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )
+        )  # fmt: skip
+        self.processes.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.s3_port)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                env={**os.environ, **CREDENTIALS},
+            )
+        )  # fmt: skip
+        wait_port(self.etcd_port, 30)
+        wait_port(self.s3_port, 30)
+        request = urllib.request.Request(f"http://127.0.0.1:{self.s3_port}/bench", method="PUT")
+        urllib.request.urlopen(request, timeout=10).close()
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.kill()
+            process.wait(10)
+
+
+def start_brokers(
+    root: Path, count: int, backing: Backing | None, lease_ms: int
+) -> list[ServerProcess]:
+    if backing is None:
+        return [ServerProcess(root / "solo").start(60)]
+    config = root / "cluster.toml"
+    config.write_text(
+        f'[object_store]\nbackend = "s3"\nbucket = "bench"\n'
+        f'endpoint_url = "http://127.0.0.1:{backing.s3_port}"\nregion = "us-east-1"\n'
+        f"[cluster]\nlease_ttl_ms = {lease_ms}\n"
+    )
+    brokers = [
+        ServerProcess(
+            root / f"b{n}",
+            extra_args=("--config", str(config), "--cluster", f"etcd://127.0.0.1:{backing.etcd_port}",
+                        "--broker-id", f"b{n}", "--log-level", "warning"),
+            env=CREDENTIALS,
+        )
+        for n in range(1, count + 1)
+    ]  # fmt: skip
+    for broker in brokers:
+        broker.start(60)
+    return brokers
+
+
+async def owners(backing: Backing | None, brokers: list[ServerProcess]) -> dict[int, str]:
+    """partition -> address of its owner (the one broker when not clustered)."""
+    if backing is None:
+        return dict.fromkeys(range(PARTITIONS), brokers[0].address)
+    async with aetcd.Client(host="127.0.0.1", port=backing.etcd_port) as etcd:
+        addresses = {}
+        for kv in await etcd.get_prefix(b"/headwater/brokers/"):
+            data = json.loads(kv.value)
+            addresses[kv.key.decode().rsplit("/", 1)[1]] = f"{data['host']}:{data['port']}"
+        found = await etcd.get_prefix(b"/headwater/owners/bench/")
+        return {
+            int(kv.key.decode().rsplit("/", 1)[1]): addresses[kv.value.decode()] for kv in found
+        }
+
+
+async def wait_served(backing: Backing | None, brokers: list[ServerProcess]) -> dict[int, str]:
+    """Every partition owned and answering produces (bounded)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        found = await owners(backing, brokers)
+        if len(found) == PARTITIONS:
+            try:
+                for partition, address in found.items():
+                    async with await headwater.connect(address) as client:
+                        await produce(client, partition, b"warm-up")
+                return found
+            except headwater.HeadwaterError:
+                pass
+        await asyncio.sleep(0.2)
+    raise RuntimeError("partitions not served within 60 s")
+
+
+async def produce(client: headwater.Client, partition: int, value: bytes) -> None:
+    response = await client._request(
+        m.ProduceRequest("bench", partition, build_batch([(None, value, ())]))
+    )
+    assert isinstance(response, m.ProduceResponse)
+
+
+async def throughput(
+    owner_of: dict[int, str], seconds: float, producers: int, window: int
+) -> dict[str, Any]:
+    clients = {a: await headwater.connect(a) for a in set(owner_of.values())}
+    latencies: list[int] = []
+    acked = 0
+    value = b"v" * 100
+    stop_at = time.monotonic() + seconds
+
+    async def one(partition: int) -> None:
+        nonlocal acked
+        client = clients[owner_of[partition]]
+        while time.monotonic() < stop_at:
+            started = time.perf_counter_ns()
+            await produce(client, partition, value)
+            latencies.append(time.perf_counter_ns() - started)
+            acked += 1
+
+    cpu = time.process_time()
+    started = time.monotonic()
+    await asyncio.gather(*(one(i % PARTITIONS) for i in range(producers * window)))
+    elapsed = time.monotonic() - started
+    client_cpu = time.process_time() - cpu
+    for client in clients.values():
+        await client.close()
+    return {
+        "acked": acked,
+        "rate": round(acked / elapsed),
+        "client_cpu_s_per_million": round(client_cpu / acked * 1e6, 1),
+        **latency_summary(latencies),
+    }
+
+
+async def failover(backing: Backing, brokers: list[ServerProcess], lease_ms: int) -> dict[str, Any]:
+    owner_of = await wait_served(backing, brokers)
+    victim = next(b for b in brokers if b.address == owner_of[0])
+    survivors = [b for b in brokers if b is not victim]
+    consumers = []
+    for broker in survivors:
+        client = await headwater.connect(broker.address)
+        consumers.append(await client.subscribe("bench", "failover", start="latest"))
+    victim.kill()
+    killed = time.monotonic()
+    acked_at = served_at = None
+    for _ in range(10_000):
+        if time.monotonic() - killed > 120:
+            break
+        address = (await owners(backing, brokers)).get(0)
+        if address is None or address == victim.address:
+            await asyncio.sleep(0.05)
+            continue
+        try:
+            async with await headwater.connect(address) as client:
+                await produce(client, 0, b"after-the-kill")
+            acked_at = time.monotonic() - killed
+            break
+        except headwater.HeadwaterError:
+            await asyncio.sleep(0.05)
+
+    async def first(consumer: headwater.Consumer) -> float | None:
+        try:
+            while True:
+                message = await consumer.receive(timeout=60)
+                if message.partition == 0 and message.value == b"after-the-kill":
+                    return time.monotonic() - killed
+        except TimeoutError:
+            return None
+
+    served = [t for t in await asyncio.gather(*(first(c) for c in consumers)) if t is not None]
+    served_at = min(served) if served else None
+    return {
+        "lease_ms": lease_ms,
+        "kill_to_first_ack_s": round(acked_at, 2) if acked_at else None,
+        "kill_to_first_served_s": round(served_at, 2) if served_at else None,
+    }
+
+
+async def row(name: str, count: int, clustered: bool, args: argparse.Namespace) -> dict[str, Any]:
+    say(f"{name} ...")
+    root = Path(tempfile.mkdtemp(prefix="hw-cluster-bench-"))
+    backing = Backing(root) if clustered else None
+    brokers: list[ServerProcess] = []
+    try:
+        if backing is not None:
+            backing.start()
+        brokers = start_brokers(root, count, backing, args.lease_ms)
+        async with await headwater.connect(brokers[0].address) as client:
+            await client.create_topic("bench", partitions=PARTITIONS)
+        owner_of = await wait_served(backing, brokers)
+        before = {b.address: process_cpu(b.process.pid) for b in brokers if b.process}
+        result = await throughput(owner_of, args.seconds, args.producers, args.window)
+        cpu = {
+            b.address: process_cpu(b.process.pid) - before[b.address] for b in brokers if b.process
+        }
+        result["broker_cpu_s_per_million"] = round(sum(cpu.values()) / result["acked"] * 1e6, 1)
+        result["per_broker_cpu_s"] = [round(c, 2) for c in cpu.values()]
+        if count == 3 and backing is not None and not args.no_failover:
+            say(f"{name}: failover ...")
+            result["failover"] = await failover(backing, brokers, args.lease_ms)
+        return {"row": name, **result}
+    finally:
+        for broker in brokers:
+            broker.kill()
+        if backing is not None:
+            backing.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
+    rows = [
+        ("1 broker, embedded", 1, False),
+        ("1 broker, cluster", 1, True),
+        ("3 brokers, cluster", 3, True),
+    ]
+    return [await row(name, count, clustered, args) for name, count, clustered in rows]
+
+
+def cli() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--producers", type=int, default=8, help="producers")
+    parser.add_argument("--window", type=int, default=8, help="produces in flight per producer")
+    parser.add_argument("--lease-ms", type=int, default=5000, help="cluster.lease_ttl_ms")
+    parser.add_argument("--no-failover", action="store_true")
+    parser.add_argument("--output", type=Path, help="also write the JSON rows here")
+    args = parser.parse_args()
+    results = asyncio.run(main(args))
+    text = json.dumps(results, indent=2)
+    print(text)
+    if args.output:
+        args.output.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    cli()
