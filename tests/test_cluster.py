@@ -24,7 +24,7 @@ from tests.proxy import FaultyProxy
 from tests.s3 import MotoS3
 
 PARTITIONS = 6
-LEASE_TTL_MS = 3000
+LEASE_TTL_MS = 2000
 TAKE_OVER_S = LEASE_TTL_MS / 1000 + 10  # the lease runs out, a rebalance round, the rebuild
 
 
@@ -166,7 +166,7 @@ async def test_kill9_moves_partitions_and_loses_nothing_acknowledged(
     await first.create_topic("kv", partitions=3, configs={"last.value": "true"})
     owner_of = await cluster.wait_owned("orders", PARTITIONS, {"b1", "b2", "b3"})
     kv_owner = await cluster.wait_owned("kv", 3, {"b1", "b2", "b3"})
-    before = await produce_each(owners, "orders", owner_of, "before", 30)
+    before = await produce_each(owners, "orders", owner_of, "before", 20)
     # map values, each set at its key's owner
     keys = {f"key-{i}".encode(): f"value-{i}".encode() for i in range(12)}
     for key, value in keys.items():

@@ -353,19 +353,27 @@ async def test_failover_reassigns_a_leavers_partitions_with_its_unacked(
 async def test_shared_spreads_every_partition_across_its_consumers(
     server: ServerProcess, topic_name: str
 ) -> None:
+    """Credit decides, not timing: with 4 credits each and 8 messages of a partition, neither
+    consumer can take them all, so each partition is spread over both. (A drain that gave up
+    after 0.4 s without a message failed under load: one consumer quit early.)"""
     async with await headwater.connect(server.address) as admin:
         await admin.create_topic(topic_name, partitions=2, dispatch="reliable")
         consumers = {
             n: await admin.subscribe(topic_name, "sh", type="shared", name=n, prefetch=4)
             for n in "ab"
         }
+        owners: dict[int, set[str]] = defaultdict(set)
         producer = admin.producer(topic_name)
-        # a run per partition: sent alternately, each consumer's turn could keep landing on the
-        # same partition (seen once in CI: {0: {a}, 1: {b}}), which says nothing of the spread
-        for i in range(200):
-            await producer.send(b"s", partition=i // 100)
+        for partition in (0, 1):
+            for _ in range(8):
+                await producer.send(b"s", partition=partition)
+            await producer.flush()
+            for name, consumer in consumers.items():
+                for _ in range(4):
+                    message = await consumer.receive(timeout=30)
+                    owners[message.partition].add(name)
+                    await message.ack()
         await producer.close()
-        owners = await _receive_all(consumers)
     assert owners == {0: {"a", "b"}, 1: {"a", "b"}}
 
 
