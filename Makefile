@@ -82,8 +82,9 @@ cluster: $(STAMP) etcd-server
 	trap 'stop; exit 0' INT TERM; \
 	wait_port() { i=0; while ! $(BIN)/python -c "import socket,sys; \
 		socket.create_connection(('127.0.0.1', $$1), 0.5)" 2>/dev/null; do \
-		i=$$((i+1)); if [ $$i -ge 200 ]; then echo "error: $$2 not listening on $$1" \
-		"(see $$dir/$$2.log)" >&2; stop; exit 1; fi; sleep 0.1; done; }; \
+		i=$$((i+1)); if [ $$i -ge 300 ] || ! kill -0 "$$(cat "$$dir/$$2.pid")" 2>/dev/null; then \
+		echo "error: $$2 not listening on $$1 (see $$dir/$$2.log)" >&2; stop; exit 1; fi; \
+		sleep 0.1; done; }; \
 	etcd --name headwater --data-dir "$$dir/etcd" \
 		--listen-client-urls http://127.0.0.1:$(CLUSTER_ETCD_PORT) \
 		--advertise-client-urls http://127.0.0.1:$(CLUSTER_ETCD_PORT) \
