@@ -315,6 +315,7 @@ class Coordinator(Assignment, Metadata):
         return (
             (stopping or not self._stopping)
             and self._registered
+            and self._reachable
             and not self._fenced
             and time.monotonic() < self._deadline
             and all(watch.synced.is_set() for watch in self._watches)
