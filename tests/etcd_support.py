@@ -1,15 +1,17 @@
 """A real etcd (Debian's etcd-server) on 127.0.0.1, as a child process of the test.
 
 `EtcdServer` picks free loopback ports for the client and peer URLs, keeps its data in a directory
-of the test's, and is stopped by its PID: `kill` is kill -9 (an outage), `start` again on the same
-data dir and ports brings the same cluster back (its keys, revisions and leases). `etcd_server`
-makes a fixture of it; `python -m tests.etcd_support ENDPOINT ID PORT TTL` runs one coordinator
-alone in a process, for kill -9.
+of the test's, and is stopped by its PID: `kill` is kill -9 (an outage), `pause`/`resume` blackhole
+it (SIGSTOP/SIGCONT), `start` again on the same data dir and ports brings the same cluster back
+(its keys, revisions and leases). `etcd_server` makes a fixture of it;
+`python -m tests.etcd_support ENDPOINT ID PORT TTL` runs one coordinator alone in a process, for
+kill -9.
 """
 
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
 import time
 import urllib.request
@@ -51,6 +53,9 @@ class EtcdServer:
                     f"--initial-advertise-peer-urls={peer}",
                     f"--initial-cluster=test={peer}",
                     "--log-level=warn",
+                    # one member: elect itself fast after a restart (default 1 s of silence)
+                    "--heartbeat-interval=50",
+                    "--election-timeout=300",
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -75,6 +80,15 @@ class EtcdServer:
             self._process.kill()
             self._process.wait(10)
             self._process = None
+
+    def pause(self) -> None:
+        """SIGSTOP: etcd blackholed (connections open, no answers) until `resume`."""
+        assert self._process is not None
+        self._process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self._process is not None
+        self._process.send_signal(signal.SIGCONT)
 
     def alive(self) -> bool:
         return self._process is not None and self._process.poll() is None

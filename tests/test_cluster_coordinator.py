@@ -318,11 +318,18 @@ async def test_killed_broker_partitions_taken_within_the_lease(etcd: EtcdServer)
 
 
 async def test_etcd_outage_short_keeps_serving_long_fences_then_recovers(etcd: EtcdServer) -> None:
-    ttl = 3.0
+    ttl = 4.0  # serving goes on for at least TTL - TTL/4 - TTL/3 = 1.67 s after etcd stops
     brokers = [make(etcd, f"o{i}", ttl=ttl) for i in (1, 2)]
     coordinators = [c for c, _ in brokers]
     for coordinator in coordinators:
         await coordinator.start()
+
+    async def keep_serving(seconds: float) -> None:
+        began = time.monotonic()
+        while time.monotonic() - began < seconds:
+            assert settled(coordinators)
+            await asyncio.sleep(0.02)
+
     try:
         await coordinators[0].create_topic(TOPIC, {"partitions": PARTITIONS})
         await until(lambda: settled(coordinators), 10, "6 partitions over 2 brokers")
@@ -330,20 +337,22 @@ async def test_etcd_outage_short_keeps_serving_long_fences_then_recovers(etcd: E
             (c.this_broker.broker_id, k): c.epoch(*k) for c in coordinators for k in c.owned()
         }
         async with DoubleServing(coordinators):
-            # shorter than the TTL: serving goes on, nothing is lost
+            # killed and restarted within the slack: serving goes on, nothing is lost
             etcd.kill()
-            down = time.monotonic()
-            while time.monotonic() - down < 0.8:
-                assert settled(coordinators)
-                await asyncio.sleep(0.02)
-            etcd.start()
-            await asyncio.sleep(ttl / 3 + 0.3)  # a keepalive round after etcd is back
-            assert settled(coordinators)
+            await keep_serving(0.3)
+            await asyncio.to_thread(etcd.start)
+            await keep_serving(ttl / 3 + 0.5)  # a keepalive round after etcd is back
+            # blackholed (answers nothing, connections open) as long: the same
+            etcd.pause()
+            await keep_serving(1.0)
+            etcd.resume()
+            await keep_serving(ttl / 3 + 0.5)
             assert all(r.count("lost") == 0 for _, r in brokers)
 
             # longer than the TTL: fenced, lost() for every partition, nothing acquired meanwhile
             acquires = [r.count("acquire") for _, r in brokers]
             etcd.kill()
+            down = time.monotonic()
             await until(
                 lambda: not any(c.serves(TOPIC, p) for c in coordinators for p in range(6)),
                 ttl,
@@ -351,21 +360,21 @@ async def test_etcd_outage_short_keeps_serving_long_fences_then_recovers(etcd: E
             )
             assert sum(r.count("lost") for _, r in brokers) == PARTITIONS
             assert all(c.status()["lease"]["fenced"] for c in coordinators)
-            await asyncio.sleep(ttl)  # well past the TTL, etcd still down
+            await asyncio.sleep(max(0.0, down + ttl + 0.5 - time.monotonic()))
             assert [r.count("acquire") for _, r in brokers] == acquires
             assert not any(c.serves(TOPIC, p) for c in coordinators for p in range(6))
 
             # etcd back on the same data: the leases survived, the keys are still ours
-            etcd.start()
+            await asyncio.to_thread(etcd.start)
             await until(lambda: settled(coordinators), 10, "ownership recovered")
         assert {
             (c.this_broker.broker_id, k): c.epoch(*k) for c in coordinators for k in c.owned()
         } == epochs
         for coordinator, recorder in brokers:
-            reacquired = [c for c in recorder.calls if c[1] == "acquire"][
-                -len(coordinator.owned()) :
-            ]
+            acquired = [c for c in recorder.calls if c[1] == "acquire"]
+            reacquired = acquired[-len(coordinator.owned()) :]
             assert all(c[4] == coordinator.epoch(c[2], c[3]) for c in reacquired)
+            assert len(acquired) == 2 * len(coordinator.owned())
     finally:
         for coordinator in coordinators:
             await coordinator.stop(graceful=False)

@@ -81,7 +81,13 @@ class Assignment:
             if held.state is State.RELEASED:
                 await self._delete_owner(key, held)
             elif key not in wanted and held.state is State.SERVING:
-                self._start_release(key, "partition gone")
+                if key[0] in self._topics:  # fewer partitions: hand the extra ones off cleanly
+                    self._start_release(key, "partition gone")
+                else:  # a deleted topic: nothing to finish (its keys usually went with it)
+                    self._lose(key, held, "topic deleted")
+                    gone = Held(held.epoch, State.RELEASED)
+                    self._held[key] = gone
+                    await self._delete_owner(key, gone)
         picks: list[tuple[tuple[str, int], bool]] = []
         for key in sorted(wanted):
             if key in self._owners or key in self._held:

@@ -74,8 +74,10 @@ class Coordinator(Assignment, Metadata):
         self._rebalance_interval = rebalance_interval
         self._acquire_timeout = acquire_timeout
         self._release_timeout = release_timeout
-        # one etcd call must end well within a keepalive period
-        self._call_timeout = min(2.0, max(0.5, lease_ttl / 3))
+        # a deadline on every etcd call (a blackholed etcd must not hang anything); generous,
+        # because a slow answer costs nothing but time: a renewal counts from when it was sent,
+        # and the watchdog fences on the deadline whatever the calls in flight
+        self._call_timeout = max(2.0, lease_ttl / 2)
         self.handler: PartitionHandler | None = None
         self.on_topic: TopicCallback | None = None
         self.on_subscription: SubscriptionCallback | None = None
@@ -109,7 +111,14 @@ class Coordinator(Assignment, Metadata):
         self._topics_changed = asyncio.Condition()
         self._session = EtcdSession(self._endpoints, self._call_timeout)
         try:
-            await self._new_lease()
+            for attempt in range(3):  # one slow answer (etcd fsyncing under load) is not fatal
+                try:
+                    await self._new_lease()
+                    break
+                except EtcdUnavailable:
+                    if attempt == 2:
+                        raise
+                    await asyncio.sleep(0.2)
             await self._register(patience=self._lease_ttl + 1.0)
             self._owners_watch = PrefixWatch(
                 self._session, self._layout.root("owners"), self._owner_changed
