@@ -493,6 +493,9 @@ async def test_deleted_topic_partitions_are_lost_and_their_keys_gone(etcd: EtcdS
         await until(lambda: len(coordinator.owned()) == 3, 10, "3 partitions served")
         assert await coordinator.delete_topic(TOPIC)
         await until(lambda: recorder.count("lost") == 3, 5, "every partition lost")
+        await asyncio.sleep(REBALANCE * 2)  # a round later: still once each
+        lost = sorted((c[2], c[3]) for c in recorder.calls if c[1] == "lost")
+        assert lost == [(TOPIC, 0), (TOPIC, 1), (TOPIC, 2)]
         assert coordinator.owned() == []
         prefix = Layout().root("owners")
         left = await coordinator._session.call(lambda c: c.get_prefix(prefix))

@@ -78,6 +78,8 @@ class Assignment:
         for key in [k for k in self._free_since if k not in wanted]:
             del self._free_since[key]
         for key, held in list(self._held.items()):
+            if self._held.get(key) is not held:
+                continue  # changed while an earlier key's deletion was awaited
             if held.state is State.RELEASED:
                 await self._delete_owner(key, held)
             elif key not in wanted and held.state is State.SERVING:
@@ -314,7 +316,9 @@ class Assignment:
                 self._held[key] = Held(entry.create_revision, State.RELEASED)
 
     def _lose(self, key: tuple[str, int], held: Held, reason: str) -> None:
-        self._held.pop(key, None)
+        held.state = State.LOST
+        if self._held.get(key) is held:
+            del self._held[key]
         self._counters.losses += 1
         log.warning("cluster.lost", topic=key[0], partition=key[1], epoch=held.epoch, reason=reason)
         if self.handler is not None:
