@@ -77,8 +77,7 @@ CLUSTER_BUCKET ?= headwater-cluster
 cluster: $(STAMP) etcd-server
 	@$(MAKE) --no-print-directory cluster-stop >/dev/null
 	@mkdir -p $(CLUSTER_DIR); dir="$(CLUSTER_DIR)"; \
-	stop() { for f in "$$dir"/*.pid; do [ -f "$$f" ] && kill "$$(cat "$$f")" 2>/dev/null; \
-		rm -f "$$f"; done; echo "cluster stopped"; }; \
+	stop() { $(CLUSTER_STOP); echo "cluster stopped"; }; \
 	trap 'stop; exit 0' INT TERM; \
 	wait_port() { i=0; while ! $(BIN)/python -c "import socket,sys; \
 		socket.create_connection(('127.0.0.1', $$1), 0.5)" 2>/dev/null; do \
@@ -113,18 +112,24 @@ cluster: $(STAMP) etcd-server
 		"(bucket $(CLUSTER_BUCKET)), brokers on $(CLUSTER_BROKER_PORTS); logs in $$dir/"; \
 	echo "  $(BIN)/headwater cluster status --cluster etcd://127.0.0.1:$(CLUSTER_ETCD_PORT)"; \
 	echo "Ctrl-C or 'make cluster-stop' stops it"; \
-	while :; do for f in "$$dir"/*.pid; do [ -f "$$f" ] || continue; \
-		kill -0 "$$(cat "$$f")" 2>/dev/null || { echo "$$(basename "$$f" .pid) exited" \
-		"(see $$dir/$$(basename "$$f" .pid).log)" >&2; stop; exit 1; }; done; sleep 1; done
+	while :; do for f in "$$dir"/*.pid; do \
+		kill -0 "$$(cat "$$f" 2>/dev/null)" 2>/dev/null || [ ! -f "$$f" ] || { \
+		echo "$$(basename "$$f" .pid) exited (see $$dir/$$(basename "$$f" .pid).log)" >&2; \
+		stop; exit 1; }; done; \
+		[ -f "$$dir/etcd.pid" ] || { echo "cluster stopped (make cluster-stop)"; exit 0; }; \
+		sleep 1; done
 
-# Stops what `make cluster` started, by the PIDs it recorded (a PID now running something else,
-# after a reboot, is left alone).
+# Stops what `make cluster` started, by the PIDs it recorded: the brokers first (they hand their
+# partitions off and revoke their leases, which needs etcd), waiting up to 20 s for them, then
+# etcd and moto. A PID now running something else (after a reboot) is left alone.
+CLUSTER_STOP = for f in $(CLUSTER_DIR)/b*.pid $(CLUSTER_DIR)/etcd.pid $(CLUSTER_DIR)/moto.pid; do \
+		[ -f "$$f" ] || continue; pid="$$(cat "$$f")"; rm -f "$$f"; \
+		ps -p "$$pid" -o args= 2>/dev/null | grep -q -e etcd -e moto -e headwater || continue; \
+		kill "$$pid" 2>/dev/null || continue; echo "stopping $$(basename "$$f" .pid) ($$pid)"; \
+		i=0; while kill -0 "$$pid" 2>/dev/null && [ $$i -lt 200 ]; do i=$$((i+1)); sleep 0.1; done; \
+	done
 cluster-stop:
-	@for f in $(CLUSTER_DIR)/*.pid; do [ -f "$$f" ] || continue; \
-		pid="$$(cat "$$f")"; \
-		if ps -p "$$pid" -o args= 2>/dev/null | grep -q -e etcd -e moto -e headwater; then \
-			kill "$$pid" && echo "stopped $$(basename "$$f" .pid) ($$pid)"; fi; \
-		rm -f "$$f"; done; true
+	@$(CLUSTER_STOP); true
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
