@@ -594,3 +594,30 @@ async def test_cluster_status_command(etcd: EtcdServer) -> None:
     assert "cannot reach etcd" in down.stderr and "Traceback" not in down.stderr
     bad = await asyncio.to_thread(headwater_cli, "cluster", "status", "--cluster", "localhost")
     assert bad.returncode == 2 and "etcd://HOST:PORT" in bad.stderr
+
+
+async def test_a_broker_that_cannot_acquire_leaves_nothing_unowned(etcd: EtcdServer) -> None:
+    good, good_calls = make(etcd, "g1")
+    bad, bad_calls = make(etcd, "g2")
+    bad_calls.fail_acquire = True
+    for coordinator in (good, bad):
+        await coordinator.start()
+    try:
+        await good.create_topic(TOPIC, {"partitions": PARTITIONS})
+        began = time.monotonic()
+        await until(
+            lambda: len(good.owned()) == PARTITIONS,
+            2 * TTL + 3,
+            "the partitions g2 cannot take served by g1 after a TTL",
+        )
+        assert bad.owned() == []
+        assert bad_calls.count("acquire") >= 1, "g2 was the first choice of none: pick other ids"
+        assert time.monotonic() - began < 2 * TTL + 2
+        # taken as a fallback: not handed back to g2 at once
+        await asyncio.sleep(TTL)
+        assert len(good.owned()) == PARTITIONS and good_calls.count("release") == 0
+        assert bad.status()["counters"]["acquire_failures"] >= 1
+    finally:
+        for coordinator in (good, bad):
+            await coordinator.stop()
+    assert_never_overwritten(await owner_history(etcd))

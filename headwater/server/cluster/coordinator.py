@@ -167,8 +167,8 @@ class Coordinator(Assignment, Metadata):
     async def stop(self, graceful: bool = True) -> None:
         """Hand off every partition (release, then delete its key) and revoke the lease, which
         deletes the registration; with `graceful=False`, lost() for each and revoke at once."""
-        if self._stopping:
-            return
+        if self._stopping or not hasattr(self, "_session"):
+            return  # stopped already, or never started
         self._stopping = True
         self._wake.set()
         assign = self._tasks[-1] if self._tasks else None
