@@ -358,7 +358,12 @@ async def test_etcd_outage_short_keeps_serving_long_fences_then_recovers(etcd: E
                 ttl,
                 "every broker fenced",
             )
-            assert sum(r.count("lost") for _, r in brokers) == PARTITIONS
+            # serves() turns False by the clock; the watchdog calls lost() a moment later
+            await until(
+                lambda: sum(r.count("lost") for _, r in brokers) == PARTITIONS,
+                1.0,
+                "lost() for every partition",
+            )
             assert all(c.status()["lease"]["fenced"] for c in coordinators)
             await asyncio.sleep(max(0.0, down + ttl + 0.5 - time.monotonic()))
             assert [r.count("acquire") for _, r in brokers] == acquires

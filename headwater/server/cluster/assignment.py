@@ -58,6 +58,7 @@ class Assignment:
     _releasing: set[asyncio.Task[None]]
     _pending: set[tuple[str, int]]
     _in_handler: set[tuple[str, int]]
+    _deleted: set[int]  # epochs of keys we deleted, until the watch shows them gone
     _wake: asyncio.Event
 
     def _healthy(self, stopping: bool = False) -> bool:
@@ -278,20 +279,24 @@ class Assignment:
             )
 
         try:
-            await self._session.call(transaction)
+            deleted, _ = await self._session.call(transaction)
         except EtcdUnavailable as exc:
             log.info("cluster.release_unconfirmed", topic=key[0], partition=key[1], error=str(exc))
             return
         if self._held.get(key) is held:
             del self._held[key]
-        log.info("cluster.released", topic=key[0], partition=key[1], epoch=held.epoch)
+        if deleted:
+            self._deleted.add(held.epoch)
+            log.info("cluster.released", topic=key[0], partition=key[1], epoch=held.epoch)
 
     async def _owner_changed(self, raw: bytes, entry: Entry | None) -> None:
         key = self._layout.parse_owner(raw)
         if key is None:
             return
         if entry is None:
-            self._owners.pop(key, None)
+            gone = self._owners.pop(key, None)
+            if gone is not None:
+                self._deleted.discard(gone.create_revision)
             self._free_since[key] = time.monotonic()
         else:
             self._owners[key] = entry
@@ -312,6 +317,8 @@ class Assignment:
         for key, entry in self._owners.items():
             if key in self._held or key in self._pending:
                 continue
+            if entry.create_revision in self._deleted:
+                continue  # deleted by us a moment ago; the watch has not said so yet
             if entry.lease == self._lease_id and entry.value == self._id.encode():
                 self._held[key] = Held(entry.create_revision, State.RELEASED)
 

@@ -99,6 +99,7 @@ class Coordinator(Assignment, Metadata):
         self._releasing: set[asyncio.Task[None]] = set()
         self._pending: set[tuple[str, int]] = set()
         self._in_handler: set[tuple[str, int]] = set()
+        self._deleted: set[int] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._watches: list[PrefixWatch] = []
 
