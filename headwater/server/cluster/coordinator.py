@@ -259,13 +259,17 @@ class Coordinator(Assignment, Metadata):
                 await asyncio.sleep(min(period, 0.2))
                 continue
             ttl = int(reply.TTL)
-            if ttl <= 0:
-                await self._lease_expired()
-            else:
-                self._deadline = max(self._deadline, sent + ttl - self._margin())
-                self._counters.lease_renewals += 1
-                if not self._reachable or self._fenced or not self._registered:
-                    await self._recover()
+            try:
+                if ttl <= 0:
+                    await self._lease_expired()
+                else:
+                    self._deadline = max(self._deadline, sent + ttl - self._margin())
+                    self._counters.lease_renewals += 1
+                    if not self._reachable or self._fenced or not self._registered:
+                        await self._recover()
+            except Exception:
+                # never let the renewals stop: without them every partition would stay fenced
+                log.exception("cluster.keepalive_failed")
             await asyncio.sleep(max(0.0, sent + period - time.monotonic()))
 
     async def _watchdog(self) -> None:
