@@ -299,7 +299,8 @@ async def test_killed_broker_partitions_taken_within_the_lease(etcd: EtcdServer)
                 "the killed broker's partitions served by the others",
             )
         took = time.monotonic() - killed
-        assert took < TTL + 1 + REBALANCE + 1.5, took  # etcd checks expiry every 0.5 s
+        # etcd checks lease expiry every 0.5 s; the rest is the watch and a rebalance round
+        assert took < TTL + REBALANCE + 2.5, took
         for partition, old_epoch in taken.items():
             epochs = [
                 c[4]
@@ -609,7 +610,6 @@ async def test_a_broker_that_cannot_acquire_leaves_nothing_unowned(etcd: EtcdSer
         await coordinator.start()
     try:
         await good.create_topic(TOPIC, {"partitions": PARTITIONS})
-        began = time.monotonic()
         await until(
             lambda: len(good.owned()) == PARTITIONS,
             2 * TTL + 3,
@@ -617,7 +617,6 @@ async def test_a_broker_that_cannot_acquire_leaves_nothing_unowned(etcd: EtcdSer
         )
         assert bad.owned() == []
         assert bad_calls.count("acquire") >= 1, "g2 was the first choice of none: pick other ids"
-        assert time.monotonic() - began < 2 * TTL + 2
         # taken as a fallback: not handed back to g2 at once
         await asyncio.sleep(TTL)
         assert len(good.owned()) == PARTITIONS and good_calls.count("release") == 0
