@@ -1,163 +1,49 @@
 """The etcd coordinator against a real etcd (tests/etcd_support.py): membership, ownership spread
 and hand-off, kill -9 take-over, fencing through etcd outages (checked on etcd's revision history:
-no owner key is ever put over an existing one), metadata watches, checkpoints, and the
-`headwater cluster status` command."""
+no owner key is ever put over an existing one), metadata watches and checkpoints
+(`headwater cluster status`: tests/test_cluster_status.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-import aetcd
 import pytest
 
 from headwater.server.cluster import Coordinator, DuplicateBroker, EtcdUnreachable, Layout
 from headwater.server.ownership import BrokerAddress
-from tests.etcd_support import EtcdServer, etcd_server
+from tests.etcd_support import (
+    PARTITIONS,
+    REBALANCE,
+    TOPIC,
+    TTL,
+    DoubleServing,
+    EtcdServer,
+    Recorder,
+    assert_never_overwritten,
+    etcd_server,
+    make,
+    owner_history,
+    servers_of,
+    settled,
+    until,
+)
 from tests.s3 import free_port
 
-TTL = 2.0
-REBALANCE = 0.2
-TOPIC = "orders"
-PARTITIONS = 6
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
 def etcd(tmp_path: Path) -> Iterator[EtcdServer]:
     yield from etcd_server(tmp_path / "etcd")
-
-
-@dataclass
-class Recorder:
-    """A PartitionHandler that records every call, in order, with a monotonic time."""
-
-    name: str
-    calls: list[tuple[float, str, str, int, int | None]] = field(default_factory=list)
-    fail_acquire: bool = False
-    on_release: Callable[[str, int], Awaitable[None]] | None = None
-
-    async def acquire(self, topic: str, partition: int, epoch: int) -> None:
-        self.calls.append((time.monotonic(), "acquire", topic, partition, epoch))
-        if self.fail_acquire:
-            raise RuntimeError("cannot take it now")
-
-    async def release(self, topic: str, partition: int) -> None:
-        if self.on_release is not None:
-            await self.on_release(topic, partition)
-        self.calls.append((time.monotonic(), "release", topic, partition, None))
-
-    def lost(self, topic: str, partition: int) -> None:
-        self.calls.append((time.monotonic(), "lost", topic, partition, None))
-
-    def count(self, kind: str) -> int:
-        return sum(1 for call in self.calls if call[1] == kind)
-
-
-def make(etcd: EtcdServer, broker_id: str, ttl: float = TTL) -> tuple[Coordinator, Recorder]:
-    coordinator = Coordinator(
-        etcd.endpoint,
-        BrokerAddress(broker_id, "127.0.0.1", free_port()),
-        lease_ttl=ttl,
-        rebalance_interval=REBALANCE,
-    )
-    recorder = Recorder(broker_id)
-    coordinator.handler = recorder
-    return coordinator, recorder
-
-
-async def until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout}s: {what}")
-        await asyncio.sleep(0.05)
-
-
-def servers_of(coordinators: list[Coordinator], partition: int) -> list[str]:
-    return [c.this_broker.broker_id for c in coordinators if c.serves(TOPIC, partition)]
-
-
-def settled(coordinators: list[Coordinator]) -> bool:
-    """Every partition served by exactly one, and every broker serving at least one."""
-    return all(len(servers_of(coordinators, p)) == 1 for p in range(PARTITIONS)) and all(
-        c.owned() for c in coordinators
-    )
-
-
-class DoubleServing:
-    """Samples every coordinator's serves() for every partition, every few milliseconds."""
-
-    def __init__(self, coordinators: list[Coordinator]) -> None:
-        self.coordinators = coordinators
-        self.seen: list[tuple[int, list[str]]] = []
-        self.samples = 0
-        self._task: asyncio.Task[None] | None = None
-
-    async def __aenter__(self) -> DoubleServing:
-        self._task = asyncio.get_running_loop().create_task(self._sample())
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._task is not None
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
-        assert not self.seen, f"partitions served by two brokers at once: {self.seen[:5]}"
-        assert self.samples > 10
-
-    async def _sample(self) -> None:
-        while True:
-            for partition in range(PARTITIONS):
-                serving = servers_of(self.coordinators, partition)
-                if len(serving) > 1:
-                    self.seen.append((partition, serving))
-            self.samples += 1
-            await asyncio.sleep(0.005)
-
-
-async def owner_history(etcd: EtcdServer) -> list[Any]:
-    """Every event ever seen on the owner keys, from revision 1 (etcd keeps the history)."""
-    client = aetcd.Client("127.0.0.1", etcd.client_port, timeout=5)
-    try:
-        prefix = Layout().root("owners")
-        current = (await client.get_prefix(b"/")).header.revision
-        events: list[Any] = []
-        if current <= 1:
-            return events
-        watch = await client.watch_prefix(prefix, start_revision=1)
-        deadline = time.monotonic() + 10
-        last = 0
-        iterator = aiter(watch)
-        while last < current and time.monotonic() < deadline:
-            try:
-                event = await asyncio.wait_for(anext(iterator), 1.0)
-            except TimeoutError:
-                break  # no more events on the owner keys up to now
-            events.append(event)
-            last = event.kv.mod_revision
-        await watch.cancel()
-        return events
-    finally:
-        await client.close()
-
-
-def assert_never_overwritten(events: list[Any]) -> None:
-    """An owner key is only ever created (version 1) or deleted, never put over itself."""
-    puts = [e for e in events if e.kind == aetcd.EventKind.PUT]
-    assert puts, "no owner key was ever written"
-    overwritten = [(e.kv.key, e.kv.version) for e in puts if e.kv.version != 1]
-    assert not overwritten, f"owner keys put while they existed: {overwritten}"
 
 
 @pytest.fixture
@@ -532,74 +418,6 @@ async def test_checkpoints_round_trip(etcd: EtcdServer) -> None:
             await coordinator.put_checkpoint("big", b"x" * (64 * 1024 + 1))
     finally:
         await coordinator.stop()
-
-
-def headwater_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "headwater", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-
-
-async def test_cluster_status_command(etcd: EtcdServer) -> None:
-    brokers = [make(etcd, f"s{i}") for i in (1, 2)]
-    coordinators = [c for c, _ in brokers]
-    for coordinator in coordinators:
-        await coordinator.start()
-    try:
-        await coordinators[0].create_topic(TOPIC, {"partitions": PARTITIONS})
-        await coordinators[0].create_topic("idle", {"partitions": 1})
-        await until(
-            lambda: sum(len(c.owned()) for c in coordinators) == PARTITIONS + 1, 10, "all served"
-        )
-        answer = await asyncio.to_thread(
-            headwater_cli, "cluster", "status", "--cluster", etcd.endpoint, "--format", "json"
-        )
-        assert answer.returncode == 0, answer.stderr
-        found = json.loads(answer.stdout)
-        assert [b["id"] for b in found["brokers"]] == ["s1", "s2"]
-        for broker, coordinator in zip(found["brokers"], coordinators, strict=True):
-            assert broker["port"] == coordinator.this_broker.port
-            assert 0 <= broker["lease_remaining"] <= TTL
-            owned = [(p["topic"], p["partition"]) for p in broker["partitions"]]
-            assert sorted(owned) == coordinator.owned()
-        assert found["unowned"] == []
-        assert len(found["partitions"]) == PARTITIONS + 1
-
-        table = await asyncio.to_thread(
-            headwater_cli, "cluster", "status", "--cluster", etcd.endpoint
-        )
-        assert table.returncode == 0, table.stderr
-        assert "BROKER" in table.stdout and "s1" in table.stdout and "s2" in table.stdout
-        assert "unowned partitions: none" in table.stdout
-        assert f"{TOPIC}  " in table.stdout
-
-        await coordinators[0].delete_topic("idle")
-        await coordinators[0]._session.call(
-            lambda c: c.put(Layout().topic("fresh"), b'{"partitions": 1}')
-        )
-    finally:
-        for coordinator in coordinators:
-            await coordinator.stop()
-    # nobody left to take "fresh": it shows as unowned
-    answer = await asyncio.to_thread(
-        headwater_cli, "cluster", "status", "--cluster", etcd.endpoint, "--format", "json"
-    )
-    found = json.loads(answer.stdout)
-    assert found["brokers"] == []
-    assert {"topic": "fresh", "partition": 0} in found["unowned"]
-
-    etcd.kill()
-    down = await asyncio.to_thread(
-        headwater_cli, "cluster", "status", "--cluster", etcd.endpoint, "--timeout", "1"
-    )
-    assert down.returncode == 1
-    assert "cannot reach etcd" in down.stderr and "Traceback" not in down.stderr
-    bad = await asyncio.to_thread(headwater_cli, "cluster", "status", "--cluster", "localhost")
-    assert bad.returncode == 2 and "etcd://HOST:PORT" in bad.stderr
 
 
 async def test_a_broker_that_cannot_acquire_leaves_nothing_unowned(etcd: EtcdServer) -> None:
