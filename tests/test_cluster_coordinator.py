@@ -443,3 +443,38 @@ async def test_a_broker_that_cannot_acquire_leaves_nothing_unowned(etcd: EtcdSer
         for coordinator in (good, bad):
             await coordinator.stop()
     assert_never_overwritten(await owner_history(etcd))
+
+
+async def test_hand_off_goes_a_few_partitions_at_a_time(etcd: EtcdServer) -> None:
+    holder, held_calls = make(etcd, "h1")
+    await holder.start()
+    await holder.create_topic("wide", {"partitions": 12})
+    await until(lambda: len(holder.owned()) == 12, 10, "12 partitions on the only broker")
+    in_flight = 0
+    most = 0
+
+    async def slow_release(topic: str, partition: int) -> None:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        await asyncio.sleep(0.3)  # the data path finishing its uploads
+        in_flight -= 1
+
+    held_calls.on_release = slow_release
+    joiner, _ = make(etcd, "h2")
+    await joiner.start()
+    try:
+        await until(
+            lambda: (
+                len(holder.owned()) + len(joiner.owned()) == 12
+                and held_calls.count("release") > 2
+                and not holder._releasing
+            ),
+            15,
+            "the joining broker's share handed off",
+        )
+        assert most == 2, most  # HANDOFFS_AT_ONCE: the rest kept being served meanwhile
+        assert len(joiner.owned()) == held_calls.count("release")
+    finally:
+        for coordinator in (holder, joiner):
+            await coordinator.stop(graceful=False)
