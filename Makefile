@@ -11,7 +11,7 @@ RESULTS := loadtest/results
 PEER_BINARIES := redis-server nats-server
 export PATH := $(PATH):/usr/sbin:/sbin
 
-.PHONY: install run test browser fuzz lint typecheck bench bench-quick bench-peers peer-servers soak loadtest clean
+.PHONY: install run test browser etcd-server cluster cluster-stop fuzz lint typecheck bench bench-quick bench-peers peer-servers soak loadtest clean
 
 install: $(STAMP)
 
@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/headwater serve --host 127.0.0.1 --port 6650 --data-dir ./data
 
-test: $(STAMP) browser
+test: $(STAMP) browser etcd-server
 	$(BIN)/python -m pytest -q
 
 # Debian's chromium, for tests/test_status_page.py (the status page in a headless browser).
@@ -46,6 +46,90 @@ browser:
 					"tests/test_status_page.py will fail" >&2; \
 		fi; \
 	fi
+
+# Debian's etcd-server, for the cluster tests (tests/test_cluster_coordinator.py) and `make cluster`.
+# Installed when missing; when it cannot be (no root or passwordless sudo, no apt-get), an error
+# says so and make stops: the cluster tests need a real etcd.
+etcd-server:
+	@if ! command -v etcd >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ]; then sudo=""; \
+		elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo="sudo -n"; \
+		else echo "error: etcd is not installed and cannot be installed here (needs root or" \
+			"passwordless sudo): run 'apt-get install etcd-server' as root" >&2; exit 1; fi; \
+		command -v apt-get >/dev/null 2>&1 || { echo "error: etcd is not installed and there is" \
+			"no apt-get: install etcd 3.4 or later so that 'etcd' is on the PATH" >&2; exit 1; }; \
+		echo "installing etcd-server (Debian package) for the cluster tests and make cluster"; \
+		$$sudo apt-get update -qq && $$sudo apt-get install -y -qq etcd-server || \
+			{ echo "error: apt-get could not install etcd-server (see above)" >&2; exit 1; }; \
+		command -v etcd >/dev/null 2>&1 || { echo "error: etcd-server installed but no 'etcd'" \
+			"on the PATH" >&2; exit 1; }; \
+	fi
+
+# Three brokers on loopback, coordinated by etcd, sharing a moto S3 bucket (docs/CLUSTER.md).
+# Everything runs in the foreground; Ctrl-C (or `make cluster-stop` from another shell) stops
+# each process by the PID recorded in $(CLUSTER_DIR). Logs: $(CLUSTER_DIR)/*.log.
+CLUSTER_DIR ?= .cluster
+CLUSTER_ETCD_PORT ?= 2379
+CLUSTER_ETCD_PEER_PORT ?= 2380
+CLUSTER_S3_PORT ?= 9010
+CLUSTER_BROKER_PORTS ?= 6651 6652 6653
+CLUSTER_BUCKET ?= headwater-cluster
+cluster: $(STAMP) etcd-server
+	@$(MAKE) --no-print-directory cluster-stop >/dev/null
+	@mkdir -p $(CLUSTER_DIR); dir="$(CLUSTER_DIR)"; \
+	stop() { $(CLUSTER_STOP); echo "cluster stopped"; }; \
+	trap 'stop; exit 0' INT TERM; \
+	wait_port() { i=0; while ! $(BIN)/python -c "import socket,sys; \
+		socket.create_connection(('127.0.0.1', $$1), 0.5)" 2>/dev/null; do \
+		i=$$((i+1)); if [ $$i -ge 300 ] || ! kill -0 "$$(cat "$$dir/$$2.pid")" 2>/dev/null; then \
+		echo "error: $$2 not listening on $$1 (see $$dir/$$2.log)" >&2; stop; exit 1; fi; \
+		sleep 0.1; done; }; \
+	etcd --name headwater --data-dir "$$dir/etcd" \
+		--listen-client-urls http://127.0.0.1:$(CLUSTER_ETCD_PORT) \
+		--advertise-client-urls http://127.0.0.1:$(CLUSTER_ETCD_PORT) \
+		--listen-peer-urls http://127.0.0.1:$(CLUSTER_ETCD_PEER_PORT) \
+		--initial-advertise-peer-urls http://127.0.0.1:$(CLUSTER_ETCD_PEER_PORT) \
+		--initial-cluster headwater=http://127.0.0.1:$(CLUSTER_ETCD_PEER_PORT) \
+		>"$$dir/etcd.log" 2>&1 & echo $$! >"$$dir/etcd.pid"; \
+	AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_DEFAULT_REGION=us-east-1 \
+		$(BIN)/python -m moto.server -H 127.0.0.1 -p $(CLUSTER_S3_PORT) \
+		>"$$dir/moto.log" 2>&1 & echo $$! >"$$dir/moto.pid"; \
+	wait_port $(CLUSTER_ETCD_PORT) etcd; wait_port $(CLUSTER_S3_PORT) moto; \
+	$(BIN)/python -c "import urllib.request as u; u.urlopen(u.Request( \
+		'http://127.0.0.1:$(CLUSTER_S3_PORT)/$(CLUSTER_BUCKET)', method='PUT'), timeout=10)" \
+		|| { echo "error: could not create the bucket in moto" >&2; stop; exit 1; }; \
+	n=0; for port in $(CLUSTER_BROKER_PORTS); do n=$$((n+1)); \
+		printf '[object_store]\nbackend = "s3"\nbucket = "%s"\nendpoint_url = "%s"\nregion = "us-east-1"\n' \
+			"$(CLUSTER_BUCKET)" "http://127.0.0.1:$(CLUSTER_S3_PORT)" >"$$dir/b$$n.toml"; \
+		AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing \
+			$(BIN)/headwater serve --config "$$dir/b$$n.toml" --host 127.0.0.1 --port $$port \
+			--data-dir "$$dir/b$$n" --cluster etcd://127.0.0.1:$(CLUSTER_ETCD_PORT) \
+			--advertise 127.0.0.1:$$port --broker-id b$$n \
+			>"$$dir/b$$n.log" 2>&1 & echo $$! >"$$dir/b$$n.pid"; \
+	done; \
+	n=0; for port in $(CLUSTER_BROKER_PORTS); do n=$$((n+1)); wait_port $$port b$$n; done; \
+	echo "cluster up: etcd 127.0.0.1:$(CLUSTER_ETCD_PORT), S3 http://127.0.0.1:$(CLUSTER_S3_PORT)" \
+		"(bucket $(CLUSTER_BUCKET)), brokers on $(CLUSTER_BROKER_PORTS); logs in $$dir/"; \
+	echo "  $(BIN)/headwater cluster status --cluster etcd://127.0.0.1:$(CLUSTER_ETCD_PORT)"; \
+	echo "Ctrl-C or 'make cluster-stop' stops it"; \
+	while :; do for f in "$$dir"/*.pid; do \
+		kill -0 "$$(cat "$$f" 2>/dev/null)" 2>/dev/null || [ ! -f "$$f" ] || { \
+		echo "$$(basename "$$f" .pid) exited (see $$dir/$$(basename "$$f" .pid).log)" >&2; \
+		stop; exit 1; }; done; \
+		[ -f "$$dir/etcd.pid" ] || { echo "cluster stopped (make cluster-stop)"; exit 0; }; \
+		sleep 1; done
+
+# Stops what `make cluster` started, by the PIDs it recorded: the brokers first (they hand their
+# partitions off and revoke their leases, which needs etcd), waiting up to 20 s for them, then
+# etcd and moto. A PID now running something else (after a reboot) is left alone.
+CLUSTER_STOP = for f in $(CLUSTER_DIR)/b*.pid $(CLUSTER_DIR)/etcd.pid $(CLUSTER_DIR)/moto.pid; do \
+		[ -f "$$f" ] || continue; pid="$$(cat "$$f")"; rm -f "$$f"; \
+		ps -p "$$pid" -o args= 2>/dev/null | grep -q -e etcd -e moto -e headwater || continue; \
+		kill "$$pid" 2>/dev/null || continue; echo "stopping $$(basename "$$f" .pid) ($$pid)"; \
+		i=0; while kill -0 "$$pid" 2>/dev/null && [ $$i -lt 200 ]; do i=$$((i+1)); sleep 0.1; done; \
+	done
+cluster-stop:
+	@$(CLUSTER_STOP); true
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

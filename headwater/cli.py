@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 
-from headwater import cli_commands, cli_schema, compact_cli, token_cli
+from headwater import cli_cluster, cli_commands, cli_schema, compact_cli, token_cli
 from headwater.auth import Tls
 from headwater.cli_consume import consume
 from headwater.cli_parser import add_client_commands, add_global_options
@@ -45,6 +45,7 @@ FORMATS = {
     "consume": ("text", "json"),
     "compact": ("text", "json"),
     **cli_schema.FORMATS,
+    **cli_cluster.FORMATS,
 }
 
 
@@ -102,6 +103,7 @@ def _parser() -> argparse.ArgumentParser:
     cli_schema.add_parser(commands)
     token_cli.add_parser(commands)
     compact_cli.add_parser(commands)
+    cli_cluster.add_parser(commands)
     return parser
 
 
@@ -135,6 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if args.command == "compact":
         return compact_cli.run_compact(args)
+    if args.command == "cluster":
+        return cli_cluster.run(args)
     if args.command == "produce" and args.size is not None and args.count is None:
         parser.error("--size only applies to generated messages: give --count too")
     try:

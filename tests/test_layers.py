@@ -10,7 +10,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "headwater"
 LAYERS = ("wire", "storage", "durables", "server", "spark_compaction")
-ENTRY_POINTS = {"cli", "compact_cli", "token_cli", "testing", "__main__"}
+ENTRY_POINTS = {"cli", "cli_cluster", "compact_cli", "token_cli", "testing", "__main__"}
 
 ALLOWED = {
     "wire": {"wire"},

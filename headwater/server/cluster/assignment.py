@@ -58,6 +58,7 @@ class Assignment:
     _releasing: set[asyncio.Task[None]]
     _pending: set[tuple[str, int]]
     _in_handler: set[tuple[str, int]]
+    _deleted: set[int]  # epochs of keys we deleted, until the watch shows them gone
     _wake: asyncio.Event
 
     def _healthy(self, stopping: bool = False) -> bool:
@@ -78,10 +79,18 @@ class Assignment:
         for key in [k for k in self._free_since if k not in wanted]:
             del self._free_since[key]
         for key, held in list(self._held.items()):
+            if self._held.get(key) is not held:
+                continue  # changed while an earlier key's deletion was awaited
             if held.state is State.RELEASED:
                 await self._delete_owner(key, held)
             elif key not in wanted and held.state is State.SERVING:
-                self._start_release(key, "partition gone")
+                if key[0] in self._topics:  # fewer partitions: hand the extra ones off cleanly
+                    self._start_release(key, "partition gone")
+                else:  # a deleted topic: nothing to finish (its keys usually went with it)
+                    self._lose(key, held, "topic deleted")
+                    gone = Held(held.epoch, State.RELEASED)
+                    self._held[key] = gone
+                    await self._delete_owner(key, gone)
         picks: list[tuple[tuple[str, int], bool]] = []
         for key in sorted(wanted):
             if key in self._owners or key in self._held:
@@ -270,20 +279,24 @@ class Assignment:
             )
 
         try:
-            await self._session.call(transaction)
+            deleted, _ = await self._session.call(transaction)
         except EtcdUnavailable as exc:
             log.info("cluster.release_unconfirmed", topic=key[0], partition=key[1], error=str(exc))
             return
         if self._held.get(key) is held:
             del self._held[key]
-        log.info("cluster.released", topic=key[0], partition=key[1], epoch=held.epoch)
+        if deleted:
+            self._deleted.add(held.epoch)
+            log.info("cluster.released", topic=key[0], partition=key[1], epoch=held.epoch)
 
     async def _owner_changed(self, raw: bytes, entry: Entry | None) -> None:
         key = self._layout.parse_owner(raw)
         if key is None:
             return
         if entry is None:
-            self._owners.pop(key, None)
+            gone = self._owners.pop(key, None)
+            if gone is not None:
+                self._deleted.discard(gone.create_revision)
             self._free_since[key] = time.monotonic()
         else:
             self._owners[key] = entry
@@ -304,11 +317,15 @@ class Assignment:
         for key, entry in self._owners.items():
             if key in self._held or key in self._pending:
                 continue
+            if entry.create_revision in self._deleted:
+                continue  # deleted by us a moment ago; the watch has not said so yet
             if entry.lease == self._lease_id and entry.value == self._id.encode():
                 self._held[key] = Held(entry.create_revision, State.RELEASED)
 
     def _lose(self, key: tuple[str, int], held: Held, reason: str) -> None:
-        self._held.pop(key, None)
+        held.state = State.LOST
+        if self._held.get(key) is held:
+            del self._held[key]
         self._counters.losses += 1
         log.warning("cluster.lost", topic=key[0], partition=key[1], epoch=held.epoch, reason=reason)
         if self.handler is not None:

@@ -74,8 +74,10 @@ class Coordinator(Assignment, Metadata):
         self._rebalance_interval = rebalance_interval
         self._acquire_timeout = acquire_timeout
         self._release_timeout = release_timeout
-        # one etcd call must end well within a keepalive period
-        self._call_timeout = min(2.0, max(0.5, lease_ttl / 3))
+        # a deadline on every etcd call (a blackholed etcd must not hang anything); generous,
+        # because a slow answer costs nothing but time: a renewal counts from when it was sent,
+        # and the watchdog fences on the deadline whatever the calls in flight
+        self._call_timeout = max(2.0, lease_ttl / 2)
         self.handler: PartitionHandler | None = None
         self.on_topic: TopicCallback | None = None
         self.on_subscription: SubscriptionCallback | None = None
@@ -97,6 +99,7 @@ class Coordinator(Assignment, Metadata):
         self._releasing: set[asyncio.Task[None]] = set()
         self._pending: set[tuple[str, int]] = set()
         self._in_handler: set[tuple[str, int]] = set()
+        self._deleted: set[int] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._watches: list[PrefixWatch] = []
 
@@ -109,7 +112,14 @@ class Coordinator(Assignment, Metadata):
         self._topics_changed = asyncio.Condition()
         self._session = EtcdSession(self._endpoints, self._call_timeout)
         try:
-            await self._new_lease()
+            for attempt in range(3):  # one slow answer (etcd fsyncing under load) is not fatal
+                try:
+                    await self._new_lease()
+                    break
+                except EtcdUnavailable:
+                    if attempt == 2:
+                        raise
+                    await asyncio.sleep(0.2)
             await self._register(patience=self._lease_ttl + 1.0)
             self._owners_watch = PrefixWatch(
                 self._session, self._layout.root("owners"), self._owner_changed
@@ -158,8 +168,8 @@ class Coordinator(Assignment, Metadata):
     async def stop(self, graceful: bool = True) -> None:
         """Hand off every partition (release, then delete its key) and revoke the lease, which
         deletes the registration; with `graceful=False`, lost() for each and revoke at once."""
-        if self._stopping:
-            return
+        if self._stopping or not hasattr(self, "_session"):
+            return  # stopped already, or never started
         self._stopping = True
         self._wake.set()
         assign = self._tasks[-1] if self._tasks else None
@@ -249,13 +259,17 @@ class Coordinator(Assignment, Metadata):
                 await asyncio.sleep(min(period, 0.2))
                 continue
             ttl = int(reply.TTL)
-            if ttl <= 0:
-                await self._lease_expired()
-            else:
-                self._deadline = max(self._deadline, sent + ttl - self._margin())
-                self._counters.lease_renewals += 1
-                if not self._reachable or self._fenced or not self._registered:
-                    await self._recover()
+            try:
+                if ttl <= 0:
+                    await self._lease_expired()
+                else:
+                    self._deadline = max(self._deadline, sent + ttl - self._margin())
+                    self._counters.lease_renewals += 1
+                    if not self._reachable or self._fenced or not self._registered:
+                        await self._recover()
+            except Exception:
+                # never let the renewals stop: without them every partition would stay fenced
+                log.exception("cluster.keepalive_failed")
             await asyncio.sleep(max(0.0, sent + period - time.monotonic()))
 
     async def _watchdog(self) -> None:
@@ -315,6 +329,7 @@ class Coordinator(Assignment, Metadata):
         return (
             (stopping or not self._stopping)
             and self._registered
+            and self._reachable
             and not self._fenced
             and time.monotonic() < self._deadline
             and all(watch.synced.is_set() for watch in self._watches)

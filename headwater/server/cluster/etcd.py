@@ -81,7 +81,7 @@ class EtcdSession:
         client = self.client
         try:
             result = await asyncio.wait_for(operation(client), timeout or self.call_timeout)
-        except (TimeoutError, aetcd.ClientError, OSError) as exc:
+        except Exception as exc:  # refused, timed out, an etcd or gRPC error: all the same here
             self.reachable = False
             self._failures += 1
             if len(self.endpoints) > 1 and self._failures >= 2 and client is self.client:
@@ -181,8 +181,8 @@ class PrefixWatch:
                     backoff = 0.05
             except EtcdUnavailable as exc:
                 log.debug("cluster.watch_failed", prefix=self.prefix.decode(), error=str(exc))
-            except aetcd.ClientError as exc:
-                log.info("cluster.watch_broken", prefix=self.prefix.decode(), error=str(exc))
+            except Exception as exc:  # the stream broke (etcd restarted, compacted, ...)
+                log.info("cluster.watch_broken", prefix=self.prefix.decode(), error=repr(exc))
             self.synced.clear()
             self._watch = None
             await asyncio.sleep(backoff)
