@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
 import headwater
+from headwater.server.cluster.layout import balanced
 from headwater.wire import messages as m
 from headwater.wire.records import build_batch
 from tests.cluster_support import Cluster
@@ -138,7 +140,7 @@ async def test_partitions_spread_and_a_non_owner_answers_not_owner(
     first = await owners.client("b1")
     await first.create_topic("orders", partitions=PARTITIONS)
     owner_of = await cluster.wait_owned("orders", PARTITIONS, {"b1", "b2", "b3"})
-    assert set(owner_of.values()) == {"b1", "b2", "b3"}  # spread over all three
+    assert sorted(Counter(owner_of.values()).values()) == [2, 2, 2]  # spread evenly
     await produce_each(owners, "orders", owner_of, "x", 1)  # each owner serves its own
     for _ in range(20):  # (a hand-off between reading etcd and producing: read again)
         partition, owner = next(iter(sorted((await cluster.owners("orders")).items())))
@@ -256,6 +258,21 @@ async def test_a_lost_object_store_holds_acks_and_deliveries_until_it_returns(
         cluster.stop_all()
         etcd.kill()
         await proxy.close()
+
+
+def test_first_choices_are_balanced_and_stable() -> None:
+    brokers = frozenset({"b1", "b2", "b3"})
+    for topic in ("orders", "bench", "kv", "t0", "t1"):
+        for partitions in (1, 3, 6, 7, 100):
+            choices = balanced(brokers, topic, partitions)
+            load = Counter(c[0] for c in choices)
+            assert max(load.values()) <= -(-partitions // 3)
+            assert all(sorted(c) == sorted(brokers) for c in choices)
+    # a fourth broker moves few partitions: about a quarter, not all
+    before = balanced(brokers, "orders", 100)
+    after = balanced(brokers | {"b4"}, "orders", 100)
+    moved = sum(b[0] != a[0] for b, a in zip(before, after, strict=True))
+    assert moved <= 50
 
 
 def headwater_partition(key: bytes, partitions: int) -> int:

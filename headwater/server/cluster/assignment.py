@@ -24,7 +24,7 @@ from typing import Any
 import structlog
 
 from headwater.server.cluster.etcd import Entry, EtcdSession, EtcdUnavailable, PrefixWatch
-from headwater.server.cluster.layout import Layout, partitions_of, rendezvous
+from headwater.server.cluster.layout import Layout, balanced, partitions_of, rendezvous
 from headwater.server.cluster.state import Counters, Held, PartitionHandler, State
 
 log = structlog.get_logger("headwater.cluster")
@@ -71,6 +71,14 @@ class Assignment:
             for partition in range(partitions_of(definition))
         }
 
+    def _preference(self, live: set[str], key: tuple[str, int]) -> list[str]:
+        """The brokers in order of preference for a partition, first choices balanced per topic."""
+        topic, partition = key
+        count = partitions_of(self._topics.get(topic, {}))
+        if partition >= count:
+            return rendezvous(live, topic, partition)
+        return list(balanced(frozenset(live), topic, count)[partition])
+
     async def _rebalance(self) -> None:
         now = time.monotonic()
         live = self._broker_ids | {self._id}
@@ -100,7 +108,7 @@ class Assignment:
             retry_at = self._backoff.get(key, (0.0, 0.0))[0]
             if retry_at > now:
                 continue
-            rank = rendezvous(live, *key).index(self._id)
+            rank = self._preference(live, key).index(self._id)
             if rank == 0 or now - since >= rank * self._lease_ttl:
                 picks.append((key, rank > 0))
         revived = self._revivals()
@@ -131,7 +139,7 @@ class Assignment:
                 continue
             if held.fallback and now - held.since < FALLBACK_HOLD_TTLS * self._lease_ttl:
                 continue
-            first = rendezvous(live, *key)[0]
+            first = self._preference(live, key)[0]
             if first != self._id:
                 self._start_release(key, f"hand-off to {first}")
                 room -= 1
