@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import urllib.request
 from pathlib import Path
 
 import aetcd
@@ -63,10 +64,26 @@ checkpoint_interval_ms = 200
                 broker_id,
                 "--log-format",
                 "json",
+                "--http-port",
+                "0",
+                "--http-port-file",
+                str(self.root / f"{broker_id}.http"),
             ),
         ).start(timeout=60)
         self.brokers[broker_id] = process
         return process
+
+    def metrics(self, broker_id: str) -> dict[str, float]:
+        """The broker's /metrics, unlabelled samples only: name -> value."""
+        port = int((self.root / f"{broker_id}.http").read_text())
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+            text = answer.read().decode()
+        found = {}
+        for line in text.splitlines():
+            name, _, value = line.partition(" ")
+            if line and not line.startswith("#") and "{" not in name:
+                found[name] = float(value)
+        return found
 
     def stop_all(self) -> None:
         for process in self.brokers.values():

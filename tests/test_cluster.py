@@ -153,7 +153,12 @@ async def test_partitions_spread_and_a_non_owner_answers_not_owner(
                 break
     else:
         raise AssertionError("no NOT_OWNER naming the owner from a broker that is not it")
-    # every broker knows the topic
+    # every broker knows the topic, and says in its metrics what it serves
+    for broker_id in ("b1", "b2", "b3"):
+        metrics = cluster.metrics(broker_id)
+        assert metrics["headwater_cluster_brokers"] == 3
+        assert metrics["headwater_cluster_partitions_served"] == 2
+        assert metrics["headwater_cluster_serving_seconds"] > 0
     for broker_id in ("b1", "b2", "b3"):
         names = [t.name for t in await (await owners.client(broker_id)).list_topics()]
         assert "orders" in names

@@ -117,10 +117,11 @@ async def start_operator_port(
             "--auth-tokens FILE, or --insecure to let anyone who can reach it read it"
         )
     state = ServerState(config.data_dir, listener)
+    state.registry = make_registry(state)
     http = HttpListener(
         host,
         config.http_port,
-        routes(state, make_registry(state)),
+        routes(state, state.registry),
         tls,
         None if security is None else guard(security),
     )

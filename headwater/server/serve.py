@@ -117,9 +117,12 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
                 raise StartupError(
                     f"cannot join the cluster at {config.cluster.etcd}: {exc}"
                 ) from None
-            stack.push_async_callback(
-                cluster.stop
-            )  # hands partitions off before the catalog closes
+            # hands partitions off before the catalog closes
+            stack.push_async_callback(cluster.stop)
+            if operator is not None and operator.registry is not None:
+                from headwater.server.cluster_metrics import ClusterCollector
+
+                operator.registry.register(ClusterCollector(cluster.status))
         listener.start(broker)
         if listener.shared.security is not None:
             listener.shared.security.start(

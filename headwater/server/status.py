@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any, Final
 from headwater.wire.messages import DispatchMode, SubscriptionInfo, SubscriptionType
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
     from headwater.server.catalog import TopicCatalog
     from headwater.server.listener import Listener
     from headwater.server.topics import Topic
@@ -72,6 +74,7 @@ class ServerState:
         self.listener = listener
         self.started = time.time()
         self.catalog: TopicCatalog | None = None  # set once recovery is done
+        self.registry: CollectorRegistry | None = None  # /metrics (a cluster adds its collector)
         self.stopping = False
         self.samples: deque[Sample] = deque(maxlen=SAMPLES)
         self._sampler: asyncio.Task[None] | None = None
