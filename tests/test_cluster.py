@@ -21,7 +21,7 @@ from headwater.server.cluster.layout import balanced
 from headwater.wire import messages as m
 from headwater.wire.records import build_batch
 from tests.cluster_support import Cluster
-from tests.etcd_support import EtcdServer
+from tests.etcd_support import EtcdServer, assert_never_overwritten, owner_history
 from tests.proxy import FaultyProxy
 from tests.s3 import MotoS3
 
@@ -263,6 +263,63 @@ async def test_a_lost_object_store_holds_acks_and_deliveries_until_it_returns(
         cluster.stop_all()
         etcd.kill()
         await proxy.close()
+
+
+async def test_etcd_outage_short_keeps_serving_long_fences_then_recovers(
+    tmp_path: Path, s3: MotoS3, bucket: str
+) -> None:
+    """Real brokers: etcd away for less than the lease, they keep serving the partitions they
+    hold; away for longer, they stop (NOT_OWNER, no owner) and take nothing new; back, they serve
+    again with every acknowledged message there, no offset given twice, and etcd's history shows
+    no partition ever held by two brokers."""
+    etcd = EtcdServer(tmp_path / "etcd").start()
+    cluster = Cluster(tmp_path, etcd, s3, bucket, lease_ttl_ms=6000)
+    owners = Owners(cluster)
+    try:
+        await asyncio.gather(*(asyncio.to_thread(cluster.start_broker, b) for b in ("b1", "b2")))
+        await (await owners.client("b1")).create_topic("orders", partitions=4)
+        owner_of = await cluster.wait_owned("orders", 4, {"b1", "b2"})
+        acked = await produce_each(owners, "orders", owner_of, "before", 3)
+        etcd.kill()  # short: well inside the lease (6 s, fenced 1.5 s before it ends)
+        during = await produce_each(owners, "orders", owner_of, "short", 3)
+        etcd.start()
+        etcd.kill()  # long: past the lease
+        deadline = time.monotonic() + 30
+        while any(
+            cluster.metrics(b)["headwater_cluster_serving_seconds"] > 0 for b in ("b1", "b2")
+        ):
+            assert time.monotonic() < deadline, "still serving without etcd past the lease"
+            await asyncio.sleep(0.2)
+        with pytest.raises(headwater.NotOwner):
+            await produce(await owners.client(owner_of[0]), "orders", b"fenced", 0)
+        etcd.start()
+        owner_of = await cluster.wait_owned("orders", 4, {"b1", "b2"}, timeout=40)
+        after = await produce_each(owners, "orders", owner_of, "after", 3)
+        wanted = {v for batch in (acked, during, after) for vs in batch.values() for v in vs}
+        consumers = [
+            await (await owners.client(b)).subscribe("orders", "s", start="earliest")
+            for b in ("b1", "b2")
+        ]
+        offsets: dict[int, list[int]] = {}
+        seen: set[bytes] = set()
+        deadline = time.monotonic() + 30
+        while not wanted <= seen and time.monotonic() < deadline:
+            for consumer in consumers:
+                try:
+                    message = await consumer.receive(timeout=0.2)
+                except TimeoutError:
+                    continue
+                seen.add(message.value)
+                offsets.setdefault(message.partition, []).append(message.offset)
+                await message.ack()
+        assert wanted <= seen
+        for partition, found in offsets.items():
+            assert len(found) == len(set(found)), f"an offset of {partition} given twice"
+        assert_never_overwritten(await owner_history(etcd))
+    finally:
+        await owners.close()
+        cluster.stop_all()
+        etcd.kill()
 
 
 def test_first_choices_are_balanced_and_stable() -> None:
