@@ -136,6 +136,7 @@ class Consumer:
         self._pending_acks: list[m.AckEntry] = []
         self._ack_flush_scheduled = False
         self._codecs: dict[int, SchemaCodec] = {}
+        self._on_ready: Callable[[], None] | None = None  # a cluster consumer merging legs
 
     async def codec(self, version: int) -> SchemaCodec:
         """Schema version `version` of the topic, fetched on first use."""
@@ -222,6 +223,8 @@ class Consumer:
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
+        if self._on_ready is not None:
+            self._on_ready()
 
     # Reconnection
 

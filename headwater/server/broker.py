@@ -32,7 +32,9 @@ from headwater.server.consuming import ConsumerHandlers, close_consumers
 from headwater.server.kind import Consumer
 from headwater.server.kind import ConsumerSession as Session
 from headwater.server.locks import Turn
+from headwater.server.lookup import LookupHandler
 from headwater.server.maps import MapHandlers
+from headwater.server.ownership import BrokerAddress, Ownership, SingleBroker
 from headwater.server.partitions import add_partitions
 from headwater.server.reply import AfterDurable, AfterWork, Reply, Waiting, after
 from headwater.server.schemas import SchemaHandlers
@@ -57,9 +59,13 @@ class Broker:
         config: ServerConfig,
         catalog: TopicCatalog,
         connections: Callable[[], int] = lambda: 0,
+        ownership: Ownership | None = None,
     ) -> None:
         self._config = config
         self.catalog = catalog
+        self.ownership: Ownership = ownership or SingleBroker(
+            BrokerAddress("local", config.host, config.port)
+        )
         self.admin = AdminHandlers(catalog, config.data_dir, connections)
         self.maps = MapHandlers(catalog)
         self.consumers = ConsumerHandlers(config, catalog)
@@ -92,6 +98,7 @@ class Broker:
             m.GetSchemaRequest: schemas.get,
             m.ListSchemasRequest: schemas.list,
             m.CheckSchemaRequest: schemas.check,
+            m.LookupRequest: LookupHandler(self.ownership, catalog.topics).lookup,
         }
 
     @property

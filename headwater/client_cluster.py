@@ -1,0 +1,90 @@
+"""The cluster half of `Client`: its router, connections to the other brokers, `lookup`.
+
+A mixin, so `headwater.client` stays small. The client keeps one routing table for all its
+producers, consumers and maps (headwater/routing.py, headwater/router.py). LOOKUP goes over the
+bootstrap connection (without waiting out a reconnection: the routes already known are used
+meanwhile), and over the other known brokers when that one is lost. Admin requests stay on the
+bootstrap connection. `subscribe` on a topic whose partitions several brokers own returns a
+`ClusterConsumer` (headwater/cluster_consumer.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Protocol
+
+from headwater.cluster_consumer import ClusterConsumer
+from headwater.consumer import Consumer
+from headwater.router import Peers, Router
+from headwater.routing import BrokerAddress, RoutingTable
+from headwater.wire import messages as m
+from headwater.wire.errors import ConnectionLost
+
+if TYPE_CHECKING:
+    from headwater.connection import Connection
+
+
+class _Opens(Protocol):
+    async def open(self) -> Connection: ...
+
+    async def open_at(self, host: str, port: int) -> Connection: ...
+
+
+class ClusterMixin:
+    _connection: Connection
+    _online: asyncio.Event
+    _gave_up: ConnectionLost | None
+    _closed: bool
+    _opener: _Opens
+    _consumers: set[Consumer]
+
+    async def _ready(self) -> Connection:
+        raise NotImplementedError  # `Client` has it
+
+    def _init_cluster(self, host: str, port: int, timeout: float) -> None:
+        self._router = Router(RoutingTable(BrokerAddress("", host, port)), self._lookup_request)
+        self._peers = Peers(self._ready, (host, port), self._opener.open_at, self._router, timeout)
+        self._router.peers = self._peers
+        self._lookup_timeout = timeout
+
+    async def _lookup_request(self, request: m.Request) -> m.Response:
+        if self._closed or not self._online.is_set() or self._gave_up is not None:
+            raise ConnectionLost("the connection to the bootstrap broker is being reopened")
+        return await self._connection.request(request, self._lookup_timeout)
+
+    async def _close_cluster(self) -> None:
+        await self._peers.close()
+
+    @property
+    def metadata_refresh(self) -> float:
+        """Seconds a topic's routes are trusted while several brokers serve it (default 2):
+        subscribed consumers look their topic up again this often, to follow partitions that
+        moved without their connection noticing."""
+        return self._router.table.refresh_interval
+
+    @metadata_refresh.setter
+    def metadata_refresh(self, seconds: float) -> None:
+        if seconds <= 0:
+            raise ValueError("metadata_refresh must be > 0")
+        self._router.table.refresh_interval = seconds
+
+    @property
+    def brokers(self) -> list[BrokerAddress]:
+        """The brokers the last LOOKUP named (empty before any, or on a server without LOOKUP)."""
+        return list(self._router.table.brokers.values())
+
+    async def lookup(self, topic: str) -> dict[int, BrokerAddress | None]:
+        """Each partition of `topic` with the broker that owns it now (None while nobody does),
+        asked of the cluster now; raises `UnknownTopic` for a topic that does not exist. On a
+        single broker every partition is owned by the address the client connected to."""
+        return await self._router.lookup(topic)
+
+    async def _subscribe_cluster(self, template: Consumer) -> Consumer | None:
+        """A `ClusterConsumer` when several brokers own the topic's partitions, else None."""
+        await self._router.settle(template.topic)
+        if not self._router.multi_broker:
+            return None
+        consumer = ClusterConsumer(template, self._router, self._peers, self._consumers.discard)
+        await consumer.start()
+        self._consumers.add(consumer)
+        return consumer

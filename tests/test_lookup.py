@@ -1,0 +1,111 @@
+"""LOOKUP: its wire round trip, and a real single server answering it (every partition owned by
+the one broker, an unknown topic reported in its entry) through a raw peer and the client."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+import headwater
+from headwater.testing import ServerProcess
+from headwater.wire import messages as m
+from headwater.wire.errors import ErrorCode, InvalidRequest, UnknownTopic
+from headwater.wire.frames import Frame, FrameDecoder
+from headwater.wire.limits import MAX_LOOKUP_TOPICS
+from headwater.wire.protocol import (
+    decode_request,
+    decode_response,
+    encode_request,
+    encode_response,
+)
+from tests.rawwire import RawPeer
+
+names = st.text(max_size=30)
+i32 = st.integers(-(2**31), 2**31 - 1)
+i64 = st.integers(-(2**63), 2**63 - 1)
+i16 = st.integers(-(2**15), 2**15 - 1)
+lookup_responses = st.builds(
+    m.LookupResponse,
+    st.lists(st.builds(m.LookupBroker, names, names, i32), max_size=4).map(tuple),
+    st.lists(
+        st.builds(
+            m.LookupTopic,
+            names,
+            i16,
+            names,
+            st.lists(st.builds(m.LookupPartition, i32, names, i64), max_size=4).map(tuple),
+        ),
+        max_size=3,
+    ).map(tuple),
+)
+
+
+def _one_frame(data: bytes) -> Frame:
+    (frame,) = FrameDecoder().feed(data)
+    assert isinstance(frame, Frame)
+    return frame
+
+
+@given(st.builds(m.LookupRequest, st.lists(names, max_size=5).map(tuple)), i32)
+def test_lookup_request_round_trip(request: m.LookupRequest, correlation_id: int) -> None:
+    frame = _one_frame(encode_request(request, correlation_id))
+    assert frame.header.api_key == m.ApiKey.LOOKUP
+    assert decode_request(frame.header, frame.body) == request
+
+
+@given(lookup_responses, i32)
+def test_lookup_response_round_trip(response: m.LookupResponse, correlation_id: int) -> None:
+    frame = _one_frame(encode_response(m.ApiKey.LOOKUP, correlation_id, response))
+    assert decode_response(frame.header, frame.body) == response
+
+
+async def test_single_broker_owns_every_partition(server: ServerProcess, topic_name: str) -> None:
+    async with await headwater.connect(server.address) as client:
+        await client.create_topic(topic_name, partitions=3)
+        peer = await RawPeer.open(server.address)
+        try:
+            response = await peer.call(m.LookupRequest((topic_name, f"{topic_name}-missing")))
+        finally:
+            await peer.close()
+    assert isinstance(response, m.LookupResponse)
+    (broker,) = response.brokers
+    assert broker.broker_id == "local" and broker.host == "127.0.0.1"
+    found, missing = response.topics
+    assert found.name == topic_name and found.error_code == 0
+    assert [(p.partition, p.broker_id, p.epoch) for p in found.partitions] == [
+        (0, "local", 0),
+        (1, "local", 0),
+        (2, "local", 0),
+    ]
+    assert missing.error_code == ErrorCode.UNKNOWN_TOPIC
+    assert "does not exist" in missing.error_message and missing.partitions == ()
+
+
+async def test_lookup_of_too_many_topics_is_refused(server: ServerProcess) -> None:
+    peer = await RawPeer.open(server.address)
+    try:
+        topics = tuple(f"t{i}" for i in range(MAX_LOOKUP_TOPICS + 1))
+        refused = await peer.call(m.LookupRequest(topics))
+        assert isinstance(refused, InvalidRequest)
+        assert f"at most {MAX_LOOKUP_TOPICS}" in refused.message
+        # the connection still serves
+        assert isinstance(await peer.call(m.LookupRequest(())), m.LookupResponse)
+    finally:
+        await peer.close()
+
+
+async def test_client_lookup(server: ServerProcess, topic_name: str) -> None:
+    async with await headwater.connect(server.address) as client:
+        await client.create_topic(topic_name, partitions=2)
+        owners = await client.lookup(topic_name)
+        assert sorted(owners) == [0, 1]
+        for owner in owners.values():
+            assert owner is not None
+            assert (owner.broker_id, owner.host, owner.port) == ("local", "127.0.0.1", server.port)
+        try:
+            await client.lookup(f"{topic_name}-missing")
+        except UnknownTopic:
+            pass
+        else:
+            raise AssertionError("lookup of a missing topic succeeded")
+        assert [b.broker_id for b in client.brokers] == ["local"]
