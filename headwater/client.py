@@ -55,6 +55,7 @@ from headwater.wire.errors import (
     ConsumerBusy,
     HeadwaterError,
     InvalidRequest,
+    NotOwner,
     TopicExists,
 )
 
@@ -469,13 +470,16 @@ class Client(ClusterMixin, AdminMixin, SchemaAdmin):
             settings=settings,
             partitions=tuple(partitions),
         )
-        clustered = await self._subscribe_cluster(consumer)
-        if clustered is not None:
-            return clustered
-        response = await connection.request(consumer._request, on_response=consumer._attach)
+        try:
+            response = await connection.request(consumer._request, on_response=consumer._attach)
+        except NotOwner:  # a cluster broker serving none of the topic: the owners' legs only
+            if not await self._subscribe_cluster(consumer, refused=True):
+                raise
+            return consumer
         assert isinstance(response, m.SubscribeResponse)
         if self._policy is not None:
             self._consumers.add(consumer)
+        await self._subscribe_cluster(consumer)
         return consumer
 
     def map(self, topic: str) -> Map:

@@ -4,8 +4,13 @@ A mixin, so `headwater.client` stays small. The client keeps one routing table f
 producers, consumers and maps (headwater/routing.py, headwater/router.py). LOOKUP goes over the
 bootstrap connection (without waiting out a reconnection: the routes already known are used
 meanwhile), and over the other known brokers when that one is lost. Admin requests stay on the
-bootstrap connection. `subscribe` on a topic whose partitions several brokers own returns a
-`ClusterConsumer` (headwater/cluster_consumer.py).
+bootstrap connection.
+
+`subscribe` subscribes on the bootstrap connection first, as on a single broker. When the
+topic's routes are fresh and name several brokers, the consumer gets its legs at the other owners
+before `subscribe` returns (headwater/cluster_consumer.py); when they are not known yet, one
+LOOKUP is sent after the subscription and the legs are added when it names several brokers, so a
+single broker sees exactly the requests it saw before routing existed, plus one LOOKUP.
 """
 
 from __future__ import annotations
@@ -13,12 +18,12 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Protocol
 
-from headwater.cluster_consumer import ClusterConsumer
+from headwater.cluster_consumer import ClusterLegs
 from headwater.consumer import Consumer
 from headwater.router import Peers, Router
 from headwater.routing import BrokerAddress, RoutingTable
 from headwater.wire import messages as m
-from headwater.wire.errors import ConnectionLost
+from headwater.wire.errors import ConnectionLost, HeadwaterError
 
 if TYPE_CHECKING:
     from headwater.connection import Connection
@@ -46,6 +51,7 @@ class ClusterMixin:
         self._peers = Peers(self._ready, (host, port), self._opener.open_at, self._router, timeout)
         self._router.peers = self._peers
         self._lookup_timeout = timeout
+        self._watching: set[asyncio.Task[None]] = set()
 
     async def _lookup_request(self, request: m.Request) -> m.Response:
         if self._closed or not self._online.is_set() or self._gave_up is not None:
@@ -53,6 +59,9 @@ class ClusterMixin:
         return await self._connection.request(request, self._lookup_timeout)
 
     async def _close_cluster(self) -> None:
+        for task in list(self._watching):
+            task.cancel()
+        await asyncio.gather(*self._watching, return_exceptions=True)
         await self._peers.close()
 
     @property
@@ -79,12 +88,36 @@ class ClusterMixin:
         single broker every partition is owned by the address the client connected to."""
         return await self._router.lookup(topic)
 
-    async def _subscribe_cluster(self, template: Consumer) -> Consumer | None:
-        """A `ClusterConsumer` when several brokers own the topic's partitions, else None."""
-        await self._router.settle(template.topic)
-        if not self._router.multi_broker:
-            return None
-        consumer = ClusterConsumer(template, self._router, self._peers, self._consumers.discard)
-        await consumer.start()
+    async def _subscribe_cluster(self, consumer: Consumer, refused: bool = False) -> bool:
+        """Give the consumer its legs at the other owners of its topic's partitions, now when
+        the routes are known or the bootstrap broker `refused` it (NOT_OWNER), else once they
+        are; whether it has them (False: one broker serves the topic, as far as known)."""
+        router = self._router
+        if refused:
+            await router.settle(consumer.topic, force=True)
+        elif not router.fresh(consumer.topic):
+            task = asyncio.get_running_loop().create_task(self._watch(consumer))
+            self._watching.add(task)
+            task.add_done_callback(self._watching.discard)
+            return False
+        if not router.multi_broker:
+            return False
+        await self._attach_legs(consumer, refused)
+        return True
+
+    async def _watch(self, consumer: Consumer) -> None:
+        await self._router.settle(consumer.topic)
+        if self._router.multi_broker and consumer._error is None and consumer._cluster is None:
+            try:
+                await self._attach_legs(consumer, False)
+            except HeadwaterError as exc:
+                consumer._end(exc)
+
+    async def _attach_legs(self, consumer: Consumer, refused: bool) -> None:
+        legs = ClusterLegs(consumer, self._router, self._peers)
+        consumer._cluster = legs
+        consumer._on_ready = legs.ready.set
+        if refused:
+            consumer._suspended = True  # nothing of the topic at the bootstrap broker
         self._consumers.add(consumer)
-        return consumer
+        await legs.start()
