@@ -369,7 +369,7 @@ async def test_producer_follows_not_owner_to_the_new_owner(
         script.epoch += 1
         second = [await producer.send(b"after", key=key) for _ in range(10)]
         await producer.flush()  # raises if any send failed
-        assert all((await f).partition == 0 for f in first + second)
+        assert all(f.result().partition == 0 for f in first + second)
     assert a.refused >= 1  # a answered NOT_OWNER, and the batches went to b
     assert (await _offsets(a, "t"))[0] == 10
     assert (await _offsets(b, "t"))[0] == 10
