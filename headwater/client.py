@@ -199,7 +199,7 @@ class Client(ClusterMixin, AdminMixin, SchemaAdmin):
         return self._connection
 
     async def _request(self, request: m.Request, timeout: float | None = 30.0) -> m.Response:
-        return await (await self._ready()).request(request, timeout)
+        return await (await self._ready_or_other()).request(request, timeout)
 
     def send_request(
         self,

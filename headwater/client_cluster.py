@@ -3,8 +3,8 @@
 A mixin, so `headwater.client` stays small. The client keeps one routing table for all its
 producers, consumers and maps (headwater/routing.py, headwater/router.py). LOOKUP goes over the
 bootstrap connection (without waiting out a reconnection: the routes already known are used
-meanwhile), and over the other known brokers when that one is lost. Admin requests stay on the
-bootstrap connection.
+meanwhile), and over the other known brokers when that one is lost. Admin requests go to the
+bootstrap connection; when it is lost for good, to another known broker.
 
 `subscribe` subscribes on the bootstrap connection first, as on a single broker. When the
 topic's routes are fresh and name several brokers, the consumer gets its legs at the other owners
@@ -23,7 +23,7 @@ from headwater.consumer import Consumer
 from headwater.router import Peers, Router
 from headwater.routing import BrokerAddress, RoutingTable
 from headwater.wire import messages as m
-from headwater.wire.errors import ConnectionLost, HeadwaterError
+from headwater.wire.errors import ConnectionClosed, ConnectionLost, HeadwaterError
 
 if TYPE_CHECKING:
     from headwater.connection import Connection
@@ -57,6 +57,32 @@ class ClusterMixin:
         if self._closed or not self._online.is_set() or self._gave_up is not None:
             raise ConnectionLost("the connection to the bootstrap broker is being reopened")
         return await self._connection.request(request, self._lookup_timeout)
+
+    async def _ready_or_other(self) -> Connection:
+        """The bootstrap connection; in a cluster, when it is lost for good (no reconnection,
+        or the reconnection gave up), a connection to another live broker. Only a request not
+        sent yet goes elsewhere: one lost in flight may have been applied."""
+        try:
+            connection = await self._ready()
+        except ConnectionLost as exc:
+            if not self._router.multi_broker:
+                raise
+            return await self._other_broker(exc)
+        if connection.closed and self._router.multi_broker and not self._closed:
+            return await self._other_broker(
+                ConnectionLost(f"connection to {connection.address} lost")
+            )
+        return connection
+
+    async def _other_broker(self, error: ConnectionLost) -> Connection:
+        for broker in list(self._router.table.brokers.values()):
+            if self._peers.is_bootstrap(broker):
+                continue
+            try:
+                return await self._peers.get(broker)
+            except ConnectionClosed:
+                continue
+        raise error
 
     async def _close_cluster(self) -> None:
         for task in list(self._watching):

@@ -474,3 +474,24 @@ async def test_map_keys_go_to_their_owner_and_scan_merges(
                 (v is not None) == (partition_for_key(k.encode(), 2) == partition)
                 for k, v in zip(keys, here, strict=True)
             )
+
+
+async def test_admin_requests_go_to_another_broker_when_the_bootstrap_is_lost(
+    two_brokers: tuple[Script, BrokerFront, BrokerFront],
+) -> None:
+    script, a, b = two_brokers
+    await _create("t", 2, a, b)
+    script.owners["t"] = ["a", "b"]
+    client = await headwater.connect(a.address)
+    try:
+        await client.lookup("t")
+        await a.close()  # broker a is gone: its connections cut, no new ones
+        deadline = asyncio.get_running_loop().time() + 10
+        while client.connected and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)  # the loss is seen when the socket reports it
+        assert not client.connected
+        await client.create_topic("u", partitions=1)
+    finally:
+        await client.close()
+    async with await headwater.connect(f"127.0.0.1:{b.target_port}") as direct:
+        assert "u" in [t.name for t in await direct.list_topics()]
