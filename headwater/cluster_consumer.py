@@ -109,7 +109,10 @@ class ClusterLegs:
         connection = await self._peers.get(broker)
         consumer = self.consumer
         if self._key(broker) == self.bootstrap:
-            await consumer._resubscribe(connection)  # its own subscription, lost: again
+            # its own subscription, lost: again, unless the client's reconnection (which the
+            # wait for the connection may have been) did it already
+            if not self._alive(consumer) and consumer._error is None:
+                await consumer._resubscribe(connection)
             return
         leg = Consumer(
             connection,
@@ -117,7 +120,7 @@ class ClusterLegs:
             consumer.subscription,
             consumer._prefetch,
             consumer._limit,
-            on_dropped=consumer.dropped_callback,
+            on_dropped=self._dropped,
             on_end=self._leg_ended,
         )
         assert consumer._request is not None
@@ -130,6 +133,20 @@ class ClusterLegs:
             if self.legs.get(broker.address) is leg:
                 del self.legs[broker.address]
             raise
+
+    def _dropped(self, count: int) -> None:
+        """A leg's MESSAGES_DROPPED: counted on the application's consumer."""
+        consumer = self.consumer
+        consumer.dropped += count
+        if consumer.dropped_callback is not None:
+            consumer.dropped_callback(count)
+        else:
+            logger.warning(
+                "consumer of %s/%s missed %d messages (the consumer fell behind)",
+                consumer.topic,
+                consumer.subscription,
+                count,
+            )
 
     def _leg_ended(self, leg: Consumer) -> None:
         if leg._error is not None:

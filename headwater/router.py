@@ -203,8 +203,17 @@ class Peers:
             self._router.lost(address)
             raise
         connection.on_lost = lambda error: self._lost(address, connection, error)
+        connection.on_unsolicited_error = self._unsolicited
         self._connections[address] = connection
         return connection
+
+    def _unsolicited(self, error: HeadwaterError) -> None:
+        """An ack, nack or flow refused: NOT_OWNER means partitions moved (which ones the
+        error does not say): every topic is looked up again on its next use."""
+        logger.warning("request sent without response failed: %s", error)
+        if isinstance(error, NotOwner):
+            for topic in list(self._router.table.topics):
+                self._router.table.invalidate(topic)
 
     def _lost(
         self, address: tuple[str, int], connection: Connection, error: ConnectionLost
