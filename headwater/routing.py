@@ -126,7 +126,8 @@ class RoutingTable:
             return True
         if not self.lookup_supported:
             return False
-        interval = self.refresh_interval if self.multi_broker else self.single_refresh
+        several = self.multi_broker or routes.error is not None  # a topic may appear soon
+        interval = self.refresh_interval if several else self.single_refresh
         return now - routes.fetched_at >= interval
 
     def error(self, topic: str) -> HeadwaterError | None:
