@@ -55,6 +55,7 @@ class ClusterLegs:
         self.ready = asyncio.Event()
         self._syncing: asyncio.Task[None] | None = None
         self._refresher: asyncio.Task[None] | None = None
+        self._sync_lock = asyncio.Lock()  # one placement at a time: never two legs per broker
         self.bootstrap = router.table.bootstrap.address
         self.legs[self.bootstrap] = consumer
 
@@ -79,6 +80,12 @@ class ClusterLegs:
     async def _sync(self, raise_errors: bool = False) -> bool:
         """A leg at every owner that has none; whether every partition has an owner with a leg.
         A refusal a new owner cannot cure ends the consumer (or is raised, at the start)."""
+        async with self._sync_lock:
+            return await self._place(raise_errors)
+
+    async def _place(self, raise_errors: bool) -> bool:
+        if self.consumer._error is not None:
+            return True
         topic = self.consumer.topic
         table = self._router.table
         owners = table.owned_by(topic)

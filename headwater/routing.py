@@ -81,10 +81,14 @@ class RoutingTable:
     brokers: dict[str, BrokerAddress] = field(default_factory=dict)
     topics: dict[str, TopicRoutes] = field(default_factory=dict)
     lookup_supported: bool = True  # False: the server predates LOOKUP (a single broker)
+    clustered: bool = False  # a LOOKUP named several brokers once: routed by owner from then on
 
     @property
     def multi_broker(self) -> bool:
-        return len(self.brokers) > 1
+        """Whether requests go to each partition's owner (else all to the bootstrap address).
+        Once several brokers were seen this stays true, even if all but one die: that one
+        need not be the bootstrap broker."""
+        return self.clustered
 
     def apply(self, response: m.LookupResponse, now: float) -> None:
         """Take a LOOKUP answer: the live brokers, and each named topic's owners. A partition
@@ -93,6 +97,7 @@ class RoutingTable:
         self.brokers = {
             b.broker_id: BrokerAddress(b.broker_id, b.host, b.port) for b in response.brokers
         }
+        self.clustered = self.clustered or len(self.brokers) > 1
         for answer in response.topics:
             if answer.error_code:
                 error = error_for_code(answer.error_code, answer.error_message)

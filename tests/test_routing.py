@@ -62,6 +62,15 @@ def test_routes_follow_the_owners_lookup_names() -> None:
     assert table.owner("t", -1) == BOOT  # "any partition": the server picks
 
 
+def test_a_cluster_shrunk_to_one_broker_still_routes_to_it() -> None:
+    """The survivor need not be the bootstrap broker: routes keep naming the owner."""
+    table = RoutingTable(BrokerAddress("", A.host, A.port))
+    table.apply(answer((A, B), ["a", "b"]), 0.0)
+    table.apply(answer((B,), ["b", "b"], [2, 1]), 1.0)
+    assert table.multi_broker
+    assert table.owner("t", 0) == table.owner("t", 1) == address(B)
+
+
 def test_a_partition_without_owner_has_no_route() -> None:
     table = RoutingTable(BOOT)
     table.apply(answer((A, B), ["a", ""]), 0.0)
@@ -495,3 +504,60 @@ async def test_admin_requests_go_to_another_broker_when_the_bootstrap_is_lost(
         await client.close()
     async with await headwater.connect(f"127.0.0.1:{b.target_port}") as direct:
         assert "u" in [t.name for t in await direct.list_topics()]
+
+
+async def test_consumer_goes_on_when_the_bootstrap_broker_is_lost(
+    two_brokers: tuple[Script, BrokerFront, BrokerFront],
+) -> None:
+    """The application's consumer is the leg at the bootstrap broker: losing that connection
+    (no reconnection policy) suspends it instead of ending it, and the other legs go on."""
+    script, a, b = two_brokers
+    await _create("t", 2, a, b)
+    script.owners["t"] = ["a", "b"]
+    async with await headwater.connect(a.address) as client:
+        client.metadata_refresh = 0.2
+        consumer = await client.subscribe("t", "s", start="earliest")
+        producer = client.producer("t")
+        for partition in (0, 1):
+            await (await producer.send(b"before", key=_key_for(partition, 2)))
+        assert {(await consumer.receive(timeout=10)).partition for _ in range(2)} == {0, 1}
+        script.owners["t"] = ["b", "b"]  # a is gone; b took partition 0 over
+        script.epoch += 1
+        del script.ports["a"]
+        await a.close()
+        await (await producer.send(b"after", key=_key_for(0, 2)))
+        message = await consumer.receive(timeout=15)
+        assert (message.value, message.partition) == (b"after", 0)
+        await message.ack()
+    assert (await _offsets(b, "t"))[0] == 1
+
+
+async def test_placements_never_put_two_legs_at_one_broker(
+    two_brokers: tuple[Script, BrokerFront, BrokerFront],
+) -> None:
+    """The periodic refresh, the resync after a lost leg and others may place legs at once: one
+    at a time, so a broker never gets a second leg (whose messages nobody would take)."""
+    script, a, b = two_brokers
+    await _create("t", 2, a, b)
+    script.owners["t"] = ["a", "b"]
+    loop = asyncio.get_running_loop()
+
+    async def consumers_at_b() -> int:
+        async with await headwater.connect(f"127.0.0.1:{b.target_port}") as direct:
+            (sub,) = await direct.list_subscriptions("t")
+            return sub.consumers
+
+    async with await headwater.connect(a.address) as client:
+        await client.lookup("t")
+        consumer = await client.subscribe("t", "s", type="shared")
+        legs = consumer._cluster
+        assert legs is not None
+        leg = legs.legs[("127.0.0.1", script.ports["b"])]
+        leg._connection._fail(leg._connection.lost("cut by the test"))  # its resync is due
+        await client._router.refresh("t")  # b still owns partition 1
+        await asyncio.gather(*(legs._sync() for _ in range(3)))
+        deadline = loop.time() + 10
+        while await consumers_at_b() != 1 and loop.time() < deadline:
+            await asyncio.sleep(0.05)  # the server drops the cut connection's consumer
+        assert await consumers_at_b() == 1
+        assert len(legs.legs) == 2
