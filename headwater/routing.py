@@ -152,8 +152,8 @@ class RoutingTable:
         routes = self.topics.get(topic)
         if routes is None or routes.error is not None:
             return None
-        if partition < 0:  # "any partition": the server picks (a keyless record)
-            return self.bootstrap
+        if partition < 0:  # "any partition": a broker owning one picks (a keyless record)
+            return next(iter(self.owned_by(topic)), self.bootstrap)
         if partition >= len(routes.owners):
             return None
         return self.brokers.get(routes.owners[partition])
