@@ -561,3 +561,23 @@ async def test_placements_never_put_two_legs_at_one_broker(
             await asyncio.sleep(0.05)  # the server drops the cut connection's consumer
         assert await consumers_at_b() == 1
         assert len(legs.legs) == 2
+
+
+async def test_producer_resends_to_the_new_owner_after_losing_a_broker(
+    two_brokers: tuple[Script, BrokerFront, BrokerFront],
+) -> None:
+    script, a, b = two_brokers
+    await _create("t", 2, a, b)
+    script.owners["t"] = ["a", "b"]
+    key = _key_for(1, 2)
+    async with await headwater.connect(a.address) as client:
+        producer = client.producer("t")
+        await (await producer.send(b"to b", key=key))
+        script.owners["t"] = ["a", "a"]  # b dies; a takes partition 1 over
+        script.epoch += 1
+        del script.ports["b"]
+        await b.close()
+        later = [await producer.send(b"to a", key=key) for _ in range(20)]
+        await producer.flush()  # raises if any was lost
+        assert all(f.result().partition == 1 for f in later)
+    assert (await _offsets(a, "t"))[1] == 20
