@@ -88,6 +88,7 @@ class ClusterMixin:
         for task in list(self._watching):
             task.cancel()
         await asyncio.gather(*self._watching, return_exceptions=True)
+        self._router.close()
         await self._peers.close()
 
     @property

@@ -80,8 +80,18 @@ class Router:
         if task is None:
             task = self._loop.create_task(self._lookup(topic))
             self._pending[topic] = task
-            task.add_done_callback(lambda _: self._pending.pop(topic, None))
-        await asyncio.shield(task)
+            task.add_done_callback(lambda done: self._done(topic, done))
+        await asyncio.shield(task)  # a caller cancelled does not cancel the others' lookup
+
+    def _done(self, topic: str, task: asyncio.Task[None]) -> None:
+        if self._pending.get(topic) is task:
+            del self._pending[topic]
+        if not task.cancelled():
+            task.exception()  # its waiters got it; with none left it is not worth a warning
+
+    def close(self) -> None:
+        for task in list(self._pending.values()):
+            task.cancel()
 
     async def _lookup(self, topic: str) -> None:
         request = m.LookupRequest((topic,))
@@ -193,8 +203,14 @@ class Peers:
         if task is None:
             task = asyncio.get_running_loop().create_task(self._open(address))
             self._opening[address] = task
-            task.add_done_callback(lambda _: self._opening.pop(address, None))
+            task.add_done_callback(lambda done: self._opened(address, done))
         return await asyncio.shield(task)
+
+    def _opened(self, address: tuple[str, int], task: asyncio.Task[Connection]) -> None:
+        if self._opening.get(address) is task:
+            del self._opening[address]
+        if not task.cancelled():
+            task.exception()  # raised to its waiters already
 
     async def _open(self, address: tuple[str, int]) -> Connection:
         try:

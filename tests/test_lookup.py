@@ -3,6 +3,8 @@ the one broker, an unknown topic reported in its entry) through a raw peer and t
 
 from __future__ import annotations
 
+import asyncio
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -109,3 +111,22 @@ async def test_client_lookup(server: ServerProcess, topic_name: str) -> None:
         else:
             raise AssertionError("lookup of a missing topic succeeded")
         assert [b.broker_id for b in client.brokers] == ["local"]
+
+
+async def test_a_lookup_nobody_waits_for_leaves_no_unretrieved_error(
+    server: ServerProcess, topic_name: str
+) -> None:
+    """A consumer's background LOOKUP still in flight when its client closes (the CLI's consume
+    does that) must not end in asyncio's "Task exception was never retrieved" on stderr: the
+    task is cancelled, or its error marked seen (asyncio's `_log_traceback`, what it reports)."""
+    client = await headwater.connect(server.address)
+    waiter = asyncio.ensure_future(client._router.refresh(topic_name))
+    await asyncio.sleep(0)  # the lookup task exists
+    task = client._router._pending[topic_name]
+    waiter.cancel()  # its only waiter goes away (shield then stops watching it)
+    await asyncio.sleep(0)
+    await client.close()
+    await asyncio.gather(waiter, return_exceptions=True)
+    await asyncio.wait([task], timeout=5)  # (waits without taking its result)
+    assert task.done()
+    assert task.cancelled() or not task._log_traceback  # type: ignore[attr-defined]
