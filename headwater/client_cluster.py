@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Protocol
 
-from headwater.cluster_consumer import ClusterLegs
+from headwater.cluster_consumer import ClusterLegs, _watched
 from headwater.consumer import Consumer
 from headwater.router import Peers, Router
 from headwater.routing import BrokerAddress, RoutingTable
@@ -123,7 +123,7 @@ class ClusterMixin:
         if refused:
             await router.settle(consumer.topic, force=True)
         elif not router.fresh(consumer.topic):
-            task = asyncio.get_running_loop().create_task(self._watch(consumer))
+            task = _watched(asyncio.get_running_loop().create_task(self._watch(consumer)))
             self._watching.add(task)
             task.add_done_callback(self._watching.discard)
             return False

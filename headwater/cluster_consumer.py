@@ -63,7 +63,7 @@ class ClusterLegs:
         """Subscribe at every current owner (a refusal is raised), then keep watching."""
         if not await self._sync(raise_errors=True):
             self._resync()
-        self._refresher = asyncio.get_running_loop().create_task(self._refresh_loop())
+        self._refresher = _watched(asyncio.get_running_loop().create_task(self._refresh_loop()))
 
     # Legs
 
@@ -173,7 +173,7 @@ class ClusterLegs:
 
     def _resync(self) -> None:
         if self.consumer._error is None and (self._syncing is None or self._syncing.done()):
-            self._syncing = asyncio.get_running_loop().create_task(self._resync_soon())
+            self._syncing = _watched(asyncio.get_running_loop().create_task(self._resync_soon()))
 
     async def _resync_soon(self) -> None:
         for delay in (0.0, *self._router.backoff.delays()):
@@ -239,3 +239,14 @@ class ClusterLegs:
             if leg is not self.consumer:
                 with contextlib.suppress(HeadwaterError):
                     await leg.close()
+
+
+def _watched(task: asyncio.Task[None]) -> asyncio.Task[None]:
+    """A background task whose failure (a bug) is logged, not left for asyncio to report."""
+    task.add_done_callback(_log_failure)
+    return task
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and (error := task.exception()) is not None:
+        logger.error("cluster consumer task failed: %r", error)
