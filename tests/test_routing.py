@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 import headwater
+from headwater.blocking import BlockingClient
 from headwater.producer import AtMostOnce
 from headwater.routing import BrokerAddress, LookupBackoff, RoutingTable
 from headwater.testing import ServerProcess
@@ -581,3 +582,19 @@ async def test_producer_resends_to_the_new_owner_after_losing_a_broker(
         await producer.flush()  # raises if any was lost
         assert all(f.result().partition == 1 for f in later)
     assert (await _offsets(a, "t"))[1] == 20
+
+
+async def test_blocking_client_follows_not_owner_to_the_owner(
+    two_brokers: tuple[Script, BrokerFront, BrokerFront],
+) -> None:
+    script, a, b = two_brokers
+    await _create("t", 2, a, b)
+    script.owners["t"] = ["b", "b"]
+
+    def produce() -> list[int]:
+        with BlockingClient(a.address, timeout=10) as client:
+            return [client.produce("t", [(None, b"x", ())], partition=0) for _ in range(3)]
+
+    assert await asyncio.to_thread(produce) == [0, 1, 2]
+    assert a.refused == 1  # once: the connection to b is kept for the next produces
+    assert (await _offsets(b, "t"))[0] == 3 and (await _offsets(a, "t"))[0] == 0
