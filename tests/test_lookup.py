@@ -4,6 +4,7 @@ the one broker, an unknown topic reported in its entry) through a raw peer and t
 from __future__ import annotations
 
 import asyncio
+import struct
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -11,10 +12,12 @@ from hypothesis import strategies as st
 import headwater
 from headwater.testing import ServerProcess
 from headwater.wire import messages as m
-from headwater.wire.errors import ErrorCode, InvalidRequest, UnknownTopic
-from headwater.wire.frames import Frame, FrameDecoder
+from headwater.wire.api.cluster import decode_lookup_request
+from headwater.wire.errors import ErrorCode, HeadwaterError, InvalidRequest, UnknownTopic
+from headwater.wire.frames import Frame, FrameDecoder, encode_frame
 from headwater.wire.limits import MAX_LOOKUP_TOPICS
 from headwater.wire.protocol import (
+    SCHEMAS,
     decode_request,
     decode_response,
     encode_request,
@@ -130,3 +133,40 @@ async def test_a_lookup_nobody_waits_for_leaves_no_unretrieved_error(
     await asyncio.wait([task], timeout=5)  # (waits without taking its result)
     assert task.done()
     assert task.cancelled() or not task._log_traceback  # type: ignore[attr-defined]
+
+
+@given(st.binary(max_size=64))
+def test_lookup_decoder_agrees_with_the_schema(body: bytes) -> None:
+    schema = SCHEMAS[m.ApiKey.LOOKUP][0]
+    try:
+        expected: object = schema.parse(body)
+    except Exception:
+        expected = None
+    try:
+        got: object = decode_lookup_request(body)
+    except InvalidRequest:
+        assert expected is None or len(expected.topics) > MAX_LOOKUP_TOPICS  # type: ignore[attr-defined]
+        return
+    except HeadwaterError:
+        got = None
+    assert got == expected
+
+
+async def test_a_huge_lookup_is_refused_before_its_names_are_parsed(server: ServerProcess) -> None:
+    """Two million one-byte names (6 MB): refused from the count, in well under a second, and
+    the connection goes on; parsing them all would hold the server's loop for seconds."""
+    count = 2_000_000
+    body = struct.pack(">i", count) + b"\x00\x01a" * count
+    frame = encode_frame(m.ApiKey.LOOKUP, 0, 1, 0, body)
+    peer = await RawPeer.open(server.address)
+    try:
+        started = asyncio.get_running_loop().time()
+        await peer.send(frame)
+        refused = await peer.response(timeout=10)
+        elapsed = asyncio.get_running_loop().time() - started
+        assert isinstance(refused, InvalidRequest), refused
+        assert f"at most {MAX_LOOKUP_TOPICS}" in refused.message
+        assert elapsed < 2.0, elapsed  # the transfer of 6 MB over loopback, nothing more
+        assert isinstance(await peer.call(m.LookupRequest(())), m.LookupResponse)
+    finally:
+        await peer.close()
