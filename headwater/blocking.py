@@ -11,6 +11,12 @@ A server that dies, closes the connection or stops answering within `timeout` ra
 unknown state (half a frame read, an answer still to come), so the client closes its socket and
 every later request raises `ConnectionLost` too: open a new client to go on.
 
+In a cluster, a produce or map request answered NOT_OWNER is sent again to the owner the error
+names, on a connection of this client's own to that broker (kept for the next requests); while
+the error names none (a failover under way) it is retried after a short backoff, for at most
+`timeout` seconds. The client does not look up routes itself (no LOOKUP): it follows the
+brokers' answers, and remembers the owner of each partition it produced to.
+
     with BlockingClient("127.0.0.1:6650") as client:
         client.create_topic("events")
         offset = client.produce("events", [(None, b"hello", ())])
@@ -29,6 +35,7 @@ from headwater.wire.errors import (
     ConnectionClosed,
     ConnectionLost,
     HeadwaterError,
+    NotOwner,
     RequestTimeout,
     TopicExists,
 )
@@ -48,6 +55,42 @@ class BlockingClient:
             raise ConnectionClosed(f"cannot connect to {host}:{port}: {exc}") from None
         self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._session = ClientSession(time.monotonic)
+        self._timeout = timeout
+        self._owners: dict[tuple[str, int], BlockingClient] = {}  # other brokers (a cluster)
+        self._routes: dict[tuple[str, int], BlockingClient] = {}  # (topic, partition) -> owner
+
+    def _routed(self, request: m.Request, route: tuple[str, int] | None = None) -> m.Response:
+        """`request`, following NOT_OWNER to the owner it names (bounded in hops and time);
+        the owner found for `route` is where its next request goes first."""
+        deadline = time.monotonic() + self._timeout
+        target = self._routes.get(route, self) if route is not None else self
+        delay = 0.02
+        while True:
+            try:
+                response = target.request(request)
+                if route is not None and target is not self:
+                    self._routes[route] = target
+                elif route is not None:
+                    self._routes.pop(route, None)
+                return response
+            except NotOwner as exc:
+                if time.monotonic() + delay > deadline:
+                    raise
+                address = exc.owner_address
+                if address is None:  # nobody owns it yet: ask again shortly
+                    time.sleep(delay)
+                    delay = min(delay * 2, 1.0)
+                    continue
+                target = self._owner(address)
+
+    def _owner(self, address: tuple[str, int]) -> BlockingClient:
+        if address == parse_server(self._address):
+            return self
+        client = self._owners.get(address)
+        if client is None or client._broken is not None:
+            client = BlockingClient(f"{address[0]}:{address[1]}", self._timeout)
+            self._owners[address] = client
+        return client
 
     def request(self, request: m.Request) -> m.Response:
         if self._broken is not None:
@@ -111,21 +154,24 @@ class BlockingClient:
 
     def produce(self, topic: str, records: Sequence[RecordInput], partition: int = -1) -> int:
         """Send one batch; returns its base offset."""
-        response = self.request(m.ProduceRequest(topic, partition, build_batch(records)))
+        request = m.ProduceRequest(topic, partition, build_batch(records))
+        response = self._routed(request, (topic, partition) if partition >= 0 else None)
         assert isinstance(response, m.ProduceResponse)
         return response.base_offset
 
     def map_get(self, topic: str, key: bytes) -> bytes | None:
-        response = self.request(m.MapGetRequest(topic, (key,)))
+        response = self._routed(m.MapGetRequest(topic, (key,)))
         assert isinstance(response, m.MapGetResponse)
         return response.entries[0].value
 
     def map_set(self, topic: str, key: bytes, value: bytes | None) -> int:
-        response = self.request(m.MapSetRequest(topic, (m.MapWrite(key, value),)))
+        response = self._routed(m.MapSetRequest(topic, (m.MapWrite(key, value),)))
         assert isinstance(response, m.MapSetResponse)
         return response.revisions[0]
 
     def close(self) -> None:
+        for client in self._owners.values():
+            client.close()
         self._socket.close()
 
     def __enter__(self) -> BlockingClient:

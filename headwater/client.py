@@ -21,6 +21,12 @@ subscription then redelivers what was not acknowledged: at-least-once holds), an
 succeeds or the policy gives up. Requests already sent fail with `ConnectionLost` (the producers,
 on connections of their own, retry as their delivery policy says); requests made meanwhile wait
 for the reconnection and then go out.
+
+In a cluster (LOOKUP names several brokers; docs/CLUSTER.md) the client routes by partition:
+producers send each batch to its partition's owner, a consumer subscribes at every owner and
+merges what they deliver (headwater/cluster_consumer.py), maps send each key to its owner. The
+routes come from one LOOKUP per topic, cached (headwater/router.py); on one broker everything
+stays on this one connection, as before.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from typing import Any, Literal
 
 from headwater.auth import Tls, TlsOption, handshake_request, ssl_context
 from headwater.client_admin import AdminMixin, StartName, start_position
+from headwater.client_cluster import ClusterMixin
 from headwater.connection import Connection, default_server, parse_server
 from headwater.consumer import Consumer, Message, ms
 from headwater.maps import Map
@@ -48,6 +55,7 @@ from headwater.wire.errors import (
     ConsumerBusy,
     HeadwaterError,
     InvalidRequest,
+    NotOwner,
     TopicExists,
 )
 
@@ -108,9 +116,13 @@ class _Opener:
         self.client_certificate = isinstance(tls, Tls) and tls.cert is not None
 
     async def open(self) -> Connection:
+        return await self.open_at(self.host, self.port)
+
+    async def open_at(self, host: str, port: int) -> Connection:
+        """A connection to another broker of the cluster, set up as the bootstrap one."""
         return await Connection.open(
-            self.host,
-            self.port,
+            host,
+            port,
             self.timeout,
             self.context,
             self.handshake,
@@ -119,7 +131,7 @@ class _Opener:
         )
 
 
-class Client(AdminMixin, SchemaAdmin):
+class Client(ClusterMixin, AdminMixin, SchemaAdmin):
     def __init__(
         self,
         connection: Connection,
@@ -145,6 +157,7 @@ class Client(AdminMixin, SchemaAdmin):
         self.reconnections = 0  # successful ones, for monitoring
         if reconnect is not None:
             connection.on_lost = self._on_lost
+        self._init_cluster(host, port, timeout)
 
     async def __aenter__(self) -> Client:
         return self
@@ -163,6 +176,7 @@ class Client(AdminMixin, SchemaAdmin):
         for producer in self._producers:
             with contextlib.suppress(HeadwaterError):
                 await producer.close()
+        await self._close_cluster()
         await self._connection.close()
         for consumer in list(self._consumers):
             consumer._end(ConnectionClosed("client closed"))
@@ -185,7 +199,7 @@ class Client(AdminMixin, SchemaAdmin):
         return self._connection
 
     async def _request(self, request: m.Request, timeout: float | None = 30.0) -> m.Response:
-        return await (await self._ready()).request(request, timeout)
+        return await (await self._ready_or_other()).request(request, timeout)
 
     def send_request(
         self,
@@ -353,7 +367,14 @@ class Client(AdminMixin, SchemaAdmin):
         `client.producer("t", delivery=AtMostOnce(), linger=0.005)`. With `schema` ("auto":
         the topic's latest version when the first record is sent; a version number; or a
         `SchemaCodec`) `send` takes values of the schema's type and encodes them."""
-        producer = Producer(self._opener.open, topic, config or ProducerConfig(**options), schema)
+        producer = Producer(
+            self._opener.open,
+            topic,
+            config or ProducerConfig(**options),
+            schema,
+            self._router,
+            self._opener.open_at,
+        )
         self._producers.append(producer)
         return producer
 
@@ -449,15 +470,21 @@ class Client(AdminMixin, SchemaAdmin):
             settings=settings,
             partitions=tuple(partitions),
         )
-        response = await connection.request(consumer._request, on_response=consumer._attach)
+        try:
+            response = await connection.request(consumer._request, on_response=consumer._attach)
+        except NotOwner:  # a cluster broker serving none of the topic: the owners' legs only
+            if not await self._subscribe_cluster(consumer, refused=True):
+                raise
+            return consumer
         assert isinstance(response, m.SubscribeResponse)
         if self._policy is not None:
             self._consumers.add(consumer)
+        await self._subscribe_cluster(consumer)
         return consumer
 
     def map(self, topic: str) -> Map:
         """The key/value API of a map durable on `topic` (a reliable topic)."""
-        return Map(self, topic)
+        return Map(self, topic, self._router)
 
 
 DurableName = Literal["default", "none", "standard", "shared", "last-value", "map"]

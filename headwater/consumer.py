@@ -16,6 +16,10 @@ A MESSAGES_DROPPED notice (non-reliable topics: the server dropped messages this
 subscription could not take) adds to `consumer.dropped`, calls the `on_dropped(count)` callback
 given to `subscribe` (or logs a warning when there is none), and marks the next message received
 with `missed=count`.
+
+In a cluster the consumer also takes from the legs at the other brokers owning partitions of
+its topic (`_cluster`, headwater/cluster_consumer.py); losing its own connection then only
+suspends it, and the legs follow the partitions to their new owners.
 """
 
 from __future__ import annotations
@@ -37,12 +41,14 @@ from headwater.wire.errors import (
     ConnectionLost,
     HeadwaterError,
     InvalidRequest,
+    NotOwner,
     ServerShuttingDown,
 )
 from headwater.wire.limits import MAX_ACKS_PER_REQUEST
 from headwater.wire.records import inspect_batch
 
 if TYPE_CHECKING:
+    from headwater.cluster_consumer import ClusterLegs
     from headwater.connection import Connection
 
 logger = logging.getLogger("headwater.client")
@@ -136,6 +142,8 @@ class Consumer:
         self._pending_acks: list[m.AckEntry] = []
         self._ack_flush_scheduled = False
         self._codecs: dict[int, SchemaCodec] = {}
+        self._on_ready: Callable[[], None] | None = None  # a cluster consumer merging legs
+        self._cluster: ClusterLegs | None = None  # the legs at other brokers, in a cluster
 
     async def codec(self, version: int) -> SchemaCodec:
         """Schema version `version` of the topic, fetched on first use."""
@@ -207,6 +215,12 @@ class Consumer:
     def on_closed(self, error: HeadwaterError) -> None:
         if self._error is not None:
             return
+        if self._cluster is not None and isinstance(
+            error, ConnectionLost | ServerShuttingDown | NotOwner
+        ):
+            self._suspended = True  # the other legs go on; ours is placed again
+            self._cluster.leg_lost(self, error)
+            return
         if self._resumable and isinstance(error, ConnectionLost | ServerShuttingDown):
             self._suspended = True  # the client resubscribes us once it has reconnected
             return
@@ -215,6 +229,8 @@ class Consumer:
     def _end(self, error: HeadwaterError) -> None:
         self._error = self._error or error
         self._suspended = False
+        if self._cluster is not None:
+            self._cluster.stop(self._error)
         self._wake()
         if self._on_end is not None:
             self._on_end(self)
@@ -222,6 +238,8 @@ class Consumer:
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
+        if self._on_ready is not None:
+            self._on_ready()
 
     # Reconnection
 
@@ -266,6 +284,10 @@ class Consumer:
 
     async def receive(self, timeout: float | None = None) -> Message:
         """The next message; raises the closing error, or TimeoutError after `timeout` seconds."""
+        if self._cluster is not None:
+            leg = await self._cluster.pick(timeout)
+            if leg is not self:
+                return await leg.receive(0)
         if not self._messages:
             await self._wait(timeout)
             self._decode_next()
@@ -289,6 +311,10 @@ class Consumer:
     async def next_batch(self, timeout: float | None = None) -> MessageBatch:
         """The next delivered batch, not decoded until accessed (see `MessageBatch`): one await
         and no per-record work for consumers that need the throughput. Raises as `receive`."""
+        if self._cluster is not None:
+            leg = await self._cluster.pick(timeout)
+            if leg is not self:
+                return await leg.next_batch(0)
         if not self._messages:
             await self._wait(timeout)
         if self._messages:  # left over from receive(): hand them out first, in order
@@ -317,6 +343,10 @@ class Consumer:
     ) -> list[Message]:
         """Whatever is buffered, up to `max_messages` (waiting for at least one): one await for
         many messages, for consumers that need the throughput."""
+        if self._cluster is not None:
+            leg = await self._cluster.pick(timeout)
+            if leg is not self:
+                return await leg.receive_batch(max_messages, 0)
         if not self._messages:
             await self._wait(timeout)
             self._decode_next()
@@ -359,6 +389,8 @@ class Consumer:
 
     async def ack(self, message: Message) -> None:
         """Acknowledge one message. Acks made in one event-loop turn travel in one request."""
+        if message._consumer is not self and message._consumer is not None:
+            return await message._consumer.ack(message)  # another leg's (a cluster)
         self._pending_acks.append(m.AckEntry(message.partition, message.offset))
         if not self._ack_flush_scheduled:
             self._ack_flush_scheduled = True
@@ -375,6 +407,8 @@ class Consumer:
 
     async def ack_cumulative(self, message: Message) -> None:
         """Acknowledge the message and every earlier one of its partition (not on Shared)."""
+        if message._consumer is not self and message._consumer is not None:
+            return await message._consumer.ack_cumulative(message)
         await self.ack_cumulative_offset(message.partition, message.offset)
 
     async def ack_cumulative_offset(self, partition: int, offset: int) -> None:
@@ -387,6 +421,8 @@ class Consumer:
             )
 
     async def nack(self, message: Message, delay: float | None = None) -> None:
+        if message._consumer is not self and message._consumer is not None:
+            return await message._consumer.nack(message, delay)
         if self._live:
             self._connection.send_nowait(
                 m.NackRequest(
@@ -412,6 +448,8 @@ class Consumer:
 
     async def close(self) -> None:
         """Unsubscribe. A consumer the application closed ends its iteration normally."""
+        if self._cluster is not None:
+            await self._cluster.close()
         self._flush_acks()
         if self._live:
             self._connection.consumers.pop(self.consumer_id, None)

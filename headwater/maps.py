@@ -11,17 +11,29 @@ encoded as UTF-8.
     entry = await prices.get("IBM")          # MapValue(key, value, revision, ...) or None
     await prices.set("IBM", b"143.0", revision=revision)  # fails if someone wrote in between
     page = await prices.scan(prefix="I", limit=100)       # MapPage(entries, cursor)
+
+In a cluster (a router given, LOOKUP naming several brokers) each key goes to its partition's
+owner (`wire.keys.partition_for_key` over the partition count LOOKUP gave): `get_many` and
+`set_many` send one request per owner, so a `set_many` spanning brokers is not atomic. `scan`
+asks every owner for a page and merges them in key order (the cursor, a key, works for each);
+`size` adds the owners' sizes. A NOT_OWNER answer is looked up again and retried, within the
+router's backoff; a request whose connection was lost after it was sent is not (a write may
+have been applied). Routing: headwater/cluster_maps.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
+from headwater.cluster_maps import RoutedMap
 from headwater.wire import messages as m
 from headwater.wire.keys import ABSENT_REVISION, ANY_REVISION
+
+if TYPE_CHECKING:
+    from headwater.router import Router
 
 
 class Requester(Protocol):
@@ -62,19 +74,36 @@ def _value(entry: m.MapEntry) -> MapValue | None:
 
 
 class Map:
-    def __init__(self, connection: Requester, topic: str) -> None:
+    def __init__(self, connection: Requester, topic: str, router: Router | None = None) -> None:
         self._connection = connection
         self.topic = topic
+        self._routes = None if router is None else RoutedMap(router, topic)
+
+    def _routed(self) -> RoutedMap | None:
+        """The cluster routes, unless the topic is known to live on one broker (no round trip
+        then: the request goes straight to the bootstrap connection, as without routing)."""
+        routes = self._routes
+        if routes is None or (routes.router.fresh(self.topic) and not routes.router.multi_broker):
+            return None
+        return routes
 
     def get(self, key: str | bytes) -> asyncio.Future[MapValue | None]:
         """The key's value, or None. Returns a future (await it): many gets in flight cost
         one future each, with no task, which is what pipelining needs."""
+        routes = self._routed()
+        if routes is not None:
+            return asyncio.ensure_future(_first(routes.get([_bytes(key)], self._connection)))
         response = self._connection.send_request(m.MapGetRequest(self.topic, (_bytes(key),)))
         result: asyncio.Future[MapValue | None] = asyncio.get_running_loop().create_future()
         response.add_done_callback(lambda done: _first_value(done, result))
         return result
 
     async def get_many(self, keys: Iterable[str | bytes]) -> list[MapValue | None]:
+        routes = self._routed()
+        if routes is not None:
+            return [
+                _value(e) for e in await routes.get([_bytes(k) for k in keys], self._connection)
+            ]
         response = await self._connection.request(
             m.MapGetRequest(self.topic, tuple(_bytes(k) for k in keys))
         )
@@ -98,6 +127,9 @@ class Map:
         return (await self._write([m.MapWrite(_bytes(key), None, _expect(revision))]))[0]
 
     async def _write(self, writes: list[m.MapWrite]) -> list[int]:
+        routes = self._routed()
+        if routes is not None:
+            return await routes.set(writes, self._connection)
         response = await self._connection.request(m.MapSetRequest(self.topic, tuple(writes)))
         assert isinstance(response, m.MapSetResponse)
         return list(response.revisions)
@@ -106,9 +138,12 @@ class Map:
         self, prefix: str | bytes = b"", limit: int = 100, cursor: bytes = b""
     ) -> MapPage:
         """One page of keys starting with `prefix`, in key order, after `cursor`."""
-        response = await self._connection.request(
-            m.MapScanRequest(self.topic, _bytes(prefix), limit, cursor)
-        )
+        request = m.MapScanRequest(self.topic, _bytes(prefix), limit, cursor)
+        routes = self._routed()
+        if routes is not None:
+            response: m.Response = await routes.scan(request, self._connection)
+        else:
+            response = await self._connection.request(request)
         assert isinstance(response, m.MapScanResponse)
         entries = [v for v in (_value(e) for e in response.entries) if v is not None]
         return MapPage(entries, response.cursor)
@@ -127,6 +162,9 @@ class Map:
             cursor = page.cursor
 
     async def size(self) -> int:
+        routes = self._routed()
+        if routes is not None:
+            return await routes.size(self._connection)
         response = await self._connection.request(m.MapSizeRequest(self.topic))
         assert isinstance(response, m.MapSizeResponse)
         return response.size
@@ -145,6 +183,10 @@ def _first_value(
         answer = response.result()
         assert isinstance(answer, m.MapGetResponse)
         result.set_result(_value(answer.entries[0]))
+
+
+async def _first(entries: Awaitable[list[m.MapEntry]]) -> MapValue | None:
+    return _value((await entries)[0])
 
 
 def _expect(revision: int | None) -> int:

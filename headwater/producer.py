@@ -33,6 +33,11 @@ per partition (RecordBatch's producer id and base sequence). A resent batch that
 already appended is answered with its original offsets instead of being stored twice, so retries
 cannot duplicate. `isolation=Isolation.READ_COMMITTED` asks reliable topics to acknowledge only
 once an fsync covers the batch.
+
+In a cluster (docs/CLUSTER.md) the client's router sends each batch to its partition's owner
+(headwater/sender.py), and keyless records are spread round-robin by the producer itself (the
+server can only place a record on a partition it owns); `flush`, `confirm` and `close` cover the
+connection to every broker.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from headwater.accumulator import (
     BATCH_OVERHEAD,
@@ -63,10 +68,13 @@ from headwater.producer_config import (
     RetryStrategy,
 )
 from headwater.schema_codec import SchemaCodec
-from headwater.sender import ConnectionFactory, Sender
+from headwater.sender import AddressedFactory, ConnectionFactory, Sender
 from headwater.wire import messages as m
 from headwater.wire.errors import ConnectionClosed, RecordTooLarge
 from headwater.wire.keys import partition_for_key
+
+if TYPE_CHECKING:
+    from headwater.router import Router
 
 HeaderList = list[tuple[str, bytes | None]]
 
@@ -78,13 +86,16 @@ class Producer:
         topic: str,
         config: ProducerConfig,
         schema: SchemaCodec | int | Literal["auto"] | None = None,
+        router: Router | None = None,
+        connect_to: AddressedFactory | None = None,
     ) -> None:
         self.topic = topic
+        self._router = router
         self.config = config
         self._schema = schema  # what to encode values by; "auto"/a number until fetched
         loop = asyncio.get_running_loop()
         self._accumulator = RecordAccumulator(loop, topic, config, self._ready)
-        self._sender = Sender(loop, topic, config, self._accumulator, connect)
+        self._sender = Sender(loop, topic, config, self._accumulator, connect, router, connect_to)
         self._partitions: int | None = None
         self._partitions_at = 0.0  # when `_partitions` was learned (time.monotonic())
         self._next_partition = 0
@@ -230,11 +241,18 @@ class Producer:
         return segments
 
     async def _partition_for(self, key: bytes | None) -> int:
-        if key is None and not self.config.idempotent:
+        router = self._router
+        if router is not None and not router.fresh(self.topic):
+            await router.settle(self.topic)
+        spread = router is not None and router.multi_broker
+        if key is None and not self.config.idempotent and not spread:
             return -1  # the server spreads keyless batches round-robin
         now = time.monotonic()
         sender = self._sender
-        if (
+        routed = router.table.partitions(self.topic) if router is not None and spread else None
+        if routed:  # a cluster: the count LOOKUP gave, fresh as the routes are
+            self._partitions, self._partitions_at = routed, now
+        elif (
             self._partitions is None
             or sender.metadata_stale
             or now - self._partitions_at > self.config.metadata_max_age
@@ -283,9 +301,11 @@ class Producer:
         the server answers after every request sent before it. A refusal that only comes later
         (a reliable topic's fsync failing after the append) is not waited for."""
         await self.flush()
-        connection = self._sender.connection
-        if connection is not None:
-            await connection.request(m.ApiVersionsRequest(), timeout=timeout)
+        connections = self._sender.connections()
+        if connections:
+            await asyncio.gather(
+                *(c.request(m.ApiVersionsRequest(), timeout=timeout) for c in connections)
+            )
         error = self._sender.take_error()
         if error is not None:
             raise error

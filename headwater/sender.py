@@ -13,6 +13,15 @@ nothing else of the client; it opens a new one when the last was lost.
   batch fails and is put back in order, and they go again on a new connection after the policy's
   next delay, until `max_retries` or the policy's total `timeout` runs out. No answer within
   `request_timeout` counts as a lost connection.
+
+In a cluster (a `Router` given, and LOOKUP naming several brokers) each batch goes to its
+partition's owner, on a connection of the producer's own per broker; one task still writes every
+batch in order, so a partition's batches keep their order. NOT_OWNER is retriable: the router
+learns of it (the topic is looked up again) and the batches are resent to the new owner as any
+retriable failure, within the delivery semantics (at-most-once: failed). An owner that cannot be
+reached is reported to the router, and the sender looks up and tries again after the router's
+backoff (bounded) before counting it as a failure. On a single broker every batch goes to the
+bootstrap connection, exactly as without a router.
 """
 
 from __future__ import annotations
@@ -21,21 +30,29 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from headwater.accumulator import ProducerBatch, RecordAccumulator
 from headwater.connection import Connection
 from headwater.producer_config import AtLeastOnce, AtMostOnce, ProducerConfig
 from headwater.wire import messages as m
 from headwater.wire.errors import (
+    ConnectionClosed,
     HeadwaterError,
     InvalidPartition,
+    NotOwner,
     RequestTimeout,
     WrongPartition,
 )
 
+if TYPE_CHECKING:
+    from headwater.router import Router
+    from headwater.routing import BrokerAddress
+
 logger = logging.getLogger("headwater.producer")
 
 ConnectionFactory = Callable[[], Awaitable[Connection]]
+AddressedFactory = Callable[[str, int], Awaitable[Connection]]
 
 
 class Sender:
@@ -46,13 +63,18 @@ class Sender:
         config: ProducerConfig,
         accumulator: RecordAccumulator,
         connect: ConnectionFactory,
+        router: Router | None = None,
+        connect_to: AddressedFactory | None = None,
     ) -> None:
         self._loop = loop
         self.topic = topic
         self.config = config
         self._accumulator = accumulator
         self._open_connection = connect
-        self.connection: Connection | None = None
+        self.connection: Connection | None = None  # to the bootstrap broker
+        self.router = router
+        self._connect_to = connect_to
+        self.peers: dict[tuple[str, int], Connection] = {}  # to the other brokers (a cluster)
         self.first_error: HeadwaterError | None = None
         self.metadata_stale = False  # a partition error: the partition count may have changed
         delivery = config.delivery
@@ -83,7 +105,7 @@ class Sender:
                     break  # its retry timer wakes the sender
                 if len(in_flight) >= self.config.max_in_flight:
                     break
-                connection = await self._connect()
+                connection = await self._connect(batch.partition)
                 if connection is None:
                     break  # retry scheduled, or batches failed
                 await connection.throttle()  # the server's THROTTLE: over the produce quota
@@ -98,8 +120,15 @@ class Sender:
             self.connection.on_unsolicited_error = self._unsolicited_error
         return self.connection
 
-    async def _connect(self) -> Connection | None:
+    def connections(self) -> list[Connection]:
+        """Every open connection of the sender (the bootstrap one first)."""
+        found = [self.connection] if self.connection is not None else []
+        return [c for c in (*found, *self.peers.values()) if not c.closed]
+
+    async def _connect(self, partition: int) -> Connection | None:
         try:
+            if self.router is not None and self.router.multi_broker:
+                return await self._owner_connection(partition)
             return await self.open()
         except HeadwaterError as exc:
             self.connection = None
@@ -108,6 +137,38 @@ class Sender:
                 queue.remove(batch)
                 self._retry_or_fail(batch, exc)
             return None
+
+    async def _owner_connection(self, partition: int) -> Connection:
+        """A connection to the partition's owner; an owner that cannot be reached is reported
+        and looked up again, after the router's backoff, until its time runs out."""
+        router = self.router
+        assert router is not None
+        delays = router.backoff.delays()
+        while True:
+            owner = await router.route(self.topic, partition)
+            try:
+                return await self._open_to(owner)
+            except ConnectionClosed as exc:
+                router.lost(owner.address)
+                delay = next(delays, None)
+                if delay is None:
+                    raise
+                logger.info("cannot reach %s (%s); looking up again", owner, exc.message)
+                await asyncio.sleep(delay)
+
+    async def _open_to(self, owner: BrokerAddress) -> Connection:
+        assert self.router is not None
+        if owner.broker_id == "" or owner.address == self.router.table.bootstrap.address:
+            return await self.open()
+        connection = self.peers.get(owner.address)
+        if connection is None or connection.closed:
+            assert self._connect_to is not None
+            connection = await self._connect_to(*owner.address)
+            connection.on_unsolicited_error = self._unsolicited_error
+            router, address = self.router, owner.address
+            connection.on_lost = lambda _: router.lost(address)
+            self.peers[owner.address] = connection
+        return connection
 
     def _transmit(self, connection: Connection, batch: ProducerBatch) -> None:
         assert batch.data is not None
@@ -126,7 +187,7 @@ class Sender:
             self._retry_or_fail(batch, exc)
             return
         self._accumulator.in_flight.append(batch)
-        response.add_done_callback(lambda done: self._answered(batch, done))
+        response.add_done_callback(lambda done: self._answered(batch, done, connection))
         attempt = batch.attempts
         self._loop.call_later(
             self.config.request_timeout, self._check_answered, connection, batch, attempt
@@ -138,7 +199,9 @@ class Sender:
             logger.warning("no answer in %ss; reconnecting", self.config.request_timeout)
             connection.abandon()
 
-    def _answered(self, batch: ProducerBatch, done: asyncio.Future[m.Response]) -> None:
+    def _answered(
+        self, batch: ProducerBatch, done: asyncio.Future[m.Response], connection: Connection
+    ) -> None:
         in_flight = self._accumulator.in_flight
         if batch in in_flight:
             in_flight.remove(batch)
@@ -150,10 +213,12 @@ class Sender:
                 batch.result.set_result(response)
         else:
             assert isinstance(error, HeadwaterError)
-            if error.retriable and self.connection is not None:
+            if isinstance(error, NotOwner) and self.router is not None:
+                self.router.not_owner(self.topic, batch.partition, error)
+            if error.retriable:
                 # Resend everything unanswered in order, on a fresh connection: the server
                 # handles a connection's requests in order, so sequences never gap.
-                self.connection.abandon()
+                connection.abandon()
             self._retry_or_fail(batch, error)
         self._accumulator.update_room()
         self._wake.set()
@@ -180,6 +245,8 @@ class Sender:
         """The server refused a frame sent without response (at-most-once): which batch is not
         known, so the error goes to the next `flush()` (and `confirm()`) and the log."""
         logger.warning("at-most-once send to %s failed: %s", self.topic, error)
+        if isinstance(error, NotOwner) and self.router is not None:
+            self.router.table.invalidate(self.topic)  # which partition is not known
         if self.first_error is None:
             self.first_error = error
 
@@ -194,5 +261,6 @@ class Sender:
     async def close(self) -> None:
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
-        if self.connection is not None:
-            await self.connection.close()
+        for connection in [self.connection, *self.peers.values()]:
+            if connection is not None:
+                await connection.close()

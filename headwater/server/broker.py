@@ -32,8 +32,9 @@ from headwater.server.consuming import ConsumerHandlers, close_consumers
 from headwater.server.kind import Consumer
 from headwater.server.kind import ConsumerSession as Session
 from headwater.server.locks import Turn
+from headwater.server.lookup import LookupHandler
 from headwater.server.maps import MapHandlers
-from headwater.server.ownership import Ownership, not_owner
+from headwater.server.ownership import BrokerAddress, Ownership, SingleBroker, not_owner
 from headwater.server.partitions import add_partitions
 from headwater.server.reply import AfterDurable, AfterWork, Reply, Waiting, after
 from headwater.server.schemas import SchemaHandlers
@@ -64,9 +65,13 @@ class Broker:
         config: ServerConfig,
         catalog: TopicCatalog,
         connections: Callable[[], int] = lambda: 0,
+        ownership: Ownership | None = None,
     ) -> None:
         self._config = config
         self.catalog = catalog
+        self.ownership: Ownership = ownership or SingleBroker(
+            BrokerAddress("local", config.host, config.port)
+        )
         self.admin = AdminHandlers(catalog, config.data_dir, connections)
         self.maps = MapHandlers(catalog)
         self.consumers = ConsumerHandlers(config, catalog)
@@ -101,6 +106,7 @@ class Broker:
             m.GetSchemaRequest: schemas.get,
             m.ListSchemasRequest: schemas.list,
             m.CheckSchemaRequest: schemas.check,
+            m.LookupRequest: LookupHandler(self.ownership, catalog.topics).lookup,
         }
 
     @property
@@ -225,6 +231,7 @@ class Broker:
         """Serve only the partitions `ownership` gives this broker, and define topics through
         `cluster` (a `server.cluster_mode.ClusterMode`; docs/CLUSTER.md)."""
         self.gate = ownership
+        self.ownership = ownership  # what LOOKUP answers from
         self.cluster = cluster
         self.maps.ownership = ownership
         self.catalog.subscriptions.serves = ownership.serves

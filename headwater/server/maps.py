@@ -11,6 +11,7 @@ partition, `crc32(key) % n`, where its revisions are unique.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 
 from headwater.durables.lastvalue import StoredValue, check_key
@@ -146,15 +147,45 @@ class MapHandlers:
 
     async def _map_scan(self, request: m.MapScanRequest) -> Reply:
         index = await self._read_index(request.topic)
-        values, cursor = index.scan(request.prefix, request.after, request.limit)
+        if self.ownership is None:
+            values, cursor = index.scan(request.prefix, request.after, request.limit)
+        else:
+            values, cursor = await self._served_scan(request, index)
         return m.MapScanResponse(tuple(_entry(v.key, v) for v in values), cursor)
+
+    async def _served_scan(
+        self, request: m.MapScanRequest, index: LastValueIndex
+    ) -> tuple[list[StoredValue], bytes]:
+        """A cluster's scan: the keys of the partitions served here only (the client merges
+        every owner's pages; a stale copy of another partition must not be counted twice)."""
+        assert self.ownership is not None
+        serves, topic = self.ownership.serves, request.topic
+        found: list[StoredValue] = []
+        after = request.after
+        while len(found) < request.limit:
+            page, after = index.scan(request.prefix, after, request.limit)
+            found += [v for v in page if serves(topic, v.partition)]
+            if not after:
+                return found[: request.limit], b""
+            await asyncio.sleep(0)  # a long walk past other brokers' keys lets others run
+        found = found[: request.limit]
+        return found, found[-1].key
 
     def map_size(self, session: Session, request: m.MapSizeRequest) -> Reply:
         return AfterWork(self._map_size(request))
 
     async def _map_size(self, request: m.MapSizeRequest) -> Reply:
         index = await self._read_index(request.topic)
-        return m.MapSizeResponse(index.size())
+        if self.ownership is None:
+            return m.MapSizeResponse(index.size())
+        # a cluster: count the keys of the partitions served here (a walk over the keys)
+        count, after = 0, b""
+        while True:
+            page, after = index.scan(b"", after, MAX_MAP_KEYS)
+            count += sum(self.ownership.serves(request.topic, v.partition) for v in page)
+            if not after:
+                return m.MapSizeResponse(count)
+            await asyncio.sleep(0)
 
 
 def no_last_value_state(topic: str) -> InvalidRequest:

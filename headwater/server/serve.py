@@ -29,6 +29,7 @@ from headwater.server.config import ServerConfig
 from headwater.server.listener import Listener, StartupError
 from headwater.server.logs import configure_logging
 from headwater.server.operator_port import start_operator_port
+from headwater.server.ownership import BrokerAddress, SingleBroker
 from headwater.server.tls import ServerTls, TlsError, is_loopback
 from headwater.server.tokens import TokenFileError
 from headwater.storage.archive import ObjectArchive
@@ -104,7 +105,9 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
                 await catalog.close()
             raise StartupError(f"cannot open the topics in {config.data_dir}: {exc}") from None
         stack.push_async_callback(catalog.close)
-        broker = Broker(config, catalog, lambda: len(listener.connections))
+        # LOOKUP names this broker at the port it is bound to (--port 0 picks one)
+        single = SingleBroker(BrokerAddress("local", config.host, port))
+        broker = Broker(config, catalog, lambda: len(listener.connections), single)
         if config.cluster.etcd:
             if store is None:
                 raise StartupError("a cluster needs a shared object store")

@@ -43,3 +43,7 @@ MAX_MAP_KEYS: Final = 1000
 # Bytes of an error response's message (UTF-8, cut there): enough for any message the server
 # composes, and a peer-supplied name quoted in one cannot make an error frame large.
 MAX_ERROR_MESSAGE: Final = 4096
+
+# Topics one LOOKUP names: a client asks for the topics it is about to use, a few at a time; the
+# answer (every partition of each) must stay far below MAX_FRAME_SIZE.
+MAX_LOOKUP_TOPICS: Final = 100

@@ -423,9 +423,10 @@ class Throttle:
     throttle_ms: int
 
 
-# The admin messages operators added and the schema messages live in modules of their own (which
-# import the classes above); re-exported here with their `__all__`.
+# The admin messages operators added, LOOKUP's and the schema messages live in modules of their
+# own (which import the classes above); re-exported here with their `__all__`.
 from headwater.wire.admin_messages import *  # noqa: E402
+from headwater.wire.cluster_messages import *  # noqa: E402
 from headwater.wire.schema_messages import *  # noqa: E402
 
 Push = Delivery | ConsumerClosed | MessagesDropped | Throttle
@@ -458,6 +459,7 @@ Request = (
     | GetSchemaRequest
     | ListSchemasRequest
     | CheckSchemaRequest
+    | LookupRequest
 )
 Response = (
     EmptyResponse
@@ -479,4 +481,5 @@ Response = (
     | GetSchemaResponse
     | ListSchemasResponse
     | CheckSchemaResponse
+    | LookupResponse
 )

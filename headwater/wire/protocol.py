@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from headwater.wire import messages as m
-from headwater.wire.api import admin, auth, consume, maps, produce, schemas
+from headwater.wire.api import admin, auth, cluster, consume, maps, produce, schemas
 from headwater.wire.api.base import (
     ERROR_HEADER,
     OK,
@@ -40,7 +40,15 @@ from headwater.wire.limits import MAX_ERROR_MESSAGE
 APIS: Final[dict[int, Api]] = {
     api.key: api
     for api in sorted(
-        (*produce.APIS, *consume.APIS, *maps.APIS, *admin.APIS, *auth.APIS, *schemas.APIS),
+        (
+            *produce.APIS,
+            *consume.APIS,
+            *maps.APIS,
+            *admin.APIS,
+            *auth.APIS,
+            *schemas.APIS,
+            *cluster.APIS,
+        ),
         key=lambda a: a.key,
     )
 }

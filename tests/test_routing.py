@@ -1,0 +1,600 @@
+"""The client's routing table and lookup backoff, sans I/O: LOOKUP answers applied, NOT_OWNER
+with and without an owner address, a broker vanishing, partitions moving, stale routes. Then the
+client's routing against two real servers whose ownership a script decides (below)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import headwater
+from headwater.blocking import BlockingClient
+from headwater.producer import AtMostOnce
+from headwater.routing import BrokerAddress, LookupBackoff, RoutingTable
+from headwater.testing import ServerProcess
+from headwater.wire import messages as m
+from headwater.wire.errors import ErrorCode, NotOwner, UnknownTopic
+from headwater.wire.frames import Frame, FrameDecoder, encode_frame
+from headwater.wire.keys import partition_for_key
+from headwater.wire.protocol import decode_request, encode_error, encode_response
+
+BOOT = BrokerAddress("", "127.0.0.1", 7000)
+A = m.LookupBroker("a", "127.0.0.1", 7001)
+B = m.LookupBroker("b", "127.0.0.1", 7002)
+C = m.LookupBroker("c", "127.0.0.1", 7003)
+
+
+def answer(
+    brokers: tuple[m.LookupBroker, ...], owners: list[str], epochs: list[int] | None = None
+) -> m.LookupResponse:
+    epochs = epochs or [1] * len(owners)
+    partitions = tuple(
+        m.LookupPartition(p, o, e) for p, (o, e) in enumerate(zip(owners, epochs, strict=True))
+    )
+    return m.LookupResponse(brokers, (m.LookupTopic("t", 0, "", partitions),))
+
+
+def address(broker: m.LookupBroker) -> BrokerAddress:
+    return BrokerAddress(broker.broker_id, broker.host, broker.port)
+
+
+def test_single_broker_routes_everything_to_the_bootstrap_address() -> None:
+    table = RoutingTable(BOOT)
+    table.apply(answer((m.LookupBroker("local", "0.0.0.0", 0),), ["local", "local"]), 0.0)
+    assert not table.multi_broker
+    assert table.owner("t", 0) == table.owner("t", 1) == BOOT
+    assert table.owner("t", -1) == BOOT
+    assert table.partitions("t") == 2
+
+
+def test_routes_follow_the_owners_lookup_names() -> None:
+    table = RoutingTable(BOOT)
+    table.apply(answer((A, B, C), ["a", "b", "c", "a"]), 0.0)
+    assert table.multi_broker
+    assert [table.owner("t", p) for p in range(4)] == [address(x) for x in (A, B, C, A)]
+    assert table.owned_by("t") == {address(A): [0, 3], address(B): [1], address(C): [2]}
+    assert table.owner("t", 9) is None  # beyond the partitions known
+    assert table.owner("t", -1) == address(A)  # "any partition": an owner picks
+
+
+def test_a_cluster_shrunk_to_one_broker_still_routes_to_it() -> None:
+    """The survivor need not be the bootstrap broker: routes keep naming the owner."""
+    table = RoutingTable(BrokerAddress("", A.host, A.port))
+    table.apply(answer((A, B), ["a", "b"]), 0.0)
+    table.apply(answer((B,), ["b", "b"], [2, 1]), 1.0)
+    assert table.multi_broker
+    assert table.owner("t", 0) == table.owner("t", 1) == address(B)
+
+
+def test_a_partition_without_owner_has_no_route() -> None:
+    table = RoutingTable(BOOT)
+    table.apply(answer((A, B), ["a", ""]), 0.0)
+    assert table.owner("t", 1) is None
+    assert table.owned_by("t") == {address(A): [0]}
+
+
+def test_not_owner_naming_a_known_broker_moves_the_partition_at_once() -> None:
+    table = RoutingTable(BOOT)
+    table.apply(answer((A, B), ["a", "a"]), 0.0)
+    error = NotOwner("partition 1 of topic 't' is not served here: owner=b@127.0.0.1:7002")
+    assert table.not_owner("t", 1, error) == address(B)
+    assert table.owner("t", 1) == address(B)
+    assert table.owner("t", 0) == address(A)
+    assert table.needs_lookup("t", 0.0)  # stale: confirmed by the next lookup
+
+
+def test_not_owner_without_owner_leaves_the_partition_unrouted() -> None:
+    table = RoutingTable(BOOT)
+    table.apply(answer((A, B), ["a", "b"]), 0.0)
+    error = NotOwner("partition 1 of topic 't' is not served here: owner=none")
+    assert error.owner_address is None
+    assert table.not_owner("t", 1, error) is None
+    assert table.owner("t", 1) is None
+    assert table.needs_lookup("t", 0.0)
+
+
+def test_not_owner_naming_an_unknown_broker_waits_for_the_lookup() -> None:
+    table = RoutingTable(BOOT)
+    table.apply(answer((A, B), ["a", "b"]), 0.0)
+    error = NotOwner("partition 0 of topic 't' is not served here: owner=z@10.0.0.9:7999")
+    assert table.not_owner("t", 0, error) is None
+    assert table.owner("t", 0) is None
+    table.apply(answer((A, B, m.LookupBroker("z", "10.0.0.9", 7999)), ["z", "b"]), 1.0)
+    assert table.owner("t", 0) == BrokerAddress("z", "10.0.0.9", 7999)
+    assert not table.needs_lookup("t", 1.0)
+
+
+def test_a_lost_broker_unroutes_its_partitions_and_stales_the_topic() -> None:
+    table = RoutingTable(BOOT)
+    table.apply(answer((A, B, C), ["a", "b", "c", "b"]), 0.0)
+    assert table.broker_lost((B.host, B.port)) == ["t"]
+    assert table.owner("t", 1) is None and table.owner("t", 3) is None
+    assert table.owner("t", 0) == address(A)
+    assert table.needs_lookup("t", 0.0)
+    assert table.broker_lost(("127.0.0.1", 1)) == []  # a broker nobody routes to
+
+
+def test_a_broker_vanishing_from_lookup_leaves_its_partitions_ownerless() -> None:
+    table = RoutingTable(BOOT)
+    table.apply(answer((A, B, C), ["a", "b", "c"], [1, 1, 1]), 0.0)
+    # c's lease lapsed: the live brokers no longer include it, its partition not yet re-owned
+    table.apply(answer((A, B), ["a", "b", "c"], [1, 1, 1]), 1.0)
+    assert table.owner("t", 2) is None
+    assert "c" not in table.brokers
+    # then b takes it over, with a newer epoch
+    table.apply(answer((A, B), ["a", "b", "b"], [1, 1, 2]), 2.0)
+    assert table.owner("t", 2) == address(B)
+
+
+def test_partitions_moving_between_brokers() -> None:
+    table = RoutingTable(BOOT)
+    table.apply(answer((A, B), ["a", "a", "b", "b"], [1, 1, 1, 1]), 0.0)
+    table.apply(answer((A, B), ["b", "a", "a", "b"], [2, 1, 2, 1]), 1.0)
+    assert [table.owner("t", p) for p in range(4)] == [address(x) for x in (B, A, A, B)]
+    assert table.owned_by("t") == {address(B): [0, 3], address(A): [1, 2]}
+
+
+def test_an_older_epoch_does_not_undo_a_move() -> None:
+    """A broker that has not seen the move yet answers with the old owner and epoch."""
+    table = RoutingTable(BOOT)
+    table.apply(answer((A, B), ["b", "a"], [5, 1]), 0.0)
+    table.apply(answer((A, B), ["a", "a"], [4, 1]), 1.0)
+    assert table.owner("t", 0) == address(B)
+
+
+def test_an_unknown_topic_keeps_its_error_and_is_asked_again_later() -> None:
+    table = RoutingTable(BOOT, refresh_interval=2.0, single_refresh=30.0)
+    response = m.LookupResponse(
+        (A, B), (m.LookupTopic("gone", ErrorCode.UNKNOWN_TOPIC, "topic 'gone' does not exist", ()),)
+    )
+    table.apply(response, 0.0)
+    assert isinstance(table.error("gone"), UnknownTopic)
+    assert table.owner("gone", 0) is None and table.partitions("gone") is None
+    assert not table.needs_lookup("gone", 1.0)
+    assert table.needs_lookup("gone", 2.0)
+
+
+def test_refresh_intervals_single_and_multi_broker() -> None:
+    table = RoutingTable(BOOT, refresh_interval=2.0, single_refresh=30.0)
+    assert table.needs_lookup("t", 0.0)  # never looked up
+    table.apply(answer((A,), ["a"]), 0.0)
+    assert not table.needs_lookup("t", 29.0) and table.needs_lookup("t", 30.0)
+    table.apply(answer((A, B), ["a"]), 0.0)
+    assert not table.needs_lookup("t", 1.9) and table.needs_lookup("t", 2.0)
+    table.invalidate("t")
+    assert table.needs_lookup("t", 0.0)
+
+
+def test_a_server_without_lookup_is_one_broker_for_good() -> None:
+    table = RoutingTable(BOOT)
+    table.unsupported(["t"], 0.0)
+    assert not table.lookup_supported and not table.multi_broker
+    assert table.owner("t", 3) == BOOT
+    assert not table.needs_lookup("t", 1e9)
+
+
+def test_lookup_backoff_grows_jittered_and_ends_within_its_timeout() -> None:
+    backoff = LookupBackoff(initial=0.05, maximum=1.0, timeout=5.0)
+    delays = list(backoff.delays(random.Random(7)))
+    assert 0.025 <= delays[0] <= 0.05
+    assert all(delay <= 1.0 for delay in delays)
+    assert max(delays) > 0.5  # it grows toward the maximum
+    assert sum(delays) <= 5.0
+    assert sum(delays) > 5.0 - 1.0  # and uses the time it has
+    assert len(delays) < 200  # bounded in count too
+
+
+# The client against two real servers, each behind a broker front that answers LOOKUP from a
+# shared script (as the cluster's coordinator would let a broker answer) and refuses PRODUCE for
+# the partitions the script says it does not own (NOT_OWNER naming the owner). Everything else
+# reaches the real server unchanged. This stands in for the etcd coordinator until it is merged;
+# the client's code and the servers are the real ones.
+
+
+@dataclass
+class Script:
+    ports: dict[str, int] = field(default_factory=dict)  # broker id -> its front's port
+    owners: dict[str, list[str]] = field(default_factory=dict)  # topic -> owner per partition
+    epoch: int = 1
+    lookups: int = 0
+
+    def answer(self, request: m.LookupRequest) -> m.LookupResponse:
+        self.lookups += 1
+        brokers = tuple(m.LookupBroker(b, "127.0.0.1", p) for b, p in sorted(self.ports.items()))
+        topics = []
+        for name in request.topics:
+            owners = self.owners.get(name)
+            if owners is None:
+                topics.append(m.LookupTopic(name, ErrorCode.UNKNOWN_TOPIC, "no such topic", ()))
+                continue
+            partitions = tuple(m.LookupPartition(p, o, self.epoch) for p, o in enumerate(owners))
+            topics.append(m.LookupTopic(name, 0, "", partitions))
+        return m.LookupResponse(brokers, tuple(topics))
+
+
+class BrokerFront:
+    def __init__(self, broker_id: str, target_port: int, script: Script) -> None:
+        self.broker_id = broker_id
+        self.target_port = target_port
+        self.script = script
+        self.refused = 0
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> BrokerFront:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self.script.ports[self.broker_id] = self._server.sockets[0].getsockname()[1]
+        return self
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.script.ports[self.broker_id]}"
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream_reader, upstream = await asyncio.open_connection("127.0.0.1", self.target_port)
+        self._writers |= {writer, upstream}
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)  # type: ignore[arg-type]
+        await asyncio.gather(
+            self._requests(reader, writer, upstream),
+            self._forward(upstream_reader, writer),
+            return_exceptions=True,
+        )
+        for end in (writer, upstream):
+            end.close()
+
+    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        decoder = FrameDecoder()
+        while data := await reader.read(65536):
+            for frame in decoder.feed(data):
+                assert isinstance(frame, Frame)
+                writer.write(_encode(frame))  # whole frames: answers of ours come between
+        writer.close()
+
+    async def _requests(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        upstream: asyncio.StreamWriter,
+    ) -> None:
+        decoder = FrameDecoder()
+        while data := await reader.read(65536):
+            for frame in decoder.feed(data):
+                assert isinstance(frame, Frame)
+                header = frame.header
+                if header.api_key == m.ApiKey.LOOKUP:
+                    request = decode_request(header, frame.body)
+                    assert isinstance(request, m.LookupRequest)
+                    answer = self.script.answer(request)
+                    writer.write(encode_response(m.ApiKey.LOOKUP, header.correlation_id, answer))
+                    continue
+                if header.api_key == m.ApiKey.PRODUCE:
+                    request = decode_request(header, frame.body)
+                    assert isinstance(request, m.ProduceRequest)
+                    owner = self.script.owners[request.topic][request.partition]
+                    if owner != self.broker_id:
+                        self.refused += 1
+                        port = self.script.ports[owner]
+                        error = NotOwner(
+                            f"partition {request.partition} of topic {request.topic!r} is not "
+                            f"served here: owner={owner}@127.0.0.1:{port}"
+                        )
+                        writer.write(encode_error(header.api_key, 0, header.correlation_id, error))
+                        continue
+                upstream.write(_encode(frame))
+        upstream.close()
+
+    def cut(self) -> None:
+        """Drop every connection, as a broker dying would."""
+        for writer in self._writers:
+            writer.transport.abort()
+
+    async def close(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        self.cut()
+        await asyncio.wait_for(asyncio.gather(*self._tasks, return_exceptions=True), 10)
+
+
+def _encode(frame: Frame) -> bytes:
+    h = frame.header
+    return encode_frame(h.api_key, h.api_version, h.correlation_id, h.flags, frame.body)
+
+
+@pytest.fixture
+async def two_brokers(tmp_path: Path) -> AsyncIterator[tuple[Script, BrokerFront, BrokerFront]]:
+    servers = [ServerProcess(tmp_path / name).start() for name in ("a", "b")]
+    script = Script()
+    fronts = [
+        await BrokerFront(n, s.port, script).start() for n, s in zip("ab", servers, strict=True)
+    ]
+    try:
+        yield script, fronts[0], fronts[1]
+    finally:
+        for front in fronts:
+            await front.close()
+        for server in servers:
+            server.kill()
+
+
+async def _offsets(front: BrokerFront, topic: str) -> list[int]:
+    """The next offset of each partition at the real server behind `front`."""
+    async with await headwater.connect(f"127.0.0.1:{front.target_port}") as direct:
+        return list((await direct.describe_topic(topic)).next_offsets)
+
+
+async def _create(topic: str, partitions: int, *fronts: BrokerFront, **options: Any) -> None:
+    for front in fronts:
+        async with await headwater.connect(f"127.0.0.1:{front.target_port}") as direct:
+            await direct.create_topic(topic, partitions=partitions, **options)
+
+
+def _key_for(partition: int, partitions: int) -> bytes:
+    return next(
+        k for i in range(1000) if partition_for_key(k := f"k{i}".encode(), partitions) == partition
+    )
+
+
+async def test_producer_sends_each_partition_to_its_owner(
+    two_brokers: tuple[Script, BrokerFront, BrokerFront],
+) -> None:
+    script, a, b = two_brokers
+    await _create("t", 4, a, b)
+    script.owners["t"] = ["a", "b", "a", "b"]
+    async with await headwater.connect(a.address) as client:
+        producer = client.producer("t")
+        futures = [await producer.send(b"keyed", key=_key_for(p % 4, 4)) for p in range(40)]
+        futures += [await producer.send(b"keyless") for _ in range(40)]
+        await producer.flush()
+        sent = [await f for f in futures]
+        assert {x.partition for x in sent} == {0, 1, 2, 3}  # keyless spread by the client
+        owners = await client.lookup("t")
+        assert [o.broker_id if o else None for o in owners.values()] == ["a", "b", "a", "b"]
+    on_a, on_b = await _offsets(a, "t"), await _offsets(b, "t")
+    assert on_a[1] == on_a[3] == 0 and on_b[0] == on_b[2] == 0  # nothing at a non-owner
+    assert sum(on_a) + sum(on_b) == 80
+    assert a.refused == b.refused == 0
+
+
+async def test_producer_follows_not_owner_to_the_new_owner(
+    two_brokers: tuple[Script, BrokerFront, BrokerFront],
+) -> None:
+    script, a, b = two_brokers
+    await _create("t", 2, a, b)
+    script.owners["t"] = ["a", "b"]
+    key = _key_for(0, 2)
+    async with await headwater.connect(a.address) as client:
+        producer = client.producer("t")
+        first = [await producer.send(b"before", key=key) for _ in range(10)]
+        await producer.flush()
+        script.owners["t"] = ["b", "b"]  # partition 0 moved to b
+        script.epoch += 1
+        second = [await producer.send(b"after", key=key) for _ in range(10)]
+        await producer.flush()  # raises if any send failed
+        assert all(f.result().partition == 0 for f in first + second)
+    assert a.refused >= 1  # a answered NOT_OWNER, and the batches went to b
+    assert (await _offsets(a, "t"))[0] == 10
+    assert (await _offsets(b, "t"))[0] == 10
+
+
+async def test_at_most_once_fails_batches_refused_as_not_owner(
+    two_brokers: tuple[Script, BrokerFront, BrokerFront],
+) -> None:
+    script, a, b = two_brokers
+    await _create("t", 2, a, b)
+    script.owners["t"] = ["a", "b"]
+    async with await headwater.connect(a.address) as client:
+        producer = client.producer("t", delivery=AtMostOnce(wait_for_offsets=True))
+        await (await producer.send(b"x", key=_key_for(0, 2)))
+        script.owners["t"] = ["b", "b"]
+        future = await producer.send(b"y", key=_key_for(0, 2))
+        with pytest.raises(NotOwner):
+            await future
+        with pytest.raises(NotOwner):
+            await producer.flush()
+        # the next send is routed to the new owner (the refusal made the routes stale)
+        assert (await (await producer.send(b"z", key=_key_for(0, 2)))).offset == 0
+    assert (await _offsets(b, "t"))[0] == 1
+
+
+async def test_consumer_merges_every_owner_and_acks_where_each_came_from(
+    two_brokers: tuple[Script, BrokerFront, BrokerFront],
+) -> None:
+    script, a, b = two_brokers
+    await _create("t", 2, a, b)
+    script.owners["t"] = ["a", "b"]
+    async with await headwater.connect(a.address) as client:
+        client.metadata_refresh = 0.2
+        producer = client.producer("t")
+        for i in range(20):
+            await producer.send(f"m{i}".encode(), key=_key_for(i % 2, 2))
+        await producer.flush()
+        consumer = await client.subscribe("t", "s", start="earliest", type="shared")
+        got = []
+        for _ in range(20):
+            message = await consumer.receive(timeout=10)
+            got.append(message.value)
+            await message.ack()
+        assert sorted(got) == sorted(f"m{i}".encode() for i in range(20))
+        await consumer.close()
+    for front in (a, b):
+        async with await headwater.connect(f"127.0.0.1:{front.target_port}") as direct:
+            (sub,) = await direct.list_subscriptions("t")
+            assert sub.lag == 0 and sub.unacked == 0  # every ack reached its broker
+
+
+async def test_consumer_leg_follows_its_partition_after_the_broker_is_lost(
+    two_brokers: tuple[Script, BrokerFront, BrokerFront],
+) -> None:
+    script, a, b = two_brokers
+    await _create("t", 2, a, b)
+    script.owners["t"] = ["a", "b"]
+    async with await headwater.connect(a.address) as client:
+        client.metadata_refresh = 0.2
+        consumer = await client.subscribe("t", "s", start="earliest")
+        producer = client.producer("t")
+        await (await producer.send(b"on b", key=_key_for(1, 2)))
+        assert (await consumer.receive(timeout=10)).value == b"on b"
+        script.owners["t"] = ["a", "a"]  # b is gone; a took partition 1 over
+        script.epoch += 1
+        del script.ports["b"]
+        b.cut()
+        await (await producer.send(b"on a", key=_key_for(1, 2)))
+        message = await consumer.receive(timeout=15)
+        assert (message.value, message.partition) == (b"on a", 1)
+        await message.ack()
+    assert (await _offsets(a, "t"))[1] == 1
+
+
+async def test_map_keys_go_to_their_owner_and_scan_merges(
+    two_brokers: tuple[Script, BrokerFront, BrokerFront],
+) -> None:
+    script, a, b = two_brokers
+    await _create("m", 2, a, b, configs={"last.value": "true"})
+    script.owners["m"] = ["a", "b"]
+    keys = [f"key{i:02d}" for i in range(20)]
+    async with await headwater.connect(a.address) as client:
+        table = client.map("m")
+        await table.set_many({k: k.upper() for k in keys})
+        await table.set("key00", "again")
+        assert (await table.get("key00")) is not None
+        values = await table.get_many([*keys, "absent"])
+        assert [v.value if v else None for v in values] == [
+            b"again",
+            *(k.upper().encode() for k in keys[1:]),
+            None,
+        ]
+        assert await table.size() == 20
+        seen = []
+        async for entry in table.items(page_size=3):
+            seen.append(entry.key)
+        assert seen == sorted(k.encode() for k in keys)
+    for front, partition in ((a, 0), (b, 1)):
+        async with await headwater.connect(f"127.0.0.1:{front.target_port}") as direct:
+            here = await direct.map("m").get_many(keys)
+            assert all(
+                (v is not None) == (partition_for_key(k.encode(), 2) == partition)
+                for k, v in zip(keys, here, strict=True)
+            )
+
+
+async def test_admin_requests_go_to_another_broker_when_the_bootstrap_is_lost(
+    two_brokers: tuple[Script, BrokerFront, BrokerFront],
+) -> None:
+    script, a, b = two_brokers
+    await _create("t", 2, a, b)
+    script.owners["t"] = ["a", "b"]
+    client = await headwater.connect(a.address)
+    try:
+        await client.lookup("t")
+        await a.close()  # broker a is gone: its connections cut, no new ones
+        deadline = asyncio.get_running_loop().time() + 10
+        while client.connected and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)  # the loss is seen when the socket reports it
+        assert not client.connected
+        await client.create_topic("u", partitions=1)
+    finally:
+        await client.close()
+    async with await headwater.connect(f"127.0.0.1:{b.target_port}") as direct:
+        assert "u" in [t.name for t in await direct.list_topics()]
+
+
+async def test_consumer_goes_on_when_the_bootstrap_broker_is_lost(
+    two_brokers: tuple[Script, BrokerFront, BrokerFront],
+) -> None:
+    """The application's consumer is the leg at the bootstrap broker: losing that connection
+    (no reconnection policy) suspends it instead of ending it, and the other legs go on."""
+    script, a, b = two_brokers
+    await _create("t", 2, a, b)
+    script.owners["t"] = ["a", "b"]
+    async with await headwater.connect(a.address) as client:
+        client.metadata_refresh = 0.2
+        consumer = await client.subscribe("t", "s", start="earliest")
+        producer = client.producer("t")
+        for partition in (0, 1):
+            await (await producer.send(b"before", key=_key_for(partition, 2)))
+        assert {(await consumer.receive(timeout=10)).partition for _ in range(2)} == {0, 1}
+        script.owners["t"] = ["b", "b"]  # a is gone; b took partition 0 over
+        script.epoch += 1
+        del script.ports["a"]
+        await a.close()
+        await (await producer.send(b"after", key=_key_for(0, 2)))
+        message = await consumer.receive(timeout=15)
+        assert (message.value, message.partition) == (b"after", 0)
+        await message.ack()
+    assert (await _offsets(b, "t"))[0] == 1
+
+
+async def test_placements_never_put_two_legs_at_one_broker(
+    two_brokers: tuple[Script, BrokerFront, BrokerFront],
+) -> None:
+    """The periodic refresh, the resync after a lost leg and others may place legs at once: one
+    at a time, so a broker never gets a second leg (whose messages nobody would take)."""
+    script, a, b = two_brokers
+    await _create("t", 2, a, b)
+    script.owners["t"] = ["a", "b"]
+    loop = asyncio.get_running_loop()
+
+    async def consumers_at_b() -> int:
+        async with await headwater.connect(f"127.0.0.1:{b.target_port}") as direct:
+            (sub,) = await direct.list_subscriptions("t")
+            return sub.consumers
+
+    async with await headwater.connect(a.address) as client:
+        await client.lookup("t")
+        consumer = await client.subscribe("t", "s", type="shared")
+        legs = consumer._cluster
+        assert legs is not None
+        leg = legs.legs[("127.0.0.1", script.ports["b"])]
+        leg._connection._fail(leg._connection.lost("cut by the test"))  # its resync is due
+        await client._router.refresh("t")  # b still owns partition 1
+        await asyncio.gather(*(legs._sync() for _ in range(3)))
+        deadline = loop.time() + 10
+        while await consumers_at_b() != 1 and loop.time() < deadline:
+            await asyncio.sleep(0.05)  # the server drops the cut connection's consumer
+        assert await consumers_at_b() == 1
+        assert len(legs.legs) == 2
+
+
+async def test_producer_resends_to_the_new_owner_after_losing_a_broker(
+    two_brokers: tuple[Script, BrokerFront, BrokerFront],
+) -> None:
+    script, a, b = two_brokers
+    await _create("t", 2, a, b)
+    script.owners["t"] = ["a", "b"]
+    key = _key_for(1, 2)
+    async with await headwater.connect(a.address) as client:
+        producer = client.producer("t")
+        await (await producer.send(b"to b", key=key))
+        script.owners["t"] = ["a", "a"]  # b dies; a takes partition 1 over
+        script.epoch += 1
+        del script.ports["b"]
+        await b.close()
+        later = [await producer.send(b"to a", key=key) for _ in range(20)]
+        await producer.flush()  # raises if any was lost
+        assert all(f.result().partition == 1 for f in later)
+    assert (await _offsets(a, "t"))[1] == 20
+
+
+async def test_blocking_client_follows_not_owner_to_the_owner(
+    two_brokers: tuple[Script, BrokerFront, BrokerFront],
+) -> None:
+    script, a, b = two_brokers
+    await _create("t", 2, a, b)
+    script.owners["t"] = ["b", "b"]
+
+    def produce() -> list[int]:
+        with BlockingClient(a.address, timeout=10) as client:
+            return [client.produce("t", [(None, b"x", ())], partition=0) for _ in range(3)]
+
+    assert await asyncio.to_thread(produce) == [0, 1, 2]
+    assert a.refused == 1  # once: the connection to b is kept for the next produces
+    assert (await _offsets(b, "t"))[0] == 3 and (await _offsets(a, "t"))[0] == 0
