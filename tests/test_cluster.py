@@ -113,7 +113,8 @@ async def consume_all(
 ) -> set[bytes]:
     """Subscribe `s` on every broker and ack until `wanted` is all seen (bounded)."""
     consumers = [
-        await (await owners.client(b)).subscribe(topic, "s", start="earliest") for b in brokers
+        await (await owners.client(b)).subscribe(topic, "s", type="shared", start="earliest")
+        for b in brokers
     ]
     seen: set[bytes] = set()
     deadline = time.monotonic() + timeout
@@ -219,7 +220,8 @@ async def test_graceful_stop_hands_off_without_redelivering_acked(
     fresh = await produce_each(owners, "orders", moved, "two", 5)
     wanted = {v for vs in fresh.values() for v in vs}
     consumers = [
-        await (await owners.client(b)).subscribe("orders", "s", start="earliest") for b in staying
+        await (await owners.client(b)).subscribe("orders", "s", type="shared", start="earliest")
+        for b in staying
     ]
     received: list[bytes] = []
     deadline = time.monotonic() + 30
@@ -297,7 +299,7 @@ async def test_etcd_outage_short_keeps_serving_long_fences_then_recovers(
         after = await produce_each(owners, "orders", owner_of, "after", 3)
         wanted = {v for batch in (acked, during, after) for vs in batch.values() for v in vs}
         consumers = [
-            await (await owners.client(b)).subscribe("orders", "s", start="earliest")
+            await (await owners.client(b)).subscribe("orders", "s", type="shared", start="earliest")
             for b in ("b1", "b2")
         ]
         offsets: dict[int, list[int]] = {}

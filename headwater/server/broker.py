@@ -231,7 +231,8 @@ class Broker:
         """Serve only the partitions `ownership` gives this broker, and define topics through
         `cluster` (a `server.cluster_mode.ClusterMode`; docs/CLUSTER.md)."""
         self.gate = ownership
-        self.ownership = ownership  # what LOOKUP answers from
+        self.ownership = ownership
+        self._handlers[m.LookupRequest] = LookupHandler(ownership, self.catalog.topics).lookup
         self.cluster = cluster
         self.maps.ownership = ownership
         self.catalog.subscriptions.serves = ownership.serves

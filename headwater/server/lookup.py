@@ -5,7 +5,7 @@ each partition's owner as last seen) and the catalog (how many partitions a topi
 unknown topic is reported in that topic's entry (UNKNOWN_TOPIC), not as a failed request, so one
 stale name does not hide the others. A partition nobody owns now (a failover under way) has
 broker id "": the client asks again after a short backoff. The partition's epoch comes from the
-ownership's optional `epoch(topic, partition)` (the coordinator's; 0 on a single broker).
+ownership's optional `owner_epoch(topic, partition)` (the coordinator's; 0 on a single broker).
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ class LookupHandler:
             m.LookupBroker(b.broker_id, b.host, b.port)
             for b in sorted(ownership.brokers(), key=lambda b: b.broker_id)
         )
-        epoch: Callable[[str, int], int] = getattr(ownership, "epoch", _no_epoch)
+        # the owner's epoch as this broker last saw it (the coordinator's; 0 on a single broker)
+        epoch: Callable[[str, int], int] = getattr(ownership, "owner_epoch", _no_epoch)
         answers = []
         for name in request.topics:
             topic = self._topics.get(name)

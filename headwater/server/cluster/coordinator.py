@@ -391,6 +391,14 @@ class Coordinator(Assignment, Metadata):
         held = self._held.get((topic, partition))
         return held.epoch if held is not None else None
 
+    def owner_epoch(self, topic: str, partition: int) -> int:
+        """The epoch of the partition's owner as last seen (0: no owner), for LOOKUP."""
+        held = self._held.get((topic, partition))
+        if held is not None:
+            return held.epoch
+        entry = self._owners.get((topic, partition))
+        return entry.create_revision if entry is not None else 0
+
     def owned(self) -> list[tuple[str, int]]:
         return sorted(k for k, held in self._held.items() if held.state is State.SERVING)
 
