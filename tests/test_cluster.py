@@ -109,9 +109,15 @@ async def produce_each(
 
 
 async def consume_all(
-    owners: Owners, topic: str, brokers: list[str], wanted: set[bytes], timeout: float = 30.0
+    owners: Owners,
+    topic: str,
+    brokers: list[str],
+    wanted: set[bytes],
+    timeout: float = 30.0,
+    seen_before: frozenset[bytes] = frozenset(),
 ) -> set[bytes]:
-    """Subscribe `s` on every broker and ack until `wanted` is all seen (bounded)."""
+    """Subscribe `s` on every broker and ack until `wanted` is all seen, counting what was seen
+    (and acked) before (bounded): the values received."""
     consumers = [
         await (await owners.client(b)).subscribe(topic, "s", type="shared", start="earliest")
         for b in brokers
@@ -120,7 +126,7 @@ async def consume_all(
     deadline = time.monotonic() + timeout
 
     async def drain(consumer: headwater.Consumer) -> None:
-        while not wanted <= seen and time.monotonic() < deadline:
+        while not wanted <= seen | seen_before and time.monotonic() < deadline:
             try:
                 message = await consumer.receive(timeout=0.5)
             except TimeoutError:
@@ -192,7 +198,9 @@ async def test_kill9_moves_partitions_and_loses_nothing_acknowledged(
     moved = await cluster.wait_owned("orders", PARTITIONS, survivors, timeout=TAKE_OVER_S)
     after = await produce_each(owners, "orders", moved, "after", 10)
     wanted = {v for vs in (*before.values(), *after.values()) for v in vs}
-    seen |= await consume_all(owners, "orders", sorted(survivors), wanted)
+    seen |= await consume_all(
+        owners, "orders", sorted(survivors), wanted, seen_before=frozenset(seen)
+    )
     assert wanted <= seen, f"lost {len(wanted - seen)} acknowledged messages"
     # map values set before the kill read back from the new owner
     kv_moved = await cluster.wait_owned("kv", 3, survivors, timeout=TAKE_OVER_S)
