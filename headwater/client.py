@@ -345,7 +345,7 @@ class Client(ClusterMixin, AdminMixin, SchemaAdmin):
     async def describe_topic(self, name: str) -> m.DescribeTopicResponse:
         response = await self._request(m.DescribeTopicRequest(name))
         assert isinstance(response, m.DescribeTopicResponse)
-        return response
+        return await self._owners_offsets(response)
 
     async def api_versions(self) -> dict[int, tuple[int, int]]:
         response = await self._request(m.ApiVersionsRequest())

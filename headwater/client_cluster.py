@@ -16,6 +16,7 @@ single broker sees exactly the requests it saw before routing existed, plus one 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import TYPE_CHECKING, Protocol
 
 from headwater.cluster_consumer import ClusterLegs, _watched
@@ -114,6 +115,29 @@ class ClusterMixin:
         asked of the cluster now; raises `UnknownTopic` for a topic that does not exist. On a
         single broker every partition is owned by the address the client connected to."""
         return await self._router.lookup(topic)
+
+    async def _owners_offsets(self, response: m.DescribeTopicResponse) -> m.DescribeTopicResponse:
+        """In a cluster, each partition's next and start offsets as its owner knows them (the
+        broker that answered DESCRIBE_TOPIC knows only its own partitions': `consume
+        --exit-at-end` stopped short); the rest of the answer is the bootstrap broker's."""
+        name = response.topic.name
+        await self._router.settle(name)
+        if not self._router.multi_broker:
+            return response
+        next_offsets, start_offsets = list(response.next_offsets), list(response.start_offsets)
+        by_owner: dict[BrokerAddress, list[int]] = {}
+        for partition, owner in (await self._router.lookup(name)).items():
+            if owner is not None and partition < len(next_offsets):
+                by_owner.setdefault(owner, []).append(partition)
+        for owner, partitions in by_owner.items():
+            answer = await (await self._peers.get(owner)).request(m.DescribeTopicRequest(name))
+            assert isinstance(answer, m.DescribeTopicResponse)
+            for partition in partitions:
+                next_offsets[partition] = answer.next_offsets[partition]
+                start_offsets[partition] = answer.start_offsets[partition]
+        return dataclasses.replace(
+            response, next_offsets=tuple(next_offsets), start_offsets=tuple(start_offsets)
+        )
 
     async def _subscribe_cluster(self, consumer: Consumer, refused: bool = False) -> bool:
         """Give the consumer its legs at the other owners of its topic's partitions, now when

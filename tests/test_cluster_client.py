@@ -5,6 +5,9 @@ delivered at least once, and map values set before the kill read back through th
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -89,5 +92,17 @@ async def test_client_producer_and_consumer_ride_through_a_kill9(cluster: Cluste
         for key, value in values.items():
             found = await kv.get(key)
             assert found is not None and found.value == value.encode()
+        # the command line, bootstrapped at one broker, reads every partition to its end (it
+        # took the end offsets from that broker alone, which knows only its own partitions)
+        cli = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "headwater", "--server", await cluster.address("b1"),
+             "consume", "orders", "-s", "cli", "--from", "earliest", "--exit-at-end",
+             "--format", "json"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert cli.returncode == 0, cli.stderr
+        printed = {json.loads(line)["value"].encode() for line in cli.stdout.splitlines()}
+        assert acked <= printed
     finally:
         await client.close()
