@@ -146,8 +146,15 @@ async def test_partitions_spread_and_a_non_owner_answers_not_owner(
     await start_three(cluster)
     first = await owners.client("b1")
     await first.create_topic("orders", partitions=PARTITIONS)
-    owner_of = await cluster.wait_owned("orders", PARTITIONS, {"b1", "b2", "b3"})
-    assert sorted(Counter(owner_of.values()).values()) == [2, 2, 2]  # spread evenly
+    # spread evenly (a broker that saw the topic before the others may take more first, and
+    # hand the extra off: wait for the balance, bounded)
+    deadline = time.monotonic() + 20
+    while True:
+        owner_of = await cluster.wait_owned("orders", PARTITIONS, {"b1", "b2", "b3"})
+        if sorted(Counter(owner_of.values()).values()) == [2, 2, 2]:
+            break
+        assert time.monotonic() < deadline, f"not balanced: {owner_of}"
+        await asyncio.sleep(0.2)
     await produce_each(owners, "orders", owner_of, "x", 1)  # each owner serves its own
     for _ in range(20):  # (a hand-off between reading etcd and producing: read again)
         partition, owner = next(iter(sorted((await cluster.owners("orders")).items())))
@@ -162,9 +169,10 @@ async def test_partitions_spread_and_a_non_owner_answers_not_owner(
         raise AssertionError("no NOT_OWNER naming the owner from a broker that is not it")
     # every broker knows the topic, and says in its metrics what it serves
     for broker_id in ("b1", "b2", "b3"):
+        served = (await cluster.owners("orders")).values()
         metrics = cluster.metrics(broker_id)
         assert metrics["headwater_cluster_brokers"] == 3
-        assert metrics["headwater_cluster_partitions_served"] == 2
+        assert metrics["headwater_cluster_partitions_served"] == list(served).count(broker_id)
         assert metrics["headwater_cluster_serving_seconds"] > 0
     for broker_id in ("b1", "b2", "b3"):
         names = [t.name for t in await (await owners.client(broker_id)).list_topics()]
