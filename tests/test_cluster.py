@@ -9,6 +9,8 @@ Each test talks to the owner of each partition, found from etcd's ownership keys
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
@@ -359,3 +361,26 @@ def headwater_partition(key: bytes, partitions: int) -> int:
     from headwater.wire.keys import partition_for_key
 
     return partition_for_key(key, partitions)
+
+
+@pytest.mark.parametrize(
+    ("shared", "args", "message"),
+    [
+        (False, (), "a cluster needs a shared object store"),  # each broker's own objects/
+        (True, ("--advertise", "nowhere"), "cluster.advertise must be HOST:PORT"),
+    ],
+)
+def test_serve_refuses_a_cluster_it_could_not_keep_safe(
+    tmp_path: Path, shared: bool, args: tuple[str, ...], message: str
+) -> None:
+    """A cluster on each broker's private object store would lose acknowledged messages at the
+    first take-over: refused at start (exit 2), with one line, like every bad setting."""
+    config = tmp_path / "headwater.toml"
+    config.write_text(f'[object_store]\npath = "{tmp_path / "shared"}"\n' if shared else "")
+    answer = subprocess.run(
+        [sys.executable, "-m", "headwater", "serve", "--config", str(config), "--port", "0",
+         "--data-dir", str(tmp_path / "data"), "--cluster", "etcd://127.0.0.1:9", *args],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert answer.returncode == 2
+    assert message in answer.stderr and "Traceback" not in answer.stderr

@@ -107,7 +107,10 @@ def _check_cluster(config: ServerConfig, where: str) -> None:
         return
     if not cluster.etcd.startswith("etcd://") or not cluster.etcd[7:]:
         raise ConfigError(f"{where}: cluster.etcd must look like etcd://HOST:PORT")
-    if config.object_store.backend == "none":
+    store = config.object_store
+    if store.backend == "none" or (store.backend == "local" and store.path is None):
+        # each broker's own <data_dir>/objects would hold its partitions' only record: a
+        # take-over would find nothing there, and acknowledged messages would be lost
         raise ConfigError(
             f"{where}: a cluster needs a shared object store (object_store.backend s3, or local "
             "with object_store.path on storage every broker sees)"
