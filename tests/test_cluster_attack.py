@@ -1,0 +1,190 @@
+"""Attacks on the cluster's data path, on real processes (three brokers, etcd, moto's S3, loopback):
+kill -9 of brokers (the bootstrap one too) under produce load from the Python client, graceful
+restarts racing produce and consume, topics deleted and re-created under the same name (the object
+store and etcd are shared, so nothing of the old topic may leak into the new one).
+
+Each test checks the promises: every acknowledged message is delivered at least once, and no
+(partition, offset) is ever delivered with two different values.
+
+The default run is short (it is part of `make test`). `HEADWATER_CLUSTER_SOAK=1` runs the longer
+variants: more kill rounds and more messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import headwater
+from tests.cluster_support import Cluster
+from tests.etcd_support import EtcdServer
+from tests.s3 import MotoS3
+
+LEASE_TTL_MS = 2000
+SOAK = os.environ.get("HEADWATER_CLUSTER_SOAK") == "1"
+BROKERS = ("b1", "b2", "b3")
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, s3: MotoS3, bucket: str) -> Iterator[Cluster]:
+    etcd = EtcdServer(tmp_path / "etcd").start()
+    cluster = Cluster(tmp_path, etcd, s3, bucket, LEASE_TTL_MS)
+    try:
+        yield cluster
+    finally:
+        cluster.stop_all()
+        etcd.kill()
+
+
+async def start_three(cluster: Cluster) -> None:
+    await asyncio.gather(*(asyncio.to_thread(cluster.start_broker, b) for b in BROKERS))
+
+
+class Ledger:
+    """What was acknowledged to producers and what consumers were given, by (partition, offset)."""
+
+    def __init__(self) -> None:
+        self.acked: set[bytes] = set()
+        self.seen: set[bytes] = set()
+        self.at: dict[tuple[int, int], bytes] = {}
+        self.clashes: list[tuple[int, int, bytes, bytes]] = []
+
+    def delivered(self, message: headwater.Message) -> None:
+        assert message.value is not None
+        place = (message.partition, message.offset)
+        before = self.at.setdefault(place, message.value)
+        if before != message.value:
+            self.clashes.append((*place, before, message.value))
+        self.seen.add(message.value)
+
+
+async def consume_until(
+    consumer: headwater.Consumer, ledger: Ledger, done: asyncio.Event, timeout: float
+) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not (done.is_set() and ledger.acked <= ledger.seen):
+        try:
+            message = await consumer.receive(timeout=0.5)
+        except TimeoutError:
+            continue
+        except headwater.HeadwaterError:
+            await asyncio.sleep(0.1)  # a leg's broker went away; the consumer re-routes
+            continue
+        ledger.delivered(message)
+        try:
+            await message.ack()
+        except headwater.HeadwaterError:
+            pass  # the ack's broker went away: at-least-once, delivered again
+
+
+async def test_kill9_rounds_under_load_lose_nothing_and_never_reuse_an_offset(
+    cluster: Cluster,
+) -> None:
+    rounds = 6 if SOAK else 2
+    rng = random.Random(16)
+    await start_three(cluster)
+    client = await headwater.connect(await cluster.address("b1"))
+    try:
+        await client.create_topic("load", partitions=6)
+        await cluster.wait_owned("load", 6, set(BROKERS))
+        consumer = await client.subscribe("load", "s", start="earliest")
+        producer = client.producer("load")
+        ledger = Ledger()
+        done = asyncio.Event()
+        failed: list[BaseException] = []
+
+        async def produce_one(i: int) -> None:
+            value = f"m-{i}".encode()
+            try:
+                await (await producer.send(value, key=str(i).encode()))
+            except headwater.HeadwaterError as exc:
+                failed.append(exc)  # not acknowledged: may or may not be delivered
+                return
+            ledger.acked.add(value)
+
+        async def produce() -> None:
+            i = 0
+            stop_at = time.monotonic() + (60 if SOAK else 12) + rounds * 3
+            while time.monotonic() < stop_at and i < 200_000:
+                await asyncio.gather(*(produce_one(i + j) for j in range(8)))
+                i += 8
+            done.set()
+
+        producing = asyncio.ensure_future(produce())
+        consuming = asyncio.ensure_future(consume_until(consumer, ledger, done, 150))
+        # the bootstrap broker first, then at random
+        victims = ["b1"] + [rng.choice(BROKERS) for _ in range(rounds - 1)]
+        for victim in victims:
+            await asyncio.sleep(rng.uniform(0.5, 2.0))
+            cluster.brokers[victim].kill()
+            await cluster.wait_owned("load", 6, set(BROKERS) - {victim}, timeout=20)
+            await asyncio.to_thread(cluster.start_broker, victim)
+        await asyncio.wait_for(producing, 120)
+        await asyncio.wait_for(consuming, 160)
+        assert len(ledger.acked) > 100
+        assert not ledger.clashes, f"offsets given to two messages: {ledger.clashes[:5]}"
+        lost = ledger.acked - ledger.seen
+        assert not lost, f"{len(lost)} acknowledged messages never delivered: {sorted(lost)[:5]}"
+        await producer.close()
+        await consumer.close()
+    finally:
+        await client.close()
+
+
+async def test_a_recreated_topic_has_nothing_of_the_deleted_one(cluster: Cluster) -> None:
+    """The object store and etcd are shared: the old topic's tail chunks, epoch markers and cursor
+    checkpoints must not come back in a topic re-created under the same name."""
+    await asyncio.gather(*(asyncio.to_thread(cluster.start_broker, b) for b in ("b1", "b2")))
+    first = await headwater.connect(await cluster.address("b1"))
+    second = await headwater.connect(await cluster.address("b2"))
+    try:
+        await first.create_topic("t", partitions=2)
+        await cluster.wait_owned("t", 2, {"b1", "b2"})
+        producer = first.producer("t")
+        old = {f"old-{i}".encode() for i in range(40)}
+        for value in sorted(old):
+            await (await producer.send(value, key=value))
+        await producer.close()
+        consumer = await first.subscribe("t", "s", start="earliest")
+        got: set[bytes] = set()
+        deadline = time.monotonic() + 20
+        while got != old and time.monotonic() < deadline:
+            message = await consumer.receive(timeout=5)
+            assert message.value is not None
+            got.add(message.value)
+            await message.ack()
+        assert got == old
+        await asyncio.sleep(0.6)  # the acks reach etcd's cursor checkpoints (interval 200 ms)
+        await consumer.close()
+        await first.delete_topic("t")
+        await second.create_topic("t", partitions=2)
+        await cluster.wait_owned("t", 2, {"b1", "b2"})
+        fresh_producer = second.producer("t")
+        new = {f"new-{i}".encode() for i in range(10)}
+        for value in sorted(new):
+            await (await fresh_producer.send(value, key=value))
+        await fresh_producer.close()
+        consumer = await second.subscribe("t", "s", start="earliest")
+        seen: list[headwater.Message] = []
+        deadline = time.monotonic() + 10
+        while len(seen) < len(new) and time.monotonic() < deadline:
+            try:
+                message = await consumer.receive(timeout=1)
+            except TimeoutError:
+                continue
+            seen.append(message)
+            await message.ack()
+        values = {m.value for m in seen}
+        assert not values & old, "the re-created topic served the deleted topic's messages"
+        assert values == new, f"missing from the re-created topic: {sorted(new - values)}"
+        assert all(m.offset < 10 for m in seen), [(m.partition, m.offset) for m in seen]
+        await consumer.close()
+    finally:
+        await first.close()
+        await second.close()
