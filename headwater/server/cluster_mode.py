@@ -16,6 +16,7 @@ handler (`server.cluster_partitions`), and wires them into the catalog and the b
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
 from typing import Any
 
 import structlog
@@ -118,11 +119,23 @@ class ClusterMode:
     async def delete_topic(self, name: str) -> None:
         """DELETE_TOPIC, in the topic's turn: etcd first (every broker drops its copy from the
         watch), then ours at once."""
-        if not await self.coordinator.delete_topic(name):
+        revision = await self.coordinator.delete_topic(name)
+        if not revision:
             raise UnknownTopic(f"topic {name!r} does not exist")
         await self._drop_local(name)
         if self._catalog.uploader is not None:
             self._catalog.uploader.purge(name)
+        # the tail by epoch: a topic re-created under the name at once writes its own chunks and
+        # markers under the same prefix, and they must stay (take-overs ignore the old ones)
+        self._background(self._purge_tail(name, revision))
+
+    async def _purge_tail(self, name: str, revision: int) -> None:
+        try:
+            gone = await self.tail.purge(name, revision)
+        except Exception as exc:  # left behind: ignored by take-overs, only costs storage
+            log.warning("cluster.tail_purge_failed", topic=name, error=str(exc))
+            return
+        log.info("cluster.tail_purged", topic=name, objects=gone)
 
     async def _on_topic(self, name: str, definition: dict[str, Any] | None) -> None:
         catalog = self._catalog
@@ -168,9 +181,10 @@ class ClusterMode:
         await self.coordinator.delete_checkpoints(checkpoint_key(topic, name, 0)[:-1])
 
     def _collect(self, topic: str, partition: int, base: int, end: int) -> None:
-        task = asyncio.get_running_loop().create_task(
-            self.tail.collect(topic, partition, base, end)
-        )
+        self._background(self.tail.collect(topic, partition, base, end))
+
+    def _background(self, work: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
         self._collecting.add(task)
         task.add_done_callback(self._collecting.discard)
 
