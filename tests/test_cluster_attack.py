@@ -23,6 +23,10 @@ from pathlib import Path
 import pytest
 
 import headwater
+from headwater.server.tail_commit import TailCommitter
+from headwater.storage.cloud_tail import Chunk, CloudTail
+from headwater.storage.objectstore import LocalObjectStore
+from headwater.wire.records import build_batch, stamp_base_offset
 from tests.cluster_support import Cluster
 from tests.etcd_support import EtcdServer
 from tests.s3 import MotoS3
@@ -187,3 +191,53 @@ async def test_a_recreated_topic_has_nothing_of_the_deleted_one(cluster: Cluster
     finally:
         await first.close()
         await second.close()
+
+
+def stamped(values: list[bytes], base: int) -> bytes:
+    batch = bytearray(build_batch([(None, v, ()) for v in values]))
+    stamp_base_offset(batch, base)
+    return bytes(batch)
+
+
+async def test_a_chunk_failing_when_its_partition_was_lost_is_not_stored_after_a_reacquire(
+    tmp_path: Path,
+) -> None:
+    """An etcd outage fences the owner while its chunk's PUT is being retried; etcd comes back
+    with the lease alive and the partition is served again (same epoch), its log rebuilt, and a
+    new batch takes the same offset. The old chunk (its producer was answered NOT_OWNER) must not
+    land after that: it would give the new, acknowledged batch's offsets to other messages."""
+    store = LocalObjectStore(tmp_path / "store")
+    tail = CloudTail(store)
+    serving = True
+    committer = TailCommitter(
+        tail,
+        0.001,
+        lambda topic, partition: serving,
+        lambda topic, partition: 7,
+        lambda topic, partition: headwater.NotOwner("owner=none"),
+    )
+    await tail.mark_epoch("t", 0, 7, 0)
+    # the first chunk's PUT fails while a directory sits where its object goes
+    blocker = tmp_path / "store" / Chunk(0, 1, 7).name("t", 0)
+    blocker.mkdir(parents=True)
+    old = committer.add("t", 0, 0, stamped([b"old"], 0), 1)
+    deadline = time.monotonic() + 10
+    while committer.failures == 0 and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert committer.failures > 0
+    serving = False  # fenced
+    committer.reset("t", 0)
+    # etcd back within the PUT's retry delay, the lease alive: served again, the log rebuilt at
+    # 0 (a take-over waits for the partition's PUT in flight first)
+    serving = True
+    await asyncio.wait_for(committer.settle("t", 0), 10)
+    with pytest.raises(headwater.NotOwner):
+        await old
+    new = committer.add("t", 0, 0, stamped([b"new-1", b"new-2"], 0), 2)
+    blocker.rmdir()
+    await asyncio.wait_for(new, 10)
+    await asyncio.wait_for(committer.settle("t", 0), 10)
+    end, run = (await tail.state("t", 0)).resolve()
+    assert end == 2
+    assert run == [Chunk(0, 2, 7)]
+    assert not (tmp_path / "store" / Chunk(0, 1, 7).name("t", 0)).exists()

@@ -118,6 +118,7 @@ class ClusterPartitions:
             if not isinstance(found, LogTopic):
                 return  # non-reliable: nothing is kept, nothing to take over
             started = time.monotonic()
+            await self._committer.settle(topic, partition)
             # what a deleted topic of the same name left in the shared store is not ours
             since = self._checkpoints.incarnation(topic)
             state = (await self._tail.state(topic, partition)).since(since)
