@@ -140,6 +140,61 @@ async def test_kill9_rounds_under_load_lose_nothing_and_never_reuse_an_offset(
         await client.close()
 
 
+
+async def test_joins_and_graceful_restarts_under_load_lose_nothing(cluster: Cluster) -> None:
+    """b3 joins while the producer runs (partitions move to it by hand-off), then b2 and b1 (the
+    bootstrap broker) are stopped gracefully and started again, under produce and consume."""
+    await asyncio.gather(*(asyncio.to_thread(cluster.start_broker, b) for b in ("b1", "b2")))
+    client = await headwater.connect(await cluster.address("b1"))
+    try:
+        await client.create_topic("moving", partitions=6)
+        await cluster.wait_owned("moving", 6, {"b1", "b2"})
+        consumer = await client.subscribe("moving", "s", start="earliest")
+        producer = client.producer("moving")
+        ledger = Ledger()
+        done = asyncio.Event()
+
+        async def produce_one(i: int) -> None:
+            value = f"m-{i}".encode()
+            with contextlib.suppress(headwater.HeadwaterError):  # not acknowledged
+                await (await producer.send(value, key=str(i).encode()))
+                ledger.acked.add(value)
+
+        async def produce() -> None:
+            i = 0
+            while not stop_producing.is_set() and i < 200_000:
+                await asyncio.gather(*(produce_one(i + j) for j in range(8)))
+                i += 8
+            done.set()
+
+        stop_producing = asyncio.Event()
+        producing = asyncio.ensure_future(produce())
+        consuming = asyncio.ensure_future(consume_until(consumer, ledger, done, 120))
+        await asyncio.sleep(1)
+        await asyncio.to_thread(cluster.start_broker, "b3")
+        await cluster.wait_owned("moving", 6, set(BROKERS))
+        deadline = time.monotonic() + 20
+        while "b3" not in (await cluster.owners("moving")).values():
+            assert time.monotonic() < deadline, "no partition moved to the joining broker"
+            await asyncio.sleep(0.1)
+        for leaving in ("b2", "b1") if not SOAK else ("b2", "b1", "b3", "b2", "b1"):
+            await asyncio.sleep(1)
+            assert await asyncio.to_thread(cluster.brokers[leaving].stop) == 0
+            await cluster.wait_owned("moving", 6, set(BROKERS) - {leaving}, timeout=20)
+            await asyncio.to_thread(cluster.start_broker, leaving)
+        await asyncio.sleep(1)
+        stop_producing.set()
+        await asyncio.wait_for(producing, 60)
+        await asyncio.wait_for(consuming, 130)
+        assert len(ledger.acked) > 100
+        assert not ledger.clashes, f"offsets given to two messages: {ledger.clashes[:5]}"
+        lost = ledger.acked - ledger.seen
+        assert not lost, f"{len(lost)} acknowledged messages never delivered: {sorted(lost)[:5]}"
+        await producer.close()
+        await consumer.close()
+    finally:
+        await client.close()
+
 async def test_a_recreated_topic_has_nothing_of_the_deleted_one(cluster: Cluster) -> None:
     """The object store and etcd are shared: the old topic's tail chunks, epoch markers and cursor
     checkpoints must not come back in a topic re-created under the same name."""
