@@ -296,3 +296,43 @@ async def test_a_chunk_failing_when_its_partition_was_lost_is_not_stored_after_a
     assert end == 2
     assert run == [Chunk(0, 2, 7)]
     assert not (tmp_path / "store" / Chunk(0, 1, 7).name("t", 0)).exists()
+
+
+
+async def partition_counts(clients: list[headwater.Client], name: str) -> list[int | None]:
+    counts: list[int | None] = []
+    for client in clients:
+        found = [t.partitions for t in await client.list_topics() if t.name == name]
+        counts.append(found[0] if found else None)
+    return counts
+
+
+async def test_a_name_created_on_three_brokers_at_once_exists_once_everywhere(
+    cluster: Cluster,
+) -> None:
+    await start_three(cluster)
+    clients = [await headwater.connect(await cluster.address(b)) for b in BROKERS]
+    try:
+        for round_ in range(20 if SOAK else 8):
+            name = f"race-{round_}"
+            answers = await asyncio.wait_for(
+                asyncio.gather(
+                    *(c.create_topic(name, partitions=n) for c, n in zip(clients, (2, 4, 3))),
+                    return_exceptions=True,
+                ),
+                30,
+            )
+            winners = [i for i, a in enumerate(answers) if a is None]
+            assert len(winners) == 1, answers
+            assert all(
+                isinstance(a, headwater.TopicExists) for a in answers if a is not None
+            ), answers
+            count = (2, 4, 3)[winners[0]]
+            deadline = time.monotonic() + 10
+            while (counts := await partition_counts(clients, name)) != [count] * 3:
+                assert time.monotonic() < deadline, f"{name}: brokers see {counts}, not {count}"
+                await asyncio.sleep(0.1)
+            await cluster.wait_owned(name, count, set(BROKERS), timeout=20)
+    finally:
+        for client in clients:
+            await client.close()

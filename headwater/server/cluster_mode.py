@@ -143,20 +143,33 @@ class ClusterMode:
             async with catalog.turn(name):
                 await self._drop_local(name)
             return
-        if name in catalog.topics:
-            return
         request = m.CreateTopicRequest(
             name,
             int(definition["partitions"]),
             int(definition["dispatch"]),
             tuple(m.ConfigEntry(str(k), str(v)) for k, v in definition.get("configs", [])),
         )
-        try:
-            self._clustered(await catalog.create_topic(request))
-        except TopicExists:
-            return  # created here meanwhile (our own create, seen through the watch)
-        except Exception:
-            log.exception("cluster.topic_create_failed", topic=name)
+        # in the topic's turn: a CREATE_TOPIC of ours that is losing the race to this one holds
+        # it with its local copy, which it drops when etcd says no; checked before the turn,
+        # that copy made us skip the winner's topic and leave this broker without it
+        async with catalog.turn(name):
+            existing = catalog.topics.get(name)
+            if existing is not None:
+                if len(existing.partitions) == request.partitions:
+                    return  # ours (our own create seen through the watch), or the same
+                log.warning(
+                    "cluster.topic_replaced",
+                    topic=name,
+                    local=len(existing.partitions),
+                    cluster=request.partitions,
+                )
+                await self._drop_local(name)
+            try:
+                self._clustered(await catalog.create_locked(request))
+            except TopicExists:
+                return
+            except Exception:
+                log.exception("cluster.topic_create_failed", topic=name)
 
     def _clustered(self, topic: Topic) -> None:
         """A reliable topic's appends are answered, and read, once in the object store."""
