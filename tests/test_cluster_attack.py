@@ -140,7 +140,6 @@ async def test_kill9_rounds_under_load_lose_nothing_and_never_reuse_an_offset(
         await client.close()
 
 
-
 async def test_joins_and_graceful_restarts_under_load_lose_nothing(cluster: Cluster) -> None:
     """b3 joins while the producer runs (partitions move to it by hand-off), then b2 and b1 (the
     bootstrap broker) are stopped gracefully and started again, under produce and consume."""
@@ -194,6 +193,7 @@ async def test_joins_and_graceful_restarts_under_load_lose_nothing(cluster: Clus
         await consumer.close()
     finally:
         await client.close()
+
 
 async def test_a_recreated_topic_has_nothing_of_the_deleted_one(cluster: Cluster) -> None:
     """The object store and etcd are shared: the old topic's tail chunks, epoch markers and cursor
@@ -298,7 +298,6 @@ async def test_a_chunk_failing_when_its_partition_was_lost_is_not_stored_after_a
     assert not (tmp_path / "store" / Chunk(0, 1, 7).name("t", 0)).exists()
 
 
-
 async def partition_counts(clients: list[headwater.Client], name: str) -> list[int | None]:
     counts: list[int | None] = []
     for client in clients:
@@ -317,16 +316,19 @@ async def test_a_name_created_on_three_brokers_at_once_exists_once_everywhere(
             name = f"race-{round_}"
             answers = await asyncio.wait_for(
                 asyncio.gather(
-                    *(c.create_topic(name, partitions=n) for c, n in zip(clients, (2, 4, 3))),
+                    *(
+                        c.create_topic(name, partitions=n)
+                        for c, n in zip(clients, (2, 4, 3), strict=True)
+                    ),
                     return_exceptions=True,
                 ),
                 30,
             )
             winners = [i for i, a in enumerate(answers) if a is None]
             assert len(winners) == 1, answers
-            assert all(
-                isinstance(a, headwater.TopicExists) for a in answers if a is not None
-            ), answers
+            assert all(isinstance(a, headwater.TopicExists) for a in answers if a is not None), (
+                answers
+            )
             count = (2, 4, 3)[winners[0]]
             deadline = time.monotonic() + 10
             while (counts := await partition_counts(clients, name)) != [count] * 3:
