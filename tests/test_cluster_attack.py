@@ -338,3 +338,76 @@ async def test_a_name_created_on_three_brokers_at_once_exists_once_everywhere(
     finally:
         for client in clients:
             await client.close()
+
+
+async def test_delete_while_producing_then_recreate_answers_everything_and_mixes_nothing(
+    cluster: Cluster,
+) -> None:
+    await start_three(cluster)
+    producing_client = await headwater.connect(await cluster.address("b1"))
+    admin = await headwater.connect(await cluster.address("b2"))
+    other = await headwater.connect(await cluster.address("b3"))
+    try:
+        await admin.create_topic("dp", partitions=3)
+        await cluster.wait_owned("dp", 3, set(BROKERS))
+        producer = producing_client.producer("dp")
+        phase = "old"
+        acked: dict[str, set[bytes]] = {"old": set(), "between": set(), "new": set()}
+        errors: list[BaseException] = []
+        stop = asyncio.Event()
+
+        async def send(i: int) -> None:
+            started = phase
+            value = f"{started}-{i}".encode()
+            try:
+                await asyncio.wait_for(await producer.send(value, key=value), 45)
+            except headwater.HeadwaterError as exc:
+                errors.append(exc)
+                return
+            acked[started if started == phase else "between"].add(value)
+
+        async def produce() -> None:
+            i = 0
+            while not stop.is_set() and i < 100_000:
+                await asyncio.gather(*(send(i + j) for j in range(4)))
+                i += 4
+                await asyncio.sleep(0.01)
+
+        producing = asyncio.ensure_future(produce())
+        await asyncio.sleep(1.5)
+        phase = "between"
+        await asyncio.wait_for(other.delete_topic("dp"), 30)
+        await asyncio.sleep(0.5)
+        await asyncio.wait_for(admin.create_topic("dp", partitions=2), 30)
+        await cluster.wait_owned("dp", 2, set(BROKERS))
+        phase = "new"
+        deadline = time.monotonic() + 30
+        while len(acked["new"]) < 40:
+            assert time.monotonic() < deadline, f"after re-create only {len(acked['new'])} acked"
+            await asyncio.sleep(0.1)
+        stop.set()
+        await asyncio.wait_for(producing, 60)  # every send was answered
+        with contextlib.suppress(headwater.UnknownTopic):  # flush reports the failed sends
+            await producer.close()
+        clients = [producing_client, admin, other]
+        deadline = time.monotonic() + 10
+        while (counts := await partition_counts(clients, "dp")) != [2, 2, 2]:
+            assert time.monotonic() < deadline, f"brokers see {counts} partitions"
+            await asyncio.sleep(0.1)
+        consumer = await admin.subscribe("dp", "check", start="earliest")
+        seen: set[bytes] = set()
+        deadline = time.monotonic() + 30
+        while not acked["new"] <= seen and time.monotonic() < deadline:
+            try:
+                message = await consumer.receive(timeout=0.5)
+            except TimeoutError:
+                continue
+            assert message.value is not None
+            seen.add(message.value)
+            await message.ack()
+        assert not seen & acked["old"], "the re-created topic holds the deleted topic's messages"
+        assert acked["new"] <= seen, f"{len(acked['new'] - seen)} acknowledged never delivered"
+        await consumer.close()
+    finally:
+        for client in (producing_client, admin, other):
+            await client.close()
