@@ -29,6 +29,7 @@ from headwater.storage.objectstore import LocalObjectStore
 from headwater.wire.records import build_batch, stamp_base_offset
 from tests.cluster_support import Cluster
 from tests.etcd_support import EtcdServer
+from tests.proxy import FaultyProxy
 from tests.s3 import MotoS3
 
 LEASE_TTL_MS = 2000
@@ -411,3 +412,70 @@ async def test_delete_while_producing_then_recreate_answers_everything_and_mixes
     finally:
         for client in (producing_client, admin, other):
             await client.close()
+
+
+async def test_a_take_over_through_a_failing_object_store_serves_nothing_wrong(
+    tmp_path: Path, s3: MotoS3, bucket: str
+) -> None:
+    """kill -9 of an owner while the object store cuts connections at random (requests and
+    responses), then stops answering for a while: the take-over waits or retries, and then
+    serves exactly the acknowledged log."""
+    proxy = await FaultyProxy(int(s3.endpoint_url.rsplit(":", 1)[1]), seed=16).start()
+    etcd = EtcdServer(tmp_path / "etcd").start()
+    cluster = Cluster(tmp_path, etcd, s3, bucket, LEASE_TTL_MS, f"http://{proxy.address}")
+    try:
+        await start_three(cluster)
+        client = await headwater.connect(await cluster.address("b1"))
+        try:
+            await client.create_topic("flaky", partitions=3)
+            owner_of = await cluster.wait_owned("flaky", 3, set(BROKERS))
+            consumer = await client.subscribe("flaky", "s", start="earliest")
+            producer = client.producer("flaky")
+            ledger = Ledger()
+            done = asyncio.Event()
+            stop = asyncio.Event()
+
+            async def produce_one(i: int) -> None:
+                value = f"m-{i}".encode()
+                with contextlib.suppress(headwater.HeadwaterError):  # not acknowledged
+                    await (await producer.send(value, key=str(i).encode()))
+                    ledger.acked.add(value)
+
+            async def produce() -> None:
+                i = 0
+                while not stop.is_set() and i < 100_000:
+                    await asyncio.gather(*(produce_one(i + j) for j in range(4)))
+                    i += 4
+                done.set()
+
+            producing = asyncio.ensure_future(produce())
+            consuming = asyncio.ensure_future(consume_until(consumer, ledger, done, 120))
+            await asyncio.sleep(1)
+            proxy.drop_requests = proxy.drop_responses = 0.15
+            victim = next(b for b in ("b2", "b3") if b in owner_of.values())
+            cluster.brokers[victim].kill()
+            await asyncio.sleep(LEASE_TTL_MS / 1000 + 0.5)  # its lease runs out: take-overs start
+            proxy.pause()
+            await asyncio.sleep(2)
+            proxy.resume()
+            await cluster.wait_owned("flaky", 3, set(BROKERS) - {victim}, timeout=30)
+            await asyncio.sleep(1)
+            proxy.drop_requests = proxy.drop_responses = 0.0
+            await asyncio.sleep(1)
+            stop.set()
+            await asyncio.wait_for(producing, 90)
+            await asyncio.wait_for(consuming, 130)
+            assert proxy.cuts > 0
+            assert len(ledger.acked) > 20
+            assert not ledger.clashes, f"offsets given to two messages: {ledger.clashes[:5]}"
+            lost = ledger.acked - ledger.seen
+            assert not lost, f"{len(lost)} acknowledged never delivered: {sorted(lost)[:5]}"
+            with contextlib.suppress(headwater.HeadwaterError):
+                await producer.close()
+            await consumer.close()
+        finally:
+            await client.close()
+    finally:
+        cluster.stop_all()
+        etcd.kill()
+        await proxy.close()
