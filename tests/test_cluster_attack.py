@@ -479,3 +479,46 @@ async def test_a_take_over_through_a_failing_object_store_serves_nothing_wrong(
         cluster.stop_all()
         etcd.kill()
         await proxy.close()
+
+
+async def test_map_sets_racing_a_kill9_read_back_the_last_acknowledged_or_newer(
+    cluster: Cluster,
+) -> None:
+    await start_three(cluster)
+    client = await headwater.connect(await cluster.address("b1"))
+    try:
+        await client.create_topic("kv", partitions=3, configs={"last.value": "true"})
+        owner_of = await cluster.wait_owned("kv", 3, set(BROKERS))
+        kv = client.map("kv")
+        keys = [f"key-{i}" for i in range(9)]
+        acked = dict.fromkeys(keys, -1)
+        tried = dict.fromkeys(keys, -1)
+        stop = asyncio.Event()
+
+        async def writer(key: str) -> None:
+            for i in range(100_000):
+                if stop.is_set():
+                    return
+                tried[key] = i
+                try:
+                    await kv.set(key, str(i))
+                except headwater.HeadwaterError:
+                    await asyncio.sleep(0.05)  # not acknowledged; the next set goes on
+                    continue
+                acked[key] = i
+
+        writing = [asyncio.ensure_future(writer(k)) for k in keys]
+        await asyncio.sleep(1)
+        victim = next(b for b in ("b2", "b3") if b in owner_of.values())
+        cluster.brokers[victim].kill()
+        await cluster.wait_owned("kv", 3, set(BROKERS) - {victim}, timeout=20)
+        await asyncio.sleep(1)
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*writing), 60)
+        for key in keys:
+            found = await kv.get(key)
+            assert found is not None and found.value is not None, key
+            value = int(found.value)
+            assert acked[key] <= value <= tried[key], (key, value, acked[key], tried[key])
+    finally:
+        await client.close()
