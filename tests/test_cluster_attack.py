@@ -522,3 +522,24 @@ async def test_map_sets_racing_a_kill9_read_back_the_last_acknowledged_or_newer(
             assert acked[key] <= value <= tried[key], (key, value, acked[key], tried[key])
     finally:
         await client.close()
+
+
+async def test_a_segment_uploaded_as_its_partition_moved_collects_no_later_owners_chunk(
+    tmp_path: Path,
+) -> None:
+    """Epoch 5 owned the partition up to 100 and had appended [100, 110) that it never stored;
+    its upload of the segment [0, 110) began before epoch 9 took over at 100 and ended after
+    epoch 9 had stored (and acknowledged) [100, 105) and [105, 108). Collecting for that segment
+    must not delete epoch 9's chunks: the next take-over would read offsets 100..104 from the
+    segment, which holds other messages there."""
+    tail = CloudTail(LocalObjectStore(tmp_path / "store"))
+    await tail.mark_epoch("t", 0, 5, 0)
+    for first, end, epoch in ((0, 50, 5), (50, 100, 5)):
+        await tail.put("t", 0, Chunk(first, end, epoch), stamped([b"a"] * (end - first), first))
+    await tail.mark_epoch("t", 0, 9, 100)
+    for first, end in ((100, 105), (105, 108)):
+        await tail.put("t", 0, Chunk(first, end, 9), stamped([b"b"] * (end - first), first))
+    assert await tail.collect("t", 0, 0, 110, epoch=5) == 2
+    end, run = (await tail.state("t", 0)).resolve()
+    assert end == 108
+    assert run == [Chunk(100, 105, 9), Chunk(105, 108, 9)]

@@ -194,7 +194,14 @@ class ClusterMode:
         await self.coordinator.delete_checkpoints(checkpoint_key(topic, name, 0)[:-1])
 
     def _collect(self, topic: str, partition: int, base: int, end: int) -> None:
-        self._background(self.tail.collect(topic, partition, base, end))
+        # An upload that began while we served the partition can end after it moved, and a
+        # segment can hold appends never stored (so never acknowledged): only chunks below
+        # what we stored in this ownership, of epochs up to ours, are the segment's messages.
+        epoch = self.coordinator.epoch(topic, partition)
+        end = min(end, self.partitions.cloud_end(topic, partition))
+        if epoch is None or end <= base:
+            return
+        self._background(self.tail.collect(topic, partition, base, end, epoch))
 
     def _background(self, work: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.get_running_loop().create_task(work)

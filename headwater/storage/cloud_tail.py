@@ -166,15 +166,22 @@ class CloudTail:
                 gone += 1
         return gone
 
-    async def collect(self, topic: str, partition: int, base: int, end: int) -> int:
+    async def collect(
+        self, topic: str, partition: int, base: int, end: int, epoch: int | None = None
+    ) -> int:
         """Delete the chunks an uploaded segment [base, end) holds entirely, except the newest
-        chunk of the partition; returns how many went."""
+        chunk of the partition; returns how many went. Only chunks of epochs up to `epoch` (the
+        uploader's, when given): at those offsets a later owner's chunks hold other messages
+        than a segment of a log that went on past the chain (appended, never stored, never
+        acknowledged) and was uploaded as the partition moved."""
         state = await self.state(topic, partition)
         if not state.chunks:
             return 0
         newest = max(state.chunks, key=lambda c: (c.end, c.epoch))
         gone = 0
         for chunk in state.chunks:
+            if epoch is not None and chunk.epoch > epoch:
+                continue
             if chunk != newest and base <= chunk.first and chunk.end <= end:
                 await self.store.delete(chunk.name(topic, partition))
                 gone += 1
