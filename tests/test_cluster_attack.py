@@ -543,3 +543,46 @@ async def test_a_segment_uploaded_as_its_partition_moved_collects_no_later_owner
     end, run = (await tail.state("t", 0)).resolve()
     assert end == 108
     assert run == [Chunk(100, 105, 9), Chunk(105, 108, 9)]
+
+
+async def test_a_latest_subscription_reaching_a_joined_broker_keeps_its_cursors(
+    cluster: Cluster,
+) -> None:
+    """A `latest` subscription has unread messages in partitions that move by hand-off to a
+    broker that joins: its consumer, back, subscribes there too (a new leg), which must continue
+    from the cursors the previous owners checkpointed, not create the subscription afresh at the
+    latest offset (skipping the unread messages)."""
+    await asyncio.gather(*(asyncio.to_thread(cluster.start_broker, b) for b in ("b1", "b2")))
+    client = await headwater.connect(await cluster.address("b1"))
+    try:
+        await client.create_topic("late", partitions=6)
+        await cluster.wait_owned("late", 6, {"b1", "b2"})
+        consumer = await client.subscribe("late", "s", start="latest")
+        await asyncio.sleep(1)  # the second leg (b2) subscribes too
+        await consumer.close()  # the subscription stays; its consumer comes back later
+        producer = client.producer("late")
+        unread = {f"unread-{i}".encode() for i in range(60)}
+        for value in sorted(unread):
+            await (await producer.send(value, key=value))
+        await asyncio.to_thread(cluster.start_broker, "b3")
+        deadline = time.monotonic() + 20
+        while "b3" not in (await cluster.owners("late")).values():
+            assert time.monotonic() < deadline, "no partition moved to the joining broker"
+            await asyncio.sleep(0.1)
+        await cluster.wait_owned("late", 6, set(BROKERS))
+        consumer = await client.subscribe("late", "s", start="latest")
+        seen: set[bytes] = set()
+        deadline = time.monotonic() + 30
+        while not unread <= seen and time.monotonic() < deadline:
+            try:
+                message = await consumer.receive(timeout=0.5)
+            except TimeoutError:
+                continue
+            assert message.value is not None
+            seen.add(message.value)
+            await message.ack()
+        assert unread <= seen, f"{len(unread - seen)} unread messages skipped after the move"
+        await producer.close()
+        await consumer.close()
+    finally:
+        await client.close()

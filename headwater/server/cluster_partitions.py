@@ -242,10 +242,29 @@ class ClusterPartitions:
     # Checkpoints
 
     async def checkpoint_new(self, topic: LogTopic, subscription: str) -> None:
-        """A subscription was just created here: its start, for the partitions owned here."""
+        """A subscription was just created here: its start, for the partitions owned here,
+        unless the cluster has a cursor for it there already (it was created on another broker,
+        which served the partition before us): that cursor is taken, as by a take-over, and
+        the start asked for here applies only where the subscription is new. Otherwise a
+        `latest` start would skip what the subscription has not read yet."""
+        found = topic.subscriptions.get(subscription)
+        since = self._checkpoints.incarnation(topic.name)
+        now = time.monotonic()
         for name, partition in self._checkpoints.owned():
-            if name == topic.name:
-                await self._checkpoint_partition(name, partition, force=True, only=subscription)
+            if name != topic.name:
+                continue
+            data = await self._checkpoints.get_checkpoint(
+                checkpoint_key(name, subscription, partition), since
+            )
+            if data is not None and isinstance(found, ReliableSubscription):
+                cursor = PartitionCursor.decode(data)
+                found.core.replace_cursor(partition, cursor, now)
+                found.persist()
+                self._written[name, subscription, partition] = cursor.encode()
+                continue
+            await self._checkpoint_partition(name, partition, force=True, only=subscription)
+        if isinstance(found, ReliableSubscription):
+            found.wake()
 
     async def _checkpoint_loop(self) -> None:
         while True:
