@@ -130,6 +130,12 @@ class Sender:
             if self.router is not None and self.router.multi_broker:
                 return await self._owner_connection(partition)
             return await self.open()
+        except InvalidPartition as exc:  # this batch's partition is gone, not the connection
+            queue = self._accumulator.queue
+            if queue and queue[0].partition == partition:
+                self._fail(queue.pop(0), exc)
+            self._wake.set()
+            return None
         except HeadwaterError as exc:
             self.connection = None
             queue = self._accumulator.queue

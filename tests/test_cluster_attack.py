@@ -13,6 +13,7 @@ variants: more kill rounds and more messages.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import os
 import random
@@ -384,7 +385,10 @@ async def test_delete_while_producing_then_recreate_answers_everything_and_mixes
         phase = "new"
         deadline = time.monotonic() + 30
         while len(acked["new"]) < 40:
-            assert time.monotonic() < deadline, f"after re-create only {len(acked['new'])} acked"
+            assert time.monotonic() < deadline, (
+                f"after re-create only {len(acked['new'])} acked; errors: "
+                f"{collections.Counter(repr(e)[:80] for e in errors).most_common(4)}"
+            )
             await asyncio.sleep(0.1)
         stop.set()
         await asyncio.wait_for(producing, 60)  # every send was answered
@@ -584,5 +588,31 @@ async def test_a_latest_subscription_reaching_a_joined_broker_keeps_its_cursors(
         assert unread <= seen, f"{len(unread - seen)} unread messages skipped after the move"
         await producer.close()
         await consumer.close()
+    finally:
+        await client.close()
+
+
+async def test_a_batch_for_a_partition_past_the_count_fails_at_once_and_blocks_nothing(
+    cluster: Cluster,
+) -> None:
+    """A batch for a partition the topic no longer has (it was deleted and re-created with fewer
+    partitions while the batch waited) waited the whole owner backoff (30 s) with every batch
+    queued behind it, then failed them all with NOT_OWNER."""
+    await asyncio.gather(*(asyncio.to_thread(cluster.start_broker, b) for b in ("b1", "b2")))
+    client = await headwater.connect(await cluster.address("b1"))
+    try:
+        await client.create_topic("few", partitions=2)
+        await cluster.wait_owned("few", 2, {"b1", "b2"})
+        await client.lookup("few")
+        producer = client.producer("few")
+        started = time.monotonic()
+        bad = await producer.send(b"nowhere", partition=5)
+        good = await producer.send(b"somewhere", partition=1)
+        with pytest.raises(headwater.InvalidPartition):
+            await asyncio.wait_for(bad, 10)
+        await asyncio.wait_for(good, 10)
+        assert time.monotonic() - started < 5
+        with contextlib.suppress(headwater.InvalidPartition):
+            await producer.close()
     finally:
         await client.close()
