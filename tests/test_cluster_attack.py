@@ -616,3 +616,20 @@ async def test_a_batch_for_a_partition_past_the_count_fails_at_once_and_blocks_n
             await producer.close()
     finally:
         await client.close()
+
+
+async def test_the_purge_of_a_deleted_topic_spares_a_recreated_ones_tail(tmp_path: Path) -> None:
+    """The deleting broker purges the tail after the delete; a topic re-created under the name
+    meanwhile (epochs above the delete's revision) has already written its marker and chunks
+    under the same prefix, and must keep them."""
+    tail = CloudTail(LocalObjectStore(tmp_path / "store"))
+    await tail.mark_epoch("t", 0, 5, 0)
+    await tail.put("t", 0, Chunk(0, 3, 5), stamped([b"old"] * 3, 0))
+    await tail.put("t", 0, Chunk(3, 4, 5), stamped([b"old"], 3))
+    await tail.mark_epoch("t", 0, 21, 0)  # re-created: the delete happened at revision 17
+    await tail.put("t", 0, Chunk(0, 2, 21), stamped([b"new"] * 2, 0))
+    assert await tail.purge("t", 17) == 3
+    state = await tail.state("t", 0)
+    assert state.markers == {21: 0}
+    assert state.resolve() == (2, [Chunk(0, 2, 21)])
+    assert (await tail.state("t", 0)).since(21).resolve() == (2, [Chunk(0, 2, 21)])
