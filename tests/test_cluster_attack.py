@@ -110,6 +110,22 @@ async def audit(client: headwater.Client, topic: str, wanted: set[bytes]) -> str
     )
 
 
+def stuck(producer: headwater.Producer) -> str:
+    """What a producer that does not finish is waiting for (for the failure message)."""
+    sender, accumulator = producer._sender, producer._accumulator
+    router = producer._router
+    batches = [
+        (b.partition, b.attempts, round(b.not_before - time.monotonic(), 2))
+        for b in [*accumulator.queue, *accumulator.in_flight]
+    ]
+    routes = router.table.topics.get(producer.topic) if router is not None else None
+    brokers = router.table.brokers if router is not None else None
+    return (
+        f"batches (partition, attempts, due in s): {batches[:10]}; routes: {routes}; "
+        f"brokers: {brokers}; peers: {list(sender.peers)}; task: {sender._task}"
+    )
+
+
 async def test_kill9_rounds_under_load_lose_nothing_and_never_reuse_an_offset(
     cluster: Cluster,
 ) -> None:
@@ -152,7 +168,10 @@ async def test_kill9_rounds_under_load_lose_nothing_and_never_reuse_an_offset(
             cluster.brokers[victim].kill()
             await cluster.wait_owned("load", 6, set(BROKERS) - {victim}, timeout=20)
             await asyncio.to_thread(cluster.start_broker, victim)
-        await asyncio.wait_for(producing, 60)
+        try:
+            await asyncio.wait_for(asyncio.shield(producing), 60)
+        except TimeoutError:
+            raise AssertionError(f"the producer is stuck: {stuck(producer)}") from None
         await asyncio.wait_for(consuming, 70)
         assert len(ledger.acked) > 100
         assert not ledger.clashes, f"offsets given to two messages: {ledger.clashes[:5]}"
