@@ -168,7 +168,7 @@ async def test_kill9_rounds_under_load_lose_nothing_and_never_reuse_an_offset(
             await cluster.wait_owned("load", 6, set(BROKERS) - {victim}, timeout=20)
             await asyncio.to_thread(cluster.start_broker, victim)
         try:
-            await asyncio.wait_for(asyncio.shield(producing), 60)
+            await asyncio.wait_for(asyncio.shield(producing), 150 if SOAK else 60)
         except TimeoutError:
             raise AssertionError(f"the producer is stuck: {stuck(producer)}") from None
         await asyncio.wait_for(consuming, 70)

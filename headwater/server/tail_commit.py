@@ -13,6 +13,9 @@ serves the partition. The answer is sent only if the broker still serves the par
 PUT has completed: a fenced broker (its lease not confirmed in time) could have been replaced by
 an owner that no longer counts this chunk, so its producers get NOT_OWNER and retry at the new
 owner (at-least-once: the batch may then be stored twice, never lost).
+Whatever was added before a loss (`reset`) is never stored after it, even if this broker serves
+the partition again meanwhile (same epoch, after an etcd outage): its log was rebuilt, and those
+offsets belong to other batches now.
 """
 
 from __future__ import annotations
