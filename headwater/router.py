@@ -26,6 +26,7 @@ from headwater.wire.errors import (
     ConnectionClosed,
     ConnectionLost,
     HeadwaterError,
+    InvalidPartition,
     NotOwner,
     RequestTimeout,
     UnsupportedApi,
@@ -135,10 +136,21 @@ class Router:
             address = self.table.owner(topic, partition)
             if address is not None or self.table.error(topic) is not None:
                 return address or self.table.bootstrap
+            self._check_partition(topic, partition)
         raise NotOwner(
             f"partition {partition} of topic {topic!r} has no owner after "
             f"{self.backoff.timeout:.0f}s of lookups: owner=none"
         )
+
+    def _check_partition(self, topic: str, partition: int) -> None:
+        """A partition past the topic's count will never get an owner (the topic was deleted
+        and re-created with fewer partitions while a batch for it waited): fail it now rather
+        than after the whole owner backoff, with everything queued behind it."""
+        count = self.table.partitions(topic)
+        if count is not None and partition >= count:
+            raise InvalidPartition(
+                f"topic {topic!r} has partitions 0..{count - 1}, not {partition}"
+            )
 
     async def lookup(self, topic: str) -> dict[int, BrokerAddress | None]:
         """Each partition's owner, looked up now (None: nobody owns it now). Raises the topic's

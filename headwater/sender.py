@@ -109,6 +109,11 @@ class Sender:
                 if connection is None:
                     break  # retry scheduled, or batches failed
                 await connection.throttle()  # the server's THROTTLE: over the produce quota
+                # while we waited (a lookup, a failover's backoff) a retried batch of an earlier
+                # order may have been put back in front of this one: popping that one in its
+                # place lost it (its sender waited forever); start again from the front
+                if not queue or queue[0] is not batch:
+                    continue
                 queue.pop(0)
                 self._transmit(connection, batch)
             accumulator.update_room()
@@ -130,6 +135,12 @@ class Sender:
             if self.router is not None and self.router.multi_broker:
                 return await self._owner_connection(partition)
             return await self.open()
+        except InvalidPartition as exc:  # this batch's partition is gone, not the connection
+            queue = self._accumulator.queue
+            if queue and queue[0].partition == partition:
+                self._fail(queue.pop(0), exc)
+            self._wake.set()
+            return None
         except HeadwaterError as exc:
             self.connection = None
             queue = self._accumulator.queue

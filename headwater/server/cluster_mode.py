@@ -16,6 +16,7 @@ handler (`server.cluster_partitions`), and wires them into the catalog and the b
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
 from typing import Any
 
 import structlog
@@ -118,11 +119,23 @@ class ClusterMode:
     async def delete_topic(self, name: str) -> None:
         """DELETE_TOPIC, in the topic's turn: etcd first (every broker drops its copy from the
         watch), then ours at once."""
-        if not await self.coordinator.delete_topic(name):
+        revision = await self.coordinator.delete_topic(name)
+        if not revision:
             raise UnknownTopic(f"topic {name!r} does not exist")
         await self._drop_local(name)
         if self._catalog.uploader is not None:
             self._catalog.uploader.purge(name)
+        # the tail by epoch: a topic re-created under the name at once writes its own chunks and
+        # markers under the same prefix, and they must stay (take-overs ignore the old ones)
+        self._background(self._purge_tail(name, revision))
+
+    async def _purge_tail(self, name: str, revision: int) -> None:
+        try:
+            gone = await self.tail.purge(name, revision)
+        except Exception as exc:  # left behind: ignored by take-overs, only costs storage
+            log.warning("cluster.tail_purge_failed", topic=name, error=str(exc))
+            return
+        log.info("cluster.tail_purged", topic=name, objects=gone)
 
     async def _on_topic(self, name: str, definition: dict[str, Any] | None) -> None:
         catalog = self._catalog
@@ -130,20 +143,33 @@ class ClusterMode:
             async with catalog.turn(name):
                 await self._drop_local(name)
             return
-        if name in catalog.topics:
-            return
         request = m.CreateTopicRequest(
             name,
             int(definition["partitions"]),
             int(definition["dispatch"]),
             tuple(m.ConfigEntry(str(k), str(v)) for k, v in definition.get("configs", [])),
         )
-        try:
-            self._clustered(await catalog.create_topic(request))
-        except TopicExists:
-            return  # created here meanwhile (our own create, seen through the watch)
-        except Exception:
-            log.exception("cluster.topic_create_failed", topic=name)
+        # in the topic's turn: a CREATE_TOPIC of ours that is losing the race to this one holds
+        # it with its local copy, which it drops when etcd says no; checked before the turn,
+        # that copy made us skip the winner's topic and leave this broker without it
+        async with catalog.turn(name):
+            existing = catalog.topics.get(name)
+            if existing is not None:
+                if len(existing.partitions) == request.partitions:
+                    return  # ours (our own create seen through the watch), or the same
+                log.warning(
+                    "cluster.topic_replaced",
+                    topic=name,
+                    local=len(existing.partitions),
+                    cluster=request.partitions,
+                )
+                await self._drop_local(name)
+            try:
+                self._clustered(await catalog.create_locked(request))
+            except TopicExists:
+                return
+            except Exception:
+                log.exception("cluster.topic_create_failed", topic=name)
 
     def _clustered(self, topic: Topic) -> None:
         """A reliable topic's appends are answered, and read, once in the object store."""
@@ -168,9 +194,17 @@ class ClusterMode:
         await self.coordinator.delete_checkpoints(checkpoint_key(topic, name, 0)[:-1])
 
     def _collect(self, topic: str, partition: int, base: int, end: int) -> None:
-        task = asyncio.get_running_loop().create_task(
-            self.tail.collect(topic, partition, base, end)
-        )
+        # An upload that began while we served the partition can end after it moved, and a
+        # segment can hold appends never stored (so never acknowledged): only chunks below
+        # what we stored in this ownership, of epochs up to ours, are the segment's messages.
+        epoch = self.coordinator.epoch(topic, partition)
+        end = min(end, self.partitions.cloud_end(topic, partition))
+        if epoch is None or end <= base:
+            return
+        self._background(self.tail.collect(topic, partition, base, end, epoch))
+
+    def _background(self, work: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
         self._collecting.add(task)
         task.add_done_callback(self._collecting.discard)
 

@@ -50,7 +50,9 @@ log = structlog.get_logger("headwater.cluster")
 class Checkpoints(Protocol):
     async def put_checkpoint(self, key: str, value: bytes) -> None: ...
 
-    async def get_checkpoint(self, key: str) -> bytes | None: ...
+    async def get_checkpoint(self, key: str, since: int = 0) -> bytes | None: ...
+
+    def incarnation(self, name: str) -> int: ...
 
     def owned(self) -> list[tuple[str, int]]: ...
 
@@ -116,7 +118,10 @@ class ClusterPartitions:
             if not isinstance(found, LogTopic):
                 return  # non-reliable: nothing is kept, nothing to take over
             started = time.monotonic()
-            state = await self._tail.state(topic, partition)
+            await self._committer.settle(topic, partition)
+            # what a deleted topic of the same name left in the shared store is not ours
+            since = self._checkpoints.incarnation(topic)
+            state = (await self._tail.state(topic, partition)).since(since)
             end, run = state.resolve()
             if epoch not in state.markers:
                 await self._tail.mark_epoch(topic, partition, epoch, end)
@@ -127,7 +132,7 @@ class ClusterPartitions:
                 await self._rebuild(found, partition, run, end)
                 self.rebuilt += 1
             self._verified[topic, partition] = end
-            await self._load_cursors(found, partition)
+            await self._load_cursors(found, partition, since)
             log.info(
                 "cluster.partition_acquired",
                 topic=topic,
@@ -210,11 +215,11 @@ class ClusterPartitions:
                 segments.append(UploadedSegment(base, max(following, base + 1), size))
         return segments
 
-    async def _load_cursors(self, topic: LogTopic, partition: int) -> None:
+    async def _load_cursors(self, topic: LogTopic, partition: int, since: int) -> None:
         now = time.monotonic()
         for subscription in _reliable(topic):
             data = await self._checkpoints.get_checkpoint(
-                checkpoint_key(topic.name, subscription.name, partition)
+                checkpoint_key(topic.name, subscription.name, partition), since
             )
             if data is None:
                 # nobody consumed this partition for it elsewhere: from the oldest stored
@@ -237,10 +242,29 @@ class ClusterPartitions:
     # Checkpoints
 
     async def checkpoint_new(self, topic: LogTopic, subscription: str) -> None:
-        """A subscription was just created here: its start, for the partitions owned here."""
+        """A subscription was just created here: its start, for the partitions owned here,
+        unless the cluster has a cursor for it there already (it was created on another broker,
+        which served the partition before us): that cursor is taken, as by a take-over, and
+        the start asked for here applies only where the subscription is new. Otherwise a
+        `latest` start would skip what the subscription has not read yet."""
+        found = topic.subscriptions.get(subscription)
+        since = self._checkpoints.incarnation(topic.name)
+        now = time.monotonic()
         for name, partition in self._checkpoints.owned():
-            if name == topic.name:
-                await self._checkpoint_partition(name, partition, force=True, only=subscription)
+            if name != topic.name:
+                continue
+            data = await self._checkpoints.get_checkpoint(
+                checkpoint_key(name, subscription, partition), since
+            )
+            if data is not None and isinstance(found, ReliableSubscription):
+                cursor = PartitionCursor.decode(data)
+                found.core.replace_cursor(partition, cursor, now)
+                found.persist()
+                self._written[name, subscription, partition] = cursor.encode()
+                continue
+            await self._checkpoint_partition(name, partition, force=True, only=subscription)
+        if isinstance(found, ReliableSubscription):
+            found.wake()
 
     async def _checkpoint_loop(self) -> None:
         while True:

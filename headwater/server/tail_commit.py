@@ -13,11 +13,15 @@ serves the partition. The answer is sent only if the broker still serves the par
 PUT has completed: a fenced broker (its lease not confirmed in time) could have been replaced by
 an owner that no longer counts this chunk, so its producers get NOT_OWNER and retry at the new
 owner (at-least-once: the batch may then be stored twice, never lost).
+Whatever was added before a loss (`reset`) is never stored after it, even if this broker serves
+the partition again meanwhile (same epoch, after an etcd outage): its log was rebuilt, and those
+offsets belong to other batches now.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -38,6 +42,7 @@ class _Pending:
     end: int = -1
     batches: list[bytes] = field(default_factory=list)
     waiters: list[asyncio.Future[None]] = field(default_factory=list)
+    generation: int = 0
 
 
 class TailCommitter:
@@ -56,6 +61,10 @@ class TailCommitter:
         self._not_owner = not_owner
         self._pending: dict[tuple[str, int], _Pending] = {}
         self._flushing: dict[tuple[str, int], asyncio.Task[None]] = {}
+        # bumped by `reset`: a chunk added before a loss must never be stored after it, even if
+        # the partition is served again by then (same epoch after an etcd outage): the rebuilt
+        # log reuses its offsets for other batches
+        self._generation: dict[tuple[str, int], int] = {}
         self.chunks = 0
         self.failures = 0
         self.on_stored: Callable[[str, int, int], None] = lambda topic, partition, end: None
@@ -67,7 +76,9 @@ class TailCommitter:
         key = (topic, partition)
         pending = self._pending.get(key)
         if pending is None:
-            pending = self._pending[key] = _Pending(first=base, end=base)
+            pending = self._pending[key] = _Pending(
+                first=base, end=base, generation=self._generation.get(key, 0)
+            )
         if base != pending.end:  # the WAL assigns offsets in order: a gap is a bug upstream
             raise StorageError(f"{topic}/{partition}: batch at {base}, chunk ends at {pending.end}")
         pending.batches.append(batch)
@@ -79,8 +90,11 @@ class TailCommitter:
         return waiter
 
     def reset(self, topic: str, partition: int) -> None:
-        """Fail what waits for a partition (it was lost or is being rebuilt)."""
-        pending = self._pending.pop((topic, partition), None)
+        """Fail what waits for a partition (it was lost or is being rebuilt), including a chunk
+        whose PUT is being retried: it is not retried again."""
+        key = (topic, partition)
+        self._generation[key] = self._generation.get(key, 0) + 1
+        pending = self._pending.pop(key, None)
         if pending is not None:
             self._fail(pending, self._not_owner(topic, partition))
 
@@ -89,6 +103,17 @@ class TailCommitter:
         task = self._flushing.get((topic, partition))
         if task is not None:
             await asyncio.shield(task)
+
+    async def settle(self, topic: str, partition: int) -> None:
+        """Wait until no PUT of the partition is in flight (a take-over lists the tail only then:
+        a chunk of before a loss must not land after the listing)."""
+        task = self._flushing.get((topic, partition))
+        if task is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(task)
+
+    def _current(self, key: tuple[str, int], pending: _Pending) -> bool:
+        return self._serves(*key) and pending.generation == self._generation.get(key, 0)
 
     async def _run(self, key: tuple[str, int]) -> None:
         try:
@@ -104,7 +129,7 @@ class TailCommitter:
     async def _store(self, key: tuple[str, int], pending: _Pending) -> None:
         topic, partition = key
         epoch = self._epoch(topic, partition)
-        if epoch is None or not self._serves(topic, partition):
+        if epoch is None or not self._current(key, pending):
             self._fail(pending, self._not_owner(topic, partition))
             return
         chunk = Chunk(pending.first, pending.end, epoch)
@@ -125,10 +150,10 @@ class TailCommitter:
                 )
             await asyncio.sleep(delay)
             delay = min(delay * 2, _RETRY_MAX)
-            if not self._serves(topic, partition):
+            if not self._current(key, pending):
                 self._fail(pending, self._not_owner(topic, partition))
                 return
-        if not self._serves(topic, partition):
+        if not self._current(key, pending):
             self._fail(pending, self._not_owner(topic, partition))
             return
         self.chunks += 1

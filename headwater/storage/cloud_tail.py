@@ -55,6 +55,14 @@ class TailState:
     chunks: list[Chunk]
     markers: dict[int, int]  # epoch -> the offset it starts at
 
+    def since(self, epoch: int) -> TailState:
+        """Only what epochs from `epoch` on wrote: a topic deleted and re-created under the same
+        name shares the prefix, and its incarnation's epochs are all larger than the old ones."""
+        return TailState(
+            [c for c in self.chunks if c.epoch >= epoch],
+            {e: start for e, start in self.markers.items() if e >= epoch},
+        )
+
     def resolve(self) -> tuple[int, list[Chunk]]:
         """(the end of the valid chain, the chunks of its last contiguous run, in order)."""
         epochs = sorted(self.markers)
@@ -138,15 +146,42 @@ class CloudTail:
     async def read(self, topic: str, partition: int, chunk: Chunk) -> list[bytes]:
         return split_batches(await self.store.get(chunk.name(topic, partition)))
 
-    async def collect(self, topic: str, partition: int, base: int, end: int) -> int:
+    async def purge(self, topic: str, before: int) -> int:
+        """Delete a deleted topic's chunks and markers: those of epochs below `before` (the
+        delete's etcd revision), so that a topic re-created under the name meanwhile keeps its
+        own; returns how many went."""
+        gone = 0
+        for info in await self.store.list(f"{topic}/"):
+            parts = info.key.split("/")
+            if len(parts) != 4 or parts[2] != "tail":
+                continue
+            if (match := _CHUNK.match(parts[3])) is not None:
+                epoch = int(match.group(3))
+            elif (match := _MARKER.match(parts[3])) is not None:
+                epoch = int(match.group(1))
+            else:
+                continue
+            if epoch < before:
+                await self.store.delete(info.key)
+                gone += 1
+        return gone
+
+    async def collect(
+        self, topic: str, partition: int, base: int, end: int, epoch: int | None = None
+    ) -> int:
         """Delete the chunks an uploaded segment [base, end) holds entirely, except the newest
-        chunk of the partition; returns how many went."""
+        chunk of the partition; returns how many went. Only chunks of epochs up to `epoch` (the
+        uploader's, when given): at those offsets a later owner's chunks hold other messages
+        than a segment of a log that went on past the chain (appended, never stored, never
+        acknowledged) and was uploaded as the partition moved."""
         state = await self.state(topic, partition)
         if not state.chunks:
             return 0
         newest = max(state.chunks, key=lambda c: (c.end, c.epoch))
         gone = 0
         for chunk in state.chunks:
+            if epoch is not None and chunk.epoch > epoch:
+                continue
             if chunk != newest and base <= chunk.first and chunk.end <= end:
                 await self.store.delete(chunk.name(topic, partition))
                 gone += 1

@@ -222,7 +222,7 @@ class Uploader:
         segments = [
             o
             for o in await self.store.list(f"{topic}/")
-            if o.key.count("/") == 2 or (o.key.count("/") == 3 and o.key.split("/")[2] == "tail")
+            if o.key.count("/") == 2  # (a cluster's tail goes by epoch: CloudTail.purge)
         ]
         objects = segments + await self.store.list(snapshot_prefix(topic))
         for found in objects:

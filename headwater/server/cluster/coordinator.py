@@ -92,6 +92,7 @@ class Coordinator(Assignment, Metadata):
         self._brokers: dict[str, BrokerAddress] = {}
         self._broker_ids: set[str] = set()
         self._topics: dict[str, dict[str, Any]] = {}
+        self._incarnations: dict[str, int] = {}
         self._subscriptions: dict[str, dict[str, dict[str, Any]]] = {}
         self._counters = Counters()
         self._free_since: dict[tuple[str, int], float] = {}

@@ -35,6 +35,8 @@ class Metadata:
     _layout: Layout
     _session: EtcdSession
     _topics: dict[str, dict[str, Any]]
+    # topic -> the create_revision of its definition: which incarnation of the name this is
+    _incarnations: dict[str, int]
     _subscriptions: dict[str, dict[str, dict[str, Any]]]
     _topics_changed: asyncio.Condition
     _wake: asyncio.Event
@@ -69,12 +71,15 @@ class Metadata:
         value = encode(definition)
         await self._etcd(lambda c: c.put(key, value))
 
-    async def delete_topic(self, name: str) -> bool:
-        """Delete the topic with its owner keys and subscriptions, in one transaction; False when
-        it does not exist."""
+    async def delete_topic(self, name: str) -> int:
+        """Delete the topic with its owner keys, subscriptions and cursor checkpoints, in one
+        transaction; the revision it happened at (every epoch of the deleted topic is smaller,
+        every epoch of a topic re-created under the name larger), 0 when it does not exist."""
         key = self._layout.topic(name)
         owners = self._layout.owners_of(name)
         subscriptions = self._layout.subscriptions_of(name)
+        # the cursors go with the topic: a topic re-created under the name starts from nothing
+        checkpoints = self._layout.checkpoint(f"{name}/")
 
         def transaction(c: Any) -> Any:
             from aetcd.utils import prefix_range_end
@@ -82,18 +87,29 @@ class Metadata:
             return c.transaction(
                 compare=[c.transactions.version(key) > 0],
                 success=[
+                    c.transactions.get(key),  # its answer carries the transaction's revision
                     c.transactions.delete(key),
                     c.transactions.delete(owners, range_end=prefix_range_end(owners)),
                     c.transactions.delete(subscriptions, range_end=prefix_range_end(subscriptions)),
+                    c.transactions.delete(checkpoints, range_end=prefix_range_end(checkpoints)),
                 ],
                 failure=[],
             )
 
-        won, _ = await self._etcd(transaction)
-        return bool(won)
+        won, responses = await self._etcd(transaction)
+        if not won:
+            return 0
+        found = responses[0]
+        return int(found[0][1].header.revision) if found else 1
 
     def topics(self) -> dict[str, dict[str, Any]]:
         return dict(self._topics)
+
+    def incarnation(self, name: str) -> int:
+        """The etcd revision that created the topic's current definition (0 if unknown). Every
+        epoch of this incarnation is larger; anything a deleted topic of the same name left in
+        the shared object store or in etcd is tagged with a smaller one."""
+        return self._incarnations.get(name, 0)
 
     async def wait_topic(self, name: str, present: bool, timeout: float) -> bool:
         """Whether the watched cache shows the topic (or its absence) within `timeout`."""
@@ -116,8 +132,11 @@ class Metadata:
             return  # not a definition of ours (written by hand): ignored
         if definition is None:
             self._topics.pop(name, None)
+            self._incarnations.pop(name, None)
         else:
             self._topics[name] = definition
+            assert entry is not None
+            self._incarnations[name] = entry.create_revision
         async with self._topics_changed:
             self._topics_changed.notify_all()
         self._wake.set()
@@ -164,10 +183,14 @@ class Metadata:
         raw = self._layout.checkpoint(key)
         await self._etcd(lambda c: c.put(raw, bytes(value)))
 
-    async def get_checkpoint(self, key: str) -> bytes | None:
+    async def get_checkpoint(self, key: str, since: int = 0) -> bytes | None:
+        """The checkpoint, unless it was last written before revision `since` (by a deleted
+        topic of the same name: `incarnation`)."""
         raw = self._layout.checkpoint(key)
         found = await self._etcd(lambda c: c.get(raw))
-        return None if found is None else bytes(found.value)
+        if found is None or int(found.mod_revision) < since:
+            return None
+        return bytes(found.value)
 
     async def delete_checkpoints(self, prefix: str) -> None:
         raw = self._layout.checkpoint(prefix)
