@@ -152,7 +152,7 @@ async def test_kill9_rounds_under_load_lose_nothing_and_never_reuse_an_offset(
 
         async def produce() -> None:
             i = 0
-            stop_at = time.monotonic() + (60 if SOAK else 12) + rounds * 3
+            stop_at = time.monotonic() + (60 if SOAK else 5) + rounds * 2
             while time.monotonic() < stop_at and i < 200_000:
                 await asyncio.gather(*(produce_one(i + j) for j in range(8)))
                 i += 8
