@@ -384,3 +384,27 @@ def test_serve_refuses_a_cluster_it_could_not_keep_safe(
     )  # fmt: skip
     assert answer.returncode == 2
     assert message in answer.stderr and "Traceback" not in answer.stderr
+
+
+async def test_a_subscription_deleted_through_one_broker_is_gone_from_all(
+    cluster: Cluster, owners: Owners
+) -> None:
+    """DELETE_SUBSCRIPTION at one broker: every broker closes its consumers and drops it (they
+    kept delivering to theirs and checkpointing its cursors, a stale start for a re-created one)."""
+    await start_three(cluster)
+    await (await owners.client("b1")).create_topic("orders", partitions=PARTITIONS)
+    owner_of = await cluster.wait_owned("orders", PARTITIONS, {"b1", "b2", "b3"})
+    await produce_each(owners, "orders", owner_of, "x", 1)
+    consumer = await (await owners.client("b2")).subscribe("orders", "s", start="earliest")
+    deadline = time.monotonic() + 20
+    for broker_id in ("b1", "b2", "b3"):  # a leg at every owner (added once routes are known)
+        while not await (await owners.client(broker_id)).list_subscriptions("orders"):
+            assert time.monotonic() < deadline, f"no leg at {broker_id}"
+            await asyncio.sleep(0.1)
+    await consumer.close()
+    await (await owners.client("b1")).delete_subscription("orders", "s")
+    deadline = time.monotonic() + 20
+    for broker_id in ("b1", "b2", "b3"):
+        while await (await owners.client(broker_id)).list_subscriptions("orders"):
+            assert time.monotonic() < deadline, f"{broker_id} still has the subscription"
+            await asyncio.sleep(0.1)

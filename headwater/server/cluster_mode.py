@@ -26,13 +26,14 @@ from headwater.server.catalog import TopicCatalog
 from headwater.server.cluster.coordinator import Coordinator
 from headwater.server.cluster_partitions import ClusterPartitions, checkpoint_key
 from headwater.server.config import ServerConfig
+from headwater.server.consuming import close_consumers
 from headwater.server.ownership import BrokerAddress, not_owner
 from headwater.server.tail_commit import TailCommitter
 from headwater.server.topics import LogTopic, Topic
 from headwater.storage.cloud_tail import CloudTail
 from headwater.storage.objectstore import ObjectStore
 from headwater.wire import messages as m
-from headwater.wire.errors import TopicExists, UnknownTopic
+from headwater.wire.errors import ErrorCode, TopicExists, UnknownTopic
 
 log = structlog.get_logger("headwater.cluster")
 
@@ -87,6 +88,7 @@ class ClusterMode:
         self._broker.enter_cluster(coordinator, self)
         coordinator.handler = self.partitions
         coordinator.on_topic = self._on_topic
+        coordinator.on_subscription = self._on_subscription
         await coordinator.start()
         known = coordinator.topics()
         for name in [n for n in catalog.topics if n not in known]:
@@ -176,6 +178,28 @@ class ClusterMode:
         if isinstance(topic, LogTopic):
             topic.cloud_commit = self.committer.add
             topic.cloud_end = self.partitions.cloud_end
+
+    async def _on_subscription(
+        self, topic: str, name: str, definition: dict[str, Any] | None
+    ) -> None:
+        """A subscription deleted through another broker goes here too: its consumers here are
+        closed (UNKNOWN_SUBSCRIPTION) and its cursors with it, so it neither keeps delivering nor
+        leaves a stale cursor for a re-created one. (Ours, seen again through the watch, is
+        gone already.)"""
+        if definition is not None:
+            return  # created on demand by a consumer's SUBSCRIBE here, with the checkpoints
+        async with self._catalog.turn(topic):
+            found = self._catalog.topics.get(topic)
+            subscription = None if found is None else found.subscriptions.get(name)
+            if found is None or subscription is None:
+                return
+            close_consumers(
+                list(subscription.consumers.values()),
+                ErrorCode.UNKNOWN_SUBSCRIPTION,
+                f"subscription {name!r} deleted",
+            )
+            # (its delete hook deletes the etcd keys again: already gone, harmless)
+            await self._catalog.subscriptions.delete(found, name)
 
     async def _drop_local(self, name: str) -> None:
         if name in self._catalog.topics:
