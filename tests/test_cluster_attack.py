@@ -218,7 +218,7 @@ async def test_joins_and_graceful_restarts_under_load_lose_nothing(cluster: Clus
         while "b3" not in (await cluster.owners("moving")).values():
             assert time.monotonic() < deadline, "no partition moved to the joining broker"
             await asyncio.sleep(0.1)
-        for leaving in ("b2", "b1") if not SOAK else ("b2", "b1", "b3", "b2", "b1"):
+        for leaving in ("b1",) if not SOAK else ("b2", "b1", "b3", "b2", "b1"):
             await asyncio.sleep(1)
             assert await asyncio.to_thread(cluster.brokers[leaving].stop) == 0
             await cluster.wait_owned("moving", 6, set(BROKERS) - {leaving}, timeout=20)
