@@ -8,9 +8,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import aetcd
@@ -116,3 +118,17 @@ checkpoint_interval_ms = 200
                 return owners
             await asyncio.sleep(0.1)
         raise AssertionError(f"partitions of {topic} not owned by {among} in {timeout}s: {owners}")
+
+
+@contextlib.contextmanager
+def running_cluster(
+    root: Path, s3: MotoS3, bucket: str, lease_ttl_ms: int, s3_endpoint: str | None = None
+) -> Iterator[Cluster]:
+    """etcd started, a `Cluster` to start brokers in; every broker and etcd killed at the end."""
+    etcd = EtcdServer(root / "etcd").start()
+    cluster = Cluster(root, etcd, s3, bucket, lease_ttl_ms, s3_endpoint)
+    try:
+        yield cluster
+    finally:
+        cluster.stop_all()
+        etcd.kill()

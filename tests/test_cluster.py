@@ -22,7 +22,7 @@ import headwater
 from headwater.server.cluster.layout import balanced
 from headwater.wire import messages as m
 from headwater.wire.records import build_batch
-from tests.cluster_support import Cluster
+from tests.cluster_support import Cluster, running_cluster
 from tests.etcd_support import EtcdServer, assert_never_overwritten, owner_history
 from tests.proxy import FaultyProxy
 from tests.s3 import MotoS3
@@ -34,13 +34,8 @@ TAKE_OVER_S = LEASE_TTL_MS / 1000 + 10  # the lease runs out, a rebalance round,
 
 @pytest.fixture
 def cluster(tmp_path: Path, s3: MotoS3, bucket: str) -> Iterator[Cluster]:
-    etcd = EtcdServer(tmp_path / "etcd").start()
-    cluster = Cluster(tmp_path, etcd, s3, bucket, LEASE_TTL_MS)
-    try:
+    with running_cluster(tmp_path, s3, bucket, LEASE_TTL_MS) as cluster:
         yield cluster
-    finally:
-        cluster.stop_all()
-        etcd.kill()
 
 
 class Owners:

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 import headwater
-from tests.cluster_support import Cluster
+from tests.cluster_support import Cluster, running_cluster
 from tests.etcd_support import EtcdServer
 from tests.proxy import FaultyProxy
 from tests.s3 import MotoS3
@@ -39,13 +39,8 @@ BROKERS = ("b1", "b2", "b3")
 
 @pytest.fixture
 def cluster(tmp_path: Path, s3: MotoS3, bucket: str) -> Iterator[Cluster]:
-    etcd = EtcdServer(tmp_path / "etcd").start()
-    cluster = Cluster(tmp_path, etcd, s3, bucket, LEASE_TTL_MS)
-    try:
+    with running_cluster(tmp_path, s3, bucket, LEASE_TTL_MS) as cluster:
         yield cluster
-    finally:
-        cluster.stop_all()
-        etcd.kill()
 
 
 async def start_three(cluster: Cluster) -> None:

@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 
 import headwater
-from tests.cluster_support import Cluster
-from tests.etcd_support import EtcdServer
+from tests.cluster_support import Cluster, running_cluster
 from tests.s3 import MotoS3
 
 LEASE_TTL_MS = 2000
@@ -24,13 +23,8 @@ LEASE_TTL_MS = 2000
 
 @pytest.fixture
 def cluster(tmp_path: Path, s3: MotoS3, bucket: str) -> Iterator[Cluster]:
-    etcd = EtcdServer(tmp_path / "etcd").start()
-    cluster = Cluster(tmp_path, etcd, s3, bucket, LEASE_TTL_MS)
-    try:
+    with running_cluster(tmp_path, s3, bucket, LEASE_TTL_MS) as cluster:
         yield cluster
-    finally:
-        cluster.stop_all()
-        etcd.kill()
 
 
 async def test_client_producer_and_consumer_ride_through_a_kill9(cluster: Cluster) -> None:
