@@ -29,6 +29,9 @@ def _check_definition(definition: dict[str, Any]) -> None:
         raise ValueError(f"a topic definition needs 'partitions' >= 1, got {count!r}")
 
 
+METADATA_TIMEOUT = 10.0  # seconds an etcd call for topics, subscriptions or checkpoints may take
+
+
 class Metadata:
     on_topic: TopicCallback | None
     on_subscription: SubscriptionCallback | None
@@ -42,8 +45,11 @@ class Metadata:
     _wake: asyncio.Event
 
     async def _etcd(self, operation: Callable[[Any], Awaitable[Any]]) -> Any:
+        # a deadline of their own: nothing fences on a definition or a checkpoint, and the lease
+        # renewal's (max(2 s, TTL/2)) failed DELETE_TOPIC when etcd's fsync was slow under load
+        timeout = max(METADATA_TIMEOUT, self._session.call_timeout)
         try:
-            return await self._session.call(operation)
+            return await self._session.call(operation, timeout)
         except EtcdUnavailable as exc:
             raise StorageError(f"cluster metadata unavailable: {exc}") from None
 
