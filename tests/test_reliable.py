@@ -221,11 +221,13 @@ async def test_kill_9_mid_stream_loses_nothing_acknowledged(fresh_server: Server
         await client.create_topic("crash", partitions=2, dispatch="reliable")
         await client.subscribe("crash", "durable", start="earliest", prefetch=1)
     acknowledged: dict[int, set[bytes]] = {0: set(), 1: set()}
+    enough_acked = asyncio.Event()
     client = await headwater.connect(fresh_server.address)
     producer = client.producer("crash")
 
     async def stream() -> None:
-        for start in range(0, 100_000, 50):
+        # bounded in count, far more than can be acked before the kill below cuts it
+        for start in range(0, 10_000_000, 50):
             sent = []
             for i in range(start, start + 50):
                 value = f"v{i}".encode()
@@ -234,23 +236,29 @@ async def test_kill_9_mid_stream_loses_nothing_acknowledged(fresh_server: Server
             for future, partition, value in sent:
                 if future.done() and future.exception() is None:
                     acknowledged[partition].add(value)
+            if sum(len(v) for v in acknowledged.values()) >= 2_000:
+                enough_acked.set()
 
     task = asyncio.create_task(stream())
-    await asyncio.sleep(1.5)
+    # the kill comes once acks have been seen, however fast or slow the machine is (a kill after
+    # a fixed 1.5 s found the stream already finished on an idle machine)
+    await asyncio.wait_for(enough_acked.wait(), 60)
     fresh_server.kill()  # SIGKILL, mid-stream
     with pytest.raises(headwater.HeadwaterError):
-        await asyncio.wait_for(task, 10)
+        await asyncio.wait_for(task, 30)
     await client.close()
-    total_acked = sum(len(v) for v in acknowledged.values())
-    assert total_acked > 500, "the producer got too few acks before the kill"
     fresh_server.start()
     async with await headwater.connect(fresh_server.address) as client:
         description = await client.describe_topic("crash")
+        stored = sum(description.next_offsets)
         consumer = await client.subscribe("crash", "durable", prefetch=5000)
         received: dict[int, list[bytes]] = {0: [], 1: []}
-        for message in await drain(consumer, idle=1.5):
+        # every stored message comes (the subscription starts at 0); a bounded wait per message
+        for _ in range(stored):
+            message = await consumer.receive(timeout=30)
             assert message.value is not None
             received[message.partition].append(message.value)
+            await message.ack()  # no redelivery can take the place of an unread message
         for partition in (0, 1):
             missing = acknowledged[partition] - set(received[partition])
             assert not missing, f"partition {partition} lost {len(missing)} acked messages"
