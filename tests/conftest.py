@@ -9,7 +9,7 @@ import pytest
 
 import headwater
 from headwater.testing import ServerProcess
-from tests.s3 import CREDENTIALS, MotoS3, create_bucket, moto_s3
+from tests.support.s3 import CREDENTIALS, MotoS3, create_bucket, moto_s3
 
 _names = itertools.count()
 

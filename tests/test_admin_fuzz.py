@@ -35,7 +35,7 @@ from headwater.wire.errors import (
 )
 from headwater.wire.protocol import decode_response, encode_request
 from headwater.wire.records import build_batch
-from tests.rawwire import RawPeer
+from tests.support.rawwire import RawPeer
 
 NAMES = ("a", "b")
 PARTITIONS = 2

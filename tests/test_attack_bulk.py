@@ -24,7 +24,7 @@ from headwater.wire import messages as m
 from headwater.wire.codec import decode_response, encode_request
 from headwater.wire.errors import HeadwaterError
 from headwater.wire.frames import Frame, FrameDecoder
-from tests.fuzzpeer import FuzzPeer, Outcome
+from tests.support.fuzzpeer import FuzzPeer, Outcome
 
 
 async def _pipelined(peer: FuzzPeer, requests: list[m.Request], timeout: float) -> list[Outcome]:

@@ -25,7 +25,7 @@ from headwater.wire.frames import Flags, Frame
 from headwater.wire.limits import MAX_FRAME_SIZE
 from headwater.wire.protocol import encode_request
 from headwater.wire.records import build_batch
-from tests.rawwire import RawPeer
+from tests.support.rawwire import RawPeer
 
 
 async def _still_serves(server: ServerProcess) -> None:

@@ -19,8 +19,8 @@ from headwater.wire import messages as m
 from headwater.wire.errors import CorruptBatch, ErrorCode, HeadwaterError, RecordTooLarge
 from headwater.wire.keys import partition_for_key
 from headwater.wire.records import build_batch
-from tests.proxy import FaultyProxy
-from tests.rawwire import RawPeer
+from tests.support.proxy import FaultyProxy
+from tests.support.rawwire import RawPeer
 
 RETRY = AtLeastOnce(RetryPolicy(max_retries=50, initial_delay=0.01, max_delay=0.05, timeout=30))
 

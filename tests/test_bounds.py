@@ -14,16 +14,16 @@ import pytest
 
 import headwater
 from headwater.durables.group import ConsumerGroup
-from headwater.server.catalog import TopicCatalog
 from headwater.server.config import ObjectStoreConfig, ServerConfig
-from headwater.server.kind import Consumer
+from headwater.server.subscriptions.contract import Consumer
+from headwater.server.topics.catalog import TopicCatalog
 from headwater.storage.state import StateStore
 from headwater.testing import ServerProcess
 from headwater.wire import messages as m
 from headwater.wire.errors import StorageError, TooManyConsumers, TooManySubscriptions
 from headwater.wire.protocol import decode_push
 from headwater.wire.records import build_batch, read_records
-from tests.rawwire import RawPeer
+from tests.support.rawwire import RawPeer
 
 
 def _server_with(tmp_path: Path, settings: str) -> ServerProcess:

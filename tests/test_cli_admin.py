@@ -16,7 +16,7 @@ import headwater
 from headwater.testing import ServerProcess
 from headwater.wire import messages as m
 from headwater.wire.records import build_batch
-from tests.secure import secure_server
+from tests.support.secure import secure_server
 from tests.test_cli import hw
 from tests.test_metrics import scrape, start_with_http, value
 
@@ -385,7 +385,7 @@ async def test_a_flood_of_server_info_does_not_stall_other_clients_fsyncs(
     """Thousands of SERVER_INFO pipelined on one connection: the data-dir walk is shared, so the
     worker threads stay free for everyone's fsyncs (before: each request walked in a worker
     thread of its own, and another client's fsync=always produce waited over 30 s)."""
-    from tests.rawwire import RawPeer
+    from tests.support.rawwire import RawPeer
 
     async with await headwater.connect(fresh_server.address) as client:
         slots = asyncio.Semaphore(64)

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import pytest
 
 import headwater
-from headwater.blocking import BlockingClient
+from headwater.client.blocking import BlockingClient
 from headwater.testing import ServerProcess
 from headwater.wire import messages as m
 from headwater.wire.api.produce import delivery_prefix
@@ -353,7 +353,7 @@ async def test_messages_dropped_push_is_surfaced(caplog: pytest.LogCaptureFixtur
 
         # without a callback: a warning in the log
         client = await headwater.connect(f"127.0.0.1:{peer.port}")
-        with caplog.at_level(logging.WARNING, logger="headwater.client"):
+        with caplog.at_level(logging.WARNING, logger="headwater.client.client"):
             consumer = await client.subscribe("t", "s")
             await consumer.receive(timeout=5)
             await consumer.receive(timeout=5)

@@ -27,10 +27,10 @@ from pathlib import Path
 import pytest
 
 import headwater
-from tests.cluster_support import Cluster, running_cluster
-from tests.etcd_support import EtcdServer
-from tests.proxy import FaultyProxy
-from tests.s3 import MotoS3
+from tests.support.cluster_support import Cluster, running_cluster
+from tests.support.etcd_support import EtcdServer
+from tests.support.proxy import FaultyProxy
+from tests.support.s3 import MotoS3
 
 LEASE_TTL_MS = 2000
 SOAK = os.environ.get("HEADWATER_CLUSTER_SOAK") == "1"

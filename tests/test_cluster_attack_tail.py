@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import headwater
-from headwater.server.tail_commit import TailCommitter
+from headwater.server.cluster.tail_commit import TailCommitter
 from headwater.storage.cloud_tail import Chunk, CloudTail
 from headwater.storage.objectstore import LocalObjectStore
 from headwater.wire.records import build_batch, stamp_base_offset

@@ -17,7 +17,7 @@ import time
 import pytest
 
 import headwater
-from tests.cluster_support import Cluster
+from tests.support.cluster_support import Cluster
 from tests.test_cluster_attack import BROKERS, SOAK, cluster, start_three
 
 __all__ = ["cluster"]  # the fixture, shared with tests.test_cluster_attack

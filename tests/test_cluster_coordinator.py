@@ -1,6 +1,6 @@
-"""The etcd coordinator against a real etcd (tests/etcd_support.py): membership, ownership spread
-and hand-off, kill -9 take-over, fencing through etcd outages (checked on etcd's revision history:
-no owner key is ever put over an existing one), metadata watches and checkpoints
+"""The etcd coordinator against a real etcd (tests/support/etcd_support.py): membership, ownership
+spread and hand-off, kill -9 take-over, fencing through etcd outages (checked on etcd's revision
+history: no owner key is ever put over an existing one), metadata watches and checkpoints
 (`headwater cluster status`: tests/test_cluster_status.py)."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from headwater.server.cluster import Coordinator, DuplicateBroker, EtcdUnreachable, Layout
-from headwater.server.ownership import BrokerAddress
-from tests.etcd_support import (
+from headwater.server.cluster.partition_ownership import BrokerAddress
+from tests.support.etcd_support import (
     PARTITIONS,
     REBALANCE,
     TOPIC,
@@ -36,7 +36,7 @@ from tests.etcd_support import (
     settled,
     until,
 )
-from tests.s3 import free_port
+from tests.support.s3 import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -146,7 +146,7 @@ async def test_killed_broker_partitions_taken_within_the_lease(etcd: EtcdServer)
         await coordinator.start()
     await survivors[0][0].create_topic(TOPIC, {"partitions": PARTITIONS})
     victim = subprocess.Popen(
-        [sys.executable, "-m", "tests.etcd_support", etcd.endpoint, "k3", "1", str(TTL)],
+        [sys.executable, "-m", "tests.support.etcd_support", etcd.endpoint, "k3", "1", str(TTL)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,

@@ -23,7 +23,7 @@ from headwater.wire.errors import (
 )
 from headwater.wire.protocol import decode_push, decode_response, encode_request
 from headwater.wire.records import build_batch
-from tests.rawwire import RawPeer
+from tests.support.rawwire import RawPeer
 
 RELIABLE = m.DispatchMode.RELIABLE
 _correlation = itertools.count(1000)

@@ -16,7 +16,7 @@ import headwater
 from headwater.storage.segments import INDEX_SUFFIX
 from headwater.testing import ServerProcess
 from headwater.wire.messages import DescribeTopicResponse
-from tests.faults import (
+from tests.support.faults import (
     batches,
     flip,
     partition_dir,
@@ -24,7 +24,7 @@ from tests.faults import (
     read_from_earliest,
     segments,
 )
-from tests.helpers import drain
+from tests.support.helpers import drain
 
 
 def values(prefix: str, count: int) -> list[bytes]:

@@ -3,7 +3,7 @@ certificate (and its reloads), bearer tokens from the same tokens file with the 
 the shared per-address failure limit, and loopback-only without authentication.
 
 Real servers in child processes; the CA and certificates are made per test module
-(tests/certs.py); HTTPS requests verify the server's certificate against that CA.
+(tests/support/certs.py); HTTPS requests verify the server's certificate against that CA.
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import headwater
 from headwater.server.config import ServerConfig
-from headwater.server.listener import Listener, StartupError
-from headwater.server.operator_port import start_operator_port
-from headwater.server.tls import peer_common_name
-from headwater.server.tokens import revoke
+from headwater.server.net.listener import Listener, StartupError
+from headwater.server.ops.operator_port import start_operator_port
+from headwater.server.security.tls import peer_common_name
+from headwater.server.security.tokens import revoke
 from headwater.testing import ServerProcess
 from headwater.wire.errors import AuthenticationFailed
-from tests.certs import Authority, Issued
-from tests.secure import SecureServer, secure_server
+from tests.support.certs import Authority, Issued
+from tests.support.secure import SecureServer, secure_server
 
 Answer = tuple[int, dict[str, str], bytes]
 

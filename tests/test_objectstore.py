@@ -13,7 +13,7 @@ import headwater
 from headwater.storage.objectstore import LocalObjectStore, ObjectStore, S3ObjectStore
 from headwater.testing import ServerProcess
 from headwater.wire.errors import ObjectNotFound, StorageError
-from tests.s3 import CREDENTIALS, MotoS3, create_bucket
+from tests.support.s3 import CREDENTIALS, MotoS3, create_bucket
 
 
 @pytest.fixture(params=["local", "s3"])

@@ -13,17 +13,17 @@ from pathlib import Path
 import pytest
 
 import headwater
-from headwater.producer import AtLeastOnce, ProducerConfig
-from headwater.server.catalog import TopicCatalog
+from headwater.client.producer import AtLeastOnce, ProducerConfig
 from headwater.server.config import ObjectStoreConfig, ServerConfig
-from headwater.server.kind import Consumer
+from headwater.server.subscriptions.contract import Consumer
+from headwater.server.topics.catalog import TopicCatalog
 from headwater.storage.state import StateStore
 from headwater.testing import ServerProcess
 from headwater.wire import messages as m
 from headwater.wire.errors import InvalidPartition, InvalidRequest, UnknownTopic
 from headwater.wire.keys import partition_for_key
 from headwater.wire.records import build_batch
-from tests.helpers import drain
+from tests.support.helpers import drain
 
 # The vectors of docs/PROTOCOL.md ("Partition of a key"): key, crc32, partition for N = 1, 2, 3,
 # 4, 16, 100. A client in any language must give the same.

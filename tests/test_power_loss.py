@@ -30,8 +30,8 @@ import pytest
 import headwater
 from headwater.testing import ServerProcess
 from headwater.wire.errors import StorageError
-from tests.faults import cut_to_last_fsync, produce_each, read_from_earliest
-from tests.helpers import drain
+from tests.support.faults import cut_to_last_fsync, produce_each, read_from_earliest
+from tests.support.helpers import drain
 
 
 def values(prefix: str, count: int) -> list[bytes]:

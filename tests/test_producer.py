@@ -23,8 +23,8 @@ from headwater.wire.errors import (
     UnknownTopic,
 )
 from headwater.wire.records import BatchBuilder, read_records
-from tests.proxy import FaultyProxy
-from tests.rawwire import RawPeer
+from tests.support.proxy import FaultyProxy
+from tests.support.rawwire import RawPeer
 
 
 @pytest.fixture

@@ -9,17 +9,17 @@ from pathlib import Path
 import pytest
 
 import headwater
-from headwater.server.catalog import TopicCatalog
 from headwater.server.config import ObjectStoreConfig, ServerConfig
-from headwater.server.kind import Consumer
-from headwater.server.topics import LogTopic
+from headwater.server.subscriptions.contract import Consumer
+from headwater.server.topics.catalog import TopicCatalog
+from headwater.server.topics.topic import LogTopic
 from headwater.storage.segments import segment_name
 from headwater.storage.state import StateStore
 from headwater.testing import ServerProcess
 from headwater.wire import messages as m
 from headwater.wire.errors import InvalidRequest, UnknownSubscription
 from headwater.wire.records import build_batch, read_records
-from tests.helpers import drain
+from tests.support.helpers import drain
 
 
 async def produce(
@@ -337,7 +337,7 @@ async def test_timestamp_start_reaches_into_archived_history(fresh_server: Serve
     finds the first message at or after it, in the archive."""
     from headwater.wire import messages as m
     from headwater.wire.records import build_batch
-    from tests.rawwire import RawPeer
+    from tests.support.rawwire import RawPeer
 
     async with await headwater.connect(fresh_server.address) as client:
         await client.create_topic(

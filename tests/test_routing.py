@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 import headwater
-from headwater.blocking import BlockingClient
-from headwater.producer import AtMostOnce
-from headwater.routing import BrokerAddress, LookupBackoff, RoutingTable
+from headwater.client.blocking import BlockingClient
+from headwater.client.producer import AtMostOnce
+from headwater.client.routing_table import BrokerAddress, LookupBackoff, RoutingTable
 from headwater.testing import ServerProcess
 from headwater.wire import messages as m
 from headwater.wire.errors import ErrorCode, NotOwner, UnknownTopic

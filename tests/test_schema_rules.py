@@ -10,7 +10,7 @@ from typing import Any
 import fastavro
 import pytest
 
-from headwater.server.schema_rules import (
+from headwater.server.schemas.schema_rules import (
     MAX_NESTING,
     MAX_SCHEMA_SIZE,
     compatibility_problems,

@@ -25,7 +25,7 @@ from headwater.wire.protocol import (
     encode_response,
 )
 from headwater.wire.records import Compression, build_batch
-from tests.secure import secure_server
+from tests.support.secure import secure_server
 from tests.test_cli import hw
 
 HEADER = m.SCHEMA_VERSION_HEADER

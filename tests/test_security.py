@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import headwater
-from headwater.server.tokens import load
+from headwater.server.security.tokens import load
 from headwater.testing import ServerProcess
 from headwater.wire import messages as m
 from headwater.wire.errors import (
@@ -35,8 +35,8 @@ from headwater.wire.protocol import (
     encode_response,
 )
 from headwater.wire.records import build_batch
-from tests.rawwire import RawPeer
-from tests.secure import SecureServer, secure_server
+from tests.support.rawwire import RawPeer
+from tests.support.secure import SecureServer, secure_server
 
 
 @pytest.fixture

@@ -19,11 +19,11 @@ import pyarrow as pa
 
 import headwater
 from headwater.durables.lastvalue import StoredValue
-from headwater.server.lastvalue import LastValueIndex
+from headwater.server.topics.lastvalue_index import LastValueIndex
 from headwater.spark_compaction.manifest import Manifest, data_key, manifest_key, now_iso
 from headwater.spark_compaction.schema import SNAPSHOT_SCHEMA
 from headwater.spark_compaction.store import BlockingStore, StoreSpec
-from headwater.spark_compaction.wal import iter_batches, list_segments
+from headwater.spark_compaction.wal_segments import iter_batches, list_segments
 from headwater.spark_compaction.writer import encode_parquet, write_snapshot_files
 from headwater.storage.lastvalue_store import drop_last_values
 from headwater.storage.objectstore import LocalObjectStore, S3ObjectStore
@@ -31,7 +31,7 @@ from headwater.storage.snapshots import SnapshotFile
 from headwater.storage.state import StateStore
 from headwater.testing import ServerProcess
 from headwater.wire.records import Record
-from tests.s3 import CREDENTIALS, MotoS3
+from tests.support.s3 import CREDENTIALS, MotoS3
 from tests.test_cli import hw
 
 SEGMENT_CONFIGS = {

@@ -22,7 +22,7 @@ from headwater.spark_compaction.manifest import (
 )
 from headwater.spark_compaction.schema import WAL_DDL, WAL_SCHEMA
 from headwater.spark_compaction.store import BlockingStore, StoreSpec
-from headwater.spark_compaction.wal import Folder, decode_segment, list_segments
+from headwater.spark_compaction.wal_segments import Folder, decode_segment, list_segments
 from headwater.spark_compaction.writer import encode_parquet
 from headwater.storage.objectstore import LocalObjectStore, ObjectInfo
 from headwater.wire.errors import StorageError

@@ -12,8 +12,8 @@ from headwater.testing import ServerProcess
 from headwater.wire import messages as m
 from headwater.wire.errors import ConsumerBusy, SubscriptionTypeMismatch
 from headwater.wire.records import build_batch
-from tests.helpers import drain
-from tests.rawwire import RawPeer
+from tests.support.helpers import drain
+from tests.support.rawwire import RawPeer
 
 
 async def _produce(client: headwater.Client, topic: str, count: int, prefix: str = "m") -> None:

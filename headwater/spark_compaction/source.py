@@ -47,7 +47,7 @@ from headwater.spark_compaction.loader import decode_snapshot_file, newest_manif
 from headwater.spark_compaction.manifest import SnapshotFile
 from headwater.spark_compaction.schema import FOLDED_DDL, WAL_DDL
 from headwater.spark_compaction.store import BlockingStore, StoreSpec, open_store
-from headwater.spark_compaction.wal import (
+from headwater.spark_compaction.wal_segments import (
     Folder,
     SegmentObject,
     decode_segment,

@@ -6,13 +6,13 @@ subscription definitions and the cursor checkpoints of the cluster.
 """
 
 from headwater.server.cluster.coordinator import Coordinator
-from headwater.server.cluster.layout import DEFAULT_PREFIX, Layout, parse_endpoint, rendezvous
-from headwater.server.cluster.state import (
+from headwater.server.cluster.coordinator_state import (
     ClusterStartupError,
     DuplicateBroker,
     EtcdUnreachable,
     PartitionHandler,
 )
+from headwater.server.cluster.layout import DEFAULT_PREFIX, Layout, parse_endpoint, rendezvous
 
 __all__ = [
     "DEFAULT_PREFIX",

@@ -23,9 +23,9 @@ from typing import Any
 
 import structlog
 
+from headwater.server.cluster.coordinator_state import Counters, Held, PartitionHandler, State
 from headwater.server.cluster.etcd import Entry, EtcdSession, EtcdUnavailable, PrefixWatch
 from headwater.server.cluster.layout import Layout, balanced, partitions_of, rendezvous
-from headwater.server.cluster.state import Counters, Held, PartitionHandler, State
 
 log = structlog.get_logger("headwater.cluster")
 

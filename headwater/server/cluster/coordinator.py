@@ -32,10 +32,7 @@ from typing import Any
 import structlog
 
 from headwater.server.cluster.assignment import Assignment
-from headwater.server.cluster.etcd import Entry, EtcdSession, EtcdUnavailable, PrefixWatch
-from headwater.server.cluster.layout import DEFAULT_PREFIX, Layout, decode, encode, parse_endpoint
-from headwater.server.cluster.metadata import Metadata, SubscriptionCallback, TopicCallback
-from headwater.server.cluster.state import (
+from headwater.server.cluster.coordinator_state import (
     Counters,
     DuplicateBroker,
     EtcdUnreachable,
@@ -43,7 +40,10 @@ from headwater.server.cluster.state import (
     PartitionHandler,
     State,
 )
-from headwater.server.ownership import BrokerAddress
+from headwater.server.cluster.etcd import Entry, EtcdSession, EtcdUnavailable, PrefixWatch
+from headwater.server.cluster.layout import DEFAULT_PREFIX, Layout, decode, encode, parse_endpoint
+from headwater.server.cluster.metadata import Metadata, SubscriptionCallback, TopicCallback
+from headwater.server.cluster.partition_ownership import BrokerAddress
 
 log = structlog.get_logger("headwater.cluster")
 

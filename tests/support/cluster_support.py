@@ -1,0 +1,135 @@
+"""Brokers of a real cluster for tests: etcd (tests.support.etcd_support), moto's S3 and N
+`headwater serve
+--cluster` processes on loopback, each stopped by its PID.
+
+`Cluster.owners(topic)` reads the ownership keys straight from etcd (the coordinator's layout,
+`server.cluster.layout`), so tests can check who owns what independently of the brokers' answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import aetcd
+
+from headwater.testing import ServerProcess
+from tests.support.etcd_support import EtcdServer
+from tests.support.s3 import MotoS3
+
+PREFIX = "/headwater"
+
+
+class Cluster:
+    def __init__(
+        self,
+        root: Path,
+        etcd: EtcdServer,
+        s3: MotoS3,
+        bucket: str,
+        lease_ttl_ms: int = 3000,
+        s3_endpoint: str | None = None,
+    ) -> None:
+        self.root = root
+        self.etcd = etcd
+        self.brokers: dict[str, ServerProcess] = {}
+        self._config = root / "cluster.toml"
+        self._config.write_text(
+            f"""
+[object_store]
+backend = "s3"
+bucket = "{bucket}"
+endpoint_url = "{s3_endpoint or s3.endpoint_url}"
+region = "us-east-1"
+retry_initial_ms = 50
+retry_max_ms = 500
+
+[cluster]
+lease_ttl_ms = {lease_ttl_ms}
+checkpoint_interval_ms = 200
+"""
+        )
+
+    def start_broker(self, broker_id: str) -> ServerProcess:
+        process = ServerProcess(
+            self.root / broker_id,
+            extra_args=(
+                "--config",
+                str(self._config),
+                "--cluster",
+                self.etcd.endpoint,
+                "--broker-id",
+                broker_id,
+                "--log-format",
+                "json",
+                "--http-port",
+                "0",
+                "--http-port-file",
+                str(self.root / f"{broker_id}.http"),
+            ),
+        ).start(timeout=60)
+        self.brokers[broker_id] = process
+        return process
+
+    def metrics(self, broker_id: str) -> dict[str, float]:
+        """The broker's /metrics, unlabelled samples only: name -> value."""
+        port = int((self.root / f"{broker_id}.http").read_text())
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+            text = answer.read().decode()
+        found = {}
+        for line in text.splitlines():
+            name, _, value = line.partition(" ")
+            if line and not line.startswith("#") and "{" not in name:
+                found[name] = float(value)
+        return found
+
+    def stop_all(self) -> None:
+        for process in self.brokers.values():
+            process.kill()
+
+    async def _etcd(self) -> aetcd.Client:
+        return aetcd.Client(host="127.0.0.1", port=self.etcd.client_port)
+
+    async def owners(self, topic: str) -> dict[int, str]:
+        """partition -> the broker id holding its ownership key now."""
+        async with await self._etcd() as client:
+            found = await client.get_prefix(f"{PREFIX}/owners/{topic}/".encode())
+        return {int(kv.key.decode().rsplit("/", 1)[1]): kv.value.decode() for kv in found}
+
+    async def address(self, broker_id: str) -> str:
+        async with await self._etcd() as client:
+            found = await client.get(f"{PREFIX}/brokers/{broker_id}".encode())
+        data = json.loads(found.value)
+        return f"{data['host']}:{data['port']}"
+
+    async def wait_owned(
+        self, topic: str, partitions: int, among: set[str], timeout: float = 30.0
+    ) -> dict[int, str]:
+        """Until every partition is owned by one of `among` (bounded); the owners."""
+        deadline = time.monotonic() + timeout
+        owners: dict[int, str] = {}
+        while time.monotonic() < deadline:
+            owners = await self.owners(topic)
+            if len(owners) == partitions and set(owners.values()) <= among:
+                return owners
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"partitions of {topic} not owned by {among} in {timeout}s: {owners}")
+
+
+@contextlib.contextmanager
+def running_cluster(
+    root: Path, s3: MotoS3, bucket: str, lease_ttl_ms: int, s3_endpoint: str | None = None
+) -> Iterator[Cluster]:
+    """etcd started, a `Cluster` to start brokers in; every broker and etcd killed at the end."""
+    etcd = EtcdServer(root / "etcd").start()
+    cluster = Cluster(root, etcd, s3, bucket, lease_ttl_ms, s3_endpoint)
+    try:
+        yield cluster
+    finally:
+        cluster.stop_all()
+        etcd.kill()

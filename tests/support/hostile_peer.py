@@ -1,0 +1,232 @@
+"""A hostile client in a process of its own, for tests/test_hostile.py.
+
+`python -m tests.support.hostile_peer ATTACK HOST:PORT SECONDS [ARG]` prints `attacking` once the
+attack is under way, keeps it up for SECONDS, then prints one JSON line of counts and exits. Plain
+blocking sockets: the attacker must not share an event loop (or a GIL) with the client whose latency
+the test measures. Attacks:
+
+- `bomb TOPIC`: PRODUCE a 96 KiB zstd batch that inflates to 3 GiB, again and again;
+- `pipeline`: send 5,000 LIST_TOPICS at once and never read an answer;
+- `idle N`: open N connections and send nothing;
+- `partial N`: keep N connections each inside an incomplete frame, replacing the closed ones;
+- `flood TOPIC`: fire-and-forget PRODUCEs of one tiny record in 4 MiB writes, nonstop;
+- `badframes N`: N frames with an unknown api key, in large writes, answers read and dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import socket
+import struct
+import sys
+import threading
+import time
+from collections import Counter
+
+import cramjam
+import crc32c
+
+from headwater.wire import messages as m
+from headwater.wire.frames import Flags, FrameDecoder
+from headwater.wire.protocol import encode_request
+from headwater.wire.records import Compression, build_batch
+
+ERROR = struct.Struct(">h")
+
+
+def bomb_batch(frames: int = 48) -> bytes:
+    """A record batch whose zstd payload is `frames` x 64 MiB of zeros (~96 KiB, 3 GiB)."""
+    unit = bytes(cramjam.zstd.compress(bytes(64 << 20), level=19))
+    payload = unit * frames
+    header = bytearray(build_batch([(None, b"x", [])], compression=Compression.ZSTD)[:61])
+    struct.pack_into(">i", header, 8, len(header) + len(payload) - 12)
+    batch = header + payload
+    struct.pack_into(">I", batch, 17, crc32c.crc32c(bytes(batch[21:])))
+    return bytes(batch)
+
+
+def connect(address: str) -> socket.socket:
+    host, port = address.rsplit(":", 1)
+    return socket.create_connection((host, int(port)), timeout=10)
+
+
+def error_codes(data: bytes, decoder: FrameDecoder, codes: Counter[int]) -> None:
+    for frame in decoder.feed(data):
+        body = getattr(frame, "body", b"")
+        if len(body) >= 2:
+            codes[ERROR.unpack_from(body)[0]] += 1
+
+
+def started(seconds: float) -> float:
+    """Announce the attack; returns when it ends (counted from now, after any setup)."""
+    print("attacking", flush=True)
+    return time.monotonic() + seconds
+
+
+def bomb(address: str, seconds: float, topic: str) -> dict[str, object]:
+    request = encode_request(m.ProduceRequest(topic, -1, bomb_batch()), 1)
+    sock = connect(address)
+    decoder = FrameDecoder()
+    codes: Counter[int] = Counter()
+    slowest = 0.0
+    deadline = started(seconds)
+    while time.monotonic() < deadline:
+        begin = time.monotonic()
+        sock.sendall(request)
+        answered = sum(codes.values()) + 1
+        while sum(codes.values()) < answered:
+            error_codes(sock.recv(65536), decoder, codes)
+        slowest = max(slowest, time.monotonic() - begin)
+    return {"codes": dict(codes), "slowest": slowest, "size": len(request)}
+
+
+def pipeline(address: str, seconds: float) -> dict[str, object]:
+    """5,000 LIST_TOPICS, then 5,000 more whenever the server takes them, never reading."""
+    sock = connect(address)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    data = b"".join(encode_request(m.ListTopicsRequest(), i) for i in range(5000))
+    deadline = started(seconds)
+    sent = 0
+    blocked = False
+    sock.settimeout(1.0)
+    while time.monotonic() < deadline:
+        try:
+            sock.sendall(data)
+            sent += 5000
+        except TimeoutError:
+            blocked = True  # the server stopped reading: as it should
+            break
+    time.sleep(max(0.0, deadline - time.monotonic()))  # hold the connection, never read
+    return {"sent": sent, "blocked": blocked}
+
+
+def idle(address: str, seconds: float, count: int) -> dict[str, object]:
+    sockets = []
+    failed = 0
+    for _ in range(count):
+        try:
+            sockets.append(connect(address))
+        except OSError:
+            failed += 1
+    deadline = started(seconds)
+    time.sleep(max(0.0, deadline - time.monotonic()))
+    codes: Counter[int] = Counter()
+    closed = 0
+    for sock in sockets:
+        sock.setblocking(False)
+        decoder = FrameDecoder()
+        try:
+            data = sock.recv(65536)
+        except BlockingIOError:
+            continue
+        except OSError:
+            closed += 1
+            continue
+        error_codes(data, decoder, codes)
+        closed += 1
+    return {"open": len(sockets), "failed": failed, "closed": closed, "codes": dict(codes)}
+
+
+def partial(address: str, seconds: float, count: int) -> dict[str, object]:
+    fragment = encode_request(m.DescribeTopicRequest("some-topic"), 1)[:-3]
+    live: list[socket.socket] = []
+    codes: Counter[int] = Counter()
+    opened = 0
+    deadline = 0.0
+    while not deadline or time.monotonic() < deadline:
+        while len(live) < count:
+            sock = connect(address)
+            sock.sendall(fragment)
+            live.append(sock)
+            opened += 1
+        deadline = deadline or started(seconds)
+        ready, _, _ = select.select(live, [], [], 0.2)
+        for sock in ready:
+            try:
+                data = sock.recv(65536)
+            except OSError:
+                data = b""
+            if data:
+                error_codes(data, FrameDecoder(), codes)
+            sock.close()
+            live.remove(sock)
+    return {"opened": opened, "codes": dict(codes)}
+
+
+def _drain(sock: socket.socket, codes: Counter[int], done: threading.Event) -> None:
+    decoder = FrameDecoder()
+    while not done.is_set():
+        # select, not a socket timeout: the timeout would apply to the writer's sendall too
+        readable, _, _ = select.select([sock], [], [], 0.5)
+        if not readable:
+            continue
+        try:
+            data = sock.recv(1 << 20)
+        except OSError:
+            return
+        if not data:
+            return
+        error_codes(data, decoder, codes)
+
+
+def flood(address: str, seconds: float, topic: str) -> dict[str, object]:
+    """Tiny fire-and-forget PRODUCEs in 4 MiB writes: every read the server makes is thousands
+    of frames, each cheap, together a long stretch of work."""
+    sock = connect(address)
+    batch = build_batch([(None, b"f", [])])
+    one = encode_request(m.ProduceRequest(topic, -1, batch), 7, int(Flags.NO_RESPONSE))
+    chunk = one * (4 * 1024 * 1024 // len(one))
+    codes: Counter[int] = Counter()
+    done = threading.Event()
+    reader = threading.Thread(target=_drain, args=(sock, codes, done), daemon=True)
+    reader.start()
+    deadline = started(seconds)
+    writes = 0
+    sock.settimeout(None)  # a timed-out sendall would leave half a frame behind
+    while time.monotonic() < deadline:
+        sock.sendall(chunk)
+        writes += 1
+    done.set()
+    reader.join(2)
+    return {"writes": writes, "frames": writes * (len(chunk) // len(one)), "codes": dict(codes)}
+
+
+def badframes(address: str, seconds: float, count: int) -> dict[str, object]:
+    sock = connect(address)
+    one = struct.pack(">ihhiH", 10, 999, 0, 1, 0)  # api key 999: UNSUPPORTED_API
+    codes: Counter[int] = Counter()
+    done = threading.Event()
+    reader = threading.Thread(target=_drain, args=(sock, codes, done), daemon=True)
+    reader.start()
+    deadline = started(seconds)
+    sock.sendall(one * count)
+    while sum(codes.values()) < count and time.monotonic() < deadline:
+        time.sleep(0.05)
+    done.set()
+    reader.join(2)
+    return {"codes": dict(codes)}
+
+
+def main() -> None:
+    attack, address, duration, *args = sys.argv[1:]
+    seconds = float(duration)
+    if attack == "bomb":
+        result = bomb(address, seconds, args[0])
+    elif attack == "pipeline":
+        result = pipeline(address, seconds)
+    elif attack == "idle":
+        result = idle(address, seconds, int(args[0]))
+    elif attack == "partial":
+        result = partial(address, seconds, int(args[0]))
+    elif attack == "flood":
+        result = flood(address, seconds, args[0])
+    elif attack == "badframes":
+        result = badframes(address, seconds, int(args[0]))
+    else:
+        raise SystemExit(f"unknown attack {attack}")
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
