@@ -1,5 +1,5 @@
-"""The compatibility rules and schema parsing of server/schema_rules.py, as tables of cases: for
-each evolution (old -> new), whether each mode accepts it (docs/SCHEMAS.md states the rules)."""
+"""The compatibility rules and schema parsing of server/schemas/schema_rules.py, as tables of cases:
+for each evolution (old -> new), whether each mode accepts it (docs/SCHEMAS.md states the rules)."""
 
 from __future__ import annotations
 

@@ -298,7 +298,8 @@ async def test_subscription_seek_and_delete_need_admin_or_ownership(
     await topic_admin.seek("jobs.q", "work", "latest")  # admin on the topic
     await spare.close()
     # (deleting a subscription right after a seek can hang on this branch's base: a bug of
-    # server/reliable.py, fixed on main by the architecture change; so "spare" is deleted)
+    # server/subscriptions/reliable_subscription.py, fixed on main by the architecture change; so
+    # "spare" is deleted)
     await topic_admin.delete_subscription("jobs.q", "spare")
     described = await admin.describe_topic("jobs.q")
     assert [s.name for s in described.subscriptions] == ["work"]

@@ -2,9 +2,9 @@
 the WAL after its horizon, the `snapshot` start position, and the horizon in `describe`.
 
 Snapshots are made here without Spark but with the job's own pieces: the uploaded segment objects
-are decoded by `spark_compaction.wal`, folded in Python (newest record per key, tombstones and
-keyless records dropped), written by `spark_compaction.writer` and committed with a manifest by a
-conditional put, exactly as the job does. tests/test_spark_*.py check that the job's fold equals
+are decoded by `spark_compaction.wal_segments`, folded in Python (newest record per key, tombstones
+and keyless records dropped), written by `spark_compaction.writer` and committed with a manifest by
+a conditional put, exactly as the job does. tests/test_spark_*.py check that the job's fold equals
 such a fold.
 """
 

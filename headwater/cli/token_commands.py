@@ -1,4 +1,4 @@
-"""`headwater token create|list|revoke`: manage a server's tokens file (server/tokens.py).
+"""`headwater token create|list|revoke`: manage a server's tokens file (server/security/tokens.py).
 
 These edit the file the server reads (`serve --auth-tokens FILE`); the server notices the change
 within a second, so a revoked token stops working on live connections too, without a restart.

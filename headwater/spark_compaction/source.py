@@ -1,11 +1,11 @@
 """Spark data sources (pyspark.sql.datasource) over the object store: the WAL and the snapshots.
 
 `headwater_wal` yields one row per WAL record (schema.WAL_DDL). On the driver, `partitions()` lists
-the segment objects (or takes the pinned list the compaction job passes, so what it reads is
-exactly what it planned) and makes one input partition per group of consecutive segments of a
-partition, about `group_bytes` each. On the executors, `read()` fetches each segment whole,
-decodes it with `wire` (spark_compaction/wal.py) and yields Arrow record batches, which Spark takes
-without converting row by row. Options (all strings, as Spark passes them):
+the segment objects (or takes the pinned list the compaction job passes, so what it reads is exactly
+what it planned) and makes one input partition per group of consecutive segments of a partition,
+about `group_bytes` each. On the executors, `read()` fetches each segment whole, decodes it with
+`wire` (spark_compaction/wal_segments.py) and yields Arrow record batches, which Spark takes without
+converting row by row. Options (all strings, as Spark passes them):
 
 - `store`: the object store, `StoreSpec.to_json()`
 - `topics`: comma-separated topics (default: every topic in the store), or

@@ -276,7 +276,8 @@ def auth_rounds() -> st.SearchStrategy[list[Op]]:
 
 
 def granted(grants: tuple[str, ...], action: str, topic: str) -> bool:
-    """The documented grant rule (docs/SECURITY.md), written independently of server/authz.py."""
+    """The documented grant rule (docs/SECURITY.md), written independently of
+    server/security/authz.py."""
     for grant in grants:
         what, _, pattern = grant.partition(":")
         if what not in (action, "all"):

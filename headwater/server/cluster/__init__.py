@@ -1,8 +1,8 @@
 """Cluster mode: brokers coordinated by etcd (docs/CLUSTER.md).
 
-`Coordinator` implements `server.ownership.Ownership` from lease-backed owner keys in etcd, drives
-a `PartitionHandler` (the data path) through acquire / release / lost, and keeps the topic and
-subscription definitions and the cursor checkpoints of the cluster.
+`Coordinator` implements `server.cluster.partition_ownership.Ownership` from lease-backed owner keys
+in etcd, drives a `PartitionHandler` (the data path) through acquire / release / lost, and keeps the
+topic and subscription definitions and the cursor checkpoints of the cluster.
 """
 
 from headwater.server.cluster.coordinator import Coordinator

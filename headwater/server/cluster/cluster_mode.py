@@ -1,8 +1,9 @@
 """Cluster mode's composition: join etcd, and make the broker serve only what it owns.
 
 `join_cluster` (called by `serve` when `cluster.etcd` is set) builds the etcd coordinator
-(`server.cluster`), the object-store acknowledgement path (`server.tail_commit`), the take-over
-handler (`server.cluster_partitions`), and wires them into the catalog and the broker:
+(`server.cluster`), the object-store acknowledgement path (`server.cluster.tail_commit`), the
+take-over handler (`server.cluster.cluster_partitions`), and wires them into the catalog and the
+broker:
 
 - topics are defined in etcd: CREATE_TOPIC creates the topic here (which checks the request) and
   then in etcd (a transaction: a name taken meanwhile gives TOPIC_EXISTS and ours goes); every

@@ -99,7 +99,7 @@ class Shared:
     protocol_errors: ProtocolErrorLog = field(default_factory=ProtocolErrorLog)
     security: Security | None = None  # None: no authentication (the embedded loopback default)
     tls: ServerTls | None = None  # None: plaintext
-    traffic: TrafficStats = field(default_factory=TrafficStats)  # for server.metrics
+    traffic: TrafficStats = field(default_factory=TrafficStats)  # for server.ops.metrics
 
 
 class Connection(Guarded, asyncio.Protocol):
@@ -274,7 +274,7 @@ class Connection(Guarded, asyncio.Protocol):
 
     def _handle(self, frame: Frame) -> None:
         header = frame.header
-        started = time.perf_counter()  # produce latency (server.traffic)
+        started = time.perf_counter()  # produce latency (server.net.traffic)
         try:
             if header.flags & _NOT_ON_REQUESTS:
                 raise MalformedFrame(f"flags {header.flags:#06x} are not valid on a request")

@@ -1,4 +1,5 @@
-"""The connection's security hooks, kept apart from its I/O (a mixin of `server.connection`).
+"""The connection's security hooks, kept apart from its I/O (a mixin of
+`server.net.client_connection`).
 
 `_guard` runs before the broker for every request of a connection on a server with
 authentication (and for AUTHENTICATE on any server: without authentication it is answered with

@@ -3,7 +3,7 @@
 Topics count what comes in (`Topic.messages_in`, `bytes_in`) and subscriptions what they hand
 out, but nothing knew the bytes sent per topic, redeliveries, or latencies. The connection calls
 `delivered` once per DELIVER push (a batch, never a record) and `produced` once per PRODUCE
-answer, so the cost is a dict lookup, a header read and a bisect per batch. `server.metrics`
+answer, so the cost is a dict lookup, a header read and a bisect per batch. `server.ops.metrics`
 reads these at scrape time; topics that no longer exist are pruned there (`prune`).
 
 End-to-end latency is the time from the batch's max timestamp (set by the producer, so it

@@ -1,6 +1,6 @@
 """A minimal HTTP/1.1 listener for operators: GET and HEAD only, one request per connection.
 
-It serves `/metrics`, the health checks and the status page (routes in `server.status`), so it
+It serves `/metrics`, the health checks and the status page (routes in `server.ops.status`), so it
 needs none of a web framework: a request head is read (at most `MAX_HEAD` bytes, within
 `HEAD_TIMEOUT`), the route's handler makes the whole body, and the answer goes out with
 `Connection: close`. Request bodies are never read. Anything else gets a short error status and
@@ -90,7 +90,8 @@ class HttpStartupError(Exception):
 
 
 class TlsSource(Protocol):
-    """`server.tls.ServerTls`: its context is read per connection, so a reload applies at once."""
+    """`server.security.tls.ServerTls`: its context is read per connection, so a reload applies at
+    once."""
 
     context: ssl.SSLContext
 

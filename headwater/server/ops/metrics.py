@@ -3,7 +3,7 @@
 `HeadwaterCollector` is a custom collector on a registry of its own (`make_registry`, with the
 process collector): each scrape walks the topics, their partitions' WALs, their subscriptions'
 `info()`, the uploader and the connection set, and reads the few counters that exist only for
-metrics (`server.traffic`: bytes out, redeliveries, latencies; `storage.latency`: fsyncs). So
+metrics (`server.net.traffic`: bytes out, redeliveries, latencies; `storage.latency`: fsyncs). So
 the message path does no work for metrics beyond one histogram bucket per batch. The scrape runs
 on the event loop, synchronously, so it sees one consistent moment; its cost is linear in
 topics, partitions and subscriptions (about a millisecond per thousand).

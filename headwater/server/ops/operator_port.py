@@ -1,9 +1,9 @@
 """The operator's HTTP port: its routes and its start-up.
 
-`start_operator_port` binds the HTTP listener (server/http.py) when `http_port` is set, before
-recovery, so /healthz answers at once and /readyz says 503 while topics are opened. The routes
-serve /metrics (server/metrics.py's collectors), /healthz, /readyz, the status page and the JSON it
-draws from (server/status.py). This module sits above both metrics and status so neither imports
+`start_operator_port` binds the HTTP listener (server/ops/http.py) when `http_port` is set, before
+recovery, so /healthz answers at once and /readyz says 503 while topics are opened. The routes serve
+/metrics (server/ops/metrics.py's collectors), /healthz, /readyz, the status page and the JSON it
+draws from (server/ops/status.py). This module sits above both metrics and status so neither imports
 the other's user.
 
 It follows the message port's security (docs/SECURITY.md): HTTPS with the message port's TLS

@@ -11,7 +11,7 @@ Readiness (`/readyz`): recovery has finished and a probe file in the data direct
 written and fsynced. The probe runs in a thread, at most once a second whatever the request
 rate, and is abandoned (503) after `PROBE_TIMEOUT` if the disk hangs.
 
-The HTTP paths are wired in `server.operator_port`.
+The HTTP paths are wired in `server.ops.operator_port`.
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
 """Operator requests: ALTER_TOPIC_CONFIGS, LIST_SUBSCRIPTIONS, SERVER_INFO, and the storage of each
 partition that DESCRIBE_TOPIC reports.
 
-An alter runs in the topic's turn (`server.locks`, taken by the broker), like create and delete.
-Every named config is checked before anything changes: an unknown name, a bad value or a config
-that cannot change after creation (`partitions`, `dispatch`, `key.field` once last-value state
-exists, `last.value=false`) refuses the whole request with INVALID_REQUEST naming it. Then the
-last-value state is built if asked (the one slow step), the new settings are written to the
-topic's state key (synced, so they survive a restart) and applied at once: each partition's WAL
-takes the new `LogConfig` (segment size and age apply from its next roll, the fsync policy from
-its next append, the syncer reads its interval every round) and housekeeping reads retention from
+An alter runs in the topic's turn (`server.requests.topic_turns`, taken by the broker), like create
+and delete. Every named config is checked before anything changes: an unknown name, a bad value or a
+config that cannot change after creation (`partitions`, `dispatch`, `key.field` once last-value
+state exists, `last.value=false`) refuses the whole request with INVALID_REQUEST naming it. Then the
+last-value state is built if asked (the one slow step), the new settings are written to the topic's
+state key (synced, so they survive a restart) and applied at once: each partition's WAL takes the
+new `LogConfig` (segment size and age apply from its next roll, the fsync policy from its next
+append, the syncer reads its interval every round) and housekeeping reads retention from
 `topic.settings` on every pass.
 
 LIST_SUBSCRIPTIONS and SERVER_INFO only read. A reliable subscription's counts come from its

@@ -1,17 +1,18 @@
 """The broker: one handler per request type, and the turns that keep requests on a topic in order.
 
-Handlers run on the event loop and return a `server.reply.Reply`: the response itself when it is
-ready (a non-reliable produce is a validate, a stamp and a fan-out), or a `Waiting` that says
+Handlers run on the event loop and return a `server.requests.reply.Reply`: the response itself when
+it is ready (a non-reliable produce is a validate, a stamp and a fan-out), or a `Waiting` that says
 what it waits for: `AfterDurable` (a reliable produce under fsync `always` waits for its group
 commit) or `AfterWork` (a reliable subscribe may read the WAL to find a timestamp). Each raises a
 `HeadwaterError` subclass for a bad request; the connection turns it into an error response.
-Consumer requests are in `server.consuming`, map requests in `server.maps`.
+Consumer requests are in `server.requests.consumer_requests`, map requests in
+`server.requests.map_requests`.
 
 Topics and subscriptions live in `TopicCatalog`, which owns their files and state. Requests that
 change a topic or may await while acting on it (create, delete, subscribe, seek,
-DELETE_SUBSCRIPTION, a map request whose state is not built yet) run in a turn of the topic's
-name (`server.locks`), taken when the request is read; so does any other request naming a topic
-whose line is not empty, so pipelined requests keep their order. A handler in a turn looks the
+DELETE_SUBSCRIPTION, a map request whose state is not built yet) run in a turn of the topic's name
+(`server.requests.topic_turns`), taken when the request is read; so does any other request naming a
+topic whose line is not empty, so pipelined requests keep their order. A handler in a turn looks the
 topic up once the turn is its own: a request that lost a race with a delete gets UNKNOWN_TOPIC,
 never a half-made subscription on a deleted topic. What a handler does in its turn is its work
 (`AfterWork`); its durability wait (`AfterDurable`) comes after the turn is given up, so the
@@ -234,7 +235,7 @@ class Broker:
 
     def enter_cluster(self, ownership: Ownership, cluster: Any) -> None:
         """Serve only the partitions `ownership` gives this broker, and define topics through
-        `cluster` (a `server.cluster_mode.ClusterMode`; docs/CLUSTER.md)."""
+        `cluster` (a `server.cluster.cluster_mode.ClusterMode`; docs/CLUSTER.md)."""
         self.gate = ownership
         self.ownership = ownership
         self._handlers[m.LookupRequest] = LookupHandler(ownership, self.catalog.topics).lookup

@@ -1,9 +1,9 @@
 """CREATE_PARTITIONS: a topic grows to more partitions (never fewer).
 
-The handler runs in the topic's turn (`server.locks`), so it never interleaves with a create, a
-delete, a subscribe or another alter of the topic; produce and consumer requests go on meanwhile
-and see the new partitions from the moment they are published, all at once, with no await in
-between:
+The handler runs in the topic's turn (`server.requests.topic_turns`), so it never interleaves with a
+create, a delete, a subscribe or another alter of the topic; produce and consumer requests go on
+meanwhile and see the new partitions from the moment they are published, all at once, with no await
+in between:
 
 1. a reliable topic's new WALs are opened (`<topic>/<p>/`, each directory emptied first: files
    there are a crash's leftovers of an alter that was never recorded, so they hold no record);

@@ -1,9 +1,9 @@
 """LOOKUP: which broker owns each partition of the topics a client names.
 
-Any broker answers for every topic, from its `server.ownership.Ownership` (the live brokers and
-each partition's owner as last seen) and the catalog (how many partitions a topic has). An
-unknown topic is reported in that topic's entry (UNKNOWN_TOPIC), not as a failed request, so one
-stale name does not hide the others. A partition nobody owns now (a failover under way) has
+Any broker answers for every topic, from its `server.cluster.partition_ownership.Ownership` (the
+live brokers and each partition's owner as last seen) and the catalog (how many partitions a topic
+has). An unknown topic is reported in that topic's entry (UNKNOWN_TOPIC), not as a failed request,
+so one stale name does not hide the others. A partition nobody owns now (a failover under way) has
 broker id "": the client asks again after a short backoff. The partition's epoch comes from the
 ownership's optional `owner_epoch(topic, partition)` (the coordinator's; 0 on a single broker).
 """

@@ -1,9 +1,9 @@
 """Topic schemas: the registry of versions, the four schema requests, and the produce check.
 
-A topic without a registered version carries bytes (nothing is checked; GET_SCHEMA answers a
-version 0 of type bytes). Versions are numbered 1, 2, ... per topic; a new one is accepted when the
-topic's compatibility mode allows it after the latest (`server.schema_rules`), or answered with
-the number of an identical one already registered. A topic keeps at most `MAX_VERSIONS`.
+A topic without a registered version carries bytes (nothing is checked; GET_SCHEMA answers a version
+0 of type bytes). Versions are numbered 1, 2, ... per topic; a new one is accepted when the topic's
+compatibility mode allows it after the latest (`server.schemas.schema_rules`), or answered with the
+number of an identical one already registered. A topic keeps at most `MAX_VERSIONS`.
 
 State (RocksDB, beside the topic's own key): `schema/<topic>\\0<version, 20 digits>` holds a
 version (JSON: type, definition, time) and `schema/<topic>\\0mode` the compatibility mode. A

@@ -12,7 +12,7 @@ only per-record code, and it runs only for topics whose schema is not `bytes`.
 
 `compatibility_problems(mode, old, new)` says why `new` may not follow `old`: backward means the
 new schema reads whatever the old one wrote, forward the reverse, full both, none anything
-(even a change of type). JSON Schema's rules are in `server.json_compat`.
+(even a change of type). JSON Schema's rules are in `server.schemas.json_compat`.
 """
 
 from __future__ import annotations

@@ -1,17 +1,17 @@
 """Authentication, authorization checks, revocation and quotas, for the connections of a server
 whose `security.auth_tokens` is set (docs/SECURITY.md).
 
-A connection starts unauthenticated: it may send AUTHENTICATE and API_VERSIONS, and anything else
-is refused with AUTHENTICATION_REQUIRED and the connection closed. AUTHENTICATE with mechanism
-"token" checks the token against the tokens file (`server.tokens`); mechanism "certificate" takes
+A connection starts unauthenticated: it may send AUTHENTICATE and API_VERSIONS, and anything else is
+refused with AUTHENTICATION_REQUIRED and the connection closed. AUTHENTICATE with mechanism "token"
+checks the token against the tokens file (`server.security.tokens`); mechanism "certificate" takes
 the verified TLS client certificate's common name and the file's certificate entries for it. A
-failure answers AUTHENTICATION_FAILED (with the token's public id, never its secret, in the log)
-and closes the connection; past `auth_failures_per_minute` failures from one source address,
-every attempt from it is refused without being checked, which caps guessing.
+failure answers AUTHENTICATION_FAILED (with the token's public id, never its secret, in the log) and
+closes the connection; past `auth_failures_per_minute` failures from one source address, every
+attempt from it is refused without being checked, which caps guessing.
 
-Once authenticated, each request is checked against the principal's grants (`server.authz`)
-before it reaches the broker, with the answers cached per connection. Every second `tick`
-reloads the tokens file if it changed (and the TLS certificate, `server.tls`) and closes, with a
+Once authenticated, each request is checked against the principal's grants (`server.security.authz`)
+before it reaches the broker, with the answers cached per connection. Every second `tick` reloads
+the tokens file if it changed (and the TLS certificate, `server.security.tls`) and closes, with a
 connection-level AUTHENTICATION_FAILED, every connection whose token was revoked, removed or has
 expired; grant changes apply to live connections at the same time.
 """

@@ -11,7 +11,7 @@ knowledge of principals: map get/scan/size follow consume, map set and delete fo
 describe follows consume (it shows subscriptions and counters). Requests on a consumer the
 connection already holds (flow, ack, nack, unsubscribe) were authorized when it subscribed.
 Seek and delete-subscription need admin on the topic or ownership of the subscription; that
-check is `server.auth`'s, which knows the owners.
+check is `server.security.access`'s, which knows the owners.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What a reliable subscription's pump needs besides its state: the append signal, and the shape
-of the dead-letter sender (`server.deadletter` makes one per subscription)."""
+of the dead-letter sender (`server.subscriptions.deadletter` makes one per subscription)."""
 
 from __future__ import annotations
 

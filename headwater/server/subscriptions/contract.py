@@ -1,9 +1,10 @@
 """The contract between a topic and its subscriptions, and the consumer they deliver to.
 
-A topic holds subscriptions of three kinds, live (`server.subscription`: non-reliable, keeps a
-bounded backlog), reliable (`server.reliable`: reads the WAL, acks, redelivery) and last-value
-(`server.lastvalue`: the current value per key), and calls each through `SubscriptionKind`
-without knowing which it holds. What differs is said by data, not by class:
+A topic holds subscriptions of three kinds, live (`server.subscriptions.live_subscription`:
+non-reliable, keeps a bounded backlog), reliable (`server.subscriptions.reliable_subscription`:
+reads the WAL, acks, redelivery) and last-value (`server.topics.lastvalue_index`: the current value
+per key), and calls each through `SubscriptionKind` without knowing which it holds. What differs is
+said by data, not by class:
 
 - `feed`: what an append hands it as it passes (`Feed.BATCHES`: the stamped batch, through
   `offer`; `Feed.CHANGES`: the last-value changes, through `changed`; `Feed.NOTHING`: a reliable

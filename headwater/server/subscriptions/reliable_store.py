@@ -2,8 +2,8 @@
 
 A subscription's definition (`sub/<topic>\\0<name>`) and its cursors (`cursor/...`, one per
 partition) are written in one synced WriteBatch when it is created, and removed together when it is
-deleted. The callers hold the topic's admin lock (`server.locks`), so a create, a seek and a delete
-of one subscription, or a delete of its topic, never interleave.
+deleted. The callers hold the topic's admin lock (`server.requests.topic_turns`), so a create, a
+seek and a delete of one subscription, or a delete of its topic, never interleave.
 
 A subscription started (or moved) at `snapshot` gets a `SnapshotFeed` over the newest snapshot of
 each partition that has a readable one (the others start at earliest); its definition keeps those
@@ -55,7 +55,8 @@ class SubscriptionStore:
         self._state = writer.store
         self._dead_letters = dead_letters
         self._signals: dict[str, AppendSignal] = {}
-        # a cluster's ownership (server.ownership): pumps send only the partitions served here
+        # a cluster's ownership (server.cluster.partition_ownership): pumps send only the partitions
+        # served here
         self.serves: Callable[[str, int], bool] | None = None
         # a cluster's: told of a subscription created or deleted here (etcd, checkpoints)
         self.created: Callable[[LogTopic, str, dict[str, Any]], Awaitable[None]] | None = None

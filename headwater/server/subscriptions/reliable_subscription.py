@@ -10,7 +10,7 @@ One pump task per subscription does all sending, so no two deliveries race. Each
 consumer the subscription type allows (Exclusive: the one; Failover: the active one; Shared: the
 one with the most credit) and sends it, within its credit (on a topic of several partitions,
 Failover, and consumers that chose partitions, are tried in turn, each with the partitions it is
-active for or chose; Key_Shared cuts batches by key owner, `server.keyed`):
+active for or chose; Key_Shared cuts batches by key owner, `server.subscriptions.key_shared_round`):
 
 1. messages due for redelivery (`take_due`), re-encoded as batches of consecutive offsets; a
    message already delivered `max_deliveries` times goes to the dead-letter topic instead and is
@@ -27,7 +27,8 @@ message. An append fires the signal once and empties it, so its cost does not gr
 of subscriptions, only with the pumps that are waiting to deliver that very append.
 
 A subscription started at `snapshot` reads each partition below its snapshot's horizon from a
-`SnapshotFeed` (server.snapshot_feed) rather than the log, and the log from the horizon on.
+`SnapshotFeed` (server.subscriptions.snapshot_feed) rather than the log, and the log from the
+horizon on.
 
 Closing sets a flag, wakes and cancels the pump, and waits for it: the pump sleeps with a timer of
 its own rather than `asyncio.wait_for`, which on Python 3.11 can swallow a cancellation that races
@@ -110,7 +111,8 @@ class ReliableSubscription:
         self._signal = signal
         self._wake = asyncio.Event()
         self._flushing = False
-        # in a cluster, whether this broker serves a partition now (server.ownership)
+        # in a cluster, whether this broker serves a partition now
+        # (server.cluster.partition_ownership)
         self.serves: Callable[[str, int], bool] | None = None
         self._task: asyncio.Task[None] | None = None
         self._closed = False

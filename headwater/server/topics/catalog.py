@@ -1,16 +1,17 @@
 """The topic catalog: topics, their files, state and lifecycle.
 
-It owns what outlives a connection: topic metadata in RocksDB, one WAL per reliable partition
-under `<data_dir>/topics/<topic>/<partition>/`, the uploader that ships sealed segments to the
-object store, and the housekeeping loop (`server.housekeeping`). Reliable subscriptions' state is
-in `server.reliable_store`, producer ids in `server.producers`, dead-letter topics in
-`server.deadletter`. Synced state writes go through the catalog's `StateWriter` (group commit off
-the event loop); `close` flushes it before the logs are closed.
+It owns what outlives a connection: topic metadata in RocksDB, one WAL per reliable partition under
+`<data_dir>/topics/<topic>/<partition>/`, the uploader that ships sealed segments to the object
+store, and the housekeeping loop (`server.topics.housekeeping`). Reliable subscriptions' state is in
+`server.subscriptions.reliable_store`, producer ids in `server.topics.idempotent_producers`,
+dead-letter topics in `server.subscriptions.deadletter`. Synced state writes go through the
+catalog's `StateWriter` (group commit off the event loop); `close` flushes it before the logs are
+closed.
 
-Admin operations run in a turn of their topic name (`server.locks`) from start to end, so they
-never interleave with each other, with subscribe or with the last-value catch-up. The broker takes
-the turn (`turn`) when it reads the request, so the methods here that say so expect the caller to
-hold it.
+Admin operations run in a turn of their topic name (`server.requests.topic_turns`) from start to
+end, so they never interleave with each other, with subscribe or with the last-value catch-up. The
+broker takes the turn (`turn`) when it reads the request, so the methods here that say so expect the
+caller to hold it.
 
 A delete is made to stick before anything is removed: one synced WriteBatch deletes the topic's
 key and records `deleting/<topic>`; then subscriptions and logs are closed, the files, state keys
@@ -111,7 +112,7 @@ class TopicCatalog:
     def _topic_dir(self, name: str) -> Path:
         return self._config.data_dir / "topics" / name
 
-    # for `server.partitions`, which adds partitions to an open topic
+    # for `server.requests.create_partitions`, which adds partitions to an open topic
     topic_dir = _topic_dir
 
     @property

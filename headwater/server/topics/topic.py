@@ -198,7 +198,8 @@ class LogTopic(_TopicBase):
         committed: bool = False,
     ) -> Awaitable[None] | None:
         """What the answer to an append waits for: in a cluster, the batch in the object store
-        (`server.tail_commit`); else the fsync, when the topic's policy or `committed` asks."""
+        (`server.cluster.tail_commit`); else the fsync, when the topic's policy or `committed`
+        asks."""
         if self.cloud_commit is not None:
             stamped = _BASE_OFFSET.pack(base_offset) + batch[8:]
             return self.cloud_commit(self.name, partition.index, base_offset, stamped, record_count)
