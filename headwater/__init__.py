@@ -1,5 +1,10 @@
 """Headwater's Python client: `await headwater.connect()` returns a `Client` with topic admin,
-producers and consumers. The `headwater` command line lives in `headwater.cli.main`.
+producers and consumers (the package `client`); the `headwater` command is the package `cli`
+(`__main__` runs it as `python -m headwater`). The server is `server`, over `durables` (delivery
+semantics without I/O), `storage` (bytes at rest) and `wire` (the protocol without I/O);
+`spark_compaction` is the PySpark job. `testing` runs a real server in a child process, for tests
+of applications and of Headwater itself. docs/ARCHITECTURE.md draws the packages and their
+imports.
 
 Every exception the client raises is a `HeadwaterError` subclass carrying the wire error code,
 and every one is importable from here (`except headwater.TopicExists:`)."""

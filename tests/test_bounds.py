@@ -14,9 +14,9 @@ import pytest
 
 import headwater
 from headwater.durables.group import ConsumerGroup
+from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.config import ObjectStoreConfig, ServerConfig
-from headwater.server.subscriptions.contract import Consumer
-from headwater.server.topics.catalog import TopicCatalog
+from headwater.server.topics.subscription_contract import Consumer
 from headwater.storage.state import StateStore
 from headwater.testing import ServerProcess
 from headwater.wire import messages as m

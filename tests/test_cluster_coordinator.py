@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from headwater.server.cluster import Coordinator, DuplicateBroker, EtcdUnreachable, Layout
-from headwater.server.cluster.partition_ownership import BrokerAddress
+from headwater.server.requests.partition_ownership import BrokerAddress
 from tests.support.etcd_support import (
     PARTITIONS,
     REBALANCE,

@@ -30,6 +30,22 @@ ALLOWED = {
     "cli": {"wire", "client", "cli"},
     "spark_compaction": {"wire", "storage", "client", "spark_compaction"},
 }
+# Inside the server, packages by concept, each importing only packages of a lower rank (and its
+# own); "" is the server's own folder (config, logs, reply, turns...), `serve` its composition root
+SERVER_RANKS = {
+    "": 0,
+    "topics": 1,
+    "security": 1,
+    "schemas": 2,
+    "subscriptions": 2,
+    "catalog": 3,
+    "requests": 4,
+    "net": 5,
+    "cluster": 6,
+    "ops": 7,
+    "serve": 8,
+}
+
 # libraries that do I/O or keep time of their own, which the I/O-free layers must not touch
 IO_LIBRARIES = {"asyncio", "socket", "rocksdict", "aiobotocore", "pyarrow", "structlog"}
 
@@ -83,6 +99,29 @@ def test_every_package_imports_only_what_its_row_allows() -> None:
         if (package := _package_of(name)) is not None
         and (target := _package_of(imported)) is not None
         and target not in ALLOWED[package]
+    ]
+    assert violations == []
+
+
+def _server_package(module: str) -> str:
+    """`headwater.server.requests.broker` -> requests; `headwater.server.config` -> "";
+    `headwater.server.serve` -> serve."""
+    rest = module.split(".")[2:]
+    if len(rest) >= 2 or (rest and rest[0] in SERVER_RANKS):
+        return rest[0]
+    return ""
+
+
+def test_server_packages_import_only_lower_ones() -> None:
+    servers = [name for name in MODULES if name.startswith("headwater.server.")]
+    assert {_server_package(name) for name in servers} == set(SERVER_RANKS)
+    violations = [
+        f"{name} ({own}) imports {imported} ({theirs})"
+        for name in servers
+        for imported in _imports(MODULES[name])
+        if imported.startswith("headwater.server.")
+        and (own := _server_package(name)) != (theirs := _server_package(imported))
+        and SERVER_RANKS[theirs] >= SERVER_RANKS[own]
     ]
     assert violations == []
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 import headwater
+from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.config import ObjectStoreConfig, ServerConfig
-from headwater.server.subscriptions.contract import Consumer
-from headwater.server.topics.catalog import TopicCatalog
+from headwater.server.topics.subscription_contract import Consumer
 from headwater.server.topics.topic import LogTopic
 from headwater.storage.segments import segment_name
 from headwater.storage.state import StateStore

@@ -20,7 +20,6 @@ import dataclasses
 import os
 import sys
 from collections.abc import Sequence
-from importlib import metadata
 from pathlib import Path
 
 from headwater.cli import (
@@ -34,6 +33,7 @@ from headwater.cli.consume_command import consume
 from headwater.cli.parser import add_client_commands, add_global_options
 from headwater.client.client import connect
 from headwater.client.credentials import Tls
+from headwater.server.build_info import version
 from headwater.wire.errors import HeadwaterError
 
 # the formats each command prints (`--format`); the first is the default
@@ -54,14 +54,6 @@ FORMATS = {
     **schema_commands.FORMATS,
     **cluster_commands.FORMATS,
 }
-
-
-def version() -> str:
-    """The installed distribution's version (pyproject.toml's, once installed)."""
-    try:
-        return metadata.version("headwater")
-    except metadata.PackageNotFoundError:
-        return "unknown (not installed)"
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -1,4 +1,4 @@
-"""The consumer side of the client: `Message` and `Consumer`, an async iterator of messages.
+"""The consumer side of the client: `Consumer`, an async iterator of `Message`s.
 
 A consumer grants the server `prefetch` credits when it subscribes and tops them up as the
 application takes messages, so at most `prefetch` messages wait in memory. Acks made in one
@@ -29,12 +29,12 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
-from headwater.client.message_batch import MessageBatch
-from headwater.client.schema_codec import SchemaCodec, version_of
+from headwater.client.message_batch import Message, MessageBatch
+from headwater.client.schema_codec import SchemaCodec
 from headwater.wire import messages as m
 from headwater.wire.errors import (
     ConnectionClosed,
@@ -49,50 +49,24 @@ from headwater.wire.records import inspect_batch
 
 if TYPE_CHECKING:
     from headwater.client.broker_connection import Connection
-    from headwater.client.consumer_legs import ClusterLegs
+
+__all__ = ["Consumer", "Legs", "Message", "ms"]
 
 logger = logging.getLogger("headwater.client.client")
 
 
-@dataclass(slots=True)
-class Message:
-    """A received record. Not frozen, unlike the wire messages: a frozen dataclass sets each field
-    through object.__setattr__, which made building messages the consumer's largest cost. The
-    consumer comes first so a positional `partial` can build messages (kwargs cost 15% more)."""
+class Legs(Protocol):
+    """What a consumer asks of its legs at the other brokers of a cluster
+    (`consumer_legs.ClusterLegs`): it knows them only through this, so the two modules do not
+    import each other."""
 
-    _consumer: Consumer | None = field(repr=False, compare=False)
-    topic: str
-    partition: int
-    delivery_count: int  # 1 the first time; counts redeliveries on reliable topics
-    offset: int
-    timestamp: int
-    key: bytes | None
-    value: bytes | None
-    headers: list[tuple[str, bytes | None]]
-    # messages the server dropped for this consumer (non-reliable topics) just before this one
-    missed: int = 0
+    def leg_lost(self, consumer: Consumer, error: HeadwaterError) -> None: ...
 
-    async def ack(self) -> None:
-        if self._consumer is not None:
-            await self._consumer.ack(self)
+    def stop(self, error: HeadwaterError) -> None: ...
 
-    async def nack(self, delay: float | None = None) -> None:
-        """Hand the message back for redelivery after `delay` s (default: the backoff)."""
-        if self._consumer is not None:
-            await self._consumer.nack(self, delay)
+    async def pick(self, timeout: float | None) -> Consumer: ...
 
-    @property
-    def schema_version(self) -> int | None:
-        """The schema version the value was encoded with (its `hw-schema-version` header)."""
-        return version_of(self.headers)
-
-    async def decoded(self) -> Any:
-        """The value decoded by its schema version (str, int, a JSON value, a dict for Avro;
-        bytes without a version), the version fetched once per consumer (docs/SCHEMAS.md)."""
-        version = self.schema_version
-        if version is None or self._consumer is None:
-            return self.value
-        return (await self._consumer.codec(version)).decode(self.value)
+    async def close(self) -> None: ...
 
 
 def ms(seconds: float | None) -> int:
@@ -143,7 +117,7 @@ class Consumer:
         self._ack_flush_scheduled = False
         self._codecs: dict[int, SchemaCodec] = {}
         self._on_ready: Callable[[], None] | None = None  # a cluster consumer merging legs
-        self._cluster: ClusterLegs | None = None  # the legs at other brokers, in a cluster
+        self._cluster: Legs | None = None  # the legs at other brokers, in a cluster
 
     async def codec(self, version: int) -> SchemaCodec:
         """Schema version `version` of the topic, fetched on first use."""

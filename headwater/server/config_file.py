@@ -25,7 +25,7 @@ from headwater.server.config import (
     SubscriptionDefaults,
     TopicSettings,
 )
-from headwater.server.ops.logs import LOG_FORMATS, LOG_LEVELS
+from headwater.server.logs import LOG_FORMATS, LOG_LEVELS
 from headwater.storage.wal import FsyncPolicy
 
 

@@ -22,16 +22,16 @@ from pathlib import Path
 
 import structlog
 
-from headwater.server.cluster.partition_ownership import BrokerAddress, SingleBroker
+from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.config import ServerConfig
+from headwater.server.logs import configure_logging
 from headwater.server.net.listener import Listener, StartupError
-from headwater.server.ops.logs import configure_logging
 from headwater.server.ops.operator_port import start_operator_port
 from headwater.server.requests.broker import Broker
+from headwater.server.requests.partition_ownership import BrokerAddress, SingleBroker
 from headwater.server.security.access import Security
 from headwater.server.security.tls import ServerTls, TlsError, is_loopback
 from headwater.server.security.tokens import TokenFileError
-from headwater.server.topics.catalog import TopicCatalog
 from headwater.storage.archive import ObjectArchive
 from headwater.storage.objectstore import LocalObjectStore, ObjectStore, S3ObjectStore
 from headwater.storage.state import StateStore

@@ -26,7 +26,7 @@ from typing import Any
 import aetcd
 
 from headwater.server.cluster import Coordinator, Layout
-from headwater.server.cluster.partition_ownership import BrokerAddress
+from headwater.server.requests.partition_ownership import BrokerAddress
 from tests.support.s3 import free_port
 
 
@@ -247,7 +247,7 @@ async def run_broker(endpoint: str, broker_id: str, topic_port: int, ttl: float)
     import asyncio
 
     from headwater.server.cluster import Coordinator
-    from headwater.server.cluster.partition_ownership import BrokerAddress
+    from headwater.server.requests.partition_ownership import BrokerAddress
 
     coordinator = Coordinator(
         endpoint,

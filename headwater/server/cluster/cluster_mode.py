@@ -22,14 +22,14 @@ from typing import Any
 
 import structlog
 
+from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.cluster.cluster_partitions import ClusterPartitions, checkpoint_key
 from headwater.server.cluster.coordinator import Coordinator
-from headwater.server.cluster.partition_ownership import BrokerAddress, not_owner
 from headwater.server.cluster.tail_commit import TailCommitter
 from headwater.server.config import ServerConfig
 from headwater.server.requests.broker import Broker, close_topic_consumers
 from headwater.server.requests.consumer_requests import close_consumers
-from headwater.server.topics.catalog import TopicCatalog
+from headwater.server.requests.partition_ownership import BrokerAddress, not_owner
 from headwater.server.topics.topic import LogTopic, Topic
 from headwater.storage.cloud_tail import CloudTail
 from headwater.storage.objectstore import ObjectStore

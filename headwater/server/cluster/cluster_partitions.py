@@ -33,9 +33,9 @@ from typing import Protocol
 import structlog
 
 from headwater.durables.cursor import PartitionCursor
+from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.cluster.tail_commit import TailCommitter
 from headwater.server.subscriptions.reliable_subscription import ReliableSubscription
-from headwater.server.topics.catalog import TopicCatalog
 from headwater.server.topics.topic import LogTopic
 from headwater.server.topics.topic_settings import log_config
 from headwater.storage.cloud_tail import Chunk, CloudTail

@@ -43,7 +43,7 @@ from headwater.server.cluster.coordinator_state import (
 from headwater.server.cluster.etcd import Entry, EtcdSession, EtcdUnavailable, PrefixWatch
 from headwater.server.cluster.layout import DEFAULT_PREFIX, Layout, decode, encode, parse_endpoint
 from headwater.server.cluster.metadata import Metadata, SubscriptionCallback, TopicCallback
-from headwater.server.cluster.partition_ownership import BrokerAddress
+from headwater.server.requests.partition_ownership import BrokerAddress
 
 log = structlog.get_logger("headwater.cluster")
 

@@ -1,4 +1,4 @@
-"""The network front end: `accepting` and `listener` (the accept loop, which survives running
-out of file descriptors), `client_connection` (bytes in, frames decoded, handlers called, replies
-and deliveries out) with its security hooks in `guard`, and `traffic` (what went out, how late).
-It hands every decoded request to `server.requests`."""
+"""The network front end: `accepting` and `listener` (the accept loop, which survives running out
+of file descriptors), `client_connection` (bytes in, frames decoded, handlers called, replies and
+deliveries out) with its security hooks in `guard`, and `traffic` (what went out, how late).
+Imports `requests` and `security` (and the topic contract its consumers implement)."""

@@ -43,11 +43,11 @@ from typing import Final, cast
 import structlog
 
 from headwater.server.config import ServerConfig
+from headwater.server.logs import ProtocolErrorLog
 from headwater.server.net.guard import Guarded
 from headwater.server.net.traffic import TrafficStats
-from headwater.server.ops.logs import ProtocolErrorLog
+from headwater.server.reply import bulky, encode_off_loop
 from headwater.server.requests.broker import Broker, Reply, Waiting
-from headwater.server.requests.reply import bulky, encode_off_loop
 from headwater.server.security.access import Security, Session
 from headwater.server.security.tls import ServerTls
 from headwater.server.subscriptions.live_subscription import Consumer

@@ -24,7 +24,7 @@ from headwater.storage.latency import LatencyHistogram
 from headwater.wire.messages import ProduceResponse
 
 if TYPE_CHECKING:
-    from headwater.server.subscriptions.contract import Consumer
+    from headwater.server.topics.subscription_contract import Consumer
 
 # RecordBatch v2 header: maxTimestamp at byte 35, recordCount at byte 57 (of 61).
 _MAX_TIMESTAMP = struct.Struct(">q")

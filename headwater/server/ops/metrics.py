@@ -27,7 +27,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from headwater.server.ops.status import ServerState, lag_and_backlog, version
+from headwater.server.build_info import version
+from headwater.server.ops.status import ServerState, lag_and_backlog
 from headwater.storage.latency import FSYNC_SECONDS, LatencyHistogram
 from headwater.wire.messages import DispatchMode, SubscriptionType
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.metadata
 import itertools
 import os
 import time
@@ -27,14 +26,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from headwater.server.build_info import version
 from headwater.wire.messages import DispatchMode, SubscriptionInfo, SubscriptionType
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
+    from headwater.server.catalog.topic_catalog import TopicCatalog
     from headwater.server.net.listener import Listener
     from headwater.server.net.traffic import TrafficStats
-    from headwater.server.topics.catalog import TopicCatalog
     from headwater.server.topics.topic import Topic
 
 
@@ -44,13 +44,6 @@ MAX_SERIES: Final = 20
 PROBE_TIMEOUT: Final = 5.0
 PROBE_EVERY: Final = 1.0
 PROBE_FILE: Final = ".readyz-probe"
-
-
-def version() -> str:
-    try:
-        return importlib.metadata.version("headwater")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
 
 
 def lag_and_backlog(info: SubscriptionInfo) -> tuple[int, int]:

@@ -1,7 +1,7 @@
 """Operator requests: ALTER_TOPIC_CONFIGS, LIST_SUBSCRIPTIONS, SERVER_INFO, and the storage of each
 partition that DESCRIBE_TOPIC reports.
 
-An alter runs in the topic's turn (`server.requests.topic_turns`, taken by the broker), like create
+An alter runs in the topic's turn (`server.topic_turns`, taken by the broker), like create
 and delete. Every named config is checked before anything changes: an unknown name, a bad value or a
 config that cannot change after creation (`partitions`, `dispatch`, `key.field` once last-value
 state exists, `last.value=false`) refuses the whole request with INVALID_REQUEST naming it. Then the
@@ -32,12 +32,12 @@ from typing import Final
 
 import structlog
 
+from headwater.server.build_info import version
+from headwater.server.catalog.topic_catalog import TopicCatalog, last_value_topic
 from headwater.server.config import TopicSettings
-from headwater.server.ops.status import version
-from headwater.server.requests.reply import AfterWork, Reply
+from headwater.server.reply import AfterWork, Reply
 from headwater.server.subscriptions.deadletter import LAST_VALUE_CONFIGS
 from headwater.server.subscriptions.reliable_subscription import ReliableSubscription
-from headwater.server.topics.catalog import TopicCatalog, last_value_topic
 from headwater.server.topics.topic import LogTopic, Topic
 from headwater.server.topics.topic_settings import (
     TOPIC_CONFIG_NAMES,

@@ -1,6 +1,6 @@
 """The broker: one handler per request type, and the turns that keep requests on a topic in order.
 
-Handlers run on the event loop and return a `server.requests.reply.Reply`: the response itself when
+Handlers run on the event loop and return a `server.reply.Reply`: the response itself when
 it is ready (a non-reliable produce is a validate, a stamp and a fan-out), or a `Waiting` that says
 what it waits for: `AfterDurable` (a reliable produce under fsync `always` waits for its group
 commit) or `AfterWork` (a reliable subscribe may read the WAL to find a timestamp). Each raises a
@@ -11,7 +11,7 @@ Consumer requests are in `server.requests.consumer_requests`, map requests in
 Topics and subscriptions live in `TopicCatalog`, which owns their files and state. Requests that
 change a topic or may await while acting on it (create, delete, subscribe, seek,
 DELETE_SUBSCRIPTION, a map request whose state is not built yet) run in a turn of the topic's name
-(`server.requests.topic_turns`), taken when the request is read; so does any other request naming a
+(`server.topic_turns`), taken when the request is read; so does any other request naming a
 topic whose line is not empty, so pipelined requests keep their order. A handler in a turn looks the
 topic up once the turn is its own: a request that lost a race with a delete gets UNKNOWN_TOPIC,
 never a half-made subscription on a deleted topic. What a handler does in its turn is its work
@@ -26,24 +26,24 @@ from collections.abc import Callable
 from typing import Any
 
 from headwater.durables.producers import ProducerTable
-from headwater.server.cluster.partition_ownership import (
-    BrokerAddress,
-    Ownership,
-    SingleBroker,
-    not_owner,
-)
+from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.config import ServerConfig
+from headwater.server.reply import AfterDurable, AfterWork, Reply, Waiting, after
 from headwater.server.requests.admin_requests import AdminHandlers
 from headwater.server.requests.consumer_requests import ConsumerHandlers, close_consumers
 from headwater.server.requests.create_partitions import add_partitions
 from headwater.server.requests.lookup import LookupHandler
 from headwater.server.requests.map_requests import MapHandlers
-from headwater.server.requests.reply import AfterDurable, AfterWork, Reply, Waiting, after
-from headwater.server.requests.topic_turns import Turn
+from headwater.server.requests.partition_ownership import (
+    BrokerAddress,
+    Ownership,
+    SingleBroker,
+    not_owner,
+)
 from headwater.server.schemas.schema_registry import SchemaHandlers
-from headwater.server.subscriptions.contract import Consumer
-from headwater.server.subscriptions.contract import ConsumerSession as Session
-from headwater.server.topics.catalog import TopicCatalog
+from headwater.server.topic_turns import Turn
+from headwater.server.topics.subscription_contract import Consumer
+from headwater.server.topics.subscription_contract import ConsumerSession as Session
 from headwater.server.topics.topic import LogTopic, MemoryTopic, Topic
 from headwater.wire import messages as m
 from headwater.wire.errors import (

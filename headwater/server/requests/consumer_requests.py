@@ -19,14 +19,14 @@ import itertools
 import structlog
 
 from headwater.durables.lastvalue import check_key
+from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.config import ServerConfig
+from headwater.server.reply import AfterWork, Reply
 from headwater.server.requests.map_requests import no_last_value_state
-from headwater.server.requests.reply import AfterWork, Reply
-from headwater.server.subscriptions.contract import Consumer, SubscriptionKind
-from headwater.server.subscriptions.contract import ConsumerSession as Session
 from headwater.server.subscriptions.live_subscription import Subscription
-from headwater.server.topics.catalog import TopicCatalog
 from headwater.server.topics.lastvalue_index import LastValueSubscription
+from headwater.server.topics.subscription_contract import Consumer, SubscriptionKind
+from headwater.server.topics.subscription_contract import ConsumerSession as Session
 from headwater.server.topics.topic import LogTopic, Topic
 from headwater.wire import messages as m
 from headwater.wire.errors import (

@@ -1,6 +1,6 @@
 """CREATE_PARTITIONS: a topic grows to more partitions (never fewer).
 
-The handler runs in the topic's turn (`server.requests.topic_turns`), so it never interleaves with a
+The handler runs in the topic's turn (`server.topic_turns`), so it never interleaves with a
 create, a delete, a subscribe or another alter of the topic; produce and consumer requests go on
 meanwhile and see the new partitions from the moment they are published, all at once, with no await
 in between:
@@ -30,8 +30,8 @@ import shutil
 import structlog
 
 from headwater.durables.cursor import PartitionCursor
+from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.subscriptions.reliable_subscription import ReliableSubscription
-from headwater.server.topics.catalog import TopicCatalog
 from headwater.server.topics.topic import LogPartition, LogTopic, MemoryPartition, Topic
 from headwater.server.topics.topic_settings import log_config
 from headwater.storage.state import CURSOR, TOPIC, key

@@ -1,6 +1,6 @@
 """LOOKUP: which broker owns each partition of the topics a client names.
 
-Any broker answers for every topic, from its `server.cluster.partition_ownership.Ownership` (the
+Any broker answers for every topic, from its `server.requests.partition_ownership.Ownership` (the
 live brokers and each partition's owner as last seen) and the catalog (how many partitions a topic
 has). An unknown topic is reported in that topic's entry (UNKNOWN_TOPIC), not as a failed request,
 so one stale name does not hide the others. A partition nobody owns now (a failover under way) has
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from headwater.server.cluster.partition_ownership import Ownership
-from headwater.server.requests.reply import Reply
+from headwater.server.reply import Reply
+from headwater.server.requests.partition_ownership import Ownership
 from headwater.server.topics.topic import Topic
 from headwater.wire import messages as m
 from headwater.wire.errors import ErrorCode, InvalidRequest

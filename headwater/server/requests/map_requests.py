@@ -15,11 +15,11 @@ import asyncio
 from collections.abc import Iterable
 
 from headwater.durables.lastvalue import StoredValue, check_key
-from headwater.server.cluster.partition_ownership import Ownership, not_owner
-from headwater.server.requests.reply import AfterWork, Reply, after
-from headwater.server.subscriptions.contract import ConsumerSession as Session
-from headwater.server.topics.catalog import TopicCatalog, last_value_topic
+from headwater.server.catalog.topic_catalog import TopicCatalog, last_value_topic
+from headwater.server.reply import AfterWork, Reply, after
+from headwater.server.requests.partition_ownership import Ownership, not_owner
 from headwater.server.topics.lastvalue_index import LastValueIndex
+from headwater.server.topics.subscription_contract import ConsumerSession as Session
 from headwater.server.topics.topic import LogTopic, Topic
 from headwater.wire import messages as m
 from headwater.wire.api.maps import encode_map_entries

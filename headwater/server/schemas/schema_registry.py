@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import structlog
 
-from headwater.server.requests.reply import AfterWork, Reply
+from headwater.server.reply import AfterWork, Reply
 from headwater.server.schemas.schema_rules import (
     Check,
     ParsedSchema,
@@ -58,7 +58,7 @@ from headwater.wire.errors import (
 from headwater.wire.records import decode_records
 
 if TYPE_CHECKING:
-    from headwater.server.subscriptions.contract import ConsumerSession as Session
+    from headwater.server.topics.subscription_contract import ConsumerSession as Session
 
 log = structlog.get_logger("headwater.schemas")
 

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 import structlog
 
 from headwater.server.config import SecurityConfig
-from headwater.server.requests.reply import AfterWork, Reply, Waiting
+from headwater.server.reply import AfterWork, Reply, Waiting
 from headwater.server.security.authz import (
     ANY_GRANT,
     ANYONE,

@@ -16,8 +16,8 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 
-from headwater.server.requests.topic_turns import NameLocks
 from headwater.server.subscriptions.append_signal import DeadLetter
+from headwater.server.topic_turns import NameLocks
 from headwater.server.topics.topic import LogTopic, Topic
 from headwater.wire import messages as m
 from headwater.wire.errors import InvalidRequest

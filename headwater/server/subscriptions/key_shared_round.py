@@ -19,16 +19,41 @@ from __future__ import annotations
 
 import struct
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from headwater.durables.delivery import DEAD_LETTER_RETRY, Redeliver
 from headwater.durables.keyshared import KeyHolds, key_hash, keyless_hash
-from headwater.server.subscriptions.contract import Consumer
+from headwater.server.topics.subscription_contract import Consumer
 from headwater.wire.limits import MAX_CREDITS
 from headwater.wire.records import Compression, Record, inspect_batch, read_records, rebuild_batch
 
 if TYPE_CHECKING:
-    from headwater.server.subscriptions.reliable_subscription import ReliableSubscription
+    from headwater.durables.delivery import ReliableDelivery, ReliableSettings
+    from headwater.durables.group import ConsumerGroup
+    from headwater.server.topics.topic import LogTopic
+
+
+class KeyedSubscription(Protocol):
+    """What the round needs of its reliable subscription
+    (`reliable_subscription.ReliableSubscription`, which imports this module)."""
+
+    group: ConsumerGroup[Consumer]
+    core: ReliableDelivery
+    settings: ReliableSettings
+
+    @property
+    def log_topic(self) -> LogTopic: ...
+
+    async def fetch(self, partition: int, offsets: list[int]) -> list[Record]: ...
+
+    def send(
+        self, target: Consumer, partition: int, first: int, end: int, batch: bytes, count: int
+    ) -> None: ...
+
+    async def send_to_dead_letter(self, partition: int, record: Record, count: int) -> bool: ...
+
+    def persist(self) -> None: ...
+
 
 _BASE = struct.Struct(">q")
 _RETRY = 0.05  # seconds before a due record whose owner cannot take it now is tried again
@@ -41,7 +66,7 @@ def record_hash(partition: int, record: Record) -> int:
 
 
 class KeyedDispatch:
-    def __init__(self, subscription: ReliableSubscription) -> None:
+    def __init__(self, subscription: KeyedSubscription) -> None:
         self._sub = subscription
         self.holds = KeyHolds()
 

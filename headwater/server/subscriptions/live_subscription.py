@@ -27,8 +27,8 @@ import structlog
 
 from headwater.durables.group import ConsumerGroup
 from headwater.durables.lastvalue import StoredValue
-from headwater.server.subscriptions.contract import Consumer, ConsumerSession, Feed
 from headwater.server.subscriptions.key_shared_round import record_hash
+from headwater.server.topics.subscription_contract import Consumer, ConsumerSession, Feed
 from headwater.wire.errors import InvalidRequest
 from headwater.wire.messages import AckEntry, Durable, SubscriptionInfo, SubscriptionType
 from headwater.wire.records import Record, read_records, rebuild_batch, split_batch

@@ -2,7 +2,7 @@
 
 A subscription's definition (`sub/<topic>\\0<name>`) and its cursors (`cursor/...`, one per
 partition) are written in one synced WriteBatch when it is created, and removed together when it is
-deleted. The callers hold the topic's admin lock (`server.requests.topic_turns`), so a create, a
+deleted. The callers hold the topic's admin lock (`server.topic_turns`), so a create, a
 seek and a delete of one subscription, or a delete of its topic, never interleave.
 
 A subscription started (or moved) at `snapshot` gets a `SnapshotFeed` over the newest snapshot of
@@ -26,10 +26,10 @@ from headwater.durables.cursor import PartitionCursor
 from headwater.durables.delivery import ReliableSettings
 from headwater.server.config import ServerConfig
 from headwater.server.subscriptions.append_signal import AppendSignal
-from headwater.server.subscriptions.contract import SubscriptionKind
 from headwater.server.subscriptions.deadletter import DeadLetters
 from headwater.server.subscriptions.reliable_subscription import ReliableSubscription
 from headwater.server.subscriptions.snapshot_feed import SnapshotFeed
+from headwater.server.topics.subscription_contract import SubscriptionKind
 from headwater.server.topics.topic import LogTopic, Topic
 from headwater.storage.objectstore import ObjectStore
 from headwater.storage.snapshots import newest_horizons
@@ -55,8 +55,8 @@ class SubscriptionStore:
         self._state = writer.store
         self._dead_letters = dead_letters
         self._signals: dict[str, AppendSignal] = {}
-        # a cluster's ownership (server.cluster.partition_ownership): pumps send only the partitions
-        # served here
+        # a cluster's ownership (server.requests.partition_ownership): pumps send only the
+        # partitions served here
         self.serves: Callable[[str, int], bool] | None = None
         # a cluster's: told of a subscription created or deleted here (etcd, checkpoints)
         self.created: Callable[[LogTopic, str, dict[str, Any]], Awaitable[None]] | None = None

@@ -57,10 +57,10 @@ from headwater.durables.delivery import (
 from headwater.durables.group import ConsumerGroup
 from headwater.durables.lastvalue import StoredValue
 from headwater.server.subscriptions.append_signal import AppendSignal, DeadLetter
-from headwater.server.subscriptions.contract import Consumer, Feed
 from headwater.server.subscriptions.key_shared_round import KeyedDispatch
 from headwater.server.subscriptions.live_subscription import failover_logger
 from headwater.server.subscriptions.snapshot_feed import SnapshotFeed
+from headwater.server.topics.subscription_contract import Consumer, Feed
 from headwater.server.topics.topic import LogTopic
 from headwater.storage.state import CURSOR, StateWriter, key
 from headwater.storage.wal import FsyncPolicy
@@ -112,7 +112,7 @@ class ReliableSubscription:
         self._wake = asyncio.Event()
         self._flushing = False
         # in a cluster, whether this broker serves a partition now
-        # (server.cluster.partition_ownership)
+        # (server.requests.partition_ownership)
         self.serves: Callable[[str, int], bool] | None = None
         self._task: asyncio.Task[None] | None = None
         self._closed = False

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 import structlog
 
 from headwater.durables.lastvalue import LastValueKeys, StoredValue
-from headwater.server.subscriptions.contract import Consumer, Feed
+from headwater.server.topics.subscription_contract import Consumer, Feed
 from headwater.storage.lastvalue_store import LastValueStore
 from headwater.storage.objectstore import ObjectStore
 from headwater.storage.snapshots import Snapshot, batch_rows, newest_horizons, read_manifest

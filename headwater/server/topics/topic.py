@@ -29,8 +29,8 @@ import structlog
 
 from headwater.durables.producers import ProducerTable
 from headwater.server.config import TopicSettings
-from headwater.server.subscriptions.subscription_registry import SubscriptionRegistry
 from headwater.server.topics.lastvalue_index import LastValueIndex
+from headwater.server.topics.subscription_registry import SubscriptionRegistry
 from headwater.storage.segments import IndexEntry, batch_location
 from headwater.storage.wal import PartitionLog
 from headwater.wire.errors import InvalidPartition, ObjectNotFound, StorageError

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, MutableMapping
 
-from headwater.server.subscriptions.contract import Feed, SubscriptionKind
+from headwater.server.topics.subscription_contract import Feed, SubscriptionKind
 
 
 class SubscriptionRegistry(MutableMapping[str, SubscriptionKind]):

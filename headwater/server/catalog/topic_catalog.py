@@ -2,13 +2,13 @@
 
 It owns what outlives a connection: topic metadata in RocksDB, one WAL per reliable partition under
 `<data_dir>/topics/<topic>/<partition>/`, the uploader that ships sealed segments to the object
-store, and the housekeeping loop (`server.topics.housekeeping`). Reliable subscriptions' state is in
-`server.subscriptions.reliable_store`, producer ids in `server.topics.idempotent_producers`,
+store, and the housekeeping loop (`server.catalog.housekeeping`). Reliable subscriptions' state is
+in `server.subscriptions.reliable_store`, producer ids in `server.topics.idempotent_producers`,
 dead-letter topics in `server.subscriptions.deadletter`. Synced state writes go through the
 catalog's `StateWriter` (group commit off the event loop); `close` flushes it before the logs are
 closed.
 
-Admin operations run in a turn of their topic name (`server.requests.topic_turns`) from start to
+Admin operations run in a turn of their topic name (`server.topic_turns`) from start to
 end, so they never interleave with each other, with subscribe or with the last-value catch-up. The
 broker takes the turn (`turn`) when it reads the request, so the methods here that say so expect the
 caller to hold it.
@@ -43,13 +43,13 @@ from typing import Any
 
 import structlog
 
+from headwater.server.catalog.bounded import bounded_gather
+from headwater.server.catalog.housekeeping import HOUSEKEEPING_INTERVAL, housekeep_once
 from headwater.server.config import ServerConfig, TopicSettings
-from headwater.server.requests.topic_turns import NameLocks, Turn
 from headwater.server.schemas.schema_registry import SchemaRegistry
 from headwater.server.subscriptions.deadletter import LAST_VALUE_CONFIGS, DeadLetters
 from headwater.server.subscriptions.reliable_store import SubscriptionStore
-from headwater.server.topics.bounded import bounded_gather
-from headwater.server.topics.housekeeping import HOUSEKEEPING_INTERVAL, housekeep_once
+from headwater.server.topic_turns import NameLocks, Turn
 from headwater.server.topics.idempotent_producers import ProducerIds
 from headwater.server.topics.lastvalue_index import LastValueIndex
 from headwater.server.topics.topic import Archive, LogTopic, MemoryTopic, Topic
