@@ -4,6 +4,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# `make run` needs only the server's dependencies (no PySpark, no test tools)
+RUN_STAMP := $(VENV)/.installed-run
 
 BENCH_STAMP := $(VENV)/.installed-bench
 RESULTS := loadtest/results
@@ -21,8 +23,15 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-run: $(STAMP)
-	$(BIN)/headwater serve --host 127.0.0.1 --port 6650 --data-dir ./data
+$(RUN_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e .
+	touch $(RUN_STAMP)
+
+# the message port 6650, the operator's HTTP port 9650 (status page, /metrics, /healthz, /readyz)
+run: $(RUN_STAMP)
+	$(BIN)/headwater serve --host 127.0.0.1 --port 6650 --http-port 9650 --data-dir ./data
 
 test: $(STAMP) browser etcd-server
 	$(BIN)/python -m pytest -q

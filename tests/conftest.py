@@ -13,6 +13,23 @@ from tests.support.s3 import CREDENTIALS, MotoS3, create_bucket, moto_s3
 
 _names = itertools.count()
 
+# Modules that share one expensive session fixture run on one xdist worker (`make test` runs
+# `pytest -n auto --dist loadgroup`): one Spark JVM for all the Spark modules. Every other module
+# is a group of its own, so its module-scoped fixtures start once.
+SHARED_GROUPS = {
+    "test_spark_cli": "spark",
+    "test_spark_cluster": "spark",
+    "test_spark_compaction": "spark",
+    "test_spark_reader": "spark",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            module = item.path.stem
+            item.add_marker(pytest.mark.xdist_group(SHARED_GROUPS.get(module, module)))
+
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:

@@ -157,6 +157,9 @@ def test_a_read_never_changes_configuration(server: ServerProcess, topic_name: s
     altered = as_json("topic", "alter", topic_name, "--last-value", server=server)
     assert altered["configs"]["last.value"] == "true"
     assert ok("map", "get", topic_name, "k", server=server).strip() == "v1"
+    # a missing key is an error in the one documented form, for get and delete alike
+    for command in ("get", "delete"):
+        refused("map", command, topic_name, "nope", server=server, says="KEY_NOT_FOUND: key 'nope'")
 
 
 def test_subscription_list_reset_delete(server: ServerProcess, topic_name: str) -> None:

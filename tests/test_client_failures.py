@@ -256,7 +256,7 @@ def test_cli_consume_reconnect_survives_a_restart(fresh_server: ServerProcess) -
     assert stdout.splitlines() == ["after-restart"]
 
 
-def test_cli_at_most_once_produce_reports_a_refusal(server: ServerProcess) -> None:
+def test_cli_at_most_once_produce_reports_a_refusal(server: ServerProcess, topic_name: str) -> None:
     result = hw("produce", "nosuch", "--delivery", "at-most-once", "x", server=server)
     assert result.returncode == 1
     assert "UNKNOWN_TOPIC" in result.stderr
@@ -264,6 +264,13 @@ def test_cli_at_most_once_produce_reports_a_refusal(server: ServerProcess) -> No
     generated = hw("produce", "nosuch", "--delivery", "at-most-once", "--count", "3", server=server)
     assert generated.returncode == 1
     assert "UNKNOWN_TOPIC" in generated.stderr
+    # one refusal, one line: the command's error, not the library's warning of it as well
+    assert hw("topic", "create", topic_name, server=server).returncode == 0
+    partition = hw(
+        "produce", topic_name, "--delivery", "at-most-once", "--partition", "5", "a", server=server
+    )
+    assert partition.returncode == 1
+    assert partition.stderr.count("INVALID_PARTITION") == 1, partition.stderr
 
 
 def test_cli_at_most_once_produce_still_succeeds(server: ServerProcess, topic_name: str) -> None:

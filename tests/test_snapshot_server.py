@@ -410,13 +410,14 @@ async def test_deleting_a_topic_removes_its_snapshots_and_only_its_own(tmp_path:
             await wait_for(lambda: bool(list((objects / "snapshots" / "0").glob("*.log"))))
             kept = snapshot_files(objects, "kv")
             assert any(p.name.startswith("manifest-") for p in kept)
+            # creating a topic purges its name, silently when nothing was there
+            assert purged(server) == ""
             await client.delete_topic("snapshots")
-            # one purge when it was created, one now
-            await wait_for(lambda: purged(server).count("topic=snapshots") == 2)
+            await wait_for(lambda: purged(server).count("topic=snapshots") == 1)
             assert not list((objects / "snapshots" / "0").glob("*.log"))
             assert kept == snapshot_files(objects, "kv")
             await client.delete_topic("kv")
-            await wait_for(lambda: purged(server).count("topic=kv") == 2)
+            await wait_for(lambda: purged(server).count("topic=kv") == 1)
             assert snapshot_files(objects, "kv") == []
     finally:
         server.kill()

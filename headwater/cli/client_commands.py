@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 from datetime import UTC, datetime
@@ -19,6 +20,7 @@ from headwater.cli.output import (
     describe_json,
     describe_text,
     map_entry_json,
+    plural,
     progress_bar,
     server_info_record,
     server_info_text,
@@ -99,7 +101,7 @@ async def topic_create(client: Client, args: argparse.Namespace) -> int:
     text = (
         f"created topic {args.name} ({dispatch})"
         if created
-        else f"topic {args.name} exists already ({dispatch}, {partitions} partitions)"
+        else f"topic {args.name} exists already ({dispatch}, {plural(partitions, 'partition')})"
     )
     _emit(args, record, text)
     return 0
@@ -148,6 +150,9 @@ def _producer_config(args: argparse.Namespace) -> ProducerConfig:
 
 
 async def produce(client: Client, args: argparse.Namespace) -> int:
+    # the command reports the producer's first error itself (`_settle`, exit status 1): the
+    # library's warning of the same refusal would print it twice
+    logging.getLogger("headwater.client.producer").addHandler(logging.NullHandler())
     if args.key is not None and args.key_separator is not None:
         raise ValueError("use either --key or --key-separator, not both")
     if args.partition is not None and args.partition < 0:
@@ -292,21 +297,26 @@ async def server(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+def _key_not_found(args: argparse.Namespace) -> int:
+    """A missing key is a failure of `map get` and `map delete`, said in the usual error form."""
+    message = f"key {args.key!r} not found in map {args.topic!r}"
+    print(f"headwater: error: KEY_NOT_FOUND: {message}", file=sys.stderr)
+    return 1
+
+
 async def map_command(client: Client, args: argparse.Namespace) -> int:
     table = client.map(args.topic)
     if args.map_command == "get":
         entry = await table.get(args.key)
         if entry is None:
-            print(f"headwater: key {args.key!r} not found in {args.topic}", file=sys.stderr)
-            return 1
+            return _key_not_found(args)
         print(entry.value.decode(errors="backslashreplace"))
     elif args.map_command == "set":
         revision = await table.set(args.key, args.value, revision=args.revision)
         print(f"revision {revision}")
     elif args.map_command == "delete":
         if await table.get(args.key) is None:
-            print(f"headwater: key {args.key!r} not found in {args.topic}", file=sys.stderr)
-            return 1
+            return _key_not_found(args)
         await table.delete(args.key)
         print(f"deleted {args.key}")
     elif args.map_command == "scan":

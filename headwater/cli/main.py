@@ -106,6 +106,22 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command_parser(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> argparse.ArgumentParser:
+    """The parser of the command that was given (`topic list`'s, not `headwater`'s), so that its
+    errors show its own usage."""
+    names = [args.command, getattr(args, f"{args.command}_command", None)]
+    for name in names:
+        choices = next(
+            (a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None
+        )
+        if name is None or not choices or name not in choices:
+            break
+        parser = choices[name]
+    return parser
+
+
 def _command_name(args: argparse.Namespace) -> str:
     sub = getattr(args, f"{args.command}_command", None)
     return f"{args.command} {sub}" if sub else args.command
@@ -117,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # collect the leftovers and give them to produce, the one command that has free values.
     args, extra = parser.parse_known_args(argv)
     if extra and (args.command != "produce" or any(e.startswith("-") for e in extra)):
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        _command_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     if extra:
         args.values = [*args.values, *extra]
     if args.command == "serve":

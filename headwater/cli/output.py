@@ -26,6 +26,11 @@ from headwater.wire.messages import (
 DURABLE_NAMES: dict[int, str] = {d: d.name.lower().replace("_", "-") for d in Durable}
 
 
+def plural(count: int, noun: str) -> str:
+    """ "1 partition", "3 partitions"."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
 def describe_text(description: DescribeTopicResponse) -> str:
     topic = description.topic
     lines = [

@@ -32,6 +32,7 @@ from headwater.client.broker_connection import default_server, parse_server
 from headwater.wire import messages as m
 from headwater.wire.errors import (
     AuthenticationFailed,
+    CannotConnect,
     ConnectionClosed,
     ConnectionLost,
     HeadwaterError,
@@ -52,7 +53,9 @@ class BlockingClient:
         try:
             self._socket = socket.create_connection((host, port), timeout=timeout)
         except OSError as exc:
-            raise ConnectionClosed(f"cannot connect to {host}:{port}: {exc}") from None
+            raise CannotConnect(
+                f"cannot connect to {host}:{port}: {exc} (is a server running there?)"
+            ) from None
         self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._session = ClientSession(time.monotonic)
         self._timeout = timeout

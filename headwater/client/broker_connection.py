@@ -28,6 +28,7 @@ from headwater.client.credentials import certificate_refused, tls_refusal
 from headwater.wire import messages as m
 from headwater.wire.errors import (
     AuthenticationFailed,
+    CannotConnect,
     ConnectionClosed,
     ConnectionLost,
     HeadwaterError,
@@ -145,8 +146,9 @@ class Connection:
             refused = tls_refusal(exc) or certificate_refused(exc, client_certificate)
             if refused is not None:
                 raise refused from None
-            raise ConnectionClosed(
-                f"cannot connect to {host}:{port}: {exc or 'timed out'}"
+            raise CannotConnect(
+                f"cannot connect to {host}:{port}: {exc or 'timed out'} (is a server running"
+                " there? `make run` or `headwater serve` starts one)"
             ) from None
         if handshake is not None:
             try:

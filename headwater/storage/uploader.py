@@ -227,7 +227,8 @@ class Uploader:
         objects = segments + await self.store.list(snapshot_prefix(topic))
         for found in objects:
             await self.store.delete(found.key)
-        log.info("upload.topic_purged", topic=topic, objects=len(objects))
+        if objects:  # every create purges its name first, which usually finds nothing to say
+            log.info("upload.topic_purged", topic=topic, objects=len(objects))
 
     async def close(self) -> None:
         if self._task is not None:
