@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import struct
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from headwater.durables.delivery import DEAD_LETTER_RETRY, Redeliver
+from headwater.durables.delivery import Redeliver
 from headwater.durables.keyshared import KeyHolds, key_hash, keyless_hash
 from headwater.server.topics.subscription_contract import Consumer
 from headwater.wire.limits import MAX_CREDITS
@@ -44,13 +45,17 @@ class KeyedSubscription(Protocol):
     @property
     def log_topic(self) -> LogTopic: ...
 
-    async def fetch(self, partition: int, offsets: list[int]) -> list[Record]: ...
+    async def fetch_due(
+        self, partition: int, offsets: list[int]
+    ) -> tuple[list[Record], list[int]]: ...
+
+    async def write_dead_letters(
+        self, partition: int, dead: Sequence[tuple[Record, int]]
+    ) -> list[int]: ...
 
     def send(
         self, target: Consumer, partition: int, first: int, end: int, batch: bytes, count: int
     ) -> None: ...
-
-    async def send_to_dead_letter(self, partition: int, record: Record, count: int) -> bool: ...
 
     def persist(self) -> None: ...
 
@@ -174,22 +179,12 @@ class KeyedDispatch:
         partition, offsets = due.partition, due.offsets
         for offset in offsets:
             self.holds.returned(partition, offset)
-        try:
-            records = await sub.fetch(partition, offsets)
-        except Exception:
-            core.requeue(partition, offsets, time.monotonic() + DEAD_LETTER_RETRY)
-            raise  # never drop a message from redelivery
-        found = {r.offset for r in records}
-        gone = sorted(set(offsets) - found)
-        if gone:
-            core.unreadable(partition, gone)
-            for offset in gone:
-                self.holds.release(partition, offset)
+        records, gone = await sub.fetch_due(partition, offsets)
+        for offset in gone:
+            self.holds.release(partition, offset)
         split = core.split_due(partition, records)
-        for record, count in split.dead:
-            if await sub.send_to_dead_letter(partition, record, count):
-                core.dead_letter_written(partition, record.offset)
-                self.holds.release(partition, record.offset)
+        for offset in await sub.write_dead_letters(partition, split.dead):
+            self.holds.release(partition, offset)
         live = [record for run in split.send for record in run]
         sent = 0
         now = time.monotonic()

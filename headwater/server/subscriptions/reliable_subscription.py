@@ -362,29 +362,12 @@ class ReliableSubscription:
         if not offsets:
             return
         core = self.core
-        try:
-            records = await self.fetch(partition, offsets)
-        except Exception:
-            core.requeue(partition, offsets, time.monotonic() + DEAD_LETTER_RETRY)
-            raise  # never drop a message from redelivery
-        gone = set(offsets).difference(r.offset for r in records)
-        if gone:
-            log.error(
-                "subscription.offsets_unreadable",
-                topic=self.topic,
-                name=self.name,
-                partition=partition,
-                count=len(gone),
-                first=min(gone),
-            )
-            core.unreadable(partition, sorted(gone))
+        records, _ = await self.fetch_due(partition, offsets)
         if target.consumer_id not in self.consumers:
             core.requeue(partition, [r.offset for r in records], time.monotonic())
             return
         plan = core.split_due(partition, records)
-        for record, count in plan.dead:
-            if await self.send_to_dead_letter(partition, record, count):
-                core.dead_letter_written(partition, record.offset)
+        await self.write_dead_letters(partition, plan.dead)
         for group in plan.send:
             if target.consumer_id not in self.consumers:  # left while a dead letter was written
                 core.requeue(partition, [r.offset for r in group], time.monotonic())
@@ -393,6 +376,41 @@ class ReliableSubscription:
             first, end = group[0].offset, group[-1].offset + 1
             self.send(target, partition, first, end, rebuild_batch(group), count)
         self.persist()
+
+    async def fetch_due(self, partition: int, offsets: list[int]) -> tuple[list[Record], list[int]]:
+        """The records of offsets due for redelivery, and the offsets that can no longer be read
+        (marked unreadable in the core, and logged). A failed read requeues every offset and
+        raises: a message is never dropped from redelivery. Shared with the Key_Shared round."""
+        core = self.core
+        try:
+            records = await self.fetch(partition, offsets)
+        except Exception:
+            core.requeue(partition, offsets, time.monotonic() + DEAD_LETTER_RETRY)
+            raise
+        gone = sorted(set(offsets).difference(r.offset for r in records))
+        if gone:
+            log.error(
+                "subscription.offsets_unreadable",
+                topic=self.topic,
+                name=self.name,
+                partition=partition,
+                count=len(gone),
+                first=gone[0],
+            )
+            core.unreadable(partition, gone)
+        return records, gone
+
+    async def write_dead_letters(
+        self, partition: int, dead: Sequence[tuple[Record, int]]
+    ) -> list[int]:
+        """Dead-letter each (record, delivery count); the offsets written (a refused one stays
+        due, for a later try)."""
+        written = []
+        for record, count in dead:
+            if await self.send_to_dead_letter(partition, record, count):
+                self.core.dead_letter_written(partition, record.offset)
+                written.append(record.offset)
+        return written
 
     async def send_to_dead_letter(self, partition: int, record: Record, count: int) -> bool:
         """False (and the message stays due, for a later try) when the dead-letter topic refused
