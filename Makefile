@@ -13,7 +13,7 @@ RESULTS := loadtest/results
 PEER_BINARIES := redis-server nats-server
 export PATH := $(PATH):/usr/sbin:/sbin
 
-.PHONY: install run test browser etcd-server cluster cluster-stop fuzz lint typecheck bench bench-quick bench-peers peer-servers soak loadtest clean
+.PHONY: install run test check browser etcd-server cluster cluster-stop fuzz lint typecheck bench bench-quick bench-peers peer-servers soak loadtest clean
 
 install: $(STAMP)
 
@@ -33,8 +33,17 @@ $(RUN_STAMP): pyproject.toml
 run: $(RUN_STAMP)
 	$(BIN)/headwater serve --host 127.0.0.1 --port 6650 --http-port 9650 --data-dir ./data
 
+# The whole suite on every core: one test module per worker at a time (the Spark modules share
+# one worker and its JVM: tests/conftest.py). The timeout bounds a hang, nothing else.
 test: $(STAMP) browser etcd-server
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --dist loadgroup
+
+# Lint, types and the unit tier (no server, S3, etcd or Spark process): under a minute.
+check: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/python -m pytest -q -m unit -n 2 --dist loadgroup
 
 # Debian's chromium, for tests/test_status_page.py (the status page in a headless browser).
 # Installed when missing and possible (root, or sudo without a password, and apt-get); when not,
