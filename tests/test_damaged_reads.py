@@ -14,6 +14,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 import headwater
 from headwater.spark_compaction.store import StoreSpec
@@ -228,3 +231,50 @@ async def test_no_read_returns_batches_on_both_sides_of_damage(tmp_path: Path) -
         await wal.close()
         await uploader.close()
         state.close()
+
+
+@pytest.mark.timeout(600)  # a Spark session starting on a busy 2-core machine: a hang bound
+def test_spark_wal_source_reads_uploaded_copies_and_skips_damage_like_the_server(
+    spark: Any, tmp_path: Path
+) -> None:
+    """The Spark WAL source reads the uploaded objects: a batch damaged on the local disk after
+    its upload is read whole from them; a batch damaged in the object itself (the only copy it
+    has) is skipped and counted (a `corrupt` row) under the server's event, and a flipped length
+    byte costs its batch, not the rest of the segment."""
+
+    async def fill() -> ServerProcess:
+        server = _server(tmp_path, object_store=True).start()
+        async with await headwater.connect(server.address) as client:
+            await client.create_topic("sp", dispatch="reliable", configs={"segment.bytes": 2048})
+            await _keyed(client, "sp", 0, 200)
+            await _wait_for(lambda: _uploaded_holding(server, "sp", 150))
+        server.stop()
+        return server
+
+    server = asyncio.run(fill())
+    objects = server.data_dir / "objects"
+    uploaded = sorted((objects / "sp" / "0").glob("*.log"))
+    expected = [
+        o for p in uploaded for b in batches(p) for o in range(b.base_offset, b.next_offset)
+    ]
+    _flip_batch_at(server, "sp", 110)  # the local copy only
+
+    def offsets_read() -> tuple[list[int], list[str]]:
+        frame = spark.read.format("headwater_wal").option("store", spec.to_json()).load()
+        rows = frame.collect()
+        return sorted(r.offset for r in rows if r.corrupt is None), [
+            r.corrupt for r in rows if r.corrupt is not None
+        ]
+
+    spec = StoreSpec.local(objects)
+    found, corrupt = offsets_read()
+    assert found == expected and not corrupt
+    # now the objects themselves: a record byte (CRC) in one, a length byte in another
+    crc_object, length_object = uploaded[1], uploaded[3]
+    crc_victim, length_victim = batches(crc_object)[2], batches(length_object)[1]
+    flip(crc_object, crc_victim.position + crc_victim.size - 6)
+    flip(length_object, length_victim.position + 10, count=1)
+    found, corrupt = offsets_read()
+    lost = {crc_victim.base_offset, length_victim.base_offset}
+    assert found == [o for o in expected if o not in lost]
+    assert len(corrupt) == 2, corrupt
