@@ -22,15 +22,17 @@ import headwater
 from headwater.spark_compaction.store import StoreSpec
 from headwater.storage.archive import ObjectArchive
 from headwater.storage.log_reader import read_partition
-from headwater.storage.objectstore import LocalObjectStore
-from headwater.storage.segments import batch_location
+from headwater.storage.objectstore import LocalObjectStore, S3ObjectStore
+from headwater.storage.segments import batch_location, walk_batches
 from headwater.storage.state import StateStore
 from headwater.storage.uploader import Uploader
 from headwater.storage.wal import LogConfig, PartitionLog
 from headwater.testing import ServerProcess
 from headwater.wire.messages import DescribeTopicResponse
 from headwater.wire.records import build_batch, read_records
+from tests.cluster_support import running_cluster
 from tests.faults import batches, flip, read_from_earliest, segments
+from tests.s3 import MotoS3
 from tests.test_snapshot_server import lose_last_value_state, make_snapshot
 
 KEYS = 320
@@ -278,3 +280,76 @@ def test_spark_wal_source_reads_uploaded_copies_and_skips_damage_like_the_server
     lost = {crc_victim.base_offset, length_victim.base_offset}
     assert found == [o for o in expected if o not in lost]
     assert len(corrupt) == 2, corrupt
+
+
+async def _chunks(store: S3ObjectStore, topic: str) -> list[str]:
+    return [i.key for i in await store.list(f"{topic}/0/tail/") if i.key.endswith(".log")]
+
+
+async def _damage_chunk_batch(store: S3ObjectStore, topic: str, offset: int) -> None:
+    """Flip a record byte of the batch at `offset` in the cloud-tail chunk holding it."""
+    for key in await _chunks(store, topic):
+        first, end, _ = (int(part) for part in key.rsplit("/", 1)[1][:-4].split("-"))
+        if first <= offset < end:
+            data = bytearray(await store.get(key))
+            for step in walk_batches(bytes(data)):
+                if step.batch is not None and step.batch.base_offset == offset:
+                    data[step.position + step.length - 6] ^= 0x40
+                    await store.put(key, bytes(data))
+                    return
+    raise AssertionError(f"no chunk holds offset {offset}: {await _chunks(store, topic)}")
+
+
+@pytest.mark.parametrize("uploaded", [False, True])
+@pytest.mark.timeout(300)  # etcd, moto and two brokers on a busy machine: a hang bound
+async def test_a_take_over_reads_a_damaged_tail_batch_from_the_archive_or_skips_it(
+    tmp_path: Path, s3: MotoS3, bucket: str, uploaded: bool
+) -> None:
+    """The new owner rebuilds its log from the cloud tail. A damaged batch there comes from the
+    uploaded segment holding it; without one it is skipped, counted and logged as every reader
+    skips, and the offsets stay where they were (the map's revisions too)."""
+    keys = 30
+    configs = {"last.value": "true"}
+    if uploaded:  # the active segment rolls once idle, and is uploaded; its newest chunk stays
+        configs |= {"segment.ms": "300"}
+    with running_cluster(tmp_path, s3, bucket, 2000) as cluster:
+        await asyncio.gather(*(asyncio.to_thread(cluster.start_broker, b) for b in ("b1", "b2")))
+        async with await headwater.connect(await cluster.address("b1")) as client:
+            await client.create_topic("kvc", partitions=1, configs=configs)
+        owner = (await cluster.wait_owned("kvc", 1, {"b1", "b2"}))[0]
+        heir = "b2" if owner == "b1" else "b1"
+        async with await headwater.connect(await cluster.address(owner)) as client:
+            table = client.map("kvc")
+            revisions = {f"k{i}": await table.set(f"k{i}", f"v{i}") for i in range(keys)}
+        victim = revisions[f"k{keys - 1}"]  # in the newest chunk, which is never collected
+        store = await S3ObjectStore(bucket, "headwater", s3.endpoint_url).open()  # the default
+        try:
+            if uploaded:  # every segment uploaded, and the chunks they hold collected
+                deadline = asyncio.get_running_loop().time() + 60
+                while len(await _chunks(store, "kvc")) > 1:
+                    assert asyncio.get_running_loop().time() < deadline, "nothing uploaded"
+                    await asyncio.sleep(0.2)
+            cluster.brokers[owner].kill()
+            await _damage_chunk_batch(store, "kvc", victim)
+        finally:
+            await store.close()
+        await cluster.wait_owned("kvc", 1, {heir}, timeout=30)
+        async with await headwater.connect(await cluster.address(heir)) as client:
+            table = client.map("kvc")
+            deadline = asyncio.get_running_loop().time() + 60
+            while True:  # the take-over finishes (NOT_OWNER until then)
+                try:
+                    found = await table.get_many(list(revisions))
+                    break
+                except headwater.NotOwner:
+                    assert asyncio.get_running_loop().time() < deadline
+                    await asyncio.sleep(0.2)
+            held = {k: v.revision for k, v in zip(revisions, found, strict=True) if v is not None}
+            lost = set() if uploaded else {f"k{keys - 1}"}
+            assert held == {k: r for k, r in revisions.items() if k not in lost}
+            fresh = await table.set("fresh", "value")
+            assert fresh > max(revisions.values()), "a revision was given again"
+            status = _status(await client.describe_topic("kvc"))
+            assert status.get("status.partition.0.skipped") == (None if uploaded else "1")
+        log = cluster.brokers[heir].log()
+        assert ("topic.data_skipped" in log) is not uploaded
