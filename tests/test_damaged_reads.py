@@ -6,7 +6,10 @@ the last-value rebuild at start holds every key (it lost the key silently before
 snapshot load too, and a consumer receives every offset. When it was not uploaded, each reader
 skips it with `topic.data_skipped` and counts it in `status.partition.<p>.skipped`. The storage
 test at the end checks the read path itself on real files: no read ever returns batches on both
-sides of damage, so no reader can step over hidden offsets without seeing them.
+sides of damage, so no reader can step over hidden offsets without seeing them. Spark's WAL source
+reads the uploaded objects (whole where only the local copy is damaged; damage in an object is
+skipped and counted like the server's), and a cluster's take-over copies the cloud tail over
+damage the same way (from the uploaded segment, else skipped).
 """
 
 from __future__ import annotations

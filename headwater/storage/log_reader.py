@@ -1,7 +1,7 @@
 """The one read path of a partition's log for every reader: local WAL, object store, and damage.
 
-Consumers, the last-value rebuild and its catch-up (after a snapshot load too), and a cluster's
-take-over rebuild all read a partition through `read_partition`; none walks segments itself. It
+Consumers, the last-value rebuild and its catch-up (after a snapshot load too, and after a
+cluster's take-over) all read a partition through `read_partition`; none walks segments itself. It
 reads the object store's copy below the local WAL and the local WAL from its start, and handles
 damage one way for all of them:
 
@@ -17,8 +17,10 @@ after a batch, so hidden offsets are always at the start of a read, where this m
 before, a read that ran into damage went on past it, and a reader that did not check the offsets
 itself (the last-value rebuild) lost keys silently though the object store held them. A gap that
 holds no offsets (the lease's gap after an unclean stop) is not damage and is stepped over
-without a word. The Spark WAL source reads uploaded objects in executors and walks their batches
-with the same resynchronisation (`segments.walk_batches`), reporting the same event.
+without a word. Two readers work on whole objects away from this path and follow its rules: a
+take-over's copy of the cloud tail (`CloudTail.read_run`: a damaged batch from the uploaded
+segment, else skipped with `skip`), and the Spark WAL source, which walks uploaded objects with
+the same resynchronisation (`segments.walk_batches`) and reports the same event.
 """
 
 from __future__ import annotations
