@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from headwater.storage.cloud_tail import Chunk, CloudTail, TailState, split_batches
+from headwater.storage.cloud_tail import Chunk, CloudTail, Hole, TailState, split_batches
 from headwater.storage.objectstore import LocalObjectStore
 from headwater.wire.records import build_batch, inspect_batch, stamp_base_offset
 
@@ -77,3 +77,40 @@ async def test_markers_chunks_and_collection_in_an_object_store(tmp_path: Path) 
     state = await tail.state("t", 0)
     assert state.chunks == [Chunk(4, 6, 7)]
     assert state.resolve() == (6, [Chunk(4, 6, 7)])
+
+
+def _stamped(offset: int, value: bytes) -> bytes:
+    batch = bytearray(build_batch([(None, value, [])]))
+    stamp_base_offset(batch, offset)
+    return bytes(batch)
+
+
+@pytest.mark.parametrize("copy", ["same batches", "none", "another owner's batches"])
+@pytest.mark.parametrize("where", ["record byte", "length byte"])
+async def test_a_take_over_reads_a_damaged_chunk_batch_from_an_uploaded_copy_or_skips_it(
+    tmp_path: Path, copy: str, where: str
+) -> None:
+    """A take-over's run is read as every reader reads the log: a damaged batch comes from the
+    uploaded segment holding the very same batch, else its offsets come back as a Hole (never a
+    batch of a fenced owner's segment that merely sits at the same offsets)."""
+    store = LocalObjectStore(tmp_path)
+    tail = CloudTail(store)
+    batches = [_stamped(o, f"v{o}".encode()) for o in range(10, 20)]
+    first, second = Chunk(10, 15, 3), Chunk(15, 20, 3)
+    data = bytearray(b"".join(batches[:5]))
+    victim = sum(len(b) for b in batches[:2])  # the batch at offset 12
+    data[victim + (10 if where == "length byte" else len(batches[2]) - 6)] ^= 0x40
+    await tail.put("t", 0, first, bytes(data))
+    await tail.put("t", 0, second, b"".join(batches[5:]))
+    if copy == "same batches":
+        await store.put("t/0/00000000000000000008.log", _stamped(8, b"v8") + b"".join(batches))
+    elif copy == "another owner's batches":
+        other = [_stamped(o, f"other{o}".encode()) for o in range(10, 20)]
+        await store.put("t/0/00000000000000000010.log", b"".join(other))
+
+    found = await tail.read_run("t", 0, [first, second])
+
+    if copy == "same batches":
+        assert found == batches
+    else:
+        assert found == [*batches[:2], Hole(12, 13, found[2].reason), *batches[3:]]  # type: ignore[union-attr]

@@ -91,6 +91,25 @@ def test_corrupt_batch_is_skipped_and_reported_not_raised(tmp_path: Path) -> Non
     assert "trailing bytes" in rows[-1]["corrupt"]
 
 
+def test_a_flipped_length_byte_costs_its_batch_not_the_rest_of_the_segment(
+    tmp_path: Path,
+) -> None:
+    """The walk resynchronises past damage as the server's readers do (it gave up on the rest of
+    the segment before, losing 80 intact records here)."""
+    entries = list(generate(100, 20, seed=4))
+    with BlockingStore(StoreSpec.local(tmp_path)) as store:
+        write_segments(store, "t", 0, entries, batch_records=10, segment_batches=10)
+        (segment,) = list_segments(store, ["t"])
+        data = bytearray(store.get(segment.key))
+    first_length = 12 + int.from_bytes(data[8:12], "big")
+    data[first_length + 10] ^= 0x40  # the second batch's length field
+    rows = [r for b in decode_segment(segment, bytes(data)) for r in b.to_pylist()]
+    assert [r["offset"] for r in rows if r["corrupt"] is None] == [*range(10), *range(20, 100)]
+    (problem,) = [r["corrupt"] for r in rows if r["corrupt"] is not None]
+    assert problem.startswith(f"{segment.key} at byte {first_length}: ")
+    assert "bytes skipped up to the next valid batch" in problem
+
+
 def test_records_below_the_from_offset_are_left_out(tmp_path: Path) -> None:
     entries = list(generate(60, 10, seed=5))
     with BlockingStore(StoreSpec.local(tmp_path)) as store:

@@ -5,11 +5,13 @@ offset in 20 digits; its content is record batches exactly as the WAL holds them
 stamped. Only keys of exactly that shape count as segments, so `.index` objects, snapshots
 (`snapshots/...`, four or more parts) and anything else that shares the store are ignored.
 
-Decoding walks the batches by their length fields and decodes each with `wire.records` (compressed
-batches too). A batch whose CRC or records do not check is skipped and reported as a row with only
-`corrupt` set; a length field that cannot be trusted ends the walk of that segment (nothing after
-it can be framed) and is reported the same way. Nothing here raises on bad data: a compaction run
-must report damage, not die of it.
+Decoding walks the batches with the server's own walker (`storage.segments.walk_batches`) and
+decodes each with `wire.records` (compressed batches too). Bytes that hold no valid batch (a bad
+CRC, a length field that cannot be trusted) are got past as the server's readers get past them:
+the walk resynchronises on the next valid batch, so a flipped length byte costs one batch, not the
+rest of the segment. Each damaged stretch is reported as a row with only `corrupt` set (counted in
+the job's summary) and logged as `topic.data_skipped`, the server's event for skipped data.
+Nothing here raises on bad data: a compaction run must report damage, not die of it.
 """
 
 from __future__ import annotations
@@ -20,15 +22,16 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
+import structlog
 
 from headwater.spark_compaction.schema import FOLDED_SCHEMA, HEADER_TYPE, HEADERS_TYPE, WAL_SCHEMA
 from headwater.spark_compaction.store import BlockingStore
 from headwater.storage.objectstore import ObjectInfo
+from headwater.storage.segments import walk_batches
 from headwater.wire.errors import CorruptBatch
-from headwater.wire.limits import MAX_BATCH_SIZE
 from headwater.wire.records import BATCH_HEADER_SIZE, decode_records, read_base_offset
 
-_LENGTH_PREFIX = 12  # baseOffset int64 + batchLength int32
+log = structlog.get_logger("headwater.spark_compaction")
 ROWS_PER_BATCH = 32_768
 
 
@@ -232,23 +235,25 @@ class Folder:
 
 
 def iter_batches(segment: SegmentObject, data: bytes) -> Iterator[tuple[str | None, list[Row]]]:
-    position = 0
     view = memoryview(data)
-    while position < len(data):
-        where = f"{segment.key} at byte {position}"
-        if len(data) - position < BATCH_HEADER_SIZE:
-            yield f"{where}: {len(data) - position} trailing bytes, shorter than a batch header", []
-            return
-        field = view[position + 8 : position + 12]
-        length = _LENGTH_PREFIX + int.from_bytes(field, "big", signed=True)
-        if length < BATCH_HEADER_SIZE or length > MAX_BATCH_SIZE or position + length > len(data):
-            yield (
-                f"{where}: batch length {length} does not fit the segment "
-                f"({len(data) - position} bytes left); the rest of the segment is skipped",
-                [],
+    for step in walk_batches(data, segment.base_offset):
+        where = f"{segment.key} at byte {step.position}"
+        if step.batch is None:
+            # past damage as the server's readers get past it (storage.segments.walk_batches),
+            # reported under the same event as theirs
+            problem = f"{where}: {_damage(step.reason, data, step.position, step.length)}"
+            log.error(
+                "topic.data_skipped",
+                topic=segment.topic,
+                partition=segment.partition,
+                segment=segment.key,
+                position=step.position,
+                length=step.length,
+                reason=problem,
             )
-            return
-        batch = bytes(view[position : position + length])
+            yield problem, []
+            continue
+        batch = bytes(view[step.position : step.position + step.length])
         try:
             records = decode_records(batch, _row)
             base = read_base_offset(batch)
@@ -258,4 +263,12 @@ def iter_batches(segment: SegmentObject, data: bytes) -> Iterator[tuple[str | No
             yield f"{where}: {exc}", []
         else:
             yield None, records
-        position += length
+
+
+def _damage(reason: str, data: bytes, position: int, length: int) -> str:
+    left = len(data) - position
+    if left < BATCH_HEADER_SIZE:
+        return f"{left} trailing bytes, shorter than a batch header"
+    if position + length >= len(data):
+        return f"{reason} ({left} bytes left); the rest of the segment is skipped"
+    return f"{reason}; {length} bytes skipped up to the next valid batch"

@@ -1,12 +1,13 @@
 """Bytes at rest. Imports `wire` only.
 
-The WAL of a partition: `wal` (append, group commit, roll, read), `logstate` (its in-memory
-model), `segments` (segment files: naming, scanning, resynchronising past damage, the index),
-`reader` (reading batches back past damage), `recovery` (what is on disk at open, where offsets
-continue), `offsets` (the offset lease), `syncer` (the one task per partition doing every fsync)
-and `fileio` (the one seam to the file system, where faults are injected), `latency` (a
+The WAL of a partition: `wal` (append, group commit, roll, read), `logstate` (its in-memory model),
+`segments` (segment files: naming, scanning, resynchronising past damage, the index), `reader`
+(reading batches back past damage), `log_reader` (the one damage-aware read path of every reader:
+the archive's copy of a damaged batch, else a logged skip), `recovery` (what is on disk at open,
+where offsets continue), `offsets` (the offset lease), `syncer` (the one task per partition doing
+every fsync) and `fileio` (the one seam to the file system, where faults are injected), `latency` (a
 histogram cheap enough for hot paths). The object store: `objectstore` (local directory and S3),
-`uploader` (shipping sealed segments), `archive` (reading history back from it), `cloud_tail`
-(a cluster's newest batches as small objects) and `snapshots` (per-key snapshots and their
-manifests). RocksDB: `state` (server state, with the group-committing `StateWriter`) and
-`lastvalue_store` (a topic's last value per key)."""
+`uploader` (shipping sealed segments), `archive` (reading history back from it), `cloud_tail` (a
+cluster's newest batches as small objects) and `snapshots` (per-key snapshots and their manifests).
+RocksDB: `state` (server state, with the group-committing `StateWriter`) and `lastvalue_store` (a
+topic's last value per key)."""

@@ -6,10 +6,13 @@ entry at or below the offset: about `READ_BYTES`, extended if a single batch is 
 batches are returned; the caller reads on from the offset after the last one, so a replay moves
 from object store to local WAL to live tail by offset, with no gap and no duplicate.
 
-Damage in an object is skipped like damage in a local segment: the reader resynchronises on the
-next valid batch. A missing index object is not fatal (the read starts at the segment's first
-byte); a missing log object raises `ObjectNotFound`, and `next_after` tells the caller where the
-next data is, so a replay goes on past the hole.
+Damage in an object is met like damage in a local segment: a read stops in front of it, and the
+read that starts at it resynchronises on the next valid batch and says offsets were hidden
+(`read_span`), so the caller can skip them visibly (`storage.log_reader`).
+
+A missing index object is not fatal (the read starts at the segment's first byte); a missing log
+object raises `ObjectNotFound`, and `next_after` tells the caller where the next data is, so a
+replay goes on past the hole.
 """
 
 from __future__ import annotations
@@ -24,10 +27,12 @@ from headwater.storage.segments import (
     INDEX_ENTRY,
     IndexEntry,
     batch_length,
+    batch_location,
     check_batch,
     find_batch,
 )
 from headwater.storage.uploader import Uploader, object_key
+from headwater.storage.wal import LogRead
 from headwater.wire.errors import ObjectNotFound
 
 log = structlog.get_logger("headwater.archive")
@@ -78,10 +83,15 @@ class ObjectArchive:
         return segment.next_offset, await self._index(topic, partition, segment.base_offset)
 
     async def read(self, topic: str, partition: int, offset: int) -> list[bytes]:
+        return (await self.read_span(topic, partition, offset)).batches
+
+    async def read_span(self, topic: str, partition: int, offset: int) -> LogRead:
+        """As `read`, and whether damage hid offsets from `offset` up to the first batch (as
+        `PartitionLog.read_span`: a read stops in front of damage it meets after a batch)."""
         segments = self._uploaded.uploaded(topic, partition)
         position = bisect.bisect_right([s.base_offset for s in segments], offset) - 1
         if position < 0 or offset >= segments[position].next_offset:
-            return []
+            return LogRead([], False)
         segment = segments[position]
         log_key = object_key(topic, partition, segment.base_offset)
         index = await self._index(topic, partition, segment.base_offset)
@@ -91,9 +101,12 @@ class ObjectArchive:
         while True:
             end = min(start + length, segment.size)
             data = await self._store.get(log_key, start, end)
-            batches = _whole_batches(data, offset, log_key, start)
+            batches, damaged = _whole_batches(data, offset, log_key, start)
             if batches or end >= segment.size:
-                return batches
+                hidden = damaged and (
+                    not batches or batch_location(batches[0], 0).base_offset > offset
+                )
+                return LogRead(batches, hidden)
             length *= 4  # one batch larger than the range, or the offset further on
 
     async def _index(self, topic: str, partition: int, base_offset: int) -> list[IndexEntry]:
@@ -114,9 +127,11 @@ class ObjectArchive:
         return entries
 
 
-def _whole_batches(data: bytes, offset: int, log_key: str, start: int) -> list[bytes]:
-    """The whole, valid batches in `data` holding offsets >= `offset`; damage is skipped."""
-    batches = []
+def _whole_batches(data: bytes, offset: int, log_key: str, start: int) -> tuple[list[bytes], bool]:
+    """The whole, valid batches in `data` holding offsets >= `offset`, up to the first damage
+    after one of them; and whether damage was met (skipped, before the first batch returned)."""
+    batches: list[bytes] = []
+    damaged = False
     position = 0
     min_offset = 0
     while position < len(data):
@@ -125,7 +140,10 @@ def _whole_batches(data: bytes, offset: int, log_key: str, start: int) -> list[b
             total = batch_length(data, position, len(data))
             if total is not None and position + total > len(data):
                 break  # a batch cut by the end of the ranged read: the caller reads on
+            if batches:
+                break  # the next read starts at the damage, so the offsets it hides are seen
             resume = find_batch(data, position + 1, len(data), min_offset)
+            damaged = True
             log.error(
                 "archive.damaged_batch",
                 key=log_key,
@@ -140,4 +158,4 @@ def _whole_batches(data: bytes, offset: int, log_key: str, start: int) -> list[b
             batches.append(data[position : position + found.size])
         position += found.size
         min_offset = found.next_offset
-    return batches
+    return batches, damaged

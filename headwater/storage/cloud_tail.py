@@ -22,6 +22,12 @@ in uploaded segments.
 
 Chunks are deleted once a segment the owner uploaded holds them entirely (`collectable`); the
 newest chunk always stays, so the end of the log is known from a listing alone.
+
+A take-over reads its run with `read_run`, which checks every batch (CRC) as every reader of the
+log does (`storage.log_reader`): a damaged batch is taken from an uploaded segment object that
+holds the very same batch (same offsets and same CRC field: a segment of a fenced owner may hold
+other messages at those offsets), else its offsets come back as a `Hole` for the caller to skip
+visibly, and the chain's offsets never move.
 """
 
 from __future__ import annotations
@@ -31,10 +37,14 @@ import struct
 from dataclasses import dataclass
 
 from headwater.storage.objectstore import ObjectStore
+from headwater.storage.segments import walk_batches
+from headwater.wire.errors import ObjectNotFound
 
 _CHUNK = re.compile(r"^(\d{20})-(\d{20})-(\d{20})\.log$")
 _MARKER = re.compile(r"^epoch-(\d{20})$")
 _LENGTH = struct.Struct(">i")
+_CRC = struct.Struct(">I")
+_CRC_POSITION = 17  # baseOffset, batchLength, partitionLeaderEpoch, magic; then the CRC-32C
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -110,6 +120,15 @@ def split_batches(data: bytes) -> list[bytes]:
     return batches
 
 
+@dataclass(frozen=True, slots=True)
+class Hole:
+    """Offsets [first, end) of a run that no intact copy holds (`reason` says what was wrong)."""
+
+    first: int
+    end: int
+    reason: str
+
+
 class CloudTail:
     def __init__(self, store: ObjectStore) -> None:
         self.store = store
@@ -145,6 +164,77 @@ class CloudTail:
 
     async def read(self, topic: str, partition: int, chunk: Chunk) -> list[bytes]:
         return split_batches(await self.store.get(chunk.name(topic, partition)))
+
+    async def read_run(self, topic: str, partition: int, run: list[Chunk]) -> list[bytes | Hole]:
+        """The batches of `run`'s chunks in offset order, each checked; offsets no intact copy
+        holds come back as `Hole`s, in their place (see the module docstring)."""
+        found: list[bytes | Hole] = []
+        for chunk in run:
+            data = await self.store.get(chunk.name(topic, partition))
+            expected = chunk.first
+            damaged: list[bytes] = []  # what is left of damaged batches, for their CRC fields
+            for step in walk_batches(data, chunk.first):
+                piece = data[step.position : step.position + step.length]
+                if step.batch is None:
+                    damaged.append(piece)
+                    continue
+                if step.batch.base_offset > expected:
+                    found.extend(
+                        await self._repair(
+                            topic, partition, expected, step.batch.base_offset, damaged
+                        )
+                    )
+                found.append(piece)
+                expected = step.batch.next_offset
+                damaged = []
+            if expected < chunk.end:
+                found.extend(await self._repair(topic, partition, expected, chunk.end, damaged))
+        return found
+
+    async def _repair(
+        self, topic: str, partition: int, first: int, end: int, damaged: list[bytes]
+    ) -> list[bytes | Hole]:
+        """Offsets [first, end) of a chunk are damaged: the same batches from the uploaded
+        segment holding them, where its batch has the damaged one's CRC field; else a Hole."""
+        wanted = {
+            _CRC.unpack_from(piece, _CRC_POSITION)[0]
+            for piece in damaged
+            if len(piece) >= _CRC_POSITION + _CRC.size
+        }
+        copy: list[bytes] = []
+        position = first
+        data = await self._segment_holding(topic, partition, first)
+        if data is not None:
+            for step in walk_batches(data):
+                batch = step.batch
+                if batch is None or batch.base_offset < position or batch.next_offset > end:
+                    continue
+                crc = _CRC.unpack_from(data, step.position + _CRC_POSITION)[0]
+                if batch.base_offset != position or crc not in wanted:
+                    break
+                copy.append(data[step.position : step.position + step.length])
+                position = batch.next_offset
+        if position < end:
+            return [*copy, Hole(position, end, "damaged batch in the cloud tail, no intact copy")]
+        return list(copy)
+
+    async def _segment_holding(self, topic: str, partition: int, offset: int) -> bytes | None:
+        """The uploaded segment object whose base is the greatest at or below `offset`."""
+        prefix = f"{topic}/{partition}/"
+        bases = sorted(
+            int(o.key[len(prefix) : -len(".log")])
+            for o in await self.store.list(prefix)
+            if o.key.endswith(".log")
+            and o.key.count("/") == 2
+            and o.key[len(prefix) : -4].isdigit()
+        )
+        below = [b for b in bases if b <= offset]
+        if not below:
+            return None
+        try:
+            return await self.store.get(f"{prefix}{below[-1]:020d}.log")
+        except ObjectNotFound:
+            return None
 
     async def purge(self, topic: str, before: int) -> int:
         """Delete a deleted topic's chunks and markers: those of epochs below `before` (the

@@ -8,13 +8,13 @@ with R above it: a lease, extended a block at a time (written to a temporary fil
 renamed, directory fsynced). Extending ahead of need is the syncer's job, in a worker thread; an
 append only extends in line if a burst outran it.
 
-The file also records the kernel's boot id and whether the server closed the log cleanly:
+The file also records whether the server closed the log cleanly (and the kernel's boot id, for
+diagnosis):
 
 - clean close: R is exactly the next offset (no gap after a graceful restart);
-- same boot, not clean (the process was killed): the page cache kept every completed write, so
-  the log on disk holds every offset handed out; recovery continues from the end of the good data
-  unless it had to remove complete batches (corruption), and then from R;
-- another boot (power loss, OS crash): writes that no fsync covered may be gone; continue from R.
+- any other stop (kill -9, power loss, OS crash): appends continue at R. A gap of up to one block
+  is the price; recovery does not try to tell from a damaged tail which of its offsets were
+  handed out (a tail cut below a whole batch header says nothing about them).
 
 The file is 8-byte magic, 8-byte R, 1-byte clean flag, 36-byte boot id, 4-byte CRC-32C. A missing
 or damaged file gives no bound (a log written before leases existed): recovery then uses the data.
@@ -44,12 +44,7 @@ MAX_LEASE_BLOCK: Final = 1 << 16
 class Lease:
     reserved: int  # no offset at or above this was ever handed out
     clean: bool  # written by a graceful close: `reserved` is exactly the next offset
-    boot_id: str
-
-    @property
-    def same_boot(self) -> bool:
-        current = boot_id()
-        return current != "unknown" and self.boot_id == current
+    boot_id: str  # the boot that wrote it (diagnosis only: recovery does not depend on it)
 
 
 def read_lease(directory: Path) -> Lease | None:

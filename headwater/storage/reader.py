@@ -3,9 +3,11 @@
 A read starts at a sparse-index position at or below the wanted offset and walks batch by batch.
 Batches wholly below the offset are skipped on their header alone (plausible magic and length,
 offsets increasing); every batch returned has its CRC checked. Bytes that hold no valid batch are
-damage: the reader resynchronises on the next valid batch (`segments.find_batch`), reports the
-damaged range, and goes on, so one bad batch never ends a consumer's stream. Whether the offsets it
-hid can be read elsewhere (the object store's copy) is the caller's decision.
+damage: a read that has returned batches stops in front of it, and one that meets it first
+resynchronises on the next valid batch (`segments.find_batch`), reports the damaged range, and goes
+on, so one bad batch never ends a consumer's stream. So the offsets damage hides are always at the
+start of a read, never inside one; whether they can be read elsewhere (the object store's copy) is
+the caller's decision (`storage.log_reader`).
 
 Reads never go past `limit`, the segment length when the read began: the active segment grows while
 a worker thread reads it, and a batch being written is not damage.
@@ -61,6 +63,11 @@ def read_batches(
                     position += total
                     min_offset = found.next_offset
                     continue
+            if result.batches:
+                # a hole after what was read: stop before it, so the offsets it hides are the
+                # start of the next read, where the caller sees them (and looks for a copy)
+                # instead of them vanishing inside this one
+                break
             resume = _resync(file, position, limit, min_offset)
             length = (resume if resume is not None else limit) - position
             result.damage.append(Damage(path, position, length, "unreadable batch"))

@@ -11,7 +11,8 @@ keeps every valid batch and reports holes (bad bytes followed by good batches) a
   whole batch before anything is appended after it. A sealed segment is never cut.
 
 Where offsets continue is decided with the offset lease (`storage.offsets`): never below the end of
-the good data, and above every offset that may have been handed out (see `next_offset_after`).
+the good data, and, after any stop but a clean close, at or above the lease, which is above every
+offset ever handed out (see `next_offset_after`).
 When that is above the end of the data, the old active segment is sealed and a new one starts at
 the new offset: the gap stays visible in the segment names, and no offset is given twice.
 """
@@ -147,11 +148,12 @@ def next_offset_after(data_end: int, lease: Lease | None, scan: SegmentScan | No
     """Where appends continue after a restart; never an offset someone may have seen.
 
     - a clean close wrote the exact next offset: continue there (above data lost since, if any);
-    - another boot (power loss): writes no fsync covered may be gone: continue at the lease;
-    - the same boot, killed: the page cache kept every completed write. A torn last batch was
-      never handed out (its write did not finish), so continue after the data, or after what
-      its header claims when that is plausible (a flipped length byte looks torn). A whole
-      batch that fails its CRC was handed out: continue at the lease.
+    - any other stop (kill -9 on the same boot, a power cut, an OS crash): continue at the lease.
+      It is written before an offset is handed out, so it is above every offset that ever was,
+      whatever the tail looks like now. Reading the tail to tell "never handed out" from "handed
+      out, then damaged" is what failed before: a tail cut below a whole batch header leaves no
+      claimed end, and recovery gave acknowledged offsets again. A torn batch's claimed end is
+      below the lease (the lease covered it before its write began), so the lease covers it too.
     - no lease (a log from before leases): after the data, or what a torn header claims.
     """
     tail = scan.tail if scan is not None else None
@@ -160,12 +162,6 @@ def next_offset_after(data_end: int, lease: Lease | None, scan: SegmentScan | No
         if tail is not None and claims is not None:
             return max(data_end, min(claims, data_end + MAX_LEASE_BLOCK))
         return data_end
-    if lease.clean or not lease.same_boot:
-        return max(data_end, lease.reserved)
-    if tail is None:
-        return data_end
-    if scan is not None and scan.torn:
-        return max(data_end, min(claims or data_end, lease.reserved))
     return max(data_end, lease.reserved)
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import itertools
 import mmap
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -160,6 +161,37 @@ def find_batch(buffer: bytes | mmap.mmap, start: int, end: int, min_offset: int)
         search = found + 1
 
 
+@dataclass(frozen=True, slots=True)
+class Walked:
+    """One step of `walk_batches`: a valid batch, or (`batch` None) a damaged range."""
+
+    position: int
+    length: int
+    batch: BatchLocation | None
+    reason: str = ""
+
+
+def walk_batches(data: bytes | memoryview, min_offset: int = 0) -> Iterator[Walked]:
+    """Every valid batch of `data` (a segment, or an object holding one), and every damaged
+    range between and after them, in order. Damage is got past the way the server's readers
+    get past it (`find_batch`), so a bad length field costs its batch, not the rest of the
+    segment. For readers of whole segments away from the server (the Spark WAL source)."""
+    buffer = bytes(data)
+    size = len(buffer)
+    position = 0
+    while position < size:
+        found = check_batch(buffer, position, size, min_offset)
+        if found is not None:
+            yield Walked(position, found.size, found)
+            position += found.size
+            min_offset = found.next_offset
+            continue
+        resume = find_batch(buffer, position + 1, size, min_offset)
+        end = size if resume is None else resume
+        yield Walked(position, end - position, None, _diagnose(buffer, position, size))
+        position = end
+
+
 def scan_segment(path: Path, base_offset: int | None = None) -> SegmentScan:
     """Read a segment from the start, checking every batch; see the module docstring."""
     if base_offset is None:
@@ -202,7 +234,7 @@ def _scan(path: Path, data: mmap.mmap, size: int, base_offset: int) -> SegmentSc
     return SegmentScan(batches, holes, tail, torn, claims, size)
 
 
-def _diagnose(data: mmap.mmap, position: int, end: int) -> str:
+def _diagnose(data: bytes | mmap.mmap, position: int, end: int) -> str:
     total = batch_length(data, position, end)
     if end - position < BATCH_HEADER_SIZE:
         return "incomplete batch header"

@@ -308,6 +308,17 @@ class PartitionLog:
         log.debug("wal.rolled", directory=str(self.directory), base_offset=segment.base_offset)
         return segment
 
+    def skip_to(self, offset: int) -> None:
+        """Continue appends at `offset`, above the next offset: offsets in between will hold
+        nothing (a take-over that found no intact copy of them). The active segment is sealed
+        there and a new one starts at `offset`, as recovery does after an unclean stop, so the
+        gap is visible in the segment names and every reader steps over it."""
+        active = self._segments[-1]
+        if offset <= active.next_offset:
+            return
+        active.next_offset = offset
+        self._roll()
+
     # The offset lease
 
     def lease_target(self) -> int | None:

@@ -38,7 +38,8 @@ from headwater.server.cluster.tail_commit import TailCommitter
 from headwater.server.subscriptions.reliable_subscription import ReliableSubscription
 from headwater.server.topics.topic import LogTopic
 from headwater.server.topics.topic_settings import log_config
-from headwater.storage.cloud_tail import Chunk, CloudTail
+from headwater.storage.cloud_tail import Chunk, CloudTail, Hole
+from headwater.storage.log_reader import skip
 from headwater.storage.uploader import UploadedSegment
 from headwater.storage.wal import PartitionLog
 from headwater.wire.errors import StorageError
@@ -160,7 +161,8 @@ class ClusterPartitions:
     async def _rebuild(self, topic: LogTopic, partition: int, run: list[Chunk], end: int) -> None:
         start = run[0].first if run else end
         # everything is fetched before the old log is touched: a failed read leaves it as it was
-        batches = [b for chunk in run for b in await self._tail.read(topic.name, partition, chunk)]
+        # checked batches; a damaged one comes from an uploaded copy, else as a Hole to skip
+        batches = await self._tail.read_run(topic.name, partition, run)
         segments = await self._segments(topic.name, partition, start)
         holder = topic.partitions[partition]
         old = holder.log
@@ -178,6 +180,18 @@ class ClusterPartitions:
         )
         try:
             for batch in batches:
+                if isinstance(batch, Hole):
+                    if batch.end > fresh.next_offset >= batch.first:
+                        first = fresh.next_offset
+                        skip(topic.name, partition, first, batch.reason, holder)
+                        fresh.skip_to(batch.end)
+                        continue
+                    if batch.end <= fresh.next_offset:
+                        continue
+                    raise StorageError(
+                        f"{topic.name}/{partition}: the cloud tail jumps from "
+                        f"{fresh.next_offset} to {batch.first}"
+                    )
                 info = inspect_batch(batch)
                 if info.base_offset < fresh.next_offset:
                     continue  # the run's first chunk may start inside an uploaded segment

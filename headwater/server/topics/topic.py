@@ -10,10 +10,11 @@ no acks, offsets restart at 0 with the server. Reliable append writes the batch 
 WAL, which assigns the offset; subscriptions read from there at their own pace, and a partition's
 history older than the local WAL is read back from the object store (`archive`).
 
-Reads get past damage rather than stopping at it: offsets a damaged local batch hides are read
-from the object store's copy when it has one, else skipped (an error log and the partition's
-`skipped` counter); an object missing from the store is skipped the same way, and the replay goes
-on with the next object or the local WAL. `describe` reports, as `status.*` entries after the
+Reads get past damage rather than stopping at it, through the one read path every reader of the
+log takes (`storage.log_reader`): offsets a damaged local batch hides are read from the object
+store's copy when it has one, else skipped (an error log and the partition's `skipped` counter);
+an object missing from the store is skipped the same way, and the replay goes on with the next
+object or the local WAL. `describe` reports, as `status.*` entries after the
 topic's configs, each offline partition with its reason and the damage counters.
 """
 
@@ -23,7 +24,7 @@ import bisect
 import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Final, Literal, Protocol
+from typing import Final, Literal
 
 import structlog
 
@@ -31,9 +32,10 @@ from headwater.durables.producers import ProducerTable
 from headwater.server.config import TopicSettings
 from headwater.server.topics.lastvalue_index import LastValueIndex
 from headwater.server.topics.subscription_registry import SubscriptionRegistry
+from headwater.storage.log_reader import Archive, read_partition
 from headwater.storage.segments import IndexEntry, batch_location
 from headwater.storage.wal import PartitionLog
-from headwater.wire.errors import InvalidPartition, ObjectNotFound, StorageError
+from headwater.wire.errors import InvalidPartition
 from headwater.wire.messages import ConfigEntry, DescribeTopicResponse, TopicInfo
 from headwater.wire.records import read_records
 
@@ -42,24 +44,7 @@ __all__ = ["Archive", "LogTopic", "MemoryTopic", "Topic"]
 log = structlog.get_logger("headwater.topics")
 
 _BASE_OFFSET = struct.Struct(">q")
-_MAX_ARCHIVE_SKIPS: Final = 10_000  # bounds one read's walk over missing objects
 _MAX_SEGMENT_STEPS: Final = 10_000_000  # bounds a timestamp search's walk over segments
-
-
-class Archive(Protocol):
-    """Segments that left the local WAL for the object store."""
-
-    def start_offset(self, topic: str, partition: int) -> int | None: ...
-
-    def covers(self, topic: str, partition: int, offset: int) -> bool: ...
-
-    def next_after(self, topic: str, partition: int, offset: int) -> int | None: ...
-
-    async def read(self, topic: str, partition: int, offset: int) -> list[bytes]: ...
-
-    async def segment_index(
-        self, topic: str, partition: int, offset: int
-    ) -> tuple[int, list[IndexEntry]] | None: ...
 
 
 @dataclass(slots=True)
@@ -249,60 +234,11 @@ class LogTopic(_TopicBase):
         return min(log.start_offset, archived) if archived is not None else log.start_offset
 
     async def read(self, partition: int, offset: int) -> list[bytes]:
-        """Reliable: batches from the one holding `offset` (local WAL, else the object store).
-        The first batch may start above `offset` when damage or missing data was skipped."""
-        wal = self.partitions[partition].log
-        archive = self.archive
-        for _ in range(_MAX_ARCHIVE_SKIPS):
-            if offset >= wal.start_offset or archive is None:
-                return await self._read_local(partition, offset)
-            batches: list[bytes] | None
-            try:
-                batches = await archive.read(self.name, partition, offset)
-            except ObjectNotFound as exc:
-                self._skip(partition, offset, "object missing from the object store", exc)
-                batches = None
-            if batches:
-                return batches
-            if batches is not None and archive.covers(self.name, partition, offset):
-                self._skip(partition, offset, "no valid batch left in the archived segment", None)
-            following = archive.next_after(self.name, partition, offset)
-            following = wal.start_offset if following is None else following
-            offset = max(offset + 1, min(following, wal.start_offset))
-        return []
-
-    async def _read_local(self, partition: int, offset: int) -> list[bytes]:
-        wal = self.partitions[partition].log
-        result = await wal.read_span(offset)
-        if not result.damaged:
-            return result.batches
-        if self.archive is not None and self.archive.covers(self.name, partition, offset):
-            try:
-                copy = await self.archive.read(self.name, partition, offset)
-            except StorageError as exc:
-                log.warning("topic.archive_copy_unreadable", topic=self.name, error=str(exc))
-                copy = []
-            if copy:
-                log.warning(
-                    "topic.damage_read_from_archive",
-                    topic=self.name,
-                    partition=partition,
-                    offset=offset,
-                )
-                return copy
-        self._skip(partition, offset, "damaged local data and no intact copy", None)
-        return result.batches
-
-    def _skip(self, partition: int, offset: int, reason: str, error: Exception | None) -> None:
-        self.partitions[partition].skipped += 1
-        log.error(
-            "topic.data_skipped",
-            topic=self.name,
-            partition=partition,
-            offset=offset,
-            reason=reason,
-            error=str(error) if error is not None else None,
-        )
+        """Reliable: batches from the one holding `offset` (local WAL, else the object store),
+        over damage as every reader of the log reads (`storage.log_reader`). The first batch
+        may start above `offset` when damage or missing data was skipped."""
+        holder = self.partitions[partition]
+        return await read_partition(holder.log, self.archive, self.name, partition, offset, holder)
 
     async def offset_for_timestamp(self, partition: int, timestamp: int) -> int:
         """The first offset of the first batch whose max timestamp is at or after `timestamp`
