@@ -11,7 +11,7 @@ RESULTS := loadtest/results
 PEER_BINARIES := redis-server nats-server
 export PATH := $(PATH):/usr/sbin:/sbin
 
-.PHONY: install run test browser etcd-server cluster cluster-stop fuzz lint typecheck bench bench-quick bench-peers peer-servers soak loadtest clean
+.PHONY: install run test browser etcd-server cluster cluster-stop fuzz stress-test stress-quick lint typecheck bench bench-quick bench-peers peer-servers soak loadtest clean
 
 install: $(STAMP)
 
@@ -25,7 +25,7 @@ run: $(STAMP)
 	$(BIN)/headwater serve --host 127.0.0.1 --port 6650 --data-dir ./data
 
 test: $(STAMP) browser etcd-server
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -p no:randomly
 
 # Debian's chromium, for tests/test_status_page.py (the status page in a headless browser).
 # Installed when missing and possible (root, or sudo without a password, and apt-get); when not,
@@ -142,6 +142,27 @@ typecheck: $(STAMP)
 # failure is shrunk to a minimal program. HEADWATER_FUZZ_SEED=<n> replays a run.
 fuzz: $(STAMP)
 	HEADWATER_FUZZ=long $(BIN)/python -m pytest -q -s tests/test_statemachine.py -k test_state_machine --timeout 7200
+
+# The suite under CPU pressure, in a random order (docs/TESTING.md): two busy-loop processes beside
+# it (tests/pressure.py starts them and stops them by PID), pytest-randomly shuffling the tests
+# with a new seed each run, STRESS_RUNS runs in a row, stopping at the first failure. Each run
+# prints `Using --randomly-seed=N`; `make stress-test STRESS_ARGS='-p randomly --randomly-seed=N'`
+# replays that order. STRESS_ARGS picks tests too: STRESS_ARGS=tests/test_reliable.py
+STRESS_RUNS ?= 3
+STRESS_BUSY ?= 2
+STRESS_ARGS ?=
+stress-test: $(STAMP) browser etcd-server
+	$(BIN)/python -m tests.pressure --busy $(STRESS_BUSY) --runs $(STRESS_RUNS) -- \
+		$(BIN)/python -m pytest -p randomly $(STRESS_ARGS)
+
+# The short version, in .ci/run: once, under the same pressure, the modules that kill -9 servers,
+# the cluster tests and the timing-sensitive ones (acks, delays, drains, reconnects).
+STRESS_QUICK_MODULES := tests/test_reliable.py tests/test_partitions.py \
+	tests/test_snapshot_server.py tests/test_subscriptions.py tests/test_producer.py \
+	tests/test_cluster.py tests/test_cluster_coordinator.py tests/test_power_loss.py
+stress-quick: $(STAMP) etcd-server
+	$(BIN)/python -m tests.pressure --busy $(STRESS_BUSY) --runs 1 -- \
+		$(BIN)/python -m pytest -p randomly $(STRESS_QUICK_MODULES)
 
 # Benchmarks and load tests need the `bench` extra too (peer clients, matplotlib); locust is in dev.
 $(BENCH_STAMP): pyproject.toml $(STAMP)
