@@ -57,6 +57,27 @@ async def drain(
     return received
 
 
+async def drain_until(
+    consumer: headwater.Consumer,
+    done: Callable[[list[headwater.Message]], bool],
+    limit: int = 100_000,
+    timeout: float = HANG,
+) -> list[headwater.Message]:
+    """Messages until `done(received)` holds (for at-least-once streams, where duplicates make the
+    count unknown); each waited for up to `timeout` seconds, at most `limit` of them."""
+    received: list[headwater.Message] = []
+    while not done(received):
+        if len(received) >= limit:
+            raise AssertionError(f"{limit} messages and the condition still does not hold")
+        try:
+            received.append(await consumer.receive(timeout=timeout))
+        except TimeoutError:
+            raise AssertionError(
+                f"received {len(received)} messages, then none for {timeout} s"
+            ) from None
+    return received
+
+
 async def eventually(
     condition: Callable[[], Awaitable[bool]] | Callable[[], bool],
     timeout: float = HANG,
