@@ -45,8 +45,8 @@ async def drain(
             received.append(await consumer.receive(timeout=timeout))
         except TimeoutError:
             raise AssertionError(
-                f"received {len(received)} of {count} messages, then none for {timeout} s: "
-                f"{[m.value for m in received]}"
+                f"received {len(received)} of {count} messages, then none for {timeout} s "
+                f"(the last: {[m.value for m in received[-3:]]})"
             ) from None
     if exact:
         try:
