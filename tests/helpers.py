@@ -78,6 +78,37 @@ async def drain_until(
     return received
 
 
+async def drain_spread(
+    consumers: list[headwater.Consumer], total: int, timeout: float = HANG
+) -> list[list[headwater.Message]]:
+    """`total` messages spread over `consumers` in a way the test cannot know (Shared, Key_Shared):
+    read from all of them at once until `total` have come (within `timeout`, a hang bound), then
+    fail if one more is already at hand. The messages each consumer received, in order."""
+    received: list[list[headwater.Message]] = [[] for _ in consumers]
+    everything = asyncio.Event()
+
+    async def take(index: int, consumer: headwater.Consumer) -> None:
+        while True:
+            received[index].append(await consumer.receive())
+            if sum(len(batch) for batch in received) >= total:
+                everything.set()
+
+    tasks = [asyncio.create_task(take(i, c)) for i, c in enumerate(consumers)]
+    try:
+        await asyncio.wait_for(everything.wait(), timeout)
+    except TimeoutError:
+        got = sum(len(batch) for batch in received)
+        raise AssertionError(f"received {got} of {total} messages within {timeout} s") from None
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    assert sum(len(batch) for batch in received) == total, "more messages than expected"
+    for consumer in consumers:
+        await nothing_at_hand(consumer)
+    return received
+
+
 async def eventually(
     condition: Callable[[], Awaitable[bool]] | Callable[[], bool],
     timeout: float = HANG,

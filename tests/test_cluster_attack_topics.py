@@ -41,7 +41,7 @@ async def test_a_recreated_topic_has_nothing_of_the_deleted_one(cluster: Cluster
         got: set[bytes] = set()
         deadline = time.monotonic() + 20
         while got != old and time.monotonic() < deadline:
-            message = await consumer.receive(timeout=5)
+            message = await consumer.receive(timeout=30)
             assert message.value is not None
             got.add(message.value)
             await message.ack()

@@ -146,7 +146,7 @@ class NormalClient:
     async def round_trip(self) -> float:
         begin = time.perf_counter()
         sent = await self.producer.send(b"ping")
-        message = await self.consumer.receive(timeout=10)
+        message = await self.consumer.receive(timeout=30)
         await sent
         assert message.value == b"ping"
         return time.perf_counter() - begin

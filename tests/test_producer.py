@@ -254,7 +254,7 @@ async def test_compressed_batches_are_stored_as_sent_and_decode_in_kafka_python(
     assert [r.value for r in theirs] == values
     assert len(delivery.batch) < sum(len(v) for v in values) / 4
     consumer = await client.subscribe(topic_name, "decoded", start="earliest")
-    assert [(await consumer.receive(timeout=5)).value for _ in values] == values
+    assert [(await consumer.receive(timeout=30)).value for _ in values] == values
     await peer.close()
 
 
@@ -269,7 +269,7 @@ async def test_read_committed_and_committed_only_consumers(
         await watcher.receive(timeout=0.5)
     careful = client.producer(topic_name, isolation=Isolation.READ_COMMITTED)
     await (await careful.send(b"durable"))  # acked only after an fsync, which covers both
-    got = [await watcher.receive(timeout=5) for _ in range(2)]
+    got = [await watcher.receive(timeout=30) for _ in range(2)]
     assert [g.value for g in got] == [b"appended", b"durable"]
 
 

@@ -126,8 +126,8 @@ async def test_nack_is_redelivered_after_its_delay(
     await client.create_topic(topic_name, dispatch="reliable")
     consumer = await client.subscribe(topic_name, "nacker", ack_timeout=30)
     await produce(client, topic_name, [b"a", b"b"])
-    a = await consumer.receive(timeout=5)
-    b = await consumer.receive(timeout=5)
+    a = await consumer.receive(timeout=30)
+    b = await consumer.receive(timeout=30)
     loop = asyncio.get_running_loop()
     started = loop.time()  # before the nack: the server's 0.4 s start after this, however slow
     await a.nack(delay=0.4)
@@ -328,7 +328,7 @@ async def test_acks_and_delivery_counts_survive_a_restart(fresh_server: ServerPr
         await first[0].ack()
         await first[2].ack()
         await first[1].nack()
-        again = await consumer.receive(timeout=5)
+        again = await consumer.receive(timeout=30)
         assert (again.offset, again.delivery_count) == (1, 2)
 
         async def acks_recorded() -> bool:  # two acked, two unacked (1 redelivered, 3 sent once)
@@ -383,7 +383,7 @@ async def test_timestamp_start_reaches_into_archived_history(fresh_server: Serve
         raise AssertionError("local segments were not trimmed")
     async with await headwater.connect(fresh_server.address) as client:
         consumer = await client.subscribe("history", "ts", start_timestamp=5_500)
-        first = await consumer.receive(timeout=5)
+        first = await consumer.receive(timeout=30)
         assert (first.offset, first.timestamp) == (5, 6000)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
 
 import pytest
@@ -12,7 +11,7 @@ from headwater.testing import ServerProcess
 from headwater.wire import messages as m
 from headwater.wire.errors import ConsumerBusy, SubscriptionTypeMismatch
 from headwater.wire.records import build_batch
-from tests.helpers import HANG, drain, eventually, nothing_at_hand, subscription_info
+from tests.helpers import drain, drain_spread, eventually, nothing_at_hand, subscription_info
 from tests.rawwire import RawPeer
 
 
@@ -56,28 +55,10 @@ async def test_shared_delivers_each_message_to_exactly_one_consumer(
     for i in range(300):
         future = await producer.send(f"job{i}".encode())
         await future  # one record per batch, so batches can spread
-    # 300 in all, spread over the consumers by credit and timing: read them all at once until
-    # the 300 have come (no count per consumer is known)
-    received: list[list[headwater.Message]] = [[] for _ in consumers]
-    everything = asyncio.Event()
-
-    async def take(index: int, consumer: headwater.Consumer) -> None:
-        while True:
-            received[index].append(await consumer.receive())
-            if sum(len(batch) for batch in received) >= 300:
-                everything.set()
-
-    tasks = [asyncio.create_task(take(i, c)) for i, c in enumerate(consumers)]
-    try:
-        await asyncio.wait_for(everything.wait(), HANG)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    # 300 in all, spread over the consumers by credit and timing: read them all at once
+    received = await drain_spread(consumers, 300)
     info = await subscription_info(producer_client, topic, "workers")
     assert (info.pending, info.delivered) == (0, 300)  # every job sent, and sent once
-    for consumer in consumers:
-        await nothing_at_hand(consumer)
     values = [m.value for batch in received for m in batch]
     assert sorted(values) == sorted(f"job{i}".encode() for i in range(300))
     assert len(set(values)) == 300
