@@ -280,7 +280,7 @@ def test_http_port_in_use_fails_start_up(tmp_path: Path) -> None:
         busy = taken.getsockname()[1]
         server = ServerProcess(tmp_path / "data", extra_args=("--http-port", str(busy)))
         with pytest.raises(RuntimeError, match="exited with 1"):
-            server.start(timeout=20)
+            server.start()
         assert f"cannot listen for HTTP on 127.0.0.1:{busy}" in server.log()
         assert "Traceback" not in server.log()
 
