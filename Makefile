@@ -13,7 +13,7 @@ RESULTS := loadtest/results
 PEER_BINARIES := redis-server nats-server
 export PATH := $(PATH):/usr/sbin:/sbin
 
-.PHONY: install run test check browser etcd-server cluster cluster-stop fuzz lint typecheck bench bench-quick bench-peers peer-servers soak loadtest clean
+.PHONY: install run test check browser etcd-server cluster cluster-stop fuzz stress-test stress-quick lint typecheck bench bench-quick bench-peers peer-servers soak loadtest clean
 
 install: $(STAMP)
 
@@ -36,14 +36,14 @@ run: $(RUN_STAMP)
 # The whole suite on every core: one test module per worker at a time (the Spark modules share
 # one worker and its JVM: tests/conftest.py). The timeout bounds a hang, nothing else.
 test: $(STAMP) browser etcd-server
-	$(BIN)/python -m pytest -q -n auto --dist loadgroup
+	$(BIN)/python -m pytest -q -p no:randomly -n auto --dist loadgroup
 
 # Lint, types and the unit tier (no server, S3, etcd or Spark process): under a minute.
 check: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q -m unit -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -q -p no:randomly -m unit -n 2 --dist loadgroup
 
 # Debian's chromium, for tests/test_status_page.py (the status page in a headless browser).
 # Installed when missing and possible (root, or sudo without a password, and apt-get); when not,
@@ -160,6 +160,27 @@ typecheck: $(STAMP)
 # failure is shrunk to a minimal program. HEADWATER_FUZZ_SEED=<n> replays a run.
 fuzz: $(STAMP)
 	HEADWATER_FUZZ=long $(BIN)/python -m pytest -q -s tests/test_statemachine.py -k test_state_machine --timeout 7200
+
+# The suite under CPU pressure, in a random order (docs/TESTING.md): two busy-loop processes beside
+# it (tests/pressure.py starts them and stops them by PID), pytest-randomly shuffling the tests
+# with a new seed each run, STRESS_RUNS runs in a row, stopping at the first failure. Each run
+# prints `Using --randomly-seed=N`; `make stress-test STRESS_ARGS='-p randomly --randomly-seed=N'`
+# replays that order. STRESS_ARGS picks tests too: STRESS_ARGS=tests/test_reliable.py
+STRESS_RUNS ?= 3
+STRESS_BUSY ?= 2
+STRESS_ARGS ?=
+stress-test: $(STAMP) browser etcd-server
+	$(BIN)/python -m tests.pressure --busy $(STRESS_BUSY) --runs $(STRESS_RUNS) -- \
+		$(BIN)/python -m pytest -p randomly $(STRESS_ARGS)
+
+# The short version, in .ci/run: once, under the same pressure, the modules that kill -9 servers,
+# the cluster tests and the timing-sensitive ones (acks, delays, drains, reconnects).
+STRESS_QUICK_MODULES := tests/test_reliable.py tests/test_partitions.py \
+	tests/test_snapshot_server.py tests/test_subscriptions.py tests/test_producer.py \
+	tests/test_cluster.py tests/test_cluster_coordinator.py tests/test_power_loss.py
+stress-quick: $(STAMP) etcd-server
+	$(BIN)/python -m tests.pressure --busy $(STRESS_BUSY) --runs 1 -- \
+		$(BIN)/python -m pytest -p randomly $(STRESS_QUICK_MODULES)
 
 # Benchmarks and load tests need the `bench` extra too (peer clients, matplotlib); locust is in dev.
 $(BENCH_STAMP): pyproject.toml $(STAMP)

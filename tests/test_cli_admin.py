@@ -250,7 +250,7 @@ async def test_dead_lettered_counts_per_partition(server: ServerProcess, topic_n
             topic_name, "dl", start="earliest", max_deliveries=1, backoff="fixed",
             backoff_initial=0.01,
         )  # fmt: skip
-        message = await consumer.receive(timeout=10)
+        message = await consumer.receive(timeout=30)
         await message.nack()  # its one delivery is used up: the next round dead-letters it
         deadline = time.monotonic() + 15
         sub = subscription(server, topic_name, "dl")

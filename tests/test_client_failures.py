@@ -145,7 +145,7 @@ async def _collect(consumer: headwater.Consumer, wanted: set[bytes]) -> list[hea
     received: list[headwater.Message] = []
     seen: set[bytes] = set()
     while not wanted <= seen:
-        message = await consumer.receive(timeout=20)
+        message = await consumer.receive(timeout=30)
         received.append(message)
         assert message.value is not None
         seen.add(message.value)
@@ -161,7 +161,7 @@ async def test_reconnect_resubscribes_and_keeps_at_least_once(fresh_server: Serv
         async with client.producer("t") as producer:
             for i in range(10):
                 await producer.send(b"m%d" % i)
-        first = [await consumer.receive(timeout=10) for _ in range(10)]
+        first = [await consumer.receive(timeout=30) for _ in range(10)]
         for message in first[:5]:
             await message.ack()
         await client.list_topics()  # the acks went out before it (requests are in order)
@@ -350,8 +350,8 @@ async def test_messages_dropped_push_is_surfaced(caplog: pytest.LogCaptureFixtur
     async with FakePeer(DROPPED_PUSHES) as peer:
         client = await headwater.connect(f"127.0.0.1:{peer.port}")
         consumer = await client.subscribe("t", "s", on_dropped=notices.append)
-        first = await consumer.receive(timeout=5)
-        second = await consumer.receive(timeout=5)
+        first = await consumer.receive(timeout=30)
+        second = await consumer.receive(timeout=30)
         assert (first.value, first.missed) == (b"a", 0)
         assert (second.value, second.missed, second.offset) == (b"b", 5, 6)
         assert consumer.dropped == 5
@@ -362,8 +362,8 @@ async def test_messages_dropped_push_is_surfaced(caplog: pytest.LogCaptureFixtur
         client = await headwater.connect(f"127.0.0.1:{peer.port}")
         with caplog.at_level(logging.WARNING, logger="headwater.client.client"):
             consumer = await client.subscribe("t", "s")
-            await consumer.receive(timeout=5)
-            await consumer.receive(timeout=5)
+            await consumer.receive(timeout=30)
+            await consumer.receive(timeout=30)
         assert "missed 5 messages (the consumer fell behind)" in caplog.text
         await client.close()
 

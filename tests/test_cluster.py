@@ -266,7 +266,7 @@ async def test_a_lost_object_store_holds_acks_and_deliveries_until_it_returns(
             await cluster.wait_owned("orders", 1, {"b1"})
             await produce_each(Owners(cluster), "orders", {0: "b1"}, "up", 1)  # served, stored
             consumer = await client.subscribe("orders", "s", start="earliest")
-            assert (await consumer.receive(timeout=10)).value == b"up-0-0"
+            assert (await consumer.receive(timeout=30)).value == b"up-0-0"
             proxy.pause()
             produced = asyncio.ensure_future(produce(client, "orders", b"held", 0))
             with pytest.raises(TimeoutError):

@@ -146,7 +146,7 @@ class NormalClient:
     async def round_trip(self) -> float:
         begin = time.perf_counter()
         sent = await self.producer.send(b"ping")
-        message = await self.consumer.receive(timeout=10)
+        message = await self.consumer.receive(timeout=30)
         await sent
         assert message.value == b"ping"
         return time.perf_counter() - begin
@@ -347,7 +347,7 @@ async def test_timeouts_close_idle_and_stuck_connections(tmp_path: Path) -> None
             producer_client.producer("t") as producer,
         ):
             await (await producer.send(b"late"))
-        deliveries = await consumer.deliveries(idle=1.0)
+        deliveries = await consumer.deliveries(records=1)
         assert len(deliveries) == 1
         await consumer.close()
     finally:

@@ -157,7 +157,7 @@ async def test_revoked_token_cuts_a_live_consumer_and_producer_within_seconds(
         consumer = await client.subscribe("feed", "app-sub", start="earliest")
         producer = client.producer("feed")
         await (await producer.send(b"before"))
-        assert (await consumer.receive(timeout=5)).value == b"before"
+        assert (await consumer.receive(timeout=30)).value == b"before"
         revoked_at = time.monotonic()
         result = subprocess.run(
             [sys.executable, "-m", "headwater", "token", "revoke", "app", "--file", secure.tokens],
@@ -167,7 +167,7 @@ async def test_revoked_token_cuts_a_live_consumer_and_producer_within_seconds(
         )
         assert result.returncode == 0, result.stderr
         with pytest.raises(AuthenticationFailed):
-            await consumer.receive(timeout=10)
+            await consumer.receive(timeout=30)
         assert time.monotonic() - revoked_at < 5
         await (await admin.producer("feed").send(b"after"))
         with pytest.raises(headwater.HeadwaterError):
@@ -243,7 +243,7 @@ async def test_exact_and_prefix_grants_refuse_exactly_the_other_actions(
     await expect_refused(app.describe_topic("orders"))
     assert {t.name for t in await app.list_topics()} == {"orders", "events.a", "events.b"}
     await (await admin.producer("events.a").send(b"visible"))
-    assert (await consumer.receive(timeout=5)).value == b"visible"
+    assert (await consumer.receive(timeout=30)).value == b"visible"
     counts = {t: (await admin.describe_topic(t)).messages_in for t in ("orders", "orders2")}
     assert counts == {"orders": 1, "orders2": 0}
     await app.close()
@@ -287,7 +287,7 @@ async def test_subscription_seek_and_delete_need_admin_or_ownership(
     other = await headwater.connect(secure.address, token=secure.token("other", "consume:jobs.*"))
     topic_admin = await headwater.connect(secure.address, token=secure.token("ops", "admin:jobs.*"))
     consumer = await owner.subscribe("jobs.q", "work", type="shared", start="earliest")
-    first = await consumer.receive(timeout=5)
+    first = await consumer.receive(timeout=30)
     await first.ack()
     spare = await owner.subscribe("jobs.q", "spare", type="shared")
     for name in ("work", "spare"):

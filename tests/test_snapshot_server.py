@@ -119,7 +119,7 @@ async def produce(
     await producer.flush()
 
 
-async def wait_for(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
+async def wait_for(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not predicate():
         if asyncio.get_running_loop().time() > deadline:
@@ -258,7 +258,7 @@ async def receive_until(
     for _ in range(10_000):
         if done(received):
             return received
-        message = await consumer.receive(timeout=10)
+        message = await consumer.receive(timeout=30)
         await message.ack()
         received.append(message)
     raise AssertionError("too many messages")
@@ -343,16 +343,20 @@ async def test_snapshot_start_goes_on_with_the_snapshot_after_a_restart(tmp_path
         async with await headwater.connect(server.address) as client:
             consumer = await client.subscribe("kv", "boot", start="snapshot", prefetch=1)
             # a row handed back is delivered again, read from the snapshot
-            row = await consumer.receive(timeout=10)
+            row = await consumer.receive(timeout=30)
             await row.nack(delay=0.01)  # (0 would mean the backoff)
             # the credit comes back as a message is received (not acked), so new rows stream on
             # while the 10 ms run; once they have passed, the due row goes before new ones: only
             # the row already sent (prefetch 1) can still come first (a loop of 20 rows raced
-            # the 10 ms on a fast machine: acks are batched, the rows pipelined)
-            first: list[headwater.Message] = [await consumer.receive(timeout=10)]
-            await asyncio.sleep(0.05)  # the 10 ms delay is the behaviour: let the clock pass it
+            # the 10 ms on a fast machine: acks are batched, the rows pipelined). describe goes
+            # after the nack on this connection (it flushes it): once answered, the server has
+            # the nack, and the 10 ms run from before the sleep, which lets the clock pass them
+            # five times over; every credit after it finds the row due
+            await client.describe_topic("kv")
+            await asyncio.sleep(0.05)
+            first: list[headwater.Message] = []
             for _ in range(3):
-                message = await consumer.receive(timeout=10)
+                message = await consumer.receive(timeout=30)
                 first.append(message)
                 if message.offset == row.offset:
                     break
@@ -588,7 +592,7 @@ async def test_rebuild_and_snapshot_start_with_s3(tmp_path: Path, s3: MotoS3, bu
 async def described_horizon(client: headwater.Client, topic: str) -> str | None:
     """Partition 0's horizon in describe. The server waits at most 1 s for its listing of the
     store and then answers with what it knew before: asked again until the listing is in."""
-    for _ in range(50):
+    for _ in range(150):  # 30 s: bounds a hang only
         description = await client.describe_topic(topic)
         configs = {c.name: c.value for c in description.topic.configs}
         if "snapshot.partition.0.horizon" in configs:

@@ -72,7 +72,7 @@ checkpoint_interval_ms = 200
                 "--http-port-file",
                 str(self.root / f"{broker_id}.http"),
             ),
-        ).start(timeout=60)
+        ).start(timeout=120)  # a hang bound: a loaded machine took over 60 s
         self.brokers[broker_id] = process
         return process
 

@@ -115,6 +115,8 @@ def etcd_server(data_dir: Path) -> Iterator[EtcdServer]:
 # the coordinator tests' helpers (tests/test_cluster_coordinator.py)
 
 TTL = 2.0
+# a wait for something that should happen, beyond which it is a hang: never reached when it works
+HANG = 30.0
 REBALANCE = 0.2
 TOPIC = "orders"
 PARTITIONS = 6

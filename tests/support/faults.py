@@ -11,7 +11,7 @@ import headwater
 from headwater.storage.segments import BatchLocation, scan_segment
 from headwater.testing import ServerProcess
 from headwater.wire.errors import HeadwaterError
-from tests.support.helpers import drain
+from tests.support.helpers import drain, drain_until
 
 
 async def produce_each(
@@ -38,12 +38,24 @@ async def produce_each(
 
 
 async def read_from_earliest(
-    client: headwater.Client, topic: str, subscription: str, idle: float = 2.0
+    client: headwater.Client,
+    topic: str,
+    subscription: str,
+    count: int | None = None,
+    until: int | None = None,
 ) -> dict[int, bytes]:
-    """Everything a new subscription from `earliest` receives (offset -> value), acked."""
+    """What a new subscription from `earliest` receives (offset -> value), acked: `count`
+    messages (failing if one more is already at hand), or, in a one-partition topic whose count
+    is unknown, those before offset `until` (an end marker the caller produced, left out)."""
     consumer = await client.subscribe(topic, subscription, start="earliest", prefetch=5000)
+    if count is not None:
+        messages = await drain(consumer, count)
+    else:
+        assert until is not None, "read_from_earliest needs a count or an end marker"
+        messages = await drain_until(consumer, lambda got: bool(got) and got[-1].offset >= until)
+        assert messages.pop().offset == until
     received: dict[int, bytes] = {}
-    for message in await drain(consumer, idle=idle):
+    for message in messages:
         assert message.value is not None
         assert message.offset not in received, f"offset {message.offset} delivered twice"
         received[message.offset] = message.value

@@ -16,6 +16,7 @@ class FaultyProxy:
         self.drop_requests = 0.0  # chance a client->server chunk is dropped with its connection
         self.drop_responses = 0.0  # chance a server->client chunk is dropped with its connection
         self.cuts = 0
+        self.connections = 0  # accepted so far (a client's reconnect shows here)
         self._paused = asyncio.Event()
         self._paused.set()
         self._server: asyncio.Server | None = None
@@ -38,6 +39,7 @@ class FaultyProxy:
         self._paused.set()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
         try:
             upstream_reader, upstream_writer = await asyncio.open_connection(
                 "127.0.0.1", self.target_port

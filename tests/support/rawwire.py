@@ -13,6 +13,7 @@ from headwater.wire import messages as m
 from headwater.wire.errors import HeadwaterError
 from headwater.wire.frames import Frame, FrameDecoder
 from headwater.wire.protocol import decode_push, decode_response, encode_request
+from headwater.wire.records import read_records
 
 
 class RawPeer:
@@ -63,18 +64,30 @@ class RawPeer:
         await self.request(request)
         return await self.response()
 
-    async def deliveries(self, idle: float) -> list[tuple[int, m.Delivery]]:
-        """Every delivery that arrives until nothing has come for `idle` seconds."""
-        received = []
-        while True:
+    async def deliveries(
+        self, idle: float | None = None, records: int | None = None, timeout: float = 30.0
+    ) -> list[tuple[int, m.Delivery]]:
+        """With `records`: the deliveries that carry exactly that many records, each waited for
+        up to `timeout` seconds (a hang bound). With `idle` (only where the count is unknown):
+        every delivery that arrives until nothing has come for `idle` seconds."""
+        received: list[tuple[int, m.Delivery]] = []
+        count = 0
+        while records is None or count < records:
             try:
-                frame = await self.frame(idle)
+                frame = await self.frame(timeout if idle is None else idle)
             except TimeoutError:
-                return received
+                if records is None:
+                    return received
+                raise AssertionError(
+                    f"{count} of {records} records, then none for {timeout} s"
+                ) from None
             if frame.header.is_push:
                 push = decode_push(frame.header, frame.body)
                 if isinstance(push, m.Delivery):
                     received.append((frame.header.correlation_id, push))
+                    count += len(read_records(push.batch))
+        assert count == records, f"{count} records delivered, {records} expected"
+        return received
 
     async def closed_by_server(self, timeout: float = 5.0) -> bool:
         try:
