@@ -423,3 +423,41 @@ def test_security_settings_load_from_the_config_file(tmp_path: Path) -> None:
     path.write_text("[security]\ninsecure = 1\n")
     with pytest.raises(ConfigError, match=r"security\.insecure must be bool"):
         load_config(path)
+
+
+async def test_before_authentication_frames_are_small_and_only_the_handshake_is_read(
+    secure: SecureServer,
+) -> None:
+    """Before AUTHENTICATE succeeds: a frame over MAX_PRE_AUTH_FRAME is refused from its header
+    (FRAME_TOO_LARGE for AUTHENTICATE, AUTHENTICATION_REQUIRED for anything else) and the
+    connection closed; after it, frames up to max_frame_size are read again."""
+    from headwater.wire.errors import FrameTooLarge
+    from headwater.wire.frames import frame_prefix
+    from headwater.wire.limits import MAX_PRE_AUTH_FRAME
+
+    big = m.AuthenticateRequest("token", b"x" * (MAX_PRE_AUTH_FRAME + 1))
+    peer = await RawPeer.open(secure.address)
+    answer = await peer.call(big)
+    assert isinstance(answer, FrameTooLarge), answer
+    assert f"{MAX_PRE_AUTH_FRAME}-byte limit before authentication" in answer.message
+    assert await peer.closed_by_server()
+    await peer.close()
+    # a large CREATE_TOPIC: only its header is read (the rest is never sent here at all)
+    peer = await RawPeer.open(secure.address)
+    await peer.send(frame_prefix(m.ApiKey.CREATE_TOPIC, 0, 5, 0, 8_000_000) + b"\x00\x01t")
+    answer = await peer.response()
+    assert isinstance(answer, AuthenticationRequired), answer
+    assert await peer.closed_by_server()
+    await peer.close()
+    # authenticated, a 1 MiB produce is read and stored
+    async with await headwater.connect(secure.address, token=secure.admin) as admin:
+        await admin.create_topic("big", dispatch="non-reliable")
+        peer = await RawPeer.open(secure.address)
+        assert isinstance(
+            await peer.call(m.AuthenticateRequest("token", secure.admin.encode())),
+            m.AuthenticateResponse,
+        )
+        batch = build_batch([(None, b"v" * (1 << 20), ())])
+        assert isinstance(await peer.call(m.ProduceRequest("big", 0, batch)), m.ProduceResponse)
+        await peer.close()
+        assert (await admin.describe_topic("big")).messages_in == 1

@@ -23,11 +23,14 @@ No client may stall the others, so the work one connection gets is bounded:
   connection's later frames wait for it, so order is kept and the loop never spends the cap.
 - Idle and incomplete-frame timeouts are checked by the listener's sweep (`check_timeouts`).
 
-With authentication on (`Shared.security`), `_guard` runs before the broker: AUTHENTICATE is
-answered there, any other request must pass `Security.check` (the handshake done, a grant for
-its action and topic), and produce bytes are charged to the principal's quota: in debt, the
-connection gets a THROTTLE push and is not read (`_held`) until the debt is paid. Deliveries are
-charged to the consume quota the same way, by making the connection unwritable for a while.
+With authentication on (`Shared.security`), a connection that has not authenticated reads frames
+of at most `MAX_PRE_AUTH_FRAME` bytes, and a request other than API_VERSIONS and AUTHENTICATE is
+answered AUTHENTICATION_REQUIRED from its header alone (`server.security.pre_auth`), its body
+never decoded, and the connection closed. `_guard` runs before the broker: AUTHENTICATE is
+answered there, any other request must pass `Security.check` (a grant for its action and
+topic), and produce bytes are charged to the principal's quota: in debt, the connection gets a
+THROTTLE push and is not read (`_held`) until the debt is paid. Deliveries are charged to the
+consume quota the same way, by making the connection unwritable for a while.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from headwater.server.ops.logs import ProtocolErrorLog
 from headwater.server.requests.broker import Broker, Reply, Waiting
 from headwater.server.requests.reply import bulky, encode_off_loop
 from headwater.server.security.access import Security, Session
+from headwater.server.security.pre_auth import pre_auth_oversized, pre_auth_refusal
 from headwater.server.security.tls import ServerTls
 from headwater.server.subscriptions.live_subscription import Consumer
 from headwater.wire import messages as m
@@ -73,6 +77,7 @@ from headwater.wire.frames import (
     FrameHeader,
     FrameRejected,
 )
+from headwater.wire.limits import MAX_PRE_AUTH_FRAME
 from headwater.wire.protocol import decode_request, encode_error, encode_push, encode_response
 from headwater.wire.records import BatchInfo, is_compressed, validate_records
 
@@ -107,7 +112,12 @@ class Connection(Guarded, asyncio.Protocol):
         self._broker = broker
         self._config = config
         self._shared = shared
-        self._decoder = FrameDecoder(config.max_frame_size)
+        # until AUTHENTICATE succeeds, only small frames are read (server.security.pre_auth)
+        self._decoder = FrameDecoder(
+            config.max_frame_size
+            if shared.security is None
+            else min(MAX_PRE_AUTH_FRAME, config.max_frame_size)
+        )
         self._transport: asyncio.Transport | None = None
         self._loop = asyncio.get_running_loop()
         self._paused = False  # the transport's write buffer is over its high-water mark
@@ -278,10 +288,18 @@ class Connection(Guarded, asyncio.Protocol):
         try:
             if header.flags & _NOT_ON_REQUESTS:
                 raise MalformedFrame(f"flags {header.flags:#06x} are not valid on a request")
+            if self.auth is None and self._security is not None:
+                refusal = pre_auth_refusal(header.api_key)
+                if refusal is not None:  # from the header alone: the body is never decoded
+                    self._refuse(header, refusal)
+                    self.close()
+                    return
             request = decode_request(header, frame.body)
             if self._security is not None or type(request) is m.AuthenticateRequest:
                 early = self._guard(request)
                 if early is not None:
+                    if self.auth is not None and type(request) is m.AuthenticateRequest:
+                        self._authenticated()
                     self._answer(header, early)
                     return
             if type(request) is m.ProduceRequest and is_compressed(request.batch):
@@ -351,15 +369,27 @@ class Connection(Guarded, asyncio.Protocol):
             self._schedule()
         self._update_reading()
 
+    def _authenticated(self) -> None:
+        """AUTHENTICATE succeeded: frames up to the server's own limit are read from now on."""
+        self._decoder.max_frame_size = self._config.max_frame_size
+
     def _rejected(self, event: FrameRejected) -> None:
         header = event.header
+        if self.auth is None and self._security is not None:
+            self._refuse(header, pre_auth_oversized(header.api_key, event.size))
+            self.close()
+            return
+        limit = self._config.max_frame_size
+        if event.size <= limit:  # read before the AUTHENTICATE that was pipelined ahead of it
+            limit = MAX_PRE_AUTH_FRAME
+            why = "; a client waits for the AUTHENTICATE answer before sending larger frames"
+        else:
+            why = ""
         self._send_error(
             header.api_key,
             header.api_version,
             header.correlation_id,
-            FrameTooLarge(
-                f"frame of {event.size} bytes exceeds the {self._config.max_frame_size}-byte limit"
-            ),
+            FrameTooLarge(f"frame of {event.size} bytes exceeds the {limit}-byte limit{why}"),
         )
 
     async def _finish(

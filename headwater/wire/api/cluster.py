@@ -52,6 +52,10 @@ def decode_lookup_request(body: bytes) -> m.Request:
         except UnicodeDecodeError:
             raise MalformedFrame("malformed LOOKUP: topic name is not valid UTF-8") from None
         position += length
+    if position != len(body):
+        raise MalformedFrame(
+            f"malformed LOOKUP: {len(body) - position} bytes after the end of the request"
+        )
     return m.LookupRequest(tuple(topics))
 
 
