@@ -9,10 +9,11 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+import headwater
 from headwater.wire import messages as m
 from headwater.wire.errors import ErrorCode
 from tests.support.secure import SecureServer, secure_server
-from tests.test_hostile import ATTACK_SECONDS, NormalClient, under_attack
+from tests.test_hostile import ATTACK_SECONDS, Attack, NormalClient, under_attack
 
 
 @pytest.fixture(scope="module")
@@ -49,3 +50,24 @@ async def test_pre_auth_frames_of_every_request_type_cost_only_their_header(
         expected = too_large if int(key) == m.ApiKey.AUTHENTICATE else required
         assert code == int(expected), (key, result)
     assert len(per_key) >= 10, json.dumps(result)  # most types answered at least once
+
+
+async def test_anonymous_sockets_leave_room_for_a_token_holder(guarded: SecureServer) -> None:
+    """10,000 silent sockets from one address (127.0.0.2), reopened as they are closed, while a
+    token holder opens 50 connections from another: all 50 succeed. Before the fix the silent
+    sockets held every slot of max_connections (1,000 here) and the token holder was refused
+    TOO_MANY_CONNECTIONS."""
+    token = guarded.token("holder", "all:*")
+    attack = Attack("anonymous", guarded.address, "60", "10000", "127.0.0.2")
+    connected = 0
+    try:
+        await attack.started(timeout=120)
+        for _ in range(50):
+            assert attack.running(), attack.output()
+            async with await headwater.connect(guarded.address, token=token) as client:
+                await client.list_topics()
+            connected += 1
+    finally:
+        attack.kill()
+    assert connected == 50
+    assert "Traceback" not in guarded.process.log()

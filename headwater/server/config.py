@@ -66,8 +66,15 @@ class SecurityConfig:
     max_connections_per_principal: int = 1_000  # past it: TOO_MANY_CONNECTIONS
     produce_bytes_per_second: int = 0  # past it: THROTTLE push and reads paused
     consume_bytes_per_second: int = 0  # past it: deliveries paused
-    # Failed AUTHENTICATEs per source address per minute; past it every attempt is refused.
+    # Failed AUTHENTICATEs per (source address, token id) per minute (ten times that per address,
+    # whatever the ids); past it a failure is answered after a second. A valid token never waits.
     auth_failures_per_minute: int = 10
+    # Connections that have not authenticated yet, in all (0: a quarter of server.max_connections;
+    # the rest is kept for authenticated ones) and per source address; past either a new
+    # connection gets TOO_MANY_CONNECTIONS. Each has handshake_timeout seconds to authenticate.
+    max_unauthenticated_connections: int = 0
+    max_unauthenticated_per_address: int = 32
+    handshake_timeout: float = 5.0
 
 
 @dataclass(frozen=True, slots=True)

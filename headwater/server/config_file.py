@@ -134,9 +134,19 @@ def _check_security(config: ServerConfig, where: str) -> None:
             f"{where}: security.tls_client_ca needs auth_tokens (certificate principals' grants "
             "are entries of the tokens file)"
         )
-    for name in ("max_connections_per_principal", "auth_failures_per_minute"):
+    for name in (
+        "max_connections_per_principal",
+        "auth_failures_per_minute",
+        "max_unauthenticated_per_address",
+        "handshake_timeout",
+    ):
         if getattr(security, name) <= 0:
             raise ConfigError(f"{where}: security.{name} must be positive")
+    if security.max_unauthenticated_connections < 0:
+        raise ConfigError(
+            f"{where}: security.max_unauthenticated_connections must be >= 0 (0: a quarter of "
+            "server.max_connections)"
+        )
     for name in ("produce_bytes_per_second", "consume_bytes_per_second"):
         if getattr(security, name) < 0:
             raise ConfigError(f"{where}: security.{name} must be >= 0 (0: unlimited)")

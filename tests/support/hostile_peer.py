@@ -11,6 +11,8 @@ the test measures. Attacks:
 - `partial N`: keep N connections each inside an incomplete frame, replacing the closed ones;
 - `flood TOPIC`: fire-and-forget PRODUCEs of one tiny record in 4 MiB writes, nonstop;
 - `badframes N`: N frames with an unknown api key, in large writes, answers read and dropped;
+- `anonymous N SOURCE`: hold N silent connections from the source address SOURCE (e.g.
+  127.0.0.2), reopening each as soon as the server answers or closes it;
 - `preauth`: on a server with authentication, one connection after another sends, without
   authenticating, a frame of `MAX_FRAME_SIZE` of each request type in turn, its body the worst
   the type allows (an array of millions of empty elements where it has one), and reads the answer.
@@ -21,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import select
+import selectors
 import socket
 import struct
 import sys
@@ -279,6 +282,49 @@ def preauth(address: str, seconds: float) -> dict[str, object]:
     return {"codes": dict(codes), "per_key": per_key, "unanswered": unanswered}
 
 
+def anonymous(address: str, seconds: float, count: int, source: str) -> dict[str, object]:
+    host, port = address.rsplit(":", 1)
+    selector = selectors.DefaultSelector()  # epoll: thousands of sockets, past select's 1024
+    codes: Counter[int] = Counter()
+    opened = failed = 0
+    live = 0
+
+    def fill() -> None:
+        nonlocal opened, failed, live
+        while live < count:
+            try:
+                sock = socket.create_connection(
+                    (host, int(port)), timeout=10, source_address=(source, 0)
+                )
+            except OSError:
+                failed += 1
+                return
+            sock.setblocking(False)
+            selector.register(sock, selectors.EVENT_READ)
+            live += 1
+            opened += 1
+
+    fill()
+    deadline = started(seconds)
+    while time.monotonic() < deadline:
+        for key, _ in selector.select(0.2):
+            sock = key.fileobj
+            assert isinstance(sock, socket.socket)
+            try:
+                data = sock.recv(65536)
+            except OSError:
+                data = b""
+            if data:
+                error_codes(data, FrameDecoder(), codes)
+            selector.unregister(sock)
+            sock.close()
+            live -= 1
+        fill()
+    for key in list(selector.get_map().values()):
+        key.fileobj.close()  # type: ignore[union-attr]
+    return {"opened": opened, "failed": failed, "codes": dict(codes)}
+
+
 def main() -> None:
     attack, address, duration, *args = sys.argv[1:]
     seconds = float(duration)
@@ -294,6 +340,8 @@ def main() -> None:
         result = flood(address, seconds, args[0])
     elif attack == "badframes":
         result = badframes(address, seconds, int(args[0]))
+    elif attack == "anonymous":
+        result = anonymous(address, seconds, int(args[0]), args[1])
     elif attack == "preauth":
         result = preauth(address, seconds)
     else:

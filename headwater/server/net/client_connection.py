@@ -46,6 +46,7 @@ from typing import Final, cast
 import structlog
 
 from headwater.server.config import ServerConfig
+from headwater.server.net.admission import Admission
 from headwater.server.net.guard import Guarded
 from headwater.server.net.traffic import TrafficStats
 from headwater.server.ops.logs import ProtocolErrorLog
@@ -103,12 +104,17 @@ class Shared:
     inflater: Executor | None = None  # None: inflate on the loop (tests, embedders)
     protocol_errors: ProtocolErrorLog = field(default_factory=ProtocolErrorLog)
     security: Security | None = None  # None: no authentication (the embedded loopback default)
+    admission: Admission | None = None  # with security: connections waiting to authenticate
     tls: ServerTls | None = None  # None: plaintext
     traffic: TrafficStats = field(default_factory=TrafficStats)  # for server.ops.metrics
 
 
 class Connection(Guarded, asyncio.Protocol):
-    def __init__(self, broker: Broker, config: ServerConfig, shared: Shared) -> None:
+    def __init__(
+        self, broker: Broker, config: ServerConfig, shared: Shared, admitted: str | None = None
+    ) -> None:
+        """`admitted`: the source address `shared.admission` counts this connection under until
+        it authenticates or closes."""
         self._broker = broker
         self._config = config
         self._shared = shared
@@ -137,12 +143,15 @@ class Connection(Guarded, asyncio.Protocol):
         self._security = shared.security
         self.auth: Session | None = None
         self.peercert: object = None
+        self._admitted = admitted
+        self.opened = False  # connection_made ran (a TLS handshake may fail before it)
         self._held = False  # over the produce quota: not read until the debt is paid
         self._consume_held = False  # over the consume quota: no deliveries for a while
 
     # asyncio callbacks
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.opened = True
         self._transport = cast(asyncio.Transport, transport)
         self._transport.set_write_buffer_limits(
             high=min(self._config.consumer_write_buffer, self._config.max_pending_response_bytes)
@@ -188,6 +197,7 @@ class Connection(Guarded, asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._shared.connections.discard(self)
+        self._leave_admission()
         if self._security is not None:
             self._security.release(self)
         for consumer in list(self.consumers.values()):
@@ -298,8 +308,13 @@ class Connection(Guarded, asyncio.Protocol):
             if self._security is not None or type(request) is m.AuthenticateRequest:
                 early = self._guard(request)
                 if early is not None:
-                    if self.auth is not None and type(request) is m.AuthenticateRequest:
-                        self._authenticated()
+                    if type(request) is m.AuthenticateRequest:
+                        if self.auth is not None:
+                            self._authenticated()
+                        elif isinstance(early, Waiting):
+                            # a failure answered after a delay, then the connection closes:
+                            # nothing more is read meanwhile
+                            self._inflating = True
                     self._answer(header, early)
                     return
             if type(request) is m.ProduceRequest and is_compressed(request.batch):
@@ -370,8 +385,15 @@ class Connection(Guarded, asyncio.Protocol):
         self._update_reading()
 
     def _authenticated(self) -> None:
-        """AUTHENTICATE succeeded: frames up to the server's own limit are read from now on."""
+        """AUTHENTICATE succeeded: frames up to the server's own limit are read from now on, and
+        the connection no longer counts as waiting to authenticate."""
         self._decoder.max_frame_size = self._config.max_frame_size
+        self._leave_admission()
+
+    def _leave_admission(self) -> None:
+        address, self._admitted = self._admitted, None
+        if address is not None and self._shared.admission is not None:
+            self._shared.admission.release(address)
 
     def _rejected(self, event: FrameRejected) -> None:
         header = event.header
@@ -399,6 +421,8 @@ class Connection(Guarded, asyncio.Protocol):
             response = await pending
         except Exception as exc:
             self._refuse(header, exc)
+            if isinstance(exc, AuthenticationFailed):
+                self.close()
             return
         self._shared.traffic.produced(started, response)
         self._respond(header, response)
