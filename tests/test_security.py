@@ -519,3 +519,39 @@ async def test_before_authentication_frames_are_small_and_only_the_handshake_is_
         assert isinstance(await peer.call(m.ProduceRequest("big", 0, batch)), m.ProduceResponse)
         await peer.close()
         assert (await admin.describe_topic("big")).messages_in == 1
+
+
+async def test_lookup_and_server_info_tell_a_principal_nothing_beyond_its_grants(
+    secure: SecureServer,
+) -> None:
+    """LOOKUP answers a topic without a grant exactly as one that does not exist; SERVER_INFO
+    (server-wide counts, the data directory) takes admin:* (before the fix both answered)."""
+    async with await headwater.connect(secure.address, token=secure.admin) as admin:
+        await admin.create_topic("alice.payroll-2026", partitions=3, dispatch="non-reliable")
+        await admin.create_topic("bob.inbox", dispatch="non-reliable")
+    peer = await RawPeer.open(secure.address)
+    token = secure.token("bob", "consume:bob.*")
+    assert isinstance(
+        await peer.call(m.AuthenticateRequest("token", token.encode())), m.AuthenticateResponse
+    )
+    answer = await peer.call(m.LookupRequest(("alice.payroll-2026", "alice.nothing", "bob.inbox")))
+    assert isinstance(answer, m.LookupResponse), answer
+    hidden, missing, own = answer.topics
+    assert hidden == m.LookupTopic.unknown("alice.payroll-2026")
+    assert missing == m.LookupTopic.unknown("alice.nothing")
+    assert (hidden.error_code, hidden.error_message[-15:]) == (
+        missing.error_code,
+        missing.error_message[-15:],
+    )
+    assert own.error_code == 0 and len(own.partitions) == 1
+    refused = await peer.call(m.ServerInfoRequest())
+    assert isinstance(refused, NotAuthorized), refused
+    assert "admin:*" in refused.message
+    await peer.close()
+    narrow = await headwater.connect(secure.address, token=secure.token("ops", "admin:bob.*"))
+    with pytest.raises(NotAuthorized):
+        await narrow.server_info()
+    await narrow.close()
+    async with await headwater.connect(secure.address, token=secure.admin) as admin:
+        info = await admin.server_info()
+        assert info.topic_count == 2

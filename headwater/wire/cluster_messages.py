@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from headwater.wire.errors import ErrorCode
+
 __all__ = [
     "LookupBroker",
     "LookupPartition",
@@ -44,6 +46,12 @@ class LookupTopic:
     error_code: int  # 0, or the error for this topic alone (UNKNOWN_TOPIC, ...)
     error_message: str
     partitions: tuple[LookupPartition, ...]
+
+    @classmethod
+    def unknown(cls, name: str) -> LookupTopic:
+        """The answer for a topic that does not exist, or that the principal has no grant on:
+        the same bytes, so the answer does not tell which."""
+        return cls(name, ErrorCode.UNKNOWN_TOPIC, f"topic {name!r} does not exist", ())
 
 
 @dataclass(frozen=True, slots=True)

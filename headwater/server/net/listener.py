@@ -175,6 +175,7 @@ class Listener:
         broker = self._broker
         assert broker is not None
         tls = self.shared.tls
+        peer = _peer(sock)  # now: once the handshake failed, the socket may be closed
         made: list[Connection] = []
 
         def connection() -> Connection:
@@ -191,7 +192,7 @@ class Listener:
         except OSError as exc:  # the client left (or fds ran out, or TLS failed) meanwhile
             if tls is not None:
                 self.shared.protocol_errors.note(
-                    self._loop.time(), _peer(sock), True, "conn.tls_failed", error=str(exc)
+                    self._loop.time(), peer, True, "conn.tls_failed", error=str(exc)
                 )
             log.debug("conn.setup_failed", error=str(exc))
             sock.close()

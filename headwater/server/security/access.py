@@ -38,6 +38,7 @@ from headwater.server.requests.reply import AfterWork, Reply, Waiting
 from headwater.server.security.authz import (
     ANY_GRANT,
     ANYONE,
+    EVERY_TOPIC,
     OWNER_OR_ADMIN,
     Action,
     Grant,
@@ -320,6 +321,11 @@ class Security:
         if need is ANYONE:
             return
         if isinstance(need, Action):
+            if topic == EVERY_TOPIC and not _everywhere(session.grants, need):
+                raise NotAuthorized(
+                    f"principal {session.principal!r} may not ask for server-wide information: "
+                    f"it takes {need.value} on every topic ({need.value}:*)"
+                )
             if not session.allows(need, topic):
                 raise NotAuthorized(
                     f"principal {session.principal!r} may not {need.value} on topic {topic!r}"
@@ -361,6 +367,16 @@ class Security:
         if kind is m.ListTopicsRequest and isinstance(result, m.ListTopicsResponse):
             return m.ListTopicsResponse(
                 tuple(t for t in result.topics if may_see(session.grants, t.name))
+            )
+        if kind is m.LookupRequest and isinstance(result, m.LookupResponse):
+            # a topic without a grant is answered as one that does not exist: nothing tells
+            # whether it does, nor how many partitions it has
+            return m.LookupResponse(
+                result.brokers,
+                tuple(
+                    t if may_see(session.grants, t.name) else m.LookupTopic.unknown(t.name)
+                    for t in result.topics
+                ),
             )
         if kind is m.ListSubscriptionsRequest and isinstance(result, m.ListSubscriptionsResponse):
             return m.ListSubscriptionsResponse(
@@ -457,6 +473,10 @@ class Security:
             session.consume_rate = fresh.consume_rate
         if len(self._failures) > 1000:
             self._prune(time.monotonic())
+
+
+def _everywhere(grants: Iterable[Grant], action: Action) -> bool:
+    return any(grant.action is action and grant.pattern == EVERY_TOPIC for grant in grants)
 
 
 def _token_id(request: m.AuthenticateRequest) -> str:
