@@ -49,10 +49,12 @@ from headwater.wire import messages as m
 from headwater.wire.errors import (
     ErrorCode,
     InvalidRequest,
+    InvalidTopicName,
     NotSupported,
     UnknownProducerId,
     UnknownTopic,
 )
+from headwater.wire.names import is_dead_letter_name
 from headwater.wire.protocol import SUPPORTED_VERSIONS
 from headwater.wire.records import (
     BatchInfo,
@@ -264,6 +266,11 @@ class Broker:
     # Admin
 
     def create_topic(self, session: Session, request: m.CreateTopicRequest) -> Reply:
+        if is_dead_letter_name(request.name):  # only the server creates these (deadletter)
+            raise InvalidTopicName(
+                f"topic name {request.name!r} is reserved: a name ending -<16 hex digits>-DLQ "
+                "is a dead-letter topic's, which the server creates on first use"
+            )
         return AfterWork(self._create_topic(request))
 
     async def _create_topic(self, request: m.CreateTopicRequest) -> Reply:
