@@ -106,6 +106,11 @@ class ServerConfig:
     # Non-reliable: messages a subscription holds while its consumers have no credit. Past it,
     # new messages are dropped and counted, so a slow consumer costs bounded memory.
     subscription_backlog: int = 10_000
+    # ... and bytes of batches it holds (one batch is always let into an empty backlog).
+    subscription_backlog_bytes: int = 64 * 1024 * 1024
+    # Bytes every such backlog together may hold (server/memory_budget.py); past it batches are
+    # dropped (MESSAGES_DROPPED). 0: a quarter of the machine's memory.
+    memory_max_bytes: int = 0
     # Bytes queued on a consumer's socket before the server stops sending to it (asyncio's
     # write-buffer high-water mark); resumes at a quarter of it.
     consumer_write_buffer: int = 4 * 1024 * 1024

@@ -69,6 +69,7 @@ def load_config(path: Path) -> ServerConfig:
 _POSITIVE = (
     "max_frame_size",
     "max_connections",
+    "subscription_backlog_bytes",
     "max_consumers_per_subscription",
     "max_consumers_per_connection",
     "max_decompressed_batch",
@@ -95,6 +96,10 @@ def check(config: ServerConfig, where: str = "config") -> None:
         value = getattr(config, name)
         if value <= 0:
             raise ConfigError(f"{where}: server.{name} must be positive, not {value!r}")
+    if config.memory_max_bytes < 0:
+        raise ConfigError(
+            f"{where}: server.memory_max_bytes must be >= 0 (0: a quarter of the machine's memory)"
+        )
     if config.http_port is not None and not 0 <= config.http_port < 65536:
         raise ConfigError(f"{where}: server.http_port must be 0..65535, not {config.http_port}")
     _check_security(config, where)

@@ -110,6 +110,8 @@ class ServerInfoResponse:
     subscription_count: int
     data_dir: str
     data_dir_bytes: int  # bytes of the files under the data directory
+    memory_budget_bytes: int = 0  # memory_max_bytes: what client backlogs may hold in all
+    memory_used_bytes: int = 0  # what they hold now
 
 
 @dataclass(frozen=True, slots=True)

@@ -99,6 +99,10 @@ class Listener:
     def connections(self) -> set[Connection]:
         return self.shared.connections
 
+    @property
+    def broker(self) -> Broker | None:
+        return self._broker
+
     def bind(self) -> int:
         """Bind and listen on every address of `config.host`; returns the bound port."""
         try:

@@ -32,6 +32,7 @@ from headwater.wire.messages import DispatchMode, SubscriptionInfo, Subscription
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
+    from headwater.server.memory_budget import MemoryBudget
     from headwater.server.net.listener import Listener
     from headwater.server.net.traffic import TrafficStats
     from headwater.server.topics.catalog import TopicCatalog
@@ -100,6 +101,11 @@ class ServerState:
 
     def topics(self) -> dict[str, Topic]:
         return self.catalog.topics if self.catalog is not None else {}
+
+    def memory(self) -> MemoryBudget | None:
+        """The memory budget, once the broker exists."""
+        broker = self.listener.broker
+        return broker.memory if broker is not None else None
 
     # Readiness
 

@@ -80,9 +80,10 @@ class Broker:
         self.ownership: Ownership = ownership or SingleBroker(
             BrokerAddress("local", config.host, config.port)
         )
-        self.admin = AdminHandlers(catalog, config.data_dir, connections)
-        self.maps = MapHandlers(catalog)
         self.consumers = ConsumerHandlers(config, catalog)
+        self.memory = self.consumers.memory  # the server's memory budget (server info, metrics)
+        self.admin = AdminHandlers(catalog, config.data_dir, connections, self.memory)
+        self.maps = MapHandlers(catalog)
         self.gate: Ownership | None = None  # a cluster's ownership (enter_cluster)
         self.cluster: Any = None
         consumers = self.consumers

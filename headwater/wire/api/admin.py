@@ -147,6 +147,8 @@ APIS: Final = (
             "subscription_count" / Int32sb,
             "data_dir" / String,
             "data_dir_bytes" / Int64sb,
+            "memory_budget_bytes" / Int64sb,
+            "memory_used_bytes" / Int64sb,
         ),
     ),
     Api(
