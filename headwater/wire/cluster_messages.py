@@ -11,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from headwater.wire.errors import ErrorCode
+from headwater.wire.limits import MAX_TOPIC_NAME_LENGTH
+
+_MAX_QUOTED = MAX_TOPIC_NAME_LENGTH + 1
 
 __all__ = [
     "LookupBroker",
@@ -51,7 +54,9 @@ class LookupTopic:
     def unknown(cls, name: str) -> LookupTopic:
         """The answer for a topic that does not exist, or that the principal has no grant on:
         the same bytes, so the answer does not tell which."""
-        return cls(name, ErrorCode.UNKNOWN_TOPIC, f"topic {name!r} does not exist", ())
+        # a name longer than any topic's is cut in the message: it must fit its uint16 length
+        shown = name if len(name) <= _MAX_QUOTED else name[:_MAX_QUOTED] + "..."
+        return cls(name, ErrorCode.UNKNOWN_TOPIC, f"topic {shown!r} does not exist", ())
 
 
 @dataclass(frozen=True, slots=True)

@@ -147,7 +147,8 @@ class FrameDecoder:
             end = position + SIZE.size + size
             if end > available:
                 break
-            body = bytes(buffer[position + SIZE.size + HEADER_SIZE : end])
+            with memoryview(buffer) as view:  # one copy of the body, not two
+                body = bytes(view[position + SIZE.size + HEADER_SIZE : end])
             events.append(Frame(header, body))
             position = end
         if position:

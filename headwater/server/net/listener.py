@@ -131,12 +131,14 @@ class Listener:
             )
             self.shared.admission = Admission(total, security.max_unauthenticated_per_address)
         self._spare = _open_spare()
+        self.shared.loop_lag.start()
         assert self._acceptor is not None, "bind first"
         self._acceptor.start()
         self._sweeper = self._loop.call_later(self._sweep_every, self._sweep)
 
     def close(self) -> None:
         """Stop accepting (existing connections stay until `shutdown_connections`)."""
+        self.shared.loop_lag.close()
         if self._acceptor is not None:
             self._acceptor.close()
         if self._sweeper is not None:

@@ -81,6 +81,12 @@ class HeadwaterCollector(Collector):
         yield CounterMetricFamily(
             "headwater_wal_fsyncs", "WAL fsyncs made since start-up", value=FSYNC_SECONDS.count
         )
+        lag = HistogramMetricFamily(
+            "headwater_event_loop_lag_seconds",
+            "How late the event loop's 10 ms timer fired: how long something held the loop",
+        )
+        _histogram(lag, [], state.listener.shared.loop_lag.histogram)
+        yield lag
         memory = state.memory()
         if memory is not None:
             yield GaugeMetricFamily(
