@@ -378,3 +378,14 @@ async def test_every_request_array_is_refused_past_its_maximum_before_parsing(
             assert what.split()[0] in error.message and str(limit) in error.message, error
     await peer.close()
     await _still_serves(server)
+
+
+async def test_map_get_of_no_keys_is_refused(server: ServerProcess) -> None:
+    """docs/PROTOCOL.md says 1..1000 keys; a get of none was answered with no entries."""
+    async with await headwater.connect(server.address) as client:
+        await client.create_topic("lv-empty", dispatch="reliable", configs={"last.value": "true"})
+        assert await client.map("lv-empty").get_many([]) == []  # the client asks nothing
+    peer = await RawPeer.open(server.address)
+    error = _error(await peer.call(m.MapGetRequest("lv-empty", ())))
+    assert error.code == ErrorCode.INVALID_REQUEST and "1..1000 keys" in error.message
+    await peer.close()
