@@ -21,6 +21,7 @@ from headwater.wire.errors import (
     UnknownTopic,
     WrongPartition,
 )
+from headwater.wire.names import dead_letter_topic
 from headwater.wire.protocol import decode_push, decode_response, encode_request
 from headwater.wire.records import build_batch
 from tests.support.helpers import drain
@@ -370,7 +371,7 @@ async def test_dead_letter_topic_does_not_inherit_last_value(
         await producer.close()
         message = await consumer.receive(timeout=30)
         await message.nack()
-        dlq = f"{topic_name}-s-DLQ"
+        dlq = dead_letter_topic(topic_name, "s")
         deadline = asyncio.get_running_loop().time() + 10
         while dlq not in [t.name for t in await client.list_topics()]:
             assert asyncio.get_running_loop().time() < deadline, "never dead-lettered"

@@ -133,8 +133,8 @@ class NormalClient:
         self.producer = producer
 
     @classmethod
-    async def open(cls, address: str, topic: str) -> NormalClient:
-        client = await headwater.connect(address)
+    async def open(cls, address: str, topic: str, token: str | None = None) -> NormalClient:
+        client = await headwater.connect(address, token=token)
         await client.create_topic(topic, dispatch="non-reliable")
         consumer = await client.subscribe(topic, "normal")
         producer = client.producer(topic, linger=0.0)

@@ -18,6 +18,7 @@ from headwater.storage.state import StateStore
 from headwater.testing import ServerProcess
 from headwater.wire import messages as m
 from headwater.wire.errors import InvalidRequest, UnknownSubscription
+from headwater.wire.names import dead_letter_topic
 from headwater.wire.records import build_batch, read_records
 from tests.support.helpers import HANG, drain, eventually, nothing_at_hand, subscription_info
 
@@ -165,12 +166,13 @@ async def test_max_deliveries_moves_to_the_dead_letter_topic(
 
     await eventually(settled, what="the poison dead-lettered and nothing pending")
     await nothing_at_hand(consumer)  # the poison was not delivered a fourth time
-    dlq = f"{topic_name}-dlq-DLQ"
+    dlq = dead_letter_topic(topic_name, "dlq")
     dead = await client.subscribe(dlq, "inspect", start="earliest")
     (message,) = await drain(dead, 1)
     headers = dict(message.headers)
     assert (message.key, message.value) == (b"k", b"poison")
     assert headers["headwater.dlq.topic"] == topic_name.encode()
+    assert headers["headwater.dlq.subscription"] == b"dlq"
     assert headers["headwater.dlq.offset"] == b"0"
     assert headers["headwater.dlq.deliveries"] == b"3"
 
@@ -467,3 +469,53 @@ async def test_a_fresh_subscription_after_a_restart_is_not_one_disk_read_per_bat
             await catalog.close()
     finally:
         state.close()
+
+
+def test_dead_letter_names_cannot_collide_and_always_end_in_the_suffix() -> None:
+    from headwater.wire.limits import MAX_TOPIC_NAME_LENGTH
+    from headwater.wire.names import check_topic_name, is_dead_letter_name
+
+    assert dead_letter_topic("orders", "bob/sub") != dead_letter_topic("orders", "bob_sub")
+    long_topic = "t" * MAX_TOPIC_NAME_LENGTH
+    names = {dead_letter_topic(long_topic, f"s{i}") for i in range(100)}
+    assert len(names) == 100
+    for name in (*names, dead_letter_topic("orders", "x" * 255)):
+        check_topic_name(name)
+        assert name.endswith("-DLQ") and is_dead_letter_name(name)
+        assert name != long_topic
+    # a dead-letter topic's own dead letters go to yet another topic
+    inner = dead_letter_topic("orders", "s")
+    assert dead_letter_topic(inner, "s") not in (inner, "orders")
+    assert not is_dead_letter_name("orders-DLQ") and not is_dead_letter_name("orders")
+
+
+async def test_subscriptions_whose_names_escape_alike_get_their_own_dead_letter_topics(
+    client: headwater.Client, topic_name: str
+) -> None:
+    """`bob/sub` and `bob_sub` once shared `<topic>-bob_sub-DLQ`: 5 of 5 of one's dead letters
+    landed in the other's. Each now has its own, every dead letter names its subscription, and
+    CREATE_TOPIC cannot take a dead-letter name first."""
+    from headwater.wire.errors import InvalidTopicName
+
+    await client.create_topic(topic_name, dispatch="reliable")
+    with pytest.raises(InvalidTopicName, match="reserved"):
+        await client.create_topic(dead_letter_topic(topic_name, "bob/sub"), dispatch="reliable")
+    consumers = {
+        name: await client.subscribe(
+            topic_name, name, max_deliveries=1, backoff="fixed", backoff_initial=0.01
+        )
+        for name in ("bob/sub", "bob_sub")
+    }
+    await produce(client, topic_name, [b"poison"])
+    for consumer in consumers.values():
+        message = await consumer.receive(timeout=5)
+        await message.nack()
+    for name in consumers:
+        dlq = dead_letter_topic(topic_name, name)
+        deadline = asyncio.get_running_loop().time() + 20
+        while dlq not in [t.name for t in await client.list_topics()]:
+            assert asyncio.get_running_loop().time() < deadline, f"{name} never dead-lettered"
+            await asyncio.sleep(0.05)
+        dead = await client.subscribe(dlq, "inspect", start="earliest")
+        (message,) = await drain(dead)
+        assert dict(message.headers)["headwater.dlq.subscription"] == name.encode()

@@ -286,3 +286,74 @@ def test_map_set_response_fast_path_matches_schema(response: m.MapSetResponse, c
     assert encode_map_set_response(cid, response)[16:] == SCHEMAS[m.ApiKey.MAP_SET][1].build(
         response
     )
+
+
+@given(
+    st.one_of(
+        st.builds(m.SubscribeRequest, names, names, i8, names, i32, i32, settings),
+        st.builds(
+            m.SubscribeRequest,
+            names,
+            names,
+            i8,
+            names,
+            i32,
+            i32,
+            settings,
+            st.lists(i32, max_size=5).map(tuple),
+        ),
+        st.builds(m.AckRequest, i32, acks, i8),
+        st.builds(m.NackRequest, i32, acks, i32),
+    )
+)
+def test_consume_fast_paths_match_their_schemas(request: m.Request) -> None:
+    from headwater.wire.protocol import APIS, REQUEST_API_KEYS
+
+    api = APIS[REQUEST_API_KEYS[type(request)]]
+    body = api.request.build(request)
+    assert api.decode_request is not None
+    assert api.decode_request(body) == api.request.parse(body) == request
+
+
+@given(
+    st.sampled_from([m.ApiKey.SUBSCRIBE, m.ApiKey.ACK, m.ApiKey.NACK]),
+    st.binary(max_size=96),
+)
+def test_consume_fast_paths_reject_what_their_schemas_reject(key: int, body: bytes) -> None:
+    from headwater.wire.api.base import parse_request
+    from headwater.wire.protocol import APIS
+
+    api = APIS[key]
+    assert api.decode_request is not None
+    try:
+        expected: Any = parse_request(api.request, body, "request")
+    except HeadwaterError:
+        expected = None
+    try:
+        actual: Any = api.decode_request(body)
+    except HeadwaterError:
+        actual = None
+    assert actual == expected
+
+
+def test_trailing_bytes_after_a_request_are_refused() -> None:
+    from headwater.wire.errors import MalformedFrame
+
+    for request in (
+        m.CreateTopicRequest("t"),
+        m.MapGetRequest("t", (b"k",)),
+        m.SubscribeRequest("t", "s", 0, "c"),
+        m.AckRequest(1, (m.AckEntry(0, 1),)),
+        m.LookupRequest(("t",)),
+    ):
+        frame = _one_frame(encode_request(request, 1))
+        assert decode_request(frame.header, frame.body) == request
+        data = bytearray(encode_request(request, 1) + b"\x00")
+        data[0:4] = (len(data) - 4).to_bytes(4, "big")
+        padded = _one_frame(bytes(data))
+        try:
+            decode_request(padded.header, padded.body)
+        except MalformedFrame as exc:
+            assert "after the" in exc.message, exc.message
+        else:
+            raise AssertionError(f"{type(request).__name__} with a trailing byte was accepted")

@@ -251,6 +251,8 @@ def server_info_record(info: ServerInfoResponse) -> dict[str, Any]:
         "subscriptions": info.subscription_count,
         "data_dir": info.data_dir,
         "data_dir_bytes": info.data_dir_bytes,
+        "memory_budget_bytes": info.memory_budget_bytes,
+        "memory_used_bytes": info.memory_used_bytes,
     }
 
 
@@ -266,6 +268,9 @@ def server_info_text(info: ServerInfoResponse) -> str:
             f"subscriptions: {info.subscription_count}",
             f"data dir: {info.data_dir}",
             f"data dir usage: {info.data_dir_bytes} bytes ({info.data_dir_bytes / 1e6:,.1f} MB)",
+            f"memory budget: {info.memory_used_bytes} of {info.memory_budget_bytes} bytes "
+            f"held for consumers ({info.memory_used_bytes / 1e6:,.1f} of "
+            f"{info.memory_budget_bytes / 1e6:,.1f} MB)",
         ]
     )
 

@@ -99,14 +99,13 @@ class Map:
         return result
 
     async def get_many(self, keys: Iterable[str | bytes]) -> list[MapValue | None]:
+        wanted = [_bytes(k) for k in keys]
+        if not wanted:  # the server takes 1..1000 keys a request
+            return []
         routes = self._routed()
         if routes is not None:
-            return [
-                _value(e) for e in await routes.get([_bytes(k) for k in keys], self._connection)
-            ]
-        response = await self._connection.request(
-            m.MapGetRequest(self.topic, tuple(_bytes(k) for k in keys))
-        )
+            return [_value(e) for e in await routes.get(wanted, self._connection)]
+        response = await self._connection.request(m.MapGetRequest(self.topic, tuple(wanted)))
         assert isinstance(response, m.MapGetResponse)
         return [_value(entry) for entry in response.entries]
 

@@ -10,10 +10,12 @@ tests/test_layers.py):
     catalog                     every topic's files, state and lifecycle
     subscriptions   schemas     delivery; topic schemas
     topics                      topics and partitions: the produce and read paths
-    (this folder)               config, config_file, logs, build_info, reply, topic_turns
+    (this folder)               config, logs, reply, topic_turns, memory_budget, loop_lag...
 
 The modules of this folder are what every package may use: `config` (frozen dataclasses of the
-configuration) and `config_file` (loading it from TOML), `logs` (structlog setup), `build_info`
-(the version), `reply` (what a handler answers and what the answer waits for) and `topic_turns`
-(per-topic turns that keep operations on a topic in order). `serve` sits on top of everything.
-Nothing imports this package except the `headwater serve` command (`headwater.cli.main`)."""
+configuration) and `config_file` (loading it from TOML), `logs` (structlog setup), `build_info` (the
+version), `reply` (what a handler answers and what the answer waits for), `topic_turns` (per-topic
+turns that keep operations on a topic in order), `memory_budget` (the bytes client backlogs may
+hold, per subscription and in all) and `loop_lag` (how long the event loop is held). `serve` sits on
+top of everything. Nothing imports this package except the `headwater serve` command
+(`headwater.cli.main`)."""

@@ -66,8 +66,15 @@ class SecurityConfig:
     max_connections_per_principal: int = 1_000  # past it: TOO_MANY_CONNECTIONS
     produce_bytes_per_second: int = 0  # past it: THROTTLE push and reads paused
     consume_bytes_per_second: int = 0  # past it: deliveries paused
-    # Failed AUTHENTICATEs per source address per minute; past it every attempt is refused.
+    # Failed AUTHENTICATEs per (source address, token id) per minute (ten times that per address,
+    # whatever the ids); past it a failure is answered after a second. A valid token never waits.
     auth_failures_per_minute: int = 10
+    # Connections that have not authenticated yet, in all (0: a quarter of server.max_connections;
+    # the rest is kept for authenticated ones) and per source address; past either a new
+    # connection gets TOO_MANY_CONNECTIONS. Each has handshake_timeout seconds to authenticate.
+    max_unauthenticated_connections: int = 0
+    max_unauthenticated_per_address: int = 32
+    handshake_timeout: float = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +106,11 @@ class ServerConfig:
     # Non-reliable: messages a subscription holds while its consumers have no credit. Past it,
     # new messages are dropped and counted, so a slow consumer costs bounded memory.
     subscription_backlog: int = 10_000
+    # ... and bytes of batches it holds (one batch is always let into an empty backlog).
+    subscription_backlog_bytes: int = 64 * 1024 * 1024
+    # Bytes every such backlog together may hold (server/memory_budget.py); past it batches are
+    # dropped (MESSAGES_DROPPED). 0: a quarter of the machine's memory.
+    memory_max_bytes: int = 0
     # Bytes queued on a consumer's socket before the server stops sending to it (asyncio's
     # write-buffer high-water mark); resumes at a quarter of it.
     consumer_write_buffer: int = 4 * 1024 * 1024

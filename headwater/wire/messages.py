@@ -11,6 +11,12 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from headwater.wire.errors import ErrorCode
+from headwater.wire.limits import MAX_TOPIC_NAME_LENGTH
+
+# LookupTopic.unknown quotes a name in its message: at most one byte past any topic name's
+_MAX_QUOTED = MAX_TOPIC_NAME_LENGTH + 1
+
 
 class ApiKey(enum.IntEnum):
     PRODUCE = 0
@@ -511,6 +517,8 @@ class ServerInfoResponse:
     subscription_count: int
     data_dir: str
     data_dir_bytes: int  # bytes of the files under the data directory
+    memory_budget_bytes: int = 0  # memory_max_bytes: what client backlogs may hold in all
+    memory_used_bytes: int = 0  # what they hold now
 
 
 @dataclass(frozen=True, slots=True)
@@ -551,6 +559,14 @@ class LookupTopic:
     error_code: int  # 0, or the error for this topic alone (UNKNOWN_TOPIC, ...)
     error_message: str
     partitions: tuple[LookupPartition, ...]
+
+    @classmethod
+    def unknown(cls, name: str) -> LookupTopic:
+        """The answer for a topic that does not exist, or that the principal has no grant on:
+        the same bytes, so the answer does not tell which."""
+        # a name longer than any topic's is cut in the message: it must fit its uint16 length
+        shown = name if len(name) <= _MAX_QUOTED else name[:_MAX_QUOTED] + "..."
+        return cls(name, ErrorCode.UNKNOWN_TOPIC, f"topic {shown!r} does not exist", ())
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,13 +10,20 @@ the test measures. Attacks:
 - `idle N`: open N connections and send nothing;
 - `partial N`: keep N connections each inside an incomplete frame, replacing the closed ones;
 - `flood TOPIC`: fire-and-forget PRODUCEs of one tiny record in 4 MiB writes, nonstop;
-- `badframes N`: N frames with an unknown api key, in large writes, answers read and dropped.
+- `badframes N`: N frames with an unknown api key, in large writes, answers read and dropped;
+- `anonymous N SOURCE`: hold N silent connections from the source address SOURCE (e.g.
+  127.0.0.2), reopening each as soon as the server answers or closes it;
+- `preauth`: on a server with authentication, one connection after another sends, without
+  authenticating, a frame of `MAX_FRAME_SIZE` of each request type in turn, its body the worst
+  the type allows (an array of millions of empty elements where it has one), and reads the answer.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import select
+import selectors
 import socket
 import struct
 import sys
@@ -28,8 +35,9 @@ import cramjam
 import crc32c
 
 from headwater.wire import messages as m
-from headwater.wire.frames import Flags, FrameDecoder
-from headwater.wire.protocol import encode_request
+from headwater.wire.frames import Flags, FrameDecoder, frame_prefix
+from headwater.wire.limits import MAX_FRAME_SIZE
+from headwater.wire.protocol import APIS, encode_request
 from headwater.wire.records import Compression, build_batch
 
 ERROR = struct.Struct(">h")
@@ -208,6 +216,115 @@ def badframes(address: str, seconds: float, count: int) -> dict[str, object]:
     return {"codes": dict(codes)}
 
 
+def _topic(name: bytes = b"t") -> bytes:
+    return struct.pack(">H", len(name)) + name
+
+
+def worst_body(api_key: int, size: int) -> bytes:
+    """A request body of `size` bytes: where the request has an array, the array's count and
+    that many of its smallest elements fill it (the most elements a frame can carry)."""
+    n = struct.Struct(">i").pack
+    if api_key in (m.ApiKey.CREATE_TOPIC, m.ApiKey.ALTER_TOPIC_CONFIGS):
+        head = _topic() + (n(1) + b"\x00" if api_key == m.ApiKey.CREATE_TOPIC else b"")
+        count = (size - len(head) - 4) // 4  # a config of two empty names: 4 bytes
+        return head + n(count) + bytes(4 * count)
+    if api_key in (m.ApiKey.ACK, m.ApiKey.NACK):
+        head = n(1) + (b"\x00" if api_key == m.ApiKey.ACK else n(0))
+        count = (size - len(head) - 4) // 12
+        return head + n(count) + bytes(12 * count)
+    if api_key == m.ApiKey.SUBSCRIBE:
+        settings = struct.pack(">bqiibiiBb", 0, 0, 0, 0, 0, 0, 0, 0, 0) + n(0) + n(-1)
+        head = _topic() + _topic(b"s") + b"\x00" + _topic(b"c") + n(0) + n(0) + settings
+        count = (size - len(head) - 4) // 4
+        return head + n(count) + bytes(4 * count)
+    if api_key in (m.ApiKey.MAP_GET, m.ApiKey.MAP_SET):
+        unit = 4 if api_key == m.ApiKey.MAP_GET else 16
+        count = (size - 3 - 4) // unit
+        return _topic() + n(count) + bytes(unit * count)
+    if api_key == m.ApiKey.LOOKUP:
+        count = (size - 4) // 2
+        return n(count) + bytes(2 * count)
+    return bytes(size)
+
+
+def preauth(address: str, seconds: float) -> dict[str, object]:
+    size = MAX_FRAME_SIZE - 10
+    keys = [key for key in APIS if key != m.ApiKey.API_VERSIONS]
+    bodies = {key: worst_body(key, size) for key in keys}
+    codes: Counter[int] = Counter()
+    per_key: dict[str, int] = {}
+    unanswered = 0
+    deadline = started(seconds)
+    while time.monotonic() < deadline:
+        for key in keys:
+            sock = connect(address)
+            # the server answers from the header and closes: the rest is not read
+            with contextlib.suppress(OSError):
+                sock.sendall(frame_prefix(key, 0, 1, 0, size) + bodies[key])
+            decoder = FrameDecoder()
+            got = Counter[int]()
+            try:
+                while not got:
+                    data = sock.recv(65536)
+                    if not data:
+                        break
+                    error_codes(data, decoder, got)
+            except OSError:
+                pass
+            sock.close()
+            if got:
+                codes.update(got)
+                per_key[str(key)] = next(iter(got))
+            else:
+                unanswered += 1
+            if time.monotonic() >= deadline:
+                break
+    return {"codes": dict(codes), "per_key": per_key, "unanswered": unanswered}
+
+
+def anonymous(address: str, seconds: float, count: int, source: str) -> dict[str, object]:
+    host, port = address.rsplit(":", 1)
+    selector = selectors.DefaultSelector()  # epoll: thousands of sockets, past select's 1024
+    codes: Counter[int] = Counter()
+    opened = failed = 0
+    live = 0
+
+    def fill() -> None:
+        nonlocal opened, failed, live
+        while live < count:
+            try:
+                sock = socket.create_connection(
+                    (host, int(port)), timeout=10, source_address=(source, 0)
+                )
+            except OSError:
+                failed += 1
+                return
+            sock.setblocking(False)
+            selector.register(sock, selectors.EVENT_READ)
+            live += 1
+            opened += 1
+
+    fill()
+    deadline = started(seconds)
+    while time.monotonic() < deadline:
+        for key, _ in selector.select(0.2):
+            sock = key.fileobj
+            assert isinstance(sock, socket.socket)
+            try:
+                data = sock.recv(65536)
+            except OSError:
+                data = b""
+            if data:
+                error_codes(data, FrameDecoder(), codes)
+            selector.unregister(sock)
+            sock.close()
+            live -= 1
+        fill()
+    for key in list(selector.get_map().values()):
+        key.fileobj.close()  # type: ignore[union-attr]
+    return {"opened": opened, "failed": failed, "codes": dict(codes)}
+
+
 def main() -> None:
     attack, address, duration, *args = sys.argv[1:]
     seconds = float(duration)
@@ -223,6 +340,10 @@ def main() -> None:
         result = flood(address, seconds, args[0])
     elif attack == "badframes":
         result = badframes(address, seconds, int(args[0]))
+    elif attack == "anonymous":
+        result = anonymous(address, seconds, int(args[0]), args[1])
+    elif attack == "preauth":
+        result = preauth(address, seconds)
     else:
         raise SystemExit(f"unknown attack {attack}")
     print(json.dumps(result), flush=True)

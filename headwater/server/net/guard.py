@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Protocol
 
+from headwater.server.reply import Reply
 from headwater.server.security.access import Security, Session
 from headwater.wire import messages as m
 from headwater.wire.errors import HeadwaterError
@@ -63,7 +64,7 @@ class Guarded:
         self._send_error(0, 0, 0, error)
         self.close()
 
-    def _guard(self: _Host, request: m.Request) -> m.Response | None:
+    def _guard(self: _Host, request: m.Request) -> Reply | None:
         """A response to send instead of the broker's, or None to go on; raises to refuse."""
         security = self._security
         if type(request) is m.AuthenticateRequest:

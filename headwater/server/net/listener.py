@@ -4,7 +4,9 @@ uvloop's `create_server` closes the listening socket for good on an `accept` err
 which locked every client out until a restart. Here an `accepting.Acceptor` accepts by hand, at
 most `ACCEPT_BURST` per wake-up so a connection storm does not hog the loop:
 - past `max_connections`, a new connection gets a TOO_MANY_CONNECTIONS error frame (correlation
-  id 0) and is closed;
+  id 0) and is closed; so does one past the caps on connections waiting to authenticate
+  (`admission`, with authentication on), which keep the rest of `max_connections` for
+  authenticated ones;
 - on EMFILE/ENFILE one spare descriptor, held for this, is released to accept the waiting
   connection and refuse it the same way (so it is not left hanging in the backlog), then taken
   again; if even that fails, accepting pauses for `RETRY_DELAY` and resumes by itself.
@@ -28,6 +30,7 @@ import structlog
 
 from headwater.server.config import ServerConfig
 from headwater.server.net.accepting import Acceptor, ListenError, listen_on
+from headwater.server.net.admission import Admission
 from headwater.server.net.client_connection import Connection, Shared
 from headwater.server.requests.broker import Broker
 from headwater.wire.errors import HeadwaterError, TooManyConnections
@@ -96,6 +99,10 @@ class Listener:
     def connections(self) -> set[Connection]:
         return self.shared.connections
 
+    @property
+    def broker(self) -> Broker | None:
+        return self._broker
+
     def bind(self) -> int:
         """Bind and listen on every address of `config.host`; returns the bound port."""
         try:
@@ -117,13 +124,21 @@ class Listener:
     def start(self, broker: Broker) -> None:
         """Accept connections for `broker`."""
         self._broker = broker
+        if self.shared.security is not None:
+            security = self._config.security
+            total = security.max_unauthenticated_connections or max(
+                1, self._config.max_connections // 4
+            )
+            self.shared.admission = Admission(total, security.max_unauthenticated_per_address)
         self._spare = _open_spare()
+        self.shared.loop_lag.start()
         assert self._acceptor is not None, "bind first"
         self._acceptor.start()
         self._sweeper = self._loop.call_later(self._sweep_every, self._sweep)
 
     def close(self) -> None:
         """Stop accepting (existing connections stay until `shutdown_connections`)."""
+        self.shared.loop_lag.close()
         if self._acceptor is not None:
             self._acceptor.close()
         if self._sweeper is not None:
@@ -145,20 +160,37 @@ class Listener:
         if len(self.connections) + self._admitting >= cap:
             self._refuse(sock, TooManyConnections(f"the server is at its {cap}-connection limit"))
             return
+        address = None
+        admission = self.shared.admission
+        if admission is not None:
+            address = _peer(sock).rpartition(":")[0]
+            refusal = admission.admit(address)
+            if refusal is not None:
+                self._refuse(sock, refusal)
+                return
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._admitting += 1
-        task = self._loop.create_task(self._connect(sock))
+        task = self._loop.create_task(self._connect(sock, address))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _connect(self, sock: socket.socket) -> None:
+    async def _connect(self, sock: socket.socket, address: str | None) -> None:
+        """`address`: counted by `Admission` (the connection releases it when it authenticates or
+        closes; here, if it never opens)."""
         broker = self._broker
         assert broker is not None
         tls = self.shared.tls
+        peer = _peer(sock)  # now: once the handshake failed, the socket may be closed
+        made: list[Connection] = []
+
+        def connection() -> Connection:
+            made.append(Connection(broker, self._config, self.shared, address))
+            return made[0]
+
         try:
             await self._loop.connect_accepted_socket(
-                lambda: Connection(broker, self._config, self.shared),
+                connection,
                 sock,
                 ssl=None if tls is None else tls.context,
                 ssl_handshake_timeout=None if tls is None else self._config.frame_timeout,
@@ -166,10 +198,13 @@ class Listener:
         except OSError as exc:  # the client left (or fds ran out, or TLS failed) meanwhile
             if tls is not None:
                 self.shared.protocol_errors.note(
-                    self._loop.time(), _peer(sock), True, "conn.tls_failed", error=str(exc)
+                    self._loop.time(), peer, True, "conn.tls_failed", error=str(exc)
                 )
             log.debug("conn.setup_failed", error=str(exc))
             sock.close()
+            admission = self.shared.admission
+            if address is not None and admission is not None and not (made and made[0].opened):
+                admission.release(address)
         finally:
             self._admitting -= 1
 

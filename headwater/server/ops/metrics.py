@@ -82,6 +82,29 @@ class HeadwaterCollector(Collector):
         yield CounterMetricFamily(
             "headwater_wal_fsyncs", "WAL fsyncs made since start-up", value=FSYNC_SECONDS.count
         )
+        lag = HistogramMetricFamily(
+            "headwater_event_loop_lag_seconds",
+            "How late the event loop's 10 ms timer fired: how long something held the loop",
+        )
+        _histogram(lag, [], state.listener.shared.loop_lag.histogram)
+        yield lag
+        memory = state.memory()
+        if memory is not None:
+            yield GaugeMetricFamily(
+                "headwater_memory_budget_bytes",
+                "Bytes subscription backlogs may hold in all (memory_max_bytes)",
+                value=memory.max_bytes,
+            )
+            yield GaugeMetricFamily(
+                "headwater_memory_used_bytes",
+                "Bytes subscription backlogs hold now, charged to the memory budget",
+                value=memory.used,
+            )
+            yield CounterMetricFamily(
+                "headwater_memory_refused_bytes",
+                "Bytes of batches dropped because the memory budget was spent",
+                value=memory.refused,
+            )
         topics = state.topics()
         traffic.prune(topics)
         yield GaugeMetricFamily("headwater_topics", "Topics", value=len(topics))

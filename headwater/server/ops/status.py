@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from headwater.server.catalog.topic_catalog import TopicCatalog
+    from headwater.server.memory_budget import MemoryBudget
     from headwater.server.net.listener import Listener
     from headwater.server.net.traffic import TrafficStats
     from headwater.server.topics.topic import Topic
@@ -93,6 +94,11 @@ class ServerState:
 
     def topics(self) -> dict[str, Topic]:
         return self.catalog.topics if self.catalog is not None else {}
+
+    def memory(self) -> MemoryBudget | None:
+        """The memory budget, once the broker exists."""
+        broker = self.listener.broker
+        return broker.memory if broker is not None else None
 
     # Readiness
 

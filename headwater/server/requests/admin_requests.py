@@ -35,6 +35,7 @@ import structlog
 from headwater.server.build_info import version
 from headwater.server.catalog.topic_catalog import TopicCatalog, last_value_topic
 from headwater.server.config import TopicSettings
+from headwater.server.memory_budget import MemoryBudget
 from headwater.server.reply import AfterWork, Reply
 from headwater.server.subscriptions.deadletter import LAST_VALUE_CONFIGS
 from headwater.server.subscriptions.reliable_subscription import ReliableSubscription
@@ -65,8 +66,13 @@ _FIXED: Final = {
 
 class AdminHandlers:
     def __init__(
-        self, catalog: TopicCatalog, data_dir: Path, connections: Callable[[], int]
+        self,
+        catalog: TopicCatalog,
+        data_dir: Path,
+        connections: Callable[[], int],
+        memory: MemoryBudget | None = None,
     ) -> None:
+        self._memory = memory or MemoryBudget(0)
         self._catalog = catalog
         self._data_dir = data_dir
         self._connections = connections
@@ -205,6 +211,8 @@ class AdminHandlers:
             subscription_count=sum(len(t.subscriptions) for t in list(topics.values())),
             data_dir=str(self._data_dir.resolve()),
             data_dir_bytes=used,
+            memory_budget_bytes=self._memory.max_bytes,
+            memory_used_bytes=self._memory.used,
         )
 
     async def _data_dir_bytes(self) -> int:

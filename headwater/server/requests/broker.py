@@ -49,10 +49,12 @@ from headwater.wire import messages as m
 from headwater.wire.errors import (
     ErrorCode,
     InvalidRequest,
+    InvalidTopicName,
     NotSupported,
     UnknownProducerId,
     UnknownTopic,
 )
+from headwater.wire.names import is_dead_letter_name
 from headwater.wire.protocol import SUPPORTED_VERSIONS
 from headwater.wire.records import (
     BatchInfo,
@@ -78,9 +80,10 @@ class Broker:
         self.ownership: Ownership = ownership or SingleBroker(
             BrokerAddress("local", config.host, config.port)
         )
-        self.admin = AdminHandlers(catalog, config.data_dir, connections)
-        self.maps = MapHandlers(catalog)
         self.consumers = ConsumerHandlers(config, catalog)
+        self.memory = self.consumers.memory  # the server's memory budget (server info, metrics)
+        self.admin = AdminHandlers(catalog, config.data_dir, connections, self.memory)
+        self.maps = MapHandlers(catalog)
         self.gate: Ownership | None = None  # a cluster's ownership (enter_cluster)
         self.cluster: Any = None
         consumers = self.consumers
@@ -264,6 +267,11 @@ class Broker:
     # Admin
 
     def create_topic(self, session: Session, request: m.CreateTopicRequest) -> Reply:
+        if is_dead_letter_name(request.name):  # only the server creates these (deadletter)
+            raise InvalidTopicName(
+                f"topic name {request.name!r} is reserved: a name ending -<16 hex digits>-DLQ "
+                "is a dead-letter topic's, which the server creates on first use"
+            )
         return AfterWork(self._create_topic(request))
 
     async def _create_topic(self, request: m.CreateTopicRequest) -> Reply:

@@ -21,6 +21,7 @@ import structlog
 from headwater.durables.lastvalue import check_key
 from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.config import ServerConfig
+from headwater.server.memory_budget import MemoryBudget, default_max_bytes
 from headwater.server.reply import AfterWork, Reply
 from headwater.server.requests.map_requests import no_last_value_state
 from headwater.server.subscriptions.live_subscription import Subscription
@@ -48,9 +49,12 @@ log = structlog.get_logger("headwater.broker")
 
 
 class ConsumerHandlers:
-    def __init__(self, config: ServerConfig, catalog: TopicCatalog) -> None:
+    def __init__(
+        self, config: ServerConfig, catalog: TopicCatalog, memory: MemoryBudget | None = None
+    ) -> None:
         self._config = config
         self._catalog = catalog
+        self.memory = memory or MemoryBudget(config.memory_max_bytes or default_max_bytes())
         self._consumer_ids = itertools.count(1)
 
     def _topic(self, name: str) -> Topic:
@@ -98,7 +102,12 @@ class ConsumerHandlers:
         subscription = topic.subscriptions.get(request.subscription)
         if subscription is None:
             subscription = Subscription(
-                topic.name, request.subscription, sub_type, self._config.subscription_backlog
+                topic.name,
+                request.subscription,
+                sub_type,
+                self._config.subscription_backlog,
+                self._config.subscription_backlog_bytes,
+                self.memory,
             )
             subscription.group.partitions = len(topic.partitions)
         elif subscription.durable != m.Durable.NONE:
@@ -238,6 +247,8 @@ class ConsumerHandlers:
             and topic.subscriptions.get(subscription.name) is subscription
         ):
             del topic.subscriptions[subscription.name]
+            if isinstance(subscription, Subscription):
+                subscription.drop_backlog()
         log.info(
             "consumer.detached",
             topic=subscription.topic,

@@ -16,7 +16,7 @@ from headwater.server.reply import Reply
 from headwater.server.requests.partition_ownership import Ownership
 from headwater.server.topics.topic import Topic
 from headwater.wire import messages as m
-from headwater.wire.errors import ErrorCode, InvalidRequest
+from headwater.wire.errors import InvalidRequest
 from headwater.wire.limits import MAX_LOOKUP_TOPICS
 
 
@@ -41,11 +41,7 @@ class LookupHandler:
         for name in request.topics:
             topic = self._topics.get(name)
             if topic is None:
-                answers.append(
-                    m.LookupTopic(
-                        name, ErrorCode.UNKNOWN_TOPIC, f"topic {name!r} does not exist", ()
-                    )
-                )
+                answers.append(m.LookupTopic.unknown(name))
                 continue
             partitions = []
             for index in range(topic.info.partitions):

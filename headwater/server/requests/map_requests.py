@@ -69,8 +69,8 @@ class MapHandlers:
         return await self._catalog.enable_last_value(topic)  # finishes a build under way
 
     def map_get(self, session: Session, request: m.MapGetRequest) -> Reply:
-        if len(request.keys) > MAX_MAP_KEYS:
-            raise InvalidRequest(f"at most {MAX_MAP_KEYS} keys per request")
+        if not request.keys or len(request.keys) > MAX_MAP_KEYS:
+            raise InvalidRequest(f"a get names 1..{MAX_MAP_KEYS} keys, not {len(request.keys)}")
         for wanted in request.keys:
             check_key(wanted)
         index = self._topic(request.topic).last_value

@@ -6,8 +6,12 @@ refused with AUTHENTICATION_REQUIRED and the connection closed. AUTHENTICATE wit
 checks the token against the tokens file (`server.security.tokens`); mechanism "certificate" takes
 the verified TLS client certificate's common name and the file's certificate entries for it. A
 failure answers AUTHENTICATION_FAILED (with the token's public id, never its secret, in the log) and
-closes the connection; past `auth_failures_per_minute` failures from one source address, every
-attempt from it is refused without being checked, which caps guessing.
+closes the connection. Failures are counted per (source address, token id) and per source address;
+past `auth_failures_per_minute` for the pair (or ten times that for the address, whatever the
+ids), a failed attempt is answered only after `FAILURE_DELAY`, its connection read no further
+meanwhile (the per-address cap on unauthenticated connections then bounds the guessing rate). A
+valid credential is always checked and accepted: one client behind a NAT or proxy guessing, or
+mistyping, cannot lock out the others at the same address.
 
 Once authenticated, each request is checked against the principal's grants (`server.security.authz`)
 before it reaches the broker, with the answers cached per connection. Every second `tick` reloads
@@ -34,6 +38,7 @@ from headwater.server.reply import AfterWork, Reply, Waiting
 from headwater.server.security.authz import (
     ANY_GRANT,
     ANYONE,
+    EVERY_TOPIC,
     OWNER_OR_ADMIN,
     Action,
     Grant,
@@ -58,10 +63,13 @@ from headwater.wire.errors import (
 log = structlog.get_logger("headwater.client.credentials")
 
 TICK_SECONDS = 1.0
-# An unauthenticated connection holds a slot of max_connections; it gets this long to authenticate.
-HANDSHAKE_TIMEOUT = 10.0
 FAILURE_WINDOW = 60.0
-MAX_TRACKED_ADDRESSES = 100_000
+# Past the failure limit, a failed attempt's answer waits this long (a valid one never waits).
+FAILURE_DELAY = 1.0
+# Failures from one address, whatever the token ids, may reach this many times the limit per
+# (address, token id) before they are delayed too: a guesser cycling ids is slowed as well.
+ADDRESS_FAILURE_FACTOR = 10
+MAX_TRACKED_KEYS = 100_000
 
 
 @dataclass(eq=False, slots=True)
@@ -107,7 +115,8 @@ class Security:
         self._entries = load(self._path)  # TokenFileError at start-up: the server does not start
         self._owners = Owners(data_dir / "subscription-owners.json")
         self._quotas = Quotas()
-        self._failures: dict[str, deque[float]] = {}
+        # (address, token id) and (address, None): monotonic times of recent failures
+        self._failures: dict[tuple[str, str | None], deque[float]] = {}
         self._counts: dict[str, int] = {}  # live authenticated connections per principal
         self._peers: Callable[[], Iterable[AuthPeer]] = tuple
         self._is_reliable: Callable[[str], bool] = lambda topic: False
@@ -128,23 +137,29 @@ class Security:
 
     # Authentication
 
-    def authenticate(self, peer: AuthPeer, request: m.AuthenticateRequest) -> m.Response:
+    def authenticate(self, peer: AuthPeer, request: m.AuthenticateRequest) -> Reply:
+        """The AUTHENTICATE answer; a failure past the limit is answered after FAILURE_DELAY."""
         if peer.auth is not None:
             raise InvalidRequest("the connection is already authenticated")
         address = peer.peer.rpartition(":")[0]
         now = time.time()
-        if self._blocked(address, time.monotonic()):
-            log.warning("auth.rate_limited", peer=peer.peer)
-            raise AuthenticationFailed(
-                f"too many failed authentications from {address}; try again in a minute"
-            )
         try:
             session = self._session(peer, request, now)
         except AuthenticationFailed as exc:
-            self._failed(address, time.monotonic())
+            token_id = _token_id(request)
+            clock = time.monotonic()
+            throttled = self._throttled(address, token_id, clock)
+            self._failed(address, token_id, clock)
             log.warning(
-                "auth.failed", peer=peer.peer, mechanism=request.mechanism, error=exc.message
+                "auth.failed",
+                peer=peer.peer,
+                mechanism=request.mechanism,
+                entry=token_id,
+                error=exc.message,
+                throttled=throttled,
             )
+            if throttled:
+                return AfterWork(_delayed_failure(exc, address))
             raise
         count = self._counts.get(session.principal, 0)
         if count >= session.max_connections:
@@ -198,12 +213,10 @@ class Security:
 
     def bearer(self, address: str, token: str | None) -> Session | int:
         """The session of an HTTP request's bearer token (the operator port), or the status that
-        refuses it: 429 while `address` is over its failure limit (shared with AUTHENTICATE), 401
-        for no token or a malformed, unknown, wrong, expired or revoked one. One answer for all of
-        them, so nothing tells whether an id exists; only the log says which (never the secret)."""
-        if self._blocked(address, time.monotonic()):
-            log.warning("auth.http_rate_limited", peer=address)
-            return 429
+        refuses it: 401 for no token or a malformed, unknown, wrong, expired or revoked one, 429
+        instead for a failed one while (`address`, token id) is over its failure limit (shared with
+        AUTHENTICATE). One answer for all failures, so nothing tells whether an id exists; only the
+        log says which (never the secret). A valid token is never refused for others' failures."""
         if token is None:
             return 401
         self.reload()  # a stat: a revocation applies to the very next request
@@ -217,10 +230,14 @@ class Security:
         else:
             reason = entry.valid(time.time())
         if entry is None or reason is not None:
-            self._failed(address, time.monotonic())
-            token_id = None if parts is None else parts[0]
-            log.warning("auth.http_failed", peer=address, entry=token_id, error=reason)
-            return 401
+            token_id = "" if parts is None else parts[0]
+            clock = time.monotonic()
+            throttled = self._throttled(address, token_id, clock)
+            self._failed(address, token_id, clock)
+            log.warning(
+                "auth.http_failed", peer=address, entry=token_id, error=reason, throttled=throttled
+            )
+            return 429 if throttled else 401
         return self._build(entry.principal, "token", [entry])
 
     def _certificate_entries(self, name: str, now: float) -> list[Entry]:
@@ -247,20 +264,32 @@ class Security:
             expires=max(expiries) if len(expiries) == len(entries) else None,
         )
 
-    def _blocked(self, address: str, now: float) -> bool:
-        failures = self._failures.get(address)
+    def _recent(self, key: tuple[str, str | None], now: float) -> int:
+        failures = self._failures.get(key)
         if failures is None:
-            return False
+            return 0
         while failures and now - failures[0] > FAILURE_WINDOW:
             failures.popleft()
-        return len(failures) >= self._config.auth_failures_per_minute
+        return len(failures)
 
-    def _failed(self, address: str, now: float) -> None:
-        if address not in self._failures and len(self._failures) >= MAX_TRACKED_ADDRESSES:
-            self._prune(now)
-        self._failures.setdefault(
-            address, deque(maxlen=self._config.auth_failures_per_minute)
-        ).append(now)
+    def _throttled(self, address: str, token_id: str, now: float) -> bool:
+        """Whether a failure from `address` with `token_id` now is past the limit."""
+        limit = self._config.auth_failures_per_minute
+        return (
+            self._recent((address, token_id), now) >= limit
+            or self._recent((address, None), now) >= limit * ADDRESS_FAILURE_FACTOR
+        )
+
+    def _failed(self, address: str, token_id: str, now: float) -> None:
+        limit = self._config.auth_failures_per_minute
+        pair, whole = (address, token_id), (address, None)
+        for key, keep in ((pair, limit), (whole, limit * ADDRESS_FAILURE_FACTOR)):
+            failures = self._failures.get(key)
+            if failures is None:
+                if len(self._failures) >= MAX_TRACKED_KEYS:
+                    self._prune(now)
+                failures = self._failures[key] = deque(maxlen=keep)
+            failures.append(now)
 
     def _prune(self, now: float) -> None:
         self._failures = {
@@ -292,6 +321,11 @@ class Security:
         if need is ANYONE:
             return
         if isinstance(need, Action):
+            if topic == EVERY_TOPIC and not _everywhere(session.grants, need):
+                raise NotAuthorized(
+                    f"principal {session.principal!r} may not ask for server-wide information: "
+                    f"it takes {need.value} on every topic ({need.value}:*)"
+                )
             if not session.allows(need, topic):
                 raise NotAuthorized(
                     f"principal {session.principal!r} may not {need.value} on topic {topic!r}"
@@ -333,6 +367,16 @@ class Security:
         if kind is m.ListTopicsRequest and isinstance(result, m.ListTopicsResponse):
             return m.ListTopicsResponse(
                 tuple(t for t in result.topics if may_see(session.grants, t.name))
+            )
+        if kind is m.LookupRequest and isinstance(result, m.LookupResponse):
+            # a topic without a grant is answered as one that does not exist: nothing tells
+            # whether it does, nor how many partitions it has
+            return m.LookupResponse(
+                result.brokers,
+                tuple(
+                    t if may_see(session.grants, t.name) else m.LookupTopic.unknown(t.name)
+                    for t in result.topics
+                ),
             )
         if kind is m.ListSubscriptionsRequest and isinstance(result, m.ListSubscriptionsResponse):
             return m.ListSubscriptionsResponse(
@@ -400,15 +444,15 @@ class Security:
             self._timer = asyncio.get_running_loop().call_later(TICK_SECONDS, self._tick)
 
     def sweep(self, now: float) -> None:
-        """Close connections whose credentials are no longer valid; refresh the others."""
+        """Close connections whose credentials are no longer valid, and those that have not
+        authenticated within `handshake_timeout`; refresh the others."""
+        deadline = self._config.handshake_timeout
         for peer in list(self._peers()):
             session = peer.auth
             if session is None:
                 since = self._waiting.setdefault(peer, now)
-                if now - since > HANDSHAKE_TIMEOUT:
-                    peer.revoke(
-                        AuthenticationRequired(f"no AUTHENTICATE within {HANDSHAKE_TIMEOUT:g} s")
-                    )
+                if now - since > deadline:
+                    peer.revoke(AuthenticationRequired(f"no AUTHENTICATE within {deadline:g} s"))
                 continue
             if session.mechanism == "certificate":
                 entries = self._certificate_entries(session.principal, now)
@@ -429,6 +473,30 @@ class Security:
             session.consume_rate = fresh.consume_rate
         if len(self._failures) > 1000:
             self._prune(time.monotonic())
+
+
+def _everywhere(grants: Iterable[Grant], action: Action) -> bool:
+    return any(grant.action is action and grant.pattern == EVERY_TOPIC for grant in grants)
+
+
+def _token_id(request: m.AuthenticateRequest) -> str:
+    """The public id a failed AUTHENTICATE is counted under: the token's id, "certificate", or
+    "" for credentials that are not a token at all."""
+    if request.mechanism == "certificate":
+        return "certificate"
+    try:
+        parts = split_token(request.credentials.decode())
+    except UnicodeDecodeError:
+        parts = None
+    return "" if parts is None else parts[0]
+
+
+async def _delayed_failure(error: AuthenticationFailed, address: str) -> m.Response:
+    await asyncio.sleep(FAILURE_DELAY)
+    raise AuthenticationFailed(
+        f"{error.message} (too many failed authentications from {address} with this token id: "
+        f"answered after {FAILURE_DELAY:g} s)"
+    )
 
 
 def _then(result: Reply, action: Callable[[], None]) -> Reply:

@@ -8,7 +8,10 @@ delete topics, seek and delete any subscription) does not imply reading or writi
 
 `request_action` derives (action, topic) from a request's type, so the broker needs no
 knowledge of principals: map get/scan/size follow consume, map set and delete follow produce,
-describe follows consume (it shows subscriptions and counters). Requests on a consumer the
+describe follows consume (it shows subscriptions and counters), SERVER_INFO needs admin on every
+topic (`admin:*`: it tells server-wide counts and the data directory, as the operator's HTTP port
+does), LOOKUP needs nothing but is answered only for topics with a grant (access filters the
+others to UNKNOWN_TOPIC, as for a topic that does not exist). Requests on a consumer the
 connection already holds (flow, ack, nack, unsubscribe) were authorized when it subscribed.
 Seek and delete-subscription need admin on the topic or ownership of the subscription; that
 check is `server.security.access`'s, which knows the owners.
@@ -33,8 +36,11 @@ class Action(enum.Enum):
 OWNER_OR_ADMIN = "owner-or-admin"
 # Reading a topic's schemas: any grant on the topic (producers encode by them, consumers decode).
 ANY_GRANT = "any-grant"
-# Anyone authenticated (API_VERSIONS, LIST_TOPICS which is filtered, consumer-scoped requests).
+# Anyone authenticated (API_VERSIONS, LIST_TOPICS and LOOKUP which are filtered, consumer-scoped
+# requests).
 ANYONE = "anyone"
+# The "topic" of a server-wide request: only a grant with the pattern `*` matches every name.
+EVERY_TOPIC = "*"
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +106,8 @@ def request_action(request: m.Request) -> tuple[Action | str, str]:
         return Action.ADMIN, request.name  # type: ignore[union-attr]
     if kind is m.ListSubscriptionsRequest and request.topic:  # type: ignore[union-attr]
         return Action.CONSUME, request.topic  # type: ignore[union-attr]
+    if kind is m.ServerInfoRequest:
+        return Action.ADMIN, EVERY_TOPIC
     if kind is m.RegisterSchemaRequest:
         return Action.ADMIN, request.topic  # type: ignore[union-attr]
     if kind in _SCHEMA_READS:

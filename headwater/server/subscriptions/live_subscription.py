@@ -12,10 +12,11 @@ consumer as one batch; the backlog's head waits while the owner of its first rec
 A batch holding more records than the chosen consumer's credit is split (re-encoded) at the credit,
 so no consumer ever receives more than it granted. A batch of a partition that none of the
 consumers chose (SUBSCRIBE's `partitions`) is discarded: nobody wants it. When the backlog is
-full new batches are dropped and counted: a slow consumer costs bounded memory and never stalls
-a producer. The drop is not silent: the consumer that receives the subscription's next delivery
-first gets a MESSAGES_DROPPED push with the number of messages dropped since the previous notice
-(one notice, however many batches were dropped).
+full, in messages (`subscription_backlog`) or in bytes (`subscription_backlog_bytes`, and the
+server's `memory_budget.MemoryBudget`), new batches are dropped and counted: a slow consumer
+costs bounded memory and never stalls a producer. The drop is not silent: the consumer that
+receives the subscription's next delivery first gets a MESSAGES_DROPPED push with the number of
+messages dropped since the previous notice (one notice, however many batches were dropped).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import structlog
 
 from headwater.durables.group import ConsumerGroup
 from headwater.durables.lastvalue import StoredValue
+from headwater.server.memory_budget import MemoryBudget
 from headwater.server.subscriptions.key_shared_round import record_hash
 from headwater.server.topics.subscription_contract import Consumer, ConsumerSession, Feed
 from headwater.wire.errors import InvalidRequest
@@ -56,7 +58,13 @@ class Subscription:
     feed = Feed.BATCHES
 
     def __init__(
-        self, topic: str, name: str, sub_type: SubscriptionType, backlog_limit: int
+        self,
+        topic: str,
+        name: str,
+        sub_type: SubscriptionType,
+        backlog_limit: int,
+        backlog_bytes: int = 1 << 62,
+        memory: MemoryBudget | None = None,
     ) -> None:
         self.topic = topic
         self.name = name
@@ -68,6 +76,9 @@ class Subscription:
         self._backlog: deque[tuple[int, bytes, int]] = deque()
         self._backlog_count = 0
         self._backlog_limit = backlog_limit
+        self._bytes = 0  # of the batches in the backlog, charged to `_memory`
+        self._bytes_limit = backlog_bytes
+        self._memory = memory or MemoryBudget(1 << 62)
         self.delivered = 0
         self.dropped = 0
         self._unreported = 0  # dropped since the last MESSAGES_DROPPED notice
@@ -84,13 +95,42 @@ class Subscription:
         self.drain()
 
     def offer(self, partition: int, batch: bytes, count: int) -> None:
-        if self._backlog_count + count > self._backlog_limit:
+        size = len(batch)
+        if (
+            self._backlog_count + count > self._backlog_limit
+            # one batch is always let into an empty backlog: a cap below the largest batch
+            # would otherwise starve the subscription
+            or (self._bytes + size > self._bytes_limit and self._backlog)
+            or not self._memory.take(size)
+        ):
             self.dropped += count
             self._unreported += count
             return
         self._backlog.append((partition, batch, count))
         self._backlog_count += count
+        self._bytes += size
         self.drain()
+
+    def _pop_head(self) -> None:
+        _, batch, count = self._backlog.popleft()
+        self._backlog_count -= count
+        self._release(len(batch))
+
+    def _replace_head(self, partition: int, rest: bytes, count: int) -> None:
+        _, batch, before = self._backlog[0]
+        self._backlog[0] = (partition, rest, count)
+        self._backlog_count -= before - count
+        self._release(len(batch) - len(rest))
+
+    def _release(self, size: int) -> None:
+        self._bytes -= size
+        self._memory.give_back(size)
+
+    def drop_backlog(self) -> None:
+        """The subscription ends: its batches are let go, their bytes given back."""
+        self._backlog.clear()
+        self._backlog_count = 0
+        self._release(self._bytes)
 
     def drain(self) -> None:
         backlog = self._backlog
@@ -103,19 +143,17 @@ class Subscription:
             target = self._target(partition)
             if target is None:
                 if self.group.chosen and not self.group.takes(partition):
-                    backlog.popleft()  # its consumers chose other partitions: nobody wants it
-                    self._backlog_count -= count
+                    self._pop_head()  # its consumers chose other partitions: nobody wants it
                     continue
                 return
             if count <= target.credits:
-                backlog.popleft()
+                self._pop_head()
                 sent = count
             else:
                 sent = target.credits
                 batch, rest = split_batch(batch, sent)
-                backlog[0] = (partition, rest, count - sent)
+                self._replace_head(partition, rest, count - sent)
             self.group.charge(target, sent)
-            self._backlog_count -= sent
             self.delivered += sent
             if self._unreported:  # coalesced: one notice for every drop since the last one
                 target.session.send_messages_dropped(target.consumer_id, self._unreported)
@@ -144,10 +182,9 @@ class Subscription:
         if not plan:
             return False
         if len(plan) < len(records):
-            self._backlog[0] = (partition, rebuild_batch(records[len(plan) :]), count - len(plan))
+            self._replace_head(partition, rebuild_batch(records[len(plan) :]), count - len(plan))
         else:
-            self._backlog.popleft()
-        self._backlog_count -= len(plan)
+            self._pop_head()
         self.delivered += len(plan)
         at = 0
         while at < len(plan):
@@ -183,8 +220,7 @@ class Subscription:
         )
 
     async def close(self) -> None:
-        self._backlog.clear()
-        self._backlog_count = 0
+        self.drop_backlog()
 
     def info(self) -> SubscriptionInfo:
         return SubscriptionInfo(
