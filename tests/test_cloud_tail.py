@@ -37,6 +37,17 @@ def test_the_run_starts_after_the_last_gap() -> None:
     assert (end, [c.first for c in run]) == (30, [20, 25])
 
 
+def test_chunks_below_the_manifests_segments_are_not_in_the_run() -> None:
+    # segments named up to 25; [20, 30) straddles their end: the new log starts at 20
+    state = TailState(chunks=[Chunk(0, 10, 1), Chunk(10, 20, 1), Chunk(20, 30, 1)], markers={1: 0})
+    end, run = state.resolve(25)
+    assert (end, run) == (30, [Chunk(20, 30, 1)])
+    # everything collected but the newest chunk, which ends where the segments end
+    assert TailState([Chunk(20, 30, 1)], {1: 0}).resolve(30) == (30, [])
+    # a chunk missing above the segments' end: the run starts past the gap (a loss, logged)
+    assert TailState([Chunk(40, 50, 1)], {1: 0}).resolve(30) == (50, [Chunk(40, 50, 1)])
+
+
 def test_a_chunk_outside_its_epoch_is_ignored() -> None:
     # written before its own marker (impossible for a correct owner): never trusted
     state = TailState(chunks=[Chunk(0, 5, 2), Chunk(5, 9, 4)], markers={2: 0, 4: 9})
@@ -72,8 +83,8 @@ async def test_markers_chunks_and_collection_in_an_object_store(tmp_path: Path) 
     assert state.markers == {7: 0}
     assert state.resolve()[0] == 6
     assert [inspect_batch(b).base_offset for b in await tail.read("t", 0, Chunk(2, 4, 7))] == [2, 3]
-    # a segment [0, 6) was uploaded: every chunk inside it goes, except the newest
-    assert await tail.collect("t", 0, 0, 6) == 2
+    # a manifest names segments up to 6: every chunk below goes, except the newest
+    assert await tail.collect("t", 0, 6) == 2
     state = await tail.state("t", 0)
     assert state.chunks == [Chunk(4, 6, 7)]
     assert state.resolve() == (6, [Chunk(4, 6, 7)])

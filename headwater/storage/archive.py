@@ -27,7 +27,7 @@ from headwater.storage.segments import (
     check_batch,
     find_batch,
 )
-from headwater.storage.uploader import Uploader, object_key
+from headwater.storage.uploader import Uploader
 from headwater.wire.errors import ObjectNotFound
 
 log = structlog.get_logger("headwater.archive")
@@ -44,7 +44,7 @@ class ObjectArchive:
 
     def start_offset(self, topic: str, partition: int) -> int | None:
         segments = self._uploaded.uploaded(topic, partition)
-        return segments[0].base_offset if segments else None
+        return segments[0].start if segments else None
 
     def covers(self, topic: str, partition: int, offset: int) -> bool:
         """Whether an uploaded segment holds `offset`."""
@@ -53,7 +53,7 @@ class ObjectArchive:
     def next_after(self, topic: str, partition: int, offset: int) -> int | None:
         """Where archived data goes on after `offset`'s segment (or the gap `offset` is in)."""
         segments = self._uploaded.uploaded(topic, partition)
-        bases = [s.base_offset for s in segments]
+        bases = [s.start for s in segments]
         position = bisect.bisect_right(bases, offset) - 1
         if position >= 0 and offset < segments[position].next_offset:
             return segments[position].next_offset
@@ -61,7 +61,7 @@ class ObjectArchive:
 
     def _uploaded_holding(self, topic: str, partition: int, offset: int) -> int | None:
         segments = self._uploaded.uploaded(topic, partition)
-        position = bisect.bisect_right([s.base_offset for s in segments], offset) - 1
+        position = bisect.bisect_right([s.start for s in segments], offset) - 1
         if position < 0 or offset >= segments[position].next_offset:
             return None
         return position
@@ -75,16 +75,16 @@ class ObjectArchive:
         if position is None:
             return None
         segment = self._uploaded.uploaded(topic, partition)[position]
-        return segment.next_offset, await self._index(topic, partition, segment.base_offset)
+        return segment.next_offset, await self._index(segment.key(topic, partition, ".index"))
 
     async def read(self, topic: str, partition: int, offset: int) -> list[bytes]:
         segments = self._uploaded.uploaded(topic, partition)
-        position = bisect.bisect_right([s.base_offset for s in segments], offset) - 1
+        position = bisect.bisect_right([s.start for s in segments], offset) - 1
         if position < 0 or offset >= segments[position].next_offset:
             return []
         segment = segments[position]
-        log_key = object_key(topic, partition, segment.base_offset)
-        index = await self._index(topic, partition, segment.base_offset)
+        log_key = segment.key(topic, partition)
+        index = await self._index(segment.key(topic, partition, ".index"))
         entry = bisect.bisect_right([e.offset for e in index], offset) - 1
         start = index[entry].position if entry >= 0 else 0
         length = READ_BYTES
@@ -96,8 +96,7 @@ class ObjectArchive:
                 return batches
             length *= 4  # one batch larger than the range, or the offset further on
 
-    async def _index(self, topic: str, partition: int, base_offset: int) -> list[IndexEntry]:
-        index_key = object_key(topic, partition, base_offset, ".index")
+    async def _index(self, index_key: str) -> list[IndexEntry]:
         cached = self._indexes.get(index_key)
         if cached is not None:
             self._indexes.move_to_end(index_key)

@@ -16,12 +16,13 @@ holding the offset its epoch starts at (the end of the chain it found). A chunk 
 it lies inside its epoch's range, [its marker's offset, the next epoch's marker's offset): a chunk
 an old owner put after it was fenced (its PUT was in flight when its lease ran out; it never
 acknowledged it) starts at or past the next marker and is ignored, so an offset is never given to
-two messages even then. `resolve` applies that rule and gives the valid chain's last contiguous
-run, which is what a new owner rebuilds its local WAL from; everything below the run's start is
-in uploaded segments.
+two messages even then. `resolve` applies that rule and gives the valid chain's chunks above
+the partition manifest's end (storage/partition_manifest.py: everything below is in the segments
+it names), which is what a new owner rebuilds its local WAL from.
 
-Chunks are deleted once a segment the owner uploaded holds them entirely (`collectable`); the
-newest chunk always stays, so the end of the log is known from a listing alone.
+Chunks are deleted only below the end of a manifest already written (`collect`): never one a
+reader of the newest manifest still needs. The newest chunk always stays, so the end of the log
+is known from a listing alone.
 """
 
 from __future__ import annotations
@@ -63,8 +64,10 @@ class TailState:
             {e: start for e, start in self.markers.items() if e >= epoch},
         )
 
-    def resolve(self) -> tuple[int, list[Chunk]]:
-        """(the end of the valid chain, the chunks of its last contiguous run, in order)."""
+    def resolve(self, floor: int = 0) -> tuple[int, list[Chunk]]:
+        """(the end of the valid chain, the chunks of its last contiguous run ending above
+        `floor` (the manifest's end), in order). The run starts at or below `floor` unless
+        chunks the chain needs are missing."""
         epochs = sorted(self.markers)
         valid: list[Chunk] = []
         for chunk in self.chunks:
@@ -77,18 +80,22 @@ class TailState:
                 continue
             valid.append(chunk)
         valid.sort()
+        # the chain ends at its newest valid chunk, its newest epoch's start, or the segments'
+        # end, whichever is furthest (chunks below the segments' end may all be collected)
+        end = max(
+            max((c.end for c in valid), default=0), max(self.markers.values(), default=0), floor
+        )
         run: list[Chunk] = []
         for chunk in valid:
+            if chunk.end <= floor:
+                continue  # held by the manifest's segments
             if run and chunk.first == run[-1].end:
                 run.append(chunk)
             elif not run or chunk.first > run[-1].end:
-                run = [chunk]  # a gap: everything below is in segments
+                run = [chunk]  # a gap: the caller finds the run starting above `floor`
             # (an overlapping chunk of a later epoch cannot be valid; one of an older epoch was
             # replaced by a re-upload at the same offsets: keep the first)
-        if not run:
-            end = max(self.markers.values(), default=0)
-            return end, []
-        return max(run[-1].end, max(self.markers.values(), default=0)), run
+        return end, run
 
 
 def tail_prefix(topic: str, partition: int) -> str:
@@ -166,23 +173,17 @@ class CloudTail:
                 gone += 1
         return gone
 
-    async def collect(
-        self, topic: str, partition: int, base: int, end: int, epoch: int | None = None
-    ) -> int:
-        """Delete the chunks an uploaded segment [base, end) holds entirely, except the newest
-        chunk of the partition; returns how many went. Only chunks of epochs up to `epoch` (the
-        uploader's, when given): at those offsets a later owner's chunks hold other messages
-        than a segment of a log that went on past the chain (appended, never stored, never
-        acknowledged) and was uploaded as the partition moved."""
+    async def collect(self, topic: str, partition: int, below: int) -> int:
+        """Delete the chunks that end at or below `below`, the end of a manifest written already
+        (its segments hold those offsets, or the chunk is not valid there), except the newest
+        chunk of the partition; returns how many went."""
         state = await self.state(topic, partition)
         if not state.chunks:
             return 0
         newest = max(state.chunks, key=lambda c: (c.end, c.epoch))
         gone = 0
         for chunk in state.chunks:
-            if epoch is not None and chunk.epoch > epoch:
-                continue
-            if chunk != newest and base <= chunk.first and chunk.end <= end:
+            if chunk != newest and chunk.end <= below:
                 await self.store.delete(chunk.name(topic, partition))
                 gone += 1
         return gone

@@ -10,7 +10,8 @@ broker:
   broker creates and deletes its local copy from the watch (`on_topic`). A broker that starts
   drops local topics etcd no longer has.
 - a reliable append is answered once in the object store; segments are uploaded only for
-  partitions served here, and each upload lets the tail chunks it holds go.
+  partitions served here, each under a name of its own, and count once the partition's manifest
+  names them (which lets the tail chunks they hold go).
 - subscriptions created here are recorded in etcd with their first checkpoint.
 """
 
@@ -33,6 +34,7 @@ from headwater.server.topics.catalog import TopicCatalog
 from headwater.server.topics.topic import LogTopic, Topic
 from headwater.storage.cloud_tail import CloudTail
 from headwater.storage.objectstore import ObjectStore
+from headwater.storage.partition_manifest import PartitionManifests
 from headwater.wire import messages as m
 from headwater.wire.errors import ErrorCode, TopicExists, UnknownTopic
 
@@ -83,7 +85,7 @@ class ClusterMode:
         if uploader is not None:
             uploader.may_upload = coordinator.serves
             uploader.purges = False
-            uploader.on_uploaded = self._collect
+            uploader.publisher = self.partitions
         catalog.subscriptions.created = self._subscription_created
         catalog.subscriptions.deleted = self._subscription_deleted
         self._broker.enter_cluster(coordinator, self)
@@ -135,6 +137,7 @@ class ClusterMode:
     async def _purge_tail(self, name: str, revision: int) -> None:
         try:
             gone = await self.tail.purge(name, revision)
+            gone += await PartitionManifests(self.tail.store).purge(name, revision)
         except Exception as exc:  # left behind: ignored by take-overs, only costs storage
             log.warning("cluster.tail_purge_failed", topic=name, error=str(exc))
             return
@@ -217,16 +220,6 @@ class ClusterMode:
     async def _subscription_deleted(self, topic: str, name: str) -> None:
         await self.coordinator.delete_subscription(topic, name)
         await self.coordinator.delete_checkpoints(checkpoint_key(topic, name, 0)[:-1])
-
-    def _collect(self, topic: str, partition: int, base: int, end: int) -> None:
-        # An upload that began while we served the partition can end after it moved, and a
-        # segment can hold appends never stored (so never acknowledged): only chunks below
-        # what we stored in this ownership, of epochs up to ours, are the segment's messages.
-        epoch = self.coordinator.epoch(topic, partition)
-        end = min(end, self.partitions.cloud_end(topic, partition))
-        if epoch is None or end <= base:
-            return
-        self._background(self.tail.collect(topic, partition, base, end, epoch))
 
     def _background(self, work: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.get_running_loop().create_task(work)

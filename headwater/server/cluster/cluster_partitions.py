@@ -3,13 +3,19 @@
 The etcd coordinator (`server.cluster`) decides who owns each partition; this module is the
 `PartitionHandler` it calls, and keeps what a new owner needs where it can find it:
 
-- **acquire** (the ownership key is ours, not yet served): under the topic's turn, list the
-  partition's cloud tail (`storage.cloud_tail`), resolve the valid chain and its end E, write our
-  epoch's marker at E (first time only), and make the local WAL equal to the chain. The local log
-  is kept only when it already ends at E with everything up to E stored by us; otherwise it is
-  rebuilt: closed, removed, opened again at the start of the chain's last contiguous run (what is
-  below is in uploaded segments, adopted for reads), and the run's batches appended, offsets
-  unchanged. Last-value state of a rebuilt partition is cleared and caught up (snapshot + log).
+- **acquire** (the ownership key is ours, not yet served): under the topic's turn, claim the
+  partition's manifest (`storage.partition_manifest`: no earlier owner can name a segment or let
+  chunks go from now on), list the partition's cloud tail (`storage.cloud_tail`), resolve the
+  valid chain above the manifest's segments and its end E, write our epoch's marker at E (first
+  time only), and make the local WAL equal to the chain. The local log is kept only when it
+  already ends at E with everything up to E stored by us; otherwise it is rebuilt: closed,
+  removed, opened again where the chain's chunks above the manifest's segments start, and their
+  batches appended, offsets unchanged. Reads below the local log go to the manifest's segments
+  and nothing else. Last-value state of a rebuilt partition is cleared and caught up (snapshot +
+  log).
+- **uploads** (`SegmentPublisher`): a sealed segment is uploaded under a name of its own once the
+  tail holds all its batches, and counts only once the manifest names it; the chunks below the
+  manifest's new end then go.
   Then each reliable subscription's cursor for the partition is replaced by the checkpoint the
   previous owner left (unacked messages due again: at-least-once).
 - **release** (graceful hand-off; the partition is no longer served): wait until what was
@@ -27,6 +33,7 @@ import asyncio
 import contextlib
 import shutil
 import time
+import uuid
 from collections.abc import Callable
 from typing import Protocol
 
@@ -39,12 +46,20 @@ from headwater.server.topics.catalog import TopicCatalog
 from headwater.server.topics.topic import LogTopic
 from headwater.server.topics.topic_settings import log_config
 from headwater.storage.cloud_tail import Chunk, CloudTail
+from headwater.storage.partition_manifest import (
+    Manifest,
+    ManifestFenced,
+    PartitionManifests,
+    SegmentEntry,
+)
 from headwater.storage.uploader import UploadedSegment
-from headwater.storage.wal import PartitionLog
+from headwater.storage.wal import PartitionLog, SealedSegment
 from headwater.wire.errors import StorageError
 from headwater.wire.records import inspect_batch
 
 log = structlog.get_logger("headwater.cluster")
+
+_STORED_WAIT = 1.0  # an upload waiting for the tail looks again at least this often
 
 
 class Checkpoints(Protocol):
@@ -55,6 +70,8 @@ class Checkpoints(Protocol):
     def incarnation(self, name: str) -> int: ...
 
     def owned(self) -> list[tuple[str, int]]: ...
+
+    def epoch(self, topic: str, partition: int) -> int | None: ...
 
 
 def checkpoint_key(topic: str, subscription: str, partition: int) -> str:
@@ -75,6 +92,13 @@ class ClusterPartitions:
         self._serves = serves
         self._tail = tail
         self._committer = committer
+        self._manifests = PartitionManifests(tail.store)
+        # the manifest version this broker wrote last per partition it owns (set by a claim)
+        self._manifest: dict[tuple[str, int], Manifest] = {}
+        # set and replaced whenever a partition's stored end moves or a partition is lost: an
+        # upload waiting for the tail to hold its segment looks again
+        self._moved = asyncio.Event()
+        self._collecting: set[asyncio.Task[int]] = set()
         self._checkpoints = checkpoints
         self._interval = checkpoint_interval
         self._written: dict[tuple[str, str, int], bytes] = {}
@@ -98,6 +122,7 @@ class ClusterPartitions:
     def stored(self, topic: str, partition: int, end: int) -> None:
         """The committer stored our chunk up to `end`: subscriptions may now send it."""
         self._verified[topic, partition] = end
+        self._signal_moved()
         found = self._catalog.topics.get(topic)
         if isinstance(found, LogTopic):
             found.partitions[partition].log.notify()  # wakes the topic's pumps
@@ -121,15 +146,28 @@ class ClusterPartitions:
             await self._committer.settle(topic, partition)
             # what a deleted topic of the same name left in the shared store is not ours
             since = self._checkpoints.incarnation(topic)
+            # first the manifest: a previous owner still running (paused, fenced) can no longer
+            # name a segment nor let the chunks it holds go once we have written our version
+            manifest = await self._manifests.claim(topic, partition, epoch, since)
+            self._manifest[topic, partition] = manifest
             state = (await self._tail.state(topic, partition)).since(since)
-            end, run = state.resolve()
+            end, run = state.resolve(manifest.end)
+            if run and run[0].first > manifest.end:
+                log.error(
+                    "cluster.tail_gap",
+                    topic=topic,
+                    partition=partition,
+                    segments_end=manifest.end,
+                    chunks_from=run[0].first,
+                )
             if epoch not in state.markers:
                 await self._tail.mark_epoch(topic, partition, epoch, end)
             local = found.partitions[partition].log
             if local.next_offset == end and self._verified.get((topic, partition)) == end:
                 self.kept += 1
+                self._adopt(topic, partition, manifest)
             else:
-                await self._rebuild(found, partition, run, end)
+                await self._rebuild(found, partition, run, end, manifest)
                 self.rebuilt += 1
             self._verified[topic, partition] = end
             await self._load_cursors(found, partition, since)
@@ -140,6 +178,7 @@ class ClusterPartitions:
                 epoch=epoch,
                 end=end,
                 chunks=len(run),
+                segments=len(manifest.segments),
                 ms=round((time.monotonic() - started) * 1000, 1),
             )
         self._wake_subscriptions(topic)
@@ -153,22 +192,24 @@ class ClusterPartitions:
     def lost(self, topic: str, partition: int) -> None:
         self._committer.reset(topic, partition)
         self._verified.pop((topic, partition), None)
+        self._manifest.pop((topic, partition), None)
+        self._signal_moved()
         log.warning("cluster.partition_lost", topic=topic, partition=partition)
 
     # Take-over
 
-    async def _rebuild(self, topic: LogTopic, partition: int, run: list[Chunk], end: int) -> None:
+    async def _rebuild(
+        self, topic: LogTopic, partition: int, run: list[Chunk], end: int, manifest: Manifest
+    ) -> None:
         start = run[0].first if run else end
         # everything is fetched before the old log is touched: a failed read leaves it as it was
         batches = [b for chunk in run for b in await self._tail.read(topic.name, partition, chunk)]
-        segments = await self._segments(topic.name, partition, start)
         holder = topic.partitions[partition]
         old = holder.log
         listeners = list(old._append_listeners)  # the topic's AppendSignal
         await old.close()
         await asyncio.to_thread(shutil.rmtree, old.directory, True)
-        if self._catalog.uploader is not None:
-            self._catalog.uploader.adopt(topic.name, partition, segments)
+        self._adopt(topic.name, partition, manifest)
         fresh = await asyncio.to_thread(
             PartitionLog.open,
             old.directory,
@@ -200,20 +241,89 @@ class ClusterPartitions:
             index.restart_partition(partition)
             await self._catalog.catch_up_last_values(topic, index)
 
-    async def _segments(self, topic: str, partition: int, start: int) -> list[UploadedSegment]:
-        """The segments in the object store below `start`, as the archive needs them."""
-        prefix = f"{topic}/{partition}/"
-        found = sorted(
-            (int(o.key[len(prefix) : -len(".log")]), o.size)
-            for o in await self._tail.store.list(prefix)
-            if o.key.endswith(".log") and o.key.count("/") == 2
+    def _adopt(self, topic: str, partition: int, manifest: Manifest) -> None:
+        """Reads below the local log go to the manifest's segments, and to nothing else."""
+        if self._catalog.uploader is not None:
+            self._catalog.uploader.replace(
+                topic,
+                partition,
+                [
+                    UploadedSegment(s.base, s.end, s.size, s.name, s.first)
+                    for s in manifest.segments
+                ],
+            )
+
+    # Uploads (the uploader's SegmentPublisher)
+
+    async def name(self, topic: str, partition: int, segment: SealedSegment) -> str | None:
+        key = (topic, partition)
+        epoch = self._checkpoints.epoch(topic, partition)
+        manifest = self._manifest.get(key)
+        if epoch is None or manifest is None or segment.next_offset <= manifest.end:
+            return None  # not ours, or all below the named segments' end (a rebuilt log's)
+        if segment.base_offset > manifest.end:
+            # a segment of ours below it was not named (the partition moved meanwhile): naming
+            # this one would leave a hole; the next take-over reads these offsets from the tail
+            log.warning(
+                "cluster.segment_not_named",
+                topic=topic,
+                partition=partition,
+                base_offset=segment.base_offset,
+                segments_end=manifest.end,
+            )
+            return None
+        # only what the tail holds may be named: the end of a sealed segment can hold appends
+        # whose PUT has not completed, or never will (the partition moved), and so were never
+        # acknowledged; their offsets may be given to other messages by the next owner
+        while self._verified.get(key, -1) < segment.next_offset:
+            if self._checkpoints.epoch(topic, partition) != epoch or key not in self._verified:
+                return None
+            moved = self._moved
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(moved.wait(), _STORED_WAIT)
+        return f"{topic}/{partition}/{segment.base_offset:020d}-{epoch:020d}-{uuid.uuid4().hex[:8]}"
+
+    async def publish(
+        self, topic: str, partition: int, segment: UploadedSegment
+    ) -> UploadedSegment | None:
+        key = (topic, partition)
+        epoch = self._checkpoints.epoch(topic, partition)
+        known = self._manifest.get(key)
+        if epoch is None or known is None:
+            return None
+        entry = SegmentEntry(
+            segment.base_offset,
+            segment.next_offset,
+            segment.base_offset,
+            segment.name,
+            segment.size,
         )
-        segments = []
-        for i, (base, size) in enumerate(found):
-            following = found[i + 1][0] if i + 1 < len(found) else start
-            if base < start:
-                segments.append(UploadedSegment(base, max(following, base + 1), size))
-        return segments
+        try:
+            manifest = await self._manifests.add(topic, partition, epoch, entry, known)
+        except ManifestFenced as exc:
+            log.warning("cluster.manifest_fenced", topic=topic, partition=partition, error=str(exc))
+            return None
+        if self._manifest.get(key) is known:
+            self._manifest[key] = manifest
+        named = next((s for s in manifest.segments if s.name == segment.name), None)
+        if named is None:
+            return None  # it added nothing (all below the segments' end)
+        task = asyncio.get_running_loop().create_task(
+            self._tail.collect(topic, partition, manifest.end)
+        )
+        self._collecting.add(task)
+        task.add_done_callback(self._collected)
+        return UploadedSegment(named.base, named.end, named.size, named.name, named.first)
+
+    def _collected(self, task: asyncio.Task[int]) -> None:
+        self._collecting.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # left for the next upload's collection: chunks only cost storage
+            log.warning("cluster.collect_failed", error=str(task.exception()))
+
+    def _signal_moved(self) -> None:
+        self._moved.set()
+        self._moved = asyncio.Event()
 
     async def _load_cursors(self, topic: LogTopic, partition: int, since: int) -> None:
         now = time.monotonic()
