@@ -57,6 +57,28 @@ async def test_entries_never_overlap_nor_nest(tmp_path: Path) -> None:
         Manifest(0, 3, known.segments).adding(entry(160, 170, "after a hole"))
 
 
+def test_a_segment_replaces_the_folds_it_holds() -> None:
+    manifest = Manifest(0, 1)
+    for first, end in ((0, 10), (10, 20), (20, 30), (30, 40)):
+        manifest = manifest.adding(entry(first, end, f"fold-{first}"))
+    # a sealed segment [5, 35): holds the folds [10, 20) and [20, 30) entirely
+    merged = manifest.adding(entry(5, 35, "segment"))
+    assert [(s.first, s.end, s.name) for s in merged.segments] == [
+        (0, 10, "fold-0"),
+        (10, 30, "segment"),
+        (30, 40, "fold-30"),
+    ]
+    assert manifest.names() - merged.names() == {"fold-10", "fold-20"}
+    # one reaching past the end replaces every entry it holds and goes on from there
+    longer = merged.adding(entry(10, 50, "long"))
+    assert [(s.first, s.end, s.name) for s in longer.segments] == [
+        (0, 10, "fold-0"),
+        (10, 50, "long"),
+    ]
+    # holding one entry only: nothing gained
+    assert merged.adding(entry(30, 40, "same")) is merged
+
+
 async def test_a_writer_that_lost_a_version_reads_the_winner_first(tmp_path: Path) -> None:
     manifests = PartitionManifests(LocalObjectStore(tmp_path))
     claimed = await manifests.claim("t", 0, 4)
@@ -160,11 +182,9 @@ async def test_uploads_are_read_through_what_the_manifest_names(tmp_path: Path) 
         uploader.enqueue("t", 0, paths[2])
         assert await uploader.drain(10)
         named = (await manifests.latest("t", 0)).segments
-        assert [(s.first, s.end, s.base) for s in named] == [(0, 5, 0), (5, 8, 0), (8, 12, 8)]
-        assert [s.name for s in named][:2] == [
-            "t/0/00000000000000000000-00000000000000000003",
-            "t/0/00000000000000000000-00000000000000000007",
-        ]
+        # epoch 7's [0, 8) holds epoch 3's [0, 5) entirely: it replaces it
+        assert [(s.first, s.end, s.base) for s in named] == [(0, 8, 0), (8, 12, 8)]
+        assert named[0].name == "t/0/00000000000000000000-00000000000000000007"
     finally:
         await uploader.close()
     state.close()

@@ -121,6 +121,8 @@ def _check_cluster(config: ServerConfig, where: str) -> None:
     for name in ("lease_ttl_ms", "commit_interval_ms", "checkpoint_interval_ms"):
         if getattr(cluster, name) <= 0:
             raise ConfigError(f"{where}: cluster.{name} must be positive")
+    if cluster.handoff_after_ms < 0:
+        raise ConfigError(f"{where}: cluster.handoff_after_ms must not be negative")
 
 
 def _check_security(config: ServerConfig, where: str) -> None:

@@ -27,12 +27,13 @@ from headwater.storage.segments import (
     check_batch,
     find_batch,
 )
-from headwater.storage.uploader import Uploader
+from headwater.storage.uploader import UploadedSegment, Uploader
 from headwater.wire.errors import ObjectNotFound
 
 log = structlog.get_logger("headwater.archive")
 
 READ_BYTES = 1 << 20
+_REREADS = 3
 _INDEX_CACHE = 256
 
 
@@ -75,16 +76,35 @@ class ObjectArchive:
         if position is None:
             return None
         segment = self._uploaded.uploaded(topic, partition)[position]
-        return segment.next_offset, await self._index(segment.key(topic, partition, ".index"))
+        return segment.next_offset, await self._index(topic, partition, segment)
 
     async def read(self, topic: str, partition: int, offset: int) -> list[bytes]:
+        for _ in range(_REREADS):
+            segment = self._holding(topic, partition, offset)
+            if segment is None:
+                return []
+            try:
+                return await self._read(topic, partition, offset, segment)
+            except ObjectNotFound:
+                # in a cluster the object holding an offset changes (a fold or a segment named
+                # in the manifest replaces tail chunks, which then go): read the one holding it
+                # now, unless it is the same
+                if self._holding(topic, partition, offset) == segment:
+                    raise
+        raise ObjectNotFound(f"{topic}/{partition}: the object holding {offset} keeps changing")
+
+    def _holding(self, topic: str, partition: int, offset: int) -> UploadedSegment | None:
         segments = self._uploaded.uploaded(topic, partition)
         position = bisect.bisect_right([s.start for s in segments], offset) - 1
         if position < 0 or offset >= segments[position].next_offset:
-            return []
-        segment = segments[position]
+            return None
+        return segments[position]
+
+    async def _read(
+        self, topic: str, partition: int, offset: int, segment: UploadedSegment
+    ) -> list[bytes]:
         log_key = segment.key(topic, partition)
-        index = await self._index(segment.key(topic, partition, ".index"))
+        index = await self._index(topic, partition, segment)
         entry = bisect.bisect_right([e.offset for e in index], offset) - 1
         start = index[entry].position if entry >= 0 else 0
         length = READ_BYTES
@@ -96,7 +116,12 @@ class ObjectArchive:
                 return batches
             length *= 4  # one batch larger than the range, or the offset further on
 
-    async def _index(self, index_key: str) -> list[IndexEntry]:
+    async def _index(
+        self, topic: str, partition: int, segment: UploadedSegment
+    ) -> list[IndexEntry]:
+        if not segment.indexed:
+            return []  # a tail chunk: small, read from its first byte
+        index_key = segment.key(topic, partition, ".index")
         cached = self._indexes.get(index_key)
         if cached is not None:
             self._indexes.move_to_end(index_key)

@@ -10,15 +10,17 @@ holding the batches appended since the last one:
 (the stamped batches, back to back). The epoch is the ownership key's etcd revision, which grows
 at every change of owner. A broker that takes a partition over writes a marker first,
 
-    <topic>/<partition>/tail/epoch-<epoch, 20 digits>
+    <topic>/<partition>/tail/epoch-<epoch, 20 digits>-<start offset, 20 digits>
 
-holding the offset its epoch starts at (the end of the chain it found). A chunk counts only when
-it lies inside its epoch's range, [its marker's offset, the next epoch's marker's offset): a chunk
-an old owner put after it was fenced (its PUT was in flight when its lease ran out; it never
-acknowledged it) starts at or past the next marker and is ignored, so an offset is never given to
-two messages even then. `resolve` applies that rule and gives the valid chain's chunks above
-the partition manifest's end (storage/partition_manifest.py: everything below is in the segments
-it names), which is what a new owner rebuilds its local WAL from.
+naming the offset its epoch starts at (the end of the chain it found), so that a listing alone
+gives every epoch's start (markers written before the start was in the name hold it instead). A
+chunk counts only when it lies inside its epoch's range, [its marker's offset, the next epoch's
+marker's offset): a chunk an old owner put after it was fenced (its PUT was in flight when its
+lease ran out; it never acknowledged it) starts at or past the next marker and is ignored, so an
+offset is never given to two messages even then. `resolve` applies that rule and gives the valid
+chain's chunks above the partition manifest's end (storage/partition_manifest.py: everything
+below is in the segments it names): a new owner reads them in place, starts its local WAL at the
+chain's end, and folds them into one segment object (`fold`) in the background.
 
 Chunks are deleted only below the end of a manifest already written (`collect`): never one a
 reader of the newest manifest still needs. The newest chunk always stays, so the end of the log
@@ -29,12 +31,14 @@ from __future__ import annotations
 
 import re
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from headwater.storage.objectstore import ObjectStore
+from headwater.storage.segments import INDEX_ENTRY, BatchLocation, build_index
+from headwater.wire.records import inspect_batch
 
 _CHUNK = re.compile(r"^(\d{20})-(\d{20})-(\d{20})\.log$")
-_MARKER = re.compile(r"^epoch-(\d{20})$")
+_MARKER = re.compile(r"^epoch-(\d{20})(?:-(\d{20}))?$")
 _LENGTH = struct.Struct(">i")
 
 
@@ -55,6 +59,7 @@ class TailState:
 
     chunks: list[Chunk]
     markers: dict[int, int]  # epoch -> the offset it starts at
+    sizes: dict[Chunk, int] = field(default_factory=dict)  # bytes of each chunk's object
 
     def since(self, epoch: int) -> TailState:
         """Only what epochs from `epoch` on wrote: a topic deleted and re-created under the same
@@ -62,6 +67,7 @@ class TailState:
         return TailState(
             [c for c in self.chunks if c.epoch >= epoch],
             {e: start for e, start in self.markers.items() if e >= epoch},
+            self.sizes,
         )
 
     def resolve(self, floor: int = 0) -> tuple[int, list[Chunk]]:
@@ -124,28 +130,40 @@ class CloudTail:
     async def state(self, topic: str, partition: int) -> TailState:
         prefix = tail_prefix(topic, partition)
         chunks: list[Chunk] = []
+        sizes: dict[Chunk, int] = {}
         markers: dict[int, int] = {}
-        marker_names: list[tuple[int, str]] = []
+        unnamed: list[tuple[int, str]] = []
         for info in await self.store.list(prefix):
             name = info.key[len(prefix) :]
             if match := _CHUNK.match(name):
-                chunks.append(Chunk(*(int(g) for g in match.groups())))
+                chunk = Chunk(*(int(g) for g in match.groups()))
+                chunks.append(chunk)
+                sizes[chunk] = info.size
             elif match := _MARKER.match(name):
-                marker_names.append((int(match.group(1)), info.key))
-        for epoch, object_key in marker_names:
+                if match.group(2) is None:
+                    unnamed.append((int(match.group(1)), info.key))
+                else:
+                    markers[int(match.group(1))] = int(match.group(2))
+        for epoch, object_key in unnamed:
             markers[epoch] = int((await self.store.get(object_key)).decode())
-        return TailState(sorted(chunks), markers)
+        return TailState(sorted(chunks), markers, sizes)
 
     async def mark_epoch(self, topic: str, partition: int, epoch: int, start: int) -> None:
         """Record where `epoch` starts; refuses to move an existing marker (a second take-over
         with the same epoch must find the same start)."""
-        object_key = f"{tail_prefix(topic, partition)}epoch-{epoch:020d}"
-        if not await self.store.put_if_absent(object_key, str(start).encode()):
-            existing = int((await self.store.get(object_key)).decode())
-            if existing != start:
+        prefix = f"{tail_prefix(topic, partition)}epoch-{epoch:020d}"
+        for info in await self.store.list(prefix):
+            match = _MARKER.match(info.key[len(tail_prefix(topic, partition)) :])
+            if match is None:
+                continue
+            existing = match.group(2)
+            if existing is None:
+                existing = (await self.store.get(info.key)).decode()
+            if int(existing) != start:
                 raise ValueError(
-                    f"epoch {epoch} of {topic}/{partition} starts at {existing}, not {start}"
+                    f"epoch {epoch} of {topic}/{partition} starts at {int(existing)}, not {start}"
                 )
+        await self.store.put_if_absent(f"{prefix}-{start:020d}", b"")
 
     async def put(self, topic: str, partition: int, chunk: Chunk, data: bytes) -> None:
         await self.store.put(chunk.name(topic, partition), data)
@@ -187,3 +205,26 @@ class CloudTail:
                 await self.store.delete(chunk.name(topic, partition))
                 gone += 1
         return gone
+
+
+def fold(batches: list[bytes]) -> tuple[bytes, bytes]:
+    """One segment object, and its sparse index object, holding `batches` (stamped, in offset
+    order): what a run of chunks becomes when it is folded."""
+    locations = []
+    position = 0
+    for batch in batches:
+        info = inspect_batch(batch)
+        locations.append(
+            BatchLocation(
+                info.base_offset,
+                info.base_offset + info.record_count,
+                position,
+                len(batch),
+                info.max_timestamp,
+            )
+        )
+        position += len(batch)
+    index = b"".join(
+        INDEX_ENTRY.pack(e.offset, e.position, e.max_timestamp) for e in build_index(locations)
+    )
+    return b"".join(batches), index

@@ -12,6 +12,10 @@ and never overlap: a segment whose start lies below the manifest's end is named 
 end on (`Manifest.adding`), so a reader never meets two objects for one offset, nor one nested in
 another. A reader takes the highest version.
 
+A segment holding several named entries entirely replaces them (`adding`); the objects the new
+version no longer names are deleted after a grace period, so a reader of the previous version
+(compaction) can still fetch them.
+
 Versions are written with a conditional PUT (`put_if_absent`), each exactly once, and only by a
 writer whose epoch (the ownership key's etcd revision, docs/CLUSTER.md) is at least the epoch of
 the version it replaces. A new owner first *claims* the manifest, writing version n+1 with its
@@ -65,14 +69,30 @@ class Manifest:
         return self.segments[-1].end if self.segments else 0
 
     def adding(self, entry: SegmentEntry) -> Manifest:
-        """This manifest with `entry` named from its end on (unchanged when it adds nothing)."""
-        if entry.end <= self.end:
-            return self
+        """This manifest with `entry` named from its end on; the entries the object holds
+        entirely are replaced by it (a sealed segment replaces the folds of the tail it holds:
+        fewer, larger objects). Unchanged when it adds nothing."""
+        segments = self.segments
         if entry.base > self.end:
             raise StorageError(
                 f"segment {entry.name} starts at {entry.base}, past the manifest's end {self.end}"
             )
-        return replace(self, segments=(*self.segments, replace(entry, first=self.end)))
+        inside = [k for k, s in enumerate(segments) if s.first >= entry.base and s.end <= entry.end]
+        if entry.end > self.end:
+            # every entry from the first it holds on ends below it (the manifest's end is the
+            # last entry's): they all go
+            cut = inside[0] if inside else len(segments)
+            first = segments[cut].first if inside else self.end
+            named = replace(entry, first=first)
+            return replace(self, segments=(*segments[:cut], named))
+        if len(inside) < 2:
+            return self  # held already, and replacing one object by another gains nothing
+        i, j = inside[0], inside[-1]
+        named = replace(entry, first=segments[i].first, end=segments[j].end)
+        return replace(self, segments=(*segments[:i], named, *segments[j + 1 :]))
+
+    def names(self) -> set[str]:
+        return {s.name for s in self.segments}
 
     def encode(self) -> bytes:
         return json.dumps(

@@ -49,6 +49,9 @@ class UploadedSegment:
     # counts for in the partition's manifest (entries never overlap; the object may start lower)
     name: str = ""
     first: int = -1
+    # False for a cloud tail chunk read in place (a cluster's take-over, until it is folded):
+    # batches back to back like a segment's log, without an index object
+    indexed: bool = True
 
     @property
     def start(self) -> int:
@@ -63,15 +66,17 @@ class UploadedSegment:
     def encode(self) -> bytes:
         """The record's value; its key holds `start` (unique: two owners' objects may share a
         base offset, never a start)."""
-        return f"{self.next_offset},{self.size},{self.base_offset},{self.name}".encode()
+        indexed = int(self.indexed)
+        return f"{self.next_offset},{self.size},{self.base_offset},{indexed},{self.name}".encode()
 
     @classmethod
     def decode(cls, start: int, value: bytes) -> UploadedSegment:
-        fields = value.decode().split(",", 3)
+        fields = value.decode().split(",", 4)
         if len(fields) == 2:  # recorded before segments had names
             return cls(start, int(fields[0]), int(fields[1]))
-        base = int(fields[2])
-        return cls(base, int(fields[0]), int(fields[1]), fields[3], start if fields[3] else -1)
+        next_offset, size, base, indexed, name = fields
+        first = start if name else -1
+        return cls(int(base), int(next_offset), int(size), name, first, indexed == "1")
 
 
 def object_key(topic: str, partition: int, base_offset: int, suffix: str = ".log") -> str:
@@ -127,6 +132,8 @@ class Uploader:
 
     def _record(self, topic: str, partition: int, segment: UploadedSegment) -> None:
         segments = self._uploaded.setdefault((topic, partition), [])
+        if segment in segments:
+            return  # (a cluster's publisher may have recorded its manifest already)
         bisect.insort(segments, segment, key=lambda s: s.start)
 
     def start(self) -> None:

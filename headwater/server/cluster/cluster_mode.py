@@ -54,7 +54,12 @@ class ClusterMode:
         advertise = settings.advertise or f"{config.host}:{port}"
         host, _, advertised_port = advertise.rpartition(":")
         this = BrokerAddress(settings.broker_id or advertise, host, int(advertised_port))
-        self.coordinator = Coordinator(settings.etcd, this, lease_ttl=settings.lease_ttl_ms / 1000)
+        self.coordinator = Coordinator(
+            settings.etcd,
+            this,
+            lease_ttl=settings.lease_ttl_ms / 1000,
+            handoff_after=settings.handoff_after_ms / 1000,
+        )
         coordinator = self.coordinator
         self.tail = CloudTail(store)
         self.committer = TailCommitter(

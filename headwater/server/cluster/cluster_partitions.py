@@ -34,8 +34,9 @@ import contextlib
 import shutil
 import time
 import uuid
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Coroutine
+from dataclasses import replace
+from typing import Any, Protocol
 
 import structlog
 
@@ -45,7 +46,7 @@ from headwater.server.subscriptions.reliable_subscription import ReliableSubscri
 from headwater.server.topics.catalog import TopicCatalog
 from headwater.server.topics.topic import LogTopic
 from headwater.server.topics.topic_settings import log_config
-from headwater.storage.cloud_tail import Chunk, CloudTail
+from headwater.storage.cloud_tail import Chunk, CloudTail, fold
 from headwater.storage.partition_manifest import (
     Manifest,
     ManifestFenced,
@@ -55,11 +56,17 @@ from headwater.storage.partition_manifest import (
 from headwater.storage.uploader import UploadedSegment
 from headwater.storage.wal import PartitionLog, SealedSegment
 from headwater.wire.errors import StorageError
-from headwater.wire.records import inspect_batch
 
 log = structlog.get_logger("headwater.cluster")
 
 _STORED_WAIT = 1.0  # an upload waiting for the tail looks again at least this often
+# a partition's chunks are folded into a segment once this many are stored (and after a
+# take-over): a take-over lists about that many, whatever the traffic
+FOLD_CHUNKS = 500
+_FOLD_READS = 16  # chunk GETs of one fold in flight
+RETIRE_AFTER = 600.0  # seconds an object the manifest no longer names stays readable
+_RETRY_INITIAL = 0.05
+_RETRY_MAX = 5.0
 
 
 class Checkpoints(Protocol):
@@ -98,7 +105,13 @@ class ClusterPartitions:
         # set and replaced whenever a partition's stored end moves or a partition is lost: an
         # upload waiting for the tail to hold its segment looks again
         self._moved = asyncio.Event()
-        self._collecting: set[asyncio.Task[int]] = set()
+        self._background: set[asyncio.Task[Any]] = set()
+        # the previous owners' chunks above the manifest's segments, read in place after a
+        # take-over until a fold names them in a segment
+        self._in_place: dict[tuple[str, int], list[UploadedSegment]] = {}
+        self._unfolded: dict[tuple[str, int], int] = {}  # chunks stored since the last fold
+        self._folding: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self.folds = 0
         self._checkpoints = checkpoints
         self._interval = checkpoint_interval
         self._written: dict[tuple[str, str, int], bytes] = {}
@@ -123,6 +136,10 @@ class ClusterPartitions:
         """The committer stored our chunk up to `end`: subscriptions may now send it."""
         self._verified[topic, partition] = end
         self._signal_moved()
+        key = (topic, partition)
+        self._unfolded[key] = self._unfolded.get(key, 0) + 1
+        if self._unfolded[key] >= FOLD_CHUNKS:
+            self._fold_soon(topic, partition)
         found = self._catalog.topics.get(topic)
         if isinstance(found, LogTopic):
             found.partitions[partition].log.notify()  # wakes the topic's pumps
@@ -163,13 +180,28 @@ class ClusterPartitions:
             if epoch not in state.markers:
                 await self._tail.mark_epoch(topic, partition, epoch, end)
             local = found.partitions[partition].log
-            if local.next_offset == end and self._verified.get((topic, partition)) == end:
+            key = (topic, partition)
+            if local.next_offset == end and self._verified.get(key) == end:
                 self.kept += 1
+                self._in_place.pop(key, None)
                 self._adopt(topic, partition, manifest)
             else:
-                await self._rebuild(found, partition, run, end, manifest)
+                # read in place, not downloaded: a take-over costs the same whatever the tail
+                self._in_place[key] = [
+                    UploadedSegment(
+                        c.first,
+                        c.end,
+                        state.sizes.get(c, 0),
+                        c.name(topic, partition)[: -len(".log")],
+                        max(c.first, manifest.end),
+                        indexed=False,
+                    )
+                    for c in run
+                ]
+                await self._restart(found, partition, end, manifest)
                 self.rebuilt += 1
             self._verified[topic, partition] = end
+            self._unfolded[key] = len(run)
             await self._load_cursors(found, partition, since)
             log.info(
                 "cluster.partition_acquired",
@@ -181,6 +213,8 @@ class ClusterPartitions:
                 segments=len(manifest.segments),
                 ms=round((time.monotonic() - started) * 1000, 1),
             )
+        if self._in_place.get((topic, partition)):
+            self._fold_soon(topic, partition)  # the previous owners' chunks into one segment
         self._wake_subscriptions(topic)
 
     async def release(self, topic: str, partition: int) -> None:
@@ -193,17 +227,15 @@ class ClusterPartitions:
         self._committer.reset(topic, partition)
         self._verified.pop((topic, partition), None)
         self._manifest.pop((topic, partition), None)
+        self._in_place.pop((topic, partition), None)
         self._signal_moved()
         log.warning("cluster.partition_lost", topic=topic, partition=partition)
 
     # Take-over
 
-    async def _rebuild(
-        self, topic: LogTopic, partition: int, run: list[Chunk], end: int, manifest: Manifest
-    ) -> None:
-        start = run[0].first if run else end
-        # everything is fetched before the old log is touched: a failed read leaves it as it was
-        batches = [b for chunk in run for b in await self._tail.read(topic.name, partition, chunk)]
+    async def _restart(self, topic: LogTopic, partition: int, end: int, manifest: Manifest) -> None:
+        """A fresh, empty local log at `end`: below it, reads go to the manifest's segments and
+        the tail's chunks in place."""
         holder = topic.partitions[partition]
         old = holder.log
         listeners = list(old._append_listeners)  # the topic's AppendSignal
@@ -214,23 +246,9 @@ class ClusterPartitions:
             PartitionLog.open,
             old.directory,
             log_config(topic.settings),
-            start,
+            end,
             self._catalog.sealed(topic.name, partition),
         )
-        try:
-            for batch in batches:
-                info = inspect_batch(batch)
-                if info.base_offset < fresh.next_offset:
-                    continue  # the run's first chunk may start inside an uploaded segment
-                if info.base_offset != fresh.next_offset:
-                    raise StorageError(
-                        f"{topic.name}/{partition}: the cloud tail jumps from "
-                        f"{fresh.next_offset} to {info.base_offset}"
-                    )
-                fresh.append(batch, info.record_count)
-        except BaseException:
-            await fresh.close()
-            raise
         fresh.start()
         for listener in listeners:
             fresh.add_append_listener(listener)
@@ -242,16 +260,127 @@ class ClusterPartitions:
             await self._catalog.catch_up_last_values(topic, index)
 
     def _adopt(self, topic: str, partition: int, manifest: Manifest) -> None:
-        """Reads below the local log go to the manifest's segments, and to nothing else."""
-        if self._catalog.uploader is not None:
-            self._catalog.uploader.replace(
-                topic,
-                partition,
-                [
-                    UploadedSegment(s.base, s.end, s.size, s.name, s.first)
-                    for s in manifest.segments
-                ],
-            )
+        """Reads below the local log go to the manifest's segments and the chunks above them
+        read in place, and to nothing else."""
+        if self._catalog.uploader is None:
+            return
+        in_place = [
+            replace(c, first=max(c.start, manifest.end))
+            for c in self._in_place.get((topic, partition), [])
+            if c.next_offset > manifest.end
+        ]
+        if in_place:
+            self._in_place[topic, partition] = in_place
+        else:
+            self._in_place.pop((topic, partition), None)
+        self._catalog.uploader.replace(
+            topic,
+            partition,
+            [UploadedSegment(s.base, s.end, s.size, s.name, s.first) for s in manifest.segments]
+            + in_place,
+        )
+
+    def _renamed(self, topic: str, partition: int, before: Manifest, after: Manifest) -> None:
+        """`after` was written: ours from now on, reads go through it, the chunks below its
+        end go, and the objects it no longer names go after a grace period (a reader of the
+        previous version, such as a compaction run, may still fetch them)."""
+        key = (topic, partition)
+        current = self._manifest.get(key)
+        if current is None or current.version < after.version:
+            self._manifest[key] = after
+        self._adopt(topic, partition, self._manifest[key])
+        self._spawn(self._tail.collect(topic, partition, after.end))
+        retired = before.names() - after.names()
+        if retired:
+            self._spawn(self._retire(retired))
+
+    async def _retire(self, names: set[str]) -> None:
+        await asyncio.sleep(RETIRE_AFTER)
+        for name in names:
+            for suffix in (".log", ".index"):
+                await self._tail.store.delete(f"{name}{suffix}")
+
+    def _spawn(self, work: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[Any]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # left for the next round: chunks and retired objects only cost storage
+            log.warning("cluster.cleanup_failed", error=str(task.exception()))
+
+    # Folding the tail
+
+    def _fold_soon(self, topic: str, partition: int) -> None:
+        key = (topic, partition)
+        if key not in self._folding:
+            task = asyncio.get_running_loop().create_task(self._fold(topic, partition))
+            self._folding[key] = task
+            task.add_done_callback(lambda _: self._folding.pop(key, None))
+
+    async def _fold(self, topic: str, partition: int) -> None:
+        """Fold the chunks above the manifest's segments, up to what is stored, into one
+        segment object and name it: a take-over then lists and reads a bounded tail. Retried
+        with doubling delays while the partition is ours."""
+        key = (topic, partition)
+        delay = _RETRY_INITIAL
+        while (epoch := self._checkpoints.epoch(topic, partition)) is not None:
+            known = self._manifest.get(key)
+            stored = self._verified.get(key)
+            if known is None or stored is None:
+                return
+            try:
+                await self._fold_once(topic, partition, epoch, known, stored)
+                return
+            except ManifestFenced:
+                return
+            except (StorageError, ValueError) as exc:
+                log.warning("cluster.fold_failed", topic=topic, partition=partition, error=str(exc))
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _RETRY_MAX)
+
+    async def _fold_once(
+        self, topic: str, partition: int, epoch: int, known: Manifest, stored: int
+    ) -> None:
+        since = self._checkpoints.incarnation(topic)
+        state = (await self._tail.state(topic, partition)).since(since)
+        _, run = state.resolve(known.end)
+        run = [c for c in run if c.end <= stored]
+        if not run or run[0].first > known.end:
+            return  # nothing to fold (or a gap, reported by the take-over)
+        gate = asyncio.Semaphore(_FOLD_READS)
+
+        async def read(chunk: Chunk) -> list[bytes]:
+            async with gate:
+                return await self._tail.read(topic, partition, chunk)
+
+        batches = [b for found in await asyncio.gather(*map(read, run)) for b in found]
+        data, index = fold(batches)
+        base = run[0].first
+        name = f"{topic}/{partition}/{base:020d}-{epoch:020d}-{uuid.uuid4().hex[:8]}"
+        await self._tail.store.put(f"{name}.index", index)
+        await self._tail.store.put(f"{name}.log", data)
+        entry = SegmentEntry(base, run[-1].end, base, name, len(data))
+        try:
+            after = await self._manifests.add(topic, partition, epoch, entry, known)
+        except ManifestFenced:
+            for suffix in (".log", ".index"):
+                await self._tail.store.delete(f"{name}{suffix}")
+            raise
+        self.folds += 1
+        self._unfolded[topic, partition] = 0
+        self._renamed(topic, partition, known, after)
+        log.info(
+            "cluster.tail_folded",
+            topic=topic,
+            partition=partition,
+            first=base,
+            end=run[-1].end,
+            chunks=len(run),
+            bytes=len(data),
+        )
 
     # Uploads (the uploader's SegmentPublisher)
 
@@ -262,9 +391,10 @@ class ClusterPartitions:
         if epoch is None or manifest is None or segment.next_offset <= manifest.end:
             return None  # not ours, or all below the named segments' end (a rebuilt log's)
         if segment.base_offset > manifest.end:
-            # a segment of ours below it was not named (the partition moved meanwhile): naming
-            # this one would leave a hole; the next take-over reads these offsets from the tail
-            log.warning(
+            # the chunks below it are not folded yet (a log restarted at a take-over's end, or
+            # a segment of ours not named as the partition moved): they keep these offsets,
+            # and folds name them
+            log.info(
                 "cluster.segment_not_named",
                 topic=topic,
                 partition=partition,
@@ -303,23 +433,11 @@ class ClusterPartitions:
         except ManifestFenced as exc:
             log.warning("cluster.manifest_fenced", topic=topic, partition=partition, error=str(exc))
             return None
-        if self._manifest.get(key) is known:
-            self._manifest[key] = manifest
         named = next((s for s in manifest.segments if s.name == segment.name), None)
         if named is None:
             return None  # it added nothing (all below the segments' end)
-        task = asyncio.get_running_loop().create_task(
-            self._tail.collect(topic, partition, manifest.end)
-        )
-        self._collecting.add(task)
-        task.add_done_callback(self._collected)
+        self._renamed(topic, partition, known, manifest)
         return UploadedSegment(named.base, named.end, named.size, named.name, named.first)
-
-    def _collected(self, task: asyncio.Task[int]) -> None:
-        self._collecting.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            # left for the next upload's collection: chunks only cost storage
-            log.warning("cluster.collect_failed", error=str(task.exception()))
 
     def _signal_moved(self) -> None:
         self._moved.set()
