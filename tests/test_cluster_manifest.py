@@ -1,19 +1,25 @@
-"""Take-overs of a partition whose segments were uploaded: issue 21's failure 1, on real processes
-(three brokers, etcd, moto's S3, loopback).
+"""Take-overs of a partition in the object store: issue 21's failures 1 and 5, on real processes
+(brokers, etcd, moto's S3, loopback).
 
-A 1-partition topic seals a segment every second; its owner is killed with kill -9 right after it
-logs `upload.done`, another broker takes the partition over and is produced to, the old owner is
-started again; three rounds. Then the whole partition is read from the earliest offset through
-each broker: every acknowledged message must be there, and no offset may hold two values. Before
-the partition manifest (storage/partition_manifest.py), segments of two owners were named by
-their base offset alone: a reader jumped from a short segment to a longer one uploaded under the
-same base by the other owner, and acknowledged messages were never delivered again.
+Failure 1: a 1-partition topic seals a segment every second; its owner is killed with kill -9
+right after it logs `upload.done`, another broker takes the partition over and is produced to,
+the old owner is started again; three rounds. Then the whole partition is read from the earliest
+offset through each broker: every acknowledged message must be there, and no offset may hold two
+values. Before the partition manifest (storage/partition_manifest.py), segments of two owners
+were named by their base offset alone: a reader jumped from a short segment to a longer one
+uploaded under the same base by the other owner, and acknowledged messages were never delivered
+again.
+
+Failure 5: a take-over read every tail object written since the last segment upload (up to
+`segment.ms`, 10 minutes by default), so failover grew with the tail. The owner now folds its
+tail into a segment every `cluster.fold_chunks` chunks, and a take-over reads the tail in place.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +27,7 @@ from pathlib import Path
 import pytest
 
 import headwater
+from headwater.storage.objectstore import S3ObjectStore
 from tests.support.cluster_support import Cluster, running_cluster
 from tests.support.s3 import MotoS3
 
@@ -122,4 +129,62 @@ async def test_kill9_right_after_segment_uploads_across_take_overs_loses_nothing
             )
     finally:
         stop.set()
+        await client.close()
+
+
+FOLD_CHUNKS = 40
+
+
+@pytest.fixture
+def folding(tmp_path: Path, s3: MotoS3, bucket: str) -> Iterator[Cluster]:
+    settings = f"fold_chunks = {FOLD_CHUNKS}"
+    with running_cluster(tmp_path, s3, bucket, LEASE_TTL_MS, cluster_settings=settings) as cluster:
+        yield cluster
+
+
+async def tail_chunks(s3: MotoS3, bucket: str, topic: str) -> int:
+    store = await S3ObjectStore(bucket, endpoint_url=s3.endpoint_url).open()
+    try:
+        found = await store.list(f"{topic}/0/tail/")
+    finally:
+        await store.close()
+    return sum(1 for info in found if not info.key.rsplit("/", 1)[1].startswith("epoch-"))
+
+
+async def test_the_tail_stays_bounded_and_a_take_over_reads_it_in_place(
+    folding: Cluster, s3: MotoS3, bucket: str
+) -> None:
+    cluster = folding
+    await asyncio.gather(*(asyncio.to_thread(cluster.start_broker, b) for b in ("b1", "b2")))
+    client = await headwater.connect(await cluster.address("b1"))
+    try:
+        await client.create_topic("trickle", partitions=1)  # segment.ms: 10 minutes
+        owner = (await cluster.wait_owned("trickle", 1, {"b1", "b2"}))[0]
+        producer = client.producer("trickle")
+        acked = set()
+        for i in range(6 * FOLD_CHUNKS):  # one at a time: about a chunk each
+            value = f"t-{i}".encode()
+            await (await producer.send(value))
+            acked.add(value)
+        await producer.close()
+        deadline = time.monotonic() + 30
+        while (chunks := await tail_chunks(s3, bucket, "trickle")) > 2 * FOLD_CHUNKS:
+            assert time.monotonic() < deadline, f"{chunks} tail objects, not folded"
+            await asyncio.sleep(0.2)
+        cluster.brokers[owner].kill()
+        survivor = "b2" if owner == "b1" else "b1"
+        await cluster.wait_owned("trickle", 1, {survivor}, timeout=30)
+        got = await read_all(await cluster.address(survivor), "trickle", acked)
+        assert acked <= set(got.values())
+        taken = [
+            event
+            for line in cluster.brokers[survivor].log().splitlines()
+            if line.startswith("{")
+            and (event := json.loads(line)).get("event") == "cluster.partition_acquired"
+            and event.get("topic") == "trickle"
+        ]
+        assert taken, "no take-over logged"
+        # the chunks it found above the manifest's segments, read in place
+        assert taken[-1]["chunks"] <= 2 * FOLD_CHUNKS
+    finally:
         await client.close()

@@ -87,6 +87,9 @@ class ClusterConfig:
     # producer of a partition within this window go out as one object
     commit_interval_ms: int = 5
     checkpoint_interval_ms: int = 500  # cursors written to etcd at most this often
+    # a partition's tail objects are folded into one segment once this many are stored: a
+    # take-over lists at most about this many, whatever the traffic
+    fold_chunks: int = 500
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ class Cluster:
         lease_ttl_ms: int = 3000,
         s3_endpoint: str | None = None,
         handoff_after_ms: int = 0,
+        cluster_settings: str = "",
     ) -> None:
         """`handoff_after_ms` 0 (not the default of `serve`): a broker that joins or comes back
         gets its share at once, which most tests of moving partitions want."""
@@ -56,6 +57,7 @@ retry_max_ms = 500
 lease_ttl_ms = {lease_ttl_ms}
 checkpoint_interval_ms = 200
 handoff_after_ms = {handoff_after_ms}
+{cluster_settings}
 """
         )
 
@@ -133,10 +135,14 @@ def running_cluster(
     lease_ttl_ms: int,
     s3_endpoint: str | None = None,
     handoff_after_ms: int = 0,
+    cluster_settings: str = "",
 ) -> Iterator[Cluster]:
-    """etcd started, a `Cluster` to start brokers in; every broker and etcd killed at the end."""
+    """etcd started, a `Cluster` to start brokers in; every broker and etcd killed at the end.
+    `cluster_settings`: more lines of the brokers' `[cluster]` section."""
     etcd = EtcdServer(root / "etcd").start()
-    cluster = Cluster(root, etcd, s3, bucket, lease_ttl_ms, s3_endpoint, handoff_after_ms)
+    cluster = Cluster(
+        root, etcd, s3, bucket, lease_ttl_ms, s3_endpoint, handoff_after_ms, cluster_settings
+    )
     try:
         yield cluster
     finally:

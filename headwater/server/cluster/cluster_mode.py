@@ -76,6 +76,7 @@ class ClusterMode:
             coordinator,
             coordinator.serves,
             settings.checkpoint_interval_ms / 1000,
+            settings.fold_chunks,
         )
         self.committer.on_stored = self.partitions.stored
         self._catalog = catalog

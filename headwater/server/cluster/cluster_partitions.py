@@ -60,9 +60,6 @@ from headwater.wire.errors import StorageError
 log = structlog.get_logger("headwater.cluster")
 
 _STORED_WAIT = 1.0  # an upload waiting for the tail looks again at least this often
-# a partition's chunks are folded into a segment once this many are stored (and after a
-# take-over): a take-over lists about that many, whatever the traffic
-FOLD_CHUNKS = 500
 _FOLD_READS = 16  # chunk GETs of one fold in flight
 RETIRE_AFTER = 600.0  # seconds an object the manifest no longer names stays readable
 _RETRY_INITIAL = 0.05
@@ -94,6 +91,7 @@ class ClusterPartitions:
         checkpoints: Checkpoints,
         serves: Callable[[str, int], bool],
         checkpoint_interval: float = 0.5,
+        fold_chunks: int = 500,
     ) -> None:
         self._catalog = catalog
         self._serves = serves
@@ -111,6 +109,9 @@ class ClusterPartitions:
         self._in_place: dict[tuple[str, int], list[UploadedSegment]] = {}
         self._unfolded: dict[tuple[str, int], int] = {}  # chunks stored since the last fold
         self._folding: dict[tuple[str, int], asyncio.Task[None]] = {}
+        # a partition's chunks are folded into a segment once this many are stored (and after
+        # a take-over): a take-over lists about that many, whatever the traffic
+        self._fold_chunks = fold_chunks
         self.folds = 0
         self._checkpoints = checkpoints
         self._interval = checkpoint_interval
@@ -127,10 +128,14 @@ class ClusterPartitions:
         self._task = asyncio.get_running_loop().create_task(self._checkpoint_loop())
 
     async def close(self) -> None:
+        tasks = [*self._background, *self._folding.values()]
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            tasks.append(self._task)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
 
     def stored(self, topic: str, partition: int, end: int) -> None:
         """The committer stored our chunk up to `end`: subscriptions may now send it."""
@@ -138,7 +143,7 @@ class ClusterPartitions:
         self._signal_moved()
         key = (topic, partition)
         self._unfolded[key] = self._unfolded.get(key, 0) + 1
-        if self._unfolded[key] >= FOLD_CHUNKS:
+        if self._unfolded[key] >= self._fold_chunks:
             self._fold_soon(topic, partition)
         found = self._catalog.topics.get(topic)
         if isinstance(found, LogTopic):
@@ -388,8 +393,15 @@ class ClusterPartitions:
         key = (topic, partition)
         epoch = self._checkpoints.epoch(topic, partition)
         manifest = self._manifest.get(key)
-        if epoch is None or manifest is None or segment.next_offset <= manifest.end:
-            return None  # not ours, or all below the named segments' end (a rebuilt log's)
+        if epoch is None or manifest is None:
+            return None  # not ours
+        if segment.next_offset <= manifest.end:
+            # held already (by folds, or by the segments a take-over found): uploaded only if
+            # it replaces several folds in the manifest (fewer, larger objects)
+            base = segment.base_offset
+            probe = SegmentEntry(base, segment.next_offset, base, "", segment.size)
+            if manifest.adding(probe) is manifest:
+                return None
         if segment.base_offset > manifest.end:
             # the chunks below it are not folded yet (a log restarted at a take-over's end, or
             # a segment of ours not named as the partition moved): they keep these offsets,
