@@ -148,20 +148,32 @@ class CloudTail:
             markers[epoch] = int((await self.store.get(object_key)).decode())
         return TailState(sorted(chunks), markers, sizes)
 
-    async def mark_epoch(self, topic: str, partition: int, epoch: int, start: int) -> None:
+    async def mark_epoch(
+        self, topic: str, partition: int, epoch: int, start: int, listed: TailState | None = None
+    ) -> None:
         """Record where `epoch` starts; refuses to move an existing marker (a second take-over
-        with the same epoch must find the same start)."""
+        with the same epoch must find the same start). `listed`: a listing of the tail the
+        caller just made (only the epoch's owner writes its marker), spares listing again."""
         prefix = f"{tail_prefix(topic, partition)}epoch-{epoch:020d}"
+        if listed is not None:
+            existing = listed.markers.get(epoch)
+            if existing is not None and existing != start:
+                raise ValueError(
+                    f"epoch {epoch} of {topic}/{partition} starts at {existing}, not {start}"
+                )
+            if existing is None:
+                await self.store.put_if_absent(f"{prefix}-{start:020d}", b"")
+            return
         for info in await self.store.list(prefix):
             match = _MARKER.match(info.key[len(tail_prefix(topic, partition)) :])
             if match is None:
                 continue
-            existing = match.group(2)
-            if existing is None:
-                existing = (await self.store.get(info.key)).decode()
-            if int(existing) != start:
+            named = match.group(2)
+            if named is None:
+                named = (await self.store.get(info.key)).decode()
+            if int(named) != start:
                 raise ValueError(
-                    f"epoch {epoch} of {topic}/{partition} starts at {int(existing)}, not {start}"
+                    f"epoch {epoch} of {topic}/{partition} starts at {int(named)}, not {start}"
                 )
         await self.store.put_if_absent(f"{prefix}-{start:020d}", b"")
 

@@ -31,6 +31,7 @@ was written; a reader that finds its version gone lists again).
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass, replace
 
@@ -130,6 +131,7 @@ class PartitionManifests:
 
     def __init__(self, store: ObjectStore) -> None:
         self.store = store
+        self._deleting: set[asyncio.Task[None]] = set()
 
     async def latest(self, topic: str, partition: int) -> Manifest:
         """The highest version (version -1, epoch 0, no segments when there is none)."""
@@ -190,11 +192,21 @@ class PartitionManifests:
             if await self.store.put_if_absent(
                 f"{prefix}{following.version:020d}", following.encode()
             ):
-                if following.version >= 2:
-                    await self.store.delete(f"{prefix}{following.version - 2:020d}")
+                if following.version >= 2:  # not awaited: a take-over is waiting for the claim
+                    task = asyncio.get_running_loop().create_task(
+                        self._delete(f"{prefix}{following.version - 2:020d}")
+                    )
+                    self._deleting.add(task)
+                    task.add_done_callback(self._deleting.discard)
                 return following
             current = None  # another writer took that version: read it, check its epoch
         raise StorageError(f"the manifest of {topic}/{partition} keeps changing under its writer")
+
+    async def _delete(self, key: str) -> None:
+        try:
+            await self.store.delete(key)
+        except StorageError as exc:  # left behind: a reader takes the highest version anyway
+            log.warning("manifest.delete_failed", key=key, error=str(exc))
 
     async def purge(self, topic: str, before: int) -> int:
         """Delete a deleted topic's manifests, those of epochs below `before` (a topic

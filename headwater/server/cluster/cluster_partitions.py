@@ -183,7 +183,7 @@ class ClusterPartitions:
                     chunks_from=run[0].first,
                 )
             if epoch not in state.markers:
-                await self._tail.mark_epoch(topic, partition, epoch, end)
+                await self._tail.mark_epoch(topic, partition, epoch, end, state)
             local = found.partitions[partition].log
             key = (topic, partition)
             if local.next_offset == end and self._verified.get(key) == end:
