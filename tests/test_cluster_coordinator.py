@@ -479,3 +479,35 @@ async def test_hand_off_goes_a_few_partitions_at_a_time(etcd: EtcdServer) -> Non
     finally:
         for coordinator in (holder, joiner):
             await coordinator.stop(graceful=False)
+
+
+async def test_a_returning_broker_takes_nothing_back_until_it_has_stayed_up(
+    etcd: EtcdServer,
+) -> None:
+    """Issue 21: a broker that went away and came back took its partitions straight back from
+    the healthy brokers that had taken them over (a second outage for their clients). Within
+    `handoff_after` it gets none of them; once it has stayed up that long, its share is handed
+    to it."""
+    settle = 5.0
+    brokers = [make(etcd, f"r{i}", handoff_after=settle) for i in (1, 2, 3)]
+    for coordinator, _ in brokers:
+        await coordinator.start()
+    await brokers[0][0].create_topic(TOPIC, {"partitions": PARTITIONS})
+    coordinators = [c for c, _ in brokers]
+    await until(lambda: settled(coordinators), 15, "6 partitions spread over 3 brokers")
+    await coordinators[2].stop(graceful=True)  # its partitions move to r1 and r2
+    await until(lambda: settled(coordinators[:2]), 15, "6 partitions over the two left")
+    back, recorder = make(etcd, "r3", handoff_after=settle)
+    try:
+        await back.start()
+        returned = time.monotonic()
+        await asyncio.sleep(settle / 5)
+        assert back.owned() == [], "a returning broker took partitions back at once"
+        await until(lambda: settled([*coordinators[:2], back]), 20, "its share, later")
+        first = min(c[0] for c in recorder.calls if c[1] == "acquire")
+        assert first - returned >= settle * 0.9  # (the clocks are the same: one process)
+    finally:
+        for coordinator in [*coordinators[:2], back]:
+            with contextlib.suppress(Exception):
+                await coordinator.stop(graceful=False)
+    assert_never_overwritten(await owner_history(etcd))

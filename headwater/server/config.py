@@ -84,11 +84,19 @@ class ClusterConfig:
     etcd: str = ""  # "etcd://127.0.0.1:2379"
     advertise: str = ""  # host:port clients reach this broker at; default: the bound address
     broker_id: str = ""  # unique in the cluster; default: the advertised address
-    lease_ttl_ms: int = 10_000  # a killed broker's partitions move after about this long
+    # a killed broker's partitions move after about this long (etcd counts whole seconds, at
+    # least 2); the broker stops serving a quarter of it before etcd can expire its lease
+    lease_ttl_ms: int = 2_000
+    # a broker that joins or comes back is handed its share of the partitions other brokers
+    # serve only once it has been live this long (free partitions it takes at once)
+    handoff_after_ms: int = 300_000
     # a reliable produce is answered once its batch is in the object store; the batches of every
     # producer of a partition within this window go out as one object
     commit_interval_ms: int = 5
     checkpoint_interval_ms: int = 500  # cursors written to etcd at most this often
+    # a partition's tail objects are folded into one segment once this many are stored: a
+    # take-over lists at most about this many, whatever the traffic
+    fold_chunks: int = 500
 
 
 @dataclass(frozen=True, slots=True)

@@ -123,9 +123,11 @@ def _check_cluster(config: ServerConfig, where: str) -> None:
     host, _, port = cluster.advertise.rpartition(":")
     if cluster.advertise and (not host or not port.isdigit()):
         raise ConfigError(f"{where}: cluster.advertise must be HOST:PORT")
-    for name in ("lease_ttl_ms", "commit_interval_ms", "checkpoint_interval_ms"):
+    for name in ("lease_ttl_ms", "commit_interval_ms", "checkpoint_interval_ms", "fold_chunks"):
         if getattr(cluster, name) <= 0:
             raise ConfigError(f"{where}: cluster.{name} must be positive")
+    if cluster.handoff_after_ms < 0:
+        raise ConfigError(f"{where}: cluster.handoff_after_ms must not be negative")
 
 
 def _check_security(config: ServerConfig, where: str) -> None:

@@ -97,7 +97,7 @@ class WalReader(DataSourceReader):
         pinned = options.get("segments")
         self.pinned = None
         if pinned is not None:
-            self.pinned = [SegmentObject(t, p, b, s) for t, p, b, s in json.loads(pinned)]
+            self.pinned = [SegmentObject(t, p, b, s, n) for t, p, b, s, n in json.loads(pinned)]
         self.from_offsets: dict[str, int] = json.loads(options.get("from_offsets", "{}"))
         self.group_bytes = int(options.get("group_bytes", DEFAULT_GROUP_BYTES))
         self.fold = options.get("fold", "false").lower() == "true"
@@ -233,7 +233,7 @@ async def _newest_files(spec: StoreSpec, topics: list[str]) -> list[SnapshotFile
 
 
 def segments_option(segments: Sequence[SegmentObject]) -> str:
-    return json.dumps([[s.topic, s.partition, s.base_offset, s.size] for s in segments])
+    return json.dumps([[s.topic, s.partition, s.base_offset, s.size, s.name] for s in segments])
 
 
 def files_option(files: Sequence[SnapshotFile]) -> str:

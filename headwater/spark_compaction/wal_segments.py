@@ -3,7 +3,10 @@
 The uploader (storage/uploader.py) names a segment `<topic>/<partition>/<base offset>.log`, the
 offset in 20 digits; its content is record batches exactly as the WAL holds them, base offsets
 stamped. Only keys of exactly that shape count as segments, so `.index` objects, snapshots
-(`snapshots/...`, four or more parts) and anything else that shares the store are ignored.
+(`snapshots/...`, four or more parts) and anything else that shares the store are ignored. A
+cluster's partition has a manifest (storage/partition_manifest.py) instead: its segments are
+exactly the objects the newest version names, each counting from its entry's first offset
+(objects it does not name, such as an upload of an owner that lost the partition, are not read).
 
 Decoding walks the batches with the server's own walker (`storage.segments.walk_batches`) and
 decodes each with `wire.records` (compressed batches too). Bytes that hold no valid batch (a bad
@@ -27,8 +30,9 @@ import structlog
 from headwater.spark_compaction.schema import FOLDED_SCHEMA, HEADER_TYPE, HEADERS_TYPE, WAL_SCHEMA
 from headwater.spark_compaction.store import BlockingStore
 from headwater.storage.objectstore import ObjectInfo
+from headwater.storage.partition_manifest import Manifest, manifest_prefix
 from headwater.storage.segments import walk_batches
-from headwater.wire.errors import CorruptBatch
+from headwater.wire.errors import CorruptBatch, ObjectNotFound, StorageError
 from headwater.wire.records import BATCH_HEADER_SIZE, decode_records, read_base_offset
 
 log = structlog.get_logger("headwater.spark_compaction")
@@ -39,11 +43,14 @@ ROWS_PER_BATCH = 32_768
 class SegmentObject:
     topic: str
     partition: int
-    base_offset: int
+    base_offset: int  # the first offset read from it (a manifest entry's `first`)
     size: int
+    name: str = ""  # a manifest's object name, without `.log`
 
     @property
     def key(self) -> str:
+        if self.name:
+            return f"{self.name}.log"
         return f"{self.topic}/{self.partition}/{self.base_offset:020d}.log"
 
 
@@ -62,12 +69,41 @@ def parse_segment(info: ObjectInfo) -> SegmentObject | None:
 
 def list_segments(store: BlockingStore, topics: Sequence[str] = ()) -> list[SegmentObject]:
     """Every segment object of `topics` (all topics when empty), by topic, partition, offset."""
+    for _ in range(_ATTEMPTS):
+        try:
+            return _list_segments(store, topics)
+        except ObjectNotFound:
+            continue  # a manifest version went as two newer ones were written: list again
+    raise StorageError("partition manifests keep changing under the listing")
+
+
+_ATTEMPTS = 5
+
+
+def _list_segments(store: BlockingStore, topics: Sequence[str]) -> list[SegmentObject]:
     listings: Iterable[ObjectInfo]
     if topics:
         listings = [info for topic in sorted(set(topics)) for info in store.list(f"{topic}/")]
     else:
         listings = store.list("")
-    found = [s for s in map(parse_segment, listings) if s is not None]
+    listings = list(listings)
+    newest: dict[tuple[str, int], int] = {}
+    for info in listings:
+        parts = info.key.split("/")
+        if len(parts) == 4 and parts[2] == "manifest" and parts[1].isdigit() and parts[3].isdigit():
+            ident = (parts[0], int(parts[1]))
+            newest[ident] = max(newest.get(ident, -1), int(parts[3]))
+    found = [
+        s
+        for s in map(parse_segment, listings)
+        if s is not None and (s.topic, s.partition) not in newest
+    ]
+    for (topic, partition), version in newest.items():
+        data = store.get(f"{manifest_prefix(topic, partition)}{version:020d}")
+        found.extend(
+            SegmentObject(topic, partition, entry.first, entry.size, entry.name)
+            for entry in Manifest.decode(version, data).segments
+        )
     if topics:
         wanted = set(topics)
         found = [s for s in found if s.topic in wanted]
@@ -160,6 +196,7 @@ def decode_segment(
     """The records at or above `from_offset` as WAL rows, and one row per corrupt stretch."""
     rows: list[Row] = []
     problems: list[str] = []
+    from_offset = max(from_offset, segment.base_offset)  # a manifest's object may start lower
     for problem, records in iter_batches(segment, data):
         if problem is not None:
             problems.append(problem)
@@ -196,6 +233,7 @@ class Folder:
         self, segment: SegmentObject, data: bytes, from_offset: int
     ) -> Iterator[pa.RecordBatch]:
         winners, counts = self._winners, self._counts
+        from_offset = max(from_offset, segment.base_offset)  # a manifest's object may start lower
         # Decoding makes millions of short-lived tuples (with header lists), none in a cycle: the
         # cyclic collector would only rescan the survivors, a quarter of the CPU time here.
         collecting = gc.isenabled()

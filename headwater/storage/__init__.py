@@ -8,6 +8,7 @@ where offsets continue), `offsets` (the offset lease), `syncer` (the one task pe
 every fsync) and `fileio` (the one seam to the file system, where faults are injected), `latency` (a
 histogram cheap enough for hot paths). The object store: `objectstore` (local directory and S3),
 `uploader` (shipping sealed segments), `archive` (reading history back from it), `cloud_tail` (a
-cluster's newest batches as small objects) and `snapshots` (per-key snapshots and their manifests).
+cluster's newest batches as small objects), `partition_manifest` (a cluster partition's segments,
+versioned by conditional PUT) and `snapshots` (per-key snapshots and their manifests).
 RocksDB: `state` (server state, with the group-committing `StateWriter`) and `lastvalue_store` (a
 topic's last value per key)."""

@@ -34,7 +34,11 @@ class Cluster:
         bucket: str,
         lease_ttl_ms: int = 3000,
         s3_endpoint: str | None = None,
+        handoff_after_ms: int = 0,
+        cluster_settings: str = "",
     ) -> None:
+        """`handoff_after_ms` 0 (not the default of `serve`): a broker that joins or comes back
+        gets its share at once, which most tests of moving partitions want."""
         self.root = root
         self.etcd = etcd
         self.brokers: dict[str, ServerProcess] = {}
@@ -52,6 +56,8 @@ retry_max_ms = 500
 [cluster]
 lease_ttl_ms = {lease_ttl_ms}
 checkpoint_interval_ms = 200
+handoff_after_ms = {handoff_after_ms}
+{cluster_settings}
 """
         )
 
@@ -123,11 +129,20 @@ checkpoint_interval_ms = 200
 
 @contextlib.contextmanager
 def running_cluster(
-    root: Path, s3: MotoS3, bucket: str, lease_ttl_ms: int, s3_endpoint: str | None = None
+    root: Path,
+    s3: MotoS3,
+    bucket: str,
+    lease_ttl_ms: int,
+    s3_endpoint: str | None = None,
+    handoff_after_ms: int = 0,
+    cluster_settings: str = "",
 ) -> Iterator[Cluster]:
-    """etcd started, a `Cluster` to start brokers in; every broker and etcd killed at the end."""
+    """etcd started, a `Cluster` to start brokers in; every broker and etcd killed at the end.
+    `cluster_settings`: more lines of the brokers' `[cluster]` section."""
     etcd = EtcdServer(root / "etcd").start()
-    cluster = Cluster(root, etcd, s3, bucket, lease_ttl_ms, s3_endpoint)
+    cluster = Cluster(
+        root, etcd, s3, bucket, lease_ttl_ms, s3_endpoint, handoff_after_ms, cluster_settings
+    )
     try:
         yield cluster
     finally:

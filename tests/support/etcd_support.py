@@ -148,12 +148,15 @@ class Recorder:
         return sum(1 for call in self.calls if call[1] == kind)
 
 
-def make(etcd: EtcdServer, broker_id: str, ttl: float = TTL) -> tuple[Coordinator, Recorder]:
+def make(
+    etcd: EtcdServer, broker_id: str, ttl: float = TTL, handoff_after: float = 0.0
+) -> tuple[Coordinator, Recorder]:
     coordinator = Coordinator(
         etcd.endpoint,
         BrokerAddress(broker_id, "127.0.0.1", free_port()),
         lease_ttl=ttl,
         rebalance_interval=REBALANCE,
+        handoff_after=handoff_after,
     )
     recorder = Recorder(broker_id)
     coordinator.handler = recorder

@@ -38,8 +38,8 @@ def housekeep_once(topics: dict[str, Topic], uploader: Uploader | None) -> None:
                 too_old = 0 <= settings.retention_ms < age_ms
                 if not (too_big or too_old):
                     break
-                if uploader is not None and not uploader.is_uploaded(
-                    topic.name, partition.index, segment.base_offset
+                if uploader is not None and not uploader.holds(
+                    topic.name, partition.index, segment.base_offset, segment.next_offset
                 ):
                     break  # never delete what only exists here
                 if partition_log.delete_segment(segment.base_offset):

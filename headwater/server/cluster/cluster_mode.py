@@ -10,7 +10,8 @@ broker:
   broker creates and deletes its local copy from the watch (`on_topic`). A broker that starts
   drops local topics etcd no longer has.
 - a reliable append is answered once in the object store; segments are uploaded only for
-  partitions served here, and each upload lets the tail chunks it holds go.
+  partitions served here, each under a name of its own, and count once the partition's manifest
+  names them (which lets the tail chunks they hold go).
 - subscriptions created here are recorded in etcd with their first checkpoint.
 """
 
@@ -33,6 +34,7 @@ from headwater.server.requests.partition_ownership import BrokerAddress, not_own
 from headwater.server.topics.topic import LogTopic, Topic
 from headwater.storage.cloud_tail import CloudTail
 from headwater.storage.objectstore import ObjectStore
+from headwater.storage.partition_manifest import PartitionManifests
 from headwater.wire import messages as m
 from headwater.wire.errors import ErrorCode, TopicExists, UnknownTopic
 
@@ -52,7 +54,12 @@ class ClusterMode:
         advertise = settings.advertise or f"{config.host}:{port}"
         host, _, advertised_port = advertise.rpartition(":")
         this = BrokerAddress(settings.broker_id or advertise, host, int(advertised_port))
-        self.coordinator = Coordinator(settings.etcd, this, lease_ttl=settings.lease_ttl_ms / 1000)
+        self.coordinator = Coordinator(
+            settings.etcd,
+            this,
+            lease_ttl=settings.lease_ttl_ms / 1000,
+            handoff_after=settings.handoff_after_ms / 1000,
+        )
         coordinator = self.coordinator
         self.tail = CloudTail(store)
         self.committer = TailCommitter(
@@ -69,6 +76,7 @@ class ClusterMode:
             coordinator,
             coordinator.serves,
             settings.checkpoint_interval_ms / 1000,
+            settings.fold_chunks,
         )
         self.committer.on_stored = self.partitions.stored
         self._catalog = catalog
@@ -83,7 +91,7 @@ class ClusterMode:
         if uploader is not None:
             uploader.may_upload = coordinator.serves
             uploader.purges = False
-            uploader.on_uploaded = self._collect
+            uploader.publisher = self.partitions
         catalog.subscriptions.created = self._subscription_created
         catalog.subscriptions.deleted = self._subscription_deleted
         self._broker.enter_cluster(coordinator, self)
@@ -135,6 +143,7 @@ class ClusterMode:
     async def _purge_tail(self, name: str, revision: int) -> None:
         try:
             gone = await self.tail.purge(name, revision)
+            gone += await PartitionManifests(self.tail.store).purge(name, revision)
         except Exception as exc:  # left behind: ignored by take-overs, only costs storage
             log.warning("cluster.tail_purge_failed", topic=name, error=str(exc))
             return
@@ -217,16 +226,6 @@ class ClusterMode:
     async def _subscription_deleted(self, topic: str, name: str) -> None:
         await self.coordinator.delete_subscription(topic, name)
         await self.coordinator.delete_checkpoints(checkpoint_key(topic, name, 0)[:-1])
-
-    def _collect(self, topic: str, partition: int, base: int, end: int) -> None:
-        # An upload that began while we served the partition can end after it moved, and a
-        # segment can hold appends never stored (so never acknowledged): only chunks below
-        # what we stored in this ownership, of epochs up to ours, are the segment's messages.
-        epoch = self.coordinator.epoch(topic, partition)
-        end = min(end, self.partitions.cloud_end(topic, partition))
-        if epoch is None or end <= base:
-            return
-        self._background(self.tail.collect(topic, partition, base, end, epoch))
 
     def _background(self, work: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.get_running_loop().create_task(work)

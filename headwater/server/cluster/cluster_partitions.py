@@ -3,13 +3,19 @@
 The etcd coordinator (`server.cluster`) decides who owns each partition; this module is the
 `PartitionHandler` it calls, and keeps what a new owner needs where it can find it:
 
-- **acquire** (the ownership key is ours, not yet served): under the topic's turn, list the
-  partition's cloud tail (`storage.cloud_tail`), resolve the valid chain and its end E, write our
-  epoch's marker at E (first time only), and make the local WAL equal to the chain. The local log
-  is kept only when it already ends at E with everything up to E stored by us; otherwise it is
-  rebuilt: closed, removed, opened again at the start of the chain's last contiguous run (what is
-  below is in uploaded segments, adopted for reads), and the run's batches appended, offsets
-  unchanged. Last-value state of a rebuilt partition is cleared and caught up (snapshot + log).
+- **acquire** (the ownership key is ours, not yet served): under the topic's turn, claim the
+  partition's manifest (`storage.partition_manifest`: no earlier owner can name a segment or let
+  chunks go from now on), list the partition's cloud tail (`storage.cloud_tail`), resolve the
+  valid chain above the manifest's segments and its end E, write our epoch's marker at E (first
+  time only), and make the local WAL equal to the chain. The local log is kept only when it
+  already ends at E with everything up to E stored by us; otherwise it is rebuilt: closed,
+  removed, opened again where the chain's chunks above the manifest's segments start, and their
+  batches appended, offsets unchanged. Reads below the local log go to the manifest's segments
+  and nothing else. Last-value state of a rebuilt partition is cleared and caught up (snapshot +
+  log).
+- **uploads** (`SegmentPublisher`): a sealed segment is uploaded under a name of its own once the
+  tail holds all its batches, and counts only once the manifest names it; the chunks below the
+  manifest's new end then go.
   Then each reliable subscription's cursor for the partition is replaced by the checkpoint the
   previous owner left (unacked messages due again: at-least-once).
 - **release** (graceful hand-off; the partition is no longer served): wait until what was
@@ -27,8 +33,10 @@ import asyncio
 import contextlib
 import shutil
 import time
-from collections.abc import Callable
-from typing import Protocol
+import uuid
+from collections.abc import Callable, Coroutine
+from dataclasses import replace
+from typing import Any, Protocol
 
 import structlog
 
@@ -38,14 +46,24 @@ from headwater.server.cluster.tail_commit import TailCommitter
 from headwater.server.subscriptions.reliable_subscription import ReliableSubscription
 from headwater.server.topics.topic import LogTopic
 from headwater.server.topics.topic_settings import log_config
-from headwater.storage.cloud_tail import Chunk, CloudTail, Hole
-from headwater.storage.log_reader import skip
+from headwater.storage.cloud_tail import Chunk, CloudTail, fold
+from headwater.storage.partition_manifest import (
+    Manifest,
+    ManifestFenced,
+    PartitionManifests,
+    SegmentEntry,
+)
 from headwater.storage.uploader import UploadedSegment
-from headwater.storage.wal import PartitionLog
+from headwater.storage.wal import PartitionLog, SealedSegment
 from headwater.wire.errors import StorageError
-from headwater.wire.records import inspect_batch
 
 log = structlog.get_logger("headwater.cluster")
+
+_STORED_WAIT = 1.0  # an upload waiting for the tail looks again at least this often
+_FOLD_READS = 16  # chunk GETs of one fold in flight
+RETIRE_AFTER = 600.0  # seconds an object the manifest no longer names stays readable
+_RETRY_INITIAL = 0.05
+_RETRY_MAX = 5.0
 
 
 class Checkpoints(Protocol):
@@ -56,6 +74,8 @@ class Checkpoints(Protocol):
     def incarnation(self, name: str) -> int: ...
 
     def owned(self) -> list[tuple[str, int]]: ...
+
+    def epoch(self, topic: str, partition: int) -> int | None: ...
 
 
 def checkpoint_key(topic: str, subscription: str, partition: int) -> str:
@@ -71,11 +91,28 @@ class ClusterPartitions:
         checkpoints: Checkpoints,
         serves: Callable[[str, int], bool],
         checkpoint_interval: float = 0.5,
+        fold_chunks: int = 500,
     ) -> None:
         self._catalog = catalog
         self._serves = serves
         self._tail = tail
         self._committer = committer
+        self._manifests = PartitionManifests(tail.store)
+        # the manifest version this broker wrote last per partition it owns (set by a claim)
+        self._manifest: dict[tuple[str, int], Manifest] = {}
+        # set and replaced whenever a partition's stored end moves or a partition is lost: an
+        # upload waiting for the tail to hold its segment looks again
+        self._moved = asyncio.Event()
+        self._background: set[asyncio.Task[Any]] = set()
+        # the previous owners' chunks above the manifest's segments, read in place after a
+        # take-over until a fold names them in a segment
+        self._in_place: dict[tuple[str, int], list[UploadedSegment]] = {}
+        self._unfolded: dict[tuple[str, int], int] = {}  # chunks stored since the last fold
+        self._folding: dict[tuple[str, int], asyncio.Task[None]] = {}
+        # a partition's chunks are folded into a segment once this many are stored (and after
+        # a take-over): a take-over lists about that many, whatever the traffic
+        self._fold_chunks = fold_chunks
+        self.folds = 0
         self._checkpoints = checkpoints
         self._interval = checkpoint_interval
         self._written: dict[tuple[str, str, int], bytes] = {}
@@ -91,14 +128,23 @@ class ClusterPartitions:
         self._task = asyncio.get_running_loop().create_task(self._checkpoint_loop())
 
     async def close(self) -> None:
+        tasks = [*self._background, *self._folding.values()]
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            tasks.append(self._task)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
 
     def stored(self, topic: str, partition: int, end: int) -> None:
         """The committer stored our chunk up to `end`: subscriptions may now send it."""
         self._verified[topic, partition] = end
+        self._signal_moved()
+        key = (topic, partition)
+        self._unfolded[key] = self._unfolded.get(key, 0) + 1
+        if self._unfolded[key] >= self._fold_chunks:
+            self._fold_soon(topic, partition)
         found = self._catalog.topics.get(topic)
         if isinstance(found, LogTopic):
             found.partitions[partition].log.notify()  # wakes the topic's pumps
@@ -122,17 +168,45 @@ class ClusterPartitions:
             await self._committer.settle(topic, partition)
             # what a deleted topic of the same name left in the shared store is not ours
             since = self._checkpoints.incarnation(topic)
+            # first the manifest: a previous owner still running (paused, fenced) can no longer
+            # name a segment nor let the chunks it holds go once we have written our version
+            manifest = await self._manifests.claim(topic, partition, epoch, since)
+            self._manifest[topic, partition] = manifest
             state = (await self._tail.state(topic, partition)).since(since)
-            end, run = state.resolve()
+            end, run = state.resolve(manifest.end)
+            if run and run[0].first > manifest.end:
+                log.error(
+                    "cluster.tail_gap",
+                    topic=topic,
+                    partition=partition,
+                    segments_end=manifest.end,
+                    chunks_from=run[0].first,
+                )
             if epoch not in state.markers:
-                await self._tail.mark_epoch(topic, partition, epoch, end)
+                await self._tail.mark_epoch(topic, partition, epoch, end, state)
             local = found.partitions[partition].log
-            if local.next_offset == end and self._verified.get((topic, partition)) == end:
+            key = (topic, partition)
+            if local.next_offset == end and self._verified.get(key) == end:
                 self.kept += 1
+                self._in_place.pop(key, None)
+                self._adopt(topic, partition, manifest)
             else:
-                await self._rebuild(found, partition, run, end)
+                # read in place, not downloaded: a take-over costs the same whatever the tail
+                self._in_place[key] = [
+                    UploadedSegment(
+                        c.first,
+                        c.end,
+                        state.sizes.get(c, 0),
+                        c.name(topic, partition)[: -len(".log")],
+                        max(c.first, manifest.end),
+                        indexed=False,
+                    )
+                    for c in run
+                ]
+                await self._restart(found, partition, end, manifest)
                 self.rebuilt += 1
             self._verified[topic, partition] = end
+            self._unfolded[key] = len(run)
             await self._load_cursors(found, partition, since)
             log.info(
                 "cluster.partition_acquired",
@@ -141,8 +215,11 @@ class ClusterPartitions:
                 epoch=epoch,
                 end=end,
                 chunks=len(run),
+                segments=len(manifest.segments),
                 ms=round((time.monotonic() - started) * 1000, 1),
             )
+        if self._in_place.get((topic, partition)):
+            self._fold_soon(topic, partition)  # the previous owners' chunks into one segment
         self._wake_subscriptions(topic)
 
     async def release(self, topic: str, partition: int) -> None:
@@ -154,56 +231,29 @@ class ClusterPartitions:
     def lost(self, topic: str, partition: int) -> None:
         self._committer.reset(topic, partition)
         self._verified.pop((topic, partition), None)
+        self._manifest.pop((topic, partition), None)
+        self._in_place.pop((topic, partition), None)
+        self._signal_moved()
         log.warning("cluster.partition_lost", topic=topic, partition=partition)
 
     # Take-over
 
-    async def _rebuild(self, topic: LogTopic, partition: int, run: list[Chunk], end: int) -> None:
-        start = run[0].first if run else end
-        # everything is fetched before the old log is touched: a failed read leaves it as it was
-        # checked batches; a damaged one comes from an uploaded copy, else as a Hole to skip
-        batches = await self._tail.read_run(topic.name, partition, run)
-        segments = await self._segments(topic.name, partition, start)
+    async def _restart(self, topic: LogTopic, partition: int, end: int, manifest: Manifest) -> None:
+        """A fresh, empty local log at `end`: below it, reads go to the manifest's segments and
+        the tail's chunks in place."""
         holder = topic.partitions[partition]
         old = holder.log
         listeners = list(old._append_listeners)  # the topic's AppendSignal
         await old.close()
         await asyncio.to_thread(shutil.rmtree, old.directory, True)
-        if self._catalog.uploader is not None:
-            self._catalog.uploader.adopt(topic.name, partition, segments)
+        self._adopt(topic.name, partition, manifest)
         fresh = await asyncio.to_thread(
             PartitionLog.open,
             old.directory,
             log_config(topic.settings),
-            start,
+            end,
             self._catalog.sealed(topic.name, partition),
         )
-        try:
-            for batch in batches:
-                if isinstance(batch, Hole):
-                    if batch.end > fresh.next_offset >= batch.first:
-                        first = fresh.next_offset
-                        skip(topic.name, partition, first, batch.reason, holder)
-                        fresh.skip_to(batch.end)
-                        continue
-                    if batch.end <= fresh.next_offset:
-                        continue
-                    raise StorageError(
-                        f"{topic.name}/{partition}: the cloud tail jumps from "
-                        f"{fresh.next_offset} to {batch.first}"
-                    )
-                info = inspect_batch(batch)
-                if info.base_offset < fresh.next_offset:
-                    continue  # the run's first chunk may start inside an uploaded segment
-                if info.base_offset != fresh.next_offset:
-                    raise StorageError(
-                        f"{topic.name}/{partition}: the cloud tail jumps from "
-                        f"{fresh.next_offset} to {info.base_offset}"
-                    )
-                fresh.append(batch, info.record_count)
-        except BaseException:
-            await fresh.close()
-            raise
         fresh.start()
         for listener in listeners:
             fresh.add_append_listener(listener)
@@ -214,20 +264,196 @@ class ClusterPartitions:
             index.restart_partition(partition)
             await self._catalog.catch_up_last_values(topic, index)
 
-    async def _segments(self, topic: str, partition: int, start: int) -> list[UploadedSegment]:
-        """The segments in the object store below `start`, as the archive needs them."""
-        prefix = f"{topic}/{partition}/"
-        found = sorted(
-            (int(o.key[len(prefix) : -len(".log")]), o.size)
-            for o in await self._tail.store.list(prefix)
-            if o.key.endswith(".log") and o.key.count("/") == 2
+    def _adopt(self, topic: str, partition: int, manifest: Manifest) -> None:
+        """Reads below the local log go to the manifest's segments and the chunks above them
+        read in place, and to nothing else."""
+        if self._catalog.uploader is None:
+            return
+        in_place = [
+            replace(c, first=max(c.start, manifest.end))
+            for c in self._in_place.get((topic, partition), [])
+            if c.next_offset > manifest.end
+        ]
+        if in_place:
+            self._in_place[topic, partition] = in_place
+        else:
+            self._in_place.pop((topic, partition), None)
+        self._catalog.uploader.replace(
+            topic,
+            partition,
+            [UploadedSegment(s.base, s.end, s.size, s.name, s.first) for s in manifest.segments]
+            + in_place,
         )
-        segments = []
-        for i, (base, size) in enumerate(found):
-            following = found[i + 1][0] if i + 1 < len(found) else start
-            if base < start:
-                segments.append(UploadedSegment(base, max(following, base + 1), size))
-        return segments
+
+    def _renamed(self, topic: str, partition: int, before: Manifest, after: Manifest) -> None:
+        """`after` was written: ours from now on, reads go through it, the chunks below its
+        end go, and the objects it no longer names go after a grace period (a reader of the
+        previous version, such as a compaction run, may still fetch them)."""
+        key = (topic, partition)
+        current = self._manifest.get(key)
+        if current is None or current.version < after.version:
+            self._manifest[key] = after
+        self._adopt(topic, partition, self._manifest[key])
+        self._spawn(self._tail.collect(topic, partition, after.end))
+        retired = before.names() - after.names()
+        if retired:
+            self._spawn(self._retire(retired))
+
+    async def _retire(self, names: set[str]) -> None:
+        await asyncio.sleep(RETIRE_AFTER)
+        for name in names:
+            for suffix in (".log", ".index"):
+                await self._tail.store.delete(f"{name}{suffix}")
+
+    def _spawn(self, work: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[Any]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # left for the next round: chunks and retired objects only cost storage
+            log.warning("cluster.cleanup_failed", error=str(task.exception()))
+
+    # Folding the tail
+
+    def _fold_soon(self, topic: str, partition: int) -> None:
+        key = (topic, partition)
+        if key not in self._folding:
+            task = asyncio.get_running_loop().create_task(self._fold(topic, partition))
+            self._folding[key] = task
+            task.add_done_callback(lambda _: self._folding.pop(key, None))
+
+    async def _fold(self, topic: str, partition: int) -> None:
+        """Fold the chunks above the manifest's segments, up to what is stored, into one
+        segment object and name it: a take-over then lists and reads a bounded tail. Retried
+        with doubling delays while the partition is ours."""
+        key = (topic, partition)
+        delay = _RETRY_INITIAL
+        while (epoch := self._checkpoints.epoch(topic, partition)) is not None:
+            known = self._manifest.get(key)
+            stored = self._verified.get(key)
+            if known is None or stored is None:
+                return
+            try:
+                await self._fold_once(topic, partition, epoch, known, stored)
+                return
+            except ManifestFenced:
+                return
+            except (StorageError, ValueError) as exc:
+                log.warning("cluster.fold_failed", topic=topic, partition=partition, error=str(exc))
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _RETRY_MAX)
+
+    async def _fold_once(
+        self, topic: str, partition: int, epoch: int, known: Manifest, stored: int
+    ) -> None:
+        since = self._checkpoints.incarnation(topic)
+        state = (await self._tail.state(topic, partition)).since(since)
+        _, run = state.resolve(known.end)
+        run = [c for c in run if c.end <= stored]
+        if not run or run[0].first > known.end:
+            return  # nothing to fold (or a gap, reported by the take-over)
+        gate = asyncio.Semaphore(_FOLD_READS)
+
+        async def read(chunk: Chunk) -> list[bytes]:
+            async with gate:
+                return await self._tail.read(topic, partition, chunk)
+
+        batches = [b for found in await asyncio.gather(*map(read, run)) for b in found]
+        data, index = fold(batches)
+        base = run[0].first
+        name = f"{topic}/{partition}/{base:020d}-{epoch:020d}-{uuid.uuid4().hex[:8]}"
+        await self._tail.store.put(f"{name}.index", index)
+        await self._tail.store.put(f"{name}.log", data)
+        entry = SegmentEntry(base, run[-1].end, base, name, len(data))
+        try:
+            after = await self._manifests.add(topic, partition, epoch, entry, known)
+        except ManifestFenced:
+            for suffix in (".log", ".index"):
+                await self._tail.store.delete(f"{name}{suffix}")
+            raise
+        self.folds += 1
+        self._unfolded[topic, partition] = 0
+        self._renamed(topic, partition, known, after)
+        log.info(
+            "cluster.tail_folded",
+            topic=topic,
+            partition=partition,
+            first=base,
+            end=run[-1].end,
+            chunks=len(run),
+            bytes=len(data),
+        )
+
+    # Uploads (the uploader's SegmentPublisher)
+
+    async def name(self, topic: str, partition: int, segment: SealedSegment) -> str | None:
+        key = (topic, partition)
+        epoch = self._checkpoints.epoch(topic, partition)
+        manifest = self._manifest.get(key)
+        if epoch is None or manifest is None:
+            return None  # not ours
+        if segment.next_offset <= manifest.end:
+            # held already (by folds, or by the segments a take-over found): uploaded only if
+            # it replaces several folds in the manifest (fewer, larger objects)
+            base = segment.base_offset
+            probe = SegmentEntry(base, segment.next_offset, base, "", segment.size)
+            if manifest.adding(probe) is manifest:
+                return None
+        if segment.base_offset > manifest.end:
+            # the chunks below it are not folded yet (a log restarted at a take-over's end, or
+            # a segment of ours not named as the partition moved): they keep these offsets,
+            # and folds name them
+            log.info(
+                "cluster.segment_not_named",
+                topic=topic,
+                partition=partition,
+                base_offset=segment.base_offset,
+                segments_end=manifest.end,
+            )
+            return None
+        # only what the tail holds may be named: the end of a sealed segment can hold appends
+        # whose PUT has not completed, or never will (the partition moved), and so were never
+        # acknowledged; their offsets may be given to other messages by the next owner
+        while self._verified.get(key, -1) < segment.next_offset:
+            if self._checkpoints.epoch(topic, partition) != epoch or key not in self._verified:
+                return None
+            moved = self._moved
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(moved.wait(), _STORED_WAIT)
+        return f"{topic}/{partition}/{segment.base_offset:020d}-{epoch:020d}-{uuid.uuid4().hex[:8]}"
+
+    async def publish(
+        self, topic: str, partition: int, segment: UploadedSegment
+    ) -> UploadedSegment | None:
+        key = (topic, partition)
+        epoch = self._checkpoints.epoch(topic, partition)
+        known = self._manifest.get(key)
+        if epoch is None or known is None:
+            return None
+        entry = SegmentEntry(
+            segment.base_offset,
+            segment.next_offset,
+            segment.base_offset,
+            segment.name,
+            segment.size,
+        )
+        try:
+            manifest = await self._manifests.add(topic, partition, epoch, entry, known)
+        except ManifestFenced as exc:
+            log.warning("cluster.manifest_fenced", topic=topic, partition=partition, error=str(exc))
+            return None
+        named = next((s for s in manifest.segments if s.name == segment.name), None)
+        if named is None:
+            return None  # it added nothing (all below the segments' end)
+        self._renamed(topic, partition, known, manifest)
+        return UploadedSegment(named.base, named.end, named.size, named.name, named.first)
+
+    def _signal_moved(self) -> None:
+        self._moved.set()
+        self._moved = asyncio.Event()
 
     async def _load_cursors(self, topic: LogTopic, partition: int, since: int) -> None:
         now = time.monotonic()

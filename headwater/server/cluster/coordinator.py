@@ -54,11 +54,12 @@ class Coordinator(Assignment, Metadata):
         endpoint: str,
         this_broker: BrokerAddress,
         *,
-        lease_ttl: float = 10.0,
+        lease_ttl: float = 2.0,
         prefix: str = DEFAULT_PREFIX,
         rebalance_interval: float = 1.0,
         acquire_timeout: float = 30.0,
         release_timeout: float = 30.0,
+        handoff_after: float = 300.0,
     ) -> None:
         self.endpoint = endpoint
         self._endpoints = parse_endpoint(endpoint)
@@ -74,6 +75,7 @@ class Coordinator(Assignment, Metadata):
         self._rebalance_interval = rebalance_interval
         self._acquire_timeout = acquire_timeout
         self._release_timeout = release_timeout
+        self._handoff_after = handoff_after
         # a deadline on every etcd call (a blackholed etcd must not hang anything); generous,
         # because a slow answer costs nothing but time: a renewal counts from when it was sent,
         # and the watchdog fences on the deadline whatever the calls in flight
@@ -91,6 +93,7 @@ class Coordinator(Assignment, Metadata):
         self._owners: dict[tuple[str, int], Entry] = {}
         self._brokers: dict[str, BrokerAddress] = {}
         self._broker_ids: set[str] = set()
+        self._joined: dict[str, float] = {}  # broker id -> when this broker first saw it live
         self._topics: dict[str, dict[str, Any]] = {}
         self._incarnations: dict[str, int] = {}
         self._subscriptions: dict[str, dict[str, dict[str, Any]]] = {}
@@ -354,12 +357,14 @@ class Coordinator(Assignment, Metadata):
         if details is None:
             self._brokers.pop(broker_id, None)
             self._broker_ids.discard(broker_id)
+            self._joined.pop(broker_id, None)
         else:
             host, port = details.get("host"), details.get("port")
             if not isinstance(host, str) or not isinstance(port, int):
                 return
             self._brokers[broker_id] = BrokerAddress(broker_id, host, port)
             self._broker_ids.add(broker_id)
+            self._joined.setdefault(broker_id, time.monotonic())
         self._wake.set()
 
     # Ownership
