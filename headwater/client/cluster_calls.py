@@ -76,13 +76,17 @@ class ClusterMixin:
         return connection
 
     async def _other_broker(self, error: ConnectionLost) -> Connection:
-        for broker in list(self._router.table.brokers.values()):
-            if self._peers.is_bootstrap(broker):
-                continue
+        """Another known broker, or, when none answers, the bootstrap address again on a new
+        connection of the router's (a bootstrap broker restarted there)."""
+        table = self._router.table
+        others = [b for b in table.brokers.values() if not self._peers.is_bootstrap(b)]
+        for broker in [*others, table.bootstrap]:
             try:
-                return await self._peers.get(broker)
+                connection = await self._peers.get(broker)
             except ConnectionClosed:
                 continue
+            if not connection.closed:
+                return connection
         raise error
 
     async def _close_cluster(self) -> None:

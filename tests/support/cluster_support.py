@@ -55,7 +55,8 @@ checkpoint_interval_ms = 200
 """
         )
 
-    def start_broker(self, broker_id: str) -> ServerProcess:
+    def start_broker(self, broker_id: str, port: int = 0) -> ServerProcess:
+        """Start broker `broker_id` on `port` (0: one the OS picks)."""
         process = ServerProcess(
             self.root / broker_id,
             extra_args=(
@@ -71,10 +72,16 @@ checkpoint_interval_ms = 200
                 "0",
                 "--http-port-file",
                 str(self.root / f"{broker_id}.http"),
+                *(("--port", str(port)) if port else ()),
             ),
         ).start(timeout=60)
         self.brokers[broker_id] = process
         return process
+
+    def restart_broker(self, broker_id: str) -> ServerProcess:
+        """Start a stopped (or killed) broker again on the port it had: the address clients
+        bootstrapped at comes back, as when an operator restarts a machine's broker."""
+        return self.start_broker(broker_id, self.brokers[broker_id].port)
 
     def metrics(self, broker_id: str) -> dict[str, float]:
         """The broker's /metrics, unlabelled samples only: name -> value."""

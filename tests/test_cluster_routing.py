@@ -1,0 +1,163 @@
+"""The Python client's routing heals itself on a real cluster (three brokers, etcd, moto's S3,
+loopback): a request for an explicit partition finds its owner (issue 21, failure 4), a client
+without `reconnect` gets back to a bootstrap broker that was killed and restarted on its address
+(failure 3), and a consumer leg that cannot be placed ends the consumer with an error after the
+router's backoff instead of waiting silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import headwater
+from headwater.client.routing_table import LookupBackoff
+from tests.support.cluster_support import Cluster, running_cluster
+from tests.support.s3 import MotoS3
+
+LEASE_TTL_MS = 2000
+BROKERS = ("b1", "b2", "b3")
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, s3: MotoS3, bucket: str) -> Iterator[Cluster]:
+    with running_cluster(tmp_path, s3, bucket, LEASE_TTL_MS) as cluster:
+        yield cluster
+
+
+async def start_three(cluster: Cluster) -> None:
+    await asyncio.gather(*(asyncio.to_thread(cluster.start_broker, b) for b in BROKERS))
+
+
+async def test_send_to_an_explicit_partition_goes_to_its_owner(cluster: Cluster) -> None:
+    """Failure 4: a fresh producer's `send(partition=P)` went to the bootstrap broker without a
+    lookup and got NOT_OWNER for every partition that broker does not own; so did
+    `headwater produce --partition`."""
+    await start_three(cluster)
+    bootstrap = await cluster.address("b1")
+    async with await headwater.connect(bootstrap) as admin:
+        await admin.create_topic("direct", partitions=6)
+    owners = await cluster.wait_owned("direct", 6, set(BROKERS))
+    elsewhere = [p for p, owner in owners.items() if owner != "b1"]
+    assert elsewhere, f"b1 owns every partition: {owners}"  # balanced: 2 each
+    async with await headwater.connect(bootstrap) as client:
+        producer = client.producer("direct")
+        for partition in range(6):
+            future = await producer.send(f"to-{partition}".encode(), partition=partition)
+            meta = await asyncio.wait_for(future, 60)
+            assert meta.partition == partition
+        await producer.close()
+    for partition in elsewhere:
+        cli = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "headwater", "--server", bootstrap, "produce", "direct",
+             f"cli-{partition}", "--partition", str(partition)],
+            capture_output=True, text=True, timeout=90,
+        )  # fmt: skip
+        assert cli.returncode == 0, cli.stderr
+    async with await headwater.connect(bootstrap) as reader:
+        consumer = await reader.subscribe("direct", "check", start="earliest")
+        wanted = {(p, f"to-{p}".encode()) for p in range(6)}
+        wanted |= {(p, f"cli-{p}".encode()) for p in elsewhere}
+        seen: set[tuple[int, bytes | None]] = set()
+        deadline = time.monotonic() + 60
+        while not wanted <= seen and time.monotonic() < deadline:
+            with_timeout = await _receive(consumer, 0.5)
+            if with_timeout is not None:
+                seen.add((with_timeout.partition, with_timeout.value))
+                await with_timeout.ack()
+        assert wanted <= seen, f"missing: {sorted(wanted - seen)}"
+
+
+@pytest.mark.timeout(300)  # a kill, a restart and two graceful stops of brokers, under load
+async def test_a_restarted_bootstrap_broker_is_reached_again_without_reconnect(
+    cluster: Cluster,
+) -> None:
+    """Failure 3: the bootstrap broker killed with kill -9 and restarted on its address, then
+    the only broker serving the topics: a client made without `reconnect=True` never reached
+    it again (its consumer got nothing, with no error; map sets failed with ConnectionLost)."""
+    await start_three(cluster)
+    bootstrap = await cluster.address("b1")
+    client = await headwater.connect(bootstrap)  # no reconnect policy
+    try:
+        await client.create_topic("events", partitions=6)
+        await client.create_topic("kv", partitions=3, configs={"last.value": "true"})
+        await cluster.wait_owned("events", 6, set(BROKERS))
+        await cluster.wait_owned("kv", 3, set(BROKERS))
+        consumer = await client.subscribe("events", "s", start="earliest")
+        kv = client.map("kv")
+        await kv.set("before", "kill")
+        cluster.brokers["b1"].kill()
+        await cluster.wait_owned("events", 6, {"b2", "b3"}, timeout=30)
+        await asyncio.to_thread(cluster.restart_broker, "b1")
+        assert await cluster.address("b1") == bootstrap
+        # b2 and b3 leave gracefully: b1, back on the bootstrap address, serves everything
+        await asyncio.gather(
+            *(asyncio.to_thread(cluster.brokers[b].stop, 30) for b in ("b2", "b3"))
+        )
+        await cluster.wait_owned("events", 6, {"b1"}, timeout=30)
+        await cluster.wait_owned("kv", 3, {"b1"}, timeout=30)
+
+        producer = client.producer("events")
+        sent = {f"after-{i}".encode() for i in range(60)}
+        for value in sorted(sent):
+            await asyncio.wait_for(await producer.send(value, key=value), 60)
+        seen: set[bytes | None] = set()
+        deadline = time.monotonic() + 60
+        while not sent <= seen and time.monotonic() < deadline:
+            message = await _receive(consumer, 0.5)
+            if message is not None:
+                seen.add(message.value)
+                await message.ack()
+        assert sent <= seen, f"{len(sent - seen)} of {len(sent)} never delivered"
+
+        for i in range(6):
+            await asyncio.wait_for(kv.set(f"key-{i}", f"value-{i}"), 60)
+        for i in range(6):
+            found = await asyncio.wait_for(kv.get(f"key-{i}"), 60)
+            assert found is not None and found.value == f"value-{i}".encode()
+        names = {t.name for t in await asyncio.wait_for(client.list_topics(), 60)}
+        assert {"events", "kv"} <= names
+        await producer.close()
+        await consumer.close()
+    finally:
+        await client.close()
+
+
+async def test_a_leg_that_cannot_be_placed_ends_the_consumer_after_the_backoff(
+    cluster: Cluster,
+) -> None:
+    """Every broker but the bootstrap one gone for good (and the bootstrap one not taking their
+    partitions: it is stopped too, after the consumer saw the topic): the consumer does not wait
+    silently for ever, its `receive` raises once the router's backoff ran out."""
+    await start_three(cluster)
+    client = await headwater.connect(await cluster.address("b1"))
+    try:
+        await client.create_topic("stranded", partitions=6)
+        await cluster.wait_owned("stranded", 6, set(BROKERS))
+        client._router.backoff = LookupBackoff(initial=0.05, maximum=0.5, timeout=3.0)
+        await client.lookup("stranded")  # routes known: the consumer gets its legs at once
+        consumer = await client.subscribe("stranded", "s", start="earliest")
+        assert consumer._cluster is not None  # a cluster consumer, with legs
+        for broker in BROKERS:
+            cluster.brokers[broker].kill()
+        deadline = time.monotonic() + 60  # bounds a hang only: the backoff is 3 s
+        with pytest.raises(headwater.HeadwaterError) as raised:
+            while time.monotonic() < deadline:
+                await _receive(consumer, 0.5)
+        assert "stranded" in raised.value.message
+    finally:
+        await client.close()
+
+
+async def _receive(consumer: headwater.Consumer, timeout: float) -> headwater.Message | None:
+    try:
+        return await consumer.receive(timeout=timeout)
+    except TimeoutError:
+        return None
