@@ -142,7 +142,7 @@ async def test_a_leg_that_cannot_be_placed_ends_the_consumer_after_the_backoff(
         await client.create_topic("stranded", partitions=6)
         await cluster.wait_owned("stranded", 6, set(BROKERS))
         client._router.backoff = LookupBackoff(initial=0.05, maximum=0.5, timeout=3.0)
-        await client.lookup("stranded")  # routes known: the consumer gets its legs at once
+        await _known(client, "stranded")  # routes known: the consumer gets its legs at once
         consumer = await client.subscribe("stranded", "s", start="earliest")
         assert consumer._cluster is not None  # a cluster consumer, with legs
         for broker in BROKERS:
@@ -161,3 +161,75 @@ async def _receive(consumer: headwater.Consumer, timeout: float) -> headwater.Me
         return await consumer.receive(timeout=timeout)
     except TimeoutError:
         return None
+
+
+async def test_exclusive_is_exclusive_across_brokers(cluster: Cluster) -> None:
+    """Failure 2: two clients subscribing to one Exclusive subscription at the same moment
+    through two brokers both succeeded (each broker saw only its own consumers); both got
+    messages, then both CONSUMER_BUSY with their legs still attached. Now the subscription has
+    one holder in the whole cluster: one subscribe wins, the other gets CONSUMER_BUSY, the winner
+    gets every message, and once it closes the other can subscribe."""
+    await start_three(cluster)
+    first = await headwater.connect(await cluster.address("b1"))
+    second = await headwater.connect(await cluster.address("b2"))
+    try:
+        await first.create_topic("solo", partitions=6)
+        await cluster.wait_owned("solo", 6, set(BROKERS))
+        await _known(first, "solo")  # routes known: each consumer gets its legs at subscribe
+        await _known(second, "solo")
+        producer = first.producer("solo")
+        for round_ in range(3):
+            name = f"sub-{round_}"
+            results = await asyncio.gather(
+                first.subscribe("solo", name, type="exclusive", start="earliest"),
+                second.subscribe("solo", name, type="exclusive", start="earliest"),
+                return_exceptions=True,
+            )
+            won = [r for r in results if isinstance(r, headwater.Consumer)]
+            refused = [r for r in results if isinstance(r, headwater.ConsumerBusy)]
+            assert len(won) == 1 and len(refused) == 1, f"round {round_}: {results}"
+            winner = won[0]
+            sent = {f"{name}-{i}".encode() for i in range(60)}
+            for value in sorted(sent):
+                await asyncio.wait_for(await producer.send(value, key=value), 60)
+            seen: set[bytes | None] = set()
+            deadline = time.monotonic() + 60
+            while not sent <= seen and time.monotonic() < deadline:
+                message = await _receive(winner, 0.5)
+                if message is not None:
+                    seen.add(message.value)
+                    await message.ack()
+            assert sent <= seen, f"round {round_}: {len(sent - seen)} never reached the holder"
+            loser = second if results[0] is winner else first
+            await winner.close()
+            # the holder gone, the other client takes the subscription over (bounded retries:
+            # the release reaches etcd after the close)
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    taken = await loser.subscribe("solo", name, type="exclusive")
+                    break
+                except headwater.ConsumerBusy:
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.2)
+            await taken.close()
+        await producer.close()
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def _known(client: headwater.Client, topic: str) -> None:
+    """Until the client's bootstrap broker knows the topic with an owner for every partition
+    (its watch of etcd may lag the broker that created it by a moment); bounded."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            owners = await client.lookup(topic)
+        except headwater.UnknownTopic:
+            owners = {}
+        if owners and all(owner is not None for owner in owners.values()):
+            return
+        assert time.monotonic() < deadline, f"{topic} not known with owners: {owners}"
+        await asyncio.sleep(0.1)

@@ -3,6 +3,7 @@
 `Coordinator` implements `server.cluster.partition_ownership.Ownership` from lease-backed owner keys
 in etcd, drives a `PartitionHandler` (the data path) through acquire / release / lost, and keeps the
 topic and subscription definitions and the cursor checkpoints of the cluster.
+`exclusive_claims` gives an Exclusive subscription one holder in the whole cluster, fenced in etcd.
 """
 
 from headwater.server.cluster.coordinator import Coordinator

@@ -24,6 +24,7 @@ import structlog
 
 from headwater.server.cluster.cluster_partitions import ClusterPartitions, checkpoint_key
 from headwater.server.cluster.coordinator import Coordinator
+from headwater.server.cluster.exclusive_claims import ExclusiveGate
 from headwater.server.cluster.partition_ownership import BrokerAddress, not_owner
 from headwater.server.cluster.tail_commit import TailCommitter
 from headwater.server.config import ServerConfig
@@ -71,6 +72,7 @@ class ClusterMode:
             settings.checkpoint_interval_ms / 1000,
         )
         self.committer.on_stored = self.partitions.stored
+        self.exclusive = ExclusiveGate(coordinator, catalog.topics)
         self._catalog = catalog
         self._broker = broker
         self._collecting: set[asyncio.Task[Any]] = set()
@@ -95,8 +97,10 @@ class ClusterMode:
         for name in [n for n in catalog.topics if n not in known]:
             await self._on_topic(name, None)  # deleted from the cluster while we were away
         self.partitions.start()
+        self.exclusive.start()
 
     async def stop(self) -> None:
+        await self.exclusive.close()
         await self.coordinator.stop(graceful=True)
         await self.partitions.close()
 

@@ -241,6 +241,10 @@ class Broker:
         self._handlers[m.LookupRequest] = LookupHandler(ownership, self.catalog.topics).lookup
         self.cluster = cluster
         self.maps.ownership = ownership
+        # an Exclusive subscription has one holder in the whole cluster (fenced in etcd)
+        gate = cluster.exclusive
+        self._handlers[m.SubscribeRequest] = gate.wrap(self.consumers.subscribe)
+        self.consumers.on_detached = gate.detached_consumer
         self.catalog.subscriptions.serves = ownership.serves
 
     def _check_producer(
