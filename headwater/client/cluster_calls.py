@@ -16,6 +16,7 @@ single broker sees exactly the requests it saw before routing existed, plus one 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from typing import TYPE_CHECKING, Protocol
 
@@ -175,4 +176,11 @@ class ClusterMixin:
         if refused:
             consumer._suspended = True  # nothing of the topic at the bootstrap broker
         self._consumers.add(consumer)
-        await legs.start()
+        try:
+            await legs.start()
+        except HeadwaterError:
+            # refused at another owner: the application gets the error and no consumer, so the
+            # legs already attached go (an Exclusive one would keep the subscription's claim)
+            with contextlib.suppress(HeadwaterError):
+                await consumer.close()
+            raise

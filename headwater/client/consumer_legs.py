@@ -34,10 +34,12 @@ from headwater.client.consumer import Consumer
 from headwater.wire.errors import (
     ConnectionClosed,
     ConnectionLost,
+    ConsumerBusy,
     HeadwaterError,
     NotOwner,
     RequestTimeout,
     ServerShuttingDown,
+    StorageError,
 )
 
 if TYPE_CHECKING:
@@ -48,6 +50,10 @@ logger = logging.getLogger("headwater.client.client")
 
 # A leg ending with one of these is placed again at the partitions' (new) owner.
 MOVABLE = (ConnectionLost, ServerShuttingDown, NotOwner, RequestTimeout)
+# A leg refused with one of these is tried again, within the placement timeout: the etcd of the
+# cluster unavailable for a moment, or our own previous leg there not detached yet (its
+# connection died and the broker has not noticed).
+PASSING = (StorageError, ConsumerBusy)
 
 
 class ClusterLegs:
@@ -64,6 +70,7 @@ class ClusterLegs:
         self.bootstrap = router.table.bootstrap.address
         self.legs[self.bootstrap] = consumer
         self._unplaced_since: float | None = None  # since when a partition has had no live leg
+        self._refusals: dict[tuple[str, int], HeadwaterError] = {}  # the last, per broker
 
     async def start(self) -> None:
         """Subscribe at every current owner (a refusal is raised), then keep watching."""
@@ -111,12 +118,19 @@ class ClusterLegs:
     def _unplaced_error(self, waited: float) -> HeadwaterError:
         consumer = self.consumer
         unowned, unreachable = [], []
+        refusal: HeadwaterError | None = None
         for partition, owner in self._router.table.owners(consumer.topic).items():
             if owner is None:
                 unowned.append(partition)
             elif not self._alive(self.legs.get(self._key(owner))):
                 unreachable.append(f"{partition} at {owner}")
+                refusal = self._refusals.get(self._key(owner), refusal)
         where = f"consumer of {consumer.topic!r}/{consumer.subscription!r}"
+        if refusal is not None and isinstance(refusal, PASSING):  # refused, not out of reach
+            return type(refusal)(
+                f"{where} could not be placed for {waited:.0f}s: partitions "
+                f"{', '.join(unreachable)} refused it: {refusal.message}"
+            )
         if unreachable or not unowned:  # none known at all: every broker was out of reach
             parts = ", ".join(unreachable) if unreachable else "every partition"
             return ConnectionLost(
@@ -141,17 +155,22 @@ class ClusterLegs:
             try:
                 await self._subscribe_at(broker)
             except HeadwaterError as exc:
-                if not isinstance(exc, (*MOVABLE, ConnectionClosed)):
+                if raise_errors and isinstance(exc, ConsumerBusy):
+                    raise  # at subscribe: the subscription is another consumer's
+                if not isinstance(exc, (*MOVABLE, ConnectionClosed, *PASSING)):
                     if raise_errors:
                         raise
                     self.consumer._end(exc)
                     return True
                 logger.info("cannot subscribe at %s yet: %s", broker, exc.message)
+                self._refusals[self._key(broker)] = exc
                 if isinstance(exc, NotOwner):
                     table.invalidate(topic)
-                else:
+                elif isinstance(exc, ConnectionClosed):
                     self._router.lost(broker.address)
                 complete = False
+            else:
+                self._refusals.pop(self._key(broker), None)
         return complete
 
     def _key(self, broker: BrokerAddress) -> tuple[str, int]:

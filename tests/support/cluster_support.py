@@ -37,7 +37,9 @@ class Cluster:
     ) -> None:
         self.root = root
         self.etcd = etcd
+        self.etcd_endpoint = etcd.endpoint  # what brokers are given (a fault proxy's, say)
         self.brokers: dict[str, ServerProcess] = {}
+        self._advertised: dict[str, str] = {}
         self._config = root / "cluster.toml"
         self._config.write_text(
             f"""
@@ -55,15 +57,21 @@ checkpoint_interval_ms = 200
 """
         )
 
-    def start_broker(self, broker_id: str, port: int = 0) -> ServerProcess:
-        """Start broker `broker_id` on `port` (0: one the OS picks)."""
+    def start_broker(
+        self, broker_id: str, port: int = 0, advertise: str | None = None
+    ) -> ServerProcess:
+        """Start broker `broker_id` on `port` (0: one the OS picks), telling clients to reach it
+        at `advertise` (default: where it listens; a fault proxy in front of it, say)."""
+        if advertise is not None:
+            self._advertised[broker_id] = advertise
+        advertise = self._advertised.get(broker_id)
         process = ServerProcess(
             self.root / broker_id,
             extra_args=(
                 "--config",
                 str(self._config),
                 "--cluster",
-                self.etcd.endpoint,
+                self.etcd_endpoint,
                 "--broker-id",
                 broker_id,
                 "--log-format",
@@ -73,6 +81,7 @@ checkpoint_interval_ms = 200
                 "--http-port-file",
                 str(self.root / f"{broker_id}.http"),
                 *(("--port", str(port)) if port else ()),
+                *(("--advertise", advertise) if advertise else ()),
             ),
         ).start(timeout=60)
         self.brokers[broker_id] = process

@@ -37,12 +37,13 @@ import structlog
 
 from headwater.server.cluster.etcd import EtcdSession, EtcdUnavailable
 from headwater.server.cluster.layout import Layout
+from headwater.server.requests.consumer_requests import close_consumers
 from headwater.server.requests.reply import AfterWork, Reply
 from headwater.server.subscriptions.contract import Consumer
 from headwater.server.subscriptions.contract import ConsumerSession as Session
 from headwater.server.topics.topic import Topic
 from headwater.wire import messages as m
-from headwater.wire.errors import ConsumerBusy, StorageError
+from headwater.wire.errors import ConsumerBusy, ErrorCode, StorageError
 
 log = structlog.get_logger("headwater.cluster")
 
@@ -263,10 +264,37 @@ class ExclusiveGate:
 
     async def _sweep(self) -> None:
         """Release the claims whose consumers went by a path that did not tell us (the topic or
-        subscription deleted, a partition lost), and the releases that failed."""
+        subscription deleted, a partition lost), and the releases that failed; and claim again
+        the ones still attached here: this broker's entry counts only under its current
+        registration (after its lease expired, say in a long pause, and it registered again), and
+        a claim lost meanwhile to another holder closes the consumers here (CONSUMER_BUSY)."""
         while True:
             await asyncio.sleep(SWEEP_INTERVAL)
             for topic, subscription, holder in list(self._held):
-                if not self._attached(topic, subscription, holder):
-                    with contextlib.suppress(Exception):
+                with contextlib.suppress(StorageError):
+                    if not self._attached(topic, subscription, holder):
                         await self._release(topic, subscription, holder)
+                    else:
+                        await self._reassert(topic, subscription, holder)
+
+    async def _reassert(self, topic: str, subscription: str, holder: str) -> None:
+        async with self._lock(topic, subscription):
+            try:
+                await self._claims.claim(topic, subscription, holder)
+            except ConsumerBusy as exc:
+                found = self._topics.get(topic)
+                kind = found.subscriptions.get(subscription) if found is not None else None
+                if kind is not None:
+                    close_consumers(
+                        [c for c in kind.consumers.values() if c.name == holder],
+                        ErrorCode.CONSUMER_BUSY,
+                        exc.message,
+                    )
+                self._held.discard((topic, subscription, holder))
+                log.warning(
+                    "cluster.exclusive_lost",
+                    topic=topic,
+                    subscription=subscription,
+                    holder=holder,
+                    error=exc.message,
+                )
