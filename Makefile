@@ -11,7 +11,7 @@ RESULTS := loadtest/results
 PEER_BINARIES := redis-server nats-server
 export PATH := $(PATH):/usr/sbin:/sbin
 
-.PHONY: install run test browser etcd-server cluster cluster-stop fuzz lint typecheck bench bench-quick bench-peers peer-servers soak loadtest clean
+.PHONY: install run test browser etcd-server cluster cluster-stop fuzz nemesis lint typecheck bench bench-quick bench-peers peer-servers soak loadtest clean
 
 install: $(STAMP)
 
@@ -142,6 +142,13 @@ typecheck: $(STAMP)
 # failure is shrunk to a minimal program. HEADWATER_FUZZ_SEED=<n> replays a run.
 fuzz: $(STAMP)
 	HEADWATER_FUZZ=long $(BIN)/python -m pytest -q -s tests/test_statemachine.py -k test_state_machine --timeout 7200
+
+# The long nemesis run (tests/test_nemesis.py): a cluster under one fault after another for
+# NEMESIS_SECONDS; NEMESIS_SEED replays a run (its seed is printed). `make test` runs 15 s of it.
+NEMESIS_SECONDS ?= 300
+nemesis: $(STAMP) etcd-server
+	HEADWATER_NEMESIS_SECONDS=$(NEMESIS_SECONDS) HEADWATER_NEMESIS_SEED=$(NEMESIS_SEED) \
+		$(BIN)/python -m pytest -q -s tests/test_nemesis.py
 
 # Benchmarks and load tests need the `bench` extra too (peer clients, matplotlib); locust is in dev.
 $(BENCH_STAMP): pyproject.toml $(STAMP)

@@ -88,6 +88,8 @@ class ExclusiveClaims:
             brokers: dict[str, int] = {}
             if current is not None:
                 holder_now, listed = current
+                if holder_now == holder and listed.get(self._id) == registered:
+                    return  # ours here already, under this registration: nothing to write
                 live = {
                     broker: revision
                     for broker, revision in listed.items()
