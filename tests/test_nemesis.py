@@ -427,3 +427,21 @@ async def read_everything(client: headwater.Client, history: History) -> None:
             await message.ack()
     finally:
         await consumer.close()
+
+
+def test_the_checker_sees_each_kind_of_violation() -> None:
+    """The checker itself, on made-up histories: a clean one passes, and a lost message, an
+    offset with two payloads and two clients receiving an Exclusive subscription at once are
+    each reported."""
+    clean = History(acked={b"a": (0, 0)}, final={(0, 0): b"a", (0, 1): b"b"})
+    clean.holdings = [("a", 1.0, 2.0), ("b", 2.5, 3.0), ("a", 3.5, 4.0)]
+    assert check(clean) == []
+    lost = History(acked={b"a": (0, 0), b"b": (1, 0)}, final={(0, 0): b"a"})
+    assert any("not read back" in p for p in check(lost))
+    moved = History(acked={b"a": (0, 0)}, final={(0, 0): b"x", (0, 1): b"a"})
+    assert any("not read back" in p for p in check(moved))  # read back, not at its offset
+    clash = History(acked={b"a": (0, 0)}, final={(0, 0): b"a"})
+    clash.saw(0, 0, b"other")
+    assert any("two payloads" in p for p in check(clash))
+    overlap = History(holdings=[("a", 1.0, 3.0), ("b", 2.0, 4.0)])
+    assert any("at once" in p for p in check(overlap))
