@@ -220,6 +220,64 @@ async def test_exclusive_is_exclusive_across_brokers(cluster: Cluster) -> None:
         await second.close()
 
 
+async def test_key_shared_gives_a_key_to_one_consumer_on_every_broker(cluster: Cluster) -> None:
+    """The Key_Shared ring is built from consumer names, which a consumer's legs share: every
+    broker with the same consumers attached computes the same ring, so records of one key sent
+    to partitions of three different owners all reach the same one of two consumers."""
+    await start_three(cluster)
+    one = await headwater.connect(await cluster.address("b1"))
+    two = await headwater.connect(await cluster.address("b2"))
+    try:
+        await one.create_topic("keyed", partitions=6)
+        owners = await cluster.wait_owned("keyed", 6, set(BROKERS))
+        await _known(one, "keyed")
+        await _known(two, "keyed")
+        # one partition per owner: a key's records go to three brokers
+        spread = sorted({owner: p for p, owner in owners.items()}.values())
+        assert len(spread) == 3, owners
+        consumers = {
+            name: await client.subscribe("keyed", "ks", type="key_shared", start="earliest")
+            for name, client in (("one", one), ("two", two))
+        }
+        deadline = time.monotonic() + 60
+        while any(len(_legs(c)) < 3 for c in consumers.values()):  # a leg at every owner
+            assert time.monotonic() < deadline, "legs not placed in 60s"
+            await asyncio.sleep(0.1)
+        producer = one.producer("keyed")
+        sent = set()
+        for key in range(20):
+            for partition in spread:
+                value = f"k{key}-p{partition}".encode()
+                await asyncio.wait_for(
+                    await producer.send(value, key=f"k{key}".encode(), partition=partition), 60
+                )
+                sent.add(value)
+        got: dict[bytes, set[str]] = {}
+        received: set[bytes | None] = set()
+        deadline = time.monotonic() + 60
+        while not sent <= received and time.monotonic() < deadline:
+            for name, consumer in consumers.items():
+                message = await _receive(consumer, 0.2)
+                if message is not None:
+                    received.add(message.value)
+                    assert message.key is not None
+                    got.setdefault(message.key, set()).add(name)
+                    await message.ack()
+        assert sent <= received, f"{len(sent - received)} never delivered"
+        split = {key: names for key, names in got.items() if len(names) > 1}
+        assert not split, f"keys given to both consumers: {split}"
+        assert len({n for names in got.values() for n in names}) == 2  # both had keys
+        await producer.close()
+    finally:
+        await one.close()
+        await two.close()
+
+
+def _legs(consumer: headwater.Consumer) -> list[object]:
+    legs = consumer._cluster.legs if consumer._cluster is not None else {}
+    return [leg for leg in legs.values() if leg.consumer_id >= 0 and leg._error is None]
+
+
 async def _known(client: headwater.Client, topic: str) -> None:
     """Until the client's bootstrap broker knows the topic with an owner for every partition
     (its watch of etcd may lag the broker that created it by a moment); bounded."""
