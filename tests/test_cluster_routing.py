@@ -278,6 +278,51 @@ def _legs(consumer: headwater.Consumer) -> list[object]:
     return [leg for leg in legs.values() if leg.consumer_id >= 0 and leg._error is None]
 
 
+async def test_partitions_added_in_a_cluster_are_owned_served_and_consumed(
+    cluster: Cluster,
+) -> None:
+    """CREATE_PARTITIONS was refused in a cluster (NOT_SUPPORTED). Now the count grows in etcd,
+    every broker grows its copy, the new partitions get owners, and a consumer subscribed before
+    the growth gets what is produced to them (its cursors there start at their beginning)."""
+    await start_three(cluster)
+    client = await headwater.connect(await cluster.address("b1"))
+    other = await headwater.connect(await cluster.address("b3"))
+    try:
+        await client.create_topic("growing", partitions=3)
+        await cluster.wait_owned("growing", 3, set(BROKERS))
+        await _known(client, "growing")
+        consumer = await client.subscribe("growing", "s", start="earliest")
+        await client.create_partitions("growing", 6)
+        await client.create_partitions("growing", 6)  # again: nothing to do, no error
+        with pytest.raises(headwater.InvalidRequest):
+            await client.create_partitions("growing", 4)  # never fewer
+        await cluster.wait_owned("growing", 6, set(BROKERS), timeout=60)
+        await _known(other, "growing")  # b3 grew its copy from the watch
+        assert len(await other.lookup("growing")) == 6
+        producer = other.producer("growing")
+        sent = set()
+        for partition in range(6):
+            for i in range(5):
+                value = f"p{partition}-{i}".encode()
+                meta = await asyncio.wait_for(await producer.send(value, partition=partition), 60)
+                assert meta.partition == partition
+                sent.add(value)
+        seen: dict[bytes | None, int] = {}
+        deadline = time.monotonic() + 60
+        while not sent <= seen.keys() and time.monotonic() < deadline:
+            message = await _receive(consumer, 0.5)
+            if message is not None:
+                seen[message.value] = message.partition
+                await message.ack()
+        assert sent <= seen.keys(), f"never delivered: {sorted(sent - seen.keys())}"
+        assert {seen[v] for v in sent} == set(range(6))
+        await producer.close()
+        await consumer.close()
+    finally:
+        await client.close()
+        await other.close()
+
+
 async def _known(client: headwater.Client, topic: str) -> None:
     """Until the client's bootstrap broker knows the topic with an owner for every partition
     (its watch of etcd may lag the broker that created it by a moment); bounded."""

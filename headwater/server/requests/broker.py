@@ -290,7 +290,7 @@ class Broker:
 
     def create_partitions(self, session: Session, request: m.CreatePartitionsRequest) -> Reply:
         if self.cluster is not None:
-            raise NotSupported("adding partitions to a topic of a cluster is not supported yet")
+            return AfterWork(self.cluster.create_partitions(request))
         return AfterWork(add_partitions(self.catalog, request))
 
     def list_topics(self, session: Session, request: m.ListTopicsRequest) -> m.ListTopicsResponse:
