@@ -13,7 +13,7 @@ RESULTS := loadtest/results
 PEER_BINARIES := redis-server nats-server
 export PATH := $(PATH):/usr/sbin:/sbin
 
-.PHONY: install run test check browser etcd-server cluster cluster-stop fuzz stress-test stress-quick lint typecheck bench bench-quick bench-peers peer-servers soak loadtest clean
+.PHONY: install run test check browser etcd-server cluster cluster-stop fuzz stress-test stress-quick nemesis lint typecheck bench bench-quick bench-peers peer-servers soak loadtest clean
 
 install: $(STAMP)
 
@@ -181,6 +181,13 @@ STRESS_QUICK_MODULES := tests/test_reliable.py tests/test_partitions.py \
 stress-quick: $(STAMP) etcd-server
 	$(BIN)/python -m tests.pressure --busy $(STRESS_BUSY) --runs 1 -- \
 		$(BIN)/python -m pytest -p randomly $(STRESS_QUICK_MODULES)
+
+# The long nemesis run (tests/test_nemesis.py): a cluster under one fault after another for
+# NEMESIS_SECONDS; NEMESIS_SEED replays a run (its seed is printed). `make test` runs 15 s of it.
+NEMESIS_SECONDS ?= 300
+nemesis: $(STAMP) etcd-server
+	HEADWATER_NEMESIS_SECONDS=$(NEMESIS_SECONDS) HEADWATER_NEMESIS_SEED=$(NEMESIS_SEED) \
+		$(BIN)/python -m pytest -q -s tests/test_nemesis.py
 
 # Benchmarks and load tests need the `bench` extra too (peer clients, matplotlib); locust is in dev.
 $(BENCH_STAMP): pyproject.toml $(STAMP)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import ssl
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
@@ -464,7 +465,8 @@ class Client(ClusterMixin, AdminMixin, SchemaAdmin):
             topic=topic,
             subscription=subscription,
             sub_type=sub_type,
-            consumer_name=name or f"{subscription}-{id(consumer):x}",
+            # unique across processes: in a cluster the name is the Exclusive holder's identity
+            consumer_name=name or f"{subscription}-{secrets.token_hex(6)}",
             priority=priority,
             initial_credits=prefetch,
             settings=settings,

@@ -16,6 +16,7 @@ single broker sees exactly the requests it saw before routing existed, plus one 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from typing import TYPE_CHECKING, Protocol
 
@@ -76,13 +77,17 @@ class ClusterMixin:
         return connection
 
     async def _other_broker(self, error: ConnectionLost) -> Connection:
-        for broker in list(self._router.table.brokers.values()):
-            if self._peers.is_bootstrap(broker):
-                continue
+        """Another known broker, or, when none answers, the bootstrap address again on a new
+        connection of the router's (a bootstrap broker restarted there)."""
+        table = self._router.table
+        others = [b for b in table.brokers.values() if not self._peers.is_bootstrap(b)]
+        for broker in [*others, table.bootstrap]:
             try:
-                return await self._peers.get(broker)
+                connection = await self._peers.get(broker)
             except ConnectionClosed:
                 continue
+            if not connection.closed:
+                return connection
         raise error
 
     async def _close_cluster(self) -> None:
@@ -171,4 +176,11 @@ class ClusterMixin:
         if refused:
             consumer._suspended = True  # nothing of the topic at the bootstrap broker
         self._consumers.add(consumer)
-        await legs.start()
+        try:
+            await legs.start()
+        except HeadwaterError:
+            # refused at another owner: the application gets the error and no consumer, so the
+            # legs already attached go (an Exclusive one would keep the subscription's claim)
+            with contextlib.suppress(HeadwaterError):
+                await consumer.close()
+            raise

@@ -14,7 +14,12 @@ NOT_OWNER) is dropped once its buffered messages are taken, and the topic looked
 the router's backoff while a partition has no owner; so is the topic every `metadata_refresh`
 seconds while the consumer is open. Any owner without a live leg then gets one. What was
 delivered and not acknowledged on a lost leg is redelivered by the new owner: at-least-once. Any
-other end (the topic or subscription deleted, a refusal) ends the consumer with that error.
+other end (the topic or subscription deleted, a refusal) ends the consumer with that error. A
+partition left without a live leg for the router's backoff timeout (`LookupBackoff.timeout`, 30 s:
+no owner, or an owner that cannot be reached) ends the consumer too, with NotOwner or
+ConnectionLost naming the partitions: a consumer never waits silently. The bootstrap broker's leg
+goes back on a connection of the router's when the client's own is closed for good (no
+`reconnect`), so a bootstrap broker restarted on its address is served again.
 """
 
 from __future__ import annotations
@@ -29,10 +34,12 @@ from headwater.client.consumer import Consumer
 from headwater.wire.errors import (
     ConnectionClosed,
     ConnectionLost,
+    ConsumerBusy,
     HeadwaterError,
     NotOwner,
     RequestTimeout,
     ServerShuttingDown,
+    StorageError,
 )
 
 if TYPE_CHECKING:
@@ -43,6 +50,10 @@ logger = logging.getLogger("headwater.client.client")
 
 # A leg ending with one of these is placed again at the partitions' (new) owner.
 MOVABLE = (ConnectionLost, ServerShuttingDown, NotOwner, RequestTimeout)
+# A leg refused with one of these is tried again, within the placement timeout: the etcd of the
+# cluster unavailable for a moment, or our own previous leg there not detached yet (its
+# connection died and the broker has not noticed).
+PASSING = (StorageError, ConsumerBusy)
 
 
 class ClusterLegs:
@@ -58,6 +69,8 @@ class ClusterLegs:
         self._sync_lock = asyncio.Lock()  # one placement at a time: never two legs per broker
         self.bootstrap = router.table.bootstrap.address
         self.legs[self.bootstrap] = consumer
+        self._unplaced_since: float | None = None  # since when a partition has had no live leg
+        self._refusals: dict[tuple[str, int], HeadwaterError] = {}  # the last, per broker
 
     async def start(self) -> None:
         """Subscribe at every current owner (a refusal is raised), then keep watching."""
@@ -79,9 +92,55 @@ class ClusterLegs:
 
     async def _sync(self, raise_errors: bool = False) -> bool:
         """A leg at every owner that has none; whether every partition has an owner with a leg.
-        A refusal a new owner cannot cure ends the consumer (or is raised, at the start)."""
+        A refusal a new owner cannot cure ends the consumer (or is raised, at the start), and so
+        does a partition left without a live leg for longer than the router's backoff."""
         async with self._sync_lock:
-            return await self._place(raise_errors)
+            complete = await self._place(raise_errors)
+        self._check_placed(complete)
+        return complete
+
+    def _check_placed(self, complete: bool) -> None:
+        """Never wait silently: a partition that stayed without a live leg (no owner, or an
+        owner we cannot reach or subscribe at) for `backoff.timeout` seconds ends the consumer
+        with an error saying which partitions and why, as a request would fail after it."""
+        now = asyncio.get_running_loop().time()
+        if complete or self.consumer._error is not None:
+            self._unplaced_since = None
+            return
+        if self._unplaced_since is None:
+            self._unplaced_since = now
+            return
+        waited = now - self._unplaced_since
+        if waited < self._router.backoff.timeout:
+            return
+        self.consumer._end(self._unplaced_error(waited))
+
+    def _unplaced_error(self, waited: float) -> HeadwaterError:
+        consumer = self.consumer
+        unowned, unreachable = [], []
+        refusal: HeadwaterError | None = None
+        for partition, owner in self._router.table.owners(consumer.topic).items():
+            if owner is None:
+                unowned.append(partition)
+            elif not self._alive(self.legs.get(self._key(owner))):
+                unreachable.append(f"{partition} at {owner}")
+                refusal = self._refusals.get(self._key(owner), refusal)
+        where = f"consumer of {consumer.topic!r}/{consumer.subscription!r}"
+        if refusal is not None and isinstance(refusal, PASSING):  # refused, not out of reach
+            return type(refusal)(
+                f"{where} could not be placed for {waited:.0f}s: partitions "
+                f"{', '.join(unreachable)} refused it: {refusal.message}"
+            )
+        if unreachable or not unowned:  # none known at all: every broker was out of reach
+            parts = ", ".join(unreachable) if unreachable else "every partition"
+            return ConnectionLost(
+                f"{where} could not be placed for {waited:.0f}s: cannot reach the owner of "
+                f"partitions {parts}"
+            )
+        return NotOwner(
+            f"{where} could not be placed for {waited:.0f}s: partitions "
+            f"{', '.join(map(str, unowned))} have no owner: owner=none"
+        )
 
     async def _place(self, raise_errors: bool) -> bool:
         if self.consumer._error is not None:
@@ -96,17 +155,22 @@ class ClusterLegs:
             try:
                 await self._subscribe_at(broker)
             except HeadwaterError as exc:
-                if not isinstance(exc, (*MOVABLE, ConnectionClosed)):
+                if raise_errors and isinstance(exc, ConsumerBusy):
+                    raise  # at subscribe: the subscription is another consumer's
+                if not isinstance(exc, (*MOVABLE, ConnectionClosed, *PASSING)):
                     if raise_errors:
                         raise
                     self.consumer._end(exc)
                     return True
                 logger.info("cannot subscribe at %s yet: %s", broker, exc.message)
+                self._refusals[self._key(broker)] = exc
                 if isinstance(exc, NotOwner):
                     table.invalidate(topic)
-                else:
+                elif isinstance(exc, ConnectionClosed):
                     self._router.lost(broker.address)
                 complete = False
+            else:
+                self._refusals.pop(self._key(broker), None)
         return complete
 
     def _key(self, broker: BrokerAddress) -> tuple[str, int]:
@@ -176,7 +240,7 @@ class ClusterLegs:
             self._syncing = _watched(asyncio.get_running_loop().create_task(self._resync_soon()))
 
     async def _resync_soon(self) -> None:
-        for delay in (0.0, *self._router.backoff.delays()):
+        for delay in (0.0, *self._router.backoff.delays(), self._router.backoff.maximum):
             await asyncio.sleep(delay)
             if self.consumer._error is not None:
                 return

@@ -110,11 +110,14 @@ class Router:
     async def _lookup_elsewhere(
         self, request: m.LookupRequest, error: HeadwaterError
     ) -> m.Response:
-        """The bootstrap broker is unreachable: ask the other brokers we know, in turn."""
-        bootstrap = self.table.bootstrap.address
-        for broker in list(self.table.brokers.values()):
-            if broker.address == bootstrap or self.peers is None:
-                continue
+        """The bootstrap connection is lost: ask the other brokers we know, in turn, then the
+        bootstrap address again on a connection of our own (the broker may be back there,
+        restarted, and the only one left)."""
+        if self.peers is None:
+            raise error
+        bootstrap = self.table.bootstrap
+        others = [b for b in self.table.brokers.values() if b.address != bootstrap.address]
+        for broker in [*others, bootstrap] if self.table.multi_broker else others:
             try:
                 connection = await self.peers.get(broker)
                 return await connection.request(request, self.peers.timeout)
@@ -205,9 +208,20 @@ class Peers:
         return broker.broker_id == "" or broker.address == self._bootstrap_address
 
     async def get(self, broker: BrokerAddress) -> Connection:
+        """A connection to `broker`. The bootstrap broker's is the client's own connection while
+        it is open (or being reopened by the client's reconnection policy); once it is closed
+        for good, in a cluster, a connection of ours to that address like any other broker's:
+        a bootstrap broker restarted on its address is reached again without `reconnect`."""
         if self.is_bootstrap(broker):
-            return await self._bootstrap()
-        address = broker.address
+            try:
+                own = await self._bootstrap()
+            except ConnectionLost:  # the client's reconnection gave up
+                if not self._router.multi_broker:
+                    raise
+            else:
+                if not own.closed or not self._router.multi_broker:
+                    return own
+        address = self._bootstrap_address if self.is_bootstrap(broker) else broker.address
         connection = self._connections.get(address)
         if connection is not None and not connection.closed:
             return connection

@@ -131,8 +131,14 @@ class Sender:
         return [c for c in (*found, *self.peers.values()) if not c.closed]
 
     async def _connect(self, partition: int) -> Connection | None:
+        router = self.router
         try:
-            if self.router is not None and self.router.multi_broker:
+            if router is not None and not router.multi_broker and not router.fresh(self.topic):
+                # not known to be a cluster yet: look the topic up before the first batch (a
+                # batch for an explicit partition went to the bootstrap broker unrouted, and
+                # met NOT_OWNER at every retry), and after a NOT_OWNER marked it stale
+                await router.settle(self.topic)
+            if router is not None and router.multi_broker:
                 return await self._owner_connection(partition)
             return await self.open()
         except InvalidPartition as exc:  # this batch's partition is gone, not the connection

@@ -41,7 +41,9 @@ class Cluster:
         gets its share at once, which most tests of moving partitions want."""
         self.root = root
         self.etcd = etcd
+        self.etcd_endpoint = etcd.endpoint  # what brokers are given (a fault proxy's, say)
         self.brokers: dict[str, ServerProcess] = {}
+        self._advertised: dict[str, str] = {}
         self._config = root / "cluster.toml"
         self._config.write_text(
             f"""
@@ -61,14 +63,21 @@ handoff_after_ms = {handoff_after_ms}
 """
         )
 
-    def start_broker(self, broker_id: str) -> ServerProcess:
+    def start_broker(
+        self, broker_id: str, port: int = 0, advertise: str | None = None
+    ) -> ServerProcess:
+        """Start broker `broker_id` on `port` (0: one the OS picks), telling clients to reach it
+        at `advertise` (default: where it listens; a fault proxy in front of it, say)."""
+        if advertise is not None:
+            self._advertised[broker_id] = advertise
+        advertise = self._advertised.get(broker_id)
         process = ServerProcess(
             self.root / broker_id,
             extra_args=(
                 "--config",
                 str(self._config),
                 "--cluster",
-                self.etcd.endpoint,
+                self.etcd_endpoint,
                 "--broker-id",
                 broker_id,
                 "--log-format",
@@ -77,10 +86,17 @@ handoff_after_ms = {handoff_after_ms}
                 "0",
                 "--http-port-file",
                 str(self.root / f"{broker_id}.http"),
+                *(("--port", str(port)) if port else ()),
+                *(("--advertise", advertise) if advertise else ()),
             ),
         ).start(timeout=120)  # a hang bound: a loaded machine took over 60 s
         self.brokers[broker_id] = process
         return process
+
+    def restart_broker(self, broker_id: str) -> ServerProcess:
+        """Start a stopped (or killed) broker again on the port it had: the address clients
+        bootstrapped at comes back, as when an operator restarts a machine's broker."""
+        return self.start_broker(broker_id, self.brokers[broker_id].port)
 
     def metrics(self, broker_id: str) -> dict[str, float]:
         """The broker's /metrics, unlabelled samples only: name -> value."""

@@ -1,6 +1,7 @@
 """A fault-injecting TCP proxy on 127.0.0.1 for tests: it forwards bytes between a client and the
 server and, when told, cuts connections at random (dropping the chunk it was forwarding, so a
-request or a response is lost) or stops forwarding altogether (`pause`)."""
+request or a response is lost), delays every chunk (`delay` seconds), or stops forwarding
+altogether or in one direction only (`pause`, `pause("request")`: a one-way blackhole)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,12 @@ class FaultyProxy:
         self.rng = random.Random(seed)
         self.drop_requests = 0.0  # chance a client->server chunk is dropped with its connection
         self.drop_responses = 0.0  # chance a server->client chunk is dropped with its connection
+        self.delay = 0.0  # seconds each chunk waits before it is forwarded
         self.cuts = 0
         self.connections = 0  # accepted so far (a client's reconnect shows here)
-        self._paused = asyncio.Event()
-        self._paused.set()
+        self._flowing = {"request": asyncio.Event(), "response": asyncio.Event()}
+        for flowing in self._flowing.values():
+            flowing.set()
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self.port = 0
@@ -32,11 +35,16 @@ class FaultyProxy:
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 
-    def pause(self) -> None:
-        self._paused.clear()
+    def pause(self, direction: str | None = None) -> None:
+        """Stop forwarding ("request": client to server only, "response": back only; None:
+        both) until `resume`; connections stay open, bytes wait."""
+        for name, flowing in self._flowing.items():
+            if direction in (None, name):
+                flowing.clear()
 
     def resume(self) -> None:
-        self._paused.set()
+        for flowing in self._flowing.values():
+            flowing.set()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
@@ -66,7 +74,9 @@ class FaultyProxy:
                 data = await source.read(65536)
                 if not data:
                     break
-                await self._paused.wait()
+                await self._flowing[direction].wait()
+                if self.delay:
+                    await asyncio.sleep(self.delay)
                 chance = self.drop_requests if direction == "request" else self.drop_responses
                 if chance and self.rng.random() < chance:
                     self.cuts += 1

@@ -26,17 +26,19 @@ import structlog
 from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.cluster.cluster_partitions import ClusterPartitions, checkpoint_key
 from headwater.server.cluster.coordinator import Coordinator
+from headwater.server.cluster.exclusive_claims import ExclusiveGate
 from headwater.server.cluster.tail_commit import TailCommitter
 from headwater.server.config import ServerConfig
 from headwater.server.requests.broker import Broker, close_topic_consumers
 from headwater.server.requests.consumer_requests import close_consumers
+from headwater.server.requests.create_partitions import add_partitions, check_growth
 from headwater.server.requests.partition_ownership import BrokerAddress, not_owner
 from headwater.server.topics.topic import LogTopic, Topic
 from headwater.storage.cloud_tail import CloudTail
 from headwater.storage.objectstore import ObjectStore
 from headwater.storage.partition_manifest import PartitionManifests
 from headwater.wire import messages as m
-from headwater.wire.errors import ErrorCode, TopicExists, UnknownTopic
+from headwater.wire.errors import ErrorCode, InvalidRequest, TopicExists, UnknownTopic
 
 log = structlog.get_logger("headwater.cluster")
 
@@ -79,6 +81,7 @@ class ClusterMode:
             settings.fold_chunks,
         )
         self.committer.on_stored = self.partitions.stored
+        self.exclusive = ExclusiveGate(coordinator, catalog.topics)
         self._catalog = catalog
         self._broker = broker
         self._collecting: set[asyncio.Task[Any]] = set()
@@ -103,8 +106,10 @@ class ClusterMode:
         for name in [n for n in catalog.topics if n not in known]:
             await self._on_topic(name, None)  # deleted from the cluster while we were away
         self.partitions.start()
+        self.exclusive.start()
 
     async def stop(self) -> None:
+        await self.exclusive.close()
         await self.coordinator.stop(graceful=True)
         await self.partitions.close()
 
@@ -126,6 +131,22 @@ class ClusterMode:
         if not created:
             await self._drop_local(request.name)  # theirs arrives through the watch
             raise TopicExists(f"topic {request.name!r} already exists")
+
+    async def create_partitions(self, request: m.CreatePartitionsRequest) -> m.Response:
+        """CREATE_PARTITIONS, in the topic's turn: checked here, recorded in etcd (every broker
+        grows its copy from the watch, and the coordinators assign the new partitions), then our
+        own copy grown at once (the watch then finds it grown already)."""
+        if not check_growth(self._catalog, request):
+            return m.EmptyResponse()
+        count = await self.coordinator.grow_topic(request.name, request.partitions)
+        if count == 0:
+            raise UnknownTopic(f"topic {request.name!r} does not exist")
+        if count > request.partitions:  # grown further through another broker meanwhile
+            raise InvalidRequest(
+                f"topic {request.name!r} has {count} partitions: partitions can be added, "
+                f"never removed ({request.partitions} asked)"
+            )
+        return await add_partitions(self._catalog, request)
 
     async def delete_topic(self, name: str) -> None:
         """DELETE_TOPIC, in the topic's turn: etcd first (every broker drops its copy from the
@@ -169,6 +190,10 @@ class ClusterMode:
             if existing is not None:
                 if len(existing.partitions) == request.partitions:
                     return  # ours (our own create seen through the watch), or the same
+                if len(existing.partitions) < request.partitions:
+                    # partitions added through another broker (CREATE_PARTITIONS): grow ours
+                    await self._grow_local(name, request.partitions)
+                    return
                 log.warning(
                     "cluster.topic_replaced",
                     topic=name,
@@ -182,6 +207,16 @@ class ClusterMode:
                 return
             except Exception:
                 log.exception("cluster.topic_create_failed", topic=name)
+
+    async def _grow_local(self, name: str, partitions: int) -> None:
+        try:
+            await add_partitions(self._catalog, m.CreatePartitionsRequest(name, partitions))
+        except Exception:
+            # its new partitions' owners fail to take them over here until it is grown: they
+            # are taken by another broker (a first choice that cannot is passed over)
+            log.exception("cluster.partitions_add_failed", topic=name, partitions=partitions)
+        else:
+            log.info("cluster.partitions_added", topic=name, partitions=partitions)
 
     def _clustered(self, topic: Topic) -> None:
         """A reliable topic's appends are answered, and read, once in the object store."""

@@ -41,6 +41,7 @@ from headwater.server.cluster.coordinator_state import (
     State,
 )
 from headwater.server.cluster.etcd import Entry, EtcdSession, EtcdUnavailable, PrefixWatch
+from headwater.server.cluster.exclusive_claims import ExclusiveClaims
 from headwater.server.cluster.layout import DEFAULT_PREFIX, Layout, decode, encode, parse_endpoint
 from headwater.server.cluster.metadata import Metadata, SubscriptionCallback, TopicCallback
 from headwater.server.requests.partition_ownership import BrokerAddress
@@ -48,7 +49,7 @@ from headwater.server.requests.partition_ownership import BrokerAddress
 log = structlog.get_logger("headwater.cluster")
 
 
-class Coordinator(Assignment, Metadata):
+class Coordinator(Assignment, Metadata, ExclusiveClaims):
     def __init__(
         self,
         endpoint: str,

@@ -244,6 +244,10 @@ class Broker:
         self._handlers[m.LookupRequest] = LookupHandler(ownership, self.catalog.topics).lookup
         self.cluster = cluster
         self.maps.ownership = ownership
+        # an Exclusive subscription has one holder in the whole cluster (fenced in etcd)
+        gate = cluster.exclusive
+        self._handlers[m.SubscribeRequest] = gate.wrap(self.consumers.subscribe)
+        self.consumers.on_detached = gate.detached_consumer
         self.catalog.subscriptions.serves = ownership.serves
 
     def _check_producer(
@@ -294,7 +298,7 @@ class Broker:
 
     def create_partitions(self, session: Session, request: m.CreatePartitionsRequest) -> Reply:
         if self.cluster is not None:
-            raise NotSupported("adding partitions to a topic of a cluster is not supported yet")
+            return AfterWork(self.cluster.create_partitions(request))
         return AfterWork(add_partitions(self.catalog, request))
 
     def list_topics(self, session: Session, request: m.ListTopicsRequest) -> m.ListTopicsResponse:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Callable
 
 import structlog
 
@@ -56,6 +57,8 @@ class ConsumerHandlers:
         self._catalog = catalog
         self.memory = memory or MemoryBudget(config.memory_max_bytes or default_max_bytes())
         self._consumer_ids = itertools.count(1)
+        # told after every detach (a cluster releases an Exclusive subscription's holder)
+        self.on_detached: Callable[[Consumer], None] | None = None
 
     def _topic(self, name: str) -> Topic:
         topic = self._catalog.topics.get(name)
@@ -255,6 +258,8 @@ class ConsumerHandlers:
             subscription=subscription.name,
             consumer_id=consumer.consumer_id,
         )
+        if self.on_detached is not None:
+            self.on_detached(consumer)
 
     def seek(self, session: Session, request: m.SeekRequest) -> Reply:
         return AfterWork(self._seek(request))

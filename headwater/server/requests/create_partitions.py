@@ -43,15 +43,17 @@ from headwater.wire.limits import MAX_PARTITIONS
 log = structlog.get_logger("headwater.partitions")
 
 
-async def add_partitions(catalog: TopicCatalog, request: m.CreatePartitionsRequest) -> m.Response:
-    """Grow a topic; the caller holds its turn."""
+def check_growth(catalog: TopicCatalog, request: m.CreatePartitionsRequest) -> bool:
+    """Whether the request grows the topic (False: it has that count already, an alter retried
+    after its answer was lost); raises what refuses it. A cluster checks before it records the
+    new count in etcd."""
     topic = catalog.topics.get(request.name)
     if topic is None:
         raise UnknownTopic(f"topic {request.name!r} does not exist")
     current = len(topic.partitions)
     wanted = request.partitions
     if wanted == current:
-        return m.EmptyResponse()  # already there: an alter retried after its answer was lost
+        return False
     if wanted < current:
         raise InvalidRequest(
             f"topic {topic.name!r} has {current} partitions: partitions can be added, "
@@ -65,6 +67,17 @@ async def add_partitions(catalog: TopicCatalog, request: m.CreatePartitionsReque
             f"topic {topic.name!r} keeps last values per key: adding partitions would move "
             "keys away from their revisions"
         )
+    return True
+
+
+async def add_partitions(catalog: TopicCatalog, request: m.CreatePartitionsRequest) -> m.Response:
+    """Grow a topic; the caller holds its turn."""
+    if not check_growth(catalog, request):
+        return m.EmptyResponse()
+    topic = catalog.topics[request.name]
+    current = len(topic.partitions)
+    wanted = request.partitions
+    data = catalog.state.get_json(key(TOPIC, topic.name))
     data["partitions"] = wanted
     puts = {key(TOPIC, topic.name): _json(data)}
     if topic.reliable:
