@@ -29,6 +29,7 @@ from headwater.durables.producers import ProducerTable
 from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.config import ServerConfig
 from headwater.server.reply import AfterDurable, AfterWork, Reply, Waiting, after
+from headwater.server.request_table import REQUESTS
 from headwater.server.requests.admin_requests import AdminHandlers
 from headwater.server.requests.consumer_requests import ConsumerHandlers, close_consumers
 from headwater.server.requests.create_partitions import add_partitions
@@ -124,12 +125,12 @@ class Broker:
 
     def handle(self, session: Session, request: m.Request) -> Reply:
         handler = self._handlers[type(request)]
-        kind = type(request)
-        name = _topic_named(request)
+        kind = REQUESTS[type(request)]
+        name = kind.topic(request)
         if name is not None and (
-            kind in _IN_TURN
+            kind.in_turn
             or self.catalog.busy(name)
-            or (kind in _MAP_REQUESTS and not self.maps.ready(name))
+            or (kind.last_value and not self.maps.ready(name))
         ):
             return AfterWork(self._in_turn(self.catalog.turn(name), handler, session, request))
         return handler(session, request)
@@ -348,47 +349,6 @@ def close_topic_consumers(topic: Topic) -> None:
             ErrorCode.UNKNOWN_TOPIC,
             f"topic {topic.name!r} was deleted",
         )
-
-
-_IN_TURN = frozenset(
-    {
-        m.SubscribeRequest,
-        m.SeekRequest,
-        m.DeleteSubscriptionRequest,
-        m.CreateTopicRequest,
-        m.DeleteTopicRequest,
-        m.AlterTopicConfigsRequest,
-        m.CreatePartitionsRequest,
-        m.RegisterSchemaRequest,
-    }
-)
-_MAP_REQUESTS = frozenset({m.MapGetRequest, m.MapSetRequest, m.MapScanRequest, m.MapSizeRequest})
-_TOPIC_FIELD = {
-    m.ProduceRequest: "topic",
-    m.SubscribeRequest: "topic",
-    m.SeekRequest: "topic",
-    m.DeleteSubscriptionRequest: "topic",
-    m.MapGetRequest: "topic",
-    m.MapSetRequest: "topic",
-    m.MapScanRequest: "topic",
-    m.MapSizeRequest: "topic",
-    m.CreateTopicRequest: "name",
-    m.DeleteTopicRequest: "name",
-    m.DescribeTopicRequest: "name",
-    m.AlterTopicConfigsRequest: "name",
-    m.ListSubscriptionsRequest: "topic",
-    m.CreatePartitionsRequest: "name",
-    m.RegisterSchemaRequest: "topic",
-    m.GetSchemaRequest: "topic",
-    m.ListSchemasRequest: "topic",
-    m.CheckSchemaRequest: "topic",
-}
-
-
-def _topic_named(request: m.Request) -> str | None:
-    """The topic a request acts on, if it names one."""
-    field = _TOPIC_FIELD.get(type(request))
-    return None if field is None else str(getattr(request, field))
 
 
 __all__ = ["Broker", "Reply", "Waiting"]
