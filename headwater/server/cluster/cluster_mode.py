@@ -29,10 +29,11 @@ from headwater.server.cluster.coordinator import Coordinator
 from headwater.server.cluster.exclusive_claims import ExclusiveGate
 from headwater.server.cluster.tail_commit import TailCommitter
 from headwater.server.config import ServerConfig
-from headwater.server.requests.broker import Broker, close_topic_consumers
+from headwater.server.requests.broker import Broker
 from headwater.server.requests.consumer_requests import close_consumers
 from headwater.server.requests.create_partitions import add_partitions, check_growth
 from headwater.server.requests.partition_ownership import BrokerAddress, not_owner
+from headwater.server.requests.topic_definitions import close_topic_consumers
 from headwater.server.topics.topic import LogTopic, Topic
 from headwater.storage.cloud_tail import CloudTail
 from headwater.storage.objectstore import ObjectStore
@@ -97,7 +98,7 @@ class ClusterMode:
             uploader.publisher = self.partitions
         catalog.subscriptions.created = self._subscription_created
         catalog.subscriptions.deleted = self._subscription_deleted
-        self._broker.enter_cluster(coordinator, self)
+        self._broker.enter_cluster(coordinator, self, self.exclusive)
         coordinator.handler = self.partitions
         coordinator.on_topic = self._on_topic
         coordinator.on_subscription = self._on_subscription
