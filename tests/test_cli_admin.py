@@ -16,8 +16,8 @@ import headwater
 from headwater.testing import ServerProcess
 from headwater.wire import messages as m
 from headwater.wire.records import build_batch
+from tests.support.cli_process import hw
 from tests.support.secure import secure_server
-from tests.test_cli import hw
 from tests.test_metrics import scrape, start_with_http, value
 
 
