@@ -62,6 +62,14 @@ async def test_token_over_tls_round_trip_and_plaintext_is_refused(
         await headwater.connect(tls_server.address, token=tls_server.admin, timeout=3)
     with pytest.raises(ConnectionClosed, match="certificate verify failed"):
         await headwater.connect(tls_server.address, tls=Tls(ca=pki.rogue.path))
+    # the failed handshakes are logged with the peer's address (issue 22)
+    deadline = time.monotonic() + 10
+    while not any(
+        "conn.tls_failed" in line and "peer=127.0.0.1:" in line
+        for line in tls_server.process.log().splitlines()
+    ):
+        assert time.monotonic() < deadline, "no conn.tls_failed line with the peer address"
+        await asyncio.sleep(0.05)
 
 
 async def test_client_certificate_is_the_identity_and_its_grants_apply(
