@@ -23,6 +23,7 @@ from collections import OrderedDict
 import structlog
 
 from headwater.storage.objectstore import ObjectStore
+from headwater.storage.reader import LogRead
 from headwater.storage.segments import (
     INDEX_ENTRY,
     IndexEntry,
@@ -32,7 +33,6 @@ from headwater.storage.segments import (
     find_batch,
 )
 from headwater.storage.uploader import Uploader, object_key
-from headwater.storage.wal import LogRead
 from headwater.wire.errors import ObjectNotFound
 
 log = structlog.get_logger("headwater.archive")
