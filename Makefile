@@ -4,6 +4,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# `make run` needs only the server's dependencies (no PySpark, no test tools)
+RUN_STAMP := $(VENV)/.installed-run
 
 BENCH_STAMP := $(VENV)/.installed-bench
 RESULTS := loadtest/results
@@ -11,7 +13,7 @@ RESULTS := loadtest/results
 PEER_BINARIES := redis-server nats-server
 export PATH := $(PATH):/usr/sbin:/sbin
 
-.PHONY: install run test browser etcd-server cluster cluster-stop fuzz lint typecheck bench bench-quick bench-peers peer-servers soak loadtest clean
+.PHONY: install run test check browser etcd-server cluster cluster-stop fuzz stress-test stress-quick nemesis lint typecheck bench bench-quick bench-peers peer-servers soak loadtest clean
 
 install: $(STAMP)
 
@@ -21,11 +23,27 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-run: $(STAMP)
-	$(BIN)/headwater serve --host 127.0.0.1 --port 6650 --data-dir ./data
+$(RUN_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e .
+	touch $(RUN_STAMP)
 
+# the message port 6650, the operator's HTTP port 9650 (status page, /metrics, /healthz, /readyz)
+run: $(RUN_STAMP)
+	$(BIN)/headwater serve --host 127.0.0.1 --port 6650 --http-port 9650 --data-dir ./data
+
+# The whole suite on every core: one test module per worker at a time (the Spark modules share
+# one worker and its JVM: tests/conftest.py). The timeout bounds a hang, nothing else.
 test: $(STAMP) browser etcd-server
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -p no:randomly -n auto --dist loadgroup
+
+# Lint, types and the unit tier (no server, S3, etcd or Spark process): under a minute.
+check: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/python -m pytest -q -p no:randomly -m unit -n 2 --dist loadgroup
 
 # Debian's chromium, for tests/test_status_page.py (the status page in a headless browser).
 # Installed when missing and possible (root, or sudo without a password, and apt-get); when not,
@@ -142,6 +160,34 @@ typecheck: $(STAMP)
 # failure is shrunk to a minimal program. HEADWATER_FUZZ_SEED=<n> replays a run.
 fuzz: $(STAMP)
 	HEADWATER_FUZZ=long $(BIN)/python -m pytest -q -s tests/test_statemachine.py -k test_state_machine --timeout 7200
+
+# The suite under CPU pressure, in a random order (docs/TESTING.md): two busy-loop processes beside
+# it (tests/pressure.py starts them and stops them by PID), pytest-randomly shuffling the tests
+# with a new seed each run, STRESS_RUNS runs in a row, stopping at the first failure. Each run
+# prints `Using --randomly-seed=N`; `make stress-test STRESS_ARGS='-p randomly --randomly-seed=N'`
+# replays that order. STRESS_ARGS picks tests too: STRESS_ARGS=tests/test_reliable.py
+STRESS_RUNS ?= 3
+STRESS_BUSY ?= 2
+STRESS_ARGS ?=
+stress-test: $(STAMP) browser etcd-server
+	$(BIN)/python -m tests.pressure --busy $(STRESS_BUSY) --runs $(STRESS_RUNS) -- \
+		$(BIN)/python -m pytest -p randomly $(STRESS_ARGS)
+
+# The short version, in .ci/run: once, under the same pressure, the modules that kill -9 servers,
+# the cluster tests and the timing-sensitive ones (acks, delays, drains, reconnects).
+STRESS_QUICK_MODULES := tests/test_reliable.py tests/test_partitions.py \
+	tests/test_snapshot_server.py tests/test_subscriptions.py tests/test_producer.py \
+	tests/test_cluster.py tests/test_cluster_coordinator.py tests/test_power_loss.py
+stress-quick: $(STAMP) etcd-server
+	$(BIN)/python -m tests.pressure --busy $(STRESS_BUSY) --runs 1 -- \
+		$(BIN)/python -m pytest -p randomly $(STRESS_QUICK_MODULES)
+
+# The long nemesis run (tests/test_nemesis.py): a cluster under one fault after another for
+# NEMESIS_SECONDS; NEMESIS_SEED replays a run (its seed is printed). `make test` runs 15 s of it.
+NEMESIS_SECONDS ?= 300
+nemesis: $(STAMP) etcd-server
+	HEADWATER_NEMESIS_SECONDS=$(NEMESIS_SECONDS) HEADWATER_NEMESIS_SEED=$(NEMESIS_SEED) \
+		$(BIN)/python -m pytest -q -s tests/test_nemesis.py
 
 # Benchmarks and load tests need the `bench` extra too (peer clients, matplotlib); locust is in dev.
 $(BENCH_STAMP): pyproject.toml $(STAMP)

@@ -1,12 +1,17 @@
 """Headwater's Python client: `await headwater.connect()` returns a `Client` with topic admin,
-producers and consumers. The `headwater` command line lives in `headwater.cli`.
+producers and consumers (the package `client`); the `headwater` command is the package `cli`
+(`__main__` runs it as `python -m headwater`). The server is `server`, over `durables` (delivery
+semantics without I/O), `storage` (bytes at rest) and `wire` (the protocol without I/O);
+`spark_compaction` is the PySpark job. `testing` runs a real server in a child process, for tests
+of applications and of Headwater itself. docs/ARCHITECTURE.md draws the packages and their
+imports.
 
 Every exception the client raises is a `HeadwaterError` subclass carrying the wire error code,
 and every one is importable from here (`except headwater.TopicExists:`)."""
 
-from headwater.client import Client, Consumer, Message, Tls, connect
-from headwater.message_batch import MessageBatch
-from headwater.producer import (
+from headwater.client.client import Client, Consumer, Message, Tls, connect
+from headwater.client.message_batch import MessageBatch
+from headwater.client.producer import (
     AtLeastOnce,
     AtMostOnce,
     BatchSendFuture,
@@ -19,8 +24,8 @@ from headwater.producer import (
     SendFuture,
     SentBatch,
 )
-from headwater.reconnect import ReconnectPolicy
-from headwater.schema_codec import SchemaCodec
+from headwater.client.reconnect import ReconnectPolicy
+from headwater.client.schema_codec import SchemaCodec
 from headwater.wire.errors import (
     AuthenticationFailed,
     AuthenticationRequired,

@@ -1,5 +1,5 @@
 import sys
 
-from headwater.cli import main
+from headwater.cli.main import main
 
 sys.exit(main())

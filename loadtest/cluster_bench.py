@@ -10,16 +10,25 @@ by PID):
   its batch is in the object store, so the difference is what object-store durability costs;
 - `3 brokers, cluster`: a 6-partition topic spread over three brokers.
 
-Each row runs `--producers` asyncio producers in this process, each with up to `--window`
-produces in flight to the owner of its partition (found in etcd), 100-byte values, for
-`--seconds`. Reported: acknowledged messages/s, acknowledgement latency percentiles, and CPU
-seconds per million messages of every broker (from /proc) and of this client. On these shared
+Each row runs `--producers` asyncio producers in this process for `--seconds`, 100-byte values.
+`--api batch` (the default): each a `Producer` of its own client (which routes to the owners
+itself) calling `send_batch` with 1,000 values, up to `--window` calls unanswered. `--api record`:
+each sends single-record PRODUCE requests to the owner of its partition (found in etcd), up to
+`--window` in flight. Reported: acknowledged messages/s, acknowledgement latency percentiles, and
+CPU seconds per million messages of every broker (from /proc) and of this client. On these shared
 2-core machines rates swing 2x from run to run; the brokers' CPU per message is the steadier figure.
 
-`failover`: one producer keeps producing to a partition while a consumer reads it; its owner is
-killed with kill -9; reported: seconds from the kill to the first produce acknowledged by the new
-owner and to the first message of that partition delivered by it (the lease TTL, `--lease-ms`,
-bounds both from below).
+`failover` (`--failover-rounds`, default 10): one producer produces to a partition while a
+consumer reads it; its owner is killed with kill -9; reported per round and as p50/p99: seconds
+from the kill to the first produce acknowledged by the new owner and to the first message of that
+partition delivered by it (the lease TTL, `cluster.lease_ttl_ms`, bounds both from below; the
+brokers' default unless `--lease-ms`). The killed broker is started again before the next round
+(with the default `cluster.handoff_after_ms` it takes nothing back), and the next round kills the
+partition's owner then.
+
+Object-store requests: every cluster row reports the tail's PUTs per second and per million
+acknowledged messages (the brokers' /metrics), and what that costs at S3 Standard's public price
+for PUTs ($0.005 per 1,000).
 """
 
 from __future__ import annotations
@@ -92,16 +101,20 @@ class Backing:
             process.wait(10)
 
 
+S3_PUT_DOLLARS = 0.005 / 1000  # S3 Standard, us-east-1, public price per PUT
+
+
 def start_brokers(
-    root: Path, count: int, backing: Backing | None, lease_ms: int
+    root: Path, count: int, backing: Backing | None, lease_ms: int | None
 ) -> list[ServerProcess]:
     if backing is None:
         return [ServerProcess(root / "solo").start(60)]
     config = root / "cluster.toml"
+    lease = "" if lease_ms is None else f"lease_ttl_ms = {lease_ms}\n"
     config.write_text(
         f'[object_store]\nbackend = "s3"\nbucket = "bench"\n'
         f'endpoint_url = "http://127.0.0.1:{backing.s3_port}"\nregion = "us-east-1"\n'
-        f"[cluster]\nlease_ttl_ms = {lease_ms}\n"
+        f"[cluster]\n{lease}"
     )
     brokers = [
         ServerProcess(
@@ -190,15 +203,62 @@ async def throughput(
     }
 
 
-async def failover(backing: Backing, brokers: list[ServerProcess], lease_ms: int) -> dict[str, Any]:
-    """What a user of the Python client sees: its producer's first acknowledgement and its
-    consumer's first message of the partition after its owner is killed (the client finds the
-    new owner by itself: LOOKUP, backoff, retry)."""
+async def throughput_batch(
+    bootstrap: str, seconds: float, producers: int, window: int
+) -> dict[str, Any]:
+    """`producers` batch-API producers, each with up to `window` calls of 1,000 values
+    unanswered; latency from the call to its acknowledgement."""
+    values = [b"v" * 100] * 1000
+    latencies: list[int] = []
+    acked = 0
+    stop_at = time.monotonic() + seconds
+
+    async def one() -> None:
+        nonlocal acked
+        async with await headwater.connect(bootstrap) as client:
+            producer = client.producer("bench")
+            pending: list[tuple[int, Any]] = []
+
+            async def settle_oldest() -> None:
+                nonlocal acked
+                started, future = pending.pop(0)
+                await future
+                latencies.append(time.perf_counter_ns() - started)
+                acked += len(values)
+
+            while time.monotonic() < stop_at:
+                started = time.perf_counter_ns()
+                pending.append((started, await producer.send_batch(values)))
+                if len(pending) >= window:
+                    await settle_oldest()
+            while pending:
+                await settle_oldest()
+            await producer.close()
+
+    cpu = time.process_time()
+    started = time.monotonic()
+    await asyncio.gather(*(one() for _ in range(producers)))
+    elapsed = time.monotonic() - started
+    client_cpu = time.process_time() - cpu
+    return {
+        "acked": acked,
+        "rate": round(acked / elapsed),
+        "client_cpu_s_per_million": round(client_cpu / acked * 1e6, 1),
+        **latency_summary(latencies),
+    }
+
+
+async def failover(backing: Backing, brokers: list[ServerProcess]) -> dict[str, Any]:
+    """One round of what a user of the Python client sees: its producer's first acknowledgement
+    and its consumer's first message of the partition after its owner is killed (the client
+    finds the new owner by itself: LOOKUP, backoff, retry). The killed broker is started again."""
     owner_of = await wait_served(backing, brokers)
     victim = next(b for b in brokers if b.address == owner_of[0])
     survivor = next(b for b in brokers if b is not victim)
     async with await headwater.connect(survivor.address) as client:
-        consumer = await client.subscribe("bench", "failover", start="latest")
+        consumer = await client.subscribe(
+            "bench", f"failover-{time.monotonic_ns()}", start="latest"
+        )
         producer = client.producer("bench")
         await (await producer.send(b"before-the-kill", partition=0))
         while (await consumer.receive(timeout=30)).value != b"before-the-kill":
@@ -214,10 +274,31 @@ async def failover(backing: Backing, brokers: list[ServerProcess], lease_ms: int
                 served_at = time.monotonic() - killed
                 break
         await producer.close()
+        await consumer.close()
+    victim.start(60)
     return {
-        "lease_ms": lease_ms,
         "kill_to_first_ack_s": round(acked_at, 2),
         "kill_to_first_served_s": round(served_at, 2) if served_at is not None else None,
+    }
+
+
+async def failovers(backing: Backing, brokers: list[ServerProcess], rounds: int) -> dict[str, Any]:
+    found = []
+    for n in range(rounds):
+        found.append(await failover(backing, brokers))
+        say(f"  failover round {n + 1}: {found[-1]}")
+    acks = sorted(r["kill_to_first_ack_s"] for r in found)
+    served = sorted(r["kill_to_first_served_s"] or float("inf") for r in found)
+
+    def percentile(values: list[float], p: float) -> float:
+        return values[min(len(values) - 1, int(p * len(values)))]
+
+    return {
+        "rounds": found,
+        "kill_to_first_ack_p50_s": percentile(acks, 0.5),
+        "kill_to_first_ack_p99_s": percentile(acks, 0.99),
+        "kill_to_first_served_p50_s": percentile(served, 0.5),
+        "kill_to_first_served_p99_s": percentile(served, 0.99),
     }
 
 
@@ -248,7 +329,12 @@ async def row(name: str, count: int, clustered: bool, args: argparse.Namespace) 
         before = {b.address: process_cpu(b.process.pid) for b in brokers if b.process}
         backing_before = [process_cpu(p.pid) for p in backing.processes] if backing else []
         chunks_before = tail_chunks(brokers) if backing else 0
-        result = await throughput(owner_of, args.seconds, args.producers, args.window)
+        if args.api == "batch":
+            result = await throughput_batch(
+                brokers[0].address, args.seconds, args.producers, args.window
+            )
+        else:
+            result = await throughput(owner_of, args.seconds, args.producers, args.window)
         cpu = {
             b.address: process_cpu(b.process.pid) - before[b.address] for b in brokers if b.process
         }
@@ -262,9 +348,15 @@ async def row(name: str, count: int, clustered: bool, args: argparse.Namespace) 
             result["etcd_cpu_s"], result["object_store_cpu_s"] = (round(c, 2) for c in spent)
             chunks = tail_chunks(brokers) - chunks_before
             result["records_per_chunk"] = round(result["acked"] / max(chunks, 1), 1)
-        if count == 3 and backing is not None and not args.no_failover:
+            result["tail_puts_per_s"] = round(chunks / args.seconds, 1)
+            result["tail_puts_per_broker_per_s"] = round(chunks / args.seconds / count, 1)
+            result["tail_puts_per_million_msgs"] = round(chunks / result["acked"] * 1e6)
+            result["tail_put_dollars_per_million_msgs"] = round(
+                chunks / result["acked"] * 1e6 * S3_PUT_DOLLARS, 2
+            )
+        if count == 3 and backing is not None and args.failover_rounds:
             say(f"{name}: failover ...")
-            result["failover"] = await failover(backing, brokers, args.lease_ms)
+            result["failover"] = await failovers(backing, brokers, args.failover_rounds)
         return {"row": name, **result}
     finally:
         for broker in brokers:
@@ -290,8 +382,11 @@ def cli() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--producers", type=int, default=8, help="producers")
     parser.add_argument("--window", type=int, default=8, help="produces in flight per producer")
-    parser.add_argument("--lease-ms", type=int, default=5000, help="cluster.lease_ttl_ms")
-    parser.add_argument("--no-failover", action="store_true")
+    parser.add_argument("--api", choices=("batch", "record"), default="batch")
+    parser.add_argument(
+        "--lease-ms", type=int, default=None, help="cluster.lease_ttl_ms (default: the brokers')"
+    )
+    parser.add_argument("--failover-rounds", type=int, default=10, help="0: none")
     parser.add_argument("--output", type=Path, help="also write the JSON rows here")
     args = parser.parse_args()
     results = asyncio.run(main(args))

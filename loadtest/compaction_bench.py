@@ -70,7 +70,7 @@ def python_fold(root: Path, output: Path) -> dict[str, Any]:
     import pyarrow as pa
 
     from headwater.spark_compaction.store import BlockingStore, StoreSpec
-    from headwater.spark_compaction.wal import iter_batches, list_segments
+    from headwater.spark_compaction.wal_segments import iter_batches, list_segments
     from headwater.spark_compaction.writer import encode_parquet
 
     phases = dict.fromkeys(("list", "fetch", "decode", "fold", "write"), 0.0)

@@ -1,10 +1,10 @@
 """A blocking connection for locust users that consume and fire-and-forget (loadtest/locustfile.py).
 
-`headwater.blocking.BlockingClient` answers one request at a time and does not consume; locust's
-users also need to send frames with NO_RESPONSE (at-most-once producers, FLOW, ACK) and to
-receive pushed deliveries. This class does that over a plain socket, which gevent makes
-cooperative under locust, with the same sans-I/O session as the other clients
-(`wire.session.ClientSession`: correlation ids, pending answers, THROTTLE):
+`headwater.client.blocking.BlockingClient` answers one request at a time and does not consume;
+locust's users also need to send frames with NO_RESPONSE (at-most-once producers, FLOW, ACK) and to
+receive pushed deliveries. This class does that over a plain socket, which gevent makes cooperative
+under locust, with the same sans-I/O session as the other clients (`wire.session.ClientSession`:
+correlation ids, pending answers, THROTTLE):
 
 - `send(request, no_response=True)`: write a frame; the server answers it only with an error,
   which is collected in `refusals` by the next read;
@@ -21,7 +21,7 @@ from __future__ import annotations
 import socket
 import time
 
-from headwater.connection import parse_server
+from headwater.client.broker_connection import parse_server
 from headwater.wire import messages as m
 from headwater.wire.errors import ConnectionLost, HeadwaterError
 from headwater.wire.session import Answer, ClientSession

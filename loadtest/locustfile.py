@@ -5,7 +5,8 @@ map users, against a Headwater server.
     locust -f loadtest/locustfile.py --headless -u 14 -r 14 -t 60s --host 127.0.0.1:6650
 
 Each user holds one blocking connection (plain sockets, made cooperative by locust's gevent):
-`loadtest/locust_wire.py`, or `headwater.blocking.BlockingClient` for the request/answer users.
+`loadtest/locust_wire.py`, or `headwater.client.blocking.BlockingClient` for the request/answer
+users.
 
 - `AtMostOnceProducer`: batches of 100 records to the non-reliable topic, sent with NO_RESPONSE
   (fire and forget); every 20th batch one round trip confirms the server refused none.
@@ -36,7 +37,7 @@ from typing import Any
 from locust import User, between, events, task
 from locust.exception import StopUser
 
-from headwater.blocking import BlockingClient
+from headwater.client.blocking import BlockingClient
 from headwater.wire import messages as m
 from headwater.wire.errors import HeadwaterError, TopicExists
 from headwater.wire.records import BatchBuilder, decode_records

@@ -24,7 +24,7 @@ from typing import Any
 import fastavro
 
 import headwater
-from headwater.server.schemas import SchemaRegistry, TopicSchemas
+from headwater.server.schemas.schema_registry import SchemaRegistry, TopicSchemas
 from headwater.storage.state import StateStore, StateWriter
 from headwater.testing import ServerProcess
 from headwater.wire import messages as m

@@ -6,12 +6,56 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 import headwater
 from headwater.testing import ServerProcess
-from tests.s3 import CREDENTIALS, MotoS3, create_bucket, moto_s3
+from tests.support.s3 import CREDENTIALS, MotoS3, create_bucket, moto_s3
 
 _names = itertools.count()
+
+# Hypothesis's per-example deadline (200 ms) decides by the clock: on a loaded machine a correct
+# example fails it. Examples are bounded by their count; a hang by pytest-timeout.
+settings.register_profile("headwater", deadline=None)
+settings.load_profile("headwater")
+
+# Modules that share one expensive session fixture run on one xdist worker (`make test` runs
+# `pytest -n auto --dist loadgroup`): one Spark JVM for all the Spark modules. Every other module
+# is a group of its own, so its module-scoped fixtures start once.
+SHARED_GROUPS = {
+    "test_spark_cli": "spark",
+    "test_spark_cluster": "spark",
+    "test_spark_compaction": "spark",
+    "test_spark_reader": "spark",
+}
+
+
+# The unit tier (`make check`, `pytest -m unit`): modules that start no server, no S3, etcd or
+# Spark process: the wire, the durables core, storage through its fault seam, the client session,
+# CLI parsing, the layering. Everything else is the integration tier, which `make test` runs too.
+UNIT_MODULES = {
+    "test_cli_parsing",
+    "test_cloud_tail",
+    "test_decompression",
+    "test_durables_core",
+    "test_layers",
+    "test_records",
+    "test_retry_policy",
+    "test_session",
+    "test_wal",
+    "test_wal_faults",
+    "test_wire_frames",
+    "test_wire_roundtrip",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        module = item.path.stem
+        if module in UNIT_MODULES:
+            item.add_marker(pytest.mark.unit)
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(SHARED_GROUPS.get(module, module)))
 
 
 @pytest.fixture(scope="session")

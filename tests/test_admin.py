@@ -37,10 +37,10 @@ async def test_create_list_describe_delete(fresh_server: ServerProcess) -> None:
         assert info.name == "c1" and info.credits <= 7 - 2
         await client.delete_topic("alpha")
         # the consumer learns its topic is gone
-        received = [await consumer.receive(timeout=5) for _ in range(3)]
+        received = [await consumer.receive(timeout=30) for _ in range(3)]
         assert len(received) == 3
         with pytest.raises(UnknownTopic, match="deleted"):
-            await consumer.receive(timeout=5)
+            await consumer.receive(timeout=30)
         assert [t.name for t in await client.list_topics()] == ["beta"]
 
 

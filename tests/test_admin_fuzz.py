@@ -35,7 +35,7 @@ from headwater.wire.errors import (
 )
 from headwater.wire.protocol import decode_response, encode_request
 from headwater.wire.records import build_batch
-from tests.rawwire import RawPeer
+from tests.support.rawwire import RawPeer
 
 NAMES = ("a", "b")
 PARTITIONS = 2
@@ -167,7 +167,7 @@ async def _verify(server: ServerProcess) -> None:
             found: dict[tuple[int, int], bytes | None] = {}
             want = {(p, o): v for p, o, v in topic.acked}
             while not set(want) <= set(found):
-                message = await consumer.receive(timeout=10)
+                message = await consumer.receive(timeout=30)
                 found[(message.partition, message.offset)] = message.value
                 await message.ack()
             await consumer.close()

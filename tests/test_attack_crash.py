@@ -24,7 +24,7 @@ import headwater
 from headwater.testing import ServerProcess
 
 CYCLES = int(os.environ.get("HEADWATER_ATTACK_CYCLES", "5"))
-READ_S = 10.0
+READ_S = 60.0  # bounds the read-back of a cycle: it ends once every acked record came
 
 
 class Ledger:
@@ -140,7 +140,13 @@ def test_kill_9_under_mixed_load(tmp_path: Path) -> None:
     async def cycle(number: int) -> None:
         stop = asyncio.Event()
         load = asyncio.ensure_future(_load(server.address, ledger, number, stop))
-        await asyncio.sleep(rng.uniform(0.2, 1.5))  # the random moment of the kill
+        # the random moment of the kill: after a random number of acknowledgements (a duration
+        # would find nothing acked yet on a loaded machine)
+        target = len(ledger.acked) + rng.randint(1, 300)
+        deadline = asyncio.get_running_loop().time() + 60  # bounds a hang only
+        while len(ledger.acked) < target:
+            assert asyncio.get_running_loop().time() < deadline, "the load stopped being acked"
+            await asyncio.sleep(0.005)
         server.kill()
         stop.set()
         await asyncio.gather(load, return_exceptions=True)

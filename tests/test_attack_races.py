@@ -18,7 +18,7 @@ from headwater.testing import ServerProcess
 from headwater.wire import messages as m
 from headwater.wire.errors import HeadwaterError
 from headwater.wire.records import build_batch
-from tests.fuzzpeer import FuzzPeer, Outcome
+from tests.support.fuzzpeer import FuzzPeer, Outcome
 
 ANSWER_S = 5.0
 

@@ -25,7 +25,7 @@ from headwater.wire.frames import Flags, Frame
 from headwater.wire.limits import MAX_FRAME_SIZE
 from headwater.wire.protocol import encode_request
 from headwater.wire.records import build_batch
-from tests.rawwire import RawPeer
+from tests.support.rawwire import RawPeer
 
 
 async def _still_serves(server: ServerProcess) -> None:
@@ -136,7 +136,7 @@ async def test_bad_crc_is_refused_and_nothing_is_delivered(
     assert isinstance(error, CorruptBatch) and "CRC" in error.message
     good = build_batch([(None, b"good", [])])
     assert await peer.call(m.ProduceRequest(topic, 0, good)) == m.ProduceResponse(0, 0)
-    message = await consumer.receive(timeout=5)
+    message = await consumer.receive(timeout=30)
     assert message.value == b"good" and message.offset == 0
     await peer.close()
 
@@ -284,7 +284,108 @@ async def test_fuzz_random_and_mutated_frames(
     consumer = await client.subscribe(topic, "after-fuzz")
     producer = client.producer(topic)
     metadata = await (await producer.send(b"still alive"))
-    message = await consumer.receive(timeout=5)
+    message = await consumer.receive(timeout=30)
     assert message.value == b"still alive" and message.offset == metadata.offset
     assert server.alive()
     assert "Traceback" not in server.log()
+
+
+async def test_every_request_array_is_refused_past_its_maximum_before_parsing(
+    server: ServerProcess,
+) -> None:
+    """Each array at its documented maximum passes the decoder; one more is INVALID_REQUEST
+    naming the field and the maximum (before the fix: parsed, then accepted or refused later)."""
+    from headwater.wire import limits
+
+    topic = struct.pack(">H", 1) + b"t"
+    settings = struct.pack(">bqiibiiBb", 0, 0, 0, 0, 0, 0, 0, 0, 0)
+    subscribe_head = topic + topic + b"\x00" + topic + struct.pack(">ii", 0, 0) + settings
+    cases = [
+        (
+            "CREATE_TOPIC configs",
+            m.ApiKey.CREATE_TOPIC,
+            topic + struct.pack(">ib", 1, 0),
+            limits.MAX_TOPIC_CONFIGS,
+            b"\x00\x00\x00\x00",
+            b"",
+        ),
+        (
+            "ALTER_TOPIC_CONFIGS configs",
+            m.ApiKey.ALTER_TOPIC_CONFIGS,
+            topic,
+            limits.MAX_TOPIC_CONFIGS,
+            b"\x00\x00\x00\x00",
+            b"",
+        ),
+        (
+            "ACK acks",
+            m.ApiKey.ACK,
+            struct.pack(">ib", 1, 0),
+            limits.MAX_ACKS_PER_REQUEST,
+            bytes(12),
+            b"",
+        ),
+        (
+            "NACK acks",
+            m.ApiKey.NACK,
+            struct.pack(">ii", 1, 0),
+            limits.MAX_ACKS_PER_REQUEST,
+            bytes(12),
+            b"",
+        ),
+        ("MAP_GET keys", m.ApiKey.MAP_GET, topic, limits.MAX_MAP_KEYS, bytes(4), b""),
+        (
+            "MAP_SET writes",
+            m.ApiKey.MAP_SET,
+            topic,
+            limits.MAX_MAP_KEYS,
+            bytes(4) + struct.pack(">iq", -1, -1),
+            b"",
+        ),
+        (
+            "SUBSCRIBE settings.keys",
+            m.ApiKey.SUBSCRIBE,
+            subscribe_head,
+            limits.MAX_SUBSCRIPTION_KEYS,
+            bytes(4),
+            struct.pack(">ii", -1, 0),
+        ),
+        (
+            "SUBSCRIBE partitions",
+            m.ApiKey.SUBSCRIBE,
+            subscribe_head + struct.pack(">ii", 0, -1),
+            limits.MAX_SUBSCRIBE_PARTITIONS,
+            bytes(4),
+            b"",
+        ),
+        ("LOOKUP", m.ApiKey.LOOKUP, b"", limits.MAX_LOOKUP_TOPICS, b"\x00\x01t", b""),
+    ]
+    peer = await RawPeer.open(server.address)
+    for what, api_key, head, limit, element, tail in cases:
+        for count in (limit, limit + 1, 2**31 - 1):
+            carried = min(count, limit + 1)
+            body = head + struct.pack(">i", count) + element * carried + tail
+            await peer.send(struct.pack(">ihhiH", 10 + len(body), api_key, 0, 9, 0) + body)
+            answer = await peer.response(timeout=30)
+            if count == limit:  # decoded: whatever the broker says, it is not the array's size
+                assert not (isinstance(answer, HeadwaterError) and "at most" in answer.message), (
+                    what,
+                    answer,
+                )
+                continue
+            error = _error(answer)
+            assert error.code == ErrorCode.INVALID_REQUEST, (what, count, error)
+            assert what.split()[0] in error.message and str(limit) in error.message, error
+    await peer.close()
+    await _still_serves(server)
+
+
+async def test_map_get_of_no_keys_is_refused(server: ServerProcess) -> None:
+    """docs/PROTOCOL.md says 1..1000 keys; a get of none was answered with no entries."""
+    async with await headwater.connect(server.address) as client:
+        await client.create_topic("lv-empty", dispatch="reliable", configs={"last.value": "true"})
+        assert await client.map("lv-empty").get_many([]) == []  # the client asks nothing
+    peer = await RawPeer.open(server.address)
+    error = _error(await peer.call(m.MapGetRequest("lv-empty", ())))
+    assert error.code == ErrorCode.INVALID_REQUEST and "1..1000 keys" in error.message
+    await peer.close()

@@ -19,8 +19,8 @@ from headwater.wire import messages as m
 from headwater.wire.errors import CorruptBatch, ErrorCode, HeadwaterError, RecordTooLarge
 from headwater.wire.keys import partition_for_key
 from headwater.wire.records import build_batch
-from tests.proxy import FaultyProxy
-from tests.rawwire import RawPeer
+from tests.support.proxy import FaultyProxy
+from tests.support.rawwire import RawPeer
 
 RETRY = AtLeastOnce(RetryPolicy(max_retries=50, initial_delay=0.01, max_delay=0.05, timeout=30))
 
@@ -215,7 +215,7 @@ async def test_lazy_batch_decodes_as_the_eager_path(
             partition=0,
         )
     await producer.flush()
-    expected = [await eager.receive(timeout=10) for _ in range(300)]
+    expected = [await eager.receive(timeout=30) for _ in range(300)]
     batches = await take(lazy, 300)
     assert all(isinstance(batch, MessageBatch) for batch in batches)
     assert sum(len(batch) for batch in batches) == 300
@@ -243,7 +243,7 @@ async def test_receive_and_next_batch_mix_in_order(client: headwater.Client, top
     await producer.flush()
     await producer.send_batch([f"{i}".encode() for i in range(10, 20)])
     await producer.flush()
-    first = await consumer.receive(timeout=5)
+    first = await consumer.receive(timeout=30)
     rest = await consumer.next_batch(timeout=5)  # the first delivery's other 9, decoded already
     assert first.value == b"0" and rest.values() == [f"{i}".encode() for i in range(1, 10)]
     following = await consumer.next_batch(timeout=5)
@@ -398,11 +398,11 @@ async def test_undecodable_records_refused_on_reliable_end_only_their_consumers(
         assert await peer.call(m.ProduceRequest(topic_name, 0, after)) == m.ProduceResponse(0, 2)
     finally:
         await peer.close()
-    assert (await consumer.receive(timeout=5)).value == b"before"
+    assert (await consumer.receive(timeout=30)).value == b"before"
     with pytest.raises(CorruptBatch):
-        await consumer.receive(timeout=5)
+        await consumer.receive(timeout=30)
     with pytest.raises(CorruptBatch):  # ended: it says so again, never hangs
-        await consumer.receive(timeout=5)
+        await consumer.receive(timeout=30)
     # Lazily: the batch is handed out, its first access raises and ends the consumer.
     assert (await lazy.next_batch(timeout=5)).values() == [b"before"]
     bad = await lazy.next_batch(timeout=5)

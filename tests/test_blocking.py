@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from headwater.blocking import BlockingClient
+from headwater.client.blocking import BlockingClient
 from headwater.testing import ServerProcess
 from headwater.wire.errors import ConnectionClosed, TopicExists, UnknownTopic
 

@@ -1,4 +1,4 @@
-"""headwater.server.bounded: the catalog opens and closes thousands of topics through it."""
+"""headwater.server.catalog.bounded: the catalog opens and closes thousands of topics through it."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from headwater.server.bounded import bounded_gather
+from headwater.server.catalog.bounded import bounded_gather
 
 
 async def test_results_in_order_and_never_more_than_the_limit_at_once() -> None:

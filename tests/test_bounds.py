@@ -14,16 +14,16 @@ import pytest
 
 import headwater
 from headwater.durables.group import ConsumerGroup
-from headwater.server.catalog import TopicCatalog
+from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.config import ObjectStoreConfig, ServerConfig
-from headwater.server.kind import Consumer
+from headwater.server.topics.subscription_contract import Consumer
 from headwater.storage.state import StateStore
 from headwater.testing import ServerProcess
 from headwater.wire import messages as m
 from headwater.wire.errors import StorageError, TooManyConsumers, TooManySubscriptions
 from headwater.wire.protocol import decode_push
 from headwater.wire.records import build_batch, read_records
-from tests.rawwire import RawPeer
+from tests.support.rawwire import RawPeer
 
 
 def _server_with(tmp_path: Path, settings: str) -> ServerProcess:
@@ -250,3 +250,47 @@ async def test_a_subscription_whose_consumer_left_with_unacked_messages_sleeps(
     finally:
         await catalog.close()
         state.close()
+
+
+async def test_a_zero_credit_subscription_holds_bytes_not_gigabytes(tmp_path: Path) -> None:
+    """A principal's own topic, a subscription granting no credit and 1 MiB batches: the server
+    keeps at most subscription_backlog_bytes (here 32 MiB) for it, drops the rest, tells the
+    consumer MESSAGES_DROPPED, shows the budget in SERVER_INFO, and gives the bytes back when
+    the subscription ends. Before the fix the backlog was bounded only in messages (10,000):
+    400 MiB produced here were all kept (2.1 GiB in the report)."""
+    server = _server_with(
+        tmp_path, f"subscription_backlog_bytes = {32 << 20}\nmemory_max_bytes = {96 << 20}"
+    )
+    try:
+        async with await headwater.connect(server.address) as client:
+            await client.create_topic("hoard", dispatch="non-reliable")
+            peer = await RawPeer.open(server.address)
+            subscribed = await peer.call(
+                m.SubscribeRequest("hoard", "never", m.SubscriptionType.EXCLUSIVE, "c", 0, 0)
+            )
+            assert isinstance(subscribed, m.SubscribeResponse)
+            before = server.peak_rss()
+            producer = client.producer("hoard", linger=0.0)
+            for _ in range(400):
+                await (await producer.send(bytes((1 << 20) - 1024)))
+            await producer.close()
+            grown = server.peak_rss() - before
+            # 32 MiB of backlog, plus read buffers and allocator slack; 400 MiB before the fix
+            assert grown < 160 << 20, f"server grew {grown >> 20} MiB"
+            info = await client.server_info()
+            assert info.memory_budget_bytes == 96 << 20
+            assert 0 < info.memory_used_bytes <= 32 << 20
+            (described,) = (await client.describe_topic("hoard")).subscriptions
+            assert described.dropped > 300
+            await peer.request(m.FlowRequest(subscribed.consumer_id, 1))
+            frame = await peer.frame(timeout=10)
+            while not frame.header.is_push:
+                frame = await peer.frame(timeout=10)
+            assert decode_push(frame.header, frame.body) == m.MessagesDropped(described.dropped)
+            await peer.close()  # the subscription ends with its only consumer
+            deadline = asyncio.get_running_loop().time() + 10
+            while (await client.server_info()).memory_used_bytes:
+                assert asyncio.get_running_loop().time() < deadline, "bytes never given back"
+                await asyncio.sleep(0.05)
+    finally:
+        server.kill()

@@ -122,11 +122,19 @@ def test_unknown_topic_and_bad_server(server: ServerProcess) -> None:
     result = hw("produce", "missing-topic", "x", server=server)
     assert result.returncode == 1 and "UNKNOWN_TOPIC" in result.stderr
     unreachable = hw("topic", "list", "--server", "127.0.0.1:1")
-    assert unreachable.returncode == 1 and "cannot connect to 127.0.0.1:1" in unreachable.stderr
+    assert unreachable.returncode == 1
+    # not CONNECTION_CLOSED (nothing was ever connected), and it says what to do
+    assert unreachable.stderr.startswith("headwater: error: CANNOT_CONNECT: cannot connect to ")
+    assert "headwater serve" in unreachable.stderr
     bad = hw("topic", "list", "--server", "127.0.0.1:notaport")
     assert bad.returncode == 1 and "port must be a number" in bad.stderr
     usage = hw("consume", "t")  # --subscription is required
     assert usage.returncode == 2 and "--subscription" in usage.stderr
+    # a flag of another command: the usage shown is the command's own, not the top level's
+    foreign = hw("topic", "list", "--subscription", "x")
+    assert foreign.returncode == 2
+    assert "usage: headwater topic list" in foreign.stderr
+    assert "headwater topic list: error: unrecognized arguments: --subscription x" in foreign.stderr
 
 
 def test_server_from_environment(server: ServerProcess, topic_name: str) -> None:

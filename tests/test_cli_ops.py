@@ -16,7 +16,7 @@ import time
 from importlib import metadata
 
 import headwater
-from headwater.cli import _parser
+from headwater.cli.main import _parser
 from headwater.testing import ServerProcess
 from tests.test_cli import hw
 

@@ -7,8 +7,8 @@ import inspect
 import pytest
 
 import headwater
-from headwater.blocking import BlockingClient
-from headwater.connection import default_server
+from headwater.client.blocking import BlockingClient
+from headwater.client.broker_connection import default_server
 from headwater.testing import ServerProcess
 from headwater.wire import errors
 

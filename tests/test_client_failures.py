@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import pytest
 
 import headwater
-from headwater.blocking import BlockingClient
+from headwater.client.blocking import BlockingClient
 from headwater.testing import ServerProcess
 from headwater.wire import messages as m
 from headwater.wire.api.produce import delivery_prefix
@@ -145,7 +145,7 @@ async def _collect(consumer: headwater.Consumer, wanted: set[bytes]) -> list[hea
     received: list[headwater.Message] = []
     seen: set[bytes] = set()
     while not wanted <= seen:
-        message = await consumer.receive(timeout=20)
+        message = await consumer.receive(timeout=30)
         received.append(message)
         assert message.value is not None
         seen.add(message.value)
@@ -161,7 +161,7 @@ async def test_reconnect_resubscribes_and_keeps_at_least_once(fresh_server: Serv
         async with client.producer("t") as producer:
             for i in range(10):
                 await producer.send(b"m%d" % i)
-        first = [await consumer.receive(timeout=10) for _ in range(10)]
+        first = [await consumer.receive(timeout=30) for _ in range(10)]
         for message in first[:5]:
             await message.ack()
         await client.list_topics()  # the acks went out before it (requests are in order)
@@ -256,7 +256,7 @@ def test_cli_consume_reconnect_survives_a_restart(fresh_server: ServerProcess) -
     assert stdout.splitlines() == ["after-restart"]
 
 
-def test_cli_at_most_once_produce_reports_a_refusal(server: ServerProcess) -> None:
+def test_cli_at_most_once_produce_reports_a_refusal(server: ServerProcess, topic_name: str) -> None:
     result = hw("produce", "nosuch", "--delivery", "at-most-once", "x", server=server)
     assert result.returncode == 1
     assert "UNKNOWN_TOPIC" in result.stderr
@@ -264,6 +264,13 @@ def test_cli_at_most_once_produce_reports_a_refusal(server: ServerProcess) -> No
     generated = hw("produce", "nosuch", "--delivery", "at-most-once", "--count", "3", server=server)
     assert generated.returncode == 1
     assert "UNKNOWN_TOPIC" in generated.stderr
+    # one refusal, one line: the command's error, not the library's warning of it as well
+    assert hw("topic", "create", topic_name, server=server).returncode == 0
+    partition = hw(
+        "produce", topic_name, "--delivery", "at-most-once", "--partition", "5", "a", server=server
+    )
+    assert partition.returncode == 1
+    assert partition.stderr.count("INVALID_PARTITION") == 1, partition.stderr
 
 
 def test_cli_at_most_once_produce_still_succeeds(server: ServerProcess, topic_name: str) -> None:
@@ -343,8 +350,8 @@ async def test_messages_dropped_push_is_surfaced(caplog: pytest.LogCaptureFixtur
     async with FakePeer(DROPPED_PUSHES) as peer:
         client = await headwater.connect(f"127.0.0.1:{peer.port}")
         consumer = await client.subscribe("t", "s", on_dropped=notices.append)
-        first = await consumer.receive(timeout=5)
-        second = await consumer.receive(timeout=5)
+        first = await consumer.receive(timeout=30)
+        second = await consumer.receive(timeout=30)
         assert (first.value, first.missed) == (b"a", 0)
         assert (second.value, second.missed, second.offset) == (b"b", 5, 6)
         assert consumer.dropped == 5
@@ -353,10 +360,10 @@ async def test_messages_dropped_push_is_surfaced(caplog: pytest.LogCaptureFixtur
 
         # without a callback: a warning in the log
         client = await headwater.connect(f"127.0.0.1:{peer.port}")
-        with caplog.at_level(logging.WARNING, logger="headwater.client"):
+        with caplog.at_level(logging.WARNING, logger="headwater.client.client"):
             consumer = await client.subscribe("t", "s")
-            await consumer.receive(timeout=5)
-            await consumer.receive(timeout=5)
+            await consumer.receive(timeout=30)
+            await consumer.receive(timeout=30)
         assert "missed 5 messages (the consumer fell behind)" in caplog.text
         await client.close()
 

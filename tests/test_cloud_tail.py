@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from headwater.storage.cloud_tail import Chunk, CloudTail, Hole, TailState, split_batches
+from headwater.storage.cloud_tail import Chunk, CloudTail, TailState, split_batches
 from headwater.storage.objectstore import LocalObjectStore
 from headwater.wire.records import build_batch, inspect_batch, stamp_base_offset
 
@@ -35,6 +35,17 @@ def test_the_run_starts_after_the_last_gap() -> None:
     state = TailState(chunks=[Chunk(0, 10, 1), Chunk(20, 25, 1), Chunk(25, 30, 1)], markers={1: 0})
     end, run = state.resolve()
     assert (end, [c.first for c in run]) == (30, [20, 25])
+
+
+def test_chunks_below_the_manifests_segments_are_not_in_the_run() -> None:
+    # segments named up to 25; [20, 30) straddles their end: the new log starts at 20
+    state = TailState(chunks=[Chunk(0, 10, 1), Chunk(10, 20, 1), Chunk(20, 30, 1)], markers={1: 0})
+    end, run = state.resolve(25)
+    assert (end, run) == (30, [Chunk(20, 30, 1)])
+    # everything collected but the newest chunk, which ends where the segments end
+    assert TailState([Chunk(20, 30, 1)], {1: 0}).resolve(30) == (30, [])
+    # a chunk missing above the segments' end: the run starts past the gap (a loss, logged)
+    assert TailState([Chunk(40, 50, 1)], {1: 0}).resolve(30) == (50, [Chunk(40, 50, 1)])
 
 
 def test_a_chunk_outside_its_epoch_is_ignored() -> None:
@@ -72,8 +83,8 @@ async def test_markers_chunks_and_collection_in_an_object_store(tmp_path: Path) 
     assert state.markers == {7: 0}
     assert state.resolve()[0] == 6
     assert [inspect_batch(b).base_offset for b in await tail.read("t", 0, Chunk(2, 4, 7))] == [2, 3]
-    # a segment [0, 6) was uploaded: every chunk inside it goes, except the newest
-    assert await tail.collect("t", 0, 0, 6) == 2
+    # a manifest names segments up to 6: every chunk below goes, except the newest
+    assert await tail.collect("t", 0, 6) == 2
     state = await tail.state("t", 0)
     assert state.chunks == [Chunk(4, 6, 7)]
     assert state.resolve() == (6, [Chunk(4, 6, 7)])
@@ -83,34 +94,3 @@ def _stamped(offset: int, value: bytes) -> bytes:
     batch = bytearray(build_batch([(None, value, [])]))
     stamp_base_offset(batch, offset)
     return bytes(batch)
-
-
-@pytest.mark.parametrize("copy", ["same batches", "none", "another owner's batches"])
-@pytest.mark.parametrize("where", ["record byte", "length byte"])
-async def test_a_take_over_reads_a_damaged_chunk_batch_from_an_uploaded_copy_or_skips_it(
-    tmp_path: Path, copy: str, where: str
-) -> None:
-    """A take-over's run is read as every reader reads the log: a damaged batch comes from the
-    uploaded segment holding the very same batch, else its offsets come back as a Hole (never a
-    batch of a fenced owner's segment that merely sits at the same offsets)."""
-    store = LocalObjectStore(tmp_path)
-    tail = CloudTail(store)
-    batches = [_stamped(o, f"v{o}".encode()) for o in range(10, 20)]
-    first, second = Chunk(10, 15, 3), Chunk(15, 20, 3)
-    data = bytearray(b"".join(batches[:5]))
-    victim = sum(len(b) for b in batches[:2])  # the batch at offset 12
-    data[victim + (10 if where == "length byte" else len(batches[2]) - 6)] ^= 0x40
-    await tail.put("t", 0, first, bytes(data))
-    await tail.put("t", 0, second, b"".join(batches[5:]))
-    if copy == "same batches":
-        await store.put("t/0/00000000000000000008.log", _stamped(8, b"v8") + b"".join(batches))
-    elif copy == "another owner's batches":
-        other = [_stamped(o, f"other{o}".encode()) for o in range(10, 20)]
-        await store.put("t/0/00000000000000000010.log", b"".join(other))
-
-    found = await tail.read_run("t", 0, [first, second])
-
-    if copy == "same batches":
-        assert found == batches
-    else:
-        assert found == [*batches[:2], Hole(12, 13, found[2].reason), *batches[3:]]  # type: ignore[union-attr]

@@ -3,7 +3,8 @@ failover with nothing acknowledged lost, map values read back from the new owner
 hand-off that redelivers nothing acked.
 
 Each test talks to the owner of each partition, found from etcd's ownership keys
-(`tests.cluster_support`), so the data path is checked independently of the client's routing.
+(`tests.support.cluster_support`), so the data path is checked independently of the client's
+routing.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ import headwater
 from headwater.server.cluster.layout import balanced
 from headwater.wire import messages as m
 from headwater.wire.records import build_batch
-from tests.cluster_support import Cluster, running_cluster
-from tests.etcd_support import EtcdServer, assert_never_overwritten, owner_history
-from tests.proxy import FaultyProxy
-from tests.s3 import MotoS3
+from tests.support.cluster_support import Cluster, running_cluster
+from tests.support.etcd_support import EtcdServer, assert_never_overwritten, owner_history
+from tests.support.proxy import FaultyProxy
+from tests.support.s3 import MotoS3
 
 PARTITIONS = 6
 LEASE_TTL_MS = 2000
@@ -265,7 +266,7 @@ async def test_a_lost_object_store_holds_acks_and_deliveries_until_it_returns(
             await cluster.wait_owned("orders", 1, {"b1"})
             await produce_each(Owners(cluster), "orders", {0: "b1"}, "up", 1)  # served, stored
             consumer = await client.subscribe("orders", "s", start="earliest")
-            assert (await consumer.receive(timeout=10)).value == b"up-0-0"
+            assert (await consumer.receive(timeout=30)).value == b"up-0-0"
             proxy.pause()
             produced = asyncio.ensure_future(produce(client, "orders", b"held", 0))
             with pytest.raises(TimeoutError):

@@ -27,10 +27,10 @@ from pathlib import Path
 import pytest
 
 import headwater
-from tests.cluster_support import Cluster, running_cluster
-from tests.etcd_support import EtcdServer
-from tests.proxy import FaultyProxy
-from tests.s3 import MotoS3
+from tests.support.cluster_support import Cluster, running_cluster
+from tests.support.etcd_support import EtcdServer
+from tests.support.proxy import FaultyProxy
+from tests.support.s3 import MotoS3
 
 LEASE_TTL_MS = 2000
 SOAK = os.environ.get("HEADWATER_CLUSTER_SOAK") == "1"
@@ -63,6 +63,15 @@ class Ledger:
         if before != message.value:
             self.clashes.append((*place, before, message.value))
         self.seen.add(message.value)
+
+    async def more_acked(self, count: int, what: str, timeout: float = 60.0) -> None:
+        """Until `count` more messages were acknowledged than now: the traffic a phase of a test
+        must see, whatever the machine's speed (`timeout` bounds a hang only)."""
+        target = len(self.acked) + count
+        deadline = time.monotonic() + timeout
+        while len(self.acked) < target:
+            assert time.monotonic() < deadline, f"{what}: {target - len(self.acked)} acks short"
+            await asyncio.sleep(0.05)
 
 
 async def consume_until(
@@ -145,28 +154,32 @@ async def test_kill9_rounds_under_load_lose_nothing_and_never_reuse_an_offset(
                 return
             ledger.acked.add(value)
 
+        stop_producing = asyncio.Event()
+
         async def produce() -> None:
             i = 0
-            stop_at = time.monotonic() + (60 if SOAK else 5) + rounds * 2
-            while time.monotonic() < stop_at and i < 200_000:
+            while not stop_producing.is_set() and i < 200_000:
                 await asyncio.gather(*(produce_one(i + j) for j in range(8)))
                 i += 8
             done.set()
 
         producing = asyncio.ensure_future(produce())
-        consuming = asyncio.ensure_future(consume_until(consumer, ledger, done, 60))
-        # the bootstrap broker first, then at random
+        consuming = asyncio.ensure_future(consume_until(consumer, ledger, done, 120))
+        # the bootstrap broker first, then at random; each kill after a random number of acks
+        # (a random moment in the stream, whatever the machine's speed)
         victims = ["b1"] + [rng.choice(BROKERS) for _ in range(rounds - 1)]
         for victim in victims:
-            await asyncio.sleep(rng.uniform(0.5, 2.0))
+            await ledger.more_acked(rng.randint(20, 150), f"traffic before killing {victim}")
             cluster.brokers[victim].kill()
-            await cluster.wait_owned("load", 6, set(BROKERS) - {victim}, timeout=20)
+            await cluster.wait_owned("load", 6, set(BROKERS) - {victim}, timeout=30)
             await asyncio.to_thread(cluster.start_broker, victim)
+        await ledger.more_acked(200 if SOAK else 100, "traffic after the last restart")
+        stop_producing.set()
         try:
             await asyncio.wait_for(asyncio.shield(producing), 150 if SOAK else 60)
         except TimeoutError:
             raise AssertionError(f"the producer is stuck: {stuck(producer)}") from None
-        await asyncio.wait_for(consuming, 70)
+        await asyncio.wait_for(consuming, 130)
         assert len(ledger.acked) > 100
         assert not ledger.clashes, f"offsets given to two messages: {ledger.clashes[:5]}"
         lost = ledger.acked - ledger.seen
@@ -206,7 +219,7 @@ async def test_joins_and_graceful_restarts_under_load_lose_nothing(cluster: Clus
         stop_producing = asyncio.Event()
         producing = asyncio.ensure_future(produce())
         consuming = asyncio.ensure_future(consume_until(consumer, ledger, done, 120))
-        await asyncio.sleep(1)
+        await ledger.more_acked(50, "traffic before the join")
         await asyncio.to_thread(cluster.start_broker, "b3")
         await cluster.wait_owned("moving", 6, set(BROKERS))
         deadline = time.monotonic() + 20
@@ -214,11 +227,11 @@ async def test_joins_and_graceful_restarts_under_load_lose_nothing(cluster: Clus
             assert time.monotonic() < deadline, "no partition moved to the joining broker"
             await asyncio.sleep(0.1)
         for leaving in ("b1",) if not SOAK else ("b2", "b1", "b3", "b2", "b1"):
-            await asyncio.sleep(1)
+            await ledger.more_acked(50, f"traffic before {leaving} restarts")
             assert await asyncio.to_thread(cluster.brokers[leaving].stop) == 0
             await cluster.wait_owned("moving", 6, set(BROKERS) - {leaving}, timeout=20)
             await asyncio.to_thread(cluster.start_broker, leaving)
-        await asyncio.sleep(1)
+        await ledger.more_acked(50, "traffic after the restarts")
         stop_producing.set()
         await asyncio.wait_for(producing, 60)
         await asyncio.wait_for(consuming, 130)
@@ -268,7 +281,7 @@ async def test_a_take_over_through_a_failing_object_store_serves_nothing_wrong(
 
             producing = asyncio.ensure_future(produce())
             consuming = asyncio.ensure_future(consume_until(consumer, ledger, done, 120))
-            await asyncio.sleep(1)
+            await ledger.more_acked(20, "traffic before the faults")
             proxy.drop_requests = proxy.drop_responses = 0.15
             victim = next(b for b in ("b2", "b3") if b in owner_of.values())
             cluster.brokers[victim].kill()
@@ -277,9 +290,9 @@ async def test_a_take_over_through_a_failing_object_store_serves_nothing_wrong(
             await asyncio.sleep(2)
             proxy.resume()
             await cluster.wait_owned("flaky", 3, set(BROKERS) - {victim}, timeout=30)
-            await asyncio.sleep(1)
+            await ledger.more_acked(5, "traffic through the failing store after the take-over")
             proxy.drop_requests = proxy.drop_responses = 0.0
-            await asyncio.sleep(1)
+            await ledger.more_acked(20, "traffic once the store is healthy")
             stop.set()
             await asyncio.wait_for(producing, 90)
             await asyncio.wait_for(consuming, 130)
@@ -326,11 +339,18 @@ async def test_map_sets_racing_a_kill9_read_back_the_last_acknowledged_or_newer(
                 acked[key] = i
 
         writing = [asyncio.ensure_future(writer(k)) for k in keys]
-        await asyncio.sleep(1)
+
+        async def every_key_acked_past(marks: dict[str, int], what: str) -> None:
+            deadline = time.monotonic() + 60  # bounds a hang only
+            while any(acked[k] <= marks[k] for k in keys):
+                assert time.monotonic() < deadline, f"{what}: {acked} (marks {marks})"
+                await asyncio.sleep(0.05)
+
+        await every_key_acked_past(dict.fromkeys(keys, 3), "sets before the kill")
         victim = next(b for b in ("b2", "b3") if b in owner_of.values())
         cluster.brokers[victim].kill()
-        await cluster.wait_owned("kv", 3, set(BROKERS) - {victim}, timeout=20)
-        await asyncio.sleep(1)
+        await cluster.wait_owned("kv", 3, set(BROKERS) - {victim}, timeout=30)
+        await every_key_acked_past(dict(acked), "sets after the take-over")
         stop.set()
         await asyncio.wait_for(asyncio.gather(*writing), 60)
         for key in keys:
@@ -355,7 +375,11 @@ async def test_a_latest_subscription_reaching_a_joined_broker_keeps_its_cursors(
         await client.create_topic("late", partitions=6)
         await cluster.wait_owned("late", 6, {"b1", "b2"})
         consumer = await client.subscribe("late", "s", start="latest")
-        await asyncio.sleep(1)  # the second leg (b2) subscribes too
+        async with await headwater.connect(await cluster.address("b2")) as b2:
+            deadline = time.monotonic() + 30  # bounds a hang only
+            while not await b2.list_subscriptions("late"):  # the second leg (b2) subscribes too
+                assert time.monotonic() < deadline, "no leg at b2"
+                await asyncio.sleep(0.05)
         await consumer.close()  # the subscription stays; its consumer comes back later
         producer = client.producer("late")
         unread = {f"unread-{i}".encode() for i in range(60)}

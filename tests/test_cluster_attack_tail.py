@@ -1,7 +1,7 @@
 """Attacks on the cluster's data path at the object store, on real files (the local object store
 backend): a chunk failing across a loss of its partition, a segment uploaded as its partition
-moved, and the purge of a deleted topic racing its re-creation. The same attacks on real
-processes are in tests/test_cluster_attack.py."""
+moved (the manifest refuses to name it), and the purge of a deleted topic racing its
+re-creation. The same attacks on real processes are in tests/test_cluster_attack.py."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 import headwater
-from headwater.server.tail_commit import TailCommitter
+from headwater.server.cluster.tail_commit import TailCommitter
 from headwater.storage.cloud_tail import Chunk, CloudTail
 from headwater.storage.objectstore import LocalObjectStore
+from headwater.storage.partition_manifest import ManifestFenced, PartitionManifests, SegmentEntry
 from headwater.wire.records import build_batch, stamp_base_offset
 
 
@@ -68,25 +69,29 @@ async def test_a_chunk_failing_when_its_partition_was_lost_is_not_stored_after_a
     assert not (tmp_path / "store" / Chunk(0, 1, 7).name("t", 0)).exists()
 
 
-async def test_a_segment_uploaded_as_its_partition_moved_collects_no_later_owners_chunk(
+async def test_a_segment_uploaded_as_its_partition_moved_is_not_named_nor_collected(
     tmp_path: Path,
 ) -> None:
-    """Epoch 5 owned the partition up to 100 and had appended [100, 110) that it never stored;
-    its upload of the segment [0, 110) began before epoch 9 took over at 100 and ended after
-    epoch 9 had stored (and acknowledged) [100, 105) and [105, 108). Collecting for that segment
-    must not delete epoch 9's chunks: the next take-over would read offsets 100..104 from the
-    segment, which holds other messages there."""
-    tail = CloudTail(LocalObjectStore(tmp_path / "store"))
+    """Epoch 5 owned the partition up to 100; its upload of the segment [0, 100) ended after
+    epoch 9 had claimed the manifest and stored (and acknowledged) [100, 105) and [105, 108).
+    Epoch 5 may not name the segment (the claim fenced it), so it deletes no chunk: epoch 9
+    listed the tail after its claim and reads [0, 100) from chunks epoch 5 must leave alone."""
+    store = LocalObjectStore(tmp_path / "store")
+    tail, manifests = CloudTail(store), PartitionManifests(store)
+    old = await manifests.claim("t", 0, 5)
     await tail.mark_epoch("t", 0, 5, 0)
     for first, end, epoch in ((0, 50, 5), (50, 100, 5)):
         await tail.put("t", 0, Chunk(first, end, epoch), stamped([b"a"] * (end - first), first))
+    claimed = await manifests.claim("t", 0, 9)
     await tail.mark_epoch("t", 0, 9, 100)
     for first, end in ((100, 105), (105, 108)):
         await tail.put("t", 0, Chunk(first, end, 9), stamped([b"b"] * (end - first), first))
-    assert await tail.collect("t", 0, 0, 110, epoch=5) == 2
-    end, run = (await tail.state("t", 0)).resolve()
+    with pytest.raises(ManifestFenced):
+        await manifests.add("t", 0, 5, SegmentEntry(0, 100, 0, "t/0/seg-5", 1000), old)
+    end, run = (await tail.state("t", 0)).resolve(claimed.end)
     assert end == 108
-    assert run == [Chunk(100, 105, 9), Chunk(105, 108, 9)]
+    assert [c.first for c in run] == [0, 50, 100, 105]
+    assert (await manifests.latest("t", 0)).segments == ()
 
 
 async def test_the_purge_of_a_deleted_topic_spares_a_recreated_ones_tail(tmp_path: Path) -> None:

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 import headwater
-from tests.cluster_support import Cluster, running_cluster
-from tests.s3 import MotoS3
+from tests.support.cluster_support import Cluster, running_cluster
+from tests.support.s3 import MotoS3
 
 LEASE_TTL_MS = 2000
 

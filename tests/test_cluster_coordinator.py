@@ -1,6 +1,6 @@
-"""The etcd coordinator against a real etcd (tests/etcd_support.py): membership, ownership spread
-and hand-off, kill -9 take-over, fencing through etcd outages (checked on etcd's revision history:
-no owner key is ever put over an existing one), metadata watches and checkpoints
+"""The etcd coordinator against a real etcd (tests/support/etcd_support.py): membership, ownership
+spread and hand-off, kill -9 take-over, fencing through etcd outages (checked on etcd's revision
+history: no owner key is ever put over an existing one), metadata watches and checkpoints
 (`headwater cluster status`: tests/test_cluster_status.py)."""
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 
 from headwater.server.cluster import Coordinator, DuplicateBroker, EtcdUnreachable, Layout
-from headwater.server.ownership import BrokerAddress
-from tests.etcd_support import (
+from headwater.server.requests.partition_ownership import BrokerAddress
+from tests.support.etcd_support import (
+    HANG,
     PARTITIONS,
     REBALANCE,
     TOPIC,
@@ -36,7 +37,7 @@ from tests.etcd_support import (
     settled,
     until,
 )
-from tests.s3 import free_port
+from tests.support.s3 import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,7 +54,7 @@ async def three(etcd: EtcdServer) -> AsyncIterator[list[tuple[Coordinator, Recor
         await coordinator.start()
     assert await brokers[0][0].create_topic(TOPIC, {"partitions": PARTITIONS})
     coordinators = [c for c, _ in brokers]
-    await until(lambda: settled(coordinators), 15, "6 partitions spread over 3 brokers")
+    await until(lambda: settled(coordinators), HANG, "6 partitions spread over 3 brokers")
     yield brokers
     for coordinator, _ in brokers:
         with contextlib.suppress(Exception):
@@ -100,7 +101,7 @@ async def test_graceful_stop_releases_before_deleting_the_key(
         await leaving.stop(graceful=True)
         await until(
             lambda: all(len(servers_of(coordinators, p)) == 1 for p in range(PARTITIONS)),
-            TTL + 3,
+            HANG,  # handed off at once, not by the lease's expiry: this bounds a hang only
             "the stopped broker's partitions taken by the others",
         )
     assert sorted((c[2], c[3]) for c in recorder.calls if c[1] == "release") == held
@@ -116,13 +117,13 @@ async def test_joining_broker_gets_partitions_by_hand_off(etcd: EtcdServer) -> N
         await coordinator.start()
     await first[0][0].create_topic(TOPIC, {"partitions": PARTITIONS})
     coordinators = [c for c, _ in first]
-    await until(lambda: settled(coordinators), 10, "6 partitions over 2 brokers")
+    await until(lambda: settled(coordinators), HANG, "6 partitions over 2 brokers")
     joiner, joined = make(etcd, "j3")
     try:
         async with DoubleServing([*coordinators, joiner]):
             await joiner.start()
             await until(
-                lambda: settled([*coordinators, joiner]), 15, "the joining broker served some"
+                lambda: settled([*coordinators, joiner]), HANG, "the joining broker served some"
             )
         for topic, partition in joiner.owned():
             acquired = next(c[0] for c in joined.calls if c[1:4] == ("acquire", topic, partition))
@@ -146,7 +147,7 @@ async def test_killed_broker_partitions_taken_within_the_lease(etcd: EtcdServer)
         await coordinator.start()
     await survivors[0][0].create_topic(TOPIC, {"partitions": PARTITIONS})
     victim = subprocess.Popen(
-        [sys.executable, "-m", "tests.etcd_support", etcd.endpoint, "k3", "1", str(TTL)],
+        [sys.executable, "-m", "tests.support.etcd_support", etcd.endpoint, "k3", "1", str(TTL)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -171,7 +172,7 @@ async def test_killed_broker_partitions_taken_within_the_lease(etcd: EtcdServer)
                     for p in range(PARTITIONS)
                 )
             ),
-            15,
+            HANG,
             "the subprocess broker owns some partitions, the others the rest",
         )
         taken = victim_owns()
@@ -219,7 +220,7 @@ async def test_etcd_outage_short_keeps_serving_long_fences_then_recovers(etcd: E
 
     try:
         await coordinators[0].create_topic(TOPIC, {"partitions": PARTITIONS})
-        await until(lambda: settled(coordinators), 10, "6 partitions over 2 brokers")
+        await until(lambda: settled(coordinators), HANG, "6 partitions over 2 brokers")
         epochs = {
             (c.this_broker.broker_id, k): c.epoch(*k) for c in coordinators for k in c.owned()
         }
@@ -248,7 +249,7 @@ async def test_etcd_outage_short_keeps_serving_long_fences_then_recovers(etcd: E
             # serves() turns False by the clock; the watchdog calls lost() a moment later
             await until(
                 lambda: sum(r.count("lost") for _, r in brokers) == PARTITIONS,
-                1.0,
+                HANG,
                 "lost() for every partition",
             )
             assert all(c.status()["lease"]["fenced"] for c in coordinators)
@@ -258,7 +259,7 @@ async def test_etcd_outage_short_keeps_serving_long_fences_then_recovers(etcd: E
 
             # etcd back on the same data: the leases survived, the keys are still ours
             await asyncio.to_thread(etcd.start)
-            await until(lambda: settled(coordinators), 10, "ownership recovered")
+            await until(lambda: settled(coordinators), HANG, "ownership recovered")
         assert {
             (c.this_broker.broker_id, k): c.epoch(*k) for c in coordinators for k in c.owned()
         } == epochs
@@ -278,12 +279,12 @@ async def test_expired_lease_means_new_lease_and_rebalance(etcd: EtcdServer) -> 
     await coordinator.start()
     try:
         await coordinator.create_topic(TOPIC, {"partitions": 2})
-        await until(lambda: len(coordinator.owned()) == 2, 10, "both partitions served")
+        await until(lambda: len(coordinator.owned()) == 2, HANG, "both partitions served")
         old_lease = coordinator._lease_id
         # what etcd does to a lease it could not renew in time
         await coordinator._session.call(lambda c: c.revoke_lease(old_lease))
-        await until(lambda: recorder.count("lost") == 2, TTL + 2, "both partitions lost")
-        await until(lambda: len(coordinator.owned()) == 2, TTL + 5, "taken again on a new lease")
+        await until(lambda: recorder.count("lost") == 2, HANG, "both partitions lost")
+        await until(lambda: len(coordinator.owned()) == 2, HANG, "taken again on a new lease")
         assert coordinator._lease_id != old_lease
         assert {b.broker_id for b in coordinator.brokers()} == {"x1"}
         assert coordinator._brokers.keys() == {"x1"}  # registered again
@@ -351,9 +352,9 @@ async def test_topic_and_subscription_watches(etcd: EtcdServer) -> None:
         assert await watcher.wait_topic("later", present=True, timeout=5)
         await writer.update_topic("later", {"partitions": 4})
         await writer.put_subscription("later", "s2", {"type": "exclusive"})
-        await until(lambda: "s2" in watcher.subscriptions("later"), 5, "subscription seen")
+        await until(lambda: "s2" in watcher.subscriptions("later"), HANG, "subscription seen")
         await writer.delete_subscription("later", "s2")
-        await until(lambda: not watcher.subscriptions("later"), 5, "subscription gone")
+        await until(lambda: not watcher.subscriptions("later"), HANG, "subscription gone")
         assert await writer.delete_topic("before")
         assert not await writer.delete_topic("before")
         assert await watcher.wait_topic("before", present=False, timeout=5)
@@ -382,9 +383,9 @@ async def test_deleted_topic_partitions_are_lost_and_their_keys_gone(etcd: EtcdS
     await coordinator.start()
     try:
         await coordinator.create_topic(TOPIC, {"partitions": 3})
-        await until(lambda: len(coordinator.owned()) == 3, 10, "3 partitions served")
+        await until(lambda: len(coordinator.owned()) == 3, HANG, "3 partitions served")
         assert await coordinator.delete_topic(TOPIC)
-        await until(lambda: recorder.count("lost") == 3, 5, "every partition lost")
+        await until(lambda: recorder.count("lost") == 3, HANG, "every partition lost")
         await asyncio.sleep(REBALANCE * 2)  # a round later: still once each
         lost = sorted((c[2], c[3]) for c in recorder.calls if c[1] == "lost")
         assert lost == [(TOPIC, 0), (TOPIC, 1), (TOPIC, 2)]
@@ -394,9 +395,9 @@ async def test_deleted_topic_partitions_are_lost_and_their_keys_gone(etcd: EtcdS
         assert len(left) == 0
         # fewer partitions: the ones past the new count are released
         await coordinator.create_topic("grow", {"partitions": 3})
-        await until(lambda: len(coordinator.owned()) == 3, 10, "3 partitions of grow")
+        await until(lambda: len(coordinator.owned()) == 3, HANG, "3 partitions of grow")
         await coordinator.update_topic("grow", {"partitions": 1})
-        await until(lambda: coordinator.owned() == [("grow", 0)], 5, "partitions 1, 2 released")
+        await until(lambda: coordinator.owned() == [("grow", 0)], HANG, "partitions 1, 2 released")
         assert recorder.count("release") == 2
     finally:
         await coordinator.stop()
@@ -430,7 +431,7 @@ async def test_a_broker_that_cannot_acquire_leaves_nothing_unowned(etcd: EtcdSer
         await good.create_topic(TOPIC, {"partitions": PARTITIONS})
         await until(
             lambda: len(good.owned()) == PARTITIONS,
-            2 * TTL + 3,
+            HANG,
             "the partitions g2 cannot take served by g1 after a TTL",
         )
         assert bad.owned() == []
@@ -449,7 +450,7 @@ async def test_hand_off_goes_a_few_partitions_at_a_time(etcd: EtcdServer) -> Non
     holder, held_calls = make(etcd, "h1")
     await holder.start()
     await holder.create_topic("wide", {"partitions": 12})
-    await until(lambda: len(holder.owned()) == 12, 10, "12 partitions on the only broker")
+    await until(lambda: len(holder.owned()) == 12, HANG, "12 partitions on the only broker")
     in_flight = 0
     most = 0
 
@@ -470,7 +471,7 @@ async def test_hand_off_goes_a_few_partitions_at_a_time(etcd: EtcdServer) -> Non
                 and held_calls.count("release") > 2
                 and not holder._releasing
             ),
-            15,
+            HANG,
             "the joining broker's share handed off",
         )
         assert most == 2, most  # HANDOFFS_AT_ONCE: the rest kept being served meanwhile
@@ -478,3 +479,35 @@ async def test_hand_off_goes_a_few_partitions_at_a_time(etcd: EtcdServer) -> Non
     finally:
         for coordinator in (holder, joiner):
             await coordinator.stop(graceful=False)
+
+
+async def test_a_returning_broker_takes_nothing_back_until_it_has_stayed_up(
+    etcd: EtcdServer,
+) -> None:
+    """Issue 21: a broker that went away and came back took its partitions straight back from
+    the healthy brokers that had taken them over (a second outage for their clients). Within
+    `handoff_after` it gets none of them; once it has stayed up that long, its share is handed
+    to it."""
+    settle = 5.0
+    brokers = [make(etcd, f"r{i}", handoff_after=settle) for i in (1, 2, 3)]
+    for coordinator, _ in brokers:
+        await coordinator.start()
+    await brokers[0][0].create_topic(TOPIC, {"partitions": PARTITIONS})
+    coordinators = [c for c, _ in brokers]
+    await until(lambda: settled(coordinators), 15, "6 partitions spread over 3 brokers")
+    await coordinators[2].stop(graceful=True)  # its partitions move to r1 and r2
+    await until(lambda: settled(coordinators[:2]), 15, "6 partitions over the two left")
+    back, recorder = make(etcd, "r3", handoff_after=settle)
+    try:
+        await back.start()
+        returned = time.monotonic()
+        await asyncio.sleep(settle / 5)
+        assert back.owned() == [], "a returning broker took partitions back at once"
+        await until(lambda: settled([*coordinators[:2], back]), 20, "its share, later")
+        first = min(c[0] for c in recorder.calls if c[1] == "acquire")
+        assert first - returned >= settle * 0.9  # (the clocks are the same: one process)
+    finally:
+        for coordinator in [*coordinators[:2], back]:
+            with contextlib.suppress(Exception):
+                await coordinator.stop(graceful=False)
+    assert_never_overwritten(await owner_history(etcd))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.etcd_support import (
+from tests.support.etcd_support import (
     PARTITIONS,
     TOPIC,
     TTL,

@@ -21,9 +21,11 @@ from headwater.wire.errors import (
     UnknownTopic,
     WrongPartition,
 )
+from headwater.wire.names import dead_letter_topic
 from headwater.wire.protocol import decode_push, decode_response, encode_request
 from headwater.wire.records import build_batch
-from tests.rawwire import RawPeer
+from tests.support.helpers import drain
+from tests.support.rawwire import RawPeer
 
 RELIABLE = m.DispatchMode.RELIABLE
 _correlation = itertools.count(1000)
@@ -64,14 +66,13 @@ async def _produce(client: headwater.Client, topic: str, count: int) -> None:
     await producer.close()
 
 
-async def _all_values(client: headwater.Client, topic: str, subscription: str) -> list[bytes]:
+async def _all_values(
+    client: headwater.Client, topic: str, subscription: str, count: int
+) -> list[bytes]:
+    """The `count` messages of a new subscription from earliest (failing on one more at hand)."""
     consumer = await client.subscribe(topic, subscription, start="earliest")
     values = []
-    while True:
-        try:
-            message = await consumer.receive(timeout=1.0)
-        except TimeoutError:
-            break
+    for message in await drain(consumer, count):
         values.append(message.value)
         await message.ack()
     await consumer.close()
@@ -87,14 +88,14 @@ async def test_delete_topic_with_unacked_messages_is_answered_and_stays_deleted(
             consumer = await client.subscribe(name, "s", start="earliest")
             await _produce(client, name, 6)
             for _ in range(6):
-                await consumer.receive(timeout=5)  # delivered, never acked
+                await consumer.receive(timeout=30)  # delivered, never acked
         await asyncio.wait_for(client.delete_topic("held"), 10)
         await asyncio.wait_for(client.delete_subscription("held-sub", "s"), 10)
         await client.create_topic("delivered", dispatch="reliable")
         consumer = await client.subscribe("delivered", "s", start="earliest")
         await _produce(client, "delivered", 3)
         for _ in range(3):
-            await consumer.receive(timeout=5)
+            await consumer.receive(timeout=30)
         await consumer.close()  # no consumer attached, deliveries still unacked
         await asyncio.wait_for(client.delete_topic("delivered"), 10)
         assert [t.name for t in await client.list_topics()] == ["held-sub"]
@@ -125,13 +126,14 @@ async def test_delete_then_create_pipelined_keeps_the_new_topic_and_its_data(
         await peer.close()
         assert answers[:2] == [m.EmptyResponse(), m.EmptyResponse()]
         assert all(isinstance(a, m.ProduceResponse) for a in answers[2:]), answers
-        assert await _all_values(client, "again", "before") == [
+        assert await _all_values(client, "again", "before", 5) == [
             f"new{i}".encode() for i in range(5)
         ]
     assert fresh_server.stop() == 0
     fresh_server.start()
     async with await headwater.connect(fresh_server.address) as client:
-        assert await _all_values(client, "again", "after") == [f"new{i}".encode() for i in range(5)]
+        after = await _all_values(client, "again", "after", 5)
+        assert after == [f"new{i}".encode() for i in range(5)]
 
 
 async def test_delete_and_subscribe_pipelined_leave_no_half_done_state(
@@ -169,7 +171,7 @@ async def test_delete_and_subscribe_pipelined_leave_no_half_done_state(
         for answer in answers[2:]:
             assert isinstance(answer, UnknownTopic), answer
         # the consumer that subscribed before the delete is told, and then gets nothing more
-        pushes += await _pushes(peer, idle=1.0)
+        pushes = await _pushes_until_closed(peer, pushes)
         assert pushes and pushes[-1] == m.ConsumerClosed(
             ErrorCode.UNKNOWN_TOPIC, "topic 'racy' was deleted"
         )
@@ -196,7 +198,7 @@ async def test_deleted_subscription_answers_unknown_subscription(
         consumer = await client.subscribe(topic_name, "s", start="earliest")
         await client.delete_subscription(topic_name, "s")
         try:
-            await consumer.receive(timeout=5)
+            await consumer.receive(timeout=30)
         except UnknownSubscription:
             pass
         else:  # pragma: no cover - the assertion names the failure
@@ -212,16 +214,24 @@ async def test_deleted_subscription_answers_unknown_subscription(
             raise AssertionError("a deleted subscription must answer UNKNOWN_SUBSCRIPTION")
 
 
-async def _pushes(peer: RawPeer, idle: float) -> list[m.Push]:
-    """Every push that arrives until none has come for `idle` seconds."""
-    pushes = []
-    while True:
-        try:
-            frame = await peer.frame(idle)
-        except TimeoutError:
-            return pushes
+async def _pushes_until_closed(peer: RawPeer, pushes: list[m.Push]) -> list[m.Push]:
+    """The pushes up to a CONSUMER_CLOSED (the end marker: none may come after it), then those
+    that come before the answer to one more request (any push sent before the server handled
+    that request comes first on the connection): the last of them must be the CONSUMER_CLOSED."""
+    pushes = list(pushes)  # those already read
+    for _ in range(10_000):  # bounded: a consumer of 9 messages gets far fewer pushes
+        if pushes and isinstance(pushes[-1], m.ConsumerClosed):
+            break
+        frame = await peer.frame(timeout=30)
         if frame.header.is_push:
             pushes.append(decode_push(frame.header, frame.body))
+    await peer.request(m.ListTopicsRequest())
+    for _ in range(10_000):
+        frame = await peer.frame(timeout=30)
+        if not frame.header.is_push:
+            return pushes
+        pushes.append(decode_push(frame.header, frame.body))
+    raise AssertionError("pushes without end")
 
 
 def _key_in(partition: int, partitions: int, prefix: str = "k") -> bytes:
@@ -359,9 +369,9 @@ async def test_dead_letter_topic_does_not_inherit_last_value(
         producer = client.producer(topic_name)
         await producer.send(b"no key")
         await producer.close()
-        message = await consumer.receive(timeout=5)
+        message = await consumer.receive(timeout=30)
         await message.nack()
-        dlq = f"{topic_name}-s-DLQ"
+        dlq = dead_letter_topic(topic_name, "s")
         deadline = asyncio.get_running_loop().time() + 10
         while dlq not in [t.name for t in await client.list_topics()]:
             assert asyncio.get_running_loop().time() < deadline, "never dead-lettered"
@@ -369,4 +379,4 @@ async def test_dead_letter_topic_does_not_inherit_last_value(
         description = await client.describe_topic(dlq)
         assert "last.value" not in {c.name for c in description.topic.configs}
         dead = await client.subscribe(dlq, "read", start="earliest")
-        assert (await dead.receive(timeout=5)).value == b"no key"
+        assert (await dead.receive(timeout=30)).value == b"no key"

@@ -16,7 +16,7 @@ import headwater
 from headwater.storage.segments import INDEX_SUFFIX
 from headwater.testing import ServerProcess
 from headwater.wire.messages import DescribeTopicResponse
-from tests.faults import (
+from tests.support.faults import (
     batches,
     flip,
     partition_dir,
@@ -24,7 +24,7 @@ from tests.faults import (
     read_from_earliest,
     segments,
 )
-from tests.helpers import drain
+from tests.support.helpers import drain
 
 
 def values(prefix: str, count: int) -> list[bytes]:
@@ -53,15 +53,15 @@ async def test_corrupt_batch_in_the_middle_of_the_last_segment(tmp_path: Path) -
             other, _ = await produce_each(client, "other", values("o", 20))
             assert not errors and len(acked) == 60
             # a subscription that has acked everything before the damage
-            assert len(await read_from_earliest(client, "mid", "all-acked")) == 60
+            assert len(await read_from_earliest(client, "mid", "all-acked", 60)) == 60
         server.stop()  # graceful: the subscription's acks are all persisted
         (segment,) = segments(server, "mid")
         target = batches(segment)[30]
         flip(segment, target.position + target.size - 20)  # inside the record, CRC now wrong
         server.start()
         async with await headwater.connect(server.address) as client:
-            received = await read_from_earliest(client, "mid", "fresh")
             intact = {o: v for o, v in acked.items() if o != target.base_offset}
+            received = await read_from_earliest(client, "mid", "fresh", len(intact))
             assert received == intact, "intact batches after the damage were dropped"
             description = await client.describe_topic("mid")
             assert description.next_offsets[0] >= 60
@@ -73,9 +73,9 @@ async def test_corrupt_batch_in_the_middle_of_the_last_segment(tmp_path: Path) -
             consumer = await client.subscribe("mid", "all-acked", prefetch=100)
             new, errors = await produce_each(client, "mid", values("new", 5))
             assert not errors and min(new) >= 60
-            got = await drain(consumer, idle=1.0)
+            got = await drain(consumer, len(new))
             assert {m.offset: m.value for m in got} == new
-            assert await read_from_earliest(client, "other", "o") == other
+            assert await read_from_earliest(client, "other", "o", len(other)) == other
         quarantined = list((partition_dir(server, "mid") / "quarantine").iterdir())
         assert len(quarantined) == 1 and quarantined[0].stat().st_size == target.size
         assert "wal.quarantined" in server.log()
@@ -109,9 +109,10 @@ async def test_corrupt_batch_and_flipped_length_in_sealed_segments_without_a_cop
         sizes = {f: f.stat().st_size for f in files[:-1]}
         server.start()
         async with await headwater.connect(server.address) as client:
-            received = await read_from_earliest(client, "sealed", "replay")
             lost = {crc_victim.base_offset, length_victim.base_offset}
-            assert received == {o: v for o, v in acked.items() if o not in lost}
+            expected = {o: v for o, v in acked.items() if o not in lost}
+            received = await read_from_earliest(client, "sealed", "replay", len(expected))
+            assert received == expected
             found = status(await client.describe_topic("sealed"))
             assert found["status.partition.0.quarantined"] == "2"
             assert int(found["status.partition.0.skipped"]) >= 2
@@ -136,8 +137,9 @@ async def test_missing_index_is_rebuilt_and_a_sealed_segment_never_cut(tmp_path:
             path.with_suffix(INDEX_SUFFIX).unlink()
         server.start()
         async with await headwater.connect(server.address) as client:
-            received = await read_from_earliest(client, "noindex", "r")
-            assert received == {o: v for o, v in acked.items() if o != victim.base_offset}
+            expected = {o: v for o, v in acked.items() if o != victim.base_offset}
+            received = await read_from_earliest(client, "noindex", "r", len(expected))
+            assert received == expected
             found = status(await client.describe_topic("noindex"))
             assert found["status.partition.0.quarantined"] == "1"
         assert {f: f.stat().st_size for f in files[:-1]} == sizes
@@ -146,7 +148,7 @@ async def test_missing_index_is_rebuilt_and_a_sealed_segment_never_cut(tmp_path:
         server.kill()
 
 
-async def _wait_for(predicate, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
+async def _wait_for(predicate, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
     deadline = asyncio.get_running_loop().time() + timeout
     while not predicate():
         if asyncio.get_running_loop().time() > deadline:
@@ -167,7 +169,7 @@ async def test_corrupt_sealed_batch_is_read_from_the_object_store_copy(tmp_path:
         flip(files[1], victim.position + victim.size - 10)
         server.start()
         async with await headwater.connect(server.address) as client:
-            assert await read_from_earliest(client, "copied", "r") == acked
+            assert await read_from_earliest(client, "copied", "r", len(acked)) == acked
             assert status(await client.describe_topic("copied")) == {
                 "status.partition.0.quarantined": "1"
             }
@@ -198,14 +200,16 @@ async def test_replay_continues_past_objects_lost_from_the_store(tmp_path: Path)
                 following = uploaded[uploaded.index(path) + 1]
                 gone.update(range(first, int(following.name[:20])))
                 path.unlink()
-            received = await read_from_earliest(client, "lost", "middle")
-            assert received == {o: v for o, v in acked.items() if o not in gone}
+            expected = {o: v for o, v in acked.items() if o not in gone}
+            received = await read_from_earliest(client, "lost", "middle", len(expected))
+            assert received == expected
             # then the whole bucket
             shutil.rmtree(server.data_dir / "objects" / "lost")
             local_start = min(int(p.name[:20]) for p in local.glob("*.log"))
-            received = await read_from_earliest(client, "lost", "emptied")
-            assert received == {o: v for o, v in acked.items() if o >= local_start}
-            assert received, "the local data after the gap was not served"
+            expected = {o: v for o, v in acked.items() if o >= local_start}
+            assert expected, "no local data after the gap: nothing to check"
+            received = await read_from_earliest(client, "lost", "emptied", len(expected))
+            assert received == expected
     finally:
         server.kill()
 

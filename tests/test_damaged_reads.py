@@ -33,9 +33,9 @@ from headwater.storage.wal import LogConfig, PartitionLog
 from headwater.testing import ServerProcess
 from headwater.wire.messages import DescribeTopicResponse
 from headwater.wire.records import build_batch, read_records
-from tests.cluster_support import running_cluster
-from tests.faults import batches, flip, read_from_earliest, segments
-from tests.s3 import MotoS3
+from tests.support.cluster_support import running_cluster
+from tests.support.faults import batches, flip, read_from_earliest, segments
+from tests.support.s3 import MotoS3
 from tests.test_snapshot_server import lose_last_value_state, make_snapshot
 
 KEYS = 320

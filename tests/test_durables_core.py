@@ -298,7 +298,7 @@ async def test_state_writer_group_commits_concurrent_synced_writes(tmp_path: Pat
 
 
 async def test_producer_ids_are_counted_in_memory_and_survive_a_restart(tmp_path: Path) -> None:
-    from headwater.server.producers import ProducerIds
+    from headwater.server.topics.idempotent_producers import ProducerIds
 
     store = StateStore(tmp_path / "state")
     try:

@@ -3,7 +3,7 @@ certificate (and its reloads), bearer tokens from the same tokens file with the 
 the shared per-address failure limit, and loopback-only without authentication.
 
 Real servers in child processes; the CA and certificates are made per test module
-(tests/certs.py); HTTPS requests verify the server's certificate against that CA.
+(tests/support/certs.py); HTTPS requests verify the server's certificate against that CA.
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import headwater
 from headwater.server.config import ServerConfig
-from headwater.server.listener import Listener, StartupError
-from headwater.server.operator_port import start_operator_port
-from headwater.server.tls import peer_common_name
-from headwater.server.tokens import revoke
+from headwater.server.net.listener import Listener, StartupError
+from headwater.server.ops.operator_port import start_operator_port
+from headwater.server.security.tls import peer_common_name
+from headwater.server.security.tokens import revoke
 from headwater.testing import ServerProcess
 from headwater.wire.errors import AuthenticationFailed
-from tests.certs import Authority, Issued
-from tests.secure import SecureServer, secure_server
+from tests.support.certs import Authority, Issued
+from tests.support.secure import SecureServer, secure_server
 
 Answer = tuple[int, dict[str, str], bytes]
 
@@ -207,11 +207,16 @@ async def test_http_failures_count_against_the_address_with_the_message_port(
         port = int(port_file.read_text())
         for _ in range(10):  # the default auth_failures_per_minute
             assert_unauthorized(get(port, "/metrics", "hw1.000000000000.guess"))
-        status, headers, _ = get(port, "/metrics", server.admin)  # even a good one, for a while
+        status, headers, _ = get(port, "/metrics", "hw1.000000000000.guess")
         assert status == 429 and headers["Retry-After"] == "60"
         assert get(port, "/healthz")[0] == 200
+        # a valid token is never refused for the failures of others at the same address
+        assert get(port, "/metrics", server.admin)[0] == 200
+        async with await headwater.connect(server.address, token=server.admin) as client:
+            await client.list_topics()
+        # the message port counts that id's failures too: its next failure is slowed
         with pytest.raises(AuthenticationFailed, match="too many failed"):
-            await headwater.connect(server.address, token=server.admin)
+            await headwater.connect(server.address, token="hw1.000000000000.guess")
 
 
 # Without authentication

@@ -23,7 +23,7 @@ from headwater.wire.protocol import (
     encode_request,
     encode_response,
 )
-from tests.rawwire import RawPeer
+from tests.support.rawwire import RawPeer
 
 names = st.text(max_size=30)
 i32 = st.integers(-(2**31), 2**31 - 1)

@@ -22,7 +22,7 @@ from headwater.storage.segments import segment_name
 from headwater.storage.wal import FsyncPolicy, LogConfig, PartitionLog
 from headwater.testing import ServerProcess
 from headwater.wire.records import BATCH_HEADER_SIZE, build_batch, read_records
-from tests.faults import batches, produce_each, segments
+from tests.support.faults import batches, produce_each, segments
 
 _BATCHES = 40
 _LAST_BATCH = 73  # the size the server log showed

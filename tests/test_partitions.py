@@ -13,17 +13,17 @@ from pathlib import Path
 import pytest
 
 import headwater
-from headwater.producer import AtLeastOnce, ProducerConfig
-from headwater.server.catalog import TopicCatalog
+from headwater.client.producer import AtLeastOnce, ProducerConfig
+from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.config import ObjectStoreConfig, ServerConfig
-from headwater.server.kind import Consumer
+from headwater.server.topics.subscription_contract import Consumer
 from headwater.storage.state import StateStore
 from headwater.testing import ServerProcess
 from headwater.wire import messages as m
 from headwater.wire.errors import InvalidPartition, InvalidRequest, UnknownTopic
 from headwater.wire.keys import partition_for_key
 from headwater.wire.records import build_batch
-from tests.helpers import drain
+from tests.support.helpers import drain, drain_until, eventually, nothing_at_hand, subscription_info
 
 # The vectors of docs/PROTOCOL.md ("Partition of a key"): key, crc32, partition for N = 1, 2, 3,
 # 4, 16, 100. A client in any language must give the same.
@@ -96,7 +96,7 @@ async def test_per_key_order_under_concurrent_producers(
                 await producer.close()
 
         await asyncio.gather(*(produce(w) for w in range(4)))
-        got = await drain(consumer)
+        got = await drain(consumer, 400)
     seqs: dict[tuple[str, str], list[int]] = defaultdict(list)
     for message in got:
         assert message.key is not None and message.value is not None
@@ -125,21 +125,22 @@ async def test_alter_adds_partitions_and_reliable_subscriptions_get_them_from_th
         routed = {key: (await future).partition for key, future in futures}
         assert routed == {key: partition_for_key(key, 5) for key in keys}  # by the new count
         assert max(routed.values()) >= 2
-        got = await drain(consumer)
+        got = await drain(consumer, 80)
         assert sorted((m.key, m.value) for m in got) == sorted(
             [(k, b"old") for k in keys] + [(k, b"new") for k in keys]
         )
         for message in got:
             await message.ack()
-        await asyncio.sleep(0.2)  # acks are sent with the next turn; describe flushes them
         with pytest.raises(InvalidRequest):
             await client.create_partitions("grow", 3)  # never removed
         with pytest.raises(InvalidRequest):
             await client.create_partitions("grow", 100_000)
         with pytest.raises(UnknownTopic):
             await client.create_partitions("nope", 3)
-        description = await client.describe_topic("grow")
+        description = await client.describe_topic("grow")  # sent after the acks (it flushes them)
         assert description.topic.partitions == 5 and len(description.next_offsets) == 5
+        (info,) = description.subscriptions
+        assert (info.pending, info.unacked) == (0, 0)  # every ack recorded before the stop
         await producer.close()
     fresh_server.stop()
     fresh_server.start()
@@ -148,12 +149,15 @@ async def test_alter_adds_partitions_and_reliable_subscriptions_get_them_from_th
         assert description.topic.partitions == 5
         assert sum(description.next_offsets) == 80
         consumer = await client.subscribe("grow", "before")
-        assert await drain(consumer, idle=0.4) == []  # everything was acked, in every partition
+        # everything was acked, in every partition: nothing pending, nothing delivered
+        info = await subscription_info(client, "grow", "before")
+        assert (info.pending, info.delivered) == (0, 0)
+        await nothing_at_hand(consumer)
         producer = client.producer("grow")
         for key in keys:
             await producer.send(b"after", key=key)
         await producer.close()
-        got = await drain(consumer)
+        got = await drain(consumer, 40)
         assert sorted(m.key or b"" for m in got) == sorted(keys)
         assert all(m.partition == partition_for_key(m.key or b"", 5) for m in got)
 
@@ -174,7 +178,7 @@ async def test_alter_refuses_a_topic_keeping_last_values(
     for i in range(6):
         await producer.send(b"m", partition=i % 3)
     await producer.close()
-    assert sorted(m.partition for m in await drain(consumer)) == [0, 0, 1, 1, 2, 2]
+    assert sorted(m.partition for m in await drain(consumer, 6)) == [0, 0, 1, 1, 2, 2]
 
 
 async def test_alter_racing_produce_and_subscribe_on_several_connections(
@@ -215,11 +219,12 @@ async def test_alter_racing_produce_and_subscribe_on_several_connections(
         await asyncio.gather(
             *(produce(w) for w in range(3)), alter(), *(subscribe(n) for n in range(4))
         )
-        got = await drain(early)
+        assert len(acked) == 450
+        # at-least-once: a retried send may be stored twice, so read until every value has come
+        got = await drain_until(early, lambda got: len({m.value for m in got}) >= 450)
         description = await admin.describe_topic(topic_name)
     assert description.topic.partitions == 8
     assert sorted(acked) == sorted({m.value for m in got if m.value is not None})
-    assert len(acked) == 450
 
 
 async def test_kill_9_during_alter(fresh_server: ServerProcess) -> None:
@@ -251,7 +256,7 @@ async def test_kill_9_during_alter(fresh_server: ServerProcess) -> None:
             await producer.send(b"after", key=str(i).encode())
         await producer.close()
         consumer = await client.subscribe("k9", "sub")
-        got = await drain(consumer)
+        got = await drain(consumer, 220)
         description = await client.describe_topic("k9")
     assert description.topic.partitions == 64
     assert [m.value for m in got].count(b"before") == 20
@@ -261,16 +266,15 @@ async def test_kill_9_during_alter(fresh_server: ServerProcess) -> None:
 # Failover and Shared over partitions
 
 
-async def _receive_all(consumers: dict[str, headwater.Consumer]) -> dict[int, set[str]]:
-    """Drain every consumer at once (acking); partition -> the consumers that received from it."""
+async def _receive_all(
+    consumers: dict[str, headwater.Consumer], counts: dict[str, int]
+) -> dict[int, set[str]]:
+    """`counts[name]` messages from each consumer, at once (acking); partition -> the consumers
+    that received from it."""
     owners: dict[int, set[str]] = defaultdict(set)
 
     async def take(name: str, consumer: headwater.Consumer) -> None:
-        while True:
-            try:
-                message = await consumer.receive(timeout=0.4)
-            except TimeoutError:
-                return
+        for message in await drain(consumer, counts[name]):
             owners[message.partition].add(name)
             await message.ack()
 
@@ -300,7 +304,8 @@ async def test_failover_four_partitions_two_then_three_then_one_consumers(
             await producer.close()
             owners: dict[int, set[str]] = defaultdict(set)
             for name, consumer in consumers.items():
-                for message in await drain(consumer, idle=0.4):
+                count = 20 * sum(1 for owner in expected.values() if owner == name)
+                for message in await drain(consumer, count):
                     assert message.value is not None
                     received[message.value] += 1
                     owners[message.partition].add(name)
@@ -309,6 +314,14 @@ async def test_failover_four_partitions_two_then_three_then_one_consumers(
             assert {p: sorted(n) for p, n in owners.items()} == {
                 p: [n] for p, n in expected.items()
             }
+
+            async def all_acked() -> bool:
+                return (await subscription_info(admin, topic_name, "fo")).pending == 0
+
+            # the acks travel on each consumer's own connection: the next phase's subscribe or
+            # close (another connection) must come after the server recorded them, or their
+            # messages would rightly be redelivered to the partitions' next owners
+            await eventually(all_acked, what=f"phase {tag}'s acks recorded")
 
         await subscribe("a")
         await subscribe("b")
@@ -338,13 +351,17 @@ async def test_failover_reassigns_a_leavers_partitions_with_its_unacked(
         for i in range(40):
             await producer.send(str(i).encode(), partition=i % 4)
         await producer.close()
-        from_a = await drain(a)
+        from_a = await drain(a, 20)
         assert {m.partition for m in from_a} == {0, 2}
         for message in from_a[:5]:
             await message.ack()
-        await asyncio.sleep(0.1)
+
+        async def five_acked() -> bool:  # of the 40, the 5 acks recorded
+            return (await subscription_info(admin, topic_name, "fo")).pending == 35
+
+        await eventually(five_acked, what="a's five acks recorded")
         await a_client.close()  # its 15 unacked go to b, which now has every partition
-        from_b = await drain(b)
+        from_b = await drain(b, 35)
     values = sorted(int(m.value or b"") for m in from_b)
     expected = sorted(int(m.value or b"") for m in from_a[5:]) + [i for i in range(40) if i % 2]
     assert values == sorted(expected)
@@ -404,11 +421,11 @@ async def test_a_consumer_attaches_to_chosen_partitions(
             await live_producer.send(b"l", partition=i % 3)
         await producer.close()
         await live_producer.close()
-        assert {m.partition for m in await drain(only_2)} == {2}
-        owners = await _receive_all(fo)
+        assert {m.partition for m in await drain(only_2, 10)} == {2}
+        owners = await _receive_all(fo, {"a": 10, "b": 30})
         assert owners == {0: {"a"}, 1: {"b"}, 2: {"b"}, 3: {"b"}}
-        assert sorted({m.partition for m in await drain(shared)}) == [0, 3]
-        assert {m.partition for m in await drain(live)} == {1}
+        assert sorted({m.partition for m in await drain(shared, 20)}) == [0, 3]
+        assert {m.partition for m in await drain(live, 13)} == {1}  # i % 3 == 1 for 13 of 40
         await live_client.close()
 
 
@@ -530,12 +547,15 @@ async def test_due_messages_nobody_can_take_do_not_spin_the_pump(tmp_path: Path)
             session.consumers[consumer_id] = consumer
             subscription.attach(consumer)
         topic.append(topic.partitions[1], build_batch([(None, b"x", ())]), 1)
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 30  # bounds a hang only
         while not session.deliveries:
             assert time.monotonic() < deadline
             await asyncio.sleep(0.01)
         assert session.deliveries == [(2, 1)]  # b owns partition 1, and now has no credit
-        await asyncio.sleep(0.2)  # the ack timeout passes: the message is due, b cannot take it
+        # durations under test: the 50 ms ack timeout passes (4x over: the message is due, b
+        # cannot take it), then a 0.5 s window in which a spinning pump would run ~500 rounds
+        # (a loaded machine runs fewer, never more)
+        await asyncio.sleep(0.2)
         rounds = subscription.rounds  # type: ignore[attr-defined]
         await asyncio.sleep(0.5)
         assert subscription.rounds - rounds < 25  # type: ignore[attr-defined]

@@ -23,8 +23,9 @@ from headwater.wire.errors import (
     UnknownTopic,
 )
 from headwater.wire.records import BatchBuilder, read_records
-from tests.proxy import FaultyProxy
-from tests.rawwire import RawPeer
+from tests.support.helpers import eventually
+from tests.support.proxy import FaultyProxy
+from tests.support.rawwire import RawPeer
 
 
 @pytest.fixture
@@ -34,16 +35,18 @@ async def proxy(server: ServerProcess) -> AsyncIterator[FaultyProxy]:
     await faulty.close()
 
 
-async def read_all(client: headwater.Client, topic: str, idle: float = 1.0) -> list[bytes]:
+async def read_all(client: headwater.Client, topic: str) -> list[bytes]:
+    """Every message stored in the topic (its producers have finished): as many as its next
+    offsets say, each batch waited for up to 30 s (a hang bound)."""
+    stored = sum((await client.describe_topic(topic)).next_offsets)
     consumer = await client.subscribe(topic, "check", start="earliest", prefetch=5000)
     values: list[bytes] = []
-    while True:
-        try:
-            batch = await consumer.receive_batch(5000, timeout=idle)
-        except TimeoutError:
-            return values
+    while len(values) < stored:
+        batch = await consumer.receive_batch(5000, timeout=30)
         values.extend(message.value or b"" for message in batch)
         await consumer.ack_cumulative(batch[-1])
+    assert len(values) == stored
+    return values
 
 
 RETRY = AtLeastOnce(RetryPolicy(max_retries=50, initial_delay=0.01, max_delay=0.05, timeout=30))
@@ -150,9 +153,11 @@ async def test_unanswered_requests_time_out_and_are_retried(
     async with await headwater.connect(proxy.address) as through:
         producer = through.producer(topic, delivery=RETRY, request_timeout=0.3, idempotent=True)
         await (await producer.send(b"first"))
+        connections = proxy.connections
         proxy.pause()  # requests go nowhere, no answer comes
         future = await producer.send(b"second")
-        await asyncio.sleep(0.5)  # past the request timeout: the producer reconnects
+        # past the request timeout the producer reconnects: the proxy sees a new connection
+        await eventually(lambda: proxy.connections > connections, what="the producer reconnecting")
         proxy.resume()
         metadata = await asyncio.wait_for(future, 10)
         assert metadata.offset == 1
@@ -196,11 +201,11 @@ async def test_batch_boundaries_by_size_and_linger(server: ServerProcess, topic:
         for _ in range(30):
             await by_size.send(b"s" * 100)
         await by_size.flush()
-        deliveries = await peer.deliveries(idle=0.5)
+        deliveries = await peer.deliveries(records=30)
         sizes = [len(read_records(d.batch)) for _, d in deliveries]
         assert sum(sizes) == 30 and max(sizes) <= 10 and len(sizes) >= 3
 
-        lingering = client.producer(topic, linger=0.3)
+        lingering = client.producer(topic, linger=5.0)  # flush ends it: the test never waits 5 s
         for _ in range(3):
             await lingering.send(b"l")
             await asyncio.sleep(0.02)  # separate loop turns, one linger window
@@ -210,7 +215,7 @@ async def test_batch_boundaries_by_size_and_linger(server: ServerProcess, topic:
             await immediate.send(b"i")
             await asyncio.sleep(0.02)
         await immediate.flush()
-        deliveries = await peer.deliveries(idle=0.5)
+        deliveries = await peer.deliveries(records=6)
         batches = [[r.value for r in read_records(d.batch)] for _, d in deliveries]
         assert batches == [[b"l", b"l", b"l"], [b"i"], [b"i"], [b"i"]]
     await peer.close()
@@ -242,14 +247,14 @@ async def test_compressed_batches_are_stored_as_sent_and_decode_in_kafka_python(
     for value in values:
         await producer.send(value)
     await producer.flush()
-    (delivery,) = [d for _, d in await peer.deliveries(idle=0.5)]
+    (delivery,) = [d for _, d in await peer.deliveries(records=50)]
     theirs = KafkaBatch(delivery.batch)
     assert theirs.compression_type == codec
     assert theirs.validate_crc()
     assert [r.value for r in theirs] == values
     assert len(delivery.batch) < sum(len(v) for v in values) / 4
     consumer = await client.subscribe(topic_name, "decoded", start="earliest")
-    assert [(await consumer.receive(timeout=5)).value for _ in values] == values
+    assert [(await consumer.receive(timeout=30)).value for _ in values] == values
     await peer.close()
 
 
@@ -264,7 +269,7 @@ async def test_read_committed_and_committed_only_consumers(
         await watcher.receive(timeout=0.5)
     careful = client.producer(topic_name, isolation=Isolation.READ_COMMITTED)
     await (await careful.send(b"durable"))  # acked only after an fsync, which covers both
-    got = [await watcher.receive(timeout=5) for _ in range(2)]
+    got = [await watcher.receive(timeout=30) for _ in range(2)]
     assert [g.value for g in got] == [b"appended", b"durable"]
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import headwater
-from tests.secure import SecureServer, secure_server
+from tests.support.secure import SecureServer, secure_server
 
 
 @pytest.fixture

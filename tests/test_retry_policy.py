@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from headwater.producer import RetryPolicy, RetryStrategy
+from headwater.client.producer import RetryPolicy, RetryStrategy
 from headwater.wire.errors import InvalidRequest
 
 

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 import headwater
-from headwater.blocking import BlockingClient
-from headwater.producer import AtMostOnce
-from headwater.routing import BrokerAddress, LookupBackoff, RoutingTable
+from headwater.client.blocking import BlockingClient
+from headwater.client.producer import AtMostOnce
+from headwater.client.routing_table import BrokerAddress, LookupBackoff, RoutingTable
 from headwater.testing import ServerProcess
 from headwater.wire import messages as m
 from headwater.wire.errors import ErrorCode, NotOwner, UnknownTopic
@@ -420,7 +420,7 @@ async def test_consumer_merges_every_owner_and_acks_where_each_came_from(
         consumer = await client.subscribe("t", "s", start="earliest", type="shared")
         got = []
         for _ in range(20):
-            message = await consumer.receive(timeout=10)
+            message = await consumer.receive(timeout=30)
             got.append(message.value)
             await message.ack()
         assert sorted(got) == sorted(f"m{i}".encode() for i in range(20))
@@ -442,7 +442,7 @@ async def test_consumer_leg_follows_its_partition_after_the_broker_is_lost(
         consumer = await client.subscribe("t", "s", start="earliest")
         producer = client.producer("t")
         await (await producer.send(b"on b", key=_key_for(1, 2)))
-        assert (await consumer.receive(timeout=10)).value == b"on b"
+        assert (await consumer.receive(timeout=30)).value == b"on b"
         script.owners["t"] = ["a", "a"]  # b is gone; a took partition 1 over
         script.epoch += 1
         del script.ports["b"]
@@ -521,7 +521,7 @@ async def test_consumer_goes_on_when_the_bootstrap_broker_is_lost(
         producer = client.producer("t")
         for partition in (0, 1):
             await (await producer.send(b"before", key=_key_for(partition, 2)))
-        assert {(await consumer.receive(timeout=10)).partition for _ in range(2)} == {0, 1}
+        assert {(await consumer.receive(timeout=30)).partition for _ in range(2)} == {0, 1}
         script.owners["t"] = ["b", "b"]  # a is gone; b took partition 0 over
         script.epoch += 1
         del script.ports["a"]

@@ -1,5 +1,5 @@
-"""The compatibility rules and schema parsing of server/schema_rules.py, as tables of cases: for
-each evolution (old -> new), whether each mode accepts it (docs/SCHEMAS.md states the rules)."""
+"""The compatibility rules and schema parsing of server/schemas/schema_rules.py, as tables of cases:
+for each evolution (old -> new), whether each mode accepts it (docs/SCHEMAS.md states the rules)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import fastavro
 import pytest
 
-from headwater.server.schema_rules import (
+from headwater.server.schemas.schema_rules import (
     MAX_NESTING,
     MAX_SCHEMA_SIZE,
     compatibility_problems,

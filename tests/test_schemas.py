@@ -25,7 +25,7 @@ from headwater.wire.protocol import (
     encode_response,
 )
 from headwater.wire.records import Compression, build_batch
-from tests.secure import secure_server
+from tests.support.secure import secure_server
 from tests.test_cli import hw
 
 HEADER = m.SCHEMA_VERSION_HEADER
@@ -162,7 +162,7 @@ async def test_the_schema_version_reaches_consumers_and_values_decode_by_it(
     await (await pinned.send({"id": 2, "item": "ink"}))
     await (await latest.send({"id": 3, "item": "pad", "quantity": 4}))
     await (await old.send({"id": 4, "item": "pen"}))  # "auto" was resolved at its first send
-    received = [await consumer.receive(timeout=10) for _ in range(4)]
+    received = [await consumer.receive(timeout=30) for _ in range(4)]
     assert [message.schema_version for message in received] == [1, 1, 2, 1]
     assert [await message.decoded() for message in received] == [
         {"id": 1, "item": "pen"},
@@ -187,7 +187,7 @@ async def test_the_client_encodes_and_decodes_each_type(
     consumer = await client.subscribe(topic_name, "s", start="earliest")
     async with client.producer(topic_name, schema="auto") as producer:
         await (await producer.send(value))
-    message = await consumer.receive(timeout=10)
+    message = await consumer.receive(timeout=30)
     assert message.schema_version == 1
     assert await message.decoded() == value
     await consumer.close()
@@ -203,7 +203,7 @@ async def test_send_batch_encodes_by_the_schema_and_versions_every_record(
         await (await producer.send_batch(values, headers=[{"trace": b"t"}] * 5))
         with pytest.raises(headwater.SchemaViolation, match="cannot encode"):
             await producer.send_batch([{"n": 1}, {1, 2}])  # a set is no JSON value
-    received = [await consumer.receive(timeout=10) for _ in range(5)]
+    received = [await consumer.receive(timeout=30) for _ in range(5)]
     assert [message.schema_version for message in received] == [1] * 5
     assert [await message.decoded() for message in received] == values
     assert all(message.headers[0] == ("trace", b"t") for message in received)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import headwater
-from headwater.server.tokens import load
+from headwater.server.security.tokens import load
 from headwater.testing import ServerProcess
 from headwater.wire import messages as m
 from headwater.wire.errors import (
@@ -35,8 +35,8 @@ from headwater.wire.protocol import (
     encode_response,
 )
 from headwater.wire.records import build_batch
-from tests.rawwire import RawPeer
-from tests.secure import SecureServer, secure_server
+from tests.support.rawwire import RawPeer
+from tests.support.secure import SecureServer, secure_server
 
 
 @pytest.fixture
@@ -157,7 +157,7 @@ async def test_revoked_token_cuts_a_live_consumer_and_producer_within_seconds(
         consumer = await client.subscribe("feed", "app-sub", start="earliest")
         producer = client.producer("feed")
         await (await producer.send(b"before"))
-        assert (await consumer.receive(timeout=5)).value == b"before"
+        assert (await consumer.receive(timeout=30)).value == b"before"
         revoked_at = time.monotonic()
         result = subprocess.run(
             [sys.executable, "-m", "headwater", "token", "revoke", "app", "--file", secure.tokens],
@@ -167,7 +167,7 @@ async def test_revoked_token_cuts_a_live_consumer_and_producer_within_seconds(
         )
         assert result.returncode == 0, result.stderr
         with pytest.raises(AuthenticationFailed):
-            await consumer.receive(timeout=10)
+            await consumer.receive(timeout=30)
         assert time.monotonic() - revoked_at < 5
         await (await admin.producer("feed").send(b"after"))
         with pytest.raises(headwater.HeadwaterError):
@@ -203,13 +203,71 @@ async def _connect_retrying(address: str, token: str) -> headwater.Client:
             await asyncio.sleep(0.05)
 
 
-async def test_failed_attempts_are_rate_limited_per_address(secure: SecureServer) -> None:
+async def test_failed_attempts_are_slowed_but_a_valid_token_is_never_refused(
+    secure: SecureServer,
+) -> None:
+    """Ten failed handshakes from one address, then a valid token from the same address
+    succeeds at once (before the fix: refused for a minute, on both ports); the failures past
+    the limit are answered only after FAILURE_DELAY, so guessing is slowed."""
+    from headwater.server.security.access import FAILURE_DELAY
+
     good = secure.token("app", "consume:x")
     for _ in range(10):
         with pytest.raises(AuthenticationFailed):
             await headwater.connect(secure.address, token="hw1.000000000000.guess")
+    async with await headwater.connect(secure.address, token=good) as client:
+        await client.list_topics()
+    began = time.monotonic()
     with pytest.raises(AuthenticationFailed, match="too many failed"):
-        await headwater.connect(secure.address, token=good)  # even a good one, for a while
+        await headwater.connect(secure.address, token="hw1.000000000000.guess")
+    assert time.monotonic() - began >= FAILURE_DELAY * 0.9  # the delay is the behaviour
+    # another token id from the same address is not slowed by that id's failures
+    with pytest.raises(AuthenticationFailed) as caught:
+        await headwater.connect(secure.address, token="hw1.111111111111.guess")
+    assert "too many failed" not in caught.value.message
+    async with await headwater.connect(secure.address, token=good) as client:
+        await client.list_topics()
+
+
+async def test_connections_waiting_to_authenticate_are_capped_per_address_and_in_all(
+    tmp_path: Path,
+) -> None:
+    """Past max_unauthenticated_per_address silent connections from one address, or
+    max_unauthenticated_connections in all, a new connection is refused TOO_MANY_CONNECTIONS;
+    authenticating frees the slot."""
+    config = tmp_path / "headwater.toml"
+    config.write_text(
+        "[security]\nmax_unauthenticated_connections = 5\nmax_unauthenticated_per_address = 3\n"
+    )
+    with secure_server(tmp_path, "--config", str(config)) as server:
+        host, port = server.address.rsplit(":", 1)
+
+        async def open_from(source: str) -> RawPeer:
+            reader, writer = await asyncio.open_connection(host, int(port), local_addr=(source, 0))
+            return RawPeer(reader, writer)
+
+        async def refused(peer: RawPeer, why: str) -> None:
+            frame = await peer.frame()
+            with pytest.raises(TooManyConnections, match=why):
+                decode_response(frame.header, frame.body)
+            await peer.close()
+
+        first = [await open_from("127.0.0.2") for _ in range(3)]
+        # each is counted once accepted: a request answered proves that
+        for peer in first:
+            assert isinstance(await peer.call(m.ApiVersionsRequest()), m.ApiVersionsResponse)
+        await refused(await open_from("127.0.0.2"), "max_unauthenticated_per_address")
+        second = [await open_from("127.0.0.3") for _ in range(2)]
+        for peer in second:
+            assert isinstance(await peer.call(m.ApiVersionsRequest()), m.ApiVersionsResponse)
+        await refused(await open_from("127.0.0.4"), "max_unauthenticated_connections")
+        # one of them authenticates: its slot is free for a newcomer
+        answer = await first[0].call(m.AuthenticateRequest("token", server.admin.encode()))
+        assert isinstance(answer, m.AuthenticateResponse)
+        newcomer = await open_from("127.0.0.4")
+        assert isinstance(await newcomer.call(m.ApiVersionsRequest()), m.ApiVersionsResponse)
+        for peer in (*first, *second, newcomer):
+            await peer.close()
 
 
 # Authorization
@@ -243,7 +301,7 @@ async def test_exact_and_prefix_grants_refuse_exactly_the_other_actions(
     await expect_refused(app.describe_topic("orders"))
     assert {t.name for t in await app.list_topics()} == {"orders", "events.a", "events.b"}
     await (await admin.producer("events.a").send(b"visible"))
-    assert (await consumer.receive(timeout=5)).value == b"visible"
+    assert (await consumer.receive(timeout=30)).value == b"visible"
     counts = {t: (await admin.describe_topic(t)).messages_in for t in ("orders", "orders2")}
     assert counts == {"orders": 1, "orders2": 0}
     await app.close()
@@ -287,7 +345,7 @@ async def test_subscription_seek_and_delete_need_admin_or_ownership(
     other = await headwater.connect(secure.address, token=secure.token("other", "consume:jobs.*"))
     topic_admin = await headwater.connect(secure.address, token=secure.token("ops", "admin:jobs.*"))
     consumer = await owner.subscribe("jobs.q", "work", type="shared", start="earliest")
-    first = await consumer.receive(timeout=5)
+    first = await consumer.receive(timeout=30)
     await first.ack()
     spare = await owner.subscribe("jobs.q", "spare", type="shared")
     for name in ("work", "spare"):
@@ -298,7 +356,8 @@ async def test_subscription_seek_and_delete_need_admin_or_ownership(
     await topic_admin.seek("jobs.q", "work", "latest")  # admin on the topic
     await spare.close()
     # (deleting a subscription right after a seek can hang on this branch's base: a bug of
-    # server/reliable.py, fixed on main by the architecture change; so "spare" is deleted)
+    # server/subscriptions/reliable_subscription.py, fixed on main by the architecture change; so
+    # "spare" is deleted)
     await topic_admin.delete_subscription("jobs.q", "spare")
     described = await admin.describe_topic("jobs.q")
     assert [s.name for s in described.subscriptions] == ["work"]
@@ -396,7 +455,7 @@ async def test_authentication_off_answers_the_handshake_with_an_empty_principal(
 
 async def test_a_connection_that_never_authenticates_is_closed(secure: SecureServer) -> None:
     peer = await RawPeer.open(secure.address)
-    frame = await peer.frame(timeout=15)  # HANDSHAKE_TIMEOUT (10 s) and a sweep
+    frame = await peer.frame(timeout=15)  # handshake_timeout (5 s) and a sweep
     assert frame.header.correlation_id == 0
     with pytest.raises(AuthenticationRequired, match="no AUTHENTICATE within"):
         decode_response(frame.header, frame.body)
@@ -422,3 +481,77 @@ def test_security_settings_load_from_the_config_file(tmp_path: Path) -> None:
     path.write_text("[security]\ninsecure = 1\n")
     with pytest.raises(ConfigError, match=r"security\.insecure must be bool"):
         load_config(path)
+
+
+async def test_before_authentication_frames_are_small_and_only_the_handshake_is_read(
+    secure: SecureServer,
+) -> None:
+    """Before AUTHENTICATE succeeds: a frame over MAX_PRE_AUTH_FRAME is refused from its header
+    (FRAME_TOO_LARGE for AUTHENTICATE, AUTHENTICATION_REQUIRED for anything else) and the
+    connection closed; after it, frames up to max_frame_size are read again."""
+    from headwater.wire.errors import FrameTooLarge
+    from headwater.wire.frames import frame_prefix
+    from headwater.wire.limits import MAX_PRE_AUTH_FRAME
+
+    big = m.AuthenticateRequest("token", b"x" * (MAX_PRE_AUTH_FRAME + 1))
+    peer = await RawPeer.open(secure.address)
+    answer = await peer.call(big)
+    assert isinstance(answer, FrameTooLarge), answer
+    assert f"{MAX_PRE_AUTH_FRAME}-byte limit before authentication" in answer.message
+    assert await peer.closed_by_server()
+    await peer.close()
+    # a large CREATE_TOPIC: only its header is read (the rest is never sent here at all)
+    peer = await RawPeer.open(secure.address)
+    await peer.send(frame_prefix(m.ApiKey.CREATE_TOPIC, 0, 5, 0, 8_000_000) + b"\x00\x01t")
+    answer = await peer.response()
+    assert isinstance(answer, AuthenticationRequired), answer
+    assert await peer.closed_by_server()
+    await peer.close()
+    # authenticated, a 1 MiB produce is read and stored
+    async with await headwater.connect(secure.address, token=secure.admin) as admin:
+        await admin.create_topic("big", dispatch="non-reliable")
+        peer = await RawPeer.open(secure.address)
+        assert isinstance(
+            await peer.call(m.AuthenticateRequest("token", secure.admin.encode())),
+            m.AuthenticateResponse,
+        )
+        batch = build_batch([(None, b"v" * (1 << 20), ())])
+        assert isinstance(await peer.call(m.ProduceRequest("big", 0, batch)), m.ProduceResponse)
+        await peer.close()
+        assert (await admin.describe_topic("big")).messages_in == 1
+
+
+async def test_lookup_and_server_info_tell_a_principal_nothing_beyond_its_grants(
+    secure: SecureServer,
+) -> None:
+    """LOOKUP answers a topic without a grant exactly as one that does not exist; SERVER_INFO
+    (server-wide counts, the data directory) takes admin:* (before the fix both answered)."""
+    async with await headwater.connect(secure.address, token=secure.admin) as admin:
+        await admin.create_topic("alice.payroll-2026", partitions=3, dispatch="non-reliable")
+        await admin.create_topic("bob.inbox", dispatch="non-reliable")
+    peer = await RawPeer.open(secure.address)
+    token = secure.token("bob", "consume:bob.*")
+    assert isinstance(
+        await peer.call(m.AuthenticateRequest("token", token.encode())), m.AuthenticateResponse
+    )
+    answer = await peer.call(m.LookupRequest(("alice.payroll-2026", "alice.nothing", "bob.inbox")))
+    assert isinstance(answer, m.LookupResponse), answer
+    hidden, missing, own = answer.topics
+    assert hidden == m.LookupTopic.unknown("alice.payroll-2026")
+    assert missing == m.LookupTopic.unknown("alice.nothing")
+    assert (hidden.error_code, hidden.error_message[-15:]) == (
+        missing.error_code,
+        missing.error_message[-15:],
+    )
+    assert own.error_code == 0 and len(own.partitions) == 1
+    refused = await peer.call(m.ServerInfoRequest())
+    assert isinstance(refused, NotAuthorized), refused
+    assert "admin:*" in refused.message
+    await peer.close()
+    narrow = await headwater.connect(secure.address, token=secure.token("ops", "admin:bob.*"))
+    with pytest.raises(NotAuthorized):
+        await narrow.server_info()
+    await narrow.close()
+    async with await headwater.connect(secure.address, token=secure.admin) as admin:
+        info = await admin.server_info()
+        assert info.topic_count == 2

@@ -18,7 +18,7 @@ from headwater.testing import ServerProcess
 from headwater.wire import messages as m
 from headwater.wire.errors import ErrorCode
 from headwater.wire.protocol import decode_push
-from tests.rawwire import RawPeer
+from tests.support.rawwire import RawPeer
 
 
 def serve(*args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:

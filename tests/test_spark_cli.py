@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 
 import headwater
-from headwater.cli import main
+from headwater.cli.main import main
 from headwater.spark_compaction.loader import load_snapshot
 from headwater.storage.objectstore import LocalObjectStore
 from headwater.testing import ServerProcess
-from tests.s3 import free_port
+from tests.support.s3 import free_port
 
 SUMMARY_KEYS = {
     "segments",

@@ -23,7 +23,7 @@ import pytest
 from headwater.spark_compaction.history import generate, write_segments
 from headwater.spark_compaction.job import CompactionSettings, run
 from headwater.spark_compaction.store import BlockingStore, StoreSpec
-from tests.s3 import free_port
+from tests.support.s3 import free_port
 from tests.test_spark_compaction import _store_files, _without_clock, python_fold, snapshot
 
 SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"

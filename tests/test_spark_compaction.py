@@ -20,8 +20,8 @@ from headwater.spark_compaction.job import CompactionSettings, apply_retention, 
 from headwater.spark_compaction.loader import load_snapshot
 from headwater.spark_compaction.manifest import Manifest, manifest_horizons
 from headwater.spark_compaction.store import BlockingStore, StoreSpec, open_store
-from headwater.spark_compaction.wal import list_segments
-from tests.s3 import MotoS3, create_bucket
+from headwater.spark_compaction.wal_segments import list_segments
+from tests.support.s3 import MotoS3, create_bucket
 
 Folded = dict[bytes, tuple[bytes, int, int, tuple[tuple[str, bytes | None], ...]]]
 

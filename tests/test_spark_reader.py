@@ -22,7 +22,7 @@ from headwater.spark_compaction.manifest import (
 )
 from headwater.spark_compaction.schema import WAL_DDL, WAL_SCHEMA
 from headwater.spark_compaction.store import BlockingStore, StoreSpec
-from headwater.spark_compaction.wal import Folder, decode_segment, list_segments
+from headwater.spark_compaction.wal_segments import Folder, decode_segment, list_segments
 from headwater.spark_compaction.writer import encode_parquet
 from headwater.storage.objectstore import LocalObjectStore, ObjectInfo
 from headwater.wire.errors import StorageError
@@ -296,3 +296,32 @@ def test_folder_keeps_the_newest_record_per_key_and_counts_records(
         k: v for k, v in last.items() if k is not None
     }
     assert newest[None]["offset"] == last[None][0] and newest[None]["value"] is None
+
+
+def test_a_clusters_partition_is_read_through_its_manifest(tmp_path: Path) -> None:
+    """Two owners uploaded objects starting at offset 0 ([0, 60) and [0, 100)), and a third
+    upload of an owner that lost the partition was never named: compaction reads each offset
+    once, from the objects the newest manifest version names, from each entry's first offset."""
+    from headwater.storage.partition_manifest import Manifest as PartitionManifest
+    from headwater.storage.partition_manifest import SegmentEntry, manifest_prefix
+
+    entries = list(generate(100, 20, seed=9))
+    with BlockingStore(StoreSpec.local(tmp_path / "staging")) as staging:
+        write_segments(staging, "t", 0, entries[:60], batch_records=10, segment_batches=6)
+        write_segments(staging, "u", 0, entries, batch_records=10, segment_batches=10)
+        short = staging.get(list_segments(staging, ["t"])[0].key)
+        long = staging.get(list_segments(staging, ["u"])[0].key)
+    with BlockingStore(StoreSpec.local(tmp_path / "store")) as store:
+        store.put("t/0/00000000000000000000-00000000000000000003-aa.log", short)
+        store.put("t/0/00000000000000000000-00000000000000000007-bb.log", long)
+        store.put("t/0/00000000000000000000-00000000000000000005-cc.log", long[: len(long) // 2])
+        manifest = PartitionManifest(1, 7, ()).adding(
+            SegmentEntry(0, 60, 0, "t/0/00000000000000000000-00000000000000000003-aa", len(short))
+        )
+        manifest = manifest.adding(
+            SegmentEntry(0, 100, 0, "t/0/00000000000000000000-00000000000000000007-bb", len(long))
+        )
+        store.put(f"{manifest_prefix('t', 0)}{1:020d}", manifest.encode())
+        segments = list_segments(store, ["t"])
+        assert [(s.base_offset, s.name[-2:]) for s in segments] == [(0, "aa"), (60, "bb")]
+        assert [r["offset"] for r in _rows(store, "t")] == list(range(100))

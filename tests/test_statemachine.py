@@ -4,7 +4,7 @@ Hypothesis drives a `RuleBasedStateMachine` against a real server process (JSON 
 raw-protocol connections. A step is either a *round*, up to 8 create/delete/produce/subscribe/
 flow/ack/unsubscribe/delete-subscription/map requests spread over the connections and all written
 before any answer is read, or a *restart*, graceful (SIGTERM) or `kill -9`. The model
-(tests/fuzzmodel.py, tests/fuzzapply.py) checks after every round:
+(tests/support/fuzzmodel.py, tests/support/fuzzapply.py) checks after every round:
 
 - every request is answered within `HEADWATER_FUZZ_ANSWER_S` (a missing answer fails, naming it);
 - every answer is one some order of the round allows, LIST_TOPICS matches the model, no offset is
@@ -21,7 +21,7 @@ Modes: CI by default (a few examples, no shrinking, well under two minutes when 
 program. `HEADWATER_FUZZ_SEED` replays a run; `HEADWATER_FUZZ_EXAMPLES` and `HEADWATER_FUZZ_STEPS`
 override the sizes; `HEADWATER_FUZZ_SKIP=Delete,WrongPartition` leaves out op kinds (to get past a
 known bug). `test_state_machine_with_auth` runs the same machine with authentication on, three
-principals, one of them hostile (tests/fuzzauth.py); `make fuzz` runs both long. A failure
+principals, one of them hostile (tests/support/fuzzauth.py); `make fuzz` runs both long. A failure
 prints the seed, the steps as a replayable program and the violated promise.
 """
 
@@ -46,11 +46,11 @@ from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_s
 from headwater.testing import ServerProcess
 from headwater.wire import messages as m
 from headwater.wire.records import build_batch
-from tests.fuzzapply import _check_listing, expect
-from tests.fuzzmodel import OK, Gen, Model, Sent, Violation, code, show
-from tests.fuzzops import CONNECTIONS, KEYS, TOPICS, Op, rounds
-from tests.fuzzpeer import FuzzPeer, Outcome
-from tests.fuzzrepro import REPRODUCTIONS
+from tests.support.fuzzapply import _check_listing, expect
+from tests.support.fuzzmodel import OK, Gen, Model, Sent, Violation, code, show
+from tests.support.fuzzops import CONNECTIONS, KEYS, TOPICS, Op, rounds
+from tests.support.fuzzpeer import FuzzPeer, Outcome
+from tests.support.fuzzrepro import REPRODUCTIONS
 
 LONG = os.environ.get("HEADWATER_FUZZ") == "long"
 ANSWER_S = float(os.environ.get("HEADWATER_FUZZ_ANSWER_S", "5"))
@@ -492,8 +492,8 @@ def test_reproduction(name: str) -> None:
 @pytest.mark.timeout(0 if LONG else 600)
 def test_state_machine_with_auth() -> None:
     """The same with authentication on: well-behaved principals and one hostile one, which is
-    refused everything outside its grants (tests/fuzzauth.py)."""
-    from tests.fuzzauth import AuthMachine
+    refused everything outside its grants (tests/support/fuzzauth.py)."""
+    from tests.support.fuzzauth import AuthMachine
 
     value = _seed()
     print(f"reproduce: HEADWATER_FUZZ_SEED={value} HEADWATER_FUZZ={'long' if LONG else 'ci'}")

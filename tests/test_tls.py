@@ -1,7 +1,7 @@
 """TLS for client connections: server certificates, client certificates as identity, a
 certificate from the wrong CA, and a certificate replaced without a restart.
 
-The CAs and certificates are made by each test (tests/certs.py, with `cryptography`).
+The CAs and certificates are made by each test (tests/support/certs.py, with `cryptography`).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import pytest
 
 import headwater
 from headwater import Tls
-from headwater.server.tokens import create
+from headwater.server.security.tokens import create
 from headwater.wire.errors import AuthenticationFailed, ConnectionClosed, NotAuthorized
-from tests.certs import Authority, Issued
-from tests.secure import SecureServer, secure_server
+from tests.support.certs import Authority, Issued
+from tests.support.secure import SecureServer, secure_server
 
 
 @dataclass
@@ -57,7 +57,7 @@ async def test_token_over_tls_round_trip_and_plaintext_is_refused(
         await client.create_topic("secret", dispatch="non-reliable")
         consumer = await client.subscribe("secret", "s")
         await (await client.producer("secret").send(b"over tls"))
-        assert (await consumer.receive(timeout=5)).value == b"over tls"
+        assert (await consumer.receive(timeout=30)).value == b"over tls"
     with pytest.raises(ConnectionClosed):  # a plaintext client never gets a frame
         await headwater.connect(tls_server.address, token=tls_server.admin, timeout=3)
     with pytest.raises(ConnectionClosed, match="certificate verify failed"):

@@ -5,15 +5,7 @@ from __future__ import annotations
 import pytest
 
 from headwater.wire import messages as m
-from headwater.wire.codec import (
-    decode_request,
-    decode_response,
-    delivery_prefix,
-    encode_error,
-    encode_push,
-    encode_request,
-    encode_response,
-)
+from headwater.wire.api.produce import delivery_prefix
 from headwater.wire.errors import (
     MalformedFrame,
     TopicExists,
@@ -21,6 +13,14 @@ from headwater.wire.errors import (
     UnsupportedVersion,
 )
 from headwater.wire.frames import Flags, Frame, FrameDecoder, FrameHeader, FrameRejected
+from headwater.wire.protocol import (
+    decode_request,
+    decode_response,
+    encode_error,
+    encode_push,
+    encode_request,
+    encode_response,
+)
 
 # (message, correlation id, exact frame bytes as hex) — quoted in docs/PROTOCOL.md
 REQUEST_VECTORS = [

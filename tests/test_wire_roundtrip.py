@@ -8,21 +8,23 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from headwater.wire import messages as m
-from headwater.wire.codec import (
-    PUSH_SCHEMAS,
-    SCHEMAS,
+from headwater.wire.api.produce import (
     decode_produce_request,
-    decode_push,
-    decode_request,
-    decode_response,
     delivery_prefix,
-    encode_push,
-    encode_request,
-    encode_response,
     produce_request_parts,
 )
 from headwater.wire.errors import HeadwaterError
 from headwater.wire.frames import Frame, FrameDecoder
+from headwater.wire.protocol import (
+    PUSH_SCHEMAS,
+    SCHEMAS,
+    decode_push,
+    decode_request,
+    decode_response,
+    encode_push,
+    encode_request,
+    encode_response,
+)
 
 names = st.text(min_size=0, max_size=40)
 i32 = st.integers(-(2**31), 2**31 - 1)
@@ -207,7 +209,7 @@ def test_produce_fast_path_rejects_what_the_schema_rejects(body: bytes) -> None:
 
 @given(st.builds(m.MapGetRequest, names, byte_keys))
 def test_map_get_fast_path_matches_schema(request: m.MapGetRequest) -> None:
-    from headwater.wire.codec import decode_map_get_request, encode_map_get_request
+    from headwater.wire.api.maps import decode_map_get_request, encode_map_get_request
 
     schema = SCHEMAS[m.ApiKey.MAP_GET][0]
     body = schema.build(request)
@@ -217,7 +219,7 @@ def test_map_get_fast_path_matches_schema(request: m.MapGetRequest) -> None:
 
 @given(st.binary(max_size=64))
 def test_map_get_fast_path_rejects_what_the_schema_rejects(body: bytes) -> None:
-    from headwater.wire.codec import decode_map_get_request
+    from headwater.wire.api.maps import decode_map_get_request
 
     schema = SCHEMAS[m.ApiKey.MAP_GET][0]
     try:
@@ -235,7 +237,7 @@ def test_map_get_fast_path_rejects_what_the_schema_rejects(body: bytes) -> None:
 
 @given(st.builds(m.MapGetResponse, map_entries), i32)
 def test_map_get_response_fast_path_matches_schema(response: m.MapGetResponse, cid: int) -> None:
-    from headwater.wire.codec import encode_map_get_response
+    from headwater.wire.api.maps import encode_map_get_response
 
     schema = SCHEMAS[m.ApiKey.MAP_GET][1]
     fast = encode_map_get_response(cid, response)
@@ -251,7 +253,7 @@ map_writes = st.lists(st.builds(m.MapWrite, st.binary(max_size=10), nullable, i6
 
 @given(st.builds(m.MapSetRequest, names, map_writes))
 def test_map_set_fast_path_matches_schema(request: m.MapSetRequest) -> None:
-    from headwater.wire.codec import decode_map_set_request, encode_map_set_request
+    from headwater.wire.api.maps import decode_map_set_request, encode_map_set_request
 
     schema = SCHEMAS[m.ApiKey.MAP_SET][0]
     body = schema.build(request)
@@ -261,7 +263,7 @@ def test_map_set_fast_path_matches_schema(request: m.MapSetRequest) -> None:
 
 @given(st.binary(max_size=64))
 def test_map_set_fast_path_rejects_what_the_schema_rejects(body: bytes) -> None:
-    from headwater.wire.codec import decode_map_set_request
+    from headwater.wire.api.maps import decode_map_set_request
 
     schema = SCHEMAS[m.ApiKey.MAP_SET][0]
     try:
@@ -279,8 +281,79 @@ def test_map_set_fast_path_rejects_what_the_schema_rejects(body: bytes) -> None:
 
 @given(st.builds(m.MapSetResponse, st.lists(i64, max_size=4).map(tuple)), i32)
 def test_map_set_response_fast_path_matches_schema(response: m.MapSetResponse, cid: int) -> None:
-    from headwater.wire.codec import encode_map_set_response
+    from headwater.wire.api.maps import encode_map_set_response
 
     assert encode_map_set_response(cid, response)[16:] == SCHEMAS[m.ApiKey.MAP_SET][1].build(
         response
     )
+
+
+@given(
+    st.one_of(
+        st.builds(m.SubscribeRequest, names, names, i8, names, i32, i32, settings),
+        st.builds(
+            m.SubscribeRequest,
+            names,
+            names,
+            i8,
+            names,
+            i32,
+            i32,
+            settings,
+            st.lists(i32, max_size=5).map(tuple),
+        ),
+        st.builds(m.AckRequest, i32, acks, i8),
+        st.builds(m.NackRequest, i32, acks, i32),
+    )
+)
+def test_consume_fast_paths_match_their_schemas(request: m.Request) -> None:
+    from headwater.wire.protocol import APIS, REQUEST_API_KEYS
+
+    api = APIS[REQUEST_API_KEYS[type(request)]]
+    body = api.request.build(request)
+    assert api.decode_request is not None
+    assert api.decode_request(body) == api.request.parse(body) == request
+
+
+@given(
+    st.sampled_from([m.ApiKey.SUBSCRIBE, m.ApiKey.ACK, m.ApiKey.NACK]),
+    st.binary(max_size=96),
+)
+def test_consume_fast_paths_reject_what_their_schemas_reject(key: int, body: bytes) -> None:
+    from headwater.wire.api.base import parse_request
+    from headwater.wire.protocol import APIS
+
+    api = APIS[key]
+    assert api.decode_request is not None
+    try:
+        expected: Any = parse_request(api.request, body, "request")
+    except HeadwaterError:
+        expected = None
+    try:
+        actual: Any = api.decode_request(body)
+    except HeadwaterError:
+        actual = None
+    assert actual == expected
+
+
+def test_trailing_bytes_after_a_request_are_refused() -> None:
+    from headwater.wire.errors import MalformedFrame
+
+    for request in (
+        m.CreateTopicRequest("t"),
+        m.MapGetRequest("t", (b"k",)),
+        m.SubscribeRequest("t", "s", 0, "c"),
+        m.AckRequest(1, (m.AckEntry(0, 1),)),
+        m.LookupRequest(("t",)),
+    ):
+        frame = _one_frame(encode_request(request, 1))
+        assert decode_request(frame.header, frame.body) == request
+        data = bytearray(encode_request(request, 1) + b"\x00")
+        data[0:4] = (len(data) - 4).to_bytes(4, "big")
+        padded = _one_frame(bytes(data))
+        try:
+            decode_request(padded.header, padded.body)
+        except MalformedFrame as exc:
+            assert "after the" in exc.message, exc.message
+        else:
+            raise AssertionError(f"{type(request).__name__} with a trailing byte was accepted")

@@ -2,5 +2,6 @@
 reliable subscription's acknowledgement state per partition and its encoding; `delivery` is the
 at-least-once state machine of one reliable subscription (in flight, ack timeouts, backoff,
 redelivery, dead-letter decisions), driven with `now` as an argument; `group` picks who receives
-next (Exclusive, Shared, Failover); `producers` deduplicates idempotent produces; `lastvalue`
-plans what a batch does to a topic's last values. Imports `wire` only."""
+next (Exclusive, Shared, Failover) and `keyshared` who owns a key under Key_Shared; `producers`
+deduplicates idempotent produces; `lastvalue` plans what a batch does to a topic's last values.
+Imports `wire` only."""

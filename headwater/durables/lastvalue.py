@@ -6,9 +6,9 @@ null value (a tombstone) deletes the key; a record without a key is not part of 
 key is the record key, or, when the topic names a key field, that field of the record's JSON
 value (dotted paths reach into nested objects).
 
-`LastValueKeys.changes` plans what a batch does to the state: the newest value per key (a value
-of None deletes the key). `storage.lastvalue_store` writes the plan to RocksDB, with the
-partition's position, in one WriteBatch; `server.lastvalue.LastValueIndex` joins the two.
+`LastValueKeys.changes` plans what a batch does to the state: the newest value per key (a value of
+None deletes the key). `storage.lastvalue_store` writes the plan to RocksDB, with the partition's
+position, in one WriteBatch; `server.topics.lastvalue_index.LastValueIndex` joins the two.
 
 A key's revision is an offset, unique only within a partition, so on a topic with last-value
 state a keyed record belongs to its key's partition, `crc32(key) % partitions` (what the client's

@@ -66,8 +66,15 @@ class SecurityConfig:
     max_connections_per_principal: int = 1_000  # past it: TOO_MANY_CONNECTIONS
     produce_bytes_per_second: int = 0  # past it: THROTTLE push and reads paused
     consume_bytes_per_second: int = 0  # past it: deliveries paused
-    # Failed AUTHENTICATEs per source address per minute; past it every attempt is refused.
+    # Failed AUTHENTICATEs per (source address, token id) per minute (ten times that per address,
+    # whatever the ids); past it a failure is answered after a second. A valid token never waits.
     auth_failures_per_minute: int = 10
+    # Connections that have not authenticated yet, in all (0: a quarter of server.max_connections;
+    # the rest is kept for authenticated ones) and per source address; past either a new
+    # connection gets TOO_MANY_CONNECTIONS. Each has handshake_timeout seconds to authenticate.
+    max_unauthenticated_connections: int = 0
+    max_unauthenticated_per_address: int = 32
+    handshake_timeout: float = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,11 +84,19 @@ class ClusterConfig:
     etcd: str = ""  # "etcd://127.0.0.1:2379"
     advertise: str = ""  # host:port clients reach this broker at; default: the bound address
     broker_id: str = ""  # unique in the cluster; default: the advertised address
-    lease_ttl_ms: int = 10_000  # a killed broker's partitions move after about this long
+    # a killed broker's partitions move after about this long (etcd counts whole seconds, at
+    # least 2); the broker stops serving a quarter of it before etcd can expire its lease
+    lease_ttl_ms: int = 2_000
+    # a broker that joins or comes back is handed its share of the partitions other brokers
+    # serve only once it has been live this long (free partitions it takes at once)
+    handoff_after_ms: int = 300_000
     # a reliable produce is answered once its batch is in the object store; the batches of every
     # producer of a partition within this window go out as one object
     commit_interval_ms: int = 5
     checkpoint_interval_ms: int = 500  # cursors written to etcd at most this often
+    # a partition's tail objects are folded into one segment once this many are stored: a
+    # take-over lists at most about this many, whatever the traffic
+    fold_chunks: int = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +114,11 @@ class ServerConfig:
     # Non-reliable: messages a subscription holds while its consumers have no credit. Past it,
     # new messages are dropped and counted, so a slow consumer costs bounded memory.
     subscription_backlog: int = 10_000
+    # ... and bytes of batches it holds (one batch is always let into an empty backlog).
+    subscription_backlog_bytes: int = 64 * 1024 * 1024
+    # Bytes every such backlog together may hold (server/memory_budget.py); past it batches are
+    # dropped (MESSAGES_DROPPED). 0: a quarter of the machine's memory.
+    memory_max_bytes: int = 0
     # Bytes queued on a consumer's socket before the server stops sending to it (asyncio's
     # write-buffer high-water mark); resumes at a quarter of it.
     consumer_write_buffer: int = 4 * 1024 * 1024

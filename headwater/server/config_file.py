@@ -69,6 +69,7 @@ def load_config(path: Path) -> ServerConfig:
 _POSITIVE = (
     "max_frame_size",
     "max_connections",
+    "subscription_backlog_bytes",
     "max_consumers_per_subscription",
     "max_consumers_per_connection",
     "max_decompressed_batch",
@@ -95,6 +96,10 @@ def check(config: ServerConfig, where: str = "config") -> None:
         value = getattr(config, name)
         if value <= 0:
             raise ConfigError(f"{where}: server.{name} must be positive, not {value!r}")
+    if config.memory_max_bytes < 0:
+        raise ConfigError(
+            f"{where}: server.memory_max_bytes must be >= 0 (0: a quarter of the machine's memory)"
+        )
     if config.http_port is not None and not 0 <= config.http_port < 65536:
         raise ConfigError(f"{where}: server.http_port must be 0..65535, not {config.http_port}")
     _check_security(config, where)
@@ -118,9 +123,11 @@ def _check_cluster(config: ServerConfig, where: str) -> None:
     host, _, port = cluster.advertise.rpartition(":")
     if cluster.advertise and (not host or not port.isdigit()):
         raise ConfigError(f"{where}: cluster.advertise must be HOST:PORT")
-    for name in ("lease_ttl_ms", "commit_interval_ms", "checkpoint_interval_ms"):
+    for name in ("lease_ttl_ms", "commit_interval_ms", "checkpoint_interval_ms", "fold_chunks"):
         if getattr(cluster, name) <= 0:
             raise ConfigError(f"{where}: cluster.{name} must be positive")
+    if cluster.handoff_after_ms < 0:
+        raise ConfigError(f"{where}: cluster.handoff_after_ms must not be negative")
 
 
 def _check_security(config: ServerConfig, where: str) -> None:
@@ -134,9 +141,19 @@ def _check_security(config: ServerConfig, where: str) -> None:
             f"{where}: security.tls_client_ca needs auth_tokens (certificate principals' grants "
             "are entries of the tokens file)"
         )
-    for name in ("max_connections_per_principal", "auth_failures_per_minute"):
+    for name in (
+        "max_connections_per_principal",
+        "auth_failures_per_minute",
+        "max_unauthenticated_per_address",
+        "handshake_timeout",
+    ):
         if getattr(security, name) <= 0:
             raise ConfigError(f"{where}: security.{name} must be positive")
+    if security.max_unauthenticated_connections < 0:
+        raise ConfigError(
+            f"{where}: security.max_unauthenticated_connections must be >= 0 (0: a quarter of "
+            "server.max_connections)"
+        )
     for name in ("produce_bytes_per_second", "consume_bytes_per_second"):
         if getattr(security, name) < 0:
             raise ConfigError(f"{where}: security.{name} must be >= 0 (0: unlimited)")

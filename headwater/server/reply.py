@@ -24,8 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from headwater.wire import messages as m
-from headwater.wire.codec import encode_response
 from headwater.wire.frames import FrameHeader
+from headwater.wire.protocol import encode_response
 
 
 class Waiting:

@@ -22,16 +22,16 @@ from pathlib import Path
 
 import structlog
 
-from headwater.server.auth import Security
-from headwater.server.broker import Broker
-from headwater.server.catalog import TopicCatalog
+from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.config import ServerConfig
-from headwater.server.listener import Listener, StartupError
 from headwater.server.logs import configure_logging
-from headwater.server.operator_port import start_operator_port
-from headwater.server.ownership import BrokerAddress, SingleBroker
-from headwater.server.tls import ServerTls, TlsError, is_loopback
-from headwater.server.tokens import TokenFileError
+from headwater.server.net.listener import Listener, StartupError
+from headwater.server.ops.operator_port import start_operator_port
+from headwater.server.requests.broker import Broker
+from headwater.server.requests.partition_ownership import BrokerAddress, SingleBroker
+from headwater.server.security.access import Security
+from headwater.server.security.tls import ServerTls, TlsError, is_loopback
+from headwater.server.security.tokens import TokenFileError
 from headwater.storage.archive import ObjectArchive
 from headwater.storage.objectstore import LocalObjectStore, ObjectStore, S3ObjectStore
 from headwater.storage.state import StateStore
@@ -111,7 +111,9 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
         if config.cluster.etcd:
             if store is None:
                 raise StartupError("a cluster needs a shared object store")
-            from headwater.server.cluster_mode import ClusterMode  # grpc only when clustered
+            from headwater.server.cluster.cluster_mode import (
+                ClusterMode,  # grpc only when clustered
+            )
 
             cluster = ClusterMode(config, catalog, broker, store, port)
             try:
@@ -123,7 +125,7 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
             # hands partitions off before the catalog closes
             stack.push_async_callback(cluster.stop)
             if operator is not None and operator.registry is not None:
-                from headwater.server.cluster_metrics import ClusterCollector
+                from headwater.server.cluster.cluster_metrics import ClusterCollector
 
                 operator.registry.register(ClusterCollector(cluster.status))
         listener.start(broker)

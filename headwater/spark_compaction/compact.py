@@ -33,7 +33,7 @@ from pyspark.sql import functions as F
 from headwater.spark_compaction.manifest import SnapshotFile
 from headwater.spark_compaction.source import files_option, segments_option
 from headwater.spark_compaction.store import StoreSpec
-from headwater.spark_compaction.wal import SegmentObject
+from headwater.spark_compaction.wal_segments import SegmentObject
 
 
 @dataclass(frozen=True, slots=True)

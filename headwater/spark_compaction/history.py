@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from headwater.spark_compaction.store import BlockingStore
-from headwater.spark_compaction.wal import SegmentObject
+from headwater.spark_compaction.wal_segments import SegmentObject
 from headwater.wire.records import BatchBuilder, Compression
 
 CODECS = (

@@ -34,7 +34,7 @@ from headwater.spark_compaction.manifest import (
 )
 from headwater.spark_compaction.source import DEFAULT_GROUP_BYTES
 from headwater.spark_compaction.store import BlockingStore, StoreSpec
-from headwater.spark_compaction.wal import SegmentObject, list_segments
+from headwater.spark_compaction.wal_segments import SegmentObject, list_segments
 from headwater.spark_compaction.writer import ROWS_PER_FILE, expected_files
 from headwater.wire.errors import StorageError
 

@@ -1,11 +1,11 @@
 """Spark data sources (pyspark.sql.datasource) over the object store: the WAL and the snapshots.
 
 `headwater_wal` yields one row per WAL record (schema.WAL_DDL). On the driver, `partitions()` lists
-the segment objects (or takes the pinned list the compaction job passes, so what it reads is
-exactly what it planned) and makes one input partition per group of consecutive segments of a
-partition, about `group_bytes` each. On the executors, `read()` fetches each segment whole,
-decodes it with `wire` (spark_compaction/wal.py) and yields Arrow record batches, which Spark takes
-without converting row by row. Options (all strings, as Spark passes them):
+the segment objects (or takes the pinned list the compaction job passes, so what it reads is exactly
+what it planned) and makes one input partition per group of consecutive segments of a partition,
+about `group_bytes` each. On the executors, `read()` fetches each segment whole, decodes it with
+`wire` (spark_compaction/wal_segments.py) and yields Arrow record batches, which Spark takes without
+converting row by row. Options (all strings, as Spark passes them):
 
 - `store`: the object store, `StoreSpec.to_json()`
 - `topics`: comma-separated topics (default: every topic in the store), or
@@ -47,7 +47,7 @@ from headwater.spark_compaction.loader import decode_snapshot_file, newest_manif
 from headwater.spark_compaction.manifest import SnapshotFile
 from headwater.spark_compaction.schema import FOLDED_DDL, WAL_DDL
 from headwater.spark_compaction.store import BlockingStore, StoreSpec, open_store
-from headwater.spark_compaction.wal import (
+from headwater.spark_compaction.wal_segments import (
     Folder,
     SegmentObject,
     decode_segment,
@@ -97,7 +97,7 @@ class WalReader(DataSourceReader):
         pinned = options.get("segments")
         self.pinned = None
         if pinned is not None:
-            self.pinned = [SegmentObject(t, p, b, s) for t, p, b, s in json.loads(pinned)]
+            self.pinned = [SegmentObject(t, p, b, s, n) for t, p, b, s, n in json.loads(pinned)]
         self.from_offsets: dict[str, int] = json.loads(options.get("from_offsets", "{}"))
         self.group_bytes = int(options.get("group_bytes", DEFAULT_GROUP_BYTES))
         self.fold = options.get("fold", "false").lower() == "true"
@@ -233,7 +233,7 @@ async def _newest_files(spec: StoreSpec, topics: list[str]) -> list[SnapshotFile
 
 
 def segments_option(segments: Sequence[SegmentObject]) -> str:
-    return json.dumps([[s.topic, s.partition, s.base_offset, s.size] for s in segments])
+    return json.dumps([[s.topic, s.partition, s.base_offset, s.size, s.name] for s in segments])
 
 
 def files_option(files: Sequence[SnapshotFile]) -> str:

@@ -1,3 +1,14 @@
-"""Bytes at rest: the WAL (segments, group commit, recovery, reads past damage), the object store
-(local directory and S3) and uploads, RocksDB state (`state`, with the group-committing
-`StateWriter`) and the last-value store. Imports `wire` only."""
+"""Bytes at rest. Imports `wire` only.
+
+The WAL of a partition: `wal` (append, group commit, roll, read), `logstate` (its in-memory model),
+`segments` (segment files: naming, scanning, resynchronising past damage, the index), `reader`
+(reading batches back past damage), `log_reader` (the one damage-aware read path of every reader:
+the archive's copy of a damaged batch, else a logged skip), `recovery` (what is on disk at open,
+where offsets continue), `offsets` (the offset lease), `syncer` (the one task per partition doing
+every fsync) and `fileio` (the one seam to the file system, where faults are injected), `latency` (a
+histogram cheap enough for hot paths). The object store: `objectstore` (local directory and S3),
+`uploader` (shipping sealed segments), `archive` (reading history back from it), `cloud_tail` (a
+cluster's newest batches as small objects), `partition_manifest` (a cluster partition's segments,
+versioned by conditional PUT) and `snapshots` (per-key snapshots and their manifests).
+RocksDB: `state` (server state, with the group-committing `StateWriter`) and `lastvalue_store` (a
+topic's last value per key)."""

@@ -32,12 +32,13 @@ from headwater.storage.segments import (
     check_batch,
     find_batch,
 )
-from headwater.storage.uploader import Uploader, object_key
+from headwater.storage.uploader import UploadedSegment, Uploader
 from headwater.wire.errors import ObjectNotFound
 
 log = structlog.get_logger("headwater.archive")
 
 READ_BYTES = 1 << 20
+_REREADS = 3
 _INDEX_CACHE = 256
 
 
@@ -49,7 +50,7 @@ class ObjectArchive:
 
     def start_offset(self, topic: str, partition: int) -> int | None:
         segments = self._uploaded.uploaded(topic, partition)
-        return segments[0].base_offset if segments else None
+        return segments[0].start if segments else None
 
     def covers(self, topic: str, partition: int, offset: int) -> bool:
         """Whether an uploaded segment holds `offset`."""
@@ -58,7 +59,7 @@ class ObjectArchive:
     def next_after(self, topic: str, partition: int, offset: int) -> int | None:
         """Where archived data goes on after `offset`'s segment (or the gap `offset` is in)."""
         segments = self._uploaded.uploaded(topic, partition)
-        bases = [s.base_offset for s in segments]
+        bases = [s.start for s in segments]
         position = bisect.bisect_right(bases, offset) - 1
         if position >= 0 and offset < segments[position].next_offset:
             return segments[position].next_offset
@@ -66,7 +67,7 @@ class ObjectArchive:
 
     def _uploaded_holding(self, topic: str, partition: int, offset: int) -> int | None:
         segments = self._uploaded.uploaded(topic, partition)
-        position = bisect.bisect_right([s.base_offset for s in segments], offset) - 1
+        position = bisect.bisect_right([s.start for s in segments], offset) - 1
         if position < 0 or offset >= segments[position].next_offset:
             return None
         return position
@@ -80,19 +81,43 @@ class ObjectArchive:
         if position is None:
             return None
         segment = self._uploaded.uploaded(topic, partition)[position]
-        return segment.next_offset, await self._index(topic, partition, segment.base_offset)
+        return segment.next_offset, await self._index(topic, partition, segment)
+
+    async def read(self, topic: str, partition: int, offset: int) -> list[bytes]:
+        """Just the batches of `read_span` (readers of the log go through `storage.log_reader`,
+        which needs `read_span`'s word on hidden offsets)."""
+        return (await self.read_span(topic, partition, offset)).batches
 
     async def read_span(self, topic: str, partition: int, offset: int) -> LogRead:
         """Whole batches from the one holding `offset`, and whether damage hid offsets from
         `offset` up to the first of them (as `PartitionLog.read_span`: a read stops in front of
         damage it meets after a batch)."""
+        for _ in range(_REREADS):
+            segment = self._holding(topic, partition, offset)
+            if segment is None:
+                return LogRead([], False)
+            try:
+                return await self._read(topic, partition, offset, segment)
+            except ObjectNotFound:
+                # in a cluster the object holding an offset changes (a fold or a segment named
+                # in the manifest replaces tail chunks, which then go): read the one holding it
+                # now, unless it is the same
+                if self._holding(topic, partition, offset) == segment:
+                    raise
+        raise ObjectNotFound(f"{topic}/{partition}: the object holding {offset} keeps changing")
+
+    def _holding(self, topic: str, partition: int, offset: int) -> UploadedSegment | None:
         segments = self._uploaded.uploaded(topic, partition)
-        position = bisect.bisect_right([s.base_offset for s in segments], offset) - 1
+        position = bisect.bisect_right([s.start for s in segments], offset) - 1
         if position < 0 or offset >= segments[position].next_offset:
-            return LogRead([], False)
-        segment = segments[position]
-        log_key = object_key(topic, partition, segment.base_offset)
-        index = await self._index(topic, partition, segment.base_offset)
+            return None
+        return segments[position]
+
+    async def _read(
+        self, topic: str, partition: int, offset: int, segment: UploadedSegment
+    ) -> LogRead:
+        log_key = segment.key(topic, partition)
+        index = await self._index(topic, partition, segment)
         entry = bisect.bisect_right([e.offset for e in index], offset) - 1
         start = index[entry].position if entry >= 0 else 0
         length = READ_BYTES
@@ -108,8 +133,12 @@ class ObjectArchive:
                 return LogRead(batches, hidden)
             length *= 4  # one batch larger than the range, or the offset further on
 
-    async def _index(self, topic: str, partition: int, base_offset: int) -> list[IndexEntry]:
-        index_key = object_key(topic, partition, base_offset, ".index")
+    async def _index(
+        self, topic: str, partition: int, segment: UploadedSegment
+    ) -> list[IndexEntry]:
+        if not segment.indexed:
+            return []  # a tail chunk: small, read from its first byte
+        index_key = segment.key(topic, partition, ".index")
         cached = self._indexes.get(index_key)
         if cached is not None:
             self._indexes.move_to_end(index_key)

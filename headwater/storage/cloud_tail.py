@@ -10,41 +10,38 @@ holding the batches appended since the last one:
 (the stamped batches, back to back). The epoch is the ownership key's etcd revision, which grows
 at every change of owner. A broker that takes a partition over writes a marker first,
 
-    <topic>/<partition>/tail/epoch-<epoch, 20 digits>
+    <topic>/<partition>/tail/epoch-<epoch, 20 digits>-<start offset, 20 digits>
 
-holding the offset its epoch starts at (the end of the chain it found). A chunk counts only when
-it lies inside its epoch's range, [its marker's offset, the next epoch's marker's offset): a chunk
-an old owner put after it was fenced (its PUT was in flight when its lease ran out; it never
-acknowledged it) starts at or past the next marker and is ignored, so an offset is never given to
-two messages even then. `resolve` applies that rule and gives the valid chain's last contiguous
-run, which is what a new owner rebuilds its local WAL from; everything below the run's start is
-in uploaded segments.
+naming the offset its epoch starts at (the end of the chain it found), so that a listing alone
+gives every epoch's start (markers written before the start was in the name hold it instead). A
+chunk counts only when it lies inside its epoch's range, [its marker's offset, the next epoch's
+marker's offset): a chunk an old owner put after it was fenced (its PUT was in flight when its
+lease ran out; it never acknowledged it) starts at or past the next marker and is ignored, so an
+offset is never given to two messages even then. `resolve` applies that rule and gives the valid
+chain's chunks above the partition manifest's end (storage/partition_manifest.py: everything
+below is in the segments it names): a new owner reads them in place, starts its local WAL at the
+chain's end, and folds them into one segment object (`fold`) in the background.
 
-Chunks are deleted once a segment the owner uploaded holds them entirely (`collectable`); the
-newest chunk always stays, so the end of the log is known from a listing alone.
-
-A take-over reads its run with `read_run`, which checks every batch (CRC) as every reader of the
-log does (`storage.log_reader`): a damaged batch is taken from an uploaded segment object that
-holds the very same batch (same offsets and same CRC field: a segment of a fenced owner may hold
-other messages at those offsets), else its offsets come back as a `Hole` for the caller to skip
-visibly, and the chain's offsets never move.
+Chunks are deleted only below the end of a manifest already written (`collect`): never one a
+reader of the newest manifest still needs. The newest chunk always stays, so the end of the log
+is known from a listing alone. Readers take chunks in place through the archive
+(`storage.archive`), which checks every batch as every reader of the log does
+(`storage.log_reader`): a damaged batch no intact copy holds is skipped visibly.
 """
 
 from __future__ import annotations
 
 import re
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from headwater.storage.objectstore import ObjectStore
-from headwater.storage.segments import walk_batches
-from headwater.wire.errors import ObjectNotFound
+from headwater.storage.segments import INDEX_ENTRY, BatchLocation, build_index
+from headwater.wire.records import inspect_batch
 
 _CHUNK = re.compile(r"^(\d{20})-(\d{20})-(\d{20})\.log$")
-_MARKER = re.compile(r"^epoch-(\d{20})$")
+_MARKER = re.compile(r"^epoch-(\d{20})(?:-(\d{20}))?$")
 _LENGTH = struct.Struct(">i")
-_CRC = struct.Struct(">I")
-_CRC_POSITION = 17  # baseOffset, batchLength, partitionLeaderEpoch, magic; then the CRC-32C
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -64,6 +61,7 @@ class TailState:
 
     chunks: list[Chunk]
     markers: dict[int, int]  # epoch -> the offset it starts at
+    sizes: dict[Chunk, int] = field(default_factory=dict)  # bytes of each chunk's object
 
     def since(self, epoch: int) -> TailState:
         """Only what epochs from `epoch` on wrote: a topic deleted and re-created under the same
@@ -71,10 +69,13 @@ class TailState:
         return TailState(
             [c for c in self.chunks if c.epoch >= epoch],
             {e: start for e, start in self.markers.items() if e >= epoch},
+            self.sizes,
         )
 
-    def resolve(self) -> tuple[int, list[Chunk]]:
-        """(the end of the valid chain, the chunks of its last contiguous run, in order)."""
+    def resolve(self, floor: int = 0) -> tuple[int, list[Chunk]]:
+        """(the end of the valid chain, the chunks of its last contiguous run ending above
+        `floor` (the manifest's end), in order). The run starts at or below `floor` unless
+        chunks the chain needs are missing."""
         epochs = sorted(self.markers)
         valid: list[Chunk] = []
         for chunk in self.chunks:
@@ -87,18 +88,22 @@ class TailState:
                 continue
             valid.append(chunk)
         valid.sort()
+        # the chain ends at its newest valid chunk, its newest epoch's start, or the segments'
+        # end, whichever is furthest (chunks below the segments' end may all be collected)
+        end = max(
+            max((c.end for c in valid), default=0), max(self.markers.values(), default=0), floor
+        )
         run: list[Chunk] = []
         for chunk in valid:
+            if chunk.end <= floor:
+                continue  # held by the manifest's segments
             if run and chunk.first == run[-1].end:
                 run.append(chunk)
             elif not run or chunk.first > run[-1].end:
-                run = [chunk]  # a gap: everything below is in segments
+                run = [chunk]  # a gap: the caller finds the run starting above `floor`
             # (an overlapping chunk of a later epoch cannot be valid; one of an older epoch was
             # replaced by a re-upload at the same offsets: keep the first)
-        if not run:
-            end = max(self.markers.values(), default=0)
-            return end, []
-        return max(run[-1].end, max(self.markers.values(), default=0)), run
+        return end, run
 
 
 def tail_prefix(topic: str, partition: int) -> str:
@@ -120,15 +125,6 @@ def split_batches(data: bytes) -> list[bytes]:
     return batches
 
 
-@dataclass(frozen=True, slots=True)
-class Hole:
-    """Offsets [first, end) of a run that no intact copy holds (`reason` says what was wrong)."""
-
-    first: int
-    end: int
-    reason: str
-
-
 class CloudTail:
     def __init__(self, store: ObjectStore) -> None:
         self.store = store
@@ -136,105 +132,58 @@ class CloudTail:
     async def state(self, topic: str, partition: int) -> TailState:
         prefix = tail_prefix(topic, partition)
         chunks: list[Chunk] = []
+        sizes: dict[Chunk, int] = {}
         markers: dict[int, int] = {}
-        marker_names: list[tuple[int, str]] = []
+        unnamed: list[tuple[int, str]] = []
         for info in await self.store.list(prefix):
             name = info.key[len(prefix) :]
             if match := _CHUNK.match(name):
-                chunks.append(Chunk(*(int(g) for g in match.groups())))
+                chunk = Chunk(*(int(g) for g in match.groups()))
+                chunks.append(chunk)
+                sizes[chunk] = info.size
             elif match := _MARKER.match(name):
-                marker_names.append((int(match.group(1)), info.key))
-        for epoch, object_key in marker_names:
+                if match.group(2) is None:
+                    unnamed.append((int(match.group(1)), info.key))
+                else:
+                    markers[int(match.group(1))] = int(match.group(2))
+        for epoch, object_key in unnamed:
             markers[epoch] = int((await self.store.get(object_key)).decode())
-        return TailState(sorted(chunks), markers)
+        return TailState(sorted(chunks), markers, sizes)
 
-    async def mark_epoch(self, topic: str, partition: int, epoch: int, start: int) -> None:
+    async def mark_epoch(
+        self, topic: str, partition: int, epoch: int, start: int, listed: TailState | None = None
+    ) -> None:
         """Record where `epoch` starts; refuses to move an existing marker (a second take-over
-        with the same epoch must find the same start)."""
-        object_key = f"{tail_prefix(topic, partition)}epoch-{epoch:020d}"
-        if not await self.store.put_if_absent(object_key, str(start).encode()):
-            existing = int((await self.store.get(object_key)).decode())
-            if existing != start:
+        with the same epoch must find the same start). `listed`: a listing of the tail the
+        caller just made (only the epoch's owner writes its marker), spares listing again."""
+        prefix = f"{tail_prefix(topic, partition)}epoch-{epoch:020d}"
+        if listed is not None:
+            existing = listed.markers.get(epoch)
+            if existing is not None and existing != start:
                 raise ValueError(
                     f"epoch {epoch} of {topic}/{partition} starts at {existing}, not {start}"
                 )
+            if existing is None:
+                await self.store.put_if_absent(f"{prefix}-{start:020d}", b"")
+            return
+        for info in await self.store.list(prefix):
+            match = _MARKER.match(info.key[len(tail_prefix(topic, partition)) :])
+            if match is None:
+                continue
+            named = match.group(2)
+            if named is None:
+                named = (await self.store.get(info.key)).decode()
+            if int(named) != start:
+                raise ValueError(
+                    f"epoch {epoch} of {topic}/{partition} starts at {int(named)}, not {start}"
+                )
+        await self.store.put_if_absent(f"{prefix}-{start:020d}", b"")
 
     async def put(self, topic: str, partition: int, chunk: Chunk, data: bytes) -> None:
         await self.store.put(chunk.name(topic, partition), data)
 
     async def read(self, topic: str, partition: int, chunk: Chunk) -> list[bytes]:
         return split_batches(await self.store.get(chunk.name(topic, partition)))
-
-    async def read_run(self, topic: str, partition: int, run: list[Chunk]) -> list[bytes | Hole]:
-        """The batches of `run`'s chunks in offset order, each checked; offsets no intact copy
-        holds come back as `Hole`s, in their place (see the module docstring)."""
-        found: list[bytes | Hole] = []
-        for chunk in run:
-            data = await self.store.get(chunk.name(topic, partition))
-            expected = chunk.first
-            damaged: list[bytes] = []  # what is left of damaged batches, for their CRC fields
-            for step in walk_batches(data, chunk.first):
-                piece = data[step.position : step.position + step.length]
-                if step.batch is None:
-                    damaged.append(piece)
-                    continue
-                if step.batch.base_offset > expected:
-                    found.extend(
-                        await self._repair(
-                            topic, partition, expected, step.batch.base_offset, damaged
-                        )
-                    )
-                found.append(piece)
-                expected = step.batch.next_offset
-                damaged = []
-            if expected < chunk.end:
-                found.extend(await self._repair(topic, partition, expected, chunk.end, damaged))
-        return found
-
-    async def _repair(
-        self, topic: str, partition: int, first: int, end: int, damaged: list[bytes]
-    ) -> list[bytes | Hole]:
-        """Offsets [first, end) of a chunk are damaged: the same batches from the uploaded
-        segment holding them, where its batch has the damaged one's CRC field; else a Hole."""
-        wanted = {
-            _CRC.unpack_from(piece, _CRC_POSITION)[0]
-            for piece in damaged
-            if len(piece) >= _CRC_POSITION + _CRC.size
-        }
-        copy: list[bytes] = []
-        position = first
-        data = await self._segment_holding(topic, partition, first)
-        if data is not None:
-            for step in walk_batches(data):
-                batch = step.batch
-                if batch is None or batch.base_offset < position or batch.next_offset > end:
-                    continue
-                crc = _CRC.unpack_from(data, step.position + _CRC_POSITION)[0]
-                if batch.base_offset != position or crc not in wanted:
-                    break
-                copy.append(data[step.position : step.position + step.length])
-                position = batch.next_offset
-        if position < end:
-            return [*copy, Hole(position, end, "damaged batch in the cloud tail, no intact copy")]
-        return list(copy)
-
-    async def _segment_holding(self, topic: str, partition: int, offset: int) -> bytes | None:
-        """The uploaded segment object whose base is the greatest at or below `offset`."""
-        prefix = f"{topic}/{partition}/"
-        bases = sorted(
-            int(o.key[len(prefix) : -len(".log")])
-            for o in await self.store.list(prefix)
-            if o.key.endswith(".log")
-            and o.key.count("/") == 2
-            and o.key[len(prefix) : -4].isdigit()
-        )
-        below = [b for b in bases if b <= offset]
-        if not below:
-            return None
-        try:
-            return await self.store.get(f"{prefix}{below[-1]:020d}.log")
-        except ObjectNotFound:
-            return None
 
     async def purge(self, topic: str, before: int) -> int:
         """Delete a deleted topic's chunks and markers: those of epochs below `before` (the
@@ -256,23 +205,40 @@ class CloudTail:
                 gone += 1
         return gone
 
-    async def collect(
-        self, topic: str, partition: int, base: int, end: int, epoch: int | None = None
-    ) -> int:
-        """Delete the chunks an uploaded segment [base, end) holds entirely, except the newest
-        chunk of the partition; returns how many went. Only chunks of epochs up to `epoch` (the
-        uploader's, when given): at those offsets a later owner's chunks hold other messages
-        than a segment of a log that went on past the chain (appended, never stored, never
-        acknowledged) and was uploaded as the partition moved."""
+    async def collect(self, topic: str, partition: int, below: int) -> int:
+        """Delete the chunks that end at or below `below`, the end of a manifest written already
+        (its segments hold those offsets, or the chunk is not valid there), except the newest
+        chunk of the partition; returns how many went."""
         state = await self.state(topic, partition)
         if not state.chunks:
             return 0
         newest = max(state.chunks, key=lambda c: (c.end, c.epoch))
         gone = 0
         for chunk in state.chunks:
-            if epoch is not None and chunk.epoch > epoch:
-                continue
-            if chunk != newest and base <= chunk.first and chunk.end <= end:
+            if chunk != newest and chunk.end <= below:
                 await self.store.delete(chunk.name(topic, partition))
                 gone += 1
         return gone
+
+
+def fold(batches: list[bytes]) -> tuple[bytes, bytes]:
+    """One segment object, and its sparse index object, holding `batches` (stamped, in offset
+    order): what a run of chunks becomes when it is folded."""
+    locations = []
+    position = 0
+    for batch in batches:
+        info = inspect_batch(batch)
+        locations.append(
+            BatchLocation(
+                info.base_offset,
+                info.base_offset + info.record_count,
+                position,
+                len(batch),
+                info.max_timestamp,
+            )
+        )
+        position += len(batch)
+    index = b"".join(
+        INDEX_ENTRY.pack(e.offset, e.position, e.max_timestamp) for e in build_index(locations)
+    )
+    return b"".join(batches), index

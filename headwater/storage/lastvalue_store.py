@@ -50,6 +50,14 @@ class LastValueStore:
         self, partition: int, end: int, puts: dict[bytes, bytes], deletes: list[bytes]
     ) -> None:
         """Set and delete keys (record keys), and move `partition`'s position to `end`."""
+        self._write(puts, deletes, {key(LVPOS, self.topic, partition): str(end).encode()})
+        self._applied[partition] = end
+
+    def _write(
+        self, puts: dict[bytes, bytes], deletes: list[bytes], extra: dict[bytes, bytes]
+    ) -> None:
+        """One WriteBatch: the keys set and deleted, the key count kept up to date, and `extra`
+        state keys (a partition's position) written with them."""
         count = self.size()
         prefix = self._prefix
         get = self._state.get
@@ -61,10 +69,9 @@ class LastValueStore:
         for record_key in deletes:
             count -= get(prefix + record_key) is not None
             removed.append(prefix + record_key)
-        rows[key(LVPOS, self.topic, partition)] = str(end).encode()
+        rows.update(extra)
         rows[self._count_key] = str(count).encode()
         self._state.write(rows, removed)
-        self._applied[partition] = end
 
     def loading(self, partition: int) -> bool:
         """Whether a snapshot load of `partition` was begun and not finished."""
@@ -97,15 +104,7 @@ class LastValueStore:
 
     def put_rows(self, puts: dict[bytes, bytes]) -> None:
         """Set keys (record keys) of a partition being loaded, leaving its position alone."""
-        count = self.size()
-        prefix = self._prefix
-        get = self._state.get
-        rows: dict[bytes, bytes] = {}
-        for record_key, data in puts.items():
-            count += get(prefix + record_key) is None
-            rows[prefix + record_key] = data
-        rows[self._count_key] = str(count).encode()
-        self._state.write(rows)
+        self._write(puts, [], {})
 
     def finish_load(self, partition: int, horizon: int) -> None:
         """The load is complete: everything below `horizon` is in."""

@@ -1,7 +1,7 @@
 """A latency histogram cheap enough for hot paths: fixed bucket bounds, a bisect and two adds.
 
 prometheus_client's `Histogram` takes a lock and walks its buckets on every observation; this one
-only counts, and `server.metrics` turns the counts into a Prometheus histogram at scrape time.
+only counts, and `server.ops.metrics` turns the counts into a Prometheus histogram at scrape time.
 Lives in storage (which must not import the server) because the fsync latency is measured here;
 `FSYNC_SECONDS` is process-wide, like the disk it measures.
 """

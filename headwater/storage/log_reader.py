@@ -17,10 +17,10 @@ after a batch, so hidden offsets are always at the start of a read, where this m
 before, a read that ran into damage went on past it, and a reader that did not check the offsets
 itself (the last-value rebuild) lost keys silently though the object store held them. A gap that
 holds no offsets (the lease's gap after an unclean stop) is not damage and is stepped over
-without a word. Two readers work on whole objects away from this path and follow its rules: a
-take-over's copy of the cloud tail (`CloudTail.read_run`: a damaged batch from the uploaded
-segment, else skipped with `skip`), and the Spark WAL source, which walks uploaded objects with
-the same resynchronisation (`segments.walk_batches`) and reports the same event.
+without a word. A cluster's take-over copies nothing: the new owner reads the previous owners'
+tail chunks in place, through this path. One reader works on whole objects away from it and
+follows its rules: the Spark WAL source, which walks uploaded objects with the same
+resynchronisation (`segments.walk_batches`) and reports the same event.
 """
 
 from __future__ import annotations

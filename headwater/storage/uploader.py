@@ -4,7 +4,7 @@ Sealed segments are queued by the WAL (`enqueue`) and uploaded one at a time, in
 the log: a segment counts as uploaded only once both objects exist, which is recorded in RocksDB
 (`upload/...`). The object store being down never blocks producers: uploads retry with doubling
 delays (capped) until they succeed, and the queue simply grows by one entry per sealed segment.
-Retention asks `is_uploaded` before deleting a local segment.
+Retention asks `holds` before deleting a local segment.
 
 Deleting a topic (`forget_topic`) forgets its uploads and queues a purge of its objects (its
 segments and its compaction snapshots, `snapshots/<topic>/...`). The queue
@@ -13,7 +13,10 @@ flight and before any upload of a topic re-created under the same name: the new 
 inherits an old object or upload record. Each topic name has an epoch, bumped by a delete, so an
 upload that finishes after its topic was deleted is not recorded (the purge removes its objects).
 
-Object names: `<topic>/<partition>/<base offset, 20 digits>.log` and `.index`.
+Object names: `<topic>/<partition>/<base offset, 20 digits>.log` and `.index`. In a cluster a
+`SegmentPublisher` names each upload uniquely and records it in the partition's manifest
+(storage/partition_manifest.py) before it counts as uploaded: a segment the manifest does not
+name is not read, and its objects are deleted again.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import structlog
 
@@ -38,13 +42,62 @@ log = structlog.get_logger("headwater.uploader")
 
 @dataclass(frozen=True, slots=True)
 class UploadedSegment:
-    base_offset: int
+    base_offset: int  # the object's first batch
     next_offset: int
     size: int
+    # a cluster's: the object's name without suffix (unique per upload), and the first offset it
+    # counts for in the partition's manifest (entries never overlap; the object may start lower)
+    name: str = ""
+    first: int = -1
+    # False for a cloud tail chunk read in place (a cluster's take-over, until it is folded):
+    # batches back to back like a segment's log, without an index object
+    indexed: bool = True
+
+    @property
+    def start(self) -> int:
+        """The first offset read from this segment."""
+        return self.first if self.first >= 0 else self.base_offset
+
+    def key(self, topic: str, partition: int, suffix: str = ".log") -> str:
+        if self.name:
+            return f"{self.name}{suffix}"
+        return object_key(topic, partition, self.base_offset, suffix)
+
+    def encode(self) -> bytes:
+        """The record's value; its key holds `start` (unique: two owners' objects may share a
+        base offset, never a start)."""
+        indexed = int(self.indexed)
+        return f"{self.next_offset},{self.size},{self.base_offset},{indexed},{self.name}".encode()
+
+    @classmethod
+    def decode(cls, start: int, value: bytes) -> UploadedSegment:
+        fields = value.decode().split(",", 4)
+        if len(fields) == 2:  # recorded before segments had names
+            return cls(start, int(fields[0]), int(fields[1]))
+        next_offset, size, base, indexed, name = fields
+        first = start if name else -1
+        return cls(int(base), int(next_offset), int(size), name, first, indexed == "1")
 
 
 def object_key(topic: str, partition: int, base_offset: int, suffix: str = ".log") -> str:
     return f"{topic}/{partition}/{base_offset:020d}{suffix}"
+
+
+class SegmentPublisher(Protocol):
+    """A cluster's say on uploads: which segments to upload, under what name, and whether the
+    partition's manifest now names them."""
+
+    async def name(self, topic: str, partition: int, segment: SealedSegment) -> str | None:
+        """The name to upload `segment` under, once it may be (its batches are all in the
+        object store's tail); None: do not upload it (not ours, or nothing new)."""
+        ...
+
+    async def publish(
+        self, topic: str, partition: int, segment: UploadedSegment
+    ) -> UploadedSegment | None:
+        """Name the uploaded segment in the manifest; the entry as named, or None if it may not
+        be (the partition moved): its objects are then deleted."""
+        ...
 
 
 class Uploader:
@@ -67,36 +120,42 @@ class Uploader:
         self._task: asyncio.Task[None] | None = None
         self._busy = False
         self.failures = 0
-        # a cluster's: upload only what this broker serves (a partition handed off must not
-        # overwrite its new owner's segments), and drop the tail chunks a segment now holds
+        # a cluster's: upload only what this broker serves, and only what `publisher` names
         self.may_upload: Callable[[str, int], bool] = lambda topic, partition: True
-        self.on_uploaded: Callable[[str, int, int, int], None] | None = None
+        self.publisher: SegmentPublisher | None = None
         # False in a cluster: the objects are the cluster's, and a broker creating or dropping
         # its copy of a topic must not remove them (`purge` does, for the cluster's delete)
         self.purges = True
         for raw_key, value in state.scan(UPLOAD):
-            topic, partition, base = raw_key.decode().split("\0")
-            next_offset, size = (int(v) for v in value.decode().split(","))
-            self._record(topic, int(partition), UploadedSegment(int(base), next_offset, size))
+            topic, partition, start = raw_key.decode().split("\0")
+            self._record(topic, int(partition), UploadedSegment.decode(int(start), value))
 
     def _record(self, topic: str, partition: int, segment: UploadedSegment) -> None:
         segments = self._uploaded.setdefault((topic, partition), [])
-        bisect.insort(segments, segment, key=lambda s: s.base_offset)
+        if segment in segments:
+            return  # (a cluster's publisher may have recorded its manifest already)
+        bisect.insort(segments, segment, key=lambda s: s.start)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     def enqueue(self, topic: str, partition: int, segment: SealedSegment) -> None:
         ident = (topic, partition, segment.base_offset)
-        if ident in self._queued or self.is_uploaded(topic, partition, segment.base_offset):
+        if ident in self._queued or self.holds(
+            topic, partition, segment.base_offset, segment.next_offset
+        ):
             return
         self._queued.add(ident)
         self._queue.put_nowait((topic, partition, segment, self._epochs.get(topic, 0)))
 
-    def is_uploaded(self, topic: str, partition: int, base_offset: int) -> bool:
-        segments = self._uploaded.get((topic, partition), [])
-        position = bisect.bisect_left([s.base_offset for s in segments], base_offset)
-        return position < len(segments) and segments[position].base_offset == base_offset
+    def holds(self, topic: str, partition: int, base_offset: int, next_offset: int) -> bool:
+        """Whether uploaded segments hold every offset of [base_offset, next_offset) (in a
+        cluster, possibly segments of other owners that the manifest names)."""
+        position = base_offset
+        for segment in self._uploaded.get((topic, partition), []):
+            if segment.start <= position < segment.next_offset:
+                position = segment.next_offset
+        return position >= next_offset
 
     def uploaded(self, topic: str, partition: int) -> list[UploadedSegment]:
         return list(self._uploaded.get((topic, partition), []))
@@ -153,25 +212,35 @@ class Uploader:
                 "upload.not_served", topic=topic, partition=partition, base=segment.base_offset
             )
             return
+        name = ""
+        if self.publisher is not None:
+            named = await self.publisher.name(topic, partition, segment)
+            if named is None:
+                return
+            name = named
         index_path = segment.path.with_suffix(".index")
         index = await asyncio.to_thread(_read_or_empty, index_path)
         data = await asyncio.to_thread(segment.path.read_bytes)
-        await self.store.put(object_key(topic, partition, segment.base_offset, ".index"), index)
-        await self.store.put(object_key(topic, partition, segment.base_offset), data)
+        uploaded = UploadedSegment(segment.base_offset, segment.next_offset, len(data), name)
+        await self.store.put(uploaded.key(topic, partition, ".index"), index)
+        await self.store.put(uploaded.key(topic, partition), data)
         if epoch != self._epochs.get(topic, 0):
             return  # deleted while uploading: not recorded; the purge queued since removes it
-        self._state.write(
-            {
-                key(
-                    UPLOAD, topic, partition, segment.base_offset
-                ): f"{segment.next_offset},{len(data)}".encode()
-            }
-        )
-        self._record(
-            topic, partition, UploadedSegment(segment.base_offset, segment.next_offset, len(data))
-        )
-        if self.on_uploaded is not None:
-            self.on_uploaded(topic, partition, segment.base_offset, segment.next_offset)
+        if self.publisher is not None:
+            published = await self.publisher.publish(topic, partition, uploaded)
+            if published is None:  # never named, so never read: not left behind either
+                for suffix in (".log", ".index"):
+                    await self.store.delete(uploaded.key(topic, partition, suffix))
+                log.info(
+                    "upload.not_published",
+                    topic=topic,
+                    partition=partition,
+                    base_offset=segment.base_offset,
+                )
+                return
+            uploaded = published
+        self._state.write({key(UPLOAD, topic, partition, uploaded.start): uploaded.encode()})
+        self._record(topic, partition, uploaded)
         log.info(
             "upload.done",
             topic=topic,
@@ -189,18 +258,17 @@ class Uploader:
             await asyncio.sleep(0.05)
         return True
 
-    def adopt(self, topic: str, partition: int, segments: list[UploadedSegment]) -> None:
-        """Segments another broker uploaded (a cluster take-over): reads below the local log
-        go to them."""
-        rows = {}
+    def replace(self, topic: str, partition: int, segments: list[UploadedSegment]) -> None:
+        """The partition's segments are these (a cluster take-over, from the manifest): reads
+        below the local log go to them, and to nothing else this broker recorded before."""
+        self._uploaded.pop((topic, partition), None)
+        self._state.delete_prefix(key(UPLOAD, topic, partition) + b"\0")
         for segment in segments:
-            if not self.is_uploaded(topic, partition, segment.base_offset):
-                self._record(topic, partition, segment)
-                rows[key(UPLOAD, topic, partition, segment.base_offset)] = (
-                    f"{segment.next_offset},{segment.size}".encode()
-                )
-        if rows:
-            self._state.write(rows)
+            self._record(topic, partition, segment)
+        if segments:
+            self._state.write(
+                {key(UPLOAD, topic, partition, s.start): s.encode() for s in segments}
+            )
 
     def forget_topic(self, topic: str) -> None:
         """The topic was deleted: forget its uploads and remove its objects (in queue order)."""
@@ -227,7 +295,8 @@ class Uploader:
         objects = segments + await self.store.list(snapshot_prefix(topic))
         for found in objects:
             await self.store.delete(found.key)
-        log.info("upload.topic_purged", topic=topic, objects=len(objects))
+        if objects:  # every create purges its name first, which usually finds nothing to say
+            log.info("upload.topic_purged", topic=topic, objects=len(objects))
 
     async def close(self) -> None:
         if self._task is not None:

@@ -51,6 +51,18 @@ def is_compressed(batch: bytes | bytearray | memoryview) -> bool:
     return len(batch) > _ATTRIBUTES_LOW_BYTE and bool(batch[_ATTRIBUTES_LOW_BYTE] & _CODEC_MASK)
 
 
+_RECORD_COUNT = struct.Struct(">i")
+_RECORD_COUNT_AT: Final = 57
+
+
+def declared_records(batch: bytes | bytearray | memoryview) -> int:
+    """The record count the batch's header declares (no other check), 0 if it is too short."""
+    if len(batch) < _RECORD_COUNT_AT + _RECORD_COUNT.size:
+        return 0
+    count: int = _RECORD_COUNT.unpack_from(batch, _RECORD_COUNT_AT)[0]
+    return count
+
+
 def inflate(
     batch: bytes, max_decompressed: int = MAX_DECOMPRESSED_BATCH, compression: int | None = None
 ) -> bytes | memoryview:

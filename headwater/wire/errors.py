@@ -62,13 +62,16 @@ class HeadwaterError(Exception):
 
     code: ClassVar[ErrorCode] = ErrorCode.UNKNOWN_SERVER_ERROR
     retriable: ClassVar[bool] = False
+    # how the error names itself to people (`headwater: error: LABEL: message`): the wire code's
+    # name, unless a client-side error that shares a code says more
+    label: ClassVar[str | None] = None
 
     def __init__(self, message: str = "") -> None:
         super().__init__(message or self.code.name.lower().replace("_", " "))
         self.message = str(self.args[0])
 
     def __str__(self) -> str:
-        return f"{self.code.name}: {self.message}"
+        return f"{self.label or self.code.name}: {self.message}"
 
 
 class UnknownServerError(HeadwaterError):
@@ -371,3 +374,11 @@ class ConnectionLost(ConnectionClosed):
     """Raised client-side when the server or the network ended the connection: the server died,
     shut down, or the socket failed. Not sent on the wire (it shares CONNECTION_CLOSED); unlike
     a plain ConnectionClosed it never means the application closed the connection itself."""
+
+
+class CannotConnect(ConnectionClosed):
+    """Raised client-side when no connection could be opened at all (refused, unreachable, timed
+    out): nothing was ever sent, unlike CONNECTION_CLOSED's lost connections. Not sent on the
+    wire; it shares CONNECTION_CLOSED's code, and names itself CANNOT_CONNECT."""
+
+    label = "CANNOT_CONNECT"

@@ -8,8 +8,10 @@ server pushes on its own (`PUSH`, e.g. a delivery to a consumer). A request may 
 
 `FrameDecoder` is sans-I/O, in the manner of h11: feed it whatever bytes arrived, take the events
 out. A frame announcing more than `MAX_FRAME_SIZE` bytes is reported as `FrameRejected` as soon as
-its header is in, and its body is skipped as it arrives, never buffered. A size too small to hold
-a header cannot be skipped safely and raises `MalformedFrame`: the stream is lost.
+its header is in, and its body is skipped as it arrives, never buffered. `max_frame_size` may be
+changed between feeds (the server reads small frames until a connection has authenticated). A
+size too small to hold a header cannot be skipped safely and raises `MalformedFrame`: the stream
+is lost.
 """
 
 from __future__ import annotations
@@ -98,7 +100,7 @@ class FrameDecoder:
     def __init__(self, max_frame_size: int = MAX_FRAME_SIZE) -> None:
         self._buffer = bytearray()
         self._skip = 0
-        self._max_frame_size = max_frame_size
+        self.max_frame_size = max_frame_size
 
     @property
     def pending_bytes(self) -> int:
@@ -132,7 +134,7 @@ class FrameDecoder:
                     f"frame size {size} is smaller than the {HEADER_SIZE}-byte header"
                 )
             header = FrameHeader(api_key, api_version, correlation_id, flags)
-            if size > self._max_frame_size:
+            if size > self.max_frame_size:
                 events.append(FrameRejected(header, size))
                 remaining = size - HEADER_SIZE
                 in_buffer = available - position - SIZE.size - HEADER_SIZE
@@ -145,7 +147,8 @@ class FrameDecoder:
             end = position + SIZE.size + size
             if end > available:
                 break
-            body = bytes(buffer[position + SIZE.size + HEADER_SIZE : end])
+            with memoryview(buffer) as view:  # one copy of the body, not two
+                body = bytes(view[position + SIZE.size + HEADER_SIZE : end])
             events.append(Frame(header, body))
             position = end
         if position:

@@ -29,21 +29,45 @@ MAX_PARTITIONS: Final = 1024
 # Credits a consumer may hold at once: more buys nothing and could overflow int32 sums.
 MAX_CREDITS: Final = 1_000_000
 
-# Acks carried by one ACK request.
+# ACK and NACK `acks`: entries carried by one request (a client batches one event-loop turn's acks;
+# decoding 10,000 takes about 3 ms with the struct fast path).
 MAX_ACKS_PER_REQUEST: Final = 10_000
 
 # Bytes a compressed record batch may inflate to (the server's `max_decompressed_batch` default,
 # and the client's when it reads deliveries): a 96 KiB zstd batch can otherwise inflate to 3 GiB.
 MAX_DECOMPRESSED_BATCH: Final = 64 * 1024 * 1024
 
-# Keys one MAP_GET names, writes one MAP_SET carries, entries one MAP_SCAN page returns: a request
-# is answered from one RocksDB snapshot in one event-loop turn, so it must stay short.
+# Keys one MAP_GET names (`keys`, 1..MAX_MAP_KEYS), writes one MAP_SET carries (`writes`), entries
+# one MAP_SCAN page returns: a request is answered from one RocksDB snapshot in one event-loop
+# turn, so it must stay short.
 MAX_MAP_KEYS: Final = 1000
 
 # Bytes of an error response's message (UTF-8, cut there): enough for any message the server
 # composes, and a peer-supplied name quoted in one cannot make an error frame large.
 MAX_ERROR_MESSAGE: Final = 4096
 
-# Topics one LOOKUP names: a client asks for the topics it is about to use, a few at a time; the
-# answer (every partition of each) must stay far below MAX_FRAME_SIZE.
+# LOOKUP `topics`: a client asks for the topics it is about to use, a few at a time; the answer
+# (every partition of each) must stay far below MAX_FRAME_SIZE.
 MAX_LOOKUP_TOPICS: Final = 100
+
+# Bytes of a frame before the connection has authenticated (on a server with authentication): an
+# AUTHENTICATE carries a mechanism name and a token of about 60 bytes, API_VERSIONS nothing; a
+# few KiB leave room for longer credentials while an anonymous peer can make the server read and
+# hold no more than this per frame.
+MAX_PRE_AUTH_FRAME: Final = 8 * 1024
+
+# Every array a request carries has a maximum count, checked as soon as the count is read and
+# before any element is parsed: parsing costs CPU per element, and a frame of MAX_FRAME_SIZE
+# holds millions of empty elements (an 8 MiB CREATE_TOPIC of 2 million configs took 21 s).
+# Each maximum below is for one array, named `API.field` in docs/PROTOCOL.md.
+
+# CREATE_TOPIC and ALTER_TOPIC_CONFIGS `configs`: a topic has 8 settable names; the rest of the
+# room is for names added later.
+MAX_TOPIC_CONFIGS: Final = 32
+
+# SUBSCRIBE `partitions` (the partitions a consumer takes): at most every partition of a topic.
+MAX_SUBSCRIBE_PARTITIONS: Final = MAX_PARTITIONS
+
+# SUBSCRIBE `settings.keys` (the keys a last-value subscription follows): as many as one MAP_GET
+# names; a larger set is a `key_prefix`.
+MAX_SUBSCRIPTION_KEYS: Final = MAX_MAP_KEYS

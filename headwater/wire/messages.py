@@ -11,6 +11,12 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from headwater.wire.errors import ErrorCode
+from headwater.wire.limits import MAX_TOPIC_NAME_LENGTH
+
+# LookupTopic.unknown quotes a name in its message: at most one byte past any topic name's
+_MAX_QUOTED = MAX_TOPIC_NAME_LENGTH + 1
+
 
 class ApiKey(enum.IntEnum):
     PRODUCE = 0
@@ -423,11 +429,236 @@ class Throttle:
     throttle_ms: int
 
 
-# The admin messages operators added, LOOKUP's and the schema messages live in modules of their
-# own (which import the classes above); re-exported here with their `__all__`.
-from headwater.wire.admin_messages import *  # noqa: E402
-from headwater.wire.cluster_messages import *  # noqa: E402
-from headwater.wire.schema_messages import *  # noqa: E402
+# ------------------------------------------------------------------------------------------------
+# The admin requests for operators: ALTER_TOPIC_CONFIGS, LIST_SUBSCRIPTIONS, SERVER_INFO,
+# CREATE_PARTITIONS, and the per-partition storage DESCRIBE_TOPIC reports.
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionInfo:
+    """One partition of a reliable topic, as DESCRIBE_TOPIC reports it."""
+
+    partition: int
+    start_offset: int  # the oldest offset still stored (object store or local)
+    next_offset: int
+    local_start_offset: int  # the oldest offset in the local WAL
+    size_bytes: int  # local WAL bytes
+    segments: int  # local WAL segments (the open one included)
+    uploaded_offset: int  # offsets below this are in the object store; -1: no object store
+    upload_lag_offsets: int  # offsets held only locally (not yet uploaded)
+    upload_lag_bytes: int  # bytes of the local segments not yet uploaded
+
+
+@dataclass(frozen=True, slots=True)
+class AlterTopicConfigsRequest:
+    """Change some of a topic's configs; the ones not named keep their values."""
+
+    name: str
+    configs: tuple[ConfigEntry, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AlterTopicConfigsResponse:
+    topic: TopicInfo  # with every config as it is now
+
+
+@dataclass(frozen=True, slots=True)
+class ListSubscriptionsRequest:
+    topic: str  # empty: the subscriptions of every topic
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionPartition:
+    partition: int
+    committed: int  # every offset below this is acknowledged
+    dispatched: int  # the first offset never delivered
+    next_offset: int  # the partition's
+    backlog: int  # never delivered yet
+    lag: int  # not acknowledged yet: backlog + unacked + redelivering
+    unacked: int  # delivered to a consumer, awaiting its ack
+    redelivering: int  # delivered, not acknowledged, waiting to be delivered again
+    dead_lettered: int  # moved to the dead-letter topic since the server started
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionDetail:
+    topic: str
+    name: str
+    sub_type: int
+    durable: int
+    consumers: int
+    backlog: int
+    lag: int
+    unacked: int
+    redelivering: int
+    delivered: int
+    dropped: int
+    dead_lettered: int
+    partitions: tuple[SubscriptionPartition, ...]  # reliable standard/shared subscriptions only
+
+
+@dataclass(frozen=True, slots=True)
+class ListSubscriptionsResponse:
+    subscriptions: tuple[SubscriptionDetail, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ServerInfoRequest:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class ServerInfoResponse:
+    version: str
+    started_ms: int  # ms since the epoch
+    uptime_ms: int
+    connections: int
+    topic_count: int
+    subscription_count: int
+    data_dir: str
+    data_dir_bytes: int  # bytes of the files under the data directory
+    memory_budget_bytes: int = 0  # memory_max_bytes: what client backlogs may hold in all
+    memory_used_bytes: int = 0  # what they hold now
+
+
+@dataclass(frozen=True, slots=True)
+class CreatePartitionsRequest:
+    """Grow topic `name` to `partitions` partitions in all (never fewer than it has)."""
+
+    name: str
+    partitions: int
+
+
+# ------------------------------------------------------------------------------------------------
+# LOOKUP: which broker owns each partition of some topics (a cluster). Any broker answers it
+# for every topic; an unknown topic is reported in its `LookupTopic`, not as a failed request.
+
+
+@dataclass(frozen=True, slots=True)
+class LookupRequest:
+    topics: tuple[str, ...]  # at most wire.limits.MAX_LOOKUP_TOPICS; none: the brokers only
+
+
+@dataclass(frozen=True, slots=True)
+class LookupBroker:
+    broker_id: str
+    host: str
+    port: int
+
+
+@dataclass(frozen=True, slots=True)
+class LookupPartition:
+    partition: int
+    broker_id: str  # "" while nobody owns it (a hand-off or a failover under way)
+    epoch: int  # grows each time the partition changes owner (0 on a single broker)
+
+
+@dataclass(frozen=True, slots=True)
+class LookupTopic:
+    name: str
+    error_code: int  # 0, or the error for this topic alone (UNKNOWN_TOPIC, ...)
+    error_message: str
+    partitions: tuple[LookupPartition, ...]
+
+    @classmethod
+    def unknown(cls, name: str) -> LookupTopic:
+        """The answer for a topic that does not exist, or that the principal has no grant on:
+        the same bytes, so the answer does not tell which."""
+        # a name longer than any topic's is cut in the message: it must fit its uint16 length
+        shown = name if len(name) <= _MAX_QUOTED else name[:_MAX_QUOTED] + "..."
+        return cls(name, ErrorCode.UNKNOWN_TOPIC, f"topic {shown!r} does not exist", ())
+
+
+@dataclass(frozen=True, slots=True)
+class LookupResponse:
+    brokers: tuple[LookupBroker, ...]  # the live brokers
+    topics: tuple[LookupTopic, ...]  # in the order asked
+
+
+# ------------------------------------------------------------------------------------------------
+# Schemas (docs/SCHEMAS.md): REGISTER_SCHEMA, GET_SCHEMA, LIST_SCHEMAS, CHECK_SCHEMA; types
+# and compatibility modes travel as their names.
+
+
+SCHEMA_TYPES = ("bytes", "string", "int64", "json", "avro")
+
+
+COMPATIBILITY_MODES = ("none", "backward", "forward", "full")
+
+
+SCHEMA_VERSION_HEADER = "hw-schema-version"  # on each record: the version its value was encoded by
+
+
+LATEST_SCHEMA = -1  # GET_SCHEMA's version for the newest one
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaInfo:
+    topic: str
+    version: int  # 1, 2, ...
+    schema_type: str  # one of SCHEMA_TYPES
+    definition: bytes  # JSON Schema or Avro schema text; empty for bytes, string, int64, any JSON
+    registered_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterSchemaRequest:
+    """Add a version (or find an identical one). `compatibility`, if not empty, first sets the
+    topic's mode, which then decides this registration."""
+
+    topic: str
+    schema_type: str
+    definition: bytes = b""
+    compatibility: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterSchemaResponse:
+    version: int
+    created: bool  # False: an identical version existed and is answered instead
+
+
+@dataclass(frozen=True, slots=True)
+class GetSchemaRequest:
+    topic: str
+    version: int = LATEST_SCHEMA
+
+
+@dataclass(frozen=True, slots=True)
+class GetSchemaResponse:
+    schema: SchemaInfo
+    compatibility: str
+
+
+@dataclass(frozen=True, slots=True)
+class ListSchemasRequest:
+    topic: str
+
+
+@dataclass(frozen=True, slots=True)
+class ListSchemasResponse:
+    """Every version without its definition (GET_SCHEMA gives that)."""
+
+    compatibility: str
+    versions: tuple[SchemaInfo, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CheckSchemaRequest:
+    """Would REGISTER_SCHEMA accept this? Changes nothing."""
+
+    topic: str
+    schema_type: str
+    definition: bytes = b""
+    compatibility: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckSchemaResponse:
+    compatible: bool
+    existing_version: int  # an identical version already registered, else 0
+    reasons: tuple[str, ...]  # why not, when not compatible
+
 
 Push = Delivery | ConsumerClosed | MessagesDropped | Throttle
 

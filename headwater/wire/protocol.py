@@ -26,6 +26,7 @@ from headwater.wire.api.base import (
     String,
     build,
     parse,
+    parse_request,
 )
 from headwater.wire.errors import (
     HeadwaterError,
@@ -82,7 +83,7 @@ def _schema_request_decoder(api: Api) -> Callable[[bytes], m.Request]:
     what = api.key.name
 
     def decode(body: bytes) -> m.Request:
-        request: m.Request = parse(api.request, body, what)
+        request: m.Request = parse_request(api.request, body, what)
         return request
 
     return decode

@@ -328,24 +328,13 @@ def decode_records(
 ) -> list[T]:
     """Decode every record as `build(offset, timestamp, key, value, headers)`, in C but for `build`.
 
-    The caller's own type is built directly, in the same pass, with no intermediate object of
-    ours per record: on a consumer, record decoding is the hot path. Raises as `decode_batch`.
+    The caller's own type is built directly from the codec's records, with no intermediate object
+    of ours per record: on a consumer, record decoding is the hot path. Raises as `decode_batch`.
     """
-    if info is None:
-        info = inspect_batch(batch)
-    plain = inflate(batch, max_decompressed, info.compression)
-    try:
-        records = [
-            build(r.offset, r.timestamp, r.key, r.value, r.headers)
-            for r in DefaultRecordBatch(plain)
-        ]
-    except _DECODE_ERRORS as exc:
-        raise CorruptBatch(f"record batch does not decode: {exc}") from None
-    if len(records) != info.record_count:
-        raise CorruptBatch(
-            f"record batch header says {info.record_count} records, {len(records)} decode"
-        )
-    return records
+    return [
+        build(r.offset, r.timestamp, r.key, r.value, r.headers)
+        for r in decode_batch(batch, max_decompressed, info)
+    ]
 
 
 def _record(

@@ -1,9 +1,9 @@
 """A client's side of one connection, without the I/O: ids, pending requests, pushes, THROTTLE.
 
-The server has its sans-I/O pieces in `wire`; so has the client. A `ClientSession` numbers
-requests (correlation ids), remembers who waits for each answer (a `Waiter`: an asyncio future
-in headwater/connection.py, a plain `Answer` in the blocking clients), cuts received bytes into
-frames and sends each where it belongs:
+The server has its sans-I/O pieces in `wire`; so has the client. A `ClientSession` numbers requests
+(correlation ids), remembers who waits for each answer (a `Waiter`: an asyncio future in
+headwater/client/broker_connection.py, a plain `Answer` in the blocking clients), cuts received
+bytes into frames and sends each where it belongs:
 
 - a response resolves its waiter with the decoded response, or fails it with the
   `HeadwaterError` the server named. An error answering a frame sent with NO_RESPONSE has no

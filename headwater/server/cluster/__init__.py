@@ -1,18 +1,23 @@
-"""Cluster mode: brokers coordinated by etcd (docs/CLUSTER.md).
+"""Cluster mode: brokers coordinated by etcd, sharing the object store (docs/CLUSTER.md).
 
-`Coordinator` implements `server.ownership.Ownership` from lease-backed owner keys in etcd, drives
-a `PartitionHandler` (the data path) through acquire / release / lost, and keeps the topic and
-subscription definitions and the cursor checkpoints of the cluster.
-"""
+`coordinator` (the `Coordinator`) implements `requests.partition_ownership.Ownership` from
+lease-backed owner keys in etcd: `etcd` is its connection (calls with deadlines, watched prefix
+caches), `layout` the key layout and the rendezvous choice of owners, `assignment` the rebalance
+round, `metadata` the topic and subscription definitions and cursor checkpoints, `coordinator_state`
+what it knows of itself and the `PartitionHandler` it drives, `exclusive_claims` the one holder of
+an Exclusive subscription in the whole cluster, fenced in etcd. On the data side, `cluster_mode`
+composes the broker's cluster mode, `cluster_partitions` takes partitions over, hands them off and
+loses them, and `tail_commit` acknowledges a produce once it is in the object store.
+`cluster_metrics` and `cluster_status` report it (the latter straight from etcd)."""
 
 from headwater.server.cluster.coordinator import Coordinator
-from headwater.server.cluster.layout import DEFAULT_PREFIX, Layout, parse_endpoint, rendezvous
-from headwater.server.cluster.state import (
+from headwater.server.cluster.coordinator_state import (
     ClusterStartupError,
     DuplicateBroker,
     EtcdUnreachable,
     PartitionHandler,
 )
+from headwater.server.cluster.layout import DEFAULT_PREFIX, Layout, parse_endpoint, rendezvous
 
 __all__ = [
     "DEFAULT_PREFIX",

@@ -8,10 +8,14 @@ leaves it unowned. An owner key is only ever created by a transaction comparing 
 with 0, and only ever deleted by a transaction comparing it with the epoch held: a key is never
 overwritten, so a partition never has two owners at once.
 
-A broker serving a partition whose first choice is now another live broker (it joined) hands it
-off: serves() turns False, `handler.release` finishes the in-flight writes, the key is deleted,
-and the first choice takes it. At most `HANDOFFS_AT_ONCE` hand-offs run at a time, so a joining
-broker gets its share a few partitions at a time while the rest keep being served.
+A broker serving a partition whose first choice is now another broker that has been live for
+`handoff_after` (it joined, or came back) hands it off: serves() turns False, `handler.release`
+finishes the in-flight writes, the key is deleted, and the first choice takes it. Not before: a
+broker that crashed and restarted does not take its partitions back from healthy owners at once
+(a second outage for their clients), nor over and over if it keeps crashing; it gets free
+partitions at once, and its share of the others once it has stayed up. At most
+`HANDOFFS_AT_ONCE` hand-offs run at a time, so a joining broker gets its share a few partitions
+at a time while the rest keep being served.
 """
 
 from __future__ import annotations
@@ -23,9 +27,9 @@ from typing import Any
 
 import structlog
 
+from headwater.server.cluster.coordinator_state import Counters, Held, PartitionHandler, State
 from headwater.server.cluster.etcd import Entry, EtcdSession, EtcdUnavailable, PrefixWatch
 from headwater.server.cluster.layout import Layout, balanced, partitions_of, rendezvous
-from headwater.server.cluster.state import Counters, Held, PartitionHandler, State
 
 log = structlog.get_logger("headwater.cluster")
 
@@ -48,6 +52,8 @@ class Assignment:
     _held: dict[tuple[str, int], Held]
     _owners: dict[tuple[str, int], Entry]
     _broker_ids: set[str]
+    _joined: dict[str, float]
+    _handoff_after: float
     _topics: dict[str, dict[str, Any]]
     _counters: Counters
     _owners_watch: PrefixWatch
@@ -132,6 +138,12 @@ class Assignment:
 
     def _hand_off(self, live: set[str], now: float) -> None:
         room = HANDOFFS_AT_ONCE - len(self._releasing)
+        # only brokers that have stayed up long enough are handed partitions
+        settled = {
+            b
+            for b in live
+            if b == self._id or now - self._joined.get(b, now) >= self._handoff_after
+        }
         for key, held in sorted(self._held.items()):
             if room <= 0:
                 return
@@ -139,7 +151,7 @@ class Assignment:
                 continue
             if held.fallback and now - held.since < FALLBACK_HOLD_TTLS * self._lease_ttl:
                 continue
-            first = self._preference(live, key)[0]
+            first = self._preference(settled, key)[0]
             if first != self._id:
                 self._start_release(key, f"hand-off to {first}")
                 room -= 1

@@ -32,10 +32,7 @@ from typing import Any
 import structlog
 
 from headwater.server.cluster.assignment import Assignment
-from headwater.server.cluster.etcd import Entry, EtcdSession, EtcdUnavailable, PrefixWatch
-from headwater.server.cluster.layout import DEFAULT_PREFIX, Layout, decode, encode, parse_endpoint
-from headwater.server.cluster.metadata import Metadata, SubscriptionCallback, TopicCallback
-from headwater.server.cluster.state import (
+from headwater.server.cluster.coordinator_state import (
     Counters,
     DuplicateBroker,
     EtcdUnreachable,
@@ -43,22 +40,27 @@ from headwater.server.cluster.state import (
     PartitionHandler,
     State,
 )
-from headwater.server.ownership import BrokerAddress
+from headwater.server.cluster.etcd import Entry, EtcdSession, EtcdUnavailable, PrefixWatch
+from headwater.server.cluster.exclusive_claims import ExclusiveClaims
+from headwater.server.cluster.layout import DEFAULT_PREFIX, Layout, decode, encode, parse_endpoint
+from headwater.server.cluster.metadata import Metadata, SubscriptionCallback, TopicCallback
+from headwater.server.requests.partition_ownership import BrokerAddress
 
 log = structlog.get_logger("headwater.cluster")
 
 
-class Coordinator(Assignment, Metadata):
+class Coordinator(Assignment, Metadata, ExclusiveClaims):
     def __init__(
         self,
         endpoint: str,
         this_broker: BrokerAddress,
         *,
-        lease_ttl: float = 10.0,
+        lease_ttl: float = 2.0,
         prefix: str = DEFAULT_PREFIX,
         rebalance_interval: float = 1.0,
         acquire_timeout: float = 30.0,
         release_timeout: float = 30.0,
+        handoff_after: float = 300.0,
     ) -> None:
         self.endpoint = endpoint
         self._endpoints = parse_endpoint(endpoint)
@@ -74,6 +76,7 @@ class Coordinator(Assignment, Metadata):
         self._rebalance_interval = rebalance_interval
         self._acquire_timeout = acquire_timeout
         self._release_timeout = release_timeout
+        self._handoff_after = handoff_after
         # a deadline on every etcd call (a blackholed etcd must not hang anything); generous,
         # because a slow answer costs nothing but time: a renewal counts from when it was sent,
         # and the watchdog fences on the deadline whatever the calls in flight
@@ -91,6 +94,7 @@ class Coordinator(Assignment, Metadata):
         self._owners: dict[tuple[str, int], Entry] = {}
         self._brokers: dict[str, BrokerAddress] = {}
         self._broker_ids: set[str] = set()
+        self._joined: dict[str, float] = {}  # broker id -> when this broker first saw it live
         self._topics: dict[str, dict[str, Any]] = {}
         self._incarnations: dict[str, int] = {}
         self._subscriptions: dict[str, dict[str, dict[str, Any]]] = {}
@@ -354,12 +358,14 @@ class Coordinator(Assignment, Metadata):
         if details is None:
             self._brokers.pop(broker_id, None)
             self._broker_ids.discard(broker_id)
+            self._joined.pop(broker_id, None)
         else:
             host, port = details.get("host"), details.get("port")
             if not isinstance(host, str) or not isinstance(port, int):
                 return
             self._brokers[broker_id] = BrokerAddress(broker_id, host, port)
             self._broker_ids.add(broker_id)
+            self._joined.setdefault(broker_id, time.monotonic())
         self._wake.set()
 
     # Ownership

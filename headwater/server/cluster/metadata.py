@@ -77,6 +77,34 @@ class Metadata:
         value = encode(definition)
         await self._etcd(lambda c: c.put(key, value))
 
+    async def grow_topic(self, name: str, partitions: int) -> int:
+        """Raise the topic's partition count to `partitions` unless it has as many already, by a
+        transaction on its definition's mod_revision, so two growths racing through two brokers
+        can never leave it smaller than either saw; the count it has after (0: no such topic)."""
+        key = self._layout.topic(name)
+        for _ in range(16):
+            found = await self._etcd(lambda c: c.get(key))
+            definition = decode(found.value) if found is not None else None
+            if found is None or definition is None:
+                return 0
+            count = int(definition.get("partitions", 0))
+            if count >= partitions:
+                return count
+            value = encode({**definition, "partitions": partitions})
+            seen = int(found.mod_revision)
+
+            def transaction(c: Any, seen: int = seen, value: bytes = value) -> Any:
+                return c.transaction(
+                    compare=[c.transactions.mod(key) == seen],
+                    success=[c.transactions.put(key, value)],
+                    failure=[],
+                )
+
+            won, _ = await self._etcd(transaction)
+            if won:
+                return partitions
+        raise StorageError(f"topic {name!r}: its definition kept changing while growing it")
+
     async def delete_topic(self, name: str) -> int:
         """Delete the topic with its owner keys, subscriptions and cursor checkpoints, in one
         transaction; the revision it happened at (every epoch of the deleted topic is smaller,

@@ -2,6 +2,7 @@
 ALTER_TOPIC_CONFIGS, LIST_SUBSCRIPTIONS, SERVER_INFO, CREATE_PARTITIONS.
 
 No fast paths: these are rare, and construct's declarations are their only layout description.
+The one array a request here carries (`configs`) is a `BoundedArray` of `MAX_TOPIC_CONFIGS`.
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ from typing import Final
 from construct import Flag, Int8sb, Int16sb, Int32sb, Int64sb, PrefixedArray
 
 from headwater.wire import messages as m
-from headwater.wire.api.base import EMPTY_RESPONSE, Api, String, message
+from headwater.wire.api.base import EMPTY_RESPONSE, Api, BoundedArray, String, message
+from headwater.wire.limits import MAX_TOPIC_CONFIGS
 
-CONFIG_ENTRIES = PrefixedArray(Int32sb, message(m.ConfigEntry, "name" / String, "value" / String))
+CONFIG_ENTRY = message(m.ConfigEntry, "name" / String, "value" / String)
+CONFIG_ENTRIES = PrefixedArray(Int32sb, CONFIG_ENTRY)
 TOPIC_INFO = message(
     m.TopicInfo,
     "name" / String,
@@ -89,7 +92,7 @@ APIS: Final = (
             "name" / String,
             "partitions" / Int32sb,
             "dispatch" / Int8sb,
-            "configs" / CONFIG_ENTRIES,
+            "configs" / BoundedArray(MAX_TOPIC_CONFIGS, "CREATE_TOPIC configs", CONFIG_ENTRY),
         ),
         EMPTY_RESPONSE,
     ),
@@ -115,7 +118,12 @@ APIS: Final = (
     ),
     Api(
         m.ApiKey.ALTER_TOPIC_CONFIGS,
-        message(m.AlterTopicConfigsRequest, "name" / String, "configs" / CONFIG_ENTRIES),
+        message(
+            m.AlterTopicConfigsRequest,
+            "name" / String,
+            "configs"
+            / BoundedArray(MAX_TOPIC_CONFIGS, "ALTER_TOPIC_CONFIGS configs", CONFIG_ENTRY),
+        ),
         message(m.AlterTopicConfigsResponse, "topic" / TOPIC_INFO),
     ),
     Api(
@@ -139,6 +147,8 @@ APIS: Final = (
             "subscription_count" / Int32sb,
             "data_dir" / String,
             "data_dir_bytes" / Int64sb,
+            "memory_budget_bytes" / Int64sb,
+            "memory_used_bytes" / Int64sb,
         ),
     ),
     Api(

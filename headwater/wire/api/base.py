@@ -11,6 +11,7 @@ fast paths may return None to hand an unusual body to the schema, whose error th
 from __future__ import annotations
 
 import dataclasses
+import io
 import struct
 from collections.abc import Callable
 from typing import Any, Final
@@ -22,14 +23,16 @@ from construct import (
     GreedyBytes,
     Int16ub,
     Int32sb,
+    ListContainer,
     PascalString,
     Prefixed,
+    PrefixedArray,
     Struct,
 )
 from construct import Bytes as Bytes_
 
 from headwater.wire import messages as m
-from headwater.wire.errors import HeadwaterError, MalformedFrame
+from headwater.wire.errors import HeadwaterError, InvalidRequest, MalformedFrame
 
 
 class DataclassAdapter(Adapter):  # type: ignore[misc]
@@ -81,6 +84,35 @@ class BytesTuple(Adapter):  # type: ignore[misc]
         return list(obj)
 
 
+def over_limit(what: str, count: int, limit: int) -> InvalidRequest:
+    return InvalidRequest(f"{what} holds {count} entries; at most {limit}")
+
+
+class BoundedArray(Construct):  # type: ignore[misc]
+    """`PrefixedArray(Int32sb, subcon)` whose count is checked before any element is parsed:
+    over `limit` the request is refused (INVALID_REQUEST naming `what`, e.g. "CREATE_TOPIC
+    configs"); a negative count is MALFORMED_FRAME. Builds exactly as `PrefixedArray`."""
+
+    def __init__(self, limit: int, what: str, subcon: Construct) -> None:
+        super().__init__()
+        self.limit = limit
+        self.what = what
+        self.subcon = subcon
+        self._plain = PrefixedArray(Int32sb, subcon)
+
+    def _parse(self, stream: Any, context: Any, path: Any) -> Any:
+        count = Int32sb._parsereport(stream, context, path)
+        if count < 0:
+            raise MalformedFrame(f"malformed {self.what}: negative count {count}")
+        if count > self.limit:
+            raise over_limit(self.what, count, self.limit)
+        parse = self.subcon._parsereport
+        return ListContainer(parse(stream, context, path) for _ in range(count))
+
+    def _build(self, obj: Any, stream: Any, context: Any, path: Any) -> Any:
+        return self._plain._build(obj, stream, context, path)
+
+
 def message(cls: type, *fields: Any) -> DataclassAdapter:
     return DataclassAdapter(cls, Struct(*fields))
 
@@ -127,6 +159,20 @@ def parse(schema: Construct, body: bytes, what: str) -> Any:
         raise MalformedFrame(f"malformed {what}: {exc}") from None
 
 
+def parse_request(schema: Construct, body: bytes, what: str) -> Any:
+    """`parse`, and the body must end where the request ends (MALFORMED_FRAME otherwise)."""
+    stream = io.BytesIO(body)
+    try:
+        value = schema.parse_stream(stream)
+    except (ConstructError, UnicodeDecodeError, ValueError, OverflowError) as exc:
+        raise MalformedFrame(f"malformed {what}: {exc}") from None
+    if stream.tell() != len(body):
+        raise MalformedFrame(
+            f"malformed {what}: {len(body) - stream.tell()} bytes after the end of the request"
+        )
+    return value
+
+
 def build(schema: Construct, value: Any) -> bytes:
     try:
         return bytes(schema.build(value))
@@ -162,3 +208,66 @@ def take_bytes(
     if position + length > len(body):
         raise MalformedFrame(f"malformed {what}: bytes run past the end of the frame")
     return body[position : position + length], position + length
+
+
+class Reader:
+    """A request body read field by field, for the struct fast paths: every read checks that the
+    field fits (MALFORMED_FRAME naming the request otherwise), `count` checks an array's count
+    against its maximum before its elements, `end` that nothing follows the last field. Reads
+    the same values as the construct schema of the same layout."""
+
+    __slots__ = ("body", "position", "what")
+
+    def __init__(self, body: bytes, what: str) -> None:
+        self.body = body
+        self.position = 0
+        self.what = what
+
+    def fixed(self, layout: struct.Struct) -> tuple[Any, ...]:
+        position = self.position
+        if len(self.body) < position + layout.size:
+            raise MalformedFrame(f"malformed {self.what}: fields run past the end of the frame")
+        self.position = position + layout.size
+        return layout.unpack_from(self.body, position)
+
+    def string(self) -> str:
+        (length,) = self.fixed(U16)
+        data = self.take(length)
+        try:
+            return data.decode()
+        except UnicodeDecodeError:
+            raise MalformedFrame(f"malformed {self.what}: a name is not valid UTF-8") from None
+
+    def take(self, length: int) -> bytes:
+        position = self.position
+        if length < 0 or len(self.body) < position + length:
+            raise MalformedFrame(f"malformed {self.what}: bytes run past the end of the frame")
+        self.position = position + length
+        return self.body[position : position + length]
+
+    def blob(self) -> bytes:
+        (length,) = self.fixed(I32)
+        return self.take(length)
+
+    def nullable_bytes(self) -> bytes | None:
+        (length,) = self.fixed(I32)
+        return None if length < 0 else self.take(length)
+
+    def count(self, limit: int, field: str, element_size: int = 1) -> int:
+        """An array's int32 count, at most `limit`, whose elements of at least `element_size`
+        bytes each can fit in what is left of the body."""
+        count: int = self.fixed(I32)[0]
+        if count < 0:
+            raise MalformedFrame(f"malformed {self.what}: negative {field} count {count}")
+        if count > limit:
+            raise over_limit(f"{self.what} {field}", count, limit)
+        if count * element_size > len(self.body) - self.position:
+            raise MalformedFrame(f"malformed {self.what}: {count} {field} cannot fit in the frame")
+        return count
+
+    def end(self) -> None:
+        extra = len(self.body) - self.position
+        if extra:
+            raise MalformedFrame(
+                f"malformed {self.what}: {extra} bytes after the end of the request"
+            )

@@ -2,8 +2,9 @@
 
 Get and set carry their own struct fast paths both ways (a map get is a request per lookup, so
 construct's parse would be most of its cost); scan and size use the schemas. A request may name
-at most `wire.limits.MAX_MAP_KEYS` keys or writes; the server checks that, the decoder only
-checks that the counts fit in the frame.
+at most `wire.limits.MAX_MAP_KEYS` keys or writes: the decoders check the count against it before
+reading any key (INVALID_REQUEST), the server that a get names at least one key and a set holds
+at least one write.
 """
 
 from __future__ import annotations
@@ -22,16 +23,19 @@ from headwater.wire.api.base import (
     OK,
     U16,
     Api,
+    BoundedArray,
     Bytes,
     BytesTuple,
     NullableBytes,
     String,
     message,
+    over_limit,
     take_bytes,
     take_topic,
 )
 from headwater.wire.errors import MalformedFrame
 from headwater.wire.frames import Flags, frame_prefix
+from headwater.wire.limits import MAX_MAP_KEYS
 
 _MAP_ENTRY_FIXED = struct.Struct(">?qiq")  # found, revision, partition, timestamp
 _ABSENT = _MAP_ENTRY_FIXED.pack(False, -1, -1, -1) + I32.pack(-1)  # not found, null value
@@ -73,6 +77,8 @@ def decode_map_get_request(body: bytes) -> m.MapGetRequest:
         raise MalformedFrame("malformed MAP_GET: topic name is not valid UTF-8") from None
     (count,) = I32.unpack_from(body, position)
     position += 4
+    if count > MAX_MAP_KEYS:
+        raise over_limit("MAP_GET keys", count, MAX_MAP_KEYS)
     if count < 0 or count * 4 > len(body) - position:
         raise MalformedFrame(f"malformed MAP_GET: {count} keys cannot fit in the frame")
     keys = []
@@ -185,6 +191,8 @@ def decode_map_set_request(body: bytes) -> m.MapSetRequest:
         raise MalformedFrame("malformed MAP_SET: write count runs past the end of the frame")
     (count,) = I32.unpack_from(body, position)
     position += 4
+    if count > MAX_MAP_KEYS:
+        raise over_limit("MAP_SET writes", count, MAX_MAP_KEYS)
     if count < 0 or count * 16 > len(body) - position:
         raise MalformedFrame(f"malformed MAP_SET: {count} writes cannot fit in the frame")
     writes = []
@@ -222,7 +230,9 @@ APIS: Final = (
     Api(
         m.ApiKey.MAP_GET,
         message(
-            m.MapGetRequest, "topic" / String, "keys" / BytesTuple(PrefixedArray(Int32sb, Bytes))
+            m.MapGetRequest,
+            "topic" / String,
+            "keys" / BytesTuple(BoundedArray(MAX_MAP_KEYS, "MAP_GET keys", Bytes)),
         ),
         message(m.MapGetResponse, "entries" / MAP_ENTRIES),
         encode_request=encode_map_get_request,
@@ -236,8 +246,9 @@ APIS: Final = (
             m.MapSetRequest,
             "topic" / String,
             "writes"
-            / PrefixedArray(
-                Int32sb,
+            / BoundedArray(
+                MAX_MAP_KEYS,
+                "MAP_SET writes",
                 message(
                     m.MapWrite,
                     "key" / Bytes,

@@ -1,0 +1,316 @@
+"""One consumer over a cluster: a leg at every broker owning a partition, merged into one stream.
+
+`Client.subscribe` subscribes on the bootstrap connection as always; when LOOKUP (asked then, or
+known already) names several brokers, it gives the consumer a `ClusterLegs`. The consumer itself
+is the leg at the bootstrap broker; every other owner of a partition of the topic gets a leg of
+its own, a plain `Consumer` subscribed with the same request on the connection to that broker
+(the server there delivers only the partitions it serves). The application still sees the one
+consumer: `receive`, `receive_batch` and `next_batch` take from the legs in turn. A message keeps
+its leg (`message._consumer`), so its ack or nack goes to the connection it came from, with that
+leg's consumer id; each leg tops up its own credit, so `prefetch` applies per broker.
+
+A leg that ends for a reason a new owner can cure (its connection lost, the broker shutting down,
+NOT_OWNER) is dropped once its buffered messages are taken, and the topic looked up again, after
+the router's backoff while a partition has no owner; so is the topic every `metadata_refresh`
+seconds while the consumer is open. Any owner without a live leg then gets one. What was
+delivered and not acknowledged on a lost leg is redelivered by the new owner: at-least-once. Any
+other end (the topic or subscription deleted, a refusal) ends the consumer with that error. A
+partition left without a live leg for the router's backoff timeout (`LookupBackoff.timeout`, 30 s:
+no owner, or an owner that cannot be reached) ends the consumer too, with NotOwner or
+ConnectionLost naming the partitions: a consumer never waits silently. The bootstrap broker's leg
+goes back on a connection of the router's when the client's own is closed for good (no
+`reconnect`), so a bootstrap broker restarted on its address is served again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from headwater.client.consumer import Consumer
+from headwater.wire.errors import (
+    ConnectionClosed,
+    ConnectionLost,
+    ConsumerBusy,
+    HeadwaterError,
+    NotOwner,
+    RequestTimeout,
+    ServerShuttingDown,
+    StorageError,
+)
+
+if TYPE_CHECKING:
+    from headwater.client.router import Peers, Router
+    from headwater.client.routing_table import BrokerAddress
+
+logger = logging.getLogger("headwater.client.client")
+
+# A leg ending with one of these is placed again at the partitions' (new) owner.
+MOVABLE = (ConnectionLost, ServerShuttingDown, NotOwner, RequestTimeout)
+# A leg refused with one of these is tried again, within the placement timeout: the etcd of the
+# cluster unavailable for a moment, or our own previous leg there not detached yet (its
+# connection died and the broker has not noticed).
+PASSING = (StorageError, ConsumerBusy)
+
+
+class ClusterLegs:
+    def __init__(self, consumer: Consumer, router: Router, peers: Peers) -> None:
+        self.consumer = consumer  # the application's; also the leg at the bootstrap broker
+        self._router = router
+        self._peers = peers
+        self.legs: dict[tuple[str, int], Consumer] = {}
+        self._rotation = 0
+        self.ready = asyncio.Event()
+        self._syncing: asyncio.Task[None] | None = None
+        self._refresher: asyncio.Task[None] | None = None
+        self._sync_lock = asyncio.Lock()  # one placement at a time: never two legs per broker
+        self.bootstrap = router.table.bootstrap.address
+        self.legs[self.bootstrap] = consumer
+        self._unplaced_since: float | None = None  # since when a partition has had no live leg
+        self._refusals: dict[tuple[str, int], HeadwaterError] = {}  # the last, per broker
+
+    async def start(self) -> None:
+        """Subscribe at every current owner (a refusal is raised), then keep watching."""
+        if not await self._sync(raise_errors=True):
+            self._resync()
+        self._refresher = _watched(asyncio.get_running_loop().create_task(self._refresh_loop()))
+
+    # Legs
+
+    @staticmethod
+    def _alive(leg: Consumer | None) -> bool:
+        return (
+            leg is not None
+            and leg._error is None
+            and not leg._suspended
+            and leg.consumer_id >= 0
+            and not leg._connection.closed
+        )
+
+    async def _sync(self, raise_errors: bool = False) -> bool:
+        """A leg at every owner that has none; whether every partition has an owner with a leg.
+        A refusal a new owner cannot cure ends the consumer (or is raised, at the start), and so
+        does a partition left without a live leg for longer than the router's backoff."""
+        async with self._sync_lock:
+            complete = await self._place(raise_errors)
+        self._check_placed(complete)
+        return complete
+
+    def _check_placed(self, complete: bool) -> None:
+        """Never wait silently: a partition that stayed without a live leg (no owner, or an
+        owner we cannot reach or subscribe at) for `backoff.timeout` seconds ends the consumer
+        with an error saying which partitions and why, as a request would fail after it."""
+        now = asyncio.get_running_loop().time()
+        if complete or self.consumer._error is not None:
+            self._unplaced_since = None
+            return
+        if self._unplaced_since is None:
+            self._unplaced_since = now
+            return
+        waited = now - self._unplaced_since
+        if waited < self._router.backoff.timeout:
+            return
+        self.consumer._end(self._unplaced_error(waited))
+
+    def _unplaced_error(self, waited: float) -> HeadwaterError:
+        consumer = self.consumer
+        unowned, unreachable = [], []
+        refusal: HeadwaterError | None = None
+        for partition, owner in self._router.table.owners(consumer.topic).items():
+            if owner is None:
+                unowned.append(partition)
+            elif not self._alive(self.legs.get(self._key(owner))):
+                unreachable.append(f"{partition} at {owner}")
+                refusal = self._refusals.get(self._key(owner), refusal)
+        where = f"consumer of {consumer.topic!r}/{consumer.subscription!r}"
+        if refusal is not None and isinstance(refusal, PASSING):  # refused, not out of reach
+            return type(refusal)(
+                f"{where} could not be placed for {waited:.0f}s: partitions "
+                f"{', '.join(unreachable)} refused it: {refusal.message}"
+            )
+        if unreachable or not unowned:  # none known at all: every broker was out of reach
+            parts = ", ".join(unreachable) if unreachable else "every partition"
+            return ConnectionLost(
+                f"{where} could not be placed for {waited:.0f}s: cannot reach the owner of "
+                f"partitions {parts}"
+            )
+        return NotOwner(
+            f"{where} could not be placed for {waited:.0f}s: partitions "
+            f"{', '.join(map(str, unowned))} have no owner: owner=none"
+        )
+
+    async def _place(self, raise_errors: bool) -> bool:
+        if self.consumer._error is not None:
+            return True
+        topic = self.consumer.topic
+        table = self._router.table
+        owners = table.owned_by(topic)
+        complete = sum(len(p) for p in owners.values()) == len(table.owners(topic))
+        for broker in owners:
+            if self._alive(self.legs.get(self._key(broker))):
+                continue
+            try:
+                await self._subscribe_at(broker)
+            except HeadwaterError as exc:
+                if raise_errors and isinstance(exc, ConsumerBusy):
+                    raise  # at subscribe: the subscription is another consumer's
+                if not isinstance(exc, (*MOVABLE, ConnectionClosed, *PASSING)):
+                    if raise_errors:
+                        raise
+                    self.consumer._end(exc)
+                    return True
+                logger.info("cannot subscribe at %s yet: %s", broker, exc.message)
+                self._refusals[self._key(broker)] = exc
+                if isinstance(exc, NotOwner):
+                    table.invalidate(topic)
+                elif isinstance(exc, ConnectionClosed):
+                    self._router.lost(broker.address)
+                complete = False
+            else:
+                self._refusals.pop(self._key(broker), None)
+        return complete
+
+    def _key(self, broker: BrokerAddress) -> tuple[str, int]:
+        return self.bootstrap if self._peers.is_bootstrap(broker) else broker.address
+
+    async def _subscribe_at(self, broker: BrokerAddress) -> None:
+        connection = await self._peers.get(broker)
+        consumer = self.consumer
+        if self._key(broker) == self.bootstrap:
+            # its own subscription, lost: again, unless the client's reconnection (which the
+            # wait for the connection may have been) did it already
+            if not self._alive(consumer) and consumer._error is None:
+                await consumer._resubscribe(connection)
+            return
+        leg = Consumer(
+            connection,
+            consumer.topic,
+            consumer.subscription,
+            consumer._prefetch,
+            consumer._limit,
+            on_dropped=self._dropped,
+            on_end=self._leg_ended,
+        )
+        assert consumer._request is not None
+        leg._request = replace(consumer._request)
+        leg._on_ready = self.ready.set
+        self.legs[broker.address] = leg
+        try:
+            await connection.request(leg._request, on_response=leg._attach)
+        except HeadwaterError:
+            if self.legs.get(broker.address) is leg:
+                del self.legs[broker.address]
+            raise
+
+    def _dropped(self, count: int) -> None:
+        """A leg's MESSAGES_DROPPED: counted on the application's consumer."""
+        consumer = self.consumer
+        consumer.dropped += count
+        if consumer.dropped_callback is not None:
+            consumer.dropped_callback(count)
+        else:
+            logger.warning(
+                "consumer of %s/%s missed %d messages (the consumer fell behind)",
+                consumer.topic,
+                consumer.subscription,
+                count,
+            )
+
+    def _leg_ended(self, leg: Consumer) -> None:
+        if leg._error is not None:
+            self.leg_lost(leg, leg._error)
+
+    def leg_lost(self, leg: Consumer, error: HeadwaterError) -> None:
+        """A leg ended (or, the bootstrap one, was suspended) with `error`."""
+        self.ready.set()
+        if self.consumer._error is not None:
+            return
+        if isinstance(error, MOVABLE):
+            logger.info("consumer of %s lost a leg: %s", self.consumer.topic, error.message)
+            self._router.table.invalidate(self.consumer.topic)
+            self._resync()
+        elif not (isinstance(error, ConnectionClosed) and not isinstance(error, ConnectionLost)):
+            self.consumer._end(error)  # not curable elsewhere; a leg closed by us is no error
+
+    def _resync(self) -> None:
+        if self.consumer._error is None and (self._syncing is None or self._syncing.done()):
+            self._syncing = _watched(asyncio.get_running_loop().create_task(self._resync_soon()))
+
+    async def _resync_soon(self) -> None:
+        for delay in (0.0, *self._router.backoff.delays(), self._router.backoff.maximum):
+            await asyncio.sleep(delay)
+            if self.consumer._error is not None:
+                return
+            await self._router.settle(self.consumer.topic, force=True)
+            if await self._sync():
+                return
+
+    async def _refresh_loop(self) -> None:
+        while self.consumer._error is None:
+            await asyncio.sleep(self._router.table.refresh_interval)
+            await self._router.settle(self.consumer.topic)
+            if not await self._sync():
+                self._resync()
+
+    # Taking messages: from the legs in turn
+
+    def _next_leg(self) -> Consumer | None:
+        """A leg with something to hand out (dropping the ended, emptied ones), or None."""
+        legs = list(self.legs.items())
+        for step in range(len(legs)):
+            address, leg = legs[(self._rotation + step) % len(legs)]
+            if leg._messages or leg._batches:
+                self._rotation = (self._rotation + step + 1) % len(legs)
+                return leg
+            if leg._error is not None and leg is not self.consumer:
+                self.legs.pop(address, None)
+        return None
+
+    async def pick(self, timeout: float | None) -> Consumer:
+        """A leg with a message to hand out; raises the consumer's end, or TimeoutError."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            leg = self._next_leg()
+            if leg is not None:
+                return leg
+            error = self.consumer._error
+            if error is not None:
+                raise type(error)(error.message)
+            self.ready.clear()
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                raise TimeoutError
+            await asyncio.wait_for(self.ready.wait(), remaining)
+
+    # Ending
+
+    def stop(self, error: HeadwaterError) -> None:
+        """The consumer ended: so does every other leg, and the watching."""
+        for task in (self._refresher, self._syncing):
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
+        self.ready.set()
+        for leg in list(self.legs.values()):
+            if leg is not self.consumer:
+                leg._end(error)
+
+    async def close(self) -> None:
+        for leg in list(self.legs.values()):
+            if leg is not self.consumer:
+                with contextlib.suppress(HeadwaterError):
+                    await leg.close()
+
+
+def _watched(task: asyncio.Task[None]) -> asyncio.Task[None]:
+    """A background task whose failure (a bug) is logged, not left for asyncio to report."""
+    task.add_done_callback(_log_failure)
+    return task
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and (error := task.exception()) is not None:
+        logger.error("cluster consumer task failed: %r", error)

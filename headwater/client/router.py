@@ -1,0 +1,275 @@
+"""The client's routing I/O: LOOKUP requests around the routing table, and connections per broker.
+
+`Router` keeps one `routing.RoutingTable` for a client (its producers, consumers and maps share
+it). `route(topic, partition)` answers from the table when its routes are fresh (no round trip:
+the hot path costs a dictionary lookup), else sends one LOOKUP for the topic first; concurrent
+callers share that one request. While a partition has no owner (a failover under way) it looks up
+again after `LookupBackoff` delays, and raises NOT_OWNER when the backoff's time runs out. A
+LOOKUP goes through the bootstrap connection; when that fails, through each other known broker in
+turn. A server that predates LOOKUP answers UNSUPPORTED_API: a single broker, routed as one.
+
+`Peers` holds connections to the brokers other than the bootstrap one, opened on first use with
+the client's opener (TLS, the handshake) and dropped when lost, which also tells the table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+from headwater.client.broker_connection import Connection
+from headwater.client.routing_table import BrokerAddress, LookupBackoff, RoutingTable
+from headwater.wire import messages as m
+from headwater.wire.errors import (
+    ConnectionClosed,
+    ConnectionLost,
+    HeadwaterError,
+    InvalidPartition,
+    NotOwner,
+    RequestTimeout,
+    UnsupportedApi,
+)
+
+__all__ = ["Peers", "Router"]
+
+logger = logging.getLogger("headwater.client.client")
+
+Requester = Callable[[m.Request], Awaitable[m.Response]]
+Opener = Callable[[str, int], Awaitable[Connection]]
+
+
+class Router:
+    def __init__(
+        self,
+        table: RoutingTable,
+        request: Requester,
+        backoff: LookupBackoff | None = None,
+    ) -> None:
+        self.table = table
+        self._request = request  # through the bootstrap connection
+        self.backoff = backoff or LookupBackoff()
+        self.peers: Peers | None = None  # set by the client: the other brokers, for fallbacks
+        self._pending: dict[str, asyncio.Task[None]] = {}
+        self._loop = asyncio.get_running_loop()
+
+    @property
+    def multi_broker(self) -> bool:
+        return self.table.multi_broker
+
+    def fresh(self, topic: str) -> bool:
+        return not self.table.needs_lookup(topic, self._loop.time())
+
+    async def ensure(self, topic: str) -> None:
+        """Look the topic up unless its routes are fresh."""
+        if self.table.needs_lookup(topic, self._loop.time()):
+            await self.refresh(topic)
+
+    async def settle(self, topic: str, force: bool = False) -> None:
+        """`ensure` (or `refresh` when `force`), where a failed LOOKUP leaves the routes as they
+        are: on a single broker, the caller's own connection then meets the failure (and its
+        reconnection policy), as without routing; in a cluster, `route` asks again."""
+        try:
+            await (self.refresh(topic) if force else self.ensure(topic))
+        except (ConnectionClosed, RequestTimeout) as exc:
+            logger.debug("lookup of %s failed: %s", topic, exc)
+
+    async def refresh(self, topic: str) -> None:
+        """One LOOKUP for the topic (shared with whoever asks meanwhile)."""
+        task = self._pending.get(topic)
+        if task is None:
+            task = self._loop.create_task(self._lookup(topic))
+            self._pending[topic] = task
+            task.add_done_callback(lambda done: self._done(topic, done))
+        await asyncio.shield(task)  # a caller cancelled does not cancel the others' lookup
+
+    def _done(self, topic: str, task: asyncio.Task[None]) -> None:
+        if self._pending.get(topic) is task:
+            del self._pending[topic]
+        if not task.cancelled():
+            task.exception()  # its waiters got it; with none left it is not worth a warning
+
+    def close(self) -> None:
+        for task in list(self._pending.values()):
+            task.cancel()
+
+    async def _lookup(self, topic: str) -> None:
+        request = m.LookupRequest((topic,))
+        try:
+            response = await self._request(request)
+        except UnsupportedApi:
+            self.table.unsupported([topic], self._loop.time())
+            return
+        except (ConnectionClosed, RequestTimeout) as exc:
+            response = await self._lookup_elsewhere(request, exc)
+        assert isinstance(response, m.LookupResponse)
+        self.table.apply(response, self._loop.time())
+        logger.debug("looked up %s: %s", topic, self.table.owners(topic))
+
+    async def _lookup_elsewhere(
+        self, request: m.LookupRequest, error: HeadwaterError
+    ) -> m.Response:
+        """The bootstrap connection is lost: ask the other brokers we know, in turn, then the
+        bootstrap address again on a connection of our own (the broker may be back there,
+        restarted, and the only one left)."""
+        if self.peers is None:
+            raise error
+        bootstrap = self.table.bootstrap
+        others = [b for b in self.table.brokers.values() if b.address != bootstrap.address]
+        for broker in [*others, bootstrap] if self.table.multi_broker else others:
+            try:
+                connection = await self.peers.get(broker)
+                return await connection.request(request, self.peers.timeout)
+            except (ConnectionClosed, RequestTimeout) as exc:
+                error = exc
+        raise error
+
+    async def route(self, topic: str, partition: int) -> BrokerAddress:
+        """The broker to send the partition's requests to, waiting (bounded) while it has none."""
+        await self.settle(topic)
+        address = self.table.owner(topic, partition)
+        if address is not None:
+            return address
+        if self.table.error(topic) is not None:
+            return self.table.bootstrap  # the server answers with the topic's error
+        for delay in self.backoff.delays():
+            await asyncio.sleep(delay)
+            await self.settle(topic, force=True)
+            address = self.table.owner(topic, partition)
+            if address is not None or self.table.error(topic) is not None:
+                return address or self.table.bootstrap
+            self._check_partition(topic, partition)
+        raise NotOwner(
+            f"partition {partition} of topic {topic!r} has no owner after "
+            f"{self.backoff.timeout:.0f}s of lookups: owner=none"
+        )
+
+    def _check_partition(self, topic: str, partition: int) -> None:
+        """A partition past the topic's count will never get an owner (the topic was deleted
+        and re-created with fewer partitions while a batch for it waited): fail it now rather
+        than after the whole owner backoff, with everything queued behind it."""
+        count = self.table.partitions(topic)
+        if count is not None and partition >= count:
+            raise InvalidPartition(
+                f"topic {topic!r} has partitions 0..{count - 1}, not {partition}"
+            )
+
+    async def lookup(self, topic: str) -> dict[int, BrokerAddress | None]:
+        """Each partition's owner, looked up now (None: nobody owns it now). Raises the topic's
+        error (UnknownTopic, ...)."""
+        await self.refresh(topic)
+        error = self.table.error(topic)
+        if error is not None:
+            raise type(error)(error.message)
+        table = self.table
+        routes = table.topics[topic]
+        if not table.multi_broker:  # the one broker is the bootstrap (its own view may be 0.0.0.0)
+            only = next(iter(table.brokers.values()), None)
+            here = (
+                table.bootstrap
+                if only is None
+                else BrokerAddress(only.broker_id, *table.bootstrap.address)
+            )
+            return {p: here for p in range(len(routes.owners))}
+        return {p: table.brokers.get(owner) for p, owner in enumerate(routes.owners)}
+
+    def not_owner(self, topic: str, partition: int, error: NotOwner) -> None:
+        moved = self.table.not_owner(topic, partition, error)
+        logger.info("%s; now %s", error.message, moved or "looking it up again")
+
+    def lost(self, address: tuple[str, int]) -> None:
+        topics = self.table.broker_lost(address)
+        if topics:
+            logger.info("broker %s:%s lost; looking up %s again", *address, ", ".join(topics))
+
+
+class Peers:
+    """Connections to brokers by address; the bootstrap one comes from `bootstrap()`."""
+
+    def __init__(
+        self,
+        bootstrap: Callable[[], Awaitable[Connection]],
+        bootstrap_address: tuple[str, int],
+        open_at: Opener,
+        router: Router,
+        timeout: float,
+    ) -> None:
+        self._bootstrap = bootstrap
+        self._bootstrap_address = bootstrap_address
+        self._open_at = open_at
+        self._router = router
+        self.timeout = timeout
+        self._connections: dict[tuple[str, int], Connection] = {}
+        self._opening: dict[tuple[str, int], asyncio.Task[Connection]] = {}
+        self.on_lost: list[Callable[[Connection, ConnectionLost], None]] = []
+
+    def is_bootstrap(self, broker: BrokerAddress) -> bool:
+        return broker.broker_id == "" or broker.address == self._bootstrap_address
+
+    async def get(self, broker: BrokerAddress) -> Connection:
+        """A connection to `broker`. The bootstrap broker's is the client's own connection while
+        it is open (or being reopened by the client's reconnection policy); once it is closed
+        for good, in a cluster, a connection of ours to that address like any other broker's:
+        a bootstrap broker restarted on its address is reached again without `reconnect`."""
+        if self.is_bootstrap(broker):
+            try:
+                own = await self._bootstrap()
+            except ConnectionLost:  # the client's reconnection gave up
+                if not self._router.multi_broker:
+                    raise
+            else:
+                if not own.closed or not self._router.multi_broker:
+                    return own
+        address = self._bootstrap_address if self.is_bootstrap(broker) else broker.address
+        connection = self._connections.get(address)
+        if connection is not None and not connection.closed:
+            return connection
+        task = self._opening.get(address)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._open(address))
+            self._opening[address] = task
+            task.add_done_callback(lambda done: self._opened(address, done))
+        return await asyncio.shield(task)
+
+    def _opened(self, address: tuple[str, int], task: asyncio.Task[Connection]) -> None:
+        if self._opening.get(address) is task:
+            del self._opening[address]
+        if not task.cancelled():
+            task.exception()  # raised to its waiters already
+
+    async def _open(self, address: tuple[str, int]) -> Connection:
+        try:
+            connection = await self._open_at(*address)
+        except ConnectionClosed:
+            self._router.lost(address)
+            raise
+        connection.on_lost = lambda error: self._lost(address, connection, error)
+        connection.on_unsolicited_error = self._unsolicited
+        self._connections[address] = connection
+        return connection
+
+    def _unsolicited(self, error: HeadwaterError) -> None:
+        """An ack, nack or flow refused: NOT_OWNER means partitions moved (which ones the
+        error does not say): every topic is looked up again on its next use."""
+        logger.warning("request sent without response failed: %s", error)
+        if isinstance(error, NotOwner):
+            for topic in list(self._router.table.topics):
+                self._router.table.invalidate(topic)
+
+    def _lost(
+        self, address: tuple[str, int], connection: Connection, error: ConnectionLost
+    ) -> None:
+        if self._connections.get(address) is connection:
+            del self._connections[address]
+        self._router.lost(address)
+        for listener in list(self.on_lost):
+            listener(connection, error)
+
+    async def close(self) -> None:
+        for task in list(self._opening.values()):
+            task.cancel()
+        for connection in list(self._connections.values()):
+            with contextlib.suppress(HeadwaterError):
+                await connection.close()
+        self._connections.clear()

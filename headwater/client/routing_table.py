@@ -1,0 +1,216 @@
+"""The client's routing table (sans I/O): topic -> partition -> the broker that owns it.
+
+Filled from LOOKUP answers (`apply`) and corrected by what the client meets on the way: a
+NOT_OWNER answer (`not_owner`: the topic is looked up again, and the owner the error names, if
+it is a broker we know, is used meanwhile) and a lost connection to a broker (`broker_lost`: every
+topic with a partition there is looked up again). `needs_lookup` says when a topic's routes are
+missing, marked stale, or older than the refresh interval (`refresh_interval` while the cluster
+has more than one broker, `single_refresh` otherwise). `LookupBackoff` spaces the lookups a client
+repeats while a partition has no owner (a failover under way), and bounds them in time.
+
+On a single broker (LOOKUP names one broker, or the server predates LOOKUP) every route is
+`bootstrap`, the address the client connected to: its traffic stays on that one connection,
+exactly as without routing. The I/O around this table is headwater/client/router.py.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from headwater.wire import messages as m
+from headwater.wire.errors import HeadwaterError, NotOwner, error_for_code
+
+__all__ = ["BrokerAddress", "LookupBackoff", "RoutingTable", "TopicRoutes"]
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerAddress:
+    """A broker as LOOKUP names it; broker_id "" is the bootstrap address (no cluster seen)."""
+
+    broker_id: str
+    host: str
+    port: int
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.host, self.port
+
+    def __str__(self) -> str:
+        return f"{self.broker_id or 'bootstrap'}@{self.host}:{self.port}"
+
+
+@dataclass(slots=True)
+class TopicRoutes:
+    owners: list[str]  # per partition: the owner's broker id, "" while nobody owns it
+    epochs: list[int]
+    fetched_at: float
+    error: HeadwaterError | None = None  # the topic's own LOOKUP error (UNKNOWN_TOPIC, ...)
+    stale: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LookupBackoff:
+    """Delays between the lookups of one episode (a partition without owner, a broker gone):
+    exponential from `initial` to `maximum`, each drawn from [delay/2, delay] so clients that
+    lost the same broker do not ask in lockstep; the episode ends after `timeout` seconds."""
+
+    initial: float = 0.05
+    # a failover's new owner serves about 2 s after the kill (the default lease): a longer
+    # delay here would add up to itself to what the client sees (issue 21: failover under 3 s)
+    maximum: float = 0.25
+    timeout: float = 30.0
+
+    def delays(self, rng: random.Random | None = None) -> Iterator[float]:
+        """The waits before each further lookup; stops once they add up to `timeout`."""
+        elapsed, attempt = 0.0, 0
+        while True:
+            delay = min(self.initial * 2 ** min(attempt, 30), self.maximum)
+            delay = (rng or random).uniform(delay / 2, delay)
+            if elapsed + delay > self.timeout:
+                return
+            elapsed += delay
+            attempt += 1
+            yield delay
+
+
+@dataclass(slots=True)
+class RoutingTable:
+    bootstrap: BrokerAddress
+    refresh_interval: float = 2.0  # seconds routes are trusted while there are several brokers
+    single_refresh: float = 30.0  # ... and on a single broker
+    brokers: dict[str, BrokerAddress] = field(default_factory=dict)
+    topics: dict[str, TopicRoutes] = field(default_factory=dict)
+    lookup_supported: bool = True  # False: the server predates LOOKUP (a single broker)
+    clustered: bool = False  # a LOOKUP named several brokers once: routed by owner from then on
+
+    @property
+    def multi_broker(self) -> bool:
+        """Whether requests go to each partition's owner (else all to the bootstrap address).
+        Once several brokers were seen this stays true, even if all but one die: that one
+        need not be the bootstrap broker."""
+        return self.clustered
+
+    def apply(self, response: m.LookupResponse, now: float) -> None:
+        """Take a LOOKUP answer: the live brokers, and each named topic's owners. A partition
+        whose epoch is older than the one already known keeps its known owner (a lagging broker
+        answered); a partition owned by a broker missing from the list has no owner."""
+        self.brokers = {
+            b.broker_id: BrokerAddress(b.broker_id, b.host, b.port) for b in response.brokers
+        }
+        self.clustered = self.clustered or len(self.brokers) > 1
+        for answer in response.topics:
+            if answer.error_code:
+                error = error_for_code(answer.error_code, answer.error_message)
+                self.topics[answer.name] = TopicRoutes([], [], now, error)
+                continue
+            known = self.topics.get(answer.name)
+            owners, epochs = [], []
+            for entry in sorted(answer.partitions, key=lambda p: p.partition):
+                owner, epoch = entry.broker_id, entry.epoch
+                if (
+                    known is not None
+                    and known.error is None
+                    and entry.partition < len(known.owners)
+                    and known.epochs[entry.partition] > epoch
+                ):
+                    owner, epoch = known.owners[entry.partition], known.epochs[entry.partition]
+                owners.append(owner if owner in self.brokers else "")
+                epochs.append(epoch)
+            self.topics[answer.name] = TopicRoutes(owners, epochs, now)
+
+    def unsupported(self, topics: list[str], now: float) -> None:
+        """The server does not know LOOKUP: one broker, which serves everything."""
+        self.lookup_supported = False
+        self.brokers = {}
+        for topic in topics:
+            self.topics[topic] = TopicRoutes([], [], now)
+
+    def needs_lookup(self, topic: str, now: float) -> bool:
+        routes = self.topics.get(topic)
+        if routes is None or routes.stale:
+            return True
+        if not self.lookup_supported:
+            return False
+        several = self.multi_broker or routes.error is not None  # a topic may appear soon
+        interval = self.refresh_interval if several else self.single_refresh
+        return now - routes.fetched_at >= interval
+
+    def error(self, topic: str) -> HeadwaterError | None:
+        routes = self.topics.get(topic)
+        return None if routes is None else routes.error
+
+    def partitions(self, topic: str) -> int | None:
+        """The partition count LOOKUP reported (None: not known)."""
+        routes = self.topics.get(topic)
+        return None if routes is None or routes.error is not None else len(routes.owners)
+
+    def owner(self, topic: str, partition: int) -> BrokerAddress | None:
+        """Where to send a request for the partition: the bootstrap address on a single
+        broker, else the owner, or None while nobody owns it (or it is not known)."""
+        if not self.multi_broker:
+            return self.bootstrap
+        routes = self.topics.get(topic)
+        if routes is None or routes.error is not None:
+            return None
+        if partition < 0:  # "any partition": a broker owning one picks (a keyless record)
+            return next(iter(self.owned_by(topic)), self.bootstrap)
+        if partition >= len(routes.owners):
+            return None
+        return self.brokers.get(routes.owners[partition])
+
+    def owners(self, topic: str) -> dict[int, BrokerAddress | None]:
+        routes = self.topics.get(topic)
+        if routes is None or routes.error is not None:
+            return {}
+        return {p: self.owner(topic, p) for p in range(len(routes.owners))}
+
+    def owned_by(self, topic: str) -> dict[BrokerAddress, list[int]]:
+        """Each broker owning partitions of the topic, with them (the ones without owner left
+        out): what a consumer subscribes to."""
+        found: dict[BrokerAddress, list[int]] = {}
+        for partition, address in self.owners(topic).items():
+            if address is not None:
+                found.setdefault(address, []).append(partition)
+        return found
+
+    def not_owner(self, topic: str, partition: int, error: NotOwner) -> BrokerAddress | None:
+        """A broker answered NOT_OWNER for the partition: the topic is stale. When the error
+        names an owner we know, it becomes the partition's route until the next lookup (the
+        address returned); otherwise the partition has none until then."""
+        routes = self.topics.get(topic)
+        if routes is None:
+            return None
+        routes.stale = True
+        if routes.error is not None or not 0 <= partition < len(routes.owners):
+            return None
+        named = error.owner_address
+        for broker in self.brokers.values():
+            if named is not None and broker.address == named:
+                routes.owners[partition] = broker.broker_id
+                return broker
+        routes.owners[partition] = ""
+        return None
+
+    def broker_lost(self, address: tuple[str, int]) -> list[str]:
+        """The connection to the broker at `address` was lost (it may be dead): every topic with
+        a partition there is stale, and those partitions have no route until looked up again.
+        Returns the topics affected."""
+        ids = {b.broker_id for b in self.brokers.values() if b.address == address}
+        affected = []
+        for name, routes in self.topics.items():
+            hit = False
+            for index, owner in enumerate(routes.owners):
+                if owner in ids:
+                    routes.owners[index] = ""
+                    hit = True
+            if hit:
+                routes.stale = True
+                affected.append(name)
+        return affected
+
+    def invalidate(self, topic: str) -> None:
+        routes = self.topics.get(topic)
+        if routes is not None:
+            routes.stale = True

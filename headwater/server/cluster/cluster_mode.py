@@ -1,0 +1,278 @@
+"""Cluster mode's composition: join etcd, and make the broker serve only what it owns.
+
+`join_cluster` (called by `serve` when `cluster.etcd` is set) builds the etcd coordinator
+(`server.cluster`), the object-store acknowledgement path (`server.cluster.tail_commit`), the
+take-over handler (`server.cluster.cluster_partitions`), and wires them into the catalog and the
+broker:
+
+- topics are defined in etcd: CREATE_TOPIC creates the topic here (which checks the request) and
+  then in etcd (a transaction: a name taken meanwhile gives TOPIC_EXISTS and ours goes); every
+  broker creates and deletes its local copy from the watch (`on_topic`). A broker that starts
+  drops local topics etcd no longer has.
+- a reliable append is answered once in the object store; segments are uploaded only for
+  partitions served here, each under a name of its own, and count once the partition's manifest
+  names them (which lets the tail chunks they hold go).
+- subscriptions created here are recorded in etcd with their first checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any
+
+import structlog
+
+from headwater.server.catalog.topic_catalog import TopicCatalog
+from headwater.server.cluster.cluster_partitions import ClusterPartitions, checkpoint_key
+from headwater.server.cluster.coordinator import Coordinator
+from headwater.server.cluster.exclusive_claims import ExclusiveGate
+from headwater.server.cluster.tail_commit import TailCommitter
+from headwater.server.config import ServerConfig
+from headwater.server.requests.broker import Broker, close_topic_consumers
+from headwater.server.requests.consumer_requests import close_consumers
+from headwater.server.requests.create_partitions import add_partitions, check_growth
+from headwater.server.requests.partition_ownership import BrokerAddress, not_owner
+from headwater.server.topics.topic import LogTopic, Topic
+from headwater.storage.cloud_tail import CloudTail
+from headwater.storage.objectstore import ObjectStore
+from headwater.storage.partition_manifest import PartitionManifests
+from headwater.wire import messages as m
+from headwater.wire.errors import ErrorCode, InvalidRequest, TopicExists, UnknownTopic
+
+log = structlog.get_logger("headwater.cluster")
+
+
+class ClusterMode:
+    def __init__(
+        self,
+        config: ServerConfig,
+        catalog: TopicCatalog,
+        broker: Broker,
+        store: ObjectStore,
+        port: int,
+    ) -> None:
+        settings = config.cluster
+        advertise = settings.advertise or f"{config.host}:{port}"
+        host, _, advertised_port = advertise.rpartition(":")
+        this = BrokerAddress(settings.broker_id or advertise, host, int(advertised_port))
+        self.coordinator = Coordinator(
+            settings.etcd,
+            this,
+            lease_ttl=settings.lease_ttl_ms / 1000,
+            handoff_after=settings.handoff_after_ms / 1000,
+        )
+        coordinator = self.coordinator
+        self.tail = CloudTail(store)
+        self.committer = TailCommitter(
+            self.tail,
+            settings.commit_interval_ms / 1000,
+            coordinator.serves,
+            coordinator.epoch,
+            lambda topic, partition: not_owner(coordinator, topic, partition),
+        )
+        self.partitions = ClusterPartitions(
+            catalog,
+            self.tail,
+            self.committer,
+            coordinator,
+            coordinator.serves,
+            settings.checkpoint_interval_ms / 1000,
+            settings.fold_chunks,
+        )
+        self.committer.on_stored = self.partitions.stored
+        self.exclusive = ExclusiveGate(coordinator, catalog.topics)
+        self._catalog = catalog
+        self._broker = broker
+        self._collecting: set[asyncio.Task[Any]] = set()
+
+    async def start(self) -> None:
+        catalog, coordinator = self._catalog, self.coordinator
+        for topic in catalog.topics.values():
+            self._clustered(topic)
+        uploader = catalog.uploader
+        if uploader is not None:
+            uploader.may_upload = coordinator.serves
+            uploader.purges = False
+            uploader.publisher = self.partitions
+        catalog.subscriptions.created = self._subscription_created
+        catalog.subscriptions.deleted = self._subscription_deleted
+        self._broker.enter_cluster(coordinator, self)
+        coordinator.handler = self.partitions
+        coordinator.on_topic = self._on_topic
+        coordinator.on_subscription = self._on_subscription
+        await coordinator.start()
+        known = coordinator.topics()
+        for name in [n for n in catalog.topics if n not in known]:
+            await self._on_topic(name, None)  # deleted from the cluster while we were away
+        self.partitions.start()
+        self.exclusive.start()
+
+    async def stop(self) -> None:
+        await self.exclusive.close()
+        await self.coordinator.stop(graceful=True)
+        await self.partitions.close()
+
+    # Topics
+
+    async def create_topic(self, request: m.CreateTopicRequest) -> None:
+        """CREATE_TOPIC, in the topic's turn (the broker holds it)."""
+        self._clustered(await self._catalog.create_locked(request))
+        definition = {
+            "partitions": request.partitions,
+            "dispatch": int(request.dispatch),
+            "configs": [[c.name, c.value] for c in request.configs],
+        }
+        try:
+            created = await self.coordinator.create_topic(request.name, definition)
+        except BaseException:
+            await self._drop_local(request.name)
+            raise
+        if not created:
+            await self._drop_local(request.name)  # theirs arrives through the watch
+            raise TopicExists(f"topic {request.name!r} already exists")
+
+    async def create_partitions(self, request: m.CreatePartitionsRequest) -> m.Response:
+        """CREATE_PARTITIONS, in the topic's turn: checked here, recorded in etcd (every broker
+        grows its copy from the watch, and the coordinators assign the new partitions), then our
+        own copy grown at once (the watch then finds it grown already)."""
+        if not check_growth(self._catalog, request):
+            return m.EmptyResponse()
+        count = await self.coordinator.grow_topic(request.name, request.partitions)
+        if count == 0:
+            raise UnknownTopic(f"topic {request.name!r} does not exist")
+        if count > request.partitions:  # grown further through another broker meanwhile
+            raise InvalidRequest(
+                f"topic {request.name!r} has {count} partitions: partitions can be added, "
+                f"never removed ({request.partitions} asked)"
+            )
+        return await add_partitions(self._catalog, request)
+
+    async def delete_topic(self, name: str) -> None:
+        """DELETE_TOPIC, in the topic's turn: etcd first (every broker drops its copy from the
+        watch), then ours at once."""
+        revision = await self.coordinator.delete_topic(name)
+        if not revision:
+            raise UnknownTopic(f"topic {name!r} does not exist")
+        await self._drop_local(name)
+        if self._catalog.uploader is not None:
+            self._catalog.uploader.purge(name)
+        # the tail by epoch: a topic re-created under the name at once writes its own chunks and
+        # markers under the same prefix, and they must stay (take-overs ignore the old ones)
+        self._background(self._purge_tail(name, revision))
+
+    async def _purge_tail(self, name: str, revision: int) -> None:
+        try:
+            gone = await self.tail.purge(name, revision)
+            gone += await PartitionManifests(self.tail.store).purge(name, revision)
+        except Exception as exc:  # left behind: ignored by take-overs, only costs storage
+            log.warning("cluster.tail_purge_failed", topic=name, error=str(exc))
+            return
+        log.info("cluster.tail_purged", topic=name, objects=gone)
+
+    async def _on_topic(self, name: str, definition: dict[str, Any] | None) -> None:
+        catalog = self._catalog
+        if definition is None:
+            async with catalog.turn(name):
+                await self._drop_local(name)
+            return
+        request = m.CreateTopicRequest(
+            name,
+            int(definition["partitions"]),
+            int(definition["dispatch"]),
+            tuple(m.ConfigEntry(str(k), str(v)) for k, v in definition.get("configs", [])),
+        )
+        # in the topic's turn: a CREATE_TOPIC of ours that is losing the race to this one holds
+        # it with its local copy, which it drops when etcd says no; checked before the turn,
+        # that copy made us skip the winner's topic and leave this broker without it
+        async with catalog.turn(name):
+            existing = catalog.topics.get(name)
+            if existing is not None:
+                if len(existing.partitions) == request.partitions:
+                    return  # ours (our own create seen through the watch), or the same
+                if len(existing.partitions) < request.partitions:
+                    # partitions added through another broker (CREATE_PARTITIONS): grow ours
+                    await self._grow_local(name, request.partitions)
+                    return
+                log.warning(
+                    "cluster.topic_replaced",
+                    topic=name,
+                    local=len(existing.partitions),
+                    cluster=request.partitions,
+                )
+                await self._drop_local(name)
+            try:
+                self._clustered(await catalog.create_locked(request))
+            except TopicExists:
+                return
+            except Exception:
+                log.exception("cluster.topic_create_failed", topic=name)
+
+    async def _grow_local(self, name: str, partitions: int) -> None:
+        try:
+            await add_partitions(self._catalog, m.CreatePartitionsRequest(name, partitions))
+        except Exception:
+            # its new partitions' owners fail to take them over here until it is grown: they
+            # are taken by another broker (a first choice that cannot is passed over)
+            log.exception("cluster.partitions_add_failed", topic=name, partitions=partitions)
+        else:
+            log.info("cluster.partitions_added", topic=name, partitions=partitions)
+
+    def _clustered(self, topic: Topic) -> None:
+        """A reliable topic's appends are answered, and read, once in the object store."""
+        if isinstance(topic, LogTopic):
+            topic.cloud_commit = self.committer.add
+            topic.cloud_end = self.partitions.cloud_end
+
+    async def _on_subscription(
+        self, topic: str, name: str, definition: dict[str, Any] | None
+    ) -> None:
+        """A subscription deleted through another broker goes here too: its consumers here are
+        closed (UNKNOWN_SUBSCRIPTION) and its cursors with it, so it neither keeps delivering nor
+        leaves a stale cursor for a re-created one. (Ours, seen again through the watch, is
+        gone already.)"""
+        if definition is not None:
+            return  # created on demand by a consumer's SUBSCRIBE here, with the checkpoints
+        async with self._catalog.turn(topic):
+            found = self._catalog.topics.get(topic)
+            subscription = None if found is None else found.subscriptions.get(name)
+            if found is None or subscription is None:
+                return
+            close_consumers(
+                list(subscription.consumers.values()),
+                ErrorCode.UNKNOWN_SUBSCRIPTION,
+                f"subscription {name!r} deleted",
+            )
+            # (its delete hook deletes the etcd keys again: already gone, harmless)
+            await self._catalog.subscriptions.delete(found, name)
+
+    async def _drop_local(self, name: str) -> None:
+        if name in self._catalog.topics:
+            await self._catalog.delete_topic(name, close_topic_consumers)
+
+    # Subscriptions and uploads
+
+    async def _subscription_created(
+        self, topic: LogTopic, name: str, definition: dict[str, Any]
+    ) -> None:
+        await self.coordinator.put_subscription(topic.name, name, definition)
+        await self.partitions.checkpoint_new(topic, name)
+
+    async def _subscription_deleted(self, topic: str, name: str) -> None:
+        await self.coordinator.delete_subscription(topic, name)
+        await self.coordinator.delete_checkpoints(checkpoint_key(topic, name, 0)[:-1])
+
+    def _background(self, work: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._collecting.add(task)
+        task.add_done_callback(self._collecting.discard)
+
+    def status(self) -> dict[str, Any]:
+        status: dict[str, Any] = dict(self.coordinator.status())
+        status.update(
+            chunks=self.committer.chunks,
+            chunk_failures=self.committer.failures,
+            rebuilt=self.partitions.rebuilt,
+            kept=self.partitions.kept,
+        )
+        return status

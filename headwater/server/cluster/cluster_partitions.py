@@ -1,0 +1,547 @@
+"""A cluster broker's side of taking a partition over, handing it off, and losing it.
+
+The etcd coordinator (`server.cluster`) decides who owns each partition; this module is the
+`PartitionHandler` it calls, and keeps what a new owner needs where it can find it:
+
+- **acquire** (the ownership key is ours, not yet served): under the topic's turn, claim the
+  partition's manifest (`storage.partition_manifest`: no earlier owner can name a segment or let
+  chunks go from now on), list the partition's cloud tail (`storage.cloud_tail`), resolve the
+  valid chain above the manifest's segments and its end E, write our epoch's marker at E (first
+  time only), and make the local WAL equal to the chain. The local log is kept only when it
+  already ends at E with everything up to E stored by us; otherwise it is rebuilt: closed,
+  removed, opened again where the chain's chunks above the manifest's segments start, and their
+  batches appended, offsets unchanged. Reads below the local log go to the manifest's segments
+  and nothing else. Last-value state of a rebuilt partition is cleared and caught up (snapshot +
+  log).
+- **uploads** (`SegmentPublisher`): a sealed segment is uploaded under a name of its own once the
+  tail holds all its batches, and counts only once the manifest names it; the chunks below the
+  manifest's new end then go.
+  Then each reliable subscription's cursor for the partition is replaced by the checkpoint the
+  previous owner left (unacked messages due again: at-least-once).
+- **release** (graceful hand-off; the partition is no longer served): wait until what was
+  appended is in the object store, then write every cursor's final checkpoint, so the next owner
+  redelivers only what was unacked.
+- **lost** (fenced): what waits for the object store is answered NOT_OWNER at once.
+
+Cursors are also checkpointed every `checkpoint_interval` while owned (only those that changed),
+so a kill -9 costs at most that interval of acks: those messages are delivered again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Coroutine
+from dataclasses import replace
+from typing import Any, Protocol
+
+import structlog
+
+from headwater.durables.cursor import PartitionCursor
+from headwater.server.catalog.topic_catalog import TopicCatalog
+from headwater.server.cluster.tail_commit import TailCommitter
+from headwater.server.subscriptions.reliable_subscription import ReliableSubscription
+from headwater.server.topics.topic import LogTopic
+from headwater.server.topics.topic_settings import log_config
+from headwater.storage.cloud_tail import Chunk, CloudTail, fold
+from headwater.storage.partition_manifest import (
+    Manifest,
+    ManifestFenced,
+    PartitionManifests,
+    SegmentEntry,
+)
+from headwater.storage.uploader import UploadedSegment
+from headwater.storage.wal import PartitionLog, SealedSegment
+from headwater.wire.errors import StorageError
+
+log = structlog.get_logger("headwater.cluster")
+
+_STORED_WAIT = 1.0  # an upload waiting for the tail looks again at least this often
+_FOLD_READS = 16  # chunk GETs of one fold in flight
+RETIRE_AFTER = 600.0  # seconds an object the manifest no longer names stays readable
+_RETRY_INITIAL = 0.05
+_RETRY_MAX = 5.0
+
+
+class Checkpoints(Protocol):
+    async def put_checkpoint(self, key: str, value: bytes) -> None: ...
+
+    async def get_checkpoint(self, key: str, since: int = 0) -> bytes | None: ...
+
+    def incarnation(self, name: str) -> int: ...
+
+    def owned(self) -> list[tuple[str, int]]: ...
+
+    def epoch(self, topic: str, partition: int) -> int | None: ...
+
+
+def checkpoint_key(topic: str, subscription: str, partition: int) -> str:
+    return f"{topic}/{subscription}/{partition}"
+
+
+class ClusterPartitions:
+    def __init__(
+        self,
+        catalog: TopicCatalog,
+        tail: CloudTail,
+        committer: TailCommitter,
+        checkpoints: Checkpoints,
+        serves: Callable[[str, int], bool],
+        checkpoint_interval: float = 0.5,
+        fold_chunks: int = 500,
+    ) -> None:
+        self._catalog = catalog
+        self._serves = serves
+        self._tail = tail
+        self._committer = committer
+        self._manifests = PartitionManifests(tail.store)
+        # the manifest version this broker wrote last per partition it owns (set by a claim)
+        self._manifest: dict[tuple[str, int], Manifest] = {}
+        # set and replaced whenever a partition's stored end moves or a partition is lost: an
+        # upload waiting for the tail to hold its segment looks again
+        self._moved = asyncio.Event()
+        self._background: set[asyncio.Task[Any]] = set()
+        # the previous owners' chunks above the manifest's segments, read in place after a
+        # take-over until a fold names them in a segment
+        self._in_place: dict[tuple[str, int], list[UploadedSegment]] = {}
+        self._unfolded: dict[tuple[str, int], int] = {}  # chunks stored since the last fold
+        self._folding: dict[tuple[str, int], asyncio.Task[None]] = {}
+        # a partition's chunks are folded into a segment once this many are stored (and after
+        # a take-over): a take-over lists about that many, whatever the traffic
+        self._fold_chunks = fold_chunks
+        self.folds = 0
+        self._checkpoints = checkpoints
+        self._interval = checkpoint_interval
+        self._written: dict[tuple[str, str, int], bytes] = {}
+        # (topic, partition) -> the offset up to which our local log is known to equal the
+        # object store's chain (set by a take-over, moved by our stored chunks)
+        self._verified: dict[tuple[str, int], int] = {}
+        self._task: asyncio.Task[None] | None = None
+        self.rebuilt = 0
+        self.kept = 0
+        self.wake: Callable[[], None] = lambda: None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._checkpoint_loop())
+
+    async def close(self) -> None:
+        tasks = [*self._background, *self._folding.values()]
+        if self._task is not None:
+            tasks.append(self._task)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    def stored(self, topic: str, partition: int, end: int) -> None:
+        """The committer stored our chunk up to `end`: subscriptions may now send it."""
+        self._verified[topic, partition] = end
+        self._signal_moved()
+        key = (topic, partition)
+        self._unfolded[key] = self._unfolded.get(key, 0) + 1
+        if self._unfolded[key] >= self._fold_chunks:
+            self._fold_soon(topic, partition)
+        found = self._catalog.topics.get(topic)
+        if isinstance(found, LogTopic):
+            found.partitions[partition].log.notify()  # wakes the topic's pumps
+
+    def cloud_end(self, topic: str, partition: int) -> int:
+        """How far the partition is known to be in the object store, 0 unless served here."""
+        if not self._serves(topic, partition):
+            return 0
+        return self._verified.get((topic, partition), 0)
+
+    # PartitionHandler
+
+    async def acquire(self, topic: str, partition: int, epoch: int) -> None:
+        async with self._catalog.turn(topic):
+            found = self._catalog.topics.get(topic)
+            if found is None:
+                raise LookupError(f"topic {topic!r} is not known here yet")
+            if not isinstance(found, LogTopic):
+                return  # non-reliable: nothing is kept, nothing to take over
+            started = time.monotonic()
+            await self._committer.settle(topic, partition)
+            # what a deleted topic of the same name left in the shared store is not ours
+            since = self._checkpoints.incarnation(topic)
+            # first the manifest: a previous owner still running (paused, fenced) can no longer
+            # name a segment nor let the chunks it holds go once we have written our version
+            manifest = await self._manifests.claim(topic, partition, epoch, since)
+            self._manifest[topic, partition] = manifest
+            state = (await self._tail.state(topic, partition)).since(since)
+            end, run = state.resolve(manifest.end)
+            if run and run[0].first > manifest.end:
+                log.error(
+                    "cluster.tail_gap",
+                    topic=topic,
+                    partition=partition,
+                    segments_end=manifest.end,
+                    chunks_from=run[0].first,
+                )
+            if epoch not in state.markers:
+                await self._tail.mark_epoch(topic, partition, epoch, end, state)
+            local = found.partitions[partition].log
+            key = (topic, partition)
+            if local.next_offset == end and self._verified.get(key) == end:
+                self.kept += 1
+                self._in_place.pop(key, None)
+                self._adopt(topic, partition, manifest)
+            else:
+                # read in place, not downloaded: a take-over costs the same whatever the tail
+                self._in_place[key] = [
+                    UploadedSegment(
+                        c.first,
+                        c.end,
+                        state.sizes.get(c, 0),
+                        c.name(topic, partition)[: -len(".log")],
+                        max(c.first, manifest.end),
+                        indexed=False,
+                    )
+                    for c in run
+                ]
+                await self._restart(found, partition, end, manifest)
+                self.rebuilt += 1
+            self._verified[topic, partition] = end
+            self._unfolded[key] = len(run)
+            await self._load_cursors(found, partition, since)
+            log.info(
+                "cluster.partition_acquired",
+                topic=topic,
+                partition=partition,
+                epoch=epoch,
+                end=end,
+                chunks=len(run),
+                segments=len(manifest.segments),
+                ms=round((time.monotonic() - started) * 1000, 1),
+            )
+        if self._in_place.get((topic, partition)):
+            self._fold_soon(topic, partition)  # the previous owners' chunks into one segment
+        self._wake_subscriptions(topic)
+
+    async def release(self, topic: str, partition: int) -> None:
+        with contextlib.suppress(Exception):
+            await self._committer.drain(topic, partition)
+        await self._checkpoint_partition(topic, partition, force=True)
+        log.info("cluster.partition_released", topic=topic, partition=partition)
+
+    def lost(self, topic: str, partition: int) -> None:
+        self._committer.reset(topic, partition)
+        self._verified.pop((topic, partition), None)
+        self._manifest.pop((topic, partition), None)
+        self._in_place.pop((topic, partition), None)
+        self._signal_moved()
+        log.warning("cluster.partition_lost", topic=topic, partition=partition)
+
+    # Take-over
+
+    async def _restart(self, topic: LogTopic, partition: int, end: int, manifest: Manifest) -> None:
+        """A fresh, empty local log at `end`: below it, reads go to the manifest's segments and
+        the tail's chunks in place."""
+        holder = topic.partitions[partition]
+        old = holder.log
+        listeners = list(old._append_listeners)  # the topic's AppendSignal
+        await old.close()
+        await asyncio.to_thread(shutil.rmtree, old.directory, True)
+        self._adopt(topic.name, partition, manifest)
+        fresh = await asyncio.to_thread(
+            PartitionLog.open,
+            old.directory,
+            log_config(topic.settings),
+            end,
+            self._catalog.sealed(topic.name, partition),
+        )
+        fresh.start()
+        for listener in listeners:
+            fresh.add_append_listener(listener)
+        holder.log = fresh
+        holder.producers.producers.clear()  # the previous owner's sequences are not known here
+        index = topic.last_value
+        if index is not None:
+            index.restart_partition(partition)
+            await self._catalog.catch_up_last_values(topic, index)
+
+    def _adopt(self, topic: str, partition: int, manifest: Manifest) -> None:
+        """Reads below the local log go to the manifest's segments and the chunks above them
+        read in place, and to nothing else."""
+        if self._catalog.uploader is None:
+            return
+        in_place = [
+            replace(c, first=max(c.start, manifest.end))
+            for c in self._in_place.get((topic, partition), [])
+            if c.next_offset > manifest.end
+        ]
+        if in_place:
+            self._in_place[topic, partition] = in_place
+        else:
+            self._in_place.pop((topic, partition), None)
+        self._catalog.uploader.replace(
+            topic,
+            partition,
+            [UploadedSegment(s.base, s.end, s.size, s.name, s.first) for s in manifest.segments]
+            + in_place,
+        )
+
+    def _renamed(self, topic: str, partition: int, before: Manifest, after: Manifest) -> None:
+        """`after` was written: ours from now on, reads go through it, the chunks below its
+        end go, and the objects it no longer names go after a grace period (a reader of the
+        previous version, such as a compaction run, may still fetch them)."""
+        key = (topic, partition)
+        current = self._manifest.get(key)
+        if current is None or current.version < after.version:
+            self._manifest[key] = after
+        self._adopt(topic, partition, self._manifest[key])
+        self._spawn(self._tail.collect(topic, partition, after.end))
+        retired = before.names() - after.names()
+        if retired:
+            self._spawn(self._retire(retired))
+
+    async def _retire(self, names: set[str]) -> None:
+        await asyncio.sleep(RETIRE_AFTER)
+        for name in names:
+            for suffix in (".log", ".index"):
+                await self._tail.store.delete(f"{name}{suffix}")
+
+    def _spawn(self, work: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[Any]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # left for the next round: chunks and retired objects only cost storage
+            log.warning("cluster.cleanup_failed", error=str(task.exception()))
+
+    # Folding the tail
+
+    def _fold_soon(self, topic: str, partition: int) -> None:
+        key = (topic, partition)
+        if key not in self._folding:
+            task = asyncio.get_running_loop().create_task(self._fold(topic, partition))
+            self._folding[key] = task
+            task.add_done_callback(lambda _: self._folding.pop(key, None))
+
+    async def _fold(self, topic: str, partition: int) -> None:
+        """Fold the chunks above the manifest's segments, up to what is stored, into one
+        segment object and name it: a take-over then lists and reads a bounded tail. Retried
+        with doubling delays while the partition is ours."""
+        key = (topic, partition)
+        delay = _RETRY_INITIAL
+        while (epoch := self._checkpoints.epoch(topic, partition)) is not None:
+            known = self._manifest.get(key)
+            stored = self._verified.get(key)
+            if known is None or stored is None:
+                return
+            try:
+                await self._fold_once(topic, partition, epoch, known, stored)
+                return
+            except ManifestFenced:
+                return
+            except (StorageError, ValueError) as exc:
+                log.warning("cluster.fold_failed", topic=topic, partition=partition, error=str(exc))
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _RETRY_MAX)
+
+    async def _fold_once(
+        self, topic: str, partition: int, epoch: int, known: Manifest, stored: int
+    ) -> None:
+        since = self._checkpoints.incarnation(topic)
+        state = (await self._tail.state(topic, partition)).since(since)
+        _, run = state.resolve(known.end)
+        run = [c for c in run if c.end <= stored]
+        if not run or run[0].first > known.end:
+            return  # nothing to fold (or a gap, reported by the take-over)
+        gate = asyncio.Semaphore(_FOLD_READS)
+
+        async def read(chunk: Chunk) -> list[bytes]:
+            async with gate:
+                return await self._tail.read(topic, partition, chunk)
+
+        batches = [b for found in await asyncio.gather(*map(read, run)) for b in found]
+        data, index = fold(batches)
+        base = run[0].first
+        name = f"{topic}/{partition}/{base:020d}-{epoch:020d}-{uuid.uuid4().hex[:8]}"
+        await self._tail.store.put(f"{name}.index", index)
+        await self._tail.store.put(f"{name}.log", data)
+        entry = SegmentEntry(base, run[-1].end, base, name, len(data))
+        try:
+            after = await self._manifests.add(topic, partition, epoch, entry, known)
+        except ManifestFenced:
+            for suffix in (".log", ".index"):
+                await self._tail.store.delete(f"{name}{suffix}")
+            raise
+        self.folds += 1
+        self._unfolded[topic, partition] = 0
+        self._renamed(topic, partition, known, after)
+        log.info(
+            "cluster.tail_folded",
+            topic=topic,
+            partition=partition,
+            first=base,
+            end=run[-1].end,
+            chunks=len(run),
+            bytes=len(data),
+        )
+
+    # Uploads (the uploader's SegmentPublisher)
+
+    async def name(self, topic: str, partition: int, segment: SealedSegment) -> str | None:
+        key = (topic, partition)
+        epoch = self._checkpoints.epoch(topic, partition)
+        manifest = self._manifest.get(key)
+        if epoch is None or manifest is None:
+            return None  # not ours
+        if segment.next_offset <= manifest.end:
+            # held already (by folds, or by the segments a take-over found): uploaded only if
+            # it replaces several folds in the manifest (fewer, larger objects)
+            base = segment.base_offset
+            probe = SegmentEntry(base, segment.next_offset, base, "", segment.size)
+            if manifest.adding(probe) is manifest:
+                return None
+        if segment.base_offset > manifest.end:
+            # the chunks below it are not folded yet (a log restarted at a take-over's end, or
+            # a segment of ours not named as the partition moved): they keep these offsets,
+            # and folds name them
+            log.info(
+                "cluster.segment_not_named",
+                topic=topic,
+                partition=partition,
+                base_offset=segment.base_offset,
+                segments_end=manifest.end,
+            )
+            return None
+        # only what the tail holds may be named: the end of a sealed segment can hold appends
+        # whose PUT has not completed, or never will (the partition moved), and so were never
+        # acknowledged; their offsets may be given to other messages by the next owner
+        while self._verified.get(key, -1) < segment.next_offset:
+            if self._checkpoints.epoch(topic, partition) != epoch or key not in self._verified:
+                return None
+            moved = self._moved
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(moved.wait(), _STORED_WAIT)
+        return f"{topic}/{partition}/{segment.base_offset:020d}-{epoch:020d}-{uuid.uuid4().hex[:8]}"
+
+    async def publish(
+        self, topic: str, partition: int, segment: UploadedSegment
+    ) -> UploadedSegment | None:
+        key = (topic, partition)
+        epoch = self._checkpoints.epoch(topic, partition)
+        known = self._manifest.get(key)
+        if epoch is None or known is None:
+            return None
+        entry = SegmentEntry(
+            segment.base_offset,
+            segment.next_offset,
+            segment.base_offset,
+            segment.name,
+            segment.size,
+        )
+        try:
+            manifest = await self._manifests.add(topic, partition, epoch, entry, known)
+        except ManifestFenced as exc:
+            log.warning("cluster.manifest_fenced", topic=topic, partition=partition, error=str(exc))
+            return None
+        named = next((s for s in manifest.segments if s.name == segment.name), None)
+        if named is None:
+            return None  # it added nothing (all below the segments' end)
+        self._renamed(topic, partition, known, manifest)
+        return UploadedSegment(named.base, named.end, named.size, named.name, named.first)
+
+    def _signal_moved(self) -> None:
+        self._moved.set()
+        self._moved = asyncio.Event()
+
+    async def _load_cursors(self, topic: LogTopic, partition: int, since: int) -> None:
+        now = time.monotonic()
+        for subscription in _reliable(topic):
+            data = await self._checkpoints.get_checkpoint(
+                checkpoint_key(topic.name, subscription.name, partition), since
+            )
+            if data is None:
+                # nobody consumed this partition for it elsewhere: from the oldest stored
+                # message (never lose one; a `latest` subscription checkpoints at creation)
+                cursor = PartitionCursor.starting_at(
+                    min(subscription.core.position(partition), topic.start_offset(partition))
+                )
+            else:
+                cursor = PartitionCursor.decode(data)
+            subscription.core.replace_cursor(partition, cursor, now)
+            subscription.persist()
+            self._written[topic.name, subscription.name, partition] = cursor.encode()
+
+    def _wake_subscriptions(self, topic: str) -> None:
+        found = self._catalog.topics.get(topic)
+        if isinstance(found, LogTopic):
+            for subscription in _reliable(found):
+                subscription.wake()
+
+    # Checkpoints
+
+    async def checkpoint_new(self, topic: LogTopic, subscription: str) -> None:
+        """A subscription was just created here: its start, for the partitions owned here,
+        unless the cluster has a cursor for it there already (it was created on another broker,
+        which served the partition before us): that cursor is taken, as by a take-over, and
+        the start asked for here applies only where the subscription is new. Otherwise a
+        `latest` start would skip what the subscription has not read yet."""
+        found = topic.subscriptions.get(subscription)
+        since = self._checkpoints.incarnation(topic.name)
+        now = time.monotonic()
+        for name, partition in self._checkpoints.owned():
+            if name != topic.name:
+                continue
+            data = await self._checkpoints.get_checkpoint(
+                checkpoint_key(name, subscription, partition), since
+            )
+            if data is not None and isinstance(found, ReliableSubscription):
+                cursor = PartitionCursor.decode(data)
+                found.core.replace_cursor(partition, cursor, now)
+                found.persist()
+                self._written[name, subscription, partition] = cursor.encode()
+                continue
+            await self._checkpoint_partition(name, partition, force=True, only=subscription)
+        if isinstance(found, ReliableSubscription):
+            found.wake()
+
+    async def _checkpoint_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval)
+            for topic, partition in self._checkpoints.owned():
+                try:
+                    await self._checkpoint_partition(topic, partition)
+                except Exception as exc:  # etcd away: the next round tries again
+                    log.warning(
+                        "cluster.checkpoint_failed",
+                        topic=topic,
+                        partition=partition,
+                        error=str(exc),
+                    )
+                    break
+
+    async def _checkpoint_partition(
+        self, topic: str, partition: int, force: bool = False, only: str | None = None
+    ) -> None:
+        found = self._catalog.topics.get(topic)
+        if not isinstance(found, LogTopic):
+            return
+        for subscription in _reliable(found):
+            if only is not None and subscription.name != only:
+                continue
+            data = subscription.core.cursors[partition].encode()
+            ident = (topic, subscription.name, partition)
+            if not force and self._written.get(ident) == data:
+                continue
+            await self._checkpoints.put_checkpoint(
+                checkpoint_key(topic, subscription.name, partition), data
+            )
+            self._written[ident] = data
+
+
+def _reliable(topic: LogTopic) -> list[ReliableSubscription]:
+    return [s for s in topic.subscriptions.values() if isinstance(s, ReliableSubscription)]
+
+
+__all__ = ["ClusterPartitions", "checkpoint_key"]

@@ -1,0 +1,4 @@
+"""The request handlers: `broker` (one handler per request type, each run in its topic's turn when
+it must be), `admin_requests`, `consumer_requests`, `map_requests`, `create_partitions`, `lookup`,
+and `partition_ownership` (which broker serves each partition: the seam a cluster implements).
+Imports `catalog`, `topics`, `subscriptions` and `schemas`."""

@@ -1,0 +1,394 @@
+"""The broker: one handler per request type, and the turns that keep requests on a topic in order.
+
+Handlers run on the event loop and return a `server.reply.Reply`: the response itself when
+it is ready (a non-reliable produce is a validate, a stamp and a fan-out), or a `Waiting` that says
+what it waits for: `AfterDurable` (a reliable produce under fsync `always` waits for its group
+commit) or `AfterWork` (a reliable subscribe may read the WAL to find a timestamp). Each raises a
+`HeadwaterError` subclass for a bad request; the connection turns it into an error response.
+Consumer requests are in `server.requests.consumer_requests`, map requests in
+`server.requests.map_requests`.
+
+Topics and subscriptions live in `TopicCatalog`, which owns their files and state. Requests that
+change a topic or may await while acting on it (create, delete, subscribe, seek,
+DELETE_SUBSCRIPTION, a map request whose state is not built yet) run in a turn of the topic's name
+(`server.topic_turns`), taken when the request is read; so does any other request naming a
+topic whose line is not empty, so pipelined requests keep their order. A handler in a turn looks the
+topic up once the turn is its own: a request that lost a race with a delete gets UNKNOWN_TOPIC,
+never a half-made subscription on a deleted topic. What a handler does in its turn is its work
+(`AfterWork`); its durability wait (`AfterDurable`) comes after the turn is given up, so the
+produces queued behind it do not wait for its fsync.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from headwater.durables.producers import ProducerTable
+from headwater.server.catalog.topic_catalog import TopicCatalog
+from headwater.server.config import ServerConfig
+from headwater.server.reply import AfterDurable, AfterWork, Reply, Waiting, after
+from headwater.server.requests.admin_requests import AdminHandlers
+from headwater.server.requests.consumer_requests import ConsumerHandlers, close_consumers
+from headwater.server.requests.create_partitions import add_partitions
+from headwater.server.requests.lookup import LookupHandler
+from headwater.server.requests.map_requests import MapHandlers
+from headwater.server.requests.partition_ownership import (
+    BrokerAddress,
+    Ownership,
+    SingleBroker,
+    not_owner,
+)
+from headwater.server.schemas.schema_registry import SchemaHandlers
+from headwater.server.topic_turns import Turn
+from headwater.server.topics.subscription_contract import Consumer
+from headwater.server.topics.subscription_contract import ConsumerSession as Session
+from headwater.server.topics.topic import LogTopic, MemoryTopic, Topic
+from headwater.wire import messages as m
+from headwater.wire.errors import (
+    ErrorCode,
+    InvalidRequest,
+    InvalidTopicName,
+    NotSupported,
+    UnknownProducerId,
+    UnknownTopic,
+)
+from headwater.wire.names import is_dead_letter_name
+from headwater.wire.protocol import SUPPORTED_VERSIONS
+from headwater.wire.records import (
+    BatchInfo,
+    Compression,
+    inspect_batch,
+    read_records,
+    validate_records,
+)
+
+Handler = Callable[[Session, Any], Reply]
+
+
+class Broker:
+    def __init__(
+        self,
+        config: ServerConfig,
+        catalog: TopicCatalog,
+        connections: Callable[[], int] = lambda: 0,
+        ownership: Ownership | None = None,
+    ) -> None:
+        self._config = config
+        self.catalog = catalog
+        self.ownership: Ownership = ownership or SingleBroker(
+            BrokerAddress("local", config.host, config.port)
+        )
+        self.consumers = ConsumerHandlers(config, catalog)
+        self.memory = self.consumers.memory  # the server's memory budget (server info, metrics)
+        self.admin = AdminHandlers(catalog, config.data_dir, connections, self.memory)
+        self.maps = MapHandlers(catalog)
+        self.gate: Ownership | None = None  # a cluster's ownership (enter_cluster)
+        self.cluster: Any = None
+        consumers = self.consumers
+        schemas = SchemaHandlers(catalog.schemas, catalog.topics)
+        self._handlers: dict[type, Handler] = {
+            m.ProduceRequest: self.produce,
+            m.SubscribeRequest: consumers.subscribe,
+            m.FlowRequest: consumers.flow,
+            m.AckRequest: consumers.ack,
+            m.NackRequest: consumers.nack,
+            m.UnsubscribeRequest: consumers.unsubscribe,
+            m.SeekRequest: consumers.seek,
+            m.DeleteSubscriptionRequest: consumers.delete_subscription,
+            m.InitProducerIdRequest: self.init_producer_id,
+            m.MapGetRequest: self.maps.map_get,
+            m.MapSetRequest: self.maps.map_set,
+            m.MapScanRequest: self.maps.map_scan,
+            m.MapSizeRequest: self.maps.map_size,
+            m.CreateTopicRequest: self.create_topic,
+            m.DeleteTopicRequest: self.delete_topic,
+            m.ListTopicsRequest: self.list_topics,
+            m.DescribeTopicRequest: self.describe_topic,
+            m.ApiVersionsRequest: self.api_versions,
+            m.AlterTopicConfigsRequest: self.admin.alter_topic_configs,
+            m.ListSubscriptionsRequest: self.admin.list_subscriptions,
+            m.ServerInfoRequest: self.admin.server_info,
+            m.CreatePartitionsRequest: self.create_partitions,
+            m.RegisterSchemaRequest: schemas.register,
+            m.GetSchemaRequest: schemas.get,
+            m.ListSchemasRequest: schemas.list,
+            m.CheckSchemaRequest: schemas.check,
+            m.LookupRequest: LookupHandler(self.ownership, catalog.topics).lookup,
+        }
+
+    @property
+    def topics(self) -> dict[str, Topic]:
+        return self.catalog.topics
+
+    def handle(self, session: Session, request: m.Request) -> Reply:
+        handler = self._handlers[type(request)]
+        kind = type(request)
+        name = _topic_named(request)
+        if name is not None and (
+            kind in _IN_TURN
+            or self.catalog.busy(name)
+            or (kind in _MAP_REQUESTS and not self.maps.ready(name))
+        ):
+            return AfterWork(self._in_turn(self.catalog.turn(name), handler, session, request))
+        return handler(session, request)
+
+    @staticmethod
+    async def _in_turn(turn: Turn, handler: Handler, session: Session, request: m.Request) -> Reply:
+        async with turn:
+            reply = handler(session, request)
+            while isinstance(reply, AfterWork):
+                reply = await reply.work
+        return reply  # a durability wait needs no turn
+
+    def _topic(self, name: str) -> Topic:
+        topic = self.catalog.topics.get(name)
+        if topic is None:
+            raise UnknownTopic(f"topic {name!r} does not exist")
+        return topic
+
+    def detach(self, consumer: Consumer) -> None:
+        """A consumer's connection closed."""
+        self.consumers.detach(consumer)
+
+    # Messages
+
+    def produce(
+        self, session: Session, request: m.ProduceRequest, info: BatchInfo | None = None
+    ) -> Reply:
+        """`info`: the batch already validated (the connection inflates large ones off the loop)."""
+        topic = self._topic(request.topic)
+        if request.isolation not in (m.Isolation.READ_UNCOMMITTED, m.Isolation.READ_COMMITTED):
+            raise InvalidRequest(
+                f"unknown isolation {request.isolation} (0 read_uncommitted, 1 read_committed)"
+            )
+        if info is None:
+            info = self._check_batch(topic, request.batch)
+        schemas = self.catalog.schemas.validating.get(request.topic)
+        if schemas is not None:  # the one per-record cost, and only on topics with a schema
+            schemas.check_batch(request.batch, self._config.max_decompressed_batch)
+        if not topic.reliable:
+            return self._publish(topic, request, info)
+        return self._append(topic, request, info)
+
+    def _check_batch(self, topic: Topic, batch: bytes) -> BatchInfo:
+        """What a produce's batch must pass. A non-reliable topic keeps nothing and has no
+        last-value state, so an uncompressed batch there is checked by its header and CRC alone
+        and fanned out undecoded (a record that does not decode ends the consumers that got it,
+        and no later one). Reliable topics store what they take: every record is decoded once
+        (in C), so a stored batch always reads."""
+        if not topic.reliable:
+            info = inspect_batch(batch)
+            if info.compression == Compression.NONE:
+                return info
+        return validate_records(batch, self._config.max_decompressed_batch)
+
+    def _publish(self, topic: MemoryTopic, request: m.ProduceRequest, info: BatchInfo) -> Reply:
+        partition = self._pick(topic, request.partition)
+        if self.gate is not None and not self.gate.serves(topic.name, partition.index):
+            raise not_owner(self.gate, topic.name, partition.index)
+        if info.producer_id < 0:
+            base_offset, _ = topic.accept(partition, request.batch, info.record_count, False)
+            return m.ProduceResponse(partition.index, base_offset)
+        original = self._check_producer(request, info, partition.producers)
+        if original is not None:  # a retry of a batch already appended
+            return m.ProduceResponse(partition.index, original)
+        base_offset, _ = topic.accept(partition, request.batch, info.record_count, False)
+        partition.producers.record(
+            info.producer_id, info.base_sequence, info.record_count, base_offset
+        )
+        return m.ProduceResponse(partition.index, base_offset)
+
+    def _append(self, topic: LogTopic, request: m.ProduceRequest, info: BatchInfo) -> Reply:
+        committed = request.isolation == m.Isolation.READ_COMMITTED
+        if request.partition == -1 and topic.last_value is not None:
+            records = read_records(request.batch, self._config.max_decompressed_batch)
+            partition = topic.partitions[topic.last_value.partition_for(records)]
+        else:
+            partition = self._pick(topic, request.partition)
+        if self.gate is not None and not self.gate.serves(topic.name, partition.index):
+            raise not_owner(self.gate, topic.name, partition.index)
+        if info.producer_id < 0:
+            base_offset, durable = topic.accept(
+                partition, request.batch, info.record_count, committed
+            )
+            response = m.ProduceResponse(partition.index, base_offset)
+            return response if durable is None else AfterDurable(response, durable)
+        original = self._check_producer(request, info, partition.producers)
+        if original is not None:  # a retry of a batch already appended
+            return m.ProduceResponse(partition.index, original)
+        base_offset, durable = topic.accept(partition, request.batch, info.record_count, committed)
+        entry = partition.producers.record(
+            info.producer_id, info.base_sequence, info.record_count, base_offset
+        )
+        saved = self.catalog.producers.save(topic, partition.index, info.producer_id, entry)
+        return after(m.ProduceResponse(partition.index, base_offset), durable, saved)
+
+    def _pick(self, topic: Topic, requested: int) -> Any:
+        """The partition asked for; for -1, the next in turn (in a cluster, of those served
+        here: a producer that leaves the choice to the broker is never sent elsewhere)."""
+        partition = topic.pick_partition(requested)
+        if requested == -1 and self.gate is not None:
+            for _ in range(len(topic.partitions)):
+                if self.gate.serves(topic.name, partition.index):
+                    break
+                partition = topic.pick_partition(requested)
+        return partition
+
+    def enter_cluster(self, ownership: Ownership, cluster: Any) -> None:
+        """Serve only the partitions `ownership` gives this broker, and define topics through
+        `cluster` (a `server.cluster.cluster_mode.ClusterMode`; docs/CLUSTER.md)."""
+        self.gate = ownership
+        self.ownership = ownership
+        self._handlers[m.LookupRequest] = LookupHandler(ownership, self.catalog.topics).lookup
+        self.cluster = cluster
+        self.maps.ownership = ownership
+        # an Exclusive subscription has one holder in the whole cluster (fenced in etcd)
+        gate = cluster.exclusive
+        self._handlers[m.SubscribeRequest] = gate.wrap(self.consumers.subscribe)
+        self.consumers.on_detached = gate.detached_consumer
+        self.catalog.subscriptions.serves = ownership.serves
+
+    def _check_producer(
+        self, request: m.ProduceRequest, info: BatchInfo, producers: ProducerTable
+    ) -> int | None:
+        """The original offset if this batch retries an appended one; None if it is new."""
+        if request.partition == -1:
+            raise InvalidRequest("an idempotent producer must name the partition")
+        if not self.catalog.producers.issued(info.producer_id):
+            raise UnknownProducerId(f"producer id {info.producer_id} was not issued by this server")
+        return producers.check(info.producer_id, info.base_sequence, info.record_count)
+
+    def init_producer_id(self, session: Session, request: m.InitProducerIdRequest) -> Reply:
+        if self.cluster is not None:
+            # ids are counted per broker, and a partition's sequences stay with its old owner:
+            # a moved partition would take another producer's retry for a duplicate and drop it
+            raise NotSupported("idempotent producers are not supported in a cluster yet")
+        producer_id, durable = self.catalog.producers.issue()
+        return AfterDurable(m.InitProducerIdResponse(producer_id, 0), durable)
+
+    # Admin
+
+    def create_topic(self, session: Session, request: m.CreateTopicRequest) -> Reply:
+        if is_dead_letter_name(request.name):  # only the server creates these (deadletter)
+            raise InvalidTopicName(
+                f"topic name {request.name!r} is reserved: a name ending -<16 hex digits>-DLQ "
+                "is a dead-letter topic's, which the server creates on first use"
+            )
+        return AfterWork(self._create_topic(request))
+
+    async def _create_topic(self, request: m.CreateTopicRequest) -> Reply:
+        if self.cluster is not None:
+            await self.cluster.create_topic(request)
+        else:
+            await self.catalog.create_locked(request)
+        return m.EmptyResponse()
+
+    def delete_topic(self, session: Session, request: m.DeleteTopicRequest) -> Reply:
+        return AfterWork(self._delete_topic(request))
+
+    async def _delete_topic(self, request: m.DeleteTopicRequest) -> Reply:
+        self._topic(request.name)
+        if self.cluster is not None:
+            await self.cluster.delete_topic(request.name)
+        else:
+            await self.catalog.delete_topic(request.name, close_topic_consumers)
+        return m.EmptyResponse()
+
+    def create_partitions(self, session: Session, request: m.CreatePartitionsRequest) -> Reply:
+        if self.cluster is not None:
+            return AfterWork(self.cluster.create_partitions(request))
+        return AfterWork(add_partitions(self.catalog, request))
+
+    def list_topics(self, session: Session, request: m.ListTopicsRequest) -> m.ListTopicsResponse:
+        return m.ListTopicsResponse(tuple(t.info for _, t in sorted(self.catalog.topics.items())))
+
+    def describe_topic(self, session: Session, request: m.DescribeTopicRequest) -> Reply:
+        topic = self._topic(request.name)
+        if self.catalog.horizons is None or not topic.reliable:
+            return self._describe(topic)
+        return AfterWork(self._describe_with_horizons(topic))
+
+    def _describe(self, topic: Topic) -> m.DescribeTopicResponse:
+        return dataclasses.replace(topic.describe(), partitions=self.admin.partitions(topic))
+
+    async def _describe_with_horizons(self, topic: LogTopic) -> Reply:
+        """Each partition's newest snapshot horizon, as `snapshot.partition.<p>.horizon`
+        entries after the topic's configs (none for a partition without a snapshot)."""
+        assert self.catalog.horizons is not None
+        horizons = await self.catalog.horizons.get(topic.name)
+        description = self._describe(topic)
+        entries = tuple(
+            m.ConfigEntry(f"snapshot.partition.{p}.horizon", str(horizon))
+            for p, horizon in sorted(horizons.items())
+            if p < len(topic.partitions) and horizon <= topic.partitions[p].next_offset
+        )
+        if not entries:
+            return description
+        info = description.topic
+        return dataclasses.replace(
+            description, topic=dataclasses.replace(info, configs=(*info.configs, *entries))
+        )
+
+    def api_versions(
+        self, session: Session, request: m.ApiVersionsRequest
+    ) -> m.ApiVersionsResponse:
+        return m.ApiVersionsResponse(
+            tuple(
+                m.ApiVersionRange(k, lo, hi) for k, (lo, hi) in sorted(SUPPORTED_VERSIONS.items())
+            )
+        )
+
+
+def close_topic_consumers(topic: Topic) -> None:
+    for subscription in list(topic.subscriptions.values()):
+        close_consumers(
+            list(subscription.consumers.values()),
+            ErrorCode.UNKNOWN_TOPIC,
+            f"topic {topic.name!r} was deleted",
+        )
+
+
+_IN_TURN = frozenset(
+    {
+        m.SubscribeRequest,
+        m.SeekRequest,
+        m.DeleteSubscriptionRequest,
+        m.CreateTopicRequest,
+        m.DeleteTopicRequest,
+        m.AlterTopicConfigsRequest,
+        m.CreatePartitionsRequest,
+        m.RegisterSchemaRequest,
+    }
+)
+_MAP_REQUESTS = frozenset({m.MapGetRequest, m.MapSetRequest, m.MapScanRequest, m.MapSizeRequest})
+_TOPIC_FIELD = {
+    m.ProduceRequest: "topic",
+    m.SubscribeRequest: "topic",
+    m.SeekRequest: "topic",
+    m.DeleteSubscriptionRequest: "topic",
+    m.MapGetRequest: "topic",
+    m.MapSetRequest: "topic",
+    m.MapScanRequest: "topic",
+    m.MapSizeRequest: "topic",
+    m.CreateTopicRequest: "name",
+    m.DeleteTopicRequest: "name",
+    m.DescribeTopicRequest: "name",
+    m.AlterTopicConfigsRequest: "name",
+    m.ListSubscriptionsRequest: "topic",
+    m.CreatePartitionsRequest: "name",
+    m.RegisterSchemaRequest: "topic",
+    m.GetSchemaRequest: "topic",
+    m.ListSchemasRequest: "topic",
+    m.CheckSchemaRequest: "topic",
+}
+
+
+def _topic_named(request: m.Request) -> str | None:
+    """The topic a request acts on, if it names one."""
+    field = _TOPIC_FIELD.get(type(request))
+    return None if field is None else str(getattr(request, field))
+
+
+__all__ = ["Broker", "Reply", "Waiting"]

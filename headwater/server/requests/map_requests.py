@@ -1,0 +1,203 @@
+"""Map durables' requests: MAP_GET, MAP_SET, MAP_SCAN, MAP_SIZE on a topic's last-value state.
+
+Get and set are synchronous when the topic's state is ready (no task, no await) and wait for an
+fsync only when the topic's policy needs one. A read (get, scan, size) never changes a topic: on a
+topic without last-value state it is refused with INVALID_REQUEST (`no_last_value_state`). The
+first MAP_SET builds the state (`TopicCatalog.enable_last_value`); the broker runs such a request
+in the topic's turn, so the build never races a delete or another build. A set checks every
+compare-and-set expectation and appends with no await in between, and writes each key to its
+partition, `crc32(key) % n`, where its revisions are unique.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+
+from headwater.durables.lastvalue import StoredValue, check_key
+from headwater.server.catalog.topic_catalog import TopicCatalog, last_value_topic
+from headwater.server.reply import AfterWork, Reply, after
+from headwater.server.requests.partition_ownership import Ownership, not_owner
+from headwater.server.topics.lastvalue_index import LastValueIndex
+from headwater.server.topics.subscription_contract import ConsumerSession as Session
+from headwater.server.topics.topic import LogTopic, Topic
+from headwater.wire import messages as m
+from headwater.wire.api.maps import encode_map_entries
+from headwater.wire.errors import InvalidRequest, RevisionMismatch, UnknownTopic
+from headwater.wire.keys import ABSENT_REVISION, ANY_REVISION
+from headwater.wire.limits import MAX_MAP_KEYS
+from headwater.wire.records import build_batch
+
+
+class MapHandlers:
+    def __init__(self, catalog: TopicCatalog) -> None:
+        self._catalog = catalog
+        self.ownership: Ownership | None = None  # a cluster: keys of partitions served here only
+
+    def _check_served(self, topic: str, index: LastValueIndex, keys: Iterable[bytes]) -> None:
+        ownership = self.ownership
+        if ownership is None:
+            return
+        for record_key in keys:
+            partition = index.partition_of(record_key)
+            if not ownership.serves(topic, partition):
+                raise not_owner(ownership, topic, partition)
+
+    def ready(self, topic_name: str) -> bool:
+        """Whether map requests on `topic_name` can be answered without building its state."""
+        topic = self._catalog.topics.get(topic_name)
+        return topic is None or (topic.last_value is not None and topic.last_value.ready)
+
+    def _topic(self, name: str) -> Topic:
+        topic = self._catalog.topics.get(name)
+        if topic is None:
+            raise UnknownTopic(f"topic {name!r} does not exist")
+        return topic
+
+    async def _index(self, topic_name: str) -> tuple[LogTopic, LastValueIndex]:
+        """The topic's last values, built first if need be (the broker runs a map request whose
+        index is not ready in the topic's turn). Only writes call this."""
+        topic = last_value_topic(self._topic(topic_name))
+        return topic, await self._catalog.enable_last_value(topic)
+
+    async def _read_index(self, topic_name: str) -> LastValueIndex:
+        """The topic's last values for a read, which must not create them: a topic without the
+        state is refused rather than switched to keeping it (a read changes no configuration)."""
+        topic = last_value_topic(self._topic(topic_name))
+        if topic.last_value is None:
+            raise no_last_value_state(topic.name)
+        return await self._catalog.enable_last_value(topic)  # finishes a build under way
+
+    def map_get(self, session: Session, request: m.MapGetRequest) -> Reply:
+        if not request.keys or len(request.keys) > MAX_MAP_KEYS:
+            raise InvalidRequest(f"a get names 1..{MAX_MAP_KEYS} keys, not {len(request.keys)}")
+        for wanted in request.keys:
+            check_key(wanted)
+        index = self._topic(request.topic).last_value
+        if index is not None and index.ready:  # the hot path: no task, no await, no object per key
+            self._check_served(request.topic, index, request.keys)
+            get = index.get_head
+            return encode_map_entries([(k, get(k)) for k in request.keys])
+        return AfterWork(self._map_get_after_enabling(request))
+
+    async def _map_get_after_enabling(self, request: m.MapGetRequest) -> Reply:
+        index = await self._read_index(request.topic)
+        self._check_served(request.topic, index, request.keys)
+        return m.MapGetResponse(tuple(_entry(k, index.get(k)) for k in request.keys))
+
+    def map_set(self, session: Session, request: m.MapSetRequest) -> Reply:
+        if not request.writes or len(request.writes) > MAX_MAP_KEYS:
+            raise InvalidRequest(f"a set holds 1..{MAX_MAP_KEYS} writes")
+        for write in request.writes:
+            check_key(write.key)
+            if write.expected_revision < ABSENT_REVISION:
+                raise InvalidRequest("expected_revision: -1 any, -2 absent, or a revision >= 0")
+        topic = self._topic(request.topic)
+        if not topic.reliable or topic.last_value is None or not topic.last_value.ready:
+            return AfterWork(self._map_set_after_enabling(request))
+        return self._map_set(topic, topic.last_value, request)
+
+    async def _map_set_after_enabling(self, request: m.MapSetRequest) -> Reply:
+        topic, index = await self._index(request.topic)
+        return self._map_set(topic, index, request)
+
+    def _map_set(self, topic: LogTopic, index: LastValueIndex, request: m.MapSetRequest) -> Reply:
+        """Synchronous up to the fsync wait (if the topic's policy needs one): no task."""
+        if index.key_field:
+            raise InvalidRequest(
+                f"topic {topic.name!r} takes keys from field {index.key_field!r} of its values: "
+                "produce records to it instead of setting keys"
+            )
+        self._check_served(topic.name, index, (w.key for w in request.writes))
+        # Check every expectation, then write, with no await between: the check holds.
+        for write in request.writes:
+            if write.expected_revision == ANY_REVISION:
+                continue  # nothing to compare: no lookup
+            current = index.get(write.key)
+            revision = ABSENT_REVISION if current is None else current.offset
+            if write.expected_revision not in (ANY_REVISION, revision):
+                found = "absent" if current is None else f"at revision {revision}"
+                wanted = (
+                    "absent"
+                    if write.expected_revision == ABSENT_REVISION
+                    else f"at revision {write.expected_revision}"
+                )
+                raise RevisionMismatch(f"key {write.key!r} is {found}, expected {wanted}")
+        by_partition: dict[int, list[tuple[int, m.MapWrite]]] = {}
+        for position, write in enumerate(request.writes):
+            index_of_partition = index.partition_of(write.key)  # as the producer's partitioner
+            by_partition.setdefault(index_of_partition, []).append((position, write))
+        revisions = [0] * len(request.writes)
+        waits = []
+        for partition_index, writes in by_partition.items():
+            partition = topic.partitions[partition_index]
+            batch = build_batch([(w.key, w.value, ()) for _, w in writes])
+            base_offset, sequence = topic.append(partition, batch, len(writes))
+            for delta, (position, _) in enumerate(writes):
+                revisions[position] = base_offset + delta
+            wait = topic.durability(partition, base_offset, batch, len(writes), sequence)
+            if wait is not None:
+                waits.append(wait)
+        return after(m.MapSetResponse(tuple(revisions)), *waits)
+
+    def map_scan(self, session: Session, request: m.MapScanRequest) -> Reply:
+        if not 1 <= request.limit <= MAX_MAP_KEYS:
+            raise InvalidRequest(f"scan limit must be 1..{MAX_MAP_KEYS}")
+        return AfterWork(self._map_scan(request))
+
+    async def _map_scan(self, request: m.MapScanRequest) -> Reply:
+        index = await self._read_index(request.topic)
+        if self.ownership is None:
+            values, cursor = index.scan(request.prefix, request.after, request.limit)
+        else:
+            values, cursor = await self._served_scan(request, index)
+        return m.MapScanResponse(tuple(_entry(v.key, v) for v in values), cursor)
+
+    async def _served_scan(
+        self, request: m.MapScanRequest, index: LastValueIndex
+    ) -> tuple[list[StoredValue], bytes]:
+        """A cluster's scan: the keys of the partitions served here only (the client merges
+        every owner's pages; a stale copy of another partition must not be counted twice)."""
+        assert self.ownership is not None
+        serves, topic = self.ownership.serves, request.topic
+        found: list[StoredValue] = []
+        after = request.after
+        while len(found) < request.limit:
+            page, after = index.scan(request.prefix, after, request.limit)
+            found += [v for v in page if serves(topic, v.partition)]
+            if not after:
+                return found[: request.limit], b""
+            await asyncio.sleep(0)  # a long walk past other brokers' keys lets others run
+        found = found[: request.limit]
+        return found, found[-1].key
+
+    def map_size(self, session: Session, request: m.MapSizeRequest) -> Reply:
+        return AfterWork(self._map_size(request))
+
+    async def _map_size(self, request: m.MapSizeRequest) -> Reply:
+        index = await self._read_index(request.topic)
+        if self.ownership is None:
+            return m.MapSizeResponse(index.size())
+        # a cluster: count the keys of the partitions served here (a walk over the keys)
+        count, after = 0, b""
+        while True:
+            page, after = index.scan(b"", after, MAX_MAP_KEYS)
+            count += sum(self.ownership.serves(request.topic, v.partition) for v in page)
+            if not after:
+                return m.MapSizeResponse(count)
+            await asyncio.sleep(0)
+
+
+def no_last_value_state(topic: str) -> InvalidRequest:
+    return InvalidRequest(
+        f"topic {topic!r} has no last-value state: create it with --last-value or "
+        "`topic alter --last-value`, or write to it with map set"
+    )
+
+
+def _entry(record_key: bytes, stored: StoredValue | None) -> m.MapEntry:
+    if stored is None:
+        return m.MapEntry(record_key, False, -1, -1, -1, None)
+    return m.MapEntry(
+        record_key, True, stored.offset, stored.partition, stored.timestamp, stored.value
+    )

@@ -1,0 +1,119 @@
+"""Authorization: which action a request is, on which topic, and whether a principal's grants
+allow it.
+
+A grant is `ACTION:PATTERN`. ACTION is `produce`, `consume`, `admin` or `all` (the three);
+PATTERN is an exact topic name, or a prefix ending in `*` (`orders.*`, or `*` for every topic).
+Nothing is allowed unless a grant says so. The actions are independent: `admin` (create and
+delete topics, seek and delete any subscription) does not imply reading or writing messages.
+
+`request_action` derives (action, topic) from a request's type, so the broker needs no
+knowledge of principals: map get/scan/size follow consume, map set and delete follow produce,
+describe follows consume (it shows subscriptions and counters), SERVER_INFO needs admin on every
+topic (`admin:*`: it tells server-wide counts and the data directory, as the operator's HTTP port
+does), LOOKUP needs nothing but is answered only for topics with a grant (access filters the
+others to UNKNOWN_TOPIC, as for a topic that does not exist). Requests on a consumer the
+connection already holds (flow, ack, nack, unsubscribe) were authorized when it subscribed.
+Seek and delete-subscription need admin on the topic or ownership of the subscription; that
+check is `server.security.access`'s, which knows the owners.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from headwater.wire import messages as m
+
+
+class Action(enum.Enum):
+    PRODUCE = "produce"
+    CONSUME = "consume"
+    ADMIN = "admin"
+
+
+# Subscription management: admin on the topic, or the principal owns the subscription.
+OWNER_OR_ADMIN = "owner-or-admin"
+# Reading a topic's schemas: any grant on the topic (producers encode by them, consumers decode).
+ANY_GRANT = "any-grant"
+# Anyone authenticated (API_VERSIONS, LIST_TOPICS and LOOKUP which are filtered, consumer-scoped
+# requests).
+ANYONE = "anyone"
+# The "topic" of a server-wide request: only a grant with the pattern `*` matches every name.
+EVERY_TOPIC = "*"
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    action: Action
+    pattern: str
+
+    def matches(self, action: Action, topic: str) -> bool:
+        if action is not self.action:
+            return False
+        if self.pattern.endswith("*"):
+            return topic.startswith(self.pattern[:-1])
+        return topic == self.pattern
+
+    def __str__(self) -> str:
+        return f"{self.action.value}:{self.pattern}"
+
+
+def parse_grant(text: str) -> tuple[Grant, ...]:
+    """`produce:orders.*` -> its grants (`all:` gives three); ValueError with the reason."""
+    action, separator, pattern = text.partition(":")
+    if not separator or not pattern:
+        raise ValueError(f"a grant is ACTION:PATTERN (e.g. produce:orders.*), not {text!r}")
+    if "*" in pattern[:-1]:
+        raise ValueError(f"{text!r}: '*' may only end a pattern (a prefix)")
+    if action == "all":
+        return tuple(Grant(a, pattern) for a in Action)
+    try:
+        return (Grant(Action(action), pattern),)
+    except ValueError:
+        raise ValueError(
+            f"{text!r}: action must be produce, consume, admin or all, not {action!r}"
+        ) from None
+
+
+def parse_grants(texts: Iterable[str]) -> tuple[Grant, ...]:
+    return tuple(grant for text in texts for grant in parse_grant(text))
+
+
+def allowed(grants: Iterable[Grant], action: Action, topic: str) -> bool:
+    return any(grant.matches(action, topic) for grant in grants)
+
+
+def may_see(grants: Iterable[Grant], topic: str) -> bool:
+    """Whether LIST_TOPICS shows `topic` to the principal: any grant on it."""
+    return any(grant.matches(grant.action, topic) for grant in grants)
+
+
+def request_action(request: m.Request) -> tuple[Action | str, str]:
+    """(what the request needs, the topic it concerns); the topic is "" for ANYONE."""
+    kind = type(request)
+    if kind is m.ProduceRequest or kind is m.MapSetRequest:
+        return Action.PRODUCE, request.topic  # type: ignore[union-attr]
+    if kind in _CONSUME:
+        return Action.CONSUME, request.topic  # type: ignore[union-attr]
+    if kind is m.SeekRequest or kind is m.DeleteSubscriptionRequest:
+        return OWNER_OR_ADMIN, request.topic  # type: ignore[union-attr]
+    if kind in (m.CreateTopicRequest, m.DeleteTopicRequest, m.CreatePartitionsRequest):
+        return Action.ADMIN, request.name  # type: ignore[union-attr]
+    if kind is m.DescribeTopicRequest:
+        return Action.CONSUME, request.name  # type: ignore[union-attr]
+    if kind is m.AlterTopicConfigsRequest:
+        return Action.ADMIN, request.name  # type: ignore[union-attr]
+    if kind is m.ListSubscriptionsRequest and request.topic:  # type: ignore[union-attr]
+        return Action.CONSUME, request.topic  # type: ignore[union-attr]
+    if kind is m.ServerInfoRequest:
+        return Action.ADMIN, EVERY_TOPIC
+    if kind is m.RegisterSchemaRequest:
+        return Action.ADMIN, request.topic  # type: ignore[union-attr]
+    if kind in _SCHEMA_READS:
+        return ANY_GRANT, request.topic  # type: ignore[union-attr]
+    return ANYONE, ""
+
+
+_CONSUME = frozenset({m.SubscribeRequest, m.MapGetRequest, m.MapScanRequest, m.MapSizeRequest})
+_SCHEMA_READS = frozenset({m.GetSchemaRequest, m.ListSchemasRequest, m.CheckSchemaRequest})

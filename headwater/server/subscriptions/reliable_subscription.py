@@ -1,0 +1,500 @@
+"""Reliable subscriptions: the asyncio pump around `durables.delivery.ReliableDelivery`.
+
+A reliable subscription outlives its consumers. What to deliver, when, and to whom is decided by
+the I/O-free core (`ReliableDelivery`: cursors, in-flight, ack timeouts, backoff, dead-letter
+decisions) and the consumer group (`durables.group`); this module does the I/O the core asks for:
+it reads the WAL (or the object store), sends to consumers, writes to the dead-letter topic,
+persists changed cursors, and sleeps until the core's next wake-up time.
+
+One pump task per subscription does all sending, so no two deliveries race. Each round it picks a
+consumer the subscription type allows (Exclusive: the one; Failover: the active one; Shared: the
+one with the most credit) and sends it, within its credit (on a topic of several partitions,
+Failover, and consumers that chose partitions, are tried in turn, each with the partitions it is
+active for or chose; Key_Shared cuts batches by key owner, `server.subscriptions.key_shared_round`):
+
+1. messages due for redelivery (`take_due`), re-encoded as batches of consecutive offsets; a
+   message already delivered `max_deliveries` times goes to the dead-letter topic instead and is
+   acked here;
+2. otherwise the next batch after the cursor's position, read from the WAL's tail cache, the WAL,
+   or the object store, cut to the consumer's credit (`plan_new`), and the batches after it from
+   the same read while the group would pick that consumer again (a disk read is not per batch).
+
+The pump sleeps on one event. It is woken by a consumer arriving, credit, a writable socket, an ack
+timeout or redelivery falling due, and by appends: not through a listener per subscription on every
+partition (which made each append cost one wake-up per subscription, however idle), but through
+the topic's `AppendSignal`, which a sleeping pump joins only when it has a consumer able to take a
+message. An append fires the signal once and empties it, so its cost does not grow with the number
+of subscriptions, only with the pumps that are waiting to deliver that very append.
+
+A subscription started at `snapshot` reads each partition below its snapshot's horizon from a
+`SnapshotFeed` (server.subscriptions.snapshot_feed) rather than the log, and the log from the
+horizon on.
+
+Closing sets a flag, wakes and cancels the pump, and waits for it: the pump sleeps with a timer of
+its own rather than `asyncio.wait_for`, which on Python 3.11 can swallow a cancellation that races
+the wake-up (the pump then ran on, and the close, and with it DELETE_TOPIC, waited forever).
+
+Cursor writes are coalesced: one WriteBatch per event-loop turn at most, synced (through the
+`StateWriter`'s group commit) when the topic's fsync policy is `always`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import time
+from collections.abc import Callable, Sequence
+
+import structlog
+
+from headwater.durables.cursor import PartitionCursor
+from headwater.durables.delivery import (
+    DEAD_LETTER_RETRY,
+    Redeliver,
+    ReliableDelivery,
+    ReliableSettings,
+)
+from headwater.durables.group import ConsumerGroup
+from headwater.durables.lastvalue import StoredValue
+from headwater.server.subscriptions.append_signal import AppendSignal, DeadLetter
+from headwater.server.subscriptions.key_shared_round import KeyedDispatch
+from headwater.server.subscriptions.live_subscription import failover_logger
+from headwater.server.subscriptions.snapshot_feed import SnapshotFeed
+from headwater.server.topics.subscription_contract import Consumer, Feed
+from headwater.server.topics.topic import LogTopic
+from headwater.storage.state import CURSOR, StateWriter, key
+from headwater.storage.wal import FsyncPolicy
+from headwater.wire.errors import HeadwaterError
+from headwater.wire.messages import AckEntry, Durable, SubscriptionInfo, SubscriptionType
+from headwater.wire.records import Compression, Record, inspect_batch, read_records, rebuild_batch
+
+log = structlog.get_logger("headwater.reliable")
+
+_YIELD_EVERY = 64  # pump rounds between yields to the event loop
+_STUCK_RECHECK = 0.25  # seconds: a round that sent nothing while something is due looks again
+_BASE = struct.Struct(">q")  # a batch's base offset
+
+
+class ReliableSubscription:
+    persistent = True
+    feed = Feed.NOTHING
+
+    def __init__(
+        self,
+        topic: LogTopic,
+        name: str,
+        sub_type: SubscriptionType,
+        settings: ReliableSettings,
+        cursors: list[PartitionCursor],
+        writer: StateWriter,
+        dead_letter: DeadLetter,
+        signal: AppendSignal,
+        snapshot: SnapshotFeed | None = None,
+    ) -> None:
+        self.topic = topic.name
+        self.snapshot = snapshot
+        self._topic = topic
+        self.name = name
+        self.sub_type = sub_type
+        shared = sub_type in (SubscriptionType.SHARED, SubscriptionType.KEY_SHARED)
+        self.durable = Durable.SHARED if shared else Durable.STANDARD
+        self.settings = settings
+        self.group: ConsumerGroup[Consumer] = ConsumerGroup(
+            topic.name, name, sub_type, failover_logger(topic.name, name)
+        )
+        self.group.partitions = len(topic.partitions)
+        self.consumers = self.group.consumers
+        self.core = ReliableDelivery(settings, cursors, shared, time.monotonic(), topic.name)
+        self._keyed = KeyedDispatch(self) if sub_type == SubscriptionType.KEY_SHARED else None
+        self._writer = writer
+        self._dead_letter = dead_letter
+        self._signal = signal
+        self._wake = asyncio.Event()
+        self._flushing = False
+        # in a cluster, whether this broker serves a partition now
+        # (server.requests.partition_ownership)
+        self.serves: Callable[[str, int], bool] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self.rounds = 0  # pump rounds run (tests count the work appends cause)
+
+    # Lifecycle
+
+    @property
+    def _sync_state(self) -> bool:
+        """Read each time: `topic alter` may change the fsync policy while the server runs."""
+        return self._topic.settings.fsync == FsyncPolicy.ALWAYS
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def wake(self) -> None:
+        """What this broker serves changed (a cluster): look at the partitions again."""
+        self._wake.set()
+
+    async def close(self) -> None:
+        self._closed = True
+        self._signal.leave(id(self))
+        self._wake.set()
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        puts = self._dirty_puts()
+        if puts:
+            done = self._writer.write(puts, sync=self._sync_state)
+            if done is not None:
+                await done
+
+    # Consumers and their requests
+
+    def attach(self, consumer: Consumer) -> None:
+        self.group.add(consumer, consumer.partitions)
+        self._wake.set()
+
+    def detach(self, consumer: Consumer) -> None:
+        if not self.group.remove(consumer):
+            return
+        if self._keyed is not None:
+            self._keyed.holds.returned_all(consumer.consumer_id)
+        self.core.consumer_left(consumer.consumer_id, time.monotonic())
+        self._wake.set()
+
+    def grant(self, consumer: Consumer, credits: int) -> None:
+        self.group.grant(consumer, credits)
+        self._wake.set()
+
+    def drain(self) -> None:
+        self._wake.set()
+
+    def ack(self, consumer: Consumer, entries: Sequence[AckEntry], kind: int) -> None:
+        self.core.ack(entries, kind)
+        self.persist()
+        if self._keyed is not None:  # an ack may free a key held back for another consumer
+            for entry in entries:
+                self._keyed.holds.release(entry.partition, entry.offset)
+            self._wake.set()
+
+    def nack(self, consumer: Consumer, entries: Sequence[AckEntry], delay_ms: int) -> None:
+        self.core.nack(entries, delay_ms, time.monotonic())
+        if self._keyed is not None:
+            for entry in entries:
+                self._keyed.holds.returned(entry.partition, entry.offset)
+        self._wake.set()
+
+    def offer(self, partition: int, batch: bytes, count: int) -> None:
+        """Reads the WAL itself: fed nothing."""
+
+    def changed(self, changes: Sequence[StoredValue]) -> None:
+        """Fed nothing."""
+
+    def seek(self, offsets: list[int]) -> None:
+        """Start every partition again at the given offset, forgetting unacked messages."""
+        self.core.reset(offsets)
+        if self._keyed is not None:
+            self._keyed.holds.clear()
+        self.persist()
+        self._wake.set()
+
+    # Persistence: coalesce cursor writes, one WriteBatch per event-loop turn at most.
+
+    def persist(self) -> None:
+        if self.core.dirty and not self._flushing:
+            self._flushing = True
+            asyncio.get_running_loop().create_task(self._flush())
+
+    async def _flush(self) -> None:
+        try:
+            while self.core.dirty:
+                await asyncio.sleep(0)
+                done = self._writer.write(self._dirty_puts(), sync=self._sync_state)
+                if done is not None:
+                    await done
+        finally:
+            self._flushing = False
+
+    def _dirty_puts(self) -> dict[bytes, bytes]:
+        return {
+            key(CURSOR, self.topic, self.name, p): data
+            for p, data in self.core.take_dirty().items()
+        }
+
+    # The pump
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._closed:
+            started = time.monotonic()
+            self.core.expire(started)
+            try:
+                sent = await self._dispatch_once()
+            except Exception:  # a bug must not stop the subscription for good
+                log.exception("subscription.dispatch_failed", topic=self.topic, name=self.name)
+                await asyncio.sleep(1)
+                continue
+            self.rounds += 1
+            if sent and self.rounds % _YIELD_EVERY:
+                continue
+            if sent:
+                await asyncio.sleep(0)
+                continue
+            self._wake.clear()
+            if self._closed:
+                return
+            wake_at = None
+            if self.group.pick() is not None:  # someone could take a message: wait for appends
+                self._signal.join(id(self), self._wake.set)
+                wake_at = self.core.wake_at()
+            # else nobody can take a redelivery or notice an ack timeout before a consumer, credit
+            # or a writable socket wakes the pump (which then expires and redelivers): a timer
+            # here fired every millisecond once a redelivery was overdue with no consumer
+            timer = None
+            if wake_at is not None:
+                timeout = max(0.0, wake_at - time.monotonic())
+                if wake_at <= started:
+                    # due before this round, yet nothing went: someone has credit, but not the
+                    # consumer the due message is for (Failover over partitions, Key_Shared);
+                    # what changes that wakes the pump, and a 1 ms timer here made it spin
+                    timeout = _STUCK_RECHECK
+                timer = loop.call_later(timeout + 0.001, self._wake.set)
+            try:
+                await self._wake.wait()
+            finally:
+                if timer is not None:
+                    timer.cancel()
+
+    async def _dispatch_once(self) -> bool:
+        group = self.group
+        group.partitions = len(self._topic.partitions)  # partitions may have been added
+        if self._keyed is not None:
+            return await self._keyed.dispatch()
+        served = self._served()
+        if group.partitions > 1 and (self.sub_type != SubscriptionType.SHARED or group.chosen):
+            # Failover over partitions, or consumers that chose partitions: each consumer is
+            # sent from the partitions it is active for, or chose
+            for target in group.ready():
+                owned = set(group.owned(target))
+                if await self._dispatch_to(target, owned if served is None else owned & served):
+                    return True
+            return False
+        return await self._dispatch_to(group.pick(), served)
+
+    def _served(self) -> set[int] | None:
+        """The partitions this broker serves (a cluster), None for all of them."""
+        serves = self.serves
+        if serves is None:
+            return None
+        return {p for p in range(len(self._topic.partitions)) if serves(self.topic, p)}
+
+    async def _dispatch_to(self, target: Consumer | None, owned: set[int] | None) -> bool:
+        if target is None:
+            return False
+        due = self.core.take_due(time.monotonic(), target.credits, owned)
+        if due is not None:
+            await self._redeliver(target, due)
+            return True
+        topic = self._topic
+        committed = self.settings.committed_only
+        ends = [
+            topic.readable_end(p, committed) if owned is None or p.index in owned else 0
+            for p in topic.partitions
+        ]
+        core = self.core
+        while (partition := core.next_partition(ends)) is not None:
+            position = core.position(partition)
+            feed = self.snapshot
+            from_feed = feed is not None and feed.covers(partition, position)
+            if feed is not None and from_feed:
+                batches = await feed.read(partition, position)
+                if batches == []:  # past the last row: the log goes on at the horizon
+                    core.plan_new(partition, feed.horizon(partition), 0, 0)
+                    self.persist()
+                    continue
+                if batches is None:
+                    continue  # unreadable: read from the log (the feed dropped the partition)
+            else:
+                if feed is not None:
+                    feed.release(partition, core.cursors[partition].floor)
+                start = topic.start_offset(partition)
+                if position < start:
+                    core.restart_at(partition, start)
+                    continue
+                batches = await topic.read(partition, position)
+            if batches and _BASE.unpack_from(batches[0])[0] >= ends[partition]:
+                ends[partition] = 0  # past a gap, the next batch is not visible yet
+                continue
+            if not batches or target.consumer_id not in self.consumers:
+                return bool(batches)
+            # A read from disk costs about the same for one batch as for its megabyte of them
+            # (after a restart the tail cache is empty): one read per batch sent made a fresh
+            # subscription crawl at ~100 records/s. So send the batches read while the group
+            # would pick this consumer again (credit left, socket writable, its Shared turn).
+            for index, batch in enumerate(batches):
+                base = _BASE.unpack_from(batch)[0]
+                if base >= ends[partition]:
+                    break
+                if index and base != core.position(partition) and not from_feed:
+                    # a hole inside the read (a damaged batch skipped): the next read starts
+                    # there, so the object store's copy is tried before anything is stepped over
+                    # (a snapshot's rows have holes by nature: superseded records)
+                    break
+                self._send_new(target, partition, batch)
+                if owned is None and self.group.pick() is not target:
+                    break
+                if owned is not None and not (target.credits > 0 and target.session.writable):
+                    break
+            return True
+        return False
+
+    def _send_new(self, target: Consumer, partition: int, batch: bytes) -> None:
+        info = inspect_batch(batch)
+        planned = self.core.plan_new(partition, info.base_offset, info.record_count, target.credits)
+        if planned is not None:
+            first, end = planned
+            if info.base_offset < first or end < info.base_offset + info.record_count:
+                records = [r for r in read_records(batch) if first <= r.offset < end]
+                batch = rebuild_batch(records, Compression(info.compression))
+                end = records[-1].offset + 1
+            self.send(target, partition, first, end, batch, 1)
+        self.persist()
+
+    async def _redeliver(self, target: Consumer, due: Redeliver) -> None:
+        partition, offsets = due.partition, due.offsets
+        if not offsets:
+            return
+        core = self.core
+        records, _ = await self.fetch_due(partition, offsets)
+        if target.consumer_id not in self.consumers:
+            core.requeue(partition, [r.offset for r in records], time.monotonic())
+            return
+        plan = core.split_due(partition, records)
+        await self.write_dead_letters(partition, plan.dead)
+        for group in plan.send:
+            if target.consumer_id not in self.consumers:  # left while a dead letter was written
+                core.requeue(partition, [r.offset for r in group], time.monotonic())
+                continue
+            count = core.delivery_count(partition, [r.offset for r in group])
+            first, end = group[0].offset, group[-1].offset + 1
+            self.send(target, partition, first, end, rebuild_batch(group), count)
+        self.persist()
+
+    async def fetch_due(self, partition: int, offsets: list[int]) -> tuple[list[Record], list[int]]:
+        """The records of offsets due for redelivery, and the offsets that can no longer be read
+        (marked unreadable in the core, and logged). A failed read requeues every offset and
+        raises: a message is never dropped from redelivery. Shared with the Key_Shared round."""
+        core = self.core
+        try:
+            records = await self.fetch(partition, offsets)
+        except Exception:
+            core.requeue(partition, offsets, time.monotonic() + DEAD_LETTER_RETRY)
+            raise
+        gone = sorted(set(offsets).difference(r.offset for r in records))
+        if gone:
+            log.error(
+                "subscription.offsets_unreadable",
+                topic=self.topic,
+                name=self.name,
+                partition=partition,
+                count=len(gone),
+                first=gone[0],
+            )
+            core.unreadable(partition, gone)
+        return records, gone
+
+    async def write_dead_letters(
+        self, partition: int, dead: Sequence[tuple[Record, int]]
+    ) -> list[int]:
+        """Dead-letter each (record, delivery count); the offsets written (a refused one stays
+        due, for a later try)."""
+        written = []
+        for record, count in dead:
+            if await self.send_to_dead_letter(partition, record, count):
+                self.core.dead_letter_written(partition, record.offset)
+                written.append(record.offset)
+        return written
+
+    async def send_to_dead_letter(self, partition: int, record: Record, count: int) -> bool:
+        """False (and the message stays due, for a later try) when the dead-letter topic refused
+        it: a message is never dropped from redelivery."""
+        try:
+            await self._dead_letter(partition, record, count)
+        except (HeadwaterError, OSError) as exc:
+            log.warning(
+                "subscription.dead_letter_failed",
+                topic=self.topic,
+                subscription=self.name,
+                partition=partition,
+                offset=record.offset,
+                error=str(exc),
+            )
+            self.core.dead_letter_failed(partition, record.offset, time.monotonic())
+            return False
+        return True
+
+    async def fetch(self, partition: int, offsets: list[int]) -> list[Record]:
+        """The records at `offsets` (sorted), read back from the WAL or the object store."""
+        found: list[Record] = []
+        feed = self.snapshot
+        if feed is not None and feed.covers(partition, offsets[0]):
+            below = [o for o in offsets if feed.covers(partition, o)]
+            rows = await feed.records(partition, below)
+            if rows is not None:
+                found.extend(rows)
+                offsets = [o for o in offsets if not feed.covers(partition, o)]
+                if not offsets:
+                    return found
+        wanted = set(offsets)
+        offset = offsets[0]
+        last = offsets[-1]
+        while offset <= last:
+            batches = await self._topic.read(partition, offset)
+            if not batches:
+                break
+            for batch in batches:
+                for record in read_records(batch):
+                    if record.offset in wanted:
+                        found.append(record)
+                info = inspect_batch(batch)
+                offset = info.base_offset + info.record_count
+        return found
+
+    def send(
+        self, target: Consumer, partition: int, first: int, end: int, batch: bytes, count: int
+    ) -> None:
+        self.core.sent(target.consumer_id, partition, first, end, time.monotonic())
+        self.group.charge(target, end - first)
+        target.session.send_delivery(target.consumer_id, partition, batch, count)
+
+    # Partitions added to the topic
+
+    def grow(self, cursors: list[PartitionCursor]) -> None:
+        """The topic has new partitions: deliver them from these cursors (their beginning)."""
+        self.core.grow(cursors)
+        self.group.partitions = len(self._topic.partitions)
+        self.persist()
+        self._wake.set()
+
+    @property
+    def log_topic(self) -> LogTopic:
+        return self._topic
+
+    # Introspection
+
+    @property
+    def delivered(self) -> int:
+        return self.core.delivered
+
+    @property
+    def dead_lettered(self) -> int:
+        return self.core.dead_lettered
+
+    def info(self) -> SubscriptionInfo:
+        return SubscriptionInfo(
+            name=self.name,
+            sub_type=self.sub_type,
+            pending=self.core.backlog([p.next_offset for p in self._topic.partitions]),
+            delivered=self.core.delivered,
+            dropped=0,
+            consumers=self.group.infos(),
+            unacked=self.core.unacked,
+            dead_lettered=self.core.dead_lettered,
+        )

@@ -1,0 +1,6 @@
+"""Topics and partitions: `topic` (the non-reliable publish path and the reliable append path),
+`topic_settings` (per-topic settings from CREATE_TOPIC's configs), `lastvalue_index` (a topic's
+last value per key), `idempotent_producers` (producer ids and their recent batches),
+`subscription_contract` (what a topic delivers to: the interface every subscription kind and
+consumer implements) and `subscription_registry` (a topic's subscriptions by name and by feed).
+Imports only the server's foundation modules (`server.config`)."""

@@ -1,0 +1,336 @@
+"""Topics and partitions: the non-reliable publish path and the reliable append path.
+
+Two classes, one per dispatch mode: `MemoryTopic` (non-reliable) and `LogTopic` (reliable, one
+`PartitionLog` per partition); `Topic` is either, told apart by `reliable` (a literal, so the
+type checker narrows on it). Both answer `accept`, the produce path's one call.
+
+A topic has a fixed number of partitions and the subscriptions on it. Non-reliable publish stamps
+the batch with the partition's next in-memory offset and hands it to every subscription: no disk,
+no acks, offsets restart at 0 with the server. Reliable append writes the batch to the partition's
+WAL, which assigns the offset; subscriptions read from there at their own pace, and a partition's
+history older than the local WAL is read back from the object store (`archive`).
+
+Reads get past damage rather than stopping at it, through the one read path every reader of the
+log takes (`storage.log_reader`): offsets a damaged local batch hides are read from the object
+store's copy when it has one, else skipped (an error log and the partition's `skipped` counter);
+an object missing from the store is skipped the same way, and the replay goes on with the next
+object or the local WAL. `describe` reports, as `status.*` entries after the
+topic's configs, each offline partition with its reason and the damage counters.
+"""
+
+from __future__ import annotations
+
+import bisect
+import struct
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Final, Literal
+
+import structlog
+
+from headwater.durables.producers import ProducerTable
+from headwater.server.config import TopicSettings
+from headwater.server.topics.lastvalue_index import LastValueIndex
+from headwater.server.topics.subscription_registry import SubscriptionRegistry
+from headwater.storage.log_reader import Archive, read_partition
+from headwater.storage.segments import IndexEntry, batch_location
+from headwater.storage.wal import PartitionLog
+from headwater.wire.errors import InvalidPartition
+from headwater.wire.messages import ConfigEntry, DescribeTopicResponse, TopicInfo
+from headwater.wire.records import read_records
+
+__all__ = ["Archive", "LogTopic", "MemoryTopic", "Topic"]
+
+log = structlog.get_logger("headwater.topics")
+
+_BASE_OFFSET = struct.Struct(">q")
+_MAX_SEGMENT_STEPS: Final = 10_000_000  # bounds a timestamp search's walk over segments
+
+
+@dataclass(slots=True)
+class MemoryPartition:
+    index: int
+    next_offset: int = 0  # offsets restart at 0 with the server
+    producers: ProducerTable = field(default_factory=ProducerTable)
+
+
+@dataclass(slots=True)
+class LogPartition:
+    index: int
+    log: PartitionLog
+    producers: ProducerTable = field(default_factory=ProducerTable)
+    skipped: int = 0  # reads that had to skip damaged or missing data
+
+    @property
+    def next_offset(self) -> int:
+        return self.log.next_offset
+
+    def forget_lost_producer_batches(self) -> None:
+        """Idempotent-producer entries pointing at or past the end of the data recovery found
+        describe batches a crash took away: forget them, so the producer's retry is appended
+        again (at a new offset) instead of being answered with the offset of a lost batch."""
+        end = self.log.data_end
+        for entry in self.producers.producers.values():
+            while entry.recent and entry.recent[-1][2] >= end:
+                entry.recent.pop()
+
+
+class _TopicBase:
+    def __init__(self, info: TopicInfo) -> None:
+        self.info = info
+        self.subscriptions = SubscriptionRegistry()
+        self.messages_in = 0
+        self.bytes_in = 0
+        self._next_partition = 0
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    def _pick(self, requested: int, count: int) -> int:
+        """`requested` -1 lets the server choose, round-robin per batch."""
+        if requested == -1:
+            index = self._next_partition
+            self._next_partition = (index + 1) % count
+            return index
+        if not 0 <= requested < count:
+            raise InvalidPartition(
+                f"topic {self.name!r} has partitions 0..{count - 1}, not {requested}"
+            )
+        return requested
+
+
+class MemoryTopic(_TopicBase):
+    """Non-reliable: publish stamps a batch with the partition's next in-memory offset and hands
+    it to every subscription; nothing is kept."""
+
+    reliable: Literal[False] = False
+    settings: None = None
+    last_value: None = None
+
+    def __init__(self, info: TopicInfo) -> None:
+        super().__init__(info)
+        self.partitions = [MemoryPartition(i) for i in range(info.partitions)]
+
+    def pick_partition(self, requested: int) -> MemoryPartition:
+        return self.partitions[self._pick(requested, len(self.partitions))]
+
+    def accept(
+        self, partition: MemoryPartition, batch: bytes, record_count: int, committed: bool
+    ) -> tuple[int, Awaitable[None] | None]:
+        """Stamp and fan out a validated batch: (base offset, nothing to wait for)."""
+        base_offset = partition.next_offset
+        partition.next_offset = base_offset + record_count
+        stamped = _BASE_OFFSET.pack(base_offset) + batch[8:]
+        self.messages_in += record_count
+        self.bytes_in += len(batch)
+        for subscription in self.subscriptions.live.values():
+            subscription.offer(partition.index, stamped, record_count)
+        return base_offset, None
+
+    def start_offset(self, partition: int) -> int:
+        return self.partitions[partition].next_offset
+
+    def describe(self) -> DescribeTopicResponse:
+        return _describe(self, self.info)
+
+    async def close(self, seal: bool = False) -> None:
+        """Nothing to close: a memory topic holds no files."""
+
+
+class LogTopic(_TopicBase):
+    """Reliable: append writes a batch to the partition's WAL, which assigns the offset."""
+
+    reliable: Literal[True] = True
+
+    def __init__(
+        self,
+        info: TopicInfo,
+        settings: TopicSettings,
+        logs: list[PartitionLog],
+        archive: Archive | None = None,
+    ) -> None:
+        super().__init__(info)
+        self.settings = settings
+        self.archive = archive
+        self.partitions = [LogPartition(i, logs[i]) for i in range(info.partitions)]
+        self.last_value: LastValueIndex | None = None
+        # a cluster's `TailCommitter.add`: an append is answered once it is in the object store
+        self.cloud_commit: Callable[[str, int, int, bytes, int], Awaitable[None]] | None = None
+        # and the offset up to which a partition is in the object store (served here, else 0)
+        self.cloud_end: Callable[[str, int], int] | None = None
+
+    def pick_partition(self, requested: int) -> LogPartition:
+        return self.partitions[self._pick(requested, len(self.partitions))]
+
+    def accept(
+        self, partition: LogPartition, batch: bytes, record_count: int, committed: bool
+    ) -> tuple[int, Awaitable[None] | None]:
+        """Append, and say what the producer's answer waits for: the fsync, when the topic's
+        policy (or `committed`, read_committed) asks for one."""
+        base_offset, sequence = self.append(partition, batch, record_count)
+        return base_offset, self.durability(
+            partition, base_offset, batch, record_count, sequence, committed
+        )
+
+    def durability(
+        self,
+        partition: LogPartition,
+        base_offset: int,
+        batch: bytes,
+        record_count: int,
+        sequence: int,
+        committed: bool = False,
+    ) -> Awaitable[None] | None:
+        """What the answer to an append waits for: in a cluster, the batch in the object store
+        (`server.cluster.tail_commit`); else the fsync, when the topic's policy or `committed`
+        asks."""
+        if self.cloud_commit is not None:
+            stamped = _BASE_OFFSET.pack(base_offset) + batch[8:]
+            return self.cloud_commit(self.name, partition.index, base_offset, stamped, record_count)
+        wal = partition.log
+        if wal.must_wait(sequence, committed):
+            return wal.wait_durable(sequence)
+        return None
+
+    def append(self, partition: LogPartition, batch: bytes, record_count: int) -> tuple[int, int]:
+        """Write a validated batch to the WAL; returns (base offset, durability sequence).
+
+        With last-value state, every record's key is checked first (a bad one refuses the whole
+        batch, before anything is written), and the state follows the append at once.
+        """
+        index = self.last_value
+        if index is not None:
+            records = read_records(batch)
+            keys = index.check(records, partition.index)
+        base_offset, sequence = partition.log.append(batch, record_count)
+        self.messages_in += record_count
+        self.bytes_in += len(batch)
+        live = self.subscriptions.live
+        if live:  # subscriptions that keep nothing see the batch as it passes
+            stamped = _BASE_OFFSET.pack(base_offset) + batch[8:]
+            for subscription in live.values():
+                subscription.offer(partition.index, stamped, record_count)
+        if index is not None:
+            changes = index.apply(partition.index, base_offset, records, keys)
+            for view in list(self.subscriptions.views.values()):
+                view.changed(changes)
+        return base_offset, sequence
+
+    def readable_end(self, partition: LogPartition, committed: bool) -> int:
+        """Where subscriptions may read up to: what is visible (or fsynced, for read_committed);
+        in a cluster, only what is in the object store, so no consumer ever acks an offset a
+        take-over could give to another message."""
+        wal = partition.log
+        end = wal.durable_offset if committed else wal.visible_offset
+        if self.cloud_end is not None:
+            end = min(end, self.cloud_end(self.name, partition.index))
+        return end
+
+    def start_offset(self, partition: int) -> int:
+        """The oldest offset still stored for `partition`, in the object store or locally."""
+        log = self.partitions[partition].log
+        archived = self.archive.start_offset(self.name, partition) if self.archive else None
+        return min(log.start_offset, archived) if archived is not None else log.start_offset
+
+    async def read(self, partition: int, offset: int) -> list[bytes]:
+        """Reliable: batches from the one holding `offset` (local WAL, else the object store),
+        over damage as every reader of the log reads (`storage.log_reader`). The first batch
+        may start above `offset` when damage or missing data was skipped."""
+        holder = self.partitions[partition]
+        return await read_partition(holder.log, self.archive, self.name, partition, offset, holder)
+
+    async def offset_for_timestamp(self, partition: int, timestamp: int) -> int:
+        """The first offset of the first batch whose max timestamp is at or after `timestamp`
+        (the end when none is). Segment by segment, archived history then the local WAL: each
+        segment's sparse index holds the greatest timestamp before each entry, so the scan of a
+        segment starts at its last entry with only older batches before it: a segment holding
+        nothing that recent costs one read from its last index entry, not a read of it all."""
+        wal = self.partitions[partition].log
+        offset = self.start_offset(partition)
+        for _ in range(_MAX_SEGMENT_STEPS):
+            if offset >= self.partitions[partition].next_offset:
+                break
+            located = await self._segment_index(partition, offset)
+            if located is None:  # a gap in the archive, or between it and the local WAL
+                following = None
+                if self.archive is not None:
+                    following = self.archive.next_after(self.name, partition, offset)
+                if following is None or following > wal.start_offset:
+                    following = wal.start_offset
+                offset = max(offset + 1, following)
+                continue
+            segment_end, index = located
+            start = offset
+            for entry in index:
+                if entry.max_timestamp >= timestamp:
+                    break
+                start = max(start, entry.offset)
+            batches = await self.read(partition, start)
+            if not batches:
+                offset = max(segment_end, start + 1)
+                continue
+            for batch in batches:  # all of them: a read may run on into the next segment
+                found = batch_location(batch, 0)
+                if found.max_timestamp >= timestamp:
+                    return max(found.base_offset, start)
+                start = max(start, found.next_offset)
+            offset = max(start, offset + 1)
+        return self.partitions[partition].next_offset
+
+    async def _segment_index(
+        self, partition: int, offset: int
+    ) -> tuple[int, list[IndexEntry]] | None:
+        """(end offset, sparse index) of the segment holding `offset`, local or archived."""
+        wal = self.partitions[partition].log
+        if offset < wal.start_offset:
+            if self.archive is None:
+                return None
+            return await self.archive.segment_index(self.name, partition, offset)
+        segments = wal._segments  # read only: the WAL has no public list of its segments
+        position = bisect.bisect_right([s.base_offset for s in segments], offset) - 1
+        segment = segments[max(position, 0)]
+        if offset >= segment.next_offset:  # past a cut: the read steps to the next segment
+            following = position + 1 < len(segments)
+            return (segments[position + 1].base_offset if following else offset + 1), []
+        return segment.next_offset, list(segment.index)
+
+    def describe(self) -> DescribeTopicResponse:
+        return _describe(self, self._info_with_status())
+
+    async def close(self, seal: bool = False) -> None:
+        """Close every partition's log (sealing the active segment if `seal`)."""
+        for partition in self.partitions:
+            await partition.log.close(seal_active=seal)
+
+    def _info_with_status(self) -> TopicInfo:
+        """The topic's info, with `status.*` entries for storage trouble (none when healthy)."""
+        status: list[ConfigEntry] = []
+        for partition in self.partitions:
+            wal = partition.log
+            prefix = f"status.partition.{partition.index}"
+            if wal.failed is not None:
+                status.append(ConfigEntry(f"{prefix}.offline", wal.failed))
+            if wal.quarantined:
+                status.append(ConfigEntry(f"{prefix}.quarantined", str(wal.quarantined)))
+            if partition.skipped:
+                status.append(ConfigEntry(f"{prefix}.skipped", str(partition.skipped)))
+        if not status:
+            return self.info
+        return TopicInfo(
+            self.info.name, self.info.partitions, self.info.dispatch, (*self.info.configs, *status)
+        )
+
+
+Topic = MemoryTopic | LogTopic
+
+
+def _describe(topic: Topic, info: TopicInfo) -> DescribeTopicResponse:
+    return DescribeTopicResponse(
+        topic=info,
+        next_offsets=tuple(p.next_offset for p in topic.partitions),
+        start_offsets=tuple(topic.start_offset(p.index) for p in topic.partitions),
+        messages_in=topic.messages_in,
+        bytes_in=topic.bytes_in,
+        subscriptions=tuple(s.info() for _, s in sorted(topic.subscriptions.items())),
+    )

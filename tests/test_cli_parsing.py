@@ -1,0 +1,48 @@
+"""The `headwater` command's argument parsing, without a server or a subprocess (unit tier):
+what each command line turns into, and which parser reports a usage error."""
+
+from __future__ import annotations
+
+import pytest
+
+from headwater.cli.main import _command_parser, _parser, main
+
+
+def test_client_commands_parse_their_options_on_either_side() -> None:
+    args = _parser().parse_args(
+        ["--server", "127.0.0.1:1", "produce", "orders", "v", "--key", "k", "--partition", "2"]
+    )
+    assert (args.command, args.topic, args.key, args.partition) == ("produce", "orders", "k", 2)
+    assert args.values == ["v"] and args.server == "127.0.0.1:1"
+    after = _parser().parse_args(["topic", "list", "--format", "json"])
+    assert (after.command, after.topic_command, after.format) == ("topic", "list", "json")
+
+
+def test_the_parser_of_the_given_command_reports_its_errors() -> None:
+    parser = _parser()
+    args, extra = parser.parse_known_args(["topic", "list", "--subscription", "x"])
+    assert extra == ["--subscription", "x"]
+    assert _command_parser(parser, args).prog == "headwater topic list"
+    args, _ = parser.parse_known_args(["consume", "t", "--subscription", "s"])
+    assert _command_parser(parser, args).prog == "headwater consume"
+
+
+def test_usage_errors_exit_2_with_the_commands_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["map", "get", "prices", "IBM", "--from", "earliest"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: headwater map get")
+    assert "headwater map get: error: unrecognized arguments: --from earliest" in err
+    with pytest.raises(SystemExit) as exited:
+        main(["consume", "t"])  # --subscription is required
+    assert exited.value.code == 2
+    assert "--subscription" in capsys.readouterr().err
+
+
+def test_produce_takes_values_on_both_sides_of_its_options() -> None:
+    """argparse alone cannot: `main` gives produce's leftovers to its values (checked through
+    the parser the way `main` uses it)."""
+    parser = _parser()
+    args, extra = parser.parse_known_args(["produce", "t", "--key", "k", "v1", "v2"])
+    assert args.values + extra == ["v1", "v2"]
