@@ -123,16 +123,26 @@ def _no_object_store(tmp_path: Path) -> ServerProcess:
     return ServerProcess(tmp_path / "data", extra_args=("--config", str(config)))
 
 
-def _cut_below_a_header(path: Path) -> int:
-    """Cut the last batch so that fewer bytes than a batch header remain of it."""
-    last = batches(path)[-1]
-    keep = min(BATCH_HEADER_SIZE - 1, last.size // 3)
+_CUTS = ["5 bytes", "below a header", "the whole last batch", "into the batch before"]
+
+
+def _cut(path: Path, how: str) -> None:
+    """Shorten the active segment: the header left whole, fewer bytes than a header left of the
+    last batch (the issue's case), the last batch gone, or a cut inside the batch before."""
+    found = batches(path)
+    last = found[-1]
+    end = {
+        "5 bytes": last.position + last.size - 5,
+        "below a header": last.position + min(BATCH_HEADER_SIZE - 1, last.size // 3),
+        "the whole last batch": last.position,
+        "into the batch before": found[-2].position + found[-2].size // 2,
+    }[how]
     with path.open("r+b") as file:
-        file.truncate(last.position + keep)
-    return last.base_offset
+        file.truncate(end)
 
 
-async def test_kill_and_a_cut_below_a_header_reuse_no_offset_or_revision(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", _CUTS)
+async def test_kill_and_a_cut_tail_reuse_no_offset_or_revision(tmp_path: Path, how: str) -> None:
     server = _no_object_store(tmp_path).start()
     try:
         async with await headwater.connect(server.address) as client:
@@ -146,8 +156,8 @@ async def test_kill_and_a_cut_below_a_header_reuse_no_offset_or_revision(tmp_pat
             revisions = {f"k{i}": await kv.set(f"k{i}", f"v{i}") for i in range(300)}
             assert sorted(revisions.values()) == list(range(300))
         server.kill()
-        assert _cut_below_a_header(segments(server, "plain")[-1]) == 499
-        assert _cut_below_a_header(segments(server, "kv")[-1]) == 299
+        _cut(segments(server, "plain")[-1], how)
+        _cut(segments(server, "kv")[-1], how)
         server.start()
         async with await headwater.connect(server.address) as client:
             new, errors = await produce_each(client, "plain", [b"after-0", b"after-1"])
@@ -157,7 +167,7 @@ async def test_kill_and_a_cut_below_a_header_reuse_no_offset_or_revision(tmp_pat
             assert fresh >= 300, f"revision {fresh} of k{fresh} given to another key"
             for name, revision in revisions.items():
                 found = await kv.get(name)
-                # k299's record was cut: the map (RocksDB) still holds it at its own revision
+                # a record that was cut: the map (RocksDB) still holds it at its own revision
                 assert found is not None and found.revision == revision
     finally:
         server.kill()

@@ -23,6 +23,7 @@ from collections import OrderedDict
 import structlog
 
 from headwater.storage.objectstore import ObjectStore
+from headwater.storage.reader import LogRead
 from headwater.storage.segments import (
     INDEX_ENTRY,
     IndexEntry,
@@ -32,7 +33,6 @@ from headwater.storage.segments import (
     find_batch,
 )
 from headwater.storage.uploader import UploadedSegment, Uploader
-from headwater.storage.wal import LogRead
 from headwater.wire.errors import ObjectNotFound
 
 log = structlog.get_logger("headwater.archive")
@@ -84,11 +84,14 @@ class ObjectArchive:
         return segment.next_offset, await self._index(topic, partition, segment)
 
     async def read(self, topic: str, partition: int, offset: int) -> list[bytes]:
+        """Just the batches of `read_span` (readers of the log go through `storage.log_reader`,
+        which needs `read_span`'s word on hidden offsets)."""
         return (await self.read_span(topic, partition, offset)).batches
 
     async def read_span(self, topic: str, partition: int, offset: int) -> LogRead:
-        """As `read`, and whether damage hid offsets from `offset` up to the first batch (as
-        `PartitionLog.read_span`: a read stops in front of damage it meets after a batch)."""
+        """Whole batches from the one holding `offset`, and whether damage hid offsets from
+        `offset` up to the first of them (as `PartitionLog.read_span`: a read stops in front of
+        damage it meets after a batch)."""
         for _ in range(_REREADS):
             segment = self._holding(topic, partition, offset)
             if segment is None:
@@ -121,7 +124,8 @@ class ObjectArchive:
         while True:
             end = min(start + length, segment.size)
             data = await self._store.get(log_key, start, end)
-            batches, damaged = _whole_batches(data, offset, log_key, start)
+            complete = end >= segment.size
+            batches, damaged = _whole_batches(data, offset, log_key, start, complete)
             if batches or end >= segment.size:
                 hidden = damaged and (
                     not batches or batch_location(batches[0], 0).base_offset > offset
@@ -151,9 +155,13 @@ class ObjectArchive:
         return entries
 
 
-def _whole_batches(data: bytes, offset: int, log_key: str, start: int) -> tuple[list[bytes], bool]:
+def _whole_batches(
+    data: bytes, offset: int, log_key: str, start: int, complete: bool
+) -> tuple[list[bytes], bool]:
     """The whole, valid batches in `data` holding offsets >= `offset`, up to the first damage
-    after one of them; and whether damage was met (skipped, before the first batch returned)."""
+    after one of them; and whether damage was met (skipped, before the first batch returned).
+    `complete`: `data` runs to the object's end, so a batch claiming more bytes is damage (a
+    flipped length byte), not one cut by the ranged read."""
     batches: list[bytes] = []
     damaged = False
     position = 0
@@ -162,7 +170,7 @@ def _whole_batches(data: bytes, offset: int, log_key: str, start: int) -> tuple[
         found = check_batch(data, position, len(data), min_offset)
         if found is None:
             total = batch_length(data, position, len(data))
-            if total is not None and position + total > len(data):
+            if total is not None and position + total > len(data) and not complete:
                 break  # a batch cut by the end of the ranged read: the caller reads on
             if batches:
                 break  # the next read starts at the damage, so the offsets it hides are seen

@@ -29,8 +29,9 @@ from typing import Final, Protocol
 
 import structlog
 
+from headwater.storage.reader import LogRead
 from headwater.storage.segments import IndexEntry, batch_location
-from headwater.storage.wal import LogRead, PartitionLog
+from headwater.storage.wal import PartitionLog
 from headwater.wire.errors import ObjectNotFound, StorageError
 
 log = structlog.get_logger("headwater.topics")

@@ -30,6 +30,14 @@ from headwater.storage.segments import (
 from headwater.wire.records import BATCH_HEADER_SIZE
 
 
+@dataclass(frozen=True, slots=True)
+class LogRead:
+    """A read of a partition (`PartitionLog.read_span`, `ObjectArchive.read_span`)."""
+
+    batches: list[bytes]
+    damaged: bool  # damage was skipped before the first batch returned (offsets may be hidden)
+
+
 @dataclass(slots=True)
 class SegmentRead:
     batches: list[bytes] = field(default_factory=list)

@@ -31,7 +31,6 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
@@ -39,7 +38,7 @@ import structlog
 from headwater.storage.fileio import FileOps, default_file_ops, write_all
 from headwater.storage.logstate import FsyncPolicy, LogConfig, SealedSegment, Segment
 from headwater.storage.offsets import MIN_LEASE_BLOCK, OffsetLease
-from headwater.storage.reader import read_batches
+from headwater.storage.reader import LogRead, read_batches
 from headwater.storage.recovery import quarantine, recover
 from headwater.storage.segments import (
     INDEX_INTERVAL_BYTES,
@@ -58,12 +57,6 @@ __all__ = ["FsyncPolicy", "LogConfig", "LogRead", "PartitionLog", "SealedSegment
 log = structlog.get_logger("headwater.wal")
 
 _READ_CHUNK = 1 << 20
-
-
-@dataclass(frozen=True, slots=True)
-class LogRead:
-    batches: list[bytes]
-    damaged: bool  # damage was skipped before the first batch returned (offsets may be hidden)
 
 
 class PartitionLog:
@@ -309,15 +302,12 @@ class PartitionLog:
         return segment
 
     def skip_to(self, offset: int) -> None:
-        """Continue appends at `offset`, above the next offset: offsets in between will hold
-        nothing (a take-over that found no intact copy of them). The active segment is sealed
-        there and a new one starts at `offset`, as recovery does after an unclean stop, so the
-        gap is visible in the segment names and every reader steps over it."""
-        active = self._segments[-1]
-        if offset <= active.next_offset:
-            return
-        active.next_offset = offset
-        self._roll()
+        """Continue appends at `offset`, leaving a gap (a take-over found no intact copy of the
+        offsets between): seal the active segment there and start one at `offset`, as recovery
+        does after an unclean stop, so the gap shows in the names and readers step over it."""
+        if offset > self._segments[-1].next_offset:
+            self._segments[-1].next_offset = offset
+            self._roll()
 
     # The offset lease
 
