@@ -140,10 +140,11 @@ async def test_expired_token_is_refused_and_a_live_one_is_cut_when_it_expires(
     await client.create_topic("short-lived", dispatch="non-reliable")
     started = time.monotonic()
     with pytest.raises(AuthenticationFailed):
-        while time.monotonic() - started < 10:
+        while time.monotonic() - started < 20:
             await client.list_topics()
             await asyncio.sleep(0.1)
-    assert time.monotonic() - started < 6
+    # expiry is checked every second: 10x that bounds "cut when it expires" on a loaded machine
+    assert time.monotonic() - started < 10
     await client.close()
 
 
@@ -158,17 +159,18 @@ async def test_revoked_token_cuts_a_live_consumer_and_producer_within_seconds(
         producer = client.producer("feed")
         await (await producer.send(b"before"))
         assert (await consumer.receive(timeout=30)).value == b"before"
-        revoked_at = time.monotonic()
         result = subprocess.run(
             [sys.executable, "-m", "headwater", "token", "revoke", "app", "--file", secure.tokens],
             capture_output=True,
             text=True,
-            timeout=30,
+            timeout=60,
         )
         assert result.returncode == 0, result.stderr
+        revoked_at = time.monotonic()  # the file says so from here (the CLI's start-up excluded)
         with pytest.raises(AuthenticationFailed):
             await consumer.receive(timeout=30)
-        assert time.monotonic() - revoked_at < 5
+        # the file is re-read every second: 10x that bounds "within seconds" on a loaded machine
+        assert time.monotonic() - revoked_at < 10
         await (await admin.producer("feed").send(b"after"))
         with pytest.raises(headwater.HeadwaterError):
             await (await producer.send(b"from the revoked"))
