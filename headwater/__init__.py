@@ -29,6 +29,7 @@ from headwater.client.schema_codec import SchemaCodec
 from headwater.wire.errors import (
     AuthenticationFailed,
     AuthenticationRequired,
+    CannotConnect,
     ConnectionClosed,
     ConnectionLost,
     ConnectionTimeout,
@@ -81,6 +82,7 @@ __all__ = [
     "AuthenticationFailed",
     "AuthenticationRequired",
     "BatchSendFuture",
+    "CannotConnect",
     "Client",
     "Compression",
     "ConnectionClosed",
