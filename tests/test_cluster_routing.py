@@ -297,7 +297,7 @@ async def test_partitions_added_in_a_cluster_are_owned_served_and_consumed(
         with pytest.raises(headwater.InvalidRequest):
             await client.create_partitions("growing", 4)  # never fewer
         await cluster.wait_owned("growing", 6, set(BROKERS), timeout=60)
-        await _known(other, "growing")  # b3 grew its copy from the watch
+        await _known(other, "growing", 6)  # b3 grows its copy from the watch
         assert len(await other.lookup("growing")) == 6
         producer = other.producer("growing")
         sent = set()
@@ -323,16 +323,17 @@ async def test_partitions_added_in_a_cluster_are_owned_served_and_consumed(
         await other.close()
 
 
-async def _known(client: headwater.Client, topic: str) -> None:
-    """Until the client's bootstrap broker knows the topic with an owner for every partition
-    (its watch of etcd may lag the broker that created it by a moment); bounded."""
+async def _known(client: headwater.Client, topic: str, partitions: int = 0) -> None:
+    """Until the client's bootstrap broker knows the topic (with at least `partitions`
+    partitions) with an owner for every partition: its watch of etcd may lag the broker that
+    created or grew it by a moment; bounded."""
     deadline = time.monotonic() + 30
     while True:
         try:
             owners = await client.lookup(topic)
         except headwater.UnknownTopic:
             owners = {}
-        if owners and all(owner is not None for owner in owners.values()):
+        if len(owners) >= max(partitions, 1) and all(o is not None for o in owners.values()):
             return
         assert time.monotonic() < deadline, f"{topic} not known with owners: {owners}"
         await asyncio.sleep(0.1)
