@@ -17,8 +17,9 @@ nothing else of the client; it opens a new one when the last was lost.
 In a cluster (a `Router` given, and LOOKUP naming several brokers) each batch goes to its
 partition's owner, on a connection of the producer's own per broker; one task still writes every
 batch in order, so a partition's batches keep their order. NOT_OWNER is retriable: the router
-learns of it (the topic is looked up again) and the batches are resent to the new owner as any
-retriable failure, within the delivery semantics (at-most-once: failed). An owner that cannot be
+learns of it (the topic is looked up again) and the batches are resent to the new owner, within
+the delivery semantics (at-most-once: failed) and the retry policy's time budget, without using
+up its retries: a partition between owners is not the batch's failure. An owner that cannot be
 reached is reported to the router, and the sender looks up and tries again after the router's
 backoff (bounded) before counting it as a failure. On a single broker every batch goes to the
 bootstrap connection, exactly as without a router.
@@ -50,6 +51,10 @@ if TYPE_CHECKING:
     from headwater.client.routing_table import BrokerAddress
 
 logger = logging.getLogger("headwater.client.producer")
+
+# between tries of a batch whose partition is between owners (NOT_OWNER): the router's lookups
+# have their own backoff; this only wakes the sender to ask it again
+OWNER_WAIT = 0.1
 
 ConnectionFactory = Callable[[], Awaitable[Connection]]
 AddressedFactory = Callable[[str, int], Awaitable[Connection]]
@@ -245,9 +250,15 @@ class Sender:
         if not isinstance(delivery, AtLeastOnce) or not error.retriable:
             self._fail(batch, error)
             return
-        if batch.delays is None:
-            batch.delays = delivery.retry.delays()
-        delay = next(batch.delays, None)
+        if isinstance(error, NotOwner):
+            # a partition between owners is not the batch's failure: it waits for the new
+            # owner (the router looks it up) within the policy's time budget, without using up
+            # its retries, as Kafka's producer retries NOT_LEADER until its delivery timeout
+            delay: float | None = OWNER_WAIT
+        else:
+            if batch.delays is None:
+                batch.delays = delivery.retry.delays()
+            delay = next(batch.delays, None)
         now = time.monotonic()
         started = batch.first_sent or now
         if delay is None or now + delay - started > delivery.retry.timeout:
