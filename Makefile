@@ -173,11 +173,12 @@ stress-test: $(STAMP) browser etcd-server
 	$(BIN)/python -m tests.pressure --busy $(STRESS_BUSY) --runs $(STRESS_RUNS) -- \
 		$(BIN)/python -m pytest -p randomly $(STRESS_ARGS)
 
-# The short version, in .ci/run: once, under the same pressure, the modules that kill -9 servers,
-# the cluster tests and the timing-sensitive ones (acks, delays, drains, reconnects).
+# The short version, in .ci/run: once, under the same pressure, the kill -9 module, the etcd
+# coordinator's tests and the timing-sensitive modules (acks, nack delays, drains, reconnects).
+# The slower cluster and power-loss modules run under pressure in `make stress-test`.
 STRESS_QUICK_MODULES := tests/test_reliable.py tests/test_partitions.py \
 	tests/test_snapshot_server.py tests/test_subscriptions.py tests/test_producer.py \
-	tests/test_cluster.py tests/test_cluster_coordinator.py tests/test_power_loss.py
+	tests/test_cluster_coordinator.py
 stress-quick: $(STAMP) etcd-server
 	$(BIN)/python -m tests.pressure --busy $(STRESS_BUSY) --runs 1 -- \
 		$(BIN)/python -m pytest -p randomly $(STRESS_QUICK_MODULES)

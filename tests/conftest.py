@@ -40,6 +40,7 @@ UNIT_MODULES = {
     "test_durables_core",
     "test_layers",
     "test_records",
+    "test_request_table",
     "test_retry_policy",
     "test_session",
     "test_wal",

@@ -3,53 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from headwater.testing import ServerProcess
-
-
-def hw(
-    *args: str,
-    server: ServerProcess | None = None,
-    stdin: str | None = None,
-    env: dict[str, str] | None = None,
-    timeout: float = 30,
-) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "headwater", *args]
-    if server is not None:
-        command += ["--server", server.address]
-    return subprocess.run(
-        command,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
-
-
-def start_consumer(server: ServerProcess, *args: str) -> subprocess.Popen[str]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "headwater", "consume", *args, "--server", server.address],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    return process
-
-
-def wait_for_consumers(server: ServerProcess, topic: str, count: int) -> None:
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        out = hw("topic", "describe", topic, server=server).stdout
-        if out.count("    consumer ") >= count:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"{count} consumers never attached to {topic}")
+from tests.support.cli_process import hw, start_consumer, wait_for_consumers
 
 
 def test_topic_commands(server: ServerProcess, topic_name: str) -> None:
@@ -82,8 +41,8 @@ def test_produce_and_consume_text_and_json(server: ServerProcess, topic_name: st
     assert produced.returncode == 0, produced.stderr
     assert "produced 2 messages" in produced.stderr
     assert hw("produce", topic_name, "--key", "k1", "three", server=server).returncode == 0
-    text_out, _ = text.communicate(timeout=20)
-    json_out, _ = as_json.communicate(timeout=20)
+    text_out, _ = text.communicate(timeout=60)
+    json_out, _ = as_json.communicate(timeout=60)
     assert text.returncode == 0 and text_out.splitlines() == ["one", "two", "three"]
     records = [json.loads(line) for line in json_out.splitlines()]
     assert [(r["offset"], r["key"], r["value"]) for r in records] == [
@@ -103,7 +62,7 @@ def test_produce_from_stdin_with_key_separator(server: ServerProcess, topic_name
         "produce", topic_name, "--key-separator", "=", stdin="a=1\nb=2=x\nc=\n", server=server
     )
     assert result.returncode == 0, result.stderr
-    out, _ = consumer.communicate(timeout=20)
+    out, _ = consumer.communicate(timeout=60)
     assert [(r["key"], r["value"]) for r in map(json.loads, out.splitlines())] == [
         ("a", "1"),
         ("b", "2=x"),
@@ -156,7 +115,7 @@ def test_binary_values_print_as_base64_in_json(server: ServerProcess, topic_name
             await (await client.producer(topic_name).send(b"\xff\x00", key=b"ok"))
 
     asyncio.run(send())
-    out, _ = consumer.communicate(timeout=20)
+    out, _ = consumer.communicate(timeout=60)
     record = json.loads(out)
     assert record["value"] == "/wA=" and record["value_encoding"] == "base64"
     assert record["key"] == "ok" and "key_encoding" not in record

@@ -16,8 +16,8 @@ import headwater
 from headwater.testing import ServerProcess
 from headwater.wire import messages as m
 from headwater.wire.records import build_batch
+from tests.support.cli_process import hw
 from tests.support.secure import secure_server
-from tests.test_cli import hw
 from tests.test_metrics import scrape, start_with_http, value
 
 
@@ -267,8 +267,9 @@ def test_server_info(fresh_server: ServerProcess) -> None:
     info = as_json("server", "info", server=server)
     assert set(info) == {
         "version", "started_ms", "uptime_ms", "connections", "topics", "subscriptions",
-        "data_dir", "data_dir_bytes",
+        "data_dir", "data_dir_bytes", "memory_budget_bytes", "memory_used_bytes",
     }  # fmt: skip
+    assert info["memory_budget_bytes"] > 0 and info["memory_used_bytes"] == 0
     assert info["version"] == ok("--version", server=server).split()[1]
     assert info["connections"] >= 1  # this command's own
     assert (info["topics"], info["subscriptions"]) == (0, 0)
@@ -283,7 +284,7 @@ def test_server_info(fresh_server: ServerProcess) -> None:
     assert later["data_dir_bytes"] >= info["data_dir_bytes"] + 200_000
     assert later["uptime_ms"] >= info["uptime_ms"]
     table = ok("server", "info", server=server)
-    assert "version: " in table and "data dir usage: " in table
+    assert "version: " in table and "data dir usage: " in table and "memory budget: " in table
     wrong = hw("server", "info", "--format", "yaml", server=server)
     assert wrong.returncode == 2 and "--format for server info must be" in wrong.stderr
 

@@ -18,12 +18,12 @@ from importlib import metadata
 import headwater
 from headwater.cli.main import _parser
 from headwater.testing import ServerProcess
-from tests.test_cli import hw
+from tests.support.cli_process import hw
 
 HEADWATER = [sys.executable, "-m", "headwater"]
 
 
-def run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """`headwater ARGS` with no --server added (the tests place it themselves)."""
     return hw(*args, timeout=timeout, env={"HEADWATER_SERVER": "127.0.0.1:1"})
 
@@ -107,7 +107,7 @@ def test_topic_list_and_describe_json(server: ServerProcess, topic_name: str) ->
             raise AssertionError("the consumer never attached")
     finally:
         consumer.kill()
-        consumer.wait(timeout=10)
+        consumer.wait(timeout=60)
     assert set(described) == {
         "name",
         "partitions",

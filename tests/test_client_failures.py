@@ -35,7 +35,7 @@ from headwater.wire.frames import Flags, Frame, FrameDecoder
 from headwater.wire.names import check_name, check_topic_name
 from headwater.wire.protocol import decode_request, encode_push, encode_response
 from headwater.wire.records import build_batch
-from tests.test_cli import hw, start_consumer, wait_for_consumers
+from tests.support.cli_process import hw, start_consumer, wait_for_consumers
 
 FAST = headwater.ReconnectPolicy(initial_delay=0.05, max_delay=0.5, timeout=30)
 
@@ -228,7 +228,7 @@ def test_cli_consume_exits_non_zero_when_server_is_killed(fresh_server: ServerPr
     try:
         wait_for_consumers(fresh_server, "t", 1)
         fresh_server.kill()
-        _, stderr = consumer.communicate(timeout=20)
+        _, stderr = consumer.communicate(timeout=60)
     finally:
         if consumer.poll() is None:
             consumer.kill()

@@ -13,6 +13,7 @@ import asyncio
 import collections
 import contextlib
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -134,7 +135,16 @@ async def test_delete_while_producing_then_recreate_answers_everything_and_mixes
         errors: list[BaseException] = []
         stop = asyncio.Event()
 
+        answered = 0  # sends answered (acked or failed)
+
+        async def until(condition: Callable[[], bool], what: str) -> None:
+            deadline = time.monotonic() + 60  # bounds a hang only
+            while not condition():
+                assert time.monotonic() < deadline, f"{what}: errors {errors[-3:]}"
+                await asyncio.sleep(0.01)
+
         async def send(i: int) -> None:
+            nonlocal answered
             started = phase
             value = f"{started}-{i}".encode()
             try:
@@ -142,6 +152,8 @@ async def test_delete_while_producing_then_recreate_answers_everything_and_mixes
             except headwater.HeadwaterError as exc:
                 errors.append(exc)
                 return
+            finally:
+                answered += 1
             acked[started if started == phase else "between"].add(value)
 
         async def produce() -> None:
@@ -152,10 +164,11 @@ async def test_delete_while_producing_then_recreate_answers_everything_and_mixes
                 await asyncio.sleep(0.01)
 
         producing = asyncio.ensure_future(produce())
-        await asyncio.sleep(1.5)
+        await until(lambda: len(acked["old"]) >= 40, "messages acked in the old topic")
         phase = "between"
         await asyncio.wait_for(other.delete_topic("dp"), 30)
-        await asyncio.sleep(0.5)
+        gone = answered
+        await until(lambda: answered >= gone + 8, "sends answered after the delete")
         await asyncio.wait_for(admin.create_topic("dp", partitions=2), 30)
         await cluster.wait_owned("dp", 2, set(BROKERS))
         phase = "new"
@@ -171,7 +184,7 @@ async def test_delete_while_producing_then_recreate_answers_everything_and_mixes
         with contextlib.suppress(headwater.UnknownTopic):  # flush reports the failed sends
             await producer.close()
         clients = [producing_client, admin, other]
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30  # bounds a hang only
         while (counts := await partition_counts(clients, "dp")) != [2, 2, 2]:
             assert time.monotonic() < deadline, f"brokers see {counts} partitions"
             await asyncio.sleep(0.1)

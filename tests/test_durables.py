@@ -328,7 +328,7 @@ def test_map_agrees_with_a_dict_across_restarts(
 
 
 async def test_cli_map_commands(server: ServerProcess, topic_name: str) -> None:
-    from tests.test_cli import hw
+    from tests.support.cli_process import hw
 
     assert (
         hw(

@@ -572,7 +572,7 @@ async def test_due_messages_nobody_can_take_do_not_spin_the_pump(tmp_path: Path)
 def test_cli_topic_alter_partitions_and_consume_key_shared(
     server: ServerProcess, topic_name: str
 ) -> None:
-    from tests.test_cli import hw
+    from tests.support.cli_process import hw
 
     assert hw("topic", "create", topic_name, "--partitions", "2", server=server).returncode == 0
     altered = hw(

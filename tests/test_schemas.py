@@ -25,8 +25,8 @@ from headwater.wire.protocol import (
     encode_response,
 )
 from headwater.wire.records import Compression, build_batch
+from tests.support.cli_process import hw
 from tests.support.secure import secure_server
-from tests.test_cli import hw
 
 HEADER = m.SCHEMA_VERSION_HEADER
 ORDER = {

@@ -31,8 +31,8 @@ from headwater.storage.snapshots import SnapshotFile
 from headwater.storage.state import StateStore
 from headwater.testing import ServerProcess
 from headwater.wire.records import Record
+from tests.support.cli_process import hw
 from tests.support.s3 import CREDENTIALS, MotoS3
-from tests.test_cli import hw
 
 SEGMENT_CONFIGS = {
     "last.value": "true",

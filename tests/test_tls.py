@@ -62,6 +62,14 @@ async def test_token_over_tls_round_trip_and_plaintext_is_refused(
         await headwater.connect(tls_server.address, token=tls_server.admin, timeout=3)
     with pytest.raises(ConnectionClosed, match="certificate verify failed"):
         await headwater.connect(tls_server.address, tls=Tls(ca=pki.rogue.path))
+    # the failed handshakes are logged with the peer's address (issue 22)
+    deadline = time.monotonic() + 10
+    while not any(
+        "conn.tls_failed" in line and "peer=127.0.0.1:" in line
+        for line in tls_server.process.log().splitlines()
+    ):
+        assert time.monotonic() < deadline, "no conn.tls_failed line with the peer address"
+        await asyncio.sleep(0.05)
 
 
 async def test_client_certificate_is_the_identity_and_its_grants_apply(
@@ -158,3 +166,22 @@ async def test_cli_client_options(tls_server: SecureServer, pki: Pki, tmp_path: 
     )
     assert result.returncode == 0, result.stderr
     assert "created topic cli.t" in result.stdout
+
+
+async def test_failed_tls_handshakes_give_back_their_admission_slot(
+    tmp_path: Path, pki: Pki
+) -> None:
+    """A connection whose TLS handshake fails never opens, so the listener, not the connection,
+    gives back its slot among those waiting to authenticate: with 2 slots per address, ten
+    failed handshakes in a row still leave room for a good client."""
+    config = tmp_path / "headwater.toml"
+    config.write_text("[security]\nmax_unauthenticated_per_address = 2\n")
+    args = ("--tls-cert", str(pki.server.cert), "--tls-key", str(pki.server.key))
+    with secure_server(tmp_path, *args, "--config", str(config)) as server:
+        for _ in range(10):
+            with pytest.raises(ConnectionClosed):
+                await headwater.connect(server.address, tls=Tls(ca=pki.rogue.path), timeout=5)
+        async with await headwater.connect(
+            server.address, token=server.admin, tls=Tls(ca=pki.ca.path)
+        ) as client:
+            await client.list_topics()

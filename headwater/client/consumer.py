@@ -167,8 +167,14 @@ class Consumer:
         self._wake()
 
     def on_dropped(self, count: int) -> None:
-        self.dropped += count
+        """MESSAGES_DROPPED: the next message handed out says `missed=count`."""
         self._missed += count
+        self.report_dropped(count)
+
+    def report_dropped(self, count: int) -> None:
+        """Count messages the server dropped for this consumer and tell the application: its
+        `on_dropped` callback, else a warning. A cluster consumer's legs report here too."""
+        self.dropped += count
         if self.dropped_callback is not None:
             self.dropped_callback(count)
         else:

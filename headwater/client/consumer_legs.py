@@ -191,7 +191,7 @@ class ClusterLegs:
             consumer.subscription,
             consumer._prefetch,
             consumer._limit,
-            on_dropped=self._dropped,
+            on_dropped=consumer.report_dropped,
             on_end=self._leg_ended,
         )
         assert consumer._request is not None
@@ -204,20 +204,6 @@ class ClusterLegs:
             if self.legs.get(broker.address) is leg:
                 del self.legs[broker.address]
             raise
-
-    def _dropped(self, count: int) -> None:
-        """A leg's MESSAGES_DROPPED: counted on the application's consumer."""
-        consumer = self.consumer
-        consumer.dropped += count
-        if consumer.dropped_callback is not None:
-            consumer.dropped_callback(count)
-        else:
-            logger.warning(
-                "consumer of %s/%s missed %d messages (the consumer fell behind)",
-                consumer.topic,
-                consumer.subscription,
-                count,
-            )
 
     def _leg_ended(self, leg: Consumer) -> None:
         if leg._error is not None:

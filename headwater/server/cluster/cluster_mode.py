@@ -18,7 +18,7 @@ broker:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Coroutine
 from typing import Any
 
 import structlog
@@ -29,11 +29,18 @@ from headwater.server.cluster.coordinator import Coordinator
 from headwater.server.cluster.exclusive_claims import ExclusiveGate
 from headwater.server.cluster.tail_commit import TailCommitter
 from headwater.server.config import ServerConfig
-from headwater.server.requests.broker import Broker, close_topic_consumers
+from headwater.server.requests.broker import Broker
 from headwater.server.requests.consumer_requests import close_consumers
 from headwater.server.requests.create_partitions import add_partitions, check_growth
 from headwater.server.requests.partition_ownership import BrokerAddress, not_owner
-from headwater.server.topics.topic import LogTopic, Topic
+from headwater.server.requests.topic_definitions import close_topic_consumers
+from headwater.server.topics.topic import (
+    LOCAL_DURABILITY,
+    LogPartition,
+    LogTopic,
+    Topic,
+    stamped_batch,
+)
 from headwater.storage.cloud_tail import CloudTail
 from headwater.storage.objectstore import ObjectStore
 from headwater.storage.partition_manifest import PartitionManifests
@@ -97,7 +104,7 @@ class ClusterMode:
             uploader.publisher = self.partitions
         catalog.subscriptions.created = self._subscription_created
         catalog.subscriptions.deleted = self._subscription_deleted
-        self._broker.enter_cluster(coordinator, self)
+        self._broker.enter_cluster(coordinator, self, self.exclusive)
         coordinator.handler = self.partitions
         coordinator.on_topic = self._on_topic
         coordinator.on_subscription = self._on_subscription
@@ -221,8 +228,7 @@ class ClusterMode:
     def _clustered(self, topic: Topic) -> None:
         """A reliable topic's appends are answered, and read, once in the object store."""
         if isinstance(topic, LogTopic):
-            topic.cloud_commit = self.committer.add
-            topic.cloud_end = self.partitions.cloud_end
+            topic.durable = CloudDurability(self.committer, self.partitions)
 
     async def _on_subscription(
         self, topic: str, name: str, definition: dict[str, Any] | None
@@ -276,3 +282,30 @@ class ClusterMode:
             kept=self.partitions.kept,
         )
         return status
+
+
+class CloudDurability:
+    """A cluster's `topics.topic.Durability`: an append is answered once its batch is in the
+    object store (`tail_commit.TailCommitter`), and readers read only what is there, so no
+    consumer acks an offset a take-over could give to another message."""
+
+    def __init__(self, committer: TailCommitter, partitions: ClusterPartitions) -> None:
+        self._committer = committer
+        self._partitions = partitions
+
+    def commit(
+        self,
+        topic: str,
+        partition: LogPartition,
+        base_offset: int,
+        batch: bytes,
+        record_count: int,
+        sequence: int,
+        committed: bool,
+    ) -> Awaitable[None] | None:
+        stamped = stamped_batch(batch, base_offset)
+        return self._committer.add(topic, partition.index, base_offset, stamped, record_count)
+
+    def readable_end(self, topic: str, partition: LogPartition, committed: bool) -> int:
+        local = LOCAL_DURABILITY.readable_end(topic, partition, committed)
+        return min(local, self._partitions.cloud_end(topic, partition.index))

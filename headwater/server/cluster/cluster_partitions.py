@@ -3,16 +3,16 @@
 The etcd coordinator (`server.cluster`) decides who owns each partition; this module is the
 `PartitionHandler` it calls, and keeps what a new owner needs where it can find it:
 
-- **acquire** (the ownership key is ours, not yet served): under the topic's turn, claim the
-  partition's manifest (`storage.partition_manifest`: no earlier owner can name a segment or let
-  chunks go from now on), list the partition's cloud tail (`storage.cloud_tail`), resolve the
-  valid chain above the manifest's segments and its end E, write our epoch's marker at E (first
-  time only), and make the local WAL equal to the chain. The local log is kept only when it
-  already ends at E with everything up to E stored by us; otherwise it is rebuilt: closed,
-  removed, opened again where the chain's chunks above the manifest's segments start, and their
-  batches appended, offsets unchanged. Reads below the local log go to the manifest's segments
-  and nothing else. Last-value state of a rebuilt partition is cleared and caught up (snapshot +
-  log).
+- **acquire** (the ownership key is ours, not yet served): claim the partition's manifest
+  (`storage.partition_manifest`: no earlier owner can name a segment from now on, and none
+  deletes a chunk above the claimed version's end) while listing the partition's cloud tail
+  (`storage.cloud_tail`), resolve the valid chain above the manifest's segments and its end E,
+  and write our epoch's marker at E (first time only). Then, under the topic's turn: the local
+  log is kept only when it already ends at E with everything up to E stored by us; otherwise it
+  is replaced by an empty log at E, and reads below it go to the manifest's segments and to the
+  chain's chunks in place (nothing is downloaded: a take-over costs the same whatever the tail),
+  which are folded into one segment in the background. Last-value state of a replaced partition
+  is cleared and caught up (snapshot + log).
 - **uploads** (`SegmentPublisher`): a sealed segment is uploaded under a name of its own once the
   tail holds all its batches, and counts only once the manifest names it; the chunks below the
   manifest's new end then go.
@@ -158,34 +158,47 @@ class ClusterPartitions:
     # PartitionHandler
 
     async def acquire(self, topic: str, partition: int, epoch: int) -> None:
+        found = self._catalog.topics.get(topic)
+        if found is None:
+            raise LookupError(f"topic {topic!r} is not known here yet")
+        if not isinstance(found, LogTopic):
+            return  # non-reliable: nothing is kept, nothing to take over
+        started = time.monotonic()
+        key = (topic, partition)
+        # the object store's part needs no turn: the topic's other partitions, taken over at
+        # the same moment, do theirs meanwhile
+        await self._committer.settle(topic, partition)
+        # what a deleted topic of the same name left in the shared store is not ours
+        since = self._checkpoints.incarnation(topic)
+        # the claim of the manifest, and the tail's listing at the same time: a previous owner
+        # still running (paused, fenced) can no longer name a segment once we have written our
+        # version, and it deletes chunks only below the end of a version it wrote, which our
+        # claim holds (a chunk it stores after our listing starts at or past the end we find,
+        # and our marker fences it)
+        manifest, state = await asyncio.gather(
+            self._manifests.claim(topic, partition, epoch, since),
+            self._tail.state(topic, partition),
+        )
+        state = state.since(since)
+        claimed = time.monotonic()
+        end, run = state.resolve(manifest.end)
+        if run and run[0].first > manifest.end:
+            log.error(
+                "cluster.tail_gap",
+                topic=topic,
+                partition=partition,
+                segments_end=manifest.end,
+                chunks_from=run[0].first,
+            )
+        if epoch not in state.markers:
+            await self._tail.mark_epoch(topic, partition, epoch, end, state)
+        marked = time.monotonic()
         async with self._catalog.turn(topic):
             found = self._catalog.topics.get(topic)
-            if found is None:
-                raise LookupError(f"topic {topic!r} is not known here yet")
             if not isinstance(found, LogTopic):
-                return  # non-reliable: nothing is kept, nothing to take over
-            started = time.monotonic()
-            await self._committer.settle(topic, partition)
-            # what a deleted topic of the same name left in the shared store is not ours
-            since = self._checkpoints.incarnation(topic)
-            # first the manifest: a previous owner still running (paused, fenced) can no longer
-            # name a segment nor let the chunks it holds go once we have written our version
-            manifest = await self._manifests.claim(topic, partition, epoch, since)
-            self._manifest[topic, partition] = manifest
-            state = (await self._tail.state(topic, partition)).since(since)
-            end, run = state.resolve(manifest.end)
-            if run and run[0].first > manifest.end:
-                log.error(
-                    "cluster.tail_gap",
-                    topic=topic,
-                    partition=partition,
-                    segments_end=manifest.end,
-                    chunks_from=run[0].first,
-                )
-            if epoch not in state.markers:
-                await self._tail.mark_epoch(topic, partition, epoch, end, state)
+                raise LookupError(f"topic {topic!r} went while its partition was taken over")
+            self._manifest[key] = manifest
             local = found.partitions[partition].log
-            key = (topic, partition)
             if local.next_offset == end and self._verified.get(key) == end:
                 self.kept += 1
                 self._in_place.pop(key, None)
@@ -205,19 +218,23 @@ class ClusterPartitions:
                 ]
                 await self._restart(found, partition, end, manifest)
                 self.rebuilt += 1
-            self._verified[topic, partition] = end
+            self._verified[key] = end
             self._unfolded[key] = len(run)
             await self._load_cursors(found, partition, since)
-            log.info(
-                "cluster.partition_acquired",
-                topic=topic,
-                partition=partition,
-                epoch=epoch,
-                end=end,
-                chunks=len(run),
-                segments=len(manifest.segments),
-                ms=round((time.monotonic() - started) * 1000, 1),
-            )
+        log.info(
+            "cluster.partition_acquired",
+            topic=topic,
+            partition=partition,
+            epoch=epoch,
+            end=end,
+            chunks=len(run),
+            segments=len(manifest.segments),
+            ms=round((time.monotonic() - started) * 1000, 1),
+            # where the time went: the claim and the listing, the marker, the local part
+            claim_ms=round((claimed - started) * 1000, 1),
+            marker_ms=round((marked - claimed) * 1000, 1),
+            local_ms=round((time.monotonic() - marked) * 1000, 1),
+        )
         if self._in_place.get((topic, partition)):
             self._fold_soon(topic, partition)  # the previous owners' chunks into one segment
         self._wake_subscriptions(topic)
@@ -457,10 +474,16 @@ class ClusterPartitions:
 
     async def _load_cursors(self, topic: LogTopic, partition: int, since: int) -> None:
         now = time.monotonic()
-        for subscription in _reliable(topic):
-            data = await self._checkpoints.get_checkpoint(
-                checkpoint_key(topic.name, subscription.name, partition), since
+        subscriptions = _reliable(topic)
+        found = await asyncio.gather(
+            *(
+                self._checkpoints.get_checkpoint(
+                    checkpoint_key(topic.name, s.name, partition), since
+                )
+                for s in subscriptions
             )
+        )
+        for subscription, data in zip(subscriptions, found, strict=True):
             if data is None:
                 # nobody consumed this partition for it elsewhere: from the oldest stored
                 # message (never lose one; a `latest` subscription checkpoints at creation)

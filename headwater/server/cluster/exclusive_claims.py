@@ -90,10 +90,13 @@ class ExclusiveClaims:
                 holder_now, listed = current
                 if holder_now == holder and listed.get(self._id) == registered:
                     return  # ours here already, under this registration: nothing to write
+                # our own entry counts too: under our current registration it is a consumer
+                # of that holder attached here
                 live = {
                     broker: revision
                     for broker, revision in listed.items()
-                    if broker != self._id and await self._registration(broker) == revision
+                    if revision
+                    == (registered if broker == self._id else await self._registration(broker))
                 }
                 if holder_now != holder and live:
                     raise ConsumerBusy(

@@ -23,15 +23,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, overload
 
 from headwater.durables.producers import ProducerTable
 from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.config import ServerConfig
 from headwater.server.reply import AfterDurable, AfterWork, Reply, Waiting, after
+from headwater.server.request_table import REQUESTS
 from headwater.server.requests.admin_requests import AdminHandlers
-from headwater.server.requests.consumer_requests import ConsumerHandlers, close_consumers
-from headwater.server.requests.create_partitions import add_partitions
+from headwater.server.requests.consumer_requests import ConsumerHandlers
 from headwater.server.requests.lookup import LookupHandler
 from headwater.server.requests.map_requests import MapHandlers
 from headwater.server.requests.partition_ownership import (
@@ -40,14 +40,24 @@ from headwater.server.requests.partition_ownership import (
     SingleBroker,
     not_owner,
 )
+from headwater.server.requests.topic_definitions import (
+    LocalTopics,
+    SubscribeGate,
+    TopicDefinitions,
+)
 from headwater.server.schemas.schema_registry import SchemaHandlers
 from headwater.server.topic_turns import Turn
 from headwater.server.topics.subscription_contract import Consumer
 from headwater.server.topics.subscription_contract import ConsumerSession as Session
-from headwater.server.topics.topic import LogTopic, MemoryTopic, Topic
+from headwater.server.topics.topic import (
+    LogPartition,
+    LogTopic,
+    MemoryPartition,
+    MemoryTopic,
+    Topic,
+)
 from headwater.wire import messages as m
 from headwater.wire.errors import (
-    ErrorCode,
     InvalidRequest,
     InvalidTopicName,
     NotSupported,
@@ -85,7 +95,7 @@ class Broker:
         self.admin = AdminHandlers(catalog, config.data_dir, connections, self.memory)
         self.maps = MapHandlers(catalog)
         self.gate: Ownership | None = None  # a cluster's ownership (enter_cluster)
-        self.cluster: Any = None
+        self.definitions: TopicDefinitions = LocalTopics(catalog)
         consumers = self.consumers
         schemas = SchemaHandlers(catalog.schemas, catalog.topics)
         self._handlers: dict[type, Handler] = {
@@ -124,12 +134,12 @@ class Broker:
 
     def handle(self, session: Session, request: m.Request) -> Reply:
         handler = self._handlers[type(request)]
-        kind = type(request)
-        name = _topic_named(request)
+        kind = REQUESTS[type(request)]
+        name = kind.topic(request)
         if name is not None and (
-            kind in _IN_TURN
+            kind.in_turn
             or self.catalog.busy(name)
-            or (kind in _MAP_REQUESTS and not self.maps.ready(name))
+            or (kind.last_value and not self.maps.ready(name))
         ):
             return AfterWork(self._in_turn(self.catalog.turn(name), handler, session, request))
         return handler(session, request)
@@ -225,7 +235,13 @@ class Broker:
         saved = self.catalog.producers.save(topic, partition.index, info.producer_id, entry)
         return after(m.ProduceResponse(partition.index, base_offset), durable, saved)
 
-    def _pick(self, topic: Topic, requested: int) -> Any:
+    @overload
+    def _pick(self, topic: MemoryTopic, requested: int) -> MemoryPartition: ...
+
+    @overload
+    def _pick(self, topic: LogTopic, requested: int) -> LogPartition: ...
+
+    def _pick(self, topic: Topic, requested: int) -> MemoryPartition | LogPartition:
         """The partition asked for; for -1, the next in turn (in a cluster, of those served
         here: a producer that leaves the choice to the broker is never sent elsewhere)."""
         partition = topic.pick_partition(requested)
@@ -236,18 +252,19 @@ class Broker:
                 partition = topic.pick_partition(requested)
         return partition
 
-    def enter_cluster(self, ownership: Ownership, cluster: Any) -> None:
-        """Serve only the partitions `ownership` gives this broker, and define topics through
-        `cluster` (a `server.cluster.cluster_mode.ClusterMode`; docs/CLUSTER.md)."""
+    def enter_cluster(
+        self, ownership: Ownership, definitions: TopicDefinitions, exclusive: SubscribeGate
+    ) -> None:
+        """Serve only the partitions `ownership` gives this broker, define topics through
+        `definitions` and attach consumers through `exclusive` (a cluster's; docs/CLUSTER.md)."""
         self.gate = ownership
         self.ownership = ownership
         self._handlers[m.LookupRequest] = LookupHandler(ownership, self.catalog.topics).lookup
-        self.cluster = cluster
+        self.definitions = definitions
         self.maps.ownership = ownership
         # an Exclusive subscription has one holder in the whole cluster (fenced in etcd)
-        gate = cluster.exclusive
-        self._handlers[m.SubscribeRequest] = gate.wrap(self.consumers.subscribe)
-        self.consumers.on_detached = gate.detached_consumer
+        self._handlers[m.SubscribeRequest] = exclusive.wrap(self.consumers.subscribe)
+        self.consumers.on_detached = exclusive.detached_consumer
         self.catalog.subscriptions.serves = ownership.serves
 
     def _check_producer(
@@ -261,7 +278,7 @@ class Broker:
         return producers.check(info.producer_id, info.base_sequence, info.record_count)
 
     def init_producer_id(self, session: Session, request: m.InitProducerIdRequest) -> Reply:
-        if self.cluster is not None:
+        if self.gate is not None:  # a cluster
             # ids are counted per broker, and a partition's sequences stay with its old owner:
             # a moved partition would take another producer's retry for a duplicate and drop it
             raise NotSupported("idempotent producers are not supported in a cluster yet")
@@ -279,10 +296,7 @@ class Broker:
         return AfterWork(self._create_topic(request))
 
     async def _create_topic(self, request: m.CreateTopicRequest) -> Reply:
-        if self.cluster is not None:
-            await self.cluster.create_topic(request)
-        else:
-            await self.catalog.create_locked(request)
+        await self.definitions.create_topic(request)
         return m.EmptyResponse()
 
     def delete_topic(self, session: Session, request: m.DeleteTopicRequest) -> Reply:
@@ -290,16 +304,11 @@ class Broker:
 
     async def _delete_topic(self, request: m.DeleteTopicRequest) -> Reply:
         self._topic(request.name)
-        if self.cluster is not None:
-            await self.cluster.delete_topic(request.name)
-        else:
-            await self.catalog.delete_topic(request.name, close_topic_consumers)
+        await self.definitions.delete_topic(request.name)
         return m.EmptyResponse()
 
     def create_partitions(self, session: Session, request: m.CreatePartitionsRequest) -> Reply:
-        if self.cluster is not None:
-            return AfterWork(self.cluster.create_partitions(request))
-        return AfterWork(add_partitions(self.catalog, request))
+        return AfterWork(self.definitions.create_partitions(request))
 
     def list_topics(self, session: Session, request: m.ListTopicsRequest) -> m.ListTopicsResponse:
         return m.ListTopicsResponse(tuple(t.info for _, t in sorted(self.catalog.topics.items())))
@@ -339,56 +348,6 @@ class Broker:
                 m.ApiVersionRange(k, lo, hi) for k, (lo, hi) in sorted(SUPPORTED_VERSIONS.items())
             )
         )
-
-
-def close_topic_consumers(topic: Topic) -> None:
-    for subscription in list(topic.subscriptions.values()):
-        close_consumers(
-            list(subscription.consumers.values()),
-            ErrorCode.UNKNOWN_TOPIC,
-            f"topic {topic.name!r} was deleted",
-        )
-
-
-_IN_TURN = frozenset(
-    {
-        m.SubscribeRequest,
-        m.SeekRequest,
-        m.DeleteSubscriptionRequest,
-        m.CreateTopicRequest,
-        m.DeleteTopicRequest,
-        m.AlterTopicConfigsRequest,
-        m.CreatePartitionsRequest,
-        m.RegisterSchemaRequest,
-    }
-)
-_MAP_REQUESTS = frozenset({m.MapGetRequest, m.MapSetRequest, m.MapScanRequest, m.MapSizeRequest})
-_TOPIC_FIELD = {
-    m.ProduceRequest: "topic",
-    m.SubscribeRequest: "topic",
-    m.SeekRequest: "topic",
-    m.DeleteSubscriptionRequest: "topic",
-    m.MapGetRequest: "topic",
-    m.MapSetRequest: "topic",
-    m.MapScanRequest: "topic",
-    m.MapSizeRequest: "topic",
-    m.CreateTopicRequest: "name",
-    m.DeleteTopicRequest: "name",
-    m.DescribeTopicRequest: "name",
-    m.AlterTopicConfigsRequest: "name",
-    m.ListSubscriptionsRequest: "topic",
-    m.CreatePartitionsRequest: "name",
-    m.RegisterSchemaRequest: "topic",
-    m.GetSchemaRequest: "topic",
-    m.ListSchemasRequest: "topic",
-    m.CheckSchemaRequest: "topic",
-}
-
-
-def _topic_named(request: m.Request) -> str | None:
-    """The topic a request acts on, if it names one."""
-    field = _TOPIC_FIELD.get(type(request))
-    return None if field is None else str(getattr(request, field))
 
 
 __all__ = ["Broker", "Reply", "Waiting"]

@@ -6,15 +6,15 @@ PATTERN is an exact topic name, or a prefix ending in `*` (`orders.*`, or `*` fo
 Nothing is allowed unless a grant says so. The actions are independent: `admin` (create and
 delete topics, seek and delete any subscription) does not imply reading or writing messages.
 
-`request_action` derives (action, topic) from a request's type, so the broker needs no
-knowledge of principals: map get/scan/size follow consume, map set and delete follow produce,
-describe follows consume (it shows subscriptions and counters), SERVER_INFO needs admin on every
-topic (`admin:*`: it tells server-wide counts and the data directory, as the operator's HTTP port
-does), LOOKUP needs nothing but is answered only for topics with a grant (access filters the
-others to UNKNOWN_TOPIC, as for a topic that does not exist). Requests on a consumer the
-connection already holds (flow, ack, nack, unsubscribe) were authorized when it subscribed.
-Seek and delete-subscription need admin on the topic or ownership of the subscription; that
-check is `server.security.access`'s, which knows the owners.
+`request_action` reads (action, topic) from the request's row in `server.request_table`, so the
+broker needs no knowledge of principals: map get/scan/size follow consume, map set and delete follow
+produce, describe follows consume (it shows subscriptions and counters), SERVER_INFO needs admin on
+every topic (`admin:*`: it tells server-wide counts and the data directory, as the operator's HTTP
+port does), LOOKUP needs nothing but is answered only for topics with a grant (access filters the
+others to UNKNOWN_TOPIC, as for a topic that does not exist). Requests on a consumer the connection
+already holds (flow, ack, nack, unsubscribe) were authorized when it subscribed. Seek and
+delete-subscription need admin on the topic or ownership of the subscription; that check is
+`server.security.access`'s, which knows the owners.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from headwater.server.request_table import REQUESTS
 from headwater.wire import messages as m
 
 
@@ -90,30 +91,14 @@ def may_see(grants: Iterable[Grant], topic: str) -> bool:
 
 
 def request_action(request: m.Request) -> tuple[Action | str, str]:
-    """(what the request needs, the topic it concerns); the topic is "" for ANYONE."""
-    kind = type(request)
-    if kind is m.ProduceRequest or kind is m.MapSetRequest:
-        return Action.PRODUCE, request.topic  # type: ignore[union-attr]
-    if kind in _CONSUME:
-        return Action.CONSUME, request.topic  # type: ignore[union-attr]
-    if kind is m.SeekRequest or kind is m.DeleteSubscriptionRequest:
-        return OWNER_OR_ADMIN, request.topic  # type: ignore[union-attr]
-    if kind in (m.CreateTopicRequest, m.DeleteTopicRequest, m.CreatePartitionsRequest):
-        return Action.ADMIN, request.name  # type: ignore[union-attr]
-    if kind is m.DescribeTopicRequest:
-        return Action.CONSUME, request.name  # type: ignore[union-attr]
-    if kind is m.AlterTopicConfigsRequest:
-        return Action.ADMIN, request.name  # type: ignore[union-attr]
-    if kind is m.ListSubscriptionsRequest and request.topic:  # type: ignore[union-attr]
-        return Action.CONSUME, request.topic  # type: ignore[union-attr]
-    if kind is m.ServerInfoRequest:
-        return Action.ADMIN, EVERY_TOPIC
-    if kind is m.RegisterSchemaRequest:
-        return Action.ADMIN, request.topic  # type: ignore[union-attr]
-    if kind in _SCHEMA_READS:
-        return ANY_GRANT, request.topic  # type: ignore[union-attr]
-    return ANYONE, ""
+    """(what the request needs, the topic it concerns), from its row in `server.request_table`;
+    the topic is "" for ANYONE and `EVERY_TOPIC` for a server-wide admin request."""
+    kind = REQUESTS[type(request)]
+    topic = kind.topic(request)
+    if kind.needs == ANYONE or (kind.topic_optional and not topic):
+        return ANYONE, ""
+    need: Action | str = Action(kind.needs) if kind.needs in _ACTIONS else kind.needs
+    return need, EVERY_TOPIC if topic is None else topic
 
 
-_CONSUME = frozenset({m.SubscribeRequest, m.MapGetRequest, m.MapScanRequest, m.MapSizeRequest})
-_SCHEMA_READS = frozenset({m.GetSchemaRequest, m.ListSchemasRequest, m.CheckSchemaRequest})
+_ACTIONS = frozenset(action.value for action in Action)

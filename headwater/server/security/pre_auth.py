@@ -8,18 +8,18 @@ before its body is decoded, and the connection is closed: an anonymous peer cost
 header, whatever the body holds (an 8 MiB CREATE_TOPIC of 2 million configs once cost 21 s of
 parsing before the authentication check).
 
-This is one function of the api key, so a dispatch table per request type can hold it as a flag.
+Which api keys may come first is the `before_auth` flag of their rows in `server.request_table`.
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-from headwater.wire import messages as m
+from headwater.server.request_table import REQUESTS
 from headwater.wire.errors import AuthenticationRequired, FrameTooLarge, HeadwaterError
 from headwater.wire.limits import MAX_PRE_AUTH_FRAME
 
-PRE_AUTH_API_KEYS: Final = frozenset({int(m.ApiKey.API_VERSIONS), int(m.ApiKey.AUTHENTICATE)})
+PRE_AUTH_API_KEYS: Final = frozenset(row.api_key for row in REQUESTS.values() if row.before_auth)
 
 
 def pre_auth_refusal(api_key: int) -> HeadwaterError | None:

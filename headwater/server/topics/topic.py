@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import bisect
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import Final, Literal, Protocol
 
 import structlog
 
@@ -121,7 +121,7 @@ class MemoryTopic(_TopicBase):
         """Stamp and fan out a validated batch: (base offset, nothing to wait for)."""
         base_offset = partition.next_offset
         partition.next_offset = base_offset + record_count
-        stamped = _BASE_OFFSET.pack(base_offset) + batch[8:]
+        stamped = stamped_batch(batch, base_offset)
         self.messages_in += record_count
         self.bytes_in += len(batch)
         for subscription in self.subscriptions.live.values():
@@ -136,6 +136,56 @@ class MemoryTopic(_TopicBase):
 
     async def close(self, seal: bool = False) -> None:
         """Nothing to close: a memory topic holds no files."""
+
+
+class Durability(Protocol):
+    """What the answer to an append waits for, and how far readers may read: the seam through
+    which a cluster makes the object store, not the local fsync, the point of durability."""
+
+    def commit(
+        self,
+        topic: str,
+        partition: LogPartition,
+        base_offset: int,
+        batch: bytes,
+        record_count: int,
+        sequence: int,
+        committed: bool,
+    ) -> Awaitable[None] | None: ...
+
+    def readable_end(self, topic: str, partition: LogPartition, committed: bool) -> int: ...
+
+
+class LocalDurability:
+    """A single broker's: the fsync, when the topic's policy (or `committed`, read_committed)
+    asks for one; readers read what is visible (or fsynced, for read_committed)."""
+
+    def commit(
+        self,
+        topic: str,
+        partition: LogPartition,
+        base_offset: int,
+        batch: bytes,
+        record_count: int,
+        sequence: int,
+        committed: bool,
+    ) -> Awaitable[None] | None:
+        wal = partition.log
+        if wal.must_wait(sequence, committed):
+            return wal.wait_durable(sequence)
+        return None
+
+    def readable_end(self, topic: str, partition: LogPartition, committed: bool) -> int:
+        wal = partition.log
+        return wal.durable_offset if committed else wal.visible_offset
+
+
+LOCAL_DURABILITY: Final = LocalDurability()
+
+
+def stamped_batch(batch: bytes, base_offset: int) -> bytes:
+    """The batch as stored: its base offset field set to `base_offset`."""
+    return _BASE_OFFSET.pack(base_offset) + batch[8:]
 
 
 class LogTopic(_TopicBase):
@@ -155,10 +205,9 @@ class LogTopic(_TopicBase):
         self.archive = archive
         self.partitions = [LogPartition(i, logs[i]) for i in range(info.partitions)]
         self.last_value: LastValueIndex | None = None
-        # a cluster's `TailCommitter.add`: an append is answered once it is in the object store
-        self.cloud_commit: Callable[[str, int, int, bytes, int], Awaitable[None]] | None = None
-        # and the offset up to which a partition is in the object store (served here, else 0)
-        self.cloud_end: Callable[[str, int], int] | None = None
+        # what an append's answer waits for and where readers may read up to: the WAL's fsync,
+        # or in a cluster the object store (`server.cluster.cluster_mode` sets its own)
+        self.durable: Durability = LOCAL_DURABILITY
 
     def pick_partition(self, requested: int) -> LogPartition:
         return self.partitions[self._pick(requested, len(self.partitions))]
@@ -182,16 +231,10 @@ class LogTopic(_TopicBase):
         sequence: int,
         committed: bool = False,
     ) -> Awaitable[None] | None:
-        """What the answer to an append waits for: in a cluster, the batch in the object store
-        (`server.cluster.tail_commit`); else the fsync, when the topic's policy or `committed`
-        asks."""
-        if self.cloud_commit is not None:
-            stamped = _BASE_OFFSET.pack(base_offset) + batch[8:]
-            return self.cloud_commit(self.name, partition.index, base_offset, stamped, record_count)
-        wal = partition.log
-        if wal.must_wait(sequence, committed):
-            return wal.wait_durable(sequence)
-        return None
+        """What the answer to an append waits for (`Durability.commit`)."""
+        return self.durable.commit(
+            self.name, partition, base_offset, batch, record_count, sequence, committed
+        )
 
     def append(self, partition: LogPartition, batch: bytes, record_count: int) -> tuple[int, int]:
         """Write a validated batch to the WAL; returns (base offset, durability sequence).
@@ -208,7 +251,7 @@ class LogTopic(_TopicBase):
         self.bytes_in += len(batch)
         live = self.subscriptions.live
         if live:  # subscriptions that keep nothing see the batch as it passes
-            stamped = _BASE_OFFSET.pack(base_offset) + batch[8:]
+            stamped = stamped_batch(batch, base_offset)
             for subscription in live.values():
                 subscription.offer(partition.index, stamped, record_count)
         if index is not None:
@@ -221,11 +264,7 @@ class LogTopic(_TopicBase):
         """Where subscriptions may read up to: what is visible (or fsynced, for read_committed);
         in a cluster, only what is in the object store, so no consumer ever acks an offset a
         take-over could give to another message."""
-        wal = partition.log
-        end = wal.durable_offset if committed else wal.visible_offset
-        if self.cloud_end is not None:
-            end = min(end, self.cloud_end(self.name, partition.index))
-        return end
+        return self.durable.readable_end(self.name, partition, committed)
 
     def start_offset(self, partition: int) -> int:
         """The oldest offset still stored for `partition`, in the object store or locally."""
