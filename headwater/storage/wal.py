@@ -301,14 +301,6 @@ class PartitionLog:
         log.debug("wal.rolled", directory=str(self.directory), base_offset=segment.base_offset)
         return segment
 
-    def skip_to(self, offset: int) -> None:
-        """Continue appends at `offset`, leaving a gap (a take-over found no intact copy of the
-        offsets between): seal the active segment there and start one at `offset`, as recovery
-        does after an unclean stop, so the gap shows in the names and readers step over it."""
-        if offset > self._segments[-1].next_offset:
-            self._segments[-1].next_offset = offset
-            self._roll()
-
     # The offset lease
 
     def lease_target(self) -> int | None:

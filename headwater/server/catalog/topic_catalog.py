@@ -453,8 +453,18 @@ class TopicCatalog:
             )
             index.skip_to(p, topic.start_offset(p))
             while index.applied(p) < partition.next_offset:
+                skipped = partition.skipped
                 batches = await topic.read(p, index.applied(p))
                 if not batches:
+                    if (
+                        partition.skipped > skipped
+                        and index.applied(p) < partition.log.start_offset
+                    ):
+                        # the read skipped damaged or missing archived data (logged and counted)
+                        # and found nothing after it up to the local log: go on from there (a
+                        # damaged last tail chunk failed every take-over of the partition)
+                        index.skip_to(p, partition.log.start_offset)
+                        continue
                     if index.applied(p) >= partition.log.start_offset:
                         # nothing stored from here to the end: offsets a recovery skipped
                         index.skip_to(p, partition.next_offset)
