@@ -250,7 +250,7 @@ class Sender:
         if not isinstance(delivery, AtLeastOnce) or not error.retriable:
             self._fail(batch, error)
             return
-        if isinstance(error, NotOwner):
+        if self._between_owners(error):
             # a partition between owners is not the batch's failure: it waits for the new
             # owner (the router looks it up) within the policy's time budget, without using up
             # its retries, as Kafka's producer retries NOT_LEADER until its delivery timeout
@@ -268,6 +268,14 @@ class Sender:
         self._accumulator.requeue(batch)
         self._loop.call_later(delay, self._wake.set)
         logger.debug("retrying batch for partition %s in %.3fs: %s", batch.partition, delay, error)
+
+    def _between_owners(self, error: HeadwaterError) -> bool:
+        """NOT_OWNER, or in a cluster a lost connection to an owner (it stopped or died: its
+        partitions are being taken over)."""
+        if isinstance(error, NotOwner):
+            return True
+        router = self.router
+        return isinstance(error, ConnectionClosed) and router is not None and router.multi_broker
 
     def _unsolicited_error(self, error: HeadwaterError) -> None:
         """The server refused a frame sent without response (at-most-once): which batch is not
