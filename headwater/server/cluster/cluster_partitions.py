@@ -308,9 +308,10 @@ class ClusterPartitions:
         previous version, such as a compaction run, may still fetch them)."""
         key = (topic, partition)
         current = self._manifest.get(key)
-        if current is None or current.version < after.version:
-            self._manifest[key] = after
-        self._adopt(topic, partition, self._manifest[key])
+        if current is not None:  # (None: lost meanwhile; a take-over claims afresh)
+            if current.version < after.version:
+                self._manifest[key] = after
+            self._adopt(topic, partition, self._manifest[key])
         self._spawn(self._tail.collect(topic, partition, after.end))
         retired = before.names() - after.names()
         if retired:
