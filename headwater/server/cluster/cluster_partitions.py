@@ -158,7 +158,9 @@ class ClusterPartitions:
     # PartitionHandler
 
     async def acquire(self, topic: str, partition: int, epoch: int) -> None:
-        found = self._catalog.topics.get(topic)
+        async with self._catalog.turn(topic):
+            # (a topic being created from the watch holds its turn: it is there once we have it)
+            found = self._catalog.topics.get(topic)
         if found is None:
             raise LookupError(f"topic {topic!r} is not known here yet")
         if not isinstance(found, LogTopic):
