@@ -158,17 +158,21 @@ class ClusterPartitions:
     # PartitionHandler
 
     async def acquire(self, topic: str, partition: int, epoch: int) -> None:
+        # all of it in the topic's turn: with the object-store part outside it, a consumer
+        # subscribing as its partition was taken over got nothing (test_cluster_manifest, the
+        # joins attack; the exact interleaving was not pinned down), so the take-overs of one
+        # topic's partitions still wait for each other
         async with self._catalog.turn(topic):
-            # (a topic being created from the watch holds its turn: it is there once we have it)
-            found = self._catalog.topics.get(topic)
+            await self._take_over(topic, partition, epoch)
+
+    async def _take_over(self, topic: str, partition: int, epoch: int) -> None:
+        found = self._catalog.topics.get(topic)
         if found is None:
             raise LookupError(f"topic {topic!r} is not known here yet")
         if not isinstance(found, LogTopic):
             return  # non-reliable: nothing is kept, nothing to take over
         started = time.monotonic()
         key = (topic, partition)
-        # the object store's part needs no turn: the topic's other partitions, taken over at
-        # the same moment, do theirs meanwhile
         await self._committer.settle(topic, partition)
         # what a deleted topic of the same name left in the shared store is not ours
         since = self._checkpoints.incarnation(topic)
@@ -195,34 +199,30 @@ class ClusterPartitions:
         if epoch not in state.markers:
             await self._tail.mark_epoch(topic, partition, epoch, end, state)
         marked = time.monotonic()
-        async with self._catalog.turn(topic):
-            found = self._catalog.topics.get(topic)
-            if not isinstance(found, LogTopic):
-                raise LookupError(f"topic {topic!r} went while its partition was taken over")
-            self._manifest[key] = manifest
-            local = found.partitions[partition].log
-            if local.next_offset == end and self._verified.get(key) == end:
-                self.kept += 1
-                self._in_place.pop(key, None)
-                self._adopt(topic, partition, manifest)
-            else:
-                # read in place, not downloaded: a take-over costs the same whatever the tail
-                self._in_place[key] = [
-                    UploadedSegment(
-                        c.first,
-                        c.end,
-                        state.sizes.get(c, 0),
-                        c.name(topic, partition)[: -len(".log")],
-                        max(c.first, manifest.end),
-                        indexed=False,
-                    )
-                    for c in run
-                ]
-                await self._restart(found, partition, end, manifest)
-                self.rebuilt += 1
-            self._verified[key] = end
-            self._unfolded[key] = len(run)
-            await self._load_cursors(found, partition, since)
+        self._manifest[key] = manifest
+        local = found.partitions[partition].log
+        if local.next_offset == end and self._verified.get(key) == end:
+            self.kept += 1
+            self._in_place.pop(key, None)
+            self._adopt(topic, partition, manifest)
+        else:
+            # read in place, not downloaded: a take-over costs the same whatever the tail
+            self._in_place[key] = [
+                UploadedSegment(
+                    c.first,
+                    c.end,
+                    state.sizes.get(c, 0),
+                    c.name(topic, partition)[: -len(".log")],
+                    max(c.first, manifest.end),
+                    indexed=False,
+                )
+                for c in run
+            ]
+            await self._restart(found, partition, end, manifest)
+            self.rebuilt += 1
+        self._verified[key] = end
+        self._unfolded[key] = len(run)
+        await self._load_cursors(found, partition, since)
         log.info(
             "cluster.partition_acquired",
             topic=topic,
