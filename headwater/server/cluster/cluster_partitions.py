@@ -3,21 +3,21 @@
 The etcd coordinator (`server.cluster`) decides who owns each partition; this module is the
 `PartitionHandler` it calls, and keeps what a new owner needs where it can find it:
 
-- **acquire** (the ownership key is ours, not yet served): claim the partition's manifest
-  (`storage.partition_manifest`: no earlier owner can name a segment from now on, and none
-  deletes a chunk above the claimed version's end) while listing the partition's cloud tail
-  (`storage.cloud_tail`), resolve the valid chain above the manifest's segments and its end E,
-  and write our epoch's marker at E (first time only). Then, under the topic's turn: the local
+- **acquire** (the ownership key is ours, not yet served), in the topic's turn: claim the
+  partition's manifest (`storage.partition_manifest`: no earlier owner can name a segment from
+  now on, and none deletes a chunk above the claimed version's end) while listing the
+  partition's cloud tail (`storage.cloud_tail`), resolve the valid chain above the manifest's
+  segments and its end E, and write our epoch's marker at E (first time only). Then the local
   log is kept only when it already ends at E with everything up to E stored by us; otherwise it
   is replaced by an empty log at E, and reads below it go to the manifest's segments and to the
   chain's chunks in place (nothing is downloaded: a take-over costs the same whatever the tail),
   which are folded into one segment in the background. Last-value state of a replaced partition
-  is cleared and caught up (snapshot + log).
+  is cleared and caught up (snapshot + log). Then each reliable subscription's cursor for the
+  partition is replaced by the checkpoint the previous owner left (unacked messages due again:
+  at-least-once).
 - **uploads** (`SegmentPublisher`): a sealed segment is uploaded under a name of its own once the
   tail holds all its batches, and counts only once the manifest names it; the chunks below the
   manifest's new end then go.
-  Then each reliable subscription's cursor for the partition is replaced by the checkpoint the
-  previous owner left (unacked messages due again: at-least-once).
 - **release** (graceful hand-off; the partition is no longer served): wait until what was
   appended is in the object store, then write every cursor's final checkpoint, so the next owner
   redelivers only what was unacked.
