@@ -356,7 +356,10 @@ async def row(name: str, count: int, clustered: bool, args: argparse.Namespace) 
             result["tail_puts_per_broker_per_s"] = round(chunks / args.seconds / count, 1)
             result["tail_puts_per_million_msgs"] = round(chunks / result["acked"] * 1e6)
             result["tail_put_dollars_per_million_msgs"] = round(
-                chunks / result["acked"] * 1e6 * S3_PUT_DOLLARS, 2
+                chunks / result["acked"] * 1e6 * S3_PUT_DOLLARS, 5
+            )
+            result["tail_put_dollars_per_broker_per_month"] = round(
+                chunks / args.seconds / count * S3_PUT_DOLLARS * 86400 * 30, 2
             )
         if count == 3 and backing is not None and args.failover_rounds:
             say(f"{name}: failover ...")

@@ -233,3 +233,26 @@ async def test_an_upload_the_manifest_refuses_is_deleted_and_not_recorded(tmp_pa
     finally:
         await uploader.close()
         state.close()
+
+
+def test_a_local_segment_is_held_only_when_the_named_entries_cover_all_of_it(
+    tmp_path: Path,
+) -> None:
+    """Retention deletes a local segment only when uploaded segments hold every offset of it:
+    in a cluster, possibly several entries of other owners, each from its `first`."""
+    state = StateStore(tmp_path / "state")
+    try:
+        uploader = Uploader(LocalObjectStore(tmp_path / "objects"), state)
+        uploader.replace("t", 0, [UploadedSegment(0, 5, 10, "t/0/a", 0)])
+        assert uploader.holds("t", 0, 0, 5)
+        assert not uploader.holds("t", 0, 0, 8)  # [5, 8) is in no named segment
+        uploader.replace(
+            "t", 0, [UploadedSegment(0, 5, 10, "t/0/a", 0), UploadedSegment(0, 8, 16, "t/0/b", 5)]
+        )
+        assert uploader.holds("t", 0, 0, 8)
+        assert uploader.holds("t", 0, 3, 8)
+        assert not uploader.holds("t", 0, 3, 9)
+        # a record written before segments had names still reads
+        assert UploadedSegment.decode(4, b"9,100") == UploadedSegment(4, 9, 100)
+    finally:
+        state.close()

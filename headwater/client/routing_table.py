@@ -57,9 +57,7 @@ class LookupBackoff:
     lost the same broker do not ask in lockstep; the episode ends after `timeout` seconds."""
 
     initial: float = 0.05
-    # a failover's new owner serves about 2 s after the kill (the default lease): a longer
-    # delay here would add up to itself to what the client sees (issue 21: failover under 3 s)
-    maximum: float = 0.25
+    maximum: float = 1.0
     timeout: float = 30.0
 
     def delays(self, rng: random.Random | None = None) -> Iterator[float]:
