@@ -384,7 +384,9 @@ async def test_bad_map_and_ack_requests(server: ServerProcess, topic_name: str) 
     await refused(m.MapScanRequest(topic_name, b"", 5000, b""), "scan limit must be 1..1000")
     await refused(m.MapSetRequest(topic_name, ()), "a set holds 1..1000 writes")
     await refused(m.MapSetRequest(topic_name, (m.MapWrite(b"k", b"v", -7),)), "expected_revision")
-    await refused(m.MapGetRequest(topic_name, (b"k",) * 1001), "keys holds 1001 entries; at most 1000")
+    await refused(
+        m.MapGetRequest(topic_name, (b"k",) * 1001), "keys holds 1001 entries; at most 1000"
+    )
     subscribed = await peer.call(m.SubscribeRequest(topic_name, "s", 0, "c", 0, 10))
     assert isinstance(subscribed, m.SubscribeResponse)
     consumer = subscribed.consumer_id
