@@ -16,8 +16,12 @@ class AppendSignal:
 
     def __init__(self) -> None:
         self._waiting: dict[int, Callable[[], None]] = {}
+        # how many times it fired: a pump compares it across a round that awaited, to know that
+        # an append it could not have been waiting for happened meanwhile
+        self.fired = 0
 
     def fire(self) -> None:
+        self.fired += 1
         if self._waiting:
             waiting, self._waiting = self._waiting, {}
             for wake in waiting.values():

@@ -224,6 +224,10 @@ class ReliableSubscription:
         loop = asyncio.get_running_loop()
         while not self._closed:
             started = time.monotonic()
+            # Cleared before the round, not after it: a wake-up (credit, an ack, an append seen
+            # through `appends` below) arriving while the round awaits a read must not be lost
+            self._wake.clear()
+            appends = self._signal.fired
             self.core.expire(started)
             try:
                 sent = await self._dispatch_once()
@@ -237,12 +241,15 @@ class ReliableSubscription:
             if sent:
                 await asyncio.sleep(0)
                 continue
-            self._wake.clear()
             if self._closed:
                 return
             wake_at = None
             if self.group.pick() is not None:  # someone could take a message: wait for appends
                 self._signal.join(id(self), self._wake.set)
+                if self._signal.fired != appends:
+                    # appended (or made durable) while the round read the log, before the join:
+                    # the round may have seen the old end, so look again
+                    self._wake.set()
                 wake_at = self.core.wake_at()
             # else nobody can take a redelivery or notice an ack timeout before a consumer, credit
             # or a writable socket wakes the pump (which then expires and redelivers): a timer
