@@ -201,7 +201,15 @@ class ClusterPartitions:
         marked = time.monotonic()
         self._manifest[key] = manifest
         local = found.partitions[partition].log
-        if local.next_offset == end and self._verified.get(key) == end:
+        # kept only when it holds everything above the manifest's segments: a take-over that
+        # failed after restarting the log at E (etcd lost while loading cursors) left a log
+        # ending at E and E verified, yet holding nothing below E; keeping it dropped the
+        # chunks in place, and with them every offset below E, from reads ("earliest" was E)
+        if (
+            local.next_offset == end
+            and self._verified.get(key) == end
+            and local.start_offset <= manifest.end
+        ):
             self.kept += 1
             self._in_place.pop(key, None)
             self._adopt(topic, partition, manifest)
