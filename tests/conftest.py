@@ -40,6 +40,7 @@ UNIT_MODULES = {
     "test_decompression",
     "test_durables_core",
     "test_layers",
+    "test_pump_wakeups",
     "test_records",
     "test_request_table",
     "test_retry_policy",
