@@ -13,7 +13,7 @@ RESULTS := loadtest/results
 PEER_BINARIES := redis-server nats-server
 export PATH := $(PATH):/usr/sbin:/sbin
 
-.PHONY: install run test check browser etcd-server cluster cluster-stop fuzz stress-test stress-quick nemesis lint typecheck bench bench-quick bench-peers peer-servers soak loadtest clean
+.PHONY: install run test spark-cluster check browser etcd-server cluster cluster-stop fuzz stress-test stress-quick nemesis lint typecheck bench bench-quick bench-peers peer-servers soak loadtest clean
 
 install: $(STAMP)
 
@@ -35,8 +35,14 @@ run: $(RUN_STAMP)
 
 # The whole suite on every core: one test module per worker at a time (the Spark modules share
 # one worker and its JVM: tests/conftest.py). The timeout bounds a hang, nothing else.
+# The standalone Spark cluster test (four JVMs: about four minutes on 2 cores) has its own target,
+# which .ci/run runs after this one; local-mode Spark runs here (tests/test_spark_*.py).
 test: $(STAMP) browser etcd-server
-	$(BIN)/python -m pytest -q -p no:randomly -n auto --dist loadgroup
+	$(BIN)/python -m pytest -q -p no:randomly -n auto --dist loadgroup \
+		--ignore=tests/test_spark_cluster.py
+
+spark-cluster: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:randomly tests/test_spark_cluster.py
 
 # Lint, types and the unit tier (no server, S3, etcd or Spark process): under a minute.
 check: $(STAMP)
