@@ -104,7 +104,8 @@ class ClusterMode:
             uploader.publisher = self.partitions
         catalog.subscriptions.created = self._subscription_created
         catalog.subscriptions.deleted = self._subscription_deleted
-        self._broker.enter_cluster(coordinator, self, self.exclusive)
+        self.producer_ids = coordinator.producer_ids()
+        self._broker.enter_cluster(coordinator, self, self.exclusive, self.producer_ids)
         coordinator.handler = self.partitions
         coordinator.on_topic = self._on_topic
         coordinator.on_subscription = self._on_subscription

@@ -15,6 +15,12 @@ The etcd coordinator (`server.cluster`) decides who owns each partition; this mo
   is cleared and caught up (snapshot + log). Then each reliable subscription's cursor for the
   partition is replaced by the checkpoint the previous owner left (unacked messages due again:
   at-least-once).
+- **idempotent producers**: a replaced partition's producer table is rebuilt in the background
+  from the batch headers of the newest part of the log the object store holds (the manifest's
+  last segments, at least `REBUILD_BYTES` of them, and the chunks in place), which carry each
+  batch's producer id and base sequence; idempotent produces to the partition wait for it
+  (`LogPartition.producers_ready`), other produces do not, so the take-over itself costs the
+  same. A kept log keeps its table when that table was complete.
 - **uploads** (`SegmentPublisher`): a sealed segment is uploaded under a name of its own once the
   tail holds all its batches, and counts only once the manifest names it; the chunks below the
   manifest's new end then go.
@@ -41,6 +47,7 @@ from typing import Any, Protocol
 import structlog
 
 from headwater.durables.cursor import PartitionCursor
+from headwater.durables.producers import ProducerTable
 from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.cluster.tail_commit import TailCommitter
 from headwater.server.subscriptions.reliable_subscription import ReliableSubscription
@@ -53,6 +60,7 @@ from headwater.storage.partition_manifest import (
     PartitionManifests,
     SegmentEntry,
 )
+from headwater.storage.segments import batch_location
 from headwater.storage.uploader import UploadedSegment
 from headwater.storage.wal import PartitionLog, SealedSegment
 from headwater.wire.errors import StorageError
@@ -64,6 +72,10 @@ _FOLD_READS = 16  # chunk GETs of one fold in flight
 RETIRE_AFTER = 600.0  # seconds an object the manifest no longer names stays readable
 _RETRY_INITIAL = 0.05
 _RETRY_MAX = 5.0
+# a producer table is rebuilt from at least this much of the newest segments (plus the chunks
+# above them): a producer's retries are of its newest batches, which are there
+REBUILD_BYTES = 16 << 20
+_REBUILD_READS = 1_000_000  # bounds a rebuild's loop of reads (each moves past one batch at least)
 
 
 class Checkpoints(Protocol):
@@ -122,6 +134,10 @@ class ClusterPartitions:
         self._task: asyncio.Task[None] | None = None
         self.rebuilt = 0
         self.kept = 0
+        # partitions whose producer table is complete for the local log (rebuilt, then kept up
+        # by our own appends): a take-over that keeps the log keeps it
+        self._tables: set[tuple[str, int]] = set()
+        self.tables_rebuilt = 0
         self.wake: Callable[[], None] = lambda: None
 
     def start(self) -> None:
@@ -170,7 +186,10 @@ class ClusterPartitions:
         if found is None:
             raise LookupError(f"topic {topic!r} is not known here yet")
         if not isinstance(found, LogTopic):
-            return  # non-reliable: nothing is kept, nothing to take over
+            # non-reliable: nothing is kept, nothing to take over; what we knew of its producers
+            # is stale (another broker may have served it since), and they may start anywhere
+            found.partitions[partition].producers.reset(complete=False)
+            return
         started = time.monotonic()
         key = (topic, partition)
         await self._committer.settle(topic, partition)
@@ -213,6 +232,8 @@ class ClusterPartitions:
             self.kept += 1
             self._in_place.pop(key, None)
             self._adopt(topic, partition, manifest)
+            if key not in self._tables:  # its rebuild did not finish: again
+                self._rebuild_producers(found, partition, end, epoch, manifest)
         else:
             # read in place, not downloaded: a take-over costs the same whatever the tail
             self._in_place[key] = [
@@ -228,6 +249,7 @@ class ClusterPartitions:
             ]
             await self._restart(found, partition, end, manifest)
             self.rebuilt += 1
+            self._rebuild_producers(found, partition, end, epoch, manifest)
         self._verified[key] = end
         self._unfolded[key] = len(run)
         await self._load_cursors(found, partition, since)
@@ -260,8 +282,106 @@ class ClusterPartitions:
         self._verified.pop((topic, partition), None)
         self._manifest.pop((topic, partition), None)
         self._in_place.pop((topic, partition), None)
+        self._tables.discard((topic, partition))
         self._signal_moved()
         log.warning("cluster.partition_lost", topic=topic, partition=partition)
+
+    # Idempotent producers
+
+    def _rebuild_producers(
+        self, topic: LogTopic, partition: int, end: int, epoch: int, manifest: Manifest
+    ) -> None:
+        """Forget the partition's producers and rebuild them in the background from the log
+        below `end`; idempotent produces wait for `producers_ready` meanwhile."""
+        holder = topic.partitions[partition]
+        self._tables.discard((topic.name, partition))
+        holder.producers.reset(complete=False)
+        previous = holder.producers_ready
+        ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        holder.producers_ready = ready
+        if previous is not None and not previous.done():
+            previous.set_result(None)  # its waiters look again, and find this one
+        start = _rebuild_start(manifest)
+        self._spawn(self._rebuild(topic, partition, start, end, epoch, ready))
+
+    async def _rebuild(
+        self,
+        topic: LogTopic,
+        partition: int,
+        start: int,
+        end: int,
+        epoch: int,
+        ready: asyncio.Future[None],
+    ) -> None:
+        """Retried with doubling delays while the partition is ours under `epoch` and no later
+        take-over started another rebuild; `ready` is done in every case (its waiters then find
+        the partition not served, or the next rebuild)."""
+        holder = topic.partitions[partition]
+        started = time.monotonic()
+        delay = _RETRY_INITIAL
+        try:
+            while (
+                holder.producers_ready is ready
+                and self._checkpoints.epoch(topic.name, partition) == epoch
+            ):
+                try:
+                    table, batches = await self._scan_producers(topic, partition, start, end)
+                except (StorageError, ValueError) as exc:
+                    log.warning(
+                        "cluster.producers_rebuild_failed",
+                        topic=topic.name,
+                        partition=partition,
+                        error=str(exc),
+                    )
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, _RETRY_MAX)
+                    continue
+                if holder.producers_ready is not ready:
+                    return
+                # nothing idempotent was appended meanwhile (those produces waited), so the
+                # table is still empty: it becomes the one rebuilt
+                holder.producers.producers.update(table.producers)
+                self._tables.add((topic.name, partition))
+                self.tables_rebuilt += 1
+                log.info(
+                    "cluster.producers_rebuilt",
+                    topic=topic.name,
+                    partition=partition,
+                    first=start,
+                    end=end,
+                    batches=batches,
+                    producers=len(table.producers),
+                    ms=round((time.monotonic() - started) * 1000, 1),
+                )
+                return
+        finally:
+            if not ready.done():
+                ready.set_result(None)
+
+    @staticmethod
+    async def _scan_producers(
+        topic: LogTopic, partition: int, start: int, end: int
+    ) -> tuple[ProducerTable, int]:
+        """The producers of the batches in [start, end), from their headers, read as every
+        reader of the log reads (segments, then the chunks in place)."""
+        table = ProducerTable()
+        offset, batches = start, 0
+        for _ in range(_REBUILD_READS):
+            if offset >= end:
+                break
+            found = await topic.read(partition, offset)
+            if not found:
+                break
+            for batch in found:
+                where = batch_location(batch, 0)
+                if where.base_offset >= end:
+                    return table, batches
+                batches += 1
+                if where.producer_id >= 0:
+                    count = where.next_offset - where.base_offset
+                    table.recover(where.producer_id, where.base_sequence, count, where.base_offset)
+                offset = where.next_offset
+        return table, batches
 
     # Take-over
 
@@ -285,7 +405,6 @@ class ClusterPartitions:
         for listener in listeners:
             fresh.add_append_listener(listener)
         holder.log = fresh
-        holder.producers.producers.clear()  # the previous owner's sequences are not known here
         index = topic.last_value
         if index is not None:
             index.restart_partition(partition)
@@ -572,6 +691,19 @@ class ClusterPartitions:
                 checkpoint_key(topic, subscription.name, partition), data
             )
             self._written[ident] = data
+
+
+def _rebuild_start(manifest: Manifest) -> int:
+    """Where a producer table's rebuild reads from: the newest segments holding at least
+    `REBUILD_BYTES` (all of them if they hold less), then the chunks above them."""
+    held = 0
+    start = manifest.end
+    for segment in reversed(manifest.segments):
+        start = segment.first
+        held += segment.size
+        if held >= REBUILD_BYTES:
+            break
+    return start
 
 
 def _reliable(topic: LogTopic) -> list[ReliableSubscription]:
