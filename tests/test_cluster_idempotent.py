@@ -14,13 +14,20 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 
 import headwater
 from headwater.client.producer_config import AtLeastOnce, ProducerConfig, RetryPolicy
+from headwater.durables.producers import ProducerTable
+from headwater.server.cluster.cluster_partitions import _rebuild_start
+from headwater.server.topics.topic import LogTopic
+from headwater.storage.partition_manifest import Manifest, SegmentEntry
+from headwater.storage.segments import IndexEntry
 from headwater.wire import messages as m
-from headwater.wire.errors import HeadwaterError
+from headwater.wire.errors import HeadwaterError, OutOfOrderSequence
 from headwater.wire.records import BatchBuilder
 from tests.support.cluster_support import Cluster, running_cluster
 from tests.support.rawwire import RawPeer
@@ -251,3 +258,50 @@ async def test_an_idempotent_client_producer_rides_out_a_kill9_without_duplicate
         assert all(n == 1 for n in counts.values()), [v for v, n in counts.items() if n > 1][:5]
     finally:
         await client.close()
+
+
+def test_a_rebuilt_table_lets_unseen_producers_start_anywhere_and_checks_known_ones() -> None:
+    """A new owner's table holds only the producers of the newest part of the log: one it has
+    not seen (it wrote only earlier) continues at its own sequence; a known one is checked as on
+    one broker (a retry is a duplicate, a gap refused). A complete table (one broker) still
+    wants 0 first."""
+    table = ProducerTable()
+    table.reset(complete=False)
+    table.recover(7, 40, 2, 100)  # seen by the rebuild: sequences 40-41 at offsets 100-101
+    assert table.check(7, 40, 2) == 100  # a retry
+    assert table.check(7, 42, 1) is None  # the next one
+    with pytest.raises(OutOfOrderSequence):
+        table.check(7, 50, 1)
+    assert table.check(8, 1234, 3) is None  # not seen: new here, at its own sequence
+    complete = ProducerTable()
+    with pytest.raises(OutOfOrderSequence):
+        complete.check(8, 1234, 3)
+
+
+class _Archive:
+    def __init__(self, entries: list[IndexEntry]) -> None:
+        self.entries = entries
+
+    async def segment_index(
+        self, topic: str, partition: int, offset: int
+    ) -> tuple[int, list[IndexEntry]] | None:
+        return 0, self.entries
+
+
+async def test_a_rebuild_reads_a_bounded_tail_of_the_newest_segments() -> None:
+    mib = 1 << 20
+    small = [SegmentEntry(i * 10, i * 10 + 10, i * 10, f"s{i}", 2 * mib) for i in range(3)]
+    topic = cast(LogTopic, SimpleNamespace(name="t", archive=_Archive([])))
+    # all of them when they hold less than the bound
+    assert await _rebuild_start(topic, 0, Manifest(1, 1, tuple(small))) == 0
+    assert await _rebuild_start(topic, 0, Manifest(1, 1, ())) == 0
+    # a large last segment: from its index entry where its last REBUILD_BYTES begin
+    big = SegmentEntry(30, 5000, 25, "big", 64 * mib)
+    index = [IndexEntry(25 + k * 100, k * 4 * mib, 0) for k in range(16)]
+    topic = cast(LogTopic, SimpleNamespace(name="t", archive=_Archive(index)))
+    start = await _rebuild_start(topic, 0, Manifest(1, 1, (*small, big)))
+    assert start == 25 + 12 * 100  # position 48 MiB = 64 - 16
+    # several: the bound counts the newer ones first
+    newer = SegmentEntry(5000, 5100, 5000, "newer", 10 * mib)
+    start = await _rebuild_start(topic, 0, Manifest(1, 1, (*small, big, newer)))
+    assert start == 25 + 15 * 100  # 6 MiB more of `big`: from 58 MiB, its entry at 60 MiB

@@ -301,14 +301,13 @@ class ClusterPartitions:
         holder.producers_ready = ready
         if previous is not None and not previous.done():
             previous.set_result(None)  # its waiters look again, and find this one
-        start = _rebuild_start(manifest)
-        self._spawn(self._rebuild(topic, partition, start, end, epoch, ready))
+        self._spawn(self._rebuild(topic, partition, manifest, end, epoch, ready))
 
     async def _rebuild(
         self,
         topic: LogTopic,
         partition: int,
-        start: int,
+        manifest: Manifest,
         end: int,
         epoch: int,
         ready: asyncio.Future[None],
@@ -325,6 +324,7 @@ class ClusterPartitions:
                 and self._checkpoints.epoch(topic.name, partition) == epoch
             ):
                 try:
+                    start = await _rebuild_start(topic, partition, manifest)
                     table, batches = await self._scan_producers(topic, partition, start, end)
                 except (StorageError, ValueError) as exc:
                     log.warning(
@@ -693,16 +693,26 @@ class ClusterPartitions:
             self._written[ident] = data
 
 
-def _rebuild_start(manifest: Manifest) -> int:
-    """Where a producer table's rebuild reads from: the newest segments holding at least
-    `REBUILD_BYTES` (all of them if they hold less), then the chunks above them."""
+async def _rebuild_start(topic: LogTopic, partition: int, manifest: Manifest) -> int:
+    """Where a producer table's rebuild reads from: the last `REBUILD_BYTES` of the newest
+    segments (from an entry of the sparse index of the segment that holds more; all of them if
+    they hold less), then the chunks above them."""
     held = 0
     start = manifest.end
     for segment in reversed(manifest.segments):
         start = segment.first
-        held += segment.size
-        if held >= REBUILD_BYTES:
-            break
+        if held + segment.size < REBUILD_BYTES:
+            held += segment.size
+            continue
+        skip_to = segment.size - (REBUILD_BYTES - held)
+        found = None
+        if topic.archive is not None:
+            found = await topic.archive.segment_index(topic.name, partition, segment.first)
+        entries = found[1] if found is not None else []
+        later = [e.offset for e in entries if e.position >= skip_to and e.offset >= segment.first]
+        if later:
+            start = later[0]
+        break
     return start
 
 

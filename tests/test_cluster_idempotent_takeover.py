@@ -1,0 +1,190 @@
+"""A new owner's idempotent-producer table, on real parts (a topic catalog on disk, the cloud
+tail and manifests over the local object store backend, the tail committer, the broker's produce
+path) with an in-memory stand-in for etcd.
+
+The previous owner stored a producer's batches in two tail chunks. The take-over restarts the log
+at their end and rebuilds the table from the chunks read in place, in the background: a plain
+produce is answered at once meanwhile, the producer's retry of a stored batch and its next batch
+wait for the rebuild and are then answered in the order they came (the retry with its original
+offset, appended nothing), and so is one that comes as the rebuild ends, behind them. A later
+take-over that keeps the log keeps the table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any, cast
+
+import headwater
+from headwater.server.catalog.topic_catalog import TopicCatalog
+from headwater.server.cluster.cluster_mode import CloudDurability
+from headwater.server.cluster.cluster_partitions import ClusterPartitions
+from headwater.server.cluster.tail_commit import TailCommitter
+from headwater.server.config import ObjectStoreConfig, ServerConfig
+from headwater.server.reply import AfterWork, Waiting, resolve
+from headwater.server.requests.broker import Broker
+from headwater.server.requests.partition_ownership import BrokerAddress
+from headwater.server.topics.topic import LogTopic
+from headwater.storage.archive import ObjectArchive
+from headwater.storage.cloud_tail import Chunk, CloudTail
+from headwater.storage.objectstore import LocalObjectStore
+from headwater.storage.partition_manifest import PartitionManifests
+from headwater.storage.state import StateStore
+from headwater.storage.uploader import Uploader
+from headwater.wire import messages as m
+from headwater.wire.records import BatchBuilder, build_batch, stamp_base_offset
+
+TOPIC = "orders"
+PREVIOUS_EPOCH = 3
+PRODUCER = 5
+THIS = BrokerAddress("b2", "127.0.0.1", 1)
+
+
+def idempotent(sequence: int, *values: bytes, base: int | None = None) -> bytes:
+    builder = BatchBuilder(producer_id=PRODUCER, producer_epoch=0, base_sequence=sequence)
+    for value in values:
+        builder.append(None, value)
+    batch = bytearray(builder.build())
+    if base is not None:
+        stamp_base_offset(batch, base)
+    return bytes(batch)
+
+
+class Etcd:
+    """Ownership, checkpoints and producer ids for one partition owned here."""
+
+    def __init__(self) -> None:
+        self.current: int | None = None
+
+    async def put_checkpoint(self, key: str, value: bytes) -> None:
+        pass
+
+    async def get_checkpoint(self, key: str, since: int = 0) -> bytes | None:
+        return None
+
+    def incarnation(self, name: str) -> int:
+        return 0
+
+    def owned(self) -> list[tuple[str, int]]:
+        return [(TOPIC, 0)] if self.current is not None else []
+
+    def epoch(self, topic: str, partition: int) -> int | None:
+        return self.current if (topic, partition) == (TOPIC, 0) else None
+
+    def serves(self, topic: str, partition: int) -> bool:
+        return self.epoch(topic, partition) is not None
+
+    def owner(self, topic: str, partition: int) -> BrokerAddress | None:
+        return THIS if self.serves(topic, partition) else None
+
+    this_broker = THIS
+
+    # producer ids: every id below 100 was issued
+    async def issue(self) -> int:
+        return 0
+
+    def issued(self, producer_id: int) -> bool:
+        return 0 <= producer_id < 100
+
+    async def refresh(self) -> None:
+        pass
+
+
+async def test_idempotent_produces_wait_for_the_rebuild_in_order_and_others_do_not(
+    tmp_path: Path,
+) -> None:
+    store = LocalObjectStore(tmp_path / "objects")
+    tail = CloudTail(store)
+    # the previous owner stored sequences 0-1 at offsets [0, 2) and 2-4 at [2, 5)
+    await PartitionManifests(store).claim(TOPIC, 0, PREVIOUS_EPOCH)
+    await tail.mark_epoch(TOPIC, 0, PREVIOUS_EPOCH, 0)
+    await tail.put(TOPIC, 0, Chunk(0, 2, PREVIOUS_EPOCH), idempotent(0, b"a", b"b", base=0))
+    retried = idempotent(2, b"c", b"d", b"e")
+    await tail.put(TOPIC, 0, Chunk(2, 5, PREVIOUS_EPOCH), idempotent(2, b"c", b"d", b"e", base=2))
+
+    config = ServerConfig(
+        data_dir=tmp_path / "data",
+        object_store=ObjectStoreConfig(backend="local", path=tmp_path / "objects"),
+    )
+    state = StateStore(tmp_path / "data" / "state")
+    uploader = Uploader(store, state, 0.01, 0.1)
+    catalog = TopicCatalog(config, state, uploader, ObjectArchive(store, uploader))
+    etcd = Etcd()
+    committer = TailCommitter(
+        tail, 0.001, etcd.serves, etcd.epoch, lambda t, p: headwater.NotOwner("owner=none")
+    )
+    partitions = ClusterPartitions(catalog, tail, committer, etcd, etcd.serves)
+    committer.on_stored = partitions.stored
+    uploader.may_upload = etcd.serves
+    uploader.purges = False
+    uploader.publisher = partitions
+    uploader.start()
+    broker = Broker(config, catalog)
+    broker.gate = cast(Any, etcd)
+    broker.cluster_ids = etcd
+    session = cast(Any, None)
+    try:
+        await catalog.open()
+        topic = await catalog.create_topic(
+            m.CreateTopicRequest(
+                TOPIC, 1, m.DispatchMode.RELIABLE, (m.ConfigEntry("fsync", "never"),)
+            )
+        )
+        assert isinstance(topic, LogTopic)
+        topic.durable = CloudDurability(committer, partitions)
+        # the rebuild's reads wait until the test lets them go
+        reads_go = asyncio.Event()
+        read = topic.read
+
+        async def held_read(partition: int, offset: int) -> list[bytes]:
+            await reads_go.wait()
+            return await read(partition, offset)
+
+        topic.read = held_read  # type: ignore[method-assign]
+
+        etcd.current = 7
+        await partitions.acquire(TOPIC, 0, 7)
+        holder = topic.partitions[0]
+        assert holder.log.start_offset == 5  # restarted at the chain's end, [0, 5) in place
+        assert holder.producers_ready is not None and not holder.producers_ready.done()
+
+        # a plain produce does not wait for the rebuild
+        plain = broker.handle(session, m.ProduceRequest(TOPIC, 0, build_batch([(None, b"p", ())])))
+        assert not isinstance(plain, AfterWork)
+        # the producer's retry of its stored batch, then its next one: both wait
+        retry = broker.handle(session, m.ProduceRequest(TOPIC, 0, retried))
+        following = broker.handle(session, m.ProduceRequest(TOPIC, 0, idempotent(5, b"f")))
+        assert isinstance(retry, Waiting) and isinstance(following, Waiting)
+        answers = [asyncio.ensure_future(resolve(r)) for r in (retry, following)]
+        assert await resolve(plain) == m.ProduceResponse(0, 5)
+        assert not any(a.done() for a in answers)
+
+        reads_go.set()
+        ready = holder.producers_ready
+        await ready
+        # the table is ready, the waiting produces have not run yet: one coming now queues
+        # behind them (checked first, it would be a gap: sequence 6 before 5)
+        last = broker.handle(session, m.ProduceRequest(TOPIC, 0, idempotent(6, b"g")))
+        assert isinstance(last, AfterWork)
+        assert await asyncio.wait_for(answers[0], 10) == m.ProduceResponse(0, 2)  # a duplicate
+        assert await asyncio.wait_for(answers[1], 10) == m.ProduceResponse(0, 6)  # next offset
+        assert await asyncio.wait_for(resolve(last), 10) == m.ProduceResponse(0, 7)
+        assert holder.log.next_offset == 8  # the retry appended nothing
+
+        # a take-over that keeps the log (nothing stored elsewhere since) keeps the table: the
+        # retry is answered at once from it
+        await partitions.release(TOPIC, 0)
+        etcd.current = 9
+        await partitions.acquire(TOPIC, 0, 9)
+        assert partitions.kept == 1
+        again = broker.handle(session, m.ProduceRequest(TOPIC, 0, idempotent(6, b"g")))
+        assert again == m.ProduceResponse(0, 7)
+    finally:
+        etcd.current = None
+        await partitions.close()
+        committer.reset(TOPIC, 0)
+        await committer.settle(TOPIC, 0)
+        await catalog.close()
+        await store.close()
+        state.close()
