@@ -172,6 +172,11 @@ async def test_a_batch_resent_to_the_new_owner_after_a_kill9_is_recognised(
             for sequence in (3, 4):
                 resent = await produce_at_owner(peers, "ids", 0, sent[pid, sequence])
                 assert resent == acked[pid, sequence], (pid, sequence)
+        rebuilt = sum(
+            cluster.metrics(b).get("headwater_cluster_producer_tables_rebuilt_total", 0)
+            for b in survivors
+        )
+        assert rebuilt >= 1  # the new owner rebuilt partition 0's table from the object store
         # and the next batch follows directly: nothing was appended by the resends
         following = await produce_at_owner(peers, "ids", 0, batch(pids[0], 10, b"next"))
         assert following == end
