@@ -319,8 +319,10 @@ async def test_nemesis_keeps_every_promise(rig: Rig) -> None:
         assert not problems, f"seed {SEED}: {problems}; faults: {history.faults}"
         assert len(history.acked) > 50, f"seed {SEED}: too little went through to judge"
         assert history.holdings, f"seed {SEED}: the exclusive subscription was never held"
+        idempotent = sum(v.startswith(history.idempotent.encode()) for v in history.acked)
         print(
-            f"seed {SEED}: {len(history.acked)} acked, {history.unacked} not acked, "
+            f"seed {SEED}: {len(history.acked)} acked ({idempotent} idempotent), "
+            f"{history.unacked} not acked, "
             f"{len(history.final)} read back, {len(history.holdings)} exclusive holdings, "
             f"{len(history.faults)} faults"
         )
