@@ -2,12 +2,12 @@
 tail and manifests over the local object store backend, the tail committer, the broker's produce
 path) with an in-memory stand-in for etcd.
 
-The previous owner stored a producer's batches in two tail chunks. The take-over restarts the log
-at their end and rebuilds the table from the chunks read in place, in the background: a plain
-produce is answered at once meanwhile, the producer's retry of a stored batch and its next batch
-wait for the rebuild and are then answered in the order they came (the retry with its original
-offset, appended nothing), and so is one that comes as the rebuild ends, behind them. A later
-take-over that keeps the log keeps the table.
+The previous owner stored a producer's batches in a segment and a tail chunk. The take-over
+restarts the log at their end and rebuilds the table from both (the chunk read in place), in the
+background: a plain produce is answered at once meanwhile, the producer's retry of a stored
+batch and its next batch wait for the rebuild and are then answered in the order they came (the
+retry with its original offset, appended nothing), and so is one that comes as the rebuild ends,
+behind them. A later take-over that keeps the log keeps the table.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from headwater.server.requests.broker import Broker
 from headwater.server.requests.partition_ownership import BrokerAddress
 from headwater.server.topics.topic import LogTopic
 from headwater.storage.archive import ObjectArchive
-from headwater.storage.cloud_tail import Chunk, CloudTail
+from headwater.storage.cloud_tail import Chunk, CloudTail, fold
 from headwater.storage.objectstore import LocalObjectStore
-from headwater.storage.partition_manifest import PartitionManifests
+from headwater.storage.partition_manifest import PartitionManifests, SegmentEntry
 from headwater.storage.state import StateStore
 from headwater.storage.uploader import Uploader
 from headwater.wire import messages as m
@@ -96,10 +96,17 @@ async def test_idempotent_produces_wait_for_the_rebuild_in_order_and_others_do_n
 ) -> None:
     store = LocalObjectStore(tmp_path / "objects")
     tail = CloudTail(store)
-    # the previous owner stored sequences 0-1 at offsets [0, 2) and 2-4 at [2, 5)
-    await PartitionManifests(store).claim(TOPIC, 0, PREVIOUS_EPOCH)
+    # the previous owner stored sequences 0-1 at offsets [0, 2), folded into a segment the
+    # manifest names, and 2-4 at [2, 5) in a tail chunk
+    manifests = PartitionManifests(store)
+    claimed = await manifests.claim(TOPIC, 0, PREVIOUS_EPOCH)
     await tail.mark_epoch(TOPIC, 0, PREVIOUS_EPOCH, 0)
-    await tail.put(TOPIC, 0, Chunk(0, 2, PREVIOUS_EPOCH), idempotent(0, b"a", b"b", base=0))
+    data, index = fold([idempotent(0, b"a", b"b", base=0)])
+    name = f"{TOPIC}/0/{0:020d}-{PREVIOUS_EPOCH:020d}-folded"
+    await store.put(f"{name}.index", index)
+    await store.put(f"{name}.log", data)
+    entry = SegmentEntry(0, 2, 0, name, len(data))
+    await manifests.add(TOPIC, 0, PREVIOUS_EPOCH, entry, claimed)
     retried = idempotent(2, b"c", b"d", b"e")
     await tail.put(TOPIC, 0, Chunk(2, 5, PREVIOUS_EPOCH), idempotent(2, b"c", b"d", b"e", base=2))
 
@@ -142,6 +149,13 @@ async def test_idempotent_produces_wait_for_the_rebuild_in_order_and_others_do_n
             return await read(partition, offset)
 
         topic.read = held_read  # type: ignore[method-assign]
+        read_chunk = tail.read
+
+        async def held_chunk(name: str, partition: int, chunk: Chunk) -> list[bytes]:
+            await reads_go.wait()
+            return await read_chunk(name, partition, chunk)
+
+        tail.read = held_chunk  # type: ignore[method-assign]
 
         etcd.current = 7
         await partitions.acquire(TOPIC, 0, 7)
@@ -171,6 +185,9 @@ async def test_idempotent_produces_wait_for_the_rebuild_in_order_and_others_do_n
         assert await asyncio.wait_for(answers[1], 10) == m.ProduceResponse(0, 6)  # next offset
         assert await asyncio.wait_for(resolve(last), 10) == m.ProduceResponse(0, 7)
         assert holder.log.next_offset == 8  # the retry appended nothing
+        # the batch in the segment is known too
+        first = broker.handle(session, m.ProduceRequest(TOPIC, 0, idempotent(0, b"a", b"b")))
+        assert first == m.ProduceResponse(0, 0)
 
         # a take-over that keeps the log (nothing stored elsewhere since) keeps the table: the
         # retry is answered at once from it

@@ -60,10 +60,10 @@ from headwater.storage.partition_manifest import (
     PartitionManifests,
     SegmentEntry,
 )
-from headwater.storage.segments import batch_location
+from headwater.storage.segments import batch_location, check_batch
 from headwater.storage.uploader import UploadedSegment
 from headwater.storage.wal import PartitionLog, SealedSegment
-from headwater.wire.errors import StorageError
+from headwater.wire.errors import ObjectNotFound, StorageError
 
 log = structlog.get_logger("headwater.cluster")
 
@@ -233,7 +233,7 @@ class ClusterPartitions:
             self._in_place.pop(key, None)
             self._adopt(topic, partition, manifest)
             if key not in self._tables:  # its rebuild did not finish: again
-                self._rebuild_producers(found, partition, end, epoch, manifest)
+                self._rebuild_producers(found, partition, end, epoch, manifest, run)
         else:
             # read in place, not downloaded: a take-over costs the same whatever the tail
             self._in_place[key] = [
@@ -249,7 +249,7 @@ class ClusterPartitions:
             ]
             await self._restart(found, partition, end, manifest)
             self.rebuilt += 1
-            self._rebuild_producers(found, partition, end, epoch, manifest)
+            self._rebuild_producers(found, partition, end, epoch, manifest, run)
         self._verified[key] = end
         self._unfolded[key] = len(run)
         await self._load_cursors(found, partition, since)
@@ -289,7 +289,13 @@ class ClusterPartitions:
     # Idempotent producers
 
     def _rebuild_producers(
-        self, topic: LogTopic, partition: int, end: int, epoch: int, manifest: Manifest
+        self,
+        topic: LogTopic,
+        partition: int,
+        end: int,
+        epoch: int,
+        manifest: Manifest,
+        chunks: list[Chunk],
     ) -> None:
         """Forget the partition's producers and rebuild them in the background from the log
         below `end`; idempotent produces wait for `producers_ready` meanwhile."""
@@ -301,13 +307,14 @@ class ClusterPartitions:
         holder.producers_ready = ready
         if previous is not None and not previous.done():
             previous.set_result(None)  # its waiters look again, and find this one
-        self._spawn(self._rebuild(topic, partition, manifest, end, epoch, ready))
+        self._spawn(self._rebuild(topic, partition, manifest, chunks, end, epoch, ready))
 
     async def _rebuild(
         self,
         topic: LogTopic,
         partition: int,
         manifest: Manifest,
+        chunks: list[Chunk],
         end: int,
         epoch: int,
         ready: asyncio.Future[None],
@@ -325,7 +332,9 @@ class ClusterPartitions:
             ):
                 try:
                     start = await _rebuild_start(topic, partition, manifest)
-                    table, batches = await self._scan_producers(topic, partition, start, end)
+                    table, batches = await self._scan_producers(
+                        topic, partition, start, end, chunks
+                    )
                 except (StorageError, ValueError) as exc:
                     log.warning(
                         "cluster.producers_rebuild_failed",
@@ -358,30 +367,49 @@ class ClusterPartitions:
             if not ready.done():
                 ready.set_result(None)
 
-    @staticmethod
     async def _scan_producers(
-        topic: LogTopic, partition: int, start: int, end: int
+        self, topic: LogTopic, partition: int, start: int, end: int, chunks: list[Chunk]
     ) -> tuple[ProducerTable, int]:
-        """The producers of the batches in [start, end), from their headers, read as every
-        reader of the log reads (segments, then the chunks in place)."""
+        """The producers of the batches in [start, end), from their headers: the segments read
+        as every reader of the log reads them, the chunks in place `_FOLD_READS` at a time (a
+        take-over can find `fold_chunks` of them: one after the other, 500 GETs took seconds)."""
         table = ProducerTable()
-        offset, batches = start, 0
+        scan = _Scan(table, end)
+        floor = min(chunks[0].first, end) if chunks else end
+        await self._scan_reads(topic, partition, start, floor, scan)
+        if scan.offset < end and chunks:
+            gate = asyncio.Semaphore(_FOLD_READS)
+
+            async def read(chunk: Chunk) -> list[bytes]:
+                async with gate:
+                    return await self._tail.read(topic.name, partition, chunk)
+
+            found = await asyncio.gather(*map(read, chunks), return_exceptions=True)
+            for batches in found:
+                # a chunk folded and collected meanwhile (ObjectNotFound), or damaged: the
+                # reads below go on from there, through the fold, over damage as readers do
+                if isinstance(batches, (ObjectNotFound, ValueError)):
+                    break
+                if isinstance(batches, BaseException):
+                    raise batches
+                if not all(check_batch(b, 0, len(b), 0) for b in batches):
+                    break
+                if not scan.add(batches):
+                    break
+        await self._scan_reads(topic, partition, scan.offset, end, scan)
+        return table, scan.batches
+
+    @staticmethod
+    async def _scan_reads(
+        topic: LogTopic, partition: int, start: int, end: int, scan: _Scan
+    ) -> None:
+        scan.offset = max(scan.offset, start)
         for _ in range(_REBUILD_READS):
-            if offset >= end:
-                break
-            found = await topic.read(partition, offset)
-            if not found:
-                break
-            for batch in found:
-                where = batch_location(batch, 0)
-                if where.base_offset >= end:
-                    return table, batches
-                batches += 1
-                if where.producer_id >= 0:
-                    count = where.next_offset - where.base_offset
-                    table.recover(where.producer_id, where.base_sequence, count, where.base_offset)
-                offset = where.next_offset
-        return table, batches
+            if scan.offset >= end:
+                return
+            found = await topic.read(partition, scan.offset)
+            if not found or not scan.add(found):
+                return
 
     # Take-over
 
@@ -691,6 +719,32 @@ class ClusterPartitions:
                 checkpoint_key(topic, subscription.name, partition), data
             )
             self._written[ident] = data
+
+
+class _Scan:
+    """A rebuild's progress: batches below `offset` are in the table."""
+
+    def __init__(self, table: ProducerTable, end: int) -> None:
+        self.table = table
+        self.end = end
+        self.offset = 0
+        self.batches = 0
+
+    def add(self, batches: list[bytes]) -> bool:
+        """Record the batches past `offset` and below the end; False once at the end."""
+        for batch in batches:
+            where = batch_location(batch, 0)
+            if where.base_offset >= self.end:
+                self.offset = self.end
+                return False
+            if where.next_offset <= self.offset:
+                continue  # (a chunk may begin below where the segments end)
+            self.batches += 1
+            if where.producer_id >= 0:
+                count = where.next_offset - where.base_offset
+                self.table.recover(where.producer_id, where.base_sequence, count, where.base_offset)
+            self.offset = where.next_offset
+        return True
 
 
 async def _rebuild_start(topic: LogTopic, partition: int, manifest: Manifest) -> int:
