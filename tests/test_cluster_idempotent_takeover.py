@@ -13,6 +13,9 @@ behind them. A later take-over that keeps the log keeps the table.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -30,6 +33,7 @@ from headwater.storage.archive import ObjectArchive
 from headwater.storage.cloud_tail import Chunk, CloudTail, fold
 from headwater.storage.objectstore import LocalObjectStore
 from headwater.storage.partition_manifest import PartitionManifests, SegmentEntry
+from headwater.storage.reader import LogRead
 from headwater.storage.state import StateStore
 from headwater.storage.uploader import Uploader
 from headwater.wire import messages as m
@@ -91,24 +95,37 @@ class Etcd:
         pass
 
 
-async def test_idempotent_produces_wait_for_the_rebuild_in_order_and_others_do_not(
-    tmp_path: Path,
-) -> None:
+@dataclass
+class Owner:
+    """This broker, built as serve.py and ClusterMode build it, over the previous owner's data."""
+
+    broker: Broker
+    partitions: ClusterPartitions
+    topic: LogTopic
+    tail: CloudTail
+    etcd: Etcd
+
+
+@contextlib.asynccontextmanager
+async def new_owner(
+    tmp_path: Path, segment: list[bytes], chunk: tuple[int, int, bytes]
+) -> AsyncIterator[Owner]:
+    """The previous owner's `segment` (stamped batches from offset 0, folded and named by the
+    manifest) and `chunk` (first, end, a stamped batch) in the tail above it."""
     store = LocalObjectStore(tmp_path / "objects")
     tail = CloudTail(store)
-    # the previous owner stored sequences 0-1 at offsets [0, 2), folded into a segment the
-    # manifest names, and 2-4 at [2, 5) in a tail chunk
     manifests = PartitionManifests(store)
     claimed = await manifests.claim(TOPIC, 0, PREVIOUS_EPOCH)
     await tail.mark_epoch(TOPIC, 0, PREVIOUS_EPOCH, 0)
-    data, index = fold([idempotent(0, b"a", b"b", base=0)])
+    data, index = fold(segment)
     name = f"{TOPIC}/0/{0:020d}-{PREVIOUS_EPOCH:020d}-folded"
     await store.put(f"{name}.index", index)
     await store.put(f"{name}.log", data)
-    entry = SegmentEntry(0, 2, 0, name, len(data))
-    await manifests.add(TOPIC, 0, PREVIOUS_EPOCH, entry, claimed)
-    retried = idempotent(2, b"c", b"d", b"e")
-    await tail.put(TOPIC, 0, Chunk(2, 5, PREVIOUS_EPOCH), idempotent(2, b"c", b"d", b"e", base=2))
+    first, end, batch = chunk
+    await manifests.add(
+        TOPIC, 0, PREVIOUS_EPOCH, SegmentEntry(0, first, 0, name, len(data)), claimed
+    )
+    await tail.put(TOPIC, 0, Chunk(first, end, PREVIOUS_EPOCH), batch)
 
     config = ServerConfig(
         data_dir=tmp_path / "data",
@@ -130,7 +147,6 @@ async def test_idempotent_produces_wait_for_the_rebuild_in_order_and_others_do_n
     broker = Broker(config, catalog)
     broker.gate = cast(Any, etcd)
     broker.cluster_ids = etcd
-    session = cast(Any, None)
     try:
         await catalog.open()
         topic = await catalog.create_topic(
@@ -140,6 +156,27 @@ async def test_idempotent_produces_wait_for_the_rebuild_in_order_and_others_do_n
         )
         assert isinstance(topic, LogTopic)
         topic.durable = CloudDurability(committer, partitions)
+        yield Owner(broker, partitions, topic, tail, etcd)
+    finally:
+        etcd.current = None
+        await partitions.close()
+        committer.reset(TOPIC, 0)
+        await committer.settle(TOPIC, 0)
+        await catalog.close()
+        await store.close()
+        state.close()
+
+
+async def test_idempotent_produces_wait_for_the_rebuild_in_order_and_others_do_not(
+    tmp_path: Path,
+) -> None:
+    # the previous owner stored sequences 0-1 at offsets [0, 2), folded into a segment the
+    # manifest names, and 2-4 at [2, 5) in a tail chunk
+    retried = idempotent(2, b"c", b"d", b"e")
+    segment = [idempotent(0, b"a", b"b", base=0)]
+    async with new_owner(tmp_path, segment, (2, 5, idempotent(2, b"c", b"d", b"e", base=2))) as o:
+        broker, partitions, topic, tail, etcd = o.broker, o.partitions, o.topic, o.tail, o.etcd
+        session = cast(Any, None)
         # the rebuild's reads wait until the test lets them go
         reads_go = asyncio.Event()
         read = topic.read
@@ -197,11 +234,39 @@ async def test_idempotent_produces_wait_for_the_rebuild_in_order_and_others_do_n
         assert partitions.kept == 1
         again = broker.handle(session, m.ProduceRequest(TOPIC, 0, idempotent(6, b"g")))
         assert again == m.ProduceResponse(0, 7)
-    finally:
-        etcd.current = None
-        await partitions.close()
-        committer.reset(TOPIC, 0)
-        await committer.settle(TOPIC, 0)
-        await catalog.close()
-        await store.close()
-        state.close()
+
+
+async def test_a_rebuild_reads_a_large_segment_in_parallel_ranges_and_misses_no_batch(
+    tmp_path: Path,
+) -> None:
+    """12 batches of 800 KB in the segment (read from several index entries at once) and one in
+    the chunk: the table holds every one of them, in order."""
+    value = b"v" * 400_000
+    segment = [idempotent(2 * k, value, value, base=2 * k) for k in range(12)]
+    chunk = (24, 27, idempotent(24, b"c", b"d", b"e", base=24))
+    async with new_owner(tmp_path, segment, chunk) as owner:
+        archive = owner.topic.archive
+        assert archive is not None
+        read_span = archive.read_span
+        reads: list[int] = []
+        in_flight = [0, 0]  # now, most at once
+
+        async def counted(topic: str, partition: int, offset: int) -> LogRead:
+            reads.append(offset)
+            in_flight[0] += 1
+            in_flight[1] = max(in_flight)
+            try:
+                return await read_span(topic, partition, offset)
+            finally:
+                in_flight[0] -= 1
+
+        archive.read_span = counted  # type: ignore[method-assign]
+        owner.etcd.current = 7
+        await owner.partitions.acquire(TOPIC, 0, 7)
+        ready = owner.topic.partitions[0].producers_ready
+        assert ready is not None
+        await asyncio.wait_for(ready, 30)
+        entry = owner.topic.partitions[0].producers.producers[PRODUCER]
+        assert list(entry.recent) == [(2 * k, 2, 2 * k) for k in range(12)] + [(24, 3, 24)]
+        # ranges of about 1 MiB from index entries, read at once rather than one after another
+        assert len(set(reads)) >= 5 and in_flight[1] >= 5
