@@ -108,7 +108,7 @@ S3_PUT_DOLLARS = 0.005 / 1000  # S3 Standard, us-east-1, public price per PUT
 
 
 def start_brokers(
-    root: Path, count: int, backing: Backing | None, lease_ms: int | None
+    root: Path, count: int, backing: Backing | None, lease_ms: int | None, level: str = "warning"
 ) -> list[ServerProcess]:
     if backing is None:
         return [ServerProcess(root / "solo").start(60)]
@@ -123,7 +123,7 @@ def start_brokers(
         ServerProcess(
             root / f"b{n}",
             extra_args=("--config", str(config), "--cluster", f"etcd://127.0.0.1:{backing.etcd_port}",
-                        "--broker-id", f"b{n}", "--log-level", "warning", "--http-port", "0",
+                        "--broker-id", f"b{n}", "--log-level", level, "--http-port", "0",
                         "--http-port-file", str(root / f"b{n}.http")),
             env=CREDENTIALS,
         )
@@ -337,7 +337,7 @@ async def row(name: str, count: int, clustered: bool, args: argparse.Namespace) 
     try:
         if backing is not None:
             backing.start()
-        brokers = start_brokers(root, count, backing, args.lease_ms)
+        brokers = start_brokers(root, count, backing, args.lease_ms, args.broker_log_level)
         async with await headwater.connect(brokers[0].address) as client:
             await client.create_topic("bench", partitions=PARTITIONS)
         owner_of = await wait_served(backing, brokers)
@@ -383,7 +383,10 @@ async def row(name: str, count: int, clustered: bool, args: argparse.Namespace) 
             broker.kill()
         if backing is not None:
             backing.stop()
-        shutil.rmtree(root, ignore_errors=True)
+        if args.keep:
+            say(f"kept {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -415,6 +418,10 @@ def cli() -> None:
         "for the partition's producer table, rebuilt from the object store)",
     )
     parser.add_argument("--rows", help="which rows, by number (1,2,3; default all)")
+    parser.add_argument(
+        "--broker-log-level", default="warning", help="info: the take-overs' timings in the logs"
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the brokers' directories")
     parser.add_argument("--output", type=Path, help="also write the JSON rows here")
     args = parser.parse_args()
     results = asyncio.run(main(args))
