@@ -34,6 +34,7 @@ from headwater.storage.cloud_tail import Chunk, CloudTail, fold
 from headwater.storage.objectstore import LocalObjectStore
 from headwater.storage.partition_manifest import PartitionManifests, SegmentEntry
 from headwater.storage.reader import LogRead
+from headwater.storage.segments import batch_location
 from headwater.storage.state import StateStore
 from headwater.storage.uploader import Uploader
 from headwater.wire import messages as m
@@ -108,23 +109,26 @@ class Owner:
 
 @contextlib.asynccontextmanager
 async def new_owner(
-    tmp_path: Path, segment: list[bytes], chunk: tuple[int, int, bytes]
+    tmp_path: Path, segments: list[list[bytes]], chunk: tuple[int, int, bytes]
 ) -> AsyncIterator[Owner]:
-    """The previous owner's `segment` (stamped batches from offset 0, folded and named by the
-    manifest) and `chunk` (first, end, a stamped batch) in the tail above it."""
+    """The previous owner's `segments` (stamped batches from offset 0 on, each list folded into
+    a segment the manifest names) and `chunk` (first, end, a stamped batch) in the tail above."""
     store = LocalObjectStore(tmp_path / "objects")
     tail = CloudTail(store)
     manifests = PartitionManifests(store)
     claimed = await manifests.claim(TOPIC, 0, PREVIOUS_EPOCH)
     await tail.mark_epoch(TOPIC, 0, PREVIOUS_EPOCH, 0)
-    data, index = fold(segment)
-    name = f"{TOPIC}/0/{0:020d}-{PREVIOUS_EPOCH:020d}-folded"
-    await store.put(f"{name}.index", index)
-    await store.put(f"{name}.log", data)
+    known = claimed
+    for number, batches in enumerate(segments):
+        data, index = fold(batches)
+        base = batch_location(batches[0], 0).base_offset
+        segment_end = batch_location(batches[-1], 0).next_offset
+        name = f"{TOPIC}/0/{base:020d}-{PREVIOUS_EPOCH:020d}-folded{number}"
+        await store.put(f"{name}.index", index)
+        await store.put(f"{name}.log", data)
+        entry = SegmentEntry(base, segment_end, base, name, len(data))
+        known = await manifests.add(TOPIC, 0, PREVIOUS_EPOCH, entry, known)
     first, end, batch = chunk
-    await manifests.add(
-        TOPIC, 0, PREVIOUS_EPOCH, SegmentEntry(0, first, 0, name, len(data)), claimed
-    )
     await tail.put(TOPIC, 0, Chunk(first, end, PREVIOUS_EPOCH), batch)
 
     config = ServerConfig(
@@ -174,7 +178,8 @@ async def test_idempotent_produces_wait_for_the_rebuild_in_order_and_others_do_n
     # manifest names, and 2-4 at [2, 5) in a tail chunk
     retried = idempotent(2, b"c", b"d", b"e")
     segment = [idempotent(0, b"a", b"b", base=0)]
-    async with new_owner(tmp_path, segment, (2, 5, idempotent(2, b"c", b"d", b"e", base=2))) as o:
+    chunk = (2, 5, idempotent(2, b"c", b"d", b"e", base=2))
+    async with new_owner(tmp_path, [segment], chunk) as o:
         broker, partitions, topic, tail, etcd = o.broker, o.partitions, o.topic, o.tail, o.etcd
         session = cast(Any, None)
         # the rebuild's reads wait until the test lets them go
@@ -239,12 +244,12 @@ async def test_idempotent_produces_wait_for_the_rebuild_in_order_and_others_do_n
 async def test_a_rebuild_reads_a_large_segment_in_parallel_ranges_and_misses_no_batch(
     tmp_path: Path,
 ) -> None:
-    """12 batches of 800 KB in the segment (read from several index entries at once) and one in
-    the chunk: the table holds every one of them, in order."""
+    """12 batches of 800 KB in three segments (their indexes, then ranges from several index
+    entries, read at once) and one in the chunk: the table holds every one of them, in order."""
     value = b"v" * 400_000
-    segment = [idempotent(2 * k, value, value, base=2 * k) for k in range(12)]
+    batches = [idempotent(2 * k, value, value, base=2 * k) for k in range(12)]
     chunk = (24, 27, idempotent(24, b"c", b"d", b"e", base=24))
-    async with new_owner(tmp_path, segment, chunk) as owner:
+    async with new_owner(tmp_path, [batches[:4], batches[4:8], batches[8:]], chunk) as owner:
         archive = owner.topic.archive
         assert archive is not None
         read_span = archive.read_span

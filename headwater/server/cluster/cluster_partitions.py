@@ -61,7 +61,7 @@ from headwater.storage.partition_manifest import (
     PartitionManifests,
     SegmentEntry,
 )
-from headwater.storage.segments import batch_location, check_batch
+from headwater.storage.segments import IndexEntry, batch_location, check_batch
 from headwater.storage.uploader import UploadedSegment
 from headwater.storage.wal import PartitionLog, SealedSegment
 from headwater.wire.errors import ObjectNotFound, StorageError
@@ -403,31 +403,44 @@ class ClusterPartitions:
     async def _scan_segments(
         self, topic: LogTopic, partition: int, start: int, floor: int, scan: _Scan
     ) -> None:
-        """[start, floor) from the manifest's segments: ranged reads from entries of their
-        sparse indexes about `READ_BYTES` apart, `_FOLD_READS` at a time (one after the other,
-        16 MiB is 16 round trips), then the ordinary reads for whatever they left out (a read
-        that failed or met damage, the gaps between them)."""
+        """[start, floor) from the manifest's segments: their sparse indexes, then ranged reads
+        from index entries about `READ_BYTES` apart, each `_FOLD_READS` at a time (one after
+        the other, 16 MiB of small folded segments is dozens of round trips), then the ordinary
+        reads for whatever they left out (a read that failed or met damage, the gaps between)."""
         scan.offset = max(scan.offset, start)
         archive = topic.archive
         if archive is None or start >= floor:
             return await self._scan_reads(topic, partition, start, floor, scan)
-        starts: list[int] = []
+        # the segments holding [start, floor), then their indexes, all at once
+        firsts: list[int] = []
         offset = start
         for _ in range(_REBUILD_READS):
             if offset >= floor:
                 break
-            found = await archive.segment_index(topic.name, partition, offset)
-            if found is None:
+            firsts.append(offset)
+            following = archive.next_after(topic.name, partition, offset)
+            if following is None or following <= offset:
                 break
-            segment_end, entries = found
-            starts.append(offset)
-            position = next((e.position for e in entries if e.offset >= offset), 0)
+            offset = following
+        gate = asyncio.Semaphore(_FOLD_READS)
+
+        async def index(at: int) -> tuple[int, list[IndexEntry]] | None:
+            async with gate:
+                return await archive.segment_index(topic.name, partition, at)
+
+        starts: list[int] = []
+        for first, found in zip(
+            firsts, await asyncio.gather(*map(index, firsts), return_exceptions=True), strict=True
+        ):
+            starts.append(first)
+            if found is None or isinstance(found, BaseException):
+                continue  # the ordinary reads go over it
+            entries = found[1]
+            position = next((e.position for e in entries if e.offset >= first), 0)
             for entry in entries:
-                if offset < entry.offset < floor and entry.position - position >= READ_BYTES:
+                if first < entry.offset < floor and entry.position - position >= READ_BYTES:
                     starts.append(entry.offset)
                     position = entry.position
-            offset = max(segment_end, offset + 1)
-        gate = asyncio.Semaphore(_FOLD_READS)
 
         async def read(at: int) -> list[bytes]:
             async with gate:
