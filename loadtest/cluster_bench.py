@@ -27,8 +27,9 @@ brokers' default unless `--lease-ms`). The killed broker is started again before
 partition's owner then. Each round is broken down from the brokers' JSON log lines (seconds after
 the kill): `gone` (a survivor's brokers watch saw the victim's lease expire:
 `cluster.broker_gone`), `acquiring` (the new owner won the partition's key), `take_over_start`
-(its take-over started: after waiting for the topic's turn, which another partition's take-over
-may hold), `acquired` (`cluster.acquired`; `claim_ms`, `marker_ms`, `local_ms` from
+(its take-over started; before the object-store part left the topic's turn, after waiting for
+it), `acquired` (`cluster.acquired`; `claim_ms`, `marker_ms`, `turn_ms` (waiting for the topic's
+turn, which another partition's take-over may hold), `local_ms` from
 `cluster.partition_acquired`), then `ack` (the client's first acknowledgement by the new owner;
 `client_after_acquired` is the client's own share). The load average is noted with each round.
 `--only-failover` runs only the 3-broker row (its throughput part for `--seconds`, 0 for none);
@@ -44,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -309,7 +311,13 @@ def stages(events: list[dict[str, Any]], victim: str, killed: float) -> dict[str
         "new_owner": None if acquired is None else f"b{acquired['broker_index'] + 1}",
     }
     if done is not None:
-        result.update({k: done[k] for k in ("claim_ms", "marker_ms", "local_ms", "chunks")})
+        result.update(
+            {
+                k: done[k]
+                for k in ("claim_ms", "marker_ms", "turn_ms", "local_ms", "chunks")
+                if k in done
+            }
+        )
     # the other partition(s) the victim held, taken over by the same broker just before
     others = [
         e
@@ -319,7 +327,13 @@ def stages(events: list[dict[str, Any]], victim: str, killed: float) -> dict[str
         and e.get("partition") != 0
     ]
     result["other_take_overs"] = [
-        {"partition": e["partition"], "at": since_kill(e), "ms": e["ms"]} for e in others
+        {
+            "partition": e["partition"],
+            "at": since_kill(e),
+            "by": f"b{e['broker_index'] + 1}",
+            **{k: e[k] for k in ("ms", "claim_ms", "marker_ms", "turn_ms", "local_ms") if k in e},
+        }
+        for e in others
     ]
     return result
 
@@ -365,11 +379,12 @@ async def failover(backing: Backing, brokers: list[ServerProcess], retry: str) -
         await asyncio.wait_for(await producer.send(b"after-the-kill", partition=0), 120)
         acked_at = time.monotonic() - killed
         served_at = None
-        for _ in range(100_000):
-            message = await consumer.receive(timeout=60)
-            if message.value == b"after-the-kill":
-                served_at = time.monotonic() - killed
-                break
+        with contextlib.suppress(TimeoutError):  # reported as None: never delivered in 30 s
+            for _ in range(100_000):
+                message = await consumer.receive(timeout=30)
+                if message.value == b"after-the-kill":
+                    served_at = time.monotonic() - killed
+                    break
         await producer.close()
         await consumer.close()
     await asyncio.sleep(0.2)  # the brokers' last log lines of the take-over
@@ -419,6 +434,7 @@ async def failovers(
                 "client_after_acquired",
                 "claim_ms",
                 "marker_ms",
+                "turn_ms",
                 "local_ms",
             )
         },
@@ -494,6 +510,11 @@ async def row(name: str, count: int, clustered: bool, args: argparse.Namespace) 
             broker.kill()
         if backing is not None:
             backing.stop()
+        if args.keep_logs is not None and brokers:
+            args.keep_logs.mkdir(parents=True, exist_ok=True)
+            for broker in brokers:
+                if broker.log_path.exists():
+                    shutil.copy(broker.log_path, args.keep_logs / broker.log_path.name)
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -532,6 +553,7 @@ def cli() -> None:
         help="the failover producer's policy: 1,000 retries, or the client's default",
     )
     parser.add_argument("--output", type=Path, help="also write the JSON rows here")
+    parser.add_argument("--keep-logs", type=Path, help="copy the brokers' logs into this folder")
     args = parser.parse_args()
     results = asyncio.run(main(args))
     text = json.dumps(results, indent=2)
