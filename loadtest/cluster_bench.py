@@ -32,9 +32,10 @@ it), `acquired` (`cluster.acquired`; `claim_ms`, `marker_ms`, `turn_ms` (waiting
 turn, which another partition's take-over may hold), `local_ms` from
 `cluster.partition_acquired`), then `ack` (the client's first acknowledgement by the new owner;
 `client_after_acquired` is the client's own share). The load average is noted with each round.
-`--only-failover` runs only the 3-broker row (its throughput part for `--seconds`, 0 for none);
-`--retry default` uses the client's default `AtLeastOnce()` instead of a policy with 1,000
-retries.
+`--only-failover` runs only the 3-broker row (its throughput part for `--seconds`, 0 for none).
+The failover producer uses the client's default `AtLeastOnce()` (a partition between owners does
+not use up its retries); `--retry patient` gives it 1,000 retries, as the rounds before
+2026-11-25's issue 21 item 3 work did.
 
 Object-store requests: every cluster row reports the tail's PUTs per second and per million
 acknowledged messages (the brokers' /metrics), and what that costs at S3 Standard's public price
@@ -548,9 +549,9 @@ def cli() -> None:
     )
     parser.add_argument(
         "--retry",
-        choices=("patient", "default"),
-        default="patient",
-        help="the failover producer's policy: 1,000 retries, or the client's default",
+        choices=("default", "patient"),
+        default="default",
+        help="the failover producer's policy: the client's default, or 1,000 retries",
     )
     parser.add_argument("--output", type=Path, help="also write the JSON rows here")
     parser.add_argument("--keep-logs", type=Path, help="copy the brokers' logs into this folder")
