@@ -67,6 +67,7 @@ _FOLD_READS = 16  # chunk GETs of one fold in flight
 RETIRE_AFTER = 600.0  # seconds an object the manifest no longer names stays readable
 _RETRY_INITIAL = 0.05
 _RETRY_MAX = 5.0
+FOLD_AFTER_TAKE_OVER = 2.0  # seconds a take-over's fold waits at most for our first chunk
 
 
 class Checkpoints(Protocol):
@@ -112,6 +113,8 @@ class ClusterPartitions:
         self._in_place: dict[tuple[str, int], list[UploadedSegment]] = {}
         self._unfolded: dict[tuple[str, int], int] = {}  # chunks stored since the last fold
         self._folding: dict[tuple[str, int], asyncio.Task[None]] = {}
+        # set when our first chunk after a take-over is stored: that take-over's fold starts
+        self._first_stored: dict[tuple[str, int], asyncio.Event] = {}
         # a partition's chunks are folded into a segment once this many are stored (and after
         # a take-over): a take-over lists about that many, whatever the traffic
         self._fold_chunks = fold_chunks
@@ -145,6 +148,9 @@ class ClusterPartitions:
         self._verified[topic, partition] = end
         self._signal_moved()
         key = (topic, partition)
+        first = self._first_stored.pop(key, None)
+        if first is not None:
+            first.set()  # the take-over's fold may start
         self._unfolded[key] = self._unfolded.get(key, 0) + 1
         if self._unfolded[key] >= self._fold_chunks:
             self._fold_soon(topic, partition)
@@ -302,7 +308,15 @@ class ClusterPartitions:
             local_ms=round((time.monotonic() - turn_at) * 1000, 1),
         )
         if self._in_place.get((topic, partition)):
-            self._fold_soon(topic, partition)  # the previous owners' chunks into one segment
+            # the previous owners' chunks into one segment, once our first chunk is stored (the
+            # first produces to the new owner answered), or after FOLD_AFTER_TAKE_OVER without
+            # one: folding reads and writes the whole run (tens of MB after a busy owner), and
+            # at once it held up the first chunk PUTs (0.4-0.9 s from the take-over to the
+            # first ack, against 0.1-0.2 s). Not later than that: a segment sealed before the
+            # fold names the chunks in place cannot be named (its base is past the manifest's
+            # end), and neither can the ones after it until the next fold
+            first = self._first_stored[key] = asyncio.Event()
+            self._fold_soon(topic, partition, first)
         self._wake_subscriptions(topic)
 
     async def release(self, topic: str, partition: int) -> None:
@@ -316,6 +330,7 @@ class ClusterPartitions:
         self._verified.pop((topic, partition), None)
         self._manifest.pop((topic, partition), None)
         self._in_place.pop((topic, partition), None)
+        self._first_stored.pop((topic, partition), None)
         self._signal_moved()
         log.warning("cluster.partition_lost", topic=topic, partition=partition)
 
@@ -402,17 +417,20 @@ class ClusterPartitions:
 
     # Folding the tail
 
-    def _fold_soon(self, topic: str, partition: int) -> None:
+    def _fold_soon(self, topic: str, partition: int, after: asyncio.Event | None = None) -> None:
         key = (topic, partition)
         if key not in self._folding:
-            task = asyncio.get_running_loop().create_task(self._fold(topic, partition))
+            task = asyncio.get_running_loop().create_task(self._fold(topic, partition, after))
             self._folding[key] = task
             task.add_done_callback(lambda _: self._folding.pop(key, None))
 
-    async def _fold(self, topic: str, partition: int) -> None:
+    async def _fold(self, topic: str, partition: int, after: asyncio.Event | None = None) -> None:
         """Fold the chunks above the manifest's segments, up to what is stored, into one
         segment object and name it: a take-over then lists and reads a bounded tail. Retried
         with doubling delays while the partition is ours."""
+        if after is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(after.wait(), FOLD_AFTER_TAKE_OVER)
         key = (topic, partition)
         delay = _RETRY_INITIAL
         while (epoch := self._checkpoints.epoch(topic, partition)) is not None:
