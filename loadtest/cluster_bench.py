@@ -141,8 +141,13 @@ def start_brokers(
         )
         for n in range(1, count + 1)
     ]  # fmt: skip
-    for broker in brokers:
-        broker.start(60)
+    try:
+        for broker in brokers:
+            broker.start(60)
+    except BaseException:  # the ones started would outlive the run (their etcd gone)
+        for broker in brokers:
+            broker.kill()
+        raise
     return brokers
 
 
