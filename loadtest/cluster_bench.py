@@ -24,9 +24,20 @@ from the kill to the first produce acknowledged by the new owner and to the firs
 partition delivered by it (the lease TTL, `cluster.lease_ttl_ms`, bounds both from below; the
 brokers' default unless `--lease-ms`). The killed broker is started again before the next round
 (with the default `cluster.handoff_after_ms` it takes nothing back), and the next round kills the
-partition's owner then. `--idempotent-failover`: that producer is idempotent, so its first
-acknowledgement by the new owner also waits for the partition's producer table to be rebuilt from
-the object store. `--rows 3`: only the 3-broker row.
+partition's owner then. Each round is broken down from the brokers' JSON log lines (seconds after
+the kill): `gone` (a survivor's brokers watch saw the victim's lease expire:
+`cluster.broker_gone`), `acquiring` (the new owner won the partition's key), `take_over_start`
+(its take-over started; before the object-store part left the topic's turn, after waiting for
+it), `acquired` (`cluster.acquired`; `claim_ms`, `marker_ms`, `turn_ms` (waiting for the topic's
+turn, which another partition's take-over may hold), `local_ms` from
+`cluster.partition_acquired`), then `ack` (the client's first acknowledgement by the new owner;
+`client_after_acquired` is the client's own share). The load average is noted with each round.
+`--only-failover` runs only the 3-broker row (its throughput part for `--seconds`, 0 for none).
+`--idempotent-failover`: the failover producer is idempotent, so its first acknowledgement by the
+new owner also waits for the partition's producer table, rebuilt from the object store.
+The failover producer uses the client's default `AtLeastOnce()` (a partition between owners does
+not use up its retries); `--retry patient` gives it 1,000 retries, as the rounds before
+2026-11-25's issue 21 item 3 work did.
 
 Object-store requests: every cluster row reports the tail's PUTs per second and per million
 acknowledged messages (the brokers' /metrics), and what that costs at S3 Standard's public price
@@ -41,11 +52,13 @@ import contextlib
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +121,7 @@ S3_PUT_DOLLARS = 0.005 / 1000  # S3 Standard, us-east-1, public price per PUT
 
 
 def start_brokers(
-    root: Path, count: int, backing: Backing | None, lease_ms: int | None, level: str = "warning"
+    root: Path, count: int, backing: Backing | None, lease_ms: int | None
 ) -> list[ServerProcess]:
     if backing is None:
         return [ServerProcess(root / "solo").start(60)]
@@ -123,14 +136,20 @@ def start_brokers(
         ServerProcess(
             root / f"b{n}",
             extra_args=("--config", str(config), "--cluster", f"etcd://127.0.0.1:{backing.etcd_port}",
-                        "--broker-id", f"b{n}", "--log-level", level, "--http-port", "0",
+                        "--broker-id", f"b{n}", "--log-level", "info", "--log-format", "json",
+                        "--http-port", "0",
                         "--http-port-file", str(root / f"b{n}.http")),
             env=CREDENTIALS,
         )
         for n in range(1, count + 1)
     ]  # fmt: skip
-    for broker in brokers:
-        broker.start(60)
+    try:
+        for broker in brokers:
+            broker.start(60)
+    except BaseException:  # the ones started would outlive the run (their etcd gone)
+        for broker in brokers:
+            broker.kill()
+        raise
     return brokers
 
 
@@ -251,56 +270,152 @@ async def throughput_batch(
     }
 
 
+def log_events(brokers: list[ServerProcess], since: float) -> list[dict[str, Any]]:
+    """The brokers' JSON log lines written since `since` (wall clock), each with `at` (wall
+    seconds) and `broker` (its index), in time order."""
+    found = []
+    for index, broker in enumerate(brokers):
+        if not broker.log_path.exists():
+            continue
+        for line in broker.log_path.read_text(errors="replace").splitlines():
+            if not line.startswith("{"):
+                continue
+            try:
+                event = json.loads(line)
+                at = datetime.fromisoformat(event["timestamp"]).timestamp()
+            except (ValueError, KeyError):
+                continue
+            if at >= since:
+                found.append({**event, "at": at, "broker_index": index})
+    return sorted(found, key=lambda e: e["at"])
+
+
+def stages(events: list[dict[str, Any]], victim: str, killed: float) -> dict[str, Any]:
+    """Where a round's time went, in seconds after the kill (None: not logged)."""
+
+    def first(name: str, **fields: Any) -> dict[str, Any] | None:
+        return next(
+            (
+                e
+                for e in events
+                if e.get("event") == name and all(e.get(k) == v for k, v in fields.items())
+            ),
+            None,
+        )
+
+    def since_kill(event: dict[str, Any] | None) -> float | None:
+        return None if event is None else round(event["at"] - killed, 3)
+
+    acquiring = first("cluster.acquiring", topic="bench", partition=0)
+    done = first("cluster.partition_acquired", topic="bench", partition=0)
+    acquired = first("cluster.acquired", topic="bench", partition=0)
+    result: dict[str, Any] = {
+        "gone": since_kill(first("cluster.broker_gone", broker=victim)),
+        "acquiring": since_kill(acquiring),
+        "take_over_start": (
+            None if done is None else round(done["at"] - done["ms"] / 1000 - killed, 3)
+        ),
+        "acquired": since_kill(acquired),
+        "new_owner": None if acquired is None else f"b{acquired['broker_index'] + 1}",
+    }
+    if done is not None:
+        result.update(
+            {
+                k: done[k]
+                for k in ("claim_ms", "marker_ms", "turn_ms", "local_ms", "chunks")
+                if k in done
+            }
+        )
+    # the other partition(s) the victim held, taken over by the same broker just before
+    others = [
+        e
+        for e in events
+        if e.get("event") == "cluster.partition_acquired"
+        and e.get("topic") == "bench"
+        and e.get("partition") != 0
+    ]
+    result["other_take_overs"] = [
+        {
+            "partition": e["partition"],
+            "at": since_kill(e),
+            "by": f"b{e['broker_index'] + 1}",
+            **{k: e[k] for k in ("ms", "claim_ms", "marker_ms", "turn_ms", "local_ms") if k in e},
+        }
+        for e in others
+    ]
+    return result
+
+
 async def failover(
-    backing: Backing, brokers: list[ServerProcess], idempotent: bool = False
+    backing: Backing, brokers: list[ServerProcess], retry: str, idempotent: bool = False
 ) -> dict[str, Any]:
     """One round of what a user of the Python client sees: its producer's first acknowledgement
     and its consumer's first message of the partition after its owner is killed (the client
     finds the new owner by itself: LOOKUP, backoff, retry). The killed broker is started again."""
     owner_of = await wait_served(backing, brokers)
     victim = next(b for b in brokers if b.address == owner_of[0])
+    victim_id = f"b{brokers.index(victim) + 1}"
     survivor = next(b for b in brokers if b is not victim)
     async with await headwater.connect(survivor.address) as client:
         consumer = await client.subscribe(
             "bench", f"failover-{time.monotonic_ns()}", start="latest"
         )
-        # retries for as long as a failover takes: the default policy's 5 quick retries can
-        # run out on NOT_OWNER answers while the new owner is still taking over (issue 21 item
-        # 5, the client's side); what is measured here is when the cluster can acknowledge
-        patient = headwater.AtLeastOnce(headwater.RetryPolicy(max_retries=1000, timeout=60))
-        producer = client.producer("bench", delivery=patient, idempotent=idempotent)
-        # until the consumer gets one: its leg at the partition's owner follows the subscribe
-        # within a LOOKUP round trip, and a `latest` leg placed after a send misses it
-        for _ in range(60):
-            await (await producer.send(b"before-the-kill", partition=0))
-            with contextlib.suppress(TimeoutError):
-                if (await consumer.receive(timeout=1)).value == b"before-the-kill":
-                    break
+        delivery = (
+            headwater.AtLeastOnce()
+            if retry == "default"
+            # retries for as long as a failover takes, whatever the client does on NOT_OWNER:
+            # what is measured is when the cluster can acknowledge
+            else headwater.AtLeastOnce(headwater.RetryPolicy(max_retries=1000, timeout=60))
+        )
+        producer = client.producer("bench", delivery=delivery, idempotent=idempotent)
+        # the consumer's leg at the owner follows subscribe() within a LOOKUP round trip, and a
+        # `latest` leg placed after the first marker never sees it: marker again until one comes
+        for attempt in range(20):
+            marker = f"before-the-kill-{attempt}".encode()
+            await (await producer.send(marker, partition=0))
+            try:
+                while (await consumer.receive(timeout=3)).value != marker:
+                    pass
+                break
+            except TimeoutError:
+                continue
+        else:
+            raise RuntimeError("the consumer got none of 20 markers")
+        load = os.getloadavg()[0]
+        killed_wall = time.time()
         victim.kill()
         killed = time.monotonic()
+        killed_wall = (killed_wall + time.time()) / 2
         await asyncio.wait_for(await producer.send(b"after-the-kill", partition=0), 120)
         acked_at = time.monotonic() - killed
         served_at = None
-        for _ in range(100_000):
-            message = await consumer.receive(timeout=60)
-            if message.value == b"after-the-kill":
-                served_at = time.monotonic() - killed
-                break
+        with contextlib.suppress(TimeoutError):  # reported as None: never delivered in 30 s
+            for _ in range(100_000):
+                message = await consumer.receive(timeout=30)
+                if message.value == b"after-the-kill":
+                    served_at = time.monotonic() - killed
+                    break
         await producer.close()
         await consumer.close()
+    await asyncio.sleep(0.2)  # the brokers' last log lines of the take-over
+    breakdown = stages(log_events(brokers, killed_wall - 1.0), victim_id, killed_wall)
+    if breakdown["acquired"] is not None:
+        breakdown["client_after_acquired"] = round(acked_at - breakdown["acquired"], 3)
     victim.start(60)
     return {
         "kill_to_first_ack_s": round(acked_at, 2),
         "kill_to_first_served_s": round(served_at, 2) if served_at is not None else None,
+        "load_average": round(load, 1),
+        "stages_s": breakdown,
     }
 
 
 async def failovers(
-    backing: Backing, brokers: list[ServerProcess], rounds: int, idempotent: bool = False
+    backing: Backing, brokers: list[ServerProcess], rounds: int, retry: str, idempotent: bool
 ) -> dict[str, Any]:
     found = []
     for n in range(rounds):
-        found.append(await failover(backing, brokers, idempotent))
+        found.append(await failover(backing, brokers, retry, idempotent))
         say(f"  failover round {n + 1}: {found[-1]}")
     acks = sorted(r["kill_to_first_ack_s"] for r in found)
     served = sorted(r["kill_to_first_served_s"] or float("inf") for r in found)
@@ -308,12 +423,32 @@ async def failovers(
     def percentile(values: list[float], p: float) -> float:
         return values[min(len(values) - 1, int(p * len(values)))]
 
+    def median_of(name: str) -> float | None:
+        values = [r["stages_s"].get(name) for r in found]
+        present = [v for v in values if v is not None]
+        return round(statistics.median(present), 3) if present else None
+
     return {
         "rounds": found,
         "kill_to_first_ack_p50_s": percentile(acks, 0.5),
         "kill_to_first_ack_p99_s": percentile(acks, 0.99),
         "kill_to_first_served_p50_s": percentile(served, 0.5),
         "kill_to_first_served_p99_s": percentile(served, 0.99),
+        "stage_medians_s": {
+            name: median_of(name)
+            for name in (
+                "gone",
+                "acquiring",
+                "take_over_start",
+                "acquired",
+                "client_after_acquired",
+                "claim_ms",
+                "marker_ms",
+                "turn_ms",
+                "local_ms",
+            )
+        },
+        "load_averages": [r["load_average"] for r in found],
     }
 
 
@@ -337,14 +472,16 @@ async def row(name: str, count: int, clustered: bool, args: argparse.Namespace) 
     try:
         if backing is not None:
             backing.start()
-        brokers = start_brokers(root, count, backing, args.lease_ms, args.broker_log_level)
+        brokers = start_brokers(root, count, backing, args.lease_ms)
         async with await headwater.connect(brokers[0].address) as client:
             await client.create_topic("bench", partitions=PARTITIONS)
         owner_of = await wait_served(backing, brokers)
         before = {b.address: process_cpu(b.process.pid) for b in brokers if b.process}
         backing_before = [process_cpu(p.pid) for p in backing.processes] if backing else []
         chunks_before = tail_chunks(brokers) if backing else 0
-        if args.api == "batch":
+        if args.seconds <= 0:
+            result = {"acked": 0}
+        elif args.api == "batch":
             result = await throughput_batch(
                 brokers[0].address, args.seconds, args.producers, args.window
             )
@@ -353,9 +490,11 @@ async def row(name: str, count: int, clustered: bool, args: argparse.Namespace) 
         cpu = {
             b.address: process_cpu(b.process.pid) - before[b.address] for b in brokers if b.process
         }
-        result["broker_cpu_s_per_million"] = round(sum(cpu.values()) / result["acked"] * 1e6, 1)
         result["per_broker_cpu_s"] = [round(c, 2) for c in cpu.values()]
-        if backing is not None:  # etcd's and moto's (the object store's) share of the machine
+        if result["acked"]:
+            result["broker_cpu_s_per_million"] = round(sum(cpu.values()) / result["acked"] * 1e6, 1)
+        # etcd's and moto's (the object store's) share of the machine
+        if backing is not None and result["acked"]:
             spent = [
                 process_cpu(p.pid) - b
                 for p, b in zip(backing.processes, backing_before, strict=True)
@@ -375,7 +514,7 @@ async def row(name: str, count: int, clustered: bool, args: argparse.Namespace) 
         if count == 3 and backing is not None and args.failover_rounds:
             say(f"{name}: failover ...")
             result["failover"] = await failovers(
-                backing, brokers, args.failover_rounds, args.idempotent_failover
+                backing, brokers, args.failover_rounds, args.retry, args.idempotent_failover
             )
         return {"row": name, **result}
     finally:
@@ -383,10 +522,12 @@ async def row(name: str, count: int, clustered: bool, args: argparse.Namespace) 
             broker.kill()
         if backing is not None:
             backing.stop()
-        if args.keep:
-            say(f"kept {root}")
-        else:
-            shutil.rmtree(root, ignore_errors=True)
+        if args.keep_logs is not None and brokers:
+            args.keep_logs.mkdir(parents=True, exist_ok=True)
+            for broker in brokers:
+                if broker.log_path.exists():
+                    shutil.copy(broker.log_path, args.keep_logs / broker.log_path.name)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -395,8 +536,9 @@ async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
         ("1 broker, cluster", 1, True),
         ("3 brokers, cluster", 3, True),
     ]
-    chosen = [rows[int(n) - 1] for n in args.rows.split(",")] if args.rows else rows
-    return [await row(name, count, clustered, args) for name, count, clustered in chosen]
+    if args.only_failover:
+        rows = rows[-1:]
+    return [await row(name, count, clustered, args) for name, count, clustered in rows]
 
 
 def cli() -> None:
@@ -412,17 +554,24 @@ def cli() -> None:
     )
     parser.add_argument("--failover-rounds", type=int, default=10, help="0: none")
     parser.add_argument(
+        "--only-failover",
+        action="store_true",
+        help="only the 3-broker row: --seconds of throughput (0: none), then the rounds",
+    )
+    parser.add_argument(
+        "--retry",
+        choices=("default", "patient"),
+        default="default",
+        help="the failover producer's policy: the client's default, or 1,000 retries",
+    )
+    parser.add_argument(
         "--idempotent-failover",
         action="store_true",
         help="the failover rounds' producer is idempotent (its first ack by the new owner waits "
         "for the partition's producer table, rebuilt from the object store)",
     )
-    parser.add_argument("--rows", help="which rows, by number (1,2,3; default all)")
-    parser.add_argument(
-        "--broker-log-level", default="warning", help="info: the take-overs' timings in the logs"
-    )
-    parser.add_argument("--keep", action="store_true", help="keep the brokers' directories")
     parser.add_argument("--output", type=Path, help="also write the JSON rows here")
+    parser.add_argument("--keep-logs", type=Path, help="copy the brokers' logs into this folder")
     args = parser.parse_args()
     results = asyncio.run(main(args))
     text = json.dumps(results, indent=2)

@@ -15,7 +15,7 @@ import pytest
 
 import headwater
 from headwater.client.blocking import BlockingClient
-from headwater.client.producer import AtMostOnce
+from headwater.client.producer import AtLeastOnce, AtMostOnce, RetryPolicy
 from headwater.client.routing_table import BrokerAddress, LookupBackoff, RoutingTable
 from headwater.testing import ServerProcess
 from headwater.wire import messages as m
@@ -190,6 +190,14 @@ def test_lookup_backoff_grows_jittered_and_ends_within_its_timeout() -> None:
     assert len(delays) < 200  # bounded in count too
 
 
+def test_default_lookup_backoff_waits_at_most_250_ms_between_lookups() -> None:
+    # a client waits out its current delay once the new owner serves: at 1 s that was up to
+    # a third of a kill -9 failover
+    delays = list(LookupBackoff().delays(random.Random(3)))
+    assert max(delays) <= 0.25
+    assert 29.0 < sum(delays) <= 30.0  # the episode still lasts its 30 s
+
+
 # The client against two real servers, each behind a broker front that answers LOOKUP from a
 # shared script (as the cluster's coordinator would let a broker answer) and refuses PRODUCE for
 # the partitions the script says it does not own (NOT_OWNER naming the owner). Everything else
@@ -224,6 +232,7 @@ class BrokerFront:
         self.target_port = target_port
         self.script = script
         self.refused = 0
+        self.taking_over = 0  # produces for its own partitions still to answer NOT_OWNER
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -280,6 +289,17 @@ class BrokerFront:
                     request = decode_request(header, frame.body)
                     assert isinstance(request, m.ProduceRequest)
                     owner = self.script.owners[request.topic][request.partition]
+                    if owner == self.broker_id and self.taking_over > 0:
+                        # the owner's key is ours, the take-over not finished: the coordinator
+                        # answers NOT_OWNER naming no owner (partition_ownership.not_owner)
+                        self.taking_over -= 1
+                        self.refused += 1
+                        error = NotOwner(
+                            f"partition {request.partition} of topic {request.topic!r} is not "
+                            "served here: owner=none"
+                        )
+                        writer.write(encode_error(header.api_key, 0, header.correlation_id, error))
+                        continue
                     if owner != self.broker_id:
                         self.refused += 1
                         port = self.script.ports[owner]
@@ -582,6 +602,32 @@ async def test_producer_resends_to_the_new_owner_after_losing_a_broker(
         await producer.flush()  # raises if any was lost
         assert all(f.result().partition == 1 for f in later)
     assert (await _offsets(a, "t"))[1] == 20
+
+
+async def test_producer_reaching_an_owner_mid_take_over_acks_without_using_its_retries(
+    two_brokers: tuple[Script, BrokerFront, BrokerFront],
+) -> None:
+    """LOOKUP names the new owner as soon as its key is in etcd, while it is still taking the
+    partition over: it answers NOT_OWNER naming no owner until it serves. The producer waits
+    for it within its policy's time budget, not its retry count (5 quick retries ran out in
+    0.3 s, well inside a take-over)."""
+    script, a, b = two_brokers
+    await _create("t", 2, a, b)
+    script.owners["t"] = ["a", "b"]
+    key = _key_for(0, 2)
+    policy = RetryPolicy(max_retries=2, initial_delay=0.01, timeout=30.0)
+    async with await headwater.connect(a.address) as client:
+        producer = client.producer("t", delivery=AtLeastOnce(policy))
+        assert (await (await producer.send(b"before", key=key))).offset == 0
+        script.owners["t"] = ["b", "b"]  # partition 0 moved to b, which is still taking it over
+        script.epoch += 1
+        b.taking_over = 6  # its next 6 produces for partition 0 answer NOT_OWNER, owner=none
+        acked = await asyncio.wait_for(await producer.send(b"after", key=key), 20)
+        await producer.flush()  # raises if any send failed
+    assert acked.partition == 0 and acked.offset == 0
+    assert b.taking_over == 0  # all 6 refusals were met: more than the policy's 2 retries
+    assert (await _offsets(b, "t"))[0] == 1
+    assert (await _offsets(a, "t"))[0] == 1  # only the first, nothing resent to a
 
 
 async def test_blocking_client_follows_not_owner_to_the_owner(

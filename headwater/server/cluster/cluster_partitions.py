@@ -3,12 +3,15 @@
 The etcd coordinator (`server.cluster`) decides who owns each partition; this module is the
 `PartitionHandler` it calls, and keeps what a new owner needs where it can find it:
 
-- **acquire** (the ownership key is ours, not yet served), in the topic's turn: claim the
-  partition's manifest (`storage.partition_manifest`: no earlier owner can name a segment from
-  now on, and none deletes a chunk above the claimed version's end) while listing the
-  partition's cloud tail (`storage.cloud_tail`), resolve the valid chain above the manifest's
-  segments and its end E, and write our epoch's marker at E (first time only). Then the local
-  log is kept only when it already ends at E with everything up to E stored by us; otherwise it
+- **acquire** (the ownership key is ours, not yet served): claim the partition's manifest
+  (`storage.partition_manifest`: no earlier owner can name a segment from now on, and none
+  deletes a chunk above the claimed version's end) while listing the partition's cloud tail
+  (`storage.cloud_tail`), resolve the valid chain above the manifest's segments and its end E,
+  and write our epoch's marker at E (first time only). That part touches nothing local and
+  starts at once, before the take-over's place in the topic's turn comes (a dead broker's
+  partitions of one topic are claimed at the same time); the take-over holds the turn from then
+  until it is done, and checks the topic unchanged before the local part. The local log is
+  kept only when it already ends at E with everything up to E stored by us; otherwise it
   is replaced by an empty log at E, and reads below it go to the manifest's segments and to the
   chain's chunks in place (nothing is downloaded: a take-over costs the same whatever the tail),
   which are folded into one segment in the background. Last-value state of a replaced partition
@@ -41,7 +44,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Callable, Coroutine
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import structlog
@@ -54,7 +57,7 @@ from headwater.server.subscriptions.reliable_subscription import ReliableSubscri
 from headwater.server.topics.topic import LogTopic
 from headwater.server.topics.topic_settings import log_config
 from headwater.storage.archive import READ_BYTES
-from headwater.storage.cloud_tail import Chunk, CloudTail, fold
+from headwater.storage.cloud_tail import Chunk, CloudTail, TailState, fold
 from headwater.storage.partition_manifest import (
     Manifest,
     ManifestFenced,
@@ -77,6 +80,7 @@ _RETRY_MAX = 5.0
 # above them): a producer's retries are of its newest batches, which are there
 REBUILD_BYTES = 16 << 20
 _REBUILD_READS = 1_000_000  # bounds a rebuild's loop of reads (each moves past one batch at least)
+FOLD_AFTER_TAKE_OVER = 2.0  # seconds a take-over's fold waits at most for our first chunk
 
 
 class Checkpoints(Protocol):
@@ -122,6 +126,8 @@ class ClusterPartitions:
         self._in_place: dict[tuple[str, int], list[UploadedSegment]] = {}
         self._unfolded: dict[tuple[str, int], int] = {}  # chunks stored since the last fold
         self._folding: dict[tuple[str, int], asyncio.Task[None]] = {}
+        # set when our first chunk after a take-over is stored: that take-over's fold starts
+        self._first_stored: dict[tuple[str, int], asyncio.Event] = {}
         # a partition's chunks are folded into a segment once this many are stored (and after
         # a take-over): a take-over lists about that many, whatever the traffic
         self._fold_chunks = fold_chunks
@@ -159,6 +165,9 @@ class ClusterPartitions:
         self._verified[topic, partition] = end
         self._signal_moved()
         key = (topic, partition)
+        first = self._first_stored.pop(key, None)
+        if first is not None:
+            first.set()  # the take-over's fold may start
         self._unfolded[key] = self._unfolded.get(key, 0) + 1
         if self._unfolded[key] >= self._fold_chunks:
             self._fold_soon(topic, partition)
@@ -175,12 +184,38 @@ class ClusterPartitions:
     # PartitionHandler
 
     async def acquire(self, topic: str, partition: int, epoch: int) -> None:
-        # all of it in the topic's turn: with the object-store part outside it, a consumer
-        # subscribing as its partition was taken over got nothing (test_cluster_manifest, the
-        # joins attack; the exact interleaving was not pinned down), so the take-overs of one
-        # topic's partitions still wait for each other
-        async with self._catalog.turn(topic):
-            await self._take_over(topic, partition, epoch)
+        found = self._catalog.topics.get(topic)
+        if not isinstance(found, LogTopic) or partition >= len(found.partitions):
+            # not known here yet (its creation from the watch holds the turn), not reliable, or
+            # not grown yet: all of it in the turn, which settles that
+            async with self._catalog.turn(topic):
+                await self._take_over(topic, partition, epoch)
+            return
+        # the object store's part starts at once, before our place in the topic's turn comes:
+        # the topic's other partitions taken over at the same moment (a dead broker's) no
+        # longer wait for each other's claims (a few hundred ms each under load: issue 21,
+        # failover under 3 s). It touches nothing local. The take-over still holds the turn
+        # from when its place comes until it is done, as before: a SUBSCRIBE coming meanwhile
+        # waits for it (a subscription created while its partition was half taken over, the
+        # turn free during the claim, got nothing: test_cluster_manifest)
+        started = time.monotonic()
+        claiming = asyncio.get_running_loop().create_task(self._claim(topic, partition, epoch))
+        try:
+            async with self._catalog.turn(topic):
+                claimed = await asyncio.shield(claiming)
+                if (
+                    self._catalog.topics.get(topic) is not found
+                    or self._checkpoints.incarnation(topic) != claimed.since
+                ):
+                    # deleted, re-created or replaced meanwhile: the key went with it, or this
+                    # take-over fails and is retried with a new epoch
+                    raise LookupError(f"topic {topic!r} changed while its partition was taken over")
+                await self._take_local(found, partition, epoch, claimed, started)
+        finally:
+            if not claiming.done():  # cancelled (acquire_timeout) while waiting for the turn
+                claiming.cancel()
+                with contextlib.suppress(BaseException):
+                    await claiming
 
     async def _take_over(self, topic: str, partition: int, epoch: int) -> None:
         found = self._catalog.topics.get(topic)
@@ -192,7 +227,13 @@ class ClusterPartitions:
             found.partitions[partition].producers.reset(complete=False)
             return
         started = time.monotonic()
-        key = (topic, partition)
+        claimed = await self._claim(topic, partition, epoch)
+        await self._take_local(found, partition, epoch, claimed, started)
+
+    async def _claim(self, topic: str, partition: int, epoch: int) -> _Claimed:
+        """The object store's part of a take-over: claim the manifest, list the tail, find the
+        chain's end and write our epoch's marker there."""
+        started = time.monotonic()
         await self._committer.settle(topic, partition)
         # what a deleted topic of the same name left in the shared store is not ours
         since = self._checkpoints.incarnation(topic)
@@ -218,7 +259,26 @@ class ClusterPartitions:
             )
         if epoch not in state.markers:
             await self._tail.mark_epoch(topic, partition, epoch, end, state)
-        marked = time.monotonic()
+        return _Claimed(
+            since,
+            manifest,
+            state,
+            end,
+            run,
+            claim_ms=round((claimed - started) * 1000, 1),
+            marker_ms=round((time.monotonic() - claimed) * 1000, 1),
+        )
+
+    async def _take_local(
+        self, found: LogTopic, partition: int, epoch: int, claimed: _Claimed, started: float
+    ) -> None:
+        """The local part of a take-over, in the topic's turn: the log kept or restarted at the
+        chain's end, the cursors from the previous owner's checkpoints."""
+        topic = found.name
+        key = (topic, partition)
+        manifest, state, end, run = claimed.manifest, claimed.state, claimed.end, claimed.run
+        since = claimed.since
+        turn_at = time.monotonic()
         self._manifest[key] = manifest
         local = found.partitions[partition].log
         # kept only when it holds everything above the manifest's segments: a take-over that
@@ -263,13 +323,23 @@ class ClusterPartitions:
             chunks=len(run),
             segments=len(manifest.segments),
             ms=round((time.monotonic() - started) * 1000, 1),
-            # where the time went: the claim and the listing, the marker, the local part
-            claim_ms=round((claimed - started) * 1000, 1),
-            marker_ms=round((marked - claimed) * 1000, 1),
-            local_ms=round((time.monotonic() - marked) * 1000, 1),
+            # where the time went: the claim and the listing, the marker, waiting for the
+            # topic's turn, the local part
+            claim_ms=claimed.claim_ms,
+            marker_ms=claimed.marker_ms,
+            turn_ms=round((turn_at - started) * 1000 - claimed.claim_ms - claimed.marker_ms, 1),
+            local_ms=round((time.monotonic() - turn_at) * 1000, 1),
         )
         if self._in_place.get((topic, partition)):
-            self._fold_soon(topic, partition)  # the previous owners' chunks into one segment
+            # the previous owners' chunks into one segment, once our first chunk is stored (the
+            # first produces to the new owner answered), or after FOLD_AFTER_TAKE_OVER without
+            # one: folding reads and writes the whole run (tens of MB after a busy owner), and
+            # at once it held up the first chunk PUTs (0.4-0.9 s from the take-over to the
+            # first ack, against 0.1-0.2 s). Not later than that: a segment sealed before the
+            # fold names the chunks in place cannot be named (its base is past the manifest's
+            # end), and neither can the ones after it until the next fold
+            first = self._first_stored[key] = asyncio.Event()
+            self._fold_soon(topic, partition, first)
         self._wake_subscriptions(topic)
 
     async def release(self, topic: str, partition: int) -> None:
@@ -284,6 +354,7 @@ class ClusterPartitions:
         self._manifest.pop((topic, partition), None)
         self._in_place.pop((topic, partition), None)
         self._tables.discard((topic, partition))
+        self._first_stored.pop((topic, partition), None)
         self._signal_moved()
         log.warning("cluster.partition_lost", topic=topic, partition=partition)
 
@@ -551,17 +622,20 @@ class ClusterPartitions:
 
     # Folding the tail
 
-    def _fold_soon(self, topic: str, partition: int) -> None:
+    def _fold_soon(self, topic: str, partition: int, after: asyncio.Event | None = None) -> None:
         key = (topic, partition)
         if key not in self._folding:
-            task = asyncio.get_running_loop().create_task(self._fold(topic, partition))
+            task = asyncio.get_running_loop().create_task(self._fold(topic, partition, after))
             self._folding[key] = task
             task.add_done_callback(lambda _: self._folding.pop(key, None))
 
-    async def _fold(self, topic: str, partition: int) -> None:
+    async def _fold(self, topic: str, partition: int, after: asyncio.Event | None = None) -> None:
         """Fold the chunks above the manifest's segments, up to what is stored, into one
         segment object and name it: a take-over then lists and reads a bounded tail. Retried
         with doubling delays while the partition is ours."""
+        if after is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(after.wait(), FOLD_AFTER_TAKE_OVER)
         key = (topic, partition)
         delay = _RETRY_INITIAL
         while (epoch := self._checkpoints.epoch(topic, partition)) is not None:
@@ -826,6 +900,19 @@ async def _rebuild_start(topic: LogTopic, partition: int, manifest: Manifest) ->
             start = later[0]
         break
     return start
+
+
+@dataclass(frozen=True, slots=True)
+class _Claimed:
+    """What a take-over's object-store part found: the partition's history as of our claim."""
+
+    since: int  # the topic's incarnation the claim was made for
+    manifest: Manifest
+    state: TailState
+    end: int  # the chain's end: where our epoch starts
+    run: list[Chunk]  # the chain's chunks above the manifest's segments
+    claim_ms: float
+    marker_ms: float
 
 
 def _reliable(topic: LogTopic) -> list[ReliableSubscription]:

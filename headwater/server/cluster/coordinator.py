@@ -356,7 +356,10 @@ class Coordinator(Assignment, Metadata, ExclusiveClaims):
         broker_id = self._layout.name_in("brokers", raw)
         details = decode(entry.value) if entry is not None else None
         if details is None:
-            self._brokers.pop(broker_id, None)
+            if self._brokers.pop(broker_id, None) is not None:
+                # its lease expired (a crash) or was revoked (a clean stop): when a failover's
+                # detection ended, for operators and the failover benchmark
+                log.info("cluster.broker_gone", broker=broker_id)
             self._broker_ids.discard(broker_id)
             self._joined.pop(broker_id, None)
         else:
