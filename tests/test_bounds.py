@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 import resource
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,10 +21,16 @@ from headwater.server.topics.subscription_contract import Consumer
 from headwater.storage.state import StateStore
 from headwater.testing import ServerProcess
 from headwater.wire import messages as m
-from headwater.wire.errors import StorageError, TooManyConsumers, TooManySubscriptions
+from headwater.wire.errors import (
+    OverMemoryBudget,
+    StorageError,
+    TooManyConsumers,
+    TooManySubscriptions,
+)
 from headwater.wire.protocol import decode_push
 from headwater.wire.records import build_batch, read_records
 from tests.support.rawwire import RawPeer
+from tests.support.secure import secure_server
 
 
 def _server_with(tmp_path: Path, settings: str) -> ServerProcess:
@@ -294,3 +301,88 @@ async def test_a_zero_credit_subscription_holds_bytes_not_gigabytes(tmp_path: Pa
                 await asyncio.sleep(0.05)
     finally:
         server.kill()
+
+
+async def _zero_credit_peer(address: str, token: str, topic: str, name: str) -> RawPeer:
+    """An authenticated raw connection with a subscription that grants no credit: everything
+    produced to `topic` waits in its backlog, charged to the token's principal."""
+    peer = await RawPeer.open(address)
+    authenticated = await peer.call(m.AuthenticateRequest("token", token.encode()))
+    assert isinstance(authenticated, m.AuthenticateResponse), authenticated
+    subscribed = await peer.call(
+        m.SubscribeRequest(topic, name, m.SubscriptionType.EXCLUSIVE, "c", 0, 0)
+    )
+    assert isinstance(subscribed, m.SubscribeResponse), subscribed
+    return peer
+
+
+async def test_a_principal_filling_its_memory_share_leaves_other_principals_unaffected(
+    tmp_path: Path,
+) -> None:
+    """Three zero-credit subscriptions of one principal (`hoarder`) and 1 MiB batches: the
+    hoarder holds at most its 24 MiB share of the 64 MiB budget, a new subscription of its own is
+    refused with the retriable OVER_MEMORY_BUDGET, and another principal (`worker`) produces and
+    consumes every one of its messages meanwhile, none dropped. Before the share the hoarder's
+    backlogs (3 x 32 MiB) filled the whole budget and every batch of the worker's subscription
+    was dropped: its consumer received nothing."""
+    config = tmp_path / "headwater.toml"
+    config.write_text(
+        f"[server]\nsubscription_backlog_bytes = {32 << 20}\nmemory_max_bytes = {64 << 20}\n"
+        f"memory_max_bytes_per_principal = {24 << 20}\n"
+    )
+    port_file = tmp_path / "http.port"
+    with secure_server(
+        tmp_path, "--config", str(config), "--http-port", "0", "--http-port-file", str(port_file)
+    ) as server:
+        hoarder = server.token("hoarder", "all:hoard.*")
+        async with await headwater.connect(server.address, token=server.admin) as admin:
+            await admin.create_topic("hoard.t", dispatch="non-reliable")
+            await admin.create_topic("work.t", dispatch="non-reliable")
+            peers = [
+                await _zero_credit_peer(server.address, hoarder, "hoard.t", f"s{i}")
+                for i in range(3)
+            ]
+            async with await headwater.connect(server.address, token=hoarder) as hoarding:
+                producer = hoarding.producer("hoard.t", linger=0.0)
+                for _ in range(100):  # 100 MiB for each of the 3 subscriptions
+                    await (await producer.send(bytes((1 << 20) - 1024)))
+                await producer.close()
+                with pytest.raises(OverMemoryBudget, match="'hoarder'") as refused:
+                    await hoarding.subscribe("hoard.t", "one-more")
+                assert refused.value.retriable
+            info = await admin.server_info()
+            held = {p.principal: p.used_bytes for p in info.memory_principals}
+            assert info.memory_principal_share_bytes == 24 << 20
+            assert (24 << 20) - (1 << 20) < held["hoarder"] <= 24 << 20, held
+            assert info.memory_used_bytes <= 32 << 20  # the hoarder's share and little else
+
+            worker = server.token("worker", "all:work.*")
+            async with await headwater.connect(server.address, token=worker) as working:
+                consumer = await working.subscribe("work.t", "w")
+                producer = working.producer("work.t", linger=0.0)
+                sent = [b"%d" % i + bytes(64 << 10) for i in range(200)]
+                for value in sent:
+                    await asyncio.wait_for(await producer.send(value), 10)
+                await producer.close()
+                received = [(await consumer.receive(timeout=10)).value for _ in sent]
+                assert received == sent
+                (described,) = (await admin.describe_topic("work.t")).subscriptions
+                assert described.dropped == 0
+            (_, dropped, *_) = [
+                s.dropped for s in (await admin.describe_topic("hoard.t")).subscriptions
+            ] + [0]
+            assert dropped > 50
+
+        port = int(port_file.read_text())
+        scrape = urllib.request.Request(
+            f"http://127.0.0.1:{port}/metrics", headers={"Authorization": f"Bearer {server.admin}"}
+        )
+        with urllib.request.urlopen(scrape, timeout=10) as response:
+            text = response.read().decode()
+        samples = dict(
+            line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#")
+        )
+        assert float(samples["headwater_memory_principal_share_bytes"]) == 24 << 20
+        assert float(samples['headwater_memory_principal_used_bytes{principal="hoarder"}']) > 0
+        for peer in peers:
+            await peer.close()
