@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 import resource
+import socket
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,7 @@ from headwater.wire.errors import (
     TooManyConsumers,
     TooManySubscriptions,
 )
+from headwater.wire.limits import MAX_CREDITS
 from headwater.wire.protocol import decode_push
 from headwater.wire.records import build_batch, read_records
 from tests.support.rawwire import RawPeer
@@ -386,3 +388,79 @@ async def test_a_principal_filling_its_memory_share_leaves_other_principals_unaf
         assert float(samples['headwater_memory_principal_used_bytes{principal="hoarder"}']) > 0
         for peer in peers:
             await peer.close()
+
+
+async def _unread_peer(address: str) -> RawPeer:
+    """A connection whose receive buffer is fixed small: loopback's autotuning would otherwise
+    let the kernel take 32 MiB of deliveries per connection, which the server never holds."""
+    host, port = address.rsplit(":", 1)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
+    reader, writer = await asyncio.open_connection(sock=sock)
+    return RawPeer(reader, writer)
+
+
+async def test_a_principals_unread_deliveries_across_connections_cost_its_own_share(
+    tmp_path: Path,
+) -> None:
+    """Twenty connections of one principal, each subscribed to a topic of its own with all the
+    credit it may give, never read: each could hold 8 MiB of deliveries (its write buffer's
+    high-water mark), 160 MiB in all. Charged to the principal's 16 MiB share, its connections
+    get no more deliveries once it is over (the rest are dropped from the backlogs), so the
+    server grows by about the share, and another principal produces and consumes meanwhile.
+    Before, only backlogs counted: the server grew by every connection's mark. (A topic each:
+    uvloop keeps one batch written to many connections once, so a shared topic costs little.)"""
+    config = tmp_path / "headwater.toml"
+    config.write_text(
+        f"[server]\nmemory_max_bytes = {256 << 20}\nmemory_max_bytes_per_principal = {16 << 20}\n"
+        f"consumer_write_buffer = {8 << 20}\nmax_pending_response_bytes = {8 << 20}\n"
+    )
+    with secure_server(tmp_path, "--config", str(config)) as server:
+        hoarder = server.token("hoarder", "all:hoard.*")
+        async with await headwater.connect(server.address, token=server.admin) as admin:
+            await admin.create_topic("work.t", dispatch="non-reliable")
+            peers = []
+            for i in range(20):
+                await admin.create_topic(f"hoard.{i}", dispatch="non-reliable")
+                peer = await _unread_peer(server.address)
+                authenticated = await peer.call(m.AuthenticateRequest("token", hoarder.encode()))
+                assert isinstance(authenticated, m.AuthenticateResponse), authenticated
+                subscribed = await peer.call(
+                    m.SubscribeRequest(
+                        f"hoard.{i}", "s", m.SubscriptionType.EXCLUSIVE, "c", 0, MAX_CREDITS
+                    )
+                )
+                assert isinstance(subscribed, m.SubscribeResponse), subscribed
+                peers.append(peer)  # never read from again: the test's reader stops at 128 KiB
+            before = server.process.peak_rss()
+            async with await headwater.connect(server.address, token=hoarder) as hoarding:
+                for i in range(20):
+                    producer = hoarding.producer(f"hoard.{i}", linger=0.0)
+                    for _ in range(12):  # 8 MiB to buffer and 4 MiB for the kernel's queues
+                        await (await producer.send(bytes((1 << 20) - 1024)))
+                    await producer.close()
+            grown = server.process.peak_rss() - before
+            info = await admin.server_info()
+            held = {p.principal: p.used_bytes for p in info.memory_principals}
+            # the share, plus what one connection took past it before it was counted
+            assert held["hoarder"] <= (16 + 8 + 1) << 20, held
+            assert grown < 64 << 20, f"server grew {grown >> 20} MiB"  # 160 MiB before
+            dropped = [
+                (await admin.describe_topic(f"hoard.{i}")).subscriptions[0].dropped
+                for i in range(20)
+            ]
+            assert sum(dropped) > 100, dropped
+            worker = server.token("worker", "all:work.*")
+            async with await headwater.connect(server.address, token=worker) as working:
+                consumer = await working.subscribe("work.t", "w")
+                producer = working.producer("work.t", linger=0.0)
+                sent = [b"%d" % i + bytes(64 << 10) for i in range(100)]
+                for value in sent:
+                    await asyncio.wait_for(await producer.send(value), 10)
+                await producer.close()
+                received = [(await consumer.receive(timeout=10)).value for _ in sent]
+                assert received == sent
+            for peer in peers:
+                await peer.close()
