@@ -18,6 +18,7 @@ import headwater
 from headwater.durables.group import ConsumerGroup
 from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.config import ObjectStoreConfig, ServerConfig
+from headwater.server.memory_budget import MemoryBudget
 from headwater.server.topics.subscription_contract import Consumer
 from headwater.storage.state import StateStore
 from headwater.testing import ServerProcess
@@ -464,3 +465,19 @@ async def test_a_principals_unread_deliveries_across_connections_cost_its_own_sh
                 assert received == sent
             for peer in peers:
                 await peer.close()
+
+
+def test_memory_budget_shares_per_principal() -> None:
+    """The share bounds what one principal is charged; the anonymous principal (no
+    authentication) is every client, so its share is the budget; unsent output is charged
+    whatever the budget and puts its principal over its share."""
+    budget = MemoryBudget(100, 30)
+    assert budget.take(30, "a") and not budget.take(1, "a")  # a's share is spent...
+    assert budget.take(30, "b")  # ...not b's
+    assert budget.refused_by_share == 1 and budget.room("a") == 0 and budget.room("b") == 0
+    assert budget.take(40, "") and budget.used == 100 and not budget.take(1, "c")
+    budget.charge(5, "a")  # a connection's write buffer grew
+    assert budget.over_share("a") and not budget.over_share("b")
+    assert budget.largest(2) == [("", 40), ("a", 35)]
+    budget.give_back(35, "a")
+    assert "a" not in budget.by_principal and budget.used == 70
