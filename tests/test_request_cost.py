@@ -305,3 +305,37 @@ def test_a_topic_created_with_the_largest_schema_does_not_stall_the_loop(
         assert isinstance(answer, m.EmptyResponse), answer
 
     _check(guarded, send)
+
+
+def test_a_produce_checked_against_a_schema_does_not_stall_the_loop(
+    guarded: SecureServer,
+) -> None:
+    """A batch of 4,000 records to a topic with a JSON schema: checked record by record on the
+    connection's inflater thread. On the loop, 2,000 such records held it 380 ms, and an 8 MiB
+    batch more than 5 s."""
+    schema = json.dumps(
+        {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(50)}}
+    )
+
+    async def create() -> None:
+        async with await headwater.connect(guarded.address, token=guarded.admin) as admin:
+            await admin.create_topic(
+                "checked", configs={"schema.type": "json", "schema.definition": schema}
+            )
+
+    import asyncio
+
+    asyncio.run(create())
+    value = json.dumps({f"p{i}": i for i in range(10)}).encode()
+    batch = build_batch([(None, value, (("hw-schema-version", b"1"),))] * 4000)
+    frame = encode_request(m.ProduceRequest("checked", 0, batch), 12)
+
+    def send() -> None:
+        peer = Peer(guarded.address, guarded.admin)
+        try:
+            answer = peer.call(frame)
+        finally:
+            peer.close()
+        assert isinstance(answer, m.ProduceResponse), answer
+
+    _check(guarded, send)
