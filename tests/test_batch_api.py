@@ -152,6 +152,26 @@ async def test_send_batch_with_keys_partitions_as_send(
         per_partition.setdefault(by_value[value].partition, []).append(value)
     for partition, expected in per_partition.items():
         assert sorted(expected, key=lambda v: by_value[v].offset) == expected, partition
+    # the metadata answers in the order given (it was partition by partition: 27 of 30 records
+    # of a 3-partition batch named another record's partition and offset)
+    delivered = [(by_value[v].partition, by_value[v].offset) for v in values]
+    assert [(r.partition, r.offset) for r in sent] == delivered
+    assert [(r.partition, r.offset) for r in sent[100:110]] == delivered[100:110]
+    assert sent.offsets == [offset for _, offset in delivered]
+
+
+async def test_send_batch_futures_with_keys_answer_in_the_order_given(
+    client: headwater.Client, topic_name: str
+) -> None:
+    await client.create_topic(topic_name, partitions=3, dispatch="reliable")
+    keys = [f"key-{i}".encode() for i in range(30)]
+    future = await client.producer(topic_name).send_batch([b"v"] * 30, keys)
+    records = [await record for record in future.futures()]
+    assert [r.partition for r in records] == [partition_for_key(k, 3) for k in keys]
+    offsets: dict[int, list[int]] = {}
+    for record in records:  # each partition's records got its offsets in the order given
+        offsets.setdefault(record.partition, []).append(record.offset)
+    assert all(o == list(range(len(o))) for o in offsets.values()), offsets
 
 
 async def test_send_batch_refuses_a_record_too_large_before_queuing_any(

@@ -58,6 +58,7 @@ def test_topic_create_describe_alter_delete_json(server: ServerProcess, topic_na
     ok("produce", topic_name, "--partition", "1", "d", "e", server=server)
 
     described = as_json("topic", "describe", topic_name, server=server)
+    assert described["partition_count"] == 2
     assert [p["partition"] for p in described["partitions"]] == [0, 1]
     first, second = described["partitions"]
     assert (first["start_offset"], first["next_offset"], second["next_offset"]) == (0, 3, 2)
@@ -130,7 +131,10 @@ def test_alter_refuses_bad_configs(server: ServerProcess, topic_name: str) -> No
     refused("topic", "alter", "no-such-topic", "--config", "fsync=never", server=server,
             says="UNKNOWN_TOPIC")  # fmt: skip
     fast = f"{topic_name}-fast"
-    ok("topic", "create", fast, "--dispatch", "non-reliable", server=server)
+    ok("topic", "create", fast, "--dispatch", "non-reliable", "--partitions", "3", server=server)
+    # a non-reliable topic has no per-partition details, yet its count is there
+    fast_described = as_json("topic", "describe", fast, server=server)
+    assert (fast_described["partition_count"], fast_described["partitions"]) == (3, [])
     refused("topic", "alter", fast, "--config", "retention.ms=1", server=server,
             says="non-reliable")  # fmt: skip
     refused("topic", "alter", fast, "--last-value", server=server, says="non-reliable")

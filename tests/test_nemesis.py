@@ -13,7 +13,10 @@ Then everything heals and an independent checker reads the history the clients s
 - every acknowledged message is read back from earliest, at the offset it was acknowledged with;
 - no (partition, offset) was ever seen with two payloads (acks, deliveries, the final read);
 - the Exclusive subscription never had two clients receiving at once: the spans between the
-  first and the last message each holding received do not overlap across clients.
+  first and the last message each holding received do not overlap across clients;
+- idempotent producers without duplicates: a message of the idempotent producer (one of the
+  two) was never seen at two offsets (its resends after a failover are recognised by the new
+  owner).
 
 `make test` runs a short nemesis (15 s of faults). `make nemesis` runs it for
 HEADWATER_NEMESIS_SECONDS (300 by default there); HEADWATER_NEMESIS_SEED replays a run's faults
@@ -35,6 +38,7 @@ from pathlib import Path
 import pytest
 
 import headwater
+from headwater.client.producer_config import ProducerConfig
 from tests.support.cluster_support import Cluster, running_cluster
 from tests.support.proxy import FaultyProxy
 from tests.support.s3 import MotoS3, free_port
@@ -57,6 +61,7 @@ class History:
     holdings: list[tuple[str, float, float]] = field(default_factory=list)
     faults: list[str] = field(default_factory=list)
     unacked: int = 0
+    idempotent: str = "i-"  # the prefix of the idempotent producer's values
 
     def saw(self, partition: int, offset: int, value: bytes | None) -> None:
         self.seen_at.setdefault((partition, offset), set()).add(value or b"")
@@ -78,6 +83,14 @@ def check(history: History) -> list[str]:
     clashes = {place: values for place, values in history.seen_at.items() if len(values) > 1}
     if clashes:
         problems.append(f"offsets with two payloads: {sorted(clashes.items())[:5]}")
+    places: dict[bytes, set[tuple[int, int]]] = {}
+    for place, values in history.seen_at.items():
+        for value in values:
+            if value.startswith(history.idempotent.encode()):
+                places.setdefault(value, set()).add(place)
+    twice = {value: sorted(found) for value, found in places.items() if len(found) > 1}
+    if twice:
+        problems.append(f"idempotent messages stored twice: {sorted(twice.items())[:5]}")
     spans = sorted(history.holdings, key=lambda h: h[1])
     for i, (client, start, end) in enumerate(spans):
         for other, other_start, other_end in spans[i + 1 :]:
@@ -287,9 +300,10 @@ async def test_nemesis_keeps_every_promise(rig: Rig) -> None:
         for broker in ("b1", "b2", "b3", "b2", "b3"):
             clients.append(await headwater.connect(rig.address(broker), reconnect=True))
         producers, watcher, solo_a, solo_b = clients[1:3], clients[3], clients[4], clients[5]
+        names = ["p0", history.idempotent + "p1"]
         tasks = [
-            asyncio.ensure_future(produce(c, f"p{i}", history, stop))
-            for i, c in enumerate(producers)
+            asyncio.ensure_future(produce(c, name, history, stop))
+            for name, c in zip(names, producers, strict=True)
         ]
         tasks.append(asyncio.ensure_future(watch(watcher, history, stop)))
         tasks.append(asyncio.ensure_future(contend(solo_a, "a", history, stop)))
@@ -305,8 +319,10 @@ async def test_nemesis_keeps_every_promise(rig: Rig) -> None:
         assert not problems, f"seed {SEED}: {problems}; faults: {history.faults}"
         assert len(history.acked) > 50, f"seed {SEED}: too little went through to judge"
         assert history.holdings, f"seed {SEED}: the exclusive subscription was never held"
+        idempotent = sum(v.startswith(history.idempotent.encode()) for v in history.acked)
         print(
-            f"seed {SEED}: {len(history.acked)} acked, {history.unacked} not acked, "
+            f"seed {SEED}: {len(history.acked)} acked ({idempotent} idempotent), "
+            f"{history.unacked} not acked, "
             f"{len(history.final)} read back, {len(history.holdings)} exclusive holdings, "
             f"{len(history.faults)} faults"
         )
@@ -319,7 +335,8 @@ async def test_nemesis_keeps_every_promise(rig: Rig) -> None:
 async def produce(
     client: headwater.Client, name: str, history: History, stop: asyncio.Event
 ) -> None:
-    producer = client.producer(TOPIC)
+    idempotent = name.startswith(history.idempotent)
+    producer = client.producer(TOPIC, ProducerConfig(idempotent=idempotent))
     counter = 0
 
     async def one(value: bytes) -> None:
@@ -431,8 +448,8 @@ async def read_everything(client: headwater.Client, history: History) -> None:
 
 def test_the_checker_sees_each_kind_of_violation() -> None:
     """The checker itself, on made-up histories: a clean one passes, and a lost message, an
-    offset with two payloads and two clients receiving an Exclusive subscription at once are
-    each reported."""
+    offset with two payloads, two clients receiving an Exclusive subscription at once and a
+    message of the idempotent producer at two offsets are each reported."""
     clean = History(acked={b"a": (0, 0)}, final={(0, 0): b"a", (0, 1): b"b"})
     clean.holdings = [("a", 1.0, 2.0), ("b", 2.5, 3.0), ("a", 3.5, 4.0)]
     assert check(clean) == []
@@ -445,3 +462,7 @@ def test_the_checker_sees_each_kind_of_violation() -> None:
     assert any("two payloads" in p for p in check(clash))
     overlap = History(holdings=[("a", 1.0, 3.0), ("b", 2.0, 4.0)])
     assert any("at once" in p for p in check(overlap))
+    twice = History(acked={b"i-p1-0": (0, 0)}, final={(0, 0): b"i-p1-0", (0, 1): b"i-p1-0"})
+    assert any("stored twice" in p for p in check(twice))
+    plain = History(acked={b"p0-0": (0, 0)}, final={(0, 0): b"p0-0", (0, 1): b"p0-0"})
+    assert check(plain) == []  # at-least-once may store a resend twice

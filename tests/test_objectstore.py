@@ -93,6 +93,29 @@ async def _produce_each(client: headwater.Client, topic: str, values: list[bytes
         await (await producer.send(value))
 
 
+async def test_local_deletes_leave_no_empty_directories_and_race_no_put(tmp_path: Path) -> None:
+    """Retention on the local backend left an empty directory for every prefix it emptied (each
+    superseded snapshot's horizon directory); a put racing the delete of its directory's last
+    object still lands."""
+    root = tmp_path / "objects"
+    store = LocalObjectStore(root)
+    await store.put("snapshots/t/0/100/part-0.parquet", b"a")
+    await store.put("snapshots/t/0/100/manifest.json", b"m")
+    await store.put("snapshots/t/0/200/part-0.parquet", b"b")
+    await store.delete("snapshots/t/0/100/part-0.parquet")
+    assert (root / "snapshots/t/0/100").is_dir()  # still holds the manifest
+    await store.delete("snapshots/t/0/100/manifest.json")
+    assert not (root / "snapshots/t/0/100").exists()
+    assert (root / "snapshots/t/0/200").is_dir()
+    await store.delete("snapshots/t/0/200/part-0.parquet")
+    assert [p for p in root.rglob("*")] == [] and root.is_dir()  # the root itself stays
+    for round_ in range(50):  # a put and the delete of the directory's last object, at once
+        await store.put("t/0/old.log", b"x")
+        await asyncio.gather(store.delete("t/0/old.log"), store.put(f"t/0/{round_}.log", b"y"))
+        assert await store.get(f"t/0/{round_}.log") == b"y"
+        await store.delete(f"t/0/{round_}.log")
+
+
 async def test_segments_upload_and_replay_from_s3_after_local_deletion(
     tmp_path: Path, s3: MotoS3, bucket: str
 ) -> None:

@@ -123,6 +123,9 @@ def topic_record(topic: TopicInfo) -> dict[str, Any]:
 
 def describe_json(description: DescribeTopicResponse) -> str:
     record = topic_record(description.topic)
+    # `partitions` is the per-partition array below (as in a subscription's record); the count,
+    # which `topic list` gives as `partitions`, stays here for topics of every dispatch
+    record["partition_count"] = record.pop("partitions")
     record["messages_in"] = description.messages_in
     record["bytes_in"] = description.bytes_in
     record["offsets"] = [

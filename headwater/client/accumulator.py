@@ -123,17 +123,25 @@ class BatchSendFuture:
     an application that must tell which records of a partly failed call were delivered.
     """
 
-    __slots__ = ("_segments", "_topic")
+    __slots__ = ("_placed", "_segments", "_topic")
 
-    def __init__(self, topic: str, segments: list[tuple[ProducerBatch, int, int]]) -> None:
+    def __init__(
+        self,
+        topic: str,
+        segments: list[tuple[ProducerBatch, int, int]],
+        placed: list[int] | None = None,
+    ) -> None:
         self._topic = topic
         self._segments = segments  # (batch, position of the first record, record count)
+        # keyed records are queued partition by partition: placed[i] is where the call's i-th
+        # record sits in the segments' order (None: in the order given)
+        self._placed = placed
 
     def __await__(self) -> Generator[Any, None, SentBatch]:
         responses = []
         for batch, _, _ in self._segments:
             responses.append((yield from batch.result.__await__()))
-        return SentBatch(self._topic, self._segments, responses)
+        return SentBatch(self._topic, self._segments, responses, self._placed)
 
     def __len__(self) -> int:
         return sum(count for _, _, count in self._segments)
@@ -150,11 +158,13 @@ class BatchSendFuture:
         return None
 
     def futures(self) -> list[SendFuture]:
-        return [
+        """One future per record, in the order the records were given."""
+        queued = [
             SendFuture(self._topic, batch, position)
             for batch, first, count in self._segments
             for position in range(first, first + count)
         ]
+        return queued if self._placed is None else [queued[j] for j in self._placed]
 
 
 class SentBatch(Sequence[RecordMetadata]):
@@ -166,8 +176,10 @@ class SentBatch(Sequence[RecordMetadata]):
         topic: str,
         segments: list[tuple[ProducerBatch, int, int]],
         responses: list[m.ProduceResponse],
+        placed: list[int] | None = None,
     ) -> None:
         self._topic = topic
+        self._placed = placed  # as BatchSendFuture's
         # the timestamps, not the batches: a kept SentBatch holds no encoded bytes
         self._parts = [
             (batch.timestamps, first, count, response)
@@ -191,6 +203,8 @@ class SentBatch(Sequence[RecordMetadata]):
             index += self._length
         if not 0 <= index < self._length:
             raise IndexError("record index out of range")
+        if self._placed is not None:
+            index = self._placed[index]
         for timestamps, first, count, response in self._parts:
             if index < count:
                 position = first + index
@@ -209,7 +223,7 @@ class SentBatch(Sequence[RecordMetadata]):
             else:
                 start = response.base_offset + first
                 offsets.extend(range(start, start + count))
-        return offsets
+        return offsets if self._placed is None else [offsets[j] for j in self._placed]
 
 
 class RecordAccumulator:

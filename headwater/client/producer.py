@@ -197,7 +197,12 @@ class Producer:
                 [keys[i] for i in indexes],
                 None if header_lists is None else [header_lists[i] for i in indexes],
             )
-        return BatchSendFuture(self.topic, segments)
+        # the metadata answers in the order given, not partition by partition
+        placed = [0] * count
+        queued = (i for indexes in shares.values() for i in indexes)
+        for position, index in enumerate(queued):
+            placed[index] = position
+        return BatchSendFuture(self.topic, segments, placed)
 
     def _check_sizes(
         self,

@@ -9,8 +9,12 @@ resends a batch with the same numbers after a failure. For each producer the tab
   appended: answer with the offset it got, append nothing;
 - anything else is a gap or a stale retry: `OutOfOrderSequence`, and nothing is appended.
 
-A producer's first batch on a partition must start at sequence 0. `encode`/`decode` let the server
-persist a producer's entry (RocksDB) so a restart keeps deduplicating.
+A producer's first batch on a partition must start at sequence 0, unless the table is not
+`complete`: in a cluster a new owner rebuilds it from the newest part of the partition's log only
+(`server.cluster.cluster_partitions`), so a producer it does not know may have written earlier,
+and its first batch here starts where it is (Kafka accepts any sequence from a producer whose
+state it no longer has the same way). `encode`/`decode` let the server persist a producer's entry
+(RocksDB) so a restart keeps deduplicating.
 """
 
 from __future__ import annotations
@@ -51,10 +55,19 @@ class ProducerEntry:
 class ProducerTable:
     def __init__(self) -> None:
         self.producers: dict[int, ProducerEntry] = {}
+        # False: built from part of the log only, so a producer not in it may start anywhere
+        self.complete = True
+
+    def reset(self, complete: bool) -> None:
+        """Forget every producer (a cluster's new owner, before it rebuilds the table)."""
+        self.producers.clear()
+        self.complete = complete
 
     def check(self, producer_id: int, base_sequence: int, count: int) -> int | None:
         """The original base offset if this batch is a retry of an appended one; None if new."""
         entry = self.producers.get(producer_id)
+        if entry is None and not self.complete:
+            return None  # not in the part of the log the table was built from: new here
         expected = entry.next_sequence if entry else 0
         if base_sequence == expected:
             return None

@@ -83,13 +83,10 @@ BULKY_ELEMENTS = 200
 
 
 def bulky(response: m.Response) -> bool:
-    kind = type(response)
-    if kind is m.ListTopicsResponse:
-        return len(response.topics) > BULKY_ELEMENTS  # type: ignore[union-attr]
-    if kind is m.DescribeTopicResponse:
-        return len(response.subscriptions) > BULKY_ELEMENTS  # type: ignore[union-attr]
-    if kind is m.ListSubscriptionsResponse:
-        return len(response.subscriptions) > BULKY_ELEMENTS  # type: ignore[union-attr]
+    if isinstance(response, m.ListTopicsResponse):
+        return len(response.topics) > BULKY_ELEMENTS
+    if isinstance(response, m.DescribeTopicResponse | m.ListSubscriptionsResponse):
+        return len(response.subscriptions) > BULKY_ELEMENTS
     return False
 
 

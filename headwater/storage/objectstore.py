@@ -59,6 +59,10 @@ def _check_key(key: str) -> None:
         raise StorageError(f"invalid object key {key!r}")
 
 
+# a put whose directory a concurrent delete removes (empty) between mkdir and open tries again
+_DIRECTORY_RACES = 5
+
+
 class LocalObjectStore:
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -77,12 +81,20 @@ class LocalObjectStore:
     @staticmethod
     def _put(path: Path, data: bytes, only_if_absent: bool) -> bool:
         try:
-            created = [d for d in (path.parent, *path.parent.parents) if not d.exists()]
-            path.parent.mkdir(parents=True, exist_ok=True)
-            for directory in reversed(created):
-                fsync_directory(directory.parent)
             temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-            with temporary.open("wb") as file:
+            for attempt in range(_DIRECTORY_RACES):
+                try:
+                    created = [d for d in (path.parent, *path.parent.parents) if not d.exists()]
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    for directory in reversed(created):
+                        fsync_directory(directory.parent)
+                    file = temporary.open("wb")
+                    break
+                except (FileNotFoundError, FileExistsError):
+                    # a delete removed a directory, empty, while we made or used it
+                    if attempt == _DIRECTORY_RACES - 1:
+                        raise
+            with file:
                 file.write(data)
                 file.flush()
                 os.fsync(file.fileno())
@@ -131,8 +143,20 @@ class LocalObjectStore:
         return sorted(found, key=lambda o: o.key)
 
     async def delete(self, key: str) -> None:
-        path = self._path(key)
-        await asyncio.to_thread(path.unlink, True)
+        await asyncio.to_thread(self._delete, self._path(key))
+
+    def _delete(self, path: Path) -> None:
+        """Unlink, then remove the directories the key leaves empty, up to the root: an object
+        store has no directories, and retention (segments, superseded snapshots' horizon
+        directories) left one behind for every prefix it emptied."""
+        path.unlink(missing_ok=True)
+        directory = path.parent
+        while directory != self.root and self.root in directory.parents:
+            try:
+                directory.rmdir()
+            except OSError:  # not empty (or gone): whatever is above it is not empty either
+                return
+            directory = directory.parent
 
     async def close(self) -> None:
         pass

@@ -72,7 +72,7 @@ from headwater.storage.state import (
     key,
 )
 from headwater.storage.uploader import Uploader
-from headwater.storage.wal import PartitionLog
+from headwater.storage.wal import PartitionLog, SealedSegment
 from headwater.wire import messages as m
 from headwater.wire.errors import InvalidRequest, StorageError, TopicExists, UnknownTopic
 from headwater.wire.limits import MAX_PARTITIONS
@@ -119,7 +119,7 @@ class TopicCatalog:
     def state(self) -> StateStore:
         return self._state
 
-    def sealed(self, topic: str, partition: int):  # type: ignore[no-untyped-def]
+    def sealed(self, topic: str, partition: int) -> Callable[[SealedSegment], None]:
         return self._sealed(topic, partition)
 
     def turn(self, name: str) -> Turn:
@@ -202,8 +202,8 @@ class TopicCatalog:
         info = m.TopicInfo(name, partitions, m.DispatchMode.RELIABLE, settings_to_configs(settings))
         return LogTopic(info, settings, logs, self._archive)
 
-    def _sealed(self, topic: str, partition: int):  # type: ignore[no-untyped-def]
-        def enqueue(segment):  # type: ignore[no-untyped-def]
+    def _sealed(self, topic: str, partition: int) -> Callable[[SealedSegment], None]:
+        def enqueue(segment: SealedSegment) -> None:
             if self.uploader is not None:
                 self.uploader.enqueue(topic, partition, segment)
 

@@ -5,7 +5,8 @@ lease-backed owner keys in etcd: `etcd` is its connection (calls with deadlines,
 caches), `layout` the key layout and the rendezvous choice of owners, `assignment` the rebalance
 round, `metadata` the topic and subscription definitions and cursor checkpoints, `coordinator_state`
 what it knows of itself and the `PartitionHandler` it drives, `exclusive_claims` the one holder of
-an Exclusive subscription in the whole cluster, fenced in etcd. On the data side, `cluster_mode`
+an Exclusive subscription in the whole cluster, fenced in etcd, `producer_ids` idempotent-producer
+ids unique in the cluster (blocks taken from a counter in etcd). On the data side, `cluster_mode`
 composes the broker's cluster mode, `cluster_partitions` takes partitions over, hands them off and
 loses them, and `tail_commit` acknowledges a produce once it is in the object store.
 `cluster_metrics` and `cluster_status` report it (the latter straight from etcd)."""

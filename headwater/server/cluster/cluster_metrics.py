@@ -69,3 +69,13 @@ class ClusterCollector(Collector):
         takeovers.add_metric(["rebuilt"], status.get("rebuilt", 0))
         takeovers.add_metric(["kept"], status.get("kept", 0))
         yield takeovers
+        yield CounterMetricFamily(
+            "headwater_cluster_producer_tables_rebuilt",
+            "Idempotent-producer tables rebuilt from the object store after a take-over",
+            value=status.get("producer_tables_rebuilt", 0),
+        )
+        yield CounterMetricFamily(
+            "headwater_cluster_producer_id_blocks",
+            "Blocks of producer ids this broker took from etcd",
+            value=status.get("producer_id_blocks", 0),
+        )

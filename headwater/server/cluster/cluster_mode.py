@@ -91,6 +91,7 @@ class ClusterMode:
         self.exclusive = ExclusiveGate(coordinator, catalog.topics)
         self._catalog = catalog
         self._broker = broker
+        self.producer_ids = coordinator.producer_ids()
         self._collecting: set[asyncio.Task[Any]] = set()
 
     async def start(self) -> None:
@@ -104,7 +105,7 @@ class ClusterMode:
             uploader.publisher = self.partitions
         catalog.subscriptions.created = self._subscription_created
         catalog.subscriptions.deleted = self._subscription_deleted
-        self._broker.enter_cluster(coordinator, self, self.exclusive)
+        self._broker.enter_cluster(coordinator, self, self.exclusive, self.producer_ids)
         coordinator.handler = self.partitions
         coordinator.on_topic = self._on_topic
         coordinator.on_subscription = self._on_subscription
@@ -280,6 +281,8 @@ class ClusterMode:
             chunk_failures=self.committer.failures,
             rebuilt=self.partitions.rebuilt,
             kept=self.partitions.kept,
+            producer_tables_rebuilt=self.partitions.tables_rebuilt,
+            producer_id_blocks=self.producer_ids.blocks,
         )
         return status
 

@@ -15,6 +15,12 @@ The etcd coordinator (`server.cluster`) decides who owns each partition; this mo
   is cleared and caught up (snapshot + log). Then each reliable subscription's cursor for the
   partition is replaced by the checkpoint the previous owner left (unacked messages due again:
   at-least-once).
+- **idempotent producers**: a replaced partition's producer table is rebuilt in the background
+  from the batch headers of the newest part of the log the object store holds (the manifest's
+  last segments, at least `REBUILD_BYTES` of them, and the chunks in place), which carry each
+  batch's producer id and base sequence; idempotent produces to the partition wait for it
+  (`LogPartition.producers_ready`), other produces do not, so the take-over itself costs the
+  same. A kept log keeps its table when that table was complete.
 - **uploads** (`SegmentPublisher`): a sealed segment is uploaded under a name of its own once the
   tail holds all its batches, and counts only once the manifest names it; the chunks below the
   manifest's new end then go.
@@ -41,11 +47,13 @@ from typing import Any, Protocol
 import structlog
 
 from headwater.durables.cursor import PartitionCursor
+from headwater.durables.producers import ProducerTable
 from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.cluster.tail_commit import TailCommitter
 from headwater.server.subscriptions.reliable_subscription import ReliableSubscription
 from headwater.server.topics.topic import LogTopic
 from headwater.server.topics.topic_settings import log_config
+from headwater.storage.archive import READ_BYTES
 from headwater.storage.cloud_tail import Chunk, CloudTail, fold
 from headwater.storage.partition_manifest import (
     Manifest,
@@ -53,9 +61,10 @@ from headwater.storage.partition_manifest import (
     PartitionManifests,
     SegmentEntry,
 )
+from headwater.storage.segments import IndexEntry, batch_location, check_batch
 from headwater.storage.uploader import UploadedSegment
 from headwater.storage.wal import PartitionLog, SealedSegment
-from headwater.wire.errors import StorageError
+from headwater.wire.errors import ObjectNotFound, StorageError
 
 log = structlog.get_logger("headwater.cluster")
 
@@ -64,6 +73,10 @@ _FOLD_READS = 16  # chunk GETs of one fold in flight
 RETIRE_AFTER = 600.0  # seconds an object the manifest no longer names stays readable
 _RETRY_INITIAL = 0.05
 _RETRY_MAX = 5.0
+# a producer table is rebuilt from at least this much of the newest segments (plus the chunks
+# above them): a producer's retries are of its newest batches, which are there
+REBUILD_BYTES = 16 << 20
+_REBUILD_READS = 1_000_000  # bounds a rebuild's loop of reads (each moves past one batch at least)
 
 
 class Checkpoints(Protocol):
@@ -122,6 +135,10 @@ class ClusterPartitions:
         self._task: asyncio.Task[None] | None = None
         self.rebuilt = 0
         self.kept = 0
+        # partitions whose producer table is complete for the local log (rebuilt, then kept up
+        # by our own appends): a take-over that keeps the log keeps it
+        self._tables: set[tuple[str, int]] = set()
+        self.tables_rebuilt = 0
         self.wake: Callable[[], None] = lambda: None
 
     def start(self) -> None:
@@ -170,7 +187,10 @@ class ClusterPartitions:
         if found is None:
             raise LookupError(f"topic {topic!r} is not known here yet")
         if not isinstance(found, LogTopic):
-            return  # non-reliable: nothing is kept, nothing to take over
+            # non-reliable: nothing is kept, nothing to take over; what we knew of its producers
+            # is stale (another broker may have served it since), and they may start anywhere
+            found.partitions[partition].producers.reset(complete=False)
+            return
         started = time.monotonic()
         key = (topic, partition)
         await self._committer.settle(topic, partition)
@@ -213,6 +233,8 @@ class ClusterPartitions:
             self.kept += 1
             self._in_place.pop(key, None)
             self._adopt(topic, partition, manifest)
+            if key not in self._tables:  # its rebuild did not finish: again
+                self._rebuild_producers(found, partition, end, epoch, manifest, run)
         else:
             # read in place, not downloaded: a take-over costs the same whatever the tail
             self._in_place[key] = [
@@ -228,6 +250,7 @@ class ClusterPartitions:
             ]
             await self._restart(found, partition, end, manifest)
             self.rebuilt += 1
+            self._rebuild_producers(found, partition, end, epoch, manifest, run)
         self._verified[key] = end
         self._unfolded[key] = len(run)
         await self._load_cursors(found, partition, since)
@@ -260,8 +283,191 @@ class ClusterPartitions:
         self._verified.pop((topic, partition), None)
         self._manifest.pop((topic, partition), None)
         self._in_place.pop((topic, partition), None)
+        self._tables.discard((topic, partition))
         self._signal_moved()
         log.warning("cluster.partition_lost", topic=topic, partition=partition)
+
+    # Idempotent producers
+
+    def _rebuild_producers(
+        self,
+        topic: LogTopic,
+        partition: int,
+        end: int,
+        epoch: int,
+        manifest: Manifest,
+        chunks: list[Chunk],
+    ) -> None:
+        """Forget the partition's producers and rebuild them in the background from the log
+        below `end`; idempotent produces wait for `producers_ready` meanwhile."""
+        holder = topic.partitions[partition]
+        self._tables.discard((topic.name, partition))
+        holder.producers.reset(complete=False)
+        previous = holder.producers_ready
+        ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        holder.producers_ready = ready
+        if previous is not None and not previous.done():
+            previous.set_result(None)  # its waiters look again, and find this one
+        self._spawn(self._rebuild(topic, partition, manifest, chunks, end, epoch, ready))
+
+    async def _rebuild(
+        self,
+        topic: LogTopic,
+        partition: int,
+        manifest: Manifest,
+        chunks: list[Chunk],
+        end: int,
+        epoch: int,
+        ready: asyncio.Future[None],
+    ) -> None:
+        """Retried with doubling delays while the partition is ours under `epoch` and no later
+        take-over started another rebuild; `ready` is done in every case (its waiters then find
+        the partition not served, or the next rebuild)."""
+        holder = topic.partitions[partition]
+        started = time.monotonic()
+        delay = _RETRY_INITIAL
+        try:
+            while (
+                holder.producers_ready is ready
+                and self._checkpoints.epoch(topic.name, partition) == epoch
+            ):
+                try:
+                    start = await _rebuild_start(topic, partition, manifest)
+                    table, batches = await self._scan_producers(
+                        topic, partition, start, end, chunks
+                    )
+                except (StorageError, ValueError) as exc:
+                    log.warning(
+                        "cluster.producers_rebuild_failed",
+                        topic=topic.name,
+                        partition=partition,
+                        error=str(exc),
+                    )
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, _RETRY_MAX)
+                    continue
+                if holder.producers_ready is not ready:
+                    return
+                # nothing idempotent was appended meanwhile (those produces waited), so the
+                # table is still empty: it becomes the one rebuilt
+                holder.producers.producers.update(table.producers)
+                self._tables.add((topic.name, partition))
+                self.tables_rebuilt += 1
+                log.info(
+                    "cluster.producers_rebuilt",
+                    topic=topic.name,
+                    partition=partition,
+                    first=start,
+                    end=end,
+                    batches=batches,
+                    producers=len(table.producers),
+                    ms=round((time.monotonic() - started) * 1000, 1),
+                )
+                return
+        finally:
+            if not ready.done():
+                ready.set_result(None)
+
+    async def _scan_producers(
+        self, topic: LogTopic, partition: int, start: int, end: int, chunks: list[Chunk]
+    ) -> tuple[ProducerTable, int]:
+        """The producers of the batches in [start, end), from their headers: the segments read
+        as every reader of the log reads them, the chunks in place `_FOLD_READS` at a time (a
+        take-over can find `fold_chunks` of them: one after the other, 500 GETs took seconds)."""
+        table = ProducerTable()
+        scan = _Scan(table, end)
+        floor = min(chunks[0].first, end) if chunks else end
+        await self._scan_segments(topic, partition, start, floor, scan)
+        if scan.offset < end and chunks:
+            gate = asyncio.Semaphore(_FOLD_READS)
+
+            async def read(chunk: Chunk) -> list[bytes]:
+                async with gate:
+                    return await self._tail.read(topic.name, partition, chunk)
+
+            found = await asyncio.gather(*map(read, chunks), return_exceptions=True)
+            for batches in found:
+                # a chunk folded and collected meanwhile (ObjectNotFound), or damaged: the
+                # reads below go on from there, through the fold, over damage as readers do
+                if isinstance(batches, (ObjectNotFound, ValueError)):
+                    break
+                if isinstance(batches, BaseException):
+                    raise batches
+                if not all(check_batch(b, 0, len(b), 0) for b in batches):
+                    break
+                if not scan.add(batches):
+                    break
+        await self._scan_reads(topic, partition, scan.offset, end, scan)
+        return table, scan.batches
+
+    async def _scan_segments(
+        self, topic: LogTopic, partition: int, start: int, floor: int, scan: _Scan
+    ) -> None:
+        """[start, floor) from the manifest's segments: their sparse indexes, then ranged reads
+        from index entries about `READ_BYTES` apart, each `_FOLD_READS` at a time (one after
+        the other, 16 MiB of small folded segments is dozens of round trips), then the ordinary
+        reads for whatever they left out (a read that failed or met damage, the gaps between)."""
+        scan.offset = max(scan.offset, start)
+        archive = topic.archive
+        if archive is None or start >= floor:
+            return await self._scan_reads(topic, partition, start, floor, scan)
+        # the segments holding [start, floor), then their indexes, all at once
+        firsts: list[int] = []
+        offset = start
+        for _ in range(_REBUILD_READS):
+            if offset >= floor:
+                break
+            firsts.append(offset)
+            following = archive.next_after(topic.name, partition, offset)
+            if following is None or following <= offset:
+                break
+            offset = following
+        gate = asyncio.Semaphore(_FOLD_READS)
+
+        async def index(at: int) -> tuple[int, list[IndexEntry]] | None:
+            async with gate:
+                return await archive.segment_index(topic.name, partition, at)
+
+        starts: list[int] = []
+        for first, found in zip(
+            firsts, await asyncio.gather(*map(index, firsts), return_exceptions=True), strict=True
+        ):
+            starts.append(first)
+            if found is None or isinstance(found, BaseException):
+                continue  # the ordinary reads go over it
+            entries = found[1]
+            position = next((e.position for e in entries if e.offset >= first), 0)
+            for entry in entries:
+                if first < entry.offset < floor and entry.position - position >= READ_BYTES:
+                    starts.append(entry.offset)
+                    position = entry.position
+
+        async def read(at: int) -> list[bytes]:
+            async with gate:
+                return (await archive.read_span(topic.name, partition, at)).batches
+
+        found_reads = await asyncio.gather(*map(read, starts), return_exceptions=True)
+        for batches in found_reads:
+            if isinstance(batches, BaseException) or not batches:
+                continue  # the ordinary reads below go over it
+            first = batch_location(batches[0], 0).base_offset
+            if first > scan.offset:  # a gap before it: the ordinary reads fill it
+                await self._scan_reads(topic, partition, scan.offset, min(first, floor), scan)
+            if scan.offset >= floor or not scan.add(batches):
+                break
+        await self._scan_reads(topic, partition, scan.offset, floor, scan)
+
+    @staticmethod
+    async def _scan_reads(
+        topic: LogTopic, partition: int, start: int, end: int, scan: _Scan
+    ) -> None:
+        scan.offset = max(scan.offset, start)
+        for _ in range(_REBUILD_READS):
+            if scan.offset >= end:
+                return
+            found = await topic.read(partition, scan.offset)
+            if not found or not scan.add(found):
+                return
 
     # Take-over
 
@@ -285,7 +491,6 @@ class ClusterPartitions:
         for listener in listeners:
             fresh.add_append_listener(listener)
         holder.log = fresh
-        holder.producers.producers.clear()  # the previous owner's sequences are not known here
         index = topic.last_value
         if index is not None:
             index.restart_partition(partition)
@@ -572,6 +777,55 @@ class ClusterPartitions:
                 checkpoint_key(topic, subscription.name, partition), data
             )
             self._written[ident] = data
+
+
+class _Scan:
+    """A rebuild's progress: batches below `offset` are in the table."""
+
+    def __init__(self, table: ProducerTable, end: int) -> None:
+        self.table = table
+        self.end = end
+        self.offset = 0
+        self.batches = 0
+
+    def add(self, batches: list[bytes]) -> bool:
+        """Record the batches past `offset` and below the end; False once at the end."""
+        for batch in batches:
+            where = batch_location(batch, 0)
+            if where.base_offset >= self.end:
+                self.offset = self.end
+                return False
+            if where.next_offset <= self.offset:
+                continue  # (a chunk may begin below where the segments end)
+            self.batches += 1
+            if where.producer_id >= 0:
+                count = where.next_offset - where.base_offset
+                self.table.recover(where.producer_id, where.base_sequence, count, where.base_offset)
+            self.offset = where.next_offset
+        return True
+
+
+async def _rebuild_start(topic: LogTopic, partition: int, manifest: Manifest) -> int:
+    """Where a producer table's rebuild reads from: the last `REBUILD_BYTES` of the newest
+    segments (from an entry of the sparse index of the segment that holds more; all of them if
+    they hold less), then the chunks above them."""
+    held = 0
+    start = manifest.end
+    for segment in reversed(manifest.segments):
+        start = segment.first
+        if held + segment.size < REBUILD_BYTES:
+            held += segment.size
+            continue
+        skip_to = segment.size - (REBUILD_BYTES - held)
+        found = None
+        if topic.archive is not None:
+            found = await topic.archive.segment_index(topic.name, partition, segment.first)
+        entries = found[1] if found is not None else []
+        later = [e.offset for e in entries if e.position >= skip_to and e.offset >= segment.first]
+        if later:
+            start = later[0]
+        break
+    return start
 
 
 def _reliable(topic: LogTopic) -> list[ReliableSubscription]:

@@ -7,6 +7,8 @@ Everything lives under one prefix (default `/headwater`):
     <prefix>/topics/<topic>                      the topic's definition (JSON)
     <prefix>/subscriptions/<topic>/<name>        a subscription's definition (JSON)
     <prefix>/checkpoints/<key>                   bytes (cursors), the data path's keys
+    <prefix>/producer-ids                        the next idempotent-producer id not yet
+                                                 given to a broker (decimal)
 
 Topic names never hold "/" (wire.names), so `<topic>/<rest>` splits at the first "/". Pure
 functions only: the coordinator and `headwater cluster status` share them.
@@ -50,6 +52,9 @@ class Layout:
 
     def subscriptions_of(self, topic: str) -> bytes:
         return self.root("subscriptions") + f"{topic}/".encode()
+
+    def producer_ids(self) -> bytes:
+        return f"{self.prefix.rstrip('/')}/producer-ids".encode()
 
     def checkpoint(self, key: str) -> bytes:
         return self.root("checkpoints") + key.encode()

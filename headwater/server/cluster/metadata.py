@@ -17,6 +17,7 @@ from typing import Any
 
 from headwater.server.cluster.etcd import Entry, EtcdSession, EtcdUnavailable
 from headwater.server.cluster.layout import MAX_CHECKPOINT_BYTES, Layout, decode, encode
+from headwater.server.cluster.producer_ids import ClusterProducerIds
 from headwater.wire.errors import StorageError
 
 TopicCallback = Callable[[str, dict[str, Any] | None], Awaitable[None]]
@@ -206,6 +207,12 @@ class Metadata:
             self._subscriptions.setdefault(topic, {})[name] = definition
         if self.on_subscription is not None:
             await self.on_subscription(topic, name, definition)
+
+    # idempotent producers
+
+    def producer_ids(self) -> ClusterProducerIds:
+        """Producer ids unique in the whole cluster, from a counter in etcd."""
+        return ClusterProducerIds(self._etcd, self._layout.producer_ids())
 
     # checkpoints
 

@@ -17,13 +17,22 @@ topic up once the turn is its own: a request that lost a race with a delete gets
 never a half-made subscription on a deleted topic. What a handler does in its turn is its work
 (`AfterWork`); its durability wait (`AfterDurable`) comes after the turn is given up, so the
 produces queued behind it do not wait for its fsync.
+
+Idempotent produces in a cluster (docs/CLUSTER.md) may have to wait before their sequence can be
+checked: for the partition's producer table, which a new owner rebuilds from the object store in
+the background (`LogPartition.producers_ready`), or for a read of etcd's producer-id counter (an
+id another broker issued since this one last looked). Such a produce waits in its partition's
+queue of waiting idempotent produces, and every later idempotent produce to the partition queues
+behind it until the queue is empty, so a producer's batches are still checked and appended in the
+order they came; non-idempotent produces never wait.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
-from collections.abc import Callable
-from typing import Any, overload
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, overload
 
 from headwater.durables.producers import ProducerTable
 from headwater.server.catalog.topic_catalog import TopicCatalog
@@ -60,7 +69,7 @@ from headwater.wire import messages as m
 from headwater.wire.errors import (
     InvalidRequest,
     InvalidTopicName,
-    NotSupported,
+    StorageError,
     UnknownProducerId,
     UnknownTopic,
 )
@@ -75,6 +84,20 @@ from headwater.wire.records import (
 )
 
 Handler = Callable[[Session, Any], Reply]
+
+# how long an idempotent produce waits for its partition's producer table or the producer-id
+# counter before it is answered STORAGE_ERROR (retriable: the producer resends the same batch)
+PRODUCER_WAIT = 10.0
+
+
+class ClusterIds(Protocol):
+    """Producer ids issued by the whole cluster (`server.cluster.producer_ids`)."""
+
+    async def issue(self) -> int: ...
+
+    def issued(self, producer_id: int) -> bool: ...
+
+    def refresh(self) -> Awaitable[None]: ...
 
 
 class Broker:
@@ -95,6 +118,10 @@ class Broker:
         self.admin = AdminHandlers(catalog, config.data_dir, connections, self.memory)
         self.maps = MapHandlers(catalog)
         self.gate: Ownership | None = None  # a cluster's ownership (enter_cluster)
+        self.cluster_ids: ClusterIds | None = None  # a cluster's producer ids (enter_cluster)
+        # (topic, partition) -> the last idempotent produce waiting there: later ones queue
+        # behind it, so a producer's batches keep their order (module docstring)
+        self._waiting: dict[tuple[str, int], asyncio.Future[None]] = {}
         self.definitions: TopicDefinitions = LocalTopics(catalog)
         consumers = self.consumers
         schemas = SchemaHandlers(catalog.schemas, catalog.topics)
@@ -206,6 +233,21 @@ class Broker:
         if info.producer_id < 0:
             base_offset, _ = topic.accept(partition, request.batch, info.record_count, False)
             return m.ProduceResponse(partition.index, base_offset)
+        return self._idempotent(
+            topic,
+            partition,
+            request,
+            info,
+            lambda: self._publish_idempotent(topic, partition, request, info),
+        )
+
+    def _publish_idempotent(
+        self,
+        topic: MemoryTopic,
+        partition: MemoryPartition,
+        request: m.ProduceRequest,
+        info: BatchInfo,
+    ) -> Reply:
         original = self._check_producer(request, info, partition.producers)
         if original is not None:  # a retry of a batch already appended
             return m.ProduceResponse(partition.index, original)
@@ -230,6 +272,22 @@ class Broker:
             )
             response = m.ProduceResponse(partition.index, base_offset)
             return response if durable is None else AfterDurable(response, durable)
+        return self._idempotent(
+            topic,
+            partition,
+            request,
+            info,
+            lambda: self._append_idempotent(topic, partition, request, info, committed),
+        )
+
+    def _append_idempotent(
+        self,
+        topic: LogTopic,
+        partition: LogPartition,
+        request: m.ProduceRequest,
+        info: BatchInfo,
+        committed: bool,
+    ) -> Reply:
         original = self._check_producer(request, info, partition.producers)
         if original is not None:  # a retry of a batch already appended
             return m.ProduceResponse(partition.index, original)
@@ -258,11 +316,17 @@ class Broker:
         return partition
 
     def enter_cluster(
-        self, ownership: Ownership, definitions: TopicDefinitions, exclusive: SubscribeGate
+        self,
+        ownership: Ownership,
+        definitions: TopicDefinitions,
+        exclusive: SubscribeGate,
+        producer_ids: ClusterIds,
     ) -> None:
         """Serve only the partitions `ownership` gives this broker, define topics through
-        `definitions` and attach consumers through `exclusive` (a cluster's; docs/CLUSTER.md)."""
+        `definitions`, attach consumers through `exclusive` and issue producer ids from
+        `producer_ids` (a cluster's; docs/CLUSTER.md)."""
         self.gate = ownership
+        self.cluster_ids = producer_ids
         self.ownership = ownership
         self._handlers[m.LookupRequest] = LookupHandler(ownership, self.catalog.topics).lookup
         self.definitions = definitions
@@ -278,17 +342,98 @@ class Broker:
         """The original offset if this batch retries an appended one; None if it is new."""
         if request.partition == -1:
             raise InvalidRequest("an idempotent producer must name the partition")
-        if not self.catalog.producers.issued(info.producer_id):
+        if not self._issued(info.producer_id):
             raise UnknownProducerId(f"producer id {info.producer_id} was not issued by this server")
         return producers.check(info.producer_id, info.base_sequence, info.record_count)
 
+    def _issued(self, producer_id: int) -> bool:
+        if self.cluster_ids is not None:  # issued by any broker of the cluster
+            return self.cluster_ids.issued(producer_id)
+        return self.catalog.producers.issued(producer_id)
+
+    def _idempotent(
+        self,
+        topic: Topic,
+        partition: MemoryPartition | LogPartition,
+        request: m.ProduceRequest,
+        info: BatchInfo,
+        go: Callable[[], Reply],
+    ) -> Reply:
+        """`go()` (check the sequence and append) now, or once what the batch waits for is
+        there and the idempotent produces queued before it on the partition are done."""
+        key = (topic.name, partition.index)
+        if key not in self._waiting and not self._must_wait(partition, info.producer_id):
+            return go()
+        if request.partition == -1:
+            raise InvalidRequest("an idempotent producer must name the partition")
+        previous = self._waiting.get(key)
+        mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting[key] = mine
+        return AfterWork(self._queued(key, previous, mine, topic, partition, info, go))
+
+    def _must_wait(self, partition: MemoryPartition | LogPartition, producer_id: int) -> bool:
+        if self._table_wait(partition) is not None:
+            return True
+        return self.cluster_ids is not None and not self.cluster_ids.issued(producer_id)
+
+    @staticmethod
+    def _table_wait(partition: MemoryPartition | LogPartition) -> asyncio.Future[None] | None:
+        ready = partition.producers_ready
+        return ready if ready is not None and not ready.done() else None
+
+    async def _queued(
+        self,
+        key: tuple[str, int],
+        previous: asyncio.Future[None] | None,
+        mine: asyncio.Future[None],
+        topic: Topic,
+        partition: MemoryPartition | LogPartition,
+        info: BatchInfo,
+        go: Callable[[], Reply],
+    ) -> Reply:
+        try:
+            deadline = asyncio.get_running_loop().time() + PRODUCER_WAIT
+            if previous is not None:
+                await asyncio.wait([previous])  # (never cancels it: it is not ours)
+            # bounded: a table rebuilt again (the partition lost and taken over meanwhile)
+            for _ in range(8):
+                wait = self._table_wait(partition)
+                if wait is None:
+                    break
+                await self._bounded(asyncio.shield(wait), deadline, key)
+            if self.cluster_ids is not None and not self.cluster_ids.issued(info.producer_id):
+                # issued by another broker after this one last read the counter
+                await self._bounded(self.cluster_ids.refresh(), deadline, key)
+            if self.catalog.topics.get(topic.name) is not topic:
+                raise UnknownTopic(f"topic {topic.name!r} does not exist")
+            if self.gate is not None and not self.gate.serves(topic.name, partition.index):
+                raise not_owner(self.gate, topic.name, partition.index)
+            return go()
+        finally:
+            mine.set_result(None)
+            if self._waiting.get(key) is mine:
+                del self._waiting[key]
+
+    @staticmethod
+    async def _bounded(wait: Awaitable[None], deadline: float, key: tuple[str, int]) -> None:
+        remaining = deadline - asyncio.get_running_loop().time()
+        try:
+            await asyncio.wait_for(wait, max(remaining, 0.001))
+        except TimeoutError:
+            topic, partition = key
+            raise StorageError(
+                f"{topic}/{partition}: the idempotent producers' state is not ready yet"
+            ) from None
+
     def init_producer_id(self, session: Session, request: m.InitProducerIdRequest) -> Reply:
-        if self.gate is not None:  # a cluster
-            # ids are counted per broker, and a partition's sequences stay with its old owner:
-            # a moved partition would take another producer's retry for a duplicate and drop it
-            raise NotSupported("idempotent producers are not supported in a cluster yet")
+        if self.cluster_ids is not None:  # a cluster: from etcd, unique in the whole cluster
+            return AfterWork(self._cluster_producer_id(self.cluster_ids))
         producer_id, durable = self.catalog.producers.issue()
         return AfterDurable(m.InitProducerIdResponse(producer_id, 0), durable)
+
+    @staticmethod
+    async def _cluster_producer_id(ids: ClusterIds) -> Reply:
+        return m.InitProducerIdResponse(await ids.issue(), 0)
 
     # Admin
 

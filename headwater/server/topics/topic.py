@@ -20,6 +20,7 @@ topic's configs, each offline partition with its reason and the damage counters.
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import struct
 from collections.abc import Awaitable
@@ -52,6 +53,7 @@ class MemoryPartition:
     index: int
     next_offset: int = 0  # offsets restart at 0 with the server
     producers: ProducerTable = field(default_factory=ProducerTable)
+    producers_ready: asyncio.Future[None] | None = None  # (never set: nothing to rebuild)
 
 
 @dataclass(slots=True)
@@ -59,6 +61,9 @@ class LogPartition:
     index: int
     log: PartitionLog
     producers: ProducerTable = field(default_factory=ProducerTable)
+    # in a cluster, pending while a new owner rebuilds `producers` from the object store:
+    # idempotent produces to the partition wait for it (server.requests.broker)
+    producers_ready: asyncio.Future[None] | None = None
     skipped: int = 0  # reads that had to skip damaged or missing data
 
     @property

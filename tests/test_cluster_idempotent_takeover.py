@@ -1,0 +1,277 @@
+"""A new owner's idempotent-producer table, on real parts (a topic catalog on disk, the cloud
+tail and manifests over the local object store backend, the tail committer, the broker's produce
+path) with an in-memory stand-in for etcd.
+
+The previous owner stored a producer's batches in a segment and a tail chunk. The take-over
+restarts the log at their end and rebuilds the table from both (the chunk read in place), in the
+background: a plain produce is answered at once meanwhile, the producer's retry of a stored
+batch and its next batch wait for the rebuild and are then answered in the order they came (the
+retry with its original offset, appended nothing), and so is one that comes as the rebuild ends,
+behind them. A later take-over that keeps the log keeps the table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import headwater
+from headwater.server.catalog.topic_catalog import TopicCatalog
+from headwater.server.cluster.cluster_mode import CloudDurability
+from headwater.server.cluster.cluster_partitions import ClusterPartitions
+from headwater.server.cluster.tail_commit import TailCommitter
+from headwater.server.config import ObjectStoreConfig, ServerConfig
+from headwater.server.reply import AfterWork, Waiting, resolve
+from headwater.server.requests.broker import Broker
+from headwater.server.requests.partition_ownership import BrokerAddress
+from headwater.server.topics.topic import LogTopic
+from headwater.storage.archive import ObjectArchive
+from headwater.storage.cloud_tail import Chunk, CloudTail, fold
+from headwater.storage.objectstore import LocalObjectStore
+from headwater.storage.partition_manifest import PartitionManifests, SegmentEntry
+from headwater.storage.reader import LogRead
+from headwater.storage.segments import batch_location
+from headwater.storage.state import StateStore
+from headwater.storage.uploader import Uploader
+from headwater.wire import messages as m
+from headwater.wire.records import BatchBuilder, build_batch, stamp_base_offset
+
+TOPIC = "orders"
+PREVIOUS_EPOCH = 3
+PRODUCER = 5
+THIS = BrokerAddress("b2", "127.0.0.1", 1)
+
+
+def idempotent(sequence: int, *values: bytes, base: int | None = None) -> bytes:
+    builder = BatchBuilder(producer_id=PRODUCER, producer_epoch=0, base_sequence=sequence)
+    for value in values:
+        builder.append(None, value)
+    batch = bytearray(builder.build())
+    if base is not None:
+        stamp_base_offset(batch, base)
+    return bytes(batch)
+
+
+class Etcd:
+    """Ownership, checkpoints and producer ids for one partition owned here."""
+
+    def __init__(self) -> None:
+        self.current: int | None = None
+
+    async def put_checkpoint(self, key: str, value: bytes) -> None:
+        pass
+
+    async def get_checkpoint(self, key: str, since: int = 0) -> bytes | None:
+        return None
+
+    def incarnation(self, name: str) -> int:
+        return 0
+
+    def owned(self) -> list[tuple[str, int]]:
+        return [(TOPIC, 0)] if self.current is not None else []
+
+    def epoch(self, topic: str, partition: int) -> int | None:
+        return self.current if (topic, partition) == (TOPIC, 0) else None
+
+    def serves(self, topic: str, partition: int) -> bool:
+        return self.epoch(topic, partition) is not None
+
+    def owner(self, topic: str, partition: int) -> BrokerAddress | None:
+        return THIS if self.serves(topic, partition) else None
+
+    this_broker = THIS
+
+    # producer ids: every id below 100 was issued
+    async def issue(self) -> int:
+        return 0
+
+    def issued(self, producer_id: int) -> bool:
+        return 0 <= producer_id < 100
+
+    async def refresh(self) -> None:
+        pass
+
+
+@dataclass
+class Owner:
+    """This broker, built as serve.py and ClusterMode build it, over the previous owner's data."""
+
+    broker: Broker
+    partitions: ClusterPartitions
+    topic: LogTopic
+    tail: CloudTail
+    etcd: Etcd
+
+
+@contextlib.asynccontextmanager
+async def new_owner(
+    tmp_path: Path, segments: list[list[bytes]], chunk: tuple[int, int, bytes]
+) -> AsyncIterator[Owner]:
+    """The previous owner's `segments` (stamped batches from offset 0 on, each list folded into
+    a segment the manifest names) and `chunk` (first, end, a stamped batch) in the tail above."""
+    store = LocalObjectStore(tmp_path / "objects")
+    tail = CloudTail(store)
+    manifests = PartitionManifests(store)
+    claimed = await manifests.claim(TOPIC, 0, PREVIOUS_EPOCH)
+    await tail.mark_epoch(TOPIC, 0, PREVIOUS_EPOCH, 0)
+    known = claimed
+    for number, batches in enumerate(segments):
+        data, index = fold(batches)
+        base = batch_location(batches[0], 0).base_offset
+        segment_end = batch_location(batches[-1], 0).next_offset
+        name = f"{TOPIC}/0/{base:020d}-{PREVIOUS_EPOCH:020d}-folded{number}"
+        await store.put(f"{name}.index", index)
+        await store.put(f"{name}.log", data)
+        entry = SegmentEntry(base, segment_end, base, name, len(data))
+        known = await manifests.add(TOPIC, 0, PREVIOUS_EPOCH, entry, known)
+    first, end, batch = chunk
+    await tail.put(TOPIC, 0, Chunk(first, end, PREVIOUS_EPOCH), batch)
+
+    config = ServerConfig(
+        data_dir=tmp_path / "data",
+        object_store=ObjectStoreConfig(backend="local", path=tmp_path / "objects"),
+    )
+    state = StateStore(tmp_path / "data" / "state")
+    uploader = Uploader(store, state, 0.01, 0.1)
+    catalog = TopicCatalog(config, state, uploader, ObjectArchive(store, uploader))
+    etcd = Etcd()
+    committer = TailCommitter(
+        tail, 0.001, etcd.serves, etcd.epoch, lambda t, p: headwater.NotOwner("owner=none")
+    )
+    partitions = ClusterPartitions(catalog, tail, committer, etcd, etcd.serves)
+    committer.on_stored = partitions.stored
+    uploader.may_upload = etcd.serves
+    uploader.purges = False
+    uploader.publisher = partitions
+    uploader.start()
+    broker = Broker(config, catalog)
+    broker.gate = cast(Any, etcd)
+    broker.cluster_ids = etcd
+    try:
+        await catalog.open()
+        topic = await catalog.create_topic(
+            m.CreateTopicRequest(
+                TOPIC, 1, m.DispatchMode.RELIABLE, (m.ConfigEntry("fsync", "never"),)
+            )
+        )
+        assert isinstance(topic, LogTopic)
+        topic.durable = CloudDurability(committer, partitions)
+        yield Owner(broker, partitions, topic, tail, etcd)
+    finally:
+        etcd.current = None
+        await partitions.close()
+        committer.reset(TOPIC, 0)
+        await committer.settle(TOPIC, 0)
+        await catalog.close()
+        await store.close()
+        state.close()
+
+
+async def test_idempotent_produces_wait_for_the_rebuild_in_order_and_others_do_not(
+    tmp_path: Path,
+) -> None:
+    # the previous owner stored sequences 0-1 at offsets [0, 2), folded into a segment the
+    # manifest names, and 2-4 at [2, 5) in a tail chunk
+    retried = idempotent(2, b"c", b"d", b"e")
+    segment = [idempotent(0, b"a", b"b", base=0)]
+    chunk = (2, 5, idempotent(2, b"c", b"d", b"e", base=2))
+    async with new_owner(tmp_path, [segment], chunk) as o:
+        broker, partitions, topic, tail, etcd = o.broker, o.partitions, o.topic, o.tail, o.etcd
+        session = cast(Any, None)
+        # the rebuild's reads wait until the test lets them go
+        reads_go = asyncio.Event()
+        read = topic.read
+
+        async def held_read(partition: int, offset: int) -> list[bytes]:
+            await reads_go.wait()
+            return await read(partition, offset)
+
+        topic.read = held_read  # type: ignore[method-assign]
+        read_chunk = tail.read
+
+        async def held_chunk(name: str, partition: int, chunk: Chunk) -> list[bytes]:
+            await reads_go.wait()
+            return await read_chunk(name, partition, chunk)
+
+        tail.read = held_chunk  # type: ignore[method-assign]
+
+        etcd.current = 7
+        await partitions.acquire(TOPIC, 0, 7)
+        holder = topic.partitions[0]
+        assert holder.log.start_offset == 5  # restarted at the chain's end, [0, 5) in place
+        assert holder.producers_ready is not None and not holder.producers_ready.done()
+
+        # a plain produce does not wait for the rebuild
+        plain = broker.handle(session, m.ProduceRequest(TOPIC, 0, build_batch([(None, b"p", ())])))
+        assert not isinstance(plain, AfterWork)
+        # the producer's retry of its stored batch, then its next one: both wait
+        retry = broker.handle(session, m.ProduceRequest(TOPIC, 0, retried))
+        following = broker.handle(session, m.ProduceRequest(TOPIC, 0, idempotent(5, b"f")))
+        assert isinstance(retry, Waiting) and isinstance(following, Waiting)
+        answers = [asyncio.ensure_future(resolve(r)) for r in (retry, following)]
+        assert await resolve(plain) == m.ProduceResponse(0, 5)
+        assert not any(a.done() for a in answers)
+
+        reads_go.set()
+        ready = holder.producers_ready
+        await ready
+        # the table is ready, the waiting produces have not run yet: one coming now queues
+        # behind them (checked first, it would be a gap: sequence 6 before 5)
+        last = broker.handle(session, m.ProduceRequest(TOPIC, 0, idempotent(6, b"g")))
+        assert isinstance(last, AfterWork)
+        assert await asyncio.wait_for(answers[0], 10) == m.ProduceResponse(0, 2)  # a duplicate
+        assert await asyncio.wait_for(answers[1], 10) == m.ProduceResponse(0, 6)  # next offset
+        assert await asyncio.wait_for(resolve(last), 10) == m.ProduceResponse(0, 7)
+        assert holder.log.next_offset == 8  # the retry appended nothing
+        # the batch in the segment is known too
+        first = broker.handle(session, m.ProduceRequest(TOPIC, 0, idempotent(0, b"a", b"b")))
+        assert first == m.ProduceResponse(0, 0)
+
+        # a take-over that keeps the log (nothing stored elsewhere since) keeps the table: the
+        # retry is answered at once from it
+        await partitions.release(TOPIC, 0)
+        etcd.current = 9
+        await partitions.acquire(TOPIC, 0, 9)
+        assert partitions.kept == 1
+        again = broker.handle(session, m.ProduceRequest(TOPIC, 0, idempotent(6, b"g")))
+        assert again == m.ProduceResponse(0, 7)
+
+
+async def test_a_rebuild_reads_a_large_segment_in_parallel_ranges_and_misses_no_batch(
+    tmp_path: Path,
+) -> None:
+    """12 batches of 800 KB in three segments (their indexes, then ranges from several index
+    entries, read at once) and one in the chunk: the table holds every one of them, in order."""
+    value = b"v" * 400_000
+    batches = [idempotent(2 * k, value, value, base=2 * k) for k in range(12)]
+    chunk = (24, 27, idempotent(24, b"c", b"d", b"e", base=24))
+    async with new_owner(tmp_path, [batches[:4], batches[4:8], batches[8:]], chunk) as owner:
+        archive = owner.topic.archive
+        assert archive is not None
+        read_span = archive.read_span
+        reads: list[int] = []
+        in_flight = [0, 0]  # now, most at once
+
+        async def counted(topic: str, partition: int, offset: int) -> LogRead:
+            reads.append(offset)
+            in_flight[0] += 1
+            in_flight[1] = max(in_flight)
+            try:
+                return await read_span(topic, partition, offset)
+            finally:
+                in_flight[0] -= 1
+
+        archive.read_span = counted  # type: ignore[method-assign]
+        owner.etcd.current = 7
+        await owner.partitions.acquire(TOPIC, 0, 7)
+        ready = owner.topic.partitions[0].producers_ready
+        assert ready is not None
+        await asyncio.wait_for(ready, 30)
+        entry = owner.topic.partitions[0].producers.producers[PRODUCER]
+        assert list(entry.recent) == [(2 * k, 2, 2 * k) for k in range(12)] + [(24, 3, 24)]
+        # ranges of about 1 MiB from index entries, read at once rather than one after another
+        assert len(set(reads)) >= 5 and in_flight[1] >= 5
