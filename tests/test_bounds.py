@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import random
 import resource
+import socket
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,14 +18,22 @@ import headwater
 from headwater.durables.group import ConsumerGroup
 from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.config import ObjectStoreConfig, ServerConfig
+from headwater.server.memory_budget import MemoryBudget
 from headwater.server.topics.subscription_contract import Consumer
 from headwater.storage.state import StateStore
 from headwater.testing import ServerProcess
 from headwater.wire import messages as m
-from headwater.wire.errors import StorageError, TooManyConsumers, TooManySubscriptions
+from headwater.wire.errors import (
+    OverMemoryBudget,
+    StorageError,
+    TooManyConsumers,
+    TooManySubscriptions,
+)
+from headwater.wire.limits import MAX_CREDITS
 from headwater.wire.protocol import decode_push
 from headwater.wire.records import build_batch, read_records
 from tests.support.rawwire import RawPeer
+from tests.support.secure import secure_server
 
 
 def _server_with(tmp_path: Path, settings: str) -> ServerProcess:
@@ -294,3 +304,180 @@ async def test_a_zero_credit_subscription_holds_bytes_not_gigabytes(tmp_path: Pa
                 await asyncio.sleep(0.05)
     finally:
         server.kill()
+
+
+async def _zero_credit_peer(address: str, token: str, topic: str, name: str) -> RawPeer:
+    """An authenticated raw connection with a subscription that grants no credit: everything
+    produced to `topic` waits in its backlog, charged to the token's principal."""
+    peer = await RawPeer.open(address)
+    authenticated = await peer.call(m.AuthenticateRequest("token", token.encode()))
+    assert isinstance(authenticated, m.AuthenticateResponse), authenticated
+    subscribed = await peer.call(
+        m.SubscribeRequest(topic, name, m.SubscriptionType.EXCLUSIVE, "c", 0, 0)
+    )
+    assert isinstance(subscribed, m.SubscribeResponse), subscribed
+    return peer
+
+
+async def test_a_principal_filling_its_memory_share_leaves_other_principals_unaffected(
+    tmp_path: Path,
+) -> None:
+    """Three zero-credit subscriptions of one principal (`hoarder`) and 1 MiB batches: the
+    hoarder holds at most its 24 MiB share of the 64 MiB budget, a new subscription of its own is
+    refused with the retriable OVER_MEMORY_BUDGET, and another principal (`worker`) produces and
+    consumes every one of its messages meanwhile, none dropped. Before the share the hoarder's
+    backlogs (3 x 32 MiB) filled the whole budget and every batch of the worker's subscription
+    was dropped: its consumer received nothing."""
+    config = tmp_path / "headwater.toml"
+    config.write_text(
+        f"[server]\nsubscription_backlog_bytes = {32 << 20}\nmemory_max_bytes = {64 << 20}\n"
+        f"memory_max_bytes_per_principal = {24 << 20}\n"
+    )
+    port_file = tmp_path / "http.port"
+    with secure_server(
+        tmp_path, "--config", str(config), "--http-port", "0", "--http-port-file", str(port_file)
+    ) as server:
+        hoarder = server.token("hoarder", "all:hoard.*")
+        async with await headwater.connect(server.address, token=server.admin) as admin:
+            await admin.create_topic("hoard.t", dispatch="non-reliable")
+            await admin.create_topic("work.t", dispatch="non-reliable")
+            peers = [
+                await _zero_credit_peer(server.address, hoarder, "hoard.t", f"s{i}")
+                for i in range(3)
+            ]
+            async with await headwater.connect(server.address, token=hoarder) as hoarding:
+                producer = hoarding.producer("hoard.t", linger=0.0)
+                for _ in range(100):  # 100 MiB for each of the 3 subscriptions
+                    await (await producer.send(bytes((1 << 20) - 1024)))
+                await producer.close()
+                with pytest.raises(OverMemoryBudget, match="'hoarder'") as refused:
+                    await hoarding.subscribe("hoard.t", "one-more")
+                assert refused.value.retriable
+            info = await admin.server_info()
+            held = {p.principal: p.used_bytes for p in info.memory_principals}
+            assert info.memory_principal_share_bytes == 24 << 20
+            assert (24 << 20) - (1 << 20) < held["hoarder"] <= 24 << 20, held
+            assert info.memory_used_bytes <= 32 << 20  # the hoarder's share and little else
+
+            worker = server.token("worker", "all:work.*")
+            async with await headwater.connect(server.address, token=worker) as working:
+                consumer = await working.subscribe("work.t", "w")
+                producer = working.producer("work.t", linger=0.0)
+                sent = [b"%d" % i + bytes(64 << 10) for i in range(200)]
+                for value in sent:
+                    await asyncio.wait_for(await producer.send(value), 10)
+                await producer.close()
+                received = [(await consumer.receive(timeout=10)).value for _ in sent]
+                assert received == sent
+                (described,) = (await admin.describe_topic("work.t")).subscriptions
+                assert described.dropped == 0
+            (_, dropped, *_) = [
+                s.dropped for s in (await admin.describe_topic("hoard.t")).subscriptions
+            ] + [0]
+            assert dropped > 50
+
+        port = int(port_file.read_text())
+        scrape = urllib.request.Request(
+            f"http://127.0.0.1:{port}/metrics", headers={"Authorization": f"Bearer {server.admin}"}
+        )
+        with urllib.request.urlopen(scrape, timeout=10) as response:
+            text = response.read().decode()
+        samples = dict(
+            line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#")
+        )
+        assert float(samples["headwater_memory_principal_share_bytes"]) == 24 << 20
+        assert float(samples['headwater_memory_principal_used_bytes{principal="hoarder"}']) > 0
+        for peer in peers:
+            await peer.close()
+
+
+async def _unread_peer(address: str) -> RawPeer:
+    """A connection whose receive buffer is fixed small: loopback's autotuning would otherwise
+    let the kernel take 32 MiB of deliveries per connection, which the server never holds."""
+    host, port = address.rsplit(":", 1)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
+    reader, writer = await asyncio.open_connection(sock=sock)
+    return RawPeer(reader, writer)
+
+
+async def test_a_principals_unread_deliveries_across_connections_cost_its_own_share(
+    tmp_path: Path,
+) -> None:
+    """Twenty connections of one principal, each subscribed to a topic of its own with all the
+    credit it may give, never read: each could hold 8 MiB of deliveries (its write buffer's
+    high-water mark), 160 MiB in all. Charged to the principal's 16 MiB share, its connections
+    get no more deliveries once it is over (the rest are dropped from the backlogs), so the
+    server grows by about the share, and another principal produces and consumes meanwhile.
+    Before, only backlogs counted: the server grew by every connection's mark. (A topic each:
+    uvloop keeps one batch written to many connections once, so a shared topic costs little.)"""
+    config = tmp_path / "headwater.toml"
+    config.write_text(
+        f"[server]\nmemory_max_bytes = {256 << 20}\nmemory_max_bytes_per_principal = {16 << 20}\n"
+        f"consumer_write_buffer = {8 << 20}\nmax_pending_response_bytes = {8 << 20}\n"
+    )
+    with secure_server(tmp_path, "--config", str(config)) as server:
+        hoarder = server.token("hoarder", "all:hoard.*")
+        async with await headwater.connect(server.address, token=server.admin) as admin:
+            await admin.create_topic("work.t", dispatch="non-reliable")
+            peers = []
+            for i in range(20):
+                await admin.create_topic(f"hoard.{i}", dispatch="non-reliable")
+                peer = await _unread_peer(server.address)
+                authenticated = await peer.call(m.AuthenticateRequest("token", hoarder.encode()))
+                assert isinstance(authenticated, m.AuthenticateResponse), authenticated
+                subscribed = await peer.call(
+                    m.SubscribeRequest(
+                        f"hoard.{i}", "s", m.SubscriptionType.EXCLUSIVE, "c", 0, MAX_CREDITS
+                    )
+                )
+                assert isinstance(subscribed, m.SubscribeResponse), subscribed
+                peers.append(peer)  # never read from again: the test's reader stops at 128 KiB
+            before = server.process.peak_rss()
+            async with await headwater.connect(server.address, token=hoarder) as hoarding:
+                for i in range(20):
+                    producer = hoarding.producer(f"hoard.{i}", linger=0.0)
+                    for _ in range(12):  # 8 MiB to buffer and 4 MiB for the kernel's queues
+                        await (await producer.send(bytes((1 << 20) - 1024)))
+                    await producer.close()
+            grown = server.process.peak_rss() - before
+            info = await admin.server_info()
+            held = {p.principal: p.used_bytes for p in info.memory_principals}
+            # the share, plus what one connection took past it before it was counted
+            assert held["hoarder"] <= (16 + 8 + 1) << 20, held
+            assert grown < 64 << 20, f"server grew {grown >> 20} MiB"  # 160 MiB before
+            dropped = [
+                (await admin.describe_topic(f"hoard.{i}")).subscriptions[0].dropped
+                for i in range(20)
+            ]
+            assert sum(dropped) > 100, dropped
+            worker = server.token("worker", "all:work.*")
+            async with await headwater.connect(server.address, token=worker) as working:
+                consumer = await working.subscribe("work.t", "w")
+                producer = working.producer("work.t", linger=0.0)
+                sent = [b"%d" % i + bytes(64 << 10) for i in range(100)]
+                for value in sent:
+                    await asyncio.wait_for(await producer.send(value), 10)
+                await producer.close()
+                received = [(await consumer.receive(timeout=10)).value for _ in sent]
+                assert received == sent
+            for peer in peers:
+                await peer.close()
+
+
+def test_memory_budget_shares_per_principal() -> None:
+    """The share bounds what one principal is charged; the anonymous principal (no
+    authentication) is every client, so its share is the budget; unsent output is charged
+    whatever the budget and puts its principal over its share."""
+    budget = MemoryBudget(100, 30)
+    assert budget.take(30, "a") and not budget.take(1, "a")  # a's share is spent...
+    assert budget.take(30, "b")  # ...not b's
+    assert budget.refused_by_share == 1 and budget.room("a") == 0 and budget.room("b") == 0
+    assert budget.take(40, "") and budget.used == 100 and not budget.take(1, "c")
+    budget.charge(5, "a")  # a connection's write buffer grew
+    assert budget.over_share("a") and not budget.over_share("b")
+    assert budget.largest(2) == [("", 40), ("a", 35)]
+    budget.give_back(35, "a")
+    assert "a" not in budget.by_principal and budget.used == 70

@@ -272,8 +272,11 @@ def test_server_info(fresh_server: ServerProcess) -> None:
     assert set(info) == {
         "version", "started_ms", "uptime_ms", "connections", "topics", "subscriptions",
         "data_dir", "data_dir_bytes", "memory_budget_bytes", "memory_used_bytes",
+        "memory_principal_share_bytes", "memory_principals",
     }  # fmt: skip
     assert info["memory_budget_bytes"] > 0 and info["memory_used_bytes"] == 0
+    assert info["memory_principal_share_bytes"] == info["memory_budget_bytes"] // 4
+    assert info["memory_principals"] == {}
     assert info["version"] == ok("--version", server=server).split()[1]
     assert info["connections"] >= 1  # this command's own
     assert (info["topics"], info["subscriptions"]) == (0, 0)

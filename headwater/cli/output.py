@@ -256,6 +256,8 @@ def server_info_record(info: ServerInfoResponse) -> dict[str, Any]:
         "data_dir_bytes": info.data_dir_bytes,
         "memory_budget_bytes": info.memory_budget_bytes,
         "memory_used_bytes": info.memory_used_bytes,
+        "memory_principal_share_bytes": info.memory_principal_share_bytes,
+        "memory_principals": {p.principal: p.used_bytes for p in info.memory_principals},
     }
 
 
@@ -274,6 +276,13 @@ def server_info_text(info: ServerInfoResponse) -> str:
             f"memory budget: {info.memory_used_bytes} of {info.memory_budget_bytes} bytes "
             f"held for consumers ({info.memory_used_bytes / 1e6:,.1f} of "
             f"{info.memory_budget_bytes / 1e6:,.1f} MB)",
+            f"memory share per principal: {info.memory_principal_share_bytes} bytes "
+            f"({info.memory_principal_share_bytes / 1e6:,.1f} MB)",
+            *(
+                f"  {p.principal or '(anonymous)'}: {p.used_bytes} bytes "
+                f"({p.used_bytes / 1e6:,.1f} MB)"
+                for p in info.memory_principals
+            ),
         ]
     )
 

@@ -119,6 +119,9 @@ class ServerConfig:
     # Bytes every such backlog together may hold (server/memory_budget.py); past it batches are
     # dropped (MESSAGES_DROPPED). 0: a quarter of the machine's memory.
     memory_max_bytes: int = 0
+    # Bytes of that budget one authenticated principal may hold: its subscriptions' backlogs and
+    # its connections' unsent output (server/memory_budget.py). 0: a quarter of the budget.
+    memory_max_bytes_per_principal: int = 0
     # Bytes queued on a consumer's socket before the server stops sending to it (asyncio's
     # write-buffer high-water mark); resumes at a quarter of it.
     consumer_write_buffer: int = 4 * 1024 * 1024

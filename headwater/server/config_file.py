@@ -100,6 +100,11 @@ def check(config: ServerConfig, where: str = "config") -> None:
         raise ConfigError(
             f"{where}: server.memory_max_bytes must be >= 0 (0: a quarter of the machine's memory)"
         )
+    if config.memory_max_bytes_per_principal < 0:
+        raise ConfigError(
+            f"{where}: server.memory_max_bytes_per_principal must be >= 0 "
+            "(0: a quarter of memory_max_bytes)"
+        )
     if config.http_port is not None and not 0 <= config.http_port < 65536:
         raise ConfigError(f"{where}: server.http_port must be 0..65535, not {config.http_port}")
     _check_security(config, where)

@@ -55,6 +55,7 @@ class ErrorCode(enum.IntEnum):
     INCOMPATIBLE_SCHEMA = 38
     UNKNOWN_SCHEMA = 39
     NOT_OWNER = 40
+    OVER_MEMORY_BUDGET = 41
 
 
 class HeadwaterError(Exception):
@@ -316,6 +317,15 @@ class NotOwner(HeadwaterError):
         return host, int(port)
 
 
+class OverMemoryBudget(HeadwaterError):
+    """The request would make the server hold bytes it can neither drop nor slow down, and the
+    principal's memory share (or the server's budget) is spent: retry once the principal's
+    consumers have taken what it holds (server/memory_budget.py)."""
+
+    code = ErrorCode.OVER_MEMORY_BUDGET
+    retriable = True
+
+
 _BY_CODE: dict[int, type[HeadwaterError]] = {}
 for _cls in (
     UnknownServerError,
@@ -358,6 +368,7 @@ for _cls in (
     IncompatibleSchema,
     UnknownSchema,
     NotOwner,
+    OverMemoryBudget,
 ):
     _BY_CODE[_cls.code] = _cls
 

@@ -508,6 +508,14 @@ class ServerInfoRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class PrincipalMemory:
+    """Bytes of the memory budget a principal holds: backlogs and unsent output."""
+
+    principal: str
+    used_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class ServerInfoResponse:
     version: str
     started_ms: int  # ms since the epoch
@@ -519,6 +527,10 @@ class ServerInfoResponse:
     data_dir_bytes: int  # bytes of the files under the data directory
     memory_budget_bytes: int = 0  # memory_max_bytes: what client backlogs may hold in all
     memory_used_bytes: int = 0  # what they hold now
+    # memory_max_bytes_per_principal: what one authenticated principal may hold of it
+    memory_principal_share_bytes: int = 0
+    # the principals holding the most, most first (at most MAX_MEMORY_PRINCIPALS_SHOWN)
+    memory_principals: tuple[PrincipalMemory, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

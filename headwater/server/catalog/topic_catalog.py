@@ -284,7 +284,7 @@ class TopicCatalog:
                     f"the files of deleted topic {request.name!r} could not be removed yet; "
                     "see the server log"
                 )
-        schemas, schema_puts = self.schemas.prepare(request.name, schema_configs)
+        schemas, schema_puts = await self.schemas.prepare(request.name, schema_configs)
         data: dict[str, object] = {"partitions": request.partitions, "dispatch": int(dispatch)}
         topic: Topic
         if dispatch == m.DispatchMode.RELIABLE:

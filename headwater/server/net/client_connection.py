@@ -22,7 +22,17 @@ No client may stall the others, so the work one connection gets is bounded:
   inflated (under `max_decompressed_batch`) on the listener's inflater thread, and the
   connection's later frames wait for it, so order is kept and the loop never spends the cap.
   A batch declaring more than `INLINE_RECORDS` records is decoded there too: an 8 MiB batch of
-  a million empty records took 1.4 s to check on the loop.
+  a million empty records took 1.4 s to check on the loop. So is a batch for a topic with a
+  schema unless its check is cheap (`TopicSchemas.checks_cheaply`: a few records, every version
+  already parsed): checking 2,000 records against a JSON schema held the loop 380 ms.
+- Memory: the write buffer's bytes are charged to the server's memory budget and the
+  connection's principal (`_account`: when a slice ends, at the high-water mark and on the
+  listener's sweep; after each delivery written outside a slice). While the principal holds
+  more than its share, a connection with unsent output is neither read nor sent deliveries
+  (`_memory_held`; its subscriptions keep or drop them against the same share): one principal's
+  pipelining or unread deliveries across many connections cost its own share, and other
+  principals' connections carry on. The sweep lets it go once its client took its output or its
+  principal's use fell.
 - Idle and incomplete-frame timeouts are checked by the listener's sweep (`check_timeouts`).
 
 With authentication on (`Shared.security`), a connection that has not authenticated reads frames
@@ -55,6 +65,7 @@ from headwater.server.net.guard import Guarded
 from headwater.server.net.traffic import TrafficStats
 from headwater.server.reply import bulky, encode_off_loop
 from headwater.server.requests.broker import Broker, Reply, Waiting
+from headwater.server.schemas.schema_registry import TopicSchemas
 from headwater.server.security.access import Security, Session
 from headwater.server.security.pre_auth import pre_auth_oversized, pre_auth_refusal
 from headwater.server.security.tls import ServerTls
@@ -154,6 +165,10 @@ class Connection(Guarded, asyncio.Protocol):
         self.opened = False  # connection_made ran (a TLS handshake may fail before it)
         self._held = False  # over the produce quota: not read until the debt is paid
         self._consume_held = False  # over the consume quota: no deliveries for a while
+        self._memory = broker.memory
+        self._charged = 0  # write-buffer bytes charged to the memory budget
+        self._charged_to = ""  # ... and to this principal
+        self._skipped = False  # a subscription found it unwritable for memory: drain it later
 
     # asyncio callbacks
 
@@ -204,6 +219,8 @@ class Connection(Guarded, asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._shared.connections.discard(self)
+        self._memory.give_back(self._charged, self._charged_to)
+        self._charged = 0
         self._leave_admission()
         if self._security is not None:
             self._security.release(self)
@@ -218,10 +235,12 @@ class Connection(Guarded, asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._paused = True
+        self._account()
         self._update_reading()
 
     def resume_writing(self) -> None:
         self._paused = False
+        self._account()
         for consumer in list(self.consumers.values()):
             consumer.subscription.drain()
         if self._next < len(self._queue):
@@ -237,6 +256,9 @@ class Connection(Guarded, asyncio.Protocol):
         transport = self._transport
         if transport is None or self._inflating or self._paused or self._held:
             self._update_reading()
+            return
+        if self._memory_held():
+            self._update_reading()  # not read, not handled: the sweep looks again
             return
         # Everything written while handling the slice goes out in one write: pipelined
         # requests get their responses in one syscall, not one each.
@@ -269,6 +291,7 @@ class Connection(Guarded, asyncio.Protocol):
             out, self._out = self._out, None
             if out and not transport.is_closing():
                 transport.write(b"".join(out))
+                self._account()
         self.last_frame = self._loop.time()
         if self._next == len(queue):
             self._queue = []
@@ -286,7 +309,13 @@ class Connection(Guarded, asyncio.Protocol):
         transport = self._transport
         if transport is None or transport.is_closing():
             return
-        want = not (self._paused or self._inflating or self._held or self._next < len(self._queue))
+        want = not (
+            self._paused
+            or self._inflating
+            or self._held
+            or self._next < len(self._queue)
+            or self._memory_held()
+        )
         if want == self._reading:
             return
         self._reading = want
@@ -296,6 +325,27 @@ class Connection(Guarded, asyncio.Protocol):
                 self._partial_since = self._loop.time()
         else:
             transport.pause_reading()
+
+    # Memory
+
+    @property
+    def principal(self) -> str:
+        return self.auth.principal if self.auth is not None else ""
+
+    def _account(self) -> None:
+        """Charge the write buffer's size now, in place of what was charged before."""
+        transport = self._transport
+        size = transport.get_write_buffer_size() if transport is not None else 0
+        principal = self.principal
+        if size == self._charged and principal == self._charged_to:
+            return
+        self._memory.give_back(self._charged, self._charged_to)
+        self._memory.charge(size, principal)
+        self._charged, self._charged_to = size, principal
+
+    def _memory_held(self) -> bool:
+        """Not read: the connection has unsent output and its principal is over its share."""
+        return self._charged > 0 and self._memory.over_share(self._charged_to)
 
     # Requests
 
@@ -324,11 +374,14 @@ class Connection(Guarded, asyncio.Protocol):
                             self._inflating = True
                     self._answer(header, early)
                     return
-            if type(request) is m.ProduceRequest and (
-                is_compressed(request.batch) or declared_records(request.batch) > INLINE_RECORDS
-            ):
-                self._produce_checked(header, request, started)
-                return
+            if type(request) is m.ProduceRequest:
+                schemas = self._broker.catalog.schemas.validating.get(request.topic)
+                if schemas is not None and not schemas.checks_cheaply(request.batch):
+                    self._produce_off_loop(header, request, schemas)
+                    return
+                if is_compressed(request.batch) or declared_records(request.batch) > INLINE_RECORDS:
+                    self._produce_checked(header, request, started)
+                    return
             response = self._broker.handle(self, request)
             if self.auth is not None:
                 assert self._security is not None
@@ -376,15 +429,35 @@ class Connection(Guarded, asyncio.Protocol):
         )
         future.add_done_callback(partial(self._inflated, header, request))
 
+    def _produce_off_loop(
+        self, header: FrameHeader, request: m.ProduceRequest, schemas: TopicSchemas
+    ) -> None:
+        """A produce to a topic with a schema whose check is not cheap: the batch is validated
+        and its records checked against their versions (parsed there if need be) on the
+        inflater thread while the connection's later frames wait."""
+        self._inflating = True
+        future = self._loop.run_in_executor(
+            self._shared.inflater,
+            _check_with_schema,
+            request.batch,
+            self._config.max_decompressed_batch,
+            schemas,
+        )
+        future.add_done_callback(partial(self._inflated, header, request, schema_checked=True))
+
     def _inflated(
-        self, header: FrameHeader, request: m.ProduceRequest, future: asyncio.Future[BatchInfo]
+        self,
+        header: FrameHeader,
+        request: m.ProduceRequest,
+        future: asyncio.Future[BatchInfo],
+        schema_checked: bool = False,
     ) -> None:
         self._inflating = False
         if self._transport is None:
             return
         try:
             info = future.result()
-            self._answer(header, self._broker.produce(self, request, info))
+            self._answer(header, self._broker.produce(self, request, info, schema_checked))
         except Exception as exc:
             self._refuse(header, exc)
         self._resume()
@@ -503,6 +576,15 @@ class Connection(Guarded, asyncio.Protocol):
         """
         if self._transport is None or self._transport.is_closing():
             return
+        self._account()
+        if not self._memory_held():
+            self._update_reading()  # resumes a connection the memory budget held
+            if self._next < len(self._queue) and not self._scheduled:
+                self._schedule()
+            if self._skipped:
+                self._skipped = False
+                for consumer in list(self.consumers.values()):
+                    consumer.subscription.drain()
         partial_since = self._partial_since
         if (
             partial_since is not None
@@ -533,7 +615,12 @@ class Connection(Guarded, asyncio.Protocol):
 
     @property
     def writable(self) -> bool:
-        return not self._paused and self._transport is not None and not self._consume_held
+        if self._paused or self._transport is None or self._consume_held:
+            return False
+        if self._memory_held():
+            self._skipped = True
+            return False
+        return True
 
     def send_delivery(
         self, consumer_id: int, partition: int, batch: bytes, delivery_count: int = 1
@@ -546,6 +633,7 @@ class Connection(Guarded, asyncio.Protocol):
                 self._out_bytes += len(prefix) + len(batch)
             else:
                 self._transport.writelines((prefix, batch))
+                self._account()
             if self.auth is not None and self.auth.consume_rate > 0:
                 self._charge_consume(len(batch))
 
@@ -571,3 +659,10 @@ class Connection(Guarded, asyncio.Protocol):
 
     def __repr__(self) -> str:
         return f"Connection({self.peer})"
+
+
+def _check_with_schema(batch: bytes, cap: int, schemas: TopicSchemas) -> BatchInfo:
+    """On the inflater thread: the batch's records decode, then pass the topic's schema."""
+    info = validate_records(batch, cap)
+    schemas.check_batch(batch, cap)
+    return info

@@ -28,6 +28,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from headwater.server.build_info import version
+from headwater.server.memory_budget import MAX_MEMORY_PRINCIPALS_SHOWN
 from headwater.server.ops.status import ServerState, lag_and_backlog
 from headwater.storage.latency import FSYNC_SECONDS, LatencyHistogram
 from headwater.wire.messages import DispatchMode, SubscriptionType
@@ -97,13 +98,32 @@ class HeadwaterCollector(Collector):
             )
             yield GaugeMetricFamily(
                 "headwater_memory_used_bytes",
-                "Bytes subscription backlogs hold now, charged to the memory budget",
+                "Bytes subscription backlogs and connections' unsent output hold now",
                 value=memory.used,
             )
             yield CounterMetricFamily(
                 "headwater_memory_refused_bytes",
                 "Bytes of batches dropped because the memory budget was spent",
                 value=memory.refused,
+            )
+            yield GaugeMetricFamily(
+                "headwater_memory_principal_share_bytes",
+                "Bytes one authenticated principal may hold (memory_max_bytes_per_principal)",
+                value=memory.principal_max_bytes,
+            )
+            held = GaugeMetricFamily(
+                "headwater_memory_principal_used_bytes",
+                "Bytes a principal holds: its backlogs and its connections' unsent output "
+                f"(the {MAX_MEMORY_PRINCIPALS_SHOWN} holding the most)",
+                labels=["principal"],
+            )
+            for principal, used in memory.largest(MAX_MEMORY_PRINCIPALS_SHOWN):
+                held.add_metric([principal], used)
+            yield held
+            yield CounterMetricFamily(
+                "headwater_memory_refused_by_share_bytes",
+                "Bytes of batches dropped because their principal's share was spent",
+                value=memory.refused_by_share,
             )
         topics = state.topics()
         traffic.prune(topics)

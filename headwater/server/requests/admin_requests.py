@@ -35,7 +35,7 @@ import structlog
 from headwater.server.build_info import version
 from headwater.server.catalog.topic_catalog import TopicCatalog, last_value_topic
 from headwater.server.config import TopicSettings
-from headwater.server.memory_budget import MemoryBudget
+from headwater.server.memory_budget import MAX_MEMORY_PRINCIPALS_SHOWN, MemoryBudget
 from headwater.server.reply import AfterWork, Reply
 from headwater.server.subscriptions.deadletter import LAST_VALUE_CONFIGS
 from headwater.server.subscriptions.reliable_subscription import ReliableSubscription
@@ -213,6 +213,11 @@ class AdminHandlers:
             data_dir_bytes=used,
             memory_budget_bytes=self._memory.max_bytes,
             memory_used_bytes=self._memory.used,
+            memory_principal_share_bytes=self._memory.principal_max_bytes,
+            memory_principals=tuple(
+                m.PrincipalMemory(principal, used)
+                for principal, used in self._memory.largest(MAX_MEMORY_PRINCIPALS_SHOWN)
+            ),
         )
 
     async def _data_dir_bytes(self) -> int:

@@ -192,9 +192,14 @@ class Broker:
     # Messages
 
     def produce(
-        self, session: Session, request: m.ProduceRequest, info: BatchInfo | None = None
+        self,
+        session: Session,
+        request: m.ProduceRequest,
+        info: BatchInfo | None = None,
+        schema_checked: bool = False,
     ) -> Reply:
-        """`info`: the batch already validated (the connection inflates large ones off the loop)."""
+        """`info`: the batch already validated (the connection inflates large ones off the loop);
+        `schema_checked`: its records already passed the topic's schema (there too)."""
         topic = self._topic(request.topic)
         if request.isolation not in (m.Isolation.READ_UNCOMMITTED, m.Isolation.READ_COMMITTED):
             raise InvalidRequest(
@@ -203,7 +208,7 @@ class Broker:
         if info is None:
             info = self._check_batch(topic, request.batch)
         schemas = self.catalog.schemas.validating.get(request.topic)
-        if schemas is not None:  # the one per-record cost, and only on topics with a schema
+        if schemas is not None and not schema_checked:  # the one per-record cost
             schemas.check_batch(request.batch, self._config.max_decompressed_batch)
         if not topic.reliable:
             return self._publish(topic, request, info)

@@ -22,7 +22,11 @@ import structlog
 from headwater.durables.lastvalue import check_key
 from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.config import ServerConfig
-from headwater.server.memory_budget import MemoryBudget, default_max_bytes
+from headwater.server.memory_budget import (
+    MemoryBudget,
+    default_max_bytes,
+    default_principal_share,
+)
 from headwater.server.reply import AfterWork, Reply
 from headwater.server.requests.map_requests import no_last_value_state
 from headwater.server.subscriptions.live_subscription import Subscription
@@ -36,6 +40,7 @@ from headwater.wire.errors import (
     ErrorCode,
     InvalidPartition,
     InvalidRequest,
+    OverMemoryBudget,
     SubscriptionTypeMismatch,
     TooManyConsumers,
     TooManySubscriptions,
@@ -55,7 +60,11 @@ class ConsumerHandlers:
     ) -> None:
         self._config = config
         self._catalog = catalog
-        self.memory = memory or MemoryBudget(config.memory_max_bytes or default_max_bytes())
+        if memory is None:
+            budget = config.memory_max_bytes or default_max_bytes()
+            share = config.memory_max_bytes_per_principal or default_principal_share(budget)
+            memory = MemoryBudget(budget, min(share, budget))
+        self.memory = memory
         self._consumer_ids = itertools.count(1)
         # told after every detach (a cluster releases an Exclusive subscription's holder)
         self.on_detached: Callable[[Consumer], None] | None = None
@@ -104,6 +113,7 @@ class ConsumerHandlers:
             )
         subscription = topic.subscriptions.get(request.subscription)
         if subscription is None:
+            self._check_room(session.principal)
             subscription = Subscription(
                 topic.name,
                 request.subscription,
@@ -111,6 +121,7 @@ class ConsumerHandlers:
                 self._config.subscription_backlog,
                 self._config.subscription_backlog_bytes,
                 self.memory,
+                session.principal,
             )
             subscription.group.partitions = len(topic.partitions)
         elif subscription.durable != m.Durable.NONE:
@@ -119,6 +130,20 @@ class ConsumerHandlers:
                 "pick another name for a non-durable one"
             )
         return self._attach(session, request, topic, subscription, sub_type)
+
+    def _check_room(self, principal: str) -> None:
+        """A new live subscription's backlog starts empty, so nothing can be dropped or slowed
+        for it; if its principal's share (or the budget) could not take even one largest batch,
+        it would drop everything it was made for: refuse it, retriably, instead."""
+        room = self.memory.room(principal)
+        if room < self._config.max_frame_size:
+            who = f"principal {principal!r}" if principal else "the server"
+            raise OverMemoryBudget(
+                f"{who} holds {self.memory.by_principal.get(principal, 0)} of its "
+                f"{self.memory.share(principal)}-byte memory share "
+                f"(server: {self.memory.used} of {self.memory.max_bytes}): a new subscription "
+                "could not hold one batch; retry once its consumers have taken their backlogs"
+            )
 
     async def _subscribe_reliable(
         self,

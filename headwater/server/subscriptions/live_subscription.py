@@ -13,8 +13,9 @@ A batch holding more records than the chosen consumer's credit is split (re-enco
 so no consumer ever receives more than it granted. A batch of a partition that none of the
 consumers chose (SUBSCRIBE's `partitions`) is discarded: nobody wants it. When the backlog is
 full, in messages (`subscription_backlog`) or in bytes (`subscription_backlog_bytes`, and the
-server's `memory_budget.MemoryBudget`), new batches are dropped and counted: a slow consumer
-costs bounded memory and never stalls a producer. The drop is not silent: the consumer that
+server's `memory_budget.MemoryBudget`, where the batches count against the share of the principal
+that made the subscription), new batches are dropped and counted: a slow consumer costs bounded
+memory and never stalls a producer. The drop is not silent: the consumer that
 receives the subscription's next delivery first gets a MESSAGES_DROPPED push with the number of
 messages dropped since the previous notice (one notice, however many batches were dropped).
 """
@@ -65,8 +66,11 @@ class Subscription:
         backlog_limit: int,
         backlog_bytes: int = 1 << 62,
         memory: MemoryBudget | None = None,
+        principal: str = "",
     ) -> None:
+        """`principal`: whose memory share the backlog is charged to (the one that made it)."""
         self.topic = topic
+        self.principal = principal
         self.name = name
         self.sub_type = sub_type
         self.group: ConsumerGroup[Consumer] = ConsumerGroup(
@@ -101,7 +105,7 @@ class Subscription:
             # one batch is always let into an empty backlog: a cap below the largest batch
             # would otherwise starve the subscription
             or (self._bytes + size > self._bytes_limit and self._backlog)
-            or not self._memory.take(size)
+            or not self._memory.take(size, self.principal)
         ):
             self.dropped += count
             self._unreported += count
@@ -124,7 +128,7 @@ class Subscription:
 
     def _release(self, size: int) -> None:
         self._bytes -= size
-        self._memory.give_back(size)
+        self._memory.give_back(size, self.principal)
 
     def drop_backlog(self) -> None:
         """The subscription ends: its batches are let go, their bytes given back."""

@@ -38,6 +38,11 @@ class ConsumerSession(Protocol):
     peer: str
 
     @property
+    def principal(self) -> str:
+        """Who authenticated on the connection ("" without authentication)."""
+        ...
+
+    @property
     def writable(self) -> bool: ...
 
     def send_delivery(

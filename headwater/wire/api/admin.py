@@ -24,6 +24,7 @@ TOPIC_INFO = message(
     "dispatch" / Int8sb,
     "configs" / CONFIG_ENTRIES,
 )
+PRINCIPAL_MEMORY = message(m.PrincipalMemory, "principal" / String, "used_bytes" / Int64sb)
 CONSUMER_INFO = message(
     m.ConsumerInfo,
     "consumer_id" / Int32sb,
@@ -149,6 +150,8 @@ APIS: Final = (
             "data_dir_bytes" / Int64sb,
             "memory_budget_bytes" / Int64sb,
             "memory_used_bytes" / Int64sb,
+            "memory_principal_share_bytes" / Int64sb,
+            "memory_principals" / PrefixedArray(Int32sb, PRINCIPAL_MEMORY),
         ),
     ),
     Api(
