@@ -55,6 +55,7 @@ class ErrorCode(enum.IntEnum):
     INCOMPATIBLE_SCHEMA = 38
     UNKNOWN_SCHEMA = 39
     NOT_OWNER = 40
+    OFFSET_OUT_OF_RANGE = 41
 
 
 class HeadwaterError(Exception):
@@ -316,6 +317,14 @@ class NotOwner(HeadwaterError):
         return host, int(port)
 
 
+class OffsetOutOfRange(HeadwaterError):
+    """A FETCH offset below the partition's start (retention or a snapshot took it) or above its
+    next offset. The message ends `start=<start offset> next=<next offset>`, so a reader can
+    pick where to go on."""
+
+    code = ErrorCode.OFFSET_OUT_OF_RANGE
+
+
 _BY_CODE: dict[int, type[HeadwaterError]] = {}
 for _cls in (
     UnknownServerError,
@@ -358,6 +367,7 @@ for _cls in (
     IncompatibleSchema,
     UnknownSchema,
     NotOwner,
+    OffsetOutOfRange,
 ):
     _BY_CODE[_cls.code] = _cls
 
