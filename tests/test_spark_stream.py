@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 import headwater
@@ -30,12 +31,13 @@ PARTITIONS = 3
 
 
 class Producing(threading.Thread):
-    """Writes `rounds` rounds of one record per partition (value `r<round>-p<partition>`), a few
-    ms apart, remembering where each landed."""
+    """Writes `rounds` rounds of one record per partition (value `r<round>-p<partition>`), `pause`
+    s apart, remembering where each landed; `stop` ends it sooner."""
 
     def __init__(self, address: str, topic: str, rounds: int, pause: float = 0.01) -> None:
         super().__init__(daemon=True)
         self.address, self.topic, self.rounds, self.pause = address, topic, rounds, pause
+        self.stop = threading.Event()
         self.landed: dict[tuple[int, int], bytes] = {}
         self.error: BaseException | None = None
 
@@ -49,6 +51,8 @@ class Producing(threading.Thread):
         async with await headwater.connect(self.address) as client:
             producer = client.producer(self.topic)
             for round_ in range(self.rounds):
+                if self.stop.is_set():
+                    break
                 futures = [
                     (await producer.send(f"r{round_}-p{p}".encode(), partition=p), p)
                     for p in range(PARTITIONS)
@@ -184,12 +188,15 @@ def _kill(driver: subprocess.Popen[bytes]) -> None:
         os.killpg(driver.pid, signal.SIGKILL)
 
 
+@pytest.mark.timeout(900)  # three driver JVMs, one after the other, on a loaded 2-core machine
 def test_a_driver_killed_twice_restarts_from_its_checkpoint_exactly_once(
     spark: Any, server: ServerProcess, topic_name: str, tmp_path: Path
 ) -> None:
     created(server.address, topic_name)
     sink, checkpoint = tmp_path / "sink", tmp_path / "checkpoint"
-    producing = Producing(server.address, topic_name, rounds=300, pause=0.02)
+    # about 15 records a second for as long as the two drivers run (a driver's JVM takes a minute
+    # to start on a loaded machine), so each is killed while the producer writes
+    producing = Producing(server.address, topic_name, rounds=3000, pause=0.2)
     producing.start()
     killed_at = []
     for _ in range(2):
@@ -200,6 +207,7 @@ def test_a_driver_killed_twice_restarts_from_its_checkpoint_exactly_once(
         finally:
             _kill(driver)
         killed_at.append(sum(last_offsets(checkpoint).values()))
+    producing.stop.set()
     landed = producing.finish()
     assert killed_at[-1] < len(landed), "the killed drivers read everything"
     drain = _driver(server.address, topic_name, sink, checkpoint, "drain")

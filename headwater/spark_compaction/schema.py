@@ -1,10 +1,10 @@
 """The two row shapes of compaction, as Arrow schemas and Spark DDL: WAL rows and snapshot rows.
 
-WAL rows are what the `headwater_wal` data source yields, one per record of a segment object
-(plus one per corrupt stretch of a segment, with only `topic`, `partition` and `corrupt` set).
-The streaming source's rows are WAL rows without `corrupt`. Their Arrow schema must equal, field
-for field, what Spark derives from `WAL_DDL` (`STREAM_DDL`; pyspark checks it before it accepts an Arrow batch
-from a data source); tests/test_spark_reader.py checks that.
+WAL rows are what the `headwater_wal` data source yields, one per record of a segment object (plus
+one per corrupt stretch of a segment, with only `topic`, `partition` and `corrupt` set). The
+streaming source's rows are WAL rows without `corrupt`. Their Arrow schema must equal, field for
+field, what Spark derives from `WAL_DDL` (`STREAM_DDL`; pyspark checks it before it accepts an
+Arrow batch from a data source); tests/test_spark_reader.py checks that.
 
 Snapshot rows are the Parquet files the job writes (docs/COMPACTION.md documents them): one row
 per live key of a partition, sorted by key, tombstones and keyless records already gone.

@@ -2,10 +2,10 @@
 
     python -m tests.support.stream_query SERVER TOPIC SINK CHECKPOINT run|drain
 
-Reads TOPIC with the `headwater` source (from earliest, at most 40 records a trigger) into a
-Parquet file sink at SINK with its checkpoint at CHECKPOINT. `run`: a trigger every 200 ms until
-the process is killed. `drain`: Trigger.AvailableNow: everything readable when it starts, then
-exits 0.
+Reads TOPIC with the `headwater` source (from earliest) into a Parquet file sink at SINK with its
+checkpoint at CHECKPOINT. `run`: at most 40 records a trigger, a trigger every 200 ms, until the
+process is killed. `drain`: Trigger.AvailableNow, uncapped: everything readable when it starts,
+then exits 0.
 """
 
 from __future__ import annotations
@@ -17,14 +17,15 @@ from headwater.spark_compaction.session import spark_session
 
 def main(server: str, topic: str, sink: str, checkpoint: str, mode: str) -> None:
     spark = spark_session("local[2]", {"spark.sql.shuffle.partitions": "2"})
-    stream = (
+    reader = (
         spark.readStream.format("headwater")
         .option("server", server)
         .option("topic", topic)
         .option("startingOffsets", "earliest")
-        .option("maxRecordsPerTrigger", "40")
-        .load()
     )
+    if mode == "run":
+        reader = reader.option("maxRecordsPerTrigger", "40")
+    stream = reader.load()
     writer = (
         stream.writeStream.format("parquet")
         .option("path", sink)
