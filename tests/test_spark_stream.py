@@ -188,7 +188,7 @@ def _kill(driver: subprocess.Popen[bytes]) -> None:
         os.killpg(driver.pid, signal.SIGKILL)
 
 
-@pytest.mark.timeout(900)  # three driver JVMs, one after the other, on a loaded 2-core machine
+@pytest.mark.timeout(1200)  # three driver JVMs, one after the other, on a loaded 2-core machine
 def test_a_driver_killed_twice_restarts_from_its_checkpoint_exactly_once(
     spark: Any, server: ServerProcess, topic_name: str, tmp_path: Path
 ) -> None:
@@ -203,7 +203,7 @@ def test_a_driver_killed_twice_restarts_from_its_checkpoint_exactly_once(
         done = commits(checkpoint)
         driver = _driver(server.address, topic_name, sink, checkpoint, "run")
         try:
-            until(lambda done=done: commits(checkpoint) > done, 180, "a micro-batch committed")
+            until(lambda done=done: commits(checkpoint) > done, 240, "a micro-batch committed")
         finally:
             _kill(driver)
         killed_at.append(sum(last_offsets(checkpoint).values()))
