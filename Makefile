@@ -13,7 +13,7 @@ RESULTS := loadtest/results
 PEER_BINARIES := redis-server nats-server
 export PATH := $(PATH):/usr/sbin:/sbin
 
-.PHONY: install run test spark-cluster check browser etcd-server cluster cluster-stop fuzz stress-test stress-quick nemesis lint typecheck bench bench-quick bench-peers peer-servers soak loadtest clean
+.PHONY: install run test spark-long check browser etcd-server cluster cluster-stop fuzz stress-test stress-quick nemesis lint typecheck bench bench-quick bench-peers peer-servers soak loadtest clean
 
 install: $(STAMP)
 
@@ -35,14 +35,17 @@ run: $(RUN_STAMP)
 
 # The whole suite on every core: one test module per worker at a time (the Spark modules share
 # one worker and its JVM: tests/conftest.py). The timeout bounds a hang, nothing else.
-# The standalone Spark cluster test (four JVMs: about four minutes on 2 cores) has its own target,
-# which .ci/run runs after this one; local-mode Spark runs here (tests/test_spark_*.py).
+# The two long Spark tests have their own target, which .ci/run runs after this one: the
+# standalone cluster (four JVMs, about four minutes on 2 cores) and the streaming query whose driver
+# is killed twice (three driver JVMs one after the other). Local-mode Spark runs here.
+SPARK_LONG := tests/test_spark_cluster.py \
+	tests/test_spark_stream.py::test_a_driver_killed_twice_restarts_from_its_checkpoint_exactly_once
 test: $(STAMP) browser etcd-server
 	$(BIN)/python -m pytest -q -p no:randomly -n auto --dist loadgroup \
-		--ignore=tests/test_spark_cluster.py
+		$(addprefix --deselect=,$(SPARK_LONG))
 
-spark-cluster: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:randomly tests/test_spark_cluster.py
+spark-long: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:randomly $(SPARK_LONG)
 
 # Lint, types and the unit tier (no server, S3, etcd or Spark process): under a minute.
 check: $(STAMP)

@@ -63,6 +63,7 @@ requests = st.one_of(
     st.builds(m.SeekRequest, names, names, i8, i64),
     st.builds(m.DeleteSubscriptionRequest, names, names),
     st.builds(m.UnsubscribeRequest, i32),
+    st.builds(m.FetchRequest, names, i32, i64, i32, i32),
     st.builds(m.CreateTopicRequest, names, i32, i8, configs),
     st.builds(m.DeleteTopicRequest, names),
     st.just(m.ListTopicsRequest()),
@@ -97,6 +98,9 @@ subscription_details = st.builds(
 responses = st.one_of(
     st.tuples(st.just(m.ApiKey.PRODUCE), st.builds(m.ProduceResponse, i32, i64)),
     st.tuples(st.just(m.ApiKey.SUBSCRIBE), st.builds(m.SubscribeResponse, i32)),
+    st.tuples(
+        st.just(m.ApiKey.FETCH), st.builds(m.FetchResponse, i64, i64, st.binary(max_size=200))
+    ),
     st.tuples(st.just(m.ApiKey.INIT_PRODUCER_ID), st.builds(m.InitProducerIdResponse, i64, i16)),
     st.tuples(st.just(m.ApiKey.MAP_GET), st.builds(m.MapGetResponse, map_entries)),
     st.tuples(
@@ -334,6 +338,19 @@ def test_consume_fast_paths_reject_what_their_schemas_reject(key: int, body: byt
     except HeadwaterError:
         actual = None
     assert actual == expected
+
+
+@given(st.builds(m.FetchResponse, i64, i64, st.binary(max_size=200)), i32)
+def test_fetch_response_fast_paths_match_the_schema(
+    response: m.FetchResponse, correlation_id: int
+) -> None:
+    from headwater.wire.api.consume import decode_fetch_response, encode_fetch_response
+
+    schema = SCHEMAS[m.ApiKey.FETCH][1]
+    body = schema.build(response)
+    assert encode_fetch_response(correlation_id, response)[16:] == body
+    assert decode_fetch_response(body) == schema.parse(body) == response
+    assert decode_fetch_response(body[:-1]) is None  # cut short: the schema names the error
 
 
 def test_trailing_bytes_after_a_request_are_refused() -> None:

@@ -1,7 +1,8 @@
-"""The Python client: `client` (the asyncio `Client` over one connection, with its operator
-requests in `admin_calls` and its cluster routing in `cluster_calls`), `broker_connection` (its
-I/O around `wire.session`), `producer` with `producer_config`, `accumulator` and `sender`,
-`consumer` with `consumer_legs` (one leg per owning broker in a cluster) and `message_batch`,
-`map_client` and `routed_maps`, `router` and `routing_table` (which broker owns which partition),
-`credentials` (TLS and the handshake), `reconnect`, `schema_codec`, and `blocking` (plain sockets,
-for locust). It imports only `headwater.wire`; the public names are re-exported by `headwater`."""
+"""The Python client: `client` (the asyncio `Client` over one connection, with its operator requests
+in `admin_calls` and its cluster routing in `cluster_calls`), `broker_connection` (its I/O around
+`wire.session`), `producer` with `producer_config`, `accumulator` and `sender`, `consumer` with
+`consumer_legs` (one leg per owning broker in a cluster) and `message_batch`, `fetched` (a FETCH
+answer), `map_client` and `routed_maps`, `router` and `routing_table` (which broker owns which
+partition), `credentials` (TLS and the handshake), `reconnect`, `schema_codec`, and `blocking`
+(plain sockets, for locust). It imports only `headwater.wire`; the public names are re-exported
+by `headwater`."""

@@ -10,10 +10,12 @@
     async for message in consumer:
         await message.ack()
 
-The producer batches: records sent in the same event-loop turn (or up to `batch_size` bytes) for
-the same partition travel as one RecordBatch, and each record's future resolves with the batch's
-base offset plus its position. Consumers: headwater/client/consumer.py. The operator requests (alter
-topic configs, list and reset subscriptions, server info) come from headwater/client/admin_calls.py.
+`fetch` reads a partition by offset with no subscription (the reader keeps the offsets;
+headwater/client/fetched.py). The producer batches: records sent in the same event-loop turn (or
+up to `batch_size` bytes) for the same partition travel as one RecordBatch, and each record's
+future resolves with the batch's base offset plus its position. Consumers:
+headwater/client/consumer.py. The operator requests (alter topic configs, list and reset
+subscriptions, server info) come from headwater/client/admin_calls.py.
 
 With `reconnect`, losing the connection starts one reconnection task: it opens a new connection
 after the policy's delay, resubscribes every open consumer with its original request (a reliable
@@ -44,6 +46,7 @@ from headwater.client.broker_connection import Connection, default_server, parse
 from headwater.client.cluster_calls import ClusterMixin
 from headwater.client.consumer import Consumer, Message, ms
 from headwater.client.credentials import Tls, TlsOption, handshake_request, ssl_context
+from headwater.client.fetched import Fetched
 from headwater.client.map_client import Map
 from headwater.client.producer import Producer, ProducerConfig
 from headwater.client.reconnect import ReconnectPolicy
@@ -354,6 +357,51 @@ class Client(ClusterMixin, AdminMixin, SchemaAdmin):
         return {a.api_key: (a.min_version, a.max_version) for a in response.apis}
 
     # Messages
+
+    async def fetch(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        max_bytes: int = 1024 * 1024,
+        max_wait: float = 0.0,
+    ) -> Fetched:
+        """Read `topic`'s `partition` from `offset` with no subscription (FETCH; a reliable
+        topic's): whole batches up to `max_bytes` (at least one), only below the partition's
+        readable end. At the end, waits up to `max_wait` seconds (at most 20) for data. Raises
+        `OffsetOutOfRange` below the partition's start or past its next offset,
+        `NotSupported` on a non-reliable topic. In a cluster it goes to the partition's owner."""
+        request = m.FetchRequest(topic, partition, offset, max_bytes, round(max_wait * 1000))
+        timeout = self._timeout + max_wait + 30.0
+        await self._router.settle(topic)
+        if not self._router.multi_broker:
+            response = await self._request(request, timeout)
+        else:
+            response = await self._routed_fetch(request, timeout)
+        assert isinstance(response, m.FetchResponse)
+        return Fetched(
+            topic, partition, offset, response.start_offset, response.end_offset, response.records
+        )
+
+    async def _routed_fetch(self, request: m.FetchRequest, timeout: float) -> m.Response:
+        """FETCH at the partition's owner, following NOT_OWNER (bounded by the router's
+        backoff)."""
+        router = self._router
+        delays = router.backoff.delays()
+        while True:  # each round takes a delay of the backoff's, which ends
+            owner = await router.route(request.topic, request.partition)
+            try:
+                return await (await self._peers.get(owner)).request(request, timeout)
+            except NotOwner as exc:
+                router.not_owner(request.topic, request.partition, exc)
+                error: HeadwaterError = exc
+            except ConnectionClosed as exc:
+                router.lost(owner.address)
+                error = exc
+            delay = next(delays, None)
+            if delay is None:
+                raise error
+            await asyncio.sleep(delay)
 
     def producer(
         self,

@@ -10,6 +10,8 @@ happen before the response can be written:
   topic, so produces queued behind this one do not wait for its fsync.
 - `AfterWork(work)`: the handler must await before it even has a response (a turn of the topic,
   a WAL read to find a timestamp, building last-value state); `work` ends in a `Reply`.
+- `AfterData(work)`: as `AfterWork`, but awaited after the topic's turn is given up: a FETCH long
+  poll waiting for appends must not hold the turn the produces bringing them may queue on.
 
 `Waiting.resolve()` gives the final response; the connection awaits it in a task of its own.
 A `bulky` response (a listing of many topics, a topic with many subscriptions) is encoded on a
@@ -48,6 +50,16 @@ class AfterDurable(Waiting):
 
 
 class AfterWork(Waiting):
+    __slots__ = ("work",)
+
+    def __init__(self, work: Coroutine[Any, Any, Reply]) -> None:
+        self.work = work
+
+    async def resolve(self) -> m.Response:
+        return await resolve(await self.work)
+
+
+class AfterData(Waiting):
     __slots__ = ("work",)
 
     def __init__(self, work: Coroutine[Any, Any, Reply]) -> None:

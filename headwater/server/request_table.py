@@ -55,6 +55,8 @@ _ROWS: Final = (
     RequestKind(m.ProduceRequest, "topic", "produce"),
     RequestKind(m.InitProducerIdRequest),
     RequestKind(m.SubscribeRequest, "topic", "consume", in_turn=True),
+    # reads the log by offset, no subscription: a consumer's right, nothing changes
+    RequestKind(m.FetchRequest, "topic", "consume"),
     # on a consumer the connection holds: authorized when it subscribed
     RequestKind(m.FlowRequest),
     RequestKind(m.AckRequest),

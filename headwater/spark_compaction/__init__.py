@@ -1,10 +1,10 @@
 """Spark compaction: rewrite the WAL segments in the object store into per-key Parquet snapshots.
 
-Modules: `store` (object-store access from executors), `wal_segments` (finding and decoding
-segment objects), `schema` (row shapes), `source` (the `headwater_wal` and `headwater_snapshot`
-Spark data sources), `compact` (the fold in Spark), `writer` (Parquet files), `manifest` (names,
-commit, retention), `job` (one run), `session` (the Spark session), `loader` (reading a snapshot
-back without Spark, for the server), `history` (synthetic WAL histories for tests and
-benchmarks). Imports `wire`, `storage` and `client`; pyspark is imported by `source`, `compact`
-and `session`, which nothing outside the job imports. docs/COMPACTION.md describes the format and
-the job."""
+Modules: `store` (object-store access from executors), `wal_segments` (finding and decoding segment
+objects), `schema` (row shapes), `source` (the `headwater_wal` and `headwater_snapshot` Spark data
+sources), `stream` (the `headwater` Structured Streaming source over a live topic), `compact` (the
+fold in Spark), `writer` (Parquet files), `manifest` (names, commit, retention), `job` (one run),
+`session` (the Spark session), `loader` (reading a snapshot back without Spark, for the server),
+`history` (synthetic WAL histories for tests and benchmarks). Imports `wire`, `storage` and
+`client`; pyspark is imported by `source`, `stream`, `compact` and `session`, which nothing outside
+the job imports. docs/COMPACTION.md describes the format and the job."""

@@ -1,9 +1,10 @@
 """The two row shapes of compaction, as Arrow schemas and Spark DDL: WAL rows and snapshot rows.
 
-WAL rows are what the `headwater_wal` data source yields, one per record of a segment object
-(plus one per corrupt stretch of a segment, with only `topic`, `partition` and `corrupt` set).
-Their Arrow schema must equal, field for field, what Spark derives from `WAL_DDL` (pyspark checks
-it before it accepts an Arrow batch from a data source); tests/test_spark_reader.py checks that.
+WAL rows are what the `headwater_wal` data source yields, one per record of a segment object (plus
+one per corrupt stretch of a segment, with only `topic`, `partition` and `corrupt` set). The
+streaming source's rows are WAL rows without `corrupt`. Their Arrow schema must equal, field for
+field, what Spark derives from `WAL_DDL` (`STREAM_DDL`; pyspark checks it before it accepts an
+Arrow batch from a data source); tests/test_spark_reader.py checks that.
 
 Snapshot rows are the Parquet files the job writes (docs/COMPACTION.md documents them): one row
 per live key of a partition, sorted by key, tombstones and keyless records already gone.
@@ -27,6 +28,8 @@ __all__ = [
     "HEADER_TYPE",
     "SCHEMA_VERSION",
     "SNAPSHOT_SCHEMA",
+    "STREAM_DDL",
+    "STREAM_SCHEMA",
     "WAL_DDL",
     "WAL_SCHEMA",
 ]
@@ -47,6 +50,11 @@ WAL_DDL: Final = (
     "topic string, partition int, offset bigint, timestamp bigint, key binary, value binary, "
     "headers array<struct<key: string, value: binary>>, corrupt string"
 )
+
+# The streaming source's rows (`headwater` in spark.readStream): WAL rows without `corrupt`, since
+# the server's read path gets past damage itself (and logs it, `topic.data_skipped`).
+STREAM_SCHEMA: Final = pa.schema(list(WAL_SCHEMA)[:-1])
+STREAM_DDL: Final = WAL_DDL.removesuffix(", corrupt string")
 
 # `fold=true` rows: WAL rows already folded within one Spark task, with `records`, the number of
 # WAL records each row stands for (a key's winner: that key's records; the key-null row: the

@@ -241,5 +241,8 @@ def files_option(files: Sequence[SnapshotFile]) -> str:
 
 
 def register(spark: Any) -> None:
+    from headwater.spark_compaction.stream import TopicStreamSource
+
     spark.dataSource.register(WalDataSource)
     spark.dataSource.register(SnapshotDataSource)
+    spark.dataSource.register(TopicStreamSource)

@@ -134,7 +134,7 @@ def group_segments(
 Row = tuple[int, int, bytes | None, bytes | None, list[tuple[str, bytes | None]]]
 
 
-def _row(
+def row(
     offset: int,
     timestamp: int,
     key: bytes | None,
@@ -155,7 +155,7 @@ def _headers(headers: Sequence[list[tuple[str, bytes | None]]]) -> pa.Array:
     return pa.array([[{"key": k, "value": v} for k, v in h] for h in headers], HEADERS_TYPE)
 
 
-def _records_batch(topic: str, partition: int, rows: list[Row]) -> pa.RecordBatch:
+def records_batch(topic: str, partition: int, rows: list[Row]) -> pa.RecordBatch:
     count = len(rows)
     offsets, timestamps, keys, values, headers = zip(*rows, strict=True)
     return pa.RecordBatch.from_arrays(
@@ -205,10 +205,10 @@ def decode_segment(
             records = [r for r in records if r[0] >= from_offset]
         rows.extend(records)
         if len(rows) >= rows_per_batch:
-            yield _records_batch(segment.topic, segment.partition, rows)
+            yield records_batch(segment.topic, segment.partition, rows)
             rows = []
     if rows:
-        yield _records_batch(segment.topic, segment.partition, rows)
+        yield records_batch(segment.topic, segment.partition, rows)
     if problems:
         yield _problems_batch(segment.topic, segment.partition, problems)
 
@@ -262,7 +262,7 @@ class Folder:
             if keyless is not None:  # the key-null row only carries the keyless count and offset
                 self._winners[None] = (keyless[0], keyless[1], None, None, [])
                 rows = list(self._winners.values())
-            batch = _records_batch(self._topic, self._partition, rows)
+            batch = records_batch(self._topic, self._partition, rows)
             counts = pa.array([self._counts[r[2]] for r in rows], pa.int64())
             yield pa.RecordBatch.from_arrays([*batch.columns, counts], schema=FOLDED_SCHEMA)
         if self._problems:
@@ -293,7 +293,7 @@ def iter_batches(segment: SegmentObject, data: bytes) -> Iterator[tuple[str | No
             continue
         batch = bytes(view[step.position : step.position + step.length])
         try:
-            records = decode_records(batch, _row)
+            records = decode_records(batch, row)
             base = read_base_offset(batch)
             if records[0][0] != base or records[-1][0] != base + len(records) - 1:
                 raise CorruptBatch("record offset deltas are not 0, 1, 2, ...")

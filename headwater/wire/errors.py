@@ -56,6 +56,7 @@ class ErrorCode(enum.IntEnum):
     UNKNOWN_SCHEMA = 39
     NOT_OWNER = 40
     OVER_MEMORY_BUDGET = 41
+    OFFSET_OUT_OF_RANGE = 42
 
 
 class HeadwaterError(Exception):
@@ -326,6 +327,14 @@ class OverMemoryBudget(HeadwaterError):
     retriable = True
 
 
+class OffsetOutOfRange(HeadwaterError):
+    """A FETCH offset below the partition's start (retention or a snapshot took it) or above its
+    next offset. The message ends `start=<start offset> next=<next offset>`, so a reader can
+    pick where to go on."""
+
+    code = ErrorCode.OFFSET_OUT_OF_RANGE
+
+
 _BY_CODE: dict[int, type[HeadwaterError]] = {}
 for _cls in (
     UnknownServerError,
@@ -369,6 +378,7 @@ for _cls in (
     UnknownSchema,
     NotOwner,
     OverMemoryBudget,
+    OffsetOutOfRange,
 ):
     _BY_CODE[_cls.code] = _cls
 

@@ -42,6 +42,15 @@ MAX_DECOMPRESSED_BATCH: Final = 64 * 1024 * 1024
 # turn, so it must stay short.
 MAX_MAP_KEYS: Final = 1000
 
+# FETCH `max_bytes`: what one answer may carry, so that it always fits a frame (with its 20-byte
+# header and offsets) whatever the request; an answer still holds one whole batch when that batch is
+# larger than `max_bytes` (at most MAX_BATCH_SIZE, which this equals).
+MAX_FETCH_BYTES: Final = MAX_BATCH_SIZE
+
+# FETCH `max_wait_ms`: how long a long poll at the end of a partition may wait for data. Under the
+# client's default request timeout (30 s), so a poll answers before its request gives up.
+MAX_FETCH_WAIT_MS: Final = 20_000
+
 # Bytes of an error response's message (UTF-8, cut there): enough for any message the server
 # composes, and a peer-supplied name quoted in one cannot make an error frame large.
 MAX_ERROR_MESSAGE: Final = 4096

@@ -28,6 +28,7 @@ class ApiKey(enum.IntEnum):
     SEEK = 6
     DELETE_SUBSCRIPTION = 7
     INIT_PRODUCER_ID = 8
+    FETCH = 9  # read a partition's log by offset, no subscription (docs/PROTOCOL.md)
     MAP_GET = 20
     MAP_SET = 21
     MAP_SCAN = 22
@@ -231,6 +232,20 @@ class UnsubscribeRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class FetchRequest:
+    """Read a reliable topic's partition from `offset`, with no subscription: the reader keeps
+    its own offsets (a Spark query keeps them in its checkpoint). Up to `max_bytes` of batches
+    (at least one batch when any is readable, however large), only below the readable end; at the
+    end, waits up to `max_wait_ms` for data (a long poll)."""
+
+    topic: str
+    partition: int
+    offset: int
+    max_bytes: int = 1024 * 1024
+    max_wait_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class ConfigEntry:
     name: str
     value: str
@@ -327,6 +342,15 @@ class InitProducerIdResponse:
 @dataclass(frozen=True, slots=True)
 class SubscribeResponse:
     consumer_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class FetchResponse:
+    start_offset: int  # the oldest offset still stored (object store or local)
+    end_offset: int  # the readable end: every offset below it may be fetched; a FETCH there waits
+    # whole record batches as stored, back to back, base offsets stamped: the first may start
+    # below the offset asked for (the batch holding it) or above it (past damage or a gap)
+    records: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -680,6 +704,7 @@ Request = (
     | FlowRequest
     | AckRequest
     | UnsubscribeRequest
+    | FetchRequest
     | NackRequest
     | SeekRequest
     | DeleteSubscriptionRequest
@@ -713,6 +738,7 @@ Response = (
     | MapScanResponse
     | MapSizeResponse
     | SubscribeResponse
+    | FetchResponse
     | ListTopicsResponse
     | DescribeTopicResponse
     | ApiVersionsResponse

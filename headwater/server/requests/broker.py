@@ -6,7 +6,7 @@ what it waits for: `AfterDurable` (a reliable produce under fsync `always` waits
 commit) or `AfterWork` (a reliable subscribe may read the WAL to find a timestamp). Each raises a
 `HeadwaterError` subclass for a bad request; the connection turns it into an error response.
 Consumer requests are in `server.requests.consumer_requests`, map requests in
-`server.requests.map_requests`.
+`server.requests.map_requests`, FETCH in `server.requests.fetch`.
 
 Topics and subscriptions live in `TopicCatalog`, which owns their files and state. Requests that
 change a topic or may await while acting on it (create, delete, subscribe, seek,
@@ -41,6 +41,7 @@ from headwater.server.reply import AfterDurable, AfterWork, Reply, Waiting, afte
 from headwater.server.request_table import REQUESTS
 from headwater.server.requests.admin_requests import AdminHandlers
 from headwater.server.requests.consumer_requests import ConsumerHandlers
+from headwater.server.requests.fetch import FetchHandler
 from headwater.server.requests.lookup import LookupHandler
 from headwater.server.requests.map_requests import MapHandlers
 from headwater.server.requests.partition_ownership import (
@@ -117,6 +118,7 @@ class Broker:
         self.memory = self.consumers.memory  # the server's memory budget (server info, metrics)
         self.admin = AdminHandlers(catalog, config.data_dir, connections, self.memory)
         self.maps = MapHandlers(catalog)
+        self.fetches = FetchHandler(catalog)
         self.gate: Ownership | None = None  # a cluster's ownership (enter_cluster)
         self.cluster_ids: ClusterIds | None = None  # a cluster's producer ids (enter_cluster)
         # (topic, partition) -> the last idempotent produce waiting there: later ones queue
@@ -132,6 +134,7 @@ class Broker:
             m.AckRequest: consumers.ack,
             m.NackRequest: consumers.nack,
             m.UnsubscribeRequest: consumers.unsubscribe,
+            m.FetchRequest: self.fetches.fetch,
             m.SeekRequest: consumers.seek,
             m.DeleteSubscriptionRequest: consumers.delete_subscription,
             m.InitProducerIdRequest: self.init_producer_id,
@@ -331,6 +334,7 @@ class Broker:
         self._handlers[m.LookupRequest] = LookupHandler(ownership, self.catalog.topics).lookup
         self.definitions = definitions
         self.maps.ownership = ownership
+        self.fetches.ownership = ownership
         # an Exclusive subscription has one holder in the whole cluster (fenced in etcd)
         self._handlers[m.SubscribeRequest] = exclusive.wrap(self.consumers.subscribe)
         self.consumers.on_detached = exclusive.detached_consumer

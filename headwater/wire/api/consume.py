@@ -1,4 +1,4 @@
-"""Consuming: SUBSCRIBE, FLOW, ACK, NACK, SEEK, UNSUBSCRIBE, DELETE_SUBSCRIPTION, and the
+"""Consuming: SUBSCRIBE, FLOW, ACK, NACK, SEEK, UNSUBSCRIBE, DELETE_SUBSCRIPTION, FETCH, and the
 CONSUMER_CLOSED and MESSAGES_DROPPED pushes. DELIVER is in `wire.api.produce`, beside PRODUCE,
 because both carry a record batch through unchanged.
 
@@ -8,6 +8,10 @@ thousand elements, which construct's interpreted parse is not (10,000 acks took 
 SUBSCRIBE, ACK and NACK are decoded by struct fast paths (`Reader`), equal to their schemas
 (tests/test_wire_roundtrip.py). Every array's count is checked against its `wire.limits` maximum
 before its elements are read.
+
+FETCH's answer carries up to MAX_FETCH_BYTES of record batches as one bytes field: struct encodes
+and decodes it around the batches (the construct schema would copy megabytes through its
+interpreted build), equal to the schema (tested).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from construct import Flag, Int8sb, Int16sb, Int32sb, Int64sb
 from headwater.wire import messages as m
 from headwater.wire.api.base import (
     EMPTY_RESPONSE,
+    OK,
     Api,
     BoundedArray,
     Bytes,
@@ -30,6 +35,7 @@ from headwater.wire.api.base import (
     String,
     message,
 )
+from headwater.wire.frames import Flags, frame_prefix
 from headwater.wire.limits import (
     MAX_ACKS_PER_REQUEST,
     MAX_SUBSCRIBE_PARTITIONS,
@@ -116,6 +122,29 @@ def _ack_entries(reader: Reader) -> tuple[m.AckEntry, ...]:
     return tuple(entry(p, o) for p, o in _ACK_ENTRY.iter_unpack(reader.body[start:]))
 
 
+_FETCH_HEAD = struct.Struct(">qqi")  # start_offset, end_offset, records length
+
+
+def encode_fetch_response(correlation_id: int, response: m.FetchResponse) -> bytes:
+    """The fast path for FETCH's answer: equal to its schema (tested)."""
+    records = response.records
+    head = OK + _FETCH_HEAD.pack(response.start_offset, response.end_offset, len(records))
+    size = len(head) + len(records)
+    prefix = frame_prefix(m.ApiKey.FETCH, 0, correlation_id, Flags.RESPONSE, size)
+    return b"".join((prefix, head, records))  # one copy of the batches
+
+
+def decode_fetch_response(body: bytes) -> m.Response | None:
+    """The fast path for FETCH's answer (the body after the error code), or None for the schema
+    to name what is wrong with it."""
+    if len(body) < _FETCH_HEAD.size:
+        return None
+    start, end, length = _FETCH_HEAD.unpack_from(body, 0)
+    if length < 0 or len(body) != _FETCH_HEAD.size + length:
+        return None
+    return m.FetchResponse(start, end, body[_FETCH_HEAD.size :])
+
+
 def decode_ack_request(body: bytes) -> m.Request:
     """The fast path for ACK: equivalent to its schema (tested)."""
     reader = Reader(body, "ACK")
@@ -189,6 +218,25 @@ APIS: Final = (
         m.ApiKey.DELETE_SUBSCRIPTION,
         message(m.DeleteSubscriptionRequest, "topic" / String, "subscription" / String),
         EMPTY_RESPONSE,
+    ),
+    Api(
+        m.ApiKey.FETCH,
+        message(
+            m.FetchRequest,
+            "topic" / String,
+            "partition" / Int32sb,
+            "offset" / Int64sb,
+            "max_bytes" / Int32sb,
+            "max_wait_ms" / Int32sb,
+        ),
+        message(
+            m.FetchResponse,
+            "start_offset" / Int64sb,
+            "end_offset" / Int64sb,
+            "records" / Bytes,
+        ),
+        encode_response=encode_fetch_response,
+        decode_response=decode_fetch_response,
     ),
     Api(
         m.ApiKey.UNSUBSCRIBE,

@@ -1,0 +1,269 @@
+"""The Structured Streaming source `headwater`: a live reliable topic, read by offset with FETCH.
+
+    spark.readStream.format("headwater").option("server", "127.0.0.1:6650")
+        .option("topic", "orders").option("startingOffsets", "earliest").load()
+
+Offsets are per partition, `{"<partition>": <next offset>}` as JSON, and live in Spark's checkpoint
+only: the server keeps nothing for the query (no subscription, no acks). Each micro-batch, on the
+driver, `latestOffset` asks DESCRIBE_TOPIC for every partition's next offset (partitions added to
+the topic appear there and start at 0), capped by `maxRecordsPerTrigger` shared across the
+partitions in proportion to their backlog; Spark writes that end offset to its offset log before
+the batch runs. `partitions(start, end)` makes one task per partition with records in
+[start, end), and each task, on an executor, reads its range with FETCH (`Client.fetch`) and yields
+Arrow batches of `schema.STREAM_SCHEMA`: the `headwater_wal` rows without `corrupt`.
+
+Why exactly once: a range [start, end) of an offset-addressed log always holds the same records,
+so a batch Spark runs again after a crash (its end is in the offset log, its commit is not) reads
+exactly what the first attempt read, and a sink that commits per batch id (the file sink's
+metadata log) keeps one copy. The end offset is DESCRIBE's next offset, which may be above the
+readable end for a moment (an fsync under `fsync=always`, the cloud tail in a cluster): a task
+long-polls (FETCH `max_wait_ms`) until its range is readable, for at most `readTimeoutMs`.
+
+Options (strings, as Spark passes them): `server`, `topic`, `startingOffsets` (`earliest`,
+`latest`, or JSON `{"0": 42, "1": -2}` with -2 for earliest and -1 for latest; partitions left out
+start at earliest), `maxRecordsPerTrigger`, `token`, `tls` (`true`), `tls.ca`, `tls.cert`,
+`tls.key`, `tls.serverHostname`, `fetchMaxBytes` (default 1 MiB), `readTimeoutMs` (default
+120000). docs/COMPACTION.md has the table.
+
+This module imports pyspark; only Spark's Python workers and the compaction job import it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Iterator, Sequence
+from typing import Any, TypeVar
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from headwater.client.client import Client, connect
+from headwater.client.credentials import Tls, TlsOption
+from headwater.spark_compaction.schema import STREAM_DDL, STREAM_SCHEMA
+from headwater.spark_compaction.wal_segments import ROWS_PER_BATCH, Row, records_batch, row
+from headwater.wire.errors import InvalidRequest, RequestTimeout
+from headwater.wire.limits import MAX_FETCH_WAIT_MS
+
+T = TypeVar("T")
+Offsets = dict[str, int]
+
+EARLIEST, LATEST = -2, -1  # in startingOffsets JSON, as Spark's Kafka source spells them
+DEFAULT_FETCH_BYTES = 1024 * 1024
+DEFAULT_READ_TIMEOUT_MS = 120_000
+POLL_MS = 5_000  # one long poll's wait while a task's range is not readable yet
+
+
+class Settings:
+    """The options, checked once on the driver (a bad one fails the query at start)."""
+
+    def __init__(self, given: dict[str, str]) -> None:
+        options = {k.lower(): v for k, v in given.items()}  # Spark's option names ignore case
+        try:
+            self.server = options["server"]
+            self.topic = options["topic"]
+        except KeyError as missing:
+            raise InvalidRequest(f"the headwater source needs the option {missing}") from None
+        self.starting = options.get("startingoffsets", "latest")
+        limit = options.get("maxrecordspertrigger")
+        self.max_records = None if limit is None else int(limit)
+        if self.max_records is not None and self.max_records < 1:
+            raise InvalidRequest("maxRecordsPerTrigger must be at least 1")
+        self.fetch_bytes = int(options.get("fetchmaxbytes", DEFAULT_FETCH_BYTES))
+        self.read_timeout = int(options.get("readtimeoutms", DEFAULT_READ_TIMEOUT_MS)) / 1000
+        self.token = options.get("token") or None
+        self.tls: TlsOption = None
+        if options.get("tls", "false").lower() == "true":
+            names = ("tls.ca", "tls.cert", "tls.key", "tls.serverhostname")
+            if any(options.get(n) for n in names):
+                ca, cert, key, host = (options.get(n) or None for n in names)
+                self.tls = Tls(ca, cert, key, host)
+            else:
+                self.tls = True
+
+    async def connect(self) -> Client:
+        return await connect(self.server, token=self.token, tls=self.tls)
+
+
+def _run(settings: Settings, work: Any) -> Any:
+    """`work(client)` on a connection of its own, in an event loop of its own (Spark calls the
+    reader from plain threads and processes)."""
+
+    async def run() -> Any:
+        async with await settings.connect() as client:
+            return await work(client)
+
+    return asyncio.run(run())
+
+
+def parse_offsets(value: str) -> dict[int, int]:
+    try:
+        parsed = json.loads(value)
+        return {int(p): int(o) for p, o in parsed.items()}
+    except (ValueError, AttributeError, TypeError):
+        raise InvalidRequest(
+            f"startingOffsets must be earliest, latest or JSON {{partition: offset}}, not {value!r}"
+        ) from None
+
+
+def offsets(values: dict[int, int]) -> Offsets:
+    """Spark's offset: JSON keys are strings, in partition order (Spark compares the JSON)."""
+    return {str(p): values[p] for p in sorted(values)}
+
+
+def capped(start: dict[int, int], latest: dict[int, int], limit: int | None) -> dict[int, int]:
+    """`latest`, or at most `limit` records past `start` in all, shared by the partitions in
+    proportion to their backlog (the remainder one by one in partition order): deterministic,
+    so the same state gives the same end."""
+    backlog = {p: max(0, latest[p] - start.get(p, 0)) for p in latest}
+    total = sum(backlog.values())
+    if limit is None or total <= limit:
+        return dict(latest)
+    share = {p: backlog[p] * limit // total for p in backlog}
+    left = limit - sum(share.values())
+    for p in sorted(backlog):
+        if left <= 0:
+            break
+        extra = min(left, backlog[p] - share[p])
+        share[p] += extra
+        left -= extra
+    return {p: start.get(p, 0) + share[p] for p in latest}
+
+
+class PartitionRange(InputPartition):
+    """One task: `partition`'s records in [start, end)."""
+
+    def __init__(self, partition: int, start: int, end: int) -> None:
+        super().__init__((partition, start, end))
+        self.partition = partition
+        self.start = start
+        self.end = end
+
+
+class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.settings = Settings(options)
+        self.target: dict[int, int] | None = None  # Trigger.AvailableNow: where to stop
+
+    def _describe(self) -> tuple[list[int], list[int]]:
+        async def describe(client: Client) -> tuple[list[int], list[int]]:
+            answer = await client.describe_topic(self.settings.topic)
+            return list(answer.start_offsets), list(answer.next_offsets)
+
+        result: tuple[list[int], list[int]] = _run(self.settings, describe)
+        return result
+
+    def initialOffset(self) -> dict[str, Any]:
+        starts, nexts = self._describe()
+        starting = self.settings.starting
+        if starting in ("earliest", "latest"):
+            chosen = starts if starting == "earliest" else nexts
+            return offsets(dict(enumerate(chosen)))
+        asked = parse_offsets(starting)
+        found: dict[int, int] = {}
+        for p in range(len(nexts)):
+            offset = asked.get(p, EARLIEST)
+            found[p] = starts[p] if offset == EARLIEST else nexts[p] if offset == LATEST else offset
+        return offsets(found)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.settings.max_records is None:
+            return ReadAllAvailable()
+        return ReadMaxRows(self.settings.max_records)
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        _, nexts = self._describe()
+        latest = dict(enumerate(nexts))
+        if self.target is not None:
+            latest = {p: min(o, self.target.get(p, 0)) for p, o in latest.items()}
+        begun = {int(p): int(o) for p, o in start.items()}
+        latest = {p: max(o, begun.get(p, 0)) for p, o in latest.items()}  # never backwards
+        cap = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        return offsets(capped(begun, latest, cap))
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        _, nexts = self._describe()
+        self.target = dict(enumerate(nexts))
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        begun = {int(p): int(o) for p, o in start.items()}
+        ranges = []
+        for p, o in sorted((int(p), int(o)) for p, o in end.items()):
+            first = begun.get(p, 0)  # a partition added since `start`: from its beginning
+            if o > first:
+                ranges.append(PartitionRange(p, first, o))
+        return ranges
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, PartitionRange)
+        return read_range(self.settings, partition.partition, partition.start, partition.end)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        pass  # the offsets are in Spark's checkpoint; the server keeps nothing for the query
+
+
+def read_range(
+    settings: Settings, partition: int, start: int, end: int
+) -> Iterator[pa.RecordBatch]:
+    """The records of `partition` in [start, end) as Arrow batches, fetched in order; waits
+    (long polls) while the range is not readable yet, at most `readTimeoutMs` in all."""
+    loop = asyncio.new_event_loop()
+    client: Client | None = None
+
+    def wait(work: Awaitable[T]) -> T:
+        return loop.run_until_complete(work)
+
+    try:
+        client = wait(settings.connect())
+        offset, rows = start, list[Row]()
+        deadline = loop.time() + settings.read_timeout
+        max_wait = min(POLL_MS, MAX_FETCH_WAIT_MS) / 1000
+        while offset < end:  # each round moves on, or waits a poll; the deadline ends it
+            fetched = wait(
+                client.fetch(settings.topic, partition, offset, settings.fetch_bytes, max_wait)
+            )
+            found: list[Row] = fetched.records(row)
+            if not found and fetched.next_offset <= offset:
+                if loop.time() > deadline:
+                    raise RequestTimeout(
+                        f"partition {partition} of topic {settings.topic!r}: offsets "
+                        f"{offset}..{end} not readable after {settings.read_timeout:.0f}s "
+                        f"(readable end {fetched.end_offset})"
+                    )
+                continue
+            rows.extend(r for r in found if r[0] < end)
+            offset = fetched.next_offset  # past what came, or past a gap the server stepped over
+            if len(rows) >= ROWS_PER_BATCH or offset >= end:
+                if rows:
+                    yield _stream_batch(settings.topic, partition, rows)
+                rows = []
+    finally:
+        if client is not None:
+            wait(client.close())
+        loop.close()
+
+
+def _stream_batch(topic: str, partition: int, rows: list[Row]) -> pa.RecordBatch:
+    batch = records_batch(topic, partition, rows)
+    return pa.RecordBatch.from_arrays(batch.columns[: len(STREAM_SCHEMA)], schema=STREAM_SCHEMA)
+
+
+class TopicStreamSource(DataSource):
+    """`spark.readStream.format("headwater").option("server", ...).option("topic", ...).load()`"""
+
+    @classmethod
+    def name(cls) -> str:
+        return "headwater"
+
+    def schema(self) -> str:
+        return STREAM_DDL
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return TopicStreamReader(dict(self.options))

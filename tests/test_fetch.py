@@ -1,0 +1,153 @@
+"""FETCH on a real server: reads by offset from the start, the middle and the end, a long poll woken
+by a produce, every refusal with its precise code, and the `consume` grant it needs; its wire
+vectors (quoted in docs/PROTOCOL.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import headwater
+from headwater.wire import messages as m
+from headwater.wire.errors import (
+    InvalidPartition,
+    InvalidRequest,
+    NotAuthorized,
+    NotSupported,
+    OffsetOutOfRange,
+    UnknownTopic,
+)
+from headwater.wire.limits import MAX_FETCH_BYTES
+from headwater.wire.protocol import encode_request, encode_response
+from tests.support.secure import SecureServer, secure_server
+
+
+async def produced(client: headwater.Client, topic: str, batches: int, per_batch: int) -> None:
+    """`batches` batches of `per_batch` records each to partition 0, values `v<offset>`."""
+    producer = client.producer(topic)
+    offset = 0
+    for _ in range(batches):
+        values = [f"v{offset + i}".encode() for i in range(per_batch)]
+        await (await producer.send_batch(values, partition=0))
+        offset += per_batch
+    await producer.close()
+
+
+@pytest.fixture
+async def reliable(client: headwater.Client, topic_name: str) -> str:
+    await client.create_topic(topic_name, partitions=2, dispatch="reliable")
+    await produced(client, topic_name, 3, 10)
+    return topic_name
+
+
+async def test_fetch_from_the_start_the_middle_and_the_end(
+    client: headwater.Client, reliable: str
+) -> None:
+    whole = await client.fetch(reliable, 0, 0)
+    assert (whole.start_offset, whole.end_offset, whole.next_offset) == (0, 30, 30)
+    assert [r.value for r in whole.records()] == [f"v{i}".encode() for i in range(30)]
+    assert [r.offset for r in whole.records()] == list(range(30))
+    assert len(whole.batches()) == 3
+
+    middle = await client.fetch(reliable, 0, 15)  # inside the second batch
+    assert [r.offset for r in middle.records()] == list(range(15, 30))
+    assert middle.batches()[0] == whole.batches()[1]  # the batch holding 15, whole
+
+    one = await client.fetch(reliable, 0, 0, max_bytes=1)  # at least one batch, however small
+    assert [r.offset for r in one.records()] == list(range(10))
+    assert one.next_offset == 10
+
+    end = await client.fetch(reliable, 0, 30)
+    assert (end.data, end.records(), end.next_offset, end.end_offset) == (b"", [], 30, 30)
+    empty = await client.fetch(reliable, 1, 0)  # a partition with nothing yet
+    assert (empty.data, empty.start_offset, empty.end_offset) == (b"", 0, 0)
+
+
+async def test_a_long_poll_at_the_end_is_woken_by_a_produce(
+    client: headwater.Client, reliable: str
+) -> None:
+    started = time.monotonic()
+    quiet = await client.fetch(reliable, 0, 30, max_wait=0.3)
+    assert quiet.data == b""
+    assert time.monotonic() - started >= 0.29  # it waited, and answered nothing
+
+    waiting = asyncio.ensure_future(client.fetch(reliable, 0, 30, max_wait=15))
+    await asyncio.sleep(0.2)  # the poll is in (nothing can signal its arrival)
+    assert not waiting.done()
+    started = time.monotonic()
+    producer = client.producer(reliable)
+    await (await producer.send(b"late", partition=0))
+    await producer.close()
+    answer = await asyncio.wait_for(waiting, 10)
+    assert time.monotonic() - started < 5  # woken by the append, not by its 15 s
+    assert [(r.offset, r.value) for r in answer.records()] == [(30, b"late")]
+    assert answer.end_offset == 31
+
+
+async def test_refusals_have_precise_codes(
+    client: headwater.Client, reliable: str, topic_name: str
+) -> None:
+    with pytest.raises(OffsetOutOfRange, match="start=0 next=30"):
+        await client.fetch(reliable, 0, -1)
+    with pytest.raises(OffsetOutOfRange, match="start=0 next=30"):
+        await client.fetch(reliable, 0, 31)
+    with pytest.raises(InvalidPartition):
+        await client.fetch(reliable, 2, 0)
+    with pytest.raises(UnknownTopic):
+        await client.fetch(topic_name + "-missing", 0, 0)
+    with pytest.raises(InvalidRequest):
+        await client.fetch(reliable, 0, 0, max_bytes=0)
+    with pytest.raises(InvalidRequest):
+        await client.fetch(reliable, 0, 0, max_bytes=MAX_FETCH_BYTES + 1)
+    with pytest.raises(InvalidRequest):
+        await client.fetch(reliable, 0, 0, max_wait=21)
+    await client.create_topic(topic_name + "-live", dispatch="non-reliable")
+    with pytest.raises(NotSupported):
+        await client.fetch(topic_name + "-live", 0, 0)
+    assert (await client.fetch(reliable, 0, 29)).records()[0].value == b"v29"  # still serving
+
+
+@pytest.fixture
+def secure(tmp_path: Path) -> Iterator[SecureServer]:
+    with secure_server(tmp_path) as server:
+        yield server
+
+
+async def test_fetch_needs_the_consume_grant(secure: SecureServer) -> None:
+    async with await headwater.connect(secure.address, token=secure.admin) as admin:
+        await admin.create_topic("ledger", dispatch="reliable")
+        await produced(admin, "ledger", 1, 3)
+        writer = await headwater.connect(secure.address, token=secure.token("w", "produce:*"))
+        reader = await headwater.connect(secure.address, token=secure.token("r", "consume:led*"))
+        try:
+            with pytest.raises(NotAuthorized):
+                await writer.fetch("ledger", 0, 0)
+            fetched = await reader.fetch("ledger", 0, 0)
+            assert [r.value for r in fetched.records()] == [b"v0", b"v1", b"v2"]
+        finally:
+            await writer.close()
+            await reader.close()
+
+
+def test_fetch_vectors() -> None:
+    request = encode_request(m.FetchRequest("t", 0, 5, 65536, 1000), 7)
+    assert request.hex() == (
+        "0000002100090000000000070000"  # size, FETCH, version 0, correlation id 7, flags
+        "000174"  # topic "t"
+        "00000000"  # partition 0
+        "0000000000000005"  # offset 5
+        "00010000"  # max_bytes 65536
+        "000003e8"  # max_wait_ms 1000
+    )
+    response = encode_response(m.ApiKey.FETCH, 7, m.FetchResponse(0, 6, b"BATCH"))
+    assert response.hex() == (
+        "0000002500090000000000070001"  # size, FETCH, version 0, correlation id 7, RESPONSE
+        "0000"  # error code 0
+        "0000000000000000"  # start_offset 0
+        "0000000000000006"  # end_offset 6
+        "00000005" + b"BATCH".hex()  # records (whole batches in a real answer)
+    )
