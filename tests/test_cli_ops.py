@@ -110,6 +110,7 @@ def test_topic_list_and_describe_json(server: ServerProcess, topic_name: str) ->
         consumer.wait(timeout=60)
     assert set(described) == {
         "name",
+        "partition_count",
         "partitions",
         "dispatch",
         "configs",

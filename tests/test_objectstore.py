@@ -116,6 +116,17 @@ async def test_local_deletes_leave_no_empty_directories_and_race_no_put(tmp_path
         await store.delete(f"t/0/{round_}.log")
 
 
+async def test_local_list_skips_an_object_deleted_while_it_lists(tmp_path: Path) -> None:
+    """A delete between the directory walk and the size's stat made LIST fail with
+    FileNotFoundError (a take-over's manifest claim, racing the removal of an old version). A
+    dangling symlink is such a name, every time: listed by the walk, gone for the stat."""
+    store = LocalObjectStore(tmp_path / "objects")
+    await store.put("t/0/manifest/00000000000000000002", b"kept")
+    (tmp_path / "objects/t/0/manifest/00000000000000000001").symlink_to(tmp_path / "gone")
+    listed = await store.list("t/0/manifest/")
+    assert [(o.key, o.size) for o in listed] == [("t/0/manifest/00000000000000000002", 4)]
+
+
 async def test_segments_upload_and_replay_from_s3_after_local_deletion(
     tmp_path: Path, s3: MotoS3, bucket: str
 ) -> None:

@@ -139,7 +139,11 @@ class LocalObjectStore:
                 path = Path(directory) / name
                 key = path.relative_to(self.root).as_posix()
                 if key.startswith(prefix):
-                    found.append(ObjectInfo(key, path.stat().st_size))
+                    try:
+                        size = path.stat().st_size
+                    except FileNotFoundError:
+                        continue  # deleted since the walk saw it: not there, as in S3's list
+                    found.append(ObjectInfo(key, size))
         return sorted(found, key=lambda o: o.key)
 
     async def delete(self, key: str) -> None:

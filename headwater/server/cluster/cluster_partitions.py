@@ -712,7 +712,10 @@ class ClusterPartitions:
         if segment.base_offset > manifest.end:
             # the chunks below it are not folded yet (a log restarted at a take-over's end, or
             # a segment of ours not named as the partition moved): they keep these offsets,
-            # and folds name them
+            # and folds name them. Fold now: every later segment starts above the manifest's
+            # end too, so none was named (nor uploaded) until the fold after `fold_chunks` more
+            # chunks (test_cluster_manifest: no upload in 20 s after a take-over)
+            self._fold_soon(topic, partition)
             log.info(
                 "cluster.segment_not_named",
                 topic=topic,
