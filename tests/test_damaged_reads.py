@@ -354,5 +354,7 @@ async def test_a_take_over_skips_a_damaged_tail_batch_and_serves_the_partition(
             fresh = await table.set("fresh", "value")
             assert fresh > max(revisions.values()), "a revision was given again"
             status = _status(await client.describe_topic("kvc"))
-            assert status.get("status.partition.0.skipped") == "1"
+            # one per skip, whichever reader met it (DURABILITY.md): the last-value catch-up,
+            # and the idempotent producers' table rebuild when it read the chunk by then
+            assert int(status.get("status.partition.0.skipped", "0")) >= 1
         assert "topic.data_skipped" in cluster.brokers[heir].log()
