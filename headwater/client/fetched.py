@@ -17,22 +17,12 @@ from typing import TypeVar
 
 from headwater.wire.errors import CorruptBatch
 from headwater.wire.limits import MAX_DECOMPRESSED_BATCH
-from headwater.wire.records import BATCH_HEADER_SIZE, Record, decode_records, inspect_batch
+from headwater.wire.records import BATCH_HEADER_SIZE, decode_records, inspect_batch, record_of
 
 T = TypeVar("T")
 
 _OFFSET_AND_LENGTH = struct.Struct(">qi")
 _LENGTH_FIELD_END = 12  # a batch's length field counts the bytes after it
-
-
-def _record(
-    offset: int,
-    timestamp: int,
-    key: bytes | None,
-    value: bytes | None,
-    headers: list[tuple[str, bytes | None]],
-) -> Record:
-    return Record(offset, timestamp, key, value, tuple(headers))
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +62,7 @@ class Fetched:
         self,
         build: Callable[
             [int, int, bytes | None, bytes | None, list[tuple[str, bytes | None]]], T
-        ] = _record,  # type: ignore[assignment]
+        ] = record_of,  # type: ignore[assignment]
         max_decompressed: int = MAX_DECOMPRESSED_BATCH,
     ) -> list[T]:
         """Every record at or above the offset asked for, as `build(offset, timestamp, key,

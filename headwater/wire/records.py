@@ -337,19 +337,20 @@ def decode_records(
     ]
 
 
-def _record(
+def record_of(
     offset: int,
     timestamp: int,
     key: bytes | None,
     value: bytes | None,
     headers: list[tuple[str, bytes | None]],
 ) -> Record:
+    """The default `build` of `decode_records`: a `Record` (read_records, Client.fetch)."""
     return Record(offset, timestamp, key, value, tuple(headers))
 
 
 def read_records(batch: bytes, max_decompressed: int = MAX_DECOMPRESSED_BATCH) -> list[Record]:
     """Decode every record as a `Record`, checking that offsets run base, base+1, ..."""
-    records = decode_records(batch, _record, max_decompressed)
+    records = decode_records(batch, record_of, max_decompressed)
     base = records[0].offset if records else 0
     if base != read_base_offset(batch) or any(r.offset != base + i for i, r in enumerate(records)):
         raise CorruptBatch("record offset deltas are not 0, 1, 2, ...")
