@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import headwater
+from headwater.testing import ServerProcess
 from headwater.wire import messages as m
 from headwater.wire.errors import (
     InvalidPartition,
@@ -86,6 +87,35 @@ async def test_a_long_poll_at_the_end_is_woken_by_a_produce(
     assert time.monotonic() - started < 5  # woken by the append, not by its 15 s
     assert [(r.offset, r.value) for r in answer.records()] == [(30, b"late")]
     assert answer.end_offset == 31
+
+
+async def test_two_thousand_long_polls_on_four_connections_are_all_woken_by_one_append(
+    server: ServerProcess, topic_name: str
+) -> None:
+    """Long polls pipelined at a partition's end, 500 on each of four connections: another
+    client's produce is acknowledged meanwhile, and its one append wakes every poll, each
+    answered with that record (none lost in the append signal, none left to its timeout)."""
+    clients = [await headwater.connect(server.address) for _ in range(4)]
+    try:
+        await clients[0].create_topic(topic_name, partitions=2, dispatch="reliable")
+        polls = [
+            asyncio.ensure_future(client.fetch(topic_name, 1, 0, max_wait=15))
+            for client in clients
+            for _ in range(500)
+        ]
+        async with await headwater.connect(server.address) as other:
+            producer = other.producer(topic_name)
+            acked = await asyncio.wait_for(await producer.send(b"wake", partition=1), 30)
+            assert (acked.partition, acked.offset) == (1, 0)
+            await producer.close()
+        answers = await asyncio.wait_for(asyncio.gather(*polls), 60)  # bounds a hang only
+        assert {tuple((r.offset, r.value) for r in a.records()) for a in answers} == {
+            ((0, b"wake"),)
+        }
+        assert len(answers) == 2000
+    finally:
+        for client in clients:
+            await client.close()
 
 
 async def test_refusals_have_precise_codes(
