@@ -41,7 +41,12 @@ not use up its retries); `--retry patient` gives it 1,000 retries, as the rounds
 
 Object-store requests: every cluster row reports the tail's PUTs per second and per million
 acknowledged messages (the brokers' /metrics), and what that costs at S3 Standard's public price
-for PUTs ($0.005 per 1,000).
+for PUTs ($0.005 per 1,000); per broker too (`tail_puts_per_s_by_broker`), since only the
+brokers owning busy partitions write.
+
+`--partitions 1,6,24` runs the rows once per partition count (default 6), to see how the tail's
+PUTs per broker grow with the partitions a broker owns (issue 21 item 2); `--rows cluster3`
+(comma-separated among `embedded`, `cluster1`, `cluster3`) runs only those rows.
 """
 
 from __future__ import annotations
@@ -70,7 +75,7 @@ from headwater.wire import messages as m
 from headwater.wire.records import build_batch
 from loadtest.harness import free_port, latency_summary, process_cpu, say, wait_port
 
-PARTITIONS = 6
+PARTITIONS = 6  # the topic's partitions (`--partitions` sets it for each run of the rows)
 CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "x",
     "AWS_SECRET_ACCESS_KEY": "x",
@@ -452,16 +457,18 @@ async def failovers(
     }
 
 
-def tail_chunks(brokers: list[ServerProcess]) -> int:
-    """Cloud-tail objects the brokers wrote so far (their /metrics)."""
-    total = 0
+def tail_chunks(brokers: list[ServerProcess]) -> list[int]:
+    """Cloud-tail objects each broker wrote so far (their /metrics)."""
+    found = []
     for broker in brokers:
         port = int((broker.data_dir.parent / f"{broker.data_dir.name}.http").read_text())
+        count = 0
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
             for line in answer.read().decode().splitlines():
                 if line.startswith("headwater_cluster_tail_chunks_total "):
-                    total += int(float(line.split()[1]))
-    return total
+                    count += int(float(line.split()[1]))
+        found.append(count)
+    return found
 
 
 async def row(name: str, count: int, clustered: bool, args: argparse.Namespace) -> dict[str, Any]:
@@ -478,7 +485,7 @@ async def row(name: str, count: int, clustered: bool, args: argparse.Namespace) 
         owner_of = await wait_served(backing, brokers)
         before = {b.address: process_cpu(b.process.pid) for b in brokers if b.process}
         backing_before = [process_cpu(p.pid) for p in backing.processes] if backing else []
-        chunks_before = tail_chunks(brokers) if backing else 0
+        chunks_before = tail_chunks(brokers) if backing else []
         if args.seconds <= 0:
             result = {"acked": 0}
         elif args.api == "batch":
@@ -500,7 +507,12 @@ async def row(name: str, count: int, clustered: bool, args: argparse.Namespace) 
                 for p, b in zip(backing.processes, backing_before, strict=True)
             ]
             result["etcd_cpu_s"], result["object_store_cpu_s"] = (round(c, 2) for c in spent)
-            chunks = tail_chunks(brokers) - chunks_before
+            by_broker = [
+                after - before
+                for after, before in zip(tail_chunks(brokers), chunks_before, strict=True)
+            ]
+            chunks = sum(by_broker)
+            result["tail_puts_per_s_by_broker"] = [round(c / args.seconds, 1) for c in by_broker]
             result["records_per_chunk"] = round(result["acked"] / max(chunks, 1), 1)
             result["tail_puts_per_s"] = round(chunks / args.seconds, 1)
             result["tail_puts_per_broker_per_s"] = round(chunks / args.seconds / count, 1)
@@ -516,7 +528,7 @@ async def row(name: str, count: int, clustered: bool, args: argparse.Namespace) 
             result["failover"] = await failovers(
                 backing, brokers, args.failover_rounds, args.retry, args.idempotent_failover
             )
-        return {"row": name, **result}
+        return {"row": name, "partitions": PARTITIONS, **result}
     finally:
         for broker in brokers:
             broker.kill()
@@ -530,15 +542,26 @@ async def row(name: str, count: int, clustered: bool, args: argparse.Namespace) 
         shutil.rmtree(root, ignore_errors=True)
 
 
+ROWS = {
+    "embedded": ("1 broker, embedded", 1, False),
+    "cluster1": ("1 broker, cluster", 1, True),
+    "cluster3": ("3 brokers, cluster", 3, True),
+}
+
+
 async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
-    rows = [
-        ("1 broker, embedded", 1, False),
-        ("1 broker, cluster", 1, True),
-        ("3 brokers, cluster", 3, True),
-    ]
-    if args.only_failover:
-        rows = rows[-1:]
-    return [await row(name, count, clustered, args) for name, count, clustered in rows]
+    global PARTITIONS
+    chosen = ["cluster3"] if args.only_failover else args.rows.split(",")
+    unknown = set(chosen) - set(ROWS)
+    if unknown:
+        raise SystemExit(f"unknown rows {sorted(unknown)}: choose among {sorted(ROWS)}")
+    results = []
+    for partitions in (int(n) for n in args.partitions.split(",")):
+        PARTITIONS = partitions
+        for key in chosen:
+            name, count, clustered = ROWS[key]
+            results.append(await row(name, count, clustered, args))
+    return results
 
 
 def cli() -> None:
@@ -569,6 +592,12 @@ def cli() -> None:
         action="store_true",
         help="the failover rounds' producer is idempotent (its first ack by the new owner waits "
         "for the partition's producer table, rebuilt from the object store)",
+    )
+    parser.add_argument(
+        "--partitions", default=str(PARTITIONS), help="the topic's partitions, e.g. 1,6,24"
+    )
+    parser.add_argument(
+        "--rows", default=",".join(ROWS), help=f"rows to run, among {','.join(ROWS)}"
     )
     parser.add_argument("--output", type=Path, help="also write the JSON rows here")
     parser.add_argument("--keep-logs", type=Path, help="copy the brokers' logs into this folder")
