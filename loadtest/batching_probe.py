@@ -1,4 +1,4 @@
-"""What one commit window costs with a tail object per partition or one per broker (issue 21 item 2).
+"""What a commit window costs: a tail object per partition, or one per broker (issue 21 item 2).
 
     python -m loadtest.batching_probe [--partitions 1,6,24] [--windows 200] [--bytes 16384]
 

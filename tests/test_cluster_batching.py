@@ -38,10 +38,30 @@ async def counter(s3: MotoS3) -> AsyncIterator[PutCounter]:
     await proxy.stop()
 
 
-@pytest.fixture
-def cluster(tmp_path: Path, s3: MotoS3, bucket: str, counter: PutCounter) -> Iterator[Cluster]:
+@pytest.fixture(
+    params=[
+        pytest.param(
+            "partition",
+            marks=pytest.mark.xfail(
+                strict=True,
+                raises=AssertionError,
+                reason="one tail object per busy partition per commit window",
+            ),
+        ),
+        "broker",
+    ]
+)
+def cluster(
+    request: pytest.FixtureRequest, tmp_path: Path, s3: MotoS3, bucket: str, counter: PutCounter
+) -> Iterator[Cluster]:
+    """A cluster whose brokers use `cluster.tail_layout` = the parameter."""
     with running_cluster(
-        tmp_path, s3, bucket, LEASE_TTL_MS, s3_endpoint=counter.endpoint_url
+        tmp_path,
+        s3,
+        bucket,
+        LEASE_TTL_MS,
+        s3_endpoint=counter.endpoint_url,
+        cluster_settings=f'tail_layout = "{request.param}"',
     ) as cluster:
         yield cluster
 
@@ -63,11 +83,6 @@ async def puts_per_round(
     return found
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="issue 21 item 2 not built: one tail object per busy partition per commit window",
-)
 async def test_puts_per_commit_window_per_broker_do_not_grow_with_the_partitions(
     cluster: Cluster, counter: PutCounter
 ) -> None:

@@ -97,6 +97,10 @@ class ClusterConfig:
     # a partition's tail objects are folded into one segment once this many are stored: a
     # take-over lists at most about this many, whatever the traffic
     fold_chunks: int = 500
+    # "partition": one tail object per busy partition per window; "broker": one per broker per
+    # window holding every partition's batches, indexed in etcd (docs/CLUSTER.md). Every
+    # broker of a cluster must use the same, chosen when the cluster is created
+    tail_layout: str = "partition"
 
 
 @dataclass(frozen=True, slots=True)

@@ -133,6 +133,8 @@ def _check_cluster(config: ServerConfig, where: str) -> None:
             raise ConfigError(f"{where}: cluster.{name} must be positive")
     if cluster.handoff_after_ms < 0:
         raise ConfigError(f"{where}: cluster.handoff_after_ms must not be negative")
+    if cluster.tail_layout not in ("partition", "broker"):
+        raise ConfigError(f"{where}: cluster.tail_layout must be 'partition' or 'broker'")
 
 
 def _check_security(config: ServerConfig, where: str) -> None:

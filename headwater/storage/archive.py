@@ -123,7 +123,8 @@ class ObjectArchive:
         length = READ_BYTES
         while True:
             end = min(start + length, segment.size)
-            data = await self._store.get(log_key, start, end)
+            # (a slice of a shared tail object starts `position` bytes into it)
+            data = await self._store.get(log_key, segment.position + start, segment.position + end)
             complete = end >= segment.size
             batches, damaged = _whole_batches(data, offset, log_key, start, complete)
             if batches or end >= segment.size:

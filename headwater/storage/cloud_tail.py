@@ -49,10 +49,20 @@ class Chunk:
     first: int
     end: int
     epoch: int
+    # a slice of a broker's shared tail object (cluster `tail_layout = "broker"`,
+    # server/cluster/shared_tail.py): that object's key and where the slice lies in it; ""
+    # for a chunk that is an object of its own (`name`)
+    shared: str = field(default="", compare=False)
+    position: int = field(default=0, compare=False)
+    length: int = field(default=0, compare=False)
 
     def name(self, topic: str, partition: int) -> str:
         prefix = tail_prefix(topic, partition)
         return f"{prefix}{self.first:020d}-{self.end:020d}-{self.epoch:020d}.log"
+
+    def key(self, topic: str, partition: int) -> str:
+        """The object holding the chunk's bytes (from `position` on, when shared)."""
+        return self.shared or self.name(topic, partition)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +139,10 @@ class CloudTail:
     def __init__(self, store: ObjectStore) -> None:
         self.store = store
 
+    async def prepare(self, topic: str, partition: int, epoch: int) -> None:
+        """A take-over is about to read the tail: nothing to do here (the epoch's marker, once
+        the chain's end is known, fences earlier owners); the shared tail fences them now."""
+
     async def state(self, topic: str, partition: int) -> TailState:
         prefix = tail_prefix(topic, partition)
         chunks: list[Chunk] = []
@@ -138,7 +152,8 @@ class CloudTail:
         for info in await self.store.list(prefix):
             name = info.key[len(prefix) :]
             if match := _CHUNK.match(name):
-                chunk = Chunk(*(int(g) for g in match.groups()))
+                first, end, epoch = (int(g) for g in match.groups())
+                chunk = Chunk(first, end, epoch)
                 chunks.append(chunk)
                 sizes[chunk] = info.size
             elif match := _MARKER.match(name):

@@ -52,6 +52,9 @@ class UploadedSegment:
     # False for a cloud tail chunk read in place (a cluster's take-over, until it is folded):
     # batches back to back like a segment's log, without an index object
     indexed: bool = True
+    # where its bytes start in the object: a slice of a broker's shared tail object (cluster
+    # `tail_layout = "broker"`) is `size` bytes from there; 0 for every other object
+    position: int = 0
 
     @property
     def start(self) -> int:
@@ -66,7 +69,7 @@ class UploadedSegment:
     def encode(self) -> bytes:
         """The record's value; its key holds `start` (unique: two owners' objects may share a
         base offset, never a start)."""
-        indexed = int(self.indexed)
+        indexed = f"{int(self.indexed)}:{self.position}" if self.position else int(self.indexed)
         return f"{self.next_offset},{self.size},{self.base_offset},{indexed},{self.name}".encode()
 
     @classmethod
@@ -74,9 +77,12 @@ class UploadedSegment:
         fields = value.decode().split(",", 4)
         if len(fields) == 2:  # recorded before segments had names
             return cls(start, int(fields[0]), int(fields[1]))
-        next_offset, size, base, indexed, name = fields
+        next_offset, size, base, flags, name = fields
         first = start if name else -1
-        return cls(int(base), int(next_offset), int(size), name, first, indexed == "1")
+        indexed, _, position = flags.partition(":")  # "1", "0", or "0:<position>" for a slice
+        return cls(
+            int(base), int(next_offset), int(size), name, first, indexed == "1", int(position or 0)
+        )
 
 
 def object_key(topic: str, partition: int, base_offset: int, suffix: str = ".log") -> str:

@@ -8,7 +8,9 @@ what it knows of itself and the `PartitionHandler` it drives, `exclusive_claims`
 an Exclusive subscription in the whole cluster, fenced in etcd, `producer_ids` idempotent-producer
 ids unique in the cluster (blocks taken from a counter in etcd). On the data side, `cluster_mode`
 composes the broker's cluster mode, `cluster_partitions` takes partitions over, hands them off and
-loses them, and `tail_commit` acknowledges a produce once it is in the object store.
+loses them, and `tail_commit` acknowledges a produce once it is in the object store (one object
+per partition per window), or `shared_commit` with one object per broker per window, which
+`shared_tail` indexes in etcd (`cluster.tail_layout = "broker"`).
 `cluster_metrics` and `cluster_status` report it (the latter straight from etcd)."""
 
 from headwater.server.cluster.coordinator import Coordinator

@@ -27,6 +27,8 @@ from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.cluster.cluster_partitions import ClusterPartitions, checkpoint_key
 from headwater.server.cluster.coordinator import Coordinator
 from headwater.server.cluster.exclusive_claims import ExclusiveGate
+from headwater.server.cluster.shared_commit import SharedCommitter
+from headwater.server.cluster.shared_tail import SharedTail
 from headwater.server.cluster.tail_commit import TailCommitter
 from headwater.server.config import ServerConfig
 from headwater.server.requests.broker import Broker
@@ -70,14 +72,28 @@ class ClusterMode:
             handoff_after=settings.handoff_after_ms / 1000,
         )
         coordinator = self.coordinator
-        self.tail = CloudTail(store)
-        self.committer = TailCommitter(
-            self.tail,
-            settings.commit_interval_ms / 1000,
-            coordinator.serves,
-            coordinator.epoch,
-            lambda topic, partition: not_owner(coordinator, topic, partition),
-        )
+        self.committer: TailCommitter | SharedCommitter
+        if settings.tail_layout == "broker":
+            # one object per broker per window, indexed in etcd (shared_tail.py)
+            shared = SharedTail(store, coordinator.call_etcd, coordinator.layout)
+            self.tail: CloudTail = shared
+            self.committer = SharedCommitter(
+                shared,
+                this.broker_id,
+                settings.commit_interval_ms / 1000,
+                coordinator.serves,
+                coordinator.epoch,
+                lambda topic, partition: not_owner(coordinator, topic, partition),
+            )
+        else:
+            self.tail = CloudTail(store)
+            self.committer = TailCommitter(
+                self.tail,
+                settings.commit_interval_ms / 1000,
+                coordinator.serves,
+                coordinator.epoch,
+                lambda topic, partition: not_owner(coordinator, topic, partition),
+            )
         self.partitions = ClusterPartitions(
             catalog,
             self.tail,
@@ -115,11 +131,15 @@ class ClusterMode:
             await self._on_topic(name, None)  # deleted from the cluster while we were away
         self.partitions.start()
         self.exclusive.start()
+        if isinstance(self.committer, SharedCommitter):
+            self.committer.start()
 
     async def stop(self) -> None:
         await self.exclusive.close()
         await self.coordinator.stop(graceful=True)
         await self.partitions.close()
+        if isinstance(self.committer, SharedCommitter):
+            await self.committer.close()
 
     # Topics
 
@@ -292,7 +312,9 @@ class CloudDurability:
     object store (`tail_commit.TailCommitter`), and readers read only what is there, so no
     consumer acks an offset a take-over could give to another message."""
 
-    def __init__(self, committer: TailCommitter, partitions: ClusterPartitions) -> None:
+    def __init__(
+        self, committer: TailCommitter | SharedCommitter, partitions: ClusterPartitions
+    ) -> None:
         self._committer = committer
         self._partitions = partitions
 

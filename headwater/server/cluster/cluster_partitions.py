@@ -52,6 +52,7 @@ import structlog
 from headwater.durables.cursor import PartitionCursor
 from headwater.durables.producers import ProducerTable
 from headwater.server.catalog.topic_catalog import TopicCatalog
+from headwater.server.cluster.shared_commit import SharedCommitter
 from headwater.server.cluster.tail_commit import TailCommitter
 from headwater.server.subscriptions.reliable_subscription import ReliableSubscription
 from headwater.server.topics.topic import LogTopic
@@ -104,7 +105,7 @@ class ClusterPartitions:
         self,
         catalog: TopicCatalog,
         tail: CloudTail,
-        committer: TailCommitter,
+        committer: TailCommitter | SharedCommitter,
         checkpoints: Checkpoints,
         serves: Callable[[str, int], bool],
         checkpoint_interval: float = 0.5,
@@ -235,6 +236,7 @@ class ClusterPartitions:
         chain's end and write our epoch's marker there."""
         started = time.monotonic()
         await self._committer.settle(topic, partition)
+        await self._tail.prepare(topic, partition, epoch)
         # what a deleted topic of the same name left in the shared store is not ours
         since = self._checkpoints.incarnation(topic)
         # the claim of the manifest, and the tail's listing at the same time: a previous owner
@@ -302,9 +304,10 @@ class ClusterPartitions:
                     c.first,
                     c.end,
                     state.sizes.get(c, 0),
-                    c.name(topic, partition)[: -len(".log")],
+                    c.key(topic, partition)[: -len(".log")],
                     max(c.first, manifest.end),
                     indexed=False,
+                    position=c.position,
                 )
                 for c in run
             ]

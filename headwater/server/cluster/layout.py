@@ -9,6 +9,9 @@ Everything lives under one prefix (default `/headwater`):
     <prefix>/checkpoints/<key>                   bytes (cursors), the data path's keys
     <prefix>/producer-ids                        the next idempotent-producer id not yet
                                                  given to a broker (decimal)
+    <prefix>/tail/<topic>/<partition>/<first>    where a tail chunk lies in a broker's shared
+                                                 object (JSON; `tail_layout = "broker"`)
+    <prefix>/tail-claims/<topic>/<partition>     the owner's claim token for the shared tail
 
 Topic names never hold "/" (wire.names), so `<topic>/<rest>` splits at the first "/". Pure
 functions only: the coordinator and `headwater cluster status` share them.
@@ -58,6 +61,18 @@ class Layout:
 
     def checkpoint(self, key: str) -> bytes:
         return self.root("checkpoints") + key.encode()
+
+    def tail_of(self, topic: str, partition: int | None = None) -> bytes:
+        """The prefix of a partition's shared-tail index entries (a topic's: `partition`
+        None)."""
+        rest = f"{topic}/" if partition is None else f"{topic}/{partition}/"
+        return self.root("tail") + rest.encode()
+
+    def tail_entry(self, topic: str, partition: int, first: int) -> bytes:
+        return self.tail_of(topic, partition) + f"{first:020d}".encode()
+
+    def tail_claim(self, topic: str, partition: int) -> bytes:
+        return self.root("tail-claims") + f"{topic}/{partition}".encode()
 
     def name_in(self, kind: str, key: bytes) -> str:
         """The part of `key` after `<prefix>/<kind>/`."""

@@ -54,6 +54,15 @@ class Metadata:
         except EtcdUnavailable as exc:
             raise StorageError(f"cluster metadata unavailable: {exc}") from None
 
+    async def call_etcd(self, operation: Callable[[Any], Awaitable[Any]]) -> Any:
+        """One etcd call for the data path (the shared tail's index); `StorageError` when etcd
+        does not answer in time."""
+        return await self._etcd(operation)
+
+    @property
+    def layout(self) -> Layout:
+        return self._layout
+
     # topics
 
     async def create_topic(self, name: str, definition: dict[str, Any]) -> bool:
