@@ -46,7 +46,8 @@ brokers owning busy partitions write.
 
 `--partitions 1,6,24` runs the rows once per partition count (default 6), to see how the tail's
 PUTs per broker grow with the partitions a broker owns (issue 21 item 2); `--rows cluster3`
-(comma-separated among `embedded`, `cluster1`, `cluster3`) runs only those rows.
+(comma-separated among `embedded`, `cluster1`, `cluster3`) runs only those rows;
+`--tail-layout broker` runs the brokers with one tail object per broker per window.
 """
 
 from __future__ import annotations
@@ -126,7 +127,11 @@ S3_PUT_DOLLARS = 0.005 / 1000  # S3 Standard, us-east-1, public price per PUT
 
 
 def start_brokers(
-    root: Path, count: int, backing: Backing | None, lease_ms: int | None
+    root: Path,
+    count: int,
+    backing: Backing | None,
+    lease_ms: int | None,
+    tail_layout: str = "partition",
 ) -> list[ServerProcess]:
     if backing is None:
         return [ServerProcess(root / "solo").start(60)]
@@ -135,7 +140,7 @@ def start_brokers(
     config.write_text(
         f'[object_store]\nbackend = "s3"\nbucket = "bench"\n'
         f'endpoint_url = "http://127.0.0.1:{backing.s3_port}"\nregion = "us-east-1"\n'
-        f"[cluster]\n{lease}"
+        f'[cluster]\n{lease}tail_layout = "{tail_layout}"\n'
     )
     brokers = [
         ServerProcess(
@@ -479,7 +484,7 @@ async def row(name: str, count: int, clustered: bool, args: argparse.Namespace) 
     try:
         if backing is not None:
             backing.start()
-        brokers = start_brokers(root, count, backing, args.lease_ms)
+        brokers = start_brokers(root, count, backing, args.lease_ms, args.tail_layout)
         async with await headwater.connect(brokers[0].address) as client:
             await client.create_topic("bench", partitions=PARTITIONS)
         owner_of = await wait_served(backing, brokers)
@@ -528,7 +533,7 @@ async def row(name: str, count: int, clustered: bool, args: argparse.Namespace) 
             result["failover"] = await failovers(
                 backing, brokers, args.failover_rounds, args.retry, args.idempotent_failover
             )
-        return {"row": name, "partitions": PARTITIONS, **result}
+        return {"row": name, "partitions": PARTITIONS, "tail_layout": args.tail_layout, **result}
     finally:
         for broker in brokers:
             broker.kill()
@@ -598,6 +603,12 @@ def cli() -> None:
     )
     parser.add_argument(
         "--rows", default=",".join(ROWS), help=f"rows to run, among {','.join(ROWS)}"
+    )
+    parser.add_argument(
+        "--tail-layout",
+        choices=("partition", "broker"),
+        default="partition",
+        help="the brokers' cluster.tail_layout: a tail object per partition or per broker",
     )
     parser.add_argument("--output", type=Path, help="also write the JSON rows here")
     parser.add_argument("--keep-logs", type=Path, help="copy the brokers' logs into this folder")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -45,6 +46,11 @@ class Cluster:
         self.brokers: dict[str, ServerProcess] = {}
         self._advertised: dict[str, str] = {}
         self._config = root / "cluster.toml"
+        # HEADWATER_TEST_TAIL_LAYOUT=broker runs a cluster test module on the per-broker tail
+        # layout (a `tail_layout` in `cluster_settings` wins: TOML refuses a key twice)
+        chosen = os.environ.get("HEADWATER_TEST_TAIL_LAYOUT")
+        explicit = "tail_layout" in cluster_settings
+        layout = f'tail_layout = "{chosen}"' if chosen and not explicit else ""
         self._config.write_text(
             f"""
 [object_store]
@@ -59,6 +65,7 @@ retry_max_ms = 500
 lease_ttl_ms = {lease_ttl_ms}
 checkpoint_interval_ms = 200
 handoff_after_ms = {handoff_after_ms}
+{layout}
 {cluster_settings}
 """
         )
