@@ -62,7 +62,6 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
                 tail,
                 "b1",
                 0.005,
-                lambda topic, partition: (topic, partition) in epochs,
                 lambda topic, partition: epochs.get((topic, partition)),
                 lambda topic, partition: headwater.NotOwner(f"{topic}/{partition}"),
             )

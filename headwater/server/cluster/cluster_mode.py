@@ -81,7 +81,6 @@ class ClusterMode:
                 shared,
                 this.broker_id,
                 settings.commit_interval_ms / 1000,
-                coordinator.serves,
                 coordinator.epoch,
                 lambda topic, partition: not_owner(coordinator, topic, partition),
             )

@@ -9,10 +9,12 @@ window: fewer, larger objects). Once a window's object is stored, its slices are
 etcd index by one transaction (`SharedTail.commit`), and the windows' transactions run one at a
 time in window order: a partition's entries enter the index in offset order, so the index never
 names a slice while an earlier one of the same partition is missing. A producer is answered once
-its slice is named, and only if the broker still serves the partition.
+its slice is named (under the claim token: the partition is still ours, whatever `serves()` said
+meanwhile).
 
 As in the per-partition committer: a failed PUT or transaction is retried (the same bytes, the
-same entries) with doubling delays for as long as the partition is served; whatever was added
+same entries) with doubling delays until the partition is lost, never given up (that would
+leave a hole in the partition's index); whatever was added
 before a loss (`reset`) is never named after it (its generation is gone, and the take-over's new
 claim token fails the transaction anyway); a take-over waits for the partition's windows in
 flight (`settle`). A window whose object grew older than `REPUT_AFTER` while its transaction was
@@ -71,7 +73,6 @@ class SharedCommitter:
         tail: SharedTail,
         broker_id: str,
         interval: float,
-        serves: Callable[[str, int], bool],
         epoch: Callable[[str, int], int | None],
         not_owner: Callable[[str, int], HeadwaterError],
         in_flight: int = IN_FLIGHT,
@@ -79,7 +80,6 @@ class SharedCommitter:
         self._tail = tail
         self._broker_id = broker_id
         self._interval = interval
-        self._serves = serves
         self._epoch = epoch
         self._not_owner = not_owner
         self._pending: dict[tuple[str, int], _Pending] = {}
@@ -154,7 +154,12 @@ class SharedCommitter:
         await self.drain(topic, partition)
 
     def _current(self, key: tuple[str, int], pending: _Pending) -> bool:
-        return self._serves(*key) and pending.generation == self._generation.get(key, 0)
+        """Not lost since it was added. Deliberately not `serves()`: the claim token fences a
+        slice of a partition that moved, and `serves()` can turn False for a moment without a
+        loss (a renewal confirmed just after the deadline passed, before the watchdog fenced):
+        failing that window's slice while the next one is named would leave a hole in the
+        partition's index, and a take-over keeps only the chain's last contiguous run."""
+        return pending.generation == self._generation.get(key, 0)
 
     def _signal(self) -> None:
         self._changed.set()
