@@ -6,7 +6,8 @@ a real etcd, a local object store, no broker.
   the other's is answered and named, both in the one object;
 - a take-over's new token fences a window of the previous token whose object is stored but not
   named yet;
-- the shared objects' collection deletes only objects old enough that no entry named in two passes.
+- the shared objects' collection deletes only objects old enough that no entry named in two passes;
+- a slice read in place keeps its position in the uploads' record.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from headwater.server.cluster.shared_commit import SharedCommitter
 from headwater.server.cluster.shared_tail import SharedTail
 from headwater.server.topics.topic import stamped_batch
 from headwater.storage.objectstore import LocalObjectStore
+from headwater.storage.uploader import UploadedSegment
 from headwater.wire.records import build_batch
 from tests.support.etcd_support import EtcdServer
 
@@ -129,3 +131,13 @@ async def test_shared_objects_go_only_when_old_and_unnamed_twice(
     assert await rig.tail.collect_objects() == 0  # unnamed once: kept for one more pass
     assert await rig.tail.collect_objects() == 1
     assert [o.key for o in await rig.store.list("shared/")] == [named]
+
+
+def test_a_slice_read_in_place_keeps_its_position_in_the_uploads_record() -> None:
+    """A take-over records the slices it reads in place (`Uploader.replace`, persisted): the
+    record must keep where the slice starts in its shared object, and old records still read."""
+    piece = UploadedSegment(5, 9, 120, "shared/b1/x", 6, indexed=False, position=4096)
+    assert UploadedSegment.decode(6, piece.encode()) == piece
+    whole = UploadedSegment(5, 9, 120, "orders/0/tail/y", 6, indexed=False)
+    assert whole.encode() == b"9,120,5,0,orders/0/tail/y"  # as before slices
+    assert UploadedSegment.decode(6, whole.encode()) == whole
