@@ -13,7 +13,7 @@ RESULTS := loadtest/results
 PEER_BINARIES := redis-server nats-server
 export PATH := $(PATH):/usr/sbin:/sbin
 
-.PHONY: install run test spark-long check browser etcd-server cluster cluster-stop fuzz stress-test stress-quick nemesis lint typecheck bench bench-quick bench-peers peer-servers soak loadtest clean
+.PHONY: install run test test-long spark-long check browser etcd-server cluster cluster-stop fuzz stress-test stress-quick nemesis lint typecheck bench bench-quick bench-peers peer-servers soak loadtest clean
 
 install: $(STAMP)
 
@@ -35,15 +35,26 @@ run: $(RUN_STAMP)
 
 # The whole suite on every core: one test module per worker at a time (the Spark modules share
 # one worker and its JVM: tests/conftest.py). The timeout bounds a hang, nothing else.
-# The two long Spark tests have their own target, which .ci/run runs after this one: the
-# standalone cluster (four JVMs, about four minutes on 2 cores) and the streaming query whose driver
-# is killed twice (three driver JVMs one after the other). Local-mode Spark runs here.
+# The long runs have their own target, `make test-long`, which .ci/run runs after this one: the
+# fixed-seed explorations of the two fuzzers (the state machine and the pipelined admin model; their
+# recorded reproductions stay here), the cluster attack modules (kill -9 rounds with uploads,
+# take-overs, topics racing across brokers), the standalone Spark cluster (four JVMs) and the
+# streaming query whose driver is killed twice (three driver JVMs one after the other).
+LONG_TESTS := tests/test_statemachine.py::test_state_machine \
+	tests/test_statemachine.py::test_state_machine_with_auth \
+	tests/test_admin_fuzz.py \
+	tests/test_cluster_attack.py tests/test_cluster_attack_tail.py tests/test_cluster_attack_topics.py
 SPARK_LONG := tests/test_spark_cluster.py \
 	tests/test_spark_stream.py::test_a_driver_killed_twice_restarts_from_its_checkpoint_exactly_once
 test: $(STAMP) browser etcd-server
 	$(BIN)/python -m pytest -q -p no:randomly -n auto --dist loadgroup \
-		$(addprefix --deselect=,$(SPARK_LONG))
+		$(addprefix --deselect=,$(LONG_TESTS) $(SPARK_LONG))
 
+test-long: $(STAMP) etcd-server
+	$(BIN)/python -m pytest -q -p no:randomly -n auto --dist loadgroup $(LONG_TESTS)
+	$(BIN)/python -m pytest -q -p no:randomly $(SPARK_LONG)
+
+# the Spark half of test-long alone
 spark-long: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:randomly $(SPARK_LONG)
 
