@@ -395,7 +395,7 @@ def _reads(reader: ParsedSchema, writer: ParsedSchema) -> list[str]:
             return ["the schemas nest too deeply to compare"]
     if reader.avro is None or writer.avro is None:
         return []  # bytes, string, int64: one set of values each
-    checker = avro.compatibility.ReaderWriterCompatibilityChecker()  # type: ignore[no-untyped-call]
+    checker = avro.compatibility.ReaderWriterCompatibilityChecker()  # type: ignore[no-untyped-call]  # avro is untyped
     result = checker.get_compatibility(reader.avro, writer.avro)
     if result.compatibility is avro.compatibility.SchemaCompatibilityType.compatible:
         return []
