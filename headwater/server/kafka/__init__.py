@@ -1,0 +1,9 @@
+"""The Kafka protocol front end (docs/KAFKA.md): a second listener that lets stock Kafka clients
+produce to and fetch from Headwater topics through the same `requests.broker.Broker`.
+
+`kafka_listener` (the port, accepting, timeouts) → `kafka_connection` (frames, requests handled,
+answers in request order) → `handlers` (each Kafka API as native requests to the broker), with
+`codec` (frames and bodies decoded with bounded work, over aiokafka's schema declarations), `apis`
+(the APIs and versions served) and `kafka_errors` (Headwater's error codes as Kafka's). Imports
+`requests` and `net.accepting`; only `serve` imports it.
+"""

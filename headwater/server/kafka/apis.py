@@ -1,0 +1,119 @@
+"""The Kafka APIs and versions the listener serves, each version's request and response schema
+taken from aiokafka's declarations (`aiokafka.protocol`), plus ApiVersions v3, the one flexible
+version served, declared here in the same types (aiokafka stops at v2; librdkafka asks for v3
+first). docs/KAFKA.md has this table for users; tests/test_kafka_codec.py checks each served
+declaration against Kafka's published JSON schema of the same version.
+
+Versions are chosen where every stock client we test agrees and the records are RecordBatch v2
+(Produce from v3, Fetch from v4): an older Produce or Fetch would carry message sets v0/v1, which
+Headwater does not store.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+from aiokafka.protocol import admin, fetch, metadata, offset, produce
+from aiokafka.protocol.types import (
+    CompactArray,
+    CompactString,
+    Int16,
+    Int32,
+    Schema,
+    TaggedFields,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Api:
+    key: int
+    name: str
+    min_version: int
+    max_version: int
+    requests: dict[int, Schema]
+    responses: dict[int, Schema]
+    flexible_from: int | None = None  # the first version with tagged fields (header v2)
+
+    def flexible(self, version: int) -> bool:
+        return self.flexible_from is not None and version >= self.flexible_from
+
+
+def _declared(
+    module: Any, request: str, response: str, low: int, high: int
+) -> tuple[dict[int, Schema], dict[int, Schema]]:
+    return (
+        {v: getattr(module, f"{request}_v{v}").SCHEMA for v in range(low, high + 1)},
+        {v: getattr(module, f"{response}_v{v}").SCHEMA for v in range(low, high + 1)},
+    )
+
+
+def _api(key: int, name: str, module: Any, request: str, response: str, low: int, high: int) -> Api:
+    requests, responses = _declared(module, request, response, low, high)
+    return Api(key, name, low, high, requests, responses)
+
+
+API_VERSIONS_V3_REQUEST: Final = Schema(
+    ("client_software_name", CompactString("utf-8")),
+    ("client_software_version", CompactString("utf-8")),
+    ("tags", TaggedFields),
+)
+API_VERSIONS_V3_RESPONSE: Final = Schema(
+    ("error_code", Int16),
+    (
+        "api_keys",
+        CompactArray(
+            ("api_key", Int16),
+            ("min_version", Int16),
+            ("max_version", Int16),
+            ("tags", TaggedFields),
+        ),
+    ),
+    ("throttle_time_ms", Int32),
+    ("tags", TaggedFields),
+)
+
+PRODUCE: Final = 0
+FETCH: Final = 1
+LIST_OFFSETS: Final = 2
+METADATA: Final = 3
+API_VERSIONS: Final = 18
+CREATE_TOPICS: Final = 19
+DELETE_TOPICS: Final = 20
+
+
+def _api_versions() -> Api:
+    requests, responses = _declared(admin, "ApiVersionRequest", "ApiVersionResponse", 0, 2)
+    requests[3] = API_VERSIONS_V3_REQUEST
+    responses[3] = API_VERSIONS_V3_RESPONSE
+    return Api(API_VERSIONS, "ApiVersions", 0, 3, requests, responses, flexible_from=3)
+
+
+SERVED: Final[dict[int, Api]] = {
+    api.key: api
+    for api in (
+        _api(PRODUCE, "Produce", produce, "ProduceRequest", "ProduceResponse", 3, 8),
+        _api(FETCH, "Fetch", fetch, "FetchRequest", "FetchResponse", 4, 11),
+        _api(LIST_OFFSETS, "ListOffsets", offset, "OffsetRequest", "OffsetResponse", 1, 3),
+        _api(METADATA, "Metadata", metadata, "MetadataRequest", "MetadataResponse", 0, 5),
+        _api_versions(),
+        _api(
+            CREATE_TOPICS,
+            "CreateTopics",
+            admin,
+            "CreateTopicsRequest",
+            "CreateTopicsResponse",
+            0,
+            3,
+        ),
+        _api(
+            DELETE_TOPICS,
+            "DeleteTopics",
+            admin,
+            "DeleteTopicsRequest",
+            "DeleteTopicsResponse",
+            0,
+            3,
+        ),
+    )
+}

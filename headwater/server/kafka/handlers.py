@@ -1,0 +1,438 @@
+"""Each served Kafka API as requests to the one `Broker` the native listener uses.
+
+A Kafka request names many partitions; each becomes the native request for one
+(`wire.messages.ProduceRequest`, `FetchRequest`, `CreateTopicRequest`, ...) handled by
+`Broker.handle`, so topic turns, validation, the idempotent-producer tables and the durability
+waits are the native ones, and each partition's refusal becomes its Kafka error code
+(`kafka_errors`). A handler returns the response's fields by name, every version's fields
+together (`codec.shape` takes the version's own), or None for a Produce with acks=0, which Kafka
+answers with nothing.
+
+- Produce: acks=1 is answered as a native produce is (per the topic's fsync policy); acks=all
+  (-1) as a read_committed one, once an fsync covers the batch whatever the policy. Several
+  batches in one partition's records are appended in order. A compressed batch, or one declaring
+  many records, is checked on the listener's inflater thread, as on the native port.
+- Fetch: one native FETCH per partition (reliable topics; a non-reliable one keeps no history:
+  INVALID_REQUEST). At the end of every partition with `max_wait_ms` and `min_bytes` > 0, each
+  partition waits with the native long poll (`AfterData`, outside the topic's turn) and the first
+  to bring data answers for all; the others are cancelled.
+- ListOffsets: earliest (-2) is the partition's start, latest (-1) its readable end (the high
+  watermark a Fetch reports), a timestamp the first batch at or after it (offset -1 when none).
+- Metadata: this broker (node 0) leads every partition; topics are never created by a Metadata
+  request. CreateTopics makes reliable topics; DeleteTopics deletes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
+from typing import Any, Final
+
+import structlog
+
+from headwater.server.kafka import kafka_errors as k
+from headwater.server.kafka.apis import (
+    API_VERSIONS,
+    CREATE_TOPICS,
+    DELETE_TOPICS,
+    FETCH,
+    LIST_OFFSETS,
+    METADATA,
+    PRODUCE,
+    SERVED,
+)
+from headwater.server.reply import resolve
+from headwater.server.requests.broker import Broker
+from headwater.server.topics.subscription_contract import ConsumerSession as Session
+from headwater.wire import messages as m
+from headwater.wire.compression import declared_records, is_compressed
+from headwater.wire.errors import (
+    CorruptBatch,
+    HeadwaterError,
+    InvalidPartition,
+    InvalidRequest,
+    UnknownTopic,
+)
+from headwater.wire.limits import MAX_FETCH_BYTES, MAX_FETCH_WAIT_MS
+from headwater.wire.records import validate_records
+
+log = structlog.get_logger("headwater.server")
+
+Fields = dict[str, Any]
+Handler = Callable[[Session, int, Fields], Awaitable[Fields | None]]
+
+CLUSTER_ID: Final = "headwater"
+NODE_ID: Final = 0
+# as on the native port (server.net.client_connection): more is checked off the loop
+INLINE_RECORDS: Final = 2048
+_BATCH_LENGTH = struct.Struct(">i")
+_BATCH_OVERHEAD: Final = 12  # base offset (8) and batch length (4) precede what the length counts
+_MIN_BATCH: Final = 61  # a RecordBatch v2 header
+
+
+def split_batches(records: bytes) -> list[bytes]:
+    """The record batches laid back to back in a partition's records (most clients send one);
+    `CorruptBatch` when a length runs past the end. Bounded: each batch is at least a header."""
+    batches: list[bytes] = []
+    pos = 0
+    for _ in range(len(records) // _MIN_BATCH + 1):
+        if pos >= len(records):
+            break
+        if len(records) - pos < _MIN_BATCH:
+            raise CorruptBatch(f"{len(records) - pos} bytes after the last batch are no batch")
+        size = _BATCH_OVERHEAD + _BATCH_LENGTH.unpack_from(records, pos + 8)[0]
+        if size < _MIN_BATCH or pos + size > len(records):
+            raise CorruptBatch(f"a batch of {size} bytes at byte {pos} does not fit the records")
+        batches.append(records[pos : pos + size])
+        pos += size
+    return batches
+
+
+class KafkaHandlers:
+    def __init__(
+        self,
+        broker: Broker,
+        host: str,
+        port: int,
+        inflater: Executor | None,
+        max_decompressed: int,
+    ) -> None:
+        self._broker = broker
+        self._host = host
+        self._port = port
+        self._inflater = inflater
+        self._cap = max_decompressed
+        self.handlers: dict[int, Handler] = {
+            API_VERSIONS: self.api_versions,
+            METADATA: self.metadata,
+            PRODUCE: self.produce,
+            FETCH: self.fetch,
+            LIST_OFFSETS: self.list_offsets,
+            CREATE_TOPICS: self.create_topics,
+            DELETE_TOPICS: self.delete_topics,
+        }
+
+    async def _native(self, session: Session, request: m.Request) -> m.Response:
+        return await resolve(self._broker.handle(session, request))
+
+    # ApiVersions, Metadata
+
+    @staticmethod
+    def versions() -> list[Fields]:
+        return [
+            {"api_key": a.key, "min_version": a.min_version, "max_version": a.max_version}
+            for a in sorted(SERVED.values(), key=lambda a: a.key)
+        ]
+
+    async def api_versions(self, session: Session, version: int, fields: Fields) -> Fields:
+        listed = self.versions()
+        return {"error_code": 0, "api_versions": listed, "api_keys": listed}
+
+    async def metadata(self, session: Session, version: int, fields: Fields) -> Fields:
+        topics = self._broker.topics
+        names = fields.get("topics")
+        if version == 0 and not names:
+            names = None  # v0: an empty list means every topic
+        chosen = sorted(topics) if names is None else names
+        entries: list[Fields] = []
+        for name in chosen:
+            topic = topics.get(name)
+            if topic is None:
+                entries.append(
+                    {"error_code": k.UNKNOWN_TOPIC_OR_PARTITION, "topic": name, "partitions": []}
+                )
+                continue
+            partitions = [
+                {
+                    "error_code": 0,
+                    "partition": index,
+                    "leader": NODE_ID,
+                    "replicas": [NODE_ID],
+                    "isr": [NODE_ID],
+                    "offline_replicas": [],
+                }
+                for index in range(len(topic.partitions))
+            ]
+            entries.append({"error_code": 0, "topic": name, "partitions": partitions})
+        broker = {"node_id": NODE_ID, "host": self._host, "port": self._port}
+        return {
+            "brokers": [broker],
+            "cluster_id": CLUSTER_ID,
+            "controller_id": NODE_ID,
+            "topics": entries,
+        }
+
+    # Produce
+
+    async def produce(self, session: Session, version: int, fields: Fields) -> Fields | None:
+        acks = fields["required_acks"]
+        isolation = m.Isolation.READ_COMMITTED if acks == -1 else m.Isolation.READ_UNCOMMITTED
+        started: list[tuple[str, int, Awaitable[tuple[int, int]]]] = []
+        for entry in fields["topics"]:
+            for part in entry["partitions"]:
+                name, index = entry["topic"], part["partition"]
+                if acks not in (0, 1, -1):
+                    started.append((name, index, _failed(k.INVALID_REQUIRED_ACKS)))
+                    continue
+                # started now, in request order: a partition's batches keep their order
+                work = asyncio.ensure_future(
+                    self._produce_partition(session, name, index, part["messages"], isolation)
+                )
+                started.append((name, index, work))
+        results: dict[str, list[Fields]] = {}
+        for name, index, pending in started:
+            code, offset = await pending
+            results.setdefault(name, []).append(
+                {
+                    "partition": index,
+                    "error_code": code,
+                    "offset": offset,
+                    "timestamp": -1,
+                    "log_start_offset": -1,
+                    "record_errors": [],
+                }
+            )
+        if acks == 0:
+            return None
+        return {
+            "topics": [{"topic": n, "partitions": p} for n, p in results.items()],
+            "throttle_time_ms": 0,
+        }
+
+    async def _produce_partition(
+        self, session: Session, topic: str, partition: int, records: bytes | None, isolation: int
+    ) -> tuple[int, int]:
+        """(error code, base offset of the first batch) for one partition's records."""
+        try:
+            if not records:
+                raise CorruptBatch("a produce with no records")
+            first = -1
+            for batch in split_batches(records):
+                request = m.ProduceRequest(topic, partition, batch, isolation)
+                if is_compressed(batch) or declared_records(batch) > INLINE_RECORDS:
+                    info = await asyncio.get_running_loop().run_in_executor(
+                        self._inflater, validate_records, batch, self._cap
+                    )
+                    reply = self._broker.produce(session, request, info)
+                else:
+                    reply = self._broker.handle(session, request)
+                response = await resolve(reply)
+                assert isinstance(response, m.ProduceResponse)
+                if first < 0:
+                    first = response.base_offset
+            return 0, first
+        except HeadwaterError as exc:
+            return _refused("kafka.produce_refused", exc, topic, partition), -1
+
+    # Fetch
+
+    async def fetch(self, session: Session, version: int, fields: Fields) -> Fields:
+        wanted = [
+            (
+                entry["topic"],
+                part["partition"],
+                part.get("fetch_offset", part.get("offset", 0)),
+                max(1, min(part["max_bytes"], MAX_FETCH_BYTES)),
+            )
+            for entry in fields["topics"]
+            for part in entry["partitions"]
+        ]
+        answers: list[Fields] = [
+            await self._fetch_one(session, topic, index, offset, limit, 0)
+            for topic, index, offset, limit in wanted
+        ]
+        wait_ms = min(max(0, fields["max_wait_time"]), MAX_FETCH_WAIT_MS)
+        got = sum(len(a["message_set"]) for a in answers)
+        if wait_ms > 0 and fields["min_bytes"] > 0 and got == 0:
+            await self._long_poll(session, wanted, answers, wait_ms)
+        return self._fetch_response(wanted, answers, fields.get("max_bytes", MAX_FETCH_BYTES))
+
+    async def _long_poll(
+        self,
+        session: Session,
+        wanted: list[tuple[str, int, int, int]],
+        answers: list[Fields],
+        wait_ms: int,
+    ) -> None:
+        """Each partition at its end waits (the native long poll); the first with data answers
+        for all. Bounded by `wait_ms` and by the partitions named."""
+        polls = {
+            asyncio.ensure_future(self._fetch_one(session, t, i, o, n, wait_ms)): position
+            for position, (t, i, o, n) in enumerate(wanted)
+            if answers[position]["error_code"] == 0
+        }
+        try:
+            pending = set(polls)
+            deadline = asyncio.get_running_loop().time() + wait_ms / 1000 + 1.0
+            while pending:
+                left = deadline - asyncio.get_running_loop().time()
+                if left <= 0:
+                    break
+                done, pending = await asyncio.wait(
+                    pending, timeout=left, return_when=asyncio.FIRST_COMPLETED
+                )
+                if not done:
+                    break
+                for task in done:
+                    answers[polls[task]] = task.result()
+                if any(answers[polls[task]]["message_set"] for task in done):
+                    break
+        finally:
+            for task in polls:
+                task.cancel()
+
+    async def _fetch_one(
+        self, session: Session, topic: str, index: int, offset: int, limit: int, wait_ms: int
+    ) -> Fields:
+        try:
+            response = await self._native(
+                session, m.FetchRequest(topic, index, offset, limit, wait_ms)
+            )
+        except HeadwaterError as exc:
+            code = _refused("kafka.fetch_refused", exc, topic, index)
+            return {
+                "error_code": code,
+                "message_set": b"",
+                "highwater_offset": -1,
+                "last_stable_offset": -1,
+                "log_start_offset": -1,
+            }
+        assert isinstance(response, m.FetchResponse)
+        return {
+            "error_code": 0,
+            "message_set": response.records,
+            "highwater_offset": response.end_offset,
+            "last_stable_offset": response.end_offset,
+            "log_start_offset": response.start_offset,
+        }
+
+    @staticmethod
+    def _fetch_response(
+        wanted: list[tuple[str, int, int, int]], answers: list[Fields], max_bytes: int
+    ) -> Fields:
+        """The answers by topic, in the request's order, with at most `max_bytes` of records in
+        all (the first partition's records whatever their size, so a consumer moves on)."""
+        topics: dict[str, list[Fields]] = {}
+        size = 0
+        for (topic, index, _offset, _limit), answer in zip(wanted, answers, strict=True):
+            records = answer["message_set"]
+            if size and size + len(records) > max_bytes:
+                records = b""
+            size += len(records)
+            topics.setdefault(topic, []).append(
+                {
+                    **answer,
+                    "message_set": records,
+                    "partition": index,
+                    "aborted_transactions": [],
+                    "preferred_read_replica": -1,
+                }
+            )
+        return {
+            "throttle_time_ms": 0,
+            "error_code": 0,
+            "session_id": 0,  # no fetch sessions: every request is a full one
+            "topics": [{"topics": t, "topic": t, "partitions": p} for t, p in topics.items()],
+        }
+
+    # ListOffsets
+
+    async def list_offsets(self, session: Session, version: int, fields: Fields) -> Fields:
+        topics = []
+        for entry in fields["topics"]:
+            name = entry["topic"]
+            partitions = []
+            for part in entry["partitions"]:
+                index, timestamp = part["partition"], part["timestamp"]
+                try:
+                    offset = await self._offset(name, index, timestamp)
+                    code = 0
+                except HeadwaterError as exc:
+                    code, offset = _refused("kafka.list_offsets_refused", exc, name, index), -1
+                partitions.append(
+                    {
+                        "partition": index,
+                        "error_code": code,
+                        "timestamp": -1 if offset < 0 or timestamp < 0 else timestamp,
+                        "offset": offset,
+                    }
+                )
+            topics.append({"topic": name, "partitions": partitions})
+        return {"throttle_time_ms": 0, "topics": topics}
+
+    async def _offset(self, name: str, index: int, timestamp: int) -> int:
+        topic = self._broker.topics.get(name)
+        if topic is None:
+            raise UnknownTopic(f"topic {name!r} does not exist")
+        if not 0 <= index < len(topic.partitions):
+            raise InvalidPartition(f"topic {name!r} has no partition {index}")
+        if timestamp == -2:
+            return topic.start_offset(index)
+        if not topic.reliable:
+            if timestamp == -1:
+                return topic.partitions[index].next_offset
+            raise InvalidRequest(f"topic {name!r} is non-reliable: no offsets by timestamp")
+        partition = topic.partitions[index]
+        if timestamp == -1:
+            return topic.readable_end(partition, False)
+        if timestamp < 0:
+            raise InvalidRequest(f"timestamp {timestamp}: -1 latest, -2 earliest, or ms")
+        found = await topic.offset_for_timestamp(index, timestamp)
+        return -1 if found >= topic.readable_end(partition, False) else found
+
+    # CreateTopics, DeleteTopics
+
+    async def create_topics(self, session: Session, version: int, fields: Fields) -> Fields:
+        results = []
+        for entry in fields["create_topic_requests"]:
+            name = entry["topic"]
+            configs = tuple(
+                m.ConfigEntry(c["config_key"], c["config_value"] or "")
+                for c in entry["configs"] or ()
+                # Kafka's default policy is what every Headwater topic does
+                if not (c["config_key"] == "cleanup.policy" and c["config_value"] == "delete")
+            )
+            count = entry["num_partitions"]
+            request = m.CreateTopicRequest(
+                name, 1 if count == -1 else count, m.DispatchMode.RELIABLE, configs
+            )
+            code, message = 0, None
+            try:
+                if entry["replica_assignment"]:
+                    raise InvalidRequest("replica assignments are not taken: one copy, storage's")
+                if fields.get("validate_only"):
+                    if name in self._broker.topics:
+                        code, message = k.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists"
+                else:
+                    await self._native(session, request)
+            except HeadwaterError as exc:
+                code, message = _refused("kafka.create_topic_refused", exc, name, -1), exc.message
+                if code == k.UNKNOWN_TOPIC_OR_PARTITION:  # a partition count out of range
+                    code = k.INVALID_PARTITIONS
+                elif code == k.INVALID_REQUEST and configs:
+                    code = k.INVALID_CONFIG
+            results.append({"topic": name, "error_code": code, "error_message": message})
+        return {"throttle_time_ms": 0, "topic_errors": results}
+
+    async def delete_topics(self, session: Session, version: int, fields: Fields) -> Fields:
+        results = []
+        for name in fields["topics"]:
+            code = 0
+            try:
+                await self._native(session, m.DeleteTopicRequest(name))
+            except HeadwaterError as exc:
+                code = _refused("kafka.delete_topic_refused", exc, name, -1)
+            results.append({"topic": name, "error_code": code})
+        return {"throttle_time_ms": 0, "topic_error_codes": results}
+
+
+async def _failed(code: int) -> tuple[int, int]:
+    return code, -1
+
+
+def _refused(event: str, error: HeadwaterError, topic: str, partition: int) -> int:
+    code = k.kafka_code(error)
+    log.debug(event, topic=topic, partition=partition, error=str(error), kafka_code=code)
+    return code

@@ -1,0 +1,73 @@
+"""Headwater's error codes as Kafka's: what a Kafka client is told when the broker refuses.
+
+Each Headwater `ErrorCode` maps to the Kafka error a Kafka client acts on the same way (retriable
+where ours is, "unknown topic" where ours is); docs/KAFKA.md prints this table. A code with no
+close Kafka counterpart is UNKNOWN_SERVER_ERROR, and the server logs the Headwater error.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from headwater.wire.errors import ErrorCode, HeadwaterError
+
+NONE: Final = 0
+UNKNOWN_SERVER_ERROR: Final = -1
+OFFSET_OUT_OF_RANGE: Final = 1
+CORRUPT_MESSAGE: Final = 2
+UNKNOWN_TOPIC_OR_PARTITION: Final = 3
+LEADER_NOT_AVAILABLE: Final = 5
+NOT_LEADER_OR_FOLLOWER: Final = 6
+REQUEST_TIMED_OUT: Final = 7
+MESSAGE_TOO_LARGE: Final = 10
+NETWORK_EXCEPTION: Final = 13
+INVALID_TOPIC_EXCEPTION: Final = 17
+RECORD_LIST_TOO_LARGE: Final = 18
+NOT_ENOUGH_REPLICAS: Final = 19
+INVALID_REQUIRED_ACKS: Final = 21
+TOPIC_AUTHORIZATION_FAILED: Final = 29
+UNSUPPORTED_VERSION: Final = 35
+TOPIC_ALREADY_EXISTS: Final = 36
+INVALID_PARTITIONS: Final = 37
+INVALID_REPLICATION_FACTOR: Final = 38
+INVALID_CONFIG: Final = 40
+INVALID_REQUEST: Final = 42
+OUT_OF_ORDER_SEQUENCE_NUMBER: Final = 45
+UNKNOWN_PRODUCER_ID: Final = 59
+KAFKA_STORAGE_ERROR: Final = 56
+THROTTLING_QUOTA_EXCEEDED: Final = 89
+
+_BY_CODE: Final[dict[ErrorCode, int]] = {
+    ErrorCode.NONE: NONE,
+    ErrorCode.CORRUPT_BATCH: CORRUPT_MESSAGE,
+    ErrorCode.INVALID_REQUEST: INVALID_REQUEST,
+    ErrorCode.UNKNOWN_TOPIC: UNKNOWN_TOPIC_OR_PARTITION,
+    ErrorCode.INVALID_PARTITION: UNKNOWN_TOPIC_OR_PARTITION,
+    ErrorCode.INVALID_TOPIC_NAME: INVALID_TOPIC_EXCEPTION,
+    ErrorCode.TOPIC_EXISTS: TOPIC_ALREADY_EXISTS,
+    # a non-reliable topic keeps no history to fetch: the request is one the topic cannot serve
+    ErrorCode.NOT_SUPPORTED: INVALID_REQUEST,
+    ErrorCode.SERVER_SHUTTING_DOWN: NETWORK_EXCEPTION,
+    ErrorCode.REQUEST_TIMEOUT: REQUEST_TIMED_OUT,
+    ErrorCode.STORAGE_ERROR: KAFKA_STORAGE_ERROR,
+    ErrorCode.OUT_OF_ORDER_SEQUENCE: OUT_OF_ORDER_SEQUENCE_NUMBER,
+    ErrorCode.UNKNOWN_PRODUCER_ID: UNKNOWN_PRODUCER_ID,
+    ErrorCode.RECORD_TOO_LARGE: MESSAGE_TOO_LARGE,
+    ErrorCode.PARTITION_OFFLINE: LEADER_NOT_AVAILABLE,
+    ErrorCode.DECOMPRESSED_TOO_LARGE: RECORD_LIST_TOO_LARGE,
+    ErrorCode.NOT_AUTHORIZED: TOPIC_AUTHORIZATION_FAILED,
+    ErrorCode.NOT_OWNER: NOT_LEADER_OR_FOLLOWER,
+    ErrorCode.OVER_MEMORY_BUDGET: THROTTLING_QUOTA_EXCEEDED,
+    ErrorCode.OFFSET_OUT_OF_RANGE: OFFSET_OUT_OF_RANGE,
+    ErrorCode.SCHEMA_VIOLATION: CORRUPT_MESSAGE,
+}
+
+
+def kafka_code(error: HeadwaterError) -> int:
+    """The Kafka error code for `error`."""
+    return _BY_CODE.get(error.code, UNKNOWN_SERVER_ERROR)
+
+
+def mapping() -> dict[ErrorCode, int]:
+    """Every mapped code (for docs/KAFKA.md and its test)."""
+    return dict(_BY_CODE)
