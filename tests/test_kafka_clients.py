@@ -1,0 +1,272 @@
+"""Stock Kafka clients against the Kafka listener of a real server (docs/KAFKA.md): kafka-python,
+aiokafka and kcat produce with acks=all and consume keyed records with headers, byte for byte what
+the native client reads from the same topic, and the reverse; offsets by time; topics created
+and deleted through Kafka's admin API; a Fetch long poll woken by a native produce; and acked
+messages still there after kill -9."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.admin import NewTopic
+from kafka.errors import TopicAlreadyExistsError
+
+import headwater
+from tests.support.kafka_support import KafkaServer
+
+Seen = tuple[int, int, bytes | None, bytes | None, tuple[tuple[str, bytes | None], ...]]
+
+
+@pytest.fixture(scope="module")
+def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaServer]:
+    server = KafkaServer(tmp_path_factory.mktemp("kafka") / "data").start()
+    yield server
+    server.stop()
+
+
+async def _create(server: KafkaServer, topic: str, partitions: int = 1) -> None:
+    async with await headwater.connect(server.address) as client:
+        await client.create_topic(topic, partitions=partitions, dispatch="reliable")
+
+
+async def _native_read(server: KafkaServer, topic: str, partitions: int = 1) -> list[Seen]:
+    """What the native client's FETCH reads: (partition, offset, key, value, headers)."""
+    seen: list[Seen] = []
+    async with await headwater.connect(server.address) as client:
+        for partition in range(partitions):
+            fetched = await client.fetch(topic, partition, 0)
+            seen += [
+                (partition, r.offset, r.key, r.value, tuple(r.headers)) for r in fetched.records()
+            ]
+    return seen
+
+
+def _kafka_python_read(server: KafkaServer, topic: str, expected: int) -> list[Seen]:
+    consumer = KafkaConsumer(
+        topic,
+        bootstrap_servers=server.bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        consumer_timeout_ms=5000,
+    )
+    seen: list[Seen] = []
+    try:
+        for message in consumer:
+            seen.append(
+                (
+                    message.partition,
+                    message.offset,
+                    message.key,
+                    message.value,
+                    tuple(message.headers),
+                )
+            )
+            if len(seen) == expected:
+                break
+    finally:
+        consumer.close()
+    return sorted(seen)
+
+
+RECORDS = [
+    (f"key-{i % 3}".encode(), f"value {i}".encode(), [("n", str(i).encode())]) for i in range(20)
+]
+
+
+def test_kafka_python_produces_with_acks_all_what_the_native_client_and_it_read(
+    kafka: KafkaServer, topic_name: str
+) -> None:
+    asyncio.run(_create(kafka, topic_name, 3))
+    producer = KafkaProducer(
+        bootstrap_servers=kafka.bootstrap, acks="all", enable_idempotence=False
+    )
+    futures = [producer.send(topic_name, v, key=k, headers=h) for k, v, h in RECORDS]
+    acked = [f.get(10) for f in futures]
+    producer.close()
+    # keyed: one key, one partition, in order
+    assert (
+        len({(m.partition) for m, (k, _, _) in zip(acked, RECORDS, strict=True) if k == b"key-0"})
+        == 1
+    )
+    native = sorted(asyncio.run(_native_read(kafka, topic_name, 3)))
+    assert sorted((m.partition, m.offset) for m in acked) == [(p, o) for p, o, *_ in native]
+    assert sorted((v, k) for _, _, k, v, _ in native) == sorted((v, k) for k, v, _ in RECORDS)
+    assert {(v, h) for _, _, _, v, h in native} == {(v, tuple(h)) for _, v, h in RECORDS}
+    assert _kafka_python_read(kafka, topic_name, len(RECORDS)) == native
+
+
+async def test_aiokafka_produces_with_acks_all_what_the_native_client_and_it_read(
+    kafka: KafkaServer, topic_name: str
+) -> None:
+    await _create(kafka, topic_name, 2)
+    producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap, acks="all")
+    await producer.start()
+    try:
+        acked = [
+            await producer.send_and_wait(topic_name, v, key=k, headers=h) for k, v, h in RECORDS
+        ]
+    finally:
+        await producer.stop()
+    native = sorted(await _native_read(kafka, topic_name, 2))
+    assert sorted((m.partition, m.offset) for m in acked) == [(p, o) for p, o, *_ in native]
+    consumer = AIOKafkaConsumer(
+        topic_name,
+        bootstrap_servers=kafka.bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    seen: list[Seen] = []
+    try:
+        async with asyncio.timeout(20):
+            while len(seen) < len(RECORDS):
+                for messages in (await consumer.getmany(timeout_ms=1000)).values():
+                    seen += [
+                        (m.partition, m.offset, m.key, m.value, tuple(m.headers)) for m in messages
+                    ]
+    finally:
+        await consumer.stop()
+    assert sorted(seen) == native
+
+
+async def test_what_the_native_client_produces_kafka_clients_read(
+    kafka: KafkaServer, topic_name: str
+) -> None:
+    await _create(kafka, topic_name)
+    async with await headwater.connect(kafka.address) as client:
+        producer = client.producer(topic_name)
+        for key, value, headers in RECORDS:
+            await producer.send(value, key=key, headers=dict(headers), partition=0)
+        await producer.flush()
+        await producer.close()
+    native = await _native_read(kafka, topic_name)
+    assert len(native) == len(RECORDS)
+    assert await asyncio.to_thread(_kafka_python_read, kafka, topic_name, len(RECORDS)) == native
+
+
+def _kcat(*args: str, stdin: bytes | None = None) -> str:
+    kcat = shutil.which("kcat")
+    assert kcat is not None, "kcat is not installed: `make install` installs Debian's kcat"
+    done = subprocess.run([kcat, *args], input=stdin, capture_output=True, timeout=60, check=True)
+    return done.stdout.decode()
+
+
+def test_kcat_lists_produces_keyed_with_headers_and_consumes(
+    kafka: KafkaServer, topic_name: str
+) -> None:
+    asyncio.run(_create(kafka, topic_name, 2))
+    listing = _kcat("-b", kafka.bootstrap, "-L", "-t", topic_name)
+    assert f'topic "{topic_name}" with 2 partitions' in listing
+    assert "partition 1, leader 0" in listing
+    lines = b"".join(f"k{i}:v{i}\n".encode() for i in range(10))
+    _kcat("-b", kafka.bootstrap, "-P", "-t", topic_name, "-K:", "-H", "src=kcat", stdin=lines)
+    native = sorted(asyncio.run(_native_read(kafka, topic_name, 2)))
+    assert sorted((k, v) for _, _, k, v, _ in native) == sorted(
+        (f"k{i}".encode(), f"v{i}".encode()) for i in range(10)
+    )
+    assert {h for *_, h in native} == {(("src", b"kcat"),)}
+    consumed = _kcat(
+        "-b", kafka.bootstrap, "-C", "-t", topic_name, "-e", "-q", "-f", "%p %o %k %s %h\n"
+    )
+    assert sorted(consumed.splitlines()) == sorted(
+        f"{p} {o} {k.decode()} {v.decode()} src=kcat" for p, o, k, v, _ in native
+    )
+
+
+def test_offsets_earliest_latest_and_by_timestamp(kafka: KafkaServer, topic_name: str) -> None:
+    asyncio.run(_create(kafka, topic_name))
+    producer = KafkaProducer(
+        bootstrap_servers=kafka.bootstrap, acks="all", enable_idempotence=False
+    )
+    base = int(time.time() * 1000)
+    for i in range(10):  # timestamps base, base+1000, ...: one batch each (flushed)
+        producer.send(topic_name, b"x", timestamp_ms=base + 1000 * i).get(10)
+    producer.close()
+    consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap, enable_auto_commit=False)
+    try:
+        tp = TopicPartition(topic_name, 0)
+        assert consumer.beginning_offsets([tp]) == {tp: 0}
+        assert consumer.end_offsets([tp]) == {tp: 10}
+        found = consumer.offsets_for_times({tp: base + 4500})
+        assert found[tp] is not None and found[tp].offset == 5
+        assert consumer.offsets_for_times({tp: base + 60_000}) == {tp: None}
+    finally:
+        consumer.close()
+
+
+def test_topics_are_created_and_deleted_through_kafka_admin(
+    kafka: KafkaServer, topic_name: str
+) -> None:
+    admin = KafkaAdminClient(bootstrap_servers=kafka.bootstrap)
+    try:
+        admin.create_topics([NewTopic(topic_name, 4, 1, topic_configs={"retention.ms": "60000"})])
+        with pytest.raises(TopicAlreadyExistsError):
+            admin.create_topics([NewTopic(topic_name, 1, 1)])
+        assert topic_name in admin.list_topics()
+
+        async def described() -> headwater.wire.messages.DescribeTopicResponse:
+            async with await headwater.connect(kafka.address) as client:
+                return await client.describe_topic(topic_name)
+
+        info = asyncio.run(described()).topic
+        assert info.partitions == 4
+        assert ("retention.ms", "60000") in {(c.name, c.value) for c in info.configs}
+        admin.delete_topics([topic_name])
+        assert topic_name not in admin.list_topics()
+    finally:
+        admin.close()
+
+
+async def test_a_fetch_at_the_end_waits_and_is_woken_by_a_native_produce(
+    kafka: KafkaServer, topic_name: str
+) -> None:
+    await _create(kafka, topic_name)
+    consumer = AIOKafkaConsumer(
+        topic_name,
+        bootstrap_servers=kafka.bootstrap,
+        auto_offset_reset="latest",
+        enable_auto_commit=False,
+        fetch_max_wait_ms=15_000,
+    )
+    await consumer.start()
+    try:
+        waiting = asyncio.ensure_future(consumer.getone())
+        await asyncio.sleep(1.0)  # the consumer's fetch is parked at the end (nothing to await)
+        assert not waiting.done()
+        async with await headwater.connect(kafka.address) as client:
+            producer = client.producer(topic_name)
+            sent = time.monotonic()
+            await (await producer.send(b"wake", partition=0))
+            await producer.close()
+        message = await asyncio.wait_for(waiting, 10)
+        assert message.value == b"wake"
+        assert time.monotonic() - sent < 5.0  # woken by the append, not the 15 s max wait
+    finally:
+        await consumer.stop()
+
+
+def test_acked_messages_are_there_after_kill_9(tmp_path: Path, topic_name: str) -> None:
+    server = KafkaServer(tmp_path / "data").start()
+    try:
+        asyncio.run(_create(server, topic_name, 2))
+        producer = KafkaProducer(
+            bootstrap_servers=server.bootstrap, acks="all", enable_idempotence=False
+        )
+        acked = [producer.send(topic_name, k + v, key=k).get(10) for k, v, _ in RECORDS]
+        server.kill()
+        producer.close(timeout=1)
+        server.start()
+        assert _kafka_python_read(server, topic_name, len(RECORDS)) == sorted(
+            (m.partition, m.offset, k, k + v, ())
+            for m, (k, v, _) in zip(acked, RECORDS, strict=True)
+        )
+    finally:
+        server.kill()
