@@ -104,6 +104,15 @@ def _json(name: str) -> dict[str, Any]:
 
 
 _FILES = {
+    8: "OffsetCommit",
+    9: "OffsetFetch",
+    10: "FindCoordinator",
+    11: "JoinGroup",
+    12: "Heartbeat",
+    13: "LeaveGroup",
+    14: "SyncGroup",
+    15: "DescribeGroups",
+    16: "ListGroups",
     0: "Produce",
     1: "Fetch",
     2: "ListOffsets",

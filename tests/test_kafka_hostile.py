@@ -59,7 +59,7 @@ def test_an_api_not_served_is_unsupported_version_and_the_connection_stays(
 ) -> None:
     raw = RawKafka(kafka.kafka_port)
     try:
-        raw.request(9, 1, 5, b"\x00\x01g" + struct.pack(">i", 0))  # OffsetFetch: not served
+        raw.request(60, 0, 5, b"\x00\x00")  # DescribeCluster: not served
         assert raw.response() == (5, struct.pack(">h", UNSUPPORTED_VERSION))
         raw.request(0, 2, 6, bytes(20))  # Produce v2: message sets, below the versions served
         assert raw.response() == (6, struct.pack(">h", UNSUPPORTED_VERSION))

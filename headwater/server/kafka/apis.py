@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
-from aiokafka.protocol import admin, fetch, metadata, offset, produce
+from aiokafka.protocol import admin, commit, coordination, fetch, group, metadata, offset, produce
 from aiokafka.protocol.types import (
     CompactArray,
     CompactString,
@@ -77,6 +77,15 @@ PRODUCE: Final = 0
 FETCH: Final = 1
 LIST_OFFSETS: Final = 2
 METADATA: Final = 3
+OFFSET_COMMIT: Final = 8
+OFFSET_FETCH: Final = 9
+FIND_COORDINATOR: Final = 10
+JOIN_GROUP: Final = 11
+HEARTBEAT: Final = 12
+LEAVE_GROUP: Final = 13
+SYNC_GROUP: Final = 14
+DESCRIBE_GROUPS: Final = 15
+LIST_GROUPS: Final = 16
 API_VERSIONS: Final = 18
 CREATE_TOPICS: Final = 19
 DELETE_TOPICS: Final = 20
@@ -96,6 +105,41 @@ SERVED: Final[dict[int, Api]] = {
         _api(FETCH, "Fetch", fetch, "FetchRequest", "FetchResponse", 4, 11),
         _api(LIST_OFFSETS, "ListOffsets", offset, "OffsetRequest", "OffsetResponse", 1, 3),
         _api(METADATA, "Metadata", metadata, "MetadataRequest", "MetadataResponse", 0, 5),
+        _api(
+            OFFSET_COMMIT,
+            "OffsetCommit",
+            commit,
+            "OffsetCommitRequest",
+            "OffsetCommitResponse",
+            0,
+            3,
+        ),
+        _api(
+            OFFSET_FETCH, "OffsetFetch", commit, "OffsetFetchRequest", "OffsetFetchResponse", 1, 3
+        ),
+        _api(
+            FIND_COORDINATOR,
+            "FindCoordinator",
+            coordination,
+            "FindCoordinatorRequest",
+            "FindCoordinatorResponse",
+            0,
+            1,
+        ),
+        _api(JOIN_GROUP, "JoinGroup", group, "JoinGroupRequest", "JoinGroupResponse", 0, 2),
+        _api(HEARTBEAT, "Heartbeat", group, "HeartbeatRequest", "HeartbeatResponse", 0, 1),
+        _api(LEAVE_GROUP, "LeaveGroup", group, "LeaveGroupRequest", "LeaveGroupResponse", 0, 1),
+        _api(SYNC_GROUP, "SyncGroup", group, "SyncGroupRequest", "SyncGroupResponse", 0, 1),
+        _api(
+            DESCRIBE_GROUPS,
+            "DescribeGroups",
+            admin,
+            "DescribeGroupsRequest",
+            "DescribeGroupsResponse",
+            0,
+            2,
+        ),
+        _api(LIST_GROUPS, "ListGroups", admin, "ListGroupsRequest", "ListGroupsResponse", 0, 2),
         _api_versions(),
         _api(
             CREATE_TOPICS,

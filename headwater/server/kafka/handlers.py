@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from concurrent.futures import Executor
 from typing import Any, Final
 
@@ -37,15 +37,26 @@ from headwater.server.kafka.apis import (
     API_VERSIONS,
     CREATE_TOPICS,
     DELETE_TOPICS,
+    DESCRIBE_GROUPS,
     FETCH,
+    FIND_COORDINATOR,
+    HEARTBEAT,
+    JOIN_GROUP,
+    LEAVE_GROUP,
+    LIST_GROUPS,
     LIST_OFFSETS,
     METADATA,
+    OFFSET_COMMIT,
+    OFFSET_FETCH,
     PRODUCE,
     SERVED,
+    SYNC_GROUP,
 )
+from headwater.server.kafka.group_handlers import GroupHandlers, Handler, KafkaSession
+from headwater.server.kafka.group_offsets import GroupOffsets
+from headwater.server.kafka.groups import Coordinator
 from headwater.server.reply import resolve
 from headwater.server.requests.broker import Broker
-from headwater.server.topics.subscription_contract import ConsumerSession as Session
 from headwater.wire import messages as m
 from headwater.wire.compression import declared_records, is_compressed
 from headwater.wire.errors import (
@@ -61,7 +72,7 @@ from headwater.wire.records import validate_records
 log = structlog.get_logger("headwater.server")
 
 Fields = dict[str, Any]
-Handler = Callable[[Session, int, Fields], Awaitable[Fields | None]]
+Session = KafkaSession
 
 CLUSTER_ID: Final = "headwater"
 NODE_ID: Final = 0
@@ -104,7 +115,19 @@ class KafkaHandlers:
         self._port = port
         self._inflater = inflater
         self._cap = max_decompressed
+        node = {"node_id": NODE_ID, "host": host, "port": port}
+        self.groups = GroupHandlers(Coordinator(), GroupOffsets(broker.catalog), node)
+        groups = self.groups
         self.handlers: dict[int, Handler] = {
+            FIND_COORDINATOR: groups.find_coordinator,
+            JOIN_GROUP: groups.join_group,
+            SYNC_GROUP: groups.sync_group,
+            HEARTBEAT: groups.heartbeat,
+            LEAVE_GROUP: groups.leave_group,
+            OFFSET_COMMIT: groups.offset_commit,
+            OFFSET_FETCH: groups.offset_fetch,
+            LIST_GROUPS: groups.list_groups,
+            DESCRIBE_GROUPS: groups.describe_groups,
             API_VERSIONS: self.api_versions,
             METADATA: self.metadata,
             PRODUCE: self.produce,

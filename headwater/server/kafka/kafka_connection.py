@@ -62,6 +62,7 @@ class KafkaConnection(asyncio.Protocol):
         # ConsumerSession: what the broker's handlers may look at
         self.consumers: dict[int, Consumer] = {}
         self.peer = "?"
+        self.client_id = ""  # the request header's, as JoinGroup names members by it
 
     # ConsumerSession (no consumers ever attach to a Kafka connection)
 
@@ -169,12 +170,13 @@ class KafkaConnection(asyncio.Protocol):
             self._flush()
             return
         try:
-            _header, reader = codec.read_header(body, api.flexible(version))
+            header, reader = codec.read_header(body, api.flexible(version))
             fields = codec.decode_body(reader, api.requests[version])
         except codec.MalformedKafka as exc:
             slot.cancel()
             self._fatal(f"{api.name} v{version}: {exc}")
             return
+        self.client_id = header.client_id or ""
         task = self._loop.create_task(self._handle(slot, key, version, correlation, fields))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -119,4 +119,6 @@ class KafkaListener:
         config = self._config
         for connection in list(self.connections):
             connection.check_timeouts(now, config.idle_timeout, config.frame_timeout)
+        if self._handlers is not None:
+            self._handlers.groups.coordinator.sweep()
         self._sweeper = self._loop.call_later(self._every(), self._sweep)
