@@ -113,6 +113,7 @@ _FILES = {
     14: "SyncGroup",
     15: "DescribeGroups",
     16: "ListGroups",
+    22: "InitProducerId",
     0: "Produce",
     1: "Fetch",
     2: "ListOffsets",

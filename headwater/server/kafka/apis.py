@@ -14,7 +14,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
-from aiokafka.protocol import admin, commit, coordination, fetch, group, metadata, offset, produce
+from aiokafka.protocol import (
+    admin,
+    commit,
+    coordination,
+    fetch,
+    group,
+    metadata,
+    offset,
+    produce,
+    transaction,
+)
 from aiokafka.protocol.types import (
     CompactArray,
     CompactString,
@@ -89,6 +99,7 @@ LIST_GROUPS: Final = 16
 API_VERSIONS: Final = 18
 CREATE_TOPICS: Final = 19
 DELETE_TOPICS: Final = 20
+INIT_PRODUCER_ID: Final = 22
 
 
 def _api_versions() -> Api:
@@ -98,66 +109,84 @@ def _api_versions() -> Api:
     return Api(API_VERSIONS, "ApiVersions", 0, 3, requests, responses, flexible_from=3)
 
 
-SERVED: Final[dict[int, Api]] = {
+SERVED: Final[dict[int, Api]] = {  # by key, as ApiVersions lists them
     api.key: api
-    for api in (
-        _api(PRODUCE, "Produce", produce, "ProduceRequest", "ProduceResponse", 3, 8),
-        _api(FETCH, "Fetch", fetch, "FetchRequest", "FetchResponse", 4, 11),
-        _api(LIST_OFFSETS, "ListOffsets", offset, "OffsetRequest", "OffsetResponse", 1, 3),
-        _api(METADATA, "Metadata", metadata, "MetadataRequest", "MetadataResponse", 0, 5),
-        _api(
-            OFFSET_COMMIT,
-            "OffsetCommit",
-            commit,
-            "OffsetCommitRequest",
-            "OffsetCommitResponse",
-            0,
-            3,
+    for api in sorted(
+        (
+            _api(PRODUCE, "Produce", produce, "ProduceRequest", "ProduceResponse", 3, 8),
+            _api(FETCH, "Fetch", fetch, "FetchRequest", "FetchResponse", 4, 11),
+            _api(LIST_OFFSETS, "ListOffsets", offset, "OffsetRequest", "OffsetResponse", 1, 3),
+            _api(METADATA, "Metadata", metadata, "MetadataRequest", "MetadataResponse", 0, 5),
+            _api(
+                OFFSET_COMMIT,
+                "OffsetCommit",
+                commit,
+                "OffsetCommitRequest",
+                "OffsetCommitResponse",
+                0,
+                3,
+            ),
+            _api(
+                OFFSET_FETCH,
+                "OffsetFetch",
+                commit,
+                "OffsetFetchRequest",
+                "OffsetFetchResponse",
+                1,
+                3,
+            ),
+            _api(
+                FIND_COORDINATOR,
+                "FindCoordinator",
+                coordination,
+                "FindCoordinatorRequest",
+                "FindCoordinatorResponse",
+                0,
+                1,
+            ),
+            _api(JOIN_GROUP, "JoinGroup", group, "JoinGroupRequest", "JoinGroupResponse", 0, 2),
+            _api(HEARTBEAT, "Heartbeat", group, "HeartbeatRequest", "HeartbeatResponse", 0, 1),
+            _api(LEAVE_GROUP, "LeaveGroup", group, "LeaveGroupRequest", "LeaveGroupResponse", 0, 1),
+            _api(SYNC_GROUP, "SyncGroup", group, "SyncGroupRequest", "SyncGroupResponse", 0, 1),
+            _api(
+                DESCRIBE_GROUPS,
+                "DescribeGroups",
+                admin,
+                "DescribeGroupsRequest",
+                "DescribeGroupsResponse",
+                0,
+                2,
+            ),
+            _api(LIST_GROUPS, "ListGroups", admin, "ListGroupsRequest", "ListGroupsResponse", 0, 2),
+            _api_versions(),
+            _api(
+                INIT_PRODUCER_ID,
+                "InitProducerId",
+                transaction,
+                "InitProducerIdRequest",
+                "InitProducerIdResponse",
+                0,
+                0,
+            ),
+            _api(
+                CREATE_TOPICS,
+                "CreateTopics",
+                admin,
+                "CreateTopicsRequest",
+                "CreateTopicsResponse",
+                0,
+                3,
+            ),
+            _api(
+                DELETE_TOPICS,
+                "DeleteTopics",
+                admin,
+                "DeleteTopicsRequest",
+                "DeleteTopicsResponse",
+                0,
+                3,
+            ),
         ),
-        _api(
-            OFFSET_FETCH, "OffsetFetch", commit, "OffsetFetchRequest", "OffsetFetchResponse", 1, 3
-        ),
-        _api(
-            FIND_COORDINATOR,
-            "FindCoordinator",
-            coordination,
-            "FindCoordinatorRequest",
-            "FindCoordinatorResponse",
-            0,
-            1,
-        ),
-        _api(JOIN_GROUP, "JoinGroup", group, "JoinGroupRequest", "JoinGroupResponse", 0, 2),
-        _api(HEARTBEAT, "Heartbeat", group, "HeartbeatRequest", "HeartbeatResponse", 0, 1),
-        _api(LEAVE_GROUP, "LeaveGroup", group, "LeaveGroupRequest", "LeaveGroupResponse", 0, 1),
-        _api(SYNC_GROUP, "SyncGroup", group, "SyncGroupRequest", "SyncGroupResponse", 0, 1),
-        _api(
-            DESCRIBE_GROUPS,
-            "DescribeGroups",
-            admin,
-            "DescribeGroupsRequest",
-            "DescribeGroupsResponse",
-            0,
-            2,
-        ),
-        _api(LIST_GROUPS, "ListGroups", admin, "ListGroupsRequest", "ListGroupsResponse", 0, 2),
-        _api_versions(),
-        _api(
-            CREATE_TOPICS,
-            "CreateTopics",
-            admin,
-            "CreateTopicsRequest",
-            "CreateTopicsResponse",
-            0,
-            3,
-        ),
-        _api(
-            DELETE_TOPICS,
-            "DeleteTopics",
-            admin,
-            "DeleteTopicsRequest",
-            "DeleteTopicsResponse",
-            0,
-            3,
-        ),
+        key=lambda api: api.key,
     )
 }

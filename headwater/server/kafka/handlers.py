@@ -41,6 +41,7 @@ from headwater.server.kafka.apis import (
     FETCH,
     FIND_COORDINATOR,
     HEARTBEAT,
+    INIT_PRODUCER_ID,
     JOIN_GROUP,
     LEAVE_GROUP,
     LIST_GROUPS,
@@ -129,6 +130,7 @@ class KafkaHandlers:
             LIST_GROUPS: groups.list_groups,
             DESCRIBE_GROUPS: groups.describe_groups,
             API_VERSIONS: self.api_versions,
+            INIT_PRODUCER_ID: self.init_producer_id,
             METADATA: self.metadata,
             PRODUCE: self.produce,
             FETCH: self.fetch,
@@ -404,6 +406,30 @@ class KafkaHandlers:
             raise InvalidRequest(f"timestamp {timestamp}: -1 latest, -2 earliest, or ms")
         found = await topic.offset_for_timestamp(index, timestamp)
         return -1 if found >= topic.readable_end(partition, False) else found
+
+    # InitProducerId
+
+    async def init_producer_id(self, session: Session, version: int, fields: Fields) -> Fields:
+        """A Headwater producer id (epoch 0): the batches the client stamps with it are checked
+        by the native idempotent-producer tables, which are durable, so a retry after a restart
+        is still answered with its first offset, not appended again."""
+        if fields["transactional_id"] is not None:
+            return {
+                "error_code": k.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                "producer_id": -1,
+                "producer_epoch": -1,
+            }
+        try:
+            response = await self._native(session, m.InitProducerIdRequest())
+        except HeadwaterError as exc:
+            code = _refused("kafka.init_producer_id_refused", exc, "", -1)
+            return {"error_code": code, "producer_id": -1, "producer_epoch": -1}
+        assert isinstance(response, m.InitProducerIdResponse)
+        return {
+            "error_code": 0,
+            "producer_id": response.producer_id,
+            "producer_epoch": response.producer_epoch,
+        }
 
     # CreateTopics, DeleteTopics
 
