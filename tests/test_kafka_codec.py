@@ -114,6 +114,8 @@ _FILES = {
     15: "DescribeGroups",
     16: "ListGroups",
     22: "InitProducerId",
+    17: "SaslHandshake",
+    36: "SaslAuthenticate",
     0: "Produce",
     1: "Fetch",
     2: "ListOffsets",

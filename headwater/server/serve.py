@@ -139,12 +139,13 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
                 operator.registry.register(ClusterCollector(cluster.status))
         listener.start(broker)
         if kafka is not None:
-            kafka.start(broker)
+            kafka.start(broker, listener.shared.security, listener.shared.tls)
             if config.kafka.port_file is not None:
                 _write_port(config.kafka.port_file, kafka.port)
         if listener.shared.security is not None:
+            kafka_connections = kafka.connections if kafka is not None else set()
             listener.shared.security.start(
-                lambda: tuple(listener.connections),
+                lambda: (*listener.connections, *kafka_connections),
                 lambda name: name in catalog.topics and catalog.topics[name].reliable,
             )
             stack.callback(listener.shared.security.close)

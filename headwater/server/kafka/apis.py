@@ -96,10 +96,14 @@ LEAVE_GROUP: Final = 13
 SYNC_GROUP: Final = 14
 DESCRIBE_GROUPS: Final = 15
 LIST_GROUPS: Final = 16
+SASL_HANDSHAKE: Final = 17
 API_VERSIONS: Final = 18
 CREATE_TOPICS: Final = 19
 DELETE_TOPICS: Final = 20
 INIT_PRODUCER_ID: Final = 22
+SASL_AUTHENTICATE: Final = 36
+# what a connection may send before it has authenticated (on a server with authentication)
+BEFORE_AUTH: Final = frozenset({API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE})
 
 
 def _api_versions() -> Api:
@@ -159,6 +163,26 @@ SERVED: Final[dict[int, Api]] = {  # by key, as ApiVersions lists them
             ),
             _api(LIST_GROUPS, "ListGroups", admin, "ListGroupsRequest", "ListGroupsResponse", 0, 2),
             _api_versions(),
+            # after a v0 handshake the SASL bytes come as a bare size-prefixed frame, not a
+            # SaslAuthenticate (librdkafka looks for v0 to know the broker takes SASL at all)
+            _api(
+                SASL_HANDSHAKE,
+                "SaslHandshake",
+                admin,
+                "SaslHandShakeRequest",
+                "SaslHandShakeResponse",
+                0,
+                1,
+            ),
+            _api(
+                SASL_AUTHENTICATE,
+                "SaslAuthenticate",
+                admin,
+                "SaslAuthenticateRequest",
+                "SaslAuthenticateResponse",
+                0,
+                1,
+            ),
             _api(
                 INIT_PRODUCER_ID,
                 "InitProducerId",

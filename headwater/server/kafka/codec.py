@@ -271,3 +271,8 @@ def encode_error_only(correlation_id: int, error_code: int) -> bytes:
     """A response carrying only an error code after its header (UNSUPPORTED_VERSION for an API
     or version not served: the layout of ApiVersions v0, which every client can read)."""
     return _SIZE.pack(6) + _SIZE.pack(correlation_id) + struct.pack(">h", error_code)
+
+
+def encode_sasl_token(token: bytes = b"") -> bytes:
+    """A bare SASL token frame (after a SaslHandshake v0): its size, then its bytes."""
+    return _SIZE.pack(len(token)) + token

@@ -11,6 +11,8 @@ from typing import Any, Protocol
 from headwater.server.kafka import kafka_errors as k
 from headwater.server.kafka.group_offsets import GroupOffsets
 from headwater.server.kafka.groups import Coordinator
+from headwater.server.security.access import Session
+from headwater.server.security.authz import Action
 from headwater.server.topics.subscription_contract import ConsumerSession
 from headwater.wire.errors import HeadwaterError
 
@@ -18,19 +20,34 @@ Fields = dict[str, Any]
 
 
 class KafkaSession(ConsumerSession, Protocol):
-    """A Kafka connection as the handlers see it: a session that names its client."""
+    """A Kafka connection as the handlers see it: a session that names its client and, with
+    authentication on, is the peer `security.access.Security` authenticates and checks."""
 
     client_id: str
+    raw_sasl: bool  # after a SaslHandshake v0: the next frame is bare SASL bytes
+    peercert: Any
+    auth: Session | None
+
+    def revoke(self, error: HeadwaterError) -> None: ...
+
+
+# may the session's principal take this action on this topic (True without authentication)
+Permits = Callable[[KafkaSession, Action, str], bool]
 
 
 Handler = Callable[[KafkaSession, int, Fields], Awaitable[Fields | None]]
 
 
 class GroupHandlers:
-    def __init__(self, coordinator: Coordinator, offsets: GroupOffsets, node: Fields) -> None:
+    def __init__(
+        self, coordinator: Coordinator, offsets: GroupOffsets, node: Fields, permits: Permits
+    ) -> None:
         self.coordinator = coordinator
         self._offsets = offsets
         self._node = node  # node_id, host, port of this broker
+        # a group's offsets on a topic are a consumer's: committing and reading them takes the
+        # consume grant on the topic (membership itself names no topic)
+        self._permits = permits
 
     async def find_coordinator(self, session: KafkaSession, version: int, fields: Fields) -> Fields:
         return {
@@ -103,8 +120,11 @@ class GroupHandlers:
         for entry in fields["topics"]:
             name = entry["topic"]
             wanted = {p["partition"]: p["offset"] for p in entry["partitions"]}
-            codes: dict[int, int] = dict.fromkeys(wanted, refusal)
-            if not refusal:
+            denied = not self._permits(session, Action.CONSUME, name)
+            codes: dict[int, int] = dict.fromkeys(
+                wanted, k.TOPIC_AUTHORIZATION_FAILED if denied else refusal
+            )
+            if not refusal and not denied:
                 for partition, error in (await self._offsets.commit(group, name, wanted)).items():
                     codes[partition] = 0 if error is None else k.kafka_code(error)
             topics.append(
@@ -119,12 +139,27 @@ class GroupHandlers:
         group = fields["consumer_group"]
         wanted = fields["topics"]
         if wanted is None:  # v2+: every topic the group has offsets on
-            wanted = [{"topic": t, "partitions": None} for t in self._offsets.topics_of(group)]
+            wanted = [
+                {"topic": t, "partitions": None}
+                for t in self._offsets.topics_of(group)
+                if self._permits(session, Action.CONSUME, t)
+            ]
         topics = []
         for entry in wanted:
             name = entry["topic"]
             partitions = []
+            denied = not self._permits(session, Action.CONSUME, name)
             for partition in entry["partitions"] or self._partitions(name):
+                if denied:
+                    partitions.append(
+                        {
+                            "partition": partition,
+                            "offset": -1,
+                            "metadata": "",
+                            "error_code": k.TOPIC_AUTHORIZATION_FAILED,
+                        }
+                    )
+                    continue
                 try:
                     offset, code = self._offsets.committed(group, name, partition), 0
                 except HeadwaterError as exc:

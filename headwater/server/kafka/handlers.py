@@ -50,6 +50,8 @@ from headwater.server.kafka.apis import (
     OFFSET_COMMIT,
     OFFSET_FETCH,
     PRODUCE,
+    SASL_AUTHENTICATE,
+    SASL_HANDSHAKE,
     SERVED,
     SYNC_GROUP,
 )
@@ -58,13 +60,17 @@ from headwater.server.kafka.group_offsets import GroupOffsets
 from headwater.server.kafka.groups import Coordinator
 from headwater.server.reply import resolve
 from headwater.server.requests.broker import Broker
+from headwater.server.security.access import Security
+from headwater.server.security.authz import Action, may_see
 from headwater.wire import messages as m
 from headwater.wire.compression import declared_records, is_compressed
 from headwater.wire.errors import (
+    AuthenticationFailed,
     CorruptBatch,
     HeadwaterError,
     InvalidPartition,
     InvalidRequest,
+    NotAuthorized,
     UnknownTopic,
 )
 from headwater.wire.limits import MAX_FETCH_BYTES, MAX_FETCH_WAIT_MS
@@ -76,6 +82,10 @@ Fields = dict[str, Any]
 Session = KafkaSession
 
 CLUSTER_ID: Final = "headwater"
+# a handler's answer with this key set closes the connection once written (a failed SASL)
+CLOSE_AFTER: Final = "_close_after"
+# a throttled answer waits at most this long (the rest of the debt is paid by the next ones)
+MAX_THROTTLE: Final = 5.0
 NODE_ID: Final = 0
 # as on the native port (server.net.client_connection): more is checked off the loop
 INLINE_RECORDS: Final = 2048
@@ -110,14 +120,16 @@ class KafkaHandlers:
         port: int,
         inflater: Executor | None,
         max_decompressed: int,
+        security: Security | None = None,
     ) -> None:
         self._broker = broker
+        self._security = security
         self._host = host
         self._port = port
         self._inflater = inflater
         self._cap = max_decompressed
         node = {"node_id": NODE_ID, "host": host, "port": port}
-        self.groups = GroupHandlers(Coordinator(), GroupOffsets(broker.catalog), node)
+        self.groups = GroupHandlers(Coordinator(), GroupOffsets(broker.catalog), node, self.permits)
         groups = self.groups
         self.handlers: dict[int, Handler] = {
             FIND_COORDINATOR: groups.find_coordinator,
@@ -130,6 +142,8 @@ class KafkaHandlers:
             LIST_GROUPS: groups.list_groups,
             DESCRIBE_GROUPS: groups.describe_groups,
             API_VERSIONS: self.api_versions,
+            SASL_HANDSHAKE: self.sasl_handshake,
+            SASL_AUTHENTICATE: self.sasl_authenticate,
             INIT_PRODUCER_ID: self.init_producer_id,
             METADATA: self.metadata,
             PRODUCE: self.produce,
@@ -140,7 +154,61 @@ class KafkaHandlers:
         }
 
     async def _native(self, session: Session, request: m.Request) -> m.Response:
-        return await resolve(self._broker.handle(session, request))
+        """`request` through the broker, checked as on the native port (grant, then the
+        ownership bookkeeping and filtering `Security.after` does)."""
+        security = self._security
+        if security is None:
+            return await resolve(self._broker.handle(session, request))
+        security.check(session, request)
+        return await resolve(
+            security.after(session, request, self._broker.handle(session, request))
+        )
+
+    def permits(self, session: Session, action: Action, topic: str) -> bool:
+        if self._security is None:
+            return True
+        return session.auth is not None and session.auth.allows(action, topic)
+
+    async def _throttle(self, delay: float) -> int:
+        """A quota's debt: the answer waits (Kafka before 2.0 did the same) and says how long."""
+        if delay <= 0:
+            return 0
+        delay = min(delay, MAX_THROTTLE)
+        await asyncio.sleep(delay)
+        return int(delay * 1000)
+
+    # SaslHandshake, SaslAuthenticate
+
+    async def sasl_handshake(self, session: Session, version: int, fields: Fields) -> Fields:
+        ok = fields["mechanism"] == "PLAIN"
+        if ok and version == 0:
+            session.raw_sasl = True  # the next frame is the PLAIN bytes themselves
+        return {
+            "error_code": 0 if ok else k.UNSUPPORTED_SASL_MECHANISM,
+            "enabled_mechanisms": ["PLAIN"],
+        }
+
+    async def sasl_authenticate(self, session: Session, version: int, fields: Fields) -> Fields:
+        """PLAIN: authzid NUL username NUL password, the password a Headwater token (the user
+        name is not checked: the token names its principal)."""
+        parts = (fields["sasl_auth_bytes"] or b"").split(b"\0")
+        if self._security is None:  # authentication is off, as AUTHENTICATE on the native port
+            return {"error_code": 0, "sasl_auth_bytes": b""}
+        try:
+            if len(parts) != 3:
+                raise AuthenticationFailed("SASL PLAIN takes authzid, user name and password")
+            reply = self._security.authenticate(session, m.AuthenticateRequest("token", parts[2]))
+            await resolve(reply)  # a failure past the rate limit is answered after a delay
+        except HeadwaterError as exc:
+            return {
+                "error_code": k.SASL_AUTHENTICATION_FAILED,
+                "error_message": exc.message,
+                "sasl_auth_bytes": b"",
+                CLOSE_AFTER: True,
+            }
+        auth = session.auth
+        lifetime = 0 if auth is None or auth.expires is None else auth.expires * 1000
+        return {"error_code": 0, "sasl_auth_bytes": b"", "session_lifetime_ms": lifetime}
 
     # ApiVersions, Metadata
 
@@ -160,9 +228,17 @@ class KafkaHandlers:
         names = fields.get("topics")
         if version == 0 and not names:
             names = None  # v0: an empty list means every topic
+        auth = session.auth if self._security is not None else None
         chosen = sorted(topics) if names is None else names
+        if names is None and auth is not None:  # every topic the principal has a grant on
+            chosen = [n for n in chosen if may_see(auth.grants, n)]
         entries: list[Fields] = []
         for name in chosen:
+            if self._security is not None and (auth is None or not may_see(auth.grants, name)):
+                entries.append(
+                    {"error_code": k.TOPIC_AUTHORIZATION_FAILED, "topic": name, "partitions": []}
+                )
+                continue
             topic = topics.get(name)
             if topic is None:
                 entries.append(
@@ -219,11 +295,15 @@ class KafkaHandlers:
                     "record_errors": [],
                 }
             )
+        throttle = 0
+        if self._security is not None:
+            size = sum(len(p["messages"] or b"") for e in fields["topics"] for p in e["partitions"])
+            throttle = await self._throttle(self._security.charge_produce(session, size))
         if acks == 0:
             return None
         return {
             "topics": [{"topic": n, "partitions": p} for n, p in results.items()],
-            "throttle_time_ms": 0,
+            "throttle_time_ms": throttle,
         }
 
     async def _produce_partition(
@@ -237,13 +317,14 @@ class KafkaHandlers:
             for batch in split_batches(records):
                 request = m.ProduceRequest(topic, partition, batch, isolation)
                 if is_compressed(batch) or declared_records(batch) > INLINE_RECORDS:
+                    if self._security is not None:
+                        self._security.check(session, request)
                     info = await asyncio.get_running_loop().run_in_executor(
                         self._inflater, validate_records, batch, self._cap
                     )
-                    reply = self._broker.produce(session, request, info)
+                    response = await resolve(self._broker.produce(session, request, info))
                 else:
-                    reply = self._broker.handle(session, request)
-                response = await resolve(reply)
+                    response = await self._native(session, request)
                 assert isinstance(response, m.ProduceResponse)
                 if first < 0:
                     first = response.base_offset
@@ -272,7 +353,12 @@ class KafkaHandlers:
         got = sum(len(a["message_set"]) for a in answers)
         if wait_ms > 0 and fields["min_bytes"] > 0 and got == 0:
             await self._long_poll(session, wanted, answers, wait_ms)
-        return self._fetch_response(wanted, answers, fields.get("max_bytes", MAX_FETCH_BYTES))
+        response = self._fetch_response(wanted, answers, fields.get("max_bytes", MAX_FETCH_BYTES))
+        if self._security is not None:
+            size = sum(len(p["message_set"]) for t in response["topics"] for p in t["partitions"])
+            delay = self._security.charge_consume(session, size)
+            response["throttle_time_ms"] = await self._throttle(delay)
+        return response
 
     async def _long_poll(
         self,
@@ -372,6 +458,8 @@ class KafkaHandlers:
             for part in entry["partitions"]:
                 index, timestamp = part["partition"], part["timestamp"]
                 try:
+                    if not self.permits(session, Action.CONSUME, name):
+                        raise NotAuthorized(f"no consume grant on topic {name!r}")
                     offset = await self._offset(name, index, timestamp)
                     code = 0
                 except HeadwaterError as exc:

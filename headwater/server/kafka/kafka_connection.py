@@ -15,6 +15,12 @@ reorders them. Work per connection is bounded:
 - an API or version not served is answered UNSUPPORTED_VERSION (ApiVersions in its v0 layout,
   with the versions served, so a client can pick one); the connection stays open.
 
+With authentication on (`security`), a connection that has not authenticated (SaslHandshake and
+SaslAuthenticate PLAIN, the password a Headwater token) may send only ApiVersions and those two,
+in frames of at most `MAX_PRE_AUTH_FRAME` bytes, for at most `handshake_timeout` seconds; any
+other request closes it, as Kafka does. It is then the peer `security.access.Security` checks each
+native request against, and revokes (closes) when its token goes.
+
 The connection is a `ConsumerSession` for the broker's handlers: it holds no consumers (a Kafka
 client fetches by offset), so deliveries never reach it.
 """
@@ -30,10 +36,13 @@ import structlog
 
 from headwater.server.config import ServerConfig
 from headwater.server.kafka import codec
-from headwater.server.kafka.apis import API_VERSIONS, SERVED
-from headwater.server.kafka.handlers import KafkaHandlers
+from headwater.server.kafka.apis import API_VERSIONS, BEFORE_AUTH, SERVED
+from headwater.server.kafka.handlers import CLOSE_AFTER, KafkaHandlers
 from headwater.server.kafka.kafka_errors import UNSUPPORTED_VERSION
+from headwater.server.security.access import Security, Session
 from headwater.server.topics.subscription_contract import Consumer
+from headwater.wire.errors import HeadwaterError
+from headwater.wire.limits import MAX_PRE_AUTH_FRAME
 
 log = structlog.get_logger("headwater.server")
 
@@ -44,9 +53,15 @@ _MIN_REQUEST: Final = 10
 
 class KafkaConnection(asyncio.Protocol):
     def __init__(
-        self, handlers: KafkaHandlers, config: ServerConfig, connections: set[KafkaConnection]
+        self,
+        handlers: KafkaHandlers,
+        config: ServerConfig,
+        connections: set[KafkaConnection],
+        security: Security | None = None,
     ) -> None:
         self._handlers = handlers
+        self._security = security
+        self._handshake_timeout = config.security.handshake_timeout
         self._max_frame = config.max_frame_size
         self._write_buffer = min(config.consumer_write_buffer, config.max_pending_response_bytes)
         self._connections = connections
@@ -63,12 +78,17 @@ class KafkaConnection(asyncio.Protocol):
         self.consumers: dict[int, Consumer] = {}
         self.peer = "?"
         self.client_id = ""  # the request header's, as JoinGroup names members by it
+        self.auth: Session | None = None  # set by Security.authenticate
+        self.raw_sasl = False
+        self.peercert: object = None
+        self._opened_at = self._loop.time()
+        self._close_after: asyncio.Future[bytes | None] | None = None
 
     # ConsumerSession (no consumers ever attach to a Kafka connection)
 
     @property
     def principal(self) -> str:
-        return ""
+        return self.auth.principal if self.auth is not None else ""
 
     @property
     def writable(self) -> bool:
@@ -92,11 +112,15 @@ class KafkaConnection(asyncio.Protocol):
         self._transport.set_write_buffer_limits(high=self._write_buffer)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        if self._security is not None:
+            self.peercert = transport.get_extra_info("peercert")
         self._connections.add(self)
         log.debug("kafka.conn_opened", peer=self.peer)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._connections.discard(self)
+        if self._security is not None:
+            self._security.release(self)
         self._transport = None
         self._buffer.clear()
         for task in list(self._tasks):
@@ -132,8 +156,9 @@ class KafkaConnection(asyncio.Protocol):
             if len(self._slots) >= MAX_IN_FLIGHT or len(buffer) < 4:
                 break
             size = codec.frame_size(buffer)
-            if not _MIN_REQUEST <= size <= self._max_frame:
-                self._fatal(f"a frame of {size} bytes (limits {_MIN_REQUEST}..{self._max_frame})")
+            limit = self._max_frame if self._admitted else min(MAX_PRE_AUTH_FRAME, self._max_frame)
+            if not _MIN_REQUEST <= size <= limit:
+                self._fatal(f"a frame of {size} bytes (limits {_MIN_REQUEST}..{limit})")
                 return
             if len(buffer) < 4 + size:
                 break
@@ -144,10 +169,17 @@ class KafkaConnection(asyncio.Protocol):
         self._update_reading()
 
     def _request(self, body: bytes) -> None:
+        if self.raw_sasl:
+            self.raw_sasl = False
+            self._raw_sasl(body)
+            return
         try:
             key, version, correlation = codec.peek_header(body)
         except codec.MalformedKafka as exc:
             self._fatal(str(exc))
+            return
+        if not self._admitted and key not in BEFORE_AUTH:
+            self._fatal(f"api key {key} before SaslAuthenticate")
             return
         slot: asyncio.Future[bytes | None] = self._loop.create_future()
         self._slots.append(slot)
@@ -181,6 +213,25 @@ class KafkaConnection(asyncio.Protocol):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def _raw_sasl(self, token: bytes) -> None:
+        """The SASL bytes after a SaslHandshake v0: answered with an empty SASL token (a size of
+        0) on success; a failure closes the connection, as Kafka does."""
+        slot: asyncio.Future[bytes | None] = self._loop.create_future()
+        self._slots.append(slot)
+
+        async def authenticate() -> None:
+            fields = {"sasl_auth_bytes": token}
+            values = await self._handlers.sasl_authenticate(self, 0, fields)
+            if values.get("error_code"):
+                self._close_after = slot
+            if not slot.done():
+                slot.set_result(None if self._close_after is slot else codec.encode_sasl_token())
+            self._flush()
+
+        task = self._loop.create_task(authenticate())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     async def _handle(
         self,
         slot: asyncio.Future[bytes | None],
@@ -192,6 +243,8 @@ class KafkaConnection(asyncio.Protocol):
         api = SERVED[key]
         try:
             values = await self._handlers.handlers[key](self, version, fields)
+            if values is not None and values.pop(CLOSE_AFTER, False):
+                self._close_after = slot
             out = (
                 None
                 if values is None
@@ -209,12 +262,19 @@ class KafkaConnection(asyncio.Protocol):
         """Write the answers at the head of the line that are ready, in request order."""
         transport = self._transport
         ready: list[bytes] = []
+        closing = False
         while self._slots and self._slots[0].done():
             slot = self._slots.popleft()
             if not slot.cancelled() and (out := slot.result()) is not None:
                 ready.append(out)
+            if slot is self._close_after:  # a failed authentication: nothing after it
+                closing = True
+                break
         if ready and transport is not None and not transport.is_closing():
             transport.write(b"".join(ready))
+        if closing:
+            self.close()
+            return
         self.last_activity = self._loop.time()
         if self._buffer:
             self._drain_frames()
@@ -233,6 +293,16 @@ class KafkaConnection(asyncio.Protocol):
             else:
                 transport.pause_reading()
 
+    # authentication
+
+    @property
+    def _admitted(self) -> bool:
+        return self._security is None or self.auth is not None
+
+    def revoke(self, error: HeadwaterError) -> None:
+        """Its token was removed or expired (`Security`): Kafka has no frame to say so."""
+        self._fatal(f"credential revoked: {error.message}")
+
     # closing
 
     def _fatal(self, why: str) -> None:
@@ -244,7 +314,9 @@ class KafkaConnection(asyncio.Protocol):
         frame for `frame` seconds (the listener's sweep calls this)."""
         if self._transport is None:
             return
-        if self.partial_since is not None and self._reading and now - self.partial_since > frame:
+        if not self._admitted and now - self._opened_at > self._handshake_timeout:
+            self._fatal(f"not authenticated within {self._handshake_timeout:g} s")
+        elif self.partial_since is not None and self._reading and now - self.partial_since > frame:
             self._fatal(f"no complete frame within {frame:g} s")
         elif not self._slots and now - self.last_activity > idle:
             self._fatal(f"idle for {idle:g} s")

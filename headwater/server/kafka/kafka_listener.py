@@ -1,4 +1,8 @@
-"""The Kafka listener: its own port (`[kafka] port`, `--kafka-port`), the same broker.
+"""The Kafka listener: its own port (`[kafka] port`, `--kafka-port`), the same broker, the same
+security: with authentication on, clients authenticate with SASL PLAIN (the password a Headwater
+token) and every request is checked against the principal's grants as on the native port; with
+TLS on, the Kafka port takes TLS with the native port's certificate (the same `ServerTls`, so a
+reloaded certificate serves both).
 
 Sockets are accepted by the native port's `net.accepting.Acceptor` (running out of file
 descriptors pauses accepting, never ends it), at most `max_connections` Kafka connections at once
@@ -22,6 +26,8 @@ from headwater.server.kafka.handlers import KafkaHandlers
 from headwater.server.kafka.kafka_connection import KafkaConnection
 from headwater.server.net.accepting import Acceptor, ListenError, listen_on
 from headwater.server.requests.broker import Broker
+from headwater.server.security.access import Security
+from headwater.server.security.tls import ServerTls
 
 log = structlog.get_logger("headwater.server")
 
@@ -47,16 +53,12 @@ class KafkaListener:
         self._tasks: set[asyncio.Task[None]] = set()
         self.connections: set[KafkaConnection] = set()
         self.port = 0
+        self._security: Security | None = None
+        self._tls: ServerTls | None = None
 
     def bind(self) -> int:
         config = self._config
         assert config.kafka.port is not None
-        if config.security.auth_tokens is not None or config.security.tls_cert is not None:
-            # a Kafka client would get in without the native port's authentication
-            raise KafkaStartupError(
-                "the Kafka listener does not speak SASL or TLS yet: it cannot serve a server "
-                "with auth_tokens or tls_cert (docs/KAFKA.md)"
-            )
         if config.cluster.etcd:
             raise KafkaStartupError(
                 "the Kafka listener serves one broker, not a cluster yet (docs/KAFKA.md)"
@@ -69,11 +71,15 @@ class KafkaListener:
         self.port = int(sockets[0].getsockname()[1])
         return self.port
 
-    def start(self, broker: Broker) -> None:
+    def start(
+        self, broker: Broker, security: Security | None = None, tls: ServerTls | None = None
+    ) -> None:
         config = self._config
         host = config.kafka.advertise_host or config.host or "127.0.0.1"
+        self._security = security
+        self._tls = tls
         self._handlers = KafkaHandlers(
-            broker, host, self.port, self._inflater, config.max_decompressed_batch
+            broker, host, self.port, self._inflater, config.max_decompressed_batch, security
         )
         assert self._acceptor is not None, "bind first"
         self._acceptor.start()
@@ -106,9 +112,13 @@ class KafkaListener:
         task.add_done_callback(self._tasks.discard)
 
     async def _connect(self, sock: socket.socket, handlers: KafkaHandlers) -> None:
+        tls = self._tls
         try:
             await self._loop.connect_accepted_socket(
-                lambda: KafkaConnection(handlers, self._config, self.connections), sock
+                lambda: KafkaConnection(handlers, self._config, self.connections, self._security),
+                sock,
+                ssl=None if tls is None else tls.context,
+                ssl_handshake_timeout=None if tls is None else self._config.frame_timeout,
             )
         except OSError as exc:
             log.debug("kafka.conn_setup_failed", error=str(exc))
