@@ -13,13 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from kafka import KafkaConsumer, KafkaProducer
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+from kafka.admin import NewTopic
 from kafka.errors import TopicAuthorizationFailedError
 
 from headwater.client.blocking import BlockingClient
 from headwater.server.security.tokens import create
 from headwater.testing import ServerProcess
 from headwater.wire import messages as m
+from tests.support.certs import Authority
 from tests.support.kafka_support import RawKafka
 
 SASL_AUTHENTICATION_FAILED = 58
@@ -196,3 +198,69 @@ def test_a_v0_handshake_takes_the_bare_sasl_frame(secure: SecureKafka) -> None:
         assert raw.response()[0] == 3
     finally:
         raw.close()
+
+
+def test_kcat_over_tls_with_a_token(tmp_path: Path) -> None:
+    """With tls_cert, the Kafka port takes TLS with the native port's certificate: kafka-python
+    creates a topic, kcat produces and consumes, all over SASL_SSL."""
+    ca = Authority.create(tmp_path, "ca")
+    issued = ca.issue(tmp_path, "server", True)
+    tokens = tmp_path / "tokens.json"
+    _, token = create(tokens, "ops", ("all:*",), None, None)
+    assert token is not None
+    port_file = tmp_path / "kafka.port"
+    process = ServerProcess(
+        tmp_path / "data",
+        extra_args=(
+            "--auth-tokens",
+            str(tokens),
+            "--tls-cert",
+            str(issued.cert),
+            "--tls-key",
+            str(issued.key),
+            "--kafka-port",
+            "0",
+            "--kafka-port-file",
+            str(port_file),
+        ),
+    ).start()
+    try:
+        bootstrap = f"127.0.0.1:{int(port_file.read_text())}"
+        admin = KafkaAdminClient(
+            bootstrap_servers=bootstrap,
+            security_protocol="SASL_SSL",
+            ssl_cafile=str(ca.path),
+            sasl_mechanism="PLAIN",
+            sasl_plain_username="ops",
+            sasl_plain_password=token,
+        )
+        try:
+            admin.create_topics([NewTopic("tls-topic", 1, 1)])
+        finally:
+            admin.close()
+        kcat = shutil.which("kcat")
+        assert kcat is not None, "kcat is not installed: `make install` installs Debian's kcat"
+        common = [
+            kcat,
+            "-b",
+            bootstrap,
+            "-X",
+            "security.protocol=SASL_SSL",
+            "-X",
+            f"ssl.ca.location={ca.path}",
+            "-X",
+            "sasl.mechanisms=PLAIN",
+            "-X",
+            "sasl.username=ops",
+            "-X",
+            f"sasl.password={token}",
+            "-t",
+            "tls-topic",
+        ]
+        subprocess.run([*common, "-P"], input=b"over tls\n", timeout=60, check=True)
+        done = subprocess.run(
+            [*common, "-C", "-e", "-q"], capture_output=True, timeout=60, check=True
+        )
+        assert done.stdout.decode().split("\n")[0] == "over tls"
+    finally:
+        process.kill()
