@@ -337,3 +337,23 @@ def test_an_idempotent_producers_retry_is_not_appended_twice_even_after_kill_9(
         assert values == [b"a", b"b", b"c", b"d"]
     finally:
         server.kill()
+
+
+async def test_a_map_set_natively_is_read_through_kafka_and_a_kafka_tombstone_deletes_it(
+    kafka: KafkaServer, topic_name: str
+) -> None:
+    async with await headwater.connect(kafka.address) as client:
+        await client.create_topic(topic_name, dispatch="reliable", configs={"last.value": "true"})
+        prices = client.map(topic_name)
+        await prices.set(b"IBM", b"142.10")
+        await prices.set(b"AAPL", b"200")
+        read = await asyncio.to_thread(_kafka_python_read, kafka, topic_name, 2)
+        assert [(k, v) for _, _, k, v, _ in read] == [(b"IBM", b"142.10"), (b"AAPL", b"200")]
+        producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap, acks="all")
+        await producer.start()
+        try:
+            await producer.send_and_wait(topic_name, None, key=b"IBM")  # a tombstone
+        finally:
+            await producer.stop()
+        assert await prices.get(b"IBM") is None
+        assert await prices.get(b"AAPL") is not None

@@ -48,6 +48,7 @@ TRANSACTIONAL_ID_AUTHORIZATION_FAILED: Final = 53
 KAFKA_STORAGE_ERROR: Final = 56
 SASL_AUTHENTICATION_FAILED: Final = 58
 GROUP_MAX_SIZE_REACHED: Final = 81
+INVALID_RECORD: Final = 87
 THROTTLING_QUOTA_EXCEEDED: Final = 89
 
 _BY_CODE: Final[dict[ErrorCode, int]] = {
@@ -74,7 +75,9 @@ _BY_CODE: Final[dict[ErrorCode, int]] = {
     ErrorCode.NOT_OWNER: NOT_LEADER_OR_FOLLOWER,
     ErrorCode.OVER_MEMORY_BUDGET: THROTTLING_QUOTA_EXCEEDED,
     ErrorCode.OFFSET_OUT_OF_RANGE: OFFSET_OUT_OF_RANGE,
-    ErrorCode.SCHEMA_VIOLATION: CORRUPT_MESSAGE,
+    ErrorCode.SCHEMA_VIOLATION: INVALID_RECORD,
+    # a keyed record of a last-value topic in another partition than its key's
+    ErrorCode.WRONG_PARTITION: INVALID_RECORD,
 }
 
 
