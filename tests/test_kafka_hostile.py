@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from aiokafka.protocol.fetch import FetchRequest_v4
 
 from headwater.client.blocking import BlockingClient
 from headwater.server.kafka.apis import SERVED
@@ -152,4 +153,43 @@ def test_random_and_mutated_frames(kafka: KafkaServer) -> None:
                 pass
         finally:
             raw.close()
+    _still_serving(kafka)
+
+
+def test_a_client_that_never_reads_costs_another_client_nothing(kafka: KafkaServer) -> None:
+    """One connection pipelines 2,000 Fetches of 1 MiB answers and reads none: the server stops
+    reading it (64 in flight, the write buffer's bound) and another client's requests are
+    answered at once meanwhile (p99 under 50 ms)."""
+    with BlockingClient(kafka.address) as client:
+        client.create_topic("never-read", partitions=1)
+        for _ in range(8):  # 8 batches of 512 KiB
+            client.produce("never-read", [(None, bytes(1024), ())] * 512, partition=0)
+    hog = RawKafka(kafka.kafka_port)
+    try:
+        fetch = FetchRequest_v4(-1, 0, 0, 8 << 20, 0, [("never-read", [(0, 0, 1 << 20)])]).encode()
+        hog.sock.setblocking(False)
+        sent = 0
+        for correlation in range(2000):
+            header = struct.pack(">hhih", 1, 4, correlation, 0)
+            frame = struct.pack(">i", len(header) + len(fetch)) + header + fetch
+            try:
+                hog.sock.send(frame)
+                sent += 1
+            except BlockingIOError:
+                break  # the server stopped reading it: its socket buffers are full
+        latencies = []
+        other = RawKafka(kafka.kafka_port)
+        try:
+            for i in range(200):
+                started = time.perf_counter()
+                other.request(18, 0, i)
+                assert other.response()[0] == i
+                latencies.append(time.perf_counter() - started)
+        finally:
+            other.close()
+        latencies.sort()
+        assert latencies[int(len(latencies) * 0.99)] < 0.05, latencies[-5:]
+        assert sent > 64  # it did pipeline past the in-flight bound
+    finally:
+        hog.close()
     _still_serving(kafka)
