@@ -23,7 +23,7 @@ from kafka.admin import NewTopic
 from kafka.errors import TopicAlreadyExistsError
 
 import headwater
-from headwater.wire.records import BatchBuilder
+from headwater.wire.records import BatchBuilder, Compression
 from tests.support.kafka_support import KafkaServer, RawKafka
 
 Seen = tuple[int, int, bytes | None, bytes | None, tuple[tuple[str, bytes | None], ...]]
@@ -357,3 +357,31 @@ async def test_a_map_set_natively_is_read_through_kafka_and_a_kafka_tombstone_de
             await producer.stop()
         assert await prices.get(b"IBM") is None
         assert await prices.get(b"AAPL") is not None
+
+
+def test_a_batch_checked_off_the_loop_is_not_overtaken_by_the_next(
+    kafka: KafkaServer, topic_name: str
+) -> None:
+    """A large compressed batch is checked on the inflater thread; the small batch pipelined right
+    behind it on the same connection still gets the later offsets."""
+    asyncio.run(_create(kafka, topic_name))
+    big = BatchBuilder(Compression.GZIP)
+    for i in range(5000):  # past the records checked on the loop
+        big.append(None, b"%d" % i)
+    small = BatchBuilder()
+    small.append(None, b"after")
+    raw = RawKafka(kafka.kafka_port)
+    try:
+        for correlation, batch in ((1, big.build()), (2, small.build())):
+            body = ProduceRequest_v3(None, 1, 30_000, [(topic_name, [(0, batch)])]).encode()
+            raw.request(0, 3, correlation, body)
+        offsets = []
+        for correlation in (1, 2):
+            got, answer = raw.response()
+            assert got == correlation  # answers in request order
+            ((_, ((_, error, offset, _),)),) = ProduceResponse_v3.decode(answer).topics
+            assert error == 0
+            offsets.append(offset)
+        assert offsets == [0, 5000]
+    finally:
+        raw.close()

@@ -5,6 +5,7 @@ DescribeGroups. Each returns the response's fields by name, every version's toge
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -25,6 +26,8 @@ class KafkaSession(ConsumerSession, Protocol):
 
     client_id: str
     raw_sasl: bool  # after a SaslHandshake v0: the next frame is bare SASL bytes
+    # the last produce of the connection still handing its batches to the broker (handlers)
+    produce_tail: asyncio.Future[None] | None
     peercert: Any
     auth: Session | None
 

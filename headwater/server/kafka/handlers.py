@@ -58,7 +58,7 @@ from headwater.server.kafka.apis import (
 from headwater.server.kafka.group_handlers import GroupHandlers, Handler, KafkaSession
 from headwater.server.kafka.group_offsets import GroupOffsets
 from headwater.server.kafka.groups import Coordinator
-from headwater.server.reply import resolve
+from headwater.server.reply import Reply, resolve
 from headwater.server.requests.broker import Broker
 from headwater.server.security.access import Security
 from headwater.server.security.authz import Action, may_see
@@ -309,22 +309,43 @@ class KafkaHandlers:
     async def _produce_partition(
         self, session: Session, topic: str, partition: int, records: bytes | None, isolation: int
     ) -> tuple[int, int]:
-        """(error code, base offset of the first batch) for one partition's records."""
+        """(error code, base offset of the first batch) for one partition's records.
+
+        The batches are handed to the broker in the order the connection read them: a batch
+        checked on the inflater thread holds back the connection's later batches until it is
+        appended (as on the native port), so a producer's batches never overtake each other.
+        Only the durability wait runs alongside the next ones."""
+        loop = asyncio.get_running_loop()
+        previous = session.produce_tail
+        mine: asyncio.Future[None] = loop.create_future()
+        session.produce_tail = mine
+        replies: list[Reply] = []
         try:
+            if previous is not None and not previous.done():
+                await asyncio.wait([previous])
             if not records:
                 raise CorruptBatch("a produce with no records")
-            first = -1
             for batch in split_batches(records):
                 request = m.ProduceRequest(topic, partition, batch, isolation)
+                if self._security is not None:
+                    self._security.check(session, request)
                 if is_compressed(batch) or declared_records(batch) > INLINE_RECORDS:
-                    if self._security is not None:
-                        self._security.check(session, request)
-                    info = await asyncio.get_running_loop().run_in_executor(
+                    info = await loop.run_in_executor(
                         self._inflater, validate_records, batch, self._cap
                     )
-                    response = await resolve(self._broker.produce(session, request, info))
+                    replies.append(self._broker.produce(session, request, info))
                 else:
-                    response = await self._native(session, request)
+                    replies.append(self._broker.handle(session, request))
+        except HeadwaterError as exc:
+            return _refused("kafka.produce_refused", exc, topic, partition), -1
+        finally:
+            mine.set_result(None)
+            if session.produce_tail is mine:
+                session.produce_tail = None
+        try:
+            first = -1
+            for reply in replies:
+                response = await resolve(reply)
                 assert isinstance(response, m.ProduceResponse)
                 if first < 0:
                     first = response.base_offset

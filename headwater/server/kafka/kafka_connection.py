@@ -80,6 +80,7 @@ class KafkaConnection(asyncio.Protocol):
         self.client_id = ""  # the request header's, as JoinGroup names members by it
         self.auth: Session | None = None  # set by Security.authenticate
         self.raw_sasl = False
+        self.produce_tail: asyncio.Future[None] | None = None
         self.peercert: object = None
         self._opened_at = self._loop.time()
         self._close_after: asyncio.Future[bytes | None] | None = None
