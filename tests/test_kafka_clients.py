@@ -19,8 +19,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.protocol.produce import ProduceRequest_v3, ProduceResponse_v3
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.admin import NewTopic
-from kafka.errors import TopicAlreadyExistsError
+from kafka.admin import ConfigResource, ConfigResourceType, NewPartitions, NewTopic
+from kafka.errors import InvalidPartitionsError, TopicAlreadyExistsError
 
 import headwater
 from headwater.wire.records import BatchBuilder, Compression
@@ -385,3 +385,44 @@ def test_a_batch_checked_off_the_loop_is_not_overtaken_by_the_next(
         assert offsets == [0, 5000]
     finally:
         raw.close()
+
+
+def test_partitions_added_and_configs_described_through_kafka_admin(
+    kafka: KafkaServer, topic_name: str
+) -> None:
+    admin = KafkaAdminClient(bootstrap_servers=kafka.bootstrap)
+    compacted = f"{topic_name}-compacted"
+    try:
+        admin.create_topics(
+            [
+                NewTopic(topic_name, 2, 1, topic_configs={"retention.ms": "60000"}),
+                NewTopic(compacted, 1, 1, topic_configs={"cleanup.policy": "compact"}),
+            ]
+        )
+        admin.create_partitions({topic_name: NewPartitions(5)})
+        with pytest.raises(InvalidPartitionsError):
+            admin.create_partitions({topic_name: NewPartitions(3)})  # never fewer
+        described = admin.describe_configs(
+            [
+                ConfigResource(ConfigResourceType.TOPIC, topic_name),
+                ConfigResource(ConfigResourceType.TOPIC, compacted),
+            ]
+        )
+    finally:
+        admin.close()
+
+    async def native() -> tuple[int, bool]:
+        async with await headwater.connect(kafka.address) as client:
+            plain = await client.describe_topic(topic_name)
+            last = await client.describe_topic(compacted)
+            return plain.topic.partitions, ("last.value", "true") in {
+                (c.name, c.value) for c in last.topic.configs
+            }
+
+    assert asyncio.run(native()) == (5, True)  # cleanup.policy=compact is a last-value topic
+    plain, compact = described["topic"][topic_name], described["topic"][compacted]
+    assert plain["retention.ms"]["value"] == "60000"
+    assert (plain["cleanup.policy"]["value"], compact["cleanup.policy"]["value"]) == (
+        "delete",
+        "compact",
+    )

@@ -68,7 +68,13 @@ def _ours(field: Any, flexible: bool) -> Any:
         if flexible:
             assert names and names[-1][1] is TaggedFields, "a flexible struct ends in tags"
             names = names[:-1]
-        return [_ours(f, flexible) for _, f in names]
+        out: list[Any] = []
+        for _, f in names:
+            if isinstance(f, Schema):  # a struct inside a struct: its fields, on the wire
+                out.extend(_ours(f, flexible))
+            else:
+                out.append(_ours(f, flexible))
+        return out
     if isinstance(field, Array):
         assert isinstance(field, CompactArray) == flexible
         return ("[]", _ours(field.array_of, flexible))
@@ -114,6 +120,8 @@ _FILES = {
     15: "DescribeGroups",
     16: "ListGroups",
     22: "InitProducerId",
+    32: "DescribeConfigs",
+    37: "CreatePartitions",
     17: "SaslHandshake",
     36: "SaslAuthenticate",
     0: "Produce",

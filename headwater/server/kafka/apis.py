@@ -101,7 +101,9 @@ API_VERSIONS: Final = 18
 CREATE_TOPICS: Final = 19
 DELETE_TOPICS: Final = 20
 INIT_PRODUCER_ID: Final = 22
+DESCRIBE_CONFIGS: Final = 32
 SASL_AUTHENTICATE: Final = 36
+CREATE_PARTITIONS: Final = 37
 # what a connection may send before it has authenticated (on a server with authentication)
 BEFORE_AUTH: Final = frozenset({API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE})
 
@@ -163,6 +165,24 @@ SERVED: Final[dict[int, Api]] = {  # by key, as ApiVersions lists them
             ),
             _api(LIST_GROUPS, "ListGroups", admin, "ListGroupsRequest", "ListGroupsResponse", 0, 2),
             _api_versions(),
+            _api(
+                DESCRIBE_CONFIGS,
+                "DescribeConfigs",
+                admin,
+                "DescribeConfigsRequest",
+                "DescribeConfigsResponse",
+                0,
+                2,
+            ),
+            _api(
+                CREATE_PARTITIONS,
+                "CreatePartitions",
+                admin,
+                "CreatePartitionsRequest",
+                "CreatePartitionsResponse",
+                0,
+                1,
+            ),
             # after a v0 handshake the SASL bytes come as a bare size-prefixed frame, not a
             # SaslAuthenticate (librdkafka looks for v0 to know the broker takes SASL at all)
             _api(

@@ -35,8 +35,10 @@ import structlog
 from headwater.server.kafka import kafka_errors as k
 from headwater.server.kafka.apis import (
     API_VERSIONS,
+    CREATE_PARTITIONS,
     CREATE_TOPICS,
     DELETE_TOPICS,
+    DESCRIBE_CONFIGS,
     DESCRIBE_GROUPS,
     FETCH,
     FIND_COORDINATOR,
@@ -89,6 +91,9 @@ MAX_THROTTLE: Final = 5.0
 NODE_ID: Final = 0
 # as on the native port (server.net.client_connection): more is checked off the loop
 INLINE_RECORDS: Final = 2048
+_TOPIC_RESOURCE: Final = 2
+_BROKER_RESOURCE: Final = 4
+_TOPIC_CONFIG: Final = 1  # DescribeConfigs config_source: set on the topic
 _BATCH_LENGTH = struct.Struct(">i")
 _BATCH_OVERHEAD: Final = 12  # base offset (8) and batch length (4) precede what the length counts
 _MIN_BATCH: Final = 61  # a RecordBatch v2 header
@@ -145,6 +150,8 @@ class KafkaHandlers:
             SASL_HANDSHAKE: self.sasl_handshake,
             SASL_AUTHENTICATE: self.sasl_authenticate,
             INIT_PRODUCER_ID: self.init_producer_id,
+            CREATE_PARTITIONS: self.create_partitions,
+            DESCRIBE_CONFIGS: self.describe_configs,
             METADATA: self.metadata,
             PRODUCE: self.produce,
             FETCH: self.fetch,
@@ -540,6 +547,81 @@ class KafkaHandlers:
             "producer_epoch": response.producer_epoch,
         }
 
+    # CreatePartitions, DescribeConfigs
+
+    async def create_partitions(self, session: Session, version: int, fields: Fields) -> Fields:
+        results = []
+        for entry in fields["topic_partitions"]:
+            name, wanted = entry["topic"], entry["new_partitions"]
+            count, message = wanted["count"], None
+            code = 0
+            try:
+                if wanted["assignment"]:
+                    raise InvalidRequest("replica assignments are not taken: one copy, storage's")
+                topic = self._broker.topics.get(name)
+                if topic is None:
+                    raise UnknownTopic(f"topic {name!r} does not exist")
+                if count <= len(topic.partitions):
+                    code = k.INVALID_PARTITIONS
+                    message = f"topic {name!r} has {len(topic.partitions)} partitions already"
+                elif not fields["validate_only"]:
+                    await self._native(session, m.CreatePartitionsRequest(name, count))
+            except HeadwaterError as exc:
+                code = _refused("kafka.create_partitions_refused", exc, name, -1)
+                message = exc.message
+                if code == k.INVALID_REQUEST:
+                    code = k.INVALID_PARTITIONS
+            results.append({"topic": name, "error_code": code, "error_message": message})
+        return {"throttle_time_ms": 0, "topic_errors": results}
+
+    async def describe_configs(self, session: Session, version: int, fields: Fields) -> Fields:
+        """A topic's configs are its Headwater configs, plus Kafka's `cleanup.policy`: compact
+        for a last-value topic, delete otherwise. A broker has none to show."""
+        resources = []
+        for resource in fields["resources"]:
+            kind, name, names = (
+                resource["resource_type"],
+                resource["resource_name"],
+                resource["config_names"],
+            )
+            entries: list[Fields] = []
+            code, message = 0, None
+            try:
+                if kind == _TOPIC_RESOURCE:
+                    response = await self._native(session, m.DescribeTopicRequest(name))
+                    assert isinstance(response, m.DescribeTopicResponse)
+                    configs = {c.name: c.value for c in response.topic.configs}
+                    compact = configs.get("last.value") == "true"
+                    configs["cleanup.policy"] = "compact" if compact else "delete"
+                    entries = [
+                        {
+                            "config_names": key,
+                            "config_value": value,
+                            "read_only": key == "cleanup.policy",
+                            "is_default": False,
+                            "config_source": _TOPIC_CONFIG,
+                            "is_sensitive": False,
+                            "config_synonyms": [],
+                        }
+                        for key, value in sorted(configs.items())
+                        if names is None or key in names
+                    ]
+                elif kind != _BROKER_RESOURCE:
+                    raise InvalidRequest(f"resource type {kind}: topics (2) and brokers (4)")
+            except HeadwaterError as exc:
+                code = _refused("kafka.describe_configs_refused", exc, name, -1)
+                message = exc.message
+            resources.append(
+                {
+                    "error_code": code,
+                    "error_message": message,
+                    "resource_type": kind,
+                    "resource_name": name,
+                    "config_entries": entries,
+                }
+            )
+        return {"throttle_time_ms": 0, "resources": resources}
+
     # CreateTopics, DeleteTopics
 
     async def create_topics(self, session: Session, version: int, fields: Fields) -> Fields:
@@ -547,7 +629,7 @@ class KafkaHandlers:
         for entry in fields["create_topic_requests"]:
             name = entry["topic"]
             configs = tuple(
-                m.ConfigEntry(c["config_key"], c["config_value"] or "")
+                _topic_config(c["config_key"], c["config_value"] or "")
                 for c in entry["configs"] or ()
                 # Kafka's default policy is what every Headwater topic does
                 if not (c["config_key"] == "cleanup.policy" and c["config_value"] == "delete")
@@ -584,6 +666,13 @@ class KafkaHandlers:
                 code = _refused("kafka.delete_topic_refused", exc, name, -1)
             results.append({"topic": name, "error_code": code})
         return {"throttle_time_ms": 0, "topic_error_codes": results}
+
+
+def _topic_config(name: str, value: str) -> m.ConfigEntry:
+    """A Kafka topic config as Headwater's: a compacted topic is a last-value one."""
+    if name == "cleanup.policy" and value == "compact":
+        return m.ConfigEntry("last.value", "true")
+    return m.ConfigEntry(name, value)
 
 
 async def _failed(code: int) -> tuple[int, int]:
