@@ -193,3 +193,27 @@ def test_a_client_that_never_reads_costs_another_client_nothing(kafka: KafkaServ
     finally:
         hog.close()
     _still_serving(kafka)
+
+
+def test_the_kafka_listener_counts_in_metrics(kafka: KafkaServer) -> None:
+    bad = RawKafka(kafka.kafka_port)
+    bad.send_raw(struct.pack(">i", -5))
+    assert bad.closed()
+    bad.close()
+    raw = RawKafka(kafka.kafka_port)
+    try:
+        _api_versions(raw, 1)
+        raw.request(60, 0, 2, b"\x00\x00")  # not served
+        raw.response()
+        metrics = kafka.metrics()
+    finally:
+        raw.close()
+    counted = {
+        line.split()[0]: float(line.split()[1])
+        for line in metrics.splitlines()
+        if line.startswith("headwater_kafka_")
+    }
+    assert counted['headwater_kafka_requests_total{api="ApiVersions"}'] >= 1
+    assert counted["headwater_kafka_unsupported_requests_total"] >= 1
+    assert counted["headwater_kafka_connections"] >= 1
+    assert counted["headwater_kafka_protocol_errors_total"] >= 1

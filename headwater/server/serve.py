@@ -142,6 +142,8 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
             kafka.start(broker, listener.shared.security, listener.shared.tls)
             if config.kafka.port_file is not None:
                 _write_port(config.kafka.port_file, kafka.port)
+            if operator is not None and operator.registry is not None:
+                operator.registry.register(kafka.collector())
         if listener.shared.security is not None:
             kafka_connections = kafka.connections if kafka is not None else set()
             listener.shared.security.start(

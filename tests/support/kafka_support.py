@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import urllib.request
 from pathlib import Path
 
 from headwater.testing import ServerProcess
@@ -18,10 +19,14 @@ from headwater.testing import ServerProcess
 class KafkaServer:
     def __init__(self, data_dir: Path) -> None:
         self.kafka_port_file = data_dir.parent / f"{data_dir.name}.kafka-port"
+        self.http_port_file = data_dir.parent / f"{data_dir.name}.http-port"
         self.process = ServerProcess(
             data_dir,
-            extra_args=("--kafka-port", "0", "--kafka-port-file", str(self.kafka_port_file)),
-        )
+            extra_args=(
+                "--kafka-port", "0", "--kafka-port-file", str(self.kafka_port_file),
+                "--http-port", "0", "--http-port-file", str(self.http_port_file),
+            ),
+        )  # fmt: skip
         self.kafka_port = 0
 
     def start(self) -> KafkaServer:
@@ -29,6 +34,12 @@ class KafkaServer:
         self.process.start()
         self.kafka_port = int(self.kafka_port_file.read_text())
         return self
+
+    def metrics(self) -> str:
+        """The operator port's /metrics text."""
+        port = int(self.http_port_file.read_text())
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+            return str(answer.read().decode())
 
     @property
     def address(self) -> str:

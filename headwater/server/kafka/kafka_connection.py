@@ -39,6 +39,7 @@ from headwater.server.kafka import codec
 from headwater.server.kafka.apis import API_VERSIONS, BEFORE_AUTH, SERVED
 from headwater.server.kafka.handlers import CLOSE_AFTER, KafkaHandlers
 from headwater.server.kafka.kafka_errors import UNSUPPORTED_VERSION
+from headwater.server.kafka.kafka_metrics import KafkaStats
 from headwater.server.security.access import Security, Session
 from headwater.server.topics.subscription_contract import Consumer
 from headwater.wire.errors import HeadwaterError
@@ -58,8 +59,10 @@ class KafkaConnection(asyncio.Protocol):
         config: ServerConfig,
         connections: set[KafkaConnection],
         security: Security | None = None,
+        stats: KafkaStats | None = None,
     ) -> None:
         self._handlers = handlers
+        self._stats = stats or KafkaStats()
         self._security = security
         self._handshake_timeout = config.security.handshake_timeout
         self._max_frame = config.max_frame_size
@@ -199,6 +202,7 @@ class KafkaConnection(asyncio.Protocol):
                 )
             else:
                 slot.set_result(codec.encode_error_only(correlation, UNSUPPORTED_VERSION))
+            self._stats.unsupported += 1
             log.debug("kafka.unsupported", peer=self.peer, api_key=key, api_version=version)
             self._flush()
             return
@@ -210,6 +214,7 @@ class KafkaConnection(asyncio.Protocol):
             self._fatal(f"{api.name} v{version}: {exc}")
             return
         self.client_id = header.client_id or ""
+        self._stats.requests[key] = self._stats.requests.get(key, 0) + 1
         task = self._loop.create_task(self._handle(slot, key, version, correlation, fields))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -302,11 +307,14 @@ class KafkaConnection(asyncio.Protocol):
 
     def revoke(self, error: HeadwaterError) -> None:
         """Its token was removed or expired (`Security`): Kafka has no frame to say so."""
-        self._fatal(f"credential revoked: {error.message}")
+        self._fatal(f"credential revoked: {error.message}", malformed=False)
 
     # closing
 
-    def _fatal(self, why: str) -> None:
+    def _fatal(self, why: str, malformed: bool = True) -> None:
+        """Close, logging why; `malformed`: for bytes that are not Kafka (counted)."""
+        if malformed:
+            self._stats.protocol_errors += 1
         log.info("kafka.protocol_error", peer=self.peer, error=why)
         self.close()
 
@@ -316,11 +324,11 @@ class KafkaConnection(asyncio.Protocol):
         if self._transport is None:
             return
         if not self._admitted and now - self._opened_at > self._handshake_timeout:
-            self._fatal(f"not authenticated within {self._handshake_timeout:g} s")
+            self._fatal(f"not authenticated within {self._handshake_timeout:g} s", False)
         elif self.partial_since is not None and self._reading and now - self.partial_since > frame:
-            self._fatal(f"no complete frame within {frame:g} s")
+            self._fatal(f"no complete frame within {frame:g} s", malformed=False)
         elif not self._slots and now - self.last_activity > idle:
-            self._fatal(f"idle for {idle:g} s")
+            self._fatal(f"idle for {idle:g} s", malformed=False)
 
     def close(self) -> None:
         transport = self._transport

@@ -24,6 +24,7 @@ import structlog
 from headwater.server.config import ServerConfig
 from headwater.server.kafka.handlers import KafkaHandlers
 from headwater.server.kafka.kafka_connection import KafkaConnection
+from headwater.server.kafka.kafka_metrics import KafkaCollector, KafkaStats
 from headwater.server.net.accepting import Acceptor, ListenError, listen_on
 from headwater.server.requests.broker import Broker
 from headwater.server.security.access import Security
@@ -52,6 +53,7 @@ class KafkaListener:
         self._sweeper: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.connections: set[KafkaConnection] = set()
+        self.stats = KafkaStats()
         self.port = 0
         self._security: Security | None = None
         self._tls: ServerTls | None = None
@@ -86,6 +88,12 @@ class KafkaListener:
         self._sweeper = self._loop.call_later(self._every(), self._sweep)
         log.info("kafka.listening", host=config.host, port=self.port, advertised=host)
 
+    def collector(self) -> KafkaCollector:
+        """The listener's Prometheus collector (after `start`)."""
+        assert self._handlers is not None, "start first"
+        coordinator = self._handlers.groups.coordinator
+        return KafkaCollector(self.stats, lambda: len(self.connections), coordinator)
+
     def close(self) -> None:
         if self._acceptor is not None:
             self._acceptor.close()
@@ -115,7 +123,9 @@ class KafkaListener:
         tls = self._tls
         try:
             await self._loop.connect_accepted_socket(
-                lambda: KafkaConnection(handlers, self._config, self.connections, self._security),
+                lambda: KafkaConnection(
+                    handlers, self._config, self.connections, self._security, self.stats
+                ),
                 sock,
                 ssl=None if tls is None else tls.context,
                 ssl_handshake_timeout=None if tls is None else self._config.frame_timeout,
