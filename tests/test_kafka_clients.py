@@ -17,12 +17,14 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.protocol.fetch import FetchRequest_v4, FetchResponse_v4
 from aiokafka.protocol.produce import ProduceRequest_v3, ProduceResponse_v3
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType, NewPartitions, NewTopic
 from kafka.errors import InvalidPartitionsError, TopicAlreadyExistsError
 
 import headwater
+from headwater.server.kafka.handlers import split_batches
 from headwater.wire.records import BatchBuilder, Compression
 from tests.support.kafka_support import KafkaServer, RawKafka
 
@@ -426,3 +428,42 @@ def test_partitions_added_and_configs_described_through_kafka_admin(
         "delete",
         "compact",
     )
+
+
+def _fetch_v4(raw: RawKafka, topic: str, isolation: int, correlation: int) -> tuple[int, int]:
+    """(records read, last stable offset) of partition 0 from offset 0."""
+    body = FetchRequest_v4(-1, 0, 0, 1 << 20, isolation, [(topic, [(0, 0, 1 << 20)])]).encode()
+    raw.request(1, 4, correlation, body)
+    got, answer = raw.response()
+    assert got == correlation
+    ((_, ((_, error, _high, stable, _aborted, records),)),) = FetchResponse_v4.decode(answer).topics
+    assert error == 0
+    return len(records) and sum(
+        1 + struct.unpack_from(">i", batch, 23)[0] for batch in split_batches(records)
+    ), stable
+
+
+def test_read_committed_sees_only_what_an_fsync_covers(kafka: KafkaServer, topic_name: str) -> None:
+    """On a topic with fsync `never`, a read_committed Fetch gets nothing of what is not yet
+    fsynced (its last stable offset stays below); a read_committed produce (acks=all) fsyncs
+    everything before it, and the Fetch then sees all of it."""
+
+    async def setup() -> None:
+        async with await headwater.connect(kafka.address) as client:
+            await client.create_topic(topic_name, configs={"fsync": "never"})
+            producer = client.producer(topic_name)
+            await producer.send_batch([b"x"] * 10, partition=0)
+            await producer.flush()
+            await producer.close()
+
+    asyncio.run(setup())
+    raw = RawKafka(kafka.kafka_port)
+    try:
+        assert _fetch_v4(raw, topic_name, 0, 1) == (10, 10)  # read_uncommitted: all of it
+        assert _fetch_v4(raw, topic_name, 1, 2) == (0, 0)  # read_committed: nothing fsynced
+        producer = KafkaProducer(bootstrap_servers=kafka.bootstrap, acks="all")
+        producer.send(topic_name, b"y", partition=0).get(10)
+        producer.close()
+        assert _fetch_v4(raw, topic_name, 1, 3) == (11, 11)
+    finally:
+        raw.close()

@@ -13,7 +13,7 @@ answers with nothing.
   batches in one partition's records are appended in order. A compressed batch, or one declaring
   many records, is checked on the listener's inflater thread, as on the native port.
 - Fetch: one native FETCH per partition (reliable topics; a non-reliable one keeps no history:
-  INVALID_REQUEST). At the end of every partition with `max_wait_ms` and `min_bytes` > 0, each
+  INVALID_REQUEST); read_committed keeps only the batches an fsync covers. At the end of every partition with `max_wait_ms` and `min_bytes` > 0, each
   partition waits with the native long poll (`AfterData`, outside the topic's turn) and the first
   to bring data answers for all; the others are cancelled.
 - ListOffsets: earliest (-2) is the partition's start, latest (-1) its readable end (the high
@@ -95,6 +95,8 @@ _TOPIC_RESOURCE: Final = 2
 _BROKER_RESOURCE: Final = 4
 _TOPIC_CONFIG: Final = 1  # DescribeConfigs config_source: set on the topic
 _BATCH_LENGTH = struct.Struct(">i")
+_BASE = struct.Struct(">q")
+_LAST_DELTA = struct.Struct(">i")  # at byte 23 of a RecordBatch v2
 _BATCH_OVERHEAD: Final = 12  # base offset (8) and batch length (4) precede what the length counts
 _MIN_BATCH: Final = 61  # a RecordBatch v2 header
 
@@ -373,14 +375,15 @@ class KafkaHandlers:
             for entry in fields["topics"]
             for part in entry["partitions"]
         ]
+        committed = fields.get("isolation_level") == 1
         answers: list[Fields] = [
-            await self._fetch_one(session, topic, index, offset, limit, 0)
+            await self._fetch_one(session, topic, index, offset, limit, 0, committed)
             for topic, index, offset, limit in wanted
         ]
         wait_ms = min(max(0, fields["max_wait_time"]), MAX_FETCH_WAIT_MS)
         got = sum(len(a["message_set"]) for a in answers)
         if wait_ms > 0 and fields["min_bytes"] > 0 and got == 0:
-            await self._long_poll(session, wanted, answers, wait_ms)
+            await self._long_poll(session, wanted, answers, wait_ms, committed)
         response = self._fetch_response(wanted, answers, fields.get("max_bytes", MAX_FETCH_BYTES))
         if self._security is not None:
             size = sum(len(p["message_set"]) for t in response["topics"] for p in t["partitions"])
@@ -394,11 +397,14 @@ class KafkaHandlers:
         wanted: list[tuple[str, int, int, int]],
         answers: list[Fields],
         wait_ms: int,
+        committed: bool,
     ) -> None:
         """Each partition at its end waits (the native long poll); the first with data answers
         for all. Bounded by `wait_ms` and by the partitions named."""
         polls = {
-            asyncio.ensure_future(self._fetch_one(session, t, i, o, n, wait_ms)): position
+            asyncio.ensure_future(
+                self._fetch_one(session, t, i, o, n, wait_ms, committed)
+            ): position
             for position, (t, i, o, n) in enumerate(wanted)
             if answers[position]["error_code"] == 0
         }
@@ -423,7 +429,14 @@ class KafkaHandlers:
                 task.cancel()
 
     async def _fetch_one(
-        self, session: Session, topic: str, index: int, offset: int, limit: int, wait_ms: int
+        self,
+        session: Session,
+        topic: str,
+        index: int,
+        offset: int,
+        limit: int,
+        wait_ms: int,
+        committed: bool,
     ) -> Fields:
         try:
             response = await self._native(
@@ -439,13 +452,30 @@ class KafkaHandlers:
                 "log_start_offset": -1,
             }
         assert isinstance(response, m.FetchResponse)
+        records, stable = response.records, response.end_offset
+        if committed:  # read_committed: only what an fsync covers, whatever the topic's policy
+            stable, records = self._committed(topic, index, records, stable)
         return {
             "error_code": 0,
-            "message_set": response.records,
+            "message_set": records,
             "highwater_offset": response.end_offset,
-            "last_stable_offset": response.end_offset,
+            "last_stable_offset": stable,
             "log_start_offset": response.start_offset,
         }
+
+    def _committed(self, topic: str, index: int, records: bytes, end: int) -> tuple[int, bytes]:
+        """(the partition's fsynced end, the batches wholly below it)."""
+        found = self._broker.topics.get(topic)
+        if found is None or not found.reliable or index >= len(found.partitions):
+            return end, records
+        stable = min(end, found.readable_end(found.partitions[index], True))
+        size = 0
+        for batch in split_batches(records):
+            base, count = _BASE.unpack_from(batch)[0], _LAST_DELTA.unpack_from(batch, 23)[0] + 1
+            if base + count > stable:
+                break
+            size += len(batch)
+        return stable, records[:size]
 
     @staticmethod
     def _fetch_response(
