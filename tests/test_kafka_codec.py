@@ -237,3 +237,22 @@ def test_responses_take_each_versions_own_fields() -> None:
     assert v0[4:] == struct.pack(">ihi", 5, 0, 1) + struct.pack(">hhh", 0, 3, 8)
     assert v1[4:] == v0[4:] + struct.pack(">i", 0)
     assert struct.unpack(">i", v1[:4])[0] == len(v1) - 4
+
+
+def test_docs_kafka_md_lists_every_api_and_version_served() -> None:
+    """docs/KAFKA.md's table of APIs is the listener's: same keys, same version ranges."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "KAFKA.md").read_text()
+    listed = {
+        (int(key), versions.strip())
+        for name, key, versions in re.findall(r"^\| (\w+) \| (\d+) \| ([\d-]+) \|", text, re.M)
+    }
+    served = {
+        (
+            a.key,
+            f"{a.min_version}-{a.max_version}"
+            if a.min_version != a.max_version
+            else str(a.min_version),
+        )
+        for a in SERVED.values()
+    }
+    assert listed == served

@@ -13,9 +13,10 @@ answers with nothing.
   batches in one partition's records are appended in order. A compressed batch, or one declaring
   many records, is checked on the listener's inflater thread, as on the native port.
 - Fetch: one native FETCH per partition (reliable topics; a non-reliable one keeps no history:
-  INVALID_REQUEST); read_committed keeps only the batches an fsync covers. At the end of every partition with `max_wait_ms` and `min_bytes` > 0, each
-  partition waits with the native long poll (`AfterData`, outside the topic's turn) and the first
-  to bring data answers for all; the others are cancelled.
+  INVALID_REQUEST); read_committed keeps only the batches an fsync covers. At the end of every
+  partition with `max_wait_ms` and `min_bytes` > 0, each partition waits with the native long
+  poll (`AfterData`, outside the topic's turn) and the first to bring data answers for all; the
+  others are cancelled.
 - ListOffsets: earliest (-2) is the partition's start, latest (-1) its readable end (the high
   watermark a Fetch reports), a timestamp the first batch at or after it (offset -1 when none).
 - Metadata: this broker (node 0) leads every partition; topics are never created by a Metadata

@@ -61,6 +61,8 @@ _BY_CODE: Final[dict[ErrorCode, int]] = {
     ErrorCode.TOPIC_EXISTS: TOPIC_ALREADY_EXISTS,
     # a non-reliable topic keeps no history to fetch: the request is one the topic cannot serve
     ErrorCode.NOT_SUPPORTED: INVALID_REQUEST,
+    # a group's name taken by a subscription that keeps no cursor (a non-reliable one)
+    ErrorCode.SUBSCRIPTION_TYPE_MISMATCH: INVALID_REQUEST,
     ErrorCode.SERVER_SHUTTING_DOWN: NETWORK_EXCEPTION,
     ErrorCode.REQUEST_TIMEOUT: REQUEST_TIMED_OUT,
     ErrorCode.STORAGE_ERROR: KAFKA_STORAGE_ERROR,
