@@ -256,3 +256,15 @@ def test_docs_kafka_md_lists_every_api_and_version_served() -> None:
         for a in SERVED.values()
     }
     assert listed == served
+
+
+def test_the_elements_of_one_request_are_bounded_in_all() -> None:
+    """Each array fits its bytes, but together they announce more partitions than a request
+    may carry: refused before the handlers see them."""
+    partitions = struct.pack(">i", 30_000) + bytes(30_000 * 16)  # (partition, offset, max_bytes)
+    topic = b"\x00\x01t" + partitions
+    body = struct.pack(">iiiib", -1, 0, 0, 1024, 0) + struct.pack(">i", 2) + topic + topic
+    with pytest.raises(codec.MalformedKafka, match="array elements"):
+        codec.decode_body(codec.Reader(body), SERVED[1].requests[4])
+    one = struct.pack(">iiiib", -1, 0, 0, 1024, 0) + struct.pack(">i", 1) + topic
+    assert len(codec.decode_body(codec.Reader(one), SERVED[1].requests[4])["topics"]) == 1

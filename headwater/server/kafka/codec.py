@@ -11,7 +11,9 @@ range(count)]`), so this module walks the same schemas with its own reader inste
   smallest encoded size (`min_size`): a count of two billion in a 40-byte frame is an error
   at once, not a loop; so is a tagged-field count;
 - every read is checked against the end of the body: a short field is `MalformedKafka`, never a
-  partial value.
+  partial value;
+- a request announces at most `MAX_ELEMENTS` array elements in all, so the handlers' work per
+  request (a partition each) is bounded whatever the frame holds.
 
 So decoding costs at most one step per byte of the frame, whatever the peer declares. Responses
 are encoded with aiokafka's encoders (our own values, nothing to bound).
@@ -55,6 +57,11 @@ _FIXED: Final[dict[Any, struct.Struct]] = {
 }
 _SIZE = struct.Struct(">i")
 _HEADER = struct.Struct(">hhi")
+# Array elements in one request, all arrays together: each becomes work for the handlers (a
+# partition to produce to, fetch or commit, a topic to describe), and an 8 MiB frame holds half a
+# million 16-byte Fetch partitions. Kafka clients name every partition they fetch in one request:
+# 50,000 is far past any real one.
+MAX_ELEMENTS: Final = 50_000
 
 
 class MalformedKafka(Exception):
@@ -103,12 +110,13 @@ def min_size(field: Any) -> int:
 class Reader:
     """Reads values of aiokafka field types from one request body, never past its end."""
 
-    __slots__ = ("_data", "_end", "pos")
+    __slots__ = ("_data", "_end", "elements", "pos")
 
     def __init__(self, data: bytes, pos: int = 0) -> None:
         self._data = data
         self._end = len(data)
         self.pos = pos
+        self.elements = 0  # array elements announced so far, in all
 
     @property
     def left(self) -> int:
@@ -158,6 +166,9 @@ class Reader:
             raise MalformedKafka(
                 f"an array of {count} elements cannot fit in the {self.left} bytes left"
             )
+        self.elements += count
+        if self.elements > MAX_ELEMENTS:
+            raise MalformedKafka(f"more than {MAX_ELEMENTS} array elements in one request")
         return count
 
     def read(self, field: Any) -> Any:

@@ -92,6 +92,8 @@ MAX_THROTTLE: Final = 5.0
 NODE_ID: Final = 0
 # as on the native port (server.net.client_connection): more is checked off the loop
 INLINE_RECORDS: Final = 2048
+# partitions handled between two yields to the event loop in one request's loop
+_YIELD_EVERY: Final = 64
 _TOPIC_RESOURCE: Final = 2
 _BROKER_RESOURCE: Final = 4
 _TOPIC_CONFIG: Final = 1  # DescribeConfigs config_source: set on the topic
@@ -377,10 +379,13 @@ class KafkaHandlers:
             for part in entry["partitions"]
         ]
         committed = fields.get("isolation_level") == 1
-        answers: list[Fields] = [
-            await self._fetch_one(session, topic, index, offset, limit, 0, committed)
-            for topic, index, offset, limit in wanted
-        ]
+        answers: list[Fields] = []
+        for position, (topic, index, offset, limit) in enumerate(wanted):
+            if position and not position % _YIELD_EVERY:
+                await asyncio.sleep(0)  # a Fetch of many partitions lets the others in
+            answers.append(
+                await self._fetch_one(session, topic, index, offset, limit, 0, committed)
+            )
         wait_ms = min(max(0, fields["max_wait_time"]), MAX_FETCH_WAIT_MS)
         got = sum(len(a["message_set"]) for a in answers)
         if wait_ms > 0 and fields["min_bytes"] > 0 and got == 0:
