@@ -77,7 +77,9 @@ class KafkaListener:
         self, broker: Broker, security: Security | None = None, tls: ServerTls | None = None
     ) -> None:
         config = self._config
-        host = config.kafka.advertise_host or config.host or "127.0.0.1"
+        host = config.kafka.advertise_host or config.host
+        if host in ("", "0.0.0.0", "::"):  # a wildcard is nowhere a client can connect to
+            host = socket.gethostname()
         self._security = security
         self._tls = tls
         self._handlers = KafkaHandlers(
