@@ -20,7 +20,16 @@ answers with nothing.
 - ListOffsets: earliest (-2) is the partition's start, latest (-1) its readable end (the high
   watermark a Fetch reports), a timestamp the first batch at or after it (offset -1 when none).
 - Metadata: this broker (node 0) leads every partition; topics are never created by a Metadata
-  request. CreateTopics makes reliable topics; DeleteTopics deletes.
+  request. CreateTopics makes reliable topics (`cleanup.policy=compact`: last-value ones),
+  DeleteTopics deletes, CreatePartitions grows, DescribeConfigs shows a topic's configs.
+- InitProducerId issues a native producer id: Kafka's idempotent batches are checked by the
+  native (durable) producer tables.
+- SaslHandshake and SaslAuthenticate: PLAIN, the password a Headwater token, through
+  `Security.authenticate`. With authentication on, every native request passes `Security.check`
+  (and `Security.after`) as on the native port, and quotas delay the answer
+  (`throttle_time_ms`).
+
+The consumer group APIs are in `group_handlers`.
 """
 
 from __future__ import annotations
