@@ -10,10 +10,14 @@ the last record in hand (consumers), with the server's CPU seconds over the same
   no idempotence), every future awaited at the end;
 - `kcat producer (librdkafka)`: `kcat -P` reading the values as lines (acks=1, linger 5 ms,
   partitioner random), the process's whole run;
+- `confluent-kafka producer`: `Producer.produce` per record (librdkafka; acks=1, linger 5 ms,
+  no idempotence), then `flush()`;
 - `native consumer`: an Exclusive subscription from earliest, `next_batch()` and one cumulative
   ack per batch;
 - `aiokafka consumer`: the three partitions assigned (no group), from the beginning, `getmany`;
-- `kcat consumer (librdkafka)`: `kcat -C -e` from the beginning, printing only offsets.
+- `kcat consumer (librdkafka)`: `kcat -C -e` from the beginning, printing only offsets;
+- `confluent-kafka consumer`: the three partitions assigned from the beginning, `consume()` in
+  batches of up to 10,000.
 
 aiokafka encodes and decodes each record in Python, so its rows measure the client more than the
 server; kcat's are librdkafka's C client, the fairest comparison of the two protocols.
@@ -145,12 +149,60 @@ async def kcat_consume(address: str, bootstrap: str, topic: str, records: int) -
         "-q",
         "-f",
         "%o\n",
+        # librdkafka reads read_committed by default: only what an fsync covers, which under
+        # fsync `never` is nothing yet (docs/KAFKA.md)
+        "-X",
+        "isolation.level=read_uncommitted",
         stdout=asyncio.subprocess.PIPE,
     )
     out, _ = await process.communicate()
     seen = out.count(b"\n")
     if process.returncode or seen != records:
         raise RuntimeError(f"kcat -C exited {process.returncode} after {seen} records")
+
+
+async def confluent_produce(address: str, bootstrap: str, topic: str, records: int) -> None:
+    from confluent_kafka import Producer
+
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "acks": 1,
+            "linger.ms": 5,
+            "batch.size": 256 * 1024,
+            "enable.idempotence": False,
+            "queue.buffering.max.messages": records,
+        }
+    )
+    for i in range(records):
+        producer.produce(topic, VALUE, partition=i % PARTITIONS)
+        if i % 10_000 == 0:
+            producer.poll(0)
+    if producer.flush(120):
+        raise RuntimeError("confluent-kafka did not deliver every record in 120 s")
+
+
+async def confluent_consume(address: str, bootstrap: str, topic: str, records: int) -> None:
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "bench",
+            "enable.auto.commit": False,
+            "isolation.level": "read_uncommitted",  # as kcat's, above
+        }
+    )
+    try:
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+        seen = 0
+        deadline = time.monotonic() + 120
+        while seen < records and time.monotonic() < deadline:
+            seen += sum(1 for m in consumer.consume(10_000, 1.0) if not m.error())
+        if seen < records:
+            raise RuntimeError(f"confluent-kafka read {seen} of {records} records")
+    finally:
+        consumer.close()
 
 
 Step = Callable[[str, str, str, int], Awaitable[None]]
@@ -200,14 +252,17 @@ def main() -> None:
         try:
             for run in range(args.runs):
                 native, kafka, kcat = f"native-{run}", f"kafka-{run}", f"kcat-{run}"
-                asyncio.run(create(server.address, native, kafka, kcat))
+                confluent = f"confluent-{run}"
+                asyncio.run(create(server.address, native, kafka, kcat, confluent))
                 for name, step, topic in (
                     ("native producer", native_produce, native),
                     ("aiokafka producer", kafka_produce, kafka),
                     ("kcat producer (librdkafka)", kcat_produce, kcat),
+                    ("confluent-kafka producer", confluent_produce, confluent),
                     ("native consumer", native_consume, native),
                     ("aiokafka consumer", kafka_consume, kafka),
                     ("kcat consumer (librdkafka)", kcat_consume, kcat),
+                    ("confluent-kafka consumer", confluent_consume, confluent),
                 ):
                     rows.setdefault(name, []).append(timed(step, server, bootstrap, topic, records))
         finally:

@@ -467,3 +467,70 @@ def test_read_committed_sees_only_what_an_fsync_covers(kafka: KafkaServer, topic
         assert _fetch_v4(raw, topic_name, 1, 3) == (11, 11)
     finally:
         raw.close()
+
+
+def test_confluent_kafka_idempotent_producer_and_group_consumer(
+    kafka: KafkaServer, topic_name: str
+) -> None:
+    """librdkafka through confluent-kafka (as Java-like clients run: idempotence on, acks=all,
+    a consumer group committing): what it produces is what the native client reads, and its
+    commits are the group's subscription."""
+    from confluent_kafka import Consumer, Producer
+
+    asyncio.run(_create(kafka, topic_name, 3))
+    producer = Producer(
+        {"bootstrap.servers": kafka.bootstrap, "enable.idempotence": True, "acks": "all"}
+    )
+    delivered: list[tuple[int, int]] = []
+    errors: list[object] = []
+
+    def done(error: object, message: object) -> None:
+        if error is not None:
+            errors.append(error)
+        else:
+            delivered.append((message.partition(), message.offset()))  # type: ignore[attr-defined]
+
+    for key, value, headers in RECORDS:
+        producer.produce(topic_name, value=value, key=key, headers=headers, on_delivery=done)
+    assert producer.flush(30) == 0
+    assert errors == []
+    native = sorted(asyncio.run(_native_read(kafka, topic_name, 3)))
+    assert sorted(delivered) == [(p, o) for p, o, *_ in native]
+    consumer = Consumer(
+        {
+            "bootstrap.servers": kafka.bootstrap,
+            "group.id": "confluent",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    seen: list[Seen] = []
+    try:
+        consumer.subscribe([topic_name])
+        deadline = time.monotonic() + 60
+        while len(seen) < len(RECORDS) and time.monotonic() < deadline:
+            message = consumer.poll(1.0)
+            if message is None or message.error():
+                continue
+            seen.append(
+                (
+                    message.partition(),
+                    message.offset(),
+                    message.key(),
+                    message.value(),
+                    tuple(message.headers() or ()),
+                )
+            )
+        consumer.commit(asynchronous=False)
+    finally:
+        consumer.close()
+    assert sorted(seen) == native
+
+    async def committed() -> int:
+        async with await headwater.connect(kafka.address) as client:
+            (group,) = [
+                s for s in await client.list_subscriptions(topic_name) if s.name == "confluent"
+            ]
+            return sum(p.committed for p in group.partitions)
+
+    assert asyncio.run(committed()) == len(RECORDS)
