@@ -44,6 +44,8 @@ class Api:
     requests: dict[int, Schema]
     responses: dict[int, Schema]
     flexible_from: int | None = None  # the first version with tagged fields (header v2)
+    # request fields whose null means something to the handler (others read as empty)
+    nullable: frozenset[str] = frozenset()
 
     def flexible(self, version: int) -> bool:
         return self.flexible_from is not None and version >= self.flexible_from
@@ -58,9 +60,18 @@ def _declared(
     )
 
 
-def _api(key: int, name: str, module: Any, request: str, response: str, low: int, high: int) -> Api:
+def _api(
+    key: int,
+    name: str,
+    module: Any,
+    request: str,
+    response: str,
+    low: int,
+    high: int,
+    nullable: frozenset[str] = frozenset(),
+) -> Api:
     requests, responses = _declared(module, request, response, low, high)
-    return Api(key, name, low, high, requests, responses)
+    return Api(key, name, low, high, requests, responses, nullable=nullable)
 
 
 API_VERSIONS_V3_REQUEST: Final = Schema(
@@ -119,10 +130,29 @@ SERVED: Final[dict[int, Api]] = {  # by key, as ApiVersions lists them
     api.key: api
     for api in sorted(
         (
-            _api(PRODUCE, "Produce", produce, "ProduceRequest", "ProduceResponse", 3, 8),
+            _api(
+                PRODUCE,
+                "Produce",
+                produce,
+                "ProduceRequest",
+                "ProduceResponse",
+                3,
+                8,
+                frozenset({"transactional_id"}),
+            ),
             _api(FETCH, "Fetch", fetch, "FetchRequest", "FetchResponse", 4, 11),
             _api(LIST_OFFSETS, "ListOffsets", offset, "OffsetRequest", "OffsetResponse", 1, 3),
-            _api(METADATA, "Metadata", metadata, "MetadataRequest", "MetadataResponse", 0, 5),
+            # null topics: every topic (v1+)
+            _api(
+                METADATA,
+                "Metadata",
+                metadata,
+                "MetadataRequest",
+                "MetadataResponse",
+                0,
+                5,
+                frozenset({"topics"}),
+            ),
             _api(
                 OFFSET_COMMIT,
                 "OffsetCommit",
@@ -140,6 +170,7 @@ SERVED: Final[dict[int, Api]] = {  # by key, as ApiVersions lists them
                 "OffsetFetchResponse",
                 1,
                 3,
+                frozenset({"topics"}),  # null: every topic the group has offsets on (v2+)
             ),
             _api(
                 FIND_COORDINATOR,
@@ -173,6 +204,7 @@ SERVED: Final[dict[int, Api]] = {  # by key, as ApiVersions lists them
                 "DescribeConfigsResponse",
                 0,
                 2,
+                frozenset({"config_names"}),  # null: every config
             ),
             _api(
                 CREATE_PARTITIONS,
@@ -211,6 +243,7 @@ SERVED: Final[dict[int, Api]] = {  # by key, as ApiVersions lists them
                 "InitProducerIdResponse",
                 0,
                 0,
+                frozenset({"transactional_id"}),  # null: an idempotent, not transactional, one
             ),
             _api(
                 CREATE_TOPICS,

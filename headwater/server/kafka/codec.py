@@ -110,9 +110,11 @@ def min_size(field: Any) -> int:
 class Reader:
     """Reads values of aiokafka field types from one request body, never past its end."""
 
-    __slots__ = ("_data", "_end", "elements", "pos")
+    __slots__ = ("_data", "_end", "elements", "nullable", "pos")
 
     def __init__(self, data: bytes, pos: int = 0) -> None:
+        # the fields of the request being read whose null says something (`apis.Api.nullable`)
+        self.nullable: frozenset[str] = frozenset()
         self._data = data
         self._end = len(data)
         self.pos = pos
@@ -171,28 +173,28 @@ class Reader:
             raise MalformedKafka(f"more than {MAX_ELEMENTS} array elements in one request")
         return count
 
-    def read(self, field: Any) -> Any:
+    def read(self, field: Any, name: str = "") -> Any:
+        """A value of `field`. A null array or string (count or length -1) is read as empty
+        unless its name is in `nullable`, where null means something (Metadata's "every topic"):
+        the handlers never see a null where they do not look for one."""
         packer = _FIXED.get(field)
         if packer is not None:
             return self._fixed(packer)
         if isinstance(field, Schema):
-            return {name: self.read(f) for name, f in zip(field.names, field.fields, strict=True)}
-        if isinstance(field, CompactArray):
-            count = self.uvarint() - 1
-            if count == -1:
-                return None
-            return [self.read(field.array_of) for _ in range(self._count(count, field.array_of))]
+            return {n: self.read(f, n) for n, f in zip(field.names, field.fields, strict=True)}
         if isinstance(field, Array):
-            count = self._fixed(_SIZE)
+            count = self.uvarint() - 1 if isinstance(field, CompactArray) else self._fixed(_SIZE)
             if count == -1:
-                return None
+                return None if name in self.nullable else []
             return [self.read(field.array_of) for _ in range(self._count(count, field.array_of))]
-        if isinstance(field, CompactString):
-            size = self.uvarint() - 1
-            return None if size == -1 else self._text(size)
         if isinstance(field, String):
-            size = self._fixed(_FIXED[Int16])
-            return None if size == -1 else self._text(size)
+            if isinstance(field, CompactString):
+                size = self.uvarint() - 1
+            else:
+                size = self._fixed(_FIXED[Int16])
+            if size == -1:
+                return None if name in self.nullable else ""
+            return self._text(size)
         if field is Bytes:
             size = self._fixed(_SIZE)
             return None if size == -1 else self._take(size)
@@ -230,15 +232,21 @@ def read_header(body: bytes, flexible: bool) -> tuple[RequestHeader, Reader]:
     reader positioned at the body."""
     key, version, correlation = peek_header(body)
     reader = Reader(body, _HEADER.size)
-    client_id = reader.read(String("utf-8"))
+    reader.nullable = frozenset({"client_id"})
+    client_id = reader.read(String("utf-8"), "client_id")
+    reader.nullable = frozenset()
     if flexible:
         reader.tagged()
     return RequestHeader(key, version, correlation, client_id), reader
 
 
-def decode_body(reader: Reader, schema: Schema) -> dict[str, Any]:
-    """The body's fields by name (nested structs as dicts too); bytes left over after the last
-    field are an error: the peer and the server disagree on the version."""
+def decode_body(
+    reader: Reader, schema: Schema, nullable: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """The body's fields by name (nested structs as dicts too; a null array or string as empty
+    unless its name is in `nullable`); bytes left over after the last field are an error: the
+    peer and the server disagree on the version."""
+    reader.nullable = nullable
     values: dict[str, Any] = reader.read(schema)
     if reader.left:
         raise MalformedKafka(f"{reader.left} bytes left after the request's last field")

@@ -208,7 +208,7 @@ class KafkaConnection(asyncio.Protocol):
             return
         try:
             header, reader = codec.read_header(body, api.flexible(version))
-            fields = codec.decode_body(reader, api.requests[version])
+            fields = codec.decode_body(reader, api.requests[version], api.nullable)
         except codec.MalformedKafka as exc:
             slot.cancel()
             self._fatal(f"{api.name} v{version}: {exc}")
