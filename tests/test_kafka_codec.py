@@ -149,7 +149,9 @@ def test_every_served_version_is_kafkas_published_schema(key: int, version: int)
 
 def test_requests_decode_to_what_aiokafka_encodes() -> None:
     produce = ProduceRequest_v3(None, -1, 30000, [("t", [(0, b"batch"), (1, None)])])
-    fields = codec.decode_body(codec.Reader(produce.encode()), SERVED[0].requests[3])
+    fields = codec.decode_body(
+        codec.Reader(produce.encode()), SERVED[0].requests[3], SERVED[0].nullable
+    )
     assert fields == {
         "transactional_id": None,
         "required_acks": -1,
@@ -268,3 +270,13 @@ def test_the_elements_of_one_request_are_bounded_in_all() -> None:
         codec.decode_body(codec.Reader(body), SERVED[1].requests[4])
     one = struct.pack(">iiiib", -1, 0, 0, 1024, 0) + struct.pack(">i", 1) + topic
     assert len(codec.decode_body(codec.Reader(one), SERVED[1].requests[4])["topics"]) == 1
+
+
+def test_a_null_reads_as_empty_unless_the_api_declares_it_nullable() -> None:
+    """Metadata v1's null topics means every topic; the same null in a Fetch is no topics."""
+    null = struct.pack(">i", -1)
+    metadata = codec.decode_body(codec.Reader(null), SERVED[3].requests[1], SERVED[3].nullable)
+    assert metadata == {"topics": None}
+    fetch = struct.pack(">iiiib", -1, 0, 0, 1024, 0) + null
+    decoded = codec.decode_body(codec.Reader(fetch), SERVED[1].requests[4], SERVED[1].nullable)
+    assert decoded["topics"] == []
