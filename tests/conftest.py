@@ -40,6 +40,7 @@ UNIT_MODULES = {
     "test_cloud_tail",
     "test_decompression",
     "test_durables_core",
+    "test_kafka_codec",
     "test_layers",
     "test_pump_wakeups",
     "test_records",
