@@ -204,12 +204,15 @@ fuzz: $(STAMP)
 # with a new seed each run, STRESS_RUNS runs in a row, stopping at the first failure. Each run
 # prints `Using --randomly-seed=N`; `make stress-test STRESS_ARGS='-p randomly --randomly-seed=N'`
 # replays that order. STRESS_ARGS picks tests too: STRESS_ARGS=tests/test_reliable.py
+# The suite runs on every core as in `make test` (STRESS_WORKERS=0: one process): on 2 cores, two
+# workers beside two busy processes get about half a core each.
 STRESS_RUNS ?= 3
 STRESS_BUSY ?= 2
+STRESS_WORKERS ?= auto
 STRESS_ARGS ?=
 stress-test: $(STAMP) browser etcd-server kcat
 	$(BIN)/python -m tests.pressure --busy $(STRESS_BUSY) --runs $(STRESS_RUNS) -- \
-		$(BIN)/python -m pytest -p randomly $(STRESS_ARGS)
+		$(BIN)/python -m pytest -p randomly -n $(STRESS_WORKERS) --dist loadgroup $(STRESS_ARGS)
 
 # The short version, in .ci/run: once, under the same pressure, the kill -9 module, the etcd
 # coordinator's tests and the timing-sensitive modules (acks, nack delays, drains, reconnects).
