@@ -1,0 +1,212 @@
+"""The `headwater` sink: `df.write` with tasks that fail once each (retried by Spark) writes every
+row exactly once (and, as the control, without the spool the same failures duplicate rows); a
+streaming query in map mode leaves the last value per key; rows naming partitions, keys, headers
+and null values land as given; bad options and columns fail on the driver with a clear error."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+import headwater
+from headwater.spark_compaction.schema import HEADERS_TYPE
+from headwater.spark_compaction.sink import SinkSettings, check_schema, write_task
+from headwater.spark_compaction.stream import Settings, read_range
+from headwater.testing import ServerProcess
+from headwater.wire.errors import InvalidRequest
+from tests.support.sink_job import value
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def created(address: str, topic: str, partitions: int, **options: Any) -> None:
+    async def create() -> None:
+        async with await headwater.connect(address) as client:
+            await client.create_topic(topic, partitions=partitions, dispatch="reliable", **options)
+
+    asyncio.run(create())
+
+
+def topic_rows(address: str, topic: str) -> list[dict[str, Any]]:
+    """Every record of `topic`, read back with FETCH (the streaming source's reader)."""
+
+    async def ends() -> list[int]:
+        async with await headwater.connect(address) as client:
+            return list((await client.describe_topic(topic)).next_offsets)
+
+    settings = Settings({"server": address, "topic": topic})
+    rows: list[dict[str, Any]] = []
+    for partition, end in enumerate(asyncio.run(ends())):
+        for batch in read_range(settings, partition, 0, end):
+            rows.extend(batch.to_pylist())
+    return rows
+
+
+@pytest.mark.timeout(900)  # a driver JVM of its own, two writes with four retried tasks each
+def test_tasks_retried_after_a_failing_udf_write_every_row_exactly_once(
+    server: ServerProcess, topic_name: str, tmp_path: Path
+) -> None:
+    spooled, direct, rows = f"{topic_name}-spool", f"{topic_name}-direct", 6000
+    for topic in (spooled, direct):
+        created(server.address, topic, 3)
+    job = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.support.sink_job",
+            server.address,
+            str(tmp_path / "marks"),
+            str(rows),
+            f"{direct}=false",
+            f"{spooled}=true",
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        timeout=840,
+    )
+    assert job.returncode == 0, job.stderr.decode()[-3000:]
+    for topic in (spooled, direct):  # every task failed once, and was retried
+        assert sorted(p.name for p in (tmp_path / "marks" / topic).iterdir()) == list("0123")
+    expected = {(f"k{i}".encode(), value(i)) for i in range(rows)}
+
+    written = Counter((r["key"], r["value"]) for r in topic_rows(server.address, spooled))
+    assert set(written) == expected
+    assert max(written.values()) == 1, "a retried task wrote rows twice"
+
+    # the control: without the spool, the first attempts had produced rows before they failed
+    control = Counter((r["key"], r["value"]) for r in topic_rows(server.address, direct))
+    assert set(control) == expected
+    assert sum(control.values()) > rows, "the failures came before any row reached the sink"
+
+
+def test_a_streaming_query_in_map_mode_leaves_the_last_value_per_key(
+    spark: Any, server: ServerProcess, topic_name: str, tmp_path: Path
+) -> None:
+    source, target = f"{topic_name}-in", f"{topic_name}-map"
+    created(server.address, source, 3)
+    created(server.address, target, 2)
+    keys = [f"key-{k}".encode() for k in range(20)]
+    last: dict[bytes, bytes | None] = {}
+
+    async def produce() -> None:
+        async with (
+            await headwater.connect(server.address) as client,
+            client.producer(source) as producer,
+        ):
+            for round_ in range(15):
+                for k, key in enumerate(keys):
+                    # keys 0-4 end deleted (a null value last), 5-9 deleted then set again
+                    gone = (k < 5 and round_ == 14) or (5 <= k < 10 and round_ == 12)
+                    value = None if gone else f"{key.decode()}@{round_}".encode()
+                    await producer.send(value, key=key)
+                    last[key] = value
+
+    asyncio.run(produce())
+    stream = (
+        spark.readStream.format("headwater")
+        .option("server", server.address)
+        .option("topic", source)
+        .option("startingOffsets", "earliest")
+        .option("maxRecordsPerTrigger", "60")  # 300 records: five micro-batches
+        .load()
+        .select("key", "value")
+    )
+    query = (
+        stream.writeStream.format("headwater")
+        .option("server", server.address)
+        .option("topic", target)
+        .option("mode", "map")
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(600)
+    assert query.exception() is None
+    assert len(list((tmp_path / "checkpoint" / "commits").iterdir())) >= 5
+
+    async def state() -> dict[bytes, bytes | None]:
+        async with await headwater.connect(server.address) as client:
+            found = await client.map(target).get_many(keys)
+            return {key: None if v is None else v.value for key, v in zip(keys, found, strict=True)}
+
+    assert asyncio.run(state()) == last
+    assert sum(v is None for v in last.values()) == 5
+
+
+def test_rows_land_with_their_partition_key_headers_and_null_values(
+    server: ServerProcess, topic_name: str
+) -> None:
+    """A task's write, run here as Spark's worker runs it (no Spark needed)."""
+    created(server.address, topic_name, 3)
+    headers = [[{"key": "h", "value": b"1"}], None, [], None]
+    batch = pa.RecordBatch.from_arrays(
+        [
+            pa.array([b"a", None, b"c", b"d"], pa.binary()),
+            pa.array(["k1", "k2", None, "k4"], pa.string()),
+            pa.array(headers, HEADERS_TYPE),
+            pa.array([2, 0, None, 1], pa.int32()),
+        ],
+        names=["value", "key", "headers", "partition"],
+    )
+    settings = SinkSettings({"server": server.address, "topic": topic_name})
+    assert write_task(settings, iter([batch])).rows == 4
+    found = {
+        r["value"]: (r["partition"], r["key"], r["headers"])
+        for r in topic_rows(server.address, topic_name)
+    }
+    assert found[b"a"] == (2, b"k1", [{"key": "h", "value": b"1"}])
+    assert found[None] == (0, b"k2", [])  # a tombstone, on the partition it named
+    assert found[b"c"][1:] == (None, [])  # keyless, no partition named: the producer's choice
+    assert found[b"d"] == (1, b"k4", [])
+    assert write_task(settings, iter([])).rows == 0  # an empty task produces nothing
+
+
+def test_bad_options_and_columns_fail_on_the_driver(spark: Any, server: ServerProcess) -> None:
+    options = {"server": server.address, "topic": "t"}
+    for given, says in [
+        ({"server": server.address}, "the headwater sink needs the option 'topic'"),
+        ({**options, "mode": "upsert"}, "mode must be append or map, not 'upsert'"),
+        ({**options, "compression": "brotli"}, "compression must be one of"),
+        ({**options, "spool": "yes"}, "spool must be true or false"),
+        ({**options, "deliveryTimeoutMs": "soon"}, "deliveryTimeoutMs must be an integer"),
+    ]:
+        with pytest.raises(InvalidRequest, match=says):
+            SinkSettings(given)
+    binary, text = BinaryType(), StringType()
+    for fields, mode, says in [
+        ([("value", binary), ("topic", text)], "append", "not topic"),
+        ([("key", binary)], "append", "needs a value column"),
+        ([("value", LongType())], "append", "column value must be binary or string"),
+        ([("value", binary), ("partition", LongType())], "append", "partition must be int"),
+        ([("value", binary), ("headers", ArrayType(text))], "append", "column headers must be"),
+        ([("value", binary)], "map", "mode map needs a key column"),
+        ([("key", text), ("value", binary), ("partition", IntegerType())], "map", "no headers"),
+    ]:
+        schema = StructType([StructField(name, kind) for name, kind in fields])
+        with pytest.raises(InvalidRequest, match=says):
+            check_schema(schema, mode)
+
+    # through Spark: the write fails before any task runs, with the sink's message
+    frame = spark.range(3).selectExpr("cast(id as string) as value")
+    with pytest.raises(Exception, match="the headwater sink needs the option 'topic'"):
+        frame.write.format("headwater").mode("append").option("server", server.address).save()
+    with pytest.raises(Exception, match="a topic cannot be overwritten"):
+        frame.write.format("headwater").mode("overwrite").options(**options).save()
