@@ -1,5 +1,5 @@
 """The `headwater` sink: `df.write` with tasks that fail once each (retried by Spark) writes every
-row exactly once (and, as the control, without the spool the same failures duplicate rows); a
+row exactly once (and, as the control, with `commit=task` the same failures duplicate rows); a
 streaming query in map mode leaves the last value per key; rows naming partitions, keys, headers
 and null values land as given; bad options and columns fail on the driver with a clear error."""
 
@@ -27,7 +27,13 @@ from pyspark.sql.types import (
 
 import headwater
 from headwater.spark_compaction.schema import HEADERS_TYPE
-from headwater.spark_compaction.sink import SinkSettings, check_schema, write_task
+from headwater.spark_compaction.sink import (
+    SinkSettings,
+    check_schema,
+    commit_staged,
+    stage_task,
+    write_task,
+)
 from headwater.spark_compaction.stream import Settings, read_range
 from headwater.testing import ServerProcess
 from headwater.wire.errors import InvalidRequest
@@ -63,7 +69,7 @@ def topic_rows(address: str, topic: str) -> list[dict[str, Any]]:
 def test_tasks_retried_after_a_failing_udf_write_every_row_exactly_once(
     server: ServerProcess, topic_name: str, tmp_path: Path
 ) -> None:
-    spooled, direct, rows = f"{topic_name}-spool", f"{topic_name}-direct", 6000
+    spooled, direct, rows = f"{topic_name}-driver", f"{topic_name}-task", 6000
     for topic in (spooled, direct):
         created(server.address, topic, 3)
     job = subprocess.run(
@@ -74,8 +80,8 @@ def test_tasks_retried_after_a_failing_udf_write_every_row_exactly_once(
             server.address,
             str(tmp_path / "marks"),
             str(rows),
-            f"{direct}=false",
-            f"{spooled}=true",
+            f"{direct}=task",
+            f"{spooled}=driver",
         ],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
@@ -91,7 +97,7 @@ def test_tasks_retried_after_a_failing_udf_write_every_row_exactly_once(
     assert set(written) == expected
     assert max(written.values()) == 1, "a retried task wrote rows twice"
 
-    # the control: without the spool, the first attempts had produced rows before they failed
+    # the control: tasks that produce themselves had produced rows before they failed
     control = Counter((r["key"], r["value"]) for r in topic_rows(server.address, direct))
     assert set(control) == expected
     assert sum(control.values()) > rows, "the failures came before any row reached the sink"
@@ -152,9 +158,9 @@ def test_a_streaming_query_in_map_mode_leaves_the_last_value_per_key(
 
 
 def test_rows_land_with_their_partition_key_headers_and_null_values(
-    server: ServerProcess, topic_name: str
+    server: ServerProcess, topic_name: str, tmp_path: Path
 ) -> None:
-    """A task's write, run here as Spark's worker runs it (no Spark needed)."""
+    """A task's write, both ways, run here as Spark's workers run it (no Spark needed)."""
     created(server.address, topic_name, 3)
     headers = [[{"key": "h", "value": b"1"}], None, [], None]
     batch = pa.RecordBatch.from_arrays(
@@ -167,15 +173,21 @@ def test_rows_land_with_their_partition_key_headers_and_null_values(
         names=["value", "key", "headers", "partition"],
     )
     settings = SinkSettings({"server": server.address, "topic": topic_name})
-    assert write_task(settings, iter([batch])).rows == 4
-    found = {
-        r["value"]: (r["partition"], r["key"], r["headers"])
+    assert write_task(settings, iter([batch])).rows == 4  # commit=task: the task produces
+    staged = stage_task(str(tmp_path), iter([batch]))  # commit=driver: staged, then committed
+    assert staged.rows == 4
+    assert len(topic_rows(server.address, topic_name)) == 4  # nothing produced by staging
+    assert commit_staged(settings, [staged, None, stage_task(str(tmp_path), iter([]))]) == 4
+    found = Counter(
+        (r["value"], r["partition"], r["key"], str(r["headers"]))
         for r in topic_rows(server.address, topic_name)
-    }
-    assert found[b"a"] == (2, b"k1", [{"key": "h", "value": b"1"}])
-    assert found[None] == (0, b"k2", [])  # a tombstone, on the partition it named
-    assert found[b"c"][1:] == (None, [])  # keyless, no partition named: the producer's choice
-    assert found[b"d"] == (1, b"k4", [])
+    )
+    header = str([{"key": "h", "value": b"1"}])
+    assert found[(b"a", 2, b"k1", header)] == 2
+    assert found[(None, 0, b"k2", "[]")] == 2  # a tombstone, on the partition it named
+    assert found[(b"d", 1, b"k4", "[]")] == 2
+    keyless = [f for f in found.elements() if f[0] == b"c"]  # no partition named: in turn
+    assert [(k, h) for _, _, k, h in keyless] == [(None, "[]")] * 2
     assert write_task(settings, iter([])).rows == 0  # an empty task produces nothing
 
 
@@ -185,7 +197,8 @@ def test_bad_options_and_columns_fail_on_the_driver(spark: Any, server: ServerPr
         ({"server": server.address}, "the headwater sink needs the option 'topic'"),
         ({**options, "mode": "upsert"}, "mode must be append or map, not 'upsert'"),
         ({**options, "compression": "brotli"}, "compression must be one of"),
-        ({**options, "spool": "yes"}, "spool must be true or false"),
+        ({**options, "commit": "yes"}, "commit must be driver or task"),
+        ({**options, "stagingDir": "/nonexistent"}, "is not a directory"),
         ({**options, "deliveryTimeoutMs": "soon"}, "deliveryTimeoutMs must be an integer"),
     ]:
         with pytest.raises(InvalidRequest, match=says):

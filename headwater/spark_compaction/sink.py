@@ -9,28 +9,34 @@ Rows take the columns Spark's Kafka sink takes: `value` (binary or string, requi
 tombstone), `key` (binary or string), `headers` (`array<struct<key: string, value: binary>>`),
 `partition` (int: the record's partition; null or absent: by key, `crc32(key) % partitions`, or
 keyless records in turn). On the driver, `writer()`/`streamWriter()` check the options and the
-columns, so a bad one fails the write before any task runs. Each task (`write`, on an executor)
-gets Arrow batches and:
+columns, so a bad one fails the write before any task runs. Three ways to write (`commit` and
+`mode` options):
 
-- `mode=append` (default): spools its input to a local Arrow IPC file as it arrives, then, once the
-  input is exhausted, produces every row with an idempotent producer of its own (a producer id per
-  task attempt) and waits until the server has acknowledged all of them.
-- `mode=map`: writes each row as a map write (MAP_SET, 1,000 writes a request): a non-null value
-  sets its key, a null value deletes it. Every row needs a key.
+- `commit=driver` (the default): each task (`write`, on an executor) stages its rows in an Arrow
+  IPC file under `stagingDir` and returns the file's name; once every task has succeeded, Spark
+  calls `commit` on the driver, which produces the staged files, one after the other, with one
+  idempotent producer, then deletes them. A failed attempt's file is never produced.
+- `commit=task`: each task produces its rows as they arrive, with an idempotent producer of its
+  own (a producer id per task attempt), and returns once the server acknowledged them all.
+- `mode=map`: each task writes its rows as map writes (MAP_SET, 1,000 writes a request): a
+  non-null value sets its key, a null value deletes it. Every row needs a key.
 
-What a retry can and cannot duplicate (docs/COMPACTION.md, "Sink", says it to users): a task's
-input is computed while the task runs (a UDF, a shuffle read), and most task failures happen
-there; since a task produces nothing until its input is exhausted, such a failure leaves nothing
-behind and the retry writes each row once. While it produces, its idempotent producer makes its
-own resends (a connection lost, a broker restarted) exact. A task that dies once it has begun
-producing (its executor killed, the server unreachable past the producer's retry budget), or a
-streaming query whose driver dies after its tasks produced and before the micro-batch committed,
-is run again and produces those rows again: at least once. A retry cannot take over its
-predecessor's producer: INIT_PRODUCER_ID hands out a new id on each call, with no name to find an
-old one by, and even with the old id the server remembers only the last 32 batches per partition
-(durables/producers.py), while a replay would have to cut the same rows, in the same order
-(which Spark does not promise after a shuffle), into the same batches. Map writes are retried as
-they are: a replayed set or delete leaves the same last value.
+Why the driver commits: a task cannot tell from its input that the input is complete. When an
+operator before the writer in the same task fails (a Python UDF raising), Spark 4.3 ends the
+writer's input iterator normally, after the rows computed so far (seen: the writer's loop ended
+without an error after 1,800 of 2,000 rows), then fails the task, and runs it again. Whatever a
+task does once its input ends, it may be doing for a partial input that a retry will write again;
+only the driver's `commit`, called after every task succeeded, knows which attempts count. So with
+`commit=task` a retried task duplicates what its failed attempt produced (at least once), and with
+`commit=driver` it cannot (exactly once), at the price of every row passing through the driver's
+one producer and a staging directory that executors and the driver share (local masters: any
+local directory). What is left: a driver that dies while it produces a commit (a streaming query
+runs that micro-batch again, and produces its rows again). The producer identity cannot be
+carried over to a retry instead: INIT_PRODUCER_ID hands out a new id on each call, with no name to
+find an old one by, and even with the old id the server remembers only the last 32 batches per
+producer and partition (durables/producers.py), while a replay would have to cut the same rows, in
+the same order (which Spark does not promise after a shuffle), into the same batches. Map writes
+are exact in effect either way: a replayed set or delete leaves the same last value.
 
 This module imports pyspark; only Spark's Python workers and the compaction job import it.
 """
@@ -38,10 +44,13 @@ This module imports pyspark; only Spark's Python workers and the compaction job 
 from __future__ import annotations
 
 import asyncio
+import shutil
 import tempfile
-from collections.abc import Iterator
+import uuid
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import IO, Any, Final
+from pathlib import Path
+from typing import Any, Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -69,12 +78,14 @@ from headwater.wire.limits import MAX_MAP_KEYS
 from headwater.wire.records import Compression
 
 MODES: Final = ("append", "map")
+COMMITS: Final = ("driver", "task")
 COLUMNS: Final = ("key", "value", "headers", "partition")
 DEFAULT_DELIVERY_TIMEOUT_MS: Final = 120_000
 MAP_REQUEST_BYTES: Final = 1024 * 1024  # a MAP_SET carries at most this much (and 1,000 writes)
 # unanswered send_batch calls a task keeps before it waits for the oldest (the producer's own
 # queue bounds memory; this bounds the futures the task holds on to)
 OUTSTANDING_CALLS: Final = 64
+BATCH_ID: Final = "streaming.sql.batchId"  # the local property Spark gives a micro-batch's tasks
 
 
 class SinkSettings(Endpoint):
@@ -94,10 +105,12 @@ class SinkSettings(Endpoint):
             raise InvalidRequest(
                 f"compression must be one of {names}, not {codec.lower()!r}"
             ) from None
-        spool = options.get("spool", "true").lower()
-        if spool not in ("true", "false"):
-            raise InvalidRequest(f"spool must be true or false, not {spool!r}")
-        self.spool = spool == "true"
+        self.commit = options.get("commit", "driver").lower()
+        if self.commit not in COMMITS:
+            raise InvalidRequest(f"commit must be driver or task, not {self.commit!r}")
+        self.staging = options.get("stagingdir") or None
+        if self.staging is not None and not Path(self.staging).is_dir():
+            raise InvalidRequest(f"stagingDir {self.staging!r} is not a directory")
         timeout = number(
             options, "deliverytimeoutms", "deliveryTimeoutMs", DEFAULT_DELIVERY_TIMEOUT_MS, 1
         )
@@ -187,34 +200,51 @@ class Rows:
         self.partitions: list[int | None] | None = column("partition")
 
 
+@dataclass(frozen=True)
+class Staged(WriterCommitMessage):
+    """A task's rows, staged for the driver's commit: the file (None: the task had no rows)."""
+
+    path: str | None
+    rows: int
+
+
 def write_task(settings: SinkSettings, batches: Iterator[pa.RecordBatch]) -> SinkCommit:
-    """One task's rows into the topic; returns once the server has acknowledged every one."""
+    """One task's rows into the topic (`commit=task`, `mode=map`); returns once the server has
+    acknowledged every one."""
     if settings.mode == "map":
         return SinkCommit(asyncio.run(_map_writes(settings, batches)))
-    if not settings.spool:
-        return SinkCommit(asyncio.run(_produce(settings, batches)))
-    with tempfile.TemporaryFile(prefix="headwater-sink-") as spool:
-        if not _spooled(batches, spool):
-            return SinkCommit(0)
-        spool.seek(0)
-        with pa.ipc.open_stream(spool) as reader:
-            return SinkCommit(asyncio.run(_produce(settings, iter(reader))))
+    return SinkCommit(asyncio.run(_produce(settings, batches)))
 
 
-def _spooled(batches: Iterator[pa.RecordBatch], spool: IO[bytes]) -> bool:
-    """The whole input into `spool` (Arrow IPC stream), before anything is produced: a failure
-    computing the input (a UDF, a shuffle read) then leaves nothing in the topic. False when the
-    task has no rows."""
+def stage_task(folder: str, batches: Iterator[pa.RecordBatch]) -> Staged:
+    """One task's rows into a new Arrow IPC file in `folder` (`commit=driver`); nothing is
+    produced here: the driver produces the files of the attempts that succeeded."""
+    path = Path(folder) / f"{uuid.uuid4().hex}.arrow"
     writer: pa.ipc.RecordBatchStreamWriter | None = None
+    rows = 0
     try:
         for batch in batches:
             if writer is None:
-                writer = pa.ipc.new_stream(spool, batch.schema)
+                writer = pa.ipc.new_stream(str(path), batch.schema)
             writer.write_batch(batch)
+            rows += batch.num_rows
     finally:
         if writer is not None:
             writer.close()
-    return writer is not None
+    return Staged(str(path) if writer is not None else None, rows)
+
+
+def staged_batches(messages: Sequence[WriterCommitMessage | None]) -> Iterator[pa.RecordBatch]:
+    """The rows the successful tasks staged, file after file."""
+    for message in messages:
+        if isinstance(message, Staged) and message.path is not None:
+            with pa.memory_map(message.path) as source, pa.ipc.open_stream(source) as reader:
+                yield from reader
+
+
+def commit_staged(settings: SinkSettings, messages: Sequence[WriterCommitMessage | None]) -> int:
+    """On the driver, once every task succeeded: produce what they staged, once."""
+    return asyncio.run(_produce(settings, staged_batches(messages)))
 
 
 async def _produce(settings: SinkSettings, batches: Iterator[pa.RecordBatch]) -> int:
@@ -296,25 +326,63 @@ async def _write_chunks(
 
 
 class TopicWriter(DataSourceArrowWriter):
-    def __init__(self, settings: SinkSettings) -> None:
-        self.settings = settings
+    """`df.write`: `staging` is this write's own directory (`commit=driver`)."""
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
-        return write_task(self.settings, iterator)
+    def __init__(self, settings: SinkSettings, staging: str | None) -> None:
+        self.settings = settings
+        self.staging = staging
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        if self.staging is None:
+            return write_task(self.settings, iterator)
+        return stage_task(self.staging, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        try:
+            if self.staging is not None:
+                commit_staged(self.settings, messages)
+        finally:
+            self._clean()
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        self._clean()  # with commit=task, what finished tasks produced stays
+
+    def _clean(self) -> None:
+        if self.staging is not None:  # failed attempts' files too
+            shutil.rmtree(self.staging, ignore_errors=True)
 
 
 class TopicStreamWriter(DataSourceStreamArrowWriter):
-    def __init__(self, settings: SinkSettings) -> None:
-        self.settings = settings
+    """`writeStream`: with `commit=driver`, a directory per micro-batch under `staging`."""
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
-        return write_task(self.settings, iterator)
+    def __init__(self, settings: SinkSettings, staging: str | None) -> None:
+        self.settings = settings
+        self.staging = staging
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        if self.staging is None:
+            return write_task(self.settings, iterator)
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        batch = None if context is None else context.getLocalProperty(BATCH_ID)
+        folder = Path(self.staging) / f"batch-{batch}"
+        folder.mkdir(exist_ok=True)
+        return stage_task(str(folder), iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        pass  # every task's rows are acknowledged before it returns; nothing is left to commit
+        try:
+            if self.staging is not None:
+                commit_staged(self.settings, messages)
+        finally:
+            self._clean(batchId)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        pass  # what finished tasks produced stays (see the module's paragraph on retries)
+        self._clean(batchId)
+
+    def _clean(self, batch: int) -> None:
+        if self.staging is not None:
+            shutil.rmtree(Path(self.staging) / f"batch-{batch}", ignore_errors=True)
 
 
 class HeadwaterDataSource(TopicStreamSource):
@@ -325,9 +393,17 @@ class HeadwaterDataSource(TopicStreamSource):
         if overwrite:
             raise InvalidRequest("a topic cannot be overwritten: write with mode('append')")
         check_schema(schema, settings.mode)
-        return TopicWriter(settings)
+        return TopicWriter(settings, _staging(settings))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         settings = SinkSettings(dict(self.options))
         check_schema(schema, settings.mode)
-        return TopicStreamWriter(settings)
+        return TopicStreamWriter(settings, _staging(settings))
+
+
+def _staging(settings: SinkSettings) -> str | None:
+    """This write's (or query run's) own staging directory, made on the driver; None when the
+    tasks produce themselves."""
+    if settings.mode == "map" or settings.commit == "task":
+        return None
+    return tempfile.mkdtemp(prefix="headwater-sink-", dir=settings.staging)

@@ -1,15 +1,16 @@
 """A batch write through the `headwater` sink whose tasks fail once each, in a driver of its own.
 
-    python -m tests.support.sink_job SERVER MARKS ROWS TOPIC=SPOOL ...
+    python -m tests.support.sink_job SERVER MARKS ROWS TOPIC=COMMIT ...
 
-For each TOPIC=SPOOL in turn, writes ROWS rows (`key` `k<i>`, `value` `v<i>` padded to
-`VALUE_BYTES`) in 4 Spark partitions to TOPIC with the sink's `spool` option SPOOL (true/false). A
-Python UDF computing the value raises once per partition and write, 50 rows before the
+For each TOPIC=COMMIT in turn, writes ROWS rows (`key` `k<i>`, `value` `v<i>` padded to
+`VALUE_BYTES`) in 4 Spark partitions to TOPIC with the sink's `commit` option COMMIT (driver or
+task). A Python UDF computing the value raises once per partition and write, 50 rows before the
 partition's end (row 1,450 of 1,500 for ROWS 6,000): MARKS/TOPIC, a directory, remembers which
 partitions failed already, so the retried attempt goes through. The values are large because
 Spark hands a UDF's output to the writer through buffers of several MB (with small rows the UDF
 is done with its whole partition before the writer sees a row): by row 1,450 (14 MB) the first
-attempt has handed the sink most of its rows, and without the spool it has produced them.
+attempt has handed the sink most of its rows, and with `commit=task` it has produced them
+(Spark ends the writer's input normally when the UDF fails: docs/COMPACTION.md, "Sink").
 
 Its own process because retries need `local[2,4]` (local masters retry a task only when the master
 names a failure count; `spark.task.maxFailures` does not apply to them), and one process holds one
@@ -39,12 +40,12 @@ def main(server: str, marks: str, rows: str, *writes: str) -> None:
     )
     count = int(rows)
     for write in writes:
-        topic, spool = write.split("=")
+        topic, commit = write.split("=")
         folder = Path(marks) / topic
         folder.mkdir(parents=True)
         frame(spark, count, folder).write.format("headwater").mode("append").option(
             "server", server
-        ).option("topic", topic).option("spool", spool).save()
+        ).option("topic", topic).option("commit", commit).save()
     spark.stop()
 
 
