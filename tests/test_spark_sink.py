@@ -29,6 +29,7 @@ import headwater
 from headwater.spark_compaction.schema import HEADERS_TYPE
 from headwater.spark_compaction.sink import (
     SinkSettings,
+    Staged,
     check_schema,
     commit_staged,
     stage_task,
@@ -189,6 +190,9 @@ def test_rows_land_with_their_partition_key_headers_and_null_values(
     keyless = [f for f in found.elements() if f[0] == b"c"]  # no partition named: in turn
     assert [(k, h) for _, _, k, h in keyless] == [(None, "[]")] * 2
     assert write_task(settings, iter([])).rows == 0  # an empty task produces nothing
+    # a file staged where the driver cannot see it (an executor's own disk on a cluster)
+    with pytest.raises(InvalidRequest, match="stagingDir must be a directory the executors"):
+        commit_staged(settings, [Staged(str(tmp_path / "elsewhere.arrow"), 4)])
 
 
 def test_bad_options_and_columns_fail_on_the_driver(spark: Any, server: ServerProcess) -> None:

@@ -238,6 +238,11 @@ def staged_batches(messages: Sequence[WriterCommitMessage | None]) -> Iterator[p
     """The rows the successful tasks staged, file after file."""
     for message in messages:
         if isinstance(message, Staged) and message.path is not None:
+            if not Path(message.path).exists():
+                raise InvalidRequest(
+                    f"a task staged its rows in {message.path}, which the driver cannot see: "
+                    "stagingDir must be a directory the executors and the driver share"
+                )
             with pa.memory_map(message.path) as source, pa.ipc.open_stream(source) as reader:
                 yield from reader
 
