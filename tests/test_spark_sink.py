@@ -158,6 +158,52 @@ def test_a_streaming_query_in_map_mode_leaves_the_last_value_per_key(
     assert sum(v is None for v in last.values()) == 5
 
 
+def test_a_streaming_query_appends_each_micro_batch_through_the_driver(
+    spark: Any, server: ServerProcess, topic_name: str, tmp_path: Path
+) -> None:
+    """writeStream in the default mode (commit=driver): every record of the source once, with its
+    key and headers, and each micro-batch's staging directory gone once it committed."""
+    source, target, staging = f"{topic_name}-in", f"{topic_name}-out", tmp_path / "staging"
+    created(server.address, source, 3)
+    created(server.address, target, 3)
+    staging.mkdir()
+
+    async def produce() -> None:
+        async with (
+            await headwater.connect(server.address) as client,
+            client.producer(source) as producer,
+        ):
+            for i in range(200):
+                await producer.send(f"v{i}".encode(), key=f"k{i}".encode(), headers={"i": b"x"})
+
+    asyncio.run(produce())
+    query = (
+        spark.readStream.format("headwater")
+        .option("server", server.address)
+        .option("topic", source)
+        .option("startingOffsets", "earliest")
+        .option("maxRecordsPerTrigger", "50")
+        .load()
+        .select("key", "value", "headers")
+        .writeStream.format("headwater")
+        .option("server", server.address)
+        .option("topic", target)
+        .option("stagingDir", str(staging))
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(600)
+    assert query.exception() is None
+    assert len(list((tmp_path / "checkpoint" / "commits").iterdir())) >= 4
+    written = Counter(
+        (r["key"], r["value"], str(r["headers"])) for r in topic_rows(server.address, target)
+    )
+    header = str([{"key": "i", "value": b"x"}])
+    assert written == Counter((f"k{i}".encode(), f"v{i}".encode(), header) for i in range(200))
+    assert list(staging.iterdir()) == []  # each micro-batch's files removed once committed
+
+
 def test_rows_land_with_their_partition_key_headers_and_null_values(
     server: ServerProcess, topic_name: str, tmp_path: Path
 ) -> None:

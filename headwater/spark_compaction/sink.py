@@ -44,6 +44,7 @@ This module imports pyspark; only Spark's Python workers and the compaction job 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import tempfile
 import uuid
@@ -219,6 +220,7 @@ def write_task(settings: SinkSettings, batches: Iterator[pa.RecordBatch]) -> Sin
 def stage_task(folder: str, batches: Iterator[pa.RecordBatch]) -> Staged:
     """One task's rows into a new Arrow IPC file in `folder` (`commit=driver`); nothing is
     produced here: the driver produces the files of the attempts that succeeded."""
+    Path(folder).mkdir(parents=True, exist_ok=True)  # by the write's first task
     path = Path(folder) / f"{uuid.uuid4().hex}.arrow"
     writer: pa.ipc.RecordBatchStreamWriter | None = None
     rows = 0
@@ -250,6 +252,21 @@ def staged_batches(messages: Sequence[WriterCommitMessage | None]) -> Iterator[p
 def commit_staged(settings: SinkSettings, messages: Sequence[WriterCommitMessage | None]) -> int:
     """On the driver, once every task succeeded: produce what they staged, once."""
     return asyncio.run(_produce(settings, staged_batches(messages)))
+
+
+def remove_staged(messages: Sequence[WriterCommitMessage | None]) -> None:
+    """Remove the directories the messages' files are in (the write's, or the micro-batch's:
+    failed attempts' files too), then a query run's directory once it is empty. By the
+    messages, not by the writer's own name for them: Spark may commit through another
+    `streamWriter()` than the one whose copies ran the tasks."""
+    folders = {
+        Path(m.path).parent for m in messages if isinstance(m, Staged) and m.path is not None
+    }
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
+        if folder.name.startswith("batch-"):
+            with contextlib.suppress(OSError):  # another micro-batch's directory is in it
+                folder.parent.rmdir()
 
 
 async def _produce(settings: SinkSettings, batches: Iterator[pa.RecordBatch]) -> int:
@@ -347,13 +364,12 @@ class TopicWriter(DataSourceArrowWriter):
             if self.staging is not None:
                 commit_staged(self.settings, messages)
         finally:
-            self._clean()
+            self.abort(messages)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        self._clean()  # with commit=task, what finished tasks produced stays
-
-    def _clean(self) -> None:
-        if self.staging is not None:  # failed attempts' files too
+        # with commit=task, what finished tasks produced stays
+        remove_staged(messages)
+        if self.staging is not None:
             shutil.rmtree(self.staging, ignore_errors=True)
 
 
@@ -371,23 +387,17 @@ class TopicStreamWriter(DataSourceStreamArrowWriter):
 
         context = TaskContext.get()
         batch = None if context is None else context.getLocalProperty(BATCH_ID)
-        folder = Path(self.staging) / f"batch-{batch}"
-        folder.mkdir(exist_ok=True)
-        return stage_task(str(folder), iterator)
+        return stage_task(str(Path(self.staging) / f"batch-{batch}"), iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         try:
             if self.staging is not None:
                 commit_staged(self.settings, messages)
         finally:
-            self._clean(batchId)
+            remove_staged(messages)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        self._clean(batchId)
-
-    def _clean(self, batch: int) -> None:
-        if self.staging is not None:
-            shutil.rmtree(Path(self.staging) / f"batch-{batch}", ignore_errors=True)
+        remove_staged(messages)
 
 
 class HeadwaterDataSource(TopicStreamSource):
@@ -407,8 +417,11 @@ class HeadwaterDataSource(TopicStreamSource):
 
 
 def _staging(settings: SinkSettings) -> str | None:
-    """This write's (or query run's) own staging directory, made on the driver; None when the
-    tasks produce themselves."""
+    """This write's (or query run's) own staging directory, named on the driver and made by the
+    first task that stages (Spark may ask for a writer it never runs); None when the tasks
+    produce themselves."""
     if settings.mode == "map" or settings.commit == "task":
         return None
-    return tempfile.mkdtemp(prefix="headwater-sink-", dir=settings.staging)
+    return str(
+        Path(settings.staging or tempfile.gettempdir()) / f"headwater-sink-{uuid.uuid4().hex}"
+    )
