@@ -236,6 +236,14 @@ def test_rows_land_with_their_partition_key_headers_and_null_values(
     keyless = [f for f in found.elements() if f[0] == b"c"]  # no partition named: in turn
     assert [(k, h) for _, _, k, h in keyless] == [(None, "[]")] * 2
     assert write_task(settings, iter([])).rows == 0  # an empty task produces nothing
+    # map mode: a row without a key is refused, before anything of the task's batch is written
+    keyless = pa.RecordBatch.from_arrays(
+        [pa.array([b"k", None], pa.binary()), pa.array([b"v", b"w"], pa.binary())],
+        names=["key", "value"],
+    )
+    mapping = SinkSettings({"server": server.address, "topic": topic_name, "mode": "map"})
+    with pytest.raises(InvalidRequest, match="every row needs a key"):
+        write_task(mapping, iter([keyless]))
     # a file staged where the driver cannot see it (an executor's own disk on a cluster)
     with pytest.raises(InvalidRequest, match="stagingDir must be a directory the executors"):
         commit_staged(settings, [Staged(str(tmp_path / "elsewhere.arrow"), 4)])
