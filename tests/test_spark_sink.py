@@ -37,7 +37,8 @@ from headwater.spark_compaction.sink import (
 )
 from headwater.spark_compaction.stream import Settings, read_range
 from headwater.testing import ServerProcess
-from headwater.wire.errors import InvalidRequest
+from headwater.wire.errors import AuthenticationRequired, InvalidRequest, NotAuthorized
+from tests.support.secure import secure_server
 from tests.support.sink_job import value
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -281,3 +282,35 @@ def test_bad_options_and_columns_fail_on_the_driver(spark: Any, server: ServerPr
         frame.write.format("headwater").mode("append").option("server", server.address).save()
     with pytest.raises(Exception, match="a topic cannot be overwritten"):
         frame.write.format("headwater").mode("overwrite").options(**options).save()
+
+
+def test_the_token_option_authenticates_the_sink(tmp_path: Path) -> None:
+    """On a server with tokens: a token granting produce (and consume) writes through both commit
+    paths; one granting only consume is refused, and nothing is written."""
+    batch = pa.RecordBatch.from_arrays([pa.array([b"a", b"b"], pa.binary())], names=["value"])
+    with secure_server(tmp_path) as secure:
+
+        async def create() -> None:
+            async with await headwater.connect(secure.address, token=secure.admin) as client:
+                await client.create_topic("orders", partitions=2, dispatch="reliable")
+
+        asyncio.run(create())
+        options = {"server": secure.address, "topic": "orders"}
+        # produce, and consume for DESCRIBE_TOPIC: an idempotent (or keyed) producer learns the
+        # partition count there
+        token = secure.token("writer", "produce:orders", "consume:orders")
+        writer = SinkSettings({**options, "token": token})
+        assert write_task(writer, iter([batch])).rows == 2
+        staged = stage_task(str(tmp_path / "staging"), iter([batch]))
+        assert commit_staged(writer, [staged]) == 2
+        reader = SinkSettings({**options, "token": secure.token("reader", "consume:orders")})
+        with pytest.raises(NotAuthorized):
+            write_task(reader, iter([batch]))
+        with pytest.raises(AuthenticationRequired):
+            write_task(SinkSettings(options), iter([batch]))
+
+        async def count() -> int:
+            async with await headwater.connect(secure.address, token=secure.admin) as client:
+                return sum((await client.describe_topic("orders")).next_offsets)
+
+        assert asyncio.run(count()) == 4
