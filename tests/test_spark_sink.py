@@ -26,6 +26,7 @@ from pyspark.sql.types import (
 )
 
 import headwater
+from headwater import Tls
 from headwater.spark_compaction.schema import HEADERS_TYPE
 from headwater.spark_compaction.sink import (
     SinkSettings,
@@ -37,7 +38,13 @@ from headwater.spark_compaction.sink import (
 )
 from headwater.spark_compaction.stream import Settings, read_range
 from headwater.testing import ServerProcess
-from headwater.wire.errors import AuthenticationRequired, InvalidRequest, NotAuthorized
+from headwater.wire.errors import (
+    AuthenticationRequired,
+    ConnectionClosed,
+    InvalidRequest,
+    NotAuthorized,
+)
+from tests.support.certs import Authority
 from tests.support.secure import secure_server
 from tests.support.sink_job import value
 
@@ -314,3 +321,36 @@ def test_the_token_option_authenticates_the_sink(tmp_path: Path) -> None:
                 return sum((await client.describe_topic("orders")).next_offsets)
 
         assert asyncio.run(count()) == 4
+
+
+def test_the_tls_options_connect_the_sink_over_tls(tmp_path: Path) -> None:
+    """`tls=true` with `tls.ca`: the sink writes over TLS, verifying the server by that CA; the
+    same write without `tls` never reaches the server."""
+    folder = tmp_path / "pki"
+    folder.mkdir()
+    ca = Authority.create(folder, "ca")
+    issued = ca.issue(folder, "server", True)
+    args = ("--tls-cert", str(issued.cert), "--tls-key", str(issued.key))
+    batch = pa.RecordBatch.from_arrays([pa.array([b"a", b"b"], pa.binary())], names=["value"])
+    with secure_server(tmp_path, *args) as secure:
+        options = {"server": secure.address, "topic": "orders", "token": secure.admin}
+        tls = {**options, "tls": "true", "tls.ca": str(ca.path)}
+
+        async def create() -> None:
+            async with await headwater.connect(
+                secure.address, token=secure.admin, tls=Tls(ca=ca.path)
+            ) as client:
+                await client.create_topic("orders", partitions=2, dispatch="reliable")
+
+        asyncio.run(create())
+        assert write_task(SinkSettings(tls), iter([batch])).rows == 2
+        mapped = write_task(SinkSettings({**tls, "mode": "map"}), iter([_keyed(b"k", b"v")]))
+        assert mapped.rows == 1
+        with pytest.raises(ConnectionClosed):
+            write_task(SinkSettings(options), iter([batch]))
+
+
+def _keyed(key: bytes, value: bytes) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays(
+        [pa.array([key], pa.binary()), pa.array([value], pa.binary())], names=["key", "value"]
+    )
