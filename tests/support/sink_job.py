@@ -59,7 +59,7 @@ def frame(spark: Any, count: int, folder: Path) -> Any:
 
     per_partition = count // PARTITIONS
 
-    @udf(BinaryType())  # type: ignore[untyped-decorator]
+    @udf(BinaryType())
     def flaky(i: int) -> bytes:
         if i % per_partition == per_partition - 50:
             mark = folder / str(i // per_partition)
