@@ -40,14 +40,16 @@ run: $(RUN_STAMP)
 # The long runs have their own target, `make test-long`, which .ci/run runs after this one: the
 # fixed-seed explorations of the two fuzzers (the state machine and the pipelined admin model; their
 # recorded reproductions stay here), the cluster attack modules (kill -9 rounds with uploads,
-# take-overs, topics racing across brokers), the standalone Spark cluster (four JVMs) and the
-# streaming query whose driver is killed twice (three driver JVMs one after the other).
+# take-overs, topics racing across brokers), the standalone Spark cluster (four JVMs), the
+# streaming query whose driver is killed twice (three driver JVMs one after the other), the sink's
+# task retries (a driver of its own on local[2,4]).
 LONG_TESTS := tests/test_statemachine.py::test_state_machine \
 	tests/test_statemachine.py::test_state_machine_with_auth \
 	tests/test_admin_fuzz.py \
 	tests/test_cluster_attack.py tests/test_cluster_attack_tail.py tests/test_cluster_attack_topics.py
 SPARK_LONG := tests/test_spark_cluster.py \
-	tests/test_spark_stream.py::test_a_driver_killed_twice_restarts_from_its_checkpoint_exactly_once
+	tests/test_spark_stream.py::test_a_driver_killed_twice_restarts_from_its_checkpoint_exactly_once \
+	tests/test_spark_sink.py::test_tasks_retried_after_a_failing_udf_write_every_row_exactly_once
 test: $(STAMP) browser etcd-server kcat
 	$(BIN)/python -m pytest -q -p no:randomly -n auto --dist loadgroup \
 		$(addprefix --deselect=,$(LONG_TESTS) $(SPARK_LONG))
