@@ -9,7 +9,9 @@ import asyncio
 import contextlib
 import shutil
 import subprocess
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -118,9 +120,10 @@ async def test_three_aiokafka_members_rebalance_and_consume_everything(
     kafka: KafkaServer, topic_name: str
 ) -> None:
     await _create(kafka, topic_name, 6)
-    values = [f"m{i}".encode() for i in range(600)]
+    values = [f"m{i}".encode() for i in range(3000)]
     await asyncio.to_thread(_produce, kafka, topic_name, values)
     seen: dict[str, list[bytes]] = {}
+    assigned: dict[str, set[int]] = {}
     members: list[AIOKafkaConsumer] = []
 
     async def member(name: str, stop: asyncio.Event) -> None:
@@ -139,6 +142,7 @@ async def test_three_aiokafka_members_rebalance_and_consume_everything(
         try:
             while not stop.is_set():
                 batches = await consumer.getmany(timeout_ms=200, max_records=20)
+                assigned[name] = {tp.partition for tp in consumer.assignment()}
                 for messages in batches.values():
                     seen.setdefault(name, []).extend(m.value for m in messages)
                 if batches:
@@ -155,7 +159,10 @@ async def test_three_aiokafka_members_rebalance_and_consume_everything(
         await _until(lambda: len(seen.get("a", [])) >= 20)
         tasks.append(asyncio.ensure_future(member("b", stops[1])))
         tasks.append(asyncio.ensure_future(member("c", stops[2])))
-        await _until(lambda: bool(seen.get("b")) and bool(seen.get("c")))
+        # b and c hold partitions of their own (what a had committed of them is not read again:
+        # a commit during the rebalance counts, as in Kafka)
+        await _until(lambda: bool(assigned.get("b")) and bool(assigned.get("c")))
+        await _until(lambda: not assigned["a"] & (assigned["b"] | assigned["c"]))
         stops[0].set()  # a leaves: b and c take its partitions
         await tasks[0]
         await _until(lambda: len({v for vs in seen.values() for v in vs}) == len(values))
@@ -202,3 +209,71 @@ def test_kcat_consumes_as_a_group(kafka: KafkaServer, topic_name: str) -> None:
         check=True,
     )
     assert sorted(done.stdout.decode().split()) == sorted(v.decode() for v in values)
+
+
+def test_three_confluent_kafka_members_rebalance_and_consume_everything(
+    kafka: KafkaServer, topic_name: str
+) -> None:
+    """librdkafka's group client (confluent-kafka): a joins, b and c join it, a leaves; every
+    message is consumed and the group's committed offsets reach the end."""
+    from confluent_kafka import Consumer, KafkaException
+
+    asyncio.run(_create(kafka, topic_name, 6))
+    values = [f"c{i}".encode() for i in range(3000)]
+    _produce(kafka, topic_name, values)
+    seen: dict[str, list[bytes]] = {"a": [], "b": [], "c": []}
+    assigned: dict[str, set[int]] = {name: set() for name in seen}
+    stops = {name: threading.Event() for name in seen}
+
+    def member(name: str) -> None:
+        consumer = Consumer(
+            {
+                "bootstrap.servers": kafka.bootstrap,
+                "group.id": "confluent-workers",
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+                "session.timeout.ms": 10_000,
+                "heartbeat.interval.ms": 500,
+            }
+        )
+        consumer.subscribe([topic_name])
+        try:
+            while not stops[name].is_set():
+                messages = consumer.consume(10, 0.2)
+                assigned[name] = {tp.partition for tp in consumer.assignment()}
+                got = [m.value() for m in messages if not m.error()]
+                seen[name].extend(got)
+                if got:
+                    with contextlib.suppress(KafkaException):  # a rebalance: redelivered
+                        consumer.commit(asynchronous=False)
+                time.sleep(0.05)  # slow enough that the later members get a share
+        finally:
+            consumer.close()  # LeaveGroup
+
+    threads = {name: threading.Thread(target=member, args=(name,)) for name in seen}
+    deadline = time.monotonic() + 120
+
+    def until(condition: Callable[[], bool]) -> None:
+        while not condition():
+            assert time.monotonic() < deadline, {n: len(v) for n, v in seen.items()}
+            time.sleep(0.05)
+
+    threads["a"].start()
+    try:
+        until(lambda: len(seen["a"]) >= 20)
+        threads["b"].start()
+        threads["c"].start()
+        until(lambda: bool(assigned["b"]) and bool(assigned["c"]))
+        stops["a"].set()
+        threads["a"].join(60)
+        until(lambda: len({v for vs in seen.values() for v in vs}) == len(values))
+    finally:
+        for stop in stops.values():
+            stop.set()
+        for thread in threads.values():
+            if thread.is_alive() or thread.ident is not None:
+                thread.join(60)
+    everything = [v for vs in seen.values() for v in vs]
+    assert set(everything) == set(values)
+    assert len(everything) - len(values) <= 3 * 6 * 20
+    assert sum(asyncio.run(_committed(kafka, topic_name, "confluent-workers"))) == len(values)

@@ -117,7 +117,11 @@ class GroupHandlers:
                 refusal = k.UNKNOWN_MEMBER_ID
             elif generation != known.generation:
                 refusal = k.ILLEGAL_GENERATION
-            elif known.state == "PreparingRebalance":
+            elif known.state == "CompletingRebalance":
+                # between the joins and the leader's assignment: whose partitions are whose is
+                # not settled. While members rejoin (PreparingRebalance) their generation still
+                # holds and they commit what they consumed before giving partitions up, as
+                # Kafka lets them
                 refusal = k.REBALANCE_IN_PROGRESS
         topics = []
         for entry in fields["topics"]:
