@@ -13,9 +13,9 @@ RESULTS := loadtest/results
 PEER_BINARIES := redis-server nats-server
 export PATH := $(PATH):/usr/sbin:/sbin
 
-.PHONY: install run test spark-long check browser etcd-server cluster cluster-stop fuzz stress-test stress-quick nemesis lint typecheck bench bench-quick bench-peers peer-servers soak loadtest clean
+.PHONY: install run test test-long spark-long check browser etcd-server kcat cluster cluster-stop fuzz stress-test stress-quick nemesis lint typecheck bench bench-quick bench-peers peer-servers soak loadtest clean
 
-install: $(STAMP)
+install: $(STAMP) kcat
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,21 +29,36 @@ $(RUN_STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e .
 	touch $(RUN_STAMP)
 
-# the message port 6650, the operator's HTTP port 9650 (status page, /metrics, /healthz, /readyz)
+# the message port 6650, the operator's HTTP port 9650 (status page, /metrics, /healthz, /readyz),
+# the Kafka protocol on 9092 (docs/KAFKA.md)
 run: $(RUN_STAMP)
-	$(BIN)/headwater serve --host 127.0.0.1 --port 6650 --http-port 9650 --data-dir ./data
+	$(BIN)/headwater serve --host 127.0.0.1 --port 6650 --http-port 9650 --kafka-port 9092 \
+		--data-dir ./data
 
 # The whole suite on every core: one test module per worker at a time (the Spark modules share
 # one worker and its JVM: tests/conftest.py). The timeout bounds a hang, nothing else.
-# The two long Spark tests have their own target, which .ci/run runs after this one: the
-# standalone cluster (four JVMs, about four minutes on 2 cores) and the streaming query whose driver
-# is killed twice (three driver JVMs one after the other). Local-mode Spark runs here.
+# The long runs have their own target, `make test-long`, which .ci/run runs after this one: the
+# fixed-seed explorations of the two fuzzers (the state machine and the pipelined admin model; their
+# recorded reproductions stay here), the cluster attack modules (kill -9 rounds with uploads,
+# take-overs, topics racing across brokers), the standalone Spark cluster (four JVMs), the
+# streaming query whose driver is killed twice (three driver JVMs one after the other), the sink's
+# task retries (a driver of its own on local[2,4]).
+LONG_TESTS := tests/test_statemachine.py::test_state_machine \
+	tests/test_statemachine.py::test_state_machine_with_auth \
+	tests/test_admin_fuzz.py \
+	tests/test_cluster_attack.py tests/test_cluster_attack_tail.py tests/test_cluster_attack_topics.py
 SPARK_LONG := tests/test_spark_cluster.py \
-	tests/test_spark_stream.py::test_a_driver_killed_twice_restarts_from_its_checkpoint_exactly_once
-test: $(STAMP) browser etcd-server
+	tests/test_spark_stream.py::test_a_driver_killed_twice_restarts_from_its_checkpoint_exactly_once \
+	tests/test_spark_sink.py::test_tasks_retried_after_a_failing_udf_write_every_row_exactly_once
+test: $(STAMP) browser etcd-server kcat
 	$(BIN)/python -m pytest -q -p no:randomly -n auto --dist loadgroup \
-		$(addprefix --deselect=,$(SPARK_LONG))
+		$(addprefix --deselect=,$(LONG_TESTS) $(SPARK_LONG))
 
+test-long: $(STAMP) etcd-server
+	$(BIN)/python -m pytest -q -p no:randomly -n auto --dist loadgroup $(LONG_TESTS)
+	$(BIN)/python -m pytest -q -p no:randomly $(SPARK_LONG)
+
+# the Spark half of test-long alone
 spark-long: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:randomly $(SPARK_LONG)
 
@@ -72,6 +87,22 @@ browser:
 				echo "error: apt-get could not install chromium (see above):" \
 					"tests/test_status_page.py will fail" >&2; \
 		fi; \
+	fi
+
+# Debian's kcat (librdkafka's command-line client), for tests/test_kafka_clients.py. Installed when
+# missing; when it cannot be (no root or passwordless sudo, no apt-get), an error says so and make
+# stops: the Kafka listener's tests need a real librdkafka client.
+kcat:
+	@if ! command -v kcat >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ]; then sudo=""; \
+		elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo="sudo -n"; \
+		else echo "error: kcat is not installed and cannot be installed here (needs root or" \
+			"passwordless sudo): run 'apt-get install kcat' as root" >&2; exit 1; fi; \
+		command -v apt-get >/dev/null 2>&1 || { echo "error: kcat is not installed and there is" \
+			"no apt-get: install kcat so that 'kcat' is on the PATH" >&2; exit 1; }; \
+		echo "installing kcat (Debian package) for the Kafka listener's tests"; \
+		$$sudo apt-get update -qq && $$sudo apt-get install -y -qq kcat || \
+			{ echo "error: apt-get could not install kcat (see above)" >&2; exit 1; }; \
 	fi
 
 # Debian's etcd-server, for the cluster tests (tests/test_cluster_coordinator.py) and `make cluster`.
@@ -175,12 +206,15 @@ fuzz: $(STAMP)
 # with a new seed each run, STRESS_RUNS runs in a row, stopping at the first failure. Each run
 # prints `Using --randomly-seed=N`; `make stress-test STRESS_ARGS='-p randomly --randomly-seed=N'`
 # replays that order. STRESS_ARGS picks tests too: STRESS_ARGS=tests/test_reliable.py
+# The suite runs on every core as in `make test` (STRESS_WORKERS=0: one process): on 2 cores, two
+# workers beside two busy processes get about half a core each.
 STRESS_RUNS ?= 3
 STRESS_BUSY ?= 2
+STRESS_WORKERS ?= auto
 STRESS_ARGS ?=
-stress-test: $(STAMP) browser etcd-server
+stress-test: $(STAMP) browser etcd-server kcat
 	$(BIN)/python -m tests.pressure --busy $(STRESS_BUSY) --runs $(STRESS_RUNS) -- \
-		$(BIN)/python -m pytest -p randomly $(STRESS_ARGS)
+		$(BIN)/python -m pytest -p randomly -n $(STRESS_WORKERS) --dist loadgroup $(STRESS_ARGS)
 
 # The short version, in .ci/run: once, under the same pressure, the kill -9 module, the etcd
 # coordinator's tests and the timing-sensitive modules (acks, nack delays, drains, reconnects).

@@ -28,6 +28,7 @@ SHARED_GROUPS = {
     "test_spark_compaction": "spark",
     "test_spark_reader": "spark",
     "test_spark_stream": "spark",
+    "test_spark_sink": "spark",
     "test_damaged_reads": "spark",  # its Spark source test takes the session fixture
 }
 
@@ -40,6 +41,7 @@ UNIT_MODULES = {
     "test_cloud_tail",
     "test_decompression",
     "test_durables_core",
+    "test_kafka_codec",
     "test_layers",
     "test_pump_wakeups",
     "test_records",

@@ -42,6 +42,7 @@ SERVER_RANKS = {
     "requests": 4,
     "net": 5,
     "cluster": 6,
+    "kafka": 6,
     "ops": 7,
     "serve": 8,
 }

@@ -32,6 +32,7 @@ from headwater.cli.output import (
     topics_json,
     topics_table,
 )
+from headwater.client.admin_calls import StartName
 from headwater.client.client import DISPATCH_NAMES, Client
 from headwater.client.producer import (
     AtLeastOnce,
@@ -219,19 +220,22 @@ async def _settle(producer: Producer, args: argparse.Namespace) -> None:
         await producer.flush()
 
 
-def position(text: str) -> str | int:
-    if text in ("earliest", "latest", "snapshot"):
-        return text
+_NAMED: dict[str, StartName] = {"earliest": "earliest", "latest": "latest", "snapshot": "snapshot"}
+
+
+def position(text: str) -> StartName | int:
+    if text in _NAMED:
+        return _NAMED[text]
     if text.isdigit():
         return int(text)
     raise ValueError(f"position must be earliest, latest or an offset (or snapshot), not {text!r}")
 
 
-def reset_target(text: str, now_ms: int | None = None) -> tuple[str | int | None, int | None]:
+def reset_target(text: str, now_ms: int | None = None) -> tuple[StartName | int | None, int | None]:
     """`--to`: (earliest|latest|snapshot|offset, None) or (None, a time in ms since the epoch).
     A time in the future is refused: nothing is stored there yet (`--to latest` says that)."""
-    if text in ("earliest", "latest", "snapshot"):
-        return text, None
+    if text in _NAMED:
+        return _NAMED[text], None
     if text.isdigit():
         return int(text), None
     if text.startswith("@") and text[1:].isdigit():
@@ -271,7 +275,7 @@ async def subscription(client: Client, args: argparse.Namespace) -> int:
         detail = await client.reset_subscription(
             args.topic,
             args.subscription,
-            to,  # type: ignore[arg-type]
+            to,
             timestamp=timestamp,
         )
         positions = ", ".join(f"{p.partition}:{p.committed}" for p in detail.partitions)

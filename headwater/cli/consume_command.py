@@ -63,7 +63,7 @@ async def consume(client: Client, args: argparse.Namespace) -> int:
         priority=args.priority,
         prefetch=args.prefetch,
         limit=args.count,
-        start=position(args.start),  # type: ignore[arg-type]
+        start=position(args.start),
         durable=args.durable,
         keys=args.key,
         key_prefix=args.key_prefix,

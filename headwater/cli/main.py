@@ -77,6 +77,13 @@ def _parser() -> argparse.ArgumentParser:
         "0 picks a free one)",
     )
     serve.add_argument("--http-port-file", type=Path, help="write the bound HTTP port here")
+    serve.add_argument(
+        "--kafka-port",
+        type=int,
+        help="serve the Kafka protocol on this port too (default: none; 0 picks a free one; "
+        "docs/KAFKA.md)",
+    )
+    serve.add_argument("--kafka-port-file", type=Path, help="write the bound Kafka port here")
     serve.add_argument("--log-format", choices=["console", "json"], help="log lines on stderr")
     serve.add_argument(
         "--log-level",
@@ -204,9 +211,13 @@ def _serve(args: argparse.Namespace) -> int:
         config.security, **{k: v for k, v in flags.items() if v is not None}
     )
     cluster = {"etcd": args.cluster, "advertise": args.advertise, "broker_id": args.broker_id}
+    kafka = {"port": args.kafka_port, "port_file": args.kafka_port_file}
     config = dataclasses.replace(
         config,
         security=security,
+        kafka=dataclasses.replace(
+            config.kafka, **{k: v for k, v in kafka.items() if v is not None}
+        ),
         cluster=dataclasses.replace(
             config.cluster, **{k: v for k, v in cluster.items() if v is not None}
         ),

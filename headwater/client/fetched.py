@@ -62,7 +62,7 @@ class Fetched:
         self,
         build: Callable[
             [int, int, bytes | None, bytes | None, list[tuple[str, bytes | None]]], T
-        ] = record_of,  # type: ignore[assignment]
+        ] = record_of,  # type: ignore[assignment]  # mypy: no default for a TypeVar parameter (#3737)
         max_decompressed: int = MAX_DECOMPRESSED_BATCH,
     ) -> list[T]:
         """Every record at or above the offset asked for, as `build(offset, timestamp, key,

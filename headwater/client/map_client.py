@@ -24,7 +24,7 @@ have been applied). Routing: headwater/client/routed_maps.py.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -120,6 +120,17 @@ class Map:
 
     async def set_many(self, items: Mapping[str | bytes, str | bytes]) -> list[int]:
         return await self._write([m.MapWrite(_bytes(k), _bytes(v), ANY) for k, v in items.items()])
+
+    async def write_many(
+        self, items: Sequence[tuple[str | bytes, str | bytes | None]]
+    ) -> list[int]:
+        """Set each key to its value, or delete it where the value is None, in the order given
+        (a key written twice keeps the later write), without revision checks: one request (per
+        owner, in a cluster), as `set_many`. Returns each write's revision (a delete's: its
+        tombstone's offset). At most 1,000 writes a call (`wire.limits.MAX_MAP_KEYS`)."""
+        return await self._write(
+            [m.MapWrite(_bytes(k), None if v is None else _bytes(v), ANY) for k, v in items]
+        )
 
     async def delete(self, key: str | bytes, revision: int | None = None) -> int:
         """Delete the key (a tombstone record); returns the tombstone's offset."""

@@ -23,8 +23,6 @@ import struct
 from collections.abc import Mapping
 from typing import Any
 
-import fastavro
-
 from headwater.wire import messages as m
 from headwater.wire.errors import InvalidSchema, SchemaViolation
 
@@ -53,6 +51,10 @@ class SchemaCodec:
         )
         self._avro: Any = None
         if info.schema_type == "avro":
+            # fastavro is imported by the Avro paths only: most clients and every CLI command
+            # without an Avro topic would pay its import for nothing
+            import fastavro
+
             try:
                 self._avro = fastavro.parse_schema(json.loads(info.definition))
             except Exception as exc:
@@ -81,6 +83,8 @@ class SchemaCodec:
             elif kind == "json":
                 return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
             else:
+                import fastavro
+
                 stream = io.BytesIO()
                 fastavro.schemaless_writer(stream, self._avro, value, strict_allow_default=True)
                 return stream.getvalue()
@@ -104,6 +108,8 @@ class SchemaCodec:
                 return _INT64.unpack(data)[0]
             if kind == "json":
                 return json.loads(data)
+            import fastavro
+
             return fastavro.schemaless_reader(io.BytesIO(data), self._avro, None)
         except (ValueError, struct.error, EOFError, IndexError) as exc:
             raise SchemaViolation(

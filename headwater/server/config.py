@@ -104,6 +104,16 @@ class ClusterConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class KafkaConfig:
+    """The Kafka protocol listener (docs/KAFKA.md); `port` None: none (the default)."""
+
+    port: int | None = None  # 0 picks a free port
+    port_file: Path | None = None  # written with the bound Kafka port once listening
+    # the host Metadata names this broker by; default: the listen host
+    advertise_host: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 6650
@@ -153,6 +163,7 @@ class ServerConfig:
     object_store: ObjectStoreConfig = field(default_factory=ObjectStoreConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    kafka: KafkaConfig = field(default_factory=KafkaConfig)
 
     def __post_init__(self) -> None:
         # Without an object store nothing is ever uploaded, and retention would delete the only

@@ -2,7 +2,7 @@
 
 Sections mirror the dataclasses: `[server]` (ServerConfig's own fields), `[topics]` (defaults for
 reliable topics), `[subscriptions]` (defaults for reliable subscriptions), `[object_store]`,
-`[security]` (authentication, TLS, quotas).
+`[security]` (authentication, TLS, quotas), `[cluster]`, `[kafka]` (the Kafka listener).
 Unknown sections or keys, values of the wrong type and values outside their allowed set or range
 (`check`) are errors that name the file, the key and what was expected: a typo must not silently
 fall back to a default. Command-line flags override the file (see `with_overrides`).
@@ -19,6 +19,7 @@ from typing import Any
 
 from headwater.server.config import (
     ClusterConfig,
+    KafkaConfig,
     ObjectStoreConfig,
     SecurityConfig,
     ServerConfig,
@@ -39,6 +40,7 @@ _SECTIONS: dict[str, type] = {
     "object_store": ObjectStoreConfig,
     "security": SecurityConfig,
     "cluster": ClusterConfig,
+    "kafka": KafkaConfig,
 }
 _NESTED = {"topics": "topic_defaults", "subscriptions": "subscription_defaults"}
 
@@ -107,6 +109,9 @@ def check(config: ServerConfig, where: str = "config") -> None:
         )
     if config.http_port is not None and not 0 <= config.http_port < 65536:
         raise ConfigError(f"{where}: server.http_port must be 0..65535, not {config.http_port}")
+    kafka_port = config.kafka.port
+    if kafka_port is not None and not 0 <= kafka_port < 65536:
+        raise ConfigError(f"{where}: kafka.port must be 0..65535, not {kafka_port}")
     _check_security(config, where)
     _check_cluster(config, where)
 
@@ -166,7 +171,14 @@ def _check_security(config: ServerConfig, where: str) -> None:
             raise ConfigError(f"{where}: security.{name} must be >= 0 (0: unlimited)")
 
 
-_NESTED_FIELDS = {"topic_defaults", "subscription_defaults", "object_store", "security", "cluster"}
+_NESTED_FIELDS = {
+    "topic_defaults",
+    "subscription_defaults",
+    "object_store",
+    "security",
+    "cluster",
+    "kafka",
+}
 
 
 def _build(

@@ -24,6 +24,7 @@ import structlog
 
 from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.config import ServerConfig
+from headwater.server.kafka.kafka_listener import KafkaListener, KafkaStartupError
 from headwater.server.logs import configure_logging
 from headwater.server.net.listener import Listener, StartupError
 from headwater.server.ops.operator_port import start_operator_port
@@ -79,6 +80,14 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
         # the port first: a taken port is the likeliest start-up error, and costs nothing to check
         port = listener.bind()
         stack.callback(listener.close)
+        kafka = None
+        if config.kafka.port is not None:  # the Kafka protocol on a port of its own
+            kafka = KafkaListener(config)
+            try:
+                kafka.bind()
+            except KafkaStartupError as exc:
+                raise StartupError(str(exc)) from None
+            stack.callback(kafka.close)
         operator = await start_operator_port(config, listener, stack)  # metrics, health, status
         state = _open_state(config.data_dir / "state")
         stack.callback(state.close)
@@ -129,18 +138,23 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
 
                 operator.registry.register(ClusterCollector(cluster.status))
         listener.start(broker)
+        if kafka is not None:
+            kafka.start(broker, listener.shared.security, listener.shared.tls)
+            if config.kafka.port_file is not None:
+                _write_port(config.kafka.port_file, kafka.port)
+            if operator is not None and operator.registry is not None:
+                operator.registry.register(kafka.collector())
         if listener.shared.security is not None:
+            kafka_connections = kafka.connections if kafka is not None else set()
             listener.shared.security.start(
-                lambda: tuple(listener.connections),
+                lambda: (*listener.connections, *kafka_connections),
                 lambda name: name in catalog.topics and catalog.topics[name].reliable,
             )
             stack.callback(listener.shared.security.close)
         if operator is not None:
             operator.recovered(catalog)
         if config.port_file is not None:
-            temporary = config.port_file.with_suffix(".tmp")
-            temporary.write_text(f"{port}\n")
-            os.replace(temporary, config.port_file)
+            _write_port(config.port_file, port)
         log.info(
             "server.listening",
             host=config.host,
@@ -158,10 +172,19 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
             if operator is not None:
                 operator.stopping = True
             listener.close()
+            if kafka is not None:
+                kafka.close()
             # Consumers hear SERVER_SHUTTING_DOWN before their connection closes.
             listener.shutdown_connections()
             await _wait_closed(listener, config.shutdown_timeout)
     log.info("server.stopped")
+
+
+def _write_port(path: Path, port: int) -> None:
+    """Atomically: a reader polling for the file never sees it half written."""
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(f"{port}\n")
+    os.replace(temporary, path)
 
 
 def _security(config: ServerConfig) -> tuple[Security | None, ServerTls | None]:

@@ -241,8 +241,8 @@ def files_option(files: Sequence[SnapshotFile]) -> str:
 
 
 def register(spark: Any) -> None:
-    from headwater.spark_compaction.stream import TopicStreamSource
+    from headwater.spark_compaction.sink import HeadwaterDataSource
 
     spark.dataSource.register(WalDataSource)
     spark.dataSource.register(SnapshotDataSource)
-    spark.dataSource.register(TopicStreamSource)
+    spark.dataSource.register(HeadwaterDataSource)

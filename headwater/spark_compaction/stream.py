@@ -61,23 +61,17 @@ DEFAULT_READ_TIMEOUT_MS = 120_000
 POLL_MS = 5_000  # one long poll's wait while a task's range is not readable yet
 
 
-class Settings:
-    """The options, checked once on the driver (a bad one fails the query at start)."""
+class Endpoint:
+    """Where and how to connect: `server`, `topic`, `token`, `tls` and `tls.*`, shared by the
+    source and the sink (headwater/spark_compaction/sink.py). `options` are Spark's, with their
+    names lower-cased (Spark's option names ignore case)."""
 
-    def __init__(self, given: dict[str, str]) -> None:
-        options = {k.lower(): v for k, v in given.items()}  # Spark's option names ignore case
+    def __init__(self, options: dict[str, str], role: str) -> None:
         try:
             self.server = options["server"]
             self.topic = options["topic"]
         except KeyError as missing:
-            raise InvalidRequest(f"the headwater source needs the option {missing}") from None
-        self.starting = options.get("startingoffsets", "latest")
-        limit = options.get("maxrecordspertrigger")
-        self.max_records = None if limit is None else int(limit)
-        if self.max_records is not None and self.max_records < 1:
-            raise InvalidRequest("maxRecordsPerTrigger must be at least 1")
-        self.fetch_bytes = int(options.get("fetchmaxbytes", DEFAULT_FETCH_BYTES))
-        self.read_timeout = int(options.get("readtimeoutms", DEFAULT_READ_TIMEOUT_MS)) / 1000
+            raise InvalidRequest(f"the headwater {role} needs the option {missing}") from None
         self.token = options.get("token") or None
         self.tls: TlsOption = None
         if options.get("tls", "false").lower() == "true":
@@ -92,7 +86,41 @@ class Settings:
         return await connect(self.server, token=self.token, tls=self.tls)
 
 
-def _run(settings: Settings, work: Any) -> Any:
+def lowered(given: dict[str, str]) -> dict[str, str]:
+    return {k.lower(): v for k, v in given.items()}
+
+
+def number(options: dict[str, str], name: str, spelled: str, default: int, least: int) -> int:
+    """An integer option, at least `least`, with an error naming it (`spelled` as documented)."""
+    text = options.get(name)
+    try:
+        value = default if text is None else int(text)
+    except ValueError:
+        raise InvalidRequest(f"{spelled} must be an integer, not {text!r}") from None
+    if value < least:
+        raise InvalidRequest(f"{spelled} must be at least {least}, not {value}")
+    return value
+
+
+class Settings(Endpoint):
+    """The source's options, checked once on the driver (a bad one fails the query at start)."""
+
+    def __init__(self, given: dict[str, str]) -> None:
+        options = lowered(given)
+        super().__init__(options, "source")
+        self.starting = options.get("startingoffsets", "latest")
+        limit = options.get("maxrecordspertrigger")
+        self.max_records = (
+            None
+            if limit is None
+            else number(options, "maxrecordspertrigger", "maxRecordsPerTrigger", 0, 1)
+        )
+        self.fetch_bytes = number(options, "fetchmaxbytes", "fetchMaxBytes", DEFAULT_FETCH_BYTES, 1)
+        timeout = number(options, "readtimeoutms", "readTimeoutMs", DEFAULT_READ_TIMEOUT_MS, 1)
+        self.read_timeout = timeout / 1000
+
+
+def _run(settings: Endpoint, work: Any) -> Any:
     """`work(client)` on a connection of its own, in an event loop of its own (Spark calls the
     reader from plain threads and processes)."""
 

@@ -144,7 +144,7 @@ class BatchBuilder:
             window = min(fill, space) // overhead + 1 if overhead > 0 else len(values)
             chunk = values[start : start + window]
             try:
-                running = [0, *accumulate(map(len, chunk))]  # type: ignore[arg-type]
+                running = [0, *accumulate(map(len, chunk))]  # type: ignore[arg-type]  # None: TypeError below
             except TypeError:  # a None value (a tombstone) counts as empty
                 running = [0, *accumulate(len(v) if v is not None else 0 for v in chunk)]
 

@@ -98,6 +98,6 @@ async def _read(session: EtcdSession, layout: Layout, endpoint: str) -> dict[str
 
 def _lease_info(lease: int) -> Callable[[Any], Awaitable[Any]]:
     def call(c: Any) -> Awaitable[Any]:
-        return c.get_lease_info(lease, keys=False)  # type: ignore[no-any-return]
+        return c.get_lease_info(lease, keys=False)  # type: ignore[no-any-return]  # aetcd is untyped
 
     return call

@@ -190,7 +190,7 @@ class PrefixWatch:
 
     def _watch_from_copy(self, client: aetcd.Client) -> Awaitable[Any]:
         # from the revision after the copy's: nothing between the read and the watch is missed
-        return client.watch_prefix(self.prefix, start_revision=self.revision + 1)  # type: ignore[no-any-return]
+        return client.watch_prefix(self.prefix, start_revision=self.revision + 1)  # type: ignore[no-any-return]  # aetcd is untyped
 
     async def _event(self, event: Any) -> None:
         # the watch starts after the copy's revision: every event is newer than the copy (one

@@ -23,15 +23,7 @@ import urllib.parse
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final
-
-import avro.compatibility
-import avro.errors
-import avro.schema
-import fastavro
-import jsonschema
-import jsonschema.exceptions
-import jsonschema.validators
+from typing import TYPE_CHECKING, Any, Final
 
 from headwater.server.schemas.json_compat import subset_problems
 from headwater.wire import messages as m
@@ -40,6 +32,13 @@ from headwater.wire.errors import InvalidSchema
 MAX_SCHEMA_SIZE: Final = 512 * 1024  # bytes of definition
 MAX_NESTING: Final = 64  # levels of JSON in a definition
 MAX_REASON: Final = 300  # characters of a library's message quoted in a refusal
+
+if TYPE_CHECKING:
+    import avro.schema
+
+# jsonschema, Apache Avro and fastavro are imported by the functions that use them, when a topic
+# first defines a schema of their kind: together they were a quarter of the server's start-up CPU
+# (and of every CLI command's), and most servers define no schema.
 
 Check = Callable[[bytes], str | None]
 
@@ -154,12 +153,15 @@ def _check_json_text(value: bytes) -> str | None:
 
 
 def _parse_json_schema(definition: bytes, document: Any) -> ParsedSchema:
+    import jsonschema.exceptions
+    import jsonschema.validators
+
     if not isinstance(document, dict | bool):
         raise InvalidSchema("a JSON Schema is an object or a boolean")
     _refuse_remote_refs(document)
     with warnings.catch_warnings():  # an unknown "$schema" warns, then takes the default draft
         warnings.simplefilter("ignore")
-        cls = jsonschema.validators.validator_for(document, default=_DRAFT)
+        cls = jsonschema.validators.validator_for(document, default=_draft())
     try:
         cls.check_schema(document)
     except jsonschema.exceptions.SchemaError as exc:
@@ -189,7 +191,10 @@ def _parse_json_schema(definition: bytes, document: Any) -> ParsedSchema:
     return ParsedSchema("json", definition, document, check)
 
 
-_DRAFT: Final = jsonschema.Draft202012Validator
+def _draft() -> Any:
+    import jsonschema
+
+    return jsonschema.Draft202012Validator
 
 
 def _refuse_remote_refs(document: Any) -> None:
@@ -233,7 +238,7 @@ def _resolves(document: Any, pointer: str) -> bool:
 
 def json_rejects(schema: Any, values: list[Any]) -> list[Any]:
     """The values not valid under the (sub)schema, or whose validity cannot be decided."""
-    validator = _DRAFT(schema)
+    validator = _draft()(schema)
     rejected = []
     for value in values:
         try:
@@ -249,6 +254,10 @@ def json_rejects(schema: Any, values: list[Any]) -> list[Any]:
 
 
 def _parse_avro(definition: bytes, document: Any) -> ParsedSchema:
+    import avro.errors
+    import avro.schema
+    import fastavro
+
     if not isinstance(document, dict) or document.get("type") != "record":
         raise InvalidSchema('an avro schema here is a record: {"type": "record", ...}')
     try:
@@ -279,6 +288,8 @@ def _parse_avro(definition: bytes, document: Any) -> ParsedSchema:
 
 
 def _children(schema: avro.schema.Schema) -> list[avro.schema.Schema]:
+    import avro.schema
+
     if isinstance(schema, avro.schema.ArraySchema):
         return [schema.items]
     if isinstance(schema, avro.schema.MapSchema):
@@ -316,6 +327,8 @@ def _refuse_recursion(root: avro.schema.Schema) -> None:
 
 
 def _refuse_empty_items(schema: avro.schema.Schema, seen: set[int]) -> None:
+    import avro.schema
+
     if id(schema) in seen:
         return
     seen.add(id(schema))
@@ -337,6 +350,8 @@ def _refuse_empty_items(schema: avro.schema.Schema, seen: set[int]) -> None:
 
 
 def _zero_size(schema: avro.schema.Schema, seen: set[int]) -> bool:
+    import avro.schema
+
     if id(schema) in seen:
         return False
     seen.add(id(schema))
@@ -371,6 +386,8 @@ def compatibility_problems(mode: str, old: ParsedSchema, new: ParsedSchema) -> l
 
 def _reads(reader: ParsedSchema, writer: ParsedSchema) -> list[str]:
     """Why `reader` may not read every value `writer` accepts."""
+    import avro.compatibility
+
     if reader.schema_type == "json":
         try:
             return subset_problems(writer.document, reader.document, json_rejects)
@@ -378,7 +395,7 @@ def _reads(reader: ParsedSchema, writer: ParsedSchema) -> list[str]:
             return ["the schemas nest too deeply to compare"]
     if reader.avro is None or writer.avro is None:
         return []  # bytes, string, int64: one set of values each
-    checker = avro.compatibility.ReaderWriterCompatibilityChecker()  # type: ignore[no-untyped-call]
+    checker = avro.compatibility.ReaderWriterCompatibilityChecker()  # type: ignore[no-untyped-call]  # avro is untyped
     result = checker.get_compatibility(reader.avro, writer.avro)
     if result.compatibility is avro.compatibility.SchemaCompatibilityType.compatible:
         return []

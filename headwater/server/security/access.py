@@ -337,8 +337,10 @@ class Security:
             if may_see(session.grants, topic):
                 return
             raise NotAuthorized(f"principal {session.principal!r} has no grant on topic {topic!r}")
+        # the request table's two owner-or-admin rows
         assert need == OWNER_OR_ADMIN
-        subscription = request.subscription  # type: ignore[union-attr]
+        assert isinstance(request, m.SeekRequest | m.DeleteSubscriptionRequest)
+        subscription = request.subscription
         owner = self._owners.owner(topic, subscription)
         if session.allows(Action.ADMIN, topic) or (
             owner == session.principal and session.allows(Action.CONSUME, topic)

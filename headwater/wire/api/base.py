@@ -35,6 +35,7 @@ from headwater.wire import messages as m
 from headwater.wire.errors import HeadwaterError, InvalidRequest, MalformedFrame
 
 
+# construct ships no type hints: mypy sees its classes as Any, hence the ignores on subclasses
 class DataclassAdapter(Adapter):  # type: ignore[misc]
     """Parses into a frozen dataclass (lists become tuples) and builds from one."""
 

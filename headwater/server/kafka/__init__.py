@@ -1,0 +1,12 @@
+"""The Kafka protocol front end (docs/KAFKA.md): a second listener that lets stock Kafka clients
+produce to and fetch from Headwater topics through the same `requests.broker.Broker`.
+
+`kafka_listener` (the port, accepting, timeouts) → `kafka_connection` (frames, requests handled,
+answers in request order) → `handlers` (each Kafka API as native requests to the broker), with
+`codec` (frames and bodies decoded with bounded work, over aiokafka's schema declarations), `apis`
+(the APIs and versions served), `kafka_errors` (Headwater's error codes as Kafka's) and
+`kafka_metrics` (its Prometheus collector). Consumer
+groups: `group_handlers` (their APIs), `groups` (membership and rebalances, in memory) and
+`group_offsets` (a group's offsets are the cursor of the reliable subscription of its name).
+Imports `requests`, `catalog`, `subscriptions` and `net.accepting`; only `serve` imports it.
+"""

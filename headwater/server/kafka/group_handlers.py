@@ -1,0 +1,220 @@
+"""The consumer group APIs: FindCoordinator (this broker, for every group), JoinGroup, SyncGroup,
+Heartbeat, LeaveGroup (`groups.Coordinator`), OffsetCommit and OffsetFetch (`group_offsets`: a
+group's offsets are the cursor of the reliable subscription of its name), ListGroups and
+DescribeGroups. Each returns the response's fields by name, every version's together."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from headwater.server.kafka import kafka_errors as k
+from headwater.server.kafka.group_offsets import GroupOffsets
+from headwater.server.kafka.groups import Coordinator
+from headwater.server.security.access import Session
+from headwater.server.security.authz import Action
+from headwater.server.topics.subscription_contract import ConsumerSession
+from headwater.wire.errors import HeadwaterError
+
+Fields = dict[str, Any]
+
+
+class KafkaSession(ConsumerSession, Protocol):
+    """A Kafka connection as the handlers see it: a session that names its client and, with
+    authentication on, is the peer `security.access.Security` authenticates and checks."""
+
+    client_id: str
+    raw_sasl: bool  # after a SaslHandshake v0: the next frame is bare SASL bytes
+    # the last produce of the connection still handing its batches to the broker (handlers)
+    produce_tail: asyncio.Future[None] | None
+    peercert: Any
+    auth: Session | None
+
+    def revoke(self, error: HeadwaterError) -> None: ...
+
+
+# may the session's principal take this action on this topic (True without authentication)
+Permits = Callable[[KafkaSession, Action, str], bool]
+
+
+Handler = Callable[[KafkaSession, int, Fields], Awaitable[Fields | None]]
+
+
+class GroupHandlers:
+    def __init__(
+        self, coordinator: Coordinator, offsets: GroupOffsets, node: Fields, permits: Permits
+    ) -> None:
+        self.coordinator = coordinator
+        self._offsets = offsets
+        self._node = node  # node_id, host, port of this broker
+        # a group's offsets on a topic are a consumer's: committing and reading them takes the
+        # consume grant on the topic (membership itself names no topic)
+        self._permits = permits
+
+    async def find_coordinator(self, session: KafkaSession, version: int, fields: Fields) -> Fields:
+        return {
+            "error_code": 0,
+            "coordinator_id": self._node["node_id"],
+            "host": self._node["host"],
+            "port": self._node["port"],
+        }
+
+    async def join_group(self, session: KafkaSession, version: int, fields: Fields) -> Fields:
+        session_timeout: int = fields["session_timeout"]
+        rebalance = fields.get("rebalance_timeout")  # v1+; v0 rebalances within the session
+        rebalance_timeout: int = session_timeout if rebalance is None else rebalance
+        joined = await self.coordinator.join(
+            fields["group"],
+            fields["member_id"] or "",
+            session.client_id,
+            session.peer.rpartition(":")[0],
+            session_timeout,
+            rebalance_timeout,
+            fields["protocol_type"] or "",
+            [
+                (p["protocol_name"] or "", p["protocol_metadata"] or b"")
+                for p in fields["group_protocols"]
+            ],
+        )
+        return {
+            "error_code": joined.error_code,
+            "generation_id": joined.generation_id,
+            "group_protocol": joined.protocol,
+            "leader_id": joined.leader_id,
+            "member_id": joined.member_id or (fields["member_id"] or ""),
+            "members": [{"member_id": i, "member_metadata": m} for i, m in joined.members],
+        }
+
+    async def sync_group(self, session: KafkaSession, version: int, fields: Fields) -> Fields:
+        assignments = {
+            a["member_id"]: a["member_metadata"] or b"" for a in fields["group_assignment"]
+        }
+        code, assignment = await self.coordinator.sync(
+            fields["group"], fields["generation_id"], fields["member_id"] or "", assignments
+        )
+        return {"error_code": code, "member_assignment": assignment}
+
+    async def heartbeat(self, session: KafkaSession, version: int, fields: Fields) -> Fields:
+        code = self.coordinator.heartbeat(
+            fields["group"], fields["generation_id"], fields["member_id"] or ""
+        )
+        return {"error_code": code}
+
+    async def leave_group(self, session: KafkaSession, version: int, fields: Fields) -> Fields:
+        return {"error_code": self.coordinator.leave(fields["group"], fields["member_id"] or "")}
+
+    async def offset_commit(self, session: KafkaSession, version: int, fields: Fields) -> Fields:
+        group = fields["consumer_group"]
+        generation = fields.get("consumer_group_generation_id", -1)
+        member = fields.get("consumer_id") or ""
+        # a member of a live group commits for its generation; generation -1 is a consumer that
+        # keeps its offsets in a group without joining it (assign(), kcat -o stored)
+        refusal = 0
+        known = self.coordinator.groups.get(group)
+        if generation >= 0 and known is not None and known.members:
+            if member not in known.members:
+                refusal = k.UNKNOWN_MEMBER_ID
+            elif generation != known.generation:
+                refusal = k.ILLEGAL_GENERATION
+            elif known.state == "CompletingRebalance":
+                # between the joins and the leader's assignment: whose partitions are whose is
+                # not settled. While members rejoin (PreparingRebalance) their generation still
+                # holds and they commit what they consumed before giving partitions up, as
+                # Kafka lets them
+                refusal = k.REBALANCE_IN_PROGRESS
+        topics = []
+        for entry in fields["topics"]:
+            name = entry["topic"]
+            wanted = {p["partition"]: p["offset"] for p in entry["partitions"]}
+            denied = not self._permits(session, Action.CONSUME, name)
+            codes: dict[int, int] = dict.fromkeys(
+                wanted, k.TOPIC_AUTHORIZATION_FAILED if denied else refusal
+            )
+            if not refusal and not denied:
+                for partition, error in (await self._offsets.commit(group, name, wanted)).items():
+                    codes[partition] = 0 if error is None else k.kafka_code(error)
+            topics.append(
+                {
+                    "topic": name,
+                    "partitions": [{"partition": p, "error_code": c} for p, c in codes.items()],
+                }
+            )
+        return {"throttle_time_ms": 0, "topics": topics}
+
+    async def offset_fetch(self, session: KafkaSession, version: int, fields: Fields) -> Fields:
+        group = fields["consumer_group"]
+        wanted = fields["topics"]
+        if wanted is None:  # v2+: every topic the group has offsets on
+            wanted = [
+                {"topic": t, "partitions": None}
+                for t in self._offsets.topics_of(group)
+                if self._permits(session, Action.CONSUME, t)
+            ]
+        topics = []
+        for entry in wanted:
+            name = entry["topic"]
+            partitions = []
+            denied = not self._permits(session, Action.CONSUME, name)
+            for partition in entry["partitions"] or self._partitions(name):
+                if denied:
+                    partitions.append(
+                        {
+                            "partition": partition,
+                            "offset": -1,
+                            "metadata": "",
+                            "error_code": k.TOPIC_AUTHORIZATION_FAILED,
+                        }
+                    )
+                    continue
+                try:
+                    offset, code = self._offsets.committed(group, name, partition), 0
+                except HeadwaterError as exc:
+                    offset, code = -1, k.kafka_code(exc)
+                partitions.append(
+                    {"partition": partition, "offset": offset, "metadata": "", "error_code": code}
+                )
+            topics.append({"topic": name, "partitions": partitions})
+        return {"throttle_time_ms": 0, "topics": topics, "error_code": 0}
+
+    def _partitions(self, topic: str) -> list[int]:
+        return self._offsets.partitions(topic)
+
+    async def list_groups(self, session: KafkaSession, version: int, fields: Fields) -> Fields:
+        groups = [
+            {"group": g.name, "protocol_type": g.protocol_type}
+            for g in sorted(self.coordinator.groups.values(), key=lambda g: g.name)
+        ]
+        return {"throttle_time_ms": 0, "error_code": 0, "groups": groups}
+
+    async def describe_groups(self, session: KafkaSession, version: int, fields: Fields) -> Fields:
+        described = []
+        for name in fields["groups"]:
+            group = self.coordinator.groups.get(name)
+            if group is None:  # Kafka describes an unknown group as a dead one
+                described.append({"error_code": 0, "group": name, "state": "Dead"})
+                continue
+            stable = group.state == "Stable"
+            members = [
+                {
+                    "member_id": m.member_id,
+                    "client_id": m.client_id,
+                    "client_host": m.client_host,
+                    "member_metadata": next(
+                        (meta for p, meta in m.protocols if p == group.protocol), b""
+                    ),
+                    "member_assignment": m.assignment if stable else b"",
+                }
+                for m in group.members.values()
+            ]
+            described.append(
+                {
+                    "error_code": 0,
+                    "group": name,
+                    "state": group.state,
+                    "protocol_type": group.protocol_type,
+                    "protocol": group.protocol,
+                    "members": members,
+                }
+            )
+        return {"throttle_time_ms": 0, "groups": described}

@@ -1,0 +1,110 @@
+"""A Kafka consumer group's committed offsets are the cursor of the reliable subscription of the
+same name on each topic: one model, two protocols (docs/KAFKA.md).
+
+OffsetCommit creates the subscription on first use (Failover, starting at the earliest offset,
+so `headwater subscription list` shows the group's lag from the start) and moves each partition's
+cursor to the committed offset, in the topic's turn as every change to a subscription is; the
+answer waits for a synced write of the moved cursors, so an acknowledged commit survives kill -9.
+`subscription reset` moves it for a Kafka group as for a native one. OffsetFetch reads the
+cursor's floor (every offset below it is acknowledged: Kafka's "next offset to consume"); a
+topic the group never committed on answers -1. Non-reliable topics keep no cursors: a commit there
+is refused (INVALID_REQUEST).
+"""
+
+from __future__ import annotations
+
+from headwater.server.catalog.topic_catalog import TopicCatalog
+from headwater.server.subscriptions.reliable_subscription import ReliableSubscription
+from headwater.storage.state import CURSOR, key
+from headwater.wire import messages as m
+from headwater.wire.errors import (
+    HeadwaterError,
+    InvalidPartition,
+    NotSupported,
+    SubscriptionTypeMismatch,
+    UnknownTopic,
+)
+
+
+class GroupOffsets:
+    def __init__(self, catalog: TopicCatalog) -> None:
+        self._catalog = catalog
+
+    async def commit(
+        self, group: str, topic_name: str, offsets: dict[int, int]
+    ) -> dict[int, HeadwaterError | None]:
+        """Move `group`'s cursor of each partition to its offset; each partition's refusal, or
+        None once its cursor is on disk."""
+        results: dict[int, HeadwaterError | None] = {}
+        async with self._catalog.turn(topic_name):
+            try:
+                subscription = await self._subscription(group, topic_name)
+            except HeadwaterError as exc:
+                return dict.fromkeys(offsets, exc)
+            topic = self._catalog.topics[topic_name]
+            cursors = subscription.core.cursors
+            positions = [cursor.floor for cursor in cursors]
+            moved: list[int] = []
+            for partition, offset in offsets.items():
+                if not 0 <= partition < len(cursors):
+                    results[partition] = InvalidPartition(
+                        f"topic {topic_name!r} has no partition {partition}"
+                    )
+                    continue
+                # within what the partition holds: a cursor past the end would count negative lag
+                start = topic.start_offset(partition)
+                positions[partition] = max(
+                    start, min(offset, topic.partitions[partition].next_offset)
+                )
+                moved.append(partition)
+            if moved:
+                subscription.seek(positions)
+                await self._catalog.writer.synced(
+                    {key(CURSOR, topic_name, group, p): cursors[p].encode() for p in moved}
+                )
+        for partition in moved:
+            results[partition] = None
+        return results
+
+    async def _subscription(self, group: str, topic_name: str) -> ReliableSubscription:
+        topic = self._catalog.topics.get(topic_name)
+        if topic is None:
+            raise UnknownTopic(f"topic {topic_name!r} does not exist")
+        if not topic.reliable:
+            raise NotSupported(
+                f"topic {topic_name!r} is non-reliable: it keeps no subscription cursors"
+            )
+        subscription = await self._catalog.subscriptions.get_or_create(
+            topic,
+            group,
+            m.SubscriptionType.FAILOVER,
+            m.SubscriptionSettings(start=m.StartPosition.EARLIEST),
+        )
+        if not isinstance(subscription, ReliableSubscription):
+            raise SubscriptionTypeMismatch(
+                f"subscription {group!r} of topic {topic_name!r} is not a reliable one"
+            )
+        return subscription
+
+    def committed(self, group: str, topic_name: str, partition: int) -> int:
+        """The group's committed offset of the partition, -1 when it has none."""
+        topic = self._catalog.topics.get(topic_name)
+        if topic is None:
+            raise UnknownTopic(f"topic {topic_name!r} does not exist")
+        subscription = topic.subscriptions.get(group)
+        if not isinstance(subscription, ReliableSubscription):
+            return -1
+        cursors = subscription.core.cursors
+        return cursors[partition].floor if 0 <= partition < len(cursors) else -1
+
+    def partitions(self, topic_name: str) -> list[int]:
+        topic = self._catalog.topics.get(topic_name)
+        return [] if topic is None else list(range(len(topic.partitions)))
+
+    def topics_of(self, group: str) -> list[str]:
+        """The topics with a subscription named `group` (OffsetFetch of every topic)."""
+        return sorted(
+            name
+            for name, topic in self._catalog.topics.items()
+            if isinstance(topic.subscriptions.get(group), ReliableSubscription)
+        )

@@ -1,0 +1,730 @@
+"""Each served Kafka API as requests to the one `Broker` the native listener uses.
+
+A Kafka request names many partitions; each becomes the native request for one
+(`wire.messages.ProduceRequest`, `FetchRequest`, `CreateTopicRequest`, ...) handled by
+`Broker.handle`, so topic turns, validation, the idempotent-producer tables and the durability
+waits are the native ones, and each partition's refusal becomes its Kafka error code
+(`kafka_errors`). A handler returns the response's fields by name, every version's fields
+together (`codec.shape` takes the version's own), or None for a Produce with acks=0, which Kafka
+answers with nothing.
+
+- Produce: acks=1 is answered as a native produce is (per the topic's fsync policy); acks=all
+  (-1) as a read_committed one, once an fsync covers the batch whatever the policy. Several
+  batches in one partition's records are appended in order. A compressed batch, or one declaring
+  many records, is checked on the listener's inflater thread, as on the native port.
+- Fetch: one native FETCH per partition (reliable topics; a non-reliable one keeps no history:
+  INVALID_REQUEST); read_committed keeps only the batches an fsync covers. At the end of every
+  partition with `max_wait_ms` and `min_bytes` > 0, each partition waits with the native long
+  poll (`AfterData`, outside the topic's turn) and the first to bring data answers for all; the
+  others are cancelled.
+- ListOffsets: earliest (-2) is the partition's start, latest (-1) its readable end (the high
+  watermark a Fetch reports), a timestamp the first batch at or after it (offset -1 when none).
+- Metadata: this broker (node 0) leads every partition; topics are never created by a Metadata
+  request. CreateTopics makes reliable topics (`cleanup.policy=compact`: last-value ones),
+  DeleteTopics deletes, CreatePartitions grows, DescribeConfigs shows a topic's configs.
+- InitProducerId issues a native producer id: Kafka's idempotent batches are checked by the
+  native (durable) producer tables.
+- SaslHandshake and SaslAuthenticate: PLAIN, the password a Headwater token, through
+  `Security.authenticate`. With authentication on, every native request passes `Security.check`
+  (and `Security.after`) as on the native port, and quotas delay the answer
+  (`throttle_time_ms`).
+
+The consumer group APIs are in `group_handlers`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import Awaitable
+from concurrent.futures import Executor
+from typing import Any, Final
+
+import structlog
+
+from headwater.server.kafka import kafka_errors as k
+from headwater.server.kafka.apis import (
+    API_VERSIONS,
+    CREATE_PARTITIONS,
+    CREATE_TOPICS,
+    DELETE_TOPICS,
+    DESCRIBE_CONFIGS,
+    DESCRIBE_GROUPS,
+    FETCH,
+    FIND_COORDINATOR,
+    HEARTBEAT,
+    INIT_PRODUCER_ID,
+    JOIN_GROUP,
+    LEAVE_GROUP,
+    LIST_GROUPS,
+    LIST_OFFSETS,
+    METADATA,
+    OFFSET_COMMIT,
+    OFFSET_FETCH,
+    PRODUCE,
+    SASL_AUTHENTICATE,
+    SASL_HANDSHAKE,
+    SERVED,
+    SYNC_GROUP,
+)
+from headwater.server.kafka.group_handlers import GroupHandlers, Handler, KafkaSession
+from headwater.server.kafka.group_offsets import GroupOffsets
+from headwater.server.kafka.groups import Coordinator
+from headwater.server.reply import Reply, resolve
+from headwater.server.requests.broker import Broker
+from headwater.server.security.access import Security
+from headwater.server.security.authz import Action, may_see
+from headwater.wire import messages as m
+from headwater.wire.compression import declared_records, is_compressed
+from headwater.wire.errors import (
+    AuthenticationFailed,
+    CorruptBatch,
+    HeadwaterError,
+    InvalidPartition,
+    InvalidRequest,
+    NotAuthorized,
+    UnknownTopic,
+)
+from headwater.wire.limits import MAX_FETCH_BYTES, MAX_FETCH_WAIT_MS
+from headwater.wire.records import validate_records
+
+log = structlog.get_logger("headwater.server")
+
+Fields = dict[str, Any]
+Session = KafkaSession
+
+CLUSTER_ID: Final = "headwater"
+# a handler's answer with this key set closes the connection once written (a failed SASL)
+CLOSE_AFTER: Final = "_close_after"
+# a throttled answer waits at most this long (the rest of the debt is paid by the next ones)
+MAX_THROTTLE: Final = 5.0
+NODE_ID: Final = 0
+# as on the native port (server.net.client_connection): more is checked off the loop
+INLINE_RECORDS: Final = 2048
+# partitions handled between two yields to the event loop in one request's loop
+_YIELD_EVERY: Final = 64
+_TOPIC_RESOURCE: Final = 2
+_BROKER_RESOURCE: Final = 4
+_TOPIC_CONFIG: Final = 1  # DescribeConfigs config_source: set on the topic
+_BATCH_LENGTH = struct.Struct(">i")
+_BASE = struct.Struct(">q")
+_LAST_DELTA = struct.Struct(">i")  # at byte 23 of a RecordBatch v2
+_BATCH_OVERHEAD: Final = 12  # base offset (8) and batch length (4) precede what the length counts
+_MIN_BATCH: Final = 61  # a RecordBatch v2 header
+
+
+def split_batches(records: bytes) -> list[bytes]:
+    """The record batches laid back to back in a partition's records (most clients send one);
+    `CorruptBatch` when a length runs past the end. Bounded: each batch is at least a header."""
+    batches: list[bytes] = []
+    pos = 0
+    for _ in range(len(records) // _MIN_BATCH + 1):
+        if pos >= len(records):
+            break
+        if len(records) - pos < _MIN_BATCH:
+            raise CorruptBatch(f"{len(records) - pos} bytes after the last batch are no batch")
+        size = _BATCH_OVERHEAD + _BATCH_LENGTH.unpack_from(records, pos + 8)[0]
+        if size < _MIN_BATCH or pos + size > len(records):
+            raise CorruptBatch(f"a batch of {size} bytes at byte {pos} does not fit the records")
+        batches.append(records[pos : pos + size])
+        pos += size
+    return batches
+
+
+class KafkaHandlers:
+    def __init__(
+        self,
+        broker: Broker,
+        host: str,
+        port: int,
+        inflater: Executor | None,
+        max_decompressed: int,
+        security: Security | None = None,
+    ) -> None:
+        self._broker = broker
+        self._security = security
+        self._host = host
+        self._port = port
+        self._inflater = inflater
+        self._cap = max_decompressed
+        node = {"node_id": NODE_ID, "host": host, "port": port}
+        self.groups = GroupHandlers(Coordinator(), GroupOffsets(broker.catalog), node, self.permits)
+        groups = self.groups
+        self.handlers: dict[int, Handler] = {
+            FIND_COORDINATOR: groups.find_coordinator,
+            JOIN_GROUP: groups.join_group,
+            SYNC_GROUP: groups.sync_group,
+            HEARTBEAT: groups.heartbeat,
+            LEAVE_GROUP: groups.leave_group,
+            OFFSET_COMMIT: groups.offset_commit,
+            OFFSET_FETCH: groups.offset_fetch,
+            LIST_GROUPS: groups.list_groups,
+            DESCRIBE_GROUPS: groups.describe_groups,
+            API_VERSIONS: self.api_versions,
+            SASL_HANDSHAKE: self.sasl_handshake,
+            SASL_AUTHENTICATE: self.sasl_authenticate,
+            INIT_PRODUCER_ID: self.init_producer_id,
+            CREATE_PARTITIONS: self.create_partitions,
+            DESCRIBE_CONFIGS: self.describe_configs,
+            METADATA: self.metadata,
+            PRODUCE: self.produce,
+            FETCH: self.fetch,
+            LIST_OFFSETS: self.list_offsets,
+            CREATE_TOPICS: self.create_topics,
+            DELETE_TOPICS: self.delete_topics,
+        }
+
+    async def _native(self, session: Session, request: m.Request) -> m.Response:
+        """`request` through the broker, checked as on the native port (grant, then the
+        ownership bookkeeping and filtering `Security.after` does)."""
+        security = self._security
+        if security is None:
+            return await resolve(self._broker.handle(session, request))
+        security.check(session, request)
+        return await resolve(
+            security.after(session, request, self._broker.handle(session, request))
+        )
+
+    def permits(self, session: Session, action: Action, topic: str) -> bool:
+        if self._security is None:
+            return True
+        return session.auth is not None and session.auth.allows(action, topic)
+
+    async def _throttle(self, delay: float) -> int:
+        """A quota's debt: the answer waits (Kafka before 2.0 did the same) and says how long."""
+        if delay <= 0:
+            return 0
+        delay = min(delay, MAX_THROTTLE)
+        await asyncio.sleep(delay)
+        return int(delay * 1000)
+
+    # SaslHandshake, SaslAuthenticate
+
+    async def sasl_handshake(self, session: Session, version: int, fields: Fields) -> Fields:
+        ok = fields["mechanism"] == "PLAIN"
+        if ok and version == 0:
+            session.raw_sasl = True  # the next frame is the PLAIN bytes themselves
+        return {
+            "error_code": 0 if ok else k.UNSUPPORTED_SASL_MECHANISM,
+            "enabled_mechanisms": ["PLAIN"],
+        }
+
+    async def sasl_authenticate(self, session: Session, version: int, fields: Fields) -> Fields:
+        """PLAIN: authzid NUL username NUL password, the password a Headwater token (the user
+        name is not checked: the token names its principal)."""
+        parts = (fields["sasl_auth_bytes"] or b"").split(b"\0")
+        if self._security is None:  # authentication is off, as AUTHENTICATE on the native port
+            return {"error_code": 0, "sasl_auth_bytes": b""}
+        try:
+            if len(parts) != 3:
+                raise AuthenticationFailed("SASL PLAIN takes authzid, user name and password")
+            reply = self._security.authenticate(session, m.AuthenticateRequest("token", parts[2]))
+            await resolve(reply)  # a failure past the rate limit is answered after a delay
+        except HeadwaterError as exc:
+            return {
+                "error_code": k.SASL_AUTHENTICATION_FAILED,
+                "error_message": exc.message,
+                "sasl_auth_bytes": b"",
+                CLOSE_AFTER: True,
+            }
+        auth = session.auth
+        lifetime = 0 if auth is None or auth.expires is None else auth.expires * 1000
+        return {"error_code": 0, "sasl_auth_bytes": b"", "session_lifetime_ms": lifetime}
+
+    # ApiVersions, Metadata
+
+    @staticmethod
+    def versions() -> list[Fields]:
+        return [
+            {"api_key": a.key, "min_version": a.min_version, "max_version": a.max_version}
+            for a in sorted(SERVED.values(), key=lambda a: a.key)
+        ]
+
+    async def api_versions(self, session: Session, version: int, fields: Fields) -> Fields:
+        listed = self.versions()
+        return {"error_code": 0, "api_versions": listed, "api_keys": listed}
+
+    async def metadata(self, session: Session, version: int, fields: Fields) -> Fields:
+        topics = self._broker.topics
+        names = fields.get("topics")
+        if version == 0 and not names:
+            names = None  # v0: an empty list means every topic
+        auth = session.auth if self._security is not None else None
+        chosen = sorted(topics) if names is None else names
+        if names is None and auth is not None:  # every topic the principal has a grant on
+            chosen = [n for n in chosen if may_see(auth.grants, n)]
+        entries: list[Fields] = []
+        for name in chosen:
+            if self._security is not None and (auth is None or not may_see(auth.grants, name)):
+                entries.append(
+                    {"error_code": k.TOPIC_AUTHORIZATION_FAILED, "topic": name, "partitions": []}
+                )
+                continue
+            topic = topics.get(name)
+            if topic is None:
+                entries.append(
+                    {"error_code": k.UNKNOWN_TOPIC_OR_PARTITION, "topic": name, "partitions": []}
+                )
+                continue
+            partitions = [
+                {
+                    "error_code": 0,
+                    "partition": index,
+                    "leader": NODE_ID,
+                    "replicas": [NODE_ID],
+                    "isr": [NODE_ID],
+                    "offline_replicas": [],
+                }
+                for index in range(len(topic.partitions))
+            ]
+            entries.append({"error_code": 0, "topic": name, "partitions": partitions})
+        broker = {"node_id": NODE_ID, "host": self._host, "port": self._port}
+        return {
+            "brokers": [broker],
+            "cluster_id": CLUSTER_ID,
+            "controller_id": NODE_ID,
+            "topics": entries,
+        }
+
+    # Produce
+
+    async def produce(self, session: Session, version: int, fields: Fields) -> Fields | None:
+        acks = fields["required_acks"]
+        isolation = m.Isolation.READ_COMMITTED if acks == -1 else m.Isolation.READ_UNCOMMITTED
+        started: list[tuple[str, int, Awaitable[tuple[int, int]]]] = []
+        for entry in fields["topics"]:
+            for part in entry["partitions"]:
+                name, index = entry["topic"], part["partition"]
+                if acks not in (0, 1, -1):
+                    started.append((name, index, _failed(k.INVALID_REQUIRED_ACKS)))
+                    continue
+                # started now, in request order: a partition's batches keep their order
+                work = asyncio.ensure_future(
+                    self._produce_partition(session, name, index, part["messages"], isolation)
+                )
+                started.append((name, index, work))
+        results: dict[str, list[Fields]] = {}
+        for name, index, pending in started:
+            code, offset = await pending
+            results.setdefault(name, []).append(
+                {
+                    "partition": index,
+                    "error_code": code,
+                    "offset": offset,
+                    "timestamp": -1,
+                    "log_start_offset": -1,
+                    "record_errors": [],
+                }
+            )
+        throttle = 0
+        if self._security is not None:
+            size = sum(len(p["messages"] or b"") for e in fields["topics"] for p in e["partitions"])
+            throttle = await self._throttle(self._security.charge_produce(session, size))
+        if acks == 0:
+            return None
+        return {
+            "topics": [{"topic": n, "partitions": p} for n, p in results.items()],
+            "throttle_time_ms": throttle,
+        }
+
+    async def _produce_partition(
+        self, session: Session, topic: str, partition: int, records: bytes | None, isolation: int
+    ) -> tuple[int, int]:
+        """(error code, base offset of the first batch) for one partition's records.
+
+        The batches are handed to the broker in the order the connection read them: a batch
+        checked on the inflater thread holds back the connection's later batches until it is
+        appended (as on the native port), so a producer's batches never overtake each other.
+        Only the durability wait runs alongside the next ones."""
+        loop = asyncio.get_running_loop()
+        previous = session.produce_tail
+        mine: asyncio.Future[None] = loop.create_future()
+        session.produce_tail = mine
+        replies: list[Reply] = []
+        try:
+            if previous is not None and not previous.done():
+                await asyncio.wait([previous])
+            if not records:
+                raise CorruptBatch("a produce with no records")
+            for batch in split_batches(records):
+                request = m.ProduceRequest(topic, partition, batch, isolation)
+                if self._security is not None:
+                    self._security.check(session, request)
+                if is_compressed(batch) or declared_records(batch) > INLINE_RECORDS:
+                    info = await loop.run_in_executor(
+                        self._inflater, validate_records, batch, self._cap
+                    )
+                    replies.append(self._broker.produce(session, request, info))
+                else:
+                    replies.append(self._broker.handle(session, request))
+        except HeadwaterError as exc:
+            return _refused("kafka.produce_refused", exc, topic, partition), -1
+        finally:
+            mine.set_result(None)
+            if session.produce_tail is mine:
+                session.produce_tail = None
+        try:
+            first = -1
+            for reply in replies:
+                response = await resolve(reply)
+                assert isinstance(response, m.ProduceResponse)
+                if first < 0:
+                    first = response.base_offset
+            return 0, first
+        except HeadwaterError as exc:
+            return _refused("kafka.produce_refused", exc, topic, partition), -1
+
+    # Fetch
+
+    async def fetch(self, session: Session, version: int, fields: Fields) -> Fields:
+        wanted = [
+            (
+                entry["topic"],
+                part["partition"],
+                part.get("fetch_offset", part.get("offset", 0)),
+                max(1, min(part["max_bytes"], MAX_FETCH_BYTES)),
+            )
+            for entry in fields["topics"]
+            for part in entry["partitions"]
+        ]
+        committed = fields.get("isolation_level") == 1
+        answers: list[Fields] = []
+        for position, (topic, index, offset, limit) in enumerate(wanted):
+            if position and not position % _YIELD_EVERY:
+                await asyncio.sleep(0)  # a Fetch of many partitions lets the others in
+            answers.append(
+                await self._fetch_one(session, topic, index, offset, limit, 0, committed)
+            )
+        wait_ms = min(max(0, fields["max_wait_time"]), MAX_FETCH_WAIT_MS)
+        got = sum(len(a["message_set"]) for a in answers)
+        if wait_ms > 0 and fields["min_bytes"] > 0 and got == 0:
+            await self._long_poll(session, wanted, answers, wait_ms, committed)
+        response = self._fetch_response(wanted, answers, fields.get("max_bytes", MAX_FETCH_BYTES))
+        if self._security is not None:
+            size = sum(len(p["message_set"]) for t in response["topics"] for p in t["partitions"])
+            delay = self._security.charge_consume(session, size)
+            response["throttle_time_ms"] = await self._throttle(delay)
+        return response
+
+    async def _long_poll(
+        self,
+        session: Session,
+        wanted: list[tuple[str, int, int, int]],
+        answers: list[Fields],
+        wait_ms: int,
+        committed: bool,
+    ) -> None:
+        """Each partition at its end waits (the native long poll); the first with data answers
+        for all. Bounded by `wait_ms` and by the partitions named."""
+        polls = {
+            asyncio.ensure_future(
+                self._fetch_one(session, t, i, o, n, wait_ms, committed)
+            ): position
+            for position, (t, i, o, n) in enumerate(wanted)
+            if answers[position]["error_code"] == 0
+        }
+        try:
+            pending = set(polls)
+            deadline = asyncio.get_running_loop().time() + wait_ms / 1000 + 1.0
+            while pending:
+                left = deadline - asyncio.get_running_loop().time()
+                if left <= 0:
+                    break
+                done, pending = await asyncio.wait(
+                    pending, timeout=left, return_when=asyncio.FIRST_COMPLETED
+                )
+                if not done:
+                    break
+                for task in done:
+                    answers[polls[task]] = task.result()
+                if any(answers[polls[task]]["message_set"] for task in done):
+                    break
+        finally:
+            for task in polls:
+                task.cancel()
+
+    async def _fetch_one(
+        self,
+        session: Session,
+        topic: str,
+        index: int,
+        offset: int,
+        limit: int,
+        wait_ms: int,
+        committed: bool,
+    ) -> Fields:
+        try:
+            response = await self._native(
+                session, m.FetchRequest(topic, index, offset, limit, wait_ms)
+            )
+        except HeadwaterError as exc:
+            code = _refused("kafka.fetch_refused", exc, topic, index)
+            return {
+                "error_code": code,
+                "message_set": b"",
+                "highwater_offset": -1,
+                "last_stable_offset": -1,
+                "log_start_offset": -1,
+            }
+        assert isinstance(response, m.FetchResponse)
+        records, stable = response.records, response.end_offset
+        if committed:  # read_committed: only what an fsync covers, whatever the topic's policy
+            stable, records = self._committed(topic, index, records, stable)
+        return {
+            "error_code": 0,
+            "message_set": records,
+            "highwater_offset": response.end_offset,
+            "last_stable_offset": stable,
+            "log_start_offset": response.start_offset,
+        }
+
+    def _committed(self, topic: str, index: int, records: bytes, end: int) -> tuple[int, bytes]:
+        """(the partition's fsynced end, the batches wholly below it)."""
+        found = self._broker.topics.get(topic)
+        if found is None or not found.reliable or index >= len(found.partitions):
+            return end, records
+        stable = min(end, found.readable_end(found.partitions[index], True))
+        size = 0
+        for batch in split_batches(records):
+            base, count = _BASE.unpack_from(batch)[0], _LAST_DELTA.unpack_from(batch, 23)[0] + 1
+            if base + count > stable:
+                break
+            size += len(batch)
+        return stable, records[:size]
+
+    @staticmethod
+    def _fetch_response(
+        wanted: list[tuple[str, int, int, int]], answers: list[Fields], max_bytes: int
+    ) -> Fields:
+        """The answers by topic, in the request's order, with at most `max_bytes` of records in
+        all (the first partition's records whatever their size, so a consumer moves on)."""
+        topics: dict[str, list[Fields]] = {}
+        size = 0
+        for (topic, index, _offset, _limit), answer in zip(wanted, answers, strict=True):
+            records = answer["message_set"]
+            if size and size + len(records) > max_bytes:
+                records = b""
+            size += len(records)
+            topics.setdefault(topic, []).append(
+                {
+                    **answer,
+                    "message_set": records,
+                    "partition": index,
+                    "aborted_transactions": [],
+                    "preferred_read_replica": -1,
+                }
+            )
+        return {
+            "throttle_time_ms": 0,
+            "error_code": 0,
+            "session_id": 0,  # no fetch sessions: every request is a full one
+            "topics": [{"topics": t, "topic": t, "partitions": p} for t, p in topics.items()],
+        }
+
+    # ListOffsets
+
+    async def list_offsets(self, session: Session, version: int, fields: Fields) -> Fields:
+        topics = []
+        for entry in fields["topics"]:
+            name = entry["topic"]
+            partitions = []
+            for part in entry["partitions"]:
+                index, timestamp = part["partition"], part["timestamp"]
+                try:
+                    if not self.permits(session, Action.CONSUME, name):
+                        raise NotAuthorized(f"no consume grant on topic {name!r}")
+                    offset = await self._offset(name, index, timestamp)
+                    code = 0
+                except HeadwaterError as exc:
+                    code, offset = _refused("kafka.list_offsets_refused", exc, name, index), -1
+                partitions.append(
+                    {
+                        "partition": index,
+                        "error_code": code,
+                        "timestamp": -1 if offset < 0 or timestamp < 0 else timestamp,
+                        "offset": offset,
+                    }
+                )
+            topics.append({"topic": name, "partitions": partitions})
+        return {"throttle_time_ms": 0, "topics": topics}
+
+    async def _offset(self, name: str, index: int, timestamp: int) -> int:
+        topic = self._broker.topics.get(name)
+        if topic is None:
+            raise UnknownTopic(f"topic {name!r} does not exist")
+        if not 0 <= index < len(topic.partitions):
+            raise InvalidPartition(f"topic {name!r} has no partition {index}")
+        if timestamp == -2:
+            return topic.start_offset(index)
+        if not topic.reliable:
+            if timestamp == -1:
+                return topic.partitions[index].next_offset
+            raise InvalidRequest(f"topic {name!r} is non-reliable: no offsets by timestamp")
+        partition = topic.partitions[index]
+        if timestamp == -1:
+            return topic.readable_end(partition, False)
+        if timestamp < 0:
+            raise InvalidRequest(f"timestamp {timestamp}: -1 latest, -2 earliest, or ms")
+        found = await topic.offset_for_timestamp(index, timestamp)
+        return -1 if found >= topic.readable_end(partition, False) else found
+
+    # InitProducerId
+
+    async def init_producer_id(self, session: Session, version: int, fields: Fields) -> Fields:
+        """A Headwater producer id (epoch 0): the batches the client stamps with it are checked
+        by the native idempotent-producer tables, which are durable, so a retry after a restart
+        is still answered with its first offset, not appended again."""
+        if fields["transactional_id"] is not None:
+            return {
+                "error_code": k.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                "producer_id": -1,
+                "producer_epoch": -1,
+            }
+        try:
+            response = await self._native(session, m.InitProducerIdRequest())
+        except HeadwaterError as exc:
+            code = _refused("kafka.init_producer_id_refused", exc, "", -1)
+            return {"error_code": code, "producer_id": -1, "producer_epoch": -1}
+        assert isinstance(response, m.InitProducerIdResponse)
+        return {
+            "error_code": 0,
+            "producer_id": response.producer_id,
+            "producer_epoch": response.producer_epoch,
+        }
+
+    # CreatePartitions, DescribeConfigs
+
+    async def create_partitions(self, session: Session, version: int, fields: Fields) -> Fields:
+        results = []
+        for entry in fields["topic_partitions"]:
+            name, wanted = entry["topic"], entry["new_partitions"]
+            count, message = wanted["count"], None
+            code = 0
+            try:
+                if wanted["assignment"]:
+                    raise InvalidRequest("replica assignments are not taken: one copy, storage's")
+                topic = self._broker.topics.get(name)
+                if topic is None:
+                    raise UnknownTopic(f"topic {name!r} does not exist")
+                if count <= len(topic.partitions):
+                    code = k.INVALID_PARTITIONS
+                    message = f"topic {name!r} has {len(topic.partitions)} partitions already"
+                elif not fields["validate_only"]:
+                    await self._native(session, m.CreatePartitionsRequest(name, count))
+            except HeadwaterError as exc:
+                code = _refused("kafka.create_partitions_refused", exc, name, -1)
+                message = exc.message
+                if code == k.INVALID_REQUEST:
+                    code = k.INVALID_PARTITIONS
+            results.append({"topic": name, "error_code": code, "error_message": message})
+        return {"throttle_time_ms": 0, "topic_errors": results}
+
+    async def describe_configs(self, session: Session, version: int, fields: Fields) -> Fields:
+        """A topic's configs are its Headwater configs, plus Kafka's `cleanup.policy`: compact
+        for a last-value topic, delete otherwise. A broker has none to show."""
+        resources = []
+        for resource in fields["resources"]:
+            kind, name, names = (
+                resource["resource_type"],
+                resource["resource_name"],
+                resource["config_names"],
+            )
+            entries: list[Fields] = []
+            code, message = 0, None
+            try:
+                if kind == _TOPIC_RESOURCE:
+                    response = await self._native(session, m.DescribeTopicRequest(name))
+                    assert isinstance(response, m.DescribeTopicResponse)
+                    configs = {c.name: c.value for c in response.topic.configs}
+                    compact = configs.get("last.value") == "true"
+                    configs["cleanup.policy"] = "compact" if compact else "delete"
+                    entries = [
+                        {
+                            "config_names": key,
+                            "config_value": value,
+                            "read_only": key == "cleanup.policy",
+                            "is_default": False,
+                            "config_source": _TOPIC_CONFIG,
+                            "is_sensitive": False,
+                            "config_synonyms": [],
+                        }
+                        for key, value in sorted(configs.items())
+                        if names is None or key in names
+                    ]
+                elif kind != _BROKER_RESOURCE:
+                    raise InvalidRequest(f"resource type {kind}: topics (2) and brokers (4)")
+            except HeadwaterError as exc:
+                code = _refused("kafka.describe_configs_refused", exc, name, -1)
+                message = exc.message
+            resources.append(
+                {
+                    "error_code": code,
+                    "error_message": message,
+                    "resource_type": kind,
+                    "resource_name": name,
+                    "config_entries": entries,
+                }
+            )
+        return {"throttle_time_ms": 0, "resources": resources}
+
+    # CreateTopics, DeleteTopics
+
+    async def create_topics(self, session: Session, version: int, fields: Fields) -> Fields:
+        results = []
+        for entry in fields["create_topic_requests"]:
+            name = entry["topic"]
+            configs = tuple(
+                _topic_config(c["config_key"], c["config_value"] or "")
+                for c in entry["configs"] or ()
+                # Kafka's default policy is what every Headwater topic does
+                if not (c["config_key"] == "cleanup.policy" and c["config_value"] == "delete")
+            )
+            count = entry["num_partitions"]
+            request = m.CreateTopicRequest(
+                name, 1 if count == -1 else count, m.DispatchMode.RELIABLE, configs
+            )
+            code, message = 0, None
+            try:
+                if entry["replica_assignment"]:
+                    raise InvalidRequest("replica assignments are not taken: one copy, storage's")
+                if fields.get("validate_only"):
+                    if name in self._broker.topics:
+                        code, message = k.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists"
+                else:
+                    await self._native(session, request)
+            except HeadwaterError as exc:
+                code, message = _refused("kafka.create_topic_refused", exc, name, -1), exc.message
+                if code == k.UNKNOWN_TOPIC_OR_PARTITION:  # a partition count out of range
+                    code = k.INVALID_PARTITIONS
+                elif code == k.INVALID_REQUEST and configs:
+                    code = k.INVALID_CONFIG
+            results.append({"topic": name, "error_code": code, "error_message": message})
+        return {"throttle_time_ms": 0, "topic_errors": results}
+
+    async def delete_topics(self, session: Session, version: int, fields: Fields) -> Fields:
+        results = []
+        for name in fields["topics"]:
+            code = 0
+            try:
+                await self._native(session, m.DeleteTopicRequest(name))
+            except HeadwaterError as exc:
+                code = _refused("kafka.delete_topic_refused", exc, name, -1)
+            results.append({"topic": name, "error_code": code})
+        return {"throttle_time_ms": 0, "topic_error_codes": results}
+
+
+def _topic_config(name: str, value: str) -> m.ConfigEntry:
+    """A Kafka topic config as Headwater's: a compacted topic is a last-value one."""
+    if name == "cleanup.policy" and value == "compact":
+        return m.ConfigEntry("last.value", "true")
+    return m.ConfigEntry(name, value)
+
+
+async def _failed(code: int) -> tuple[int, int]:
+    return code, -1
+
+
+def _refused(event: str, error: HeadwaterError, topic: str, partition: int) -> int:
+    code = k.kafka_code(error)
+    log.debug(event, topic=topic, partition=partition, error=str(error), kafka_code=code)
+    return code

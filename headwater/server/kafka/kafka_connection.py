@@ -1,0 +1,340 @@
+"""One Kafka client connection: size-prefixed frames in, each request handled, responses out in
+request order.
+
+Kafka clients match responses to requests by order as well as by correlation id, so each request
+gets a slot in `_slots` when it is read and responses are written from the head as their slots
+fill: a produce waiting for its fsync holds back the answers to requests read after it, never
+reorders them. Work per connection is bounded:
+
+- a frame whose size prefix is over `max_frame_size` (or under a header's size) closes the
+  connection before any of its body is buffered; so does a body that does not decode
+  (`codec.MalformedKafka`: short fields, hostile array counts, bytes left over);
+- at most `MAX_IN_FLIGHT` requests are handled at once: past it, and while the transport's write
+  buffer is over its high-water mark (a client that does not read), the connection is not read
+  and the frames already buffered wait;
+- an API or version not served is answered UNSUPPORTED_VERSION (ApiVersions in its v0 layout,
+  with the versions served, so a client can pick one); the connection stays open.
+
+With authentication on (`security`), a connection that has not authenticated (SaslHandshake and
+SaslAuthenticate PLAIN, the password a Headwater token) may send only ApiVersions and those two,
+in frames of at most `MAX_PRE_AUTH_FRAME` bytes, for at most `handshake_timeout` seconds; any
+other request closes it, as Kafka does. It is then the peer `security.access.Security` checks each
+native request against, and revokes (closes) when its token goes.
+
+The connection is a `ConsumerSession` for the broker's handlers: it holds no consumers (a Kafka
+client fetches by offset), so deliveries never reach it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from typing import Any, Final, cast
+
+import structlog
+
+from headwater.server.config import ServerConfig
+from headwater.server.kafka import codec
+from headwater.server.kafka.apis import API_VERSIONS, BEFORE_AUTH, SERVED
+from headwater.server.kafka.handlers import CLOSE_AFTER, KafkaHandlers
+from headwater.server.kafka.kafka_errors import UNSUPPORTED_VERSION
+from headwater.server.kafka.kafka_metrics import KafkaStats
+from headwater.server.security.access import Security, Session
+from headwater.server.topics.subscription_contract import Consumer
+from headwater.wire.errors import HeadwaterError
+from headwater.wire.limits import MAX_PRE_AUTH_FRAME
+
+log = structlog.get_logger("headwater.server")
+
+MAX_IN_FLIGHT: Final = 64
+# the fewest bytes a request can be: api key, version, correlation id, client id length
+_MIN_REQUEST: Final = 10
+
+
+class KafkaConnection(asyncio.Protocol):
+    def __init__(
+        self,
+        handlers: KafkaHandlers,
+        config: ServerConfig,
+        connections: set[KafkaConnection],
+        security: Security | None = None,
+        stats: KafkaStats | None = None,
+    ) -> None:
+        self._handlers = handlers
+        self._stats = stats or KafkaStats()
+        self._security = security
+        self._handshake_timeout = config.security.handshake_timeout
+        self._max_frame = config.max_frame_size
+        self._write_buffer = min(config.consumer_write_buffer, config.max_pending_response_bytes)
+        self._connections = connections
+        self._transport: asyncio.Transport | None = None
+        self._buffer = bytearray()
+        self._slots: deque[asyncio.Future[bytes | None]] = deque()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._reading = True
+        self._paused = False
+        self._loop = asyncio.get_running_loop()
+        self.last_activity = self._loop.time()
+        self.partial_since: float | None = None
+        # ConsumerSession: what the broker's handlers may look at
+        self.consumers: dict[int, Consumer] = {}
+        self.peer = "?"
+        self.client_id = ""  # the request header's, as JoinGroup names members by it
+        self.auth: Session | None = None  # set by Security.authenticate
+        self.raw_sasl = False
+        self.produce_tail: asyncio.Future[None] | None = None
+        self.peercert: object = None
+        self._opened_at = self._loop.time()
+        self._close_after: asyncio.Future[bytes | None] | None = None
+
+    # ConsumerSession (no consumers ever attach to a Kafka connection)
+
+    @property
+    def principal(self) -> str:
+        return self.auth.principal if self.auth is not None else ""
+
+    @property
+    def writable(self) -> bool:
+        return False
+
+    def send_delivery(
+        self, consumer_id: int, partition: int, batch: bytes, delivery_count: int = 1
+    ) -> None:
+        pass
+
+    def send_consumer_closed(self, consumer_id: int, code: int, message: str) -> None:
+        pass
+
+    def send_messages_dropped(self, consumer_id: int, count: int) -> None:
+        pass
+
+    # asyncio callbacks
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)
+        self._transport.set_write_buffer_limits(high=self._write_buffer)
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        if self._security is not None:
+            self.peercert = transport.get_extra_info("peercert")
+        self._connections.add(self)
+        log.debug("kafka.conn_opened", peer=self.peer)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._connections.discard(self)
+        if self._security is not None:
+            self._security.release(self)
+        self._transport = None
+        self._buffer.clear()
+        for task in list(self._tasks):
+            task.cancel()
+        for slot in self._slots:
+            slot.cancel()
+        self._slots.clear()
+        log.debug("kafka.conn_closed", peer=self.peer, error=str(exc) if exc else None)
+
+    def data_received(self, data: bytes) -> None:
+        self._buffer += data
+        self.last_activity = self._loop.time()
+        self._drain_frames()
+
+    def eof_received(self) -> bool:
+        return False
+
+    def pause_writing(self) -> None:
+        self._paused = True
+        self._update_reading()
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        self._drain_frames()
+
+    # frames
+
+    def _drain_frames(self) -> None:
+        """Handle the complete frames buffered, while fewer than MAX_IN_FLIGHT are handled and
+        the client takes its answers."""
+        buffer = self._buffer
+        while self._transport is not None and not self._paused:
+            if len(self._slots) >= MAX_IN_FLIGHT or len(buffer) < 4:
+                break
+            size = codec.frame_size(buffer)
+            limit = self._max_frame if self._admitted else min(MAX_PRE_AUTH_FRAME, self._max_frame)
+            if not _MIN_REQUEST <= size <= limit:
+                self._fatal(f"a frame of {size} bytes (limits {_MIN_REQUEST}..{limit})")
+                return
+            if len(buffer) < 4 + size:
+                break
+            body = bytes(buffer[4 : 4 + size])
+            del buffer[: 4 + size]
+            self._request(body)
+        self.partial_since = None if not buffer else self.partial_since or self._loop.time()
+        self._update_reading()
+
+    def _request(self, body: bytes) -> None:
+        if self.raw_sasl:
+            self.raw_sasl = False
+            self._raw_sasl(body)
+            return
+        try:
+            key, version, correlation = codec.peek_header(body)
+        except codec.MalformedKafka as exc:
+            self._fatal(str(exc))
+            return
+        if not self._admitted and key not in BEFORE_AUTH:
+            self._fatal(f"api key {key} before SaslAuthenticate")
+            return
+        slot: asyncio.Future[bytes | None] = self._loop.create_future()
+        self._slots.append(slot)
+        api = SERVED.get(key)
+        if api is None or not api.min_version <= version <= api.max_version:
+            if key == API_VERSIONS:  # v0's layout, which every client reads, with our versions
+                slot.set_result(
+                    codec.encode_response(
+                        correlation,
+                        SERVED[API_VERSIONS].responses[0],
+                        {
+                            "error_code": UNSUPPORTED_VERSION,
+                            "api_versions": self._handlers.versions(),
+                        },
+                    )
+                )
+            else:
+                slot.set_result(codec.encode_error_only(correlation, UNSUPPORTED_VERSION))
+            self._stats.unsupported += 1
+            log.debug("kafka.unsupported", peer=self.peer, api_key=key, api_version=version)
+            self._flush()
+            return
+        try:
+            header, reader = codec.read_header(body, api.flexible(version))
+            fields = codec.decode_body(reader, api.requests[version], api.nullable)
+        except codec.MalformedKafka as exc:
+            slot.cancel()
+            self._fatal(f"{api.name} v{version}: {exc}")
+            return
+        self.client_id = header.client_id or ""
+        self._stats.requests[key] = self._stats.requests.get(key, 0) + 1
+        task = self._loop.create_task(self._handle(slot, key, version, correlation, fields))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _raw_sasl(self, token: bytes) -> None:
+        """The SASL bytes after a SaslHandshake v0: answered with an empty SASL token (a size of
+        0) on success; a failure closes the connection, as Kafka does."""
+        slot: asyncio.Future[bytes | None] = self._loop.create_future()
+        self._slots.append(slot)
+
+        async def authenticate() -> None:
+            fields = {"sasl_auth_bytes": token}
+            values = await self._handlers.sasl_authenticate(self, 0, fields)
+            if values.get("error_code"):
+                self._close_after = slot
+            if not slot.done():
+                slot.set_result(None if self._close_after is slot else codec.encode_sasl_token())
+            self._flush()
+
+        task = self._loop.create_task(authenticate())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _handle(
+        self,
+        slot: asyncio.Future[bytes | None],
+        key: int,
+        version: int,
+        correlation: int,
+        fields: dict[str, Any],
+    ) -> None:
+        api = SERVED[key]
+        try:
+            values = await self._handlers.handlers[key](self, version, fields)
+            if values is not None and values.pop(CLOSE_AFTER, False):
+                self._close_after = slot
+            out = (
+                None
+                if values is None
+                else codec.encode_response(correlation, api.responses[version], values)
+            )
+        except Exception:  # a bug: the connection cannot answer in order any more
+            log.error("kafka.handler_failed", peer=self.peer, api=api.name, exc_info=True)
+            out = None
+            self.close()
+        if not slot.done():
+            slot.set_result(out)
+        self._flush()
+
+    def _flush(self) -> None:
+        """Write the answers at the head of the line that are ready, in request order."""
+        transport = self._transport
+        ready: list[bytes] = []
+        closing = False
+        while self._slots and self._slots[0].done():
+            slot = self._slots.popleft()
+            if not slot.cancelled() and (out := slot.result()) is not None:
+                ready.append(out)
+            if slot is self._close_after:  # a failed authentication: nothing after it
+                closing = True
+                break
+        if ready and transport is not None and not transport.is_closing():
+            transport.write(b"".join(ready))
+        if closing:
+            self.close()
+            return
+        self.last_activity = self._loop.time()
+        if self._buffer:
+            self._drain_frames()
+        else:
+            self._update_reading()
+
+    def _update_reading(self) -> None:
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        want = not self._paused and len(self._slots) < MAX_IN_FLIGHT
+        if want != self._reading:
+            self._reading = want
+            if want:
+                transport.resume_reading()
+            else:
+                transport.pause_reading()
+
+    # authentication
+
+    @property
+    def _admitted(self) -> bool:
+        return self._security is None or self.auth is not None
+
+    def revoke(self, error: HeadwaterError) -> None:
+        """Its token was removed or expired (`Security`): Kafka has no frame to say so."""
+        self._fatal(f"credential revoked: {error.message}", malformed=False)
+
+    # closing
+
+    def _fatal(self, why: str, malformed: bool = True) -> None:
+        """Close, logging why; `malformed`: for bytes that are not Kafka (counted)."""
+        if malformed:
+            self._stats.protocol_errors += 1
+        log.info("kafka.protocol_error", peer=self.peer, error=why)
+        self.close()
+
+    def check_timeouts(self, now: float, idle: float, frame: float) -> None:
+        """Close a connection idle for `idle` seconds (nothing in flight) or stuck inside a
+        frame for `frame` seconds (the listener's sweep calls this)."""
+        if self._transport is None:
+            return
+        if not self._admitted and now - self._opened_at > self._handshake_timeout:
+            self._fatal(f"not authenticated within {self._handshake_timeout:g} s", False)
+        elif self.partial_since is not None and self._reading and now - self.partial_since > frame:
+            self._fatal(f"no complete frame within {frame:g} s", malformed=False)
+        elif not self._slots and now - self.last_activity > idle:
+            self._fatal(f"idle for {idle:g} s", malformed=False)
+
+    def close(self) -> None:
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        transport.close()
+        if transport.get_write_buffer_size():
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_later(5.0, transport.abort)

@@ -1,0 +1,65 @@
+"""Prometheus metrics of the Kafka listener, read at scrape time.
+
+Registered by `serve` next to the server's collector when the Kafka listener is on (the topics'
+own metrics already count what Kafka clients produce and read: it is the same broker). The
+counters are `KafkaStats`, bumped by the connections; every metric is listed in
+docs/OPERATIONS.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from headwater.server.kafka.apis import SERVED
+from headwater.server.kafka.groups import Coordinator
+
+
+@dataclass(eq=False)
+class KafkaStats:
+    requests: dict[int, int] = field(default_factory=dict)  # by api key, those served only
+    unsupported: int = 0  # answered UNSUPPORTED_VERSION
+    protocol_errors: int = 0  # connections closed for a frame or body that does not decode
+
+
+class KafkaCollector(Collector):
+    def __init__(
+        self, stats: KafkaStats, connections: Callable[[], int], coordinator: Coordinator
+    ) -> None:
+        self._stats = stats
+        self._connections = connections
+        self._coordinator = coordinator
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "headwater_kafka_connections", "Open connections on the Kafka port",
+            value=self._connections(),
+        )  # fmt: skip
+        requests = CounterMetricFamily(
+            "headwater_kafka_requests", "Kafka requests handled, by API", labels=["api"]
+        )
+        for key, count in sorted(self._stats.requests.items()):
+            requests.add_metric([SERVED[key].name], count)
+        yield requests
+        yield CounterMetricFamily(
+            "headwater_kafka_unsupported_requests",
+            "Kafka requests of an API or version not served (answered UNSUPPORTED_VERSION)",
+            value=self._stats.unsupported,
+        )
+        yield CounterMetricFamily(
+            "headwater_kafka_protocol_errors",
+            "Kafka connections closed for a frame or request that does not decode",
+            value=self._stats.protocol_errors,
+        )
+        groups = self._coordinator.groups.values()
+        yield GaugeMetricFamily(
+            "headwater_kafka_groups", "Kafka consumer groups with members or a rebalance",
+            value=len(groups),
+        )  # fmt: skip
+        yield GaugeMetricFamily(
+            "headwater_kafka_group_members", "Members of every Kafka consumer group",
+            value=sum(len(g.members) for g in groups),
+        )  # fmt: skip

@@ -1,0 +1,100 @@
+"""A real server with its Kafka listener on (`--kafka-port 0`), and a raw Kafka peer.
+
+`KafkaServer.start` waits for the native port file (written after the Kafka port file), so both
+ports are known once it returns; `kill` and `start` again reuse the data directory (a restart).
+`RawKafka` speaks the Kafka framing over a blocking socket, for requests no stock client sends
+(unserved versions, hostile frames).
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import urllib.request
+from pathlib import Path
+
+from headwater.testing import ServerProcess
+
+
+class KafkaServer:
+    def __init__(self, data_dir: Path) -> None:
+        self.kafka_port_file = data_dir.parent / f"{data_dir.name}.kafka-port"
+        self.http_port_file = data_dir.parent / f"{data_dir.name}.http-port"
+        self.process = ServerProcess(
+            data_dir,
+            extra_args=(
+                "--kafka-port", "0", "--kafka-port-file", str(self.kafka_port_file),
+                "--http-port", "0", "--http-port-file", str(self.http_port_file),
+            ),
+        )  # fmt: skip
+        self.kafka_port = 0
+
+    def start(self) -> KafkaServer:
+        self.kafka_port_file.unlink(missing_ok=True)
+        self.process.start()
+        self.kafka_port = int(self.kafka_port_file.read_text())
+        return self
+
+    def metrics(self) -> str:
+        """The operator port's /metrics text."""
+        port = int(self.http_port_file.read_text())
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+            return str(answer.read().decode())
+
+    @property
+    def address(self) -> str:
+        return self.process.address
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.kafka_port}"
+
+    def alive(self) -> bool:
+        return self.process.alive()
+
+    def kill(self) -> None:
+        self.process.kill()
+
+    def stop(self) -> None:
+        if self.process.alive():
+            self.process.stop()
+
+
+class RawKafka:
+    """Blocking Kafka frames: `request` sends a header v1 and a body, `response` reads one frame
+    and returns (correlation id, the rest)."""
+
+    def __init__(self, port: int, timeout: float = 10.0) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+
+    def send_raw(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def request(self, api_key: int, version: int, correlation: int, body: bytes = b"") -> None:
+        client = b"raw"
+        header = struct.pack(">hhih", api_key, version, correlation, len(client)) + client
+        self.send_raw(struct.pack(">i", len(header) + len(body)) + header + body)
+
+    def response(self) -> tuple[int, bytes]:
+        size = struct.unpack(">i", self._exactly(4))[0]
+        frame = self._exactly(size)
+        return struct.unpack_from(">i", frame)[0], frame[4:]
+
+    def closed(self) -> bool:
+        """Whether the server closed the connection (EOF before any byte)."""
+        try:
+            return self.sock.recv(1) == b""
+        except (ConnectionResetError, BrokenPipeError):
+            return True
+
+    def _exactly(self, size: int) -> bytes:
+        out = bytearray()
+        while len(out) < size:
+            chunk = self.sock.recv(size - len(out))
+            if not chunk:
+                raise ConnectionError(f"closed after {len(out)} of {size} bytes")
+            out += chunk
+        return bytes(out)
+
+    def close(self) -> None:
+        self.sock.close()
