@@ -105,6 +105,7 @@ class Owner:
     topic: LogTopic
     tail: CloudTail
     etcd: Etcd
+    manifests: PartitionManifests
 
 
 @contextlib.asynccontextmanager
@@ -160,7 +161,7 @@ async def new_owner(
         )
         assert isinstance(topic, LogTopic)
         topic.durable = CloudDurability(committer, partitions)
-        yield Owner(broker, partitions, topic, tail, etcd)
+        yield Owner(broker, partitions, topic, tail, etcd, manifests)
     finally:
         etcd.current = None
         await partitions.close()
@@ -232,7 +233,14 @@ async def test_idempotent_produces_wait_for_the_rebuild_in_order_and_others_do_n
         assert first == m.ProduceResponse(0, 0)
 
         # a take-over that keeps the log (nothing stored elsewhere since) keeps the table: the
-        # retry is answered at once from it
+        # retry is answered at once from it. The log is kept only once the first take-over's fold
+        # has named the chunks it read in place in the manifest (before that, the log does not
+        # hold everything above the manifest's segments and is rebuilt:
+        # tests/test_cluster_takeover_retry.py), so wait for the fold
+        deadline = asyncio.get_running_loop().time() + 30  # bounds a hang only
+        while (await o.manifests.latest(TOPIC, 0)).end < 5:
+            assert asyncio.get_running_loop().time() < deadline, "the fold never named [2, 5)"
+            await asyncio.sleep(0.05)
         await partitions.release(TOPIC, 0)
         etcd.current = 9
         await partitions.acquire(TOPIC, 0, 9)
