@@ -96,7 +96,13 @@ class KafkaListener:
         self._tls = tls
         self._admission = admission if security is not None else None
         self._handlers = KafkaHandlers(
-            broker, host, self.port, self._inflater, config.max_decompressed_batch, security
+            broker,
+            host,
+            self.port,
+            self._inflater,
+            config.max_decompressed_batch,
+            security,
+            config.topic_defaults,
         )
         assert self._acceptor is not None, "bind first"
         self._acceptor.start()
