@@ -121,6 +121,8 @@ _FILES = {
     16: "ListGroups",
     22: "InitProducerId",
     32: "DescribeConfigs",
+    33: "AlterConfigs",
+    44: "IncrementalAlterConfigs",
     37: "CreatePartitions",
     17: "SaslHandshake",
     36: "SaslAuthenticate",

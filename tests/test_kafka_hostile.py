@@ -217,6 +217,7 @@ def test_the_kafka_listener_counts_in_metrics(kafka: KafkaServer) -> None:
     assert counted["headwater_kafka_unsupported_requests_total"] >= 1
     assert counted["headwater_kafka_connections"] >= 1
     assert counted["headwater_kafka_protocol_errors_total"] >= 1
+    assert counted["headwater_kafka_refused_connections_total"] == 0  # no auth: none capped
 
 
 def _random_value(rng: random.Random, field: object) -> object:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
-from kafka.admin import NewTopic
+from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
 from kafka.errors import TopicAuthorizationFailedError
 
 from headwater.client.blocking import BlockingClient
@@ -264,3 +264,33 @@ def test_kcat_over_tls_with_a_token(tmp_path: Path) -> None:
         assert done.stdout.decode().split("\n")[0] == "over tls"
     finally:
         process.kill()
+
+
+def test_altering_configs_takes_the_admin_grant(secure: SecureKafka) -> None:
+    """IncrementalAlterConfigs is the native ALTER_TOPIC_CONFIGS: a principal with produce and
+    consume on the topic is refused TOPIC_AUTHORIZATION_FAILED, before a topic's existence is
+    told (a topic that does not exist is refused the same); one with admin on it alters it."""
+
+    def alter(token: str, topic: str) -> str:
+        admin = KafkaAdminClient(**secure.sasl(token))
+        configs = {"retention.ms": "90000"}
+        resource = ConfigResource(ConfigResourceType.TOPIC, topic, configs=configs)
+        try:
+            done = admin.alter_configs(
+                [resource],
+                raise_on_unknown=False,
+                incremental=True,
+            )
+            return str(done["topic"][topic])
+        finally:
+            admin.close()
+
+    user = secure.token("app", "produce:orders", "consume:orders")
+    assert "TopicAuthorizationFailedError" in alter(user, "orders")
+    assert "TopicAuthorizationFailedError" in alter(user, "no-such-topic")
+    assert alter(secure.token("ops", "admin:orders"), "orders") == "OK"
+    with BlockingClient(secure.process.address) as client:
+        client.request(m.AuthenticateRequest("token", secure.admin.encode()))
+        described = client.request(m.DescribeTopicRequest("orders"))
+        assert isinstance(described, m.DescribeTopicResponse)
+    assert ("retention.ms", "90000") in {(c.name, c.value) for c in described.topic.configs}

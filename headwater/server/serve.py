@@ -139,7 +139,8 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
                 operator.registry.register(ClusterCollector(cluster.status))
         listener.start(broker)
         if kafka is not None:
-            kafka.start(broker, listener.shared.security, listener.shared.tls)
+            shared = listener.shared
+            kafka.start(broker, shared.security, shared.tls, shared.admission)
             if config.kafka.port_file is not None:
                 _write_port(config.kafka.port_file, kafka.port)
             if operator is not None and operator.registry is not None:

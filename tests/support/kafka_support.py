@@ -64,8 +64,13 @@ class RawKafka:
     """Blocking Kafka frames: `request` sends a header v1 and a body, `response` reads one frame
     and returns (correlation id, the rest)."""
 
-    def __init__(self, port: int, timeout: float = 10.0) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    def __init__(self, port: int, timeout: float = 10.0, source: str | None = None) -> None:
+        """`source`: the local address to connect from (127.0.0.2 and so on, for the caps per
+        address)."""
+        local = None if source is None else (source, 0)
+        self.sock = socket.create_connection(
+            ("127.0.0.1", port), timeout=timeout, source_address=local
+        )
 
     def send_raw(self, data: bytes) -> None:
         self.sock.sendall(data)

@@ -2,7 +2,8 @@
 produce to and fetch from Headwater topics through the same `requests.broker.Broker`.
 
 `kafka_listener` (the port, accepting, timeouts) → `kafka_connection` (frames, requests handled,
-answers in request order) → `handlers` (each Kafka API as native requests to the broker), with
+answers in request order) → `handlers` (each Kafka API as native requests to the broker;
+`config_handlers`: AlterConfigs and IncrementalAlterConfigs), with
 `codec` (frames and bodies decoded with bounded work, over aiokafka's schema declarations), `apis`
 (the APIs and versions served), `kafka_errors` (Headwater's error codes as Kafka's) and
 `kafka_metrics` (its Prometheus collector). Consumer

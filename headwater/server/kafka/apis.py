@@ -4,6 +4,8 @@ version served, declared here in the same types (aiokafka stops at v2; librdkafk
 first). docs/KAFKA.md has this table for users; tests/test_kafka_codec.py checks each served
 declaration against Kafka's published JSON schema of the same version.
 
+IncrementalAlterConfigs v0, which aiokafka does not declare, is declared here too.
+
 Versions are chosen where every stock client we test agrees and the records are RecordBatch v2
 (Produce from v3, Fetch from v4): an older Produce or Fetch would carry message sets v0/v1, which
 Headwater does not store.
@@ -26,11 +28,15 @@ from aiokafka.protocol import (
     transaction,
 )
 from aiokafka.protocol.types import (
+    Array,
+    Boolean,
     CompactArray,
     CompactString,
+    Int8,
     Int16,
     Int32,
     Schema,
+    String,
     TaggedFields,
 )
 
@@ -94,6 +100,37 @@ API_VERSIONS_V3_RESPONSE: Final = Schema(
     ("tags", TaggedFields),
 )
 
+INCREMENTAL_ALTER_CONFIGS_V0_REQUEST: Final = Schema(
+    (
+        "resources",
+        Array(
+            ("resource_type", Int8),
+            ("resource_name", String("utf-8")),
+            (
+                "configs",
+                Array(
+                    ("name", String("utf-8")),
+                    ("config_operation", Int8),
+                    ("value", String("utf-8")),
+                ),
+            ),
+        ),
+    ),
+    ("validate_only", Boolean),
+)
+INCREMENTAL_ALTER_CONFIGS_V0_RESPONSE: Final = Schema(
+    ("throttle_time_ms", Int32),
+    (
+        "responses",
+        Array(
+            ("error_code", Int16),
+            ("error_message", String("utf-8")),
+            ("resource_type", Int8),
+            ("resource_name", String("utf-8")),
+        ),
+    ),
+)
+
 PRODUCE: Final = 0
 FETCH: Final = 1
 LIST_OFFSETS: Final = 2
@@ -113,8 +150,10 @@ CREATE_TOPICS: Final = 19
 DELETE_TOPICS: Final = 20
 INIT_PRODUCER_ID: Final = 22
 DESCRIBE_CONFIGS: Final = 32
+ALTER_CONFIGS: Final = 33
 SASL_AUTHENTICATE: Final = 36
 CREATE_PARTITIONS: Final = 37
+INCREMENTAL_ALTER_CONFIGS: Final = 44
 # what a connection may send before it has authenticated (on a server with authentication)
 BEFORE_AUTH: Final = frozenset({API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE})
 
@@ -205,6 +244,24 @@ SERVED: Final[dict[int, Api]] = {  # by key, as ApiVersions lists them
                 0,
                 2,
                 frozenset({"config_names"}),  # null: every config
+            ),
+            _api(
+                ALTER_CONFIGS,
+                "AlterConfigs",
+                admin,
+                "AlterConfigsRequest",
+                "AlterConfigsResponse",
+                0,
+                1,
+            ),
+            Api(
+                INCREMENTAL_ALTER_CONFIGS,
+                "IncrementalAlterConfigs",
+                0,
+                0,
+                {0: INCREMENTAL_ALTER_CONFIGS_V0_REQUEST},
+                {0: INCREMENTAL_ALTER_CONFIGS_V0_RESPONSE},
+                nullable=frozenset({"value"}),  # null: DELETE's (SET with null is refused)
             ),
             _api(
                 CREATE_PARTITIONS,

@@ -21,7 +21,8 @@ answers with nothing.
   watermark a Fetch reports), a timestamp the first batch at or after it (offset -1 when none).
 - Metadata: this broker (node 0) leads every partition; topics are never created by a Metadata
   request. CreateTopics makes reliable topics (`cleanup.policy=compact`: last-value ones),
-  DeleteTopics deletes, CreatePartitions grows, DescribeConfigs shows a topic's configs.
+  DeleteTopics deletes, CreatePartitions grows, DescribeConfigs shows a topic's configs;
+  AlterConfigs and IncrementalAlterConfigs change them (`config_handlers`).
 - InitProducerId issues a native producer id: Kafka's idempotent batches are checked by the
   native (durable) producer tables.
 - SaslHandshake and SaslAuthenticate: PLAIN, the password a Headwater token, through
@@ -42,8 +43,10 @@ from typing import Any, Final
 
 import structlog
 
+from headwater.server.config import TopicSettings
 from headwater.server.kafka import kafka_errors as k
 from headwater.server.kafka.apis import (
+    ALTER_CONFIGS,
     API_VERSIONS,
     CREATE_PARTITIONS,
     CREATE_TOPICS,
@@ -53,6 +56,7 @@ from headwater.server.kafka.apis import (
     FETCH,
     FIND_COORDINATOR,
     HEARTBEAT,
+    INCREMENTAL_ALTER_CONFIGS,
     INIT_PRODUCER_ID,
     JOIN_GROUP,
     LEAVE_GROUP,
@@ -67,6 +71,7 @@ from headwater.server.kafka.apis import (
     SERVED,
     SYNC_GROUP,
 )
+from headwater.server.kafka.config_handlers import ConfigHandlers
 from headwater.server.kafka.group_handlers import GroupHandlers, Handler, KafkaSession
 from headwater.server.kafka.group_offsets import GroupOffsets
 from headwater.server.kafka.groups import Coordinator
@@ -140,7 +145,10 @@ class KafkaHandlers:
         inflater: Executor | None,
         max_decompressed: int,
         security: Security | None = None,
+        topic_defaults: TopicSettings | None = None,
     ) -> None:
+        """`topic_defaults`: the server's (`[topic_defaults]`), what AlterConfigs resets the
+        settings it does not name to."""
         self._broker = broker
         self._security = security
         self._host = host
@@ -150,6 +158,7 @@ class KafkaHandlers:
         node = {"node_id": NODE_ID, "host": host, "port": port}
         self.groups = GroupHandlers(Coordinator(), GroupOffsets(broker.catalog), node, self.permits)
         groups = self.groups
+        configs = ConfigHandlers(broker, security, self._native, topic_defaults or TopicSettings())
         self.handlers: dict[int, Handler] = {
             FIND_COORDINATOR: groups.find_coordinator,
             JOIN_GROUP: groups.join_group,
@@ -166,6 +175,8 @@ class KafkaHandlers:
             INIT_PRODUCER_ID: self.init_producer_id,
             CREATE_PARTITIONS: self.create_partitions,
             DESCRIBE_CONFIGS: self.describe_configs,
+            ALTER_CONFIGS: configs.alter_configs,
+            INCREMENTAL_ALTER_CONFIGS: configs.incremental_alter_configs,
             METADATA: self.metadata,
             PRODUCE: self.produce,
             FETCH: self.fetch,

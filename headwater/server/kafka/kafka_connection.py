@@ -18,8 +18,12 @@ reorders them. Work per connection is bounded:
 With authentication on (`security`), a connection that has not authenticated (SaslHandshake and
 SaslAuthenticate PLAIN, the password a Headwater token) may send only ApiVersions and those two,
 in frames of at most `MAX_PRE_AUTH_FRAME` bytes, for at most `handshake_timeout` seconds; any
-other request closes it, as Kafka does. It is then the peer `security.access.Security` checks each
-native request against, and revokes (closes) when its token goes.
+other request closes it, as Kafka does: the api key is read from the header before anything else
+of the body is decoded, and a size prefix over the cap closes the connection before any of the
+body is buffered. Until it authenticates it holds a slot of the listener's `Admission` (the
+caps on connections waiting to authenticate), released on success or close. It is then the
+peer `security.access.Security` checks each native request against, and revokes (closes) when its
+token goes.
 
 The connection is a `ConsumerSession` for the broker's handlers: it holds no consumers (a Kafka
 client fetches by offset), so deliveries never reach it.
@@ -40,6 +44,7 @@ from headwater.server.kafka.apis import API_VERSIONS, BEFORE_AUTH, SERVED
 from headwater.server.kafka.handlers import CLOSE_AFTER, KafkaHandlers
 from headwater.server.kafka.kafka_errors import UNSUPPORTED_VERSION
 from headwater.server.kafka.kafka_metrics import KafkaStats
+from headwater.server.net.admission import Admission
 from headwater.server.security.access import Security, Session
 from headwater.server.topics.subscription_contract import Consumer
 from headwater.wire.errors import HeadwaterError
@@ -60,8 +65,14 @@ class KafkaConnection(asyncio.Protocol):
         connections: set[KafkaConnection],
         security: Security | None = None,
         stats: KafkaStats | None = None,
+        admission: Admission | None = None,
+        admitted: str | None = None,
     ) -> None:
+        """`admitted`: the source address `admission` counts this connection under until it
+        authenticates or closes."""
         self._handlers = handlers
+        self._admission = admission
+        self._admitted_as = admitted
         self._stats = stats or KafkaStats()
         self._security = security
         self._handshake_timeout = config.security.handshake_timeout
@@ -81,7 +92,7 @@ class KafkaConnection(asyncio.Protocol):
         self.consumers: dict[int, Consumer] = {}
         self.peer = "?"
         self.client_id = ""  # the request header's, as JoinGroup names members by it
-        self.auth: Session | None = None  # set by Security.authenticate
+        self._auth: Session | None = None  # set by Security.authenticate
         self.raw_sasl = False
         self.produce_tail: asyncio.Future[None] | None = None
         self.peercert: object = None
@@ -89,6 +100,23 @@ class KafkaConnection(asyncio.Protocol):
         self._close_after: asyncio.Future[bytes | None] | None = None
 
     # ConsumerSession (no consumers ever attach to a Kafka connection)
+
+    @property
+    def auth(self) -> Session | None:
+        return self._auth
+
+    @auth.setter
+    def auth(self, session: Session | None) -> None:
+        """Set by `Security.authenticate` (and cleared by `release`): authenticated, the
+        connection no longer counts as waiting to."""
+        self._auth = session
+        if session is not None:
+            self.leave_admission()
+
+    def leave_admission(self) -> None:
+        address, self._admitted_as = self._admitted_as, None
+        if address is not None and self._admission is not None:
+            self._admission.release(address)
 
     @property
     def principal(self) -> str:
@@ -123,6 +151,7 @@ class KafkaConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._connections.discard(self)
+        self.leave_admission()
         if self._security is not None:
             self._security.release(self)
         self._transport = None

@@ -6,7 +6,11 @@ reloaded certificate serves both).
 
 Sockets are accepted by the native port's `net.accepting.Acceptor` (running out of file
 descriptors pauses accepting, never ends it), at most `max_connections` Kafka connections at once
-(a connection past it is closed at once: Kafka has no frame to refuse with). A periodic sweep
+(a connection past it is closed at once: Kafka has no frame to refuse with). With authentication
+on, the native port's `net.admission.Admission` is asked too, at accept and before anything is
+read: connections waiting to authenticate on either port count against the same
+`max_unauthenticated_per_address` and `max_unauthenticated_connections`, so silent sockets cannot
+hold every Kafka slot; one past a cap is closed at once (and counted, `refused`). A periodic sweep
 closes connections idle for `idle_timeout` or stuck inside a frame for `frame_timeout`.
 Compressed produce batches are inflated on a thread of the listener's own.
 """
@@ -26,6 +30,7 @@ from headwater.server.kafka.handlers import KafkaHandlers
 from headwater.server.kafka.kafka_connection import KafkaConnection
 from headwater.server.kafka.kafka_metrics import KafkaCollector, KafkaStats
 from headwater.server.net.accepting import Acceptor, ListenError, listen_on
+from headwater.server.net.admission import Admission
 from headwater.server.requests.broker import Broker
 from headwater.server.security.access import Security
 from headwater.server.security.tls import ServerTls
@@ -57,6 +62,7 @@ class KafkaListener:
         self.port = 0
         self._security: Security | None = None
         self._tls: ServerTls | None = None
+        self._admission: Admission | None = None
 
     def bind(self) -> int:
         config = self._config
@@ -74,16 +80,29 @@ class KafkaListener:
         return self.port
 
     def start(
-        self, broker: Broker, security: Security | None = None, tls: ServerTls | None = None
+        self,
+        broker: Broker,
+        security: Security | None = None,
+        tls: ServerTls | None = None,
+        admission: Admission | None = None,
     ) -> None:
+        """`admission`: the native listener's (with `security`), shared so that the caps on
+        connections waiting to authenticate hold across both ports."""
         config = self._config
         host = config.kafka.advertise_host or config.host
         if host in ("", "0.0.0.0", "::"):  # a wildcard is nowhere a client can connect to
             host = socket.gethostname()
         self._security = security
         self._tls = tls
+        self._admission = admission if security is not None else None
         self._handlers = KafkaHandlers(
-            broker, host, self.port, self._inflater, config.max_decompressed_batch, security
+            broker,
+            host,
+            self.port,
+            self._inflater,
+            config.max_decompressed_batch,
+            security,
+            config.topic_defaults,
         )
         assert self._acceptor is not None, "bind first"
         self._acceptor.start()
@@ -113,21 +132,51 @@ class KafkaListener:
 
     def _admit(self, sock: socket.socket) -> None:
         if len(self.connections) >= self._config.max_connections or self._handlers is None:
-            sock.close()
+            self._refuse(sock, "max_connections")
             return
+        address = None
+        if self._admission is not None:
+            address = _address(sock)
+            refusal = self._admission.admit(address)
+            if refusal is not None:
+                self._refuse(sock, refusal.message)
+                return
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        task = self._loop.create_task(self._connect(sock, self._handlers))
+        task = self._loop.create_task(self._connect(sock, self._handlers, address))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _connect(self, sock: socket.socket, handlers: KafkaHandlers) -> None:
+    def _refuse(self, sock: socket.socket, why: str) -> None:
+        self.stats.refused += 1
+        log.debug("kafka.conn_refused", error=why)
+        sock.close()
+
+    async def _connect(
+        self, sock: socket.socket, handlers: KafkaHandlers, address: str | None
+    ) -> None:
+        """`address`: counted by the admission; the connection releases it when it
+        authenticates or closes, and here if it never opens."""
         tls = self._tls
+        made: list[KafkaConnection] = []
+
+        def connection() -> KafkaConnection:
+            made.append(
+                KafkaConnection(
+                    handlers,
+                    self._config,
+                    self.connections,
+                    self._security,
+                    self.stats,
+                    self._admission if address is not None else None,
+                    address,
+                )
+            )
+            return made[0]
+
         try:
             await self._loop.connect_accepted_socket(
-                lambda: KafkaConnection(
-                    handlers, self._config, self.connections, self._security, self.stats
-                ),
+                connection,
                 sock,
                 ssl=None if tls is None else tls.context,
                 ssl_handshake_timeout=None if tls is None else self._config.frame_timeout,
@@ -135,6 +184,10 @@ class KafkaListener:
         except OSError as exc:
             log.debug("kafka.conn_setup_failed", error=str(exc))
             sock.close()
+            if made:
+                made[0].leave_admission()
+            elif address is not None and self._admission is not None:
+                self._admission.release(address)
 
     def _sweep(self) -> None:
         now = self._loop.time()
@@ -144,3 +197,11 @@ class KafkaListener:
         if self._handlers is not None:
             self._handlers.groups.coordinator.sweep()
         self._sweeper = self._loop.call_later(self._every(), self._sweep)
+
+
+def _address(sock: socket.socket) -> str:
+    """The peer's IP address (the admission counts by it), "?" once the peer is gone."""
+    try:
+        return str(sock.getpeername()[0])
+    except OSError:
+        return "?"

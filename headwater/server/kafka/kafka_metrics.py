@@ -23,6 +23,7 @@ class KafkaStats:
     requests: dict[int, int] = field(default_factory=dict)  # by api key, those served only
     unsupported: int = 0  # answered UNSUPPORTED_VERSION
     protocol_errors: int = 0  # connections closed for a frame or body that does not decode
+    refused: int = 0  # connections closed at accept: max_connections, or waiting to authenticate
 
 
 class KafkaCollector(Collector):
@@ -53,6 +54,12 @@ class KafkaCollector(Collector):
             "headwater_kafka_protocol_errors",
             "Kafka connections closed for a frame or request that does not decode",
             value=self._stats.protocol_errors,
+        )
+        yield CounterMetricFamily(
+            "headwater_kafka_refused_connections",
+            "Kafka connections closed at accept (max_connections, or the caps on connections "
+            "waiting to authenticate)",
+            value=self._stats.refused,
         )
         groups = self._coordinator.groups.values()
         yield GaugeMetricFamily(

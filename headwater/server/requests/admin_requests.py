@@ -57,7 +57,7 @@ _STARTED: Final = time.time()  # the module is imported when the server starts
 DISK_USAGE_TTL: Final = 1.0
 
 # Configs fixed at creation, and what to do instead.
-_FIXED: Final = {
+FIXED_CONFIGS: Final = {
     "partitions": "the partition count is changed with CREATE_PARTITIONS "
     "(`headwater topic alter NAME --partitions N`), not a config",
     "dispatch": "a topic's dispatch mode is fixed at creation: create a new topic",
@@ -99,7 +99,7 @@ class AdminHandlers:
         if repeated:
             raise InvalidRequest(f"config {repeated[0]!r} given more than once")
         for entry in request.configs:
-            reason = _FIXED.get(entry.name)
+            reason = FIXED_CONFIGS.get(entry.name)
             if reason is not None:
                 raise InvalidRequest(f"config {entry.name!r} cannot be changed: {reason}")
             if entry.name not in TOPIC_CONFIG_NAMES and entry.name not in LAST_VALUE_CONFIGS:
