@@ -50,11 +50,13 @@ class SchemaCodec:
             (m.SCHEMA_VERSION_HEADER, str(info.version).encode()) if info.version > 0 else None
         )
         self._avro: Any = None
+        self._fastavro: Any = None  # the module, kept so encode and decode do no import per value
         if info.schema_type == "avro":
             # fastavro is imported by the Avro paths only: most clients and every CLI command
             # without an Avro topic would pay its import for nothing
             import fastavro
 
+            self._fastavro = fastavro
             try:
                 self._avro = fastavro.parse_schema(json.loads(info.definition))
             except Exception as exc:
@@ -83,10 +85,10 @@ class SchemaCodec:
             elif kind == "json":
                 return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
             else:
-                import fastavro
-
                 stream = io.BytesIO()
-                fastavro.schemaless_writer(stream, self._avro, value, strict_allow_default=True)
+                self._fastavro.schemaless_writer(
+                    stream, self._avro, value, strict_allow_default=True
+                )
                 return stream.getvalue()
         except (TypeError, ValueError, OverflowError, struct.error, AttributeError) as exc:
             raise SchemaViolation(f"cannot encode {self._what(value)}: {exc}") from None
@@ -108,9 +110,7 @@ class SchemaCodec:
                 return _INT64.unpack(data)[0]
             if kind == "json":
                 return json.loads(data)
-            import fastavro
-
-            return fastavro.schemaless_reader(io.BytesIO(data), self._avro, None)
+            return self._fastavro.schemaless_reader(io.BytesIO(data), self._avro, None)
         except (ValueError, struct.error, EOFError, IndexError) as exc:
             raise SchemaViolation(
                 f"value of {len(data)} bytes does not decode by schema version {self.version} "
