@@ -17,6 +17,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 
+class StopTimedOut(subprocess.TimeoutExpired):
+    """A graceful stop that did not end in time; the message ends with the server's log."""
+
+    def __str__(self) -> str:
+        tail = "\n".join(line[:400] for line in str(self.output).splitlines()[-40:])
+        return f"the server did not stop within {self.timeout}s of SIGTERM; its log ends:\n{tail}"
+
+
 class ServerProcess:
     def __init__(
         self,
@@ -80,9 +88,15 @@ class ServerProcess:
         raise RuntimeError(f"server did not start in {timeout}s: {self.log()}")
 
     def stop(self, timeout: float = 60.0) -> int:
+        """SIGTERM, then the exit status; `StopTimedOut` (the server killed, the end of its log
+        in the message) when it has not exited within `timeout`."""
         assert self.process is not None
         self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(timeout)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise StopTimedOut(self.process.args, timeout, self.log()) from None
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import headwater
+from headwater.server.cluster.coordinator_state import Standing
 from headwater.server.cluster.tail_commit import TailCommitter
 from headwater.storage.cloud_tail import Chunk, CloudTail
 from headwater.storage.objectstore import LocalObjectStore
@@ -34,11 +35,10 @@ async def test_a_chunk_failing_when_its_partition_was_lost_is_not_stored_after_a
     land after that: it would give the new, acknowledged batch's offsets to other messages."""
     store = LocalObjectStore(tmp_path / "store")
     tail = CloudTail(store)
-    serving = True
     committer = TailCommitter(
         tail,
         0.001,
-        lambda topic, partition: serving,
+        lambda topic, partition: Standing.HELD,
         lambda topic, partition: 7,
         lambda topic, partition: headwater.NotOwner("owner=none"),
     )
@@ -51,11 +51,9 @@ async def test_a_chunk_failing_when_its_partition_was_lost_is_not_stored_after_a
     while committer.failures == 0 and time.monotonic() < deadline:
         await asyncio.sleep(0.01)
     assert committer.failures > 0
-    serving = False  # fenced
-    committer.reset("t", 0)
+    committer.reset("t", 0)  # fenced
     # etcd back within the PUT's retry delay, the lease alive: served again, the log rebuilt at
     # 0 (a take-over waits for the partition's PUT in flight first)
-    serving = True
     await asyncio.wait_for(committer.settle("t", 0), 10)
     with pytest.raises(headwater.NotOwner):
         await old

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from headwater.server.cluster import Coordinator, DuplicateBroker, EtcdUnreachable, Layout
+from headwater.server.cluster.coordinator_state import Standing
 from headwater.server.requests.partition_ownership import BrokerAddress
 from tests.support.etcd_support import (
     HANG,
@@ -88,12 +89,14 @@ async def test_graceful_stop_releases_before_deleting_the_key(
     (leaving, recorder), *staying = three
     held = leaving.owned()
     layout = Layout()
-    checks: list[tuple[bool, bool]] = []
+    checks: list[tuple[bool, Standing, bool]] = []
 
     async def on_release(topic: str, partition: int) -> None:
-        # while the data path finishes: not served any more, and the key is still there
+        # while the data path finishes: not served any more (no new produce), still held (what
+        # was produced is stored and acknowledged), and the key is still there
         found = await leaving._session.call(lambda c: c.get(layout.owner(topic, partition)))
-        checks.append((leaving.serves(topic, partition), found is not None))
+        standing = leaving.standing(topic, partition)
+        checks.append((leaving.serves(topic, partition), standing, found is not None))
 
     recorder.on_release = on_release
     coordinators = [c for c, _ in staying]
@@ -105,7 +108,8 @@ async def test_graceful_stop_releases_before_deleting_the_key(
             "the stopped broker's partitions taken by the others",
         )
     assert sorted((c[2], c[3]) for c in recorder.calls if c[1] == "release") == held
-    assert checks == [(False, True)] * len(held)
+    assert checks == [(False, Standing.HELD, True)] * len(held)
+    assert all(leaving.standing(*key) is Standing.GONE for key in held)
     assert recorder.count("lost") == 0
     assert {b.broker_id for b in coordinators[0].brokers()} == {"b2", "b3"}
     assert_never_overwritten(await owner_history(etcd))

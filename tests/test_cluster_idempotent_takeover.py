@@ -23,6 +23,7 @@ import headwater
 from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.cluster.cluster_mode import CloudDurability
 from headwater.server.cluster.cluster_partitions import ClusterPartitions
+from headwater.server.cluster.coordinator_state import Standing
 from headwater.server.cluster.tail_commit import TailCommitter
 from headwater.server.config import ObjectStoreConfig, ServerConfig
 from headwater.server.reply import AfterWork, Waiting, resolve
@@ -79,6 +80,9 @@ class Etcd:
 
     def serves(self, topic: str, partition: int) -> bool:
         return self.epoch(topic, partition) is not None
+
+    def standing(self, topic: str, partition: int) -> Standing:
+        return Standing.HELD if self.serves(topic, partition) else Standing.GONE
 
     def owner(self, topic: str, partition: int) -> BrokerAddress | None:
         return THIS if self.serves(topic, partition) else None
@@ -141,7 +145,7 @@ async def new_owner(
     catalog = TopicCatalog(config, state, uploader, ObjectArchive(store, uploader))
     etcd = Etcd()
     committer = TailCommitter(
-        tail, 0.001, etcd.serves, etcd.epoch, lambda t, p: headwater.NotOwner("owner=none")
+        tail, 0.001, etcd.standing, etcd.epoch, lambda t, p: headwater.NotOwner("owner=none")
     )
     partitions = ClusterPartitions(catalog, tail, committer, etcd, etcd.serves)
     committer.on_stored = partitions.stored

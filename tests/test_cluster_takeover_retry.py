@@ -18,6 +18,7 @@ import pytest
 import headwater
 from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.cluster.cluster_partitions import ClusterPartitions
+from headwater.server.cluster.coordinator_state import Standing
 from headwater.server.cluster.tail_commit import TailCommitter
 from headwater.server.config import ObjectStoreConfig, ServerConfig
 from headwater.server.subscriptions.reliable_subscription import ReliableSubscription
@@ -102,7 +103,7 @@ async def test_a_take_over_retried_after_failing_to_load_cursors_keeps_the_chunk
     committer = TailCommitter(
         tail,
         0.001,
-        serves,
+        lambda topic, partition: Standing.HELD if serves(topic, partition) else Standing.GONE,
         checkpoints.epoch,
         lambda topic, partition: headwater.NotOwner("owner=none"),
     )

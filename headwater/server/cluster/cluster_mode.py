@@ -89,7 +89,7 @@ class ClusterMode:
             self.committer = TailCommitter(
                 self.tail,
                 settings.commit_interval_ms / 1000,
-                coordinator.serves,
+                coordinator.standing,
                 coordinator.epoch,
                 lambda topic, partition: not_owner(coordinator, topic, partition),
             )

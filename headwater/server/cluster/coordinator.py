@@ -38,6 +38,7 @@ from headwater.server.cluster.coordinator_state import (
     EtcdUnreachable,
     Held,
     PartitionHandler,
+    Standing,
     State,
 )
 from headwater.server.cluster.etcd import Entry, EtcdSession, EtcdUnavailable, PrefixWatch
@@ -382,6 +383,15 @@ class Coordinator(Assignment, Metadata, ExclusiveClaims):
         return (
             held is not None and held.state is State.SERVING and time.monotonic() < self._deadline
         )
+
+    def standing(self, topic: str, partition: int) -> Standing:
+        """Unlike `serves`, a partition being handed off is still HELD (its last chunks are
+        stored and acknowledged during the release), and a lease confirmation that is late is
+        LAPSED rather than over."""
+        held = self._held.get((topic, partition))
+        if held is None or held.state not in (State.SERVING, State.RELEASING):
+            return Standing.GONE
+        return Standing.HELD if time.monotonic() < self._deadline else Standing.LAPSED
 
     def owner(self, topic: str, partition: int) -> BrokerAddress | None:
         held = self._held.get((topic, partition))

@@ -55,6 +55,17 @@ class State(enum.Enum):
     LOST = "lost"
 
 
+class Standing(enum.Enum):
+    """Whether this broker may count what it wrote for a partition as the partition's (for
+    acknowledging produces after their chunk is stored)."""
+
+    HELD = "held"  # serving or handing off, under a lease confirmed within its deadline
+    # held, but the lease's deadline passed without a confirmed renewal: the watchdog settles it
+    # within half a second (a renewal arrives, or the partition is fenced and `lost` is called)
+    LAPSED = "lapsed"
+    GONE = "gone"
+
+
 @dataclass(slots=True)
 class Held:
     epoch: int

@@ -7,12 +7,17 @@ returns what the producer's answer waits for. Batches appended to one partition 
 PUT per partition per interval, not per batch. A partition has at most one chunk in flight, so
 its chunks are contiguous and in order; partitions flush independently.
 
-A failed PUT is retried, the same chunk with the same bytes (a retry that merged newer batches
-would make two chunks start at one offset), with doubling delays, for as long as this broker
-serves the partition. The answer is sent only if the broker still serves the partition when the
-PUT has completed: a fenced broker (its lease not confirmed in time) could have been replaced by
-an owner that no longer counts this chunk, so its producers get NOT_OWNER and retry at the new
-owner (at-least-once: the batch may then be stored twice, never lost).
+A chunk is stored, and a failed PUT retried (the same chunk with the same bytes: a retry that
+merged newer batches would make two chunks start at one offset, with doubling delays), until the
+partition is lost (`reset`), never given up before: a chunk failed while the next one is stored
+would leave a hole in the partition's tail, and a take-over keeps only the chain's last
+contiguous run. So neither a lease renewal confirmed late nor a graceful hand-off stops a chunk:
+a chunk of a broker that lost the partition is fenced by the new owner's marker anyway.
+The answer is sent once the PUT has completed, and only if the broker then still holds the
+partition under a confirmed lease (`Standing.HELD`; while the confirmation is late, LAPSED, it
+waits for the watchdog's verdict): a fenced broker could have been replaced by an owner that no
+longer counts this chunk, so its producers get NOT_OWNER and retry at the new owner
+(at-least-once: the batch may then be stored twice, never lost).
 Whatever was added before a loss (`reset`) is never stored after it, even if this broker serves
 the partition again meanwhile (same epoch, after an etcd outage): its log was rebuilt, and those
 offsets belong to other batches now.
@@ -27,6 +32,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from headwater.server.cluster.coordinator_state import Standing
 from headwater.storage.cloud_tail import Chunk, CloudTail
 from headwater.wire.errors import HeadwaterError, StorageError
 
@@ -34,6 +40,10 @@ log = structlog.get_logger("headwater.cluster")
 
 _RETRY_INITIAL = 0.05
 _RETRY_MAX = 2.0
+# how often a LAPSED standing is looked at again, and for how long at most (the watchdog settles
+# it within half a second of the deadline; the bound only keeps a broken watchdog from hanging)
+_LAPSE_POLL = 0.02
+_LAPSE_LIMIT = 30.0
 
 
 @dataclass(slots=True)
@@ -50,13 +60,13 @@ class TailCommitter:
         self,
         tail: CloudTail,
         interval: float,
-        serves: Callable[[str, int], bool],
+        standing: Callable[[str, int], Standing],
         epoch: Callable[[str, int], int | None],
         not_owner: Callable[[str, int], HeadwaterError],
     ) -> None:
         self._tail = tail
         self._interval = interval
-        self._serves = serves
+        self._standing = standing
         self._epoch = epoch
         self._not_owner = not_owner
         self._pending: dict[tuple[str, int], _Pending] = {}
@@ -113,7 +123,20 @@ class TailCommitter:
                 await asyncio.shield(task)
 
     def _current(self, key: tuple[str, int], pending: _Pending) -> bool:
-        return self._serves(*key) and pending.generation == self._generation.get(key, 0)
+        """Not lost since it was added (deliberately not whether the partition is served now:
+        see the module's description)."""
+        return pending.generation == self._generation.get(key, 0)
+
+    async def _confirmed(self, key: tuple[str, int], pending: _Pending) -> bool:
+        """Still held under a confirmed lease, and not lost since it was added: its answer may
+        be sent."""
+        standing = self._standing(*key)
+        polls = int(_LAPSE_LIMIT / _LAPSE_POLL)
+        while standing is Standing.LAPSED and polls > 0 and self._current(key, pending):
+            await asyncio.sleep(_LAPSE_POLL)
+            standing = self._standing(*key)
+            polls -= 1
+        return standing is Standing.HELD and self._current(key, pending)
 
     async def _run(self, key: tuple[str, int]) -> None:
         try:
@@ -153,7 +176,7 @@ class TailCommitter:
             if not self._current(key, pending):
                 self._fail(pending, self._not_owner(topic, partition))
                 return
-        if not self._current(key, pending):
+        if not await self._confirmed(key, pending):
             self._fail(pending, self._not_owner(topic, partition))
             return
         self.chunks += 1
