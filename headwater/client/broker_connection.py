@@ -132,16 +132,14 @@ class Connection:
         connection = cls(f"{host}:{port}")
         loop = asyncio.get_running_loop()
         try:
-            await asyncio.wait_for(
-                loop.create_connection(
+            async with asyncio.timeout(timeout):
+                await loop.create_connection(
                     lambda: _Protocol(connection),
                     host,
                     port,
                     ssl=tls,
                     server_hostname=(server_hostname or host) if tls is not None else None,
-                ),
-                timeout,
-            )
+                )
         except (TimeoutError, OSError) as exc:
             refused = tls_refusal(exc) or certificate_refused(exc, client_certificate)
             if refused is not None:

@@ -344,7 +344,8 @@ class Consumer:
                 raise type(self._error)(self._error.message)
             self._waiter = asyncio.get_running_loop().create_future()
             try:
-                await asyncio.wait_for(self._waiter, timeout)
+                async with asyncio.timeout(timeout):
+                    await self._waiter
             finally:
                 self._waiter = None
 

@@ -270,7 +270,8 @@ class ClusterLegs:
             remaining = None if deadline is None else deadline - loop.time()
             if remaining is not None and remaining <= 0:
                 raise TimeoutError
-            await asyncio.wait_for(self.ready.wait(), remaining)
+            async with asyncio.timeout(remaining):
+                await self.ready.wait()
 
     # Ending
 

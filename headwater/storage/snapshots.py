@@ -178,7 +178,8 @@ class HorizonCache:
         if task is None:
             task = self._listing[topic] = loop.create_task(self._list(topic))
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(task), self._wait)
+            async with asyncio.timeout(self._wait):
+                await asyncio.shield(task)
         known = self._known.get(topic)
         return known[1] if known is not None else {}
 

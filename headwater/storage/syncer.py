@@ -137,7 +137,8 @@ class Syncer:
                 await self._wake.wait()
             else:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), interval)
+                    async with asyncio.timeout(interval):
+                        await self._wake.wait()
             self._wake.clear()
             try:
                 await self._sync_once()

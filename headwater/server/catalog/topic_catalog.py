@@ -222,7 +222,8 @@ class TopicCatalog:
         every cursor, upload what is pending (bounded)."""
         self._locks.close()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._locks.idle(), self._config.shutdown_timeout)
+            async with asyncio.timeout(self._config.shutdown_timeout):
+                await self._locks.idle()
         if self._housekeeping is not None:
             self._housekeeping.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -199,9 +199,8 @@ class Assignment:
         if self.handler is not None:
             self._in_handler.add(key)
             try:
-                await asyncio.wait_for(
-                    self.handler.acquire(topic, partition, held.epoch), self._acquire_timeout
-                )
+                async with asyncio.timeout(self._acquire_timeout):
+                    await self.handler.acquire(topic, partition, held.epoch)
             except Exception as exc:
                 self._counters.acquire_failures += 1
                 _, failures = self._backoff.get(key, (0.0, 0.0))
@@ -270,9 +269,8 @@ class Assignment:
         log.info("cluster.releasing", topic=topic, partition=partition, reason=reason)
         if self.handler is not None:
             try:
-                await asyncio.wait_for(
-                    self.handler.release(topic, partition), self._release_timeout
-                )
+                async with asyncio.timeout(self._release_timeout):
+                    await self.handler.release(topic, partition)
             except Exception as exc:
                 log.warning(
                     "cluster.release_failed", topic=topic, partition=partition, error=repr(exc)

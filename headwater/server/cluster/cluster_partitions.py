@@ -638,7 +638,8 @@ class ClusterPartitions:
         with doubling delays while the partition is ours."""
         if after is not None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(after.wait(), FOLD_AFTER_TAKE_OVER)
+                async with asyncio.timeout(FOLD_AFTER_TAKE_OVER):
+                    await after.wait()
         key = (topic, partition)
         delay = _RETRY_INITIAL
         while (epoch := self._checkpoints.epoch(topic, partition)) is not None:
@@ -735,7 +736,8 @@ class ClusterPartitions:
                 return None
             moved = self._moved
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(moved.wait(), _STORED_WAIT)
+                async with asyncio.timeout(_STORED_WAIT):
+                    await moved.wait()
         return f"{topic}/{partition}/{segment.base_offset:020d}-{epoch:020d}-{uuid.uuid4().hex[:8]}"
 
     async def publish(

@@ -181,7 +181,8 @@ class Coordinator(Assignment, Metadata, ExclusiveClaims):
         assign = self._tasks[-1] if self._tasks else None
         if assign is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(assign), self._acquire_timeout)
+                async with asyncio.timeout(self._acquire_timeout):
+                    await asyncio.shield(assign)
         if graceful and self._healthy(stopping=True):
             for key in list(self._held):
                 self._start_release(key, "broker stopping")
@@ -344,7 +345,8 @@ class Coordinator(Assignment, Metadata, ExclusiveClaims):
     async def _assign(self) -> None:
         while not self._stopping:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._rebalance_interval)
+                async with asyncio.timeout(self._rebalance_interval):
+                    await self._wake.wait()
             self._wake.clear()
             if self._stopping or not self._healthy():
                 continue

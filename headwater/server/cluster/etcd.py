@@ -1,6 +1,6 @@
 """The coordinator's connection to etcd: calls with a deadline, and prefix caches kept by watches.
 
-`EtcdSession.call` runs one aetcd call under `asyncio.wait_for`: a blackholed etcd costs a
+`EtcdSession.call` runs one aetcd call under `asyncio.timeout`: a blackholed etcd costs a
 timeout, never a hang, and every failure (refused, timed out, etcd error) comes out as
 `EtcdUnavailable`. With several endpoints, repeated failures move the session to the next one (a
 new aetcd client; the watches notice their stream ended and come back on it).
@@ -80,7 +80,8 @@ class EtcdSession:
     ) -> T:
         client = self.client
         try:
-            result = await asyncio.wait_for(operation(client), timeout or self.call_timeout)
+            async with asyncio.timeout(timeout or self.call_timeout):
+                result = await operation(client)
         except Exception as exc:  # refused, timed out, an etcd or gRPC error: all the same here
             self.reachable = False
             self._failures += 1
@@ -101,7 +102,8 @@ class EtcdSession:
 
     async def _close(self, client: aetcd.Client) -> None:
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(client.close(), self.call_timeout)
+            async with asyncio.timeout(self.call_timeout):
+                await client.close()
 
     async def close(self) -> None:
         await self._close(self.client)

@@ -164,7 +164,8 @@ class Metadata:
                 if left <= 0:
                     return False
                 try:
-                    await asyncio.wait_for(self._topics_changed.wait(), left)
+                    async with asyncio.timeout(left):
+                        await self._topics_changed.wait()
                 except TimeoutError:
                     return (name in self._topics) == present
             return True

@@ -145,7 +145,8 @@ class SharedCommitter:
                 return
             changed = self._changed
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), _DRAIN_POLL)
+                async with asyncio.timeout(_DRAIN_POLL):
+                    await changed.wait()
         raise StorageError(f"{topic}/{partition}: its windows are still under way")
 
     async def settle(self, topic: str, partition: int) -> None:

@@ -128,7 +128,8 @@ class Coordinator:
         self._prepare(group)
         self._maybe_complete(group)
         try:
-            return await asyncio.wait_for(asyncio.shield(joining), member.rebalance_timeout + 5)
+            async with asyncio.timeout(member.rebalance_timeout + 5):
+                return await asyncio.shield(joining)
         except TimeoutError:
             return Joined(k.REBALANCE_IN_PROGRESS)
 
@@ -265,7 +266,8 @@ class Coordinator:
         syncing: asyncio.Future[tuple[int, bytes]] = self._loop.create_future()
         member.syncing = syncing
         try:
-            return await asyncio.wait_for(asyncio.shield(syncing), member.session_timeout + 5)
+            async with asyncio.timeout(member.session_timeout + 5):
+                return await asyncio.shield(syncing)
         except TimeoutError:
             return k.REBALANCE_IN_PROGRESS, b""
 

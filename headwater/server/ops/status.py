@@ -113,7 +113,8 @@ class ServerState:
             self._probe = loop.create_task(self._run_probe())
         if self._probe is not None:
             try:
-                await asyncio.wait_for(asyncio.shield(self._probe), PROBE_TIMEOUT)
+                async with asyncio.timeout(PROBE_TIMEOUT):
+                    await asyncio.shield(self._probe)
             except TimeoutError:
                 return f"a write to the data directory has not finished in {PROBE_TIMEOUT:g} s"
         return self._probe_result

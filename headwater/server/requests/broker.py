@@ -422,7 +422,8 @@ class Broker:
     async def _bounded(wait: Awaitable[None], deadline: float, key: tuple[str, int]) -> None:
         remaining = deadline - asyncio.get_running_loop().time()
         try:
-            await asyncio.wait_for(wait, max(remaining, 0.001))
+            async with asyncio.timeout(max(remaining, 0.001)):
+                await wait
         except TimeoutError:
             topic, partition = key
             raise StorageError(

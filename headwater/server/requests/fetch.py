@@ -129,7 +129,8 @@ class FetchHandler:
             signal = self._catalog.subscriptions.signal(topic)
             signal.join(ident, woken.set)
             try:
-                await asyncio.wait_for(woken.wait(), left)
+                async with asyncio.timeout(left):
+                    await woken.wait()
             except TimeoutError:
                 pass
             finally:
