@@ -2,17 +2,21 @@
 
 Each attack runs in a process of its own (tests/support/hostile_peer.py, plain blocking sockets), so
 the client whose latency is measured does not share a loop or a GIL with it. While the attack is
-under way (between the attacker's `attacking` line and its end) a normal client produces and
-consumes one message at a time; the p99 of its produce-to-consume round trips must stay under 50 ms
-(one retry of attack and measurement if it does not: see `under_attack`). Each test also checks that
-the attack itself was met the way docs/PROTOCOL.md says (refused with its error code, paused, timed
-out...).
+under way (between the attacker's `attacking` line and the test's stop) a normal client produces
+and consumes one message at a time, `SAMPLES` times: the attack lasts as long as that takes (and
+at least `ATTACK_SECONDS`), so a loaded machine makes the test slower, never short of samples.
+The p99 of those round trips must stay under `P99_LIMIT`, or under `BASELINE_FACTOR` times the
+p99 the same client measured just before the attack if the machine is that slow: a stall (the
+server busy with the attacker for seconds) is far above either (one retry of attack and
+measurement if it is not: see `under_attack`). Each test also checks that the attack itself was
+met the way docs/PROTOCOL.md says (refused with its error code, paused, timed out...).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -39,9 +43,9 @@ from tests.support.hostile_peer import bomb_batch
 from tests.support.rawwire import RawPeer
 
 P99_LIMIT = 0.050
-ATTACK_SECONDS = 6.0
-SAMPLE_SECONDS = 4.0  # inside the attack: it starts after `attacking` and ends before the attacker
-MIN_SAMPLES = 200
+BASELINE_FACTOR = 10  # a loaded machine's p99 before the attack, times this, is the limit then
+ATTACK_SECONDS = 3.0  # at least: the attacks' own checks need it (e.g. 300 frame timeouts of 1 s)
+SAMPLES = 200  # round trips measured under attack
 
 
 def _config(tmp: Path, **server: Any) -> tuple[str, ...]:
@@ -80,6 +84,7 @@ class Attack:
     def __init__(self, *args: str) -> None:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tests.support.hostile_peer", *args],
+            stdin=subprocess.PIPE,  # a line (or its end) tells it to stop
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -95,7 +100,8 @@ class Attack:
         return self.process.poll() is None
 
     def result(self, timeout: float = 60.0) -> dict[str, Any]:
-        out, err = self.process.communicate(timeout=timeout)
+        """Stop the attack (once it has lasted its minimum) and read its counts."""
+        out, err = self.process.communicate("stop\n", timeout=timeout)
         assert self.process.returncode == 0, err
         parsed: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
         return parsed
@@ -151,14 +157,18 @@ class NormalClient:
         assert message.value == b"ping"
         return time.perf_counter() - begin
 
-    async def measure(self, attack: Attack, seconds: float = SAMPLE_SECONDS) -> list[float]:
-        """Round trips while `attack` runs (it must still be running when sampling ends)."""
-        await attack.started()
+    async def measure(self, count: int = SAMPLES) -> list[float]:
         samples = []
-        end = time.monotonic() + seconds
-        while time.monotonic() < end and len(samples) < 10_000:
+        for _ in range(count):
             samples.append(await self.round_trip())
             await asyncio.sleep(0.002)  # pacing, so the samples spread over the attack
+        return samples
+
+    async def measure_under(self, attack: Attack) -> list[float]:
+        """Round trips while `attack` runs (it runs until told to stop: it must be running when
+        sampling ends)."""
+        await attack.started()
+        samples = await self.measure()
         assert attack.running(), f"the attack ended before the measurement: {attack.output()}"
         return samples
 
@@ -183,32 +193,44 @@ async def under_attack(
     *args: str,
     during: Callable[[], Awaitable[None]] | None = None,
 ) -> tuple[list[float], dict[str, Any]]:
-    """Run the attack and measure the normal client meanwhile; assert p99 < 50 ms.
+    """Run the attack and measure the normal client meanwhile; assert its p99 under the limit:
+    50 ms, or ten times the p99 it measured just before the attack on a machine that slow.
 
     The test machine is shared: another process can take the CPU for tens of milliseconds at
-    any time. So a p99 over the limit gets one more attack and measurement; a real stall (the
-    server busy with the attacker for seconds) fails both by far. `during` runs after the
-    measurement, while the attack is still under way.
+    any time. So a p99 over the limit gets one more baseline, attack and measurement; a real
+    stall (the server busy with the attacker for seconds) fails both by far. `during` runs after
+    the measurement, while the attack is still under way.
     """
     attempts = []
     for _ in range(2):
+        before = await normal.measure()
+        limit = max(P99_LIMIT, BASELINE_FACTOR * p99(before))
         attack = Attack(*args)
         try:
-            samples = await normal.measure(attack)
+            samples = await normal.measure_under(attack)
             if during is not None:
                 await during()
             result = attack.result()
         finally:
             attack.kill()
-        assert len(samples) >= MIN_SAMPLES, f"only {len(samples)} round trips"
-        attempts.append(describe(samples))
-        if p99(samples) < P99_LIMIT:
+        attempts.append(
+            f"{describe(samples)}; limit {limit * 1000:.1f} ms (before: {describe(before)})"
+        )
+        if p99(samples) < limit:
             print(f"{args[0]}: {attempts}")  # shown with pytest -rP
             return samples, result
-    raise AssertionError(f"p99 over {P99_LIMIT * 1000:.0f} ms under attack: {attempts}")
+    raise AssertionError(f"p99 over the limit under attack: {attempts}")
 
 
 # Compression bomb
+
+
+def cpu_seconds(server: ServerProcess) -> float:
+    """The server process's user + system CPU time so far (Linux: /proc/PID/stat)."""
+    assert server.process is not None
+    stat = Path(f"/proc/{server.process.pid}/stat").read_text()
+    fields = stat.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def test_compression_bomb_is_refused_quickly_with_bounded_memory(
@@ -218,11 +240,13 @@ async def test_compression_bomb_is_refused_quickly_with_bounded_memory(
     await peer.call(m.CreateTopicRequest(topic_name))
     batch = bomb_batch()  # 96 KiB of zstd that inflates to 3 GiB
     assert len(batch) < 100 * 1024
-    begin = time.monotonic()
+    before = cpu_seconds(fresh_server)
     answer = await peer.call(m.ProduceRequest(topic_name, -1, batch))
     assert isinstance(answer, DecompressedTooLarge), answer
     assert "67108864-byte limit" in answer.message
-    assert time.monotonic() - begin < 2.0
+    # CPU, not elapsed time (a loaded machine stretches that): inflating the 64 MiB limit costs
+    # tens of milliseconds, inflating all 3 GiB seconds
+    assert cpu_seconds(fresh_server) - before < 1.0
     assert fresh_server.peak_rss() < 512 * 1024 * 1024
     # the connection carries on
     answer = await peer.call(m.ProduceRequest(topic_name, -1, build_batch([(None, b"ok", [])])))

@@ -1,15 +1,18 @@
 """A hostile client in a process of its own, for tests/test_hostile.py.
 
 `python -m tests.support.hostile_peer ATTACK HOST:PORT SECONDS [ARG]` prints `attacking` once the
-attack is under way, keeps it up for SECONDS, then prints one JSON line of counts and exits. Plain
-blocking sockets: the attacker must not share an event loop (or a GIL) with the client whose latency
-the test measures. Attacks:
+attack is under way, keeps it up for at least SECONDS and until its stdin gives a line or ends (the
+test has measured what it needed meanwhile: on a loaded machine that takes longer, so the attack
+lasts as long as the measurement rather than a fixed window; `HANG_BOUND` bounds it), then prints
+one JSON line of counts and exits. Plain blocking sockets: the attacker must not share an event
+loop (or a GIL) with the client whose latency the test measures. Attacks:
 
 - `bomb TOPIC`: PRODUCE a 96 KiB zstd batch that inflates to 3 GiB, again and again;
 - `pipeline`: send 5,000 LIST_TOPICS at once and never read an answer;
 - `idle N`: open N connections and send nothing;
 - `partial N`: keep N connections each inside an incomplete frame, replacing the closed ones;
-- `flood TOPIC`: fire-and-forget PRODUCEs of one tiny record in 4 MiB writes, nonstop;
+- `flood TOPIC`: fire-and-forget PRODUCEs of one tiny record in 4 MiB writes, nonstop (at least
+  `MIN_FLOOD_WRITES` of them);
 - `badframes N`: N frames with an unknown api key, in large writes, answers read and dropped;
 - `anonymous N SOURCE`: hold N silent connections from the source address SOURCE (e.g.
   127.0.0.2), reopening each as soon as the server answers or closes it;
@@ -66,10 +69,41 @@ def error_codes(data: bytes, decoder: FrameDecoder, codes: Counter[int]) -> None
             codes[ERROR.unpack_from(body)[0]] += 1
 
 
-def started(seconds: float) -> float:
-    """Announce the attack; returns when it ends (counted from now, after any setup)."""
+HANG_BOUND = 300.0  # seconds: the longest an attack waits for its stop
+MIN_FLOOD_WRITES = 4
+
+
+class AttackClock:
+    """When the attack ends: at least `seconds` after it started, once the test said stop."""
+
+    def __init__(self, seconds: float) -> None:
+        now = time.monotonic()
+        self._earliest = now + seconds
+        self._latest = now + max(seconds, HANG_BOUND)
+        self._stop = threading.Event()
+        threading.Thread(target=self._await_stop, daemon=True).start()
+
+    def _await_stop(self) -> None:
+        sys.stdin.readline()  # a line, or the end of stdin
+        self._stop.set()
+
+    def overdue(self) -> bool:
+        return time.monotonic() >= self._latest
+
+    def ended(self) -> bool:
+        now = time.monotonic()
+        return now >= self._latest or (now >= self._earliest and self._stop.is_set())
+
+    def wait(self) -> None:
+        """Sleep until the attack ends."""
+        while not self.ended():
+            time.sleep(0.02)
+
+
+def started(seconds: float) -> AttackClock:
+    """Announce the attack; its clock starts now (after any setup)."""
     print("attacking", flush=True)
-    return time.monotonic() + seconds
+    return AttackClock(seconds)
 
 
 def bomb(address: str, seconds: float, topic: str) -> dict[str, object]:
@@ -78,8 +112,8 @@ def bomb(address: str, seconds: float, topic: str) -> dict[str, object]:
     decoder = FrameDecoder()
     codes: Counter[int] = Counter()
     slowest = 0.0
-    deadline = started(seconds)
-    while time.monotonic() < deadline:
+    clock = started(seconds)
+    while not clock.ended():
         begin = time.monotonic()
         sock.sendall(request)
         answered = sum(codes.values()) + 1
@@ -94,18 +128,18 @@ def pipeline(address: str, seconds: float) -> dict[str, object]:
     sock = connect(address)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     data = b"".join(encode_request(m.ListTopicsRequest(), i) for i in range(5000))
-    deadline = started(seconds)
+    clock = started(seconds)
     sent = 0
     blocked = False
     sock.settimeout(1.0)
-    while time.monotonic() < deadline:
+    while not clock.ended():
         try:
             sock.sendall(data)
             sent += 5000
         except TimeoutError:
             blocked = True  # the server stopped reading: as it should
             break
-    time.sleep(max(0.0, deadline - time.monotonic()))  # hold the connection, never read
+    clock.wait()  # hold the connection, never read
     return {"sent": sent, "blocked": blocked}
 
 
@@ -117,8 +151,8 @@ def idle(address: str, seconds: float, count: int) -> dict[str, object]:
             sockets.append(connect(address))
         except OSError:
             failed += 1
-    deadline = started(seconds)
-    time.sleep(max(0.0, deadline - time.monotonic()))
+    clock = started(seconds)
+    clock.wait()
     codes: Counter[int] = Counter()
     closed = 0
     for sock in sockets:
@@ -141,14 +175,14 @@ def partial(address: str, seconds: float, count: int) -> dict[str, object]:
     live: list[socket.socket] = []
     codes: Counter[int] = Counter()
     opened = 0
-    deadline = 0.0
-    while not deadline or time.monotonic() < deadline:
+    clock: AttackClock | None = None
+    while clock is None or not clock.ended():
         while len(live) < count:
             sock = connect(address)
             sock.sendall(fragment)
             live.append(sock)
             opened += 1
-        deadline = deadline or started(seconds)
+        clock = clock or started(seconds)
         ready, _, _ = select.select(live, [], [], 0.2)
         for sock in ready:
             try:
@@ -189,10 +223,11 @@ def flood(address: str, seconds: float, topic: str) -> dict[str, object]:
     done = threading.Event()
     reader = threading.Thread(target=_drain, args=(sock, codes, done), daemon=True)
     reader.start()
-    deadline = started(seconds)
+    clock = started(seconds)
     writes = 0
     sock.settimeout(None)  # a timed-out sendall would leave half a frame behind
-    while time.monotonic() < deadline:
+    # at least MIN_FLOOD_WRITES (100,000 frames or more), however slowly the server reads
+    while not clock.ended() or (writes < MIN_FLOOD_WRITES and not clock.overdue()):
         sock.sendall(chunk)
         writes += 1
     done.set()
@@ -207,9 +242,9 @@ def badframes(address: str, seconds: float, count: int) -> dict[str, object]:
     done = threading.Event()
     reader = threading.Thread(target=_drain, args=(sock, codes, done), daemon=True)
     reader.start()
-    deadline = started(seconds)
+    clock = started(seconds)
     sock.sendall(one * count)
-    while sum(codes.values()) < count and time.monotonic() < deadline:
+    while sum(codes.values()) < count and not clock.ended():
         time.sleep(0.05)
     done.set()
     reader.join(2)
@@ -254,8 +289,8 @@ def preauth(address: str, seconds: float) -> dict[str, object]:
     codes: Counter[int] = Counter()
     per_key: dict[str, int] = {}
     unanswered = 0
-    deadline = started(seconds)
-    while time.monotonic() < deadline:
+    clock = started(seconds)
+    while not clock.ended():
         for key in keys:
             sock = connect(address)
             # the server answers from the header and closes: the rest is not read
@@ -277,7 +312,7 @@ def preauth(address: str, seconds: float) -> dict[str, object]:
                 per_key[str(key)] = next(iter(got))
             else:
                 unanswered += 1
-            if time.monotonic() >= deadline:
+            if clock.ended():
                 break
     return {"codes": dict(codes), "per_key": per_key, "unanswered": unanswered}
 
@@ -305,8 +340,8 @@ def anonymous(address: str, seconds: float, count: int, source: str) -> dict[str
             opened += 1
 
     fill()
-    deadline = started(seconds)
-    while time.monotonic() < deadline:
+    clock = started(seconds)
+    while not clock.ended():
         for key, _ in selector.select(0.2):
             sock = key.fileobj
             assert isinstance(sock, socket.socket)
