@@ -7,7 +7,14 @@ below E read in place), then fails loading the cursors (etcd unreachable). The r
 local log ending at E with E verified; it must not keep that log as if it held everything above
 the manifest's segments: keeping it dropped the chunks in place, so offsets below E were
 unreadable and a subscription from earliest started at E (acknowledged messages never read
-back). Fixed in 33b6f27."""
+back). Fixed in 33b6f27.
+
+A subscription created here between a take-over's local part and the coordinator's SERVING flip
+(a consumer's SUBSCRIBE reaching the new owner as the partition moves) must take the previous
+owner's cursor: the take-over loaded cursors only for the subscriptions it knew, and the new
+subscription's checkpointing looked only at the partitions already SERVING, so neither did, and
+a `latest` subscription skipped what it had not read (test_cluster_attack's joined-broker test,
+now and then under load)."""
 
 from __future__ import annotations
 
@@ -16,8 +23,9 @@ from pathlib import Path
 import pytest
 
 import headwater
+from headwater.durables.cursor import PartitionCursor
 from headwater.server.catalog.topic_catalog import TopicCatalog
-from headwater.server.cluster.cluster_partitions import ClusterPartitions
+from headwater.server.cluster.cluster_partitions import ClusterPartitions, checkpoint_key
 from headwater.server.cluster.coordinator_state import Standing
 from headwater.server.cluster.tail_commit import TailCommitter
 from headwater.server.config import ObjectStoreConfig, ServerConfig
@@ -45,22 +53,25 @@ def stamped(values: list[bytes], base: int) -> bytes:
     return bytes(batch)
 
 
-class FlakyCheckpoints:
-    """The cluster metadata (etcd) for one partition owned here: cursors in a dict, and the
-    first read of one fails as when etcd is unreachable."""
+class Checkpoints:
+    """The cluster metadata (etcd) for one partition owned here: cursors in a dict; with
+    `flaky`, the first read of one fails as when etcd is unreachable. `serving` is the
+    coordinator's flip to SERVING, after `acquire` returned."""
 
-    def __init__(self, topic: str, partition: int) -> None:
+    def __init__(self, topic: str, partition: int, flaky: bool = False) -> None:
         self.key = (topic, partition)
         self.current: int | None = None  # our epoch for the partition, once acquiring
+        self.serving = False
         self.values: dict[str, bytes] = {}
         self.reads = 0
+        self.flaky = flaky
 
     async def put_checkpoint(self, key: str, value: bytes) -> None:
         self.values[key] = value
 
     async def get_checkpoint(self, key: str, since: int = 0) -> bytes | None:
         self.reads += 1
-        if self.reads == 1:
+        if self.flaky and self.reads == 1:
             raise StorageError("cluster metadata unavailable")
         return self.values.get(key)
 
@@ -68,10 +79,76 @@ class FlakyCheckpoints:
         return 0
 
     def owned(self) -> list[tuple[str, int]]:
-        return [self.key] if self.current is not None else []
+        return [self.key] if self.current is not None and self.serving else []
 
     def epoch(self, topic: str, partition: int) -> int | None:
         return self.current if (topic, partition) == self.key else None
+
+
+class Broker:
+    """This broker, built as serve.py and ClusterMode build it, over the previous owner's
+    tail: chunks [0, 5) of epoch 3."""
+
+    def __init__(self, tmp_path: Path, checkpoints: Checkpoints) -> None:
+        self.store = LocalObjectStore(tmp_path / "objects")
+        self.tail = CloudTail(self.store)
+        config = ServerConfig(
+            data_dir=tmp_path / "data",
+            object_store=ObjectStoreConfig(backend="local", path=tmp_path / "objects"),
+        )
+        self.state = StateStore(tmp_path / "data" / "state")
+        uploader = Uploader(self.store, self.state, 0.01, 0.1)
+        self.catalog = TopicCatalog(
+            config, self.state, uploader, ObjectArchive(self.store, uploader)
+        )
+        self.checkpoints = checkpoints
+
+        def serves(topic: str, partition: int) -> bool:
+            return checkpoints.epoch(topic, partition) is not None
+
+        self.committer = TailCommitter(
+            self.tail,
+            0.001,
+            lambda topic, partition: Standing.HELD if serves(topic, partition) else Standing.GONE,
+            checkpoints.epoch,
+            lambda topic, partition: headwater.NotOwner("owner=none"),
+        )
+        self.partitions = ClusterPartitions(
+            self.catalog, self.tail, self.committer, checkpoints, serves
+        )
+        self.committer.on_stored = self.partitions.stored
+        uploader.may_upload = serves
+        uploader.purges = False
+        uploader.publisher = self.partitions
+        self.uploader = uploader
+
+    async def __aenter__(self) -> LogTopic:
+        # the previous owner (epoch 3) claimed the partition and stored [0, 5) in two chunks
+        await PartitionManifests(self.store).claim(TOPIC, 0, PREVIOUS_EPOCH)
+        await self.tail.mark_epoch(TOPIC, 0, PREVIOUS_EPOCH, 0)
+        await self.tail.put(TOPIC, 0, Chunk(0, 2, PREVIOUS_EPOCH), stamped(FIRST, 0))
+        await self.tail.put(TOPIC, 0, Chunk(2, 5, PREVIOUS_EPOCH), stamped(SECOND, 2))
+        self.uploader.start()
+        await self.catalog.open()
+        topic = await self.catalog.create_topic(
+            m.CreateTopicRequest(
+                TOPIC, 1, m.DispatchMode.RELIABLE, (m.ConfigEntry("fsync", "never"),)
+            )
+        )
+        assert isinstance(topic, LogTopic)
+        return topic
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.checkpoints.current = None
+        await self.partitions.close()
+        self.committer.reset(TOPIC, 0)
+        await self.committer.settle(TOPIC, 0)
+        await self.catalog.close()
+        await self.store.close()
+        self.state.close()
+
+
+EARLIEST = m.SubscriptionSettings(start=m.StartPosition.EARLIEST)
 
 
 async def test_a_take_over_retried_after_failing_to_load_cursors_keeps_the_chunks_readable(
@@ -79,53 +156,14 @@ async def test_a_take_over_retried_after_failing_to_load_cursors_keeps_the_chunk
 ) -> None:
     """Chunks [0, 5) of epoch 3 in the tail; epoch 7's take-over fails loading the cursors after
     restarting the log at 5, epoch 8's succeeds: offsets 0..4 are still readable here."""
-    store = LocalObjectStore(tmp_path / "objects")
-    tail = CloudTail(store)
-    # the previous owner (epoch 3) claimed the partition and stored [0, 5) in two chunks
-    await PartitionManifests(store).claim(TOPIC, 0, PREVIOUS_EPOCH)
-    await tail.mark_epoch(TOPIC, 0, PREVIOUS_EPOCH, 0)
-    await tail.put(TOPIC, 0, Chunk(0, 2, PREVIOUS_EPOCH), stamped(FIRST, 0))
-    await tail.put(TOPIC, 0, Chunk(2, 5, PREVIOUS_EPOCH), stamped(SECOND, 2))
-
-    # this broker, built as serve.py and ClusterMode build it
-    config = ServerConfig(
-        data_dir=tmp_path / "data",
-        object_store=ObjectStoreConfig(backend="local", path=tmp_path / "objects"),
-    )
-    state = StateStore(tmp_path / "data" / "state")
-    uploader = Uploader(store, state, 0.01, 0.1)
-    catalog = TopicCatalog(config, state, uploader, ObjectArchive(store, uploader))
-    checkpoints = FlakyCheckpoints(TOPIC, 0)
-
-    def serves(topic: str, partition: int) -> bool:
-        return checkpoints.epoch(topic, partition) is not None
-
-    committer = TailCommitter(
-        tail,
-        0.001,
-        lambda topic, partition: Standing.HELD if serves(topic, partition) else Standing.GONE,
-        checkpoints.epoch,
-        lambda topic, partition: headwater.NotOwner("owner=none"),
-    )
-    partitions = ClusterPartitions(catalog, tail, committer, checkpoints, serves)
-    committer.on_stored = partitions.stored
-    uploader.may_upload = serves
-    uploader.purges = False
-    uploader.publisher = partitions
-    uploader.start()
-    try:
-        await catalog.open()
-        topic = await catalog.create_topic(
-            m.CreateTopicRequest(
-                TOPIC, 1, m.DispatchMode.RELIABLE, (m.ConfigEntry("fsync", "never"),)
-            )
-        )
-        assert isinstance(topic, LogTopic)
+    checkpoints = Checkpoints(TOPIC, 0, flaky=True)
+    broker = Broker(tmp_path, checkpoints)
+    async with broker as topic:
+        catalog, partitions = broker.catalog, broker.partitions
         # the take-over reads a cursor from etcd for each reliable subscription: with one, the
         # cursors are loaded, and the first load fails
-        earliest = m.SubscriptionSettings(start=m.StartPosition.EARLIEST)
         subscription = await catalog.subscriptions.get_or_create(
-            topic, "s", m.SubscriptionType.EXCLUSIVE, earliest
+            topic, "s", m.SubscriptionType.EXCLUSIVE, EARLIEST
         )
         assert isinstance(subscription, ReliableSubscription)
 
@@ -148,15 +186,38 @@ async def test_a_take_over_retried_after_failing_to_load_cursors_keeps_the_chunk
         # does one created from earliest after the take-over
         assert subscription.core.position(0) == 0
         later = await catalog.subscriptions.get_or_create(
-            topic, "later", m.SubscriptionType.EXCLUSIVE, earliest
+            topic, "later", m.SubscriptionType.EXCLUSIVE, EARLIEST
         )
         assert isinstance(later, ReliableSubscription)
         assert later.core.position(0) == 0
-    finally:
-        checkpoints.current = None
-        await partitions.close()
-        committer.reset(TOPIC, 0)
-        await committer.settle(TOPIC, 0)
-        await catalog.close()
-        await store.close()
-        state.close()
+
+
+async def test_a_subscription_created_before_the_partition_is_served_takes_the_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """The previous owner checkpointed subscription `s` at 2 (it read [0, 2) of [0, 5)). Our
+    take-over's local part is done, the coordinator has not flipped the partition to SERVING
+    yet, and a consumer's SUBSCRIBE from `latest` creates `s` here: it continues at 2, and the
+    cursor it checkpoints is 2, not 5 (three unread messages skipped)."""
+    checkpoints = Checkpoints(TOPIC, 0)
+    checkpoints.values[checkpoint_key(TOPIC, "s", 0)] = PartitionCursor.starting_at(2).encode()
+    broker = Broker(tmp_path, checkpoints)
+    async with broker as topic:
+        catalog, partitions = broker.catalog, broker.partitions
+
+        async def created(topic: LogTopic, name: str, definition: dict[str, object]) -> None:
+            await partitions.checkpoint_new(topic, name)  # as ClusterMode's hook does
+
+        catalog.subscriptions.created = created
+        checkpoints.current = 7
+        await partitions.acquire(TOPIC, 0, 7)  # no subscription known here yet
+        latest = m.SubscriptionSettings(start=m.StartPosition.LATEST)
+        async with catalog.turn(TOPIC):  # as a SUBSCRIBE holds it
+            subscription = await catalog.subscriptions.get_or_create(
+                topic, "s", m.SubscriptionType.EXCLUSIVE, latest
+            )
+        checkpoints.serving = True  # the coordinator's flip, a moment later
+        assert isinstance(subscription, ReliableSubscription)
+        assert subscription.core.position(0) == 2
+        stored = checkpoints.values[checkpoint_key(TOPIC, "s", 0)]
+        assert PartitionCursor.decode(stored).floor == 2

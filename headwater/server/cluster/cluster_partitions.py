@@ -146,6 +146,11 @@ class ClusterPartitions:
         # by our own appends): a take-over that keeps the log keeps it
         self._tables: set[tuple[str, int]] = set()
         self.tables_rebuilt = 0
+        # partitions whose take-over loaded the cursors (in the topic's turn), until released
+        # or lost: a subscription created here (also in the turn) takes the cluster's cursors
+        # for exactly these. Not the coordinator's SERVING, which comes a moment after the
+        # take-over: a subscription created in between was in neither, and started afresh
+        self._taken: set[tuple[str, int]] = set()
         self.wake: Callable[[], None] = lambda: None
 
     def start(self) -> None:
@@ -317,6 +322,7 @@ class ClusterPartitions:
         self._verified[key] = end
         self._unfolded[key] = len(run)
         await self._load_cursors(found, partition, since)
+        self._taken.add(key)
         log.info(
             "cluster.partition_acquired",
             topic=topic,
@@ -349,9 +355,11 @@ class ClusterPartitions:
         with contextlib.suppress(Exception):
             await self._committer.drain(topic, partition)
         await self._checkpoint_partition(topic, partition, force=True)
+        self._taken.discard((topic, partition))
         log.info("cluster.partition_released", topic=topic, partition=partition)
 
     def lost(self, topic: str, partition: int) -> None:
+        self._taken.discard((topic, partition))
         self._committer.reset(topic, partition)
         self._verified.pop((topic, partition), None)
         self._manifest.pop((topic, partition), None)
@@ -803,15 +811,16 @@ class ClusterPartitions:
     # Checkpoints
 
     async def checkpoint_new(self, topic: LogTopic, subscription: str) -> None:
-        """A subscription was just created here: its start, for the partitions owned here,
-        unless the cluster has a cursor for it there already (it was created on another broker,
-        which served the partition before us): that cursor is taken, as by a take-over, and
-        the start asked for here applies only where the subscription is new. Otherwise a
-        `latest` start would skip what the subscription has not read yet."""
+        """A subscription was just created here (in the topic's turn): its start, for the
+        partitions taken over here (their take-overs loaded cursors before it existed), unless
+        the cluster has a cursor for it there already (it was created on another broker, which
+        served the partition before us): that cursor is taken, as by a take-over, and the start
+        asked for here applies only where the subscription is new. Otherwise a `latest` start
+        would skip what the subscription has not read yet."""
         found = topic.subscriptions.get(subscription)
         since = self._checkpoints.incarnation(topic.name)
         now = time.monotonic()
-        for name, partition in self._checkpoints.owned():
+        for name, partition in sorted(self._taken):
             if name != topic.name:
                 continue
             data = await self._checkpoints.get_checkpoint(
