@@ -1,0 +1,248 @@
+"""Stock Kafka clients (confluent-kafka, librdkafka) against a Headwater cluster as against a Kafka
+cluster (docs/KAFKA.md, "In a cluster"): three brokers on a real etcd and moto's S3, each with a
+Kafka port. Metadata names the three brokers and each partition's owner as its leader; a topic
+created through one broker; an acks=all producer bootstrapped at all three, every acknowledged
+message read back; kill -9 of a partition owner mid-stream, the producer carries on after a
+metadata refresh and nothing acknowledged is lost; a consumer group across the brokers, whose
+committed offsets survive kill -9 of its coordinator.
+
+One cluster for the module (starting brokers is most of its time): the tests that kill a broker
+start it again on its ports before they end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from headwater.server.kafka.kafka_nodes import node_id
+from tests.support.cluster_support import Cluster, running_cluster
+from tests.support.s3 import MotoS3, create_bucket
+
+BROKERS = ("b1", "b2", "b3")
+PARTITIONS = 6
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, s3: MotoS3) -> Iterator[Cluster]:
+    root = tmp_path_factory.mktemp("kafka-cluster")
+    asyncio.run(create_bucket(s3, "hw-kafka-cluster"))
+    with running_cluster(root, s3, "hw-kafka-cluster", 2000, kafka=True) as cluster:
+        threads = [threading.Thread(target=cluster.start_broker, args=(b,)) for b in BROKERS]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert set(cluster.brokers) == set(BROKERS)
+        yield cluster
+
+
+def _bootstrap(cluster: Cluster) -> str:
+    return ",".join(f"127.0.0.1:{cluster.kafka_ports[b]}" for b in BROKERS)
+
+
+def _create_topic(cluster: Cluster, topic: str, through: str = "b2") -> None:
+    """Through one broker's Kafka port; then until its partitions are spread over the three."""
+    admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{cluster.kafka_ports[through]}"})
+    futures = admin.create_topics([NewTopic(topic, PARTITIONS, 1)], operation_timeout=30)
+    futures[topic].result(timeout=60)
+    asyncio.run(cluster.wait_owned(topic, PARTITIONS, set(BROKERS), timeout=60))
+
+
+def _producer(cluster: Cluster, acked: list[tuple[int, int, bytes]]) -> Producer:
+    def delivered(error: KafkaError | None, message: object) -> None:
+        if error is None:
+            acked.append((message.partition(), message.offset(), message.value()))  # type: ignore[attr-defined]
+
+    return Producer(
+        {
+            "on_delivery": delivered,
+            "bootstrap.servers": _bootstrap(cluster),
+            "acks": "all",
+            "enable.idempotence": True,
+            "linger.ms": 5,
+            "message.timeout.ms": 60_000,
+            "retry.backoff.ms": 100,
+            "topic.metadata.refresh.interval.ms": 1000,
+        }
+    )
+
+
+def _send(producer: Producer, topic: str, value: bytes) -> None:
+    for _ in range(100):  # bounded: a full local queue drains within poll()s
+        try:
+            producer.produce(topic, value)
+            return
+        except BufferError:
+            producer.poll(0.1)
+    raise AssertionError("the producer's queue never drained")
+
+
+def _read_all(cluster: Cluster, topic: str, wanted: set[bytes], timeout: float = 60) -> set[bytes]:
+    """Every partition from the start (assigned, no group) until `wanted` is all read."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": _bootstrap(cluster),
+            "group.id": "reader-unused",
+            "enable.auto.commit": False,
+            "topic.metadata.refresh.interval.ms": 1000,
+        }
+    )
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+    seen: set[bytes] = set()
+    deadline = time.monotonic() + timeout
+    try:
+        while not wanted <= seen and time.monotonic() < deadline:
+            for message in consumer.consume(500, 0.5):
+                if message.error() is None:
+                    seen.add(message.value())
+    finally:
+        consumer.close()
+    return seen
+
+
+def test_metadata_names_the_brokers_and_each_partitions_owner(cluster: Cluster) -> None:
+    topic = "meta"
+    _create_topic(cluster, topic)
+    owners = asyncio.run(cluster.owners(topic))
+    admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{cluster.kafka_ports['b3']}"})
+    for _ in range(50):  # a partition handed off between the two reads: read again (bounded)
+        metadata = admin.list_topics(topic, timeout=10)
+        leaders = {p.id: p.leader for p in metadata.topics[topic].partitions.values()}
+        if leaders == {p: node_id(b) for p, b in owners.items()}:
+            break
+        time.sleep(0.1)
+        owners = asyncio.run(cluster.owners(topic))
+    assert leaders == {p: node_id(b) for p, b in owners.items()}
+    assert {(b.id, b.port) for b in metadata.brokers.values()} == {
+        (node_id(b), cluster.kafka_ports[b]) for b in BROKERS
+    }
+    assert all(p.replicas == [p.leader] for p in metadata.topics[topic].partitions.values())
+
+
+def test_acks_all_through_three_brokers_every_acknowledged_message_read_back(
+    cluster: Cluster,
+) -> None:
+    topic = "ledger"
+    _create_topic(cluster, topic)
+    acked: list[tuple[int, int, bytes]] = []
+    producer = _producer(cluster, acked)
+    values = [f"m{i}".encode() for i in range(600)]
+    for value in values:
+        _send(producer, topic, value)
+    assert producer.flush(60) == 0
+    assert sorted(v for _, _, v in acked) == sorted(values)
+    assert {p for p, _, _ in acked} == set(range(PARTITIONS))  # every broker took its share
+    assert _read_all(cluster, topic, set(values)) == set(values)
+
+
+def test_kill_9_of_a_partition_owner_mid_stream_loses_nothing_acknowledged(
+    cluster: Cluster,
+) -> None:
+    topic = "stream"
+    _create_topic(cluster, topic)
+    owners = asyncio.run(cluster.owners(topic))
+    victim = owners[0]
+    acked: list[tuple[int, int, bytes]] = []
+    producer = _producer(cluster, acked)
+    sent: list[bytes] = []
+    for i in range(400):
+        sent.append(f"s{i}".encode())
+        _send(producer, topic, sent[-1])
+        producer.poll(0)
+        if i % 50 == 49:
+            time.sleep(0.05)  # a stream, not one burst
+        if i == 150:
+            cluster.brokers[victim].kill()
+    assert producer.flush(90) == 0, "messages never acknowledged"
+    after = asyncio.run(cluster.wait_owned(topic, PARTITIONS, set(BROKERS) - {victim}))
+    assert victim not in after.values()
+    # the producer kept going: everything sent, the victim's partitions included, acknowledged
+    assert set(sent) == {v for _, _, v in acked}
+    victims = {p for p, b in owners.items() if b == victim}
+    assert victims & {p for p, _, v in acked if int(v[1:]) > 150}
+    assert _read_all(cluster, topic, set(sent)) == set(sent)
+    cluster.restart_broker(victim)
+
+
+def test_a_group_across_the_brokers_and_its_offsets_survive_kill_9_of_its_coordinator(
+    cluster: Cluster,
+) -> None:
+    topic, group = "work", "workers"
+    _create_topic(cluster, topic)
+    producer = _producer(cluster, [])
+    values = {f"w{i}".encode() for i in range(300)}
+    for value in sorted(values):
+        _send(producer, topic, value)
+    assert producer.flush(60) == 0
+    seen: dict[str, set[bytes]] = {"x": set(), "y": set()}
+    done = threading.Event()
+
+    def member(name: str) -> None:
+        consumer = Consumer(
+            {
+                "bootstrap.servers": _bootstrap(cluster),
+                "group.id": group,
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+                "session.timeout.ms": 10_000,
+                "heartbeat.interval.ms": 500,
+            }
+        )
+        consumer.subscribe([topic])
+        try:
+            deadline = time.monotonic() + 60
+            while not done.is_set() and time.monotonic() < deadline:
+                messages = [m for m in consumer.consume(100, 0.2) if m.error() is None]
+                seen[name].update(m.value() for m in messages)
+                if messages:
+                    consumer.commit(asynchronous=False)
+        finally:
+            consumer.close()
+
+    members = [threading.Thread(target=member, args=(n,)) for n in seen]
+    for thread in members:
+        thread.start()
+    deadline = time.monotonic() + 60
+    while seen["x"] | seen["y"] != values and time.monotonic() < deadline:
+        time.sleep(0.1)
+    done.set()
+    for thread in members:
+        thread.join()
+    assert seen["x"] | seen["y"] == values
+    assert seen["x"] and seen["y"], "one member had every partition"
+
+    ends = _committed(cluster, topic, group)
+    assert sum(ends) == len(values)
+    # kill -9 the group's coordinator: another broker coordinates it, with the same offsets
+    admin = AdminClient({"bootstrap.servers": _bootstrap(cluster)})
+    described = admin.describe_consumer_groups([group])[group].result(timeout=10)
+    coordinator = next(b for b in BROKERS if node_id(b) == described.coordinator.id)
+    cluster.brokers[coordinator].kill()
+    try:
+        assert _committed(cluster, topic, group, without=coordinator) == ends
+    finally:
+        cluster.restart_broker(coordinator)
+
+
+def _committed(
+    cluster: Cluster, topic: str, group: str, without: str | None = None
+) -> list[int]:
+    bootstrap = ",".join(
+        f"127.0.0.1:{cluster.kafka_ports[b]}" for b in BROKERS if b != without
+    )
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        found = consumer.committed(
+            [TopicPartition(topic, p) for p in range(PARTITIONS)], timeout=30
+        )
+        return [tp.offset for tp in found]
+    finally:
+        consumer.close()
