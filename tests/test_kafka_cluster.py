@@ -16,7 +16,6 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
@@ -232,12 +231,8 @@ def test_a_group_across_the_brokers_and_its_offsets_survive_kill_9_of_its_coordi
         cluster.restart_broker(coordinator)
 
 
-def _committed(
-    cluster: Cluster, topic: str, group: str, without: str | None = None
-) -> list[int]:
-    bootstrap = ",".join(
-        f"127.0.0.1:{cluster.kafka_ports[b]}" for b in BROKERS if b != without
-    )
+def _committed(cluster: Cluster, topic: str, group: str, without: str | None = None) -> list[int]:
+    bootstrap = ",".join(f"127.0.0.1:{cluster.kafka_ports[b]}" for b in BROKERS if b != without)
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
     try:
         found = consumer.committed(
