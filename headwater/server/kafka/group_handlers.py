@@ -59,7 +59,8 @@ class GroupHandlers:
         self._permits = permits
 
     async def find_coordinator(self, session: KafkaSession, version: int, fields: Fields) -> Fields:
-        node = self._nodes.coordinator(fields["coordinator_key"] or "")
+        key = fields.get("coordinator_key", fields.get("consumer_group"))  # v1+, v0
+        node = self._nodes.coordinator(key or "")
         if node is None:  # no broker with a Kafka port is live (as seen here): ask again
             return {
                 "error_code": k.COORDINATOR_NOT_AVAILABLE,
