@@ -18,11 +18,16 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from aiokafka.protocol.fetch import FetchRequest_v4, FetchResponse_v4
+from aiokafka.protocol.offset import OffsetRequest_v1, OffsetResponse_v1
+from aiokafka.protocol.produce import ProduceRequest_v3, ProduceResponse_v3
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from headwater.server.kafka.kafka_nodes import node_id
+from headwater.wire.records import BatchBuilder
 from tests.support.cluster_support import Cluster, running_cluster
+from tests.support.kafka_support import RawKafka
 from tests.support.s3 import MotoS3, create_bucket
 
 BROKERS = ("b1", "b2", "b3")
@@ -124,6 +129,39 @@ def test_metadata_names_the_brokers_and_each_partitions_owner(cluster: Cluster) 
         (node_id(b), cluster.kafka_ports[b]) for b in BROKERS
     }
     assert all(p.replicas == [p.leader] for p in metadata.topics[topic].partitions.values())
+
+
+def test_a_broker_answers_not_leader_for_a_partition_it_does_not_serve(cluster: Cluster) -> None:
+    """Produce, Fetch (a long poll asked for) and ListOffsets of partition 0 at a broker that
+    does not own it: NOT_LEADER_OR_FOLLOWER (6) at once, never a wait; at its owner, answered."""
+    topic = "strangers"
+    _create_topic(cluster, topic)
+    owner = asyncio.run(cluster.owners(topic))[0]
+    stranger = next(b for b in BROKERS if b != owner)
+    builder = BatchBuilder()
+    builder.append(b"k", b"v")
+    batch = builder.build()
+
+    def ask(broker: str) -> tuple[int, int, int]:
+        raw = RawKafka(cluster.kafka_ports[broker], timeout=10)
+        try:
+            raw.request(
+                0, 3, 1, ProduceRequest_v3(None, -1, 30_000, [(topic, [(0, batch)])]).encode()
+            )
+            ((_, ((_, produced, _, _),)),) = ProduceResponse_v3.decode(raw.response()[1]).topics
+            body = FetchRequest_v4(-1, 5000, 1, 1 << 20, 0, [(topic, [(0, 0, 1 << 20)])]).encode()
+            raw.request(1, 4, 2, body)
+            ((_, ((_, fetched, *_),)),) = FetchResponse_v4.decode(raw.response()[1]).topics
+            raw.request(2, 1, 3, OffsetRequest_v1(-1, [(topic, [(0, -1)])]).encode())
+            ((_, ((_, listed, *_),)),) = OffsetResponse_v1.decode(raw.response()[1]).topics
+            return produced, fetched, listed
+        finally:
+            raw.close()
+
+    started = time.monotonic()
+    assert ask(stranger) == (6, 6, 6)
+    assert time.monotonic() - started < 4  # the Fetch's 5 s long poll was not waited out
+    assert ask(owner) == (0, 0, 0)
 
 
 def test_acks_all_through_three_brokers_every_acknowledged_message_read_back(
