@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 
 import pytest
@@ -24,7 +25,9 @@ from aiokafka.protocol.produce import ProduceRequest_v3, ProduceResponse_v3
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from headwater.server.kafka.kafka_nodes import node_id
+from headwater.server.kafka import kafka_nodes
+from headwater.server.kafka.kafka_nodes import ClusterNodes, node_id
+from headwater.server.requests.partition_ownership import BrokerAddress
 from headwater.wire.records import BatchBuilder
 from tests.support.cluster_support import Cluster, running_cluster
 from tests.support.kafka_support import RawKafka
@@ -289,3 +292,61 @@ def _committed(cluster: Cluster, topic: str, group: str, without: str | None = N
         return [tp.offset for tp in found]
     finally:
         consumer.close()
+
+
+class _Peers:
+    """A cluster's view without a cluster, for `ClusterNodes`' rules."""
+
+    def __init__(self, kafka: dict[str, int], owners: dict[int, str], this: str = "b1") -> None:
+        self.kafka = kafka
+        self.owners = owners
+        self.this = this
+
+    @property
+    def this_broker(self) -> BrokerAddress:
+        return BrokerAddress(self.this, "127.0.0.1", 1)
+
+    def serves(self, topic: str, partition: int) -> bool:
+        return self.owners.get(partition) == self.this
+
+    def owner(self, topic: str, partition: int) -> BrokerAddress | None:
+        found = self.owners.get(partition)
+        return None if found is None else BrokerAddress(found, "127.0.0.1", 1)
+
+    def brokers(self) -> list[BrokerAddress]:
+        return [BrokerAddress(b, "127.0.0.1", 1) for b in sorted(self.kafka)]
+
+    def kafka_addresses(self) -> dict[str, tuple[str, int]]:
+        return {b: ("127.0.0.1", port) for b, port in self.kafka.items()}
+
+
+def test_node_ids_leaders_and_coordinators_follow_the_cluster_view() -> None:
+    """Node ids depend on the broker id alone; a partition without an owner, or whose owner has
+    no Kafka port, has no leader; a broker leaving moves only the groups it coordinated."""
+    peers = _Peers({"b1": 9001, "b2": 9002, "b3": 9003}, {0: "b1", 1: "b3", 3: "gone"})
+    nodes = ClusterNodes(peers)
+    assert {n.broker_id: n.node_id for n in nodes.nodes()} == {
+        b: zlib.crc32(b.encode()) & 0x7FFFFFFF for b in ("b1", "b2", "b3")
+    }
+    assert [None if n is None else n.broker_id for n in nodes.leaders("t", 4)] == [
+        "b1",
+        "b3",
+        None,
+        None,
+    ]
+    assert nodes.controller() == node_id("b1")
+    groups = [f"group-{i}" for i in range(300)]
+    before = {g: nodes.coordinator(g) for g in groups}
+    assert {n.broker_id for n in before.values() if n is not None} == {"b1", "b2", "b3"}
+    del peers.kafka["b2"]  # b2 gone (or registered without a Kafka port)
+    after = {g: nodes.coordinator(g) for g in groups}
+    moved = {g for g in groups if before[g] != after[g]}
+    assert moved == {g for g in groups if before[g] is not None and before[g].broker_id == "b2"}
+    assert nodes.this() is not None and nodes.coordinator(None) is not None
+
+
+def test_a_node_id_clash_leaves_the_higher_broker_id_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kafka_nodes, "node_id", lambda broker_id: 7)
+    nodes = ClusterNodes(_Peers({"b1": 9001, "b2": 9002}, {0: "b2"}))
+    assert [(n.broker_id, n.node_id) for n in nodes.nodes()] == [("b1", 7)]
+    assert nodes.leaders("t", 1) == [None]

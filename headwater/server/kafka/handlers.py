@@ -80,7 +80,7 @@ from headwater.server.kafka.config_handlers import ConfigHandlers
 from headwater.server.kafka.group_handlers import GroupHandlers, Handler, KafkaSession
 from headwater.server.kafka.group_offsets import GroupOffsets
 from headwater.server.kafka.groups import Coordinator
-from headwater.server.kafka.kafka_nodes import Nodes, SingleNode
+from headwater.server.kafka.kafka_nodes import Node, Nodes, SingleNode
 from headwater.server.reply import Reply, resolve
 from headwater.server.requests.broker import Broker
 from headwater.server.requests.partition_ownership import not_owner
@@ -287,9 +287,8 @@ class KafkaHandlers:
                     {"error_code": k.UNKNOWN_TOPIC_OR_PARTITION, "topic": name, "partitions": []}
                 )
                 continue
-            partitions = [
-                self._partition_metadata(name, index) for index in range(len(topic.partitions))
-            ]
+            leaders = self.nodes.leaders(name, len(topic.partitions))
+            partitions = [_partition_metadata(i, leader) for i, leader in enumerate(leaders)]
             entries.append({"error_code": 0, "topic": name, "partitions": partitions})
         nodes = self.nodes
         return {
@@ -299,26 +298,6 @@ class KafkaHandlers:
             "cluster_id": CLUSTER_ID,
             "controller_id": nodes.controller(),
             "topics": entries,
-        }
-
-    def _partition_metadata(self, topic: str, index: int) -> Fields:
-        leader = self.nodes.leader(topic, index)
-        if leader is None:  # nobody owns it now (a take-over under way): clients ask again
-            return {
-                "error_code": k.LEADER_NOT_AVAILABLE,
-                "partition": index,
-                "leader": -1,
-                "replicas": [],
-                "isr": [],
-                "offline_replicas": [],
-            }
-        return {
-            "error_code": 0,
-            "partition": index,
-            "leader": leader.node_id,
-            "replicas": [leader.node_id],
-            "isr": [leader.node_id],
-            "offline_replicas": [],
         }
 
     # Produce
@@ -749,6 +728,26 @@ class KafkaHandlers:
                 code = _refused("kafka.delete_topic_refused", exc, name, -1)
             results.append({"topic": name, "error_code": code})
         return {"throttle_time_ms": 0, "topic_error_codes": results}
+
+
+def _partition_metadata(index: int, leader: Node | None) -> Fields:
+    if leader is None:  # nobody owns it now (a take-over under way): clients ask again
+        return {
+            "error_code": k.LEADER_NOT_AVAILABLE,
+            "partition": index,
+            "leader": -1,
+            "replicas": [],
+            "isr": [],
+            "offline_replicas": [],
+        }
+    return {
+        "error_code": 0,
+        "partition": index,
+        "leader": leader.node_id,
+        "replicas": [leader.node_id],
+        "isr": [leader.node_id],
+        "offline_replicas": [],
+    }
 
 
 def _topic_config(name: str, value: str) -> m.ConfigEntry:

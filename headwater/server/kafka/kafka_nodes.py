@@ -62,11 +62,13 @@ class Nodes(Protocol):
         """This broker's node (None in a cluster while it is not named)."""
         ...
 
-    def leader(self, topic: str, partition: int) -> Node | None: ...
+    def leaders(self, topic: str, count: int) -> list[Node | None]:
+        """The leader of each of the topic's `count` partitions (None: none now)."""
+        ...
 
     def controller(self) -> int: ...
 
-    def coordinator(self, group: str) -> Node | None:
+    def coordinator(self, group: str | None) -> Node | None:
         """The broker that coordinates `group` (None: no broker can now)."""
         ...
 
@@ -87,13 +89,13 @@ class SingleNode:
     def this(self) -> Node | None:
         return self._node
 
-    def leader(self, topic: str, partition: int) -> Node | None:
-        return self._node
+    def leaders(self, topic: str, count: int) -> list[Node | None]:
+        return [self._node] * count
 
     def controller(self) -> int:
         return SINGLE_NODE_ID
 
-    def coordinator(self, group: str) -> Node | None:
+    def coordinator(self, group: str | None) -> Node | None:
         return self._node
 
 
@@ -126,19 +128,22 @@ class ClusterNodes:
     def this(self) -> Node | None:
         return self._named().get(self._peers.this_broker.broker_id)
 
-    def leader(self, topic: str, partition: int) -> Node | None:
-        owner = self._peers.owner(topic, partition)
-        return None if owner is None else self._named().get(owner.broker_id)
+    def leaders(self, topic: str, count: int) -> list[Node | None]:
+        named, owner = self._named(), self._peers.owner  # the brokers once per request
+        return [
+            None if (found := owner(topic, index)) is None else named.get(found.broker_id)
+            for index in range(count)
+        ]
 
     def controller(self) -> int:
         named = self._named()
         return named[min(named)].node_id if named else -1
 
-    def coordinator(self, group: str) -> Node | None:
+    def coordinator(self, group: str | None) -> Node | None:
         named = self._named()
         if not named:
             return None
-        chosen = max(named, key=lambda broker_id: _score(group, broker_id))
+        chosen = max(named, key=lambda broker_id: _score(group or "", broker_id))
         return named[chosen]
 
 
