@@ -94,10 +94,13 @@ class KafkaBrokers:
         return {int(kv.key.decode().rsplit("/", 1)[1]): kv.value.decode() for kv in found}
 
     def wait_owned(self, among: set[str], timeout: float = 60) -> dict[int, str]:
+        """Until every partition is owned by one of `among`, each of them owning its share (a
+        restarted broker's take-overs are over: a round must not kill a broker handing off)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             owners = asyncio.run(self.owners())
-            if len(owners) == PARTITIONS and set(owners.values()) <= among:
+            counts = [list(owners.values()).count(b) for b in among]
+            if len(owners) == PARTITIONS and set(owners.values()) <= among and min(counts) > 0:
                 return owners
             time.sleep(0.1)
         raise RuntimeError(f"partitions not owned by {among} in {timeout} s")
@@ -182,7 +185,7 @@ def consume_row(brokers: KafkaBrokers, records: int) -> dict[str, Any]:
 def failover_round(brokers: KafkaBrokers) -> dict[str, Any]:
     from confluent_kafka import Producer
 
-    victim = brokers.wait_owned(set(brokers.processes))[0]
+    brokers.wait_owned(set(brokers.processes))
     killed = [0.0]
     first_ack: list[float] = []
     undelivered = [0]
@@ -218,8 +221,9 @@ def failover_round(brokers: KafkaBrokers) -> dict[str, Any]:
 
     sender = threading.Thread(target=send)
     sender.start()
-    time.sleep(1.0)
+    time.sleep(1.0)  # producing; and a restarted broker's take-overs settle
     load = os.getloadavg()[0]
+    victim = asyncio.run(brokers.owners())[0]  # partition 0's owner now
     killed[0] = time.monotonic()
     brokers.processes[victim].kill()
     deadline = killed[0] + 60
