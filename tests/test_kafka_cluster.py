@@ -4,7 +4,10 @@ Kafka port. Metadata names the three brokers and each partition's owner as its l
 created through one broker; an acks=all producer bootstrapped at all three, every acknowledged
 message read back; kill -9 of a partition owner mid-stream, the producer carries on after a
 metadata refresh and nothing acknowledged is lost; a consumer group across the brokers, whose
-committed offsets survive kill -9 of its coordinator.
+committed offsets survive kill -9 of its coordinator; Produce, Fetch and ListOffsets at a broker
+that is not the leader answered NOT_LEADER_OR_FOLLOWER at once; odd but well-formed requests
+never break a cluster handler. The rules of node ids, leaders and group coordinators are checked
+without a cluster too (`kafka_nodes.ClusterNodes` over a fake view).
 
 One cluster for the module (starting brokers is most of its time): the tests that kill a broker
 start it again on its ports before they end.
@@ -13,6 +16,8 @@ start it again on its ports before they end.
 from __future__ import annotations
 
 import asyncio
+import random
+import struct
 import threading
 import time
 import zlib
@@ -26,12 +31,14 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from headwater.server.kafka import kafka_nodes
+from headwater.server.kafka.apis import SERVED
 from headwater.server.kafka.kafka_nodes import ClusterNodes, node_id
 from headwater.server.requests.partition_ownership import BrokerAddress
 from headwater.wire.records import BatchBuilder
 from tests.support.cluster_support import Cluster, running_cluster
 from tests.support.kafka_support import RawKafka
 from tests.support.s3 import MotoS3, create_bucket
+from tests.test_kafka_hostile import _random_value
 
 BROKERS = ("b1", "b2", "b3")
 PARTITIONS = 6
@@ -167,6 +174,44 @@ def test_a_broker_answers_not_leader_for_a_partition_it_does_not_serve(cluster: 
     assert ask(stranger) == (6, 6, 6)
     assert time.monotonic() - started < 4  # the Fetch's 5 s long poll was not waited out
     assert ask(owner) == (0, 0, 0)
+
+
+def test_odd_requests_never_break_a_cluster_handler(cluster: Cluster) -> None:
+    """test_kafka_hostile's well-formed requests with odd values (null and huge names, extreme
+    numbers), 200 of the APIs a cluster answers its own way, at a cluster broker: the cluster's
+    paths (group coordinators by hash, leaders by owner, NOT_COORDINATOR) never log a handler
+    failure, and the broker serves on."""
+    rng = random.Random(23)
+    port = cluster.kafka_ports["b1"]
+    # the APIs whose answers depend on the cluster: Produce, Fetch, ListOffsets, Metadata and
+    # the group APIs (8-16)
+    apis = [a for a in SERVED.values() if a.key in (0, 1, 2, 3) or 8 <= a.key <= 16]
+    for round_ in range(20):
+        raw = RawKafka(port, timeout=1)
+        try:
+            sent = 0
+            for i in range(10):
+                api = rng.choice(apis)
+                version = rng.randint(api.min_version, api.max_version)
+                body = api.requests[version].encode(_random_value(rng, api.requests[version]))
+                header = struct.pack(">hhih", api.key, version, round_ * 10 + i, 0)
+                if api.flexible(version):
+                    header += b"\x00"
+                try:
+                    raw.send_raw(struct.pack(">i", len(header) + len(body)) + header + body)
+                except OSError:  # closed after an earlier request of this round
+                    break
+                sent += 1
+            for _ in range(sent):
+                try:
+                    raw.response()
+                except (ConnectionError, TimeoutError, OSError):
+                    break  # acks=0 produces get no answer; a refusal may close
+        finally:
+            raw.close()
+    assert "kafka.handler_failed" not in cluster.brokers["b1"].log()
+    admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"})
+    assert len(admin.list_topics(timeout=10).brokers) == len(BROKERS)
 
 
 def test_acks_all_through_three_brokers_every_acknowledged_message_read_back(
