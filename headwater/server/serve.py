@@ -117,6 +117,7 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
         # LOOKUP names this broker at the port it is bound to (--port 0 picks one)
         single = SingleBroker(BrokerAddress("local", config.host, port))
         broker = Broker(config, catalog, lambda: len(listener.connections), single)
+        cluster = None
         if config.cluster.etcd:
             if store is None:
                 raise StartupError("a cluster needs a shared object store")
@@ -124,7 +125,11 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
                 ClusterMode,  # grpc only when clustered
             )
 
-            cluster = ClusterMode(config, catalog, broker, store, port)
+            kafka_address = None
+            if kafka is not None:  # registered with the broker: every broker's Metadata names it
+                advertise = config.cluster.advertise.rpartition(":")[0] or None
+                kafka_address = kafka.advertised(advertise)
+            cluster = ClusterMode(config, catalog, broker, store, port, kafka_address)
             try:
                 await cluster.start()
             except (OSError, HeadwaterError, ConnectionError, TimeoutError) as exc:
@@ -140,7 +145,14 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
         listener.start(broker)
         if kafka is not None:
             shared = listener.shared
-            kafka.start(broker, shared.security, shared.tls, shared.admission)
+            kafka.start(
+                broker,
+                shared.security,
+                shared.tls,
+                shared.admission,
+                None if cluster is None else cluster.coordinator,
+                None if cluster is None else cluster.group_cursors,
+            )
             if config.kafka.port_file is not None:
                 _write_port(config.kafka.port_file, kafka.port)
             if operator is not None and operator.registry is not None:

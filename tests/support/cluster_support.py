@@ -37,10 +37,14 @@ class Cluster:
         s3_endpoint: str | None = None,
         handoff_after_ms: int = 0,
         cluster_settings: str = "",
+        kafka: bool = False,
     ) -> None:
         """`handoff_after_ms` 0 (not the default of `serve`): a broker that joins or comes back
-        gets its share at once, which most tests of moving partitions want."""
+        gets its share at once, which most tests of moving partitions want. `kafka`: each
+        broker opens a Kafka port too (`kafka_ports`), the same one again on a restart."""
         self.root = root
+        self.kafka = kafka
+        self.kafka_ports: dict[str, int] = {}
         self.etcd = etcd
         self.etcd_endpoint = etcd.endpoint  # what brokers are given (a fault proxy's, say)
         self.brokers: dict[str, ServerProcess] = {}
@@ -78,6 +82,12 @@ handoff_after_ms = {handoff_after_ms}
         if advertise is not None:
             self._advertised[broker_id] = advertise
         advertise = self._advertised.get(broker_id)
+        kafka_file = self.root / f"{broker_id}.kafka"
+        kafka: tuple[str, ...] = ()
+        if self.kafka:
+            kafka_file.unlink(missing_ok=True)
+            kafka_port = str(self.kafka_ports.get(broker_id, 0))
+            kafka = ("--kafka-port", kafka_port, "--kafka-port-file", str(kafka_file))
         process = ServerProcess(
             self.root / broker_id,
             extra_args=(
@@ -95,9 +105,12 @@ handoff_after_ms = {handoff_after_ms}
                 str(self.root / f"{broker_id}.http"),
                 *(("--port", str(port)) if port else ()),
                 *(("--advertise", advertise) if advertise else ()),
+                *kafka,
             ),
         ).start(timeout=120)  # a hang bound: a loaded machine took over 60 s
         self.brokers[broker_id] = process
+        if self.kafka:  # written before the native port's file, which start() waited for
+            self.kafka_ports[broker_id] = int(kafka_file.read_text())
         return process
 
     def restart_broker(self, broker_id: str) -> ServerProcess:
@@ -159,12 +172,21 @@ def running_cluster(
     s3_endpoint: str | None = None,
     handoff_after_ms: int = 0,
     cluster_settings: str = "",
+    kafka: bool = False,
 ) -> Iterator[Cluster]:
     """etcd started, a `Cluster` to start brokers in; every broker and etcd killed at the end.
     `cluster_settings`: more lines of the brokers' `[cluster]` section."""
     etcd = EtcdServer(root / "etcd").start()
     cluster = Cluster(
-        root, etcd, s3, bucket, lease_ttl_ms, s3_endpoint, handoff_after_ms, cluster_settings
+        root,
+        etcd,
+        s3,
+        bucket,
+        lease_ttl_ms,
+        s3_endpoint,
+        handoff_after_ms,
+        cluster_settings,
+        kafka,
     )
     try:
         yield cluster

@@ -13,6 +13,9 @@ broker:
   partitions served here, each under a name of its own, and count once the partition's manifest
   names them (which lets the tail chunks they hold go).
 - subscriptions created here are recorded in etcd with their first checkpoint.
+- the broker's Kafka listener, when it has one, is registered with it (host and port), so that
+  every broker's Kafka Metadata names it (docs/KAFKA.md); a Kafka group's offsets are its
+  subscription's cursor checkpoints in etcd (`GroupCursors`), which every broker reads.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 
 import structlog
 
+from headwater.durables.cursor import PartitionCursor
 from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.cluster.cluster_partitions import ClusterPartitions, checkpoint_key
 from headwater.server.cluster.coordinator import Coordinator
@@ -60,7 +64,10 @@ class ClusterMode:
         broker: Broker,
         store: ObjectStore,
         port: int,
+        kafka: tuple[str, int] | None = None,
     ) -> None:
+        """`kafka`: the (host, port) this broker's Kafka listener is reached at, registered
+        in etcd with the broker (None: it has none)."""
         settings = config.cluster
         advertise = settings.advertise or f"{config.host}:{port}"
         host, _, advertised_port = advertise.rpartition(":")
@@ -70,6 +77,7 @@ class ClusterMode:
             this,
             lease_ttl=settings.lease_ttl_ms / 1000,
             handoff_after=settings.handoff_after_ms / 1000,
+            kafka=kafka,
         )
         coordinator = self.coordinator
         self.committer: TailCommitter | SharedCommitter
@@ -104,6 +112,7 @@ class ClusterMode:
         )
         self.committer.on_stored = self.partitions.stored
         self.exclusive = ExclusiveGate(coordinator, catalog.topics)
+        self.group_cursors = GroupCursors(coordinator)
         self._catalog = catalog
         self._broker = broker
         self.producer_ids = coordinator.producer_ids()
@@ -304,6 +313,31 @@ class ClusterMode:
             producer_id_blocks=self.producer_ids.blocks,
         )
         return status
+
+
+class GroupCursors:
+    """A Kafka group's committed offsets in a cluster (`kafka.group_offsets.SharedCursors`): the
+    checkpoints of the subscription's cursors in etcd, the very ones a partition's next owner
+    takes its cursors from, so wherever the group's coordinator moves its offsets are there."""
+
+    def __init__(self, coordinator: Coordinator) -> None:
+        self._coordinator = coordinator
+
+    def serves(self, topic: str, partition: int) -> bool:
+        return self._coordinator.serves(topic, partition)
+
+    async def load(self, topic: str, subscription: str, partition: int) -> int | None:
+        coordinator = self._coordinator
+        data = await coordinator.get_checkpoint(
+            checkpoint_key(topic, subscription, partition), coordinator.incarnation(topic)
+        )
+        return None if data is None else PartitionCursor.decode(data).floor
+
+    async def store(self, topic: str, subscription: str, partition: int, offset: int) -> None:
+        await self._coordinator.put_checkpoint(
+            checkpoint_key(topic, subscription, partition),
+            PartitionCursor.starting_at(offset).encode(),
+        )
 
 
 class CloudDurability:

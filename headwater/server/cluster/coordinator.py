@@ -62,7 +62,10 @@ class Coordinator(Assignment, Metadata, ExclusiveClaims):
         acquire_timeout: float = 30.0,
         release_timeout: float = 30.0,
         handoff_after: float = 300.0,
+        kafka: tuple[str, int] | None = None,
     ) -> None:
+        """`kafka`: where this broker's Kafka listener is reached (host, port), registered
+        with it so that every broker's Kafka Metadata can name it; None: no Kafka port."""
         self.endpoint = endpoint
         self._endpoints = parse_endpoint(endpoint)
         self._this = this_broker
@@ -94,6 +97,9 @@ class Coordinator(Assignment, Metadata, ExclusiveClaims):
         self._held: dict[tuple[str, int], Held] = {}
         self._owners: dict[tuple[str, int], Entry] = {}
         self._brokers: dict[str, BrokerAddress] = {}
+        self._kafka = kafka
+        # live broker id -> its Kafka listener's (host, port), for those that have one
+        self._kafka_addresses: dict[str, tuple[str, int]] = {}
         self._broker_ids: set[str] = set()
         self._joined: dict[str, float] = {}  # broker id -> when this broker first saw it live
         self._topics: dict[str, dict[str, Any]] = {}
@@ -225,7 +231,14 @@ class Coordinator(Assignment, Metadata, ExclusiveClaims):
 
     async def _register(self, patience: float) -> None:
         key = self._layout.broker(self._id)
-        value = encode({"host": self._this.host, "port": self._this.port, "started": time.time()})
+        details: dict[str, Any] = {
+            "host": self._this.host,
+            "port": self._this.port,
+            "started": time.time(),
+        }
+        if self._kafka is not None:
+            details["kafka_host"], details["kafka_port"] = self._kafka
+        value = encode(details)
         lease = self._lease_id
         give_up = time.monotonic() + patience
         while True:
@@ -365,11 +378,17 @@ class Coordinator(Assignment, Metadata, ExclusiveClaims):
                 log.info("cluster.broker_gone", broker=broker_id)
             self._broker_ids.discard(broker_id)
             self._joined.pop(broker_id, None)
+            self._kafka_addresses.pop(broker_id, None)
         else:
             host, port = details.get("host"), details.get("port")
             if not isinstance(host, str) or not isinstance(port, int):
                 return
             self._brokers[broker_id] = BrokerAddress(broker_id, host, port)
+            kafka_host, kafka_port = details.get("kafka_host"), details.get("kafka_port")
+            if isinstance(kafka_host, str) and isinstance(kafka_port, int):
+                self._kafka_addresses[broker_id] = (kafka_host, kafka_port)
+            else:  # registered without a Kafka port (or by an older broker)
+                self._kafka_addresses.pop(broker_id, None)
             self._broker_ids.add(broker_id)
             self._joined.setdefault(broker_id, time.monotonic())
         self._wake.set()
@@ -408,6 +427,16 @@ class Coordinator(Assignment, Metadata, ExclusiveClaims):
     def brokers(self) -> list[BrokerAddress]:
         others = [b for i, b in sorted(self._brokers.items()) if i != self._id]
         return [self._this, *others]
+
+    def kafka_addresses(self) -> dict[str, tuple[str, int]]:
+        """Live broker id -> its Kafka listener's (host, port), for the brokers registered
+        with one (this one included, whatever the watch has shown yet)."""
+        found = dict(self._kafka_addresses)
+        if self._kafka is not None:
+            found[self._id] = self._kafka
+        else:
+            found.pop(self._id, None)
+        return found
 
     def epoch(self, topic: str, partition: int) -> int | None:
         held = self._held.get((topic, partition))

@@ -5,8 +5,9 @@ produce to and fetch from Headwater topics through the same `requests.broker.Bro
 answers in request order) → `handlers` (each Kafka API as native requests to the broker;
 `config_handlers`: AlterConfigs and IncrementalAlterConfigs), with
 `codec` (frames and bodies decoded with bounded work, over aiokafka's schema declarations), `apis`
-(the APIs and versions served), `kafka_errors` (Headwater's error codes as Kafka's) and
-`kafka_metrics` (its Prometheus collector). Consumer
+(the APIs and versions served), `kafka_errors` (Headwater's error codes as Kafka's),
+`kafka_nodes` (node ids, partition leaders and group coordinators: one broker's or a cluster's)
+and `kafka_metrics` (its Prometheus collector). Consumer
 groups: `group_handlers` (their APIs), `groups` (membership and rebalances, in memory) and
 `group_offsets` (a group's offsets are the cursor of the reliable subscription of its name).
 Imports `requests`, `catalog`, `subscriptions` and `net.accepting`; only `serve` imports it.

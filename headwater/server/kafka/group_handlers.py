@@ -1,7 +1,12 @@
-"""The consumer group APIs: FindCoordinator (this broker, for every group), JoinGroup, SyncGroup,
+"""The consumer group APIs: FindCoordinator (the group's coordinator as `kafka_nodes` has it: this
+broker for every group on one broker, one broker per group in a cluster), JoinGroup, SyncGroup,
 Heartbeat, LeaveGroup (`groups.Coordinator`), OffsetCommit and OffsetFetch (`group_offsets`: a
 group's offsets are the cursor of the reliable subscription of its name), ListGroups and
-DescribeGroups. Each returns the response's fields by name, every version's together."""
+DescribeGroups. Each returns the response's fields by name, every version's together.
+
+In a cluster a broker answers the requests of a group it does not coordinate NOT_COORDINATOR (a
+coordinator moved by a broker joining or leaving, say): the client asks FindCoordinator again and
+joins the group there (membership is in memory; the offsets are in etcd)."""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from typing import Any, Protocol
 from headwater.server.kafka import kafka_errors as k
 from headwater.server.kafka.group_offsets import GroupOffsets
 from headwater.server.kafka.groups import Coordinator
+from headwater.server.kafka.kafka_nodes import Nodes
 from headwater.server.security.access import Session
 from headwater.server.security.authz import Action
 from headwater.server.topics.subscription_contract import ConsumerSession
@@ -43,24 +49,40 @@ Handler = Callable[[KafkaSession, int, Fields], Awaitable[Fields | None]]
 
 class GroupHandlers:
     def __init__(
-        self, coordinator: Coordinator, offsets: GroupOffsets, node: Fields, permits: Permits
+        self, coordinator: Coordinator, offsets: GroupOffsets, nodes: Nodes, permits: Permits
     ) -> None:
         self.coordinator = coordinator
         self._offsets = offsets
-        self._node = node  # node_id, host, port of this broker
+        self._nodes = nodes
         # a group's offsets on a topic are a consumer's: committing and reading them takes the
         # consume grant on the topic (membership itself names no topic)
         self._permits = permits
 
     async def find_coordinator(self, session: KafkaSession, version: int, fields: Fields) -> Fields:
+        key = fields.get("coordinator_key", fields.get("consumer_group"))  # v1+, v0
+        node = self._nodes.coordinator(key or "")
+        if node is None:  # no broker with a Kafka port is live (as seen here): ask again
+            return {
+                "error_code": k.COORDINATOR_NOT_AVAILABLE,
+                "coordinator_id": -1,
+                "host": "",
+                "port": -1,
+            }
         return {
             "error_code": 0,
-            "coordinator_id": self._node["node_id"],
-            "host": self._node["host"],
-            "port": self._node["port"],
+            "coordinator_id": node.node_id,
+            "host": node.host,
+            "port": node.port,
         }
 
+    def _elsewhere(self, group: str) -> bool:
+        """Whether `group` is coordinated by another broker (in a cluster)."""
+        mine, chosen = self._nodes.this(), self._nodes.coordinator(group)
+        return mine is None or chosen is None or chosen.node_id != mine.node_id
+
     async def join_group(self, session: KafkaSession, version: int, fields: Fields) -> Fields:
+        if self._elsewhere(fields["group"]):
+            return {"error_code": k.NOT_COORDINATOR, "member_id": fields["member_id"] or ""}
         session_timeout: int = fields["session_timeout"]
         rebalance = fields.get("rebalance_timeout")  # v1+; v0 rebalances within the session
         rebalance_timeout: int = session_timeout if rebalance is None else rebalance
@@ -87,6 +109,8 @@ class GroupHandlers:
         }
 
     async def sync_group(self, session: KafkaSession, version: int, fields: Fields) -> Fields:
+        if self._elsewhere(fields["group"]):
+            return {"error_code": k.NOT_COORDINATOR, "member_assignment": b""}
         assignments = {
             a["member_id"]: a["member_metadata"] or b"" for a in fields["group_assignment"]
         }
@@ -96,12 +120,16 @@ class GroupHandlers:
         return {"error_code": code, "member_assignment": assignment}
 
     async def heartbeat(self, session: KafkaSession, version: int, fields: Fields) -> Fields:
+        if self._elsewhere(fields["group"]):
+            return {"error_code": k.NOT_COORDINATOR}
         code = self.coordinator.heartbeat(
             fields["group"], fields["generation_id"], fields["member_id"] or ""
         )
         return {"error_code": code}
 
     async def leave_group(self, session: KafkaSession, version: int, fields: Fields) -> Fields:
+        if self._elsewhere(fields["group"]):
+            return {"error_code": k.NOT_COORDINATOR}
         return {"error_code": self.coordinator.leave(fields["group"], fields["member_id"] or "")}
 
     async def offset_commit(self, session: KafkaSession, version: int, fields: Fields) -> Fields:
@@ -110,9 +138,9 @@ class GroupHandlers:
         member = fields.get("consumer_id") or ""
         # a member of a live group commits for its generation; generation -1 is a consumer that
         # keeps its offsets in a group without joining it (assign(), kcat -o stored)
-        refusal = 0
+        refusal = k.NOT_COORDINATOR if self._elsewhere(group) else 0
         known = self.coordinator.groups.get(group)
-        if generation >= 0 and known is not None and known.members:
+        if not refusal and generation >= 0 and known is not None and known.members:
             if member not in known.members:
                 refusal = k.UNKNOWN_MEMBER_ID
             elif generation != known.generation:
@@ -145,6 +173,8 @@ class GroupHandlers:
     async def offset_fetch(self, session: KafkaSession, version: int, fields: Fields) -> Fields:
         group = fields["consumer_group"]
         wanted = fields["topics"]
+        if self._elsewhere(group):
+            return {"throttle_time_ms": 0, "topics": [], "error_code": k.NOT_COORDINATOR}
         if wanted is None:  # v2+: every topic the group has offsets on
             wanted = [
                 {"topic": t, "partitions": None}
@@ -168,7 +198,7 @@ class GroupHandlers:
                     )
                     continue
                 try:
-                    offset, code = self._offsets.committed(group, name, partition), 0
+                    offset, code = await self._offsets.committed(group, name, partition), 0
                 except HeadwaterError as exc:
                     offset, code = -1, k.kafka_code(exc)
                 partitions.append(
@@ -190,6 +220,9 @@ class GroupHandlers:
     async def describe_groups(self, session: KafkaSession, version: int, fields: Fields) -> Fields:
         described = []
         for name in fields["groups"]:
+            if self._elsewhere(name):
+                described.append({"error_code": k.NOT_COORDINATOR, "group": name})
+                continue
             group = self.coordinator.groups.get(name)
             if group is None:  # Kafka describes an unknown group as a dead one
                 described.append({"error_code": 0, "group": name, "state": "Dead"})

@@ -9,9 +9,18 @@ answer waits for a synced write of the moved cursors, so an acknowledged commit 
 cursor's floor (every offset below it is acknowledged: Kafka's "next offset to consume"); a
 topic the group never committed on answers -1. Non-reliable topics keep no cursors: a commit there
 is refused (INVALID_REQUEST).
+
+In a cluster (`shared`, `SharedCursors`: the cluster's cursor checkpoints in etcd, which a
+partition's next owner takes its cursors from) the group's coordinator may not serve every
+partition the group commits on: each committed offset is written to the partition's checkpoint
+in etcd before the commit is answered (and moves the local cursor too where the partition is
+served here), and OffsetFetch reads the checkpoint. So offsets survive the coordinator's move or
+kill -9, and a native consumer of the subscription starts where the group left it.
 """
 
 from __future__ import annotations
+
+from typing import Protocol
 
 from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.subscriptions.reliable_subscription import ReliableSubscription
@@ -26,9 +35,25 @@ from headwater.wire.errors import (
 )
 
 
+class SharedCursors(Protocol):
+    """A cluster's subscription cursors, as every broker reads them (`server.cluster`'s
+    checkpoints in etcd); `StorageError` when etcd does not answer."""
+
+    def serves(self, topic: str, partition: int) -> bool: ...
+
+    async def load(self, topic: str, subscription: str, partition: int) -> int | None:
+        """The cursor's floor, None when there is none."""
+        ...
+
+    async def store(self, topic: str, subscription: str, partition: int, offset: int) -> None:
+        """A cursor at `offset` (everything below it acknowledged)."""
+        ...
+
+
 class GroupOffsets:
-    def __init__(self, catalog: TopicCatalog) -> None:
+    def __init__(self, catalog: TopicCatalog, shared: SharedCursors | None = None) -> None:
         self._catalog = catalog
+        self._shared = shared
 
     async def commit(
         self, group: str, topic_name: str, offsets: dict[int, int]
@@ -45,11 +70,17 @@ class GroupOffsets:
             cursors = subscription.core.cursors
             positions = [cursor.floor for cursor in cursors]
             moved: list[int] = []
+            elsewhere: dict[int, int] = {}  # a cluster's partitions served by another broker
+            shared = self._shared
             for partition, offset in offsets.items():
                 if not 0 <= partition < len(cursors):
                     results[partition] = InvalidPartition(
                         f"topic {topic_name!r} has no partition {partition}"
                     )
+                    continue
+                if shared is not None and not shared.serves(topic_name, partition):
+                    # our copy's ends are not the partition's: its owner's are
+                    elsewhere[partition] = max(0, offset)
                     continue
                 # within what the partition holds: a cursor past the end would count negative lag
                 start = topic.start_offset(partition)
@@ -62,6 +93,15 @@ class GroupOffsets:
                 await self._catalog.writer.synced(
                     {key(CURSOR, topic_name, group, p): cursors[p].encode() for p in moved}
                 )
+            if shared is not None:
+                # in the topic's turn: two commits of a partition reach etcd in their order
+                stored = {p: cursors[p].floor for p in moved} | elsewhere
+                for partition, offset in stored.items():
+                    try:
+                        await shared.store(topic_name, group, partition, offset)
+                    except HeadwaterError as exc:
+                        results[partition] = exc
+                moved = [p for p in stored if p not in results]
         for partition in moved:
             results[partition] = None
         return results
@@ -86,11 +126,16 @@ class GroupOffsets:
             )
         return subscription
 
-    def committed(self, group: str, topic_name: str, partition: int) -> int:
+    async def committed(self, group: str, topic_name: str, partition: int) -> int:
         """The group's committed offset of the partition, -1 when it has none."""
         topic = self._catalog.topics.get(topic_name)
         if topic is None:
             raise UnknownTopic(f"topic {topic_name!r} does not exist")
+        if self._shared is not None:
+            if not 0 <= partition < len(topic.partitions):
+                return -1
+            found = await self._shared.load(topic_name, group, partition)
+            return -1 if found is None else found
         subscription = topic.subscriptions.get(group)
         if not isinstance(subscription, ReliableSubscription):
             return -1

@@ -19,10 +19,15 @@ answers with nothing.
   others are cancelled.
 - ListOffsets: earliest (-2) is the partition's start, latest (-1) its readable end (the high
   watermark a Fetch reports), a timestamp the first batch at or after it (offset -1 when none).
-- Metadata: this broker (node 0) leads every partition; topics are never created by a Metadata
-  request. CreateTopics makes reliable topics (`cleanup.policy=compact`: last-value ones),
-  DeleteTopics deletes, CreatePartitions grows, DescribeConfigs shows a topic's configs;
-  AlterConfigs and IncrementalAlterConfigs change them (`config_handlers`).
+- Metadata: the brokers and each partition's leader as `kafka_nodes` has them (on one broker,
+  node 0 leads every partition; in a cluster, each partition's owner); topics are never created
+  by a Metadata request. In a cluster, a Produce, Fetch or ListOffsets for a partition this
+  broker does not serve is answered NOT_LEADER_OR_FOLLOWER for that partition (the native
+  NOT_OWNER), and the client asks for Metadata again.
+- CreateTopics makes reliable topics (`cleanup.policy=compact`: last-value ones), DeleteTopics
+  deletes, CreatePartitions grows, DescribeConfigs shows a topic's configs; AlterConfigs and
+  IncrementalAlterConfigs change them (`config_handlers`). In a cluster, through any broker (the
+  native requests define topics in etcd).
 - InitProducerId issues a native producer id: Kafka's idempotent batches are checked by the
   native (durable) producer tables.
 - SaslHandshake and SaslAuthenticate: PLAIN, the password a Headwater token, through
@@ -75,8 +80,10 @@ from headwater.server.kafka.config_handlers import ConfigHandlers
 from headwater.server.kafka.group_handlers import GroupHandlers, Handler, KafkaSession
 from headwater.server.kafka.group_offsets import GroupOffsets
 from headwater.server.kafka.groups import Coordinator
+from headwater.server.kafka.kafka_nodes import Node, Nodes, SingleNode
 from headwater.server.reply import Reply, resolve
 from headwater.server.requests.broker import Broker
+from headwater.server.requests.partition_ownership import not_owner
 from headwater.server.security.access import Security
 from headwater.server.security.authz import Action, may_see
 from headwater.wire import messages as m
@@ -103,7 +110,6 @@ CLUSTER_ID: Final = "headwater"
 CLOSE_AFTER: Final = "_close_after"
 # a throttled answer waits at most this long (the rest of the debt is paid by the next ones)
 MAX_THROTTLE: Final = 5.0
-NODE_ID: Final = 0
 # as on the native port (server.net.client_connection): more is checked off the loop
 INLINE_RECORDS: Final = 2048
 # partitions handled between two yields to the event loop in one request's loop
@@ -146,17 +152,21 @@ class KafkaHandlers:
         max_decompressed: int,
         security: Security | None = None,
         topic_defaults: TopicSettings | None = None,
+        nodes: Nodes | None = None,
+        offsets: GroupOffsets | None = None,
     ) -> None:
         """`topic_defaults`: the server's (`[topic_defaults]`), what AlterConfigs resets the
-        settings it does not name to."""
+        settings it does not name to. `nodes`: a cluster's (`kafka_nodes.ClusterNodes`);
+        default: this one broker at `host`:`port`. `offsets`: the groups' offsets (a
+        cluster's keep them where every broker reads them); default: this broker's cursors."""
         self._broker = broker
         self._security = security
-        self._host = host
-        self._port = port
         self._inflater = inflater
         self._cap = max_decompressed
-        node = {"node_id": NODE_ID, "host": host, "port": port}
-        self.groups = GroupHandlers(Coordinator(), GroupOffsets(broker.catalog), node, self.permits)
+        self.nodes: Nodes = nodes or SingleNode(host, port)
+        self.groups = GroupHandlers(
+            Coordinator(), offsets or GroupOffsets(broker.catalog), self.nodes, self.permits
+        )
         groups = self.groups
         configs = ConfigHandlers(broker, security, self._native, topic_defaults or TopicSettings())
         self.handlers: dict[int, Handler] = {
@@ -277,23 +287,16 @@ class KafkaHandlers:
                     {"error_code": k.UNKNOWN_TOPIC_OR_PARTITION, "topic": name, "partitions": []}
                 )
                 continue
-            partitions = [
-                {
-                    "error_code": 0,
-                    "partition": index,
-                    "leader": NODE_ID,
-                    "replicas": [NODE_ID],
-                    "isr": [NODE_ID],
-                    "offline_replicas": [],
-                }
-                for index in range(len(topic.partitions))
-            ]
+            leaders = self.nodes.leaders(name, len(topic.partitions))
+            partitions = [_partition_metadata(i, leader) for i, leader in enumerate(leaders)]
             entries.append({"error_code": 0, "topic": name, "partitions": partitions})
-        broker = {"node_id": NODE_ID, "host": self._host, "port": self._port}
+        nodes = self.nodes
         return {
-            "brokers": [broker],
+            "brokers": [
+                {"node_id": n.node_id, "host": n.host, "port": n.port} for n in nodes.nodes()
+            ],
             "cluster_id": CLUSTER_ID,
-            "controller_id": NODE_ID,
+            "controller_id": nodes.controller(),
             "topics": entries,
         }
 
@@ -565,6 +568,9 @@ class KafkaHandlers:
             raise UnknownTopic(f"topic {name!r} does not exist")
         if not 0 <= index < len(topic.partitions):
             raise InvalidPartition(f"topic {name!r} has no partition {index}")
+        gate = self._broker.gate  # a cluster's: the offsets of a partition served elsewhere
+        if gate is not None and not gate.serves(name, index):  # are its owner's to tell
+            raise not_owner(gate, name, index)
         if timestamp == -2:
             return topic.start_offset(index)
         if not topic.reliable:
@@ -722,6 +728,26 @@ class KafkaHandlers:
                 code = _refused("kafka.delete_topic_refused", exc, name, -1)
             results.append({"topic": name, "error_code": code})
         return {"throttle_time_ms": 0, "topic_error_codes": results}
+
+
+def _partition_metadata(index: int, leader: Node | None) -> Fields:
+    if leader is None:  # nobody owns it now (a take-over under way): clients ask again
+        return {
+            "error_code": k.LEADER_NOT_AVAILABLE,
+            "partition": index,
+            "leader": -1,
+            "replicas": [],
+            "isr": [],
+            "offline_replicas": [],
+        }
+    return {
+        "error_code": 0,
+        "partition": index,
+        "leader": leader.node_id,
+        "replicas": [leader.node_id],
+        "isr": [leader.node_id],
+        "offline_replicas": [],
+    }
 
 
 def _topic_config(name: str, value: str) -> m.ConfigEntry:

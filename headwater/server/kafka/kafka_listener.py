@@ -13,6 +13,10 @@ read: connections waiting to authenticate on either port count against the same
 hold every Kafka slot; one past a cap is closed at once (and counted, `refused`). A periodic sweep
 closes connections idle for `idle_timeout` or stuck inside a frame for `frame_timeout`.
 Compressed produce batches are inflated on a thread of the listener's own.
+
+In a cluster (`start` with the coordinator as `peers`) the listener's address is registered in
+etcd with the broker (`advertised`), Metadata and FindCoordinator answer from the cluster's view
+(`kafka_nodes.ClusterNodes`) and the groups' offsets are the cluster's cursors (`cursors`).
 """
 
 from __future__ import annotations
@@ -26,9 +30,11 @@ from typing import Final
 import structlog
 
 from headwater.server.config import ServerConfig
+from headwater.server.kafka.group_offsets import GroupOffsets, SharedCursors
 from headwater.server.kafka.handlers import KafkaHandlers
 from headwater.server.kafka.kafka_connection import KafkaConnection
 from headwater.server.kafka.kafka_metrics import KafkaCollector, KafkaStats
+from headwater.server.kafka.kafka_nodes import ClusterNodes, Peers
 from headwater.server.net.accepting import Acceptor, ListenError, listen_on
 from headwater.server.net.admission import Admission
 from headwater.server.requests.broker import Broker
@@ -41,8 +47,7 @@ BACKLOG: Final = 1024
 
 
 class KafkaStartupError(Exception):
-    """The Kafka port cannot be opened (taken, unresolvable), or asked for where it cannot
-    serve yet: one line for the operator."""
+    """The Kafka port cannot be opened (taken, unresolvable): one line for the operator."""
 
 
 class KafkaListener:
@@ -67,10 +72,6 @@ class KafkaListener:
     def bind(self) -> int:
         config = self._config
         assert config.kafka.port is not None
-        if config.cluster.etcd:
-            raise KafkaStartupError(
-                "the Kafka listener serves one broker, not a cluster yet (docs/KAFKA.md)"
-            )
         try:
             sockets = listen_on(config.host, config.kafka.port, BACKLOG, " for Kafka")
         except ListenError as exc:
@@ -79,19 +80,29 @@ class KafkaListener:
         self.port = int(sockets[0].getsockname()[1])
         return self.port
 
+    def advertised(self, default_host: str | None = None) -> tuple[str, int]:
+        """Where clients reach this listener (after `bind`): `[kafka] advertise_host`, else
+        `default_host` (a cluster broker's advertised host), else the listen host."""
+        config = self._config
+        host = config.kafka.advertise_host or default_host or config.host
+        if host in ("", "0.0.0.0", "::"):  # a wildcard is nowhere a client can connect to
+            host = socket.gethostname()
+        return host, self.port
+
     def start(
         self,
         broker: Broker,
         security: Security | None = None,
         tls: ServerTls | None = None,
         admission: Admission | None = None,
+        peers: Peers | None = None,
+        cursors: SharedCursors | None = None,
     ) -> None:
         """`admission`: the native listener's (with `security`), shared so that the caps on
-        connections waiting to authenticate hold across both ports."""
+        connections waiting to authenticate hold across both ports. `peers` and `cursors`: a
+        cluster's coordinator and subscription cursors."""
         config = self._config
-        host = config.kafka.advertise_host or config.host
-        if host in ("", "0.0.0.0", "::"):  # a wildcard is nowhere a client can connect to
-            host = socket.gethostname()
+        host, _ = self.advertised(None if peers is None else peers.this_broker.host)
         self._security = security
         self._tls = tls
         self._admission = admission if security is not None else None
@@ -103,6 +114,8 @@ class KafkaListener:
             config.max_decompressed_batch,
             security,
             config.topic_defaults,
+            None if peers is None else ClusterNodes(peers),
+            GroupOffsets(broker.catalog, cursors),
         )
         assert self._acceptor is not None, "bind first"
         self._acceptor.start()
