@@ -3,7 +3,10 @@
 Starts a Headwater server (`headwater.testing.ServerProcess`: `python -m headwater serve --port 0
 --port-file`, data in a temporary directory), runs `locust --headless` in its own process for
 `--seconds` with `--users` users, writes the HTML report (and the CSV statistics next to it) under
-`--results` (loadtest/results/ by default), stops the server by PID and prints the totals. Exit
+`--results` (loadtest/results/ by default), stops the server by PID and prints the totals. The
+totals are read from locust's JSON file, written once from the final statistics as locust quits
+(the CSV files are rewritten every second by a greenlet of their own, which a loaded machine
+starves: a run's CSV once said 0 requests after 11,645). Exit
 status 1 when locust made no request or saw a failure. `make loadtest` runs it; the test suite
 calls `run_locust` against its own server (tests/test_locust.py).
 
@@ -13,7 +16,7 @@ calls `run_locust` against its own server (tests/test_locust.py).
 from __future__ import annotations
 
 import argparse
-import csv
+import json
 import subprocess
 import sys
 import tempfile
@@ -37,22 +40,23 @@ def run_locust(
     command = [
         sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless",
         "-u", str(users), "-r", str(users), "-t", f"{seconds:g}s", "--host", address,
-        "--html", str(html), "--csv", str(prefix), "--only-summary", "--stop-timeout", "5",
+        "--html", str(html), "--csv", str(prefix), "--json-file", str(prefix),
+        "--only-summary", "--stop-timeout", "5",
         "--exit-code-on-error", "0", "--loglevel", "WARNING",
     ]  # fmt: skip
     finished = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 60)
-    stats_file = Path(f"{prefix}_stats.csv")
+    stats_file = Path(f"{prefix}.json")  # locust adds the suffix
     if not stats_file.exists():
         raise RuntimeError(f"locust wrote no statistics: {finished.stderr[-3000:]}")
     by_name: dict[str, dict[str, int]] = {}
-    totals = {"requests": 0, "failures": 0}
-    with stats_file.open() as stats:
-        for row in csv.DictReader(stats):
-            counts = {"requests": int(row["Request Count"]), "failures": int(row["Failure Count"])}
-            if row["Name"] == "Aggregated":
-                totals = counts
-            else:
-                by_name[row["Name"]] = counts
+    for entry in json.loads(stats_file.read_text()):
+        counts = by_name.setdefault(entry["name"], {"requests": 0, "failures": 0})
+        counts["requests"] += entry["num_requests"]
+        counts["failures"] += entry["num_failures"]
+    totals = {
+        "requests": sum(c["requests"] for c in by_name.values()),
+        "failures": sum(c["failures"] for c in by_name.values()),
+    }
     return {**totals, "by_name": by_name, "html": str(html), "returncode": finished.returncode,
             "stderr": finished.stderr[-3000:]}  # fmt: skip
 
