@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -27,13 +28,33 @@ from typing import Any
 from headwater.testing import ServerProcess
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
+# here rather than in the locustfile, which imports locust (and locust monkey-patches on import)
+ENOUGH = "HEADWATER_LOCUST_ENOUGH"  # the environment variable of `run_locust(enough=N)`
+# the request names every locustfile run reports (at-most-once's confirmation comes every 20th
+# batch only)
+KINDS = (
+    "produce at-most-once x100",
+    "produce at-least-once x100",
+    "produce idempotent x100",
+    "e2e latency locust-fast",
+    "e2e latency locust-stored",
+    "map get",
+    "map set",
+)
 RESULTS = Path(__file__).with_name("results")
 
 
 def run_locust(
-    address: str, users: int, seconds: float, results: Path, name: str = "locust"
+    address: str,
+    users: int,
+    seconds: float,
+    results: Path,
+    name: str = "locust",
+    enough: int | None = None,
 ) -> dict[str, Any]:
-    """locust against `address`; returns the totals and each request name's counts."""
+    """locust against `address`; returns the totals and each request name's counts. With
+    `enough`, the run ends once every kind of request was made that many times (`seconds` then
+    only bounds it)."""
     results.mkdir(parents=True, exist_ok=True)
     html = results / f"{name}.html"
     prefix = results / name
@@ -44,7 +65,10 @@ def run_locust(
         "--only-summary", "--stop-timeout", "5",
         "--exit-code-on-error", "0", "--loglevel", "WARNING",
     ]  # fmt: skip
-    finished = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 60)
+    env = {**os.environ, ENOUGH: str(enough)} if enough else None
+    finished = subprocess.run(
+        command, capture_output=True, text=True, timeout=seconds + 60, env=env
+    )
     stats_file = Path(f"{prefix}.json")  # locust adds the suffix
     if not stats_file.exists():
         raise RuntimeError(f"locust wrote no statistics: {finished.stderr[-3000:]}")

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from headwater.wire import messages as m
 from headwater.wire.api.produce import delivery_prefix
@@ -12,7 +16,14 @@ from headwater.wire.errors import (
     UnsupportedApi,
     UnsupportedVersion,
 )
-from headwater.wire.frames import Flags, Frame, FrameDecoder, FrameHeader, FrameRejected
+from headwater.wire.frames import (
+    Flags,
+    Frame,
+    FrameDecoder,
+    FrameHeader,
+    FrameRejected,
+    encode_frame,
+)
 from headwater.wire.protocol import (
     decode_request,
     decode_response,
@@ -186,6 +197,46 @@ def test_oversized_frame_is_rejected_from_its_header_and_skipped() -> None:
     (frame,) = decoder.feed(big[500:] + after)
     assert isinstance(frame, Frame)
     assert frame.header.correlation_id == 10
+
+
+@given(
+    bodies=st.lists(st.binary(max_size=300), min_size=1, max_size=8),
+    cuts=st.lists(st.integers(min_value=0, max_value=3000), max_size=20),
+    oversized=st.booleans(),
+)
+def test_large_bodies_gathered_in_pieces_decode_as_one_feed_does(
+    bodies: list[bytes], cuts: list[int], oversized: bool
+) -> None:
+    """Bodies of 64 bytes or more are gathered piece by piece (`large_body=64`): fed in any
+    pieces, every frame comes out as from one feed, with the pending bytes and the partial
+    header of a large frame in between (and a rejected frame skipped among them)."""
+    frames = [encode_frame(m.ApiKey.PRODUCE, 0, i, 0, body) for i, body in enumerate(bodies)]
+    if oversized:
+        frames.insert(len(frames) // 2, encode_frame(m.ApiKey.PRODUCE, 0, 99, 0, bytes(400)))
+    stream = b"".join(frames)
+    whole = FrameDecoder(max_frame_size=350).feed(stream)
+    decoder = FrameDecoder(max_frame_size=350, large_body=64)
+    events: list[Frame | FrameRejected] = []
+    edges = sorted({min(c, len(stream)) for c in cuts} | {0, len(stream)})
+    for start, end in itertools.pairwise(edges):
+        events.extend(decoder.feed(stream[start:end]))
+        complete = sum(len(f) for f in frames[: len(events)])
+        assert decoder.pending_bytes == end - complete or decoder._skip
+        if decoder._large is not None:
+            assert decoder.partial_header() == decoder._large
+    assert events == whole
+    assert decoder.pending_bytes == 0
+
+
+def test_a_large_body_is_not_grown_in_the_buffer() -> None:
+    decoder = FrameDecoder(large_body=1000)
+    frame = encode_frame(m.ApiKey.PRODUCE, 0, 7, 0, bytes(range(256)) * 40)
+    assert decoder.feed(frame[:500]) == []
+    assert decoder.feed(frame[500:5000]) == []
+    assert decoder._buffer == bytearray()  # the pieces are kept as they came
+    assert decoder.pending_bytes == 5000 - 14
+    (done,) = decoder.feed(frame[5000:] + encode_frame(m.ApiKey.LIST_TOPICS, 0, 8, 0, b""))[:1]
+    assert isinstance(done, Frame) and done.body == bytes(range(256)) * 40
 
 
 def test_size_smaller_than_header_is_malformed() -> None:

@@ -12,6 +12,11 @@ its header is in, and its body is skipped as it arrives, never buffered. `max_fr
 changed between feeds (the server reads small frames until a connection has authenticated). A
 size too small to hold a header cannot be skipped safely and raises `MalformedFrame`: the stream
 is lost.
+
+A body of `large_body` bytes or more (a batch of megabytes) is not grown in the buffer: the pieces
+that arrive are kept as they are and joined once, into the body, when the last one is in. Growing
+it and then copying the body out touched every byte twice in fresh memory; for an 8 MiB produce
+that was about 25 ms of the event loop's CPU, half the stall the server allows a request.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from typing import Final
 
 from headwater.wire.errors import MalformedFrame
 from headwater.wire.limits import MAX_FRAME_SIZE
+
+LARGE_BODY: Final = 1 << 20
 
 SIZE = struct.Struct(">i")
 HEADER = struct.Struct(">hhiH")
@@ -97,32 +104,44 @@ def frame_prefix(
 class FrameDecoder:
     """Turns a byte stream into `Frame` and `FrameRejected` events."""
 
-    def __init__(self, max_frame_size: int = MAX_FRAME_SIZE) -> None:
+    def __init__(self, max_frame_size: int = MAX_FRAME_SIZE, large_body: int = LARGE_BODY) -> None:
         self._buffer = bytearray()
         self._skip = 0
         self.max_frame_size = max_frame_size
+        self._large_body = large_body
+        # a large body as it arrives: its frame's header, the pieces so far, the bytes to come
+        self._large: FrameHeader | None = None
+        self._pieces: list[bytes] = []
+        self._gathered = 0
+        self._missing = 0
 
     @property
     def pending_bytes(self) -> int:
         """Bytes of an incomplete frame held (or still to skip): nonzero at EOF means truncation."""
-        return len(self._buffer) + self._skip
+        return len(self._buffer) + self._skip + self._gathered
 
     def partial_header(self) -> FrameHeader | None:
         """The header of the incomplete frame in the buffer, if that much of it arrived."""
+        if self._large is not None:
+            return self._large
         if len(self._buffer) >= SIZE.size + HEADER_SIZE:
             return FrameHeader(*HEADER.unpack_from(self._buffer, SIZE.size))
         return None
 
     def feed(self, data: bytes) -> list[Frame | FrameRejected]:
+        events: list[Frame | FrameRejected] = []
+        if self._large is not None:
+            data = self._gather(data, events)
+            if not data:
+                return events
         if self._skip:
             if len(data) <= self._skip:
                 self._skip -= len(data)
-                return []
+                return events
             data = data[self._skip :]
             self._skip = 0
         buffer = self._buffer
         buffer += data
-        events: list[Frame | FrameRejected] = []
         position = 0
         available = len(buffer)
         while available - position >= SIZE.size + HEADER_SIZE:
@@ -146,6 +165,11 @@ class FrameDecoder:
                 break
             end = position + SIZE.size + size
             if end > available:
+                if size - HEADER_SIZE >= self._large_body:  # gathered piece by piece from here
+                    first = bytes(buffer[position + SIZE.size + HEADER_SIZE : available])
+                    self._large, self._pieces = header, [first]
+                    self._gathered, self._missing = len(first), size - HEADER_SIZE - len(first)
+                    position = available
                 break
             with memoryview(buffer) as view:  # one copy of the body, not two
                 body = bytes(view[position + SIZE.size + HEADER_SIZE : end])
@@ -154,3 +178,17 @@ class FrameDecoder:
         if position:
             del buffer[:position]
         return events
+
+    def _gather(self, data: bytes, events: list[Frame | FrameRejected]) -> bytes:
+        """Take the large body's next piece from `data`; the rest of `data` is returned."""
+        take = min(len(data), self._missing)
+        # kept as it is (a bytes object is not copied by bytes()); only a split one is sliced
+        self._pieces.append(bytes(data if take == len(data) else data[:take]))
+        self._gathered += take
+        self._missing -= take
+        if self._missing:
+            return b""
+        assert self._large is not None
+        events.append(Frame(self._large, b"".join(self._pieces)))
+        self._large, self._pieces, self._gathered = None, [], 0
+        return data[take:]

@@ -189,8 +189,10 @@ LOCAL_DURABILITY: Final = LocalDurability()
 
 
 def stamped_batch(batch: bytes, base_offset: int) -> bytes:
-    """The batch as stored: its base offset field set to `base_offset`."""
-    return _BASE_OFFSET.pack(base_offset) + batch[8:]
+    """The batch as stored: its base offset field set to `base_offset` (one copy of the batch:
+    `pack(...) + batch[8:]` made two, which for an 8 MiB batch cost milliseconds of the loop)."""
+    with memoryview(batch) as view:
+        return b"".join((_BASE_OFFSET.pack(base_offset), view[8:]))
 
 
 class LogTopic(_TopicBase):
