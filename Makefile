@@ -131,6 +131,7 @@ CLUSTER_ETCD_PORT ?= 2379
 CLUSTER_ETCD_PEER_PORT ?= 2380
 CLUSTER_S3_PORT ?= 9010
 CLUSTER_BROKER_PORTS ?= 6651 6652 6653
+CLUSTER_KAFKA_PORTS ?= 9093 9094 9095
 CLUSTER_BUCKET ?= headwater-cluster
 cluster: $(STAMP) etcd-server
 	@$(MAKE) --no-print-directory cluster-stop >/dev/null
@@ -156,18 +157,20 @@ cluster: $(STAMP) etcd-server
 	$(BIN)/python -c "import urllib.request as u; u.urlopen(u.Request( \
 		'http://127.0.0.1:$(CLUSTER_S3_PORT)/$(CLUSTER_BUCKET)', method='PUT'), timeout=10)" \
 		|| { echo "error: could not create the bucket in moto" >&2; stop; exit 1; }; \
-	n=0; for port in $(CLUSTER_BROKER_PORTS); do n=$$((n+1)); \
+	set -- $(CLUSTER_KAFKA_PORTS); \
+	n=0; for port in $(CLUSTER_BROKER_PORTS); do n=$$((n+1)); kafka=$$1; shift; \
 		printf '[object_store]\nbackend = "s3"\nbucket = "%s"\nendpoint_url = "%s"\nregion = "us-east-1"\n' \
 			"$(CLUSTER_BUCKET)" "http://127.0.0.1:$(CLUSTER_S3_PORT)" >"$$dir/b$$n.toml"; \
 		AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing \
 			$(BIN)/headwater serve --config "$$dir/b$$n.toml" --host 127.0.0.1 --port $$port \
 			--data-dir "$$dir/b$$n" --cluster etcd://127.0.0.1:$(CLUSTER_ETCD_PORT) \
-			--advertise 127.0.0.1:$$port --broker-id b$$n \
+			--advertise 127.0.0.1:$$port --broker-id b$$n --kafka-port $$kafka \
 			>"$$dir/b$$n.log" 2>&1 & echo $$! >"$$dir/b$$n.pid"; \
 	done; \
 	n=0; for port in $(CLUSTER_BROKER_PORTS); do n=$$((n+1)); wait_port $$port b$$n; done; \
 	echo "cluster up: etcd 127.0.0.1:$(CLUSTER_ETCD_PORT), S3 http://127.0.0.1:$(CLUSTER_S3_PORT)" \
-		"(bucket $(CLUSTER_BUCKET)), brokers on $(CLUSTER_BROKER_PORTS); logs in $$dir/"; \
+		"(bucket $(CLUSTER_BUCKET)), brokers on $(CLUSTER_BROKER_PORTS) (Kafka on" \
+		"$(CLUSTER_KAFKA_PORTS)); logs in $$dir/"; \
 	echo "  $(BIN)/headwater cluster status --cluster etcd://127.0.0.1:$(CLUSTER_ETCD_PORT)"; \
 	echo "Ctrl-C or 'make cluster-stop' stops it"; \
 	while :; do for f in "$$dir"/*.pid; do \
