@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import struct
 import threading
 import time
 import zlib
@@ -36,9 +35,8 @@ from headwater.server.kafka.kafka_nodes import ClusterNodes, node_id
 from headwater.server.requests.partition_ownership import BrokerAddress
 from headwater.wire.records import BatchBuilder
 from tests.support.cluster_support import Cluster, running_cluster
-from tests.support.kafka_support import RawKafka
+from tests.support.kafka_support import RawKafka, odd_requests
 from tests.support.s3 import MotoS3, create_bucket
-from tests.test_kafka_hostile import _random_value
 
 BROKERS = ("b1", "b2", "b3")
 PARTITIONS = 6
@@ -187,28 +185,7 @@ def test_odd_requests_never_break_a_cluster_handler(cluster: Cluster) -> None:
     # the group APIs (8-16)
     apis = [a for a in SERVED.values() if a.key in (0, 1, 2, 3) or 8 <= a.key <= 16]
     for round_ in range(20):
-        raw = RawKafka(port, timeout=1)
-        try:
-            sent = 0
-            for i in range(10):
-                api = rng.choice(apis)
-                version = rng.randint(api.min_version, api.max_version)
-                body = api.requests[version].encode(_random_value(rng, api.requests[version]))
-                header = struct.pack(">hhih", api.key, version, round_ * 10 + i, 0)
-                if api.flexible(version):
-                    header += b"\x00"
-                try:
-                    raw.send_raw(struct.pack(">i", len(header) + len(body)) + header + body)
-                except OSError:  # closed after an earlier request of this round
-                    break
-                sent += 1
-            for _ in range(sent):
-                try:
-                    raw.response()
-                except (ConnectionError, TimeoutError, OSError):
-                    break  # acks=0 produces get no answer; a refusal may close
-        finally:
-            raw.close()
+        odd_requests(port, rng, apis, round_)
     assert "kafka.handler_failed" not in cluster.brokers["b1"].log()
     admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"})
     assert len(admin.list_topics(timeout=10).brokers) == len(BROKERS)

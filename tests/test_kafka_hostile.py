@@ -16,7 +16,7 @@ from aiokafka.protocol.fetch import FetchRequest_v4
 from headwater.client.blocking import BlockingClient
 from headwater.server.kafka.apis import SERVED
 from headwater.wire import messages as m
-from tests.support.kafka_support import KafkaServer, RawKafka
+from tests.support.kafka_support import KafkaServer, RawKafka, odd_requests
 
 UNSUPPORTED_VERSION = 35
 
@@ -220,41 +220,6 @@ def test_the_kafka_listener_counts_in_metrics(kafka: KafkaServer) -> None:
     assert counted["headwater_kafka_refused_connections_total"] == 0  # no auth: none capped
 
 
-def _random_value(rng: random.Random, field: object) -> object:
-    """A value of an aiokafka field type: what a confused but well-formed client might send."""
-    from aiokafka.protocol.types import (
-        Array,
-        Boolean,
-        Bytes,
-        CompactBytes,
-        CompactString,
-        Int8,
-        Int16,
-        Int32,
-        Int64,
-        Schema,
-        String,
-        TaggedFields,
-    )
-
-    if isinstance(field, Schema):
-        return tuple(_random_value(rng, f) for f in field.fields)
-    if isinstance(field, Array):
-        if rng.random() < 0.1:
-            return None
-        return [_random_value(rng, field.array_of) for _ in range(rng.randint(0, 3))]
-    if isinstance(field, String | CompactString):
-        return rng.choice([None, "", "t", "never-read", "x" * 300, "grp"])
-    if field in (Bytes, CompactBytes):
-        return rng.choice([None, b"", bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 80)))])
-    if field is TaggedFields:
-        return {}
-    if field is Boolean:
-        return rng.random() < 0.5
-    bits = {Int8: 8, Int16: 16, Int32: 32, Int64: 64}[field]  # type: ignore[index]
-    return rng.choice([-1, 0, 1, 3, 2 ** (bits - 1) - 1, -(2 ** (bits - 1))])
-
-
 @pytest.mark.parametrize("seed", [2323, 7, 1979])
 def test_well_formed_requests_with_odd_values_never_break_a_handler(
     kafka: KafkaServer, seed: int
@@ -263,31 +228,8 @@ def test_well_formed_requests_with_odd_values_never_break_a_handler(
     huge names, negative and extreme numbers): each is answered or refused by Kafka's rules,
     and the server never logs a handler failure (an exception the handlers did not expect)."""
     rng = random.Random(seed)
+    apis = [a for a in SERVED.values() if a.key not in (17, 36)]
     for round_ in range(40):
-        # short: an acks=0 produce gets no answer, a Fetch may long-poll up to 20 s
-        raw = RawKafka(kafka.kafka_port, timeout=1)
-        try:
-            sent = 0
-            for i in range(10):
-                api = rng.choice([a for a in SERVED.values() if a.key not in (17, 36)])
-                version = rng.randint(api.min_version, api.max_version)
-                schema = api.requests[version]
-                body = schema.encode(_random_value(rng, schema))
-                correlation = round_ * 10 + i
-                header = struct.pack(">hhih", api.key, version, correlation, 0)
-                if api.flexible(version):
-                    header += b"\x00"  # request header v2: no tagged fields
-                try:
-                    raw.send_raw(struct.pack(">i", len(header) + len(body)) + header + body)
-                except OSError:  # closed after an earlier request of this round
-                    break
-                sent += 1
-            for _ in range(sent):
-                try:
-                    raw.response()
-                except (ConnectionError, TimeoutError, OSError):
-                    break  # acks=0 produces get no answer; a refusal may close
-        finally:
-            raw.close()
+        odd_requests(kafka.kafka_port, rng, apis, round_)
     _still_serving(kafka)
     assert "kafka.handler_failed" not in kafka.process.log()

@@ -3,15 +3,18 @@
 `KafkaServer.start` waits for the native port file (written after the Kafka port file), so both
 ports are known once it returns; `kill` and `start` again reuse the data directory (a restart).
 `RawKafka` speaks the Kafka framing over a blocking socket, for requests no stock client sends
-(unserved versions, hostile frames).
+(unserved versions, hostile frames); `odd_requests` sends a round of well-formed requests with odd
+values (nulls, empty and huge names, extreme numbers) through one.
 """
 
 from __future__ import annotations
 
+import random
 import socket
 import struct
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from headwater.testing import ServerProcess
 
@@ -103,3 +106,69 @@ class RawKafka:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def random_value(rng: random.Random, field: object) -> object:
+    """A value of an aiokafka field type: what a confused but well-formed client might send."""
+    from aiokafka.protocol.types import (
+        Array,
+        Boolean,
+        Bytes,
+        CompactBytes,
+        CompactString,
+        Int8,
+        Int16,
+        Int32,
+        Int64,
+        Schema,
+        String,
+        TaggedFields,
+    )
+
+    if isinstance(field, Schema):
+        return tuple(random_value(rng, f) for f in field.fields)
+    if isinstance(field, Array):
+        if rng.random() < 0.1:
+            return None
+        return [random_value(rng, field.array_of) for _ in range(rng.randint(0, 3))]
+    if isinstance(field, String | CompactString):
+        return rng.choice([None, "", "t", "never-read", "x" * 300, "grp"])
+    if field in (Bytes, CompactBytes):
+        return rng.choice([None, b"", bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 80)))])
+    if field is TaggedFields:
+        return {}
+    if field is Boolean:
+        return rng.random() < 0.5
+    bits = {Int8: 8, Int16: 16, Int32: 32, Int64: 64}[field]  # type: ignore[index]
+    return rng.choice([-1, 0, 1, 3, 2 ** (bits - 1) - 1, -(2 ** (bits - 1))])
+
+
+def odd_requests(
+    port: int, rng: random.Random, apis: list[Any], round_: int, count: int = 10
+) -> None:
+    """`count` requests of `apis` (served API descriptions, `server.kafka.apis.SERVED`) at random
+    versions with random values, pipelined on one connection, then their answers read. Short
+    timeouts: an acks=0 produce gets no answer, a Fetch may long-poll up to 20 s."""
+    raw = RawKafka(port, timeout=1)
+    try:
+        sent = 0
+        for i in range(count):
+            api = rng.choice(apis)
+            version = rng.randint(api.min_version, api.max_version)
+            schema = api.requests[version]
+            body = schema.encode(random_value(rng, schema))
+            header = struct.pack(">hhih", api.key, version, round_ * count + i, 0)
+            if api.flexible(version):
+                header += b"\x00"  # request header v2: no tagged fields
+            try:
+                raw.send_raw(struct.pack(">i", len(header) + len(body)) + header + body)
+            except OSError:  # closed after an earlier request of this round
+                break
+            sent += 1
+        for _ in range(sent):
+            try:
+                raw.response()
+            except (ConnectionError, TimeoutError, OSError):
+                break  # acks=0 produces get no answer; a refusal may close
+    finally:
+        raw.close()
