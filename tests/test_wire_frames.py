@@ -239,6 +239,21 @@ def test_a_large_body_is_not_grown_in_the_buffer() -> None:
     assert isinstance(done, Frame) and done.body == bytes(range(256)) * 40
 
 
+def test_a_large_body_written_a_byte_at_a_time_is_held_in_few_pieces() -> None:
+    """A client dribbling a large body byte by byte: the decoder holds a few pieces of 64 KiB,
+    not one object per byte (262,144 of ~40 bytes each for this 256 KiB body)."""
+    body = bytes(range(256)) * 1024
+    frame = encode_frame(m.ApiKey.PRODUCE, 0, 3, 0, body)
+    decoder = FrameDecoder(large_body=1024)
+    events: list[Frame | FrameRejected] = []
+    for i in range(len(frame) - 1):
+        events.extend(decoder.feed(frame[i : i + 1]))
+    assert events == []
+    assert len(decoder._pieces) <= len(body) // (64 * 1024)
+    (done,) = decoder.feed(frame[-1:])
+    assert isinstance(done, Frame) and done.body == body
+
+
 def test_size_smaller_than_header_is_malformed() -> None:
     with pytest.raises(MalformedFrame):
         FrameDecoder().feed(bytes.fromhex("00000003000c0000000000050000"))
