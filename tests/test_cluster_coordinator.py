@@ -435,6 +435,15 @@ async def test_a_broker_that_cannot_acquire_leaves_nothing_unowned(etcd: EtcdSer
     for coordinator in (good, bad):
         await coordinator.start()
     try:
+        # membership, owners and topics come on separate watch streams: a g1 that has not seen g2
+        # yet is every partition's first choice and takes them as such, then hands g2's share
+        # over once it sees g2 (a correct bounce, but not the fallback this test is about)
+        both = {"g1", "g2"}
+        await until(
+            lambda: all({b.broker_id for b in c.brokers()} == both for c in (good, bad)),
+            HANG,
+            "g1 and g2 see each other",
+        )
         await good.create_topic(TOPIC, {"partitions": PARTITIONS})
         await until(
             lambda: len(good.owned()) == PARTITIONS,
