@@ -33,12 +33,17 @@ from typing import Any
 
 from headwater.testing import ServerProcess
 from loadtest import rows as r
+from loadtest import stages
 from loadtest.harness import run_options, say
 
 RATES = (10_000, 50_000, 100_000)
+# the server traces every 100th offset's stages (server/net/stage_trace.py): at 10,000 msgs/s
+# for 5 s, 500 sampled messages per run; a few hundred nanoseconds per batch when not sampled
+TRACE_EVERY = 100
+LATENCY_RUNS = 5  # a latency row's tail moves more between runs than a rate does
 
 
-def matrix(server: ServerProcess, quick: bool) -> list[r.Row]:
+def matrix(server: ServerProcess, quick: bool, http_address: str) -> list[r.Row]:
     scale = 5 if quick else 1
     seconds = 1.5 if quick else 5.0
     counts = {  # messages per run, by (reliable, size)
@@ -59,7 +64,17 @@ def matrix(server: ServerProcess, quick: bool) -> list[r.Row]:
     rows.append(r.hw_fanout(server, 100, 2_000 // scale))
     for fsync in (None, "always"):
         for rate in RATES:
-            rows.append(r.hw_latency(server, fsync, rate, seconds, 100))
+            rows.append(
+                r.hw_latency(
+                    server,
+                    fsync,
+                    rate,
+                    seconds,
+                    100,
+                    TRACE_EVERY,
+                    lambda: stages.fetch(http_address),
+                )
+            )
     return rows
 
 
@@ -108,6 +123,14 @@ def table(results: list[dict[str, Any]]) -> str:
                 f"{'':<69}p50 {row['p50_ms']} p999 {row['p999_ms']} max {row['max_ms']} ms, "
                 f"sent at {row['producer_msgs_per_s']:,}/s"
             )
+            if "all_runs" in row:
+                every = row["all_runs"]
+                lines.append(
+                    f"{'':<69}all runs: p50 {every['p50_ms']} p99 {every['p99_ms']} "
+                    f"p999 {every['p999_ms']} max {every['max_ms']} ms"
+                )
+            if "stages" in row:
+                lines += [f"{'':<69}{line}" for line in stages.lines(row["stages"])]
     return "\n".join(lines)
 
 
@@ -127,17 +150,26 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     # not /tmp, which may be a tmpfs where fsync costs nothing
     with tempfile.TemporaryDirectory(prefix="headwater-bench-", dir=_scratch_parent()) as scratch:
-        server = ServerProcess(Path(scratch) / "data").start()
+        http_port_file = Path(scratch) / "http.port"
+        server = ServerProcess(
+            Path(scratch) / "data",
+            extra_args=(
+                *("--trace-every", str(TRACE_EVERY)),
+                *("--http-port", "0", "--http-port-file", str(http_port_file)),
+            ),
+        ).start()
         try:
+            http_address = f"127.0.0.1:{http_port_file.read_text().strip()}"
             rows = [
                 row
-                for row in matrix(server, args.quick)
+                for row in matrix(server, args.quick, http_address)
                 if not args.only or args.only in row.workload
             ]
             results = []
             for index, row in enumerate(rows, 1):
                 say(f"[{index}/{len(rows)}] {row.workload}")
-                results.append(r.measure(row, repeats))
+                latency = row.kind == "latency" and not args.quick
+                results.append(r.measure(row, max(repeats, LATENCY_RUNS) if latency else repeats))
         finally:
             server.stop()
     report["seconds"] = round(time.monotonic() - started, 1)

@@ -27,9 +27,11 @@ import time
 from typing import Any
 
 import headwater
-from loadtest.harness import Context, latency_summary, percentile, say, ticks
+from loadtest import stages
+from loadtest.harness import Context, percentile, say, ticks
 
 STAMP = struct.Struct(">q")  # CLOCK_MONOTONIC nanoseconds, the same clock in every process
+SUBSCRIPTION = "bench"
 
 
 async def produce(
@@ -127,12 +129,18 @@ async def consume(
     quiet: float = 0.5,
     deadline: float = 300.0,
     api: str = "batch",
+    trace_every: int = 0,
 ) -> dict[str, Any]:
+    """With `latency`, each value's receive - send time goes into an HDR histogram; with
+    `trace_every` too, the messages at offsets the server traces (multiples of it) are kept as
+    stage samples (loadtest/stages.py): send, frame read and taken times."""
     async with await headwater.connect(address) as client:
-        consumer = await client.subscribe(topic, "bench", prefetch=20_000)
+        consumer = await client.subscribe(topic, SUBSCRIPTION, prefetch=20_000)
         started = await ctx.start()
         received, first, last = 0, 0.0, started
-        latencies: list[int] = []
+        latencies = stages.histogram()
+        record = latencies.record_value
+        samples: list[stages.Sample] = []
         unpack = STAMP.unpack_from
         while received < expected and time.monotonic() < started + deadline:
             try:
@@ -156,7 +164,11 @@ async def consume(
                 values = [m.value for m in messages]
                 await consumer.ack_cumulative(messages[-1])
             if latency:
-                latencies.extend(now_ns - unpack(v)[0] for v in values if v)
+                for value in values:
+                    if value:
+                        record(max(1, (now_ns - unpack(value)[0]) // 1000))
+                if trace_every:
+                    _sample(samples, trace_every, batch if api == "batch" else messages, now_ns)
             else:
                 sum(len(v) for v in values if v)  # touch every value
         dropped = consumer.dropped
@@ -168,8 +180,30 @@ async def consume(
         "cpu_s": ctx.cpu(),
     }
     if latency:
-        result["latency"] = latency_summary(latencies)
+        result["latency"] = stages.summary(latencies)
+        result["histogram"] = latencies.encode().decode()
+        result["samples"] = samples
+        result["topic"], result["subscription"] = topic, SUBSCRIPTION
     return result
+
+
+def _sample(
+    into: list[stages.Sample],
+    every: int,
+    taken: headwater.MessageBatch | list[headwater.Message],
+    now_ns: int,
+) -> None:
+    """The traced messages of what the application just took (offsets that are multiples of
+    `every`): partition, offset, send time, frame read time, taken time."""
+    if isinstance(taken, headwater.MessageBatch):
+        received_ns, partition = taken.received_ns, taken.partition
+        offsets, values = taken.offsets(), taken.values()
+    else:
+        received_ns, partition = 0, taken[0].partition  # messages: their batch's time is gone
+        offsets, values = [m.offset for m in taken], [m.value for m in taken]
+    for offset, value in zip(offsets, values, strict=True):
+        if offset % every == 0 and value:
+            into.append((partition, offset, STAMP.unpack_from(value)[0], received_ns, now_ns))
 
 
 async def map_ops(

@@ -28,6 +28,7 @@ from typing import Any
 
 import headwater
 from loadtest import hw_clients as hw
+from loadtest import stages
 from loadtest.harness import Client, cpu_per_million, median_run, run_row, say
 
 MAIN_FIGURE = {
@@ -49,6 +50,8 @@ class Row:
     fsync: str = ""  # what this side fsyncs, in words
     reliable: bool = False
     timeout: float = 600.0
+    # latency rows of a server started with --trace-every: its GET /debug/stages (loadtest/stages)
+    stages: Callable[[], dict[str, Any]] | None = None
 
 
 _CLIENT_ORDER = ["producer", "consumer", "client", "setter", "followers"]
@@ -73,6 +76,11 @@ def summarize(row: Row, outcome: dict[str, Any]) -> dict[str, Any]:
         }
         if row.kind == "latency":
             result |= consumed["latency"]
+            result["histogram"] = consumed["histogram"]
+            if row.stages is not None:
+                result["stages"] = stages.breakdown(
+                    row.stages(), consumed["topic"], consumed["subscription"], consumed["samples"]
+                )
         else:
             # reliable: what the producers got acknowledged; non-reliable: what arrived
             result["msgs_per_s"] = result[
@@ -113,7 +121,8 @@ def summarize(row: Row, outcome: dict[str, Any]) -> dict[str, Any]:
 
 def measure(row: Row, repeats: int) -> dict[str, Any]:
     """The median of `repeats` runs; a run that fails makes the row an error (the other rows
-    still run), with the failure's text."""
+    still run), with the failure's text. A latency row also gets `all_runs`: the percentiles of
+    every run's messages together (their HDR histograms merged)."""
     head = {"workload": row.workload, "system": row.system, "kind": row.kind, "fsync": row.fsync}
     runs = []
     for run in range(repeats):
@@ -124,7 +133,10 @@ def measure(row: Row, repeats: int) -> dict[str, Any]:
         except Exception as exc:
             say(f"  failed: {exc}")
             return head | row.params | {"error": f"{type(exc).__name__}: {exc}"}
-    return head | row.params | median_run(runs, MAIN_FIGURE[row.kind])
+    together = {}
+    if row.kind == "latency":
+        together["all_runs"] = stages.summary(stages.merged(run.pop("histogram") for run in runs))
+    return head | row.params | median_run(runs, MAIN_FIGURE[row.kind]) | together
 
 
 # Headwater rows
@@ -207,7 +219,17 @@ def hw_stream(server: Any, fsync: str | None, producers: int, size: int, message
     )
 
 
-def hw_latency(server: Any, fsync: str | None, rate: int, seconds: float, size: int) -> Row:
+def hw_latency(
+    server: Any,
+    fsync: str | None,
+    rate: int,
+    seconds: float,
+    size: int,
+    trace_every: int = 0,
+    stages_report: Callable[[], dict[str, Any]] | None = None,
+) -> Row:
+    """`trace_every`: the server's --trace-every, whose /debug/stages `stages_report` reads: the
+    row then says where its latency went (loadtest/stages.py)."""
     reliable = fsync is not None
     api = CLIENT_API
     workload = (f"latency reliable fsync={fsync}" if reliable else "latency non-reliable") + (
@@ -233,7 +255,13 @@ def hw_latency(server: Any, fsync: str | None, rate: int, seconds: float, size: 
             Client(
                 "consumer",
                 hw.consume,
-                common | {"expected": expected, "latency": True, "quiet": 1.0},
+                common
+                | {
+                    "expected": expected,
+                    "latency": True,
+                    "quiet": 1.0,
+                    "trace_every": trace_every,
+                },
             ),
         ]
 
@@ -246,6 +274,7 @@ def hw_latency(server: Any, fsync: str | None, rate: int, seconds: float, size: 
         {"rate": rate, "size": size, "api": api},
         FSYNC_WORDS[fsync] if fsync else "nothing (not stored)",
         reliable,
+        stages=stages_report if trace_every else None,
     )
 
 

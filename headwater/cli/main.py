@@ -84,6 +84,12 @@ def _parser() -> argparse.ArgumentParser:
         "docs/KAFKA.md)",
     )
     serve.add_argument("--kafka-port-file", type=Path, help="write the bound Kafka port here")
+    serve.add_argument(
+        "--trace-every",
+        type=int,
+        metavar="N",
+        help="trace every N-th offset's stages, served at /debug/stages (default 0: off)",
+    )
     serve.add_argument("--log-format", choices=["console", "json"], help="log lines on stderr")
     serve.add_argument(
         "--log-level",
@@ -197,6 +203,7 @@ def _serve(args: argparse.Namespace) -> int:
         port_file=args.port_file,
         http_port=args.http_port,
         http_port_file=args.http_port_file,
+        trace_every=args.trace_every,
         log_format=args.log_format,
         log_level=args.log_level,
     )

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
@@ -150,18 +151,18 @@ class Consumer:
             self.on_closed(exc)
             return
         build = partial(Message, self, self.topic, delivery.partition, delivery.delivery_count)
-        self._batches.append(
-            MessageBatch(
-                self,
-                self.topic,
-                delivery.partition,
-                delivery.delivery_count,
-                delivery.batch,
-                info,
-                build,
-                self._missed,
-            )
+        batch = MessageBatch(
+            self,
+            self.topic,
+            delivery.partition,
+            delivery.delivery_count,
+            delivery.batch,
+            info,
+            build,
+            self._missed,
         )
+        batch.received_ns = time.monotonic_ns()
+        self._batches.append(batch)
         self._missed = 0
         self._received += info.record_count
         self._wake()

@@ -100,6 +100,7 @@ class MessageBatch(Sequence["Message"]):
         "delivery_count",
         "missed",
         "partition",
+        "received_ns",
         "topic",
     )
 
@@ -125,6 +126,9 @@ class MessageBatch(Sequence["Message"]):
         self._build = build
         self._records: list[RawRecord] | None = None
         self._messages: list[Message] | None = None
+        # time.monotonic_ns() when its frame was read (0 if it was not read as one): with the
+        # time the application takes it, the client's own queueing
+        self.received_ns = 0
 
     @classmethod
     def of_messages(cls, consumer: MessageOwner, messages: list[Message]) -> MessageBatch:

@@ -156,6 +156,10 @@ class ServerConfig:
     frame_timeout: float = 30.0
     # How long a graceful shutdown waits for uploads and connections to finish.
     shutdown_timeout: float = 10.0
+    # Trace the message at every offset that is a multiple of this, in every partition: the
+    # times it was read, appended, answered and dispatched, at GET /debug/stages on the HTTP
+    # port (server/net/stage_trace.py; docs/OPERATIONS.md). 0, the default: off.
+    trace_every: int = 0
     log_format: str = "console"  # or "json"
     log_level: str = "info"
     topic_defaults: TopicSettings = field(default_factory=TopicSettings)

@@ -109,6 +109,10 @@ def check(config: ServerConfig, where: str = "config") -> None:
         )
     if config.http_port is not None and not 0 <= config.http_port < 65536:
         raise ConfigError(f"{where}: server.http_port must be 0..65535, not {config.http_port}")
+    if config.trace_every < 0:
+        raise ConfigError(
+            f"{where}: server.trace_every must be >= 0 (0: off), not {config.trace_every}"
+        )
     kafka_port = config.kafka.port
     if kafka_port is not None and not 0 <= kafka_port < 65536:
         raise ConfigError(f"{where}: kafka.port must be 0..65535, not {kafka_port}")

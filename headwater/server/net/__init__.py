@@ -1,5 +1,6 @@
 """The network front end: `accepting` and `listener` (the accept loop, which survives running
 out of file descriptors), `admission` (how many connections may wait to authenticate, in all and
 per address), `client_connection` (bytes in, frames decoded, handlers called, replies and
-deliveries out) with its security hooks in `guard`, and `traffic` (what went out, how late).
+deliveries out) with its security hooks in `guard`, `traffic` (what went out, how late) and
+`stage_trace` (where a sampled message's time went: read, appended, answered, dispatched).
 Imports `requests` and `security` (and the topic contract its consumers implement)."""

@@ -62,6 +62,7 @@ from headwater.server.logs import ProtocolErrorLog
 from headwater.server.loop_lag import LoopLag
 from headwater.server.net.admission import Admission
 from headwater.server.net.guard import Guarded
+from headwater.server.net.stage_trace import ProduceTrace, StageTrace
 from headwater.server.net.traffic import TrafficStats
 from headwater.server.reply import bulky, encode_off_loop
 from headwater.server.requests.broker import Broker, Reply, Waiting
@@ -125,6 +126,7 @@ class Shared:
     tls: ServerTls | None = None  # None: plaintext
     traffic: TrafficStats = field(default_factory=TrafficStats)  # for server.ops.metrics
     loop_lag: LoopLag = field(default_factory=LoopLag)  # started by the listener
+    trace: StageTrace | None = None  # sampled stage times (`trace_every`), for /debug/stages
 
 
 class Connection(Guarded, asyncio.Protocol):
@@ -151,6 +153,9 @@ class Connection(Guarded, asyncio.Protocol):
         self._out: list[bytes] | None = None
         self._out_bytes = 0
         self._queue: list[Frame | FrameRejected] = []
+        self._trace = shared.trace
+        self._read_ns = 0  # when the last read arrived (with a stage trace only)
+        self._traced: ProduceTrace | None = None  # the produce being handled, if sampled
         self._next = 0  # index of the next frame to handle in `_queue`
         self._scheduled = False
         self._inflating = False
@@ -186,6 +191,8 @@ class Connection(Guarded, asyncio.Protocol):
         log.debug("conn.opened", peer=self.peer)
 
     def data_received(self, data: bytes) -> None:
+        if self._trace is not None:
+            self._read_ns = time.monotonic_ns()
         try:
             events = self._decoder.feed(data)
         except MalformedFrame as exc:
@@ -386,6 +393,8 @@ class Connection(Guarded, asyncio.Protocol):
             if self.auth is not None:
                 assert self._security is not None
                 response = self._security.after(self, request, response)
+            if self._trace is not None and type(request) is m.ProduceRequest:
+                self._trace_produce(request, response)
         except Exception as exc:
             self._refuse(header, exc)
             if isinstance(exc, AuthenticationFailed):
@@ -393,14 +402,23 @@ class Connection(Guarded, asyncio.Protocol):
             return
         self._answer(header, response, started)
 
+    def _trace_produce(self, request: m.ProduceRequest, reply: Reply) -> Reply:
+        """With a stage trace: note a sampled produce, answered next by `_answer`."""
+        if self._trace is not None:
+            self._traced = self._trace.produced(request.topic, request.batch, reply, self._read_ns)
+        return reply
+
     def _answer(self, header: FrameHeader, response: Reply, started: float | None = None) -> None:
+        traced, self._traced = self._traced, None
         if isinstance(response, Waiting):
-            task = asyncio.ensure_future(self._finish(header, response.resolve(), started))
+            task = asyncio.ensure_future(self._finish(header, response.resolve(), started, traced))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             return
         self._shared.traffic.produced(started, response)
         self._respond(header, response)
+        if traced is not None:
+            traced.answered(response)
 
     def _produce_checked(
         self, header: FrameHeader, request: m.ProduceRequest, started: float
@@ -418,10 +436,12 @@ class Connection(Guarded, asyncio.Protocol):
                 info = None  # inflates past INLINE_INFLATE: on the thread, below
             except HeadwaterError:
                 # the broker reports it, after its own checks (unknown topic first)
-                self._answer(header, self._broker.produce(self, request, None), started)
+                reply = self._broker.produce(self, request, None)
+                self._answer(header, self._trace_produce(request, reply), started)
                 return
             if info is not None:
-                self._answer(header, self._broker.produce(self, request, info), started)
+                reply = self._broker.produce(self, request, info)
+                self._answer(header, self._trace_produce(request, reply), started)
                 return
         self._inflating = True
         future = self._loop.run_in_executor(
@@ -457,7 +477,8 @@ class Connection(Guarded, asyncio.Protocol):
             return
         try:
             info = future.result()
-            self._answer(header, self._broker.produce(self, request, info, schema_checked))
+            reply = self._broker.produce(self, request, info, schema_checked)
+            self._answer(header, self._trace_produce(request, reply))
         except Exception as exc:
             self._refuse(header, exc)
         self._resume()
@@ -504,7 +525,11 @@ class Connection(Guarded, asyncio.Protocol):
         )
 
     async def _finish(
-        self, header: FrameHeader, pending: Awaitable[m.Response], started: float | None = None
+        self,
+        header: FrameHeader,
+        pending: Awaitable[m.Response],
+        started: float | None = None,
+        traced: ProduceTrace | None = None,
     ) -> None:
         try:
             response = await pending
@@ -515,6 +540,8 @@ class Connection(Guarded, asyncio.Protocol):
             return
         self._shared.traffic.produced(started, response)
         self._respond(header, response)
+        if traced is not None:
+            traced.answered(response)
 
     def _respond(self, header: FrameHeader, response: m.Response) -> None:
         if header.flags & _NO_RESPONSE or self._transport is None:
@@ -627,7 +654,10 @@ class Connection(Guarded, asyncio.Protocol):
     ) -> None:
         if self._transport is not None:
             prefix = delivery_prefix(consumer_id, partition, len(batch), delivery_count)
-            self._shared.traffic.delivered(self.consumers.get(consumer_id), batch, delivery_count)
+            consumer = self.consumers.get(consumer_id)
+            self._shared.traffic.delivered(consumer, batch, delivery_count)
+            if self._trace is not None:
+                self._trace.dispatched(consumer, partition, batch)
             if self._out is not None:
                 self._out += (prefix, batch)
                 self._out_bytes += len(prefix) + len(batch)

@@ -32,6 +32,7 @@ from headwater.server.config import ServerConfig
 from headwater.server.net.accepting import Acceptor, ListenError, listen_on
 from headwater.server.net.admission import Admission
 from headwater.server.net.client_connection import Connection, Shared
+from headwater.server.net.stage_trace import StageTrace
 from headwater.server.requests.broker import Broker
 from headwater.wire.errors import HeadwaterError, TooManyConnections
 from headwater.wire.protocol import encode_error
@@ -85,7 +86,10 @@ class Listener:
         self._loop = asyncio.get_running_loop()
         # One thread: a flood of compression bombs costs one core and one cap of memory at most.
         self._inflater = ThreadPoolExecutor(1, thread_name_prefix="headwater-inflate")
-        self.shared = Shared(inflater=self._inflater)
+        self.shared = Shared(
+            inflater=self._inflater,
+            trace=StageTrace(config.trace_every) if config.trace_every else None,
+        )
         self._acceptor: Acceptor | None = None
         self._admitting = 0
         self._lingering: set[_Refused] = set()

@@ -80,6 +80,20 @@ class ServerState:
     def traffic(self) -> TrafficStats:
         return self.listener.shared.traffic
 
+    def stages(self) -> dict[str, object]:
+        """GET /debug/stages: the sampled stage times taken since the last call (empty without
+        `trace_every`) and the event loop's longest holds (server/net/stage_trace.py,
+        server/loop_lag.py)."""
+        shared = self.listener.shared
+        events, dropped = shared.trace.take() if shared.trace is not None else ([], 0)
+        return {
+            "every": shared.trace.every if shared.trace is not None else 0,
+            "dropped": dropped,
+            "fields": ["stage", "topic", "partition", "offset", "ns", "subscription"],
+            "events": events,
+            "stalls": shared.loop_lag.take_worst(),
+        }
+
     def recovered(self, catalog: TopicCatalog) -> None:
         self.catalog = catalog
         self._sampler = asyncio.get_running_loop().create_task(self._sample_forever())
