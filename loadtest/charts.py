@@ -4,7 +4,8 @@
   figure), with CPU seconds per million messages of the server written beside each bar.
 - `latency_chart`: p50/p99/p999 by rate, one line style per percentile and one colour per workload
   family (non-reliable, reliable fsync=always, peers), log scale.
-- `soak_chart`: p99 per window, server RSS and open fds over the soak's time (loadtest/soak.py).
+- `soak_chart`: p99 per window, where the reliable topic's p99 messages spent it (stacked by stage),
+  server RSS and open fds over the soak's time (loadtest/soak.py).
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ def soak_chart(
     windows: list[dict[str, Any]], resources: list[dict[str, Any]], path: Path, title: str
 ) -> None:
     plt = _pyplot()
-    figure, (latency, rss, fds) = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
+    figure, (latency, spent, rss, fds) = plt.subplots(4, 1, figsize=(9, 10), sharex=True)
     for key, label in (("p99_reliable_ms", "reliable"), ("p99_non_reliable_ms", "non-reliable")):
         points = [(w["t"], w[key]) for w in windows if w.get(key) is not None]
         if points:
@@ -107,6 +108,8 @@ def soak_chart(
     latency.set_yscale("log")
     latency.legend(fontsize=8)
     latency.set_title(title, fontsize=10)
+    _stacked_stages(spent, [w for w in windows if "tail_reliable" in w], "tail_reliable")
+    spent.set_ylabel("reliable p99 messages:\nms per stage")
     times = [s["t"] for s in resources]
     rss.plot(times, [s["rss_mb"] for s in resources], color="#e45756")
     rss.set_ylabel("server RSS, MB")
@@ -115,8 +118,24 @@ def soak_chart(
     fds.set_ylabel("server open fds")
     fds.set_ylim(bottom=0)
     fds.set_xlabel("seconds since start")
-    for axes in (latency, rss, fds):
+    for axes in (latency, spent, rss, fds):
         axes.grid(True, alpha=0.3)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+def _stacked_stages(axes: Any, windows: list[dict[str, Any]], key: str) -> None:
+    """One bar per window: the mean milliseconds its tail messages spent in each stage of the
+    chain (loadtest/stages.py), the producer's ack stage left out (it is not on their path)."""
+    names: list[str] = []
+    for window in windows:
+        names += [n for n in window[key] if n not in names and "answered" not in n]
+    bottoms = [0.0] * len(windows)
+    width = (windows[1]["t"] - windows[0]["t"]) * 0.8 if len(windows) > 1 else 1.0
+    for name in names:
+        heights = [w[key].get(name, 0.0) for w in windows]
+        axes.bar([w["t"] for w in windows], heights, width, bottom=bottoms, label=name)
+        bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
+    if names:
+        axes.legend(fontsize=7, ncol=3)

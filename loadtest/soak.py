@@ -11,8 +11,14 @@ send time (CLOCK_MONOTONIC ns). The consumer checks the sequence numbers:
 - non-reliable: the gaps are the drops; they are compared with the server's MESSAGES_DROPPED
   notices.
 
-It also computes p99 end-to-end latency per `--window` seconds. Every second the parent samples the
-server's resident memory (VmRSS) and open file descriptors from /proc. Verdict: zero reliable
+It also computes p99 end-to-end latency per `--window` seconds, and says where each window's tail
+went: the server traces every `TRACE_EVERY`-th offset's stages (`--trace-every`,
+server/net/stage_trace.py), the consumer keeps the send and taken times of those offsets, and the
+parent gathers the server's events and its longest event-loop holds every window (GET
+/debug/stages); joined (loadtest/stages.py), each window reports the mean milliseconds per stage
+of its messages at or past the p99 and its longest hold with the garbage collection inside it.
+Every second the parent samples the server's resident memory (VmRSS) and open file descriptors
+from /proc. Verdict: zero reliable
 messages lost, and RSS and fds flat after `--warmup` seconds (last fifth vs the first fifth after
 warm-up: RSS within 10%, fds within 2). The report goes to stdout as JSON (`--output` too);
 `--chart` writes p99, RSS and fds over time as a PNG. Exit status 1 when the verdict fails.
@@ -35,6 +41,7 @@ from typing import Any
 
 import headwater
 from headwater.testing import ServerProcess
+from loadtest import stages
 from loadtest.bench import _scratch_parent, machine
 from loadtest.harness import (
     Client,
@@ -49,6 +56,9 @@ from loadtest.harness import (
 
 HEADER = struct.Struct(">qq")  # sequence number, send time (monotonic ns)
 TOPICS = {"reliable": "soak-reliable", "non_reliable": "soak-non-reliable"}
+SUBSCRIPTION = "soak"
+# at 10,000 msgs/s per topic, 100 traced messages per topic per 10 s window; at 50,000, 500
+TRACE_EVERY = 1000
 
 
 async def producer(
@@ -99,6 +109,7 @@ class Tally:
         self.gaps = 0  # numbers skipped over: drops, on a non-reliable topic
         self.next = 0
         self.window: list[int] = []
+        self.samples: list[stages.Sample] = []  # this window's traced messages
 
     def add(self, sequence: int, latency_ns: int) -> None:
         self.window.append(latency_ns)
@@ -122,6 +133,10 @@ class Tally:
         self.window = []
         return round(percentile(values, 0.99) / 1e6, 3)
 
+    def take_samples(self) -> list[stages.Sample]:
+        samples, self.samples = self.samples, []
+        return samples
+
 
 async def consumer(
     ctx: Context, address: str, rate: int, seconds: float, window: float
@@ -130,7 +145,7 @@ async def consumer(
     tallies = {kind: Tally(capacity) for kind in TOPICS}
     async with await headwater.connect(address) as client:
         consumers = {
-            kind: await client.subscribe(topic, "soak", prefetch=20_000)
+            kind: await client.subscribe(topic, SUBSCRIPTION, prefetch=20_000)
             for kind, topic in TOPICS.items()
         }
         started = await ctx.start()
@@ -154,6 +169,8 @@ async def consumer(
                 for message in messages:
                     sequence, sent = unpack(message.value or bytes(HEADER.size))
                     tally.add(sequence, now - sent)
+                    if message.offset % TRACE_EVERY == 0:
+                        tally.samples.append((message.partition, message.offset, sent, 0, now))
                 await source.ack_cumulative(messages[-1])
 
         async def windows_loop() -> None:
@@ -165,6 +182,7 @@ async def consumer(
                         "t": round(next_window - started, 1),
                         "p99_reliable_ms": tallies["reliable"].p99(),
                         "p99_non_reliable_ms": tallies["non_reliable"].p99(),
+                        "samples": {kind: t.take_samples() for kind, t in tallies.items()},
                     }
                 )
                 next_window += window
@@ -246,14 +264,25 @@ def main(argv: list[str] | None = None) -> int:
                      "fsync": args.fsync, "window": window, "warmup": warmup},
     }  # fmt: skip
     resources: list[dict[str, Any]] = []
+    traced: list[dict[str, Any]] = []  # what /debug/stages answered, once per window
     with tempfile.TemporaryDirectory(prefix="headwater-soak-", dir=_scratch_parent()) as scratch:
-        server = ServerProcess(Path(scratch) / "data").start()
+        http_port_file = Path(scratch) / "http.port"
+        server = ServerProcess(
+            Path(scratch) / "data",
+            extra_args=(
+                *("--trace-every", str(TRACE_EVERY)),
+                *("--http-port", "0", "--http-port-file", str(http_port_file)),
+            ),
+        ).start()
+        http_address = f"127.0.0.1:{http_port_file.read_text().strip()}"
         try:
             asyncio.run(_create_topics(server.address, args.fsync))
             assert server.process is not None
             pid = server.process.pid
             started = time.monotonic()
             last_sample = [0.0]
+            last_trace = [started]
+            stages.fetch(http_address)  # what topic creation left: from nothing
 
             def sample() -> None:
                 now = time.monotonic()
@@ -263,6 +292,9 @@ def main(argv: list[str] | None = None) -> int:
                     resources.append(
                         {"t": round(now - started, 1), "rss_mb": rss, "fds": process_fds(pid)}
                     )
+                if now - last_trace[0] >= window:
+                    last_trace[0] = now
+                    traced.append(stages.fetch(http_address) | {"t": round(now - started, 1)})
 
             common = {"address": server.address, "rate": args.rate, "seconds": args.seconds}
             outcome = run_row(
@@ -274,10 +306,12 @@ def main(argv: list[str] | None = None) -> int:
                 timeout=args.seconds + 300,
                 on_tick=sample,
             )
+            traced.append(stages.fetch(http_address) | {"t": round(time.monotonic() - started, 1)})
         finally:
             server.stop()
     report["producer"] = outcome["clients"]["producer"]
     report["consumer"] = outcome["clients"]["consumer"]
+    where_the_tail_went(report["consumer"]["windows"], traced, window)
     report["server_cpu_s"] = outcome["server_cpu_s"]
     report["resources"] = resources
     report["verdict"] = verdict(report, warmup)
@@ -297,6 +331,30 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({k: v for k, v in report.items() if k != "resources"}, indent=2))
     ok = report["verdict"]["reliable_ok"] and report["verdict"]["resources_flat"]
     return 0 if ok else 1
+
+
+def where_the_tail_went(
+    windows: list[dict[str, Any]], traced: list[dict[str, Any]], window: float
+) -> None:
+    """Each window's samples joined to the server's stage times (replacing them): the mean
+    milliseconds per stage of its messages at or past the p99, per topic, and the longest loop
+    hold the server reported for that window."""
+    events = [event for report in traced for event in report["events"]]
+    everything = {"fields": traced[0]["fields"], "events": events} if traced else {}
+    times = {
+        kind: stages.server_times(everything, topic, SUBSCRIPTION) if traced else {}
+        for kind, topic in TOPICS.items()
+    }
+    for entry in windows:
+        for kind, samples in entry.pop("samples", {}).items():
+            result = stages.joined(times[kind], samples)
+            if result["joined"]:
+                entry[f"tail_{kind}"] = result["tail"]["p99"]["stages_ms"]
+        # the holds the server reported at the end of this window (its clock is the parent's,
+        # within a second)
+        holds = [r["stalls"] for r in traced if entry["t"] <= r["t"] < entry["t"] + window]
+        if holds and holds[0]:
+            entry["longest_hold"] = holds[0][0]
 
 
 async def _create_topics(address: str, fsync: str) -> None:

@@ -103,14 +103,26 @@ def breakdown(
     report: dict[str, Any], topic: str, subscription: str, samples: Sequence[Sample]
 ) -> dict[str, Any]:
     """The stage chain of every sample the server traced too: per stage p50/p99/p999, and the
-    mean milliseconds per stage of the messages at or past the p99 and the p999 end-to-end."""
-    server = server_times(report, topic, subscription)
+    mean milliseconds per stage of the messages at or past the p99 and the p999 end-to-end;
+    the report's dropped events and its five longest loop holds beside them."""
+    result = joined(server_times(report, topic, subscription), samples)
+    result["dropped_events"] = report.get("dropped", 0)
+    result["stalls"] = report.get("stalls", [])[:5]
+    return result
+
+
+def joined(
+    server: dict[tuple[int, int], dict[str, int]], samples: Sequence[Sample]
+) -> dict[str, Any]:
+    """`breakdown` from the server's times already gathered (`server_times`)."""
     chains: list[tuple[int, dict[str, int]]] = []  # (end-to-end ns, stage -> ns)
     for partition, offset, enqueue, received, taken in samples:
         seen = server.get((partition, offset))
         if seen is None or "read" not in seen or "dispatched" not in seen:
             continue
-        marks = {"enqueue": enqueue, **seen, "received": received, "taken": taken}
+        marks = {"enqueue": enqueue, **seen, "taken": taken}
+        if received:  # 0: taken as messages (`receive_batch`), whose batch's read time is gone
+            marks["received"] = received
         if marks.get("appended", 0) > marks["dispatched"]:
             # a non-reliable topic hands the batch to its consumers inside the append
             del marks["appended"]
@@ -126,7 +138,7 @@ def breakdown(
             stages[ACK] = seen["answered"] - seen["read"]
         chains.append((taken - enqueue, stages))
     if not chains:
-        return {"samples": 0, "joined": 0, "dropped_events": report.get("dropped", 0)}
+        return {"samples": len(samples), "joined": 0}
     per_stage: dict[str, HdrHistogram] = {}
     for _, stages in chains:
         for name, nanoseconds in stages.items():
@@ -147,10 +159,8 @@ def breakdown(
     return {
         "samples": len(samples),
         "joined": len(chains),
-        "dropped_events": report.get("dropped", 0),
         "stages": {name: summary(per_stage[name]) for name in sorted(per_stage, key=_chain_order)},
         "tail": tails,
-        "stalls": report.get("stalls", [])[:5],
     }
 
 
