@@ -424,6 +424,18 @@ async def test_checkpoints_round_trip(etcd: EtcdServer) -> None:
         assert await coordinator.get_checkpoint("orders/1/sub-a") == b"c"
         with pytest.raises(ValueError, match="limit"):
             await coordinator.put_checkpoint("big", b"x" * (64 * 1024 + 1))
+        # a start is written only where no cursor is: one there is answered, and kept
+        assert await coordinator.create_checkpoint("orders/2/sub-a", b"start") is None
+        assert await coordinator.get_checkpoint("orders/2/sub-a") == b"start"
+        assert await coordinator.create_checkpoint("orders/1/sub-a", b"start") == b"c"
+        assert await coordinator.get_checkpoint("orders/1/sub-a") == b"c"
+        # ... unless it was left by a deleted topic of the name (written before `since`)
+        await coordinator.put_checkpoint("orders/3/sub-a", b"old")
+        assert await coordinator.create_topic("later", {"partitions": 1})
+        await until(lambda: coordinator.incarnation("later") > 0, HANG, "the topic's revision")
+        since = coordinator.incarnation("later")
+        assert await coordinator.create_checkpoint("orders/3/sub-a", b"new", since) is None
+        assert await coordinator.get_checkpoint("orders/3/sub-a") == b"new"
     finally:
         await coordinator.stop()
 

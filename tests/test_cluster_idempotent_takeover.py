@@ -66,6 +66,9 @@ class Etcd:
     async def put_checkpoint(self, key: str, value: bytes) -> None:
         pass
 
+    async def create_checkpoint(self, key: str, value: bytes, since: int = 0) -> bytes | None:
+        return None
+
     async def get_checkpoint(self, key: str, since: int = 0) -> bytes | None:
         return None
 

@@ -69,6 +69,12 @@ class Checkpoints:
     async def put_checkpoint(self, key: str, value: bytes) -> None:
         self.values[key] = value
 
+    async def create_checkpoint(self, key: str, value: bytes, since: int = 0) -> bytes | None:
+        if key in self.values:
+            return self.values[key]
+        self.values[key] = value
+        return None
+
     async def get_checkpoint(self, key: str, since: int = 0) -> bytes | None:
         self.reads += 1
         if self.flaky and self.reads == 1:

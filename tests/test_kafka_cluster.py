@@ -29,6 +29,7 @@ from aiokafka.protocol.produce import ProduceRequest_v3, ProduceResponse_v3
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+import headwater
 from headwater.server.kafka import kafka_nodes
 from headwater.server.kafka.apis import SERVED
 from headwater.server.kafka.kafka_nodes import ClusterNodes, node_id
@@ -302,6 +303,62 @@ def test_a_group_across_the_brokers_and_its_offsets_survive_kill_9_of_its_coordi
         assert _committed(cluster, topic, group, without=coordinator) == ends
     finally:
         cluster.restart_broker(coordinator)
+
+
+def test_a_partition_handed_off_keeps_the_offset_its_group_committed_through_another_broker(
+    cluster: Cluster,
+) -> None:
+    """A subscription a native consumer created (so each owner has a copy of its cursors) is
+    then committed to as a Kafka group: its coordinator writes the checkpoint of a partition
+    another broker serves, whose copy stays behind. Stopping that broker gracefully hands the
+    partition off: the offset the group committed is what the next owner and OffsetFetch see
+    (the hand-off used to write the owner's stale copy over it)."""
+    topic, group = "handed", "committers"
+    _create_topic(cluster, topic)
+    acked: list[tuple[int, int, bytes]] = []
+    producer = _producer(cluster, acked)
+    for i in range(20 * PARTITIONS):
+        _send(producer, topic, f"h{i}".encode(), i)
+    assert producer.flush(60) == 0
+    ends = [max(o for p, o, _ in acked if p == partition) + 1 for partition in range(PARTITIONS)]
+    peers = _Peers(cluster.kafka_ports, {})
+    coordinator = ClusterNodes(peers).coordinator(group)
+    assert coordinator is not None
+    owners = asyncio.run(cluster.owners(topic))
+    partition, owner = next((p, b) for p, b in sorted(owners.items()) if b != coordinator.broker_id)
+    asyncio.run(_subscribe_natively(cluster, owner, topic, group))
+    committer = Consumer(
+        {"bootstrap.servers": _bootstrap(cluster), "group.id": group, "enable.auto.commit": False}
+    )
+    last = ends[partition] - 1
+    try:
+        committer.commit(offsets=[TopicPartition(topic, partition, last)], asynchronous=False)
+    finally:
+        committer.close()
+    assert _committed(cluster, topic, group)[partition] == last
+    cluster.brokers[owner].stop()  # graceful: it hands its partitions off
+    try:
+        asyncio.run(cluster.wait_owned(topic, PARTITIONS, set(BROKERS) - {owner}, timeout=60))
+        assert _committed(cluster, topic, group, without=owner)[partition] == last
+    finally:
+        cluster.restart_broker(owner)
+
+
+async def _subscribe_natively(cluster: Cluster, broker: str, topic: str, name: str) -> None:
+    """A Failover subscription (a Kafka group's kind) made by a native consumer, which attaches
+    at every partition's owner: until `broker` has it, then the consumer leaves."""
+    async with await headwater.connect(await cluster.address(broker)) as client:
+        consumer = await client.subscribe(topic, name, type="failover", start="earliest")
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                described = await client.describe_topic(topic)
+                if any(s.name == name for s in described.subscriptions):
+                    return
+                await asyncio.sleep(0.1)
+            raise AssertionError(f"{broker} never had subscription {name} of {topic}")
+        finally:
+            await consumer.close()
 
 
 def _committed(cluster: Cluster, topic: str, group: str, without: str | None = None) -> list[int]:

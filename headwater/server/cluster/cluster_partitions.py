@@ -87,6 +87,8 @@ FOLD_AFTER_TAKE_OVER = 2.0  # seconds a take-over's fold waits at most for our f
 class Checkpoints(Protocol):
     async def put_checkpoint(self, key: str, value: bytes) -> None: ...
 
+    async def create_checkpoint(self, key: str, value: bytes, since: int = 0) -> bytes | None: ...
+
     async def get_checkpoint(self, key: str, since: int = 0) -> bytes | None: ...
 
     def incarnation(self, name: str) -> int: ...
@@ -354,7 +356,11 @@ class ClusterPartitions:
     async def release(self, topic: str, partition: int) -> None:
         with contextlib.suppress(Exception):
             await self._committer.drain(topic, partition)
-        await self._checkpoint_partition(topic, partition, force=True)
+        # only the cursors that moved here since they were loaded or last written: one that did
+        # not may be older than the checkpoint (a Kafka group commits through its coordinator,
+        # which writes the checkpoint of a partition served elsewhere), and the next owner
+        # takes its cursors from there
+        await self._checkpoint_partition(topic, partition)
         self._taken.discard((topic, partition))
         log.info("cluster.partition_released", topic=topic, partition=partition)
 
@@ -820,21 +826,24 @@ class ClusterPartitions:
         found = topic.subscriptions.get(subscription)
         since = self._checkpoints.incarnation(topic.name)
         now = time.monotonic()
+        if not isinstance(found, ReliableSubscription):
+            return
         for name, partition in sorted(self._taken):
             if name != topic.name:
                 continue
-            data = await self._checkpoints.get_checkpoint(
-                checkpoint_key(name, subscription, partition), since
+            start = found.core.cursors[partition].encode()
+            # the start, unless a cursor is there already: in one transaction, so a commit
+            # through another broker between a read and a write is not overwritten
+            data = await self._checkpoints.create_checkpoint(
+                checkpoint_key(name, subscription, partition), start, since
             )
-            if data is not None and isinstance(found, ReliableSubscription):
+            if data is not None:
                 cursor = PartitionCursor.decode(data)
                 found.core.replace_cursor(partition, cursor, now)
                 found.persist()
-                self._written[name, subscription, partition] = cursor.encode()
-                continue
-            await self._checkpoint_partition(name, partition, force=True, only=subscription)
-        if isinstance(found, ReliableSubscription):
-            found.wake()
+                start = cursor.encode()
+            self._written[name, subscription, partition] = start
+        found.wake()
 
     async def _checkpoint_loop(self) -> None:
         while True:
@@ -851,18 +860,15 @@ class ClusterPartitions:
                     )
                     break
 
-    async def _checkpoint_partition(
-        self, topic: str, partition: int, force: bool = False, only: str | None = None
-    ) -> None:
+    async def _checkpoint_partition(self, topic: str, partition: int) -> None:
+        """The partition's cursors that moved since they were loaded or last written."""
         found = self._catalog.topics.get(topic)
         if not isinstance(found, LogTopic):
             return
         for subscription in _reliable(found):
-            if only is not None and subscription.name != only:
-                continue
             data = subscription.core.cursors[partition].encode()
             ident = (topic, subscription.name, partition)
-            if not force and self._written.get(ident) == data:
+            if self._written.get(ident) == data:
                 continue
             await self._checkpoints.put_checkpoint(
                 checkpoint_key(topic, subscription.name, partition), data

@@ -234,6 +234,31 @@ class Metadata:
         raw = self._layout.checkpoint(key)
         await self._etcd(lambda c: c.put(raw, bytes(value)))
 
+    async def create_checkpoint(self, key: str, value: bytes, since: int = 0) -> bytes | None:
+        """Write `value` unless the key holds a checkpoint of this incarnation (written at or
+        after revision `since`): None when written, else the one there, left as it is. One
+        transaction: a cursor another broker stored meanwhile (a Kafka group's commit through
+        its coordinator) is never overwritten by a start."""
+        if len(value) > MAX_CHECKPOINT_BYTES:
+            raise ValueError(
+                f"checkpoint {key!r} is {len(value)} bytes, the limit is {MAX_CHECKPOINT_BYTES}"
+            )
+        raw = self._layout.checkpoint(key)
+
+        def transaction(c: Any) -> Any:
+            return c.transaction(
+                # an absent key's mod revision is 0: below every revision etcd gives
+                compare=[c.transactions.mod(raw) < max(since, 1)],
+                success=[c.transactions.put(raw, bytes(value))],
+                failure=[c.transactions.get(raw)],
+            )
+
+        written, responses = await self._etcd(transaction)
+        if written:
+            return None
+        found = responses[0]
+        return bytes(found[0][0]) if found else None
+
     async def get_checkpoint(self, key: str, since: int = 0) -> bytes | None:
         """The checkpoint, unless it was last written before revision `since` (by a deleted
         topic of the same name: `incarnation`)."""
