@@ -436,6 +436,17 @@ async def test_checkpoints_round_trip(etcd: EtcdServer) -> None:
         since = coordinator.incarnation("later")
         assert await coordinator.create_checkpoint("orders/3/sub-a", b"new", since) is None
         assert await coordinator.get_checkpoint("orders/3/sub-a") == b"new"
+        # many at once (a Kafka group's commit of every partition): more than one transaction
+        many = {f"wide/g/{p}": f"at {p}".encode() for p in range(250)}
+        await coordinator.put_checkpoints(many)
+        asked = [*many, "wide/g/250", "orders/3/sub-a"]
+        found = await coordinator.get_checkpoints(asked)
+        assert found == many | {"orders/3/sub-a": b"new"}
+        assert await coordinator.get_checkpoints(asked, since) == many | {"orders/3/sub-a": b"new"}
+        assert await coordinator.get_checkpoints(["orders/0/sub-b"], since) == {}  # older
+        with pytest.raises(ValueError, match="limit"):
+            await coordinator.put_checkpoints({"a": b"", "big": b"x" * (64 * 1024 + 1)})
+        assert await coordinator.get_checkpoint("a") is None  # nothing of a refused batch
     finally:
         await coordinator.stop()
 

@@ -326,17 +326,25 @@ class GroupCursors:
     def serves(self, topic: str, partition: int) -> bool:
         return self._coordinator.serves(topic, partition)
 
-    async def load(self, topic: str, subscription: str, partition: int) -> int | None:
+    async def load(
+        self, topic: str, subscription: str, partitions: list[int]
+    ) -> dict[int, int | None]:
         coordinator = self._coordinator
-        data = await coordinator.get_checkpoint(
-            checkpoint_key(topic, subscription, partition), coordinator.incarnation(topic)
-        )
-        return None if data is None else PartitionCursor.decode(data).floor
+        keys = {checkpoint_key(topic, subscription, p): p for p in partitions}
+        found = await coordinator.get_checkpoints(list(keys), coordinator.incarnation(topic))
+        floors: dict[int, int | None] = dict.fromkeys(partitions)
+        for key, data in found.items():
+            floors[keys[key]] = PartitionCursor.decode(data).floor
+        return floors
 
-    async def store(self, topic: str, subscription: str, partition: int, offset: int) -> None:
-        await self._coordinator.put_checkpoint(
-            checkpoint_key(topic, subscription, partition),
-            PartitionCursor.starting_at(offset).encode(),
+    async def store(self, topic: str, subscription: str, offsets: dict[int, int]) -> None:
+        await self._coordinator.put_checkpoints(
+            {
+                checkpoint_key(topic, subscription, partition): PartitionCursor.starting_at(
+                    offset
+                ).encode()
+                for partition, offset in offsets.items()
+            }
         )
 
 

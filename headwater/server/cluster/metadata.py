@@ -30,7 +30,16 @@ def _check_definition(definition: dict[str, Any]) -> None:
         raise ValueError(f"a topic definition needs 'partitions' >= 1, got {count!r}")
 
 
+def _check_checkpoint(key: str, value: bytes) -> None:
+    if len(value) > MAX_CHECKPOINT_BYTES:
+        raise ValueError(
+            f"checkpoint {key!r} is {len(value)} bytes, the limit is {MAX_CHECKPOINT_BYTES}"
+        )
+
+
 METADATA_TIMEOUT = 10.0  # seconds an etcd call for topics, subscriptions or checkpoints may take
+# operations in one etcd transaction: etcd refuses more than --max-txn-ops (128 by default)
+TXN_OPS = 100
 
 
 class Metadata:
@@ -227,10 +236,7 @@ class Metadata:
     # checkpoints
 
     async def put_checkpoint(self, key: str, value: bytes) -> None:
-        if len(value) > MAX_CHECKPOINT_BYTES:
-            raise ValueError(
-                f"checkpoint {key!r} is {len(value)} bytes, the limit is {MAX_CHECKPOINT_BYTES}"
-            )
+        _check_checkpoint(key, value)
         raw = self._layout.checkpoint(key)
         await self._etcd(lambda c: c.put(raw, bytes(value)))
 
@@ -239,10 +245,7 @@ class Metadata:
         after revision `since`): None when written, else the one there, left as it is. One
         transaction: a cursor another broker stored meanwhile (a Kafka group's commit through
         its coordinator) is never overwritten by a start."""
-        if len(value) > MAX_CHECKPOINT_BYTES:
-            raise ValueError(
-                f"checkpoint {key!r} is {len(value)} bytes, the limit is {MAX_CHECKPOINT_BYTES}"
-            )
+        _check_checkpoint(key, value)
         raw = self._layout.checkpoint(key)
 
         def transaction(c: Any) -> Any:
@@ -267,6 +270,37 @@ class Metadata:
         if found is None or int(found.mod_revision) < since:
             return None
         return bytes(found.value)
+
+    async def put_checkpoints(self, values: dict[str, bytes]) -> None:
+        """Several checkpoints, `TXN_OPS` to an etcd transaction (one round trip each)."""
+        for key, value in values.items():
+            _check_checkpoint(key, value)
+        items = [(self._layout.checkpoint(key), bytes(value)) for key, value in values.items()]
+        for start in range(0, len(items), TXN_OPS):
+            chunk = items[start : start + TXN_OPS]
+
+            def transaction(c: Any, chunk: list[tuple[bytes, bytes]] = chunk) -> Any:
+                puts = [c.transactions.put(raw, value) for raw, value in chunk]
+                return c.transaction(compare=[], success=puts, failure=[])
+
+            await self._etcd(transaction)
+
+    async def get_checkpoints(self, keys: list[str], since: int = 0) -> dict[str, bytes]:
+        """The checkpoints of `keys` that exist (as `get_checkpoint` says), `TXN_OPS` to a
+        transaction."""
+        found: dict[str, bytes] = {}
+        for start in range(0, len(keys), TXN_OPS):
+            chunk = keys[start : start + TXN_OPS]
+
+            def transaction(c: Any, chunk: list[str] = chunk) -> Any:
+                gets = [c.transactions.get(self._layout.checkpoint(key)) for key in chunk]
+                return c.transaction(compare=[], success=gets, failure=[])
+
+            _, answers = await self._etcd(transaction)
+            for key, answer in zip(chunk, answers, strict=True):
+                if answer and int(answer[0][1].mod_revision) >= since:
+                    found[key] = bytes(answer[0][0])
+        return found
 
     async def delete_checkpoints(self, prefix: str) -> None:
         raw = self._layout.checkpoint(prefix)

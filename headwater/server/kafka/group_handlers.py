@@ -184,26 +184,20 @@ class GroupHandlers:
         topics = []
         for entry in wanted:
             name = entry["topic"]
-            partitions = []
-            denied = not self._permits(session, Action.CONSUME, name)
-            for partition in entry["partitions"] or self._partitions(name):
-                if denied:
-                    partitions.append(
-                        {
-                            "partition": partition,
-                            "offset": -1,
-                            "metadata": "",
-                            "error_code": k.TOPIC_AUTHORIZATION_FAILED,
-                        }
-                    )
-                    continue
+            asked = entry["partitions"] or self._partitions(name)
+            code = 0
+            offsets = dict.fromkeys(asked, -1)
+            if not self._permits(session, Action.CONSUME, name):
+                code = k.TOPIC_AUTHORIZATION_FAILED
+            else:
                 try:
-                    offset, code = await self._offsets.committed(group, name, partition), 0
+                    offsets = await self._offsets.committed(group, name, asked)
                 except HeadwaterError as exc:
-                    offset, code = -1, k.kafka_code(exc)
-                partitions.append(
-                    {"partition": partition, "offset": offset, "metadata": "", "error_code": code}
-                )
+                    code = k.kafka_code(exc)
+            partitions = [
+                {"partition": p, "offset": offsets[p], "metadata": "", "error_code": code}
+                for p in asked
+            ]
             topics.append({"topic": name, "partitions": partitions})
         return {"throttle_time_ms": 0, "topics": topics, "error_code": 0}
 

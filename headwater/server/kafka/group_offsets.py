@@ -41,12 +41,15 @@ class SharedCursors(Protocol):
 
     def serves(self, topic: str, partition: int) -> bool: ...
 
-    async def load(self, topic: str, subscription: str, partition: int) -> int | None:
-        """The cursor's floor, None when there is none."""
+    async def load(
+        self, topic: str, subscription: str, partitions: list[int]
+    ) -> dict[int, int | None]:
+        """Each partition's cursor floor, None where there is none (one etcd round trip per
+        hundred partitions)."""
         ...
 
-    async def store(self, topic: str, subscription: str, partition: int, offset: int) -> None:
-        """A cursor at `offset` (everything below it acknowledged)."""
+    async def store(self, topic: str, subscription: str, offsets: dict[int, int]) -> None:
+        """Cursors at these offsets (everything below each acknowledged), all or none."""
         ...
 
 
@@ -96,11 +99,10 @@ class GroupOffsets:
             if shared is not None:
                 # in the topic's turn: two commits of a partition reach etcd in their order
                 stored = {p: cursors[p].floor for p in moved} | elsewhere
-                for partition, offset in stored.items():
-                    try:
-                        await shared.store(topic_name, group, partition, offset)
-                    except HeadwaterError as exc:
-                        results[partition] = exc
+                try:
+                    await shared.store(topic_name, group, stored)
+                except HeadwaterError as exc:
+                    results |= dict.fromkeys(stored, exc)
                 moved = [p for p in stored if p not in results]
         for partition in moved:
             results[partition] = None
@@ -126,21 +128,23 @@ class GroupOffsets:
             )
         return subscription
 
-    async def committed(self, group: str, topic_name: str, partition: int) -> int:
-        """The group's committed offset of the partition, -1 when it has none."""
+    async def committed(self, group: str, topic_name: str, partitions: list[int]) -> dict[int, int]:
+        """The group's committed offset of each partition, -1 where it has none."""
         topic = self._catalog.topics.get(topic_name)
         if topic is None:
             raise UnknownTopic(f"topic {topic_name!r} does not exist")
+        offsets = dict.fromkeys(partitions, -1)
         if self._shared is not None:
-            if not 0 <= partition < len(topic.partitions):
-                return -1
-            found = await self._shared.load(topic_name, group, partition)
-            return -1 if found is None else found
+            known = [p for p in partitions if 0 <= p < len(topic.partitions)]
+            if known:
+                found = await self._shared.load(topic_name, group, known)
+                offsets |= {p: floor for p, floor in found.items() if floor is not None}
+            return offsets
         subscription = topic.subscriptions.get(group)
-        if not isinstance(subscription, ReliableSubscription):
-            return -1
-        cursors = subscription.core.cursors
-        return cursors[partition].floor if 0 <= partition < len(cursors) else -1
+        if isinstance(subscription, ReliableSubscription):
+            cursors = subscription.core.cursors
+            offsets |= {p: cursors[p].floor for p in partitions if 0 <= p < len(cursors)}
+        return offsets
 
     def partitions(self, topic_name: str) -> list[int]:
         topic = self._catalog.topics.get(topic_name)
