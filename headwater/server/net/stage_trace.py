@@ -4,8 +4,10 @@ With `trace_every` N > 0 (a server setting, off by default), the message at each
 multiple of N, in every partition, is traced: when the read that completed its produce frame
 happened (`read`), when the produce handler returned with its offset known (`appended`; missing
 when the handler first had to wait, for a turn of the topic say), when its acknowledgement was
-written (`answered`: after the fsync under fsync `always`), and each time a batch holding it was
-written to a consumer's connection (`dispatched`, with the subscription's name). Choosing by offset
+handed to the connection (`answered`: after the fsync under fsync `always`), and each time a
+batch holding it was handed to a consumer's connection (`dispatched`, with the subscription's
+name). Handed, not sent: within a slice of frames the connection gathers its output into one
+write at the slice's end (client_connection.SLICE_SECONDS, 2 ms at most). Choosing by offset
 lets every stage decide on its own with nothing passed between them, and lets a client that knows
 a message's offset (a consumer does) join its own timestamps to the server's: the benchmarks
 (loadtest/stages.py) put enqueue, read, appended, dispatched, received and taken side by side.
