@@ -1,13 +1,16 @@
-"""Stock Kafka clients (confluent-kafka, librdkafka) against a Headwater cluster as against a Kafka
-cluster (docs/KAFKA.md, "In a cluster"): three brokers on a real etcd and moto's S3, each with a
-Kafka port. Metadata names the three brokers and each partition's owner as its leader; a topic
-created through one broker; an acks=all producer bootstrapped at all three, every acknowledged
-message read back; kill -9 of a partition owner mid-stream, the producer carries on after a
-metadata refresh and nothing acknowledged is lost; a consumer group across the brokers, whose
-committed offsets survive kill -9 of its coordinator; Produce, Fetch and ListOffsets at a broker
-that is not the leader answered NOT_LEADER_OR_FOLLOWER at once; odd but well-formed requests
-never break a cluster handler. The rules of node ids, leaders and group coordinators are checked
-without a cluster too (`kafka_nodes.ClusterNodes` over a fake view).
+"""Stock Kafka clients (confluent-kafka over librdkafka, and kafka-python) against a Headwater
+cluster as against a Kafka cluster (docs/KAFKA.md, "In a cluster"): three brokers on a real etcd and
+moto's S3, each with a Kafka port. Metadata names the three brokers and each partition's owner as
+its leader; a topic created through one broker; an acks=all producer bootstrapped at all three,
+every acknowledged message read back; kill -9 of a partition owner mid-stream, the producer carries
+on after a metadata refresh and nothing acknowledged is lost; kafka-python's idempotent producer and
+a group of two of its consumers ride through kill -9 of a partition owner (every acknowledged
+message consumed, none stored twice); a consumer group across the brokers, whose committed offsets
+survive kill -9 of its coordinator, and a partition handed off keeps the offset its group committed
+through another broker; Produce, Fetch and ListOffsets at a broker that is not the leader answered
+NOT_LEADER_OR_FOLLOWER at once; odd but well-formed requests never break a cluster handler. The
+rules of node ids, leaders and group coordinators are checked without a cluster too
+(`kafka_nodes.ClusterNodes` over a fake view).
 
 One cluster for the module (starting brokers is most of its time): the tests that kill a broker
 start it again on its ports before they end.
@@ -16,6 +19,7 @@ start it again on its ports before they end.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import threading
 import time
@@ -28,6 +32,8 @@ from aiokafka.protocol.offset import OffsetRequest_v1, OffsetResponse_v1
 from aiokafka.protocol.produce import ProduceRequest_v3, ProduceResponse_v3
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from kafka import KafkaConsumer, KafkaProducer
+from kafka.errors import KafkaError as KafkaPythonError
 
 import headwater
 from headwater.server.kafka import kafka_nodes
@@ -102,22 +108,37 @@ def _send(producer: Producer, topic: str, value: bytes, index: int) -> None:
 
 def _read_all(cluster: Cluster, topic: str, wanted: set[bytes], timeout: float = 60) -> set[bytes]:
     """Every partition from the start (assigned, no group) until `wanted` is all read."""
+    return set(_read_every(cluster, topic, wanted, timeout))
+
+
+def _read_every(
+    cluster: Cluster, topic: str, wanted: set[bytes], timeout: float = 60
+) -> list[bytes]:
+    """As `_read_all`, every value as often as it is stored, until the partitions' ends once
+    `wanted` is all read."""
     consumer = Consumer(
         {
             "bootstrap.servers": _bootstrap(cluster),
             "group.id": "reader-unused",
             "enable.auto.commit": False,
             "topic.metadata.refresh.interval.ms": 1000,
+            "enable.partition.eof": True,
         }
     )
     consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
-    seen: set[bytes] = set()
+    seen: list[bytes] = []
+    at_end: set[int] = set()
     deadline = time.monotonic() + timeout
     try:
-        while not wanted <= seen and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
+            if wanted <= set(seen) and len(at_end) == PARTITIONS:
+                break
             for message in consumer.consume(500, 0.5):
                 if message.error() is None:
-                    seen.add(message.value())
+                    seen.append(message.value())
+                    at_end.discard(message.partition())
+                elif message.error().code() == KafkaError._PARTITION_EOF:
+                    at_end.add(message.partition())
     finally:
         consumer.close()
     return seen
@@ -235,6 +256,90 @@ def test_kill_9_of_a_partition_owner_mid_stream_loses_nothing_acknowledged(
     assert victims & {p for p, _, v in acked if int(v[1:]) > 150}
     assert _read_all(cluster, topic, set(sent)) == set(sent)
     cluster.restart_broker(victim)
+
+
+def test_kafka_python_producer_and_group_ride_through_kill_9_of_a_partition_owner(
+    cluster: Cluster,
+) -> None:
+    """kafka-python (pure Python, its own metadata and retry logic): an idempotent acks=all
+    producer and a group of two consumers, the owner of a partition killed with kill -9 while
+    both run. Every acknowledged message reaches the group; none is acknowledged twice."""
+    topic, group = "pyride", "pyriders"
+    _create_topic(cluster, topic)
+    owners = asyncio.run(cluster.owners(topic))
+    victim = owners[0]
+    bootstrap = [f"127.0.0.1:{cluster.kafka_ports[b]}" for b in BROKERS]
+    seen: list[bytes] = []
+    done = threading.Event()
+    lock = threading.Lock()
+
+    def member() -> None:
+        consumer = KafkaConsumer(
+            topic,
+            bootstrap_servers=bootstrap,
+            group_id=group,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            session_timeout_ms=10_000,
+            heartbeat_interval_ms=500,
+            metadata_max_age_ms=1000,
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while not done.is_set() and time.monotonic() < deadline:
+                batches = consumer.poll(timeout_ms=200, max_records=200)
+                values = [r.value for records in batches.values() for r in records]
+                if values:
+                    with lock:
+                        seen.extend(values)
+                    with contextlib.suppress(KafkaPythonError):  # a rebalance: read again
+                        consumer.commit()
+        finally:
+            consumer.close()
+
+    members = [threading.Thread(target=member) for _ in range(2)]
+    for thread in members:
+        thread.start()
+    producer = KafkaProducer(
+        bootstrap_servers=bootstrap,
+        acks="all",
+        enable_idempotence=True,
+        retries=50,
+        retry_backoff_ms=200,
+        request_timeout_ms=10_000,
+        metadata_max_age_ms=1000,
+    )
+    futures = {}
+    try:
+        for i in range(300):
+            value = f"p{i}".encode()
+            futures[value] = producer.send(topic, value, partition=i % PARTITIONS)
+            if i % 50 == 49:
+                time.sleep(0.05)  # a stream, not one burst
+            if i == 120:
+                cluster.brokers[victim].kill()
+        producer.flush(120)
+        acked = {value for value, future in futures.items() if future.succeeded()}
+        assert acked == set(futures), f"{len(futures) - len(acked)} never acknowledged"
+        victims = {p for p, b in owners.items() if b == victim}
+        assert victims & {int(v[1:]) % PARTITIONS for v in acked if int(v[1:]) > 120}
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            with lock:
+                if acked <= set(seen):
+                    break
+            time.sleep(0.1)
+    finally:
+        done.set()
+        for thread in members:
+            thread.join()
+        producer.close()
+        cluster.restart_broker(victim)
+    assert acked <= set(seen), f"{len(acked - set(seen))} acknowledged, never consumed"
+    # every acknowledged value was stored once: the idempotent producer's retries after the
+    # kill were refused as duplicates, not appended again
+    stored = _read_every(cluster, topic, acked)
+    assert sorted(stored) == sorted(acked)
 
 
 def test_a_group_across_the_brokers_and_its_offsets_survive_kill_9_of_its_coordinator(
