@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -223,3 +225,16 @@ def test_every_package_says_what_lives_there() -> None:
             if module.name != "__init__.py" and f"`{module.stem}`" not in doc:
                 unnamed.append(str(module.relative_to(ROOT)))
     assert unnamed == []
+
+
+def test_the_server_starts_without_the_compaction_jobs_libraries() -> None:
+    """pyarrow (0.4 s of CPU to import) is imported when a snapshot file is read or written, and
+    pyspark only by the job: a server's start-up imports neither (storage/snapshot_schema.py)."""
+    probe = (
+        "import sys, headwater.server.serve, headwater.server.cluster.cluster_mode; "
+        "print(sorted(m for m in ('pyarrow', 'pyspark') if m in sys.modules))"
+    )
+    found = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert found.stdout.strip() == "[]", found.stdout + found.stderr

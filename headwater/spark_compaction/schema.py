@@ -19,7 +19,8 @@ from typing import Final
 import pyarrow as pa
 
 # the snapshot schema is read by the server too, so it lives in storage
-from headwater.storage.snapshots import HEADER_TYPE, HEADERS_TYPE, SCHEMA_VERSION, SNAPSHOT_SCHEMA
+from headwater.storage.snapshot_schema import HEADER_TYPE, HEADERS_TYPE, SNAPSHOT_SCHEMA
+from headwater.storage.snapshots import SCHEMA_VERSION
 
 __all__ = [
     "FOLDED_DDL",

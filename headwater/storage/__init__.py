@@ -9,6 +9,8 @@ every fsync) and `fileio` (the one seam to the file system, where faults are inj
 histogram cheap enough for hot paths). The object store: `objectstore` (local directory and S3),
 `uploader` (shipping sealed segments), `archive` (reading history back from it), `cloud_tail` (a
 cluster's newest batches as small objects), `partition_manifest` (a cluster partition's segments,
-versioned by conditional PUT) and `snapshots` (per-key snapshots and their manifests).
+versioned by conditional PUT), `snapshots` (per-key snapshots and their manifests) and
+`snapshot_schema` (their files' Arrow schema, apart so that pyarrow is imported only when a file is
+read or written).
 RocksDB: `state` (server state, with the group-committing `StateWriter`) and `lastvalue_store` (a
 topic's last value per key)."""

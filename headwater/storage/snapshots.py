@@ -24,31 +24,20 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import structlog
 
 from headwater.storage.objectstore import ObjectInfo, ObjectStore
 from headwater.wire.errors import StorageError
 
-ROOT = "snapshots"
-SCHEMA_VERSION: Final = 1  # changes whenever SNAPSHOT_SCHEMA changes
+if TYPE_CHECKING:
+    import pyarrow as pa
 
-HEADER_TYPE: Final = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
-HEADERS_TYPE: Final = pa.list_(pa.field("element", HEADER_TYPE))
-SNAPSHOT_SCHEMA: Final = pa.schema(
-    [
-        pa.field("topic", pa.string(), nullable=False),
-        pa.field("partition", pa.int32(), nullable=False),
-        pa.field("key", pa.binary(), nullable=False),
-        pa.field("value", pa.binary(), nullable=False),
-        pa.field("offset", pa.int64(), nullable=False),
-        pa.field("timestamp", pa.int64(), nullable=False),
-        pa.field("headers", HEADERS_TYPE, nullable=False),
-    ]
-)
+ROOT = "snapshots"
+# changes whenever storage.snapshot_schema.SNAPSHOT_SCHEMA changes (that module imports pyarrow,
+# which only the functions reading files import: not the server's start-up)
+SCHEMA_VERSION: Final = 1
 
 log = structlog.get_logger("headwater.snapshots")
 
@@ -228,6 +217,10 @@ class Snapshot:
 
     async def table(self) -> pa.Table:
         """Every row, in one table (key order)."""
+        import pyarrow as pa
+
+        from headwater.storage.snapshot_schema import SNAPSHOT_SCHEMA
+
         tables = [await read_snapshot_file(self.store, f) for f in self.manifest.files]
         return pa.concat_tables(tables) if tables else SNAPSHOT_SCHEMA.empty_table()
 
@@ -277,6 +270,11 @@ async def read_snapshot_file(store: ObjectStore, file: SnapshotFile) -> pa.Table
 
 
 def decode_snapshot_file(file: SnapshotFile, data: bytes) -> pa.Table:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from headwater.storage.snapshot_schema import SNAPSHOT_SCHEMA
+
     if len(data) != file.bytes:
         raise StorageError(
             f"snapshot file {file.key} is {len(data)} bytes, its manifest says {file.bytes}"

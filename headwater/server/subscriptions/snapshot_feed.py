@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import pyarrow as pa
 import structlog
 
 from headwater.durables.delivery import runs
@@ -30,6 +30,9 @@ from headwater.storage.objectstore import ObjectStore
 from headwater.storage.snapshots import Snapshot, batch_rows, read_manifest
 from headwater.wire.errors import StorageError
 from headwater.wire.records import Record, rebuild_batch
+
+if TYPE_CHECKING:
+    import pyarrow as pa  # the tables come from storage.snapshots, which imports it when reading
 
 log = structlog.get_logger("headwater.snapshot_feed")
 
