@@ -9,23 +9,9 @@ imports.
 Every exception the client raises is a `HeadwaterError` subclass carrying the wire error code,
 and every one is importable from here (`except headwater.TopicExists:`)."""
 
-from headwater.client.client import Client, Consumer, Message, Tls, connect
-from headwater.client.message_batch import MessageBatch
-from headwater.client.producer import (
-    AtLeastOnce,
-    AtMostOnce,
-    BatchSendFuture,
-    Isolation,
-    Producer,
-    ProducerConfig,
-    RecordMetadata,
-    RetryPolicy,
-    RetryStrategy,
-    SendFuture,
-    SentBatch,
-)
-from headwater.client.reconnect import ReconnectPolicy
-from headwater.client.schema_codec import SchemaCodec
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from headwater.wire.errors import (
     AuthenticationFailed,
     AuthenticationRequired,
@@ -76,7 +62,69 @@ from headwater.wire.errors import (
     UnsupportedVersion,
     WrongPartition,
 )
-from headwater.wire.records import Compression
+
+if TYPE_CHECKING:  # for type checkers; at run time `__getattr__` imports them on first use
+    from headwater.client.client import Client, Consumer, Message, Tls, connect
+    from headwater.client.message_batch import MessageBatch
+    from headwater.client.producer import (
+        AtLeastOnce,
+        AtMostOnce,
+        BatchSendFuture,
+        Isolation,
+        Producer,
+        ProducerConfig,
+        RecordMetadata,
+        RetryPolicy,
+        RetryStrategy,
+        SendFuture,
+        SentBatch,
+    )
+    from headwater.client.reconnect import ReconnectPolicy
+    from headwater.client.schema_codec import SchemaCodec
+    from headwater.wire.records import Compression
+
+# The client's names, imported when first used: `import headwater.server...` (a server's start,
+# the `headwater serve` command) then does not import the client library, about half of the
+# import time a server start costs. `headwater.connect` and `from headwater import Client` work as
+# before; the exceptions above are imported at once (they are cheap, and `except headwater.X`
+# must not import anything).
+_LAZY = {
+    **dict.fromkeys(["Client", "Consumer", "Message", "Tls", "connect"], "headwater.client.client"),
+    "MessageBatch": "headwater.client.message_batch",
+    **dict.fromkeys(
+        [
+            "AtLeastOnce",
+            "AtMostOnce",
+            "BatchSendFuture",
+            "Isolation",
+            "Producer",
+            "ProducerConfig",
+            "RecordMetadata",
+            "RetryPolicy",
+            "RetryStrategy",
+            "SendFuture",
+            "SentBatch",
+        ],
+        "headwater.client.producer",
+    ),
+    "ReconnectPolicy": "headwater.client.reconnect",
+    "SchemaCodec": "headwater.client.schema_codec",
+    "Compression": "headwater.wire.records",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'headwater' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # once: later lookups find it without coming here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "AtLeastOnce",

@@ -1,5 +1,5 @@
 import sys
 
-from headwater.cli.main import main
+from headwater.cli.entry import main
 
 sys.exit(main())

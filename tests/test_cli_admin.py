@@ -428,9 +428,11 @@ async def test_a_flood_of_server_info_does_not_stall_other_clients_fsyncs(
         flood = 3000
         for _ in range(flood):
             await peer.request(m.ServerInfoRequest())
-        # before the fix one waited over 30 s behind the flood's walks, against tens of
-        # milliseconds alone; a loaded disk's fsync takes seconds, hence a bound relative to it
-        bound = max(15.0, 10 * alone)
+        # before the fix one waited over 30 s behind the flood's walks (the producer gave up and
+        # the connection closed), against tens of milliseconds alone; on a machine loaded by
+        # other suites the flood's own handling takes seconds too, hence a floor of 25 s and a
+        # bound relative to this machine's fsync now
+        bound = max(25.0, 10 * alone)
         during = [await acked() for _ in range(10)]
         assert max(during) < bound, f"acks took {during} s during the flood, {alone} s before"
         answers = [await peer.response(timeout=60) for _ in range(flood)]

@@ -1,9 +1,9 @@
 """The architecture of docs/ARCHITECTURE.md, checked on the source: every `import` of every module
 (inside functions and `TYPE_CHECKING` blocks too) is parsed; a package may import only the packages
 its row allows, no two modules import each other however indirectly, and every module the document
-names exists. The command-line entry points that reach the server or Spark (`cli.main` for `serve`,
-`cli.compact_command`, `cli.token_commands` for the tokens file, `cli.cluster_commands` reading
-etcd) are the one exception to the CLI's row."""
+names exists. The command-line entry points that reach the server or Spark (`cli.serve_command`,
+`cli.main` for the version, `cli.compact_command`, `cli.token_commands` for the tokens file,
+`cli.cluster_commands` reading etcd) are the one exception to the CLI's row."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ PACKAGE = ROOT / "headwater"
 PACKAGES = ("wire", "storage", "durables", "server", "client", "cli", "spark_compaction")
 ENTRY_POINTS = {
     "headwater.cli.main",
+    "headwater.cli.serve_command",
     "headwater.cli.compact_command",
     "headwater.cli.token_commands",
     "headwater.cli.cluster_commands",

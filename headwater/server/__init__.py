@@ -19,4 +19,4 @@ flag, declared once), `reply` (what a handler answers and what the answer waits 
 (per-topic turns that keep operations on a topic in order), `memory_budget` (the bytes client
 backlogs may hold, per subscription and in all) and `loop_lag` (how long the event loop is held).
 `serve` sits on top of everything. Nothing imports this package except the `headwater serve` command
-(`headwater.cli.main`)."""
+(`headwater.cli.serve_command`; `headwater.cli.main` reads the version from `build_info`)."""
