@@ -1,6 +1,7 @@
 """Quotas per principal: a producer slowed to its produce quota (THROTTLE) while another
 principal's keeps its rate, and a consumer held to its consume quota. Rates are measured over a
-few seconds, with generous tolerances (the machine is shared).
+few seconds: a quota's upper bound is held tightly, the lower bounds (the throttled side still
+moves) with the margin of a machine 5x slower (the machine is shared).
 """
 
 from __future__ import annotations
@@ -65,7 +66,10 @@ async def test_a_quotad_producer_is_slowed_to_its_quota_and_another_keeps_its_ra
     # The first second spends the bucket's burst; measure after it.
     slow_rate, fast_rate = _rate(slow_acked, 1.0, 4.0), _rate(fast_acked, 1.0, 4.0)
     print(f"quota {quota} B/s: slow {slow_rate:,.0f} B/s, fast {fast_rate:,.0f} B/s")
-    assert 0.6 * quota <= slow_rate <= 1.4 * quota
+    # the quota's promise is the upper bound; the lower one only says the throttled producer
+    # still moves, with the margin of a machine 5x slower than this one at its idlest (a stress
+    # run under two busy processes saw 0.53x)
+    assert 0.2 * quota <= slow_rate <= 1.4 * quota
     assert fast_rate >= 5 * quota
     assert slow._producers[0]._connection is not None
     assert slow._producers[0]._connection.throttled_until > 0  # the client heard THROTTLE
@@ -105,8 +109,9 @@ async def test_a_quotad_consumer_receives_at_its_quota(secure: SecureServer) -> 
         read_for(slow, "slow", 3.0), read_for(fast, "fast", 3.0)
     )
     print(f"consume quota {quota} B/s: {slow_count} kB in 3 s; unlimited: {fast_count} kB")
-    # one second of burst and three of rate: about 200 messages of 1 kB
-    assert 100 <= slow_count <= 260
+    # one second of burst and three of rate: about 200 messages of 1 kB at most; at least what a
+    # machine 5x slower would let through
+    assert 40 <= slow_count <= 260
     assert fast_count == 300
     await slow.close()
     await fast.close()

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import headwater
-from headwater.server.loop_lag import LoopLag
+from headwater.server.loop_lag import TICK, LoopLag
 from headwater.server.net.stage_trace import StageTrace
 from headwater.testing import ServerProcess
 from loadtest import stages
@@ -130,7 +130,10 @@ async def test_the_stall_report_names_a_collection_inside_a_hold() -> None:
     longest = worst[0]
     # the tick may fall due up to one TICK (10 ms) into the hold
     assert longest["held_ms"] >= 70 and longest["late_ms"] >= longest["held_ms"]
-    assert longest["gc_generation"] == 2 and 0 < longest["gc_ms"] <= longest["late_ms"]
+    # the collection ran inside the hold, which may have begun up to a TICK before the tick's
+    # due time (from which `late` counts)
+    assert longest["gc_generation"] == 2
+    assert 0 < longest["gc_ms"] <= longest["late_ms"] + TICK * 1000
     assert lag.take_worst() == []
 
 
