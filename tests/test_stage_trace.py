@@ -16,7 +16,7 @@ import pytest
 
 import headwater
 from headwater.server.loop_lag import TICK, LoopLag
-from headwater.server.net.stage_trace import StageTrace
+from headwater.server.net.stage_trace import PER_BATCH, StageTrace
 from headwater.testing import ServerProcess
 from loadtest import stages
 from tests.support.cli_process import hw
@@ -142,6 +142,9 @@ def test_sampled_offsets_and_the_bound() -> None:
     assert list(trace.sampled(0, 1)) == [0]
     assert list(trace.sampled(1, 9)) == []
     assert list(trace.sampled(5, 30)) == [10, 20, 30]
+    # a batch's declared count is the client's word: the first PER_BATCH offsets at most
+    assert len(trace.sampled(0, 2**31 - 1)) == PER_BATCH
+    assert StageTrace(1).sampled(7, 2**31 - 1) == range(7, 7 + PER_BATCH)
     for offset in range(5):
         trace._add(("read", "t", 0, offset, 0, ""))
     events, dropped = trace.take()

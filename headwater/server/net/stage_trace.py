@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from headwater.server.topics.subscription_contract import Consumer
 
 MAX_EVENTS: Final = 200_000
+PER_BATCH: Final = 1000  # traced offsets of one batch at most
 
 # RecordBatch v2 header: baseOffset at byte 0, recordCount at byte 57 (of 61).
 _BASE_OFFSET = struct.Struct(">q")
@@ -56,8 +57,11 @@ class StageTrace:
         self.dropped = 0  # events pushed out of the full deque before anyone took them
 
     def sampled(self, base: int, count: int) -> range:
-        """The traced offsets in [base, base + count)."""
-        return range(-(-base // self.every) * self.every, base + count, self.every)
+        """The traced offsets in [base, base + count), the first `PER_BATCH` of them: a batch's
+        declared count is the client's word (a non-reliable batch is not decoded), and a loop
+        over it must stay short."""
+        first = -(-base // self.every) * self.every
+        return range(first, min(base + count, first + PER_BATCH * self.every), self.every)
 
     def _add(self, event: Event) -> None:
         if len(self.events) == self.events.maxlen:
