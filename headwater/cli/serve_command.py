@@ -89,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
     """Start the server the options describe; its exit status."""
     from headwater.server.config import ServerConfig
     from headwater.server.config_file import ConfigError, check, load_config, with_overrides
-    from headwater.server.serve import StartupError, run
+    from headwater.server.serve import StartupError
+    from headwater.server.serve import run as serve_until_stopped
 
     try:
         config = load_config(args.config) if args.config else ServerConfig()
@@ -152,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
         print("headwater: error: object_store.bucket is required for s3", file=sys.stderr)
         return 2
     try:
-        run(config)
+        serve_until_stopped(config)
     except StartupError as exc:
         print(f"headwater: error: {exc}", file=sys.stderr)
         return 1
