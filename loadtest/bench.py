@@ -1,4 +1,5 @@
-"""The benchmark matrix: every Headwater workload, each row run three times, median reported.
+"""The benchmark matrix: every Headwater workload, each row run three times (latency rows five),
+median reported.
 
 One server (`python -m headwater serve`, its own process, data in a temporary directory on the
 same disk as the project) and client processes for every row (loadtest/harness.py):
@@ -7,7 +8,9 @@ same disk as the project) and client processes for every row (loadtest/harness.p
   in one producer process); 100 B and 1 KiB values; one consumer process;
 - map get and map set (50 requests in flight), last-value fan-out to 100 subscribers;
 - end-to-end latency p50/p99/p999 at 10,000, 50,000 and 100,000 msgs/s, non-reliable and reliable
-  with fsync always.
+  with fsync always, recorded into HDR histograms, five runs a row (their histograms merged as
+  `all_runs`); the server traces every `TRACE_EVERY`-th offset (`--trace-every`), and each row
+  says where its time went, stage by stage, for the p99 and p999 messages (loadtest/stages.py).
 
 Each row gives its main figure (msgs/s delivered for non-reliable, acknowledged for reliable; ops/s;
 deliveries/s; p99), every run's figure and their spread, and the user+system CPU seconds per
