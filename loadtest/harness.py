@@ -92,10 +92,16 @@ def percentile(sorted_values: Sequence[float], fraction: float) -> float:
 
 def latency_summary(latencies_ns: Iterable[int]) -> dict[str, float]:
     """p50/p99/p999/max in milliseconds, through an HDR histogram (3 significant digits)."""
+    return stages.summary(latency_histogram(latencies_ns))
+
+
+def latency_histogram(latencies_ns: Iterable[int]) -> Any:
+    """The latencies in an HDR histogram (microseconds): `.encode()` carries it to the parent,
+    which merges a row's runs (loadtest/rows.py)."""
     recorded = stages.histogram()
     for nanoseconds in latencies_ns:
         stages.record_ns(recorded, nanoseconds)
-    return stages.summary(recorded)
+    return recorded
 
 
 @dataclass

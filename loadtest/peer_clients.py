@@ -18,7 +18,8 @@ import asyncio
 import time
 from typing import Any
 
-from loadtest.harness import Context, latency_summary, ticks
+from loadtest import stages
+from loadtest.harness import Context, latency_histogram, ticks
 from loadtest.hw_clients import STAMP, round_summary
 
 # Redis
@@ -125,7 +126,9 @@ async def redis_subscribe(
     await client.aclose()
     result: dict[str, Any] = {**state, "cpu_s": ctx.cpu()}
     if latency:
-        result["latency"] = latency_summary(latencies)
+        recorded = latency_histogram(latencies)
+        result["latency"] = stages.summary(recorded)
+        result["histogram"] = recorded.encode().decode()
     return result
 
 
@@ -309,7 +312,9 @@ async def nats_subscribe(
     await connection.close()
     result: dict[str, Any] = {**state, "slow_consumer_errors": errors[0], "cpu_s": ctx.cpu()}
     if latency:
-        result["latency"] = latency_summary(latencies)
+        recorded = latency_histogram(latencies)
+        result["latency"] = stages.summary(recorded)
+        result["histogram"] = recorded.encode().decode()
     return result
 
 

@@ -76,7 +76,7 @@ def summarize(row: Row, outcome: dict[str, Any]) -> dict[str, Any]:
         }
         if row.kind == "latency":
             result |= consumed["latency"]
-            result["histogram"] = consumed["histogram"]
+            result["histogram"] = consumed.get("histogram")
             if row.stages is not None:
                 result["stages"] = stages.breakdown(
                     row.stages(), consumed["topic"], consumed["subscription"], consumed["samples"]
@@ -135,7 +135,9 @@ def measure(row: Row, repeats: int) -> dict[str, Any]:
             return head | row.params | {"error": f"{type(exc).__name__}: {exc}"}
     together = {}
     if row.kind == "latency":
-        together["all_runs"] = stages.summary(stages.merged(run.pop("histogram") for run in runs))
+        histograms = [run.pop("histogram", None) for run in runs]
+        if all(histograms):
+            together["all_runs"] = stages.summary(stages.merged(h for h in histograms if h))
     return head | row.params | median_run(runs, MAIN_FIGURE[row.kind]) | together
 
 
