@@ -236,9 +236,7 @@ class Metadata:
     # checkpoints
 
     async def put_checkpoint(self, key: str, value: bytes) -> None:
-        _check_checkpoint(key, value)
-        raw = self._layout.checkpoint(key)
-        await self._etcd(lambda c: c.put(raw, bytes(value)))
+        await self.put_checkpoints({key: value})
 
     async def create_checkpoint(self, key: str, value: bytes, since: int = 0) -> bytes | None:
         """Write `value` unless the key holds a checkpoint of this incarnation (written at or
@@ -265,14 +263,12 @@ class Metadata:
     async def get_checkpoint(self, key: str, since: int = 0) -> bytes | None:
         """The checkpoint, unless it was last written before revision `since` (by a deleted
         topic of the same name: `incarnation`)."""
-        raw = self._layout.checkpoint(key)
-        found = await self._etcd(lambda c: c.get(raw))
-        if found is None or int(found.mod_revision) < since:
-            return None
-        return bytes(found.value)
+        return (await self.get_checkpoints([key], since)).get(key)
 
     async def put_checkpoints(self, values: dict[str, bytes]) -> None:
-        """Several checkpoints, `TXN_OPS` to an etcd transaction (one round trip each)."""
+        """Several checkpoints, `TXN_OPS` to an etcd transaction (one round trip each). A
+        failure raises after the transactions before it were applied: a retry writes them
+        again, to the same values."""
         for key, value in values.items():
             _check_checkpoint(key, value)
         items = [(self._layout.checkpoint(key), bytes(value)) for key, value in values.items()]
@@ -286,7 +282,8 @@ class Metadata:
             await self._etcd(transaction)
 
     async def get_checkpoints(self, keys: list[str], since: int = 0) -> dict[str, bytes]:
-        """The checkpoints of `keys` that exist (as `get_checkpoint` says), `TXN_OPS` to a
+        """The checkpoints of `keys` that exist and were last written at or after revision
+        `since` (not by a deleted topic of the same name: `incarnation`), `TXN_OPS` to a
         transaction."""
         found: dict[str, bytes] = {}
         for start in range(0, len(keys), TXN_OPS):

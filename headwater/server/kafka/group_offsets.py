@@ -49,7 +49,8 @@ class SharedCursors(Protocol):
         ...
 
     async def store(self, topic: str, subscription: str, offsets: dict[int, int]) -> None:
-        """Cursors at these offsets (everything below each acknowledged), all or none."""
+        """Cursors at these offsets (everything below each acknowledged); a failure fails the
+        whole commit, though some may have been written (the client's retry writes them again)."""
         ...
 
 
