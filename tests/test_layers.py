@@ -228,14 +228,36 @@ def test_every_package_says_what_lives_there() -> None:
     assert unnamed == []
 
 
-def test_the_server_starts_without_the_compaction_jobs_libraries() -> None:
-    """pyarrow (0.4 s of CPU to import) is imported when a snapshot file is read or written, and
-    pyspark only by the job: a server's start-up imports neither (storage/snapshot_schema.py)."""
+def test_the_server_starts_without_the_client_or_the_compaction_jobs_libraries() -> None:
+    """`headwater serve` goes to cli/serve_command.py, and `headwater/__init__` imports the
+    client's names on first use: a server's start-up imports no client module. pyarrow (0.4 s of
+    CPU to import) is imported when a snapshot file is read or written, and pyspark only by the
+    job (storage/snapshot_schema.py)."""
     probe = (
-        "import sys, headwater.server.serve, headwater.server.cluster.cluster_mode; "
-        "print(sorted(m for m in ('pyarrow', 'pyspark') if m in sys.modules))"
+        "import sys, headwater.cli.entry, headwater.cli.serve_command, headwater.server.serve, "
+        "headwater.server.cluster.cluster_mode; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pyarrow', 'pyspark') "
+        "or m.startswith('headwater.client')))"
     )
     found = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
     )
     assert found.stdout.strip() == "[]", found.stdout + found.stderr
+
+
+def test_the_client_names_are_there_when_first_used() -> None:
+    """`headwater`'s lazy names: each one its module's object, in `dir()` and `__all__`, and an
+    unknown one an AttributeError."""
+    import headwater
+    from headwater.client.client import Client, connect
+    from headwater.client.producer import Producer
+
+    assert (headwater.Client, headwater.connect, headwater.Producer) == (Client, connect, Producer)
+    assert {"Client", "connect", "MessageBatch", "Compression"} <= set(dir(headwater))
+    assert all(hasattr(headwater, name) for name in headwater.__all__)
+    try:
+        headwater.NoSuchName  # type: ignore[attr-defined]  # noqa: B018
+    except AttributeError as exc:
+        assert "NoSuchName" in str(exc)
+    else:
+        raise AssertionError("an unknown name was found")
