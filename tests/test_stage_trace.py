@@ -9,6 +9,8 @@ import asyncio
 import gc
 import itertools
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +20,7 @@ import headwater
 from headwater.server.loop_lag import TICK, LoopLag
 from headwater.server.net.stage_trace import PER_BATCH, StageTrace
 from headwater.testing import ServerProcess
+from headwater.wire.messages import ProduceResponse
 from loadtest import stages
 from tests.support.cli_process import hw
 
@@ -154,6 +157,23 @@ def test_sampled_offsets_and_the_bound() -> None:
         StageTrace(0)
 
 
+def test_a_produce_read_before_tracing_began_has_no_read_time() -> None:
+    """Tracing turned on between a frame's read and its handling: the connection's read time is
+    0 (it was not taken), and the produce gets its later stages but no `read` of another time."""
+    trace = StageTrace(10)
+    batch = bytes(57) + (3).to_bytes(4, "big")  # a header declaring 3 records
+    reply = ProduceResponse(partition=0, base_offset=9)  # offsets 9..11: 10 is traced
+    for read_ns, stages_seen in (
+        (0, ["appended", "answered"]),
+        (5, ["read", "appended", "answered"]),
+    ):
+        produce = trace.produced("t", batch, reply, read_ns)
+        assert produce is not None
+        produce.answered(reply)
+        events, _ = trace.take()
+        assert [e[0] for e in events] == stages_seen and {e[3] for e in events} == {10}
+
+
 def test_a_negative_trace_every_is_refused(tmp_path: Path) -> None:
     done = hw("serve", "--data-dir", str(tmp_path), "--port", "0", "--trace-every", "-1")
     assert done.returncode == 2, done.stderr
@@ -164,3 +184,63 @@ def test_a_negative_trace_every_is_refused(tmp_path: Path) -> None:
     assert done.returncode == 2, done.stderr
     assert "server.trace_every must be >= 0 (0: off), not -5" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.fixture(scope="module")
+def untraced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, str]]:
+    directory = tmp_path_factory.mktemp("untraced")
+    port_file = directory / "http.port"
+    server = ServerProcess(
+        directory / "data", extra_args=("--http-port", "0", "--http-port-file", str(port_file))
+    ).start()
+    yield server, f"127.0.0.1:{port_file.read_text().strip()}"
+    server.stop()
+
+
+def _get(http: str, query: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(f"http://{http}/debug/stages{query}", timeout=30) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+async def test_tracing_is_turned_on_and_off_on_a_live_server(
+    untraced: tuple[ServerProcess, str],
+) -> None:
+    server, http = untraced
+    async with await headwater.connect(server.address) as client:
+        await client.create_topic("live", dispatch="non-reliable")
+        producer = client.producer("live")
+
+        async def produce(count: int) -> None:
+            for _ in range(count):
+                await producer.send_batch([b"v"])
+            await producer.flush()
+
+        await produce(5)
+        first = await asyncio.to_thread(stages.fetch, http, 5)  # nothing traced so far
+        assert first["every"] == 0 and first["events"] == []
+        await produce(20)  # offsets 5..24: 5, 10, 15 and 20 traced
+        traced = await asyncio.to_thread(stages.fetch, http, 0)
+        assert traced["every"] == 5
+        offsets = sorted(o for _, o in stages.server_times(traced, "live", "s"))
+        assert offsets == [5, 10, 15, 20]
+        await produce(10)
+        after = await asyncio.to_thread(stages.fetch, http)
+        assert after["every"] == 0 and after["events"] == []
+    # a refused query changes nothing
+    assert (await asyncio.to_thread(stages.fetch, http, 7))["every"] == 0
+    for query in (
+        "?every=abc",
+        "?every=-1",
+        "?every=%C2%B2",  # a digit to str.isdigit, not to int()
+        "?every=1&every=2",
+        "?every=",
+        "?x=1",
+        "?every=1&x=1",
+        "?every=9999999999999999999",
+    ):
+        status, body = await asyncio.to_thread(_get, http, query)
+        assert status == 400 and b"every=N" in body, (query, status, body)
+    assert (await asyncio.to_thread(stages.fetch, http))["every"] == 7

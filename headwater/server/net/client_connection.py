@@ -126,7 +126,8 @@ class Shared:
     tls: ServerTls | None = None  # None: plaintext
     traffic: TrafficStats = field(default_factory=TrafficStats)  # for server.ops.metrics
     loop_lag: LoopLag = field(default_factory=LoopLag)  # started by the listener
-    trace: StageTrace | None = None  # sampled stage times (`trace_every`), for /debug/stages
+    # sampled stage times (`trace_every`, or GET /debug/stages?every=N on a live server)
+    trace: StageTrace | None = None
 
 
 class Connection(Guarded, asyncio.Protocol):
@@ -153,8 +154,7 @@ class Connection(Guarded, asyncio.Protocol):
         self._out: list[bytes] | None = None
         self._out_bytes = 0
         self._queue: list[Frame | FrameRejected] = []
-        self._trace = shared.trace
-        self._read_ns = 0  # when the last read arrived (with a stage trace only)
+        self._read_ns = 0  # when the last read arrived (0: it arrived untraced)
         self._traced: ProduceTrace | None = None  # the produce being handled, if sampled
         self._next = 0  # index of the next frame to handle in `_queue`
         self._scheduled = False
@@ -191,8 +191,8 @@ class Connection(Guarded, asyncio.Protocol):
         log.debug("conn.opened", peer=self.peer)
 
     def data_received(self, data: bytes) -> None:
-        if self._trace is not None:
-            self._read_ns = time.monotonic_ns()
+        # 0 while untraced: a trace turned on later must not take an old read for this one's
+        self._read_ns = time.monotonic_ns() if self._shared.trace is not None else 0
         try:
             events = self._decoder.feed(data)
         except MalformedFrame as exc:
@@ -393,7 +393,7 @@ class Connection(Guarded, asyncio.Protocol):
             if self.auth is not None:
                 assert self._security is not None
                 response = self._security.after(self, request, response)
-            if self._trace is not None and type(request) is m.ProduceRequest:
+            if self._shared.trace is not None and type(request) is m.ProduceRequest:
                 self._trace_produce(request, response)
         except Exception as exc:
             self._refuse(header, exc)
@@ -404,12 +404,15 @@ class Connection(Guarded, asyncio.Protocol):
 
     def _trace_produce(self, request: m.ProduceRequest, reply: Reply) -> Reply:
         """With a stage trace: note a sampled produce, answered next by `_answer`."""
-        if self._trace is not None:
-            self._traced = self._trace.produced(request.topic, request.batch, reply, self._read_ns)
+        trace = self._shared.trace
+        if trace is not None:
+            self._traced = trace.produced(request.topic, request.batch, reply, self._read_ns)
         return reply
 
     def _answer(self, header: FrameHeader, response: Reply, started: float | None = None) -> None:
-        traced, self._traced = self._traced, None
+        traced = self._traced  # None unless a stage trace sampled this produce
+        if traced is not None:
+            self._traced = None
         if isinstance(response, Waiting):
             task = asyncio.ensure_future(self._finish(header, response.resolve(), started, traced))
             self._tasks.add(task)
@@ -656,8 +659,9 @@ class Connection(Guarded, asyncio.Protocol):
             prefix = delivery_prefix(consumer_id, partition, len(batch), delivery_count)
             consumer = self.consumers.get(consumer_id)
             self._shared.traffic.delivered(consumer, batch, delivery_count)
-            if self._trace is not None:
-                self._trace.dispatched(consumer, partition, batch)
+            trace = self._shared.trace
+            if trace is not None:
+                trace.dispatched(consumer, partition, batch)
             if self._out is not None:
                 self._out += (prefix, batch)
                 self._out_bytes += len(prefix) + len(batch)

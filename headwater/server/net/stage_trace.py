@@ -1,18 +1,18 @@
 """Where a message's time goes inside the server: sampled timestamps of each stage it passes.
 
-With `trace_every` N > 0 (a server setting, off by default), the message at each offset that is a
-multiple of N, in every partition, is traced: when the read that completed its produce frame
-happened (`read`), when the produce handler returned with its offset known (`appended`; missing
-when the handler first had to wait, for a turn of the topic say), when its acknowledgement was
-handed to the connection (`answered`: after the fsync under fsync `always`), and each time a
-batch holding it was handed to a consumer's connection (`dispatched`, with the subscription's
-name). Handed, not sent: within a slice of frames the connection gathers its output into one
-write at the slice's end (client_connection.SLICE_SECONDS, 2 ms at most). Choosing by offset
-lets every stage decide on its own with nothing passed between them, and lets a client that knows
-a message's offset (a consumer does) join its own timestamps to the server's: the benchmarks
-(loadtest/stages.py) put enqueue, read, appended, dispatched, received and taken side by side.
-A batch holding several traced offsets gives an event for each (the client may have merged many
-sends into one batch).
+With `trace_every` N > 0 (a server setting, off by default, or GET /debug/stages?every=N on a live
+server), the message at each offset that is a multiple of N, in every partition, is traced: when the
+read that completed its produce frame happened (`read`), when the produce handler returned with its
+offset known (`appended`; missing when the handler first had to wait, for a turn of the topic say),
+when its acknowledgement was handed to the connection (`answered`: after the fsync under fsync
+`always`), and each time a batch holding it was handed to a consumer's connection (`dispatched`,
+with the subscription's name). Handed, not sent: within a slice of frames the connection gathers its
+output into one write at the slice's end (client_connection.SLICE_SECONDS, 2 ms at most). Choosing
+by offset lets every stage decide on its own with nothing passed between them, and lets a client
+that knows a message's offset (a consumer does) join its own timestamps to the server's: the
+benchmarks (loadtest/stages.py) put enqueue, read, appended, dispatched, received and taken side by
+side. A batch holding several traced offsets gives an event for each (the client may have merged
+many sends into one batch).
 
 Times are `time.monotonic_ns()`: Linux's CLOCK_MONOTONIC, one clock for every process on the
 machine, so a client's time and the server's subtract. One event is a tuple; they go into a
@@ -122,7 +122,8 @@ class ProduceTrace:
         add = self.trace._add
         for offset in self.trace.sampled(response.base_offset, self.count):
             where = (self.topic, response.partition, offset)
-            add(("read", *where, self.read_ns, ""))
+            if self.read_ns:  # 0: read before tracing was turned on
+                add(("read", *where, self.read_ns, ""))
             if self.appended_ns:
                 add(("appended", *where, self.appended_ns, ""))
             add(("answered", *where, now, ""))

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from headwater.server.build_info import version
+from headwater.server.net.stage_trace import StageTrace
 from headwater.wire.messages import DispatchMode, SubscriptionInfo, SubscriptionType
 
 if TYPE_CHECKING:
@@ -80,14 +81,18 @@ class ServerState:
     def traffic(self) -> TrafficStats:
         return self.listener.shared.traffic
 
-    def stages(self) -> dict[str, object]:
-        """GET /debug/stages: the sampled stage times taken since the last call (empty without
-        `trace_every`) and the event loop's longest holds (server/net/stage_trace.py,
-        server/loop_lag.py)."""
+    def stages(self, every: int | None = None) -> dict[str, object]:
+        """GET /debug/stages: the sampled stage times taken since the last call (empty while
+        nothing is traced) and the event loop's longest holds (server/net/stage_trace.py,
+        server/loop_lag.py); with `every` (`?every=N`), tracing every N-th offset from now on
+        (0: none), whatever `trace_every` said at start-up."""
         shared = self.listener.shared
-        events, dropped = shared.trace.take() if shared.trace is not None else ([], 0)
+        trace = shared.trace
+        events, dropped = trace.take() if trace is not None else ([], 0)
+        if every is not None:
+            shared.trace = StageTrace(every) if every > 0 else None
         return {
-            "every": shared.trace.every if shared.trace is not None else 0,
+            "every": trace.every if trace is not None else 0,
             "dropped": dropped,
             "fields": ["stage", "topic", "partition", "offset", "ns", "subscription"],
             "events": events,
