@@ -9,8 +9,9 @@ same disk as the project) and client processes for every row (loadtest/harness.p
 - map get and map set (50 requests in flight), last-value fan-out to 100 subscribers;
 - end-to-end latency p50/p99/p999 at 10,000, 50,000 and 100,000 msgs/s, non-reliable and reliable
   with fsync always, recorded into HDR histograms, five runs a row (their histograms merged as
-  `all_runs`); the server traces every `TRACE_EVERY`-th offset (`--trace-every`), and each row
-  says where its time went, stage by stage, for the p99 and p999 messages (loadtest/stages.py).
+  `all_runs`); during these rows the server traces every `TRACE_EVERY`-th offset (turned on and
+  off through GET /debug/stages?every=N, so the throughput rows run untraced), and each row says
+  where its time went, stage by stage, for the p99 and p999 messages (loadtest/stages.py).
 
 Each row gives its main figure (msgs/s delivered for non-reliable, acknowledged for reliable; ops/s;
 deliveries/s; p99), every run's figure and their spread, and the user+system CPU seconds per
@@ -40,13 +41,15 @@ from loadtest import stages
 from loadtest.harness import run_options, say
 
 RATES = (10_000, 50_000, 100_000)
-# the server traces every 100th offset's stages (server/net/stage_trace.py): at 10,000 msgs/s
-# for 5 s, 500 sampled messages per run; a few hundred nanoseconds per batch when not sampled
+# during the latency rows the server traces every 100th offset's stages
+# (server/net/stage_trace.py): at 10,000 msgs/s for 5 s, 500 sampled messages per run
 TRACE_EVERY = 100
 LATENCY_RUNS = 5  # a latency row's tail moves more between runs than a rate does
 
 
-def matrix(server: ServerProcess, quick: bool, http_address: str) -> list[r.Row]:
+def matrix(
+    server: ServerProcess, quick: bool, http_address: str, trace_every: int = TRACE_EVERY
+) -> list[r.Row]:
     scale = 5 if quick else 1
     seconds = 1.5 if quick else 5.0
     counts = {  # messages per run, by (reliable, size)
@@ -74,8 +77,8 @@ def matrix(server: ServerProcess, quick: bool, http_address: str) -> list[r.Row]
                     rate,
                     seconds,
                     100,
-                    TRACE_EVERY,
-                    lambda: stages.fetch(http_address),
+                    trace_every,
+                    lambda every: stages.fetch(http_address, every),
                 )
             )
     return rows
@@ -139,6 +142,14 @@ def table(results: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = run_options(__doc__, "rows with a workload", "bench-throughput.png, bench-latency.png")
+    parser.add_argument(
+        "--trace-every",
+        type=int,
+        default=TRACE_EVERY,
+        metavar="N",
+        help=f"during the latency rows, the server traces every N-th offset (default {TRACE_EVERY};"
+        " 0: no stage breakdown)",
+    )
     args = parser.parse_args(argv)
     r.CLIENT_API = args.api
     repeats = args.repeats or (1 if args.quick else 3)
@@ -148,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         "quick": args.quick,
         "api": args.api,
         "repeats": repeats,
+        "trace_every": args.trace_every,
         "machine": machine(),
     }
     started = time.monotonic()
@@ -156,16 +168,13 @@ def main(argv: list[str] | None = None) -> int:
         http_port_file = Path(scratch) / "http.port"
         server = ServerProcess(
             Path(scratch) / "data",
-            extra_args=(
-                *("--trace-every", str(TRACE_EVERY)),
-                *("--http-port", "0", "--http-port-file", str(http_port_file)),
-            ),
+            extra_args=("--http-port", "0", "--http-port-file", str(http_port_file)),
         ).start()
         try:
             http_address = f"127.0.0.1:{http_port_file.read_text().strip()}"
             rows = [
                 row
-                for row in matrix(server, args.quick, http_address)
+                for row in matrix(server, args.quick, http_address, args.trace_every)
                 if not args.only or args.only in row.workload
             ]
             results = []

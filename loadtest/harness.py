@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import multiprocessing as mp
 import os
 import socket
@@ -165,6 +166,11 @@ class Context:
 
 def _client_main(client: Client, barrier: Any, produced: Any, out: Any) -> None:
     import uvloop
+
+    # The child inherits the benchmark parent's heap (every earlier row's results): left in the
+    # collector's generations, each full collection in the child walked all of it, 30-60 ms
+    # during which a consumer read nothing, and the first latency row's p99 was that pause.
+    gc.freeze()
 
     context = Context(barrier, produced)
     try:

@@ -228,10 +228,11 @@ def hw_latency(
     seconds: float,
     size: int,
     trace_every: int = 0,
-    stages_report: Callable[[], dict[str, Any]] | None = None,
+    trace: Callable[[int], dict[str, Any]] | None = None,
 ) -> Row:
-    """`trace_every`: the server's --trace-every, whose /debug/stages `stages_report` reads: the
-    row then says where its latency went (loadtest/stages.py)."""
+    """With `trace_every` and `trace` (the server's GET /debug/stages?every=N), the server traces
+    every `trace_every`-th offset during each run, and the row says where its latency went
+    (loadtest/stages.py); the other rows run untraced."""
     reliable = fsync is not None
     api = CLIENT_API
     workload = (f"latency reliable fsync={fsync}" if reliable else "latency non-reliable") + (
@@ -246,6 +247,8 @@ def hw_latency(
             "reliable" if reliable else "non-reliable",
             {"fsync": fsync} if fsync else None,
         )
+        if trace is not None and trace_every:
+            trace(trace_every)  # from now on (what was traced before is dropped)
         common = {"address": server.address, "topic": topic, "api": api}
         expected = max(1, rate // 1000) * int(seconds * 1000)
         return [
@@ -276,7 +279,8 @@ def hw_latency(
         {"rate": rate, "size": size, "api": api},
         FSYNC_WORDS[fsync] if fsync else "nothing (not stored)",
         reliable,
-        stages=stages_report if trace_every else None,
+        # what the run traced, and no more tracing
+        stages=(lambda: trace(0)) if trace is not None and trace_every else None,
     )
 
 

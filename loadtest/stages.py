@@ -73,9 +73,12 @@ def merged(encoded: Iterable[bytes | str]) -> HdrHistogram:
     return total
 
 
-def fetch(http_address: str, timeout: float = 30.0) -> dict[str, Any]:
-    """GET /debug/stages of a server's operator port ("127.0.0.1:PORT"); empties its buffer."""
-    with urllib.request.urlopen(f"http://{http_address}/debug/stages", timeout=timeout) as answer:
+def fetch(http_address: str, every: int | None = None, timeout: float = 30.0) -> dict[str, Any]:
+    """GET /debug/stages of a server's operator port ("127.0.0.1:PORT"): what was traced since
+    the last call (its buffer emptied); with `every`, tracing every N-th offset from now on (0:
+    none)."""
+    url = f"http://{http_address}/debug/stages" + ("" if every is None else f"?every={every}")
+    with urllib.request.urlopen(url, timeout=timeout) as answer:
         report: dict[str, Any] = json.load(answer)
     return report
 
