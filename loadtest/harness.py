@@ -1,13 +1,15 @@
 """The plumbing every benchmark here shares: client processes, CPU accounting, percentiles.
 
 A benchmark row runs one server (Headwater, Redis or NATS, each in its own process) and one or more
-client processes. `run_row` forks the client processes; each sets up (connects, subscribes) and
-waits on a barrier, so the clock and the CPU counters start only when every client is ready. Each
-client measures its own user+system CPU time (`time.process_time()`) from the barrier to its end;
-the server's is read from /proc/<pid>/stat before and after (in clock ticks, 10 ms: a row should
-give the server a second of work or more). Dividing by the messages that went through
-gives CPU seconds per million messages: on this shared 2-core machine a rate can vary 2x from run
-to run, while CPU per message is far steadier, so that is the figure to compare commits with.
+client processes. `run_row` starts the client processes from a fork server (a fresh interpreter
+that imported the client library, nothing else: see `CLIENT_MODULES`); each sets up (connects,
+subscribes) and waits on a barrier, so the clock and the CPU counters start only when every
+client is ready. Each client measures its own user+system CPU time (`time.process_time()`) from
+the barrier to its end; the server's is read from /proc/<pid>/stat before and after (in clock
+ticks, 10 ms: a row should give the server a second of work or more). Dividing by the messages
+that went through gives CPU seconds per million messages: on this shared 2-core machine a rate
+can vary 2x from run to run, while CPU per message is far steadier, so that is the figure to
+compare commits with.
 
 Clients talk to each other only through a multiprocessing `Event` ("the producers are done") and
 report one dict each on a queue. Times are `time.monotonic()` (CLOCK_MONOTONIC, the same clock in
@@ -18,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import multiprocessing as mp
 import os
 import socket
@@ -28,7 +29,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from loadtest import stages
 
@@ -164,13 +165,16 @@ class Context:
         return round(time.process_time() - self._cpu_start, 4)
 
 
+# Client processes come from a fork server, not from a fork of the benchmark: a forked child
+# inherited the parent's heap (every earlier row's results), and its first full garbage collection
+# walked all of it, touching copy-on-write pages: 30-60 ms in which a consumer read nothing, which
+# the first latency row reported as its p99 (docs/BENCHMARKS.md, "The benchmark's own tail").
+# The fork server imports these once; each client forks from it, a process like a user's.
+CLIENT_MODULES: Final = ["uvloop", "headwater.client.client", "loadtest.hw_clients"]
+
+
 def _client_main(client: Client, barrier: Any, produced: Any, out: Any) -> None:
     import uvloop
-
-    # The child inherits the benchmark parent's heap (every earlier row's results): left in the
-    # collector's generations, each full collection in the child walked all of it, 30-60 ms
-    # during which a consumer read nothing, and the first latency row's p99 was that pause.
-    gc.freeze()
 
     context = Context(barrier, produced)
     try:
@@ -192,7 +196,8 @@ def run_row(
 
     Each result carries the client's "cpu_s". Every wait is bounded by `timeout`. `on_tick` is
     called about once a second while the clients run (the soak samples the server with it)."""
-    context = mp.get_context("fork")
+    context = mp.get_context("forkserver")
+    context.set_forkserver_preload(CLIENT_MODULES)
     barrier = context.Barrier(len(clients) + 1)
     produced = context.Event()
     out = context.Queue()
