@@ -7,14 +7,16 @@ returns a dict with its own CPU seconds (`ctx.cpu()`).
 - `produce`: `producers` connections in this process send `total` values; a reliable run flushes
   (waits for every ack) each `flush_every` records per producer, a non-reliable one only at the end.
 - `produce_at_rate`: a fixed rate in 1 ms ticks, each value starting with its send time.
-- `consume`: one consumer, one cumulative ack per batch; it stops when it has `expected` messages
+- `consume`: one consumer, one cumulative ack per batch (each message acked with the "record"
+  API); it stops when it has `expected` messages
   or, once the producers are done, when nothing came for `quiet` seconds.
 - `map_ops`: map get or set, `depth` operations per round.
 
 `api` picks the client API: "batch" (the default) uses `Producer.send_batch` (1,000 values per
 call), `Consumer.next_batch` (values read from a lazily decoded `MessageBatch`) and one
-`get_many`/`set_many` request per map round; "record" uses `send` per value, `receive_batch`
-(a `Message` per record) and one request per map operation, pipelined: the per-record API.
+`get_many`/`set_many` request per map round; "record" uses `send` per value, `async for message
+in consumer` with each message acknowledged, and one request per map operation, pipelined: the
+per-record API as an application writes it.
 - `fanout_followers` / `fanout_setter`: last-value subscribers following one key that another
   process sets `updates` times.
 """
@@ -143,12 +145,21 @@ async def consume(
         latencies: list[int] = []
         samples: list[stages.Sample] = []
         unpack = STAMP.unpack_from
-        while received < expected and time.monotonic() < started + deadline:
+        if api == "record":
+            received, first, last = await _take_messages(
+                ctx,
+                consumer,
+                expected,
+                started,
+                quiet,
+                deadline,
+                latencies if latency else None,
+                samples,
+                trace_every,
+            )
+        while api == "batch" and received < expected and time.monotonic() < started + deadline:
             try:
-                if api == "batch":
-                    batch = await consumer.next_batch(timeout=0.25)
-                else:
-                    messages = await consumer.receive_batch(5000, timeout=0.25)
+                batch = await consumer.next_batch(timeout=0.25)
             except TimeoutError:
                 if ctx.produced.is_set() and time.monotonic() - last > quiet:
                     break
@@ -156,18 +167,13 @@ async def consume(
             now_ns = time.monotonic_ns()
             last = now_ns / 1e9
             first = first or last
-            if api == "batch":
-                received += len(batch)
-                values = batch.values()
-                await batch.ack_cumulative()  # one ack per batch (one partition)
-            else:
-                received += len(messages)
-                values = [m.value for m in messages]
-                await consumer.ack_cumulative(messages[-1])
+            received += len(batch)
+            values = batch.values()
+            await batch.ack_cumulative()  # one ack per batch (one partition)
             if latency:
                 latencies.extend(now_ns - unpack(v)[0] for v in values if v)
                 if trace_every:
-                    _sample(samples, trace_every, batch if api == "batch" else messages, now_ns)
+                    _sample(samples, trace_every, batch, now_ns)
             else:
                 sum(len(v) for v in values if v)  # touch every value
         dropped = consumer.dropped
@@ -187,23 +193,68 @@ async def consume(
     return result
 
 
+async def _take_messages(
+    ctx: Context,
+    consumer: headwater.Consumer,
+    expected: int,
+    started: float,
+    quiet: float,
+    deadline: float,
+    latencies: list[int] | None,
+    samples: list[stages.Sample],
+    trace_every: int,
+) -> tuple[int, float, float]:
+    """The per-record API as an application writes it: `async for message in consumer`, each
+    message acknowledged. `async for` has no timeout, so a watchdog closes the consumer (which
+    ends the loop) when the producers are done and nothing came for `quiet` seconds, or at the
+    deadline. Returns (messages taken, first and last taken times)."""
+    taken, first, last = 0, 0.0, started
+
+    async def watchdog() -> None:
+        while taken < expected:
+            await asyncio.sleep(0.05)
+            now = time.monotonic()
+            if now > started + deadline or (ctx.produced.is_set() and now - last > quiet):
+                break
+        await consumer.close()
+
+    closer = asyncio.create_task(watchdog())
+    unpack = STAMP.unpack_from
+    async for message in consumer:
+        now_ns = time.monotonic_ns()
+        last = now_ns / 1e9
+        first = first or last
+        value = message.value
+        if latencies is None:
+            len(value or b"")  # touch the value
+        elif value:
+            latencies.append(now_ns - unpack(value)[0])
+            if trace_every and message.offset % trace_every == 0:
+                # the batch's frame read time is not kept on a message: 0
+                samples.append((message.partition, message.offset, unpack(value)[0], 0, now_ns))
+        await consumer.ack(message)
+        taken += 1
+        if taken >= expected:
+            break
+    await closer
+    return taken, first, last
+
+
 def _sample(
-    into: list[stages.Sample],
-    every: int,
-    taken: headwater.MessageBatch | list[headwater.Message],
-    now_ns: int,
+    into: list[stages.Sample], every: int, batch: headwater.MessageBatch, now_ns: int
 ) -> None:
-    """The traced messages of what the application just took (offsets that are multiples of
+    """The traced messages of a batch the application just took (offsets that are multiples of
     `every`): partition, offset, send time, frame read time, taken time."""
-    if isinstance(taken, headwater.MessageBatch):
-        received_ns, partition = taken.received_ns, taken.partition
-        offsets, values = taken.offsets(), taken.values()
-    else:
-        received_ns, partition = 0, taken[0].partition  # messages: their batch's time is gone
-        offsets, values = [m.offset for m in taken], [m.value for m in taken]
-    for offset, value in zip(offsets, values, strict=True):
+    for offset, value in zip(batch.offsets(), batch.values(), strict=True):
         if offset % every == 0 and value:
-            into.append((partition, offset, STAMP.unpack_from(value)[0], received_ns, now_ns))
+            taken = (
+                batch.partition,
+                offset,
+                STAMP.unpack_from(value)[0],
+                batch.received_ns,
+                now_ns,
+            )
+            into.append(taken)
 
 
 async def map_ops(

@@ -171,6 +171,32 @@ def test_refresh_intervals_single_and_multi_broker() -> None:
     assert table.needs_lookup("t", 0.0)
 
 
+def test_every_change_to_the_table_bumps_its_version() -> None:
+    """A decision cached from the table (the producer's keyless sends) holds while `version`
+    stands; `fresh_until` says what `needs_lookup` says, as a time."""
+    table = RoutingTable(BOOT, refresh_interval=2.0, single_refresh=30.0)
+    assert table.fresh_until("t") == float("-inf")
+    seen = [table.version]
+
+    def bumped() -> bool:
+        seen.append(table.version)
+        return seen[-1] > seen[-2]
+
+    table.apply(answer((A,), ["a", "a"]), 5.0)
+    assert bumped() and table.fresh_until("t") == 35.0
+    assert not table.needs_lookup("t", 34.9) and table.needs_lookup("t", 35.0)
+    table.not_owner("t", 0, NotOwner("moved"))
+    assert bumped() and table.fresh_until("t") == float("-inf")
+    table.apply(answer((A, B), ["a", "b"]), 6.0)
+    assert bumped() and table.fresh_until("t") == 8.0
+    assert table.broker_lost(("127.0.0.1", 7002)) == ["t"]
+    assert bumped()
+    table.invalidate("t")
+    assert bumped()
+    table.unsupported(["t"], 7.0)
+    assert bumped() and table.fresh_until("t") == float("inf")
+
+
 def test_a_server_without_lookup_is_one_broker_for_good() -> None:
     table = RoutingTable(BOOT)
     table.unsupported(["t"], 0.0)
@@ -382,6 +408,36 @@ async def test_producer_sends_each_partition_to_its_owner(
     assert on_a[1] == on_a[3] == 0 and on_b[0] == on_b[2] == 0  # nothing at a non-owner
     assert sum(on_a) + sum(on_b) == 80
     assert a.refused == b.refused == 0
+
+
+async def test_keyless_sends_ask_the_routes_again_once_they_change(
+    two_brokers: tuple[Script, BrokerFront, BrokerFront],
+) -> None:
+    """A keyless send on one broker skips the router while the routes stand (the per-record
+    fast path); once the table changes (here: marked stale, as NOT_OWNER or a lost broker
+    would), the next send looks the topic up, and learns that it is now in a cluster."""
+    script, a, b = two_brokers
+    await _create("t", 2, a, b)
+    b_port = script.ports.pop("b")  # LOOKUP names one broker
+    script.owners["t"] = ["a", "a"]
+    async with await headwater.connect(a.address) as client:
+        producer = client.producer("t")
+        for _ in range(20):
+            await producer.send(b"keyless")
+        await producer.flush()
+        lookups = script.lookups
+        for _ in range(20):
+            await producer.send(b"keyless")
+        await producer.flush()
+        assert script.lookups == lookups  # the routes stood: no lookup per record
+        router = producer._router
+        assert router is not None and not router.multi_broker
+        script.ports["b"], script.owners["t"] = b_port, ["a", "b"]
+        router.table.invalidate("t")
+        sent = [await producer.send(b"keyless") for _ in range(20)]
+        await producer.flush()
+        assert script.lookups > lookups and router.multi_broker
+        assert {(await f).partition for f in sent} == {0, 1}  # now spread by the client
 
 
 async def test_producer_follows_not_owner_to_the_new_owner(

@@ -317,6 +317,10 @@ def test_consume_fast_paths_match_their_schemas(request: m.Request) -> None:
     body = api.request.build(request)
     assert api.decode_request is not None
     assert api.decode_request(body) == api.request.parse(body) == request
+    if api.encode_request is not None:  # ACK and NACK: a consumer's per-message acks
+        frame = _one_frame(api.encode_request(request, 7, 0))
+        assert (frame.header.api_key, frame.header.correlation_id) == (api.key, 7)
+        assert frame.body == body
 
 
 @given(

@@ -256,6 +256,11 @@ class Consumer:
         return self
 
     async def __anext__(self) -> Message:
+        messages = self._messages
+        if messages and self._cluster is None:  # `receive`'s path for a buffered message
+            message = messages.popleft()
+            self._taken(1)
+            return message
         try:
             return await self.receive()
         except ConnectionClosed as exc:

@@ -43,6 +43,7 @@ connection to every broker.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
@@ -100,6 +101,13 @@ class Producer:
         self._partitions_at = 0.0  # when `_partitions` was learned (time.monotonic())
         self._next_partition = 0
         self._closed = False
+        self._loop = loop
+        # A keyless record of a producer that is not idempotent goes to partition -1 (the server
+        # picks) unless the routes say otherwise: `_partition_for` says until when (loop time)
+        # that holds, for the routing table's version of then, so `send` need not ask it again
+        # for every record.
+        self._unrouted_until = -math.inf
+        self._unrouted_version = 0
 
     def _ready(self) -> None:
         self._sender.wake()
@@ -120,6 +128,8 @@ class Producer:
     ) -> SendFuture:
         """Queue one record; waits only while the producer's queue is full. With a schema,
         `value` is of its type (str, int, a JSON value, a dict for Avro) and is encoded here."""
+        # The common case (no headers, no schema, keyless) is this method's straight line: it is
+        # every record's cost when an application sends one at a time.
         if self._closed:
             raise ConnectionClosed("producer is closed")
         header_list: list[tuple[str, bytes]] = list(headers.items()) if headers else []
@@ -129,23 +139,29 @@ class Producer:
             if codec.header is not None:
                 header_list.append(codec.header)
         accumulator = self._accumulator
-        while not accumulator.room.is_set():
-            await accumulator.room.wait()
-        size = (
-            RECORD_OVERHEAD
-            + (len(key) if key else 0)
-            + (len(value) if value else 0)
-            + sum(len(k) + len(v or b"") for k, v in header_list)
-        )
-        if size + BATCH_OVERHEAD > self.config.max_request_size:
+        room = accumulator.room
+        while not room.is_set():
+            await room.wait()
+        size = RECORD_OVERHEAD + (len(key) if key else 0) + (len(value) if value else 0)
+        if header_list:
+            size += sum(len(k) + len(v or b"") for k, v in header_list)
+        config = self.config
+        if size + BATCH_OVERHEAD > config.max_request_size:
             raise RecordTooLarge(
-                f"record of about {size} bytes exceeds max_request_size "
-                f"{self.config.max_request_size}"
+                f"record of about {size} bytes exceeds max_request_size {config.max_request_size}"
             )
-        if self.config.idempotent and accumulator.producer_id < 0:
+        if config.idempotent and accumulator.producer_id < 0:
             await self._init_producer_id()
         if partition is None:
-            partition = await self._partition_for(key)
+            router = self._router
+            if (
+                key is None
+                and self._loop.time() < self._unrouted_until
+                and (router is None or router.table.version == self._unrouted_version)
+            ):
+                partition = -1
+            else:
+                partition = await self._partition_for(key)
         return accumulator.append(partition, key, value, header_list, size)
 
     async def send_batch(
@@ -251,7 +267,13 @@ class Producer:
             await router.settle(self.topic)
         spread = router is not None and router.multi_broker
         if key is None and not self.config.idempotent and not spread:
-            return -1  # the server spreads keyless batches round-robin
+            # the server spreads keyless batches round-robin; so it stays while the routes do
+            if router is None:
+                self._unrouted_until = math.inf
+            else:
+                self._unrouted_until = router.table.fresh_until(self.topic)
+                self._unrouted_version = router.table.version
+            return -1
         now = time.monotonic()
         sender = self._sender
         routed = router.table.partitions(self.topic) if router is not None and spread else None

@@ -15,6 +15,7 @@ exactly as without routing. The I/O around this table is headwater/client/router
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -89,6 +90,9 @@ class RoutingTable:
     topics: dict[str, TopicRoutes] = field(default_factory=dict)
     lookup_supported: bool = True  # False: the server predates LOOKUP (a single broker)
     clustered: bool = False  # a LOOKUP named several brokers once: routed by owner from then on
+    # bumped by every change: a decision taken from the table holds while this is unchanged (the
+    # producer's keyless sends skip the router this way: producer.Producer._unrouted_until)
+    version: int = 0
 
     @property
     def multi_broker(self) -> bool:
@@ -101,6 +105,7 @@ class RoutingTable:
         """Take a LOOKUP answer: the live brokers, and each named topic's owners. A partition
         whose epoch is older than the one already known keeps its known owner (a lagging broker
         answered); a partition owned by a broker missing from the list has no owner."""
+        self.version += 1
         self.brokers = {
             b.broker_id: BrokerAddress(b.broker_id, b.host, b.port) for b in response.brokers
         }
@@ -127,20 +132,25 @@ class RoutingTable:
 
     def unsupported(self, topics: list[str], now: float) -> None:
         """The server does not know LOOKUP: one broker, which serves everything."""
+        self.version += 1
         self.lookup_supported = False
         self.brokers = {}
         for topic in topics:
             self.topics[topic] = TopicRoutes([], [], now)
 
     def needs_lookup(self, topic: str, now: float) -> bool:
+        return now >= self.fresh_until(topic)
+
+    def fresh_until(self, topic: str) -> float:
+        """Until when (loop time) the topic's routes need no lookup, unless the table changes
+        meanwhile (`version`): -inf when they need one now, inf when LOOKUP is not supported."""
         routes = self.topics.get(topic)
         if routes is None or routes.stale:
-            return True
+            return -math.inf
         if not self.lookup_supported:
-            return False
+            return math.inf
         several = self.multi_broker or routes.error is not None  # a topic may appear soon
-        interval = self.refresh_interval if several else self.single_refresh
-        return now - routes.fetched_at >= interval
+        return routes.fetched_at + (self.refresh_interval if several else self.single_refresh)
 
     def error(self, topic: str) -> HeadwaterError | None:
         routes = self.topics.get(topic)
@@ -187,6 +197,7 @@ class RoutingTable:
         routes = self.topics.get(topic)
         if routes is None:
             return None
+        self.version += 1
         routes.stale = True
         if routes.error is not None or not 0 <= partition < len(routes.owners):
             return None
@@ -211,6 +222,7 @@ class RoutingTable:
                     routes.owners[index] = ""
                     hit = True
             if hit:
+                self.version += 1
                 routes.stale = True
                 affected.append(name)
         return affected
@@ -218,4 +230,5 @@ class RoutingTable:
     def invalidate(self, topic: str) -> None:
         routes = self.topics.get(topic)
         if routes is not None:
+            self.version += 1
             routes.stale = True

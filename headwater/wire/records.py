@@ -109,10 +109,11 @@ class BatchBuilder:
         if timestamp is None:
             timestamp = int(time.time() * 1000)
         position = self.count
+        # positional: the C encoder's keyword handling cost a tenth of a producer's `send`
         self._builder.append(
-            position, timestamp=timestamp, key=key, value=value, headers=list(headers)
+            position, timestamp, key, value, headers if type(headers) is list else list(headers)
         )
-        self.count += 1
+        self.count = position + 1
         return position
 
     def extend(

@@ -24,6 +24,7 @@ from construct import Flag, Int8sb, Int16sb, Int32sb, Int64sb
 from headwater.wire import messages as m
 from headwater.wire.api.base import (
     EMPTY_RESPONSE,
+    I32,
     OK,
     Api,
     BoundedArray,
@@ -145,6 +146,24 @@ def decode_fetch_response(body: bytes) -> m.Response | None:
     return m.FetchResponse(start, end, body[_FETCH_HEAD.size :])
 
 
+def _ack_entries_bytes(acks: tuple[m.AckEntry, ...] | list[m.AckEntry]) -> bytes:
+    pack = _ACK_ENTRY.pack
+    return I32.pack(len(acks)) + b"".join([pack(a.partition, a.offset) for a in acks])
+
+
+def encode_ack_request(request: m.AckRequest, correlation_id: int, flags: int = 0) -> bytes:
+    """The fast path for ACK's encoding: equal to its schema (tested). A consumer acking message
+    by message sends one entry per message; construct built each at 30,000 instructions."""
+    body = _I32_I8.pack(request.consumer_id, request.kind) + _ack_entries_bytes(request.acks)
+    return frame_prefix(m.ApiKey.ACK, 0, correlation_id, flags, len(body)) + body
+
+
+def encode_nack_request(request: m.NackRequest, correlation_id: int, flags: int = 0) -> bytes:
+    """The fast path for NACK's encoding: equal to its schema (tested)."""
+    body = _I32_I32.pack(request.consumer_id, request.delay_ms) + _ack_entries_bytes(request.acks)
+    return frame_prefix(m.ApiKey.NACK, 0, correlation_id, flags, len(body)) + body
+
+
 def decode_ack_request(body: bytes) -> m.Request:
     """The fast path for ACK: equivalent to its schema (tested)."""
     reader = Reader(body, "ACK")
@@ -190,6 +209,7 @@ APIS: Final = (
             "acks" / BoundedArray(MAX_ACKS_PER_REQUEST, "ACK acks", ACK_ENTRY),
         ),
         EMPTY_RESPONSE,
+        encode_request=encode_ack_request,
         decode_request=decode_ack_request,
     ),
     Api(
@@ -201,6 +221,7 @@ APIS: Final = (
             "acks" / BoundedArray(MAX_ACKS_PER_REQUEST, "NACK acks", ACK_ENTRY),
         ),
         EMPTY_RESPONSE,
+        encode_request=encode_nack_request,
         decode_request=decode_nack_request,
     ),
     Api(
