@@ -1,4 +1,5 @@
-"""One frozen dataclass per request, response and pushed frame, plus the enums they use.
+"""One frozen dataclass per request, response and pushed frame (`AckEntry`, one per acknowledged
+message, is slots-only for speed), plus the enums they use.
 
 These are plain values: how they become bytes is `wire.protocol`'s job (with the API families in
 `wire.api`). Enum-valued fields hold plain ints on the wire (`sub_type`, `dispatch`): the server
@@ -188,8 +189,13 @@ class FlowRequest:
     credits: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)
 class AckEntry:
+    """One acknowledged (or nacked) message. The one message type that is not frozen: a consumer
+    acking message by message makes one per message at each end, and a frozen dataclass sets its
+    fields through object.__setattr__, which made building it 2.5x dearer (docs/DECISIONS.md).
+    Nothing changes one after it is built; it hashes by value as a frozen one did."""
+
     partition: int
     offset: int
 

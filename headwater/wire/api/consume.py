@@ -17,6 +17,7 @@ interpreted build), equal to the schema (tested).
 from __future__ import annotations
 
 import struct
+from itertools import starmap
 from typing import Final
 
 from construct import Flag, Int8sb, Int16sb, Int32sb, Int64sb
@@ -119,8 +120,7 @@ def _ack_entries(reader: Reader) -> tuple[m.AckEntry, ...]:
     start = reader.position
     reader.position += count * _ACK_ENTRY.size
     reader.end()
-    entry = m.AckEntry
-    return tuple(entry(p, o) for p, o in _ACK_ENTRY.iter_unpack(reader.body[start:]))
+    return tuple(starmap(m.AckEntry, _ACK_ENTRY.iter_unpack(reader.body[start:])))
 
 
 _FETCH_HEAD = struct.Struct(">qqi")  # start_offset, end_offset, records length
