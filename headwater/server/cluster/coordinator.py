@@ -27,7 +27,7 @@ import contextlib
 import math
 import time
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Final
 
 import structlog
 
@@ -49,6 +49,10 @@ from headwater.server.requests.partition_ownership import BrokerAddress
 
 log = structlog.get_logger("headwater.cluster")
 
+# How long a starting broker keeps trying an etcd that does not answer before it gives up: an
+# etcd restart or a slow moment under load passes; a wrong address still fails the start.
+START_PATIENCE: Final = 10.0
+
 
 class Coordinator(Assignment, Metadata, ExclusiveClaims):
     def __init__(
@@ -63,9 +67,11 @@ class Coordinator(Assignment, Metadata, ExclusiveClaims):
         release_timeout: float = 30.0,
         handoff_after: float = 300.0,
         kafka: tuple[str, int] | None = None,
+        start_patience: float = START_PATIENCE,
     ) -> None:
         """`kafka`: where this broker's Kafka listener is reached (host, port), registered
-        with it so that every broker's Kafka Metadata can name it; None: no Kafka port."""
+        with it so that every broker's Kafka Metadata can name it; None: no Kafka port.
+        `start_patience`: how long `start` keeps trying an etcd that does not answer."""
         self.endpoint = endpoint
         self._endpoints = parse_endpoint(endpoint)
         self._this = this_broker
@@ -81,6 +87,7 @@ class Coordinator(Assignment, Metadata, ExclusiveClaims):
         self._acquire_timeout = acquire_timeout
         self._release_timeout = release_timeout
         self._handoff_after = handoff_after
+        self._start_patience = start_patience
         # a deadline on every etcd call (a blackholed etcd must not hang anything); generous,
         # because a slow answer costs nothing but time: a renewal counts from when it was sent,
         # and the watchdog fences on the deadline whatever the calls in flight
@@ -119,41 +126,31 @@ class Coordinator(Assignment, Metadata, ExclusiveClaims):
 
     async def start(self) -> None:
         """Connect, take a lease, register, read and watch, start the loops. `EtcdUnreachable` or
-        `DuplicateBroker` (both `StartupError`s) when the broker cannot join."""
+        `DuplicateBroker` (both `StartupError`s) when the broker cannot join.
+
+        An etcd that does not answer is tried again, the whole join from a new session, for
+        `start_patience` seconds: a broker restarted during an etcd blip, or while etcd is slow
+        under load (its connection timing out before etcd's first answer), waits for it instead
+        of exiting. An etcd that never answers is still a start-up error within that time."""
         self._wake = asyncio.Event()
         self._topics_changed = asyncio.Condition()
-        self._session = EtcdSession(self._endpoints, self._call_timeout)
-        try:
-            for attempt in range(3):  # one slow answer (etcd fsyncing under load) is not fatal
-                try:
-                    await self._new_lease()
-                    break
-                except EtcdUnavailable:
-                    if attempt == 2:
-                        raise
-                    await asyncio.sleep(0.2)
-            await self._register(patience=self._lease_ttl + 1.0)
-            self._owners_watch = PrefixWatch(
-                self._session, self._layout.root("owners"), self._owner_changed
-            )
-            self._watches = [
-                PrefixWatch(self._session, self._layout.root("brokers"), self._broker_changed),
-                self._owners_watch,
-                PrefixWatch(self._session, self._layout.root("topics"), self._topic_changed),
-                PrefixWatch(
-                    self._session,
-                    self._layout.root("subscriptions"),
-                    self._subscription_changed,
-                ),
-            ]
-            for watch in self._watches:
-                await watch.load()
-        except EtcdUnavailable as exc:
-            await self._abandon()
-            raise EtcdUnreachable(f"cannot reach etcd at {self.endpoint}: {exc}") from None
-        except BaseException:
-            await self._abandon()
-            raise
+        deadline = time.monotonic() + self._start_patience
+        delay = 0.2
+        while True:
+            self._session = EtcdSession(self._endpoints, self._call_timeout)
+            try:
+                await self._join()
+                break
+            except EtcdUnavailable as exc:
+                await self._abandon()
+                if time.monotonic() + delay >= deadline:
+                    raise EtcdUnreachable(f"cannot reach etcd at {self.endpoint}: {exc}") from None
+                log.warning("cluster.join_retry", error=str(exc), retry_in_s=delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+            except BaseException:
+                await self._abandon()
+                raise
         for watch in self._watches:
             watch.start()
         loop = asyncio.get_running_loop()
@@ -171,10 +168,31 @@ class Coordinator(Assignment, Metadata, ExclusiveClaims):
             endpoint=self._session.current,
         )
 
+    async def _join(self) -> None:
+        """Lease, registration, the watches' first reads: what `start` tries again."""
+        await self._new_lease()
+        await self._register(patience=self._lease_ttl + 1.0)
+        self._owners_watch = PrefixWatch(
+            self._session, self._layout.root("owners"), self._owner_changed
+        )
+        self._watches = [
+            PrefixWatch(self._session, self._layout.root("brokers"), self._broker_changed),
+            self._owners_watch,
+            PrefixWatch(self._session, self._layout.root("topics"), self._topic_changed),
+            PrefixWatch(
+                self._session,
+                self._layout.root("subscriptions"),
+                self._subscription_changed,
+            ),
+        ]
+        for watch in self._watches:
+            await watch.load()
+
     async def _abandon(self) -> None:
         if self._lease_id:
             with contextlib.suppress(EtcdUnavailable):
                 await self._session.call(lambda c: c.revoke_lease(self._lease_id))
+            self._lease_id = 0
         await self._session.close()
 
     async def stop(self, graceful: bool = True) -> None:
