@@ -60,3 +60,25 @@ def test_every_headwater_error_is_importable_from_headwater() -> None:
     for name, cls in classes.items():
         assert getattr(headwater, name, None) is cls, name
         assert name in headwater.__all__, name
+
+
+def test_a_turns_acks_are_split_into_requests_within_the_limits() -> None:
+    from headwater.client.consumer import ack_requests
+    from headwater.wire import messages as m
+    from headwater.wire.limits import MAX_ACK_RANGES_PER_REQUEST, MAX_OFFSETS_PER_ACK_RANGES
+
+    long_run = [m.AckRange(0, 5, 250_000)]  # more offsets than one request covers
+    requests = list(ack_requests(3, long_run))
+    assert [r.ranges for r in requests] == [
+        (m.AckRange(0, 5, 100_000),),
+        (m.AckRange(0, 100_005, 100_000),),
+        (m.AckRange(0, 200_005, 50_000),),
+    ]
+    singles = [m.AckRange(1, 2 * i, 1) for i in range(MAX_ACK_RANGES_PER_REQUEST + 1)]
+    requests = list(ack_requests(3, singles))
+    assert [len(r.ranges) for r in requests] == [MAX_ACK_RANGES_PER_REQUEST, 1]
+    assert [x for r in requests for x in r.ranges] == singles
+    for request in requests:
+        assert request.consumer_id == 3
+        assert sum(x.count for x in request.ranges) <= MAX_OFFSETS_PER_ACK_RANGES
+    assert list(ack_requests(3, [])) == []

@@ -393,4 +393,15 @@ async def test_bad_map_and_ack_requests(server: ServerProcess, topic_name: str) 
     await refused(m.AckRequest(consumer, (m.AckEntry(0, 0),), kind=5), "unknown ack kind 5")
     await refused(m.AckRequest(consumer, (m.AckEntry(9, 0),)), "has no partition 9")
     await refused(m.NackRequest(consumer, (m.AckEntry(0, 0),), -1), "nack delay must be >= 0")
+    await refused(m.AckRangesRequest(consumer, (m.AckRange(9, 0, 1),)), "has no partition 9")
+    await refused(
+        m.AckRangesRequest(consumer, (m.AckRange(0, 5, 0),)), "counts 1 or more offsets, not 0"
+    )
+    await refused(
+        m.AckRangesRequest(consumer, (m.AckRange(0, 0, 60_000),) * 2),
+        "ranges cover 120000 offsets; at most 100000 a request",
+    )
+    # a range reaching far past anything delivered is clamped to what was, not walked
+    clamped = await peer.call(m.AckRangesRequest(consumer, (m.AckRange(0, -(2**62), 100_000),)))
+    assert isinstance(clamped, m.EmptyResponse), clamped
     await peer.close()

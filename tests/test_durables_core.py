@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from headwater.durables.cursor import PartitionCursor
 from headwater.durables.delivery import DEAD_LETTER_RETRY, ReliableDelivery, ReliableSettings, runs
@@ -182,6 +184,80 @@ def test_cumulative_ack_clears_everything_below() -> None:
     core.ack([m.AckEntry(0, 2)], m.AckKind.CUMULATIVE)
     assert core.unacked == 1 and core.cursors[0].floor == 3
     assert core.backlog([10]) == 7
+
+
+def test_cursor_ack_range_from_the_floor_jumps_and_elsewhere_adds() -> None:
+    cursor = PartitionCursor.starting_at(0)
+    cursor.record_delivery(0, 10)
+    cursor.record_delivery(2, 4)  # redelivered: counts 2
+    assert cursor.ack_range(5, 8) and cursor.floor == 0 and cursor.acked == {5, 6, 7}
+    assert not cursor.ack_range(5, 8)  # nothing new
+    assert cursor.ack_range(-3, 5)  # below the floor is clamped; reaches the acked run
+    assert cursor.floor == 8 and cursor.acked == set() and cursor.counts == {}
+    assert cursor.ack_range(8, 1_000_000) and cursor.floor == 10  # past dispatched: clamped
+    assert not cursor.ack_range(0, 10)
+
+
+_ACTIONS = st.lists(
+    st.tuples(
+        st.sampled_from(["send", "ack", "nack", "expire", "redeliver"]),
+        st.integers(0, 40),
+        st.integers(1, 8),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_ACTIONS)
+def test_acking_ranges_is_acking_each_offset(actions: list[tuple[str, int, int]]) -> None:
+    """ACK_RANGES and ACK of every offset one by one leave the same cursor, the same messages
+    in flight and due, and the same redeliveries, whatever was sent, nacked or timed out."""
+    by_range, by_offset = _core(), _core()
+    now = 0.0
+    for kind, offset, size in actions:
+        for core in (by_range, by_offset):
+            if kind == "send":
+                planned = core.plan_new(0, 0, 1_000, credits=size)
+                if planned is not None:
+                    core.sent(1, 0, *planned, now=now)
+            elif kind == "ack" and core is by_range:
+                core.ack_ranges([m.AckRange(0, offset, size)])
+            elif kind == "ack":
+                entries = [m.AckEntry(0, o) for o in range(offset, offset + size)]
+                core.ack(entries, m.AckKind.INDIVIDUAL)
+            elif kind == "nack":
+                core.nack([m.AckEntry(0, offset)], 0, now)
+            elif kind == "redeliver":
+                due = core.take_due(now, credits=size)
+                for run in runs([_record(o) for o in due.offsets] if due else []):
+                    core.sent(2, 0, run[0].offset, run[-1].offset + 1, now=now)
+            else:
+                core.expire(now)
+        if kind == "expire":
+            now += size / 4  # past some ack timeouts (1 s) and backoffs (0.1 s), not all
+    assert by_range.cursors[0].encode() == by_offset.cursors[0].encode()
+    assert by_range.unacked == by_offset.unacked
+    assert by_range.wake_at() == by_offset.wake_at()
+    later = now + 100.0
+    for core in (by_range, by_offset):
+        core.expire(later)
+    due_range, due_offset = by_range.take_due(later, 10_000), by_offset.take_due(later, 10_000)
+    assert (due_range and due_range.offsets) == (due_offset and due_offset.offsets)
+
+
+def test_a_delivery_acked_to_the_last_offset_is_forgotten_at_once() -> None:
+    core = _core()
+    core.sent(1, 0, 0, 4, now=0.0)
+    core.sent(1, 0, 4, 8, now=0.0)
+    core.ack_ranges([m.AckRange(0, 0, 3)])
+    assert core.open_deliveries == 2
+    core.ack([m.AckEntry(0, 3)], m.AckKind.INDIVIDUAL)
+    assert core.open_deliveries == 1  # the first, all acked: no ack timeout to wait out
+    core.nack([m.AckEntry(0, o) for o in range(4, 8)], 0, now=0.0)
+    assert core.open_deliveries == 0 and core.unacked == 0
+    with pytest.raises(InvalidRequest, match="topic 't' has no partition 2"):
+        core.ack_ranges([m.AckRange(2, 0, 1)])
 
 
 def test_runs_split_at_missing_offsets() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,6 +54,32 @@ async def test_reliable_and_non_reliable_side_by_side(
     assert [m.offset for m in got_r] == list(range(50))
     topics = {t.name: t.dispatch for t in await client.list_topics()}
     assert topics[reliable] == 1 and topics[fast] == 0
+
+
+async def test_acks_in_and_out_of_order_leave_exactly_the_rest_unacked(
+    client: headwater.Client, topic_name: str
+) -> None:
+    """Acks made in one turn travel as ranges (ACK_RANGES): in order, one range; out of order
+    and over two partitions, many. Whatever the order, what comes back to the next consumer is
+    exactly what was not acked."""
+    await client.create_topic(topic_name, dispatch="reliable", partitions=2)
+    consumer = await client.subscribe(topic_name, "s", start="earliest", prefetch=3000)
+    producer = client.producer(topic_name)
+    for i in range(2000):
+        await producer.send(b"%d" % i, partition=i % 2)
+    await producer.flush()
+    got = await drain(consumer, 2000)
+    skipped = {(m.partition, m.offset) for m in got[::7]}
+    keep = [m for m in got if (m.partition, m.offset) not in skipped]
+    for message in keep[:900]:  # in delivery order: long runs
+        await message.ack()
+    for message in random.Random(7).sample(keep[900:], len(keep) - 900):  # shuffled: short ones
+        await message.ack()
+    await consumer.close()
+    again = await client.subscribe(topic_name, "s")
+    back = await drain(again, len(skipped))
+    assert {(m.partition, m.offset) for m in back} == skipped
+    assert all(m.delivery_count == 2 for m in back)
 
 
 async def test_unacked_messages_come_back_to_a_returning_consumer(

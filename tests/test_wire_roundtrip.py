@@ -34,6 +34,7 @@ i16 = st.integers(-(2**15), 2**15 - 1)
 
 configs = st.lists(st.builds(m.ConfigEntry, names, names), max_size=3).map(tuple)
 acks = st.lists(st.builds(m.AckEntry, i32, i64), max_size=5).map(tuple)
+ack_ranges = st.lists(st.builds(m.AckRange, i32, i64, i32), max_size=5).map(tuple)
 byte_keys = st.lists(st.binary(max_size=10), max_size=3).map(tuple)
 nullable = st.one_of(st.none(), st.binary(max_size=20))
 settings = st.builds(
@@ -59,6 +60,7 @@ requests = st.one_of(
     st.builds(m.SubscribeRequest, names, names, i8, names, i32, i32, settings),
     st.builds(m.FlowRequest, i32, i32),
     st.builds(m.AckRequest, i32, acks, i8),
+    st.builds(m.AckRangesRequest, i32, ack_ranges),
     st.builds(m.NackRequest, i32, acks, i32),
     st.builds(m.SeekRequest, names, names, i8, i64),
     st.builds(m.DeleteSubscriptionRequest, names, names),
@@ -307,6 +309,7 @@ def test_map_set_response_fast_path_matches_schema(response: m.MapSetResponse, c
             st.lists(i32, max_size=5).map(tuple),
         ),
         st.builds(m.AckRequest, i32, acks, i8),
+        st.builds(m.AckRangesRequest, i32, ack_ranges),
         st.builds(m.NackRequest, i32, acks, i32),
     )
 )
@@ -317,14 +320,14 @@ def test_consume_fast_paths_match_their_schemas(request: m.Request) -> None:
     body = api.request.build(request)
     assert api.decode_request is not None
     assert api.decode_request(body) == api.request.parse(body) == request
-    if api.encode_request is not None:  # ACK and NACK: a consumer's per-message acks
+    if api.encode_request is not None:  # ACK, ACK_RANGES, NACK: a consumer's per-message acks
         frame = _one_frame(api.encode_request(request, 7, 0))
         assert (frame.header.api_key, frame.header.correlation_id) == (api.key, 7)
         assert frame.body == body
 
 
 @given(
-    st.sampled_from([m.ApiKey.SUBSCRIBE, m.ApiKey.ACK, m.ApiKey.NACK]),
+    st.sampled_from([m.ApiKey.SUBSCRIBE, m.ApiKey.ACK, m.ApiKey.ACK_RANGES, m.ApiKey.NACK]),
     st.binary(max_size=96),
 )
 def test_consume_fast_paths_reject_what_their_schemas_reject(key: int, body: bytes) -> None:
@@ -365,6 +368,7 @@ def test_trailing_bytes_after_a_request_are_refused() -> None:
         m.MapGetRequest("t", (b"k",)),
         m.SubscribeRequest("t", "s", 0, "c"),
         m.AckRequest(1, (m.AckEntry(0, 1),)),
+        m.AckRangesRequest(1, (m.AckRange(0, 1, 5),)),
         m.LookupRequest(("t",)),
     ):
         frame = _one_frame(encode_request(request, 1))

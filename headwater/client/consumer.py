@@ -2,7 +2,8 @@
 
 A consumer grants the server `prefetch` credits when it subscribes and tops them up as the
 application takes messages, so at most `prefetch` messages wait in memory. Acks made in one
-event-loop turn travel in one request.
+event-loop turn travel in one request, as ranges of consecutive offsets (ACK_RANGES): a consumer
+acking message by message in order sends one range a turn, and each ack only extends it.
 
 How a consumer ends says why. `async for` stops only when the application closed the consumer
 (or its client); anything else raises: `ConnectionLost` when the server or the network ended the
@@ -29,7 +30,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Protocol
@@ -45,7 +46,7 @@ from headwater.wire.errors import (
     NotOwner,
     ServerShuttingDown,
 )
-from headwater.wire.limits import MAX_ACKS_PER_REQUEST
+from headwater.wire.limits import MAX_ACK_RANGES_PER_REQUEST, MAX_OFFSETS_PER_ACK_RANGES
 from headwater.wire.records import inspect_batch
 
 if TYPE_CHECKING:
@@ -114,7 +115,12 @@ class Consumer:
         self._on_end = on_end
         self._suspended = False  # connection lost; the client will resubscribe us
         self._request: m.SubscribeRequest | None = None
-        self._pending_acks: list[m.AckEntry] = []
+        # acks of this turn: the finished runs, and the run being extended ([first, end) of a
+        # partition; end -1: none)
+        self._ack_ranges: list[m.AckRange] = []
+        self._run_partition = 0
+        self._run_first = 0
+        self._run_end = -1
         self._ack_flush_scheduled = False
         self._codecs: dict[int, SchemaCodec] = {}
         self._on_ready: Callable[[], None] | None = None  # a cluster consumer merging legs
@@ -243,7 +249,8 @@ class Consumer:
             self._grantable = remaining - credits
         # Acks and grants of the old connection are gone with it: the server redelivers
         # what was not acknowledged, and the new consumer starts from fresh credit.
-        self._pending_acks.clear()
+        self._ack_ranges.clear()
+        self._run_end = -1
         self._taken_since_grant = 0
         self._connection = connection
         await connection.request(
@@ -378,15 +385,28 @@ class Consumer:
         """Acknowledge one message. Acks made in one event-loop turn travel in one request."""
         if message._consumer is not self and message._consumer is not None:
             return await message._consumer.ack(message)  # another leg's (a cluster)
-        self._pending_acks.append(m.AckEntry(message.partition, message.offset))
-        if not self._ack_flush_scheduled:
-            self._ack_flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush_acks)
-            self._connection.before_request.append(self._flush_acks)
+        offset = message.offset
+        if offset == self._run_end and message.partition == self._run_partition:
+            self._run_end = offset + 1  # the next in order: the run grows
+        else:
+            self._ack_offset(message.partition, offset)
 
-    async def ack_offsets(self, partition: int, offsets: list[int]) -> None:
+    async def ack_offsets(self, partition: int, offsets: Iterable[int]) -> None:
         """Acknowledge many messages of a partition (a `MessageBatch.ack()`)."""
-        self._pending_acks.extend(m.AckEntry(partition, offset) for offset in offsets)
+        for offset in offsets:
+            if offset == self._run_end and partition == self._run_partition:
+                self._run_end = offset + 1
+            else:
+                self._ack_offset(partition, offset)
+
+    def _ack_offset(self, partition: int, offset: int) -> None:
+        """An ack that does not extend the current run: close it, start another, and make sure
+        this turn's acks are sent."""
+        if self._run_end >= 0:
+            self._ack_ranges.append(
+                m.AckRange(self._run_partition, self._run_first, self._run_end - self._run_first)
+            )
+        self._run_partition, self._run_first, self._run_end = partition, offset, offset + 1
         if not self._ack_flush_scheduled:
             self._ack_flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush_acks)
@@ -425,13 +445,16 @@ class Consumer:
         self._ack_flush_scheduled = False
         with contextlib.suppress(ValueError):
             self._connection.before_request.remove(self._flush_acks)
-        pending, self._pending_acks = self._pending_acks, []
+        ranges, self._ack_ranges = self._ack_ranges, []
+        if self._run_end >= 0:
+            ranges.append(
+                m.AckRange(self._run_partition, self._run_first, self._run_end - self._run_first)
+            )
+            self._run_end = -1
         if not self._live:
             return  # unacknowledged on a lost connection: the server delivers them again
-        for start in range(0, len(pending), MAX_ACKS_PER_REQUEST):
-            self._connection.send_nowait(
-                m.AckRequest(self.consumer_id, tuple(pending[start : start + MAX_ACKS_PER_REQUEST]))
-            )
+        for request in ack_requests(self.consumer_id, ranges):
+            self._connection.send_nowait(request)
 
     async def close(self) -> None:
         """Unsubscribe. A consumer the application closed ends its iteration normally."""
@@ -449,3 +472,23 @@ class Consumer:
 
     async def __aexit__(self, *_: object) -> None:
         await self.close()
+
+
+def ack_requests(consumer_id: int, ranges: Iterable[m.AckRange]) -> Iterator[m.AckRangesRequest]:
+    """ACK_RANGES requests for `ranges`, each within the request's limits (a range covering
+    more offsets than one request may is split)."""
+    batch: list[m.AckRange] = []
+    covered = 0
+    for entry in ranges:
+        first, count = entry.first_offset, entry.count
+        while count:
+            take = min(count, MAX_OFFSETS_PER_ACK_RANGES - covered)
+            batch.append(m.AckRange(entry.partition, first, take))
+            covered += take
+            first += take
+            count -= take
+            if covered == MAX_OFFSETS_PER_ACK_RANGES or len(batch) == MAX_ACK_RANGES_PER_REQUEST:
+                yield m.AckRangesRequest(consumer_id, tuple(batch))
+                batch, covered = [], 0
+    if batch:
+        yield m.AckRangesRequest(consumer_id, tuple(batch))

@@ -57,6 +57,27 @@ class PartitionCursor:
         self._advance()
         return True
 
+    def ack_range(self, first: int, end: int) -> bool:
+        """Acknowledge every delivered offset in [first, end); False if none was outstanding.
+        A run that starts at the floor (a consumer acking in order) moves the floor over it
+        without adding its offsets to `acked` one by one."""
+        first = max(first, self.floor)
+        end = min(end, self.dispatched)
+        if first >= end:
+            return False
+        if first == self.floor:
+            if self.acked:
+                self.acked.difference_update(range(first, end))
+            if self.counts:
+                for offset in range(first, end):
+                    self.counts.pop(offset, None)
+            self.floor = end
+            self._advance()
+            return True
+        before = len(self.acked)
+        self.acked.update(range(first, end))
+        return len(self.acked) != before
+
     def ack_up_to(self, offset: int) -> bool:
         """Acknowledge every delivered offset up to and including `offset`."""
         end = min(offset + 1, self.dispatched)

@@ -4,20 +4,23 @@
 what was dispatched, delivery counts) and which offsets are in flight to which consumer. The
 server's pump feeds it events, each with the time `now` it happened, and asks it what to do:
 
-- events: `sent` (a range went to a consumer), `ack`, `nack`, `consumer_left`, `expire` (time
-  passed: ack timeouts fall due), `reset` (a seek), `dead_letter_written`, `dead_letter_failed`,
-  `unreadable` (offsets lost to damage no copy could repair);
+- events: `sent` (a range went to a consumer), `ack`, `ack_ranges`, `nack`, `consumer_left`,
+  `expire` (time passed: ack timeouts fall due), `reset` (a seek), `dead_letter_written`,
+  `dead_letter_failed`, `unreadable` (offsets lost to damage no copy could repair);
 - decisions: `take_due` (redeliver these offsets of one partition), `split_due` (of those, which
   go to the dead-letter topic, having been delivered `max_deliveries` times, and which are sent),
   `next_partition` and `plan_new` (send this range of new messages, cut to the consumer's
   credit, stepping over offsets that hold no record), `wake_at` (the next time something falls
   due).
 
-Ack timeouts are tracked per delivered range in a heap of (deadline, generation); what waits for
-redelivery is a heap of (not before, partition, offset). Redelivery waits follow the backoff:
-fixed, or exponential in the number of deliveries, capped; a nack may name its own delay; a
-consumer that leaves has its messages redelivered at once. On a restart everything dispatched and
-not acked is due at once, with its delivery count kept (the cursor carries it).
+Ack timeouts are tracked per delivered range in a heap of (deadline, generation); a delivery
+whose every offset was acked or nacked is forgotten at once (its heap entry then finds nothing
+when it falls due), so finished deliveries neither wait out their timeout nor are scanned again
+offset by offset. What waits for redelivery is a heap of (not before, partition, offset).
+Redelivery waits follow the backoff: fixed, or exponential in the number of deliveries, capped;
+a nack may name its own delay; a consumer that leaves has its messages redelivered at once. On a
+restart everything dispatched and not acked is due at once, with its delivery count kept (the
+cursor carries it).
 
 Cursors that changed are collected in `dirty`; the server persists `take_dirty()`.
 """
@@ -26,13 +29,13 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Container, Sequence
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 from headwater.durables.cursor import PartitionCursor
 from headwater.wire.errors import InvalidRequest
-from headwater.wire.messages import AckEntry, AckKind, Backoff
+from headwater.wire.messages import AckEntry, AckKind, AckRange, Backoff
 
 DEAD_LETTER_RETRY = 1.0  # seconds before a message whose dead-lettering failed is tried again
 
@@ -80,6 +83,7 @@ class _Delivery:
     end: int
     consumer_id: int
     generation: int
+    outstanding: int  # offsets still in flight with this delivery (an upper bound)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,11 +144,11 @@ class ReliableDelivery:
     def sent(self, consumer_id: int, partition: int, first: int, end: int, now: float) -> None:
         """Offsets [first, end) of `partition` just went to `consumer_id`."""
         generation = next(self._generations)
-        self._deliveries[generation] = _Delivery(partition, first, end, consumer_id, generation)
+        self._deliveries[generation] = _Delivery(
+            partition, first, end, consumer_id, generation, end - first
+        )
         self._by_consumer.setdefault(consumer_id, set()).add(generation)
-        in_flight = self._in_flight[partition]
-        for offset in range(first, end):
-            in_flight[offset] = generation
+        self._in_flight[partition].update(dict.fromkeys(range(first, end), generation))
         heapq.heappush(self._deadlines, (now + self.settings.ack_timeout_ms / 1000, generation))
         self.cursors[partition].record_delivery(first, end)
         self.delivered += end - first
@@ -159,13 +163,27 @@ class ReliableDelivery:
             in_flight = self._in_flight[entry.partition]
             if kind == AckKind.CUMULATIVE:
                 changed = cursor.ack_up_to(entry.offset)
-                for offset in [o for o in in_flight if o <= entry.offset]:
-                    del in_flight[offset]
+                self._settle(in_flight, sorted(o for o in in_flight if o <= entry.offset))
             else:
                 changed = cursor.ack(entry.offset)
-                in_flight.pop(entry.offset, None)
+                self._settle(in_flight, (entry.offset,))
             if changed:
                 self.dirty.add(entry.partition)
+
+    def ack_ranges(self, ranges: Sequence[AckRange]) -> None:
+        """Each offset of each range acknowledged, as `ack` with INDIVIDUAL does one by one. The
+        work is one step a range plus one per offset still outstanding in it."""
+        self._check_partitions(ranges)
+        for entry in ranges:
+            partition = entry.partition
+            cursor = self.cursors[partition]
+            first = max(entry.first_offset, cursor.floor)
+            end = min(entry.first_offset + entry.count, cursor.dispatched)
+            if first >= end:
+                continue  # nothing of it was outstanding
+            self._settle(self._in_flight[partition], range(first, end))
+            if cursor.ack_range(first, end):
+                self.dirty.add(partition)
 
     def nack(self, entries: Sequence[AckEntry], delay_ms: int, now: float) -> None:
         if delay_ms < 0:
@@ -173,8 +191,10 @@ class ReliableDelivery:
         self._check_partitions(entries)
         for entry in entries:
             cursor = self.cursors[entry.partition]
-            if self._in_flight[entry.partition].pop(entry.offset, None) is None:
+            in_flight = self._in_flight[entry.partition]
+            if entry.offset not in in_flight:
                 continue
+            self._settle(in_flight, (entry.offset,))
             if cursor.is_acked(entry.offset):
                 continue
             delay = (
@@ -184,10 +204,34 @@ class ReliableDelivery:
             )
             heapq.heappush(self._due, (now + delay, entry.partition, entry.offset))
 
-    def _check_partitions(self, entries: Sequence[AckEntry]) -> None:
+    def _check_partitions(self, entries: Sequence[AckEntry] | Sequence[AckRange]) -> None:
         for entry in entries:
             if not 0 <= entry.partition < len(self.cursors):
                 raise InvalidRequest(f"topic {self._topic!r} has no partition {entry.partition}")
+
+    def _settle(self, in_flight: dict[int, int], offsets: Iterable[int]) -> None:
+        """`offsets` left flight (acked or nacked): each delivery they were in counts them off,
+        and one with nothing left in flight is forgotten. Consecutive offsets mostly share a
+        delivery, so it is looked up once a run."""
+        pop = in_flight.pop
+        generation = settled = 0  # generations start at 1
+        for offset in offsets:
+            found = pop(offset, 0)
+            if found != generation:
+                if settled:
+                    self._count_off(generation, settled)
+                generation, settled = found, 0
+            if found:
+                settled += 1
+        if settled:
+            self._count_off(generation, settled)
+
+    def _count_off(self, generation: int, settled: int) -> None:
+        delivery = self._deliveries.get(generation)
+        if delivery is not None:
+            delivery.outstanding -= settled
+            if delivery.outstanding <= 0:
+                self._forget(delivery)
 
     def consumer_left(self, consumer_id: int, now: float) -> None:
         """What it had in flight is due again at once."""
@@ -390,6 +434,11 @@ class ReliableDelivery:
     def in_flight(self, partition: int) -> int:
         """Offsets of `partition` delivered and awaiting an ack."""
         return len(self._in_flight[partition])
+
+    @property
+    def open_deliveries(self) -> int:
+        """Deliveries with offsets still in flight, each waiting for its ack timeout."""
+        return len(self._deliveries)
 
     @property
     def unacked(self) -> int:

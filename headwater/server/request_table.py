@@ -60,6 +60,7 @@ _ROWS: Final = (
     # on a consumer the connection holds: authorized when it subscribed
     RequestKind(m.FlowRequest),
     RequestKind(m.AckRequest),
+    RequestKind(m.AckRangesRequest),
     RequestKind(m.NackRequest),
     RequestKind(m.UnsubscribeRequest),
     RequestKind(m.SeekRequest, "topic", "owner-or-admin", in_turn=True),

@@ -49,6 +49,7 @@ class ApiKey(enum.IntEnum):
     GET_SCHEMA = 41
     LIST_SCHEMAS = 42
     CHECK_SCHEMA = 43
+    ACK_RANGES = 44  # ACK for runs of consecutive offsets: one entry per run, not per message
     # pushed by the server
     DELIVER = 100
     CONSUMER_CLOSED = 101
@@ -205,6 +206,24 @@ class AckRequest:
     consumer_id: int
     acks: tuple[AckEntry, ...]
     kind: int = AckKind.INDIVIDUAL
+
+
+@dataclass(slots=True, unsafe_hash=True)
+class AckRange:
+    """`count` consecutive offsets of a partition from `first_offset`, acknowledged together.
+    Not frozen, for AckEntry's reason: a consumer acking out of order makes one per message."""
+
+    partition: int
+    first_offset: int
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class AckRangesRequest:
+    """Acknowledge each offset of each range (ACK kind 0 of every offset, in one entry a run)."""
+
+    consumer_id: int
+    ranges: tuple[AckRange, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -709,6 +728,7 @@ Request = (
     | SubscribeRequest
     | FlowRequest
     | AckRequest
+    | AckRangesRequest
     | UnsubscribeRequest
     | FetchRequest
     | NackRequest

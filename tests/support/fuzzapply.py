@@ -248,6 +248,13 @@ def _apply_exact(model: Model, sent: Sent, outcome: Outcome) -> None:
                 assert isinstance(sent.request, m.NackRequest)
                 given = {(a.partition, a.offset) for a in sent.request.acks}
                 consumer.unacked = [x for x in consumer.unacked if x not in given]
+            elif isinstance(op, Ack) and isinstance(sent.request, m.AckRangesRequest):
+                done = {
+                    (r.partition, o)
+                    for r in sent.request.ranges
+                    for o in range(r.first_offset, r.first_offset + r.count)
+                }
+                consumer.unacked = [x for x in consumer.unacked if x not in done]
             elif isinstance(op, Ack):
                 assert isinstance(sent.request, m.AckRequest)
                 done = {(a.partition, a.offset) for a in sent.request.acks}

@@ -351,7 +351,7 @@ class Model:
         return plans
 
     @staticmethod
-    def _ack_request(op: Ack, consumer: ConsumerModel | None) -> m.AckRequest:
+    def _ack_request(op: Ack, consumer: ConsumerModel | None) -> m.AckRequest | m.AckRangesRequest:
         if consumer is None:
             return m.AckRequest(0, (m.AckEntry(0, 0),))
         pending = consumer.unacked[:100]
@@ -363,6 +363,15 @@ class Model:
                 highest[p] = max(highest.get(p, -1), o)
             entries = tuple(m.AckEntry(p, o) for p, o in sorted(highest.items()))
             return m.AckRequest(consumer.cid, entries, m.AckKind.CUMULATIVE)
+        if op.how == "ranges":
+            ranges: list[m.AckRange] = []
+            for p, o in sorted(pending):
+                last = ranges[-1] if ranges else None
+                if last and last.partition == p and last.first_offset + last.count == o:
+                    last.count += 1
+                else:
+                    ranges.append(m.AckRange(p, o, 1))
+            return m.AckRangesRequest(consumer.cid, tuple(ranges))
         return m.AckRequest(consumer.cid, tuple(m.AckEntry(p, o) for p, o in pending))
 
     # Applying the answers

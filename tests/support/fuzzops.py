@@ -80,7 +80,12 @@ class Flow:
 class Ack:
     conn: int
     slot: int
-    how: str  # "all", "first" or "cumulative" (individual on shared subscriptions)
+    # "all", "first", "cumulative" (individual on shared subscriptions) or "ranges" (all, as
+    # ACK_RANGES)
+    how: str
+
+
+_ACK_HOW = ["all", "first", "cumulative", "ranges"]
 
 
 @dataclass(frozen=True)
@@ -207,7 +212,7 @@ def _strategies(
             st.builds(Subscribe, _conn, _topic, st.sampled_from(SUBS), st.sampled_from([2, 50])),
         ),
         (Flow, 1, st.builds(Flow, _conn, _slot, st.integers(1, 20))),
-        (Ack, 3, st.builds(Ack, _conn, _slot, st.sampled_from(["all", "first", "cumulative"]))),
+        (Ack, 3, st.builds(Ack, _conn, _slot, st.sampled_from(_ACK_HOW))),
         (Nack, 1, st.builds(Nack, _conn, _slot)),
         (Unsubscribe, 1, st.builds(Unsubscribe, _conn, _slot)),
         (DeleteSub, 1, st.builds(DeleteSub, _conn, _topic, st.sampled_from(SUBS))),

@@ -132,6 +132,7 @@ class Broker:
             m.SubscribeRequest: consumers.subscribe,
             m.FlowRequest: consumers.flow,
             m.AckRequest: consumers.ack,
+            m.AckRangesRequest: consumers.ack_ranges,
             m.NackRequest: consumers.nack,
             m.UnsubscribeRequest: consumers.unsubscribe,
             m.FetchRequest: self.fetches.fetch,

@@ -48,7 +48,12 @@ from headwater.wire.errors import (
     UnknownSubscription,
     UnknownTopic,
 )
-from headwater.wire.limits import MAX_ACKS_PER_REQUEST, MAX_CREDITS
+from headwater.wire.limits import (
+    MAX_ACK_RANGES_PER_REQUEST,
+    MAX_ACKS_PER_REQUEST,
+    MAX_CREDITS,
+    MAX_OFFSETS_PER_ACK_RANGES,
+)
 from headwater.wire.names import check_name
 
 log = structlog.get_logger("headwater.broker")
@@ -249,6 +254,23 @@ class ConsumerHandlers:
         if request.kind not in (m.AckKind.INDIVIDUAL, m.AckKind.CUMULATIVE):
             raise InvalidRequest(f"unknown ack kind {request.kind} (0 individual, 1 cumulative)")
         consumer.subscription.ack(consumer, request.acks, request.kind)
+        return m.EmptyResponse()
+
+    def ack_ranges(self, session: Session, request: m.AckRangesRequest) -> m.EmptyResponse:
+        consumer = self._consumer(session, request.consumer_id)
+        ranges = request.ranges
+        if len(ranges) > MAX_ACK_RANGES_PER_REQUEST:
+            raise InvalidRequest(f"at most {MAX_ACK_RANGES_PER_REQUEST} ranges per request")
+        covered = 0
+        for entry in ranges:
+            if entry.count < 1:
+                raise InvalidRequest(f"an ack range counts 1 or more offsets, not {entry.count}")
+            covered += entry.count
+        if covered > MAX_OFFSETS_PER_ACK_RANGES:
+            raise InvalidRequest(
+                f"ranges cover {covered} offsets; at most {MAX_OFFSETS_PER_ACK_RANGES} a request"
+            )
+        consumer.subscription.ack_ranges(consumer, ranges)
         return m.EmptyResponse()
 
     def nack(self, session: Session, request: m.NackRequest) -> m.EmptyResponse:

@@ -33,7 +33,7 @@ from headwater.server.memory_budget import MemoryBudget
 from headwater.server.subscriptions.key_shared_round import record_hash
 from headwater.server.topics.subscription_contract import Consumer, ConsumerSession, Feed
 from headwater.wire.errors import InvalidRequest
-from headwater.wire.messages import AckEntry, Durable, SubscriptionInfo, SubscriptionType
+from headwater.wire.messages import AckEntry, AckRange, Durable, SubscriptionInfo, SubscriptionType
 from headwater.wire.records import Record, read_records, rebuild_batch, split_batch
 
 __all__ = ["Consumer", "ConsumerSession", "Subscription", "failover_logger"]
@@ -210,6 +210,9 @@ class Subscription:
 
     def ack(self, consumer: Consumer, entries: Sequence[AckEntry], kind: int) -> None:
         """Non-reliable topics keep nothing to acknowledge: acks are accepted and ignored."""
+
+    def ack_ranges(self, consumer: Consumer, ranges: Sequence[AckRange]) -> None:
+        """As `ack`: accepted and ignored."""
 
     def nack(self, consumer: Consumer, entries: Sequence[AckEntry], delay_ms: int) -> None:
         """Nothing is kept to deliver again: nacks are accepted and ignored."""

@@ -65,7 +65,7 @@ from headwater.server.topics.topic import LogTopic
 from headwater.storage.state import CURSOR, StateWriter, key
 from headwater.storage.wal import FsyncPolicy
 from headwater.wire.errors import HeadwaterError
-from headwater.wire.messages import AckEntry, Durable, SubscriptionInfo, SubscriptionType
+from headwater.wire.messages import AckEntry, AckRange, Durable, SubscriptionInfo, SubscriptionType
 from headwater.wire.records import Compression, Record, inspect_batch, read_records, rebuild_batch
 
 log = structlog.get_logger("headwater.reliable")
@@ -172,6 +172,16 @@ class ReliableSubscription:
         if self._keyed is not None:  # an ack may free a key held back for another consumer
             for entry in entries:
                 self._keyed.holds.release(entry.partition, entry.offset)
+            self._wake.set()
+
+    def ack_ranges(self, consumer: Consumer, ranges: Sequence[AckRange]) -> None:
+        self.core.ack_ranges(ranges)
+        self.persist()
+        if self._keyed is not None:
+            holds = self._keyed.holds
+            for entry in ranges:
+                for offset in range(entry.first_offset, entry.first_offset + entry.count):
+                    holds.release(entry.partition, offset)
             self._wake.set()
 
     def nack(self, consumer: Consumer, entries: Sequence[AckEntry], delay_ms: int) -> None:

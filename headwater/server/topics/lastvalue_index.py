@@ -37,6 +37,7 @@ from headwater.wire.errors import ConsumerBusy, InvalidRequest, StorageError
 from headwater.wire.limits import MAX_CREDITS
 from headwater.wire.messages import (
     AckEntry,
+    AckRange,
     ConsumerInfo,
     Durable,
     SubscriptionInfo,
@@ -288,6 +289,9 @@ class LastValueSubscription:
                 )
 
     def ack(self, consumer: Consumer, entries: Sequence[AckEntry], kind: int) -> None:
+        """Last values need no acknowledgement."""
+
+    def ack_ranges(self, consumer: Consumer, ranges: Sequence[AckRange]) -> None:
         """Last values need no acknowledgement."""
 
     def nack(self, consumer: Consumer, entries: Sequence[AckEntry], delay_ms: int) -> None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from headwater.durables.lastvalue import StoredValue
-from headwater.wire.messages import AckEntry, Durable, SubscriptionInfo, SubscriptionType
+from headwater.wire.messages import AckEntry, AckRange, Durable, SubscriptionInfo, SubscriptionType
 
 
 class Feed(enum.IntEnum):
@@ -102,6 +102,9 @@ class SubscriptionKind(Protocol):
         """Send what consumers can take now."""
 
     def ack(self, consumer: Consumer, entries: Sequence[AckEntry], kind: int) -> None: ...
+
+    def ack_ranges(self, consumer: Consumer, ranges: Sequence[AckRange]) -> None:
+        """Each offset of each range acknowledged individually (ACK_RANGES)."""
 
     def nack(self, consumer: Consumer, entries: Sequence[AckEntry], delay_ms: int) -> None: ...
 

@@ -1,13 +1,13 @@
-"""Consuming: SUBSCRIBE, FLOW, ACK, NACK, SEEK, UNSUBSCRIBE, DELETE_SUBSCRIPTION, FETCH, and the
-CONSUMER_CLOSED and MESSAGES_DROPPED pushes. DELIVER is in `wire.api.produce`, beside PRODUCE,
-because both carry a record batch through unchanged.
+"""Consuming: SUBSCRIBE, FLOW, ACK, ACK_RANGES, NACK, SEEK, UNSUBSCRIBE, DELETE_SUBSCRIPTION,
+FETCH, and the CONSUMER_CLOSED and MESSAGES_DROPPED pushes. DELIVER is in `wire.api.produce`,
+beside PRODUCE, because both carry a record batch through unchanged.
 
 FLOW and ACK are batched per event-loop turn by the client, so construct's cost is paid once per
 turn, not per message; but a request's worst case must stay far under a millisecond per
 thousand elements, which construct's interpreted parse is not (10,000 acks took 250 ms), so
-SUBSCRIBE, ACK and NACK are decoded by struct fast paths (`Reader`), equal to their schemas
-(tests/test_wire_roundtrip.py). Every array's count is checked against its `wire.limits` maximum
-before its elements are read.
+SUBSCRIBE, ACK, ACK_RANGES and NACK are decoded by struct fast paths (`Reader`), equal to their
+schemas (tests/test_wire_roundtrip.py). Every array's count is checked against its `wire.limits`
+maximum before its elements are read.
 
 FETCH's answer carries up to MAX_FETCH_BYTES of record batches as one bytes field: struct encodes
 and decodes it around the batches (the construct schema would copy megabytes through its
@@ -39,12 +39,14 @@ from headwater.wire.api.base import (
 )
 from headwater.wire.frames import Flags, frame_prefix
 from headwater.wire.limits import (
+    MAX_ACK_RANGES_PER_REQUEST,
     MAX_ACKS_PER_REQUEST,
     MAX_SUBSCRIBE_PARTITIONS,
     MAX_SUBSCRIPTION_KEYS,
 )
 
 ACK_ENTRY = message(m.AckEntry, "partition" / Int32sb, "offset" / Int64sb)
+ACK_RANGE = message(m.AckRange, "partition" / Int32sb, "first_offset" / Int64sb, "count" / Int32sb)
 ACK_ENTRIES = BoundedArray(MAX_ACKS_PER_REQUEST, "acks", ACK_ENTRY)  # for older imports (codec)
 SUBSCRIPTION_SETTINGS = message(
     m.SubscriptionSettings,
@@ -66,6 +68,7 @@ _I32 = struct.Struct(">i")
 _I32_I8 = struct.Struct(">ib")
 _I32_I32 = struct.Struct(">ii")
 _ACK_ENTRY = struct.Struct(">iq")
+_ACK_RANGE = struct.Struct(">iqi")
 # start, start_value, ack_timeout_ms, max_deliveries, backoff, backoff_initial_ms,
 # backoff_max_ms, committed_only, durable
 _SETTINGS_FIXED = struct.Struct(">bqiibiiBb")
@@ -171,6 +174,33 @@ def decode_ack_request(body: bytes) -> m.Request:
     return m.AckRequest(consumer_id, _ack_entries(reader), kind)
 
 
+def encode_ack_ranges_request(
+    request: m.AckRangesRequest, correlation_id: int, flags: int = 0
+) -> bytes:
+    """The fast path for ACK_RANGES' encoding: equal to its schema (tested)."""
+    pack = _ACK_RANGE.pack
+    ranges = request.ranges
+    body = b"".join(
+        [
+            _I32_I32.pack(request.consumer_id, len(ranges)),
+            *[pack(r.partition, r.first_offset, r.count) for r in ranges],
+        ]
+    )
+    return frame_prefix(m.ApiKey.ACK_RANGES, 0, correlation_id, flags, len(body)) + body
+
+
+def decode_ack_ranges_request(body: bytes) -> m.Request:
+    """The fast path for ACK_RANGES: equivalent to its schema (tested)."""
+    reader = Reader(body, "ACK_RANGES")
+    (consumer_id,) = reader.fixed(I32)
+    count = reader.count(MAX_ACK_RANGES_PER_REQUEST, "ranges", _ACK_RANGE.size)
+    start = reader.position
+    reader.position += count * _ACK_RANGE.size
+    reader.end()
+    ranges = tuple(starmap(m.AckRange, _ACK_RANGE.iter_unpack(body[start : reader.position])))
+    return m.AckRangesRequest(consumer_id, ranges)
+
+
 def decode_nack_request(body: bytes) -> m.Request:
     """The fast path for NACK: equivalent to its schema (tested)."""
     reader = Reader(body, "NACK")
@@ -211,6 +241,17 @@ APIS: Final = (
         EMPTY_RESPONSE,
         encode_request=encode_ack_request,
         decode_request=decode_ack_request,
+    ),
+    Api(
+        m.ApiKey.ACK_RANGES,
+        message(
+            m.AckRangesRequest,
+            "consumer_id" / Int32sb,
+            "ranges" / BoundedArray(MAX_ACK_RANGES_PER_REQUEST, "ACK_RANGES ranges", ACK_RANGE),
+        ),
+        EMPTY_RESPONSE,
+        encode_request=encode_ack_ranges_request,
+        decode_request=decode_ack_ranges_request,
     ),
     Api(
         m.ApiKey.NACK,
