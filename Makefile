@@ -13,7 +13,7 @@ RESULTS := loadtest/results
 PEER_BINARIES := redis-server nats-server
 export PATH := $(PATH):/usr/sbin:/sbin
 
-.PHONY: install run test test-long spark-long check browser etcd-server kcat cluster cluster-stop fuzz stress-test stress-quick nemesis lint typecheck bench bench-quick bench-peers peer-servers soak loadtest clean
+.PHONY: install run test test-long spark-long check disk browser etcd-server kcat cluster cluster-stop fuzz stress-test stress-quick nemesis lint typecheck bench bench-quick bench-peers peer-servers soak loadtest clean
 
 install: $(STAMP) kcat
 
@@ -50,11 +50,11 @@ LONG_TESTS := tests/test_statemachine.py::test_state_machine \
 SPARK_LONG := tests/test_spark_cluster.py \
 	tests/test_spark_stream.py::test_a_driver_killed_twice_restarts_from_its_checkpoint_exactly_once \
 	tests/test_spark_sink.py::test_tasks_retried_after_a_failing_udf_write_every_row_exactly_once
-test: $(STAMP) browser etcd-server kcat
+test: $(STAMP) disk browser etcd-server kcat
 	$(BIN)/python -m pytest -q -p no:randomly -n auto --dist loadgroup \
 		$(addprefix --deselect=,$(LONG_TESTS) $(SPARK_LONG))
 
-test-long: $(STAMP) etcd-server
+test-long: $(STAMP) disk etcd-server
 	$(BIN)/python -m pytest -q -p no:randomly -n auto --dist loadgroup $(LONG_TESTS)
 	$(BIN)/python -m pytest -q -p no:randomly $(SPARK_LONG)
 
@@ -68,6 +68,18 @@ check: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -p no:randomly -m unit -n 2 --dist loadgroup
+
+# Free space where the tests write (brokers' logs, RocksDB, etcd's 123 MB of preallocated WAL per
+# cluster test, Spark): a full disk fails dozens of tests at once with errors that do not say why
+# (CI, which shares the machine's disk, 2026-11-26). A passed test's folder goes when it ends
+# (pyproject: tmp_path_retention_policy), so DISK_NEEDED_MB is a few tests' worth at a time.
+DISK_NEEDED_MB ?= 4096
+disk:
+	@free=$$(df -Pm "$${TMPDIR:-/tmp}" | awk 'NR==2 {print $$4}'); \
+	if [ "$$free" -lt $(DISK_NEEDED_MB) ]; then \
+		echo "error: $$free MB free in $${TMPDIR:-/tmp}; the tests need $(DISK_NEEDED_MB) MB" \
+			"(free some, or point TMPDIR at a disk with room)" >&2; exit 1; \
+	fi
 
 # Debian's chromium, for tests/test_status_page.py (the status page in a headless browser).
 # Installed when missing and possible (root, or sudo without a password, and apt-get); when not,
@@ -215,7 +227,7 @@ STRESS_RUNS ?= 3
 STRESS_BUSY ?= 2
 STRESS_WORKERS ?= auto
 STRESS_ARGS ?=
-stress-test: $(STAMP) browser etcd-server kcat
+stress-test: $(STAMP) disk browser etcd-server kcat
 	$(BIN)/python -m tests.pressure --busy $(STRESS_BUSY) --runs $(STRESS_RUNS) -- \
 		$(BIN)/python -m pytest -p randomly -n $(STRESS_WORKERS) --dist loadgroup $(STRESS_ARGS)
 
@@ -225,7 +237,7 @@ stress-test: $(STAMP) browser etcd-server kcat
 STRESS_QUICK_MODULES := tests/test_reliable.py tests/test_partitions.py \
 	tests/test_snapshot_server.py tests/test_subscriptions.py tests/test_producer.py \
 	tests/test_cluster_coordinator.py
-stress-quick: $(STAMP) etcd-server
+stress-quick: $(STAMP) disk etcd-server
 	$(BIN)/python -m tests.pressure --busy $(STRESS_BUSY) --runs 1 -- \
 		$(BIN)/python -m pytest -p randomly $(STRESS_QUICK_MODULES)
 

@@ -21,6 +21,7 @@ import pytest
 from headwater.server.cluster import Coordinator, DuplicateBroker, EtcdUnreachable, Layout
 from headwater.server.cluster.coordinator import START_PATIENCE
 from headwater.server.cluster.coordinator_state import Standing
+from headwater.server.cluster.etcd import UNFENCED_CALL_TIMEOUT, EtcdSession, EtcdUnavailable
 from headwater.server.requests.partition_ownership import BrokerAddress
 from tests.support.etcd_support import (
     HANG,
@@ -358,6 +359,39 @@ async def test_a_broker_starting_while_etcd_does_not_answer_waits_for_it(
         assert "late" in {broker.broker_id for broker in coordinator.brokers()}
     finally:
         await coordinator.stop()
+
+
+async def test_an_unfenced_call_outlasts_an_etcd_pause_longer_than_the_session_deadline(
+    etcd: EtcdServer,
+) -> None:
+    """A topic definition, a subscription or a claim may wait 10 s for etcd (nothing fences on
+    it); a renewal only max(2 s, TTL/2). etcd paused 3.5 s: the metadata call with its own 10 s
+    deadline answers once etcd is back. Before, aetcd's gRPC deadline on every call was the
+    session's 2 s, and a subscribe failed with "Deadline Exceeded" under load (stress run,
+    test_cluster_manifest)."""
+    session = EtcdSession([("127.0.0.1", etcd.client_port)], call_timeout=2.0)
+    try:
+        await session.call(lambda c: c.put(b"warm", b"up"))  # connected before the pause
+        etcd.pause()
+        try:
+            putting = asyncio.ensure_future(
+                session.call(lambda c: c.put(b"slow", b"answer"), UNFENCED_CALL_TIMEOUT)
+            )
+            done, _ = await asyncio.wait({putting}, timeout=3.5)  # the duration under test
+            assert not done, putting.exception()
+        finally:
+            etcd.resume()
+        await putting
+        assert (await session.call(lambda c: c.get(b"slow"))).value == b"answer"
+        # the session's own deadline still bounds a call that passes none
+        etcd.pause()
+        try:
+            with pytest.raises(EtcdUnavailable):
+                await session.call(lambda c: c.get(b"slow"))
+        finally:
+            etcd.resume()
+    finally:
+        await session.close()
 
 
 async def test_topic_and_subscription_watches(etcd: EtcdServer) -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import headwater
 from headwater.storage.objectstore import LocalObjectStore, ObjectStore, S3ObjectStore
 from headwater.testing import ServerProcess
 from headwater.wire.errors import ObjectNotFound, StorageError
+from tests.support.helpers import eventually
 from tests.support.s3 import CREDENTIALS, MotoS3, create_bucket
 
 
@@ -239,24 +241,31 @@ async def test_deleting_a_topic_removes_its_objects_and_a_new_one_inherits_nothi
     async with await headwater.connect(fresh_server.address) as client:
         await client.create_topic("reborn", dispatch="reliable", configs=settings)
         await _produce_each(client, "reborn", [f"old-{i:03d}".encode() * 20 for i in range(40)])
-        for _ in range(100):  # sealed segments upload in the background
-            if len(list(objects.rglob("*.log"))) >= 3:
-                break
-            await asyncio.sleep(0.1)
-        else:
-            raise AssertionError("no segment of the first topic was uploaded")
+        await eventually(  # sealed segments upload in the background
+            lambda: len(_segment_objects(objects)) >= 3, what="three uploaded segments"
+        )
         await client.delete_topic("reborn")
         await client.create_topic("reborn", dispatch="reliable", configs=settings)
         await _produce_each(client, "reborn", [b"new-0", b"new-1"])
         consumer = await client.subscribe("reborn", "reader", start="earliest")
         received = [(await consumer.receive(timeout=30)).value for _ in range(2)]
         assert received == [b"new-0", b"new-1"]
-    for _ in range(100):  # the purge runs in the uploader's queue, after the delete answered
-        if not [p for p in objects.rglob("*.log") if int(p.name[:20]) > 1]:
-            break
-        await asyncio.sleep(0.1)
-    else:
-        raise AssertionError("the deleted topic's objects are still in the store")
+    await eventually(  # the purge runs in the uploader's queue, after the delete answered
+        lambda: not [p for p in _segment_objects(objects) if int(p.name[:20]) > 1],
+        what="the deleted topic's objects leaving the store",
+    )
+
+
+def _segment_objects(root: Path) -> list[Path]:
+    """The segment objects under `root`, read while the uploader writes and the purge deletes:
+    os.walk passes over a folder that vanishes mid-walk, where Path.rglob raised
+    FileNotFoundError (a stress run, 2026-11-26)."""
+    return [
+        Path(folder) / name
+        for folder, _, names in os.walk(root)
+        for name in names
+        if name.endswith(".log")
+    ]
 
 
 class _GatedStore(LocalObjectStore):

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ import structlog
 from headwater.storage.objectstore import ObjectStore
 from headwater.storage.snapshots import topic_prefix as snapshot_prefix
 from headwater.storage.state import UPLOAD, StateStore, key
+from headwater.storage.tasks import end_tasks
 from headwater.storage.wal import SealedSegment
 from headwater.wire.errors import StorageError
 
@@ -305,10 +305,7 @@ class Uploader:
             log.info("upload.topic_purged", topic=topic, objects=len(objects))
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await end_tasks(self._task)
 
 
 def _read_or_empty(path: Path) -> bytes:

@@ -71,6 +71,7 @@ from headwater.storage.state import (
     StateWriter,
     key,
 )
+from headwater.storage.tasks import end_tasks
 from headwater.storage.uploader import Uploader
 from headwater.storage.wal import PartitionLog, SealedSegment
 from headwater.wire import messages as m
@@ -224,10 +225,7 @@ class TopicCatalog:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self._config.shutdown_timeout):
                 await self._locks.idle()
-        if self._housekeeping is not None:
-            self._housekeeping.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._housekeeping
+        await end_tasks(self._housekeeping)
         topics = list(self.topics.values())
         subscriptions = [s for t in topics for s in list(t.subscriptions.values())]
         await bounded_gather((s.close() for s in subscriptions), _CLOSING_AT_ONCE)

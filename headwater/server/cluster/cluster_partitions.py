@@ -66,6 +66,7 @@ from headwater.storage.partition_manifest import (
     SegmentEntry,
 )
 from headwater.storage.segments import IndexEntry, batch_location, check_batch
+from headwater.storage.tasks import end_tasks
 from headwater.storage.uploader import UploadedSegment
 from headwater.storage.wal import PartitionLog, SealedSegment
 from headwater.wire.errors import ObjectNotFound, StorageError
@@ -162,11 +163,7 @@ class ClusterPartitions:
         tasks = [*self._background, *self._folding.values()]
         if self._task is not None:
             tasks.append(self._task)
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await end_tasks(*tasks)
 
     def stored(self, topic: str, partition: int, end: int) -> None:
         """The committer stored our chunk up to `end`: subscriptions may now send it."""

@@ -46,6 +46,7 @@ from headwater.server.cluster.exclusive_claims import ExclusiveClaims
 from headwater.server.cluster.layout import DEFAULT_PREFIX, Layout, decode, encode, parse_endpoint
 from headwater.server.cluster.metadata import Metadata, SubscriptionCallback, TopicCallback
 from headwater.server.requests.partition_ownership import BrokerAddress
+from headwater.storage.tasks import end_tasks
 
 log = structlog.get_logger("headwater.cluster")
 
@@ -216,11 +217,7 @@ class Coordinator(Assignment, Metadata, ExclusiveClaims):
                     self._lose(key, held, "broker stopping")
         if self._releasing:
             await asyncio.wait(set(self._releasing), timeout=self._release_timeout + 2.0)
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await end_tasks(*self._tasks)
         for watch in self._watches:
             await watch.stop()
         for key, held in list(self._held.items()):

@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import aetcd
 import structlog
+
+from headwater.storage.tasks import end_tasks
 
 log = structlog.get_logger("headwater.cluster")
 
@@ -33,6 +36,11 @@ _CHANNEL_OPTIONS = {
     "grpc.min_reconnect_backoff_ms": 100,
     "grpc.max_reconnect_backoff_ms": 1000,
 }
+
+
+# seconds a call that nothing fences on may take (topic definitions, subscriptions, checkpoints,
+# exclusive claims): a slow answer there costs a client only time, a short deadline an error
+UNFENCED_CALL_TIMEOUT = 10.0
 
 
 class EtcdUnavailable(Exception):
@@ -70,7 +78,11 @@ class EtcdSession:
         return aetcd.Client(
             host,
             port,
-            timeout=max(1, round(self.call_timeout)),
+            # aetcd puts this gRPC deadline on every call: it must let the longest deadline a
+            # caller passes to `call` run out (at the session's own, the unfenced calls failed
+            # with "Deadline Exceeded" after 2 s instead of 10 under load). `call` times each
+            # call; this only backs it up.
+            timeout=math.ceil(max(self.call_timeout, UNFENCED_CALL_TIMEOUT)),
             options=dict(_CHANNEL_OPTIONS),
             connect_wait_timeout=max(1, round(self.call_timeout)),
         )
@@ -79,6 +91,8 @@ class EtcdSession:
         self, operation: Callable[[aetcd.Client], Awaitable[T]], timeout: float | None = None
     ) -> T:
         client = self.client
+        task = asyncio.current_task()
+        cancels_before = task.cancelling() if task is not None else 0
         try:
             async with asyncio.timeout(timeout or self.call_timeout):
                 result = await operation(client)
@@ -88,6 +102,11 @@ class EtcdSession:
             if len(self.endpoints) > 1 and self._failures >= 2 and client is self.client:
                 self._rotate()
             raise EtcdUnavailable(f"etcd {self.current}: {type(exc).__name__}: {exc}") from None
+        if task is not None and task.cancelling() > cancels_before:
+            # aetcd waits with `asyncio.wait_for` (a watch's creation, the connection), which in
+            # Python 3.11 returns the result when a cancellation races it: the caller was
+            # cancelled and must stop (a watch loop that ran on held a broker's stop forever)
+            raise asyncio.CancelledError
         self.reachable = True
         self._failures = 0
         return result
@@ -162,9 +181,7 @@ class PrefixWatch:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await end_tasks(self._task)
             self._task = None
         self.restart()
 

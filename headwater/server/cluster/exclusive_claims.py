@@ -35,7 +35,7 @@ from typing import Any
 
 import structlog
 
-from headwater.server.cluster.etcd import EtcdSession, EtcdUnavailable
+from headwater.server.cluster.etcd import UNFENCED_CALL_TIMEOUT, EtcdSession, EtcdUnavailable
 from headwater.server.cluster.layout import Layout
 from headwater.server.reply import AfterWork, Reply
 from headwater.server.requests.consumer_requests import close_consumers
@@ -47,7 +47,6 @@ from headwater.wire.errors import ConsumerBusy, ErrorCode, StorageError
 
 log = structlog.get_logger("headwater.cluster")
 
-CLAIM_TIMEOUT = 10.0  # seconds one etcd call of a claim or a release may take
 CLAIM_ATTEMPTS = 8  # transactions lost to a racing claim before giving up (STORAGE_ERROR)
 SWEEP_INTERVAL = 2.0  # seconds between checks for holders with no consumer left here
 
@@ -61,7 +60,7 @@ class ExclusiveClaims:
 
     async def _claims_call(self, operation: Callable[[Any], Awaitable[Any]]) -> Any:
         try:
-            timeout = max(CLAIM_TIMEOUT, self._session.call_timeout)
+            timeout = max(UNFENCED_CALL_TIMEOUT, self._session.call_timeout)
             return await self._session.call(operation, timeout)
         except EtcdUnavailable as exc:
             raise StorageError(f"cluster metadata unavailable: {exc}") from None

@@ -15,7 +15,12 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from headwater.server.cluster.etcd import Entry, EtcdSession, EtcdUnavailable
+from headwater.server.cluster.etcd import (
+    UNFENCED_CALL_TIMEOUT,
+    Entry,
+    EtcdSession,
+    EtcdUnavailable,
+)
 from headwater.server.cluster.layout import MAX_CHECKPOINT_BYTES, Layout, decode, encode
 from headwater.server.cluster.producer_ids import ClusterProducerIds
 from headwater.wire.errors import StorageError
@@ -37,7 +42,6 @@ def _check_checkpoint(key: str, value: bytes) -> None:
         )
 
 
-METADATA_TIMEOUT = 10.0  # seconds an etcd call for topics, subscriptions or checkpoints may take
 # operations in one etcd transaction: etcd refuses more than --max-txn-ops (128 by default)
 TXN_OPS = 100
 
@@ -57,7 +61,7 @@ class Metadata:
     async def _etcd(self, operation: Callable[[Any], Awaitable[Any]]) -> Any:
         # a deadline of their own: nothing fences on a definition or a checkpoint, and the lease
         # renewal's (max(2 s, TTL/2)) failed DELETE_TOPIC when etcd's fsync was slow under load
-        timeout = max(METADATA_TIMEOUT, self._session.call_timeout)
+        timeout = max(UNFENCED_CALL_TIMEOUT, self._session.call_timeout)
         try:
             return await self._session.call(operation, timeout)
         except EtcdUnavailable as exc:

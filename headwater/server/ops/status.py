@@ -17,7 +17,6 @@ The HTTP paths are wired in `server.ops.operator_port`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import os
 import time
@@ -28,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from headwater.server.build_info import version
 from headwater.server.net.stage_trace import StageTrace
+from headwater.storage.tasks import end_tasks
 from headwater.wire.messages import DispatchMode, SubscriptionInfo, SubscriptionType
 
 if TYPE_CHECKING:
@@ -105,11 +105,7 @@ class ServerState:
 
     async def close(self) -> None:
         self.stopping = True
-        for task in (self._sampler, self._probe):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+        await end_tasks(self._sampler, self._probe)
 
     def topics(self) -> dict[str, Topic]:
         return self.catalog.topics if self.catalog is not None else {}
