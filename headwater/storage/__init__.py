@@ -6,7 +6,8 @@ The WAL of a partition: `wal` (append, group commit, roll, read), `logstate` (it
 the archive's copy of a damaged batch, else a logged skip), `recovery` (what is on disk at open,
 where offsets continue), `offsets` (the offset lease), `syncer` (the one task per partition doing
 every fsync) and `fileio` (the one seam to the file system, where faults are injected), `latency` (a
-histogram cheap enough for hot paths). The object store: `objectstore` (local directory and S3),
+histogram cheap enough for hot paths), `tasks` (ending background loops: every close and stop,
+here and in the server, goes through it). The object store: `objectstore` (local directory and S3),
 `uploader` (shipping sealed segments), `archive` (reading history back from it), `cloud_tail` (a
 cluster's newest batches as small objects), `partition_manifest` (a cluster partition's segments,
 versioned by conditional PUT), `snapshots` (per-key snapshots and their manifests) and
