@@ -97,6 +97,25 @@ def test_holds_returned_all() -> None:
     assert DUE == -1
 
 
+@pytest.mark.parametrize("span", [3, 50, 10**12], ids=["short", "wide", "hostile"])
+def test_release_range_is_release_of_each_offset(span: int) -> None:
+    """`release_range` leaves the holds as `release` of each offset does, short range or long,
+    and a hostile range (10^12 offsets) costs what is held, not its length."""
+    by_offset, by_range = KeyHolds(), KeyHolds()
+    for holds in (by_offset, by_range):
+        for offset in range(0, 40, 2):
+            for partition in (0, 1):
+                holds.hold(partition, offset, offset % 5, offset % 3)
+    first = 7
+    end = first + span
+    by_range.release_range(0, first, end)
+    for offset in range(first, min(end, 40)):
+        by_offset.release(0, offset)
+    assert by_range._records == by_offset._records and by_range._keys == by_offset._keys
+    kept = [o for o in range(0, 40, 2) if not first <= o < end]
+    assert len(by_range) == 20 + len(kept) < 40  # partition 1 whole, partition 0 outside it
+
+
 # End to end
 
 

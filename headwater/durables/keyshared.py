@@ -115,6 +115,19 @@ class KeyHolds:
             if not holders:
                 del self._keys[hashed]
 
+    def release_range(self, partition: int, first: int, end: int) -> None:
+        """`release` of every offset in [first, end) of `partition`, in min(end - first, held)
+        steps: an acked range's length is the client's to choose (up to 100,000 offsets a
+        request), what is held is bounded by what was dispatched."""
+        if end - first <= len(self._records):
+            for offset in range(first, end):
+                self.release(partition, offset)
+            return
+        for held_partition, offset in [
+            key for key in self._records if key[0] == partition and first <= key[1] < end
+        ]:
+            self.release(held_partition, offset)
+
     def clear(self) -> None:
         self._records.clear()
         self._keys.clear()

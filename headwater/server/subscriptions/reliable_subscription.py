@@ -180,8 +180,9 @@ class ReliableSubscription:
         if self._keyed is not None:
             holds = self._keyed.holds
             for entry in ranges:
-                for offset in range(entry.first_offset, entry.first_offset + entry.count):
-                    holds.release(entry.partition, offset)
+                holds.release_range(
+                    entry.partition, entry.first_offset, entry.first_offset + entry.count
+                )
             self._wake.set()
 
     def nack(self, consumer: Consumer, entries: Sequence[AckEntry], delay_ms: int) -> None:
