@@ -67,12 +67,13 @@ def test_a_turns_acks_are_split_into_requests_within_the_limits() -> None:
     from headwater.wire import messages as m
     from headwater.wire.limits import MAX_ACK_RANGES_PER_REQUEST, MAX_OFFSETS_PER_ACK_RANGES
 
-    long_run = [m.AckRange(0, 5, 250_000)]  # more offsets than one request covers
+    limit = MAX_OFFSETS_PER_ACK_RANGES
+    long_run = [m.AckRange(0, 5, 2 * limit + limit // 2)]  # more than one request covers
     requests = list(ack_requests(3, long_run))
     assert [r.ranges for r in requests] == [
-        (m.AckRange(0, 5, 100_000),),
-        (m.AckRange(0, 100_005, 100_000),),
-        (m.AckRange(0, 200_005, 50_000),),
+        (m.AckRange(0, 5, limit),),
+        (m.AckRange(0, 5 + limit, limit),),
+        (m.AckRange(0, 5 + 2 * limit, limit // 2),),
     ]
     singles = [m.AckRange(1, 2 * i, 1) for i in range(MAX_ACK_RANGES_PER_REQUEST + 1)]
     requests = list(ack_requests(3, singles))

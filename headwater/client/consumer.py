@@ -3,7 +3,7 @@
 A consumer grants the server `prefetch` credits when it subscribes and tops them up as the
 application takes messages, so at most `prefetch` messages wait in memory. Acks made in one
 event-loop turn travel in one request, as ranges of consecutive offsets (ACK_RANGES): a consumer
-acking message by message in order sends one range a turn, and each ack only extends it.
+acking one partition's messages in order sends one range a turn, and each ack only extends it.
 
 How a consumer ends says why. `async for` stops only when the application closed the consumer
 (or its client); anything else raises: `ConnectionLost` when the server or the network ended the
@@ -481,7 +481,7 @@ def ack_requests(consumer_id: int, ranges: Iterable[m.AckRange]) -> Iterator[m.A
     covered = 0
     for entry in ranges:
         first, count = entry.first_offset, entry.count
-        while count:
+        while count > 0:  # a range of no offsets asks nothing
             take = min(count, MAX_OFFSETS_PER_ACK_RANGES - covered)
             batch.append(m.AckRange(entry.partition, first, take))
             covered += take

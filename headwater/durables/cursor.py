@@ -13,6 +13,7 @@ partitions an acknowledgement touched.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 _HEAD = struct.Struct(">qqii")  # floor, dispatched, len(acked), len(counts)
@@ -45,7 +46,8 @@ class PartitionCursor:
         if first >= self.dispatched:
             self.dispatched = max(self.dispatched, end)
             return
-        for offset in range(first, min(end, self.dispatched)):
+        # below the floor, acked already (a redelivery that raced its ack): nothing to count
+        for offset in range(max(first, self.floor), min(end, self.dispatched)):
             self.counts[offset] = self.counts.get(offset, 1) + 1
         self.dispatched = max(self.dispatched, end)
 
@@ -66,10 +68,12 @@ class PartitionCursor:
         if first >= end:
             return False
         if first == self.floor:
+            # what was acked or counted inside the run goes; walked from whichever side is
+            # shorter (the run's length is the client's to choose)
             if self.acked:
-                self.acked.difference_update(range(first, end))
+                self.acked.difference_update(_inside(self.acked, first, end))
             if self.counts:
-                for offset in range(first, end):
+                for offset in _inside(self.counts, first, end):
                     self.counts.pop(offset, None)
             self.floor = end
             self._advance()
@@ -124,3 +128,11 @@ class PartitionCursor:
             counts[offset] = count
             position += _COUNT.size
         return cls(floor, dispatched, acked, counts)
+
+
+def _inside(found: set[int] | dict[int, int], first: int, end: int) -> Iterable[int]:
+    """The offsets of [first, end) that may be in `found`: the range when it is the shorter
+    walk, else the members of `found` inside it."""
+    if end - first <= len(found):
+        return range(first, end)
+    return [o for o in found if first <= o < end]

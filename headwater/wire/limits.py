@@ -33,11 +33,12 @@ MAX_CREDITS: Final = 1_000_000
 # decoding 10,000 takes about 3 ms with the struct fast path).
 MAX_ACKS_PER_REQUEST: Final = 10_000
 
-# ACK_RANGES: ranges carried by one request, and the offsets they cover together. The server's
-# work is one step per range plus one per covered offset that was outstanding, so the second
-# bound keeps a request's worst case near a full ACK's (a client splits a bigger turn).
+# ACK_RANGES: ranges carried by one request, and the offsets they cover together. The server walks
+# a range's in-flight offsets in min(its length, what is in flight) steps, but a range above the
+# cursor's floor still adds each offset to the acknowledged set (in C): the second bound keeps a
+# request's worst case at a full ACK's 10,000 offsets (a client splits a bigger turn).
 MAX_ACK_RANGES_PER_REQUEST: Final = 10_000
-MAX_OFFSETS_PER_ACK_RANGES: Final = 100_000
+MAX_OFFSETS_PER_ACK_RANGES: Final = 10_000
 
 # Bytes a compressed record batch may inflate to (the server's `max_decompressed_batch` default,
 # and the client's when it reads deliveries): a 96 KiB zstd batch can otherwise inflate to 3 GiB.
