@@ -117,7 +117,7 @@ class KeyHolds:
 
     def release_range(self, partition: int, first: int, end: int) -> None:
         """`release` of every offset in [first, end) of `partition`, in min(end - first, held)
-        steps: an acked range's length is the client's to choose (up to 100,000 offsets a
+        steps: an acked range's length is the client's to choose (up to 10,000 offsets a
         request), what is held is bounded by what was dispatched."""
         if end - first <= len(self._records):
             for offset in range(first, end):
