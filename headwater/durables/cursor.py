@@ -71,9 +71,9 @@ class PartitionCursor:
             # what was acked or counted inside the run goes; walked from whichever side is
             # shorter (the run's length is the client's to choose)
             if self.acked:
-                self.acked.difference_update(_inside(self.acked, first, end))
+                self.acked.difference_update(offsets_within(self.acked, first, end))
             if self.counts:
-                for offset in _inside(self.counts, first, end):
+                for offset in offsets_within(self.counts, first, end):
                     self.counts.pop(offset, None)
             self.floor = end
             self._advance()
@@ -130,9 +130,10 @@ class PartitionCursor:
         return cls(floor, dispatched, acked, counts)
 
 
-def _inside(found: set[int] | dict[int, int], first: int, end: int) -> Iterable[int]:
-    """The offsets of [first, end) that may be in `found`: the range when it is the shorter
-    walk, else the members of `found` inside it."""
+def offsets_within(found: set[int] | dict[int, int], first: int, end: int) -> Iterable[int]:
+    """The offsets of [first, end) that may be in `found`, in offset order: the range itself
+    when it is the shorter walk, else the members of `found` inside it. A client chooses a
+    range's length; what `found` holds is bounded by what was dispatched."""
     if end - first <= len(found):
         return range(first, end)
-    return [o for o in found if first <= o < end]
+    return sorted(o for o in found if first <= o < end)

@@ -33,7 +33,7 @@ from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
-from headwater.durables.cursor import PartitionCursor
+from headwater.durables.cursor import PartitionCursor, offsets_within
 from headwater.wire.errors import InvalidRequest
 from headwater.wire.messages import AckEntry, AckKind, AckRange, Backoff
 
@@ -191,7 +191,7 @@ class ReliableDelivery:
             # one retention passed, is settled here as ACK settles it
             in_flight = self._in_flight[partition]
             if in_flight:
-                self._settle(in_flight, _within(in_flight, first, end))
+                self._settle(in_flight, offsets_within(in_flight, first, end))
             if cursor.ack_range(first, end):
                 self.dirty.add(partition)
 
@@ -460,12 +460,3 @@ class ReliableDelivery:
     @property
     def unacked(self) -> int:
         return sum(len(f) for f in self._in_flight)
-
-
-def _within(in_flight: dict[int, int], first: int, end: int) -> Iterable[int]:
-    """The offsets of [first, end) to look up in `in_flight`, in offset order: the range itself
-    when it is the shorter walk, else what is in flight inside it. A client chooses the range's
-    length; what is in flight is bounded by what was dispatched."""
-    if end - first <= len(in_flight):
-        return range(first, end)
-    return sorted(o for o in in_flight if first <= o < end)
