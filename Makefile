@@ -42,12 +42,14 @@ run: $(RUN_STAMP)
 # recorded reproductions stay here), the cluster attack modules (kill -9 rounds with uploads,
 # take-overs, topics racing across brokers), the standalone Spark cluster (four JVMs), the
 # streaming query whose driver is killed twice (three driver JVMs one after the other), the sink's
-# task retries (a driver of its own on local[2,4]).
+# task retries (a driver of its own on local[2,4]), the incremental compaction of a 1,000,000-record
+# history (122 MB of segments).
 LONG_TESTS := tests/test_statemachine.py::test_state_machine \
 	tests/test_statemachine.py::test_state_machine_with_auth \
 	tests/test_admin_fuzz.py \
 	tests/test_cluster_attack.py tests/test_cluster_attack_tail.py tests/test_cluster_attack_topics.py
 SPARK_LONG := tests/test_spark_cluster.py \
+	tests/test_spark_compaction.py::test_one_percent_new_records_cost_a_few_percent_of_a_full_run \
 	tests/test_spark_stream.py::test_a_driver_killed_twice_restarts_from_its_checkpoint_exactly_once \
 	tests/test_spark_sink.py::test_tasks_retried_after_a_failing_udf_write_every_row_exactly_once
 test: $(STAMP) disk browser etcd-server kcat

@@ -50,6 +50,7 @@ UNIT_MODULES = {
     "test_request_table",
     "test_retry_policy",
     "test_session",
+    "test_snapshot_layers",
     "test_wal",
     "test_wal_faults",
     "test_wire_frames",

@@ -20,8 +20,14 @@ import pyarrow as pa
 import headwater
 from headwater.durables.lastvalue import StoredValue
 from headwater.server.topics.lastvalue_index import LastValueIndex
-from headwater.spark_compaction.manifest import Manifest, data_key, manifest_key, now_iso
-from headwater.spark_compaction.schema import SNAPSHOT_SCHEMA
+from headwater.spark_compaction.manifest import (
+    LAYERED_SCHEMA_VERSION,
+    Manifest,
+    data_key,
+    manifest_key,
+    now_iso,
+)
+from headwater.spark_compaction.schema import DELTA_SCHEMA, SNAPSHOT_SCHEMA
 from headwater.spark_compaction.store import BlockingStore, StoreSpec
 from headwater.spark_compaction.wal_segments import iter_batches, list_segments
 from headwater.spark_compaction.writer import encode_parquet, write_snapshot_files
@@ -42,41 +48,59 @@ SEGMENT_CONFIGS = {
 }
 
 
-def make_snapshot(spec: StoreSpec, topic: str, partition: int, rows_per_file: int = 16) -> Manifest:
-    """Fold every uploaded segment of one partition into a committed snapshot."""
+def make_snapshot(
+    spec: StoreSpec,
+    topic: str,
+    partition: int,
+    rows_per_file: int = 16,
+    over: Manifest | None = None,
+) -> Manifest:
+    """Fold every uploaded segment of one partition into a committed snapshot; `over` a previous
+    snapshot, fold only the segments after it into a delta layer over it (deletions kept)."""
     with BlockingStore(spec) as store:
-        segments = [s for s in list_segments(store, [topic]) if s.partition == partition]
-        assert segments, "nothing uploaded yet"
+        done = over.last_segment if over else -1
+        segments = [
+            s
+            for s in list_segments(store, [topic])
+            if s.partition == partition and s.base_offset > done
+        ]
+        assert segments, "nothing new uploaded yet"
         winners: dict[bytes, tuple[int, int, bytes | None, list[tuple[str, bytes | None]]]] = {}
         records_in = keyless = 0
-        horizon = 0
+        horizon = over.horizon if over else 0
         for segment in segments:
             for problem, rows in iter_batches(segment, store.get(segment.key)):
                 assert problem is None, problem
                 for offset, timestamp, key, value, headers in rows:
+                    if over is not None and offset < over.horizon:
+                        continue
                     records_in += 1
                     horizon = max(horizon, offset + 1)
                     if key is None:
                         keyless += 1
                     else:
                         winners[key] = (offset, timestamp, value, headers)
-        live = sorted((k, w) for k, w in winners.items() if w[2] is not None)
+        kept = sorted((k, w) for k, w in winners.items() if over is not None or w[2] is not None)
         table = pa.table(
             {
-                "topic": [topic] * len(live),
-                "partition": [partition] * len(live),
-                "key": [k for k, _ in live],
-                "value": [w[2] for _, w in live],
-                "offset": [w[0] for _, w in live],
-                "timestamp": [w[1] for _, w in live],
-                "headers": [[{"key": n, "value": v} for n, v in w[3]] for _, w in live],
+                "topic": [topic] * len(kept),
+                "partition": [partition] * len(kept),
+                "key": [k for k, _ in kept],
+                "value": [w[2] for _, w in kept],
+                "offset": [w[0] for _, w in kept],
+                "timestamp": [w[1] for _, w in kept],
+                "headers": [[{"key": n, "value": v} for n, v in w[3]] for _, w in kept],
             },
-            schema=SNAPSHOT_SCHEMA,
+            schema=SNAPSHOT_SCHEMA if over is None else DELTA_SCHEMA,
         )
         files = tuple(
             f
             for _, _, f in write_snapshot_files(
-                store, {(topic, partition): horizon}, table.to_batches(), rows_per_file
+                store,
+                {(topic, partition): horizon},
+                table.to_batches(),
+                rows_per_file,
+                frozenset() if over is None else frozenset({(topic, partition)}),
             )
         )
         manifest = Manifest(
@@ -84,14 +108,17 @@ def make_snapshot(spec: StoreSpec, topic: str, partition: int, rows_per_file: in
             partition=partition,
             horizon=horizon,
             last_segment=segments[-1].base_offset,
-            previous_horizon=None,
+            previous_horizon=over.horizon if over else None,
             files=files,
-            rows=len(live),
+            rows=len(kept),
             records_in=records_in,
-            tombstones_dropped=len(winners) - len(live),
+            tombstones_dropped=sum(w[2] is None for w in winners.values()),
             keyless_skipped=keyless,
             corrupt_batches=0,
             created_at=now_iso(),
+            schema_version=1 if over is None else LAYERED_SCHEMA_VERSION,
+            delta=over is not None,
+            layers=over.all_layers if over else (),
         )
         assert store.put_if_absent(manifest_key(topic, partition, horizon), manifest.encode())
         return manifest
@@ -200,6 +227,60 @@ async def test_rebuild_from_snapshot_and_wal_tail_equals_the_state_before(tmp_pa
         assert f"replayed={tail_records} " in log or f"'replayed': {tail_records}" in log, log[
             -3000:
         ]
+    finally:
+        server.kill()
+
+
+async def test_rebuild_and_snapshot_start_through_a_delta_layer(tmp_path: Path) -> None:
+    """A snapshot whose newest run wrote a delta (changed keys, deletions included) over a full
+    layer: the last-value rebuild and the `snapshot` start position both see the merged state,
+    with every segment below the delta's horizon gone."""
+    keys = 40
+    server = ServerProcess(tmp_path / "data").start()
+    objects = server.data_dir / "objects"
+    try:
+        base = await build_topic(server, "kv", keys)
+        # changes after the tail: overwrites, deletions of keys the full layer holds, a new key
+        changes = [(b"k%03d" % i, None if i % 3 == 0 else b"changed-%d" % i) for i in range(12)]
+        changes.append((b"brand-new", b"n"))
+        async with await headwater.connect(server.address) as client:
+            await produce(client, "kv", changes + FILLER)
+            end = 400 + 200 + 60 + len(changes)
+            await wait_for(lambda: any(int(p.name[:20]) >= end for p in uploaded(server, "kv")))
+        spec = StoreSpec.local(objects)
+        delta = await asyncio.to_thread(make_snapshot, spec, "kv", 0, 16, base)
+        assert delta.delta and [x.horizon for x in delta.layers] == [base.horizon]
+        assert delta.horizon > end
+        items = history(400, keys, "old") + FILLER + history(60, 8, "tail") + changes + FILLER
+        deleted = {k for k, v in changes if v is None}
+        expected_rows = fold(items[: delta.horizon])
+        assert deleted.isdisjoint(expected_rows) and deleted & set(fold(items[: base.horizon]))
+        async with await headwater.connect(server.address) as client:
+            before = await map_state(client, "kv", keys)
+        server.stop()
+        lose_last_value_state(server, "kv")
+        for directory in (objects / "kv" / "0", server.data_dir / "topics" / "kv" / "0"):
+            for path in sorted(directory.glob("*.log")):
+                following = sorted(p for p in directory.glob("*.log") if p > path)
+                if following and int(following[0].name[:20]) <= delta.horizon:
+                    for sibling in directory.glob(path.name[:20] + ".*"):
+                        sibling.unlink()
+        server.start()
+        async with await headwater.connect(server.address) as client:
+            assert await map_state(client, "kv", keys) == before
+            consumer = await client.subscribe("kv", "boot", start="snapshot")
+            received = await receive_until(
+                consumer, lambda r: len(r) == len(expected_rows) + len(items) - delta.horizon
+            )
+            from_snapshot = {
+                m.key: (m.offset, m.value) for m in received if m.offset < delta.horizon
+            }
+            assert from_snapshot == expected_rows
+            assert [m.offset for m in received if m.offset >= delta.horizon] == list(
+                range(delta.horizon, len(items))
+            )
+        log = server.log()
+        assert "last_value.snapshot_loaded" in log and "layers=2" in log, log[-3000:]
     finally:
         server.kill()
 

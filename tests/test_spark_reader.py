@@ -169,7 +169,10 @@ def test_retention_never_removes_the_newest_snapshot() -> None:
         data_key("t", 0, 30, 1),
         data_key("t", 0, 40, 0),  # a run in progress
     ]
-    created = {10: 1000.0, 20: 2000.0, 30: 3000.0}
+    created = {
+        h: Manifest("t", 0, h, 0, None, (), 0, 0, 0, 0, 0, now_iso(at))
+        for h, at in ((10, 1000.0), (20, 2000.0), (30, 3000.0))
+    }
     plan = retention_plan("t", 0, _listing(*keys), created, retention=500, now=2600)
     assert plan.manifests == [manifest_key("t", 0, 10)]  # superseded at 2000, 600 s ago
     assert plan.files == [data_key("t", 0, 10, 0)]

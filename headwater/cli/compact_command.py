@@ -43,6 +43,15 @@ def add_parser(commands: Any) -> None:
         metavar="DURATION",
         help="how long a superseded snapshot stays readable (default %(default)s)",
     )
+    compact.add_argument(
+        "--delta-ratio",
+        type=float,
+        default=0.25,
+        metavar="FRACTION",
+        help="write only the changed keys (a delta layer) while a partition's deltas hold at most "
+        "this fraction of its full snapshot's keys; 0: always a full snapshot "
+        "(default %(default)s)",
+    )
     # default SUPPRESS: a global `--format` before the command applies (headwater/cli/main.py: text)
     compact.add_argument(
         "--format",
@@ -104,7 +113,9 @@ def _settings(args: argparse.Namespace) -> Any:
         except InvalidTopicName as exc:
             raise UsageError(str(exc)) from None
     retention = parse_duration(args.retention)
-    return CompactionSettings(spec, tuple(args.topic), retention)
+    if not 0 <= args.delta_ratio <= 1e6:  # NaN fails both
+        raise UsageError(f"--delta-ratio takes a fraction of 0 or more, not {args.delta_ratio}")
+    return CompactionSettings(spec, tuple(args.topic), retention, delta_ratio=args.delta_ratio)
 
 
 def _spark_conf(pairs: list[str]) -> dict[str, str]:
@@ -199,15 +210,21 @@ def _text(summary: Any) -> str:
         f"segments read:        {summary.segments:,}",
         f"records in:           {summary.records_in:,}",
         f"keys out:             {summary.keys_out:,}",
+        f"bytes read, written:  {summary.bytes_read:,}, {summary.bytes_written:,}",
         f"tombstones dropped:   {summary.tombstones_dropped:,}",
         f"keyless skipped:      {summary.keyless_skipped:,}",
         f"corrupt batches:      {summary.corrupt_batches:,}",
         f"seconds:              {summary.seconds:.1f}",
     ]
     for snapshot in summary.snapshots:
+        what = (
+            f"a delta of {snapshot['rows']:,} changed keys over {snapshot['layers'] - 1} layer(s)"
+            if snapshot["delta"]
+            else f"{snapshot['rows']:,} keys"
+        )
         lines.append(
             f"snapshot {snapshot['topic']}/{snapshot['partition']}: horizon {snapshot['horizon']}, "
-            f"{snapshot['rows']:,} keys in {snapshot['files']} file(s)"
+            f"{what} in {snapshot['files']} file(s)"
         )
     return "\n".join(lines)
 

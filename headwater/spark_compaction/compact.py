@@ -1,20 +1,23 @@
 """The fold, in Spark: per (topic, partition, key) the record with the highest offset wins.
 
-Input is the new WAL records (`headwater_wal`, above the previous horizon) and the previous
-snapshot's rows (`headwater_snapshot`), which are records too, with their original offsets, so
-merging is the same fold. The WAL is read with `fold=true`: each reading task already keeps only
-the newest record per key of its segments (wal.Folder, in the Python worker, where the records
-are decoded anyway), with a count of the records each row stands for; Spark's sort-based
-aggregation (`max_by` over a struct holding binary values cannot use its hash aggregation) then
-sorts one row per key and task instead of one per record. One aggregation groups by (topic,
-partition, key, corrupt) and keeps, per group, the winner (`max_by` offset), the highest offset,
-and how many WAL records it stands for (snapshot rows count zero). Keyless records all land in the
-key-null group of their partition and corrupt stretches each in a group of their own, so the same
-pass counts them.
+Input is the new WAL records (`headwater_wal`, above the previous horizon). A full snapshot then
+folds the winners again with the previous snapshot's layers (`headwater_snapshot`), whose rows are
+records too, with their original offsets (a delta's deletions as tombstones), so merging is the
+same fold; a delta layer is the first fold's winners, deletions included.
+
+The WAL is read with `fold=true`: each reading task already keeps only the newest record per key of
+its segments (wal.Folder, in the Python worker, where the records are decoded anyway), with a count
+of the records each row stands for; Spark's sort-based aggregation (`max_by` over a struct holding
+binary values cannot use its hash aggregation) then sorts one row per key and task instead of one
+per record. One aggregation groups by (topic, partition, key, corrupt) and keeps, per group, the
+winner (`max_by` offset), the highest offset, and how many WAL records it stands for (snapshot rows
+count zero). Keyless records all land in the key-null group of their partition and corrupt
+stretches each in a group of their own, so the same pass counts them.
 
 The grouped result is persisted and used twice: first a small per-partition summary comes back to
 the driver (records in, keyless, tombstones, highest offset, corrupt stretches) from which the job
-sets each partition's new horizon; then the live winners are hash-partitioned by (topic,
+sets each partition's new horizon and chooses between a delta and a full snapshot (job.py); then
+the rows to write (`winners`, of the first fold or of the second) are hash-partitioned by (topic,
 partition), sorted by key within each task, and written by `SnapshotWriter` (writer.py) inside
 the `headwater_snapshot` data source's Arrow writer; the driver knows the files from the counts.
 """
@@ -22,7 +25,7 @@ the `headwater_snapshot` data source's Arrow writer; the driver knows the files 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,15 +51,15 @@ class PartitionStats:
     corrupt: tuple[str, ...]
 
 
-def read_inputs(
+def read_wal(
     spark: SparkSession,
     spec: StoreSpec,
     segments: Sequence[SegmentObject],
     from_offsets: dict[str, int],
-    previous_files: Sequence[SnapshotFile],
     group_bytes: int,
 ) -> DataFrame:
-    wal = (
+    """The new segments' records, already folded within each reading task."""
+    return (
         spark.read.format("headwater_wal")
         .option("store", spec.to_json())
         .option("segments", segments_option(segments))
@@ -65,17 +68,19 @@ def read_inputs(
         .option("fold", "true")
         .load()
     )
-    if not previous_files:
-        return wal
-    previous = (
+
+
+def read_layers(spark: SparkSession, spec: StoreSpec, files: Sequence[SnapshotFile]) -> DataFrame:
+    """Earlier snapshot layers' rows as records (deletions of a delta as null values) that count
+    for no WAL record, to fold with the new ones."""
+    return (
         spark.read.format("headwater_snapshot")
         .option("store", spec.to_json())
-        .option("files", files_option(previous_files))
+        .option("files", files_option(files))
         .load()
         .withColumn("corrupt", F.lit(None).cast("string"))
         .withColumn("records", F.lit(0).cast("bigint"))
     )
-    return wal.unionByName(previous)
 
 
 def fold(records: DataFrame) -> DataFrame:
@@ -83,6 +88,31 @@ def fold(records: DataFrame) -> DataFrame:
         F.max_by(F.struct("offset", "timestamp", "value", "headers"), "offset").alias("winner"),
         F.max("offset").alias("max_offset"),
         F.sum("records").alias("records"),
+    )
+
+
+def winners(groups: DataFrame, partitions: Collection[str], deletions: bool) -> DataFrame:
+    """The newest row of each key of `partitions` ("<topic>/<partition>"), as snapshot rows: live
+    keys, and with `deletions` the keys whose newest record is a tombstone (null value) too."""
+    name = F.concat_ws("/", F.col("topic"), F.col("partition").cast("string"))
+    keep = F.col("key").isNotNull() & F.col("corrupt").isNull() & name.isin(sorted(partitions))
+    if not deletions:
+        keep = keep & F.col("winner.value").isNotNull()
+    return groups.where(keep).select(
+        "topic",
+        "partition",
+        "key",
+        F.col("winner.value").alias("value"),
+        F.col("winner.offset").alias("offset"),
+        F.col("winner.timestamp").alias("timestamp"),
+        F.col("winner.headers").alias("headers"),
+    )
+
+
+def as_records(rows: DataFrame) -> DataFrame:
+    """Snapshot rows (`winners`) in the shape `fold` takes, counting for no WAL record."""
+    return rows.withColumn("corrupt", F.lit(None).cast("string")).withColumn(
+        "records", F.lit(0).cast("bigint")
     )
 
 
@@ -124,30 +154,24 @@ def partition_stats(groups: DataFrame) -> list[PartitionStats]:
 
 
 def write(
-    groups: DataFrame,
+    rows: DataFrame,
     spec: StoreSpec,
     horizons: dict[tuple[str, int], int],
+    deltas: Collection[tuple[str, int]],
     rows_per_file: int,
     tasks: int,
 ) -> None:
-    """Write the live winners of the partitions in `horizons` as snapshot files (no manifest)."""
+    """Write snapshot rows (`winners`) of the partitions in `horizons` as snapshot files, a delta
+    layer for those in `deltas` (no manifest)."""
     if not horizons:
         return
-    live = groups.where(F.col("key").isNotNull() & F.col("winner.value").isNotNull()).select(
-        "topic",
-        "partition",
-        "key",
-        F.col("winner.value").alias("value"),
-        F.col("winner.offset").alias("offset"),
-        F.col("winner.timestamp").alias("timestamp"),
-        F.col("winner.headers").alias("headers"),
-    )
-    spread = live.repartition(max(1, min(len(horizons), tasks)), "topic", "partition")
+    spread = rows.repartition(max(1, min(len(horizons), tasks)), "topic", "partition")
     ordered = spread.sortWithinPartitions("topic", "partition", "key")
     (
         ordered.write.format("headwater_snapshot")
         .option("store", spec.to_json())
         .option("horizons", _json({f"{t}/{p}": h for (t, p), h in horizons.items()}))
+        .option("deltas", _json(sorted(f"{t}/{p}" for t, p in deltas)))
         .option("rows_per_file", str(rows_per_file))
         .mode("append")
         .save()

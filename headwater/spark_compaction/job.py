@@ -3,8 +3,10 @@
 1. Plan (driver, object store only): list the WAL segment objects of the chosen topics and each
    partition's newest manifest; a partition takes part when it has segments past the manifest's
    `last_segment`. The list is pinned: segments uploaded while the run is going wait for the next.
-2. Compute (Spark, compact.py): fold the new records into the previous snapshot, collect each
-   partition's counts, set its horizon (highest offset read + 1), and write its Parquet files.
+2. Compute (Spark, compact.py): fold the new records, collect each partition's counts, set its
+   horizon (highest offset read + 1), and write its Parquet files: a delta layer of the keys that
+   changed while the partition's deltas stay small beside its full layer (`takes_delta`),
+   otherwise a full snapshot, the new winners folded with the previous snapshot's layers.
    A partition whose new segments hold no readable record gets no new snapshot; its corrupt
    batches are reported, and reported again by the next run, which reads them again.
 3. Commit: one manifest per partition, written with a conditional put. If the manifest is already
@@ -16,12 +18,14 @@
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from headwater.spark_compaction.manifest import (
+    LAYERED_SCHEMA_VERSION,
     ROOT,
     Manifest,
     SnapshotFile,
@@ -32,6 +36,7 @@ from headwater.spark_compaction.manifest import (
     partition_prefix,
     retention_plan,
 )
+from headwater.spark_compaction.schema import SCHEMA_VERSION
 from headwater.spark_compaction.source import DEFAULT_GROUP_BYTES
 from headwater.spark_compaction.store import BlockingStore, StoreSpec
 from headwater.spark_compaction.wal_segments import SegmentObject, list_segments
@@ -48,6 +53,11 @@ class CompactionSettings:
     retention: float = 3600.0  # seconds a superseded snapshot stays readable
     rows_per_file: int = ROWS_PER_FILE
     group_bytes: int = DEFAULT_GROUP_BYTES  # segment bytes per Spark input partition
+    # a run writes a delta layer (the changed keys) over a partition's snapshot while its deltas
+    # hold at most this fraction of the full layer's rows, and at most `max_deltas` of them;
+    # otherwise a full snapshot (0: always full)
+    delta_ratio: float = 0.25
+    max_deltas: int = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +82,7 @@ class Outcome:
     tombstones: int
     corrupt: tuple[str, ...]
     manifest: Manifest | None
+    bytes_read: int  # segments, and the earlier layers' files when it merged them
 
 
 @dataclass
@@ -82,6 +93,8 @@ class Summary:
     tombstones_dropped: int = 0
     keyless_skipped: int = 0
     corrupt_batches: int = 0
+    bytes_read: int = 0  # object bytes read: new segments, and snapshot layers merged
+    bytes_written: int = 0  # snapshot file bytes written
     seconds: float = 0.0
     corrupt: list[str] = field(default_factory=list)
     snapshots: list[dict[str, Any]] = field(default_factory=list)
@@ -96,6 +109,8 @@ class Summary:
             "tombstones_dropped": self.tombstones_dropped,
             "keyless_skipped": self.keyless_skipped,
             "corrupt_batches": self.corrupt_batches,
+            "bytes_read": self.bytes_read,
+            "bytes_written": self.bytes_written,
             "seconds": round(self.seconds, 3),
             "corrupt": self.corrupt,
             "snapshots": self.snapshots,
@@ -127,16 +142,34 @@ def plan(store: BlockingStore, settings: CompactionSettings) -> list[PartitionPl
 
 
 def written_files(
-    store: BlockingStore, topic: str, partition: int, horizon: int, rows: int, rows_per_file: int
+    store: BlockingStore,
+    topic: str,
+    partition: int,
+    horizon: int,
+    rows: int,
+    rows_per_file: int,
+    delta: bool,
 ) -> list[SnapshotFile]:
     """The files the writer tasks stored for a partition, checked against what they had to store."""
     sizes = {i.key: i.size for i in store.list(data_prefix(topic, partition, horizon))}
     files = []
-    for key, count in expected_files(topic, partition, horizon, rows, rows_per_file):
+    for key, count in expected_files(topic, partition, horizon, rows, rows_per_file, delta):
         if key not in sizes:
             raise StorageError(f"snapshot file {key} is missing after the write")
         files.append(SnapshotFile(key, count, sizes[key]))
     return files
+
+
+def takes_delta(previous: Manifest | None, changed: int, settings: CompactionSettings) -> bool:
+    """Whether a partition's run writes a delta layer over `previous` rather than a full snapshot:
+    only while the deltas, this one's `changed` keys included, stay within `delta_ratio` of the
+    full layer's rows and number at most `max_deltas`."""
+    if previous is None or settings.delta_ratio <= 0:
+        return False
+    full, *deltas = previous.all_layers
+    if len(deltas) + 1 > settings.max_deltas:
+        return False
+    return sum(d.rows for d in deltas) + changed <= settings.delta_ratio * full.rows
 
 
 def compute(
@@ -155,55 +188,98 @@ def compute(
     if not plans:
         return []
     segments = [s for p in plans for s in p.segments]
-    previous_files = [f for p in plans if p.previous for f in p.previous.files]
     from_offsets = {f"{p.topic}/{p.partition}": p.from_offset for p in plans}
     progress(f"reading {len(segments)} segments of {len(plans)} partitions")
-    records = compact.read_inputs(
-        spark, settings.store, segments, from_offsets, previous_files, settings.group_bytes
-    )
-    groups = compact.persisted(compact.fold(records))
+    wal = compact.read_wal(spark, settings.store, segments, from_offsets, settings.group_bytes)
+    groups = compact.persisted(compact.fold(wal))
+    merged = None
     try:
         stats = {(s.topic, s.partition): s for s in compact.partition_stats(groups)}
-        phases["read_and_fold"] = time.monotonic() - clock
-        clock = time.monotonic()
-        horizons = {}
+        horizons: dict[tuple[str, int], int] = {}
+        deltas: set[tuple[str, int]] = set()  # a delta layer over the previous snapshot
+        fresh: set[tuple[str, int]] = set()  # a first snapshot: the WAL's winners
+        remerged: list[PartitionPlan] = []  # a full snapshot: the winners folded with the layers
+        rows: dict[tuple[str, int], int] = {}  # rows each partition's files will hold
         for p in plans:
             found = stats.get((p.topic, p.partition))
-            if found is not None and found.records_in > 0 and found.max_offset is not None:
-                horizons[(p.topic, p.partition)] = max(found.max_offset + 1, p.from_offset)
-        progress(f"writing snapshots of {len(horizons)} partitions")
+            if found is None or found.records_in == 0 or found.max_offset is None:
+                continue
+            part = (p.topic, p.partition)
+            horizons[part] = max(found.max_offset + 1, p.from_offset)
+            if takes_delta(p.previous, found.live + found.tombstones, settings):
+                deltas.add(part)
+                rows[part] = found.live + found.tombstones
+            elif p.previous is None:
+                fresh.add(part)
+                rows[part] = found.live
+            else:
+                remerged.append(p)
+        to_write = [
+            compact.winners(groups, _names(deltas), deletions=True),
+            compact.winners(groups, _names(fresh), deletions=False),
+        ]
+        if remerged:
+            progress(f"merging {len(remerged)} partitions with their snapshots")
+            parts = _names((p.topic, p.partition) for p in remerged)
+            layers = [
+                f for p in remerged if p.previous for x in p.previous.all_layers for f in x.files
+            ]
+            records = compact.as_records(compact.winners(groups, parts, deletions=True))
+            below = compact.read_layers(spark, settings.store, layers)
+            merged = compact.persisted(compact.fold(records.unionByName(below)))
+            for found in compact.partition_stats(merged):
+                rows[(found.topic, found.partition)] = found.live
+            to_write.append(compact.winners(merged, parts, deletions=False))
+        phases["read_and_fold"] = time.monotonic() - clock
+        clock = time.monotonic()
+        progress(f"writing snapshots of {len(horizons)} partitions ({len(deltas)} deltas)")
         tasks = int(spark.conf.get("spark.sql.shuffle.partitions"))
-        compact.write(groups, settings.store, horizons, settings.rows_per_file, tasks)
+        everything = functools.reduce(lambda a, b: a.unionByName(b), to_write)
+        compact.write(everything, settings.store, horizons, deltas, settings.rows_per_file, tasks)
         phases["write"] = time.monotonic() - clock
     finally:
         groups.unpersist()
-    files = {
-        (topic, partition): written_files(
-            store, topic, partition, horizon, stats[(topic, partition)].live, settings.rows_per_file
-        )
-        for (topic, partition), horizon in horizons.items()
-    }
+        if merged is not None:
+            merged.unpersist()
     created_at = now_iso()
     outcomes = []
     for p in plans:
-        s = stats.get((p.topic, p.partition))
-        horizon = horizons.get((p.topic, p.partition))
+        name = (p.topic, p.partition)
+        s = stats.get(name)
+        horizon = horizons.get(name)
         manifest = None
+        bytes_read = sum(segment.size for segment in p.segments)
         if s is not None and horizon is not None:
-            partition_files = tuple(files[(p.topic, p.partition)])
+            delta = name in deltas
+            files = tuple(
+                written_files(
+                    store,
+                    p.topic,
+                    p.partition,
+                    horizon,
+                    rows.get(name, 0),
+                    settings.rows_per_file,
+                    delta,
+                )
+            )
+            if p.previous is not None and not delta:
+                bytes_read += sum(f.bytes for x in p.previous.all_layers for f in x.files)
             manifest = Manifest(
                 topic=p.topic,
                 partition=p.partition,
                 horizon=horizon,
                 last_segment=p.segments[-1].base_offset,
                 previous_horizon=p.previous.horizon if p.previous else None,
-                files=partition_files,
-                rows=sum(f.rows for f in partition_files),
+                files=files,
+                rows=sum(f.rows for f in files),
                 records_in=s.records_in,
                 tombstones_dropped=s.tombstones,
                 keyless_skipped=s.keyless,
                 corrupt_batches=len(s.corrupt),
                 created_at=created_at,
+                schema_version=LAYERED_SCHEMA_VERSION if delta else SCHEMA_VERSION,
+                delta=delta,
+                layers=p.previous.all_layers if delta and p.previous else (),
             )
         outcomes.append(
             Outcome(
@@ -213,9 +289,14 @@ def compute(
                 s.tombstones if s else 0,
                 s.corrupt if s else (),
                 manifest,
+                bytes_read,
             )
         )
     return outcomes
+
+
+def _names(parts: Iterable[tuple[str, int]]) -> set[str]:
+    return {f"{topic}/{partition}" for topic, partition in parts}
 
 
 def commit(store: BlockingStore, outcomes: Sequence[Outcome]) -> list[Manifest]:
@@ -252,11 +333,11 @@ def apply_retention(
         horizons = manifest_horizons(listing)
         if len(horizons) < 2 and len(listing) == len(horizons):
             continue  # one snapshot and nothing else: nothing can expire
-        created = {}
+        manifests = {}
         for horizon in horizons:
             key = manifest_key(topic, partition, horizon)
-            created[horizon] = Manifest.decode(key, store.get(key)).created_at_seconds
-        doomed = retention_plan(topic, partition, listing, created, retention, now)
+            manifests[horizon] = Manifest.decode(key, store.get(key))
+        doomed = retention_plan(topic, partition, listing, manifests, retention, now)
         for key in [*doomed.manifests, *doomed.files]:
             store.delete(key)
             removed += 1
@@ -296,6 +377,9 @@ def run(
         summary.tombstones_dropped += outcome.tombstones
         summary.keyless_skipped += outcome.keyless
         summary.corrupt.extend(outcome.corrupt)
+        summary.bytes_read += outcome.bytes_read
+        if outcome.manifest is not None:
+            summary.bytes_written += sum(f.bytes for f in outcome.manifest.files)
     summary.corrupt_batches = len(summary.corrupt)
     for manifest in committed:
         summary.keys_out += manifest.rows
@@ -306,6 +390,8 @@ def run(
                 "horizon": manifest.horizon,
                 "rows": manifest.rows,
                 "files": len(manifest.files),
+                "delta": manifest.delta,
+                "layers": len(manifest.all_layers),
             }
         )
     summary.seconds = time.monotonic() - started

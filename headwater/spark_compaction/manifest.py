@@ -18,8 +18,9 @@ too); they are re-exported here.
 Retention: a snapshot whose manifest was superseded more than `retention` seconds ago is removed
 (manifest first, then its files, so no manifest ever points at missing files); so are data
 directories below the newest horizon that never got a manifest. The newest manifest and its files
-are never removed. Directories above the newest horizon are left alone: a running job may be
-writing them.
+are never removed, nor any directory a kept manifest lists as one of its layers (a delta's full
+layer outlives its own manifest). Directories above the newest horizon are left alone: a running
+job may be writing them.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ from dataclasses import dataclass
 
 from headwater.storage.objectstore import ObjectInfo
 from headwater.storage.snapshots import (
+    LAYERED_SCHEMA_VERSION,
     ROOT,
+    Layer,
     Manifest,
     SnapshotFile,
     data_key,
@@ -43,7 +46,9 @@ from headwater.storage.snapshots import (
 )
 
 __all__ = [
+    "LAYERED_SCHEMA_VERSION",
     "ROOT",
+    "Layer",
     "Manifest",
     "RetentionPlan",
     "SnapshotFile",
@@ -79,11 +84,11 @@ def retention_plan(
     topic: str,
     partition: int,
     listing: Sequence[ObjectInfo],
-    created_at: dict[int, float],
+    manifests: dict[int, Manifest],
     retention: float,
     now: float,
 ) -> RetentionPlan:
-    """What to remove from one partition; `created_at` maps each manifest's horizon to its time."""
+    """What to remove from one partition; `manifests` holds each of its manifests by horizon."""
     horizons = manifest_horizons(listing)
     if not horizons:
         return RetentionPlan([], [])
@@ -91,11 +96,13 @@ def retention_plan(
     directories = data_directories(listing, partition_prefix(topic, partition))
     doomed: list[int] = []
     for older, newer in itertools.pairwise(horizons):
-        if created_at[newer] + retention <= now:  # superseded long enough ago
+        if manifests[newer].created_at_seconds + retention <= now:  # superseded long enough ago
             doomed.append(older)
-    if created_at[newest] + retention <= now:
+    kept = [h for h in horizons if h not in doomed]
+    in_use = {layer.horizon for h in kept for layer in manifests[h].all_layers}
+    if manifests[newest].created_at_seconds + retention <= now:
         doomed.extend(h for h in directories if h < newest and h not in horizons)
     return RetentionPlan(
         [manifest_key(topic, partition, h) for h in doomed if h in horizons],
-        sorted(key for h in doomed for key in directories.get(h, [])),
+        sorted(key for h in doomed if h not in in_use for key in directories.get(h, [])),
     )

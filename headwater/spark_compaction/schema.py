@@ -7,7 +7,8 @@ field, what Spark derives from `WAL_DDL` (`STREAM_DDL`; pyspark checks it before
 Arrow batch from a data source); tests/test_spark_reader.py checks that.
 
 Snapshot rows are the Parquet files the job writes (docs/COMPACTION.md documents them): one row
-per live key of a partition, sorted by key, tombstones and keyless records already gone.
+per live key of a partition, sorted by key, tombstones and keyless records already gone; a delta
+layer's files (DELTA_SCHEMA) hold the keys a run changed, with a null value for a deletion.
 `SCHEMA_VERSION` goes into every manifest and changes whenever this file changes the Parquet
 schema, so a reader can refuse a snapshot it does not understand.
 """
@@ -19,10 +20,16 @@ from typing import Final
 import pyarrow as pa
 
 # the snapshot schema is read by the server too, so it lives in storage
-from headwater.storage.snapshot_schema import HEADER_TYPE, HEADERS_TYPE, SNAPSHOT_SCHEMA
+from headwater.storage.snapshot_schema import (
+    DELTA_SCHEMA,
+    HEADER_TYPE,
+    HEADERS_TYPE,
+    SNAPSHOT_SCHEMA,
+)
 from headwater.storage.snapshots import SCHEMA_VERSION
 
 __all__ = [
+    "DELTA_SCHEMA",
     "FOLDED_DDL",
     "FOLDED_SCHEMA",
     "HEADERS_TYPE",

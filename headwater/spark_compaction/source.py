@@ -16,11 +16,14 @@ converting row by row. Options (all strings, as Spark passes them):
   a `records` column counting the records it stands for (schema.FOLDED_DDL). The compaction job
   reads this way; Spark then folds the tasks' rows, far fewer than the records.
 
-`headwater_snapshot` reads snapshot Parquet files (one input partition per file) through the same
-store code, since the pyspark wheel has no S3 file system: `files`, a JSON list of
-[key, rows, bytes] as a manifest lists them, or `topics` for the newest snapshot of every
-partition of those topics. It also writes them, from Arrow batches (`DataSourceArrowWriter`),
-which is how the job stores snapshot files from its executors.
+`headwater_snapshot` reads snapshots through the same store code, since the pyspark wheel has no S3
+file system: `topics` gives the newest snapshot of every partition of those topics, one input
+partition each, its layers merged (one row per live key); `files`, a JSON list of [key, rows,
+bytes] as a manifest lists them, gives those files' rows as they are, one input partition per
+file (a delta file's deletions as rows with a null value: the job folds them with the rest). It
+also writes snapshot files, from Arrow batches (`DataSourceArrowWriter`), which is how the job
+stores them from its executors (`deltas`, a JSON list of "<topic>/<partition>", marks the
+partitions that get a delta layer).
 
 This module imports pyspark; only the compaction job imports it, never the server.
 """
@@ -43,8 +46,8 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from headwater.spark_compaction.loader import decode_snapshot_file, newest_manifest
-from headwater.spark_compaction.manifest import SnapshotFile
+from headwater.spark_compaction.loader import Overlay, decode_snapshot_file, newest_manifest
+from headwater.spark_compaction.manifest import Manifest, SnapshotFile
 from headwater.spark_compaction.schema import FOLDED_DDL, WAL_DDL
 from headwater.spark_compaction.store import BlockingStore, StoreSpec, open_store
 from headwater.spark_compaction.wal_segments import (
@@ -156,19 +159,24 @@ class SnapshotReader(DataSourceReader):
         self.topics = [t for t in options.get("topics", "").split(",") if t]
 
     def partitions(self) -> Sequence[InputPartition]:
-        files = self.files
-        if files is None:
-            files = asyncio.run(_newest_files(self.spec, self.topics))
-        return [InputPartition(f) for f in files] or [InputPartition(None)]
+        parts: Sequence[SnapshotFile | Manifest]
+        if self.files is not None:
+            parts = self.files
+        else:
+            parts = asyncio.run(_newest_manifests(self.spec, self.topics))
+        return [InputPartition(p) for p in parts] or [InputPartition(None)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        file = partition.value
-        if file is None:
+        part = partition.value
+        if part is None:
             return
         with BlockingStore(self.spec) as store:
-            data = store.get(file.key)
-        table = decode_snapshot_file(file, data).cast(SNAPSHOT_READ_SCHEMA)
-        yield from table.to_batches()
+            if isinstance(part, SnapshotFile):
+                tables = iter([decode_snapshot_file(part, store.get(part.key))])
+            else:
+                tables = merged_snapshot(store, part)
+            for table in tables:
+                yield from table.cast(SNAPSHOT_READ_SCHEMA).to_batches()
 
 
 class SnapshotWriterTask(DataSourceArrowWriter):
@@ -180,10 +188,18 @@ class SnapshotWriterTask(DataSourceArrowWriter):
             for topic, partition in [name.rsplit("/", 1)]
         }
         self.rows_per_file = int(options.get("rows_per_file", ROWS_PER_FILE))
+        self.deltas = frozenset(
+            (topic, int(partition))
+            for name in json.loads(options.get("deltas", "[]"))
+            for topic, partition in [name.rsplit("/", 1)]
+        )
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         with BlockingStore(self.spec) as store:
-            for _ in write_snapshot_files(store, self.horizons, iterator, self.rows_per_file):
+            written = write_snapshot_files(
+                store, self.horizons, iterator, self.rows_per_file, self.deltas
+            )
+            for _ in written:
                 pass
         return WriterCommitMessage()
 
@@ -213,7 +229,21 @@ class SnapshotDataSource(DataSource):
         return SnapshotWriterTask(dict(self.options))
 
 
-async def _newest_files(spec: StoreSpec, topics: list[str]) -> list[SnapshotFile]:
+def merged_snapshot(store: BlockingStore, manifest: Manifest) -> Iterator[pa.Table]:
+    """A snapshot's live rows in key order, its layers merged (the loader's `Overlay`)."""
+    full, *deltas = manifest.all_layers
+    overlay = None
+    if deltas:
+        changes = [decode_snapshot_file(f, store.get(f.key)) for d in deltas for f in d.files]
+        overlay = Overlay(changes)
+    for file in full.files:
+        table = decode_snapshot_file(file, store.get(file.key))
+        yield table if overlay is None else overlay.merge(table)
+    if overlay is not None:
+        yield overlay.rest()
+
+
+async def _newest_manifests(spec: StoreSpec, topics: list[str]) -> list[Manifest]:
     store = await open_store(spec)
     try:
         partitions: set[tuple[str, int]] = set()
@@ -222,12 +252,12 @@ async def _newest_files(spec: StoreSpec, topics: list[str]) -> list[SnapshotFile
                 parts = info.key.split("/")
                 if len(parts) >= 4 and parts[2].isdigit():
                     partitions.add((topic, int(parts[2])))
-        files: list[SnapshotFile] = []
+        manifests = []
         for topic, partition in sorted(partitions):
             manifest = await newest_manifest(store, topic, partition)
             if manifest is not None:
-                files.extend(manifest.files)
-        return files
+                manifests.append(manifest)
+        return manifests
     finally:
         await store.close()
 

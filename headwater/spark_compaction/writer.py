@@ -8,6 +8,9 @@ every `rows_per_file` rows (and one for the rest), named `part-00000.parquet`,
 depend only on the rows, never on how Spark happened to batch them, and a rerun produces the same
 names with the same bytes (same rows, same order, same writer settings).
 
+A partition named in `deltas` gets a delta layer: `delta-00000.parquet`, ... with DELTA_SCHEMA,
+its rows the keys the run changed, a deletion as a null value.
+
 Because files are cut at fixed row counts, the driver knows the names and row counts of a
 partition's files from its number of live keys alone (`expected_files`), and needs nothing back
 from the tasks but success. Each file is built in memory and stored with one put (the object
@@ -24,7 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from headwater.spark_compaction.manifest import SnapshotFile, data_key
-from headwater.spark_compaction.schema import SNAPSHOT_SCHEMA
+from headwater.spark_compaction.schema import DELTA_SCHEMA, SNAPSHOT_SCHEMA
 from headwater.spark_compaction.store import BlockingStore
 
 ROWS_PER_FILE = 1_000_000
@@ -32,10 +35,10 @@ ROW_GROUP_ROWS = 128 * 1024
 COMPRESSION = "zstd"
 
 
-def encode_parquet(table: pa.Table) -> bytes:
+def encode_parquet(table: pa.Table, delta: bool = False) -> bytes:
     sink = io.BytesIO()
     pq.write_table(
-        table.cast(SNAPSHOT_SCHEMA),
+        table.cast(DELTA_SCHEMA if delta else SNAPSHOT_SCHEMA),
         sink,
         compression=COMPRESSION,
         row_group_size=ROW_GROUP_ROWS,
@@ -49,6 +52,7 @@ class _Pending:
     topic: str
     partition: int
     horizon: int
+    delta: bool
     tables: list[pa.Table]
     rows: int = 0
     index: int = 0
@@ -58,11 +62,16 @@ class SnapshotWriter:
     """Writes the snapshot files of the partitions whose rows it is fed, in order."""
 
     def __init__(
-        self, store: BlockingStore, horizons: dict[tuple[str, int], int], rows_per_file: int
+        self,
+        store: BlockingStore,
+        horizons: dict[tuple[str, int], int],
+        rows_per_file: int,
+        deltas: frozenset[tuple[str, int]] = frozenset(),
     ) -> None:
         self._store = store
         self._horizons = horizons
         self._rows_per_file = rows_per_file
+        self._deltas = deltas
         self._pending: _Pending | None = None
 
     def feed(self, batch: pa.RecordBatch) -> Iterator[SnapshotFile]:
@@ -89,7 +98,8 @@ class SnapshotWriter:
             horizon = self._horizons.get((topic, partition))
             if horizon is None:  # nothing new was read for it: its snapshot stays as it is
                 return
-            pending = self._pending = _Pending(topic, partition, horizon, [])
+            delta = (topic, partition) in self._deltas
+            pending = self._pending = _Pending(topic, partition, horizon, delta, [])
         pending.tables.append(rows)
         pending.rows += rows.num_rows
         while pending.rows >= self._rows_per_file:
@@ -106,9 +116,11 @@ class SnapshotWriter:
         rest = combined.slice(count)
         pending.tables = [rest] if rest.num_rows else []
         pending.rows = rest.num_rows
-        key = data_key(pending.topic, pending.partition, pending.horizon, pending.index)
+        key = data_key(
+            pending.topic, pending.partition, pending.horizon, pending.index, pending.delta
+        )
         pending.index += 1
-        data = encode_parquet(table)
+        data = encode_parquet(table, pending.delta)
         self._store.put(key, data)
         return SnapshotFile(key, table.num_rows, len(data))
 
@@ -118,9 +130,10 @@ def write_snapshot_files(
     horizons: dict[tuple[str, int], int],
     batches: Iterable[pa.RecordBatch],
     rows_per_file: int = ROWS_PER_FILE,
+    deltas: frozenset[tuple[str, int]] = frozenset(),
 ) -> Iterator[tuple[str, int, SnapshotFile]]:
     """Feed sorted batches to a writer; yields (topic, partition, file) per file stored."""
-    writer = SnapshotWriter(store, horizons, rows_per_file)
+    writer = SnapshotWriter(store, horizons, rows_per_file, deltas)
     for batch in batches:
         for written in writer.feed(batch):
             yield (*_owner(written), written)
@@ -129,12 +142,15 @@ def write_snapshot_files(
 
 
 def expected_files(
-    topic: str, partition: int, horizon: int, rows: int, rows_per_file: int
+    topic: str, partition: int, horizon: int, rows: int, rows_per_file: int, delta: bool = False
 ) -> list[tuple[str, int]]:
-    """(key, rows) of each file a writer makes for a partition of `rows` live keys."""
+    """(key, rows) of each file a writer makes for a partition of `rows` rows."""
     count = -(-rows // rows_per_file)
     return [
-        (data_key(topic, partition, horizon, i), min(rows_per_file, rows - i * rows_per_file))
+        (
+            data_key(topic, partition, horizon, i, delta),
+            min(rows_per_file, rows - i * rows_per_file),
+        )
         for i in range(count)
     ]
 

@@ -1,4 +1,4 @@
-"""The Arrow schema of snapshot files (pyarrow), apart from their layout and manifests.
+"""The Arrow schemas of snapshot files (pyarrow), apart from their layout and manifests.
 
 `storage.snapshots` names, lists and commits snapshots and is imported by the server at start-up;
 importing pyarrow costs about 0.4 s of CPU, and a server reads a snapshot file only when a topic
@@ -25,4 +25,9 @@ SNAPSHOT_SCHEMA: Final = pa.schema(
         pa.field("timestamp", pa.int64(), nullable=False),
         pa.field("headers", HEADERS_TYPE, nullable=False),
     ]
+)
+# A delta layer's files (`delta-NNNNN.parquet`): the keys a run changed, deletions included, so
+# `value` is null for a key the run deleted; every other column as in a full snapshot.
+DELTA_SCHEMA: Final = SNAPSHOT_SCHEMA.set(
+    SNAPSHOT_SCHEMA.get_field_index("value"), pa.field("value", pa.binary(), nullable=True)
 )

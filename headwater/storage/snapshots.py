@@ -5,6 +5,7 @@ rebuild, the `snapshot` start position, `describe`). Both use this module, so th
 imports the job's package (nor pyspark). Layout, per topic and partition:
 
     snapshots/<topic>/<partition>/<horizon, 20 digits>/part-00000.parquet, part-00001.parquet, ...
+    snapshots/<topic>/<partition>/<horizon, 20 digits>/delta-00000.parquet, ...
     snapshots/<topic>/<partition>/manifest-<horizon, 20 digits>.json
 
 The horizon is the offset after the last record folded in: the snapshot holds, for every live key,
@@ -13,11 +14,21 @@ Readers look only for manifests, take the one with the highest horizon, and read
 lists. Each file is checked against its manifest (size, row count, schema) as it is read, and one
 that does not check raises `StorageError` rather than yield part of a snapshot; files are decoded
 off the event loop. docs/COMPACTION.md documents the schema.
+
+A snapshot is a full layer (`part-` files: every live key) or a delta over one: a manifest with
+`delta` set lists, in `layers`, the full layer and the earlier deltas it lies over, oldest first,
+and its own files hold only the keys its run changed, a deletion as a row with a null value.
+Every row of a delta is newer than every row below it, since each layer only folds records above
+the horizon of the one before. Reading merges the layers as it streams the full layer: the
+deltas (small: the job folds them into a new full layer once they pass a fraction of it) become one
+sorted `Overlay`, newest row per key, and each batch of full-layer rows, which come in key order,
+gives way to the overlay's rows of its key range.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import json
 import time
@@ -38,6 +49,9 @@ ROOT = "snapshots"
 # changes whenever storage.snapshot_schema.SNAPSHOT_SCHEMA changes (that module imports pyarrow,
 # which only the functions reading files import: not the server's start-up)
 SCHEMA_VERSION: Final = 1
+# a manifest with delta layers says 2, so a reader that knows only full snapshots refuses it
+# rather than read a delta's changed keys as the whole state; a full snapshot still says 1
+LAYERED_SCHEMA_VERSION: Final = 2
 
 log = structlog.get_logger("headwater.snapshots")
 
@@ -61,8 +75,13 @@ def data_prefix(topic: str, partition: int, horizon: int) -> str:
     return f"{partition_prefix(topic, partition)}{horizon:020d}/"
 
 
-def data_key(topic: str, partition: int, horizon: int, index: int) -> str:
-    return f"{data_prefix(topic, partition, horizon)}part-{index:05d}.parquet"
+def data_key(topic: str, partition: int, horizon: int, index: int, delta: bool = False) -> str:
+    kind = _DELTA_FILE if delta else _FULL_FILE
+    return f"{data_prefix(topic, partition, horizon)}{kind}{index:05d}.parquet"
+
+
+_FULL_FILE = "part-"
+_DELTA_FILE = "delta-"
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +89,24 @@ class SnapshotFile:
     key: str
     rows: int
     bytes: int
+
+    @property
+    def delta(self) -> bool:
+        """A delta layer's file: changed keys, deletions as null values (DELTA_SCHEMA)."""
+        return self.key.rsplit("/", 1)[-1].startswith(_DELTA_FILE)
+
+
+@dataclass(frozen=True, slots=True)
+class Layer:
+    """One horizon's files as a reader merges them: a full layer, or a delta over the ones below."""
+
+    horizon: int
+    delta: bool
+    files: tuple[SnapshotFile, ...]
+
+    @property
+    def rows(self) -> int:
+        return sum(f.rows for f in self.files)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,10 +124,13 @@ class Manifest:
     corrupt_batches: int
     created_at: str  # ISO 8601, UTC: the only field that depends on the clock
     schema_version: int = SCHEMA_VERSION
+    delta: bool = False  # `files` hold the keys this run changed, laid over `layers`
+    layers: tuple[Layer, ...] = ()  # a delta's full layer and earlier deltas, oldest first
 
     def encode(self) -> bytes:
         document = asdict(self)
-        document["files"] = [asdict(f) for f in self.files]
+        if not self.delta:  # a full snapshot's manifest is the same as before deltas existed
+            del document["delta"], document["layers"]
         return (json.dumps(document, indent=2, sort_keys=True) + "\n").encode()
 
     @classmethod
@@ -98,15 +138,51 @@ class Manifest:
         try:
             document = json.loads(data)
             files = tuple(SnapshotFile(**f) for f in document.pop("files"))
-            manifest = cls(files=files, **document)
+            layers = tuple(
+                Layer(
+                    layer["horizon"],
+                    layer["delta"],
+                    tuple(SnapshotFile(**f) for f in layer["files"]),
+                )
+                for layer in document.pop("layers", ())
+            )
+            manifest = cls(files=files, layers=layers, **document)
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise StorageError(f"snapshot manifest {key} is not valid: {exc}") from None
-        if manifest.schema_version != SCHEMA_VERSION:
+        expected = LAYERED_SCHEMA_VERSION if manifest.delta else SCHEMA_VERSION
+        if manifest.schema_version != expected:
             raise StorageError(
                 f"snapshot manifest {key} has schema version {manifest.schema_version}; "
-                f"this version reads {SCHEMA_VERSION}"
+                f"this version reads {SCHEMA_VERSION} (full) and {LAYERED_SCHEMA_VERSION} (delta)"
             )
+        problem = manifest.layering_problem()
+        if problem:
+            raise StorageError(f"snapshot manifest {key} is not valid: {problem}")
         return manifest
+
+    def layering_problem(self) -> str | None:
+        """Why the layers cannot be merged as they are listed, or None."""
+        layers = self.all_layers
+        if layers[0].delta:
+            return "its lowest layer is a delta, not a full snapshot"
+        if any(not layer.delta for layer in layers[1:]):
+            return "a full layer lies over another layer"
+        horizons = [layer.horizon for layer in layers]
+        if horizons != sorted(set(horizons)):
+            return f"its layers' horizons {horizons} do not rise"
+        if any(f.delta != layer.delta for layer in layers for f in layer.files):
+            return "a layer lists a file of the other kind"
+        return None
+
+    @property
+    def all_layers(self) -> tuple[Layer, ...]:
+        """What a reader merges, oldest first: the layers below, then this manifest's own files."""
+        return (*self.layers, Layer(self.horizon, self.delta, self.files))
+
+    @property
+    def rows_to_read(self) -> int:
+        """Rows a reader reads to load this snapshot: every layer's (`rows` is this run's)."""
+        return sum(layer.rows for layer in self.all_layers)
 
     @property
     def created_at_seconds(self) -> float:
@@ -205,10 +281,23 @@ class Snapshot:
         return self.manifest.horizon
 
     async def batches(self) -> AsyncIterator[pa.RecordBatch]:
-        for file in self.manifest.files:
+        """Every live key's row, in key order, the layers merged (SNAPSHOT_SCHEMA)."""
+        full, *deltas = self.manifest.all_layers
+        overlay = None
+        if deltas:
+            changes = [await read_snapshot_file(self.store, f) for d in deltas for f in d.files]
+            overlay = await asyncio.to_thread(Overlay, changes)
+        for file in full.files:
             table = await read_snapshot_file(self.store, file)
             for batch in table.to_batches():
-                yield batch
+                if overlay is None:
+                    yield batch
+                    continue
+                for merged in (await asyncio.to_thread(overlay.merge, batch)).to_batches():
+                    yield merged
+        if overlay is not None:
+            for merged in overlay.rest().to_batches():
+                yield merged
 
     async def rows(self) -> AsyncIterator[SnapshotRow]:
         async for batch in self.batches():
@@ -221,8 +310,67 @@ class Snapshot:
 
         from headwater.storage.snapshot_schema import SNAPSHOT_SCHEMA
 
-        tables = [await read_snapshot_file(self.store, f) for f in self.manifest.files]
-        return pa.concat_tables(tables) if tables else SNAPSHOT_SCHEMA.empty_table()
+        batches = [batch async for batch in self.batches()]
+        return pa.Table.from_batches(batches, SNAPSHOT_SCHEMA)
+
+
+class Overlay:
+    """The delta layers of a snapshot as one sorted table: the newest row of each changed key,
+    deletions included, laid over the full layer's rows batch by batch (`merge`), which must come
+    in key order; `rest` gives the changed keys above the last batch. Keys compare as unsigned
+    bytes, in Arrow's sort and in Python's `bytes` alike."""
+
+    def __init__(self, deltas: Sequence[pa.Table]) -> None:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        from headwater.storage.snapshot_schema import DELTA_SCHEMA
+
+        tables = [DELTA_SCHEMA.empty_table(), *(t.cast(DELTA_SCHEMA) for t in deltas)]
+        changes = pa.concat_tables(tables).combine_chunks()
+        changes = changes.sort_by([("key", "ascending"), ("offset", "descending")])
+        keys = changes.column("key")
+        if len(changes) > 1:  # the first row of each key is its newest
+            differs = pc.not_equal(keys.slice(1), keys.slice(0, len(changes) - 1))
+            changes = changes.filter(pa.concat_arrays([pa.array([True]), differs.combine_chunks()]))
+        self._changes = changes
+        self._keys: list[bytes] = changes.column("key").to_pylist()
+        self._next = 0  # the first change not merged yet
+
+    def merge(self, batch: pa.RecordBatch | pa.Table) -> pa.Table:
+        """The full-layer rows of `batch` with the changes up to its last key, live rows only."""
+        if batch.num_rows == 0:
+            return self._lay(batch, self._next)
+        upper = bisect.bisect_right(self._keys, batch.column("key")[-1].as_py(), lo=self._next)
+        return self._lay(batch, upper)
+
+    def rest(self) -> pa.Table:
+        return self._lay(None, len(self._keys))
+
+    def _lay(self, batch: pa.RecordBatch | pa.Table | None, upper: int) -> pa.Table:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        from headwater.storage.snapshot_schema import DELTA_SCHEMA
+
+        changes = self._changes.slice(self._next, upper - self._next)
+        self._next = upper
+        if batch is None:
+            return self._live(changes)
+        rows = pa.Table.from_batches([batch]) if isinstance(batch, pa.RecordBatch) else batch
+        if changes.num_rows == 0:
+            return rows
+        unchanged = rows.filter(pc.invert(pc.is_in(rows.column("key"), changes.column("key"))))
+        merged = pa.concat_tables([unchanged.cast(DELTA_SCHEMA), changes])
+        return self._live(merged.sort_by("key"))
+
+    @staticmethod
+    def _live(rows: pa.Table) -> pa.Table:
+        import pyarrow.compute as pc
+
+        from headwater.storage.snapshot_schema import SNAPSHOT_SCHEMA
+
+        return rows.filter(pc.is_valid(rows.column("value"))).cast(SNAPSHOT_SCHEMA)
 
 
 def batch_rows(batch: pa.RecordBatch | pa.Table) -> list[SnapshotRow]:
@@ -273,7 +421,7 @@ def decode_snapshot_file(file: SnapshotFile, data: bytes) -> pa.Table:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from headwater.storage.snapshot_schema import SNAPSHOT_SCHEMA
+    from headwater.storage.snapshot_schema import DELTA_SCHEMA, SNAPSHOT_SCHEMA
 
     if len(data) != file.bytes:
         raise StorageError(
@@ -287,6 +435,6 @@ def decode_snapshot_file(file: SnapshotFile, data: bytes) -> pa.Table:
         raise StorageError(
             f"snapshot file {file.key} holds {table.num_rows} rows, its manifest says {file.rows}"
         )
-    if not table.schema.equals(SNAPSHOT_SCHEMA):
+    if not table.schema.equals(DELTA_SCHEMA if file.delta else SNAPSHOT_SCHEMA):
         raise StorageError(f"snapshot file {file.key} has schema {table.schema}, not the expected")
     return table

@@ -143,14 +143,16 @@ class LastValueIndex(LastValueKeys):
                 error=str(exc),
             )
             return
-        if applied >= start_offset and horizon - applied <= manifest.rows:
+        if applied >= start_offset and horizon - applied <= manifest.rows_to_read:
             return  # replaying the WAL is no more work than loading the snapshot
         snapshot = Snapshot(store, manifest)
         self._loading.add(partition)
+        keys = 0
         try:
             self._store.begin_load(partition, belongs)
             async for batch in snapshot.batches():
                 rows = batch_rows(batch)
+                keys += len(rows)
                 for start in range(0, len(rows), _LOAD_CHUNK):
                     self._store.put_rows(
                         {
@@ -185,7 +187,8 @@ class LastValueIndex(LastValueKeys):
             topic=self.topic,
             partition=partition,
             horizon=horizon,
-            keys=manifest.rows,
+            keys=keys,
+            layers=len(manifest.all_layers),
             state_was_at=applied,
         )
 
