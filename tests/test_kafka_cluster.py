@@ -432,14 +432,8 @@ def test_a_partition_handed_off_keeps_the_offset_its_group_committed_through_ano
     owners = asyncio.run(cluster.owners(topic))
     partition, owner = next((p, b) for p, b in sorted(owners.items()) if b != coordinator.broker_id)
     asyncio.run(_subscribe_natively(cluster, owner, topic, group))
-    committer = Consumer(
-        {"bootstrap.servers": _bootstrap(cluster), "group.id": group, "enable.auto.commit": False}
-    )
     last = ends[partition] - 1
-    try:
-        committer.commit(offsets=[TopicPartition(topic, partition, last)], asynchronous=False)
-    finally:
-        committer.close()
+    _commit(cluster, topic, group, partition, last)
     assert _committed(cluster, topic, group)[partition] == last
     cluster.brokers[owner].stop()  # graceful: it hands its partitions off
     try:
@@ -447,6 +441,70 @@ def test_a_partition_handed_off_keeps_the_offset_its_group_committed_through_ano
         assert _committed(cluster, topic, group, without=owner)[partition] == last
     finally:
         cluster.restart_broker(owner)
+
+
+def test_an_owner_whose_copy_moves_after_a_commit_through_another_broker_takes_the_commit(
+    cluster: Cluster,
+) -> None:
+    """A native consumer of a subscription holds an unacked message of a partition while a Kafka
+    group of the same name commits that partition's offset through its coordinator, another
+    broker. The consumer then acks, so the owner's copy of the cursor moves: its next checkpoint
+    (every 0.5 s) must not write that copy over the commit (it did, and the group's commit was
+    lost whenever the copy had moved: test_a_partition_handed_off_... failed now and then). The
+    owner takes the commit instead, as a seek."""
+    topic, group = "adopted", "mixed-consumers"
+    _create_topic(cluster, topic)
+    acked: list[tuple[int, int, bytes]] = []
+    producer = _producer(cluster, acked)
+    for i in range(20 * PARTITIONS):
+        _send(producer, topic, f"a{i}".encode(), i)
+    assert producer.flush(60) == 0
+    ends = [max(o for p, o, _ in acked if p == partition) + 1 for partition in range(PARTITIONS)]
+    coordinator = ClusterNodes(_Peers(cluster.kafka_ports, {})).coordinator(group)
+    assert coordinator is not None
+    owners = asyncio.run(cluster.owners(topic))
+    partition, owner = next((p, b) for p, b in sorted(owners.items()) if b != coordinator.broker_id)
+    last = ends[partition] - 1
+
+    async def mixed() -> None:
+        async with await headwater.connect(await cluster.address(owner)) as client:
+            consumer = await client.subscribe(topic, group, type="failover", start="earliest")
+            held = None
+            for _ in range(20 * PARTITIONS):
+                message = await consumer.receive(timeout=30)
+                if message.partition == partition:
+                    held = message
+                    break
+            assert held is not None and held.offset < last
+            await asyncio.to_thread(_commit, cluster, topic, group, partition, last)
+            committed = await asyncio.to_thread(_committed, cluster, topic, group)
+            assert committed[partition] == last
+            await held.ack()  # the owner's copy moves
+            deadline = time.monotonic() + 60
+            while "cluster.checkpoint_adopted" not in cluster.brokers[owner].log():
+                committed = await asyncio.to_thread(_committed, cluster, topic, group)
+                assert committed[partition] == last, "the owner wrote its copy over the commit"
+                assert time.monotonic() < deadline, "the owner never checkpointed"
+                await asyncio.sleep(0.2)
+
+    asyncio.run(mixed())
+    assert _committed(cluster, topic, group)[partition] == last
+    cluster.brokers[owner].stop()  # graceful: its release writes what it holds now
+    try:
+        asyncio.run(cluster.wait_owned(topic, PARTITIONS, set(BROKERS) - {owner}, timeout=60))
+        assert _committed(cluster, topic, group, without=owner)[partition] == last
+    finally:
+        cluster.restart_broker(owner)
+
+
+def _commit(cluster: Cluster, topic: str, group: str, partition: int, offset: int) -> None:
+    committer = Consumer(
+        {"bootstrap.servers": _bootstrap(cluster), "group.id": group, "enable.auto.commit": False}
+    )
+    try:
+        committer.commit(offsets=[TopicPartition(topic, partition, offset)], asynchronous=False)
+    finally:
+        committer.close()
 
 
 async def _subscribe_natively(cluster: Cluster, broker: str, topic: str, name: str) -> None:

@@ -112,7 +112,7 @@ class ClusterMode:
         )
         self.committer.on_stored = self.partitions.stored
         self.exclusive = ExclusiveGate(coordinator, catalog.topics)
-        self.group_cursors = GroupCursors(coordinator)
+        self.group_cursors = GroupCursors(coordinator, self.partitions)
         self._catalog = catalog
         self._broker = broker
         self.producer_ids = coordinator.producer_ids()
@@ -320,8 +320,9 @@ class GroupCursors:
     checkpoints of the subscription's cursors in etcd, the very ones a partition's next owner
     takes its cursors from, so wherever the group's coordinator moves its offsets are there."""
 
-    def __init__(self, coordinator: Coordinator) -> None:
+    def __init__(self, coordinator: Coordinator, partitions: ClusterPartitions) -> None:
         self._coordinator = coordinator
+        self._partitions = partitions
 
     def serves(self, topic: str, partition: int) -> bool:
         return self._coordinator.serves(topic, partition)
@@ -338,14 +339,13 @@ class GroupCursors:
         return floors
 
     async def store(self, topic: str, subscription: str, offsets: dict[int, int]) -> None:
+        cursors = {p: PartitionCursor.starting_at(offset).encode() for p, offset in offsets.items()}
         await self._coordinator.put_checkpoints(
-            {
-                checkpoint_key(topic, subscription, partition): PartitionCursor.starting_at(
-                    offset
-                ).encode()
-                for partition, offset in offsets.items()
-            }
+            {checkpoint_key(topic, subscription, p): data for p, data in cursors.items()}
         )
+        for partition, data in cursors.items():
+            if self.serves(topic, partition):  # written by the owner itself: not a foreign commit
+                self._partitions.checkpointed(topic, subscription, partition, data)
 
 
 class CloudDurability:

@@ -86,7 +86,9 @@ FOLD_AFTER_TAKE_OVER = 2.0  # seconds a take-over's fold waits at most for our f
 
 
 class Checkpoints(Protocol):
-    async def put_checkpoint(self, key: str, value: bytes) -> None: ...
+    async def swap_checkpoint(
+        self, key: str, value: bytes, expected: bytes | None, since: int = 0
+    ) -> tuple[bool, bytes | None]: ...
 
     async def create_checkpoint(self, key: str, value: bytes, since: int = 0) -> bytes | None: ...
 
@@ -842,6 +844,11 @@ class ClusterPartitions:
             self._written[name, subscription, partition] = start
         found.wake()
 
+    def checkpointed(self, topic: str, subscription: str, partition: int, data: bytes) -> None:
+        """This broker wrote a checkpoint itself (a Kafka group's commit of a partition it
+        serves): the next write of that cursor goes over it, not a foreign one."""
+        self._written[topic, subscription, partition] = data
+
     async def _checkpoint_loop(self) -> None:
         while True:
             await asyncio.sleep(self._interval)
@@ -858,19 +865,42 @@ class ClusterPartitions:
                     break
 
     async def _checkpoint_partition(self, topic: str, partition: int) -> None:
-        """The partition's cursors that moved since they were loaded or last written."""
+        """The partition's cursors that moved since they were loaded or last written, each
+        written only over what this broker loaded or wrote last. A checkpoint another broker
+        wrote since is a Kafka group's commit through its coordinator (nothing else writes a
+        checkpoint of a partition this broker owns): it stands, and the cursor here takes it, as
+        a seek would. Overwriting it with this broker's copy lost the commit whenever the copy
+        had moved for another reason (deliveries to a native consumer, their counts)."""
         found = self._catalog.topics.get(topic)
         if not isinstance(found, LogTopic):
             return
+        since = self._checkpoints.incarnation(topic)
         for subscription in _reliable(found):
             data = subscription.core.cursors[partition].encode()
             ident = (topic, subscription.name, partition)
-            if self._written.get(ident) == data:
+            expected = self._written.get(ident)
+            if expected == data:
                 continue
-            await self._checkpoints.put_checkpoint(
-                checkpoint_key(topic, subscription.name, partition), data
+            key = checkpoint_key(topic, subscription.name, partition)
+            written, theirs = await self._checkpoints.swap_checkpoint(key, data, expected, since)
+            if not written and theirs is None:  # deleted since (the subscription, re-created)
+                written, theirs = await self._checkpoints.swap_checkpoint(key, data, None, since)
+            if written or theirs is None:
+                self._written[ident] = data
+                continue
+            subscription.core.replace_cursor(
+                partition, PartitionCursor.decode(theirs), time.monotonic()
             )
-            self._written[ident] = data
+            subscription.persist()
+            subscription.wake()
+            self._written[ident] = theirs
+            log.info(
+                "cluster.checkpoint_adopted",
+                topic=topic,
+                partition=partition,
+                subscription=subscription.name,
+                floor=PartitionCursor.decode(theirs).floor,
+            )
 
 
 class _Scan:

@@ -247,22 +247,36 @@ class Metadata:
         after revision `since`): None when written, else the one there, left as it is. One
         transaction: a cursor another broker stored meanwhile (a Kafka group's commit through
         its coordinator) is never overwritten by a start."""
+        written, found = await self.swap_checkpoint(key, value, None, since)
+        return None if written else found
+
+    async def swap_checkpoint(
+        self, key: str, value: bytes, expected: bytes | None, since: int = 0
+    ) -> tuple[bool, bytes | None]:
+        """Write `value` if the key still holds `expected` (None: no checkpoint of this
+        incarnation, written at or after revision `since`), in one transaction. (True, None)
+        when written; else (False, what the key holds, None when nothing): another broker wrote
+        it since (a Kafka group's commit through its coordinator), and it stands."""
         _check_checkpoint(key, value)
         raw = self._layout.checkpoint(key)
 
         def transaction(c: Any) -> Any:
-            return c.transaction(
+            if expected is None:
                 # an absent key's mod revision is 0: below every revision etcd gives
-                compare=[c.transactions.mod(raw) < max(since, 1)],
+                holds = c.transactions.mod(raw) < max(since, 1)
+            else:
+                holds = c.transactions.value(raw) == bytes(expected)
+            return c.transaction(
+                compare=[holds],
                 success=[c.transactions.put(raw, bytes(value))],
                 failure=[c.transactions.get(raw)],
             )
 
         written, responses = await self._etcd(transaction)
         if written:
-            return None
+            return True, None
         found = responses[0]
-        return bytes(found[0][0]) if found else None
+        return False, (bytes(found[0][0]) if found else None)
 
     async def get_checkpoint(self, key: str, since: int = 0) -> bytes | None:
         """The checkpoint, unless it was last written before revision `since` (by a deleted
