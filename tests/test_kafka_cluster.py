@@ -419,18 +419,8 @@ def test_a_partition_handed_off_keeps_the_offset_its_group_committed_through_ano
     partition off: the offset the group committed is what the next owner and OffsetFetch see
     (the hand-off used to write the owner's stale copy over it)."""
     topic, group = "handed", "committers"
-    _create_topic(cluster, topic)
-    acked: list[tuple[int, int, bytes]] = []
-    producer = _producer(cluster, acked)
-    for i in range(20 * PARTITIONS):
-        _send(producer, topic, f"h{i}".encode(), i)
-    assert producer.flush(60) == 0
-    ends = [max(o for p, o, _ in acked if p == partition) + 1 for partition in range(PARTITIONS)]
-    peers = _Peers(cluster.kafka_ports, {})
-    coordinator = ClusterNodes(peers).coordinator(group)
-    assert coordinator is not None
-    owners = asyncio.run(cluster.owners(topic))
-    partition, owner = next((p, b) for p, b in sorted(owners.items()) if b != coordinator.broker_id)
+    ends = _topic_of_twenty_per_partition(cluster, topic)
+    partition, owner = _served_away_from_the_coordinator(cluster, topic, group)
     asyncio.run(_subscribe_natively(cluster, owner, topic, group))
     last = ends[partition] - 1
     _commit(cluster, topic, group, partition, last)
@@ -453,17 +443,8 @@ def test_an_owner_whose_copy_moves_after_a_commit_through_another_broker_takes_t
     lost whenever the copy had moved: test_a_partition_handed_off_... failed now and then). The
     owner takes the commit instead, as a seek."""
     topic, group = "adopted", "mixed-consumers"
-    _create_topic(cluster, topic)
-    acked: list[tuple[int, int, bytes]] = []
-    producer = _producer(cluster, acked)
-    for i in range(20 * PARTITIONS):
-        _send(producer, topic, f"a{i}".encode(), i)
-    assert producer.flush(60) == 0
-    ends = [max(o for p, o, _ in acked if p == partition) + 1 for partition in range(PARTITIONS)]
-    coordinator = ClusterNodes(_Peers(cluster.kafka_ports, {})).coordinator(group)
-    assert coordinator is not None
-    owners = asyncio.run(cluster.owners(topic))
-    partition, owner = next((p, b) for p, b in sorted(owners.items()) if b != coordinator.broker_id)
+    ends = _topic_of_twenty_per_partition(cluster, topic)
+    partition, owner = _served_away_from_the_coordinator(cluster, topic, group)
     last = ends[partition] - 1
 
     async def mixed() -> None:
@@ -495,6 +476,25 @@ def test_an_owner_whose_copy_moves_after_a_commit_through_another_broker_takes_t
         assert _committed(cluster, topic, group, without=owner)[partition] == last
     finally:
         cluster.restart_broker(owner)
+
+
+def _topic_of_twenty_per_partition(cluster: Cluster, topic: str) -> list[int]:
+    """A topic with 20 acknowledged messages in each partition; each partition's end."""
+    _create_topic(cluster, topic)
+    acked: list[tuple[int, int, bytes]] = []
+    producer = _producer(cluster, acked)
+    for i in range(20 * PARTITIONS):
+        _send(producer, topic, f"{topic}-{i}".encode(), i)
+    assert producer.flush(60) == 0
+    return [max(o for p, o, _ in acked if p == partition) + 1 for partition in range(PARTITIONS)]
+
+
+def _served_away_from_the_coordinator(cluster: Cluster, topic: str, group: str) -> tuple[int, str]:
+    """A partition, and its owner, that the group's coordinator does not serve."""
+    coordinator = ClusterNodes(_Peers(cluster.kafka_ports, {})).coordinator(group)
+    assert coordinator is not None
+    owners = asyncio.run(cluster.owners(topic))
+    return next((p, b) for p, b in sorted(owners.items()) if b != coordinator.broker_id)
 
 
 def _commit(cluster: Cluster, topic: str, group: str, partition: int, offset: int) -> None:

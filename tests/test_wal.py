@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from headwater.storage.segments import scan_segment, segment_name
+from headwater.storage.segments import (
+    INDEX_ENTRY,
+    IndexEntry,
+    SparseIndex,
+    read_index,
+    scan_segment,
+    segment_name,
+)
 from headwater.storage.wal import FsyncPolicy, LogConfig, PartitionLog
 from headwater.wire.records import build_batch, read_records
 
@@ -152,3 +159,32 @@ async def test_close_returns_under_every_policy(tmp_path: Path, policy: FsyncPol
     log.start()
     log.append(batch(b"a"), 1)
     await asyncio.wait_for(log.close(), 5)  # a topic deleted without sealing its segment
+
+
+def test_the_sparse_index_keeps_the_file_format_and_finds_where_a_read_starts(
+    tmp_path: Path,
+) -> None:
+    """Three int64 arrays in memory, the same big-endian triples on disk as IndexEntry packing
+    wrote (indexes written before the arrays still read); a read of an offset starts at the last
+    entry at or below it."""
+    entries = [IndexEntry(10 + 7 * k, 4096 * k + k, 1_790_000_000_000 + k) for k in range(1000)]
+    index = SparseIndex(entries)
+    assert len(index) == 1000 and list(index) == entries and index[-1] == entries[-1]
+    on_disk = b"".join(INDEX_ENTRY.pack(e.offset, e.position, e.max_timestamp) for e in entries)
+    assert index.encode() == on_disk
+    assert list(SparseIndex.decode(on_disk)) == entries
+    for offset in (0, 9, 10, 11, 16, 17, 500, 10 + 7 * 999, 10**12):
+        below = [e for e in entries if e.offset <= offset]
+        assert index.start_of(offset) == (below[-1].position if below else 0)
+    assert SparseIndex().start_of(5) == 0 and SparseIndex().encode() == b""
+    with pytest.raises(ValueError, match="not whole index entries"):
+        SparseIndex.decode(on_disk[:-1])
+    # a file that does not fit its log is rebuilt rather than trusted
+    path = tmp_path / "x.index"
+    path.write_bytes(on_disk)
+    assert list(read_index(path, log_size=4096 * 1000) or []) == entries
+    assert read_index(path, log_size=4096 * 998) is None  # positions past the log's end
+    path.write_bytes(on_disk[24:48] + on_disk[:24])
+    assert read_index(path, log_size=4096 * 1000) is None  # offsets not rising
+    path.write_bytes(on_disk[:-5])
+    assert read_index(path, log_size=4096 * 1000) is None

@@ -25,8 +25,7 @@ import structlog
 from headwater.storage.objectstore import ObjectStore
 from headwater.storage.reader import LogRead
 from headwater.storage.segments import (
-    INDEX_ENTRY,
-    IndexEntry,
+    SparseIndex,
     batch_length,
     batch_location,
     check_batch,
@@ -46,7 +45,7 @@ class ObjectArchive:
     def __init__(self, store: ObjectStore, uploader: Uploader) -> None:
         self._store = store
         self._uploaded = uploader
-        self._indexes: OrderedDict[str, list[IndexEntry]] = OrderedDict()
+        self._indexes: OrderedDict[str, SparseIndex] = OrderedDict()
 
     def start_offset(self, topic: str, partition: int) -> int | None:
         segments = self._uploaded.uploaded(topic, partition)
@@ -74,7 +73,7 @@ class ObjectArchive:
 
     async def segment_index(
         self, topic: str, partition: int, offset: int
-    ) -> tuple[int, list[IndexEntry]] | None:
+    ) -> tuple[int, SparseIndex] | None:
         """The end offset and sparse index of the uploaded segment holding `offset` (None: no
         segment does), for a timestamp search that skips what the index shows is older."""
         position = self._uploaded_holding(topic, partition, offset)
@@ -118,8 +117,7 @@ class ObjectArchive:
     ) -> LogRead:
         log_key = segment.key(topic, partition)
         index = await self._index(topic, partition, segment)
-        entry = bisect.bisect_right([e.offset for e in index], offset) - 1
-        start = index[entry].position if entry >= 0 else 0
+        start = index.start_of(offset)
         length = READ_BYTES
         while True:
             end = min(start + length, segment.size)
@@ -134,11 +132,9 @@ class ObjectArchive:
                 return LogRead(batches, hidden)
             length *= 4  # one batch larger than the range, or the offset further on
 
-    async def _index(
-        self, topic: str, partition: int, segment: UploadedSegment
-    ) -> list[IndexEntry]:
+    async def _index(self, topic: str, partition: int, segment: UploadedSegment) -> SparseIndex:
         if not segment.indexed:
-            return []  # a tail chunk: small, read from its first byte
+            return SparseIndex()  # a tail chunk: small, read from its first byte
         index_key = segment.key(topic, partition, ".index")
         cached = self._indexes.get(index_key)
         if cached is not None:
@@ -149,7 +145,11 @@ class ObjectArchive:
         except ObjectNotFound:
             log.warning("archive.index_missing", key=index_key)
             data = b""  # read from the segment's first byte
-        entries = [IndexEntry(*fields) for fields in INDEX_ENTRY.iter_unpack(data)]
+        try:
+            entries = SparseIndex.decode(data)
+        except ValueError as exc:
+            log.warning("archive.index_damaged", key=index_key, error=str(exc))
+            entries = SparseIndex()  # read from the segment's first byte
         self._indexes[index_key] = entries
         if len(self._indexes) > _INDEX_CACHE:
             self._indexes.popitem(last=False)

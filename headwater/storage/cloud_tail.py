@@ -36,7 +36,7 @@ import struct
 from dataclasses import dataclass, field
 
 from headwater.storage.objectstore import ObjectStore
-from headwater.storage.segments import INDEX_ENTRY, BatchLocation, build_index
+from headwater.storage.segments import BatchLocation, build_index
 from headwater.wire.records import inspect_batch
 
 _CHUNK = re.compile(r"^(\d{20})-(\d{20})-(\d{20})\.log$")
@@ -253,7 +253,4 @@ def fold(batches: list[bytes]) -> tuple[bytes, bytes]:
             )
         )
         position += len(batch)
-    index = b"".join(
-        INDEX_ENTRY.pack(e.offset, e.position, e.max_timestamp) for e in build_index(locations)
-    )
-    return b"".join(batches), index
+    return b"".join(batches), build_index(locations).encode()

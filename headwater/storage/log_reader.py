@@ -30,7 +30,7 @@ from typing import Final, Protocol
 import structlog
 
 from headwater.storage.reader import LogRead
-from headwater.storage.segments import IndexEntry, batch_location
+from headwater.storage.segments import SparseIndex, batch_location
 from headwater.storage.wal import PartitionLog
 from headwater.wire.errors import ObjectNotFound, StorageError
 
@@ -52,7 +52,7 @@ class Archive(Protocol):
 
     async def segment_index(
         self, topic: str, partition: int, offset: int
-    ) -> tuple[int, list[IndexEntry]] | None: ...
+    ) -> tuple[int, SparseIndex] | None: ...
 
 
 class SkipCounter(Protocol):

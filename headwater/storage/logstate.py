@@ -10,7 +10,12 @@ import enum
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from headwater.storage.segments import INDEX_INTERVAL_BYTES, INDEX_SUFFIX, BatchLocation, IndexEntry
+from headwater.storage.segments import (
+    INDEX_INTERVAL_BYTES,
+    INDEX_SUFFIX,
+    BatchLocation,
+    SparseIndex,
+)
 
 
 class FsyncPolicy(enum.StrEnum):
@@ -34,7 +39,7 @@ class Segment:
     path: Path
     next_offset: int
     size: int
-    index: list[IndexEntry]
+    index: SparseIndex
     created: float  # monotonic time of its first append (age-based rolling)
     sealed: bool
     write_fd: int | None = None

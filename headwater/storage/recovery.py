@@ -35,8 +35,8 @@ from headwater.storage.segments import (
     INDEX_SUFFIX,
     BatchLocation,
     Damage,
-    IndexEntry,
     SegmentScan,
+    SparseIndex,
     build_index,
     parse_segment_name,
     read_index,
@@ -128,7 +128,9 @@ def recover(directory: Path, ops: FileOps, start_offset: int) -> Recovered:
         path = directory / segment_name(start_offset)
         path.touch()
         ops.fsync_directory(directory)
-        segments.append(Segment(start_offset, path, start_offset, 0, [], 0.0, sealed=False))
+        segments.append(
+            Segment(start_offset, path, start_offset, 0, SparseIndex(), 0.0, sealed=False)
+        )
     data_end = segments[-1].next_offset
     next_offset = next_offset_after(data_end, read_lease(directory), last_scan)
     if next_offset > data_end:
@@ -210,10 +212,10 @@ def _start_new_segment(
     fd = ops.open_append(path, create=True)
     ops.close(fd)
     ops.fsync_directory(directory)
-    segments.append(Segment(next_offset, path, next_offset, 0, [], 0.0, sealed=False))
+    segments.append(Segment(next_offset, path, next_offset, 0, SparseIndex(), 0.0, sealed=False))
 
 
-def _write_index_or_warn(path: Path, index: list[IndexEntry]) -> None:
+def _write_index_or_warn(path: Path, index: SparseIndex) -> None:
     try:
         write_index(path, index)
     except OSError as exc:  # the index is a cache: a later open rebuilds it

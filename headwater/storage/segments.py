@@ -18,15 +18,22 @@ gap). The sparse index (`.index`, written when a segment is sealed) holds one en
 `INDEX_INTERVAL_BYTES` of log: `offset int64, position int64, max_timestamp int64`, where
 `max_timestamp` is the greatest timestamp at or before that position. A read seeks to the last
 entry at or below the wanted offset and scans forward from there. A missing or damaged index is
-rebuilt by scanning; it is never a reason to cut a segment.
+rebuilt by scanning; it is never a reason to cut a segment. In memory an index is a
+`SparseIndex`: three arrays of int64, 24 bytes an entry. A sealed segment keeps its index for as
+long as it is on the local disk (262,144 entries per GiB of log), and as `IndexEntry` objects
+those took about 150 bytes each: a 30-minute soak's server RSS grew by tens of MB until local
+retention began removing segments (docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import mmap
 import struct
-from collections.abc import Iterator
+import sys
+from array import array
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -61,6 +68,65 @@ class IndexEntry:
     offset: int
     position: int
     max_timestamp: int
+
+
+class SparseIndex:
+    """A segment's sparse index: entries in offset order, kept as three int64 arrays."""
+
+    __slots__ = ("max_timestamps", "offsets", "positions")
+
+    def __init__(self, entries: Iterable[IndexEntry] = ()) -> None:
+        self.offsets = array("q")
+        self.positions = array("q")
+        self.max_timestamps = array("q")
+        for entry in entries:
+            self.append(entry)
+
+    @classmethod
+    def decode(cls, data: bytes) -> SparseIndex:
+        """From the `.index` file's bytes (INDEX_ENTRY after INDEX_ENTRY); ValueError when they
+        are not whole entries."""
+        if len(data) % INDEX_ENTRY.size:
+            raise ValueError(f"{len(data)} bytes are not whole index entries")
+        flat = array("q", data)
+        if sys.byteorder == "little":  # the file is big-endian
+            flat.byteswap()
+        index = cls()
+        index.offsets, index.positions, index.max_timestamps = flat[0::3], flat[1::3], flat[2::3]
+        return index
+
+    def encode(self) -> bytes:
+        flat = array("q", bytes(8 * 3 * len(self)))
+        flat[0::3], flat[1::3], flat[2::3] = self.offsets, self.positions, self.max_timestamps
+        if sys.byteorder == "little":
+            flat.byteswap()
+        return flat.tobytes()
+
+    def append(self, entry: IndexEntry) -> None:
+        self.offsets.append(entry.offset)
+        self.positions.append(entry.position)
+        self.max_timestamps.append(entry.max_timestamp)
+
+    def copy(self) -> SparseIndex:
+        index = SparseIndex()
+        index.offsets, index.positions = self.offsets[:], self.positions[:]
+        index.max_timestamps = self.max_timestamps[:]
+        return index
+
+    def start_of(self, offset: int) -> int:
+        """The byte position a read of `offset` starts at: the last entry at or below it (0 when
+        there is none)."""
+        entry = bisect.bisect_right(self.offsets, offset) - 1
+        return self.positions[entry] if entry >= 0 else 0
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def __getitem__(self, entry: int) -> IndexEntry:
+        return IndexEntry(self.offsets[entry], self.positions[entry], self.max_timestamps[entry])
+
+    def __iter__(self) -> Iterator[IndexEntry]:
+        return map(IndexEntry, self.offsets, self.positions, self.max_timestamps)
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,8 +311,8 @@ def _diagnose(data: bytes | mmap.mmap, position: int, end: int) -> str:
     return "corrupt batch (CRC, framing or offset)"
 
 
-def build_index(batches: list[BatchLocation]) -> list[IndexEntry]:
-    entries: list[IndexEntry] = []
+def build_index(batches: list[BatchLocation]) -> SparseIndex:
+    entries = SparseIndex()
     last_position = -INDEX_INTERVAL_BYTES
     max_timestamp = -1
     for batch in batches:
@@ -257,22 +323,21 @@ def build_index(batches: list[BatchLocation]) -> list[IndexEntry]:
     return entries
 
 
-def write_index(path: Path, entries: list[IndexEntry]) -> None:
-    data = b"".join(INDEX_ENTRY.pack(e.offset, e.position, e.max_timestamp) for e in entries)
-    write_file_durably(path, data)
+def write_index(path: Path, index: SparseIndex) -> None:
+    write_file_durably(path, index.encode())
 
 
-def read_index(path: Path, log_size: int) -> list[IndexEntry] | None:
+def read_index(path: Path, log_size: int) -> SparseIndex | None:
     """The index, or None if it is missing or does not fit the log (then rebuild it)."""
     try:
-        data = path.read_bytes()
-    except FileNotFoundError:
+        index = SparseIndex.decode(path.read_bytes())
+    except (FileNotFoundError, ValueError):
         return None
-    if len(data) % INDEX_ENTRY.size:
+    positions, offsets = index.positions, index.offsets
+    if positions and (max(positions) >= log_size or min(positions) < 0):
         return None
-    entries = [IndexEntry(*fields) for fields in INDEX_ENTRY.iter_unpack(data)]
-    if any(e.position >= log_size or e.position < 0 for e in entries) or any(
-        b.offset <= a.offset or b.position <= a.position for a, b in itertools.pairwise(entries)
+    if any(b <= a for a, b in itertools.pairwise(offsets)) or any(
+        b <= a for a, b in itertools.pairwise(positions)
     ):
         return None
-    return entries
+    return index

@@ -45,6 +45,7 @@ from headwater.storage.segments import (
     BatchLocation,
     Damage,
     IndexEntry,
+    SparseIndex,
     batch_location,
     segment_name,
 )
@@ -136,7 +137,9 @@ class PartitionLog:
 
     @classmethod
     def offline(cls, directory: Path, config: LogConfig, reason: str) -> PartitionLog:
-        placeholder = Segment(0, directory / segment_name(0), 0, 0, [], 0.0, sealed=False)
+        placeholder = Segment(
+            0, directory / segment_name(0), 0, 0, SparseIndex(), 0.0, sealed=False
+        )
         log_ = cls(directory, config, [placeholder])
         log_.failed = reason
         log_._closed = True
@@ -292,7 +295,7 @@ class PartitionLog:
             raise StorageError(f"cannot create segment {path}: {exc}") from None
         old.sealed = True
         segment = Segment(
-            old.next_offset, path, old.next_offset, 0, [], time.monotonic(), False, fd
+            old.next_offset, path, old.next_offset, 0, SparseIndex(), time.monotonic(), False, fd
         )
         self._segments.append(segment)
         self._bases.append(segment.base_offset)
@@ -375,8 +378,7 @@ class PartitionLog:
         damaged = False
         position_in_list = bisect.bisect_right(self._bases, offset) - 1
         for segment in list(self._segments[position_in_list:]):
-            entry = bisect.bisect_right(segment.index, offset, key=lambda e: e.offset) - 1
-            position = segment.index[entry].position if entry >= 0 else 0
+            position = segment.index.start_of(offset)
             result = await asyncio.to_thread(
                 read_batches,
                 segment.path,

@@ -65,7 +65,7 @@ from headwater.storage.partition_manifest import (
     PartitionManifests,
     SegmentEntry,
 )
-from headwater.storage.segments import IndexEntry, batch_location, check_batch
+from headwater.storage.segments import SparseIndex, batch_location, check_batch
 from headwater.storage.tasks import end_tasks
 from headwater.storage.uploader import UploadedSegment
 from headwater.storage.wal import PartitionLog, SealedSegment
@@ -511,7 +511,7 @@ class ClusterPartitions:
             offset = following
         gate = asyncio.Semaphore(_FOLD_READS)
 
-        async def index(at: int) -> tuple[int, list[IndexEntry]] | None:
+        async def index(at: int) -> tuple[int, SparseIndex] | None:
             async with gate:
                 return await archive.segment_index(topic.name, partition, at)
 
@@ -944,7 +944,7 @@ async def _rebuild_start(topic: LogTopic, partition: int, manifest: Manifest) ->
         found = None
         if topic.archive is not None:
             found = await topic.archive.segment_index(topic.name, partition, segment.first)
-        entries = found[1] if found is not None else []
+        entries = found[1] if found is not None else SparseIndex()
         later = [e.offset for e in entries if e.position >= skip_to and e.offset >= segment.first]
         if later:
             start = later[0]

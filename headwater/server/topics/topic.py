@@ -34,7 +34,7 @@ from headwater.server.config import TopicSettings
 from headwater.server.topics.lastvalue_index import LastValueIndex
 from headwater.server.topics.subscription_registry import SubscriptionRegistry
 from headwater.storage.log_reader import Archive, read_partition
-from headwater.storage.segments import IndexEntry, batch_location
+from headwater.storage.segments import SparseIndex, batch_location
 from headwater.storage.wal import PartitionLog
 from headwater.wire.errors import InvalidPartition
 from headwater.wire.messages import ConfigEntry, DescribeTopicResponse, TopicInfo
@@ -324,9 +324,7 @@ class LogTopic(_TopicBase):
             offset = max(start, offset + 1)
         return self.partitions[partition].next_offset
 
-    async def _segment_index(
-        self, partition: int, offset: int
-    ) -> tuple[int, list[IndexEntry]] | None:
+    async def _segment_index(self, partition: int, offset: int) -> tuple[int, SparseIndex] | None:
         """(end offset, sparse index) of the segment holding `offset`, local or archived."""
         wal = self.partitions[partition].log
         if offset < wal.start_offset:
@@ -338,8 +336,8 @@ class LogTopic(_TopicBase):
         segment = segments[max(position, 0)]
         if offset >= segment.next_offset:  # past a cut: the read steps to the next segment
             following = position + 1 < len(segments)
-            return (segments[position + 1].base_offset if following else offset + 1), []
-        return segment.next_offset, list(segment.index)
+            return (segments[position + 1].base_offset if following else offset + 1), SparseIndex()
+        return segment.next_offset, segment.index.copy()  # the active one grows meanwhile
 
     def describe(self) -> DescribeTopicResponse:
         return _describe(self, self._info_with_status())
