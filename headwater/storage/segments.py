@@ -80,7 +80,7 @@ class SparseIndex:
         self.positions = array("q")
         self.max_timestamps = array("q")
         for entry in entries:
-            self.append(entry)
+            self.append(entry.offset, entry.position, entry.max_timestamp)
 
     @classmethod
     def decode(cls, data: bytes) -> SparseIndex:
@@ -102,10 +102,10 @@ class SparseIndex:
             flat.byteswap()
         return flat.tobytes()
 
-    def append(self, entry: IndexEntry) -> None:
-        self.offsets.append(entry.offset)
-        self.positions.append(entry.position)
-        self.max_timestamps.append(entry.max_timestamp)
+    def append(self, offset: int, position: int, max_timestamp: int) -> None:
+        self.offsets.append(offset)
+        self.positions.append(position)
+        self.max_timestamps.append(max_timestamp)
 
     def copy(self) -> SparseIndex:
         index = SparseIndex()
@@ -317,7 +317,7 @@ def build_index(batches: list[BatchLocation]) -> SparseIndex:
     max_timestamp = -1
     for batch in batches:
         if batch.position - last_position >= INDEX_INTERVAL_BYTES:
-            entries.append(IndexEntry(batch.base_offset, batch.position, max_timestamp))
+            entries.append(batch.base_offset, batch.position, max_timestamp)
             last_position = batch.position
         max_timestamp = max(max_timestamp, batch.max_timestamp)
     return entries

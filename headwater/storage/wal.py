@@ -44,7 +44,6 @@ from headwater.storage.segments import (
     INDEX_INTERVAL_BYTES,
     BatchLocation,
     Damage,
-    IndexEntry,
     SparseIndex,
     batch_location,
     segment_name,
@@ -234,7 +233,7 @@ class PartitionLog:
             self.write_errors = 0
         location = batch_location(data, active.size)
         if location.position - active.last_index_position >= INDEX_INTERVAL_BYTES:
-            active.index.append(IndexEntry(base_offset, location.position, active.max_timestamp))
+            active.index.append(base_offset, location.position, active.max_timestamp)
             active.last_index_position = location.position
         active.max_timestamp = max(active.max_timestamp, location.max_timestamp)
         active.size += len(data)
