@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from headwater.durables.cursor import PartitionCursor
 from headwater.durables.delivery import DEAD_LETTER_RETRY, ReliableDelivery, ReliableSettings, runs
 from headwater.durables.group import ConsumerGroup
-from headwater.durables.lastvalue import LastValueKeys
+from headwater.durables.lastvalue import KeyedBatch, LastValueKeys, StoredValue
+from headwater.storage.lastvalue_store import LastValueStore
 from headwater.storage.state import StateStore, StateWriter
 from headwater.wire import messages as m
 from headwater.wire.errors import ConsumerBusy, InvalidRequest, WrongPartition
@@ -384,8 +385,82 @@ def test_last_value_changes_keep_the_newest_value_per_key() -> None:
         Record(2, 7, b"a", b"2", ()),
         Record(3, 8, b"b", None, ()),
     ]
-    changes = keys.changes(0, 100, records, keys.check(records))
+    batch = KeyedBatch.of_records(records, keys.check(records))
+    changes = batch.changes(0, 100, batch.newest())
     assert [(c.key, c.offset, c.value) for c in changes] == [(b"a", 102, b"2"), (b"b", 103, None)]
+
+
+_HEADERS = st.lists(
+    st.tuples(st.sampled_from(["h", "é"]), st.none() | st.binary(max_size=3)), max_size=2
+).map(tuple)
+_RECORDS = st.lists(
+    st.tuples(
+        st.none() | st.sampled_from([b"a", b"b", b"c", b"d"]),
+        st.none() | st.binary(max_size=8),
+        st.integers(0, 2**40),
+        st.none() | _HEADERS,
+    ),
+    max_size=12,
+)
+
+
+@given(records=_RECORDS, base=st.integers(0, 2**40))
+@settings(max_examples=300, deadline=None)
+def test_a_keyed_batch_plans_what_applying_its_records_in_order_leaves(
+    records: list[
+        tuple[bytes | None, bytes | None, int, tuple[tuple[str, bytes | None], ...] | None]
+    ],
+    base: int,
+) -> None:
+    """Applying the records one by one to a dict is the model: the plan stores each key's newest
+    value (bytes that decode to it, headers included) and deletes each key whose newest record
+    is a tombstone; the changes name the same values; a map set's columns (no headers) and the
+    records' columns plan alike."""
+    as_records = [Record(i, ts, k, v, h or ()) for i, (k, v, ts, h) in enumerate(records)]
+    model: dict[bytes, StoredValue] = {}
+    for position, record in enumerate(as_records):
+        if record.key is not None:
+            model[record.key] = StoredValue(
+                record.key, 3, base + position, record.timestamp, record.value, record.headers
+            )
+    batch = KeyedBatch.of_records(as_records, [r.key for r in as_records])
+    newest = batch.newest()
+    puts, deletes = batch.plan(3, base, newest)
+    assert {k: StoredValue.decode(k, data) for k, data in puts.items()} == {
+        k: v for k, v in model.items() if v.value is not None
+    }
+    assert sorted(deletes) == sorted(k for k, v in model.items() if v.value is None)
+    assert {c.key: c for c in batch.changes(3, base, newest)} == model
+    if not any(h for *_, h in records):
+        timestamps = [r.timestamp for r in as_records]
+        columns = KeyedBatch([r.key for r in as_records], [r.value for r in as_records], timestamps)
+        assert columns.plan(3, base, columns.newest()) == (puts, deletes)
+
+
+@given(batches=st.lists(_RECORDS, max_size=6))
+@settings(max_examples=100, deadline=None)
+def test_the_stored_key_count_follows_the_keys_that_exist(
+    tmp_path_factory: pytest.TempPathFactory,
+    batches: list[list[tuple[bytes | None, bytes | None, int, object]]],
+) -> None:
+    """The count kept beside the values (MAP_SIZE) equals the keys with a value, after any
+    sequence of batches with repeated keys and tombstones, and after reopening the store."""
+    state = StateStore(tmp_path_factory.mktemp("count") / "state")
+    try:
+        store = LastValueStore(state, "t", 1)
+        alive: set[bytes] = set()
+        for records in batches:
+            batch = KeyedBatch(
+                [k for k, *_ in records], [v for _, v, *_ in records], [0] * len(records)
+            )
+            newest = batch.newest()
+            puts, deletes = batch.plan(0, store.applied(0), newest)
+            store.write(0, store.applied(0) + len(records), puts, deletes)
+            alive = (alive | puts.keys()) - set(deletes)
+            assert store.size() == len(alive)
+        assert LastValueStore(state, "t", 1).size() == len(alive)
+    finally:
+        state.close()
 
 
 def test_last_value_keys_from_a_field_and_their_partition() -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 
 import headwater
-from headwater.durables.lastvalue import StoredValue
+from headwater.durables.lastvalue import KeyedBatch, StoredValue
 from headwater.server.topics.lastvalue_index import LastValueIndex
 from headwater.spark_compaction.manifest import (
     LAYERED_SCHEMA_VERSION,
@@ -36,7 +36,6 @@ from headwater.storage.objectstore import LocalObjectStore, S3ObjectStore
 from headwater.storage.snapshots import SnapshotFile
 from headwater.storage.state import StateStore
 from headwater.testing import ServerProcess
-from headwater.wire.records import Record
 from tests.support.cli_process import hw
 from tests.support.s3 import CREDENTIALS, MotoS3
 
@@ -570,13 +569,8 @@ async def test_a_load_replaces_only_its_partition_and_an_interrupted_one_is_redo
     try:
         index = LastValueIndex(state, "t", 2)
         old = [(b"a", b"old"), (b"gone", b"x"), (b"b", b"old")]
-        index.apply(
-            0,
-            0,
-            [Record(o, 1000 + o, k, v, ()) for o, (k, v) in enumerate(old)],
-            [k for k, _ in old],
-        )
-        index.apply(1, 0, [Record(0, 1000, b"p1", b"one", ())], [b"p1"])
+        index.apply(0, 0, KeyedBatch([k for k, _ in old], [v for _, v in old], [1000, 1001, 1002]))
+        index.apply(1, 0, KeyedBatch([b"p1"], [b"one"], [1000]))
         await put_snapshot(store, "t", 0, 100, [(b"a", 50, b"new"), (b"c", 60, b"c")])
         # a snapshot above the partition's end is not this log's: ignored
         await index.bootstrap(store, 0, 0, 99, 100)

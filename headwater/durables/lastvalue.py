@@ -6,9 +6,13 @@ null value (a tombstone) deletes the key; a record without a key is not part of 
 key is the record key, or, when the topic names a key field, that field of the record's JSON
 value (dotted paths reach into nested objects).
 
-`LastValueKeys.changes` plans what a batch does to the state: the newest value per key (a value of
-None deletes the key). `storage.lastvalue_store` writes the plan to RocksDB, with the partition's
-position, in one WriteBatch; `server.topics.lastvalue_index.LastValueIndex` joins the two.
+`KeyedBatch` plans what a batch does to the state: the newest record per key, as the bytes to
+store for a key with a value and as a deletion for a tombstone. It reads the batch as parallel
+columns (keys, values, timestamps, headers), so a map set, which has its keys and values already,
+never builds a `Record` or a `StoredValue` per write; `StoredValue`s are built only for the
+last-value subscriptions told of the changes. `storage.lastvalue_store` writes the plan to
+RocksDB, with the partition's position, in one WriteBatch; `server.topics.lastvalue_index.
+LastValueIndex` joins the two.
 
 A key's revision is an offset, unique only within a partition, so on a topic with last-value
 state a keyed record belongs to its key's partition, `crc32(key) % partitions` (what the client's
@@ -30,6 +34,32 @@ from headwater.wire.records import Record
 
 _HEAD = struct.Struct(">iqqi")  # partition, offset, timestamp, value length (-1: null)
 _HEADER = struct.Struct(">Hi")  # header name length, value length (-1: null)
+_HEADER_COUNT = struct.Struct(">H")
+_NO_HEADERS = _HEADER_COUNT.pack(0)
+
+Headers = tuple[tuple[str, bytes | None], ...]
+
+
+def encode_stored(
+    partition: int,
+    offset: int,
+    timestamp: int,
+    value: bytes,
+    headers: Sequence[tuple[str, bytes | None]] = (),
+) -> bytes:
+    """The bytes a key's value is stored as (what `StoredValue.decode` reads back)."""
+    if not headers:
+        return _HEAD.pack(partition, offset, timestamp, len(value)) + value + _NO_HEADERS
+    parts = [
+        _HEAD.pack(partition, offset, timestamp, len(value)),
+        value,
+        _HEADER_COUNT.pack(len(headers)),
+    ]
+    for name, data in headers:
+        encoded = name.encode()
+        parts.append(_HEADER.pack(len(encoded), -1 if data is None else len(data)))
+        parts.append(encoded + (data or b""))
+    return b"".join(parts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,17 +72,9 @@ class StoredValue:
     headers: tuple[tuple[str, bytes | None], ...] = ()
 
     def encode(self) -> bytes:
-        value = self.value or b""
-        parts = [
-            _HEAD.pack(self.partition, self.offset, self.timestamp, len(value)),
-            value,
-            struct.pack(">H", len(self.headers)),
-        ]
-        for name, data in self.headers:
-            encoded = name.encode()
-            parts.append(_HEADER.pack(len(encoded), -1 if data is None else len(data)))
-            parts.append(encoded + (data or b""))
-        return b"".join(parts)
+        return encode_stored(
+            self.partition, self.offset, self.timestamp, self.value or b"", self.headers
+        )
 
     @staticmethod
     def decode_head(data: bytes) -> tuple[int, int, int, bytes]:
@@ -67,7 +89,7 @@ class StoredValue:
         position = _HEAD.size
         value = data[position : position + length]
         position += length
-        (count,) = struct.unpack_from(">H", data, position)
+        (count,) = _HEADER_COUNT.unpack_from(data, position)
         position += 2
         headers: list[tuple[str, bytes | None]] = []
         for _ in range(count):
@@ -162,24 +184,70 @@ class LastValueKeys:
                     )
         return keys
 
+
+@dataclass(frozen=True, slots=True)
+class KeyedBatch:
+    """A batch's records as last-value state reads them, as columns: record i has `keys[i]`
+    (None: not part of the state), `values[i]` (None: a tombstone), `timestamps[i]` and
+    `headers[i]` (`headers` None: no record has any). Appended at `base_offset`, record i is
+    at offset `base_offset + i`."""
+
+    keys: Sequence[bytes | None]
+    values: Sequence[bytes | None]
+    timestamps: Sequence[int]
+    headers: Sequence[Headers] | None = None
+
+    @classmethod
+    def of_records(cls, records: Sequence[Record], keys: Sequence[bytes | None]) -> KeyedBatch:
+        headers = [record.headers for record in records]
+        return cls(
+            keys,
+            [record.value for record in records],
+            [record.timestamp for record in records],
+            headers if any(headers) else None,
+        )
+
+    def newest(self) -> dict[bytes, int]:
+        """The position of each key's newest record (a later record of a key replaces an
+        earlier one: in a dict built in order, the last position of a key is the one kept)."""
+        latest: dict[bytes | None, int] = dict(zip(self.keys, range(len(self.keys)), strict=True))
+        latest.pop(None, None)
+        return latest  # type: ignore[return-value]  # None was just removed
+
+    def plan(
+        self, partition: int, base_offset: int, newest: dict[bytes, int]
+    ) -> tuple[dict[bytes, bytes], list[bytes]]:
+        """(key -> bytes to store, keys to delete) for the records at `newest`'s positions."""
+        puts: dict[bytes, bytes] = {}
+        deletes: list[bytes] = []
+        values, timestamps, headers = self.values, self.timestamps, self.headers
+        for record_key, position in newest.items():
+            value = values[position]
+            if value is None:
+                deletes.append(record_key)
+            else:
+                puts[record_key] = encode_stored(
+                    partition,
+                    base_offset + position,
+                    timestamps[position],
+                    value,
+                    () if headers is None else headers[position],
+                )
+        return puts, deletes
+
     def changes(
-        self,
-        partition: int,
-        base_offset: int,
-        records: Sequence[Record],
-        keys: Sequence[bytes | None],
+        self, partition: int, base_offset: int, newest: dict[bytes, int]
     ) -> list[StoredValue]:
-        """The newest value per key among records appended at `base_offset` (None: deleted)."""
-        latest: dict[bytes, StoredValue] = {}
-        for position, (record, record_key) in enumerate(zip(records, keys, strict=True)):
-            if record_key is None:
-                continue
-            latest[record_key] = StoredValue(
+        """The newest value per key, as last-value subscriptions are told (None: deleted)."""
+        headers = self.headers
+        return [
+            StoredValue(
                 record_key,
                 partition,
                 base_offset + position,
-                record.timestamp,
-                record.value,
-                tuple(record.headers),
+                self.timestamps[position],
+                self.values[position],
+                () if headers is None else tuple(headers[position]),
             )
-        return list(latest.values())
+            for record_key, position in newest.items()
+        ]

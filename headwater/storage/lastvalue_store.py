@@ -39,8 +39,11 @@ class LastValueStore:
         self.topic = topic
         self._prefix = key(LV, topic) + b"\0"
         self._count_key = key(LVCOUNT, topic)
-        # the next offset to apply per partition (mirrors `lvpos`, read once)
-        self._applied = [_int(state.get(key(LVPOS, topic, p))) for p in range(partitions)]
+        self._position_keys = [key(LVPOS, topic, p) for p in range(partitions)]
+        # the next offset to apply per partition and the key count: mirrors of `lvpos` and
+        # `lvcount`, read once (this object is their only writer while the topic exists)
+        self._applied = [_int(state.get(k)) for k in self._position_keys]
+        self._count = _int(state.get(self._count_key))
         self._partitions = partitions
 
     def applied(self, partition: int) -> int:
@@ -50,7 +53,7 @@ class LastValueStore:
         self, partition: int, end: int, puts: dict[bytes, bytes], deletes: list[bytes]
     ) -> None:
         """Set and delete keys (record keys), and move `partition`'s position to `end`."""
-        self._write(puts, deletes, {key(LVPOS, self.topic, partition): str(end).encode()})
+        self._write(puts, deletes, {self._position_keys[partition]: str(end).encode()})
         self._applied[partition] = end
 
     def _write(
@@ -58,20 +61,20 @@ class LastValueStore:
     ) -> None:
         """One WriteBatch: the keys set and deleted, the key count kept up to date, and `extra`
         state keys (a partition's position) written with them."""
-        count = self.size()
         prefix = self._prefix
-        get = self._state.get
-        rows: dict[bytes, bytes] = {}
-        for record_key, data in puts.items():
-            count += get(prefix + record_key) is None
-            rows[prefix + record_key] = data
-        removed = []
-        for record_key in deletes:
-            count -= get(prefix + record_key) is not None
-            removed.append(prefix + record_key)
+        rows = {prefix + record_key: data for record_key, data in puts.items()}
+        removed = [prefix + record_key for record_key in deletes]
+        count = self._count
+        if rows or removed:
+            # one multi-get for the whole batch: which keys are new, which deletions remove one
+            found = self._state.get_many([*rows, *removed])
+            added = found[: len(rows)].count(None)
+            deleted = len(removed) - found[len(rows) :].count(None)
+            count += added - deleted
         rows.update(extra)
         rows[self._count_key] = str(count).encode()
         self._state.write(rows, removed)
+        self._count = count
 
     def loading(self, partition: int) -> bool:
         """Whether a snapshot load of `partition` was begun and not finished."""
@@ -80,7 +83,7 @@ class LastValueStore:
     def begin_load(self, partition: int, belongs: Callable[[bytes], bool]) -> None:
         """Mark `partition` as being loaded (position 0) and remove its keys."""
         self._state.write(
-            {key(LVLOAD, self.topic, partition): b"", key(LVPOS, self.topic, partition): b"0"}
+            {key(LVLOAD, self.topic, partition): b"", self._position_keys[partition]: b"0"}
         )
         self._applied[partition] = 0
         self.clear(partition, belongs)
@@ -99,8 +102,10 @@ class LastValueStore:
 
     def _delete(self, raw_keys: list[bytes]) -> None:
         if raw_keys:
-            count = self.size() - sum(self._state.get(k) is not None for k in raw_keys)
+            found = self._state.get_many(raw_keys)
+            count = self._count - (len(raw_keys) - found.count(None))
             self._state.write({self._count_key: str(count).encode()}, raw_keys)
+            self._count = count
 
     def put_rows(self, puts: dict[bytes, bytes]) -> None:
         """Set keys (record keys) of a partition being loaded, leaving its position alone."""
@@ -109,7 +114,7 @@ class LastValueStore:
     def finish_load(self, partition: int, horizon: int) -> None:
         """The load is complete: everything below `horizon` is in."""
         self._state.write(
-            {key(LVPOS, self.topic, partition): str(horizon).encode()},
+            {self._position_keys[partition]: str(horizon).encode()},
             [key(LVLOAD, self.topic, partition)],
         )
         self._applied[partition] = horizon
@@ -118,14 +123,14 @@ class LastValueStore:
         """Undo a load that failed part-way: no keys, position 0, no marker."""
         self.clear(partition, belongs)
         self._state.write(
-            {key(LVPOS, self.topic, partition): b"0"}, [key(LVLOAD, self.topic, partition)]
+            {self._position_keys[partition]: b"0"}, [key(LVLOAD, self.topic, partition)]
         )
         self._applied[partition] = 0
 
     def skip_to(self, partition: int, offset: int) -> None:
         """History below `offset` is gone (retention): start applying there."""
         if offset > self._applied[partition]:
-            self._state.write({key(LVPOS, self.topic, partition): str(offset).encode()})
+            self._state.write({self._position_keys[partition]: str(offset).encode()})
             self._applied[partition] = offset
 
     def get(self, record_key: bytes) -> bytes | None:
@@ -146,11 +151,11 @@ class LastValueStore:
         return found, b""
 
     def size(self) -> int:
-        raw = self._state.get(self._count_key)
-        return int(raw) if raw else 0
+        return self._count
 
     def drop(self) -> None:
         drop_last_values(self._state, self.topic)
+        self._count = 0
 
 
 def drop_last_values(state: StateStore, topic: str) -> None:

@@ -28,7 +28,7 @@ import asyncio
 import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
@@ -67,6 +67,12 @@ class StateStore:
     def get(self, k: bytes) -> bytes | None:
         value: bytes | None = self._db.get(k)
         return value
+
+    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        """The values of `keys`, in order (None: absent), in one call into RocksDB."""
+        # rocksdict's stub types the key list as invariant over every key type it takes
+        values = self._db.get(cast("list[str | int | float | bytes | bool]", keys))
+        return cast("list[bytes | None]", values)
 
     def get_json(self, k: bytes) -> Any:
         value = self.get(k)

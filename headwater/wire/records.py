@@ -182,6 +182,17 @@ class BatchBuilder:
         self.count = position
         return index, used
 
+    def extend_columns(
+        self, keys: Sequence[bytes | None], values: Sequence[bytes | None], timestamp: int
+    ) -> None:
+        """Append records `keys[i]`/`values[i]`, no headers, all at `timestamp`, with no size
+        limit and no tuple per record (a map set's batch)."""
+        append = self._builder.append
+        no_headers: list[tuple[str, bytes | None]] = []
+        for offset_delta, (key, value) in enumerate(zip(keys, values, strict=True), self.count):
+            append(offset_delta, timestamp, key, value, no_headers)
+        self.count += len(keys)
+
     def size(self) -> int:
         """Bytes so far (before compression)."""
         size: int = self._builder.size()

@@ -43,6 +43,7 @@ from typing import Any
 
 import structlog
 
+from headwater.durables.lastvalue import KeyedBatch
 from headwater.server.catalog.bounded import bounded_gather
 from headwater.server.catalog.housekeeping import HOUSEKEEPING_INTERVAL, housekeep_once
 from headwater.server.config import ServerConfig, TopicSettings
@@ -481,7 +482,7 @@ class TopicCatalog:
                     records = [r for r in decoded if r.offset >= position]
                     if records:
                         keys = [_key_or_none(index, record) for record in records]
-                        index.apply(p, records[0].offset, records, keys)
+                        index.apply(p, records[0].offset, KeyedBatch.of_records(records, keys))
                         index.replayed += len(records)
 
 

@@ -12,9 +12,10 @@ partition, `crc32(key) % n`, where its revisions are unique.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterable
 
-from headwater.durables.lastvalue import StoredValue, check_key
+from headwater.durables.lastvalue import KeyedBatch, StoredValue, check_key
 from headwater.server.catalog.topic_catalog import TopicCatalog, last_value_topic
 from headwater.server.reply import AfterWork, Reply, after
 from headwater.server.requests.partition_ownership import Ownership, not_owner
@@ -26,7 +27,7 @@ from headwater.wire.api.maps import encode_map_entries
 from headwater.wire.errors import InvalidRequest, RevisionMismatch, UnknownTopic
 from headwater.wire.keys import ABSENT_REVISION, ANY_REVISION
 from headwater.wire.limits import MAX_MAP_KEYS
-from headwater.wire.records import build_batch
+from headwater.wire.records import BatchBuilder
 
 
 class MapHandlers:
@@ -123,19 +124,30 @@ class MapHandlers:
                     else f"at revision {write.expected_revision}"
                 )
                 raise RevisionMismatch(f"key {write.key!r} is {found}, expected {wanted}")
-        by_partition: dict[int, list[tuple[int, m.MapWrite]]] = {}
-        for position, write in enumerate(request.writes):
-            index_of_partition = index.partition_of(write.key)  # as the producer's partitioner
-            by_partition.setdefault(index_of_partition, []).append((position, write))
-        revisions = [0] * len(request.writes)
+        writes = request.writes
+        groups: dict[int, list[int]] = {}  # partition -> positions of its writes
+        if index.partitions == 1:
+            groups[0] = list(range(len(writes)))
+        else:
+            for position, write in enumerate(writes):  # as the producer's partitioner
+                groups.setdefault(index.partition_of(write.key), []).append(position)
+        timestamp = int(time.time() * 1000)
+        revisions = [0] * len(writes)
         waits = []
-        for partition_index, writes in by_partition.items():
+        for partition_index, positions in groups.items():
             partition = topic.partitions[partition_index]
-            batch = build_batch([(w.key, w.value, ()) for _, w in writes])
-            base_offset, sequence = topic.append(partition, batch, len(writes))
-            for delta, (position, _) in enumerate(writes):
-                revisions[position] = base_offset + delta
-            wait = topic.durability(partition, base_offset, batch, len(writes), sequence)
+            keys = [writes[position].key for position in positions]
+            values = [writes[position].value for position in positions]
+            builder = BatchBuilder()
+            builder.extend_columns(keys, values, timestamp)
+            batch = builder.build()
+            count = len(positions)
+            # the keys were checked above: the topic need not decode the batch again
+            keyed = KeyedBatch(keys, values, [timestamp] * count)
+            base_offset, sequence = topic.append(partition, batch, count, keyed)
+            for revision, position in enumerate(positions, base_offset):
+                revisions[position] = revision
+            wait = topic.durability(partition, base_offset, batch, count, sequence)
             if wait is not None:
                 waits.append(wait)
         return after(m.MapSetResponse(tuple(revisions)), *waits)

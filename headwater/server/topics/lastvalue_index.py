@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 
 import structlog
 
-from headwater.durables.lastvalue import LastValueKeys, StoredValue
+from headwater.durables.lastvalue import KeyedBatch, LastValueKeys, StoredValue, encode_stored
 from headwater.server.topics.subscription_contract import Consumer, Feed
 from headwater.storage.lastvalue_store import LastValueStore
 from headwater.storage.objectstore import ObjectStore
@@ -43,7 +43,7 @@ from headwater.wire.messages import (
     SubscriptionInfo,
     SubscriptionType,
 )
-from headwater.wire.records import Record, rebuild_batch
+from headwater.wire.records import rebuild_batch
 
 log = structlog.get_logger("headwater.lastvalue")
 
@@ -60,22 +60,18 @@ class LastValueIndex(LastValueKeys):
         self.snapshot_horizons: dict[int, int] = {}  # partition -> horizon of the snapshot loaded
 
     def apply(
-        self,
-        partition: int,
-        base_offset: int,
-        records: Sequence[Record],
-        keys: Sequence[bytes | None],
+        self, partition: int, base_offset: int, batch: KeyedBatch, notify: bool = False
     ) -> list[StoredValue]:
-        """Apply records appended at `base_offset`; returns the changes (value None: deleted).
-        A batch that does not start at the partition's position is not applied (nothing is
-        returned): below it, it was applied already; above it, the catch-up reads it later."""
+        """Apply records appended at `base_offset`; returns the changes (value None: deleted)
+        when `notify` (a last-value subscription is told of them). A batch that does not start
+        at the partition's position is not applied (nothing is returned): below it, it was
+        applied already; above it, the catch-up reads it later."""
         if base_offset != self._store.applied(partition) or partition in self._loading:
             return []
-        changes = self.changes(partition, base_offset, records, keys)
-        puts = {c.key: c.encode() for c in changes if c.value is not None}
-        deletes = [c.key for c in changes if c.value is None]
-        self._store.write(partition, base_offset + len(records), puts, deletes)
-        return changes
+        newest = batch.newest()
+        puts, deletes = batch.plan(partition, base_offset, newest)
+        self._store.write(partition, base_offset + len(batch.keys), puts, deletes)
+        return batch.changes(partition, base_offset, newest) if notify else []
 
     def applied(self, partition: int) -> int:
         return self._store.applied(partition)
@@ -156,14 +152,9 @@ class LastValueIndex(LastValueKeys):
                 for start in range(0, len(rows), _LOAD_CHUNK):
                     self._store.put_rows(
                         {
-                            row.key: StoredValue(
-                                row.key,
-                                partition,
-                                row.offset,
-                                row.timestamp,
-                                row.value,
-                                row.headers,
-                            ).encode()
+                            row.key: encode_stored(
+                                partition, row.offset, row.timestamp, row.value, row.headers
+                            )
                             for row in rows[start : start + _LOAD_CHUNK]
                         }
                     )

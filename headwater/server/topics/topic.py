@@ -29,6 +29,7 @@ from typing import Final, Literal, Protocol
 
 import structlog
 
+from headwater.durables.lastvalue import KeyedBatch
 from headwater.durables.producers import ProducerTable
 from headwater.server.config import TopicSettings
 from headwater.server.topics.lastvalue_index import LastValueIndex
@@ -243,16 +244,24 @@ class LogTopic(_TopicBase):
             self.name, partition, base_offset, batch, record_count, sequence, committed
         )
 
-    def append(self, partition: LogPartition, batch: bytes, record_count: int) -> tuple[int, int]:
+    def append(
+        self,
+        partition: LogPartition,
+        batch: bytes,
+        record_count: int,
+        keyed: KeyedBatch | None = None,
+    ) -> tuple[int, int]:
         """Write a validated batch to the WAL; returns (base offset, durability sequence).
 
         With last-value state, every record's key is checked first (a bad one refuses the whole
-        batch, before anything is written), and the state follows the append at once.
+        batch, before anything is written), and the state follows the append at once. A caller
+        that built the batch from keys it checked itself (a map set) passes them as `keyed`, so
+        the batch is not decoded again.
         """
         index = self.last_value
-        if index is not None:
+        if index is not None and keyed is None:
             records = read_records(batch)
-            keys = index.check(records, partition.index)
+            keyed = KeyedBatch.of_records(records, index.check(records, partition.index))
         base_offset, sequence = partition.log.append(batch, record_count)
         self.messages_in += record_count
         self.bytes_in += len(batch)
@@ -261,9 +270,10 @@ class LogTopic(_TopicBase):
             stamped = stamped_batch(batch, base_offset)
             for subscription in live.values():
                 subscription.offer(partition.index, stamped, record_count)
-        if index is not None:
-            changes = index.apply(partition.index, base_offset, records, keys)
-            for view in list(self.subscriptions.views.values()):
+        if index is not None and keyed is not None:
+            views = self.subscriptions.views
+            changes = index.apply(partition.index, base_offset, keyed, notify=bool(views))
+            for view in list(views.values()):
                 view.changed(changes)
         return base_offset, sequence
 

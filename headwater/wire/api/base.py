@@ -195,22 +195,6 @@ def take_topic(body: bytes, what: str) -> tuple[str, int]:
         raise MalformedFrame(f"malformed {what}: topic name is not valid UTF-8") from None
 
 
-def take_bytes(
-    body: bytes, position: int, what: str, nullable: bool = False
-) -> tuple[bytes | None, int]:
-    if len(body) < position + 4:
-        raise MalformedFrame(f"malformed {what}: length runs past the end of the frame")
-    (length,) = I32.unpack_from(body, position)
-    position += 4
-    if length < 0:
-        if nullable:  # any negative length is null, as the construct schema reads it
-            return None, position
-        raise MalformedFrame(f"malformed {what}: negative length {length}")
-    if position + length > len(body):
-        raise MalformedFrame(f"malformed {what}: bytes run past the end of the frame")
-    return body[position : position + length], position + length
-
-
 class Reader:
     """A request body read field by field, for the struct fast paths: every read checks that the
     field fits (MALFORMED_FRAME naming the request otherwise), `count` checks an array's count
