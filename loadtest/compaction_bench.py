@@ -8,19 +8,28 @@ server cuts them by default) is written to a local object store (not timed). The
   with `wire.records`, fold into a dict (last offset wins, tombstones delete), sort each partition
   by key and write it as Parquet the way the job does. Each phase is timed.
 - the Spark job (`spark_compaction.job.run`) on local[2], the session started and warmed up by a
-  small run beforehand (both reported apart): `phases` says how long reading, decoding and folding
-  took (one Spark job ending in the per-partition counts) and how long the shuffle by partition,
-  the sort and the Parquet writes took.
+  small run beforehand (the warm-up reported apart): `phases` says how long reading, decoding
+  and folding took (one Spark job ending in the per-partition counts) and how long the shuffle by
+  partition, the sort and the Parquet writes took.
 
-Both results are checked to hold the same number of live keys. Figures are records/s and MB/s of
-WAL (segment bytes read). Results go to stdout as JSON and, with `--chart FILE`, to an SVG chart.
+With `--standalone N ...` the Spark job runs, for each N in turn, on a standalone cluster of N
+one-core workers started on 127.0.0.1 for it (`spark_compaction.standalone`; 0 is local[2]), so
+one run shows how the job scales with workers. Every Spark run folds a fresh copy of the history
+(the job is incremental: a second run over a compacted store would find nothing to do).
+
+Each result is checked to hold the same number of live keys as the one-process fold. Figures are
+records/s, MB/s of WAL (segment bytes read) and CPU per record, split into this process (the
+driver's Python, or the one-process fold), the JVMs and PySpark's Python workers. Results go to
+stdout as JSON and, with `--chart FILE`, to an SVG chart.
 
     python -m loadtest.compaction_bench --records 1000000 10000000 --chart docs/compaction.svg
+    python -m loadtest.compaction_bench --records 10000000 --standalone 0 1 2
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -28,6 +37,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -123,8 +133,11 @@ def python_fold(root: Path, output: Path) -> dict[str, Any]:
     return {"records": records, "keys_out": len(state), "phases": phases}
 
 
-def tree_cpu_seconds() -> float:
-    """CPU time of this process and every descendant (the JVM, its Python workers), from /proc.
+def tree_cpu_seconds() -> dict[str, float]:
+    """CPU time of this process and every descendant, from /proc, by kind: "driver" (this
+    process: the one-process fold, or Spark's driver-side Python), "jvm" (java processes: the
+    driver's JVM, a standalone cluster's daemons and executors) and "python workers" (the other
+    Python processes: PySpark's workers and planning processes).
 
     Wall time on a machine shared with other work says little; CPU seconds per record say how
     much work each engine does, whatever else is running. Exited workers count through their
@@ -133,20 +146,30 @@ def tree_cpu_seconds() -> float:
     ticks = os.sysconf("SC_CLK_TCK")
     parents: dict[int, int] = {}
     cpu: dict[int, float] = {}
+    names: dict[int, str] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
+            text = stat.read_text()
         except OSError:
             continue
+        head, fields = text.rsplit(")", 1)[0], text.rsplit(")", 1)[1].split()
         pid = int(stat.parent.name)
+        names[pid] = head.split("(", 1)[1]
         parents[pid] = int(fields[1])
         cpu[pid] = sum(int(f) for f in fields[11:15]) / ticks
-    total, frontier = 0.0, [os.getpid()]
+    me = os.getpid()
+    totals = {"driver": cpu.get(me, 0.0), "jvm": 0.0, "python workers": 0.0}
+    frontier = [child for child, parent in parents.items() if parent == me]
     while frontier:
         pid = frontier.pop()
-        total += cpu.get(pid, 0.0)
+        kind = "jvm" if names.get(pid) == "java" else "python workers"
+        totals[kind] += cpu.get(pid, 0.0)
         frontier.extend(child for child, parent in parents.items() if parent == pid)
-    return total
+    return totals
+
+
+def cpu_since(before: dict[str, float]) -> dict[str, float]:
+    return {kind: round(seconds - before[kind], 2) for kind, seconds in tree_cpu_seconds().items()}
 
 
 def spark_fold(spark: Any, root: Path) -> dict[str, Any]:
@@ -158,12 +181,14 @@ def spark_fold(spark: Any, root: Path) -> dict[str, Any]:
 
 
 def svg_chart(rows: list[dict[str, Any]], path: Path) -> None:
-    """Horizontal bars, records/s: one group per input size, Spark and pure Python."""
-    colors = {"spark local[2]": "#4c78a8", "python, one process": "#f58518"}
+    """Horizontal bars, records/s: one group per input size, a bar per engine."""
+    palette = ("#f58518", "#4c78a8", "#54a24b", "#b279a2", "#e45756")
+    engines = list(dict.fromkeys(r["engine"] for r in rows))  # the python fold first
+    colors = dict(zip(engines, palette * len(engines), strict=False))
     peak = max(r["records_per_s"] for r in rows)
     bar, gap, left, width = 16, 14, 120, 480
     sizes = sorted({r["records"] for r in rows})
-    height = len(sizes) * (2 * bar + gap) + 70
+    height = len(sizes) * (len(engines) * bar + gap) + 70
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + width + 260}" height="{height}" '
         'font-family="sans-serif" font-size="11">',
@@ -192,11 +217,59 @@ def svg_chart(rows: list[dict[str, Any]], path: Path) -> None:
         y += gap
     for i, (engine, color) in enumerate(colors.items()):
         parts.append(
-            f'<rect x="{left + 200 * i}" y="{y + 4}" width="10" height="10" fill="{color}"/>'
+            f'<rect x="{left + 220 * i}" y="{y + 4}" width="10" height="10" fill="{color}"/>'
         )
-        parts.append(f'<text x="{left + 200 * i + 14}" y="{y + 13}">{engine}</text>')
+        parts.append(f'<text x="{left + 220 * i + 14}" y="{y + 13}">{engine}</text>')
     parts.append("</svg>")
     path.write_text("\n".join(parts) + "\n")
+
+
+@contextlib.contextmanager
+def engine_session(engine: str, workers: int, scratch: Path, driver_memory: str) -> Iterator[Any]:
+    """A Spark session for `engine`: local[2], or a standalone cluster of `workers` workers of
+    one core each, started for the session and stopped after it."""
+    from headwater.spark_compaction.session import spark_session
+    from headwater.spark_compaction.standalone import StandaloneCluster
+
+    conf = {"spark.driver.memory": driver_memory, "spark.sql.shuffle.partitions": "4"}
+    if not workers:
+        spark = spark_session("local[2]", conf)
+        try:
+            yield spark
+        finally:
+            spark.stop()
+        return
+    directory = Path(tempfile.mkdtemp(prefix="compaction-bench-cluster-", dir=scratch))
+    try:
+        with StandaloneCluster(directory, workers=workers, cores=1, memory="2g") as cluster:
+            cluster.wait_for_workers()
+            spark = spark_session(
+                cluster.master_url,
+                conf
+                | {
+                    "spark.driver.host": "127.0.0.1",
+                    "spark.executor.memory": "1g",
+                    "spark.cores.max": str(workers),
+                },
+            )
+            try:
+                yield spark
+            finally:
+                spark.stop()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def fresh_copy(history: Path) -> Iterator[Path]:
+    """A copy of a history's store for one run (not timed): the job is incremental, so a second
+    run over the same store would find nothing new to fold."""
+    root = history.with_name(history.name + "-run")
+    shutil.copytree(history, root)
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -208,69 +281,64 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scratch", type=Path, help="directory for the stores (default: /tmp)")
     parser.add_argument("--driver-memory", default="2g")
     parser.add_argument("--warmup", type=int, default=100_000, help="records of the warm-up run")
-    args = parser.parse_args(argv)
-    from headwater.spark_compaction.session import spark_session
-
-    clock = time.monotonic()
-    spark = spark_session(
-        "local[2]",
-        {"spark.driver.memory": args.driver_memory, "spark.sql.shuffle.partitions": "4"},
+    parser.add_argument(
+        "--standalone",
+        type=int,
+        nargs="+",
+        metavar="WORKERS",
+        help="run Spark on a standalone cluster of this many one-core workers, each count in "
+        "turn (0: local[2]); default: local[2] only",
     )
-    spark_start = time.monotonic() - clock
+    args = parser.parse_args(argv)
+    engines = [
+        (f"spark standalone, {n} x 1 core" if n else "spark local[2]", n)
+        for n in args.standalone or [0]
+    ]
     rows: list[dict[str, Any]] = []
-    cold = 0.0
-    try:
-        # the first job of a session pays for JIT compilation and Python worker start-up: run
-        # one small history first and report it apart, so the sizes compare steady states
-        with tempfile.TemporaryDirectory(prefix="compaction-bench-", dir=args.scratch) as tmp:
-            write_history(Path(tmp) / "objects", args.warmup)
+    warmups: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="compaction-bench-", dir=args.scratch) as tmp:
+        histories: dict[int, tuple[Path, int]] = {}
+        for count in [args.warmup, *args.records]:
             clock = time.monotonic()
-            spark_fold(spark, Path(tmp) / "objects")
-            cold = time.monotonic() - clock
-            log(f"warm-up: {args.warmup:,} records in {cold:.1f} s (first job of the session)")
+            root = Path(tmp) / f"objects-{count}"
+            wal_bytes = write_history(root, count)
+            histories[count] = (root, wal_bytes)
+            took = time.monotonic() - clock
+            log(f"{count:,} records, {wal_bytes / 1e6:,.0f} MB of WAL in {took:.0f} s")
+        live_keys: dict[int, int] = {}
         for count in args.records:
-            with tempfile.TemporaryDirectory(prefix="compaction-bench-", dir=args.scratch) as tmp:
-                root = Path(tmp) / "objects"
+            root, wal_bytes = histories[count]
+            clock, cpu = time.monotonic(), tree_cpu_seconds()
+            baseline = python_fold(root, Path(tmp) / "python-snapshot")
+            seconds, cpu_seconds = time.monotonic() - clock, cpu_since(cpu)
+            log(f"  python {seconds:6.1f} s, cpu-s {cpu_seconds}, {baseline['phases']}")
+            shutil.rmtree(Path(tmp) / "python-snapshot")
+            live_keys[count] = baseline["keys_out"]
+            rows.append(
+                row("python, one process", count, wal_bytes, baseline, seconds, cpu_seconds)
+            )
+        for engine, workers in engines:
+            with engine_session(engine, workers, Path(tmp), args.driver_memory) as spark:
+                # the first job of a session pays for JIT compilation and Python worker
+                # start-up: run a small history first and report it apart, so the sizes
+                # compare steady states
                 clock = time.monotonic()
-                wal_bytes = write_history(root, count)
-                generated = time.monotonic() - clock
-                log(f"{count:,} records, {wal_bytes / 1e6:,.0f} MB of WAL in {generated:.0f} s")
-
-                clock, cpu = time.monotonic(), tree_cpu_seconds()
-                baseline = python_fold(root, Path(tmp) / "python-snapshot")
-                python_seconds = time.monotonic() - clock
-                python_cpu = tree_cpu_seconds() - cpu
-                phases = baseline["phases"]
-                log(f"  python {python_seconds:6.1f} s {python_cpu:6.1f} cpu-s {phases}")
-                shutil.rmtree(Path(tmp) / "python-snapshot")
-
-                clock, cpu = time.monotonic(), tree_cpu_seconds()
-                summary = spark_fold(spark, root)
-                spark_seconds = time.monotonic() - clock
-                spark_cpu = tree_cpu_seconds() - cpu
-                log(f"  spark  {spark_seconds:6.1f} s {spark_cpu:6.1f} cpu-s {summary['phases']}")
-                if summary["keys_out"] != baseline["keys_out"]:
-                    raise RuntimeError(f"spark {summary['keys_out']} keys, python {baseline}")
-                for engine, seconds, cpu_seconds, phases in (
-                    ("spark local[2]", spark_seconds, spark_cpu, summary["phases"]),
-                    ("python, one process", python_seconds, python_cpu, baseline["phases"]),
-                ):
-                    rows.append(
-                        {
-                            "engine": engine,
-                            "records": count,
-                            "wal_mb": round(wal_bytes / 1e6, 1),
-                            "keys_out": summary["keys_out"],
-                            "seconds": round(seconds, 2),
-                            "cpu_seconds": round(cpu_seconds, 2),
-                            "load_average": round(os.getloadavg()[0], 1),
-                            "records_per_s": round(count / seconds),
-                            "mb_per_s": round(wal_bytes / 1e6 / seconds, 1),
-                            "phases": {k: round(v, 2) for k, v in phases.items()},
-                        }
-                    )
-    finally:
-        spark.stop()
+                with fresh_copy(histories[args.warmup][0]) as root:
+                    spark_fold(spark, root)
+                warmups[engine] = round(time.monotonic() - clock, 1)
+                log(f"{engine}: warm-up of {args.warmup:,} records in {warmups[engine]} s")
+                for count in args.records:
+                    history, wal_bytes = histories[count]
+                    with fresh_copy(history) as root:
+                        clock, cpu = time.monotonic(), tree_cpu_seconds()
+                        summary = spark_fold(spark, root)
+                        seconds, cpu_seconds = time.monotonic() - clock, cpu_since(cpu)
+                    log(f"  {engine} {seconds:6.1f} s, cpu-s {cpu_seconds}, {summary['phases']}")
+                    if summary["keys_out"] != live_keys[count]:
+                        raise RuntimeError(
+                            f"{engine}: {summary['keys_out']} keys, python {live_keys[count]}"
+                        )
+                    rows.append(row(engine, count, wal_bytes, summary, seconds, cpu_seconds))
     if args.chart:
         svg_chart(rows, args.chart)
     report = {
@@ -281,12 +349,36 @@ def main(argv: list[str] | None = None) -> int:
             "python": platform.python_version(),
             "platform": platform.platform(),
         },
-        "spark_start_seconds": round(spark_start, 1),
-        "warmup": {"records": args.warmup, "seconds": round(cold, 1)},
+        "warmup": {"records": args.warmup, "seconds": warmups},
         "results": rows,
     }
     print(json.dumps(report, indent=2))
     return 0
+
+
+def row(
+    engine: str,
+    count: int,
+    wal_bytes: int,
+    result: dict[str, Any],
+    seconds: float,
+    cpu: dict[str, float],
+) -> dict[str, Any]:
+    total = sum(cpu.values())
+    return {
+        "engine": engine,
+        "records": count,
+        "wal_mb": round(wal_bytes / 1e6, 1),
+        "keys_out": result["keys_out"],
+        "seconds": round(seconds, 2),
+        "cpu_seconds": round(total, 2),
+        "cpu_us_per_record": round(total / count * 1e6, 2),
+        "cpu_us_per_record_by_kind": {k: round(v / count * 1e6, 2) for k, v in cpu.items()},
+        "load_average": round(os.getloadavg()[0], 1),
+        "records_per_s": round(count / seconds),
+        "mb_per_s": round(wal_bytes / 1e6 / seconds, 1),
+        "phases": {k: round(v, 2) for k, v in result["phases"].items()},
+    }
 
 
 def log(text: str) -> None:

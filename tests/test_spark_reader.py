@@ -5,6 +5,8 @@ the server will use. One test reads the WAL through the Spark data source itself
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -329,3 +331,40 @@ def test_a_clusters_partition_is_read_through_its_manifest(tmp_path: Path) -> No
         segments = list_segments(store, ["t"])
         assert [(s.base_offset, s.name[-2:]) for s in segments] == [(0, "bb")]
         assert [r["offset"] for r in _rows(store, "t")] == list(range(100))
+
+
+_REPR_PROBE = """
+import signal, sys
+from headwater.spark_compaction.store import BlockingStore, StoreSpec
+
+# a PySpark worker's main thread: the default SIGINT handler
+signal.signal(signal.SIGINT, signal.default_int_handler)
+store = BlockingStore(StoreSpec.local(sys.argv[1]))
+store.put("big", b"x" * 1_000_000)
+reprs = 0
+
+def count(frame, event, arg):
+    global reprs
+    if event == "c_call" and arg is repr:
+        reprs += 1
+
+sys.setprofile(count)
+data = store.get("big")
+sys.setprofile(None)
+store.close()
+print(reprs, len(data))
+"""
+
+
+def test_reading_an_object_never_builds_the_repr_of_what_it_read(tmp_path: Path) -> None:
+    """On Python 3.11, asyncio.Runner in a main thread with the default SIGINT handler built
+    the repr of each call's finished task, result included: for a 64 MiB segment, more CPU than
+    decoding it (docs/BENCHMARKS.md). A worker reads every segment through BlockingStore."""
+    result = subprocess.run(
+        [sys.executable, "-c", _REPR_PROBE, str(tmp_path / "objects")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert result.stdout.split() == ["0", "1000000"], result.stdout + result.stderr

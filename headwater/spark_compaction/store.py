@@ -70,19 +70,25 @@ async def open_store(spec: StoreSpec) -> ObjectStore:
 
 
 class BlockingStore:
-    """An `ObjectStore` with blocking methods, for executors and the job's driver code."""
+    """An `ObjectStore` with blocking methods, for executors and the job's driver code.
+
+    Each call runs on an event loop of its own, with `run_until_complete`, not `asyncio.Runner`:
+    on Python 3.11 `Runner.run` in a main thread whose SIGINT handler is the default (a PySpark
+    worker's) looks its own handler up again when the call ends, and the failed lookup builds an
+    error message holding the repr of the finished task, result included. For a 64 MiB segment
+    that repr cost more CPU than decoding the segment (docs/BENCHMARKS.md, 2026-11-26)."""
 
     def __init__(self, spec: StoreSpec) -> None:
         self.spec = spec
-        self._runner = asyncio.Runner()
+        self._loop = asyncio.new_event_loop()
         try:
-            self._store = self._runner.run(open_store(spec))
+            self._store = self._run(open_store(spec))
         except BaseException:
-            self._runner.close()
+            self._loop.close()
             raise
 
     def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        return self._runner.run(coroutine)
+        return self._loop.run_until_complete(coroutine)
 
     def get(self, key: str) -> bytes:
         return self._run(self._store.get(key))
@@ -103,7 +109,11 @@ class BlockingStore:
         try:
             self._run(self._store.close())
         finally:
-            self._runner.close()
+            try:
+                self._run(self._loop.shutdown_asyncgens())
+                self._run(self._loop.shutdown_default_executor())
+            finally:
+                self._loop.close()
 
     def __enter__(self) -> BlockingStore:
         return self
