@@ -1,8 +1,9 @@
-"""The `headwater` Structured Streaming source on local[2]: a query over a live 3-partition topic
-while a producer writes, into a Parquet file sink with a checkpoint, stopped (or its driver killed
-with kill -9) and restarted from the checkpoint; afterwards the sink holds every produced record
-exactly once, compared by partition and offset (and value). Plus the driver-side planning:
-startingOffsets, maxRecordsPerTrigger and partitions added to the topic."""
+"""The `headwater` Structured Streaming source on local[2] and on a standalone cluster: a query
+over a live 3-partition topic while a producer writes, into a Parquet file sink with a
+checkpoint, stopped (or its driver killed with kill -9) and restarted from the checkpoint;
+afterwards the sink holds every produced record exactly once, compared by partition and offset
+(and value). Plus the driver-side planning: startingOffsets, maxRecordsPerTrigger and partitions
+added to the topic."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 import headwater
+from headwater.spark_compaction.standalone import StandaloneCluster
 from headwater.spark_compaction.stream import TopicStreamReader, capped
 from headwater.testing import ServerProcess
 
@@ -158,9 +160,9 @@ def test_a_stopped_query_restarts_from_its_checkpoint_exactly_once(
 
 
 def _driver(
-    server: str, topic: str, sink: Path, checkpoint: Path, mode: str
+    server: str, topic: str, sink: Path, checkpoint: Path, mode: str, master: str = "local[2]"
 ) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SPARK_LOCAL_IP": "127.0.0.1"}
     return subprocess.Popen(
         [
             sys.executable,
@@ -171,6 +173,7 @@ def _driver(
             str(sink),
             str(checkpoint),
             mode,
+            master,
         ],
         cwd=ROOT,
         env=env,
@@ -192,6 +195,30 @@ def _kill(driver: subprocess.Popen[bytes]) -> None:
 def test_a_driver_killed_twice_restarts_from_its_checkpoint_exactly_once(
     spark: Any, server: ServerProcess, topic_name: str, tmp_path: Path
 ) -> None:
+    _killed_twice_then_drained(spark, server, topic_name, tmp_path, "local[2]")
+
+
+@pytest.mark.timeout(1500)  # the cluster's JVMs beside three drivers' on a loaded 2-core machine
+def test_on_a_standalone_cluster_a_driver_killed_twice_restarts_exactly_once(
+    spark: Any, server: ServerProcess, topic_name: str, tmp_path: Path
+) -> None:
+    """The same on a standalone master and worker on 127.0.0.1: the tasks run in the worker's
+    executors, and each killed driver's application is ended by the master."""
+    directory = tmp_path / "cluster"
+    directory.mkdir()
+    with StandaloneCluster(directory, workers=1, cores=2) as cluster:
+        cluster.wait_for_workers()
+        _killed_twice_then_drained(spark, server, topic_name, tmp_path, cluster.master_url)
+        state = cluster.state()
+        assert state is not None
+        # the two killed drivers' applications and the drain's ran on the cluster
+        ran = state["completedapps"] + state["activeapps"]
+        assert len(ran) == 3, [app["name"] for app in ran]
+
+
+def _killed_twice_then_drained(
+    spark: Any, server: ServerProcess, topic_name: str, tmp_path: Path, master: str
+) -> None:
     created(server.address, topic_name)
     sink, checkpoint = tmp_path / "sink", tmp_path / "checkpoint"
     # about 15 records a second for as long as the two drivers run (a driver's JVM takes a minute
@@ -201,7 +228,7 @@ def test_a_driver_killed_twice_restarts_from_its_checkpoint_exactly_once(
     killed_at = []
     for _ in range(2):
         done = commits(checkpoint)
-        driver = _driver(server.address, topic_name, sink, checkpoint, "run")
+        driver = _driver(server.address, topic_name, sink, checkpoint, "run", master)
         try:
             until(lambda done=done: commits(checkpoint) > done, 240, "a micro-batch committed")
         finally:
@@ -210,7 +237,7 @@ def test_a_driver_killed_twice_restarts_from_its_checkpoint_exactly_once(
     producing.stop.set()
     landed = producing.finish()
     assert killed_at[-1] < len(landed), "the killed drivers read everything"
-    drain = _driver(server.address, topic_name, sink, checkpoint, "drain")
+    drain = _driver(server.address, topic_name, sink, checkpoint, "drain", master)
     try:
         assert drain.wait(300) == 0
     finally:
