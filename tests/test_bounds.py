@@ -106,6 +106,64 @@ async def test_dropped_messages_are_reported_before_the_next_delivery(tmp_path: 
         server.kill()
 
 
+async def _held_for_a_consumer_not_reading(
+    address: str, topic: str, batches: list[list[bytes]]
+) -> tuple[int, int]:
+    """Produce `batches` (one produce batch each) to a non-reliable topic whose one consumer has
+    granted no credit yet, then grant and read: (messages delivered, messages reported
+    dropped)."""
+    async with await headwater.connect(address) as client:
+        await client.create_topic(topic, dispatch="non-reliable")
+        peer = await RawPeer.open(address)
+        subscribed = await peer.call(
+            m.SubscribeRequest(topic, "paused", m.SubscriptionType.EXCLUSIVE, "c", 0, 0)
+        )
+        assert isinstance(subscribed, m.SubscribeResponse)
+        producer = client.producer(topic)
+        for values in batches:
+            await (await producer.send_batch(values))
+        await producer.close()
+        sent = sum(len(values) for values in batches)
+        await peer.request(m.FlowRequest(subscribed.consumer_id, MAX_CREDITS))
+        delivered = dropped = 0
+        while delivered + dropped < sent:
+            frame = await peer.frame(timeout=10)
+            if frame.header.is_push:
+                push = decode_push(frame.header, frame.body)
+                if isinstance(push, m.Delivery):
+                    delivered += len(read_records(push.batch))
+                elif isinstance(push, m.MessagesDropped):
+                    dropped += push.count
+        await peer.close()
+        return delivered, dropped
+
+
+async def test_a_burst_waits_for_a_consumer_that_is_not_reading(server: ServerProcess) -> None:
+    """With the default bounds, 50,000 small messages sent while the consumer is not reading
+    (descheduled, or busy) wait for it: none is dropped. At the old default of 10,000 messages
+    per backlog, 40,000 were (a consumer off its core for 5 ms at 2M msgs/s lost messages)."""
+    batches = [[b"%06d" % (i * 1000 + j) * 10 for j in range(1000)] for i in range(50)]
+    assert await _held_for_a_consumer_not_reading(server.address, "backlog-burst", batches) == (
+        50_000,
+        0,
+    )
+
+
+async def test_a_backlog_of_tiny_batches_counts_what_holding_them_costs(tmp_path: Path) -> None:
+    """Each held batch is charged its bytes plus what holding it costs in objects, so 20,000
+    bytes of backlog hold fewer than 200 one-record batches of about 80 bytes (by payload alone
+    all 200 fit), and every other message is reported dropped."""
+    server = _server_with(tmp_path, "subscription_backlog_bytes = 20000")
+    try:
+        delivered, dropped = await _held_for_a_consumer_not_reading(
+            server.address, "tiny", [[b"x" * 10] for _ in range(200)]
+        )
+    finally:
+        server.kill()
+    assert 20_000 // (128 + 200) <= delivered < 200
+    assert dropped == 200 - delivered
+
+
 async def test_appends_cost_nothing_per_idle_reliable_subscription(tmp_path: Path) -> None:
     """With 300 subscriptions and no consumer, 200 appends run no subscription's pump: the
     topic's one append listener has no one waiting (before: every append woke every pump)."""

@@ -126,8 +126,10 @@ class ServerConfig:
     http_port_file: Path | None = None  # written with the bound HTTP port
     max_frame_size: int = MAX_FRAME_SIZE
     # Non-reliable: messages a subscription holds while its consumers have no credit. Past it,
-    # new messages are dropped and counted, so a slow consumer costs bounded memory.
-    subscription_backlog: int = 10_000
+    # new messages are dropped and counted, so a slow consumer costs bounded memory. The bytes
+    # below bind first for messages over about 67 bytes; at 10,000 a consumer descheduled for
+    # 5 ms lost messages at 2M msgs/s (docs/BENCHMARKS.md, 2026-11-26).
+    subscription_backlog: int = 1_000_000
     # ... and bytes of batches it holds (one batch is always let into an empty backlog).
     subscription_backlog_bytes: int = 64 * 1024 * 1024
     # Bytes every such backlog together may hold (server/memory_budget.py); past it batches are

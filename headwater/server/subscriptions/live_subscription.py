@@ -38,6 +38,11 @@ from headwater.wire.records import Record, read_records, rebuild_batch, split_ba
 
 __all__ = ["Consumer", "ConsumerSession", "Subscription", "failover_logger"]
 
+# What holding a batch costs beyond its bytes (the bytes object's header, the entry's tuple and
+# its deque slot), charged with them: a backlog of tiny batches is bounded by what it really
+# holds, not by its payload alone.
+ENTRY_OVERHEAD = 128
+
 log = structlog.get_logger("headwater.subscription")
 
 
@@ -99,7 +104,7 @@ class Subscription:
         self.drain()
 
     def offer(self, partition: int, batch: bytes, count: int) -> None:
-        size = len(batch)
+        size = len(batch) + ENTRY_OVERHEAD
         if (
             self._backlog_count + count > self._backlog_limit
             # one batch is always let into an empty backlog: a cap below the largest batch
@@ -118,7 +123,7 @@ class Subscription:
     def _pop_head(self) -> None:
         _, batch, count = self._backlog.popleft()
         self._backlog_count -= count
-        self._release(len(batch))
+        self._release(len(batch) + ENTRY_OVERHEAD)
 
     def _replace_head(self, partition: int, rest: bytes, count: int) -> None:
         _, batch, before = self._backlog[0]
