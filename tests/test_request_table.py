@@ -1,20 +1,37 @@
-"""The request table (headwater/server/request_table.py): one row per request type, read by
-authorization, pre-authentication and the broker's turns (unit tier)."""
+"""The request table (headwater/server/request_table.py): one declaration per request type, on its
+handler, read by authorization, pre-authentication and the broker's turns (unit tier)."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from headwater.server.request_table import REQUESTS
+import pytest
+
+import headwater.server.requests.broker  # noqa: F401  (imports every handler: the declarations)
+from headwater.server.request_table import REQUESTS, bind, handles, kind_of_api_key
+from headwater.server.requests.map_requests import MapHandlers
 from headwater.server.security.authz import ANY_GRANT, ANYONE, EVERY_TOPIC, OWNER_OR_ADMIN, Action
 from headwater.server.security.authz import request_action as action_of
-from headwater.server.security.pre_auth import PRE_AUTH_API_KEYS
 from headwater.wire import messages as m
 from headwater.wire.protocol import REQUEST_API_KEYS
 
 
-def test_every_request_the_wire_decodes_has_one_row() -> None:
+def test_every_request_the_wire_decodes_is_declared_once() -> None:
     assert set(REQUESTS) == set(REQUEST_API_KEYS)
+    with pytest.raises(TypeError, match="ProduceRequest has two handlers"):
+        handles(m.ProduceRequest, "topic", "produce")(lambda session, request: None)
+
+
+def test_only_a_wire_request_can_be_declared() -> None:
+    with pytest.raises(TypeError, match="MapEntry is not a request the wire decodes"):
+        handles(m.MapEntry)(lambda session, request: None)
+
+
+def test_bind_finds_the_declared_handlers_of_an_object() -> None:
+    maps = object.__new__(MapHandlers)  # bind reads the class; no catalog needed
+    bound = bind(maps)
+    assert set(bound) == {m.MapGetRequest, m.MapSetRequest, m.MapScanRequest, m.MapSizeRequest}
+    assert all(handler.__self__ is maps for handler in bound.values())  # type: ignore[attr-defined]
 
 
 def test_every_topic_field_is_a_field_of_its_message() -> None:
@@ -25,7 +42,10 @@ def test_every_topic_field_is_a_field_of_its_message() -> None:
 
 
 def test_only_the_handshake_comes_before_authentication() -> None:
-    assert {int(m.ApiKey.API_VERSIONS), int(m.ApiKey.AUTHENTICATE)} == PRE_AUTH_API_KEYS
+    kinds = [kind_of_api_key(key) for key in REQUEST_API_KEYS.values()]
+    before = {kind.api_key for kind in kinds if kind is not None and kind.before_auth}
+    assert None not in kinds
+    assert before == {int(m.ApiKey.API_VERSIONS), int(m.ApiKey.AUTHENTICATE)}
 
 
 def test_the_grant_each_request_needs() -> None:

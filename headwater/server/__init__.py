@@ -15,8 +15,9 @@ tests/test_layers.py):
 The modules of this folder are what every package may use: `config` (frozen dataclasses of the
 configuration) and `config_file` (loading it from TOML), `logs` (structlog setup), `build_info` (the
 version), `request_table` (every request type's topic field, grant, turn and pre-authentication
-flag, declared once), `reply` (what a handler answers and what the answer waits for), `topic_turns`
-(per-topic turns that keep operations on a topic in order), `memory_budget` (the bytes client
-backlogs may hold, per subscription and in all) and `loop_lag` (how long the event loop is held).
-`serve` sits on top of everything. Nothing imports this package except the `headwater serve` command
-(`headwater.cli.serve_command`; `headwater.cli.main` reads the version from `build_info`)."""
+flag, declared once, on its handler, with `handles`), `reply` (what a handler answers and what the
+answer waits for), `topic_turns` (per-topic turns that keep operations on a topic in order),
+`memory_budget` (the bytes client backlogs may hold, per subscription and in all) and `loop_lag`
+(how long the event loop is held). `serve` sits on top of everything. Nothing imports this package
+except the `headwater serve` command (`headwater.cli.serve_command`; `headwater.cli.main` reads the
+version from `build_info`)."""

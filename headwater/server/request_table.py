@@ -1,19 +1,27 @@
-"""Every request type the server takes, declared once: the topic it acts on, the grant it needs,
-whether it runs in its topic's turn or waits for the topic's last-value state, and whether it may
-come before authentication.
+"""Every request type the server takes, declared once, on its handler: the topic it acts on, the
+grant it needs, whether it runs in its topic's turn or waits for the topic's last-value state,
+and whether it may come before authentication.
 
-The layers that decide by request type read this table instead of keeping lists of their own:
+    @handles(m.ProduceRequest, "topic", "produce")
+    def produce(self, session, request): ...
+
+`handles` records a `RequestKind` per message type in `REQUESTS` when the handler's module is
+imported, and marks the method, so `bind` can find the handlers of the objects the broker builds.
+The layers that decide by request type read `REQUESTS` instead of keeping lists of their own:
 `security.authz` (the grant), `security.pre_auth` (before AUTHENTICATE), `requests.broker` (the
-topic's turn, last-value readiness). A new request type is its message (`wire.messages` and its
-`wire.api` family entry), a row here and its handler (`requests.broker`); a second protocol front
-end maps its requests onto these rows. tests/test_request_table.py checks that every request the
-wire decodes has a row and that every row names a field its message has.
+topic's turn, last-value readiness). They read it while serving, once the broker has imported
+every handler module (the broker refuses to start if a request the wire decodes has no handler).
+A new request type is its message (`wire.messages` and its `wire.api` family entry) and its
+handler with its declaration; a second protocol front end maps its requests onto these.
+tests/test_request_table.py checks that every request the wire decodes is declared and that
+every declaration names a field its message has.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Any, Final, Literal, TypeVar
 
 from headwater.wire import messages as m
 from headwater.wire.protocol import REQUEST_API_KEYS
@@ -49,42 +57,66 @@ class RequestKind:
         return None if self.topic_field is None else str(getattr(request, self.topic_field))
 
 
-_ROWS: Final = (
-    RequestKind(m.ApiVersionsRequest, before_auth=True),
-    RequestKind(m.AuthenticateRequest, before_auth=True),
-    RequestKind(m.ProduceRequest, "topic", "produce"),
-    RequestKind(m.InitProducerIdRequest),
-    RequestKind(m.SubscribeRequest, "topic", "consume", in_turn=True),
-    # reads the log by offset, no subscription: a consumer's right, nothing changes
-    RequestKind(m.FetchRequest, "topic", "consume"),
-    # on a consumer the connection holds: authorized when it subscribed
-    RequestKind(m.FlowRequest),
-    RequestKind(m.AckRequest),
-    RequestKind(m.AckRangesRequest),
-    RequestKind(m.NackRequest),
-    RequestKind(m.UnsubscribeRequest),
-    RequestKind(m.SeekRequest, "topic", "owner-or-admin", in_turn=True),
-    RequestKind(m.DeleteSubscriptionRequest, "topic", "owner-or-admin", in_turn=True),
-    RequestKind(m.MapGetRequest, "topic", "consume", last_value=True),
-    RequestKind(m.MapSetRequest, "topic", "produce", last_value=True),
-    RequestKind(m.MapScanRequest, "topic", "consume", last_value=True),
-    RequestKind(m.MapSizeRequest, "topic", "consume", last_value=True),
-    RequestKind(m.CreateTopicRequest, "name", "admin", in_turn=True),
-    RequestKind(m.DeleteTopicRequest, "name", "admin", in_turn=True),
-    RequestKind(m.CreatePartitionsRequest, "name", "admin", in_turn=True),
-    RequestKind(m.AlterTopicConfigsRequest, "name", "admin", in_turn=True),
-    # describe shows subscriptions and counters: a consumer's view
-    RequestKind(m.DescribeTopicRequest, "name", "consume"),
-    RequestKind(m.ListTopicsRequest),  # filtered to the topics the principal has a grant on
-    RequestKind(m.ListSubscriptionsRequest, "topic", "consume", topic_optional=True),
-    # server-wide counts and the data directory, as the operator's HTTP port shows them
-    RequestKind(m.ServerInfoRequest, None, "admin"),
-    RequestKind(m.RegisterSchemaRequest, "topic", "admin", in_turn=True),
-    # producers encode by a topic's schemas and consumers decode by them
-    RequestKind(m.GetSchemaRequest, "topic", "any-grant"),
-    RequestKind(m.ListSchemasRequest, "topic", "any-grant"),
-    RequestKind(m.CheckSchemaRequest, "topic", "any-grant"),
-    RequestKind(m.LookupRequest),  # answered only for topics with a grant (security.access)
-)
+# Every declared request type, filled by `handles` as the handler modules are imported (the
+# broker imports them all; so does tests/test_request_table.py before it checks the table).
+REQUESTS: Final[dict[type, RequestKind]] = {}
+_BY_API_KEY: Final[dict[int, RequestKind]] = {}
 
-REQUESTS: Final[dict[type, RequestKind]] = {row.message: row for row in _ROWS}
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def handles(
+    message: type,
+    topic_field: str | None = None,
+    needs: Need = "anyone",
+    *,
+    topic_optional: bool = False,
+    in_turn: bool = False,
+    last_value: bool = False,
+    before_auth: bool = False,
+) -> Callable[[F], F]:
+    """Declare the method below as the handler of `message` requests, with the rules the layers
+    read (`RequestKind`'s fields). One declaration per message type."""
+    kind = RequestKind(
+        message, topic_field, needs, topic_optional, in_turn, last_value, before_auth
+    )
+
+    def declare(handler: F) -> F:
+        _declare(kind)
+        setattr(handler, _DECLARED, kind)
+        return handler
+
+    return declare
+
+
+def _declare(kind: RequestKind) -> None:
+    if kind.message not in REQUEST_API_KEYS:
+        raise TypeError(f"{kind.message.__name__} is not a request the wire decodes")
+    if kind.message in REQUESTS:
+        raise TypeError(f"{kind.message.__name__} has two handlers")
+    REQUESTS[kind.message] = kind
+    _BY_API_KEY[kind.api_key] = kind
+
+
+# The one request no broker handler answers: the connection hands AUTHENTICATE to
+# `security.access.Security.authenticate` before anything reaches the broker.
+_declare(RequestKind(m.AuthenticateRequest, before_auth=True))
+
+
+_DECLARED = "request_kind"
+
+
+def bind(*owners: object) -> dict[type, Callable[..., Any]]:
+    """The handlers `owners` declare with `handles`, bound to them, by message type."""
+    handlers: dict[type, Callable[..., Any]] = {}
+    for owner in owners:
+        for name in dir(type(owner)):
+            kind = getattr(getattr(type(owner), name), _DECLARED, None)
+            if isinstance(kind, RequestKind):
+                handlers[kind.message] = getattr(owner, name)
+    return handlers
+
+
+def kind_of_api_key(api_key: int) -> RequestKind | None:
+    """The declaration of the request type with `api_key`, or None for an unknown key."""
+    return _BY_API_KEY.get(api_key)

@@ -37,6 +37,7 @@ from headwater.server.catalog.topic_catalog import TopicCatalog, last_value_topi
 from headwater.server.config import TopicSettings
 from headwater.server.memory_budget import MAX_MEMORY_PRINCIPALS_SHOWN, MemoryBudget
 from headwater.server.reply import AfterWork, Reply
+from headwater.server.request_table import handles
 from headwater.server.subscriptions.deadletter import LAST_VALUE_CONFIGS
 from headwater.server.subscriptions.reliable_subscription import ReliableSubscription
 from headwater.server.topics.topic import LogTopic, Topic
@@ -87,6 +88,7 @@ class AdminHandlers:
 
     # ALTER_TOPIC_CONFIGS
 
+    @handles(m.AlterTopicConfigsRequest, "name", "admin", in_turn=True)
     def alter_topic_configs(self, session: object, request: m.AlterTopicConfigsRequest) -> Reply:
         return AfterWork(self._alter(request))
 
@@ -176,6 +178,7 @@ class AdminHandlers:
 
     # LIST_SUBSCRIPTIONS
 
+    @handles(m.ListSubscriptionsRequest, "topic", "consume", topic_optional=True)
     def list_subscriptions(
         self, session: object, request: m.ListSubscriptionsRequest
     ) -> m.ListSubscriptionsResponse:
@@ -195,6 +198,8 @@ class AdminHandlers:
 
     # SERVER_INFO
 
+    # server-wide counts and the data directory, as the operator's HTTP port shows them
+    @handles(m.ServerInfoRequest, None, "admin")
     def server_info(self, session: object, request: m.ServerInfoRequest) -> Reply:
         return AfterWork(self._server_info())
 

@@ -38,7 +38,7 @@ from headwater.durables.producers import ProducerTable
 from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.config import ServerConfig
 from headwater.server.reply import AfterDurable, AfterWork, Reply, Waiting, after
-from headwater.server.request_table import REQUESTS
+from headwater.server.request_table import REQUESTS, bind, handles
 from headwater.server.requests.admin_requests import AdminHandlers
 from headwater.server.requests.consumer_requests import ConsumerHandlers
 from headwater.server.requests.fetch import FetchHandler
@@ -75,7 +75,7 @@ from headwater.wire.errors import (
     UnknownTopic,
 )
 from headwater.wire.names import is_dead_letter_name
-from headwater.wire.protocol import SUPPORTED_VERSIONS
+from headwater.wire.protocol import REQUEST_API_KEYS, SUPPORTED_VERSIONS
 from headwater.wire.records import (
     BatchInfo,
     Compression,
@@ -127,37 +127,19 @@ class Broker:
         self.definitions: TopicDefinitions = LocalTopics(catalog)
         consumers = self.consumers
         schemas = SchemaHandlers(catalog.schemas, catalog.topics)
-        self._handlers: dict[type, Handler] = {
-            m.ProduceRequest: self.produce,
-            m.SubscribeRequest: consumers.subscribe,
-            m.FlowRequest: consumers.flow,
-            m.AckRequest: consumers.ack,
-            m.AckRangesRequest: consumers.ack_ranges,
-            m.NackRequest: consumers.nack,
-            m.UnsubscribeRequest: consumers.unsubscribe,
-            m.FetchRequest: self.fetches.fetch,
-            m.SeekRequest: consumers.seek,
-            m.DeleteSubscriptionRequest: consumers.delete_subscription,
-            m.InitProducerIdRequest: self.init_producer_id,
-            m.MapGetRequest: self.maps.map_get,
-            m.MapSetRequest: self.maps.map_set,
-            m.MapScanRequest: self.maps.map_scan,
-            m.MapSizeRequest: self.maps.map_size,
-            m.CreateTopicRequest: self.create_topic,
-            m.DeleteTopicRequest: self.delete_topic,
-            m.ListTopicsRequest: self.list_topics,
-            m.DescribeTopicRequest: self.describe_topic,
-            m.ApiVersionsRequest: self.api_versions,
-            m.AlterTopicConfigsRequest: self.admin.alter_topic_configs,
-            m.ListSubscriptionsRequest: self.admin.list_subscriptions,
-            m.ServerInfoRequest: self.admin.server_info,
-            m.CreatePartitionsRequest: self.create_partitions,
-            m.RegisterSchemaRequest: schemas.register,
-            m.GetSchemaRequest: schemas.get,
-            m.ListSchemasRequest: schemas.list,
-            m.CheckSchemaRequest: schemas.check,
-            m.LookupRequest: LookupHandler(self.ownership, catalog.topics).lookup,
-        }
+        self._handlers: dict[type, Handler] = bind(
+            self,
+            consumers,
+            self.fetches,
+            self.maps,
+            self.admin,
+            schemas,
+            LookupHandler(self.ownership, catalog.topics),
+        )
+        # AUTHENTICATE is the connection's, before the broker (security.access)
+        missing = set(REQUEST_API_KEYS) - set(self._handlers) - {m.AuthenticateRequest}
+        if missing:
+            raise TypeError(f"requests with no handler: {sorted(t.__name__ for t in missing)}")
 
     @property
     def topics(self) -> dict[str, Topic]:
@@ -195,6 +177,7 @@ class Broker:
 
     # Messages
 
+    @handles(m.ProduceRequest, "topic", "produce")
     def produce(
         self,
         session: Session,
@@ -431,6 +414,7 @@ class Broker:
                 f"{topic}/{partition}: the idempotent producers' state is not ready yet"
             ) from None
 
+    @handles(m.InitProducerIdRequest)
     def init_producer_id(self, session: Session, request: m.InitProducerIdRequest) -> Reply:
         if self.cluster_ids is not None:  # a cluster: from etcd, unique in the whole cluster
             return AfterWork(self._cluster_producer_id(self.cluster_ids))
@@ -443,6 +427,7 @@ class Broker:
 
     # Admin
 
+    @handles(m.CreateTopicRequest, "name", "admin", in_turn=True)
     def create_topic(self, session: Session, request: m.CreateTopicRequest) -> Reply:
         if is_dead_letter_name(request.name):  # only the server creates these (deadletter)
             raise InvalidTopicName(
@@ -455,6 +440,7 @@ class Broker:
         await self.definitions.create_topic(request)
         return m.EmptyResponse()
 
+    @handles(m.DeleteTopicRequest, "name", "admin", in_turn=True)
     def delete_topic(self, session: Session, request: m.DeleteTopicRequest) -> Reply:
         return AfterWork(self._delete_topic(request))
 
@@ -463,12 +449,16 @@ class Broker:
         await self.definitions.delete_topic(request.name)
         return m.EmptyResponse()
 
+    @handles(m.CreatePartitionsRequest, "name", "admin", in_turn=True)
     def create_partitions(self, session: Session, request: m.CreatePartitionsRequest) -> Reply:
         return AfterWork(self.definitions.create_partitions(request))
 
+    @handles(m.ListTopicsRequest)  # filtered to the topics the principal has a grant on
     def list_topics(self, session: Session, request: m.ListTopicsRequest) -> m.ListTopicsResponse:
         return m.ListTopicsResponse(tuple(t.info for _, t in sorted(self.catalog.topics.items())))
 
+    # describe shows subscriptions and counters: a consumer's view
+    @handles(m.DescribeTopicRequest, "name", "consume")
     def describe_topic(self, session: Session, request: m.DescribeTopicRequest) -> Reply:
         topic = self._topic(request.name)
         if self.catalog.horizons is None or not topic.reliable:
@@ -496,6 +486,7 @@ class Broker:
             description, topic=dataclasses.replace(info, configs=(*info.configs, *entries))
         )
 
+    @handles(m.ApiVersionsRequest, before_auth=True)
     def api_versions(
         self, session: Session, request: m.ApiVersionsRequest
     ) -> m.ApiVersionsResponse:

@@ -28,6 +28,7 @@ from headwater.server.memory_budget import (
     default_principal_share,
 )
 from headwater.server.reply import AfterWork, Reply
+from headwater.server.request_table import handles
 from headwater.server.requests.map_requests import no_last_value_state
 from headwater.server.subscriptions.live_subscription import Subscription
 from headwater.server.topics.lastvalue_index import LastValueSubscription
@@ -87,6 +88,7 @@ class ConsumerHandlers:
             raise UnknownConsumer(f"consumer {consumer_id} is not open on this connection")
         return consumer
 
+    @handles(m.SubscribeRequest, "topic", "consume", in_turn=True)
     def subscribe(self, session: Session, request: m.SubscribeRequest) -> Reply:
         topic = self._topic(request.topic)
         limit = self._config.max_consumers_per_connection
@@ -240,6 +242,8 @@ class ConsumerHandlers:
         )
         return m.SubscribeResponse(consumer.consumer_id)
 
+    # on a consumer the connection holds: authorized when it subscribed (so too the next four)
+    @handles(m.FlowRequest)
     def flow(self, session: Session, request: m.FlowRequest) -> m.EmptyResponse:
         consumer = self._consumer(session, request.consumer_id)
         if not 0 < request.credits <= MAX_CREDITS:
@@ -247,6 +251,7 @@ class ConsumerHandlers:
         consumer.subscription.grant(consumer, request.credits)
         return m.EmptyResponse()
 
+    @handles(m.AckRequest)
     def ack(self, session: Session, request: m.AckRequest) -> m.EmptyResponse:
         consumer = self._consumer(session, request.consumer_id)
         if len(request.acks) > MAX_ACKS_PER_REQUEST:
@@ -256,6 +261,7 @@ class ConsumerHandlers:
         consumer.subscription.ack(consumer, request.acks, request.kind)
         return m.EmptyResponse()
 
+    @handles(m.AckRangesRequest)
     def ack_ranges(self, session: Session, request: m.AckRangesRequest) -> m.EmptyResponse:
         consumer = self._consumer(session, request.consumer_id)
         ranges = request.ranges
@@ -273,6 +279,7 @@ class ConsumerHandlers:
         consumer.subscription.ack_ranges(consumer, ranges)
         return m.EmptyResponse()
 
+    @handles(m.NackRequest)
     def nack(self, session: Session, request: m.NackRequest) -> m.EmptyResponse:
         consumer = self._consumer(session, request.consumer_id)
         if len(request.acks) > MAX_ACKS_PER_REQUEST:
@@ -280,6 +287,7 @@ class ConsumerHandlers:
         consumer.subscription.nack(consumer, request.acks, request.delay_ms)
         return m.EmptyResponse()
 
+    @handles(m.UnsubscribeRequest)
     def unsubscribe(self, session: Session, request: m.UnsubscribeRequest) -> m.EmptyResponse:
         self.detach(self._consumer(session, request.consumer_id))
         return m.EmptyResponse()
@@ -308,6 +316,7 @@ class ConsumerHandlers:
         if self.on_detached is not None:
             self.on_detached(consumer)
 
+    @handles(m.SeekRequest, "topic", "owner-or-admin", in_turn=True)
     def seek(self, session: Session, request: m.SeekRequest) -> Reply:
         return AfterWork(self._seek(request))
 
@@ -318,6 +327,7 @@ class ConsumerHandlers:
         )
         return m.EmptyResponse()
 
+    @handles(m.DeleteSubscriptionRequest, "topic", "owner-or-admin", in_turn=True)
     def delete_subscription(self, session: Session, request: m.DeleteSubscriptionRequest) -> Reply:
         return AfterWork(self._delete_subscription(request))
 

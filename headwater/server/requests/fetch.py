@@ -29,6 +29,7 @@ import struct
 
 from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.reply import AfterData, AfterWork, Reply
+from headwater.server.request_table import handles
 from headwater.server.requests.partition_ownership import Ownership, not_owner
 from headwater.server.topics.subscription_contract import ConsumerSession as Session
 from headwater.server.topics.topic import LogTopic
@@ -54,6 +55,8 @@ class FetchHandler:
         self._catalog = catalog
         self.ownership: Ownership | None = None  # a cluster's: only partitions served here
 
+    # reads the log by offset, no subscription: a consumer's right, nothing changes
+    @handles(m.FetchRequest, "topic", "consume")
     def fetch(self, session: Session, request: m.FetchRequest) -> Reply:
         topic = self._topic(request.topic)
         if not 1 <= request.max_bytes <= MAX_FETCH_BYTES:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from headwater.server.reply import Reply
+from headwater.server.request_table import handles
 from headwater.server.requests.partition_ownership import Ownership
 from headwater.server.topics.topic import Topic
 from headwater.wire import messages as m
@@ -25,6 +26,7 @@ class LookupHandler:
         self._ownership = ownership
         self._topics = topics
 
+    @handles(m.LookupRequest)  # answered only for topics with a grant (security.access)
     def lookup(self, session: object, request: m.LookupRequest) -> Reply:
         if len(request.topics) > MAX_LOOKUP_TOPICS:
             raise InvalidRequest(

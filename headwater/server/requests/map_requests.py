@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from headwater.durables.lastvalue import KeyedBatch, StoredValue, check_key
 from headwater.server.catalog.topic_catalog import TopicCatalog, last_value_topic
 from headwater.server.reply import AfterWork, Reply, after
+from headwater.server.request_table import handles
 from headwater.server.requests.partition_ownership import Ownership, not_owner
 from headwater.server.topics.lastvalue_index import LastValueIndex
 from headwater.server.topics.subscription_contract import ConsumerSession as Session
@@ -69,6 +70,7 @@ class MapHandlers:
             raise no_last_value_state(topic.name)
         return await self._catalog.enable_last_value(topic)  # finishes a build under way
 
+    @handles(m.MapGetRequest, "topic", "consume", last_value=True)
     def map_get(self, session: Session, request: m.MapGetRequest) -> Reply:
         if not request.keys or len(request.keys) > MAX_MAP_KEYS:
             raise InvalidRequest(f"a get names 1..{MAX_MAP_KEYS} keys, not {len(request.keys)}")
@@ -86,6 +88,7 @@ class MapHandlers:
         self._check_served(request.topic, index, request.keys)
         return m.MapGetResponse(tuple(_entry(k, index.get(k)) for k in request.keys))
 
+    @handles(m.MapSetRequest, "topic", "produce", last_value=True)
     def map_set(self, session: Session, request: m.MapSetRequest) -> Reply:
         if not request.writes or len(request.writes) > MAX_MAP_KEYS:
             raise InvalidRequest(f"a set holds 1..{MAX_MAP_KEYS} writes")
@@ -152,6 +155,7 @@ class MapHandlers:
                 waits.append(wait)
         return after(m.MapSetResponse(tuple(revisions)), *waits)
 
+    @handles(m.MapScanRequest, "topic", "consume", last_value=True)
     def map_scan(self, session: Session, request: m.MapScanRequest) -> Reply:
         if not 1 <= request.limit <= MAX_MAP_KEYS:
             raise InvalidRequest(f"scan limit must be 1..{MAX_MAP_KEYS}")
@@ -183,6 +187,7 @@ class MapHandlers:
         found = found[: request.limit]
         return found, found[-1].key
 
+    @handles(m.MapSizeRequest, "topic", "consume", last_value=True)
     def map_size(self, session: Session, request: m.MapSizeRequest) -> Reply:
         return AfterWork(self._map_size(request))
 

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Final
 import structlog
 
 from headwater.server.reply import AfterWork, Reply
+from headwater.server.request_table import handles
 from headwater.server.schemas.schema_rules import (
     Check,
     ParsedSchema,
@@ -404,14 +405,19 @@ class SchemaHandlers:
         self._registry = registry
         self._topics = topics
 
+    @handles(m.RegisterSchemaRequest, "topic", "admin", in_turn=True)
     def register(self, session: Session, request: m.RegisterSchemaRequest) -> Reply:
         return AfterWork(self._registry.register(self._topics, request))
 
+    # producers encode by a topic's schemas and consumers decode by them (so too list, check)
+    @handles(m.GetSchemaRequest, "topic", "any-grant")
     def get(self, session: Session, request: m.GetSchemaRequest) -> Reply:
         return self._registry.get(self._topics, request)
 
+    @handles(m.ListSchemasRequest, "topic", "any-grant")
     def list(self, session: Session, request: m.ListSchemasRequest) -> Reply:
         return self._registry.list(self._topics, request)
 
+    @handles(m.CheckSchemaRequest, "topic", "any-grant")
     def check(self, session: Session, request: m.CheckSchemaRequest) -> Reply:
         return AfterWork(self._registry.check(self._topics, request))

@@ -6,16 +6,15 @@ PATTERN is an exact topic name, or a prefix ending in `*` (`orders.*`, or `*` fo
 Nothing is allowed unless a grant says so. The actions are independent: `admin` (create and
 delete topics, seek and delete any subscription) does not imply reading or writing messages.
 
-`request_action` reads (action, topic) from the request's row in `server.request_table`, so the
-broker needs no knowledge of principals: map get/scan/size follow consume, map set and delete follow
-produce, describe follows consume (it shows subscriptions and counters), SERVER_INFO needs admin on
-every topic (`admin:*`: it tells server-wide counts and the data directory, as the operator's HTTP
-port does), LOOKUP needs nothing but is answered only for topics with a grant (access filters the
-others to UNKNOWN_TOPIC, as for a topic that does not exist). Requests on a consumer the connection
-already holds (flow, ack, nack, unsubscribe) were authorized when it subscribed. Seek and
-delete-subscription need admin on the topic or ownership of the subscription; that check is
-`server.security.access`'s, which knows the owners.
-"""
+`request_action` reads (action, topic) from the request's declaration in `server.request_table`, so
+the broker needs no knowledge of principals: map get/scan/size follow consume, map set and delete
+follow produce, describe follows consume (it shows subscriptions and counters), SERVER_INFO needs
+admin on every topic (`admin:*`: it tells server-wide counts and the data directory, as the
+operator's HTTP port does), LOOKUP needs nothing but is answered only for topics with a grant
+(access filters the others to UNKNOWN_TOPIC, as for a topic that does not exist). Requests on a
+consumer the connection already holds (flow, ack, nack, unsubscribe) were authorized when it
+subscribed. Seek and delete-subscription need admin on the topic or ownership of the subscription;
+that check is `server.security.access`'s, which knows the owners."""
 
 from __future__ import annotations
 
@@ -91,8 +90,9 @@ def may_see(grants: Iterable[Grant], topic: str) -> bool:
 
 
 def request_action(request: m.Request) -> tuple[Action | str, str]:
-    """(what the request needs, the topic it concerns), from its row in `server.request_table`;
-    the topic is "" for ANYONE and `EVERY_TOPIC` for a server-wide admin request."""
+    """(what the request needs, the topic it concerns), from its declaration in
+    `server.request_table`; the topic is "" for ANYONE and `EVERY_TOPIC` for a server-wide admin
+    request."""
     kind = REQUESTS[type(request)]
     topic = kind.topic(request)
     if kind.needs == ANYONE or (kind.topic_optional and not topic):

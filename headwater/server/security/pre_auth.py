@@ -8,23 +8,21 @@ before its body is decoded, and the connection is closed: an anonymous peer cost
 header, whatever the body holds (an 8 MiB CREATE_TOPIC of 2 million configs once cost 21 s of
 parsing before the authentication check).
 
-Which api keys may come first is the `before_auth` flag of their rows in `server.request_table`.
+Which api keys may come first is the `before_auth` flag of their declarations in
+`server.request_table`.
 """
 
 from __future__ import annotations
 
-from typing import Final
-
-from headwater.server.request_table import REQUESTS
+from headwater.server.request_table import kind_of_api_key
 from headwater.wire.errors import AuthenticationRequired, FrameTooLarge, HeadwaterError
 from headwater.wire.limits import MAX_PRE_AUTH_FRAME
-
-PRE_AUTH_API_KEYS: Final = frozenset(row.api_key for row in REQUESTS.values() if row.before_auth)
 
 
 def pre_auth_refusal(api_key: int) -> HeadwaterError | None:
     """The error that answers a request with `api_key` before authentication, or None."""
-    if api_key in PRE_AUTH_API_KEYS:
+    kind = kind_of_api_key(api_key)
+    if kind is not None and kind.before_auth:
         return None
     return AuthenticationRequired(
         "authenticate first: before AUTHENTICATE succeeds this server takes only "
