@@ -24,6 +24,8 @@ from headwater.wire.errors import (
 )
 from headwater.wire.limits import MAX_FETCH_BYTES
 from headwater.wire.protocol import encode_request, encode_response
+from headwater.wire.records import build_batch
+from tests.support.rawwire import RawPeer
 from tests.support.secure import SecureServer, secure_server
 
 
@@ -181,3 +183,42 @@ def test_fetch_vectors() -> None:
         "0000000000000006"  # end_offset 6
         "00000005" + b"BATCH".hex()  # records (whole batches in a real answer)
     )
+
+
+async def test_offset_for_time_finds_where_a_reader_starts(
+    client: headwater.Client, server: ServerProcess, topic_name: str
+) -> None:
+    """OFFSET_FOR_TIME (the request added with its message and its handler only): batches of
+    five records at timestamps 1000, 2000, ... 10000; a time inside a batch's span gives that
+    batch's first offset, a time past every record the readable end, -2 and -1 the start and
+    the end, and reading from the answer with FETCH starts at the batch asked for."""
+    await client.create_topic(topic_name, partitions=2, dispatch="reliable")
+    peer = await RawPeer.open(server.address)
+    try:
+        for i in range(10):
+            batch = build_batch(
+                [(None, b"t%d-%d" % (i, j), []) for j in range(5)], timestamp=1000 * (i + 1)
+            )
+            answer = await peer.call(m.ProduceRequest(topic_name, 0, batch))
+            assert answer == m.ProduceResponse(0, 5 * i)
+    finally:
+        await peer.close()
+    assert await client.offset_for_time(topic_name, 0, 0) == 0
+    assert await client.offset_for_time(topic_name, 0, 3000) == 10
+    assert await client.offset_for_time(topic_name, 0, 3001) == 15
+    assert await client.offset_for_time(topic_name, 0, 10_000) == 45
+    assert await client.offset_for_time(topic_name, 0, 10_001) == 50  # nothing that recent
+    assert await client.offset_for_time(topic_name, 0, -2) == 0
+    assert await client.offset_for_time(topic_name, 0, -1) == 50
+    assert await client.offset_for_time(topic_name, 1, 5000) == 0  # an empty partition: its end
+    fetched = await client.fetch(topic_name, 0, await client.offset_for_time(topic_name, 0, 7500))
+    assert fetched.records()[0].value == b"t7-0"
+    with pytest.raises(InvalidPartition):
+        await client.offset_for_time(topic_name, 2, 0)
+    with pytest.raises(InvalidRequest, match="timestamp -3"):
+        await client.offset_for_time(topic_name, 0, -3)
+    with pytest.raises(UnknownTopic):
+        await client.offset_for_time(topic_name + "-missing", 0, 0)
+    await client.create_topic(topic_name + "-live", dispatch="non-reliable")
+    with pytest.raises(NotSupported):
+        await client.offset_for_time(topic_name + "-live", 0, 0)

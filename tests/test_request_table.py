@@ -54,6 +54,7 @@ def test_the_grant_each_request_needs() -> None:
     assert action_of(m.MapSetRequest("t", ())) == (Action.PRODUCE, "t")
     assert action_of(m.MapGetRequest("t", (b"k",))) == (Action.CONSUME, "t")
     assert action_of(m.DescribeTopicRequest("t")) == (Action.CONSUME, "t")
+    assert action_of(m.OffsetForTimeRequest("t", 0, 0)) == (Action.CONSUME, "t")
     assert action_of(m.CreateTopicRequest("t")) == (Action.ADMIN, "t")
     assert action_of(m.DeleteTopicRequest("t")) == (Action.ADMIN, "t")
     assert action_of(m.ServerInfoRequest()) == (Action.ADMIN, EVERY_TOPIC)

@@ -374,18 +374,30 @@ class Client(ClusterMixin, AdminMixin, SchemaAdmin):
         request = m.FetchRequest(topic, partition, offset, max_bytes, round(max_wait * 1000))
         timeout = self._timeout + max_wait + 30.0
         await self._router.settle(topic)
-        if not self._router.multi_broker:
-            response = await self._request(request, timeout)
-        else:
-            response = await self._routed_fetch(request, timeout)
+        response = await self._at_owner(request, timeout)
         assert isinstance(response, m.FetchResponse)
         return Fetched(
             topic, partition, offset, response.start_offset, response.end_offset, response.records
         )
 
-    async def _routed_fetch(self, request: m.FetchRequest, timeout: float) -> m.Response:
-        """FETCH at the partition's owner, following NOT_OWNER (bounded by the router's
-        backoff)."""
+    async def offset_for_time(self, topic: str, partition: int, timestamp: int) -> int:
+        """Where to `fetch` from to read `topic`'s `partition` from `timestamp` (ms since the
+        epoch; -2: the partition's start, -1: its readable end): the first offset of the first
+        batch whose newest record is at or after it, so a few earlier records may come first,
+        or the readable end when no readable record is that recent (OFFSET_FOR_TIME)."""
+        request = m.OffsetForTimeRequest(topic, partition, timestamp)
+        await self._router.settle(topic)
+        response = await self._at_owner(request, self._timeout)
+        assert isinstance(response, m.OffsetForTimeResponse)
+        return response.offset
+
+    async def _at_owner(
+        self, request: m.FetchRequest | m.OffsetForTimeRequest, timeout: float
+    ) -> m.Response:
+        """A request about one partition, at the partition's owner in a cluster, following
+        NOT_OWNER (bounded by the router's backoff)."""
+        if not self._router.multi_broker:
+            return await self._request(request, timeout)
         router = self._router
         delays = router.backoff.delays()
         while True:  # each round takes a delay of the backoff's, which ends

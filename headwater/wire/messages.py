@@ -50,6 +50,7 @@ class ApiKey(enum.IntEnum):
     LIST_SCHEMAS = 42
     CHECK_SCHEMA = 43
     ACK_RANGES = 44  # ACK for runs of consecutive offsets: one entry per run, not per message
+    OFFSET_FOR_TIME = 45  # where a FETCH reader starts to read from a time (docs/PROTOCOL.md)
     # pushed by the server
     DELIVER = 100
     CONSUMER_CLOSED = 101
@@ -367,6 +368,23 @@ class InitProducerIdResponse:
 @dataclass(frozen=True, slots=True)
 class SubscribeResponse:
     consumer_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetForTimeRequest:
+    """Where to FETCH from to read `topic`'s `partition` from a time: `timestamp` in ms since the
+    epoch, or -2 for the partition's start and -1 for its readable end."""
+
+    topic: str
+    partition: int
+    timestamp: int
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetForTimeResponse:
+    # the first offset of the first batch whose newest record is at or after the time (so records
+    # just before it may come first), or the readable end when no readable record is that recent
+    offset: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -731,6 +749,7 @@ Request = (
     | AckRangesRequest
     | UnsubscribeRequest
     | FetchRequest
+    | OffsetForTimeRequest
     | NackRequest
     | SeekRequest
     | DeleteSubscriptionRequest
@@ -765,6 +784,7 @@ Response = (
     | MapSizeResponse
     | SubscribeResponse
     | FetchResponse
+    | OffsetForTimeResponse
     | ListTopicsResponse
     | DescribeTopicResponse
     | ApiVersionsResponse

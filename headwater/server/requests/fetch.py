@@ -15,10 +15,15 @@ durable offset or the cloud tail) until data becomes readable or the time is up;
 `AfterData`, outside the topic's turn, so the produces that bring the data are not queued behind
 it. A topic deleted meanwhile answers UNKNOWN_TOPIC.
 
+OFFSET_FOR_TIME tells such a reader where to start to read from a time: the first offset of the
+first batch whose newest record is at or after it (`LogTopic.offset_for_timestamp`, a walk of
+the segments' sparse indexes), or the readable end when no readable record is that recent; -2
+asks for the partition's start, -1 for its readable end.
+
 Errors: UNKNOWN_TOPIC, INVALID_PARTITION, NOT_SUPPORTED on a non-reliable topic (it keeps no
 history), INVALID_REQUEST for `max_bytes` or `max_wait_ms` out of their bounds
-(`wire.limits`), OFFSET_OUT_OF_RANGE below the start or above the next offset, NOT_OWNER in a
-cluster for a partition another broker serves.
+(`wire.limits`) or a timestamp below -2, OFFSET_OUT_OF_RANGE below the start or above the next
+offset, NOT_OWNER in a cluster for a partition another broker serves.
 """
 
 from __future__ import annotations
@@ -70,6 +75,37 @@ class FetchHandler:
             return self._answer(topic, request, [])
         return AfterData(self._wait(request))
 
+    @handles(m.OffsetForTimeRequest, "topic", "consume")
+    def offset_for_time(self, session: Session, request: m.OffsetForTimeRequest) -> Reply:
+        topic = self._topic(request.topic)
+        self._partition(topic, request.partition)
+        if request.timestamp < -2:
+            raise InvalidRequest(
+                f"timestamp {request.timestamp}: milliseconds, -1 (the end) or -2 (the start)"
+            )
+        if request.timestamp == -2:
+            return m.OffsetForTimeResponse(topic.start_offset(request.partition))
+        if request.timestamp == -1:
+            return m.OffsetForTimeResponse(self._end(topic, request.partition))
+        return AfterWork(self._offset_for_time(topic, request))
+
+    async def _offset_for_time(self, topic: LogTopic, request: m.OffsetForTimeRequest) -> Reply:
+        found = await topic.offset_for_timestamp(request.partition, request.timestamp)
+        return m.OffsetForTimeResponse(min(found, self._end(topic, request.partition)))
+
+    @staticmethod
+    def _end(topic: LogTopic, partition: int) -> int:
+        return topic.readable_end(topic.partitions[partition], False)
+
+    def _partition(self, topic: LogTopic, index: int) -> None:
+        """Raise unless `index` is a partition of `topic` that this broker serves."""
+        if not 0 <= index < len(topic.partitions):
+            raise InvalidPartition(
+                f"topic {topic.name!r} has partitions 0..{len(topic.partitions) - 1}, not {index}"
+            )
+        if self.ownership is not None and not self.ownership.serves(topic.name, index):
+            raise not_owner(self.ownership, topic.name, index)
+
     def _topic(self, name: str) -> LogTopic:
         topic = self._catalog.topics.get(name)
         if topic is None:
@@ -83,12 +119,7 @@ class FetchHandler:
     def _check(self, topic: LogTopic, request: m.FetchRequest) -> int:
         """The partition's readable end, after the checks every answer repeats."""
         index = request.partition
-        if not 0 <= index < len(topic.partitions):
-            raise InvalidPartition(
-                f"topic {topic.name!r} has partitions 0..{len(topic.partitions) - 1}, not {index}"
-            )
-        if self.ownership is not None and not self.ownership.serves(topic.name, index):
-            raise not_owner(self.ownership, topic.name, index)
+        self._partition(topic, index)
         partition = topic.partitions[index]
         start, following = topic.start_offset(index), partition.next_offset
         if not start <= request.offset <= following:

@@ -1,6 +1,6 @@
 """Consuming: SUBSCRIBE, FLOW, ACK, ACK_RANGES, NACK, SEEK, UNSUBSCRIBE, DELETE_SUBSCRIPTION,
-FETCH, and the CONSUMER_CLOSED and MESSAGES_DROPPED pushes. DELIVER is in `wire.api.produce`,
-beside PRODUCE, because both carry a record batch through unchanged.
+FETCH, OFFSET_FOR_TIME, and the CONSUMER_CLOSED and MESSAGES_DROPPED pushes. DELIVER is in
+`wire.api.produce`, beside PRODUCE, because both carry a record batch through unchanged.
 
 FLOW and ACK are batched per event-loop turn by the client, so construct's cost is paid once per
 turn, not per message; but a request's worst case must stay far under a millisecond per
@@ -280,6 +280,16 @@ APIS: Final = (
         m.ApiKey.DELETE_SUBSCRIPTION,
         message(m.DeleteSubscriptionRequest, "topic" / String, "subscription" / String),
         EMPTY_RESPONSE,
+    ),
+    Api(
+        m.ApiKey.OFFSET_FOR_TIME,
+        message(
+            m.OffsetForTimeRequest,
+            "topic" / String,
+            "partition" / Int32sb,
+            "timestamp" / Int64sb,
+        ),
+        message(m.OffsetForTimeResponse, "offset" / Int64sb),
     ),
     Api(
         m.ApiKey.FETCH,
