@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import resource
 import signal
@@ -166,6 +167,12 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
             stack.callback(listener.shared.security.close)
         if operator is not None:
             operator.recovered(catalog)
+        # What start-up built (the modules, the recovered catalog) lives as long as the server. A
+        # full collection walked all of it again, 20-30 ms with the loop held (a stall report of
+        # the 100k msgs/s latency row, docs/BENCHMARKS.md): frozen, later collections walk only
+        # what serving made.
+        gc.collect()
+        gc.freeze()
         if config.port_file is not None:
             _write_port(config.port_file, port)
         log.info(

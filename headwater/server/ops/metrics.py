@@ -15,6 +15,7 @@ re-created (Prometheus treats that as a counter reset), and WAL appends count si
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -89,6 +90,12 @@ class HeadwaterCollector(Collector):
         )
         _histogram(lag, [], state.listener.shared.loop_lag.histogram)
         yield lag
+        yield GaugeMetricFamily(
+            "headwater_gc_frozen_objects",
+            "Objects start-up built and froze out of Python's cyclic collector (gc.freeze): "
+            "full collections do not walk them",
+            value=gc.get_freeze_count(),
+        )
         memory = state.memory()
         if memory is not None:
             yield GaugeMetricFamily(
