@@ -11,7 +11,9 @@ same disk as the project) and client processes for every row (loadtest/harness.p
   with fsync always, recorded into HDR histograms, five runs a row (their histograms merged as
   `all_runs`); during these rows the server traces every `TRACE_EVERY`-th offset (turned on and
   off through GET /debug/stages?every=N, so the throughput rows run untraced), and each row says
-  where its time went, stage by stage, for the p99 and p999 messages (loadtest/stages.py).
+  where its time went, stage by stage, for the p99 and p999 messages (loadtest/stages.py); beside
+  each fsync `always` row a probe process times the disk's own fsyncs (a 4 KiB write and an fsync
+  every 10 ms in the server's data directory), and the row gives its p99 over theirs.
 
 Each row gives its main figure (msgs/s delivered for non-reliable, acknowledged for reliable; ops/s;
 deliveries/s; p99), every run's figure and their spread, and the user+system CPU seconds per
@@ -129,6 +131,12 @@ def table(results: list[dict[str, Any]]) -> str:
                 f"{'':<69}p50 {row['p50_ms']} p999 {row['p999_ms']} max {row['max_ms']} ms, "
                 f"sent at {row['producer_msgs_per_s']:,}/s"
             )
+            if "disk_fsync_p99_ms" in row:
+                lines.append(
+                    f"{'':<69}the disk's own fsync beside it: p50 {row['disk_fsync_p50_ms']} "
+                    f"p99 {row['disk_fsync_p99_ms']} ms; p99 / fsync p99 "
+                    f"{row['p99_over_disk_fsync_p99']}"
+                )
             if "all_runs" in row:
                 every = row["all_runs"]
                 lines.append(

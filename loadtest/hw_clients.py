@@ -11,6 +11,8 @@ returns a dict with its own CPU seconds (`ctx.cpu()`).
   API); it stops when it has `expected` messages
   or, once the producers are done, when nothing came for `quiet` seconds.
 - `map_ops`: map get or set, `depth` operations per round.
+- `fsync_probe`: the disk's own fsync latency beside a latency row: a 4 KiB write and an fsync
+  of a file in the server's data directory every 10 ms while the row runs.
 
 `api` picks the client API: "batch" (the default) uses `Producer.send_batch` (1,000 values per
 call), `Consumer.next_batch` (values read from a lazily decoded `MessageBatch`) and one
@@ -24,8 +26,10 @@ per-record API as an application writes it.
 from __future__ import annotations
 
 import asyncio
+import os
 import struct
 import time
+from pathlib import Path
 from typing import Any
 
 import headwater
@@ -361,3 +365,35 @@ async def fanout_setter(ctx: Context, address: str, topic: str, updates: int) ->
         finished = time.monotonic()
     ctx.produced.set()
     return {"started": started, "finished": finished, "sets": updates, "cpu_s": ctx.cpu()}
+
+
+async def fsync_probe(
+    ctx: Context, directory: str, seconds: float, every: float = 0.01
+) -> dict[str, Any]:
+    """What one fsync costs on the server's disk while the row runs (the fsync `always` goal
+    is a p99 within twice the disk's): a 4 KiB write and an fsync of a file of its own in
+    `directory`, every `every` seconds for `seconds`, timed."""
+    path = Path(directory) / f"fsync-probe-{os.getpid()}"
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    durations: list[float] = []
+    block = b"\xa5" * 4096
+    try:
+        started = await ctx.start()
+        tick = started
+        while tick < started + seconds:  # bounded by the row's duration
+            os.pwrite(descriptor, block, 0)
+            begin = time.perf_counter()
+            os.fsync(descriptor)
+            durations.append(time.perf_counter() - begin)
+            tick += every
+            await asyncio.sleep(max(0.0, tick - time.monotonic()))
+    finally:
+        os.close(descriptor)
+        path.unlink(missing_ok=True)
+    durations.sort()
+    return {
+        "fsyncs": len(durations),
+        "p50_ms": round(percentile(durations, 0.5) * 1000, 3),
+        "p99_ms": round(percentile(durations, 0.99) * 1000, 3),
+        "cpu_s": ctx.cpu(),
+    }

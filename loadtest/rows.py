@@ -54,7 +54,7 @@ class Row:
     stages: Callable[[], dict[str, Any]] | None = None
 
 
-_CLIENT_ORDER = ["producer", "consumer", "client", "setter", "followers"]
+_CLIENT_ORDER = ["producer", "consumer", "client", "setter", "followers", "disk"]
 
 
 def summarize(row: Row, outcome: dict[str, Any]) -> dict[str, Any]:
@@ -77,6 +77,13 @@ def summarize(row: Row, outcome: dict[str, Any]) -> dict[str, Any]:
         if row.kind == "latency":
             result |= consumed["latency"]
             result["histogram"] = consumed.get("histogram")
+            if "disk" in clients:  # fsync `always`: the disk's own fsync, measured beside
+                disk = clients["disk"]
+                result["disk_fsync_p50_ms"] = disk["p50_ms"]
+                result["disk_fsync_p99_ms"] = disk["p99_ms"]
+                result["p99_over_disk_fsync_p99"] = round(
+                    result["p99_ms"] / max(disk["p99_ms"], 1e-6), 2
+                )
             if row.stages is not None:
                 result["stages"] = stages.breakdown(
                     row.stages(), consumed["topic"], consumed["subscription"], consumed["samples"]
@@ -251,7 +258,7 @@ def hw_latency(
             trace(trace_every)  # from now on (what was traced before is dropped)
         common = {"address": server.address, "topic": topic, "api": api}
         expected = max(1, rate // 1000) * int(seconds * 1000)
-        return [
+        clients = [
             Client(
                 "producer",
                 hw.produce_at_rate,
@@ -269,6 +276,10 @@ def hw_latency(
                 },
             ),
         ]
+        if fsync == "always":  # its goal is relative to the disk's own fsync, measured beside
+            probe = {"directory": str(server.data_dir), "seconds": seconds}
+            clients.append(Client("disk", hw.fsync_probe, probe))
+        return clients
 
     return Row(
         workload,
