@@ -337,7 +337,7 @@ class Security:
             if may_see(session.grants, topic):
                 return
             raise NotAuthorized(f"principal {session.principal!r} has no grant on topic {topic!r}")
-        # the request table's two owner-or-admin rows
+        # the two requests declared owner-or-admin (server.request_table)
         assert need == OWNER_OR_ADMIN
         assert isinstance(request, m.SeekRequest | m.DeleteSubscriptionRequest)
         subscription = request.subscription
