@@ -109,9 +109,13 @@ async def test_graceful_stop_releases_before_deleting_the_key(
             HANG,  # handed off at once, not by the lease's expiry: this bounds a hang only
             "the stopped broker's partitions taken by the others",
         )
-    assert sorted((c[2], c[3]) for c in recorder.calls if c[1] == "release") == held
-    assert checks == [(False, Standing.HELD, True)] * len(held)
-    assert all(leaving.standing(*key) is Standing.GONE for key in held)
+    # Everything it ever acquired is released, what it held at the start included: under load
+    # a hand-off can still give it a partition after `held` was read (a stress run, 2026-11-26).
+    acquired = sorted((c[2], c[3]) for c in recorder.calls if c[1] == "acquire")
+    released = sorted((c[2], c[3]) for c in recorder.calls if c[1] == "release")
+    assert released == acquired and set(held) <= set(released)
+    assert checks == [(False, Standing.HELD, True)] * len(released)
+    assert all(leaving.standing(*key) is Standing.GONE for key in released)
     assert recorder.count("lost") == 0
     assert {b.broker_id for b in coordinators[0].brokers()} == {"b2", "b3"}
     assert_never_overwritten(await owner_history(etcd))
