@@ -208,6 +208,7 @@ async def test_offset_for_time_finds_where_a_reader_starts(
     assert await client.offset_for_time(topic_name, 0, 3001) == 15
     assert await client.offset_for_time(topic_name, 0, 10_000) == 45
     assert await client.offset_for_time(topic_name, 0, 10_001) == 50  # nothing that recent
+    assert await client.offset_for_time(topic_name, 0, 2**63 - 1) == 50  # the largest time
     assert await client.offset_for_time(topic_name, 0, -2) == 0
     assert await client.offset_for_time(topic_name, 0, -1) == 50
     assert await client.offset_for_time(topic_name, 1, 5000) == 0  # an empty partition: its end
