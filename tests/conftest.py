@@ -41,6 +41,7 @@ SHARED_GROUPS = {
 UNIT_MODULES = {
     "test_cli_parsing",
     "test_cloud_tail",
+    "test_cursor_sync",
     "test_decompression",
     "test_durables_core",
     "test_kafka_codec",

@@ -497,6 +497,29 @@ async def test_state_writer_group_commits_concurrent_synced_writes(tmp_path: Pat
         store.close()
 
 
+async def test_writes_synced_within_a_time_are_readable_at_once_and_share_one_sync(
+    tmp_path: Path,
+) -> None:
+    store = StateStore(tmp_path / "state")
+    try:
+        writer = StateWriter(store)
+        # a window longer than the test: only `flush` syncs it
+        pending = {writer.write_within(600.0, {b"c%d" % i: b"%d" % i}) for i in range(100)}
+        assert all(store.get(b"c%d" % i) == b"%d" % i for i in range(100))  # written at once
+        (synced,) = pending  # one sync for the window
+        assert not synced.done() and writer.commits == 0
+        await writer.flush()
+        assert synced.done() and writer.commits == 1
+
+        # the timer's own path; a synced write queued meanwhile is covered by the same commit
+        soon = writer.write_within(0.01, {b"c0": b"new"})
+        assert soon is not synced
+        await asyncio.wait_for(soon, 5)
+        assert writer.commits == 2 and store.get(b"c0") == b"new"
+    finally:
+        store.close()
+
+
 async def test_producer_ids_are_counted_in_memory_and_survive_a_restart(tmp_path: Path) -> None:
     from headwater.server.topics.idempotent_producers import ProducerIds
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -40,44 +40,13 @@ from headwater.server.topics.topic_settings import log_config
 from headwater.storage.state import StateStore, StateWriter
 from headwater.storage.wal import FsyncPolicy, PartitionLog
 from headwater.wire.messages import Backoff, DispatchMode, SubscriptionType, TopicInfo
-from headwater.wire.records import Record, build_batch, read_records
+from headwater.wire.records import build_batch, read_records
+from tests.support.queue_session import QueueSession, no_dead_letters
 
 _BEFORE_CRASH = 10  # records appended (and acked by the subscription) before the kill -9
 _ACK_TIMEOUT_MS = 60_000  # what a lost wake-up waited for in the failing test
 _DELIVERY_WAIT = 5.0  # seconds: the delivery takes milliseconds unless the wake-up is lost
 _SETTINGS = TopicSettings(fsync=FsyncPolicy.ALWAYS)
-
-
-@dataclass
-class Delivery:
-    consumer_id: int
-    partition: int
-    batch: bytes
-    delivery_count: int
-
-
-@dataclass
-class QueueSession:
-    """The `ConsumerSession` a consumer receives on: always writable, deliveries queued."""
-
-    deliveries: asyncio.Queue[Delivery] = field(default_factory=asyncio.Queue)
-    consumers: dict[int, Consumer] = field(default_factory=dict)
-    peer: str = "test"
-
-    @property
-    def writable(self) -> bool:
-        return True
-
-    def send_delivery(
-        self, consumer_id: int, partition: int, batch: bytes, delivery_count: int = 1
-    ) -> None:
-        self.deliveries.put_nowait(Delivery(consumer_id, partition, batch, delivery_count))
-
-    def send_consumer_closed(self, consumer_id: int, code: int, message: str) -> None:
-        raise AssertionError(f"consumer {consumer_id} closed: {code} {message}")
-
-    def send_messages_dropped(self, consumer_id: int, count: int) -> None:
-        raise AssertionError(f"consumer {consumer_id}: {count} messages dropped")
 
 
 class HeldReadTopic(LogTopic):
@@ -125,10 +94,6 @@ def _batch(value: bytes) -> bytes:
     return build_batch([(None, value, [])])
 
 
-async def _no_dead_letters(partition: int, record: Record, count: int) -> None:
-    raise AssertionError(f"dead-lettered {partition}/{record.offset}")
-
-
 @dataclass
 class Rig:
     topic: HeldReadTopic
@@ -167,7 +132,7 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
         ReliableSettings(_ACK_TIMEOUT_MS, 0, Backoff.FIXED, 1_000, 60_000),
         [PartitionCursor.starting_at(_BEFORE_CRASH)],
         writer,
-        _no_dead_letters,
+        no_dead_letters,
         signal,
     )
     session = QueueSession()

@@ -20,6 +20,12 @@ waits for the disk. Each caller gets a future and awaits it only where its promi
 produce's answer under fsync `always`, a topic's creation). Writes of one key are never split
 between the queue and direct `write` calls (a key's writes are synced by its topic's policy, or
 always, or never), so going around the queue never reorders them.
+
+Writes that must survive a power loss only eventually (a subscription's acknowledgements under
+fsync `always`: losing them redelivers, never skips) go through `write_within`: written at once,
+like a plain write, and synced by one RocksDB WAL sync within the given time. Every such write
+of the window shares that sync, so acks at any rate cost a few fsyncs a second, not one per
+round of acks beside the topic's own.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -104,13 +111,19 @@ class StateStore:
                 batch.put(k, v)
             for k in deletes:
                 batch.delete(k)
-        if sync:
-            self._db.write(batch, self._sync)
-        else:
+        if not sync:
             self._db.write(batch)
+        elif batch.len():
+            self._db.write(batch, self._sync)
+        else:  # only syncs asked for (`StateWriter.write_within`): nothing to add to the log
+            self.sync_wal()
 
     def put_json(self, k: bytes, value: Any, sync: bool = False) -> None:
         self.write({k: json.dumps(value).encode()}, sync=sync)
+
+    def sync_wal(self) -> None:
+        """fsync RocksDB's log: every write made before is then on disk."""
+        self._db.flush_wal(sync=True)
 
     def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         """Every (key without prefix, value) under `prefix`, in key order."""
@@ -150,6 +163,8 @@ class StateWriter:
         self._queue: list[tuple[dict[bytes, bytes], list[bytes]]] = []
         self._waiters: list[asyncio.Future[None]] = []
         self._task: asyncio.Task[None] | None = None
+        self._eventually: asyncio.Future[None] | None = None  # the next `write_within` sync
+        self._eventually_timer: asyncio.TimerHandle | None = None
         self.commits = 0  # synced WriteBatches written (tests count them)
 
     def write(
@@ -176,6 +191,27 @@ class StateWriter:
             self._task = loop.create_task(self._run())
         return future
 
+    def write_within(
+        self,
+        seconds: float,
+        puts: dict[bytes, bytes] | None = None,
+        deletes: list[bytes] | None = None,
+    ) -> asyncio.Future[None]:
+        """Write now (a killed process keeps it) and sync within `seconds`; the future
+        completes once that sync is done. Every write made before the sync is covered by it."""
+        self.store.write(puts, deletes)
+        if self._eventually is None:
+            loop = asyncio.get_running_loop()
+            self._eventually = loop.create_future()
+            self._eventually_timer = loop.call_later(seconds, self._sync_eventually)
+        return self._eventually
+
+    def _sync_eventually(self) -> None:
+        waiting, self._eventually = self._eventually, None
+        self._eventually_timer = None
+        if waiting is not None:
+            self.synced().add_done_callback(partial(_pass_on, waiting))
+
     async def put_json(self, k: bytes, value: Any) -> None:
         await self.synced({k: json.dumps(value).encode()})
 
@@ -197,6 +233,19 @@ class StateWriter:
                     future.set_result(None)
 
     async def flush(self) -> None:
-        """Wait until every queued write is on disk (or failed)."""
+        """Wait until every queued write is on disk (or failed), `write_within`'s at once."""
+        if self._eventually_timer is not None:
+            self._eventually_timer.cancel()
+            self._sync_eventually()
         while self._task is not None and not self._task.done():
             await asyncio.wait([self._task])
+
+
+def _pass_on(target: asyncio.Future[None], done: asyncio.Future[None]) -> None:
+    if target.done():
+        return
+    error = done.exception()
+    if error is None:
+        target.set_result(None)
+    else:
+        target.set_exception(error)

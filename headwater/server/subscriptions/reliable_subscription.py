@@ -214,12 +214,20 @@ class ReliableSubscription:
             asyncio.get_running_loop().create_task(self._flush())
 
     async def _flush(self) -> None:
+        # Acks are answered before their cursor is written, and losing a cursor's last writes
+        # redelivers, never skips: so under fsync `always` the cursors are written at once (a
+        # killed server keeps them) and synced within the topic's fsync interval, one sync for
+        # every subscription's writes meanwhile, not one per round of acks beside the topic's
+        # own fsyncs (docs/DECISIONS.md).
         try:
             while self.core.dirty:
                 await asyncio.sleep(0)
-                done = self._writer.write(self._dirty_puts(), sync=self._sync_state)
-                if done is not None:
-                    await done
+                puts = self._dirty_puts()
+                settings = self._topic.settings
+                if settings.fsync == FsyncPolicy.ALWAYS:
+                    self._writer.write_within(settings.fsync_interval_ms / 1000, puts)
+                else:
+                    self._writer.write(puts)
         finally:
             self._flushing = False
 
