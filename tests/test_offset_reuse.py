@@ -50,8 +50,7 @@ def _cuts() -> list[int]:
 
 def _kill(log: PartitionLog) -> None:
     """What kill -9 leaves: the syncer stops, nothing is closed cleanly, the lease stays as is."""
-    if log.syncer._task is not None:
-        log.syncer._task.cancel()
+    log.syncer.halt()
     for segment in log._segments:
         if segment.write_fd is not None:
             os.close(segment.write_fd)

@@ -80,10 +80,7 @@ class HeldReadTopic(LogTopic):
 
 async def _kill(partition_log: PartitionLog) -> None:
     """What kill -9 leaves: the syncer stops, nothing is closed cleanly, the lease stays as is."""
-    task = partition_log.syncer._task
-    if task is not None:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+    partition_log.syncer.halt()
     for segment in partition_log._segments:
         if segment.write_fd is not None:
             os.close(segment.write_fd)

@@ -83,10 +83,7 @@ async def read_all(log: PartitionLog) -> list[tuple[int, bytes | None]]:
 
 async def abandon(log: PartitionLog) -> None:
     """What kill -9 does to a log: nothing is closed, nothing more is written."""
-    task = log.syncer._task
-    if task is not None:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+    log.syncer.halt()
 
 
 @pytest.mark.parametrize("fault", [["half", "enospc"], ["enospc"], ["eio"], ["half", "zero"]])

@@ -1,26 +1,42 @@
-"""The one task per partition that does every fsync, in a worker thread, never on the event loop.
+"""Every fsync of a partition, in a worker thread, never on the event loop.
 
-- `always`: group commit. The syncer runs after each append (as soon as the event loop lets it);
-  one fsync covers every batch appended before it started, and all their waiters wake together.
-- `interval`: the syncer fsyncs every `fsync_interval_ms`; producers do not wait for it.
+- `always`: group commit. An append asks for an fsync round at once; one round covers every batch
+  appended before it started, and all their waiters wake together. Appends made while a round
+  runs are covered by the next, which starts as soon as it ends.
+- `interval`: a round runs `fsync_interval_ms` after the first append it will cover; producers do
+  not wait for it.
 - `never`: only sealing a segment fsyncs it (uploads need a stable file), and waiters
-  (read_committed producers) get an fsync when they ask.
+  (read_committed producers) get a round when they ask.
 
 Before any data fsync, the partition directory is fsynced if a segment was created or deleted
 since the last one: a new segment's name must be durable before its data can count as durable.
 Rolled segments are sealed here (fsync, close, index) and reported to `on_sealed`. The offset
 lease is extended here too, ahead of need, so appends rarely write it themselves.
 
-A failed fsync is never retried: the partition fails (`PartitionLog.fail`) and this task ends.
-Each fsync is timed in its worker thread and counted on the loop (`storage.latency`).
+A syncer is a small state machine driven by callbacks, not a task: one job at a time runs in the
+pool (a round, a seal, a lease write), and the job itself posts its outcome to the loop, which
+starts the next job in the same callback. So an fsync round starts in the append that asks for
+it, waiters wake in the first loop turn after the last fsync returns, and the next round starts
+there too; a task would add a loop turn at each of these steps (the syncer's own wake-up, the
+executor's future, the task's resumption), each as long as whatever else that turn runs. After a
+round, pending seals and the lease go first, so a steady stream of rounds cannot starve them. An
+idle partition costs nothing: no task, no timer.
+
+A failed fsync is never retried: the partition fails (`PartitionLog.fail`) and the syncer stops.
+Each fsync is timed in its worker thread and counted on the loop (`storage.latency`). The jobs run
+on a pool of their own (`FSYNC_THREADS`), not asyncio's default executor, where object-store
+transfers and segment reads could hold every thread while a group commit waits.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -75,16 +91,31 @@ class Syncer:
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._to_seal: list[Segment] = []
         self._dirty: list[Segment] = []
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
         self._lease_due = False
+        self._round_wanted = False  # an fsync round is asked for
+        self._busy = False  # a job runs in the pool
+        self._maintenance_next = False  # a round just ended: seals and the lease go first
+        self._loop: asyncio.AbstractEventLoop | None = None  # set by `start`
+        self._interval_timer: asyncio.TimerHandle | None = None
+        self._closed: asyncio.Future[None] | None = None  # set by `close`
+        self._halted = False
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+            self._next()
+
+    def halt(self) -> None:
+        """Start nothing more, as after kill -9 (tests); a job in a thread still finishes."""
+        self._halted = True
+        if self._interval_timer is not None:
+            self._interval_timer.cancel()
+        self._ended()
 
     def wake(self) -> None:
-        self._wake.set()
+        """A round now: a segment was deleted, or the fsync policy changed."""
+        self._round_wanted = True
+        self._next()
 
     def sealing(self, segment: Segment) -> bool:
         return segment in self._to_seal
@@ -94,12 +125,18 @@ class Syncer:
             self._dirty.append(segment)
         if lease_due:
             self._lease_due = True
-        if lease_due or self._waiters or self._log.config.fsync == FsyncPolicy.ALWAYS:
-            self._wake.set()
+        policy = self._log.config.fsync
+        if self._waiters or policy == FsyncPolicy.ALWAYS:
+            self._round_wanted = True
+        elif policy == FsyncPolicy.INTERVAL and self._interval_timer is None and self._loop:
+            self._interval_timer = self._loop.call_later(
+                self._log.config.fsync_interval_ms / 1000, self._interval_due
+            )
+        self._next()
 
     def seal(self, segment: Segment) -> None:
         self._to_seal.append(segment)
-        self._wake.set()
+        self._next()
 
     async def wait(self, sequence: int) -> None:
         if self.durable_sequence >= sequence:
@@ -108,7 +145,8 @@ class Syncer:
             raise PartitionOffline(f"partition offline until restart: {self._log.failed}")
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append((sequence, future))
-        self._wake.set()
+        self._round_wanted = True
+        self._next()
         await future
 
     def fail_waiters(self, error: Exception) -> None:
@@ -118,98 +156,165 @@ class Syncer:
                 future.set_exception(error)
 
     async def close(self) -> None:
-        self._wake.set()
-        if self._task is not None:
-            if not self._task.done():
-                await self._task
-        elif self._log.failed is None:
-            with contextlib.suppress(OSError):
-                await self._sync_once()
+        """A last round over everything appended, every pending seal; then nothing more runs."""
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        if self._closed is None:
+            self._closed = self._loop.create_future()
+        if self._interval_timer is not None:
+            self._interval_timer.cancel()
+            self._interval_timer = None
+        self._round_wanted = True
+        self._next()
+        await self._closed
 
-    async def _run(self) -> None:
-        while self._log.failed is None:
-            # read each round: `topic alter` may change the policy while the log is open
-            config = self._log.config
-            interval = (
-                config.fsync_interval_ms / 1000 if config.fsync == FsyncPolicy.INTERVAL else None
-            )
-            if interval is None:
-                await self._wake.wait()
-            else:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(interval):
-                        await self._wake.wait()
-            self._wake.clear()
-            try:
-                await self._sync_once()
-            except OSError as exc:
-                self._log.fail(f"fsync failed: {exc}")
-                return
-            if self._log.closed and not self._to_seal and not self._dirty:
-                return
+    # The state machine: `_next` starts the job that is due, if none runs.
 
-    async def _sync_once(self) -> None:
-        partition_log = self._log
-        target = partition_log.appended
-        target_offset = partition_log.next_offset
-        if partition_log.take_directory_dirty():
-            FSYNC_SECONDS.observe(
-                await asyncio.to_thread(
-                    _timed, partition_log.ops.fsync_directory, partition_log.directory
-                )
-            )
-        policy = partition_log.config.fsync
-        if policy != FsyncPolicy.NEVER or self._waiters or partition_log.closed:
-            dirty, self._dirty = self._dirty, []
-            for segment in dirty:
-                if segment.write_fd is not None:
-                    FSYNC_SECONDS.observe(
-                        await asyncio.to_thread(
-                            _timed, partition_log.ops.fsync, segment.write_fd, segment.path
-                        )
-                    )
-            self.durable_sequence = max(self.durable_sequence, target)
-            self._advance(target_offset)
-            waiting, self._waiters = self._waiters, []
-            for sequence, future in waiting:
-                if sequence > self.durable_sequence:
-                    self._waiters.append((sequence, future))
-                elif not future.done():
-                    future.set_result(None)
-        sealing = list(self._to_seal)
-        for segment in sealing:
-            elapsed = await asyncio.to_thread(self._seal, segment)
-            if elapsed is not None:
-                FSYNC_SECONDS.observe(elapsed)
-            self._to_seal.remove(segment)
-            if policy == FsyncPolicy.NEVER:
-                self._dirty = [s for s in self._dirty if s is not segment]
-                self._advance(segment.next_offset)
-            log.info(
-                "wal.sealed",
-                directory=str(partition_log.directory),
-                base_offset=segment.base_offset,
-                next_offset=segment.next_offset,
-                bytes=segment.size,
-            )
-            if partition_log.on_sealed is not None:
-                partition_log.on_sealed(
-                    SealedSegment(
-                        segment.base_offset, segment.next_offset, segment.path, segment.size
-                    )
-                )
-        if self._lease_due:
+    def _next(self) -> None:
+        if self._halted or self._log.failed is not None:
+            self._ended()
+            return
+        if self._busy or self._loop is None:
+            return
+        if self._round_wanted and not (self._maintenance_next and self._maintenance_due):
+            self._round_wanted = False
+            self._maintenance_next = False
+            self._start_round()
+        elif self._to_seal:
+            self._maintenance_next = False
+            self._run(self._seal, self._sealed, self._to_seal[0])
+        elif self._lease_due:
+            self._maintenance_next = False
             self._lease_due = False
-            target_lease = partition_log.lease_target()
-            if target_lease is not None:
-                try:
-                    await asyncio.to_thread(partition_log.extend_lease, target_lease)
-                except OSError as exc:  # appends will try in line, and say so
-                    log.warning(
-                        "wal.lease_write_failed",
-                        directory=str(partition_log.directory),
-                        error=str(exc),
-                    )
+            target = self._log.lease_target()
+            if target is None:
+                self._next()
+            else:
+                self._run(self._log.extend_lease, self._leased, target, fatal=False)
+        elif self._closed is not None:
+            self._ended()
+
+    @property
+    def _maintenance_due(self) -> bool:
+        return bool(self._to_seal) or self._lease_due
+
+    def _ended(self) -> None:
+        if self._closed is not None and not self._closed.done():
+            self._closed.set_result(None)
+
+    def _interval_due(self) -> None:
+        self._interval_timer = None
+        self._round_wanted = True
+        self._next()
+
+    def _start_round(self) -> None:
+        partition_log = self._log
+        # what this round makes durable: everything appended before it starts
+        covered: tuple[int, int] | None = (partition_log.appended, partition_log.next_offset)
+        directory_dirty = partition_log.take_directory_dirty()
+        files: list[tuple[int, Path]] = []
+        if partition_log.config.fsync != FsyncPolicy.NEVER or self._waiters or partition_log.closed:
+            dirty, self._dirty = self._dirty, []
+            files = [(s.write_fd, s.path) for s in dirty if s.write_fd is not None]
+        else:
+            covered = None  # nothing waits and the policy syncs only on sealing
+        if not directory_dirty and not files:
+            self._round_done(covered, [], None)
+            self._next()
+            return
+        ops, directory = partition_log.ops, partition_log.directory
+
+        def fsync_all() -> list[float]:  # in a pool thread
+            durations = [_timed(ops.fsync_directory, directory)] if directory_dirty else []
+            return durations + [_timed(ops.fsync, fd, path) for fd, path in files]
+
+        self._run(fsync_all, partial(self._round_done, covered))
+
+    def _run(
+        self,
+        job: Callable[..., Any],
+        done: Callable[[Any, OSError | None], None],
+        *args: Any,
+        fatal: bool = True,
+    ) -> None:
+        """Run `job(*args)` in the pool; `done(result, error)` on the loop as soon as it ends.
+        With `fatal`, an OSError fails the partition instead (a failed fsync is never retried)."""
+        loop = self._loop
+        assert loop is not None
+        self._busy = True
+
+        def in_thread() -> None:
+            try:
+                result = job(*args)
+            except BaseException as exc:
+                _post(loop, self._finished, done, fatal, None, exc)
+            else:
+                _post(loop, self._finished, done, fatal, result, None)
+
+        _fsync_pool().submit(in_thread)
+
+    def _finished(
+        self,
+        done: Callable[[Any, OSError | None], None],
+        fatal: bool,
+        result: Any,
+        error: BaseException | None,
+    ) -> None:
+        self._busy = False
+        if self._halted:
+            return
+        if error is not None and (fatal or not isinstance(error, OSError)):
+            self._log.fail(f"fsync failed: {error}")
+            self._ended()
+            if not isinstance(error, OSError):
+                raise error  # a bug: the loop's exception handler logs it
+            return
+        done(result, error if isinstance(error, OSError) else None)
+        self._next()
+
+    def _round_done(
+        self, covered: tuple[int, int] | None, durations: list[float], _: OSError | None
+    ) -> None:
+        for elapsed in durations:
+            FSYNC_SECONDS.observe(elapsed)
+        self._maintenance_next = True
+        if covered is None:
+            return
+        sequence, offset = covered
+        self.durable_sequence = max(self.durable_sequence, sequence)
+        self._advance(offset)
+        waiting, self._waiters = self._waiters, []
+        for waited, future in waiting:
+            if waited > self.durable_sequence:
+                self._waiters.append((waited, future))
+            elif not future.done():
+                future.set_result(None)
+
+    def _sealed(self, elapsed: float | None, _: OSError | None) -> None:
+        segment = self._to_seal.pop(0)
+        if elapsed is not None:
+            FSYNC_SECONDS.observe(elapsed)
+        partition_log = self._log
+        if partition_log.config.fsync == FsyncPolicy.NEVER:
+            self._dirty = [s for s in self._dirty if s is not segment]
+            self._advance(segment.next_offset)
+        log.info(
+            "wal.sealed",
+            directory=str(partition_log.directory),
+            base_offset=segment.base_offset,
+            next_offset=segment.next_offset,
+            bytes=segment.size,
+        )
+        if partition_log.on_sealed is not None:
+            partition_log.on_sealed(
+                SealedSegment(segment.base_offset, segment.next_offset, segment.path, segment.size)
+            )
+
+    def _leased(self, _: None, error: OSError | None) -> None:
+        if error is not None:  # appends will try in line, and say so
+            log.warning(
+                "wal.lease_write_failed", directory=str(self._log.directory), error=str(error)
+            )
 
     def _seal(self, segment: Segment) -> float | None:
         """Runs in a worker thread; returns how long the fsync took, if there was one."""
@@ -230,6 +335,25 @@ class Syncer:
         if offset > self.durable_offset:
             self.durable_offset = offset
             self._log.notify()
+
+
+# Threads for every partition's fsyncs, seals and lease writes: as many as asyncio's default
+# executor would have, but for these alone.
+FSYNC_THREADS = min(32, (os.cpu_count() or 1) + 4)
+_pool: ThreadPoolExecutor | None = None
+
+
+def _fsync_pool() -> ThreadPoolExecutor:
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(FSYNC_THREADS, thread_name_prefix="hw-fsync")
+    return _pool
+
+
+def _post(loop: asyncio.AbstractEventLoop, callback: Callable[..., None], *args: Any) -> None:
+    """From a pool thread: run `callback` on the loop (unless the loop is gone: shut down)."""
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(callback, *args)
 
 
 def _timed(call: Callable[..., Any], *args: Any) -> float:
