@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import errno
 import os
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -221,3 +222,29 @@ async def test_map_state_survives_a_reboot_gap_at_the_end_of_the_log(tmp_path: P
         assert "last_value.rebuild_failed" not in server.log()
     finally:
         server.kill()
+
+
+async def test_a_failed_fsync_refuses_the_produce_waiting_for_it(tmp_path: Path) -> None:
+    """An fsync that fails after the data reached the file: the produce waiting for it (answered
+    from the fsync's callback, not a task) is refused PARTITION_OFFLINE, never acknowledged, and
+    the partition stays offline. The power-loss seam records each completed fsync in its journal;
+    with the journal's directory gone, recording it fails, and the fsync with it."""
+    journal = tmp_path / "journal"
+    journal.mkdir()
+    env = {"HEADWATER_TEST_FSYNC_JOURNAL": str(journal / "fsyncs")}
+    server = ServerProcess(tmp_path / "data", env=env).start()
+    try:
+        async with await headwater.connect(server.address) as client:
+            await client.create_topic("failing", dispatch="reliable", configs={"fsync": "always"})
+            acked, errors = await produce_each(client, "failing", [b"before"])
+            assert list(acked.values()) == [b"before"] and not errors
+            shutil.rmtree(journal)
+            acked, errors = await produce_each(
+                client, "failing", [b"after-%d" % i for i in range(5)]
+            )
+            assert not acked, "a produce whose fsync failed was acknowledged"
+            assert [e.code for e in errors] == [headwater.ErrorCode.PARTITION_OFFLINE] * 5
+            assert "fsync failed" in errors[0].message
+    finally:
+        server.stop()
+    assert "wal.partition_failed" in server.log_path.read_text()

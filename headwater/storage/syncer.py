@@ -138,16 +138,22 @@ class Syncer:
         self._to_seal.append(segment)
         self._next()
 
-    async def wait(self, sequence: int) -> None:
-        if self.durable_sequence >= sequence:
-            return
-        if self._log.failed is not None:
-            raise PartitionOffline(f"partition offline until restart: {self._log.failed}")
+    def wait(self, sequence: int) -> asyncio.Future[None]:
+        """A future that completes once a round covers append number `sequence` (at once when
+        one has), or fails with `PartitionOffline`. A future, not a coroutine: a produce's answer
+        is written from its done callback, with no task per produce."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append((sequence, future))
-        self._round_wanted = True
-        self._next()
-        await future
+        if self.durable_sequence >= sequence:
+            future.set_result(None)
+        elif self._log.failed is not None:
+            future.set_exception(
+                PartitionOffline(f"partition offline until restart: {self._log.failed}")
+            )
+        else:
+            self._waiters.append((sequence, future))
+            self._round_wanted = True
+            self._next()
+        return future
 
     def fail_waiters(self, error: Exception) -> None:
         waiting, self._waiters = self._waiters, []

@@ -329,11 +329,11 @@ class PartitionLog:
             return False
         return committed or self.config.fsync == FsyncPolicy.ALWAYS
 
-    async def wait_durable(self, sequence: int) -> None:
+    def wait_durable(self, sequence: int) -> asyncio.Future[None]:
         """Resolve once an fsync covers append number `sequence`; `PartitionOffline` if the
         partition failed first. Waiting starts an fsync now, whatever the policy: that is how
         read_committed works on `interval` and `never` topics."""
-        await self.syncer.wait(sequence)
+        return self.syncer.wait(sequence)
 
     def fail(self, reason: str) -> None:
         """Take the partition offline until restart (see the module docstring)."""

@@ -53,7 +53,7 @@ from collections.abc import Awaitable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Final, cast
+from typing import Any, Final, cast
 
 import structlog
 
@@ -64,7 +64,7 @@ from headwater.server.net.admission import Admission
 from headwater.server.net.guard import Guarded
 from headwater.server.net.stage_trace import ProduceTrace, StageTrace
 from headwater.server.net.traffic import TrafficStats
-from headwater.server.reply import bulky, encode_off_loop
+from headwater.server.reply import AfterDurable, bulky, encode_off_loop
 from headwater.server.requests.broker import Broker, Reply, Waiting
 from headwater.server.schemas.schema_registry import TopicSchemas
 from headwater.server.security.access import Security, Session
@@ -413,6 +413,13 @@ class Connection(Guarded, asyncio.Protocol):
         traced = self._traced  # None unless a stage trace sampled this produce
         if traced is not None:
             self._traced = None
+        if type(response) is AfterDurable and isinstance(response.durable, asyncio.Future):
+            # the common wait (a produce under fsync `always`): answered from the future's
+            # callback, with no task and no coroutine per produce
+            response.durable.add_done_callback(
+                partial(self._durable, header, response.response, started, traced)
+            )
+            return
         if isinstance(response, Waiting):
             task = asyncio.ensure_future(self._finish(header, response.resolve(), started, traced))
             self._tasks.add(task)
@@ -540,6 +547,26 @@ class Connection(Guarded, asyncio.Protocol):
             self._refuse(header, exc)
             if isinstance(exc, AuthenticationFailed):
                 self.close()
+            return
+        self._shared.traffic.produced(started, response)
+        self._respond(header, response)
+        if traced is not None:
+            traced.answered(response)
+
+    def _durable(
+        self,
+        header: FrameHeader,
+        response: m.Response,
+        started: float | None,
+        traced: ProduceTrace | None,
+        durable: asyncio.Future[Any],
+    ) -> None:
+        """What `_finish` does for an `AfterDurable`, from the durable future's callback."""
+        if durable.cancelled():
+            return  # a partition closed with the server: no answer to give
+        error = durable.exception()
+        if error is not None:
+            self._refuse(header, error if isinstance(error, Exception) else RuntimeError(error))
             return
         self._shared.traffic.produced(started, response)
         self._respond(header, response)
