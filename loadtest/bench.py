@@ -13,7 +13,10 @@ same disk as the project) and client processes for every row (loadtest/harness.p
   off through GET /debug/stages?every=N, so the throughput rows run untraced), and each row says
   where its time went, stage by stage, for the p99 and p999 messages (loadtest/stages.py); beside
   each fsync `always` row a probe process times the disk's own fsyncs (a 4 KiB write and an fsync
-  every 10 ms in the server's data directory), and the row gives its p99 over theirs.
+  every 10 ms in the server's data directory), and the row gives its p99 over theirs; each
+  latency row also counts its client processes' garbage collections by generation, with the
+  longest (`client_gc`, loadtest/harness.py `GcPauses`): the server's stall report cannot see a
+  client held by its collector.
 
 Each row gives its main figure (msgs/s delivered for non-reliable, acknowledged for reliable; ops/s;
 deliveries/s; p99), every run's figure and their spread, and the user+system CPU seconds per
@@ -102,6 +105,19 @@ def machine() -> dict[str, Any]:
     }
 
 
+def client_gc_line(by_client: dict[str, dict[str, dict[str, float]]]) -> str:
+    """The clients' collections in a row's median run: "client collections: producer: gen0 20
+    (longest 0.2 ms), gen1 2 (longest 1.3 ms); consumer: ..."."""
+    parts = []
+    for name, generations in by_client.items():
+        counts = ", ".join(
+            f"{generation} {g['count']:g} (longest {g['longest_ms']} ms)"
+            for generation, g in generations.items()
+        )
+        parts.append(f"{name}: {counts or 'none'}")
+    return "client collections: " + "; ".join(parts)
+
+
 def table(results: list[dict[str, Any]]) -> str:
     """A plain-text table: the main figure, spread, loss and CPU-s per million per process."""
     lines = [
@@ -145,6 +161,8 @@ def table(results: list[dict[str, Any]]) -> str:
                 )
             if "stages" in row:
                 lines += [f"{'':<69}{line}" for line in stages.lines(row["stages"])]
+            if "client_gc" in row:
+                lines.append(f"{'':<69}{client_gc_line(row['client_gc'])}")
     return "\n".join(lines)
 
 

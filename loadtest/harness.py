@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import multiprocessing as mp
 import os
 import socket
@@ -146,19 +147,64 @@ async def ticks(started: float, seconds: float) -> AsyncIterator[int]:
             await asyncio.sleep(delay)
 
 
+class GcPauses:
+    """The client process's garbage collections from `start` on, each with its generation and
+    how long it held the process (`gc.callbacks`): a client's tail is often one of them, and the
+    server's stall report cannot see it."""
+
+    def __init__(self) -> None:
+        self.pauses: list[tuple[int, float]] = []  # (generation, seconds)
+        self._began = 0.0
+        self._reported = 0  # pauses already given by `longest_since_last`
+
+    def start(self) -> None:
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        now = time.perf_counter()
+        if phase == "start":
+            self._began = now
+        else:
+            self.pauses.append((info["generation"], now - self._began))
+
+    def longest_since_last(self) -> dict[str, float] | None:
+        """The longest collection since the last call: {"ms", "generation"}, None if none ran."""
+        recent, self._reported = self.pauses[self._reported :], len(self.pauses)
+        if not recent:
+            return None
+        generation, seconds = max(recent, key=lambda pause: pause[1])
+        return {"ms": round(seconds * 1000, 2), "generation": generation}
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        """Per generation: how many collections ran, the longest and their total, in ms."""
+        by_generation: dict[int, list[float]] = {}
+        for generation, seconds in self.pauses:
+            by_generation.setdefault(generation, []).append(seconds * 1000)
+        return {
+            f"gen{generation}": {
+                "count": len(times),
+                "longest_ms": round(max(times), 2),
+                "total_ms": round(sum(times), 2),
+            }
+            for generation, times in sorted(by_generation.items())
+        }
+
+
 class Context:
     """What a client workload gets: `await ctx.start()` after its setup, `ctx.cpu()` at its end,
-    and the shared "producers done" event."""
+    the shared "producers done" event, and its process's collections from the start (`gc`)."""
 
     def __init__(self, barrier: Any, produced: Any) -> None:
         self._barrier = barrier
         self.produced = produced
         self._cpu_start = 0.0
+        self.gc = GcPauses()
 
     async def start(self) -> float:
         """Wait until every client of the row is ready; returns the start time."""
         await asyncio.to_thread(self._barrier.wait, SETUP_TIMEOUT)
         self._cpu_start = time.process_time()  # user + system, all threads, ns resolution
+        self.gc.start()
         return time.monotonic()
 
     def cpu(self) -> float:
@@ -183,6 +229,7 @@ def _client_main(client: Client, barrier: Any, produced: Any, out: Any) -> None:
         barrier.abort()  # nobody waits forever for a client that failed in its setup
         out.put((client.name, {"error": f"{type(exc).__name__}: {exc}"}))
         raise
+    result["gc"] = context.gc.summary()
     out.put((client.name, result))
 
 

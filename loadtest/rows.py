@@ -123,6 +123,8 @@ def summarize(row: Row, outcome: dict[str, Any]) -> dict[str, Any]:
     for name in sorted(clients, key=_CLIENT_ORDER.index):
         cpu[name] = cpu_per_million(clients[name]["cpu_s"], messages)
     result["cpu_s_per_million"] = cpu
+    if row.kind == "latency":
+        result["client_gc"] = {name: clients[name]["gc"] for name in sorted(clients)}
     return result
 
 

@@ -16,7 +16,10 @@ went: the server traces every `TRACE_EVERY`-th offset's stages (`--trace-every`,
 server/net/stage_trace.py), the consumer keeps the send and taken times of those offsets, and the
 parent gathers the server's events and its longest event-loop holds every window (GET
 /debug/stages); joined (loadtest/stages.py), each window reports the mean milliseconds per stage
-of its messages at or past the p99 and its longest hold with the garbage collection inside it.
+of its messages at or past the p99 and its longest hold with the garbage collection inside it,
+and the consumer process's longest collection in the window (`consumer_longest_gc`: the
+consumer's side of the tail, `dispatched->taken`). Each client's collections over the whole run
+are in its report's `gc`.
 Every second the parent samples the server's resident memory (VmRSS) and open file descriptors
 from /proc. Verdict: zero reliable
 messages lost, and RSS and fds flat after `--warmup` seconds (last fifth vs the first fifth after
@@ -185,6 +188,7 @@ async def consumer(
                         "t": round(next_window - started, 1),
                         "latencies": {kind: t.take_window() for kind, t in tallies.items()},
                         "samples": {kind: t.take_samples() for kind, t in tallies.items()},
+                        "consumer_longest_gc": ctx.gc.longest_since_last(),
                     }
                 )
                 next_window += window

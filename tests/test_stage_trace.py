@@ -22,6 +22,7 @@ from headwater.server.net.stage_trace import PER_BATCH, StageTrace
 from headwater.testing import ServerProcess
 from headwater.wire.messages import ProduceResponse
 from loadtest import stages
+from loadtest.harness import GcPauses
 from tests.support.cli_process import hw
 
 EVERY = 10
@@ -244,3 +245,21 @@ async def test_tracing_is_turned_on_and_off_on_a_live_server(
         status, body = await asyncio.to_thread(_get, http, query)
         assert status == 400 and b"every=N" in body, (query, status, body)
     assert (await asyncio.to_thread(stages.fetch, http))["every"] == 7
+
+
+def test_a_client_collection_is_reported_with_its_generation() -> None:
+    pauses = GcPauses()
+    pauses.start()
+    try:
+        gc.collect(2)
+        gc.collect(0)
+        longest = pauses.longest_since_last()
+        assert longest is not None and longest["ms"] >= 0
+        assert {generation for generation, _ in pauses.pauses} >= {0, 2}
+        assert pauses.longest_since_last() is None  # each collection is reported once
+        summary = pauses.summary()
+        assert summary["gen2"]["count"] >= 1 and summary["gen0"]["count"] >= 1
+        for generation in summary.values():
+            assert 0 <= generation["longest_ms"] <= generation["total_ms"]
+    finally:
+        gc.callbacks.remove(pauses._callback)
