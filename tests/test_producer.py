@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 from collections import Counter
 from collections.abc import AsyncIterator
 
@@ -341,3 +342,21 @@ async def test_dedup_state_recovers_from_the_wal(fresh_server: ServerProcess) ->
     await peer.close()
     async with await headwater.connect(fresh_server.address) as client:
         assert await read_all(client, "window", 1) == [b"once"]
+
+
+async def test_answered_batches_are_not_kept_for_the_request_timeout(server: ServerProcess) -> None:
+    """Each request's timeout timer held its batch (frame, futures) until it fired, answered or
+    not: at thousands of requests a second, request_timeout's worth of sent batches stayed alive
+    and every full collection walked them (a soak's producer: collections of up to 0.5 s)."""
+    from headwater.client.accumulator import ProducerBatch
+
+    async with await headwater.connect(server.address) as client:
+        await client.create_topic("timer-kept", dispatch="reliable")
+        producer = client.producer("timer-kept", request_timeout=600.0)
+        for i in range(300):  # one request each: the flush waits for the answer
+            await producer.send(b"%d" % i)
+            await producer.flush()
+        gc.collect()
+        alive = sum(1 for o in gc.get_objects() if isinstance(o, ProducerBatch))
+        assert alive <= 2, f"{alive} answered batches still held"
+        await producer.close()

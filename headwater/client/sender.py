@@ -209,11 +209,13 @@ class Sender:
             self._retry_or_fail(batch, exc)
             return
         self._accumulator.in_flight.append(batch)
-        response.add_done_callback(lambda done: self._answered(batch, done, connection))
-        attempt = batch.attempts
-        self._loop.call_later(
-            self.config.request_timeout, self._check_answered, connection, batch, attempt
+        # Cancelled once answered: a pending timer holds the batch (its frame, its futures) for
+        # request_timeout, and at thousands of requests a second that was 30 s of sent batches
+        # kept alive, hundreds of thousands of objects each full collection had to walk.
+        timer = self._loop.call_later(
+            self.config.request_timeout, self._check_answered, connection, batch, batch.attempts
         )
+        response.add_done_callback(lambda done: self._answered(batch, done, connection, timer))
 
     def _check_answered(self, connection: Connection, batch: ProducerBatch, attempt: int) -> None:
         """No answer in `request_timeout`: give up on the connection; its batches are retried."""
@@ -222,8 +224,13 @@ class Sender:
             connection.abandon()
 
     def _answered(
-        self, batch: ProducerBatch, done: asyncio.Future[m.Response], connection: Connection
+        self,
+        batch: ProducerBatch,
+        done: asyncio.Future[m.Response],
+        connection: Connection,
+        timer: asyncio.TimerHandle,
     ) -> None:
+        timer.cancel()
         in_flight = self._accumulator.in_flight
         if batch in in_flight:
             in_flight.remove(batch)
