@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,7 @@ class FaultyOps(FileOps):
         self.fail_truncate = False
         self.fsyncs = 0
         self.directory_fsyncs = 0
+        self.directory_events: list[tuple[str, str, int]] = []  # (call, name, thread)
 
     def write(self, fd: int, data: memoryview) -> int:
         action = self.writes.pop(0) if self.writes else "ok"
@@ -59,7 +61,12 @@ class FaultyOps(FileOps):
 
     def fsync_directory(self, directory: Path) -> None:
         self.directory_fsyncs += 1
+        self.directory_events.append(("fsync", directory.name, threading.get_ident()))
         super().fsync_directory(directory)
+
+    def remove(self, path: Path) -> None:
+        self.directory_events.append(("remove", path.name, threading.get_ident()))
+        super().remove(path)
 
 
 def batch(*values: bytes) -> bytes:
@@ -199,10 +206,21 @@ async def test_directories_are_fsynced_after_segment_create_and_delete(tmp_path:
             break
         await asyncio.sleep(0.01)
     before = ops.directory_fsyncs
+    ops.directory_events.clear()
     assert log.delete_segment(0)
     _, sequence = log.append(batch(b"x"), 1)
     await log.wait_durable(sequence)
     assert ops.directory_fsyncs > before
+    # the files went in a pool thread (unlinking a 64 MiB segment held the loop 10-20 ms),
+    # before the directory fsync that makes their removal durable
+    assert not (tmp_path / segment_name(0)).exists()
+    calls = [(call, name) for call, name, _ in ops.directory_events]
+    assert calls[:3] == [
+        ("remove", segment_name(0)),
+        ("remove", segment_name(0).replace(".log", ".index")),
+        ("fsync", tmp_path.name),
+    ], calls
+    assert threading.get_ident() not in {thread for _, _, thread in ops.directory_events}
     await log.close()
 
 

@@ -48,6 +48,10 @@ class FileOps:
     def close(self, fd: int) -> None:
         os.close(fd)
 
+    def remove(self, path: Path) -> None:
+        """Delete a file if it exists (a segment or its index, by retention)."""
+        path.unlink(missing_ok=True)
+
 
 class JournalingFileOps(FileOps):
     """Records the length every completed segment fsync covers (power-loss tests only)."""

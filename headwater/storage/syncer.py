@@ -10,7 +10,8 @@
 
 Before any data fsync, the partition directory is fsynced if a segment was created or deleted
 since the last one: a new segment's name must be durable before its data can count as durable.
-Rolled segments are sealed here (fsync, close, index) and reported to `on_sealed`. The offset
+Rolled segments are sealed here (fsync, close, index) and reported to `on_sealed`; segments that
+retention deletes are unlinked here, in the round that fsyncs the directory. The offset
 lease is extended here too, ahead of need, so appends rarely write it themselves.
 
 A syncer is a small state machine driven by callbacks, not a task: one job at a time runs in the
@@ -91,6 +92,7 @@ class Syncer:
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._to_seal: list[Segment] = []
         self._dirty: list[Segment] = []
+        self._doomed: list[Path] = []  # files to delete in the next round
         self._lease_due = False
         self._round_wanted = False  # an fsync round is asked for
         self._busy = False  # a job runs in the pool
@@ -114,6 +116,12 @@ class Syncer:
 
     def wake(self) -> None:
         """A round now: a segment was deleted, or the fsync policy changed."""
+        self._round_wanted = True
+        self._next()
+
+    def remove(self, paths: list[Path]) -> None:
+        """Delete these files in the next round, before its directory fsync."""
+        self._doomed += paths
         self._round_wanted = True
         self._next()
 
@@ -217,6 +225,7 @@ class Syncer:
         partition_log = self._log
         # what this round makes durable: everything appended before it starts
         covered: tuple[int, int] | None = (partition_log.appended, partition_log.next_offset)
+        doomed, self._doomed = self._doomed, []
         directory_dirty = partition_log.take_directory_dirty()
         files: list[tuple[int, Path]] = []
         if partition_log.config.fsync != FsyncPolicy.NEVER or self._waiters or partition_log.closed:
@@ -224,13 +233,18 @@ class Syncer:
             files = [(s.write_fd, s.path) for s in dirty if s.write_fd is not None]
         else:
             covered = None  # nothing waits and the policy syncs only on sealing
-        if not directory_dirty and not files:
+        if not directory_dirty and not files and not doomed:
             self._round_done(covered, [], None)
             self._next()
             return
         ops, directory = partition_log.ops, partition_log.directory
 
         def fsync_all() -> list[float]:  # in a pool thread
+            for path in doomed:
+                try:
+                    ops.remove(path)
+                except OSError as exc:  # left behind: the directory's next listing shows it
+                    log.warning("wal.delete_failed", file=str(path), error=str(exc))
             durations = [_timed(ops.fsync_directory, directory)] if directory_dirty else []
             return durations + [_timed(ops.fsync, fd, path) for fd, path in files]
 
