@@ -1,7 +1,8 @@
 """Soak test: a steady rate for a set time, every message numbered, nothing may go missing.
 
-A server in its own process (data in a temporary directory on disk), one producer process and
-one consumer process (loadtest/harness.py). The producer sends `--rate` msgs/s to a reliable topic
+A server in its own process (data in a temporary directory on disk; `--object-store local`, the
+default configuration's, copies each sealed segment to a directory on the same disk, `none` does
+not), one producer process and one consumer process (loadtest/harness.py). The producer sends `--rate` msgs/s to a reliable topic
 (fsync `--fsync`, at-least-once, a flush every 100 ms) and the same rate to a non-reliable topic,
 in 1 ms ticks, for `--seconds` (default 600). Each value starts with its sequence number and its
 send time (CLOCK_MONOTONIC ns). The consumer checks the sequence numbers:
@@ -268,6 +269,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, help="seconds (default: 10%% of the run)")
     parser.add_argument("--output", type=Path, help="also write the JSON report here")
     parser.add_argument("--chart", type=Path, help="write p99, RSS and fds over time here (PNG)")
+    parser.add_argument(
+        "--object-store",
+        choices=["local", "none"],
+        default="local",
+        help="the server's object store: local (the default configuration's: sealed segments "
+        "are copied to a directory on the same disk) or none",
+    )
     args = parser.parse_args(argv)
     warmup = args.warmup if args.warmup is not None else args.seconds / 10
     window = min(args.window, max(1.0, args.seconds / 5))
@@ -276,15 +284,19 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": machine(),
         "settings": {"seconds": args.seconds, "rate_per_topic": args.rate, "size": args.size,
-                     "fsync": args.fsync, "window": window, "warmup": warmup},
+                     "fsync": args.fsync, "window": window, "warmup": warmup,
+                     "object_store": args.object_store},
     }  # fmt: skip
     resources: list[dict[str, Any]] = []
     traced: list[dict[str, Any]] = []  # what /debug/stages answered, once per window
     with tempfile.TemporaryDirectory(prefix="headwater-soak-", dir=_scratch_parent()) as scratch:
         http_port_file = Path(scratch) / "http.port"
+        config = Path(scratch) / "server.toml"
+        config.write_text(f'[object_store]\nbackend = "{args.object_store}"\n')
         server = ServerProcess(
             Path(scratch) / "data",
             extra_args=(
+                *("--config", str(config)),
                 *("--trace-every", str(TRACE_EVERY)),
                 *("--http-port", "0", "--http-port-file", str(http_port_file)),
             ),
