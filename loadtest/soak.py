@@ -2,10 +2,11 @@
 
 A server in its own process (data in a temporary directory on disk; `--object-store local`, the
 default configuration's, copies each sealed segment to a directory on the same disk, `none` does
-not), one producer process and one consumer process (loadtest/harness.py). The producer sends `--rate` msgs/s to a reliable topic
-(fsync `--fsync`, at-least-once, a flush every 100 ms) and the same rate to a non-reliable topic,
-in 1 ms ticks, for `--seconds` (default 600). Each value starts with its sequence number and its
-send time (CLOCK_MONOTONIC ns). The consumer checks the sequence numbers:
+not), one producer process and one consumer process (loadtest/harness.py). The producer sends
+`--rate` msgs/s to a reliable topic (fsync `--fsync`, at-least-once, a flush every 100 ms) and the
+same rate to a non-reliable topic, in 1 ms ticks, for `--seconds` (default 600). Each value
+starts with its sequence number and its send time (CLOCK_MONOTONIC ns). The consumer checks the
+sequence numbers:
 
 - reliable: every acknowledged number must arrive (a bitmap of what came); `lost` must be 0.
   Duplicates (redeliveries) and numbers arriving out of order are counted, not errors;
