@@ -15,11 +15,7 @@ import dataclasses
 from pathlib import Path
 
 from headwater.durables.cursor import PartitionCursor
-from headwater.durables.delivery import ReliableSettings
 from headwater.server.config import TopicSettings
-from headwater.server.subscriptions.append_signal import AppendSignal
-from headwater.server.subscriptions.reliable_subscription import ReliableSubscription
-from headwater.server.topics.subscription_contract import Consumer
 from headwater.server.topics.topic import LogTopic
 from headwater.server.topics.topic_settings import log_config
 from headwater.storage.state import CURSOR, StateStore, StateWriter, key
@@ -27,13 +23,11 @@ from headwater.storage.wal import FsyncPolicy, PartitionLog
 from headwater.wire.messages import (
     AckEntry,
     AckKind,
-    Backoff,
     DispatchMode,
-    SubscriptionType,
     TopicInfo,
 )
 from headwater.wire.records import build_batch, read_records
-from tests.support.queue_session import QueueSession, no_dead_letters
+from tests.support.queue_session import exclusive_subscription
 
 MESSAGES = 40
 DELIVERY_WAIT = 5.0  # seconds; a delivery takes milliseconds
@@ -57,24 +51,9 @@ async def test_acks_under_fsync_always_are_written_at_once_and_share_one_sync(
     partition_log = PartitionLog.open(tmp_path / "topic" / "0", log_config(settings))
     partition_log.start()
     topic = LogTopic(TopicInfo("acked", 1, DispatchMode.RELIABLE), settings, [partition_log])
-    signal = AppendSignal()
-    partition_log.add_append_listener(signal.fire)
     state = StateStore(tmp_path / "state")
     writer = StateWriter(state)
-    subscription = ReliableSubscription(
-        topic,
-        "sub",
-        SubscriptionType.EXCLUSIVE,
-        ReliableSettings(60_000, 0, Backoff.FIXED, 1_000, 60_000),
-        [PartitionCursor.starting_at(0)],
-        writer,
-        no_dead_letters,
-        signal,
-    )
-    session = QueueSession()
-    consumer = Consumer(1, "consumer", 0, session, subscription, credits=MESSAGES + 1)
-    session.consumers[consumer.consumer_id] = consumer
-    subscription.start()
+    subscription, consumer, session = exclusive_subscription(topic, writer, 0, 60_000)
     try:
         for i in range(MESSAGES):
             _, sequence = partition_log.append(build_batch([(None, b"%d" % i, [])]), 1)

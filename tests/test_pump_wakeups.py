@@ -29,19 +29,16 @@ from pathlib import Path
 
 import pytest
 
-from headwater.durables.cursor import PartitionCursor
-from headwater.durables.delivery import ReliableSettings
 from headwater.server.config import TopicSettings
-from headwater.server.subscriptions.append_signal import AppendSignal
 from headwater.server.subscriptions.reliable_subscription import ReliableSubscription
 from headwater.server.topics.subscription_contract import Consumer
 from headwater.server.topics.topic import LogTopic
 from headwater.server.topics.topic_settings import log_config
 from headwater.storage.state import StateStore, StateWriter
 from headwater.storage.wal import FsyncPolicy, PartitionLog
-from headwater.wire.messages import Backoff, DispatchMode, SubscriptionType, TopicInfo
+from headwater.wire.messages import DispatchMode, TopicInfo
 from headwater.wire.records import build_batch, read_records
-from tests.support.queue_session import QueueSession, no_dead_letters
+from tests.support.queue_session import QueueSession, exclusive_subscription
 
 _BEFORE_CRASH = 10  # records appended (and acked by the subscription) before the kill -9
 _ACK_TIMEOUT_MS = 60_000  # what a lost wake-up waited for in the failing test
@@ -118,24 +115,11 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
     assert partition_log.next_offset > _BEFORE_CRASH, "no lease gap after the kill"
     assert partition_log.visible_offset == partition_log.next_offset
     topic = HeldReadTopic(TopicInfo("pumped", 1, DispatchMode.RELIABLE), _SETTINGS, [partition_log])
-    signal = AppendSignal()
-    partition_log.add_append_listener(signal.fire)
     state = StateStore(tmp_path / "state")
     writer = StateWriter(state)
-    subscription = ReliableSubscription(
-        topic,
-        "sub",
-        SubscriptionType.EXCLUSIVE,
-        ReliableSettings(_ACK_TIMEOUT_MS, 0, Backoff.FIXED, 1_000, 60_000),
-        [PartitionCursor.starting_at(_BEFORE_CRASH)],
-        writer,
-        no_dead_letters,
-        signal,
+    subscription, consumer, session = exclusive_subscription(
+        topic, writer, _BEFORE_CRASH, _ACK_TIMEOUT_MS
     )
-    session = QueueSession()
-    consumer = Consumer(1, "consumer", 0, session, subscription, credits=100)
-    session.consumers[consumer.consumer_id] = consumer
-    subscription.start()
     try:
         yield Rig(topic, partition_log, subscription, consumer, session)
     finally:

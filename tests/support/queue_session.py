@@ -6,7 +6,14 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+from headwater.durables.cursor import PartitionCursor
+from headwater.durables.delivery import ReliableSettings
+from headwater.server.subscriptions.append_signal import AppendSignal
+from headwater.server.subscriptions.reliable_subscription import ReliableSubscription
 from headwater.server.topics.subscription_contract import Consumer
+from headwater.server.topics.topic import LogTopic
+from headwater.storage.state import StateWriter
+from headwater.wire.messages import Backoff, SubscriptionType
 from headwater.wire.records import Record
 
 
@@ -44,3 +51,28 @@ class QueueSession:
 
 async def no_dead_letters(partition: int, record: Record, count: int) -> None:
     raise AssertionError(f"dead-lettered {partition}/{record.offset}")
+
+
+def exclusive_subscription(
+    topic: LogTopic, writer: StateWriter, start: int, ack_timeout_ms: int
+) -> tuple[ReliableSubscription, Consumer, QueueSession]:
+    """A started Exclusive subscription "sub" on the topic's partition 0, woken by the real
+    `AppendSignal`, its cursor at `start`; and a consumer with 10,000 credits on a
+    `QueueSession`, not yet attached."""
+    signal = AppendSignal()
+    topic.partitions[0].log.add_append_listener(signal.fire)
+    subscription = ReliableSubscription(
+        topic,
+        "sub",
+        SubscriptionType.EXCLUSIVE,
+        ReliableSettings(ack_timeout_ms, 0, Backoff.FIXED, 1_000, 60_000),
+        [PartitionCursor.starting_at(start)],
+        writer,
+        no_dead_letters,
+        signal,
+    )
+    session = QueueSession()
+    consumer = Consumer(1, "consumer", 0, session, subscription, credits=10_000)
+    session.consumers[consumer.consumer_id] = consumer
+    subscription.start()
+    return subscription, consumer, session
