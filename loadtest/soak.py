@@ -272,10 +272,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chart", type=Path, help="write p99, RSS and fds over time here (PNG)")
     parser.add_argument(
         "--object-store",
-        choices=["local", "none"],
+        choices=["local", "local-link", "none"],
         default="local",
         help="the server's object store: local (the default configuration's: sealed segments "
-        "are copied to a directory on the same disk) or none",
+        "are copied to a directory on the same disk), local-link (the same directory, segments "
+        "stored as hard links: object_store.link) or none",
     )
     args = parser.parse_args(argv)
     warmup = args.warmup if args.warmup is not None else args.seconds / 10
@@ -293,7 +294,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="headwater-soak-", dir=_scratch_parent()) as scratch:
         http_port_file = Path(scratch) / "http.port"
         config = Path(scratch) / "server.toml"
-        config.write_text(f'[object_store]\nbackend = "{args.object_store}"\n')
+        backend, _, link = args.object_store.partition("-")
+        link_setting = "true" if link else "false"
+        config.write_text(f'[object_store]\nbackend = "{backend}"\nlink = {link_setting}\n')
         server = ServerProcess(
             Path(scratch) / "data",
             extra_args=(

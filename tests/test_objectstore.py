@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 import headwater
+from headwater.server.requests.admin_requests import disk_usage
+from headwater.storage.fileio import COPY_STEP, copy_durably
 from headwater.storage.objectstore import LocalObjectStore, ObjectStore, S3ObjectStore
 from headwater.testing import ServerProcess
 from headwater.wire.errors import ObjectNotFound, StorageError
+from tests.support.faults import partition_dir, produce_each, read_from_earliest
 from tests.support.helpers import eventually
 from tests.support.s3 import CREDENTIALS, MotoS3, create_bucket
 
@@ -49,6 +53,62 @@ async def test_object_store_contract(store: ObjectStore) -> None:
     for bad in ("", "../escape", "a//b", "/abs"):
         with pytest.raises(StorageError, match="invalid object key"):
             await store.put(bad, b"x")
+
+
+async def test_put_file_stores_a_files_bytes_and_says_when_the_file_is_gone(
+    store: ObjectStore, tmp_path: Path
+) -> None:
+    segment = tmp_path / "00000000000000000000.log"
+    segment.write_bytes(os.urandom(300_000))
+    assert await store.put_file("t/0/seg.log", segment) == 300_000
+    assert await store.get("t/0/seg.log") == segment.read_bytes()
+    with pytest.raises(FileNotFoundError):  # the uploader's "segment gone", not a store failure
+        await store.put_file("t/0/other.log", tmp_path / "deleted.log")
+    assert [o.key for o in await store.list("t/")] == ["t/0/seg.log"]
+
+
+async def test_local_put_file_links_on_the_same_file_system_and_copies_otherwise(
+    tmp_path: Path,
+) -> None:
+    """With `link`, a sealed segment becomes the object without its bytes being written again;
+    without it, or from another file system (a tmpfs), the object is a copy of its own."""
+    segment = tmp_path / "wal" / "00000000000000000000.log"
+    segment.parent.mkdir()
+    segment.write_bytes(os.urandom(100_000))
+    linked = LocalObjectStore(tmp_path / "linked", link=True)
+    await linked.put_file("t/0/a.log", segment)
+    assert (tmp_path / "linked/t/0/a.log").stat().st_ino == segment.stat().st_ino
+    copied = LocalObjectStore(tmp_path / "copied", link=False)
+    await copied.put_file("t/0/a.log", segment)
+    assert (tmp_path / "copied/t/0/a.log").stat().st_ino != segment.stat().st_ino
+    assert (tmp_path / "copied/t/0/a.log").read_bytes() == segment.read_bytes()
+    shm = Path("/dev/shm")
+    assert shm.stat().st_dev != tmp_path.stat().st_dev, "needs /dev/shm on another file system"
+    elsewhere = shm / f"headwater-test-{os.getpid()}-{tmp_path.name}"
+    try:
+        await LocalObjectStore(elsewhere, link=True).put_file("t/0/a.log", segment)
+        assert (elsewhere / "t/0/a.log").read_bytes() == segment.read_bytes()
+        assert [p.name for p in (elsewhere / "t/0").iterdir()] == ["a.log"]  # no temporary left
+    finally:
+        shutil.rmtree(elsewhere, ignore_errors=True)
+
+
+def test_a_copy_reaches_the_disk_in_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The local store's copy of a 64 MiB segment, flushed whole, held the disk for tens of
+    milliseconds, and every WAL fsync waited behind it: it is synced every COPY_STEP bytes."""
+    source = tmp_path / "segment.log"
+    source.write_bytes(os.urandom(3 * COPY_STEP + 5))
+    synced: list[int] = []
+    real_fdatasync = os.fdatasync
+
+    def counting_fdatasync(fd: int) -> None:
+        synced.append(os.fstat(fd).st_size)
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", counting_fdatasync)
+    copy_durably(source, tmp_path / "copy.log")
+    assert synced == [COPY_STEP, 2 * COPY_STEP, 3 * COPY_STEP, 3 * COPY_STEP + 5]
+    assert (tmp_path / "copy.log").read_bytes() == source.read_bytes()
 
 
 def _s3_config(tmp_path: Path, s3: MotoS3, bucket: str) -> Path:
@@ -305,3 +365,59 @@ async def test_an_upload_finishing_after_its_topic_was_deleted_is_not_recorded(
     assert await store.list("t/") == []
     await uploader.close()
     state.close()
+
+
+def values(prefix: str, count: int) -> list[bytes]:
+    return [f"{prefix}-{i:04d}-{'x' * 40}".encode() for i in range(count)]
+
+
+def test_data_dir_usage_counts_a_segment_and_its_linked_object_once(tmp_path: Path) -> None:
+    """SERVER_INFO's data_dir_bytes: a linked object is the segment's disk, not more of it."""
+    segment = tmp_path / "topics" / "t" / "0" / "00000000000000000000.log"
+    segment.parent.mkdir(parents=True)
+    segment.write_bytes(b"x" * 100_000)
+    (tmp_path / "objects").mkdir()
+    os.link(segment, tmp_path / "objects" / "00000000000000000000.log")
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "000001.sst").write_bytes(b"y" * 1_000)
+    assert disk_usage(tmp_path) == 101_000
+
+
+async def test_linked_segments_are_the_objects_and_outlive_local_retention(tmp_path: Path) -> None:
+    """`object_store.link = true`: an uploaded segment is its object's file (one inode), and
+    once retention has deleted the segment the object still serves every acknowledged record."""
+    config = tmp_path / "headwater.toml"
+    config.write_text('[object_store]\nbackend = "local"\nlink = true\n')
+    server = ServerProcess(tmp_path / "data", extra_args=("--config", str(config))).start()
+    objects = server.data_dir / "objects"
+    try:
+        async with await headwater.connect(server.address) as client:
+            await client.create_topic(
+                "kept", dispatch="reliable", configs={"segment.bytes": 2048, "fsync": "always"}
+            )
+            kept, errors = await produce_each(client, "kept", values("kept", 120))
+            assert not errors
+            local = sorted(partition_dir(server, "kept").glob("*.log"))[:-1]  # the sealed ones
+            assert len(local) >= 3
+
+            def uploaded() -> bool:
+                return all((objects / "kept/0" / path.name).exists() for path in local)
+
+            await eventually(uploaded, what="the sealed segments uploaded")
+            for path in local:
+                assert (objects / "kept/0" / path.name).stat().st_ino == path.stat().st_ino
+            await client.create_topic(
+                "gone",
+                dispatch="reliable",
+                configs={"segment.bytes": 2048, "retention.bytes": 0, "fsync": "always"},
+            )
+            acked, errors = await produce_each(client, "gone", values("gone", 200))
+            assert not errors
+            await eventually(
+                lambda: len(list(partition_dir(server, "gone").glob("*.log"))) <= 2,
+                what="retention deleting the uploaded segments",
+            )
+            assert await read_from_earliest(client, "gone", "replay", len(acked)) == acked
+            assert await read_from_earliest(client, "kept", "replay", len(kept)) == kept
+    finally:
+        server.kill()

@@ -127,6 +127,33 @@ async def test_torn_or_corrupt_tail_is_cut_at_the_last_good_batch(
     assert scan_segment(path).problem is None
 
 
+async def test_a_linked_last_segment_gets_its_own_file_before_recovery_cuts_or_extends_it(
+    tmp_path: Path,
+) -> None:
+    """A local object store on the same file system stores a sealed segment as a hard link. If
+    that segment is the last one after a crash, recovery cuts its tail and appends go on in it:
+    on the shared file, the object would change with it."""
+    directory = tmp_path / "wal"
+    log = PartitionLog.open(directory, LogConfig(fsync=FsyncPolicy.ALWAYS))
+    log.start()
+    await log.wait_durable(log.append(batch(b"a", b"b"), 2)[1])
+    await log.close()
+    segment = directory / segment_name(0)
+    with segment.open("ab") as file:
+        file.write(b"\x00\x00\x00\x01torn")  # a write the crash tore
+    stored = tmp_path / "objects" / "00000000000000000000.log"
+    stored.parent.mkdir()
+    os.link(segment, stored)
+    object_bytes = stored.read_bytes()
+    reopened = PartitionLog.open(directory, LogConfig(fsync=FsyncPolicy.ALWAYS))
+    reopened.start()
+    await reopened.wait_durable(reopened.append(batch(b"c"), 1)[1])
+    assert await read_all(reopened) == [(0, b"a"), (1, b"b"), (2, b"c")]
+    await reopened.close()
+    assert stored.read_bytes() == object_bytes
+    assert stored.stat().st_nlink == 1 and segment.stat().st_ino != stored.stat().st_ino
+
+
 async def test_timestamp_lookup(tmp_path: Path) -> None:
     log = PartitionLog.open(tmp_path, LogConfig())
     for i in range(5):

@@ -43,6 +43,9 @@ class SubscriptionDefaults:
 class ObjectStoreConfig:
     backend: str = "local"  # "local", "s3" or "none"
     path: Path | None = None  # local backend; default <data_dir>/objects
+    # local backend: store a sealed segment as a hard link when `path` is on its file system (no
+    # second write of the bytes; the object shares the segment's blocks); False: copy it
+    link: bool = False
     bucket: str = ""
     prefix: str = "headwater"
     endpoint_url: str | None = None  # any S3-compatible server; None: AWS

@@ -50,7 +50,7 @@ async def open_object_store(config: ServerConfig) -> ObjectStore | None:
     if settings.backend == "none":
         return None
     if settings.backend == "local":
-        return LocalObjectStore(settings.path or config.data_dir / "objects")
+        return LocalObjectStore(settings.path or config.data_dir / "objects", settings.link)
     if settings.backend == "s3":
         return await S3ObjectStore(
             settings.bucket, settings.prefix, settings.endpoint_url, settings.region

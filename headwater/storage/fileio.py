@@ -16,6 +16,7 @@ name durable (POSIX needs an fsync of the directory for that).
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from pathlib import Path
@@ -105,6 +106,31 @@ def write_file_durably(path: Path, data: bytes) -> None:
         os.fsync(file.fileno())
     os.replace(temporary, path)
     fsync_directory(path.parent)
+
+
+# How much of a copy reaches the disk at a time (copy_durably): a synced step of 256 KiB held the
+# disk for 0.3 ms on the test machine, one of 4 MiB for 8 ms, and every WAL fsync that came in
+# the meantime waited for it (the soak's reliable p99 rose from 2-4 ms to 6-17 ms with the 64
+# MiB copies of a local object store flushed whole).
+COPY_STEP: Final = 256 * 1024
+
+
+def copy_durably(source: Path, target: Path, step: int = COPY_STEP) -> None:
+    """Copy `source` to a new file `target` in the kernel (sendfile: no bytes through Python,
+    across file systems), syncing every `step` bytes so the copy never queues more than that
+    ahead of anybody else's fsync on the disk."""
+    with source.open("rb") as reading, target.open("xb") as writing:
+        size = os.fstat(reading.fileno()).st_size
+        position = 0
+        while position < size:
+            sent = os.sendfile(
+                writing.fileno(), reading.fileno(), position, min(step, size - position)
+            )
+            if sent == 0:  # the file got shorter: it is being changed, which callers rule out
+                raise OSError(errno.EIO, f"{source} ended {size - position} bytes early")
+            position += sent
+            os.fdatasync(writing.fileno())
+        os.fsync(writing.fileno())
 
 
 def boot_id() -> str:

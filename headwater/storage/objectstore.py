@@ -5,6 +5,12 @@
   hard link, which fails if the name exists. The directory is fsynced after the rename (and any
   directory the put created, after its creation), so a stored object survives a power cut: the
   uploader counts a segment as safe, and retention deletes the local copy, on that promise.
+  `put_file` stores a file that never changes again (a sealed, fsynced WAL segment): it copies it
+  in the kernel, synced in steps (`fileio.copy_durably`: a copy flushed whole held the disk, and
+  every WAL fsync behind it, for tens of milliseconds). With `link=True` on the same file system
+  it hard-links it instead: no bytes written, and the object is the segment's own blocks, so
+  nothing may change a linked segment in place (storage/recovery.py gives the last segment a
+  private file first when it has other links).
 - `S3ObjectStore`: S3 or any S3-compatible server through aiobotocore (`endpoint_url`), with
   credentials from the usual AWS variables or config files. Conditional puts send
   `If-None-Match: *`.
@@ -19,13 +25,15 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import errno
 import os
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from headwater.storage.fileio import fsync_directory
+from headwater.storage.fileio import copy_durably, fsync_directory
 from headwater.wire.errors import ObjectNotFound, StorageError
 
 
@@ -40,6 +48,11 @@ class ObjectStore(Protocol):
 
     async def put_if_absent(self, key: str, data: bytes) -> bool:
         """Store unless `key` exists; returns whether it stored."""
+        ...
+
+    async def put_file(self, key: str, path: Path) -> int:
+        """Store the bytes of the file at `path`, which must not change again (a sealed segment);
+        returns their count. FileNotFoundError if the file is gone."""
         ...
 
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
@@ -63,9 +76,16 @@ def _check_key(key: str) -> None:
 _DIRECTORY_RACES = 5
 
 
+# Why a hard link may fail where a copy would not: another file system, a file system without
+# links, too many links to one file.
+_CANNOT_LINK = frozenset({errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EOPNOTSUPP, errno.ENOTSUP})
+
+
 class LocalObjectStore:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, link: bool = False) -> None:
+        """`link`: let `put_file` hard-link files on the same file system (else it copies)."""
         self.root = root
+        self.link = link
         root.mkdir(parents=True, exist_ok=True)
 
     def _path(self, key: str) -> Path:
@@ -78,40 +98,72 @@ class LocalObjectStore:
     async def put_if_absent(self, key: str, data: bytes) -> bool:
         return await asyncio.to_thread(self._put, self._path(key), data, True)
 
+    async def put_file(self, key: str, path: Path) -> int:
+        return await asyncio.to_thread(self._put_file, self._path(key), path)
+
+    def _put_file(self, target: Path, source: Path) -> int:
+        try:
+            size = source.stat().st_size
+            if self.link:
+                try:
+                    self._store(target, lambda temporary: os.link(source, temporary), False)
+                    return size
+                except OSError as exc:
+                    if exc.errno not in _CANNOT_LINK:
+                        raise
+            self._store(target, lambda temporary: copy_durably(source, temporary), False)
+            return size
+        except OSError as exc:
+            if isinstance(exc, FileNotFoundError) and not source.exists():
+                raise  # the segment is gone (its topic was deleted): not a store failure
+            raise StorageError(f"cannot store {source} as object {target}: {exc}") from None
+
     @staticmethod
     def _put(path: Path, data: bytes, only_if_absent: bool) -> bool:
-        try:
-            temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-            for attempt in range(_DIRECTORY_RACES):
-                try:
-                    created = [d for d in (path.parent, *path.parent.parents) if not d.exists()]
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    for directory in reversed(created):
-                        fsync_directory(directory.parent)
-                    file = temporary.open("wb")
-                    break
-                except (FileNotFoundError, FileExistsError):
-                    # a delete removed a directory, empty, while we made or used it
-                    if attempt == _DIRECTORY_RACES - 1:
-                        raise
-            with file:
+        def write(temporary: Path) -> None:
+            with temporary.open("wb") as file:
                 file.write(data)
                 file.flush()
                 os.fsync(file.fileno())
-            try:
-                if only_if_absent:
-                    try:
-                        os.link(temporary, path)
-                    except FileExistsError:
-                        return False
-                else:
-                    os.replace(temporary, path)
-            finally:
-                temporary.unlink(missing_ok=True)
-            fsync_directory(path.parent)
-            return True
+
+        try:
+            return LocalObjectStore._store(path, write, only_if_absent)
         except OSError as exc:
             raise StorageError(f"cannot write object {path}: {exc}") from None
+
+    @staticmethod
+    def _store(path: Path, fill: Callable[[Path], object], only_if_absent: bool) -> bool:
+        """Make a durable temporary file beside `path` with `fill`, then give it the object's
+        name: replacing any object there, or only if there is none (returns whether it did)."""
+        temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+        for attempt in range(_DIRECTORY_RACES):
+            try:
+                created = [d for d in (path.parent, *path.parent.parents) if not d.exists()]
+                path.parent.mkdir(parents=True, exist_ok=True)
+                for directory in reversed(created):
+                    fsync_directory(directory.parent)
+                fill(temporary)
+                break
+            except (FileNotFoundError, FileExistsError):
+                # a delete removed a directory, empty, while we made or used it
+                temporary.unlink(missing_ok=True)
+                if attempt == _DIRECTORY_RACES - 1:
+                    raise
+            except OSError:  # a full disk, say: leave no temporary file behind
+                temporary.unlink(missing_ok=True)
+                raise
+        try:
+            if only_if_absent:
+                try:
+                    os.link(temporary, path)
+                except FileExistsError:
+                    return False
+            else:
+                os.replace(temporary, path)
+        finally:
+            temporary.unlink(missing_ok=True)
+        fsync_directory(path.parent)
+        return True
 
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         return await asyncio.to_thread(self._get, key, self._path(key), start, end)
@@ -221,6 +273,13 @@ class S3ObjectStore:
             if _status(exc) in (409, 412):
                 return False
             raise StorageError(f"S3 conditional put {key!r} failed: {exc}") from None
+
+    async def put_file(self, key: str, path: Path) -> int:
+        # FileNotFoundError passes: the segment is gone. (Whole in memory for one PUT: up to a
+        # segment's 64 MiB; a multipart upload from the file would bound it.)
+        data = await asyncio.to_thread(path.read_bytes)
+        await self.put(key, data)
+        return len(data)
 
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         arguments: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(key)}

@@ -8,7 +8,9 @@ keeps every valid batch and reports holes (bad bytes followed by good batches) a
 - Holes are corruption: the bytes are copied to `<partition dir>/quarantine/` and left in place
   (readers resynchronise past them); nothing after them is dropped.
 - A bad tail of the last segment is copied to quarantine too, then cut off: the log must end on a
-  whole batch before anything is appended after it. A sealed segment is never cut.
+  whole batch before anything is appended after it. A sealed segment is never cut. The last
+  segment gets a file of its own first if it has other links (a local object store's, which
+  must not change with it).
 
 Where offsets continue is decided with the offset lease (`storage.offsets`): never below the end of
 the good data, and, after any stop but a clean close, at or above the lease, which is above every
@@ -26,7 +28,7 @@ from typing import Final
 
 import structlog
 
-from headwater.storage.fileio import FileOps
+from headwater.storage.fileio import FileOps, copy_durably
 from headwater.storage.logstate import Segment
 from headwater.storage.offsets import MAX_LEASE_BLOCK, Lease, read_lease
 from headwater.storage.reader import read_range
@@ -110,6 +112,7 @@ def recover(directory: Path, ops: FileOps, start_offset: int) -> Recovered:
                 log.warning("wal.index_rebuilt", segment=str(path), entries=len(index))
             segments.append(Segment(base, path, next_base, size, index, 0.0, sealed=True))
             continue
+        _unshare(ops, directory, path)
         last_scan = scan_segment(path, base)
         quarantined.extend(_quarantine_all(directory, last_scan, include_tail=True))
         if last_scan.tail is not None:
@@ -174,6 +177,21 @@ def _quarantine_all(directory: Path, scan: SegmentScan, include_tail: bool) -> l
     for each in damage:
         quarantine(directory, each)
     return damage
+
+
+def _unshare(ops: FileOps, directory: Path, path: Path) -> None:
+    """Give the last segment a file of its own if it has other links: it is appended to, maybe
+    cut, from here on. A sealed segment stored in a local object store on this file system is
+    the object too (a hard link, storage/objectstore.py), and one can be last after a crash that
+    lost the name of the segment rolled to. The object must keep the bytes it was stored with."""
+    if path.stat().st_nlink <= 1:
+        return
+    private = path.with_name(f".{path.name}.unshared.tmp")
+    private.unlink(missing_ok=True)  # a crash during an earlier attempt
+    copy_durably(path, private)
+    os.replace(private, path)
+    ops.fsync_directory(directory)
+    log.warning("wal.segment_unshared", segment=str(path))
 
 
 def _cut(ops: FileOps, path: Path, length: int) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -226,10 +227,10 @@ class Uploader:
             name = named
         index_path = segment.path.with_suffix(".index")
         index = await asyncio.to_thread(_read_or_empty, index_path)
-        data = await asyncio.to_thread(segment.path.read_bytes)
-        uploaded = UploadedSegment(segment.base_offset, segment.next_offset, len(data), name)
-        await self.store.put(uploaded.key(topic, partition, ".index"), index)
-        await self.store.put(uploaded.key(topic, partition), data)
+        unsized = UploadedSegment(segment.base_offset, segment.next_offset, 0, name)
+        await self.store.put(unsized.key(topic, partition, ".index"), index)
+        size = await self.store.put_file(unsized.key(topic, partition), segment.path)
+        uploaded = dataclasses.replace(unsized, size=size)
         if epoch != self._epochs.get(topic, 0):
             return  # deleted while uploading: not recorded; the purge queued since removes it
         if self.publisher is not None:
@@ -252,7 +253,7 @@ class Uploader:
             topic=topic,
             partition=partition,
             base_offset=segment.base_offset,
-            bytes=len(data),
+            bytes=size,
         )
 
     async def drain(self, timeout: float) -> bool:

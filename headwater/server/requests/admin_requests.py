@@ -228,7 +228,7 @@ class AdminHandlers:
     async def _data_dir_bytes(self) -> int:
         now = time.monotonic()
         if self._usage is None or (self._usage.done() and now - self._usage_at > DISK_USAGE_TTL):
-            self._usage = asyncio.ensure_future(asyncio.to_thread(_disk_usage, self._data_dir))
+            self._usage = asyncio.ensure_future(asyncio.to_thread(disk_usage, self._data_dir))
             self._usage_at = now
         return await asyncio.shield(self._usage)
 
@@ -332,13 +332,21 @@ def _live_detail(topic: Topic, durable: int, info: m.SubscriptionInfo) -> m.Subs
     )
 
 
-def _disk_usage(directory: Path) -> int:
-    """Bytes of the regular files under `directory` (files removed meanwhile are skipped)."""
+def disk_usage(directory: Path) -> int:
+    """Bytes of the regular files under `directory` (files removed meanwhile are skipped), each
+    file once however many names it has: a local object store's segments are hard links to the
+    WAL's, and counting both would report twice the disk in use."""
     total = 0
+    seen: set[tuple[int, int]] = set()
     for root, _, files in os.walk(directory):
         for name in files:
             try:
-                total += os.lstat(os.path.join(root, name)).st_size
+                status = os.lstat(os.path.join(root, name))
             except OSError:
                 continue
+            if status.st_nlink > 1:
+                if (status.st_dev, status.st_ino) in seen:
+                    continue
+                seen.add((status.st_dev, status.st_ino))
+            total += status.st_size
     return total
