@@ -146,7 +146,7 @@ async def test_send_batch_with_keys_partitions_as_send(
         message = by_value[value]
         assert message.key == key
         assert message.partition == partition_for_key(key, 4)
-        assert message.headers == ([("n", str(i).encode())] if i % 2 else [])
+        assert message.headers == ((("n", str(i).encode()),) if i % 2 else ())
     per_partition: dict[int, list[bytes]] = {}
     for value in values:  # order holds within a partition
         per_partition.setdefault(by_value[value].partition, []).append(value)
@@ -322,7 +322,7 @@ async def test_batches_cut_to_a_small_credit_keep_every_field(
     assert [x.value for x in received] == values
     assert [x.key for x in received] == keys
     assert [x.headers for x in received] == [
-        [("i", str(i).encode())] if i % 3 else [] for i in range(100)
+        (("i", str(i).encode()),) if i % 3 else () for i in range(100)
     ]
     assert [x.offset for x in received] == list(range(100))
     assert [x.timestamp for x in received] == [metadata.timestamp for metadata in sent]

@@ -17,7 +17,13 @@ from typing import TypeVar
 
 from headwater.wire.errors import CorruptBatch
 from headwater.wire.limits import MAX_DECOMPRESSED_BATCH
-from headwater.wire.records import BATCH_HEADER_SIZE, decode_records, inspect_batch, record_of
+from headwater.wire.records import (
+    BATCH_HEADER_SIZE,
+    Headers,
+    decode_records,
+    inspect_batch,
+    record_of,
+)
 
 T = TypeVar("T")
 
@@ -60,9 +66,7 @@ class Fetched:
 
     def records(
         self,
-        build: Callable[
-            [int, int, bytes | None, bytes | None, list[tuple[str, bytes | None]]], T
-        ] = record_of,  # type: ignore[assignment]  # mypy: no default for a TypeVar parameter (#3737)
+        build: Callable[[int, int, bytes | None, bytes | None, Headers], T] = record_of,  # type: ignore[assignment]  # mypy: no default for a TypeVar parameter (#3737)
         max_decompressed: int = MAX_DECOMPRESSED_BATCH,
     ) -> list[T]:
         """Every record at or above the offset asked for, as `build(offset, timestamp, key,

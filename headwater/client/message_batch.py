@@ -22,7 +22,14 @@ from typing import Any, Protocol, overload
 
 from headwater.client.schema_codec import SchemaCodec, version_of
 from headwater.wire.errors import HeadwaterError
-from headwater.wire.records import BatchInfo, RawRecord, decode_batch, decode_records
+from headwater.wire.records import (
+    NO_HEADERS,
+    BatchInfo,
+    Headers,
+    RawRecord,
+    decode_batch,
+    decode_records,
+)
 
 
 class MessageOwner(Protocol):
@@ -58,7 +65,7 @@ class Message:
     timestamp: int
     key: bytes | None
     value: bytes | None
-    headers: list[tuple[str, bytes | None]]
+    headers: Headers  # a tuple of (name, value); NO_HEADERS (shared) when the record has none
     # messages the server dropped for this consumer (non-reliable topics) just before this one
     missed: int = 0
 
@@ -85,7 +92,7 @@ class Message:
         return (await self._consumer.codec(version)).decode(self.value)
 
 
-Build = Callable[[int, int, bytes | None, bytes | None, list[tuple[str, bytes | None]]], Message]
+Build = Callable[[int, int, bytes | None, bytes | None, Headers], Message]
 
 
 class MessageBatch(Sequence["Message"]):
@@ -176,8 +183,9 @@ class MessageBatch(Sequence["Message"]):
     def timestamps(self) -> list[int]:
         return [r.timestamp for r in self._decoded()]
 
-    def headers(self) -> list[list[tuple[str, bytes | None]]]:
-        return [list(r.headers) for r in self._decoded()]
+    def headers(self) -> list[Headers]:
+        """Each record's headers as its `Message` holds them: a tuple of (name, value)."""
+        return [tuple(r.headers) or NO_HEADERS for r in self._decoded()]
 
     def messages(self) -> list[Message]:
         """A `Message` per record (built on the first call)."""
@@ -185,7 +193,7 @@ class MessageBatch(Sequence["Message"]):
             build = self._build
             if self._records is not None:
                 messages = [
-                    build(r.offset, r.timestamp, r.key, r.value, list(r.headers))
+                    build(r.offset, r.timestamp, r.key, r.value, tuple(r.headers) or NO_HEADERS)
                     for r in self._records
                 ]
             else:  # straight from the bytes: one pass, as the per-message consumer always did

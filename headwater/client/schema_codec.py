@@ -20,7 +20,7 @@ from __future__ import annotations
 import io
 import json
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from headwater.wire import messages as m
@@ -118,7 +118,7 @@ class SchemaCodec:
             ) from None
 
 
-def version_of(headers: list[tuple[str, bytes | None]]) -> int | None:
+def version_of(headers: Sequence[tuple[str, bytes | None]]) -> int | None:
     """The schema version a record names, if any."""
     for name, raw in headers:
         if name == m.SCHEMA_VERSION_HEADER and raw is not None and raw.isdigit():

@@ -33,7 +33,7 @@ from headwater.storage.objectstore import ObjectInfo
 from headwater.storage.partition_manifest import Manifest, manifest_prefix
 from headwater.storage.segments import walk_batches
 from headwater.wire.errors import CorruptBatch, ObjectNotFound, StorageError
-from headwater.wire.records import BATCH_HEADER_SIZE, decode_records, read_base_offset
+from headwater.wire.records import BATCH_HEADER_SIZE, Headers, decode_records, read_base_offset
 
 log = structlog.get_logger("headwater.spark_compaction")
 ROWS_PER_BATCH = 32_768
@@ -131,7 +131,7 @@ def group_segments(
     return groups
 
 
-Row = tuple[int, int, bytes | None, bytes | None, list[tuple[str, bytes | None]]]
+Row = tuple[int, int, bytes | None, bytes | None, Headers]
 
 
 def row(
@@ -139,7 +139,7 @@ def row(
     timestamp: int,
     key: bytes | None,
     value: bytes | None,
-    headers: list[tuple[str, bytes | None]],
+    headers: Headers,
 ) -> Row:
     return offset, timestamp, key, value, headers
 
@@ -147,7 +147,7 @@ def row(
 _EMPTY_HEADERS = pa.array([], HEADER_TYPE)
 
 
-def _headers(headers: Sequence[list[tuple[str, bytes | None]]]) -> pa.Array:
+def _headers(headers: Sequence[Headers]) -> pa.Array:
     if not any(headers):  # the usual case, built without a Python object per record
         return pa.ListArray.from_arrays(
             pa.array([0] * (len(headers) + 1), pa.int32()), _EMPTY_HEADERS, type=HEADERS_TYPE
@@ -183,7 +183,7 @@ def _problems_batch(topic: str, partition: int, problems: list[str]) -> pa.Recor
             pa.nulls(count, pa.int64()),
             pa.nulls(count, pa.binary()),
             pa.nulls(count, pa.binary()),
-            _headers([[]] * count),
+            _headers([()] * count),
             pa.array(problems, pa.string()),
         ],
         schema=WAL_SCHEMA,
@@ -260,7 +260,7 @@ class Folder:
             rows = list(self._winners.values())
             keyless = self._winners.get(None)
             if keyless is not None:  # the key-null row only carries the keyless count and offset
-                self._winners[None] = (keyless[0], keyless[1], None, None, [])
+                self._winners[None] = (keyless[0], keyless[1], None, None, ())
                 rows = list(self._winners.values())
             batch = records_batch(self._topic, self._partition, rows)
             counts = pa.array([self._counts[r[2]] for r in rows], pa.int64())

@@ -58,7 +58,7 @@ from headwater.wire.errors import (
     UnknownSchema,
     UnknownTopic,
 )
-from headwater.wire.records import decode_records
+from headwater.wire.records import Headers, decode_records
 
 if TYPE_CHECKING:
     from headwater.server.topics.subscription_contract import ConsumerSession as Session
@@ -184,8 +184,8 @@ def _value_and_headers(
     timestamp: int,
     key: bytes | None,
     value: bytes | None,
-    headers: list[tuple[str, bytes | None]],
-) -> tuple[bytes | None, list[tuple[str, bytes | None]]]:
+    headers: Headers,
+) -> tuple[bytes | None, Headers]:
     return value, headers
 
 
