@@ -5,10 +5,14 @@ moves): no server, no sleeps. Each durables class on its own: `PartitionCursor`,
 from __future__ import annotations
 
 import asyncio
+import gc
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
+import structlog.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,7 +23,7 @@ from headwater.durables.lastvalue import KeyedBatch, LastValueKeys, StoredValue
 from headwater.storage.lastvalue_store import LastValueStore
 from headwater.storage.state import StateStore, StateWriter
 from headwater.wire import messages as m
-from headwater.wire.errors import ConsumerBusy, InvalidRequest, WrongPartition
+from headwater.wire.errors import ConsumerBusy, InvalidRequest, StorageError, WrongPartition
 from headwater.wire.keys import partition_for_key
 from headwater.wire.records import Record
 
@@ -517,6 +521,47 @@ async def test_writes_synced_within_a_time_are_readable_at_once_and_share_one_sy
         await asyncio.wait_for(soon, 5)
         assert writer.commits == 2 and store.get(b"c0") == b"new"
     finally:
+        store.close()
+
+
+class _FailingSyncs(StateStore):
+    """RocksDB whose synced writes fail, as on a disk gone bad (rocksdict raises a plain
+    Exception for an I/O error); writes without a sync still succeed."""
+
+    def write_all(
+        self, changes: Sequence[tuple[dict[bytes, bytes], list[bytes]]], sync: bool = False
+    ) -> None:
+        if sync:
+            raise Exception("IO error: No space left on device")
+        super().write_all(changes, sync)
+
+
+async def test_a_failed_sync_within_the_interval_is_logged_and_left_to_whoever_waits(
+    tmp_path: Path,
+) -> None:
+    """Nobody waits for a cursor's sync (the ack was answered): a failure came out only as
+    asyncio's "exception was never retrieved", at garbage collection."""
+    loop = asyncio.get_running_loop()
+    unhandled: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _, context: unhandled.append(context))
+    store = _FailingSyncs(tmp_path / "state")
+    try:
+        writer = StateWriter(store)
+        with structlog.testing.capture_logs() as logs:
+            writer.write_within(600.0, {b"cursor": b"1"})  # dropped, as the subscription does
+            await writer.flush()
+            gc.collect()
+        assert store.get(b"cursor") == b"1"  # written at once; only the sync failed
+        assert [e["event"] for e in logs if e["log_level"] == "error"] == ["state.sync_failed"]
+        assert "No space left" in logs[-1]["error"]
+        waited = writer.write_within(600.0, {b"cursor": b"2"})
+        await writer.flush()
+        with pytest.raises(StorageError, match="No space left"):
+            await waited
+        gc.collect()
+        assert unhandled == []
+    finally:
+        loop.set_exception_handler(None)
         store.close()
 
 

@@ -37,9 +37,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
+import structlog
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from headwater.wire.errors import StorageError
+
+log = structlog.get_logger("headwater.state")
 
 TOPIC = b"topic/"
 SUBSCRIPTION = b"sub/"
@@ -203,6 +206,7 @@ class StateWriter:
         if self._eventually is None:
             loop = asyncio.get_running_loop()
             self._eventually = loop.create_future()
+            self._eventually.add_done_callback(_report_failed_sync)
             self._eventually_timer = loop.call_later(seconds, self._sync_eventually)
         return self._eventually
 
@@ -239,6 +243,17 @@ class StateWriter:
             self._sync_eventually()
         while self._task is not None and not self._task.done():
             await asyncio.wait([self._task])
+
+
+def _report_failed_sync(done: asyncio.Future[None]) -> None:
+    """Log a failed `write_within` sync. Its callers seldom wait (a cursor's writes: the ack was
+    answered already), and a failure nobody retrieved was only asyncio's "exception was never
+    retrieved", at garbage collection. Retrieving it here leaves it to any caller who waits."""
+    if done.cancelled():
+        return
+    error = done.exception()
+    if error is not None:
+        log.error("state.sync_failed", error=str(error), writes="synced within the interval")
 
 
 def _pass_on(target: asyncio.Future[None], done: asyncio.Future[None]) -> None:
