@@ -67,6 +67,33 @@ async def test_put_file_stores_a_files_bytes_and_says_when_the_file_is_gone(
     assert [o.key for o in await store.list("t/")] == ["t/0/seg.log"]
 
 
+async def test_s3_put_file_goes_up_in_parts_and_leaves_no_upload_behind(
+    tmp_path: Path, s3: MotoS3, bucket: str
+) -> None:
+    """A 64 MiB segment was read whole into memory for one PUT; above `part_size` it goes up in
+    parts, one in memory at a time. A part that fails aborts the upload: nothing half-made stays
+    in the bucket (S3 keeps, and bills, the parts of an upload never completed or aborted)."""
+    segment = tmp_path / "00000000000000000000.log"
+    segment.write_bytes(os.urandom(11 * 1024 * 1024 + 5))
+    store = await S3ObjectStore(bucket, "wal", s3.endpoint_url, part_size=5 * 1024 * 1024).open()
+    try:
+        assert await store.put_file("t/0/seg.log", segment) == segment.stat().st_size
+        assert await store.get("t/0/seg.log") == segment.read_bytes()
+        head = await store._client.head_object(Bucket=bucket, Key="wal/t/0/seg.log")
+        assert head["ETag"].strip('"').endswith("-3")  # a multipart object's ETag: <md5>-<parts>
+        failing = await S3ObjectStore(bucket, "wal", s3.endpoint_url, part_size=4 << 20).open()
+        try:  # parts under S3's 5 MiB minimum: completing the upload fails
+            with pytest.raises(StorageError, match="multipart put"):
+                await failing.put_file("t/0/small-parts.log", segment)
+        finally:
+            await failing.close()
+        pending = await store._client.list_multipart_uploads(Bucket=bucket)
+        assert pending.get("Uploads", []) == []
+        assert [o.key for o in await store.list("t/")] == ["t/0/seg.log"]
+    finally:
+        await store.close()
+
+
 async def test_local_put_file_links_on_the_same_file_system_and_copies_otherwise(
     tmp_path: Path,
 ) -> None:

@@ -13,7 +13,8 @@
   private file first when it has other links).
 - `S3ObjectStore`: S3 or any S3-compatible server through aiobotocore (`endpoint_url`), with
   credentials from the usual AWS variables or config files. Conditional puts send
-  `If-None-Match: *`.
+  `If-None-Match: *`. `put_file` uploads a file over `part_size` (8 MiB) in parts, read one at a
+  time, and aborts the upload if a part fails.
 
 Keys are '/'-separated relative names; `prefix` (S3) or the root directory (local) is added here.
 Every failure is raised as `StorageError` (`ObjectNotFound` for a missing key), so callers retry
@@ -225,8 +226,12 @@ class S3ObjectStore:
         prefix: str = "",
         endpoint_url: str | None = None,
         region: str | None = None,
+        part_size: int = 8 * 1024 * 1024,
     ) -> None:
+        """`part_size`: files larger than this are uploaded in parts of this size (S3 takes
+        5 MiB to 5 GiB for every part but the last)."""
         self.bucket = bucket
+        self.part_size = part_size
         self.prefix = prefix.strip("/")
         self._endpoint_url = endpoint_url
         self._region = region
@@ -275,11 +280,45 @@ class S3ObjectStore:
             raise StorageError(f"S3 conditional put {key!r} failed: {exc}") from None
 
     async def put_file(self, key: str, path: Path) -> int:
-        # FileNotFoundError passes: the segment is gone. (Whole in memory for one PUT: up to a
-        # segment's 64 MiB; a multipart upload from the file would bound it.)
-        data = await asyncio.to_thread(path.read_bytes)
-        await self.put(key, data)
-        return len(data)
+        """One PUT up to `part_size` bytes; a larger file (a 64 MiB segment) goes up in parts read
+        one at a time, so an upload holds `part_size` bytes of memory, not the whole segment.
+        FileNotFoundError passes: the segment is gone."""
+        file = await asyncio.to_thread(path.open, "rb")
+        try:
+            size = os.fstat(file.fileno()).st_size
+            if size <= self.part_size:
+                data = await asyncio.to_thread(file.read)
+                await self.put(key, data)
+                return len(data)
+            await self._put_in_parts(key, file.fileno(), size)
+            return size
+        finally:
+            file.close()
+
+    async def _put_in_parts(self, key: str, fd: int, size: int) -> None:
+        target = {"Bucket": self.bucket, "Key": self._key(key)}
+        try:
+            started = await self._client.create_multipart_upload(**target)
+        except Exception as exc:
+            raise StorageError(f"S3 multipart put {key!r} failed to start: {exc}") from None
+        upload = target | {"UploadId": started["UploadId"]}
+        try:
+            parts = []
+            for number, start in enumerate(range(0, size, self.part_size), 1):
+                length = min(self.part_size, size - start)
+                chunk = await asyncio.to_thread(os.pread, fd, length, start)
+                if len(chunk) != length:  # callers rule it out: the file is sealed
+                    raise StorageError(f"{key!r}: the file got shorter while it was uploaded")
+                answer = await self._client.upload_part(**upload, PartNumber=number, Body=chunk)
+                parts.append({"ETag": answer["ETag"], "PartNumber": number})
+            await self._client.complete_multipart_upload(**upload, MultipartUpload={"Parts": parts})
+        except Exception as exc:
+            # A cancelled upload is left to the bucket's lifecycle rule for incomplete ones.
+            with contextlib.suppress(Exception):
+                await self._client.abort_multipart_upload(**upload)
+            if isinstance(exc, StorageError):
+                raise
+            raise StorageError(f"S3 multipart put {key!r} failed: {exc}") from None
 
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         arguments: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(key)}
