@@ -20,6 +20,7 @@ from headwater.durables.cursor import PartitionCursor
 from headwater.durables.delivery import DEAD_LETTER_RETRY, ReliableDelivery, ReliableSettings, runs
 from headwater.durables.group import ConsumerGroup
 from headwater.durables.lastvalue import KeyedBatch, LastValueKeys, StoredValue
+from headwater.storage.known_keys import ENTRY_OVERHEAD, KnownKeys
 from headwater.storage.lastvalue_store import LastValueStore
 from headwater.storage.state import StateStore, StateWriter
 from headwater.wire import messages as m
@@ -465,6 +466,86 @@ def test_the_stored_key_count_follows_the_keys_that_exist(
         assert LastValueStore(state, "t", 1).size() == len(alive)
     finally:
         state.close()
+
+
+@given(
+    steps=st.lists(
+        st.one_of(_RECORDS, st.just("clear"), st.just("reopen"), st.just("forget")), max_size=10
+    ),
+    generation=st.integers(1, 400),
+)
+@settings(max_examples=150, deadline=None)
+def test_the_key_count_stays_exact_whatever_the_known_keys_remember(
+    tmp_path_factory: pytest.TempPathFactory,
+    steps: list[list[tuple[bytes | None, bytes | None, int, object]] | str],
+    generation: int,
+) -> None:
+    """`KnownKeys` spares the count a lookup per key written before; with generations of a few
+    bytes (keys forgotten at every turn), a partition cleared, the store reopened and the known
+    keys dropped between batches, the count still equals the keys with a value."""
+    state = StateStore(tmp_path_factory.mktemp("known") / "state")
+    try:
+        state.known_last_values = KnownKeys(generation_bytes=generation)
+        store = LastValueStore(state, "t", 1)
+        alive: set[bytes] = set()
+        for step in steps:
+            if step == "clear":
+                store.clear(0, lambda data: True)
+                alive = set()
+            elif step == "reopen":
+                store = LastValueStore(state, "t", 1)
+            elif step == "forget":
+                state.known_last_values.clear()
+            else:
+                assert not isinstance(step, str)
+                batch = KeyedBatch([k for k, *_ in step], [v for _, v, *_ in step], [0] * len(step))
+                puts, deletes = batch.plan(0, store.applied(0), batch.newest())
+                store.write(0, store.applied(0) + len(step), puts, deletes)
+                alive = (alive | puts.keys()) - set(deletes)
+            assert store.size() == len(alive)
+            assert store.size() == len(store.scan(b"")[0])
+    finally:
+        state.close()
+
+
+def test_a_key_written_before_is_counted_without_a_lookup(tmp_path: Path) -> None:
+    """The count looks a key up only the first time it is written (and after a delete): a
+    key set again, or deleted, while known costs no RocksDB read."""
+    state = StateStore(tmp_path / "state")
+    lookups: list[int] = []
+    get_many = state.get_many
+    state.get_many = lambda keys: lookups.append(len(keys)) or get_many(keys)  # type: ignore[method-assign]
+    try:
+        store = LastValueStore(state, "t", 1)
+        store.write(0, 2, {b"a": b"1", b"b": b"2"}, [])
+        assert lookups == [2] and store.size() == 2
+        store.write(0, 4, {b"a": b"3", b"b": b"4"}, [])
+        assert lookups == [2] and store.size() == 2  # both known: no lookup
+        store.write(0, 5, {}, [b"a"])
+        assert lookups == [2] and store.size() == 1  # known: it existed
+        store.write(0, 6, {}, [b"a"])  # deleted, so no longer known: looked up, absent
+        assert lookups == [2, 1] and store.size() == 1
+        store.write(0, 7, {b"a": b"5", b"c": b"6"}, [])
+        assert lookups == [2, 1, 2] and store.size() == 3
+    finally:
+        state.close()
+
+
+def test_known_keys_hold_no_deleted_key_and_stay_within_two_generations() -> None:
+    known = KnownKeys(generation_bytes=10 * (ENTRY_OVERHEAD + 2))
+    known.add([b"k0", b"k1"])
+    assert known.unknown([b"k0", b"k1", b"k2"]) == {b"k2"}
+    known.discard([b"k1"])
+    assert known.unknown([b"k0", b"k1"]) == {b"k1"}
+    for start in range(0, 100, 5):  # twenty batches of five new keys: the young set turns over
+        known.add([b"%02d" % i for i in range(start, start + 5)])
+    held = [b"%02d" % i for i in range(100)]
+    remembered = len(held) - len(known.unknown(held))
+    assert 0 < remembered <= 20 and b"k0" not in known  # at most two generations of ten keys
+    assert b"99" in known and b"95" in known
+    known.add([b"95"])  # a key of the old generation written again joins the young one
+    known.clear()
+    assert known.unknown([b"95"]) == {b"95"}
 
 
 def test_last_value_keys_from_a_field_and_their_partition() -> None:

@@ -12,6 +12,11 @@ A batch's changes, its partition's position and the count go in one WriteBatch, 
 the state is exactly "everything below `lvpos`", and the server re-applies the WAL from there.
 These writes are never synced: the WAL is the record, this is a view of it rebuilt from there.
 
+The count needs to know which keys of a batch existed before it. A key the state store's
+`KnownKeys` holds was written and not deleted since, so it exists; only the others are looked up,
+in one multi-get per batch. `KnownKeys` is memory only and may forget keys, so the count read back
+after a restart is as exact as before: it was written with the keys.
+
 Loading a snapshot into a partition (`begin_load`, `put_rows`, `finish_load`) takes many
 WriteBatches, so it is bracketed: `begin_load` sets the partition's position to 0 and writes the
 `lvload` marker in one WriteBatch, then removes the partition's keys; `finish_load` moves the
@@ -45,6 +50,7 @@ class LastValueStore:
         self._applied = [_int(state.get(k)) for k in self._position_keys]
         self._count = _int(state.get(self._count_key))
         self._partitions = partitions
+        self._known = state.known_last_values
 
     def applied(self, partition: int) -> int:
         return self._applied[partition]
@@ -65,16 +71,25 @@ class LastValueStore:
         rows = {prefix + record_key: data for record_key, data in puts.items()}
         removed = [prefix + record_key for record_key in deletes]
         count = self._count
-        if rows or removed:
-            # one multi-get for the whole batch: which keys are new, which deletions remove one
-            found = self._state.get_many([*rows, *removed])
-            added = found[: len(rows)].count(None)
-            deleted = len(removed) - found[len(rows) :].count(None)
-            count += added - deleted
+        known = self._known
+        if rows:
+            # a key written before (and not deleted since) exists: only the others are looked
+            # up, in one multi-get
+            unknown = known.unknown(rows.keys())
+            if unknown:
+                count += self._state.get_many(list(unknown)).count(None)
+        if removed:
+            unknown = known.unknown(removed)
+            count -= len(removed) - len(unknown)  # known keys exist: each deletion removes one
+            if unknown:
+                count -= len(unknown) - self._state.get_many(list(unknown)).count(None)
+            known.discard(removed)  # before the write: never held while possibly absent
+        written = list(rows)  # before the position and the count join `rows`
         rows.update(extra)
         rows[self._count_key] = str(count).encode()
         self._state.write(rows, removed)
         self._count = count
+        known.add(written)
 
     def loading(self, partition: int) -> bool:
         """Whether a snapshot load of `partition` was begun and not finished."""
@@ -102,6 +117,7 @@ class LastValueStore:
 
     def _delete(self, raw_keys: list[bytes]) -> None:
         if raw_keys:
+            self._known.discard(raw_keys)
             found = self._state.get_many(raw_keys)
             count = self._count - (len(raw_keys) - found.count(None))
             self._state.write({self._count_key: str(count).encode()}, raw_keys)
@@ -161,6 +177,7 @@ class LastValueStore:
 def drop_last_values(state: StateStore, topic: str) -> None:
     """Remove every last-value key of `topic` (a deleted topic's, also one whose delete a crash
     interrupted, when no store object exists)."""
+    state.known_last_values.clear()  # every topic's: the keys of this one are not named
     state.delete_prefix(key(LV, topic) + b"\0")
     state.delete_prefix(key(LVPOS, topic) + b"\0")
     state.delete_prefix(key(LVLOAD, topic) + b"\0")

@@ -40,6 +40,7 @@ from typing import Any, cast
 import structlog
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
+from headwater.storage.known_keys import KnownKeys
 from headwater.wire.errors import StorageError
 
 log = structlog.get_logger("headwater.state")
@@ -73,6 +74,8 @@ class StateStore:
         self._db = Rdict(str(path), options)
         self._sync = WriteOptions()
         self._sync.sync = True
+        # last-value keys known to exist (`lastvalue_store` keeps it exact; one per server)
+        self.known_last_values = KnownKeys()
 
     def get(self, k: bytes) -> bytes | None:
         value: bytes | None = self._db.get(k)
