@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -155,6 +156,45 @@ async def test_oversized_and_empty_keys(client: headwater.Client, topic_name: st
     producer = client.producer(topic_name)
     with pytest.raises(InvalidRequest, match="exceeds"):
         await (await producer.send(b"v", key=b"k" * 70_000))
+
+
+async def test_a_set_checks_every_write_before_it_writes_any(
+    client: headwater.Client, topic_name: str
+) -> None:
+    """The checks of a set read its writes as columns (min and max in C, a lookup only for a
+    write that compares): a bad key, a bad expectation or a failed comparison anywhere in the
+    set refuses all of it, on one partition or several."""
+    await client.create_topic(topic_name, partitions=3, dispatch="reliable")
+    table = client.map(topic_name)
+    first = await table.set_many({"a": "1", "b": "2"})
+    connection = client._connection  # raw requests: the client checks nothing the server does
+
+    async def raw_set(*writes: m.MapWrite) -> None:
+        await connection.request(m.MapSetRequest(topic_name, writes))
+
+    good = m.MapWrite(b"c", b"3", -1)
+    with pytest.raises(InvalidRequest, match="must not be empty"):
+        await raw_set(good, m.MapWrite(b"", b"x", -1))
+    with pytest.raises(InvalidRequest, match="exceeds the 65536-byte limit"):
+        await raw_set(good, m.MapWrite(b"k" * 70_000, b"x", -1))
+    with pytest.raises(InvalidRequest, match="expected_revision"):
+        await raw_set(good, m.MapWrite(b"d", b"x", -3))
+    with pytest.raises(RevisionMismatch, match="key b'b' is at revision"):
+        await raw_set(good, m.MapWrite(b"a", b"x", first[0]), m.MapWrite(b"b", b"x", -2))
+    assert await table.size() == 2 and await table.get("c") is None
+    revisions = await raw_set_revisions(
+        connection, topic_name, good, m.MapWrite(b"a", b"4", first[0])
+    )
+    assert len(revisions) == 2 and await table.size() == 3
+    assert [v.value if v else None for v in await table.get_many(["a", "c"])] == [b"4", b"3"]
+
+
+async def raw_set_revisions(
+    connection: Any, topic_name: str, *writes: m.MapWrite
+) -> tuple[int, ...]:
+    response = await connection.request(m.MapSetRequest(topic_name, writes))
+    assert isinstance(response, m.MapSetResponse)
+    return response.revisions
 
 
 async def test_last_value_and_map_need_a_reliable_topic(

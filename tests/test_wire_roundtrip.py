@@ -267,6 +267,26 @@ def test_map_set_fast_path_matches_schema(request: m.MapSetRequest) -> None:
     assert decode_map_set_request(body) == schema.parse(body) == request
 
 
+def test_the_map_set_decoder_reads_columns_and_they_stand_for_the_writes() -> None:
+    """The server's decoder builds no `MapWrite` per write: `writes` is a `WriteColumns`, which
+    the map handler reads as columns, and which is to everything else the tuple of writes."""
+    from headwater.wire.api.maps import WriteColumns, decode_map_set_request
+
+    writes = (m.MapWrite(b"a", b"1", -1), m.MapWrite(b"b", None, 7), m.MapWrite(b"c", b"", -2))
+    request = m.MapSetRequest("t", writes)
+    decoded = decode_map_set_request(SCHEMAS[m.ApiKey.MAP_SET][0].build(request))
+    columns = decoded.writes
+    assert type(decoded) is m.MapSetRequest and isinstance(columns, WriteColumns)
+    assert (columns.keys, columns.values, columns.expected) == (
+        (b"a", b"b", b"c"),
+        (b"1", None, b""),
+        (-1, 7, -2),
+    )
+    assert decoded == request and request == decoded and hash(decoded) == hash(request)
+    assert list(columns) == list(writes) and columns[1] == writes[1] and columns[1:] == writes[1:]
+    assert len(columns) == 3 and repr(decoded) == repr(request)
+
+
 @given(st.binary(max_size=64))
 def test_map_set_fast_path_rejects_what_the_schema_rejects(body: bytes) -> None:
     from headwater.wire.api.maps import decode_map_set_request

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 
 from headwater.durables.lastvalue import KeyedBatch, StoredValue, check_key
 from headwater.server.catalog.topic_catalog import TopicCatalog, last_value_topic
@@ -24,10 +24,10 @@ from headwater.server.topics.lastvalue_index import LastValueIndex
 from headwater.server.topics.subscription_contract import ConsumerSession as Session
 from headwater.server.topics.topic import LogTopic, Topic
 from headwater.wire import messages as m
-from headwater.wire.api.maps import encode_map_entries
+from headwater.wire.api.maps import WriteColumns, encode_map_entries
 from headwater.wire.errors import InvalidRequest, RevisionMismatch, UnknownTopic
 from headwater.wire.keys import ABSENT_REVISION, ANY_REVISION
-from headwater.wire.limits import MAX_MAP_KEYS
+from headwater.wire.limits import MAX_KEY_SIZE, MAX_MAP_KEYS
 from headwater.wire.records import BatchBuilder
 
 
@@ -90,66 +90,69 @@ class MapHandlers:
 
     @handles(m.MapSetRequest, "topic", "produce", last_value=True)
     def map_set(self, session: Session, request: m.MapSetRequest) -> Reply:
-        if not request.writes or len(request.writes) > MAX_MAP_KEYS:
+        writes = _columns(request)
+        keys, _, expected = writes
+        if not keys or len(keys) > MAX_MAP_KEYS:
             raise InvalidRequest(f"a set holds 1..{MAX_MAP_KEYS} writes")
-        for write in request.writes:
-            check_key(write.key)
-            if write.expected_revision < ABSENT_REVISION:
-                raise InvalidRequest("expected_revision: -1 any, -2 absent, or a revision >= 0")
+        # min and max over the columns run in C; a bad key is then named by `check_key`
+        if not (min(map(len, keys)) > 0 and max(map(len, keys)) <= MAX_KEY_SIZE):
+            for record_key in keys:
+                check_key(record_key)
+        if min(expected) < ABSENT_REVISION:
+            raise InvalidRequest("expected_revision: -1 any, -2 absent, or a revision >= 0")
         topic = self._topic(request.topic)
         if not topic.reliable or topic.last_value is None or not topic.last_value.ready:
-            return AfterWork(self._map_set_after_enabling(request))
-        return self._map_set(topic, topic.last_value, request)
+            return AfterWork(self._map_set_after_enabling(request.topic, writes))
+        return self._map_set(topic, topic.last_value, writes)
 
-    async def _map_set_after_enabling(self, request: m.MapSetRequest) -> Reply:
-        topic, index = await self._index(request.topic)
-        return self._map_set(topic, index, request)
+    async def _map_set_after_enabling(self, topic_name: str, writes: _Writes) -> Reply:
+        topic, index = await self._index(topic_name)
+        return self._map_set(topic, index, writes)
 
-    def _map_set(self, topic: LogTopic, index: LastValueIndex, request: m.MapSetRequest) -> Reply:
+    def _map_set(self, topic: LogTopic, index: LastValueIndex, writes: _Writes) -> Reply:
         """Synchronous up to the fsync wait (if the topic's policy needs one): no task."""
         if index.key_field:
             raise InvalidRequest(
                 f"topic {topic.name!r} takes keys from field {index.key_field!r} of its values: "
                 "produce records to it instead of setting keys"
             )
-        self._check_served(topic.name, index, (w.key for w in request.writes))
+        keys, values, expected = writes
+        self._check_served(topic.name, index, keys)
         # Check every expectation, then write, with no await between: the check holds.
-        for write in request.writes:
-            if write.expected_revision == ANY_REVISION:
-                continue  # nothing to compare: no lookup
-            current = index.get(write.key)
-            revision = ABSENT_REVISION if current is None else current.offset
-            if write.expected_revision not in (ANY_REVISION, revision):
-                found = "absent" if current is None else f"at revision {revision}"
-                wanted = (
-                    "absent"
-                    if write.expected_revision == ABSENT_REVISION
-                    else f"at revision {write.expected_revision}"
-                )
-                raise RevisionMismatch(f"key {write.key!r} is {found}, expected {wanted}")
-        writes = request.writes
-        groups: dict[int, list[int]] = {}  # partition -> positions of its writes
+        if expected.count(ANY_REVISION) != len(expected):  # some write compares: look it up
+            for record_key, wanted in zip(keys, expected, strict=True):
+                if wanted != ANY_REVISION:
+                    _check_revision(record_key, wanted, index.get(record_key))
+        groups: Mapping[int, list[int] | None]  # partition -> positions of its writes
         if index.partitions == 1:
-            groups[0] = list(range(len(writes)))
+            groups = {0: None}  # None: every write, in order
         else:
-            for position, write in enumerate(writes):  # as the producer's partitioner
-                groups.setdefault(index.partition_of(write.key), []).append(position)
+            positions_of: dict[int, list[int]] = {}
+            for position, record_key in enumerate(keys):  # as the producer's partitioner
+                positions_of.setdefault(index.partition_of(record_key), []).append(position)
+            groups = positions_of
         timestamp = int(time.time() * 1000)
-        revisions = [0] * len(writes)
+        revisions = [0] * len(keys)
         waits = []
         for partition_index, positions in groups.items():
             partition = topic.partitions[partition_index]
-            keys = [writes[position].key for position in positions]
-            values = [writes[position].value for position in positions]
+            if positions is None:
+                group_keys, group_values = keys, values
+            else:
+                group_keys = [keys[position] for position in positions]
+                group_values = [values[position] for position in positions]
             builder = BatchBuilder()
-            builder.extend_columns(keys, values, timestamp)
+            builder.extend_columns(group_keys, group_values, timestamp)
             batch = builder.build()
-            count = len(positions)
+            count = len(group_keys)
             # the keys were checked above: the topic need not decode the batch again
-            keyed = KeyedBatch(keys, values, [timestamp] * count)
+            keyed = KeyedBatch(group_keys, group_values, [timestamp] * count)
             base_offset, sequence = topic.append(partition, batch, count, keyed)
-            for revision, position in enumerate(positions, base_offset):
-                revisions[position] = revision
+            if positions is None:
+                revisions = list(range(base_offset, base_offset + count))
+            else:
+                for revision, position in enumerate(positions, base_offset):
+                    revisions[position] = revision
             wait = topic.durability(partition, base_offset, batch, count, sequence)
             if wait is not None:
                 waits.append(wait)
@@ -203,6 +206,30 @@ class MapHandlers:
             if not after:
                 return m.MapSizeResponse(count)
             await asyncio.sleep(0)
+
+
+# a set's writes as columns: keys, values (None: delete), expected revisions
+_Writes = tuple[Sequence[bytes], Sequence[bytes | None], Sequence[int]]
+
+
+def _columns(request: m.MapSetRequest) -> _Writes:
+    """The writes of a set as columns: as decoded (`WriteColumns`), or from its `MapWrite`s."""
+    writes: Sequence[m.MapWrite] = request.writes  # the decoder's are `WriteColumns`
+    if type(writes) is WriteColumns:
+        return writes.keys, writes.values, writes.expected
+    return (
+        [w.key for w in writes],
+        [w.value for w in writes],
+        [w.expected_revision for w in writes],
+    )
+
+
+def _check_revision(record_key: bytes, wanted: int, current: StoredValue | None) -> None:
+    revision = ABSENT_REVISION if current is None else current.offset
+    if wanted != revision:
+        found = "absent" if current is None else f"at revision {revision}"
+        expected = "absent" if wanted == ABSENT_REVISION else f"at revision {wanted}"
+        raise RevisionMismatch(f"key {record_key!r} is {found}, expected {expected}")
 
 
 def no_last_value_state(topic: str) -> InvalidRequest:
