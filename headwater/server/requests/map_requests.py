@@ -6,7 +6,9 @@ topic without last-value state it is refused with INVALID_REQUEST (`no_last_valu
 first MAP_SET builds the state (`TopicCatalog.enable_last_value`); the broker runs such a request
 in the topic's turn, so the build never races a delete or another build. A set checks every
 compare-and-set expectation and appends with no await in between, and writes each key to its
-partition, `crc32(key) % n`, where its revisions are unique.
+partition, `crc32(key) % n`, where its revisions are unique. A set reads its writes as the
+columns the decoder made (`wire.api.maps.WriteColumns`: keys, values, expected revisions), checks
+them with `min`/`max` over whole columns, and looks a key up only for a write that compares.
 """
 
 from __future__ import annotations
