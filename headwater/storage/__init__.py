@@ -14,5 +14,6 @@ cluster's newest batches as small objects), `partition_manifest` (a cluster part
 versioned by conditional PUT), `snapshots` (per-key snapshots and their manifests) and
 `snapshot_schema` (their files' Arrow schema, apart so that pyarrow is imported only when a file is
 read or written).
-RocksDB: `state` (server state, with the group-committing `StateWriter`) and `lastvalue_store` (a
-topic's last value per key)."""
+RocksDB: `state` (server state, with the group-committing `StateWriter`), `lastvalue_store` (a
+topic's last value per key) and `known_keys` (keys known to exist, which spare the key count a
+lookup)."""
