@@ -10,7 +10,7 @@ at least one write.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final, cast, overload
 
@@ -214,8 +214,11 @@ class WriteColumns(Sequence[m.MapWrite]):
             return self.as_tuple()[index]
         return m.MapWrite(self.keys[index], self.values[index], self.expected[index])
 
+    def __iter__(self) -> Iterator[m.MapWrite]:
+        return map(m.MapWrite, self.keys, self.values, self.expected)
+
     def as_tuple(self) -> tuple[m.MapWrite, ...]:
-        return tuple(map(m.MapWrite, self.keys, self.values, self.expected))
+        return tuple(self)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, WriteColumns | tuple):
