@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -118,6 +119,35 @@ async def test_local_put_file_links_on_the_same_file_system_and_copies_otherwise
         assert [p.name for p in (elsewhere / "t/0").iterdir()] == ["a.log"]  # no temporary left
     finally:
         shutil.rmtree(elsewhere, ignore_errors=True)
+
+
+async def test_a_copy_onto_a_full_disk_fails_leaves_nothing_and_succeeds_once_there_is_room(
+    tmp_path: Path,
+) -> None:
+    """The uploader retries a StorageError; a half-written temporary file left by each attempt
+    would fill the store's disk for good."""
+    root = tmp_path / "objects"
+    root.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(root)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.fail(f"the full-disk test mounts a tmpfs (run as root): {mounted.stderr.strip()!r}")
+    try:
+        segment = tmp_path / "00000000000000000000.log"
+        segment.write_bytes(os.urandom(3 * 1024 * 1024))
+        store = LocalObjectStore(root)
+        with pytest.raises(StorageError, match="No space left"):
+            await store.put_file("t/0/seg.log", segment)
+        assert [p for p in root.rglob("*") if p.is_file()] == []
+        subprocess.run(["mount", "-o", "remount,size=8m", str(root)], check=True)
+        assert await store.put_file("t/0/seg.log", segment) == 3 * 1024 * 1024
+        assert await store.get("t/0/seg.log") == segment.read_bytes()
+    finally:
+        subprocess.run(["umount", "-l", str(root)], check=False)
 
 
 def test_a_copy_reaches_the_disk_in_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
