@@ -18,7 +18,7 @@ from headwater.storage.fileio import COPY_STEP, copy_durably
 from headwater.storage.objectstore import LocalObjectStore, ObjectStore, S3ObjectStore
 from headwater.testing import ServerProcess
 from headwater.wire.errors import ObjectNotFound, StorageError
-from tests.support.faults import partition_dir, produce_each, read_from_earliest
+from tests.support.faults import partition_dir, produce_each, read_from_earliest, small_tmpfs
 from tests.support.helpers import eventually
 from tests.support.s3 import CREDENTIALS, MotoS3, create_bucket
 
@@ -128,15 +128,7 @@ async def test_a_copy_onto_a_full_disk_fails_leaves_nothing_and_succeeds_once_th
     would fill the store's disk for good."""
     root = tmp_path / "objects"
     root.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(root)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if mounted.returncode != 0:
-        pytest.fail(f"the full-disk test mounts a tmpfs (run as root): {mounted.stderr.strip()!r}")
-    try:
+    with small_tmpfs(root, "1m"):
         segment = tmp_path / "00000000000000000000.log"
         segment.write_bytes(os.urandom(3 * 1024 * 1024))
         store = LocalObjectStore(root)
@@ -146,8 +138,6 @@ async def test_a_copy_onto_a_full_disk_fails_leaves_nothing_and_succeeds_once_th
         subprocess.run(["mount", "-o", "remount,size=8m", str(root)], check=True)
         assert await store.put_file("t/0/seg.log", segment) == 3 * 1024 * 1024
         assert await store.get("t/0/seg.log") == segment.read_bytes()
-    finally:
-        subprocess.run(["umount", "-l", str(root)], check=False)
 
 
 def test_a_copy_reaches_the_disk_in_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

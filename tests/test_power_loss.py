@@ -22,7 +22,6 @@ import contextlib
 import errno
 import os
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,7 +30,7 @@ import pytest
 import headwater
 from headwater.testing import ServerProcess
 from headwater.wire.errors import StorageError
-from tests.support.faults import cut_to_last_fsync, produce_each, read_from_earliest
+from tests.support.faults import cut_to_last_fsync, produce_each, read_from_earliest, small_tmpfs
 from tests.support.helpers import HANG
 
 
@@ -123,21 +122,8 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 12 MiB tmpfs, mounted for this test only."""
     mount_point = tmp_path / "data" / "topics"
     mount_point.mkdir(parents=True)
-    result = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", str(mount_point)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if result.returncode != 0:
-        pytest.fail(
-            "the disk-full test needs to mount a tmpfs (run the tests as root, or in a "
-            f"container allowed to mount): mount said {result.stderr.strip()!r}"
-        )
-    try:
+    with small_tmpfs(mount_point, "12m"):
         yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
 def fill(directory: Path) -> Path:

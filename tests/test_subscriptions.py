@@ -222,7 +222,7 @@ async def test_send_futures_resolve_to_the_offsets_consumers_read(
     assert [(m.partition, m.offset) for m in metadata] == [
         (r.partition, r.offset) for r in received
     ]
-    assert [r.headers for r in received] == [[("n", str(i).encode())] for i in range(25)]
+    assert [r.headers for r in received] == [(("n", str(i).encode()),) for i in range(25)]
     assert [r.timestamp for r in received] == [m.timestamp for m in metadata]
 
 

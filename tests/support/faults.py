@@ -1,11 +1,16 @@
 """Helpers for the storage-fault tests: produce one message per batch and keep what was acked,
-read a topic from its first offset, damage segment files, and simulate a power cut."""
+read a topic from its first offset, damage segment files, simulate a power cut, and mount a small
+disk that fills."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 import headwater
 from headwater.storage.segments import BatchLocation, scan_segment
@@ -102,3 +107,24 @@ def cut_to_last_fsync(data_dir: Path, journal: Path) -> dict[str, int]:
                 file.truncate(keep)
             cut[str(path)] = size - keep
     return cut
+
+
+@contextlib.contextmanager
+def small_tmpfs(mount_point: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of `size` (mount's syntax: "12m") mounted at `mount_point` for the block: a disk
+    that fills. Fails the test, saying why, where mounting is not allowed."""
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        pytest.fail(
+            "a disk-full test needs to mount a tmpfs (run the tests as root, or in a container "
+            f"allowed to mount): mount said {result.stderr.strip()!r}"
+        )
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
