@@ -353,6 +353,8 @@ def decode_records(
     plain, info = _inflated(batch, max_decompressed, info)
     built: list[T] = []
     append = built.append
+    # `build` runs inside the try: it must be a plain constructor, whose errors (none expected)
+    # would be reported as a corrupt batch
     try:
         for r in DefaultRecordBatch(plain):
             headers = r.headers
