@@ -4,11 +4,13 @@ acknowledged write is lost (issue 27 item 5).
 Five connections write to two map topics (three partitions with fsync `interval`, one with
 `always`), four requests in flight each: sets of 1, 5 or 50 keys, deletes, and creates (only if
 absent), over 2,000 keys, so most writes overwrite a key the server knows exists (the key count's
-`KnownKeys`) and some remove one. At a random moment the server is killed with SIGKILL and
-started again on the same directory. Then, for each topic, MAP_SIZE must equal the keys a full
-scan finds, and every acknowledged write's key must hold that revision or a later one (a delete:
-absent, or a later revision); a key may be absent after an acknowledged set only if a delete of
-it was sent and never acknowledged. `HEADWATER_ATTACK_CYCLES` sets the count of kills (3).
+`KnownKeys`) and some remove one. After a random number of acknowledged writes (an event, not a
+time, so an idle machine and a loaded one kill at the same point of the load) the server is
+killed with SIGKILL and started again on the same directory. Then, for each topic, MAP_SIZE must
+equal the keys a full scan finds, and every acknowledged write's key must hold that revision or a
+later one (a delete: absent, or a later revision); a key may be absent after an acknowledged set
+only if a delete of it was sent and never acknowledged. `HEADWATER_ATTACK_CYCLES` sets the count
+of kills (3).
 """
 
 from __future__ import annotations
@@ -36,11 +38,20 @@ class Ledger:
         self.acked: dict[tuple[str, str], tuple[int, bool]] = {}
         # (topic, key) -> deletes of it sent and not acknowledged in this cycle
         self.pending_deletes: dict[tuple[str, str], int] = {}
+        self.acks_to_kill = 0  # set when the cycle's acknowledged writes reach the count
+        self.kill_now = asyncio.Event()
+
+    def arm(self, acks: int) -> None:
+        self.acks_to_kill = acks
+        self.kill_now = asyncio.Event()
 
     def ack(self, topic: str, key: str, revision: int, present: bool) -> None:
         self.acked[(topic, key)] = max(
             self.acked.get((topic, key), (-1, False)), (revision, present)
         )
+        self.acks_to_kill -= 1
+        if self.acks_to_kill <= 0:
+            self.kill_now.set()
 
 
 async def _writer(
@@ -123,6 +134,7 @@ def test_map_size_and_acked_writes_survive_kill_9_under_pipelined_writes(tmp_pat
             if number == CYCLES:
                 return
             stop = asyncio.Event()
+            ledger.arm(rng.randrange(500, 5000))  # acknowledged key writes before the kill
             writers = [
                 _writer(
                     server.address,
@@ -135,7 +147,10 @@ def test_map_size_and_acked_writes_survive_kill_9_under_pipelined_writes(tmp_pat
                 for i, topic in enumerate(["m", "m", "m", "n", "n"])
             ]
             tasks = [asyncio.ensure_future(w) for w in writers]
-            await asyncio.sleep(rng.uniform(0.2, 1.0))
+            killing = asyncio.ensure_future(ledger.kill_now.wait())
+            await asyncio.wait([killing, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            killing.cancel()
+            assert ledger.kill_now.is_set(), "the writers stopped before the kill"
             server.kill()
             stop.set()
             await asyncio.gather(*tasks, return_exceptions=True)
