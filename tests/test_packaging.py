@@ -24,6 +24,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PIP = (sys.executable, "-m", "pip")
+# Without PYTHONPATH: run with the checkout on it (`PYTHONPATH=$PWD pytest`), pip asked about the
+# fresh venv found the checkout's `headwater.egg-info` there, said "already satisfied" and
+# installed nothing, and the venv then had no `headwater`.
+CLEAN_ENV = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +53,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ],
         check=True,
         timeout=300,
+        env=CLEAN_ENV,
     )
     (built,) = dist.glob("headwater-*.whl")
     return built
@@ -83,6 +88,7 @@ def test_a_fresh_venv_serves_and_round_trips(wheel: Path, tmp_path: Path) -> Non
         ],
         check=True,
         timeout=300,
+        env=CLEAN_ENV,
     )
     purelib = subprocess.run(
         [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
@@ -95,11 +101,10 @@ def test_a_fresh_venv_serves_and_round_trips(wheel: Path, tmp_path: Path) -> Non
     (Path(purelib) / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            args, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=60
+            args, cwd=elsewhere, env=CLEAN_ENV, capture_output=True, text=True, timeout=60
         )
 
     probe = run(
@@ -131,7 +136,7 @@ def test_a_fresh_venv_serves_and_round_trips(wheel: Path, tmp_path: Path) -> Non
             str(tmp_path / "data"),
         ],
         cwd=elsewhere,
-        env=env,
+        env=CLEAN_ENV,
         stdout=log,
         stderr=subprocess.STDOUT,
     )
