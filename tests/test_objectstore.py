@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import shutil
 import subprocess
 from collections.abc import AsyncIterator
@@ -466,5 +467,83 @@ async def test_linked_segments_are_the_objects_and_outlive_local_retention(tmp_p
             )
             assert await read_from_earliest(client, "gone", "replay", len(acked)) == acked
             assert await read_from_earliest(client, "kept", "replay", len(kept)) == kept
+    finally:
+        server.kill()
+
+
+async def _produce_until_killed(
+    client: headwater.Client,
+    tag: str,
+    acked: dict[int, bytes],
+    target: int,
+    kill_now: asyncio.Event,
+) -> None:
+    """One record a batch, without retries, into `acked` until the server is gone; `kill_now`
+    is set once `acked` holds `target` records."""
+    producer = client.producer(
+        "linked", delivery=headwater.AtLeastOnce(headwater.RetryPolicy(max_retries=0))
+    )
+    for number in range(100_000):  # bounded; the kill ends it long before
+        value = f"{tag}-{number:06d}-{'x' * 60}".encode()
+        try:
+            metadata = await (await producer.send(value))
+        except (headwater.HeadwaterError, OSError):
+            return  # killed
+        assert metadata.offset is not None and metadata.offset not in acked
+        acked[metadata.offset] = value
+        if len(acked) >= target:
+            kill_now.set()
+
+
+async def test_linked_segments_keep_every_acknowledged_record_across_kill_9(
+    tmp_path: Path,
+) -> None:
+    """`object_store.link = true` under load: three connections produce to a topic whose segments
+    roll every 4 KiB and are deleted locally once uploaded (as links), and the server is killed
+    with SIGKILL after a random count of acknowledgements, three times. Every acknowledged record
+    is then read back once, from the links that outlived their segments and from the WAL."""
+    rng = random.Random(int(os.environ.get("HEADWATER_ATTACK_SEED", random.randrange(2**32))))
+    config = tmp_path / "headwater.toml"
+    config.write_text('[object_store]\nbackend = "local"\nlink = true\n')
+    server = ServerProcess(tmp_path / "data", extra_args=("--config", str(config)))
+    acked: dict[int, bytes] = {}
+    try:
+        for cycle in range(3):
+            server.start()
+            kill_now = asyncio.Event()
+            target = len(acked) + rng.randrange(100, 400)
+            async with await headwater.connect(server.address) as client:
+                if cycle == 0:
+                    await client.create_topic(
+                        "linked",
+                        dispatch="reliable",
+                        configs={"segment.bytes": 4096, "retention.bytes": 8192},
+                    )
+                producers = [
+                    asyncio.ensure_future(
+                        _produce_until_killed(client, f"{cycle}{tag}", acked, target, kill_now)
+                    )
+                    for tag in "abc"
+                ]
+                killing = asyncio.ensure_future(kill_now.wait())
+                await asyncio.wait([killing, *producers], return_when=asyncio.FIRST_COMPLETED)
+                killing.cancel()
+                assert kill_now.is_set(), "the producers stopped before the kill"
+                server.kill()
+                await asyncio.gather(*producers, return_exceptions=True)
+        server.start()
+        local = partition_dir(server, "linked")
+        await eventually(
+            lambda: len(list(local.glob("*.log"))) <= 3,
+            what="the segments uploaded and deleted locally",
+        )
+        objects = server.data_dir / "objects" / "linked" / "0"
+        assert len(list(objects.glob("*.log"))) >= 10
+        async with await headwater.connect(server.address) as client:
+            end, errors = await produce_each(client, "linked", [b"end"])
+            assert not errors
+            received = await read_from_earliest(client, "linked", "check", until=max(end))
+        lost = {offset for offset in acked if received.get(offset) != acked[offset]}
+        assert not lost, f"{len(lost)} of {len(acked)} acknowledged records lost or changed"
     finally:
         server.kill()
