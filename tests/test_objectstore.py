@@ -8,6 +8,8 @@ import os
 import random
 import shutil
 import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -139,6 +141,97 @@ async def test_a_copy_onto_a_full_disk_fails_leaves_nothing_and_succeeds_once_th
         subprocess.run(["mount", "-o", "remount,size=8m", str(root)], check=True)
         assert await store.put_file("t/0/seg.log", segment) == 3 * 1024 * 1024
         assert await store.get("t/0/seg.log") == segment.read_bytes()
+
+
+_KILLED_MID_PUT = """
+import os, sys
+from pathlib import Path
+from headwater.storage.objectstore import LocalObjectStore
+
+def fill(temporary):
+    with temporary.open("wb") as file:
+        file.write(b"x" * 65536)
+        file.flush()
+        os.fsync(file.fileno())
+    print("filling", flush=True)
+    sys.stdin.read()  # held mid-put until killed
+
+store = LocalObjectStore(Path(sys.argv[1]))
+store._store(store._path("t/0/00000000000000000000.log"), fill, False)
+"""
+
+
+def _kill_mid_put(root: Path) -> Path:
+    """A process killed (SIGKILL) in the middle of a put into `root`: returns the temporary file
+    it left."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_MID_PUT, str(root)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline() == "filling\n"
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+    (left,) = (root / "t/0").iterdir()
+    return left
+
+
+def test_a_put_killed_midway_leaves_a_temporary_that_is_removed_once_old(tmp_path: Path) -> None:
+    """What a server killed mid-put leaves is never listed, and the sweep deletes it once its
+    inode has not changed for `older_than`; a fresh one (another broker's put in progress on a
+    shared directory looks the same) is kept, and so are objects and other dot files."""
+    root = tmp_path / "objects"
+    left = _kill_mid_put(root)
+    assert left.name.startswith(".00000000000000000000.log.") and left.name.endswith(".tmp")
+    store = LocalObjectStore(root)
+    asyncio.run(store.put("t/0/00000000000000000100.log", b"kept"))
+    (root / "t/0/.not-ours.tmp").write_bytes(b"")
+    assert [o.key for o in asyncio.run(store.list(""))] == ["t/0/00000000000000000100.log"]
+
+    assert store.remove_abandoned(older_than=600) == 0  # unchanged for less than that
+    assert left.exists()
+    assert store.remove_abandoned(older_than=600, now=time.time() + 601) == 1
+    assert not left.exists()
+    assert sorted(p.name for p in (root / "t/0").iterdir()) == [
+        ".not-ours.tmp",
+        "00000000000000000100.log",
+    ]
+
+
+@pytest.mark.parametrize("abandoned_after_s", [None, 0])
+async def test_the_server_removes_abandoned_temporaries_at_start(
+    tmp_path: Path, abandoned_after_s: int | None
+) -> None:
+    """A server restarted after a kill mid-put deletes the put's temporary file when it is older
+    than object_store.abandoned_after_s (default 600 s: kept here, it is seconds old)."""
+    left = _kill_mid_put(tmp_path / "data" / "objects")
+    config = tmp_path / "headwater.toml"
+    lines = ["[object_store]"]
+    if abandoned_after_s is not None:
+        lines.append(f"abandoned_after_s = {abandoned_after_s}")
+    config.write_text("\n".join(lines) + "\n")
+    server = ServerProcess(tmp_path / "data", extra_args=("--config", str(config))).start()
+    try:
+        async with await headwater.connect(server.address) as client:
+            await client.server_info()  # answered: the start (and its sweep) is over
+        assert left.exists() == (abandoned_after_s is None)
+    finally:
+        server.stop()
+
+
+def test_abandoned_after_s_loads_and_must_not_be_negative(tmp_path: Path) -> None:
+    from headwater.server.config_file import ConfigError, load_config
+
+    path = tmp_path / "headwater.toml"
+    path.write_text("[object_store]\nabandoned_after_s = 30\n")
+    assert load_config(path).object_store.abandoned_after_s == 30.0
+    path.write_text("[object_store]\nabandoned_after_s = -1\n")
+    with pytest.raises(ConfigError, match=r"object_store\.abandoned_after_s must be >= 0"):
+        load_config(path)
 
 
 def test_a_copy_reaches_the_disk_in_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

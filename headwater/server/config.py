@@ -46,6 +46,9 @@ class ObjectStoreConfig:
     # local backend: store a sealed segment as a hard link when `path` is on its file system (no
     # second write of the bytes; the object shares the segment's blocks); False: copy it
     link: bool = False
+    # local backend: a put's temporary file unchanged for this long was left by a server killed
+    # mid-put, and is deleted at start; it must exceed the longest a put can stall (shared path)
+    abandoned_after_s: float = 600.0
     bucket: str = ""
     prefix: str = "headwater"
     endpoint_url: str | None = None  # any S3-compatible server; None: AWS

@@ -113,6 +113,8 @@ def check(config: ServerConfig, where: str = "config") -> None:
         raise ConfigError(
             f"{where}: server.trace_every must be >= 0 (0: off), not {config.trace_every}"
         )
+    if config.object_store.abandoned_after_s < 0:
+        raise ConfigError(f"{where}: object_store.abandoned_after_s must be >= 0")
     kafka_port = config.kafka.port
     if kafka_port is not None and not 0 <= kafka_port < 65536:
         raise ConfigError(f"{where}: kafka.port must be 0..65535, not {kafka_port}")

@@ -50,7 +50,15 @@ async def open_object_store(config: ServerConfig) -> ObjectStore | None:
     if settings.backend == "none":
         return None
     if settings.backend == "local":
-        return LocalObjectStore(settings.path or config.data_dir / "objects", settings.link)
+        store = LocalObjectStore(settings.path or config.data_dir / "objects", settings.link)
+        try:
+            removed = await asyncio.to_thread(store.remove_abandoned, settings.abandoned_after_s)
+        except OSError as exc:  # housekeeping: the store works with the files left in it
+            log.warning("object_store.sweep_failed", root=str(store.root), error=str(exc))
+        else:
+            if removed:
+                log.info("object_store.abandoned_removed", root=str(store.root), files=removed)
+        return store
     if settings.backend == "s3":
         return await S3ObjectStore(
             settings.bucket, settings.prefix, settings.endpoint_url, settings.region

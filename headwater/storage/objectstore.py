@@ -10,7 +10,11 @@
   every WAL fsync behind it, for tens of milliseconds). With `link=True` on the same file system
   it hard-links it instead: no bytes written, and the object is the segment's own blocks, so
   nothing may change a linked segment in place (storage/recovery.py gives the last segment a
-  private file first when it has other links).
+  private file first when it has other links). A server killed during a put leaves its
+  temporary file (`.<name>.<32 hex>.tmp`, never listed); `remove_abandoned` deletes those whose
+  inode has not changed for a while, which the server runs at start (a live copy writes, and a
+  link changes the inode's change time, so another broker's put in progress on a shared
+  directory is never taken for one).
 - `S3ObjectStore`: S3 or any S3-compatible server through aiobotocore (`endpoint_url`), with
   credentials from the usual AWS variables or config files. Conditional puts send
   `If-None-Match: *`. `put_file` uploads a file over `part_size` (8 MiB) in parts, read one at a
@@ -28,6 +32,8 @@ import builtins
 import contextlib
 import errno
 import os
+import re
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -82,6 +88,10 @@ _DIRECTORY_RACES = 5
 _CANNOT_LINK = frozenset({errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EOPNOTSUPP, errno.ENOTSUP})
 
 
+# A put's temporary file: `.<object name>.<uuid4 hex>.tmp` (LocalObjectStore._store).
+_TEMPORARY = re.compile(r"\..+\.[0-9a-f]{32}\.tmp")
+
+
 class LocalObjectStore:
     def __init__(self, root: Path, link: bool = False) -> None:
         """`link`: let `put_file` hard-link files on the same file system (else it copies)."""
@@ -92,6 +102,25 @@ class LocalObjectStore:
     def _path(self, key: str) -> Path:
         _check_key(key)
         return self.root / key
+
+    def remove_abandoned(self, older_than: float, now: float | None = None) -> int:
+        """Delete the temporary files of puts that died with their server: those whose inode
+        has not changed for `older_than` seconds (before `now`, default the clock). Blocking
+        (a walk of the store): run it in a worker thread. Returns how many it deleted."""
+        now = time.time() if now is None else now
+        removed = 0
+        for directory, _, files in os.walk(self.root):
+            for name in files:
+                if not _TEMPORARY.fullmatch(name):
+                    continue
+                path = Path(directory) / name
+                try:
+                    if now - path.lstat().st_ctime >= older_than:
+                        path.unlink()
+                        removed += 1
+                except FileNotFoundError:
+                    continue  # its put renamed or removed it meanwhile
+        return removed
 
     async def put(self, key: str, data: bytes) -> None:
         await asyncio.to_thread(self._put, self._path(key), data, False)
