@@ -52,6 +52,7 @@ UNIT_MODULES = {
     "test_retry_policy",
     "test_session",
     "test_snapshot_layers",
+    "test_soak_verdict",
     "test_wal",
     "test_wal_faults",
     "test_wire_frames",
