@@ -9,6 +9,7 @@ never given twice (also after a restart), and a failed fsync takes the partition
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
 import threading
@@ -16,12 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from headwater.storage.fileio import BOOT_ID_ENV, FileOps
+from headwater.storage import wal as wal_module
+from headwater.storage.fileio import BOOT_ID_ENV, RELEASE_STEP, FileOps, remove_tree
 from headwater.storage.offsets import MAX_LEASE_BLOCK
+from headwater.storage.reader import SegmentRead, read_batches
 from headwater.storage.segments import scan_segment, segment_name
 from headwater.storage.wal import FsyncPolicy, LogConfig, PartitionLog
 from headwater.wire.errors import PartitionOffline, StorageError
 from headwater.wire.records import build_batch, read_records
+from tests.support.helpers import eventually
 
 
 class FaultyOps(FileOps):
@@ -67,6 +71,10 @@ class FaultyOps(FileOps):
     def remove(self, path: Path) -> None:
         self.directory_events.append(("remove", path.name, threading.get_ident()))
         super().remove(path)
+
+    def detach(self, path: Path) -> int | None:
+        self.directory_events.append(("detach", path.name, threading.get_ident()))
+        return super().detach(path)
 
 
 def batch(*values: bytes) -> bytes:
@@ -216,8 +224,8 @@ async def test_directories_are_fsynced_after_segment_create_and_delete(tmp_path:
     assert not (tmp_path / segment_name(0)).exists()
     calls = [(call, name) for call, name, _ in ops.directory_events]
     assert calls[:3] == [
-        ("remove", segment_name(0)),
         ("remove", segment_name(0).replace(".log", ".index")),
+        ("detach", segment_name(0)),
         ("fsync", tmp_path.name),
     ], calls
     assert threading.get_ident() not in {thread for _, _, thread in ops.directory_events}
@@ -287,3 +295,132 @@ async def test_close_fsyncs_what_no_fsync_covered_and_nothing_more(
     reopened = PartitionLog.open(tmp_path, LogConfig())
     assert await read_all(reopened) == [(0, b"kept")]
     await reopened.close()
+
+
+class ReleaseRecorder(FileOps):
+    """Real file operations that note each length a released segment is cut to."""
+
+    def __init__(self) -> None:
+        self.cuts: list[int] = []
+        self.released = threading.Event()
+
+    def truncate(self, fd: int, length: int) -> None:
+        self.cuts.append(length)
+        super().truncate(fd, length)
+
+    def release(self, fd: int) -> None:
+        super().release(fd)
+        self.released.set()
+
+
+def _open_deleted(directory: Path) -> list[str]:
+    """This process's descriptors on deleted files of `directory`."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith(str(directory)) and target.endswith("(deleted)"):
+                found.append(target)
+    return found
+
+
+async def _log_with_sealed_segment(tmp_path: Path, ops: FileOps) -> tuple[PartitionLog, int]:
+    """A log whose first segment (about 3 MiB) is sealed; returns it and that segment's size."""
+    config = LogConfig(segment_bytes=3 << 20, fsync=FsyncPolicy.ALWAYS, tail_cache_bytes=0)
+    log = PartitionLog.open(tmp_path, config, ops=ops)  # no tail cache: reads go to the file
+    log.start()
+    value = os.urandom(600_000)
+    for _ in range(6):  # five batches fill the first segment, the sixth rolls it
+        _, sequence = log.append(batch(value), 1)
+        await log.wait_durable(sequence)
+    await eventually(lambda: bool(log.sealed_segments()), what="the first segment sealed")
+    return log, (tmp_path / segment_name(0)).stat().st_size
+
+
+async def test_a_deleted_segment_is_freed_a_mebibyte_at_a_time_after_its_round(
+    tmp_path: Path,
+) -> None:
+    """Retention's unlink is a directory change in the round; the blocks go afterwards, in
+    steps (freeing 64 MiB at once held every fsync on the disk for 10-15 ms), on another thread,
+    and the descriptor is closed at the end."""
+    ops = ReleaseRecorder()
+    log, size = await _log_with_sealed_segment(tmp_path, ops)
+    assert size > 2 * RELEASE_STEP
+    assert log.delete_segment(0)
+    _, sequence = log.append(batch(b"x"), 1)
+    await log.wait_durable(sequence)
+    assert not (tmp_path / segment_name(0)).exists()  # gone by the round that covered this
+    await asyncio.to_thread(ops.released.wait, 30)
+    expected = [*range(size - RELEASE_STEP, 0, -RELEASE_STEP), 0]
+    assert ops.cuts == expected
+    assert _open_deleted(tmp_path) == []
+    await log.close()
+
+
+async def test_a_deleted_segment_with_another_name_is_not_cut(tmp_path: Path) -> None:
+    """A segment the local object store hard-linked (object_store.link) shares its blocks with
+    the object: deleting the segment removes its name only, and the object keeps every byte."""
+    ops = ReleaseRecorder()
+    log, _ = await _log_with_sealed_segment(tmp_path, ops)
+    linked = tmp_path / "object.log"
+    os.link(tmp_path / segment_name(0), linked)
+    before = linked.read_bytes()
+    assert log.delete_segment(0)
+    _, sequence = log.append(batch(b"x"), 1)
+    await log.wait_durable(sequence)
+    assert not (tmp_path / segment_name(0)).exists()
+    assert linked.read_bytes() == before
+    assert ops.cuts == []
+    assert _open_deleted(tmp_path) == []
+    await log.close()
+
+
+async def test_a_deleted_segment_is_not_cut_under_a_read_in_flight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read runs in a worker thread on a descriptor of its own: the segment's blocks are freed
+    only once every read in flight at its deletion has ended, so none sees the file shrink."""
+    ops = ReleaseRecorder()
+    log, _ = await _log_with_sealed_segment(tmp_path, ops)
+    entered, go_on = threading.Event(), threading.Event()
+
+    def held_read(path: Path, *args: int) -> SegmentRead:
+        with path.open("rb") as held:  # the read's own descriptor, opened before the delete
+            entered.set()
+            go_on.wait(30)
+            return read_batches(Path(f"/proc/self/fd/{held.fileno()}"), *args)
+
+    monkeypatch.setattr(wal_module, "read_batches", held_read)
+    reading = asyncio.ensure_future(log.read(0))
+    try:
+        assert await asyncio.to_thread(entered.wait, 30)
+        assert log.delete_segment(0)
+        _, sequence = log.append(batch(b"x"), 1)
+        await log.wait_durable(sequence)  # the deleting round is over
+        assert not await asyncio.to_thread(ops.released.wait, 0.5)
+        assert ops.cuts == []
+    finally:
+        go_on.set()
+    first = await reading  # read whole: the descriptor it opened was not cut under it
+    assert read_records(first[0])[0].value is not None
+    await asyncio.to_thread(ops.released.wait, 30)
+    assert ops.cuts[-1] == 0
+    await log.close()
+
+
+def test_a_deleted_topics_tree_is_freed_a_step_at_a_time(tmp_path: Path) -> None:
+    """`remove_tree` (a deleted topic's directory) frees each large file in steps, leaves a
+    file with another name (a hard-linked object) whole, and removes everything else."""
+    topic = tmp_path / "topic"
+    (topic / "0").mkdir(parents=True)
+    big = os.urandom(3 * RELEASE_STEP + 5)
+    (topic / "0" / segment_name(0)).write_bytes(big)
+    (topic / "0" / segment_name(9)).write_bytes(big)
+    (topic / "0" / "next_offset").write_bytes(b"small")
+    os.link(topic / "0" / segment_name(9), tmp_path / "object.log")
+    ops = ReleaseRecorder()
+    remove_tree(topic, ops)
+    assert not topic.exists()
+    assert ops.cuts == [2 * RELEASE_STEP + 5, RELEASE_STEP + 5, 5, 0]  # one file, in steps
+    assert (tmp_path / "object.log").read_bytes() == big
+    assert _open_deleted(tmp_path) == []

@@ -38,7 +38,7 @@ import structlog
 from headwater.storage.fileio import FileOps, default_file_ops, write_all
 from headwater.storage.logstate import FsyncPolicy, LogConfig, SealedSegment, Segment
 from headwater.storage.offsets import MIN_LEASE_BLOCK, OffsetLease
-from headwater.storage.reader import LogRead, read_batches
+from headwater.storage.reader import LogRead, SegmentRead, read_batches
 from headwater.storage.recovery import quarantine, recover
 from headwater.storage.segments import (
     INDEX_INTERVAL_BYTES,
@@ -88,6 +88,7 @@ class PartitionLog:
         self._recovered: list[BatchLocation] = []
         self.lease = OffsetLease(directory)
         self._dir_dirty = False
+        self._reads: set[asyncio.Future[SegmentRead]] = set()  # segment reads in worker threads
 
     # Opening
 
@@ -378,7 +379,8 @@ class PartitionLog:
         position_in_list = bisect.bisect_right(self._bases, offset) - 1
         for segment in list(self._segments[position_in_list:]):
             position = segment.index.start_of(offset)
-            result = await asyncio.to_thread(
+            job = asyncio.get_running_loop().run_in_executor(
+                None,
                 read_batches,
                 segment.path,
                 position,
@@ -387,6 +389,11 @@ class PartitionLog:
                 segment.size,
                 segment.base_offset,
             )
+            self._reads.add(job)
+            job.add_done_callback(self._read_ended)
+            # shielded: a cancelled reader leaves the job running in its thread, and the job
+            # stays in `_reads` until it ends (a deleted segment's blocks wait for it)
+            result = await asyncio.shield(job)
             for damage in result.damage:
                 self._report(damage)
             if result.damage and (
@@ -397,6 +404,14 @@ class PartitionLog:
                 return LogRead(result.batches, damaged)
             # nothing at or after `offset` in this segment: a gap, or damage at its end
         return LogRead([], damaged)
+
+    def _read_ended(self, job: asyncio.Future[SegmentRead]) -> None:
+        self._reads.discard(job)
+        if not job.cancelled():
+            job.exception()  # retrieved: its reader may have been cancelled and gone
+
+    def reads_in_flight(self) -> list[asyncio.Future[SegmentRead]]:
+        return list(self._reads)
 
     def _report(self, damage: Damage) -> None:
         ident = (str(damage.path), damage.position)
@@ -456,8 +471,9 @@ class PartitionLog:
                 del self._bases[position]
                 self._dir_dirty = True
                 # unlinking a 64 MiB file held the loop 10-20 ms: the syncer's next round does
-                # it in its pool thread, before the directory fsync that makes it durable
-                self.syncer.remove([segment.path, segment.index_path])
+                # it in its pool thread, before the directory fsync that makes it durable, and
+                # frees the blocks afterwards in steps
+                self.syncer.delete(segment.path, segment.index_path)
                 return True
         return False
 

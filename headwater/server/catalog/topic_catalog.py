@@ -61,6 +61,7 @@ from headwater.server.topics.topic_settings import (
     settings_to_configs,
     settings_to_json,
 )
+from headwater.storage.fileio import remove_tree
 from headwater.storage.lastvalue_store import drop_last_values
 from headwater.storage.snapshots import HorizonCache
 from headwater.storage.state import (
@@ -354,7 +355,7 @@ class TopicCatalog:
     async def _discard(self, topic: Topic) -> None:
         if topic.reliable:
             await self._close_logs([p.log for p in topic.partitions])
-            await asyncio.to_thread(shutil.rmtree, self._topic_dir(topic.name), True)
+            await asyncio.to_thread(remove_tree, self._topic_dir(topic.name))
 
     @staticmethod
     async def _close_logs(logs: list[PartitionLog]) -> None:
@@ -386,7 +387,7 @@ class TopicCatalog:
         """Remove a deleted topic's files and state keys, then its `deleting/` marker (kept if
         the files could not all be removed, so the removal is tried again)."""
         directory = self._topic_dir(name)
-        await asyncio.to_thread(shutil.rmtree, directory, True)
+        await asyncio.to_thread(remove_tree, directory)
         for prefix in (SUBSCRIPTION, CURSOR, PRODUCER):
             self._state.delete_prefix(key(prefix, name) + b"\0")
         drop_last_values(self._state, name)
