@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +24,15 @@ import pytest
 
 import headwater
 from headwater.spark_compaction.store import StoreSpec
+from headwater.storage import wal as wal_module
 from headwater.storage.archive import ObjectArchive
 from headwater.storage.log_reader import read_partition
 from headwater.storage.objectstore import LocalObjectStore, S3ObjectStore
+from headwater.storage.reader import SegmentRead, read_batches
 from headwater.storage.segments import batch_location, walk_batches
 from headwater.storage.state import StateStore
 from headwater.storage.uploader import Uploader
-from headwater.storage.wal import LogConfig, PartitionLog
+from headwater.storage.wal import FsyncPolicy, LogConfig, PartitionLog
 from headwater.testing import ServerProcess
 from headwater.wire.messages import DescribeTopicResponse
 from headwater.wire.records import build_batch, read_records
@@ -358,3 +361,55 @@ async def test_a_take_over_skips_a_damaged_tail_batch_and_serves_the_partition(
             # and the idempotent producers' table rebuild when it read the chunk by then
             assert int(status.get("status.partition.0.skipped", "0")) >= 1
         assert "topic.data_skipped" in cluster.brokers[heir].log()
+
+
+async def test_a_read_whose_segment_retention_deletes_meanwhile_takes_the_archived_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read runs in a worker thread; retention may unlink its (uploaded) segment before the
+    thread opens it. The read then takes the object store's copy, as a read that started after
+    the deletion does; it raised FileNotFoundError to the reader."""
+
+    class Counter:
+        skipped = 0
+
+    state = StateStore(tmp_path / "state")
+    store = LocalObjectStore(tmp_path / "objects")
+    uploader = Uploader(store, state)
+    uploader.start()
+    config = LogConfig(segment_bytes=1024, fsync=FsyncPolicy.ALWAYS, tail_cache_bytes=0)
+    wal = PartitionLog.open(tmp_path / "log", config, on_sealed=None)
+    wal.on_sealed = lambda sealed: uploader.enqueue("t", 0, sealed)
+    wal.start()
+    entered, go_on = threading.Event(), threading.Event()
+
+    def late_read(path: Path, *args: int) -> SegmentRead:
+        entered.set()
+        go_on.wait(30)  # the thread opens the file only after the deletion
+        return read_batches(path, *args)
+
+    try:
+        for i in range(20):
+            wal.append(_batch(f"value-{i:03d}".encode()), 1)
+        await _wait_for(
+            lambda: (
+                any(s.base_offset == 0 for s in uploader.uploaded("t", 0)) and not uploader.pending
+            )
+        )
+        monkeypatch.setattr(wal_module, "read_batches", late_read)
+        archive = ObjectArchive(store, uploader)
+        reading = asyncio.ensure_future(read_partition(wal, archive, "t", 0, 0, Counter()))
+        try:
+            assert await asyncio.to_thread(entered.wait, 30)
+            assert wal.delete_segment(0)
+            _, sequence = wal.append(_batch(b"after"), 1)
+            await wal.wait_durable(sequence)  # the round that unlinked segment 0 is over
+            assert not (tmp_path / "log" / "00000000000000000000.log").exists()
+        finally:
+            go_on.set()
+        read = await reading
+        assert [r.value for r in read_records(read[0])] == [b"value-000"]
+    finally:
+        await wal.close()
+        await uploader.close()
+        state.close()

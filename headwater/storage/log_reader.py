@@ -74,7 +74,10 @@ async def read_partition(
     the others follow each other with no offset between them."""
     for _ in range(MAX_ARCHIVE_SKIPS):
         if offset >= wal.start_offset or archive is None:
-            return await _read_local(wal, archive, topic, partition, offset, counter)
+            batches = await _read_local(wal, archive, topic, partition, offset, counter)
+            if batches or offset >= wal.start_offset or archive is None:
+                return batches
+            continue  # retention deleted the segment during the read: the archive has it
         read: LogRead | None
         try:
             read = await archive.read_span(topic, partition, offset)

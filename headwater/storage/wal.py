@@ -363,7 +363,8 @@ class PartitionLog:
         """Batches from the one holding `offset` on, about `max_bytes` (at least one batch).
 
         Empty when `offset` is at or past the end, or below `start_offset` (then the caller
-        reads the object store).
+        reads the object store), which it also is when retention deleted the segment during the
+        read.
         """
         return (await self.read_span(offset, max_bytes)).batches
 
@@ -393,7 +394,14 @@ class PartitionLog:
             job.add_done_callback(self._read_ended)
             # shielded: a cancelled reader leaves the job running in its thread, and the job
             # stays in `_reads` until it ends (a deleted segment's blocks wait for it)
-            result = await asyncio.shield(job)
+            try:
+                result = await asyncio.shield(job)
+            except FileNotFoundError:
+                if segment in self._segments:
+                    raise
+                # retention deleted it before the thread opened it: the offset is now below
+                # `start_offset`, where the caller reads the object store
+                return LogRead([], False)
             for damage in result.damage:
                 self._report(damage)
             if result.damage and (
