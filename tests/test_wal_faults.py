@@ -418,6 +418,8 @@ def test_a_deleted_topics_tree_is_freed_a_step_at_a_time(tmp_path: Path) -> None
     (topic / "0" / segment_name(9)).write_bytes(big)
     (topic / "0" / "next_offset").write_bytes(b"small")
     os.link(topic / "0" / segment_name(9), tmp_path / "object.log")
+    os.mkfifo(topic / "0" / "fifo")  # never opened for writing (that would wait for a reader)
+    os.symlink(tmp_path / "object.log", topic / "0" / "link.log")  # not followed
     ops = ReleaseRecorder()
     remove_tree(topic, ops)
     assert not topic.exists()

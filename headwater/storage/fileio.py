@@ -66,7 +66,9 @@ class FileOps:
         file, a small one, or one with other names left: a hard link of the local object
         store). Unlinking an open file is a directory change; the blocks go when it closes."""
         try:
-            fd = os.open(path, os.O_WRONLY)
+            # not through a symbolic link, and never waiting on a FIFO: `remove_tree` detaches
+            # whatever a directory holds
+            fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except FileNotFoundError:
             return None
         try:

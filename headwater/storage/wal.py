@@ -397,7 +397,7 @@ class PartitionLog:
             try:
                 result = await asyncio.shield(job)
             except FileNotFoundError:
-                if segment in self._segments:
+                if any(kept is segment for kept in self._segments):
                     raise
                 # retention deleted it before the thread opened it: the offset is now below
                 # `start_offset`, where the caller reads the object store
