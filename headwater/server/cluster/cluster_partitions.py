@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
 import time
 import uuid
 from collections.abc import Callable, Coroutine
@@ -59,6 +58,7 @@ from headwater.server.topics.topic import LogTopic
 from headwater.server.topics.topic_settings import log_config
 from headwater.storage.archive import READ_BYTES
 from headwater.storage.cloud_tail import Chunk, CloudTail, TailState, fold
+from headwater.storage.fileio import remove_tree
 from headwater.storage.partition_manifest import (
     Manifest,
     ManifestFenced,
@@ -565,7 +565,7 @@ class ClusterPartitions:
         old = holder.log
         listeners = list(old._append_listeners)  # the topic's AppendSignal
         await old.close()
-        await asyncio.to_thread(shutil.rmtree, old.directory, True)
+        await asyncio.to_thread(remove_tree, old.directory)  # big segments freed in steps
         self._adopt(topic.name, partition, manifest)
         fresh = await asyncio.to_thread(
             PartitionLog.open,
