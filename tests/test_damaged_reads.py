@@ -15,8 +15,10 @@ damage the same way (from the uploaded segment, else skipped).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -190,28 +192,46 @@ def _batch(value: bytes) -> bytes:
     return build_batch([(None, value, [])])
 
 
-async def test_no_read_returns_batches_on_both_sides_of_damage(tmp_path: Path) -> None:
-    """The read path on real files: a read stops in front of damage; the read starting there
-    takes the uploaded copy, or (no copy) skips and counts it; nothing is lost silently."""
+class SkipCount:
+    skipped = 0
 
-    class Counter:
-        skipped = 0
 
+@contextlib.asynccontextmanager
+async def _uploaded_log(
+    tmp_path: Path, config: LogConfig, records: int
+) -> AsyncIterator[tuple[PartitionLog, LocalObjectStore, Uploader]]:
+    """A partition log of `records` one-record batches (topic "t", partition 0) whose sealed
+    segments go to a local object store; yielded once its first segment is uploaded."""
     state = StateStore(tmp_path / "state")
     store = LocalObjectStore(tmp_path / "objects")
     uploader = Uploader(store, state)
     uploader.start()
-    wal = PartitionLog.open(tmp_path / "log", LogConfig(segment_bytes=1024), on_sealed=None)
+    wal = PartitionLog.open(tmp_path / "log", config, on_sealed=None)
     wal.on_sealed = lambda sealed: uploader.enqueue("t", 0, sealed)
     wal.start()
     try:
-        for i in range(60):
+        for i in range(records):
             wal.append(_batch(f"value-{i:03d}".encode()), 1)
         await _wait_for(
             lambda: (
                 any(s.base_offset == 0 for s in uploader.uploaded("t", 0)) and not uploader.pending
             )
         )
+        yield wal, store, uploader
+    finally:
+        await wal.close()
+        await uploader.close()
+        state.close()
+
+
+async def test_no_read_returns_batches_on_both_sides_of_damage(tmp_path: Path) -> None:
+    """The read path on real files: a read stops in front of damage; the read starting there
+    takes the uploaded copy, or (no copy) skips and counts it; nothing is lost silently."""
+    async with _uploaded_log(tmp_path, LogConfig(segment_bytes=1024), 60) as (
+        wal,
+        store,
+        uploader,
+    ):
         first = sorted((tmp_path / "log").glob("*.log"))[0]
         victims = [b for b in batches(first) if b.base_offset in (3, 4)]
         for victim in victims:  # two batches in a row: both hidden, both recovered
@@ -220,7 +240,7 @@ async def test_no_read_returns_batches_on_both_sides_of_damage(tmp_path: Path) -
         wal._tail.clear()  # as after a restart: reads go to the files
 
         async def read_all(archive_or_none: ObjectArchive | None) -> tuple[list[int], int]:
-            counter = Counter()
+            counter = SkipCount()
             offsets: list[int] = []
             offset = 0
             while offset < wal.next_offset:
@@ -245,10 +265,6 @@ async def test_no_read_returns_batches_on_both_sides_of_damage(tmp_path: Path) -
         victim = batches(uploaded)[7]
         flip(uploaded, victim.position + 10, count=1)
         assert await read_all(archive) == ([i for i in range(60) if i != 7], 1)
-    finally:
-        await wal.close()
-        await uploader.close()
-        state.close()
 
 
 @pytest.mark.timeout(600)  # a Spark session starting on a busy 2-core machine: a hang bound
@@ -369,18 +385,6 @@ async def test_a_read_whose_segment_retention_deletes_meanwhile_takes_the_archiv
     """A read runs in a worker thread; retention may unlink its (uploaded) segment before the
     thread opens it. The read then takes the object store's copy, as a read that started after
     the deletion does; it raised FileNotFoundError to the reader."""
-
-    class Counter:
-        skipped = 0
-
-    state = StateStore(tmp_path / "state")
-    store = LocalObjectStore(tmp_path / "objects")
-    uploader = Uploader(store, state)
-    uploader.start()
-    config = LogConfig(segment_bytes=1024, fsync=FsyncPolicy.ALWAYS, tail_cache_bytes=0)
-    wal = PartitionLog.open(tmp_path / "log", config, on_sealed=None)
-    wal.on_sealed = lambda sealed: uploader.enqueue("t", 0, sealed)
-    wal.start()
     entered, go_on = threading.Event(), threading.Event()
 
     def late_read(path: Path, *args: int) -> SegmentRead:
@@ -388,17 +392,11 @@ async def test_a_read_whose_segment_retention_deletes_meanwhile_takes_the_archiv
         go_on.wait(30)  # the thread opens the file only after the deletion
         return read_batches(path, *args)
 
-    try:
-        for i in range(20):
-            wal.append(_batch(f"value-{i:03d}".encode()), 1)
-        await _wait_for(
-            lambda: (
-                any(s.base_offset == 0 for s in uploader.uploaded("t", 0)) and not uploader.pending
-            )
-        )
+    config = LogConfig(segment_bytes=1024, fsync=FsyncPolicy.ALWAYS, tail_cache_bytes=0)
+    async with _uploaded_log(tmp_path, config, 20) as (wal, store, uploader):
         monkeypatch.setattr(wal_module, "read_batches", late_read)
         archive = ObjectArchive(store, uploader)
-        reading = asyncio.ensure_future(read_partition(wal, archive, "t", 0, 0, Counter()))
+        reading = asyncio.ensure_future(read_partition(wal, archive, "t", 0, 0, SkipCount()))
         try:
             assert await asyncio.to_thread(entered.wait, 30)
             assert wal.delete_segment(0)
@@ -409,7 +407,3 @@ async def test_a_read_whose_segment_retention_deletes_meanwhile_takes_the_archiv
             go_on.set()
         read = await reading
         assert [r.value for r in read_records(read[0])] == [b"value-000"]
-    finally:
-        await wal.close()
-        await uploader.close()
-        state.close()
