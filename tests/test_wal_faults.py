@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import errno
 import os
+import resource
 import threading
 from pathlib import Path
 
@@ -426,3 +427,69 @@ def test_a_deleted_topics_tree_is_freed_a_step_at_a_time(tmp_path: Path) -> None
     assert ops.cuts == [2 * RELEASE_STEP + 5, RELEASE_STEP + 5, 5, 0]  # one file, in steps
     assert (tmp_path / "object.log").read_bytes() == big
     assert _open_deleted(tmp_path) == []
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / segment_name(0)).write_bytes(big)
+    (tmp_path / "linked-topic").symlink_to(elsewhere)
+    remove_tree(tmp_path / "linked-topic", ops)  # as rmtree: not followed
+    assert (elsewhere / segment_name(0)).read_bytes() == big
+
+
+async def test_a_closed_logs_tree_is_not_cut_under_a_read_in_flight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A topic's deletion and a cluster take-over close the partition's log, then `remove_tree`
+    its directory, freeing big segments in steps. `close` returns only once the reads in flight
+    have ended, so none sees its segment shrink (found by review: the read reported damage and
+    quarantined it)."""
+    ops = ReleaseRecorder()
+    log, _ = await _log_with_sealed_segment(tmp_path / "topic" / "0", ops)
+    entered, go_on = threading.Event(), threading.Event()
+    value_read: list[bytes] = []
+
+    def held_read(path: Path, *args: int) -> SegmentRead:
+        with path.open("rb") as held:  # the read's own descriptor, opened before the close
+            entered.set()
+            go_on.wait(30)
+            return read_batches(Path(f"/proc/self/fd/{held.fileno()}"), *args)
+
+    monkeypatch.setattr(wal_module, "read_batches", held_read)
+    reading = asyncio.ensure_future(log.read(0))
+    assert await asyncio.to_thread(entered.wait, 30)
+    closing = asyncio.ensure_future(log.close())
+    try:
+        assert not await asyncio.to_thread(ops.released.wait, 0.3)
+        assert not closing.done()  # the read holds it
+    finally:
+        go_on.set()
+    await closing
+    await asyncio.to_thread(remove_tree, tmp_path / "topic", ops)
+    value_read = [r.value for r in read_records((await reading)[0]) if r.value is not None]
+    assert log.quarantined == 0
+    assert len(value_read) == 1 and len(value_read[0]) == 600_000
+    assert not (tmp_path / "topic").exists()
+
+
+def test_a_segment_is_deleted_when_it_cannot_be_opened(tmp_path: Path) -> None:
+    """`detach` opens the segment to free it in steps; a deletion needs no descriptor and no
+    write permission, so when the open fails (every descriptor taken here) the segment is
+    unlinked as before (found by review: it stayed on disk, dropped from the log)."""
+    path = tmp_path / segment_name(0)
+    path.write_bytes(b"x" * (2 * RELEASE_STEP))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    highest = max(int(fd) for fd in os.listdir("/proc/self/fd"))
+    fillers: list[int] = []
+    resource.setrlimit(resource.RLIMIT_NOFILE, (highest + 8, hard))
+    try:
+        for _ in range(100_000):  # bounded: the limit is 8 above the highest fd in use
+            try:
+                fillers.append(os.open("/dev/null", os.O_RDONLY))
+            except OSError:
+                break
+        detached = FileOps().detach(path)
+    finally:
+        for fd in fillers:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert detached is None
+    assert not path.exists()

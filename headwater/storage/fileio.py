@@ -71,6 +71,11 @@ class FileOps:
             fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except FileNotFoundError:
             return None
+        except OSError:
+            # no descriptor free (EMFILE), no write permission, a symbolic link: deleting it
+            # needs none of these, and it is deleted, freed at once as it always was
+            path.unlink(missing_ok=True)
+            return None
         try:
             os.unlink(path)
             status = os.fstat(fd)
@@ -188,6 +193,9 @@ def remove_tree(directory: Path, ops: FileOps | None = None) -> None:
     `FileOps.release` does, so a gigabyte of segments never holds the other topics' fsyncs; what
     cannot be removed is left, as `shutil.rmtree(directory, ignore_errors=True)` leaves it."""
     ops = ops or FileOps()
+    if directory.is_symlink():  # as rmtree: a link is not followed into what it names
+        shutil.rmtree(directory, ignore_errors=True)
+        return
     for folder, _, names in os.walk(directory):
         for name in names:
             with contextlib.suppress(OSError):

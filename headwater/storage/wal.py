@@ -489,7 +489,8 @@ class PartitionLog:
 
     async def close(self, seal_active: bool = False) -> None:
         """Fsync everything; with `seal_active`, also seal the active segment (for upload).
-        A clean close records the exact next offset, so a restart leaves no gap."""
+        A clean close records the exact next offset, so a restart leaves no gap. Returns once
+        the segment reads in flight have ended too."""
         if self._closed:
             return
         if seal_active and self._segments[-1].size and self.failed is None:
@@ -515,3 +516,10 @@ class PartitionLog:
                 await asyncio.to_thread(self.lease.close, self.next_offset)
             except OSError as exc:
                 log.warning("wal.lease_write_failed", directory=str(self.directory), error=str(exc))
+        # Reads in worker threads hold descriptors of their own: whoever removes the files once
+        # this returns (a topic's deletion, a take-over: `fileio.remove_tree`, which frees them
+        # in steps) must not cut a segment under one.
+        for _ in range(10):  # bounded: nothing reads a closed log, only reads begun before
+            if not self._reads:
+                break
+            await asyncio.gather(*self._reads, return_exceptions=True)
