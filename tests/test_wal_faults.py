@@ -14,10 +14,12 @@ import errno
 import os
 import resource
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from headwater.storage import syncer as syncer_module
 from headwater.storage import wal as wal_module
 from headwater.storage.fileio import BOOT_ID_ENV, RELEASE_STEP, FileOps, remove_tree
 from headwater.storage.offsets import MAX_LEASE_BLOCK
@@ -325,17 +327,38 @@ def _open_deleted(directory: Path) -> list[str]:
     return found
 
 
-async def _log_with_sealed_segment(tmp_path: Path, ops: FileOps) -> tuple[PartitionLog, int]:
-    """A log whose first segment (about 3 MiB) is sealed; returns it and that segment's size."""
+async def _log_with_sealed_segment(
+    tmp_path: Path, ops: FileOps, sealed: int = 1
+) -> tuple[PartitionLog, int]:
+    """A log whose first `sealed` segments (about 3 MiB each, five batches) are sealed; returns
+    it and the first segment's size."""
     config = LogConfig(segment_bytes=3 << 20, fsync=FsyncPolicy.ALWAYS, tail_cache_bytes=0)
     log = PartitionLog.open(tmp_path, config, ops=ops)  # no tail cache: reads go to the file
     log.start()
     value = os.urandom(600_000)
-    for _ in range(6):  # five batches fill the first segment, the sixth rolls it
+    for _ in range(5 * sealed + 1):  # five batches fill a segment, the next one rolls it
         _, sequence = log.append(batch(value), 1)
         await log.wait_durable(sequence)
-    await eventually(lambda: bool(log.sealed_segments()), what="the first segment sealed")
+    await eventually(lambda: len(log.sealed_segments()) == sealed, what="the segments sealed")
     return log, (tmp_path / segment_name(0)).stat().st_size
+
+
+def _held_read(entered: threading.Event, go_on: threading.Event) -> Callable[..., SegmentRead]:
+    """`read_batches` as a read does it, holding its own descriptor (opened first, as the real
+    read opens the file) until `go_on`; `entered` once it holds it."""
+
+    def held_read(path: Path, *args: int) -> SegmentRead:
+        with path.open("rb") as held:
+            entered.set()
+            go_on.wait(30)
+            return read_batches(Path(f"/proc/self/fd/{held.fileno()}"), *args)
+
+    return held_read
+
+
+async def _releases_done() -> None:
+    """Every release queued so far has ended (the release thread runs them in order)."""
+    await asyncio.wrap_future(syncer_module._release_pool().submit(lambda: None))
 
 
 async def test_a_deleted_segment_is_freed_a_mebibyte_at_a_time_after_its_round(
@@ -384,21 +407,15 @@ async def test_a_deleted_segment_is_not_cut_under_a_read_in_flight(
     ops = ReleaseRecorder()
     log, _ = await _log_with_sealed_segment(tmp_path, ops)
     entered, go_on = threading.Event(), threading.Event()
-
-    def held_read(path: Path, *args: int) -> SegmentRead:
-        with path.open("rb") as held:  # the read's own descriptor, opened before the delete
-            entered.set()
-            go_on.wait(30)
-            return read_batches(Path(f"/proc/self/fd/{held.fileno()}"), *args)
-
-    monkeypatch.setattr(wal_module, "read_batches", held_read)
+    monkeypatch.setattr(wal_module, "read_batches", _held_read(entered, go_on))
     reading = asyncio.ensure_future(log.read(0))
     try:
         assert await asyncio.to_thread(entered.wait, 30)
         assert log.delete_segment(0)
         _, sequence = log.append(batch(b"x"), 1)
         await log.wait_durable(sequence)  # the deleting round is over
-        assert not await asyncio.to_thread(ops.released.wait, 0.5)
+        await _releases_done()  # a release queued by that round would have run by now
+        assert not ops.released.is_set()
         assert ops.cuts == []
     finally:
         go_on.set()
@@ -445,26 +462,27 @@ async def test_a_closed_logs_tree_is_not_cut_under_a_read_in_flight(
     ops = ReleaseRecorder()
     log, _ = await _log_with_sealed_segment(tmp_path / "topic" / "0", ops)
     entered, go_on = threading.Event(), threading.Event()
-    value_read: list[bytes] = []
-
-    def held_read(path: Path, *args: int) -> SegmentRead:
-        with path.open("rb") as held:  # the read's own descriptor, opened before the close
-            entered.set()
-            go_on.wait(30)
-            return read_batches(Path(f"/proc/self/fd/{held.fileno()}"), *args)
-
-    monkeypatch.setattr(wal_module, "read_batches", held_read)
+    monkeypatch.setattr(wal_module, "read_batches", _held_read(entered, go_on))
     reading = asyncio.ensure_future(log.read(0))
     assert await asyncio.to_thread(entered.wait, 30)
-    closing = asyncio.ensure_future(log.close())
+    # a deletion: close, then remove the files. The read is let go when the close waits for
+    # it (with no such wait the files are cut first, and the read meets the cut)
+    waiting_for_reads = asyncio.Event()
+    reads_ended = log._reads_ended
+
+    async def noted_wait() -> None:
+        waiting_for_reads.set()
+        go_on.set()
+        await reads_ended()
+
+    monkeypatch.setattr(log, "_reads_ended", noted_wait)
     try:
-        assert not await asyncio.to_thread(ops.released.wait, 0.3)
-        assert not closing.done()  # the read holds it
+        await log.close()
+        await asyncio.to_thread(remove_tree, tmp_path / "topic", ops)
     finally:
         go_on.set()
-    await closing
-    await asyncio.to_thread(remove_tree, tmp_path / "topic", ops)
     value_read = [r.value for r in read_records((await reading)[0]) if r.value is not None]
+    assert waiting_for_reads.is_set()  # the close waited for the read
     assert log.quarantined == 0
     assert len(value_read) == 1 and len(value_read[0]) == 600_000
     assert not (tmp_path / "topic").exists()
@@ -493,3 +511,31 @@ def test_a_segment_is_deleted_when_it_cannot_be_opened(tmp_path: Path) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert detached is None
     assert not path.exists()
+
+
+async def test_releases_waiting_in_the_queue_hold_a_bounded_count_of_descriptors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each queued release holds its segment open. Past `MAX_QUEUED_RELEASES` (thousands of
+    segments past retention at once, after a long stop) a deleted segment is freed at once
+    instead of waiting open in the queue."""
+    monkeypatch.setattr(syncer_module, "MAX_QUEUED_RELEASES", 1)
+    ops = ReleaseRecorder()
+    log, _ = await _log_with_sealed_segment(tmp_path, ops, sealed=2)
+    busy = threading.Event()
+    blocker = syncer_module._release_pool().submit(busy.wait, 30)  # the queue cannot drain
+    try:
+        assert log.delete_segment(0)
+        assert log.delete_segment(5)
+        _, sequence = log.append(batch(b"x"), 1)
+        await log.wait_durable(sequence)  # one round deleted both
+        assert not (tmp_path / segment_name(0)).exists()
+        assert not (tmp_path / segment_name(5)).exists()
+        assert len(_open_deleted(tmp_path)) == 1  # one queued; the other freed at once
+    finally:
+        busy.set()
+    await asyncio.wrap_future(blocker)
+    await _releases_done()
+    assert ops.cuts[-1] == 0 and ops.cuts.count(0) == 1  # one released in steps
+    assert _open_deleted(tmp_path) == []
+    await log.close()

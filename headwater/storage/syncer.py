@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -342,7 +343,7 @@ class Syncer:
 
         def submit(_: object = None) -> None:
             for fd in detached:
-                _release_pool().submit(_release, ops, fd, directory)
+                _queue_release(ops, fd, directory)
 
         reads = self._log.reads_in_flight()
         if reads:
@@ -422,11 +423,36 @@ def _release_pool() -> ThreadPoolExecutor:
     return _release_executor
 
 
+# Descriptors a queued release holds at most, in all. Past it (thousands of segments past
+# retention at once, after a long stop) a segment is freed at once, as before the release thread:
+# its descriptor must not wait in the queue, or the queue would hold one per segment.
+MAX_QUEUED_RELEASES = 64
+_queued = 0
+_queued_lock = threading.Lock()
+
+
+def _queue_release(ops: FileOps, fd: int, directory: str) -> None:
+    global _queued
+    with _queued_lock:
+        full = _queued >= MAX_QUEUED_RELEASES
+        if not full:
+            _queued += 1
+    if full:
+        with contextlib.suppress(OSError):
+            ops.close(fd)
+        return
+    _release_pool().submit(_release, ops, fd, directory)
+
+
 def _release(ops: FileOps, fd: int, directory: str) -> None:
+    global _queued
     try:
         ops.release(fd)
     except OSError as exc:  # closed anyway (release's finally): the kernel frees the rest
         log.warning("wal.release_failed", directory=directory, error=str(exc))
+    finally:
+        with _queued_lock:
+            _queued -= 1
 
 
 def _post(loop: asyncio.AbstractEventLoop, callback: Callable[..., None], *args: Any) -> None:

@@ -516,10 +516,13 @@ class PartitionLog:
                 await asyncio.to_thread(self.lease.close, self.next_offset)
             except OSError as exc:
                 log.warning("wal.lease_write_failed", directory=str(self.directory), error=str(exc))
-        # Reads in worker threads hold descriptors of their own: whoever removes the files once
-        # this returns (a topic's deletion, a take-over: `fileio.remove_tree`, which frees them
-        # in steps) must not cut a segment under one.
+        await self._reads_ended()
+
+    async def _reads_ended(self) -> None:
+        """Reads in worker threads hold descriptors of their own: whoever removes the files once
+        `close` returns (a topic's deletion, a take-over: `fileio.remove_tree`, which frees them
+        in steps) must not cut a segment under one."""
         for _ in range(10):  # bounded: nothing reads a closed log, only reads begun before
             if not self._reads:
-                break
+                return
             await asyncio.gather(*self._reads, return_exceptions=True)
