@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -28,7 +28,14 @@ from headwater.server.cluster.tail_commit import TailCommitter
 from headwater.server.config import ObjectStoreConfig, ServerConfig
 from headwater.server.reply import AfterWork, Waiting, resolve
 from headwater.server.requests.broker import Broker
-from headwater.server.requests.partition_ownership import BrokerAddress
+from headwater.server.requests.partition_ownership import BrokerAddress, Ownership
+from headwater.server.requests.placement import OpenGate, ProducerIds, SharedProducerIds
+from headwater.server.requests.topic_definitions import (
+    LocalTopics,
+    SubscribeGate,
+    TopicDefinitions,
+)
+from headwater.server.topics.placement import LocalPlacement
 from headwater.server.topics.topic import LogTopic
 from headwater.storage.archive import ObjectArchive
 from headwater.storage.cloud_tail import Chunk, CloudTail, fold
@@ -84,6 +91,9 @@ class Etcd:
     def serves(self, topic: str, partition: int) -> bool:
         return self.epoch(topic, partition) is not None
 
+    def serves_every(self, topic: str, partitions: int) -> bool:
+        return all(self.serves(topic, p) for p in range(partitions))
+
     def standing(self, topic: str, partition: int) -> Standing:
         return Standing.HELD if self.serves(topic, partition) else Standing.GONE
 
@@ -101,6 +111,30 @@ class Etcd:
 
     async def refresh(self) -> None:
         pass
+
+
+class EtcdPlacement(LocalPlacement):
+    """A cluster's placement over the fake etcd: its ownership and producer ids."""
+
+    def __init__(self, etcd: Etcd) -> None:
+        self._etcd = etcd
+
+    @property
+    def ownership(self) -> Ownership:
+        return cast(Ownership, self._etcd)
+
+    @property
+    def serves(self) -> Callable[[str, int], bool] | None:
+        return self._etcd.serves
+
+    def definitions(self, catalog: TopicCatalog) -> TopicDefinitions:
+        return LocalTopics(catalog)
+
+    def subscribe_gate(self, catalog: TopicCatalog) -> SubscribeGate:
+        return OpenGate()
+
+    def producer_ids(self, catalog: TopicCatalog) -> ProducerIds:
+        return SharedProducerIds(self._etcd)
 
 
 @dataclass
@@ -145,8 +179,9 @@ async def new_owner(
     )
     state = StateStore(tmp_path / "data" / "state")
     uploader = Uploader(store, state, 0.01, 0.1)
-    catalog = TopicCatalog(config, state, uploader, ObjectArchive(store, uploader))
     etcd = Etcd()
+    placement = EtcdPlacement(etcd)
+    catalog = TopicCatalog(config, state, uploader, ObjectArchive(store, uploader), placement)
     committer = TailCommitter(
         tail, 0.001, etcd.standing, etcd.epoch, lambda t, p: headwater.NotOwner("owner=none")
     )
@@ -156,9 +191,7 @@ async def new_owner(
     uploader.purges = False
     uploader.publisher = partitions
     uploader.start()
-    broker = Broker(config, catalog)
-    broker.gate = cast(Any, etcd)
-    broker.cluster_ids = etcd
+    broker = Broker(config, catalog, placement=placement)
     try:
         await catalog.open()
         topic = await catalog.create_topic(

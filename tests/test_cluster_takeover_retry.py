@@ -18,7 +18,9 @@ now and then under load)."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,6 +32,7 @@ from headwater.server.cluster.coordinator_state import Standing
 from headwater.server.cluster.tail_commit import TailCommitter
 from headwater.server.config import ObjectStoreConfig, ServerConfig
 from headwater.server.subscriptions.reliable_subscription import ReliableSubscription
+from headwater.server.topics.placement import LocalPlacement
 from headwater.server.topics.topic import LogTopic
 from headwater.storage.archive import ObjectArchive
 from headwater.storage.cloud_tail import Chunk, CloudTail
@@ -91,6 +94,27 @@ class Checkpoints:
         return self.current if (topic, partition) == self.key else None
 
 
+class TestPlacement(LocalPlacement):
+    """A cluster's placement, as far as the catalog sees it: ownership, and the hook a
+    subscription created here calls (ClusterMode's checkpoints it)."""
+
+    __test__ = False
+
+    def __init__(self, serves: Callable[[str, int], bool]) -> None:
+        self._serves = serves
+        self.created: Callable[[LogTopic, str, dict[str, Any]], Awaitable[None]] | None = None
+
+    @property
+    def serves(self) -> Callable[[str, int], bool] | None:
+        return self._serves
+
+    async def subscription_created(
+        self, topic: LogTopic, name: str, definition: dict[str, Any]
+    ) -> None:
+        if self.created is not None:
+            await self.created(topic, name, definition)
+
+
 class Broker:
     """This broker, built as serve.py and ClusterMode build it, over the previous owner's
     tail: chunks [0, 5) of epoch 3."""
@@ -104,13 +128,15 @@ class Broker:
         )
         self.state = StateStore(tmp_path / "data" / "state")
         uploader = Uploader(self.store, self.state, 0.01, 0.1)
-        self.catalog = TopicCatalog(
-            config, self.state, uploader, ObjectArchive(self.store, uploader)
-        )
         self.checkpoints = checkpoints
 
         def serves(topic: str, partition: int) -> bool:
             return checkpoints.epoch(topic, partition) is not None
+
+        self.placement = TestPlacement(serves)
+        self.catalog = TopicCatalog(
+            config, self.state, uploader, ObjectArchive(self.store, uploader), self.placement
+        )
 
         self.committer = TailCommitter(
             self.tail,
@@ -214,7 +240,7 @@ async def test_a_subscription_created_before_the_partition_is_served_takes_the_c
         async def created(topic: LogTopic, name: str, definition: dict[str, object]) -> None:
             await partitions.checkpoint_new(topic, name)  # as ClusterMode's hook does
 
-        catalog.subscriptions.created = created
+        broker.placement.created = created
         checkpoints.current = 7
         await partitions.acquire(TOPIC, 0, 7)  # no subscription known here yet
         latest = m.SubscriptionSettings(start=m.StartPosition.LATEST)

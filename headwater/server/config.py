@@ -107,6 +107,9 @@ class ClusterConfig:
     # window holding every partition's batches, indexed in etcd (docs/CLUSTER.md). Every
     # broker of a cluster must use the same, chosen when the cluster is created
     tail_layout: str = "partition"
+    # with authentication on: the token this broker authenticates with to the other brokers,
+    # for the records it writes to partitions they own (dead letters; docs/CLUSTER.md)
+    peer_token: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ import gc
 import os
 import resource
 import signal
+import ssl
 from pathlib import Path
 
 import structlog
@@ -30,7 +31,8 @@ from headwater.server.logs import configure_logging
 from headwater.server.net.listener import Listener, StartupError
 from headwater.server.ops.operator_port import start_operator_port
 from headwater.server.requests.broker import Broker
-from headwater.server.requests.partition_ownership import BrokerAddress, SingleBroker
+from headwater.server.requests.partition_ownership import BrokerAddress
+from headwater.server.requests.placement import Placement, SingleBrokerPlacement
 from headwater.server.security.access import Security
 from headwater.server.security.tls import ServerTls, TlsError, is_loopback
 from headwater.server.security.tokens import TokenFileError
@@ -104,28 +106,8 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
             store = await open_object_store(config)
         except (OSError, HeadwaterError, ValueError) as exc:
             raise StartupError(f"cannot open the object store: {exc}") from None
-        uploader = archive = None
-        if store is not None:
-            stack.push_async_callback(store.close)
-            uploader = Uploader(
-                store,
-                state,
-                config.object_store.retry_initial_ms / 1000,
-                config.object_store.retry_max_ms / 1000,
-            )
-            uploader.start()
-            archive = ObjectArchive(store, uploader)
-        catalog = TopicCatalog(config, state, uploader, archive)
-        try:
-            await catalog.open()
-        except (OSError, HeadwaterError) as exc:
-            with contextlib.suppress(Exception):  # best effort: what did open is closed
-                await catalog.close()
-            raise StartupError(f"cannot open the topics in {config.data_dir}: {exc}") from None
-        stack.push_async_callback(catalog.close)
-        # LOOKUP names this broker at the port it is bound to (--port 0 picks one)
-        single = SingleBroker(BrokerAddress("local", config.host, port))
-        broker = Broker(config, catalog, lambda: len(listener.connections), single)
+        # the deployment this broker serves in, built before the parts it decides for
+        placement: Placement = SingleBrokerPlacement(BrokerAddress("local", config.host, port))
         cluster = None
         if config.cluster.etcd:
             if store is None:
@@ -138,7 +120,34 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
             if kafka is not None:  # registered with the broker: every broker's Metadata names it
                 advertise = config.cluster.advertise.rpartition(":")[0] or None
                 kafka_address = kafka.advertised(advertise)
-            cluster = ClusterMode(config, catalog, broker, store, port, kafka_address)
+            tls = listener.shared.tls
+            peer_tls = None if tls is None else _peer_tls(config)
+            cluster = ClusterMode(config, store, port, kafka_address, peer_tls)
+            placement = cluster
+        uploader = archive = None
+        if store is not None:
+            stack.push_async_callback(store.close)
+            uploader = Uploader(
+                store,
+                state,
+                config.object_store.retry_initial_ms / 1000,
+                config.object_store.retry_max_ms / 1000,
+                cluster,
+            )
+            uploader.start()
+            archive = ObjectArchive(store, uploader)
+        catalog = TopicCatalog(config, state, uploader, archive, placement)
+        try:
+            await catalog.open()
+        except (OSError, HeadwaterError) as exc:
+            with contextlib.suppress(Exception):  # best effort: what did open is closed
+                await catalog.close()
+            raise StartupError(f"cannot open the topics in {config.data_dir}: {exc}") from None
+        stack.push_async_callback(catalog.close)
+        if cluster is not None:
+            cluster.bind(catalog)
+        broker = Broker(config, catalog, lambda: len(listener.connections), placement)
+        if cluster is not None:
             try:
                 await cluster.start()
             except (OSError, HeadwaterError, ConnectionError, TimeoutError) as exc:
@@ -235,6 +244,15 @@ def _security(config: ServerConfig) -> tuple[Security | None, ServerTls | None]:
         return Security(settings, config.data_dir), tls
     except TokenFileError as exc:
         raise StartupError(str(exc)) from None
+
+
+def _peer_tls(config: ServerConfig) -> ssl.SSLContext:
+    """How a broker whose port is TLS reaches the others' (peer links, dead letters): their
+    certificates checked against the system's roots and `security.tls_client_ca`, when given."""
+    context = ssl.create_default_context()
+    if config.security.tls_client_ca is not None:
+        context.load_verify_locations(config.security.tls_client_ca)
+    return context
 
 
 def _reload(listener: Listener) -> None:

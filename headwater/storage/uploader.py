@@ -94,6 +94,10 @@ class SegmentPublisher(Protocol):
     """A cluster's say on uploads: which segments to upload, under what name, and whether the
     partition's manifest now names them."""
 
+    def may_upload(self, topic: str, partition: int) -> bool:
+        """Whether this broker uploads the partition's segments (it serves the partition)."""
+        ...
+
     async def name(self, topic: str, partition: int, segment: SealedSegment) -> str | None:
         """The name to upload `segment` under, once it may be (its batches are all in the
         object store's tail); None: do not upload it (not ours, or nothing new)."""
@@ -114,7 +118,10 @@ class Uploader:
         state: StateStore,
         retry_initial: float = 0.5,
         retry_max: float = 30.0,
+        publisher: SegmentPublisher | None = None,
     ) -> None:
+        """`publisher`: a cluster's say on uploads (None: one broker uploads everything it
+        seals, and removes a deleted topic's objects itself)."""
         self.store = store
         self._state = state
         self._retry_initial = retry_initial
@@ -128,11 +135,13 @@ class Uploader:
         self._busy = False
         self.failures = 0
         # a cluster's: upload only what this broker serves, and only what `publisher` names
-        self.may_upload: Callable[[str, int], bool] = lambda topic, partition: True
-        self.publisher: SegmentPublisher | None = None
+        self.publisher = publisher
+        self.may_upload: Callable[[str, int], bool] = (
+            (lambda topic, partition: True) if publisher is None else publisher.may_upload
+        )
         # False in a cluster: the objects are the cluster's, and a broker creating or dropping
         # its copy of a topic must not remove them (`purge` does, for the cluster's delete)
-        self.purges = True
+        self.purges = publisher is None
         for raw_key, value in state.scan(UPLOAD):
             topic, partition, start = raw_key.decode().split("\0")
             self._record(topic, int(partition), UploadedSegment.decode(int(start), value))

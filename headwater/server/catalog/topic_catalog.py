@@ -53,6 +53,7 @@ from headwater.server.subscriptions.reliable_store import SubscriptionStore
 from headwater.server.topic_turns import NameLocks, Turn
 from headwater.server.topics.idempotent_producers import ProducerIds
 from headwater.server.topics.lastvalue_index import LastValueIndex
+from headwater.server.topics.placement import LocalPlacement, TopicPlacement
 from headwater.server.topics.topic import Archive, LogTopic, MemoryTopic, Topic
 from headwater.server.topics.topic_settings import (
     log_config,
@@ -94,8 +95,12 @@ class TopicCatalog:
         state: StateStore,
         uploader: Uploader | None = None,
         archive: Archive | None = None,
+        placement: TopicPlacement | None = None,
     ) -> None:
+        """`placement`: the deployment this broker serves in (`server.topics.placement`; one
+        broker, `LocalPlacement`, by default)."""
         self._config = config
+        self.placement: TopicPlacement = placement or LocalPlacement()
         self._state = state
         self.writer = StateWriter(state)
         self.producers = ProducerIds(self.writer)
@@ -106,9 +111,15 @@ class TopicCatalog:
         self.topics: dict[str, Topic] = {}
         self._housekeeping: asyncio.Task[None] | None = None
         self._locks = NameLocks()
-        self.dead_letters = DeadLetters(self.topics, self._locks, self.create_locked)
+        self.dead_letters = DeadLetters(
+            self.topics, self._locks, self.placement, self.create_locked
+        )
         self.subscriptions = SubscriptionStore(
-            config, self.writer, self.dead_letters, uploader.store if uploader else None
+            config,
+            self.writer,
+            self.dead_letters,
+            self.placement,
+            uploader.store if uploader else None,
         )
         self.schemas = SchemaRegistry(state, self.writer)
 
@@ -203,7 +214,7 @@ class TopicCatalog:
             for p in range(partitions)
         ]
         info = m.TopicInfo(name, partitions, m.DispatchMode.RELIABLE, settings_to_configs(settings))
-        return LogTopic(info, settings, logs, self._archive)
+        return LogTopic(info, settings, logs, self._archive, self.placement.durability)
 
     def _sealed(self, topic: str, partition: int) -> Callable[[SealedSegment], None]:
         def enqueue(segment: SealedSegment) -> None:
@@ -350,7 +361,7 @@ class TopicCatalog:
                 f"{exc.strerror or exc}"
             ) from None
         info = m.TopicInfo(name, partitions, m.DispatchMode.RELIABLE, settings_to_configs(settings))
-        return LogTopic(info, settings, logs, self._archive)
+        return LogTopic(info, settings, logs, self._archive, self.placement.durability)
 
     async def _discard(self, topic: Topic) -> None:
         if topic.reliable:

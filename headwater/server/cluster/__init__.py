@@ -7,10 +7,11 @@ round, `metadata` the topic and subscription definitions and cursor checkpoints,
 what it knows of itself and the `PartitionHandler` it drives, `exclusive_claims` the one holder of
 an Exclusive subscription in the whole cluster, fenced in etcd, `producer_ids` idempotent-producer
 ids unique in the cluster (blocks taken from a counter in etcd). On the data side, `cluster_mode`
-composes the broker's cluster mode, `cluster_partitions` takes partitions over, hands them off and
-loses them, and `tail_commit` acknowledges a produce once it is in the object store (one object
-per partition per window), or `shared_commit` with one object per broker per window, which
-`shared_tail` indexes in etcd (`cluster.tail_layout = "broker"`).
+is the cluster's placement (`requests.placement.Placement`), `peer_links` the connections to the
+other brokers for the records it writes to their partitions, `cluster_partitions` takes
+partitions over, hands them off and loses them, and `tail_commit` acknowledges a produce once it
+is in the object store (one object per partition per window), or `shared_commit` with one object
+per broker per window, which `shared_tail` indexes in etcd (`cluster.tail_layout = "broker"`).
 `cluster_metrics` and `cluster_status` report it (the latter straight from etcd)."""
 
 from headwater.server.cluster.coordinator import Coordinator

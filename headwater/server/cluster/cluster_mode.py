@@ -1,17 +1,24 @@
-"""Cluster mode's composition: join etcd, and make the broker serve only what it owns.
+"""Cluster mode: the deployment this broker serves in when it is one of a cluster on etcd and a
+shared object store: the `server.requests.placement.Placement` the catalog and the broker are
+built with (docs/CLUSTER.md).
 
-`join_cluster` (called by `serve` when `cluster.etcd` is set) builds the etcd coordinator
-(`server.cluster`), the object-store acknowledgement path (`server.cluster.tail_commit`), the
-take-over handler (`server.cluster.cluster_partitions`), and wires them into the catalog and the
-broker:
+`serve` builds it first, from the configuration alone (the etcd coordinator, the object-store
+acknowledgement path `server.cluster.tail_commit`, the links to the other brokers); hands it to
+the uploader, the catalog and the broker as a constructor argument; lets it build its parts over
+the recovered catalog (`bind`: the take-over handler `server.cluster.cluster_partitions`, the
+Exclusive claims, the Kafka group cursors); then starts it (joins etcd). Nothing of another
+object is reassigned afterwards. What it answers:
 
 - topics are defined in etcd: CREATE_TOPIC creates the topic here (which checks the request) and
   then in etcd (a transaction: a name taken meanwhile gives TOPIC_EXISTS and ours goes); every
   broker creates and deletes its local copy from the watch (`on_topic`). A broker that starts
-  drops local topics etcd no longer has.
-- a reliable append is answered once in the object store; segments are uploaded only for
-  partitions served here, each under a name of its own, and count once the partition's manifest
-  names them (which lets the tail chunks they hold go).
+  drops local topics etcd no longer has. The topics the server creates for itself (dead letters)
+  take the same path (`define_topic`).
+- a reliable append is answered once in the object store (`durability`); segments are uploaded
+  only for partitions served here, each under a name of its own, and count once the partition's
+  manifest names them (which lets the tail chunks they hold go).
+- a record the server writes itself to a partition served by another broker is produced there
+  over a peer link (`write`, `server.cluster.peer_links`).
 - subscriptions created here are recorded in etcd with their first checkpoint.
 - the broker's Kafka listener, when it has one, is registered with it (host and port), so that
   every broker's Kafka Metadata names it (docs/KAFKA.md); a Kafka group's offsets are its
@@ -21,8 +28,10 @@ broker:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Coroutine
-from typing import Any
+import ssl
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import structlog
 
@@ -31,25 +40,33 @@ from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.cluster.cluster_partitions import ClusterPartitions, checkpoint_key
 from headwater.server.cluster.coordinator import Coordinator
 from headwater.server.cluster.exclusive_claims import ExclusiveGate
+from headwater.server.cluster.peer_links import PeerLinks
 from headwater.server.cluster.shared_commit import SharedCommitter
 from headwater.server.cluster.shared_tail import SharedTail
 from headwater.server.cluster.tail_commit import TailCommitter
 from headwater.server.config import ServerConfig
-from headwater.server.requests.broker import Broker
 from headwater.server.requests.consumer_requests import close_consumers
 from headwater.server.requests.create_partitions import add_partitions, check_growth
-from headwater.server.requests.partition_ownership import BrokerAddress, not_owner
-from headwater.server.requests.topic_definitions import close_topic_consumers
+from headwater.server.requests.partition_ownership import BrokerAddress, Ownership, not_owner
+from headwater.server.requests.placement import ProducerIds, SharedProducerIds
+from headwater.server.requests.topic_definitions import (
+    SubscribeGate,
+    TopicDefinitions,
+    close_topic_consumers,
+)
+from headwater.server.topics.placement import CreateLocal, append_here
 from headwater.server.topics.topic import (
     LOCAL_DURABILITY,
+    Durability,
     LogPartition,
     LogTopic,
-    Topic,
     stamped_batch,
 )
 from headwater.storage.cloud_tail import CloudTail
 from headwater.storage.objectstore import ObjectStore
 from headwater.storage.partition_manifest import PartitionManifests
+from headwater.storage.uploader import UploadedSegment
+from headwater.storage.wal import SealedSegment
 from headwater.wire import messages as m
 from headwater.wire.errors import ErrorCode, InvalidRequest, TopicExists, UnknownTopic
 
@@ -60,11 +77,10 @@ class ClusterMode:
     def __init__(
         self,
         config: ServerConfig,
-        catalog: TopicCatalog,
-        broker: Broker,
         store: ObjectStore,
         port: int,
         kafka: tuple[str, int] | None = None,
+        peer_tls: ssl.SSLContext | None = None,
     ) -> None:
         """`kafka`: the (host, port) this broker's Kafka listener is reached at, registered
         in etcd with the broker (None: it has none)."""
@@ -101,38 +117,64 @@ class ClusterMode:
                 coordinator.epoch,
                 lambda topic, partition: not_owner(coordinator, topic, partition),
             )
-        self.partitions = ClusterPartitions(
+        self._checkpoint_interval = settings.checkpoint_interval_ms / 1000
+        self._fold_chunks = settings.fold_chunks
+        self.producer_ids_issued = coordinator.producer_ids()
+        self._durability = CloudDurability(self.committer, self)
+        self.peers = PeerLinks(settings.peer_token, peer_tls)
+        self._collecting: set[asyncio.Task[Any]] = set()
+        # built over the catalog by `bind`
+        self._bound: _Bound | None = None
+
+    def bind(self, catalog: TopicCatalog) -> None:
+        """Build the parts that work on the recovered catalog: the take-over handler, the
+        Exclusive claims, the Kafka group cursors. Before the broker is built, after
+        `catalog.open`."""
+        coordinator = self.coordinator
+        partitions = ClusterPartitions(
             catalog,
             self.tail,
             self.committer,
             coordinator,
             coordinator.serves,
-            settings.checkpoint_interval_ms / 1000,
-            settings.fold_chunks,
+            self._checkpoint_interval,
+            self._fold_chunks,
         )
-        self.committer.on_stored = self.partitions.stored
-        self.exclusive = ExclusiveGate(coordinator, catalog.topics)
-        self.group_cursors = GroupCursors(coordinator, self.partitions)
-        self._catalog = catalog
-        self._broker = broker
-        self.producer_ids = coordinator.producer_ids()
-        self._collecting: set[asyncio.Task[Any]] = set()
+        self.committer.on_stored = partitions.stored
+        self._bound = _Bound(
+            catalog,
+            partitions,
+            ExclusiveGate(coordinator, catalog.topics),
+            GroupCursors(coordinator, partitions),
+        )
+        coordinator.handler = partitions
+        coordinator.on_topic = self._on_topic
+        coordinator.on_subscription = self._on_subscription
+
+    @property
+    def _parts(self) -> _Bound:
+        if self._bound is None:
+            raise RuntimeError("ClusterMode.bind(catalog) comes before this")
+        return self._bound
+
+    @property
+    def partitions(self) -> ClusterPartitions:
+        return self._parts.partitions
+
+    @property
+    def exclusive(self) -> ExclusiveGate:
+        return self._parts.exclusive
+
+    @property
+    def group_cursors(self) -> GroupCursors:
+        return self._parts.group_cursors
+
+    @property
+    def _catalog(self) -> TopicCatalog:
+        return self._parts.catalog
 
     async def start(self) -> None:
         catalog, coordinator = self._catalog, self.coordinator
-        for topic in catalog.topics.values():
-            self._clustered(topic)
-        uploader = catalog.uploader
-        if uploader is not None:
-            uploader.may_upload = coordinator.serves
-            uploader.purges = False
-            uploader.publisher = self.partitions
-        catalog.subscriptions.created = self._subscription_created
-        catalog.subscriptions.deleted = self._subscription_deleted
-        self._broker.enter_cluster(coordinator, self, self.exclusive, self.producer_ids)
-        coordinator.handler = self.partitions
-        coordinator.on_topic = self._on_topic
-        coordinator.on_subscription = self._on_subscription
         await coordinator.start()
         known = coordinator.topics()
         for name in [n for n in catalog.topics if n not in known]:
@@ -148,12 +190,72 @@ class ClusterMode:
         await self.partitions.close()
         if isinstance(self.committer, SharedCommitter):
             await self.committer.close()
+        await self.peers.close()
+
+    # The placement (server.requests.placement.Placement)
+
+    @property
+    def ownership(self) -> Ownership:
+        return self.coordinator
+
+    @property
+    def durability(self) -> Durability:
+        return self._durability
+
+    @property
+    def serves(self) -> Callable[[str, int], bool] | None:
+        return self.coordinator.serves
+
+    def definitions(self, catalog: TopicCatalog) -> TopicDefinitions:
+        return self
+
+    def subscribe_gate(self, catalog: TopicCatalog) -> SubscribeGate:
+        return self.exclusive
+
+    def producer_ids(self, catalog: TopicCatalog) -> ProducerIds:
+        return SharedProducerIds(self.producer_ids_issued)
+
+    async def define_topic(self, request: m.CreateTopicRequest, create_local: CreateLocal) -> None:
+        await self.create_topic(request)
+
+    def write(
+        self, topic: LogTopic, partition: int, batch: bytes, record_count: int
+    ) -> Awaitable[None]:
+        """Appended here when this broker serves the partition (answered once in the object
+        store); otherwise produced at its owner over a peer link."""
+        if self.coordinator.serves(topic.name, partition):
+            return append_here(topic, partition, batch, record_count)
+        return self._write_at_owner(topic.name, partition, batch)
+
+    async def _write_at_owner(self, topic: str, partition: int, batch: bytes) -> None:
+        owner = self.coordinator.owner(topic, partition)
+        if owner is None or owner == self.coordinator.this_broker:
+            raise not_owner(self.coordinator, topic, partition)  # moving: tried again later
+        await self.peers.produce(owner, topic, partition, batch)
+
+    # SegmentPublisher (storage.uploader): what this broker uploads, and under which names
+
+    def may_upload(self, topic: str, partition: int) -> bool:
+        return self.coordinator.serves(topic, partition)
+
+    async def name(self, topic: str, partition: int, segment: SealedSegment) -> str | None:
+        return await self.partitions.name(topic, partition, segment)
+
+    async def publish(
+        self, topic: str, partition: int, segment: UploadedSegment
+    ) -> UploadedSegment | None:
+        return await self.partitions.publish(topic, partition, segment)
+
+    def cloud_end(self, topic: str, partition: int) -> int:
+        if self._bound is None:  # the catalog opening: nothing is served, nothing is readable
+            return 0
+        return self._bound.partitions.cloud_end(topic, partition)
 
     # Topics
 
     async def create_topic(self, request: m.CreateTopicRequest) -> None:
         """CREATE_TOPIC, in the topic's turn (the broker holds it)."""
-        self._clustered(await self._catalog.create_locked(request))
+        await self._catalog.create_locked(request)
         definition = {
             "partitions": request.partitions,
             "dispatch": int(request.dispatch),
@@ -238,7 +340,7 @@ class ClusterMode:
                 )
                 await self._drop_local(name)
             try:
-                self._clustered(await catalog.create_locked(request))
+                await catalog.create_locked(request)
             except TopicExists:
                 return
             except Exception:
@@ -253,11 +355,6 @@ class ClusterMode:
             log.exception("cluster.partitions_add_failed", topic=name, partitions=partitions)
         else:
             log.info("cluster.partitions_added", topic=name, partitions=partitions)
-
-    def _clustered(self, topic: Topic) -> None:
-        """A reliable topic's appends are answered, and read, once in the object store."""
-        if isinstance(topic, LogTopic):
-            topic.durable = CloudDurability(self.committer, self.partitions)
 
     async def _on_subscription(
         self, topic: str, name: str, definition: dict[str, Any] | None
@@ -287,13 +384,13 @@ class ClusterMode:
 
     # Subscriptions and uploads
 
-    async def _subscription_created(
+    async def subscription_created(
         self, topic: LogTopic, name: str, definition: dict[str, Any]
     ) -> None:
         await self.coordinator.put_subscription(topic.name, name, definition)
         await self.partitions.checkpoint_new(topic, name)
 
-    async def _subscription_deleted(self, topic: str, name: str) -> None:
+    async def subscription_deleted(self, topic: str, name: str) -> None:
         await self.coordinator.delete_subscription(topic, name)
         await self.coordinator.delete_checkpoints(checkpoint_key(topic, name, 0)[:-1])
 
@@ -310,7 +407,7 @@ class ClusterMode:
             rebuilt=self.partitions.rebuilt,
             kept=self.partitions.kept,
             producer_tables_rebuilt=self.partitions.tables_rebuilt,
-            producer_id_blocks=self.producer_ids.blocks,
+            producer_id_blocks=self.producer_ids_issued.blocks,
         )
         return status
 
@@ -348,16 +445,30 @@ class GroupCursors:
                 self._partitions.checkpointed(topic, subscription, partition, data)
 
 
+class CloudEnd(Protocol):
+    def cloud_end(self, topic: str, partition: int) -> int:
+        """Where the partition's batches in the object store end."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Bound:
+    """ClusterMode's parts over the catalog (`bind`)."""
+
+    catalog: TopicCatalog
+    partitions: ClusterPartitions
+    exclusive: ExclusiveGate
+    group_cursors: GroupCursors
+
+
 class CloudDurability:
     """A cluster's `topics.topic.Durability`: an append is answered once its batch is in the
     object store (`tail_commit.TailCommitter`), and readers read only what is there, so no
     consumer acks an offset a take-over could give to another message."""
 
-    def __init__(
-        self, committer: TailCommitter | SharedCommitter, partitions: ClusterPartitions
-    ) -> None:
+    def __init__(self, committer: TailCommitter | SharedCommitter, cloud: CloudEnd) -> None:
         self._committer = committer
-        self._partitions = partitions
+        self._cloud = cloud
 
     def commit(
         self,
@@ -374,4 +485,4 @@ class CloudDurability:
 
     def readable_end(self, topic: str, partition: LogPartition, committed: bool) -> int:
         local = LOCAL_DURABILITY.readable_end(topic, partition, committed)
-        return min(local, self._partitions.cloud_end(topic, partition.index))
+        return min(local, self._cloud.cloud_end(topic, partition.index))

@@ -420,6 +420,9 @@ class Coordinator(Assignment, Metadata, ExclusiveClaims):
             held is not None and held.state is State.SERVING and time.monotonic() < self._deadline
         )
 
+    def serves_every(self, topic: str, partitions: int) -> bool:
+        return all(self.serves(topic, partition) for partition in range(partitions))
+
     def standing(self, topic: str, partition: int) -> Standing:
         """Unlike `serves`, a partition being handed off is still HELD (its last chunks are
         stored and acknowledged during the release), and a lease confirmation that is late is

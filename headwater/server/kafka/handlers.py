@@ -568,9 +568,9 @@ class KafkaHandlers:
             raise UnknownTopic(f"topic {name!r} does not exist")
         if not 0 <= index < len(topic.partitions):
             raise InvalidPartition(f"topic {name!r} has no partition {index}")
-        gate = self._broker.gate  # a cluster's: the offsets of a partition served elsewhere
-        if gate is not None and not gate.serves(name, index):  # are its owner's to tell
-            raise not_owner(gate, name, index)
+        ownership = self._broker.ownership  # the offsets of a partition served elsewhere
+        if not ownership.serves(name, index):  # are its owner's to tell
+            raise not_owner(ownership, name, index)
         if timestamp == -2:
             return topic.start_offset(index)
         if not topic.reliable:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, overload
+from typing import Any, overload
 
 from headwater.durables.producers import ProducerTable
 from headwater.server.catalog.topic_catalog import TopicCatalog
@@ -47,12 +47,10 @@ from headwater.server.requests.map_requests import MapHandlers
 from headwater.server.requests.partition_ownership import (
     BrokerAddress,
     Ownership,
-    SingleBroker,
     not_owner,
 )
+from headwater.server.requests.placement import Placement, SingleBrokerPlacement
 from headwater.server.requests.topic_definitions import (
-    LocalTopics,
-    SubscribeGate,
     TopicDefinitions,
 )
 from headwater.server.schemas.schema_registry import SchemaHandlers
@@ -91,43 +89,35 @@ Handler = Callable[[Session, Any], Reply]
 PRODUCER_WAIT = 10.0
 
 
-class ClusterIds(Protocol):
-    """Producer ids issued by the whole cluster (`server.cluster.producer_ids`)."""
-
-    async def issue(self) -> int: ...
-
-    def issued(self, producer_id: int) -> bool: ...
-
-    def refresh(self) -> Awaitable[None]: ...
-
-
 class Broker:
     def __init__(
         self,
         config: ServerConfig,
         catalog: TopicCatalog,
         connections: Callable[[], int] = lambda: 0,
-        ownership: Ownership | None = None,
+        placement: Placement | None = None,
     ) -> None:
+        """`placement`: the deployment this broker serves in (`server.requests.placement`), the
+        catalog's own; by default one broker on `config`'s address."""
         self._config = config
         self.catalog = catalog
-        self.ownership: Ownership = ownership or SingleBroker(
-            BrokerAddress("local", config.host, config.port)
-        )
-        self.consumers = ConsumerHandlers(config, catalog)
+        if placement is None:
+            placement = SingleBrokerPlacement(BrokerAddress("local", config.host, config.port))
+        self.ownership: Ownership = placement.ownership
+        gate = placement.subscribe_gate(catalog)
+        self.consumers = ConsumerHandlers(config, catalog, on_detached=gate.detached_consumer)
         self.memory = self.consumers.memory  # the server's memory budget (server info, metrics)
         self.admin = AdminHandlers(catalog, config.data_dir, connections, self.memory)
-        self.maps = MapHandlers(catalog)
-        self.fetches = FetchHandler(catalog)
-        self.gate: Ownership | None = None  # a cluster's ownership (enter_cluster)
-        self.cluster_ids: ClusterIds | None = None  # a cluster's producer ids (enter_cluster)
+        self.maps = MapHandlers(catalog, self.ownership)
+        self.fetches = FetchHandler(catalog, self.ownership)
+        self._producer_ids = placement.producer_ids(catalog)
         # (topic, partition) -> the last idempotent produce waiting there: later ones queue
         # behind it, so a producer's batches keep their order (module docstring)
         self._waiting: dict[tuple[str, int], asyncio.Future[None]] = {}
-        self.definitions: TopicDefinitions = LocalTopics(catalog)
+        self.definitions: TopicDefinitions = placement.definitions(catalog)
         consumers = self.consumers
         schemas = SchemaHandlers(catalog.schemas, catalog.topics)
-        self._handlers: dict[type, Handler] = bind(
+        handlers: dict[type, Handler] = bind(
             self,
             consumers,
             self.fetches,
@@ -136,6 +126,9 @@ class Broker:
             schemas,
             LookupHandler(self.ownership, catalog.topics),
         )
+        # what SUBSCRIBE passes first (a cluster claims an Exclusive subscription in etcd)
+        handlers[m.SubscribeRequest] = gate.wrap(consumers.subscribe)
+        self._handlers = handlers
         # AUTHENTICATE is the connection's, before the broker (security.access)
         missing = set(REQUEST_API_KEYS) - set(self._handlers) - {m.AuthenticateRequest}
         if missing:
@@ -215,8 +208,8 @@ class Broker:
 
     def _publish(self, topic: MemoryTopic, request: m.ProduceRequest, info: BatchInfo) -> Reply:
         partition = self._pick(topic, request.partition)
-        if self.gate is not None and not self.gate.serves(topic.name, partition.index):
-            raise not_owner(self.gate, topic.name, partition.index)
+        if not self.ownership.serves(topic.name, partition.index):
+            raise not_owner(self.ownership, topic.name, partition.index)
         if info.producer_id < 0:
             base_offset, _ = topic.accept(partition, request.batch, info.record_count, False)
             return m.ProduceResponse(partition.index, base_offset)
@@ -251,8 +244,8 @@ class Broker:
             partition = topic.partitions[topic.last_value.partition_for(records)]
         else:
             partition = self._pick(topic, request.partition)
-        if self.gate is not None and not self.gate.serves(topic.name, partition.index):
-            raise not_owner(self.gate, topic.name, partition.index)
+        if not self.ownership.serves(topic.name, partition.index):
+            raise not_owner(self.ownership, topic.name, partition.index)
         if info.producer_id < 0:
             base_offset, durable = topic.accept(
                 partition, request.batch, info.record_count, committed
@@ -295,34 +288,12 @@ class Broker:
         """The partition asked for; for -1, the next in turn (in a cluster, of those served
         here: a producer that leaves the choice to the broker is never sent elsewhere)."""
         partition = topic.pick_partition(requested)
-        if requested == -1 and self.gate is not None:
+        if requested == -1:
             for _ in range(len(topic.partitions)):
-                if self.gate.serves(topic.name, partition.index):
+                if self.ownership.serves(topic.name, partition.index):
                     break
                 partition = topic.pick_partition(requested)
         return partition
-
-    def enter_cluster(
-        self,
-        ownership: Ownership,
-        definitions: TopicDefinitions,
-        exclusive: SubscribeGate,
-        producer_ids: ClusterIds,
-    ) -> None:
-        """Serve only the partitions `ownership` gives this broker, define topics through
-        `definitions`, attach consumers through `exclusive` and issue producer ids from
-        `producer_ids` (a cluster's; docs/CLUSTER.md)."""
-        self.gate = ownership
-        self.cluster_ids = producer_ids
-        self.ownership = ownership
-        self._handlers[m.LookupRequest] = LookupHandler(ownership, self.catalog.topics).lookup
-        self.definitions = definitions
-        self.maps.ownership = ownership
-        self.fetches.ownership = ownership
-        # an Exclusive subscription has one holder in the whole cluster (fenced in etcd)
-        self._handlers[m.SubscribeRequest] = exclusive.wrap(self.consumers.subscribe)
-        self.consumers.on_detached = exclusive.detached_consumer
-        self.catalog.subscriptions.serves = ownership.serves
 
     def _check_producer(
         self, request: m.ProduceRequest, info: BatchInfo, producers: ProducerTable
@@ -335,9 +306,7 @@ class Broker:
         return producers.check(info.producer_id, info.base_sequence, info.record_count)
 
     def _issued(self, producer_id: int) -> bool:
-        if self.cluster_ids is not None:  # issued by any broker of the cluster
-            return self.cluster_ids.issued(producer_id)
-        return self.catalog.producers.issued(producer_id)
+        return self._producer_ids.issued(producer_id)
 
     def _idempotent(
         self,
@@ -362,7 +331,7 @@ class Broker:
     def _must_wait(self, partition: MemoryPartition | LogPartition, producer_id: int) -> bool:
         if self._table_wait(partition) is not None:
             return True
-        return self.cluster_ids is not None and not self.cluster_ids.issued(producer_id)
+        return self._producer_ids.unknown_yet(producer_id)
 
     @staticmethod
     def _table_wait(partition: MemoryPartition | LogPartition) -> asyncio.Future[None] | None:
@@ -389,13 +358,13 @@ class Broker:
                 if wait is None:
                     break
                 await self._bounded(asyncio.shield(wait), deadline, key)
-            if self.cluster_ids is not None and not self.cluster_ids.issued(info.producer_id):
+            if self._producer_ids.unknown_yet(info.producer_id):
                 # issued by another broker after this one last read the counter
-                await self._bounded(self.cluster_ids.refresh(), deadline, key)
+                await self._bounded(self._producer_ids.refresh(), deadline, key)
             if self.catalog.topics.get(topic.name) is not topic:
                 raise UnknownTopic(f"topic {topic.name!r} does not exist")
-            if self.gate is not None and not self.gate.serves(topic.name, partition.index):
-                raise not_owner(self.gate, topic.name, partition.index)
+            if not self.ownership.serves(topic.name, partition.index):
+                raise not_owner(self.ownership, topic.name, partition.index)
             return go()
         finally:
             mine.set_result(None)
@@ -416,14 +385,7 @@ class Broker:
 
     @handles(m.InitProducerIdRequest)
     def init_producer_id(self, session: Session, request: m.InitProducerIdRequest) -> Reply:
-        if self.cluster_ids is not None:  # a cluster: from etcd, unique in the whole cluster
-            return AfterWork(self._cluster_producer_id(self.cluster_ids))
-        producer_id, durable = self.catalog.producers.issue()
-        return AfterDurable(m.InitProducerIdResponse(producer_id, 0), durable)
-
-    @staticmethod
-    async def _cluster_producer_id(ids: ClusterIds) -> Reply:
-        return m.InitProducerIdResponse(await ids.issue(), 0)
+        return self._producer_ids.init_producer_id()
 
     # Admin
 

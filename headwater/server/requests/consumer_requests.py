@@ -62,7 +62,11 @@ log = structlog.get_logger("headwater.broker")
 
 class ConsumerHandlers:
     def __init__(
-        self, config: ServerConfig, catalog: TopicCatalog, memory: MemoryBudget | None = None
+        self,
+        config: ServerConfig,
+        catalog: TopicCatalog,
+        memory: MemoryBudget | None = None,
+        on_detached: Callable[[Consumer], None] | None = None,
     ) -> None:
         self._config = config
         self._catalog = catalog
@@ -73,7 +77,7 @@ class ConsumerHandlers:
         self.memory = memory
         self._consumer_ids = itertools.count(1)
         # told after every detach (a cluster releases an Exclusive subscription's holder)
-        self.on_detached: Callable[[Consumer], None] | None = None
+        self._on_detached = on_detached
 
     def _topic(self, name: str) -> Topic:
         topic = self._catalog.topics.get(name)
@@ -313,8 +317,8 @@ class ConsumerHandlers:
             subscription=subscription.name,
             consumer_id=consumer.consumer_id,
         )
-        if self.on_detached is not None:
-            self.on_detached(consumer)
+        if self._on_detached is not None:
+            self._on_detached(consumer)
 
     @handles(m.SeekRequest, "topic", "owner-or-admin", in_turn=True)
     def seek(self, session: Session, request: m.SeekRequest) -> Reply:

@@ -56,9 +56,9 @@ _MAX_WAKEUPS = 100_000
 
 
 class FetchHandler:
-    def __init__(self, catalog: TopicCatalog) -> None:
+    def __init__(self, catalog: TopicCatalog, ownership: Ownership) -> None:
         self._catalog = catalog
-        self.ownership: Ownership | None = None  # a cluster's: only partitions served here
+        self._ownership = ownership  # only partitions served here (a cluster's)
 
     # reads the log by offset, no subscription: a consumer's right, nothing changes
     @handles(m.FetchRequest, "topic", "consume")
@@ -103,8 +103,8 @@ class FetchHandler:
             raise InvalidPartition(
                 f"topic {topic.name!r} has partitions 0..{len(topic.partitions) - 1}, not {index}"
             )
-        if self.ownership is not None and not self.ownership.serves(topic.name, index):
-            raise not_owner(self.ownership, topic.name, index)
+        if not self._ownership.serves(topic.name, index):
+            raise not_owner(self._ownership, topic.name, index)
 
     def _topic(self, name: str) -> LogTopic:
         topic = self._catalog.topics.get(name)

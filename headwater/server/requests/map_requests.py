@@ -34,13 +34,13 @@ from headwater.wire.records import BatchBuilder
 
 
 class MapHandlers:
-    def __init__(self, catalog: TopicCatalog) -> None:
+    def __init__(self, catalog: TopicCatalog, ownership: Ownership) -> None:
         self._catalog = catalog
-        self.ownership: Ownership | None = None  # a cluster: keys of partitions served here only
+        self._ownership = ownership  # keys of partitions served here only (a cluster's)
 
     def _check_served(self, topic: str, index: LastValueIndex, keys: Iterable[bytes]) -> None:
-        ownership = self.ownership
-        if ownership is None:
+        ownership = self._ownership
+        if ownership.serves_every(topic, index.partitions):
             return
         for record_key in keys:
             partition = index.partition_of(record_key)
@@ -168,7 +168,7 @@ class MapHandlers:
 
     async def _map_scan(self, request: m.MapScanRequest) -> Reply:
         index = await self._read_index(request.topic)
-        if self.ownership is None:
+        if self._ownership.serves_every(request.topic, index.partitions):
             values, cursor = index.scan(request.prefix, request.after, request.limit)
         else:
             values, cursor = await self._served_scan(request, index)
@@ -179,8 +179,7 @@ class MapHandlers:
     ) -> tuple[list[StoredValue], bytes]:
         """A cluster's scan: the keys of the partitions served here only (the client merges
         every owner's pages; a stale copy of another partition must not be counted twice)."""
-        assert self.ownership is not None
-        serves, topic = self.ownership.serves, request.topic
+        serves, topic = self._ownership.serves, request.topic
         found: list[StoredValue] = []
         after = request.after
         while len(found) < request.limit:
@@ -198,13 +197,13 @@ class MapHandlers:
 
     async def _map_size(self, request: m.MapSizeRequest) -> Reply:
         index = await self._read_index(request.topic)
-        if self.ownership is None:
+        if self._ownership.serves_every(request.topic, index.partitions):
             return m.MapSizeResponse(index.size())
         # a cluster: count the keys of the partitions served here (a walk over the keys)
         count, after = 0, b""
         while True:
             page, after = index.scan(b"", after, MAX_MAP_KEYS)
-            count += sum(self.ownership.serves(request.topic, v.partition) for v in page)
+            count += sum(self._ownership.serves(request.topic, v.partition) for v in page)
             if not after:
                 return m.MapSizeResponse(count)
             await asyncio.sleep(0)

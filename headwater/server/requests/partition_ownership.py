@@ -36,6 +36,11 @@ class Ownership(Protocol):
         """Whether this broker may serve the partition now (owns it, and its lease is live)."""
         ...
 
+    def serves_every(self, topic: str, partitions: int) -> bool:
+        """Whether this broker serves partitions 0..`partitions`-1 of `topic` now (a map scan
+        then needs no walk past other brokers' keys)."""
+        ...
+
     def owner(self, topic: str, partition: int) -> BrokerAddress | None:
         """The partition's owner as last seen (None while nobody owns it)."""
         ...
@@ -56,6 +61,9 @@ class SingleBroker:
         return self._this
 
     def serves(self, topic: str, partition: int) -> bool:
+        return True
+
+    def serves_every(self, topic: str, partitions: int) -> bool:
         return True
 
     def owner(self, topic: str, partition: int) -> BrokerAddress | None:

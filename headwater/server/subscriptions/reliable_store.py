@@ -17,7 +17,6 @@ only append listener of the topic's partition logs, whatever the number of subsc
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
@@ -29,6 +28,7 @@ from headwater.server.subscriptions.append_signal import AppendSignal
 from headwater.server.subscriptions.deadletter import DeadLetters
 from headwater.server.subscriptions.reliable_subscription import ReliableSubscription
 from headwater.server.subscriptions.snapshot_feed import SnapshotFeed
+from headwater.server.topics.placement import TopicPlacement
 from headwater.server.topics.subscription_contract import SubscriptionKind
 from headwater.server.topics.topic import LogTopic, Topic
 from headwater.storage.objectstore import ObjectStore
@@ -47,6 +47,7 @@ class SubscriptionStore:
         config: ServerConfig,
         writer: StateWriter,
         dead_letters: DeadLetters,
+        placement: TopicPlacement,
         snapshots: ObjectStore | None = None,
     ) -> None:
         self._config = config
@@ -55,12 +56,9 @@ class SubscriptionStore:
         self._state = writer.store
         self._dead_letters = dead_letters
         self._signals: dict[str, AppendSignal] = {}
-        # a cluster's ownership (server.requests.partition_ownership): pumps send only the
-        # partitions served here
-        self.serves: Callable[[str, int], bool] | None = None
-        # a cluster's: told of a subscription created or deleted here (etcd, checkpoints)
-        self.created: Callable[[LogTopic, str, dict[str, Any]], Awaitable[None]] | None = None
-        self.deleted: Callable[[str, str], Awaitable[None]] | None = None
+        # pumps send only the partitions served here (a cluster's); the placement hears of a
+        # subscription created or deleted here (a cluster records it in etcd)
+        self._placement = placement
 
     def signal(self, topic: LogTopic) -> AppendSignal:
         signal = self._signals.get(topic.name)
@@ -152,8 +150,7 @@ class SubscriptionStore:
         await self._writer.synced(puts)
         subscription = self._new(topic, name, sub_type, resolved, cursors, feed)
         topic.subscriptions[name] = subscription
-        if self.created is not None:
-            await self.created(topic, name, definition)
+        await self._placement.subscription_created(topic, name, definition)
         log.info(
             "subscription.created",
             topic=topic.name,
@@ -183,7 +180,7 @@ class SubscriptionStore:
             self.signal(topic),
             feed,
         )
-        subscription.serves = self.serves
+        subscription.serves = self._placement.serves
         subscription.start()
         return subscription
 
@@ -284,6 +281,5 @@ class SubscriptionStore:
         await self._writer.flush()  # no cursor write of it may land after the delete
         self._state.delete_prefix(key(CURSOR, topic.name, name) + b"\0")
         await self._writer.synced(deletes=[key(SUBSCRIPTION, topic.name, name)])
-        if self.deleted is not None:
-            await self.deleted(topic.name, name)
+        await self._placement.subscription_deleted(topic.name, name)
         log.info("subscription.deleted", topic=topic.name, subscription=name)

@@ -207,6 +207,7 @@ class LogTopic(_TopicBase):
         settings: TopicSettings,
         logs: list[PartitionLog],
         archive: Archive | None = None,
+        durable: Durability | None = None,
     ) -> None:
         super().__init__(info)
         self.settings = settings
@@ -214,8 +215,8 @@ class LogTopic(_TopicBase):
         self.partitions = [LogPartition(i, logs[i]) for i in range(info.partitions)]
         self.last_value: LastValueIndex | None = None
         # what an append's answer waits for and where readers may read up to: the WAL's fsync,
-        # or in a cluster the object store (`server.cluster.cluster_mode` sets its own)
-        self.durable: Durability = LOCAL_DURABILITY
+        # or in a cluster the object store (the placement's, `server.topics.placement`)
+        self.durable: Durability = durable or LOCAL_DURABILITY
 
     def pick_partition(self, requested: int) -> LogPartition:
         return self.partitions[self._pick(requested, len(self.partitions))]
