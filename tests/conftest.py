@@ -39,6 +39,7 @@ SHARED_GROUPS = {
 # Spark process: the wire, the durables core, storage through its fault seam, the client session,
 # CLI parsing, the layering. Everything else is the integration tier, which `make test` runs too.
 UNIT_MODULES = {
+    "test_checkpoint_round",
     "test_cli_parsing",
     "test_cloud_tail",
     "test_cursor_sync",
