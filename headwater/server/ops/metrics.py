@@ -31,6 +31,7 @@ from prometheus_client.registry import Collector
 from headwater.server.build_info import version
 from headwater.server.memory_budget import MAX_MEMORY_PRINCIPALS_SHOWN
 from headwater.server.ops.status import ServerState, lag_and_backlog
+from headwater.server.subscriptions.reliable_subscription import ReliableSubscription
 from headwater.storage.latency import FSYNC_SECONDS, LatencyHistogram
 from headwater.wire.messages import DispatchMode, SubscriptionType
 
@@ -207,6 +208,7 @@ class HeadwaterCollector(Collector):
                 ("redelivered", "Messages delivered again (nack, ack timeout, consumer gone)"),
                 ("dead_lettered", "Messages moved to the dead-letter topic"),
                 ("dropped", "Messages dropped because the consumers were too slow"),
+                ("cursor_write_failures", "Reliable: cursor writes or syncs that failed (retried)"),
             )
         }
         for topic_name, topic in topics.items():
@@ -224,6 +226,10 @@ class HeadwaterCollector(Collector):
                 counters["redelivered"].add_metric(labels, redelivered)
                 counters["dead_lettered"].add_metric(labels, info.dead_lettered)
                 counters["dropped"].add_metric(labels, info.dropped)
+                if isinstance(subscription, ReliableSubscription):
+                    counters["cursor_write_failures"].add_metric(
+                        labels, subscription.cursor_write_failures
+                    )
         yield from gauges.values()
         yield from counters.values()
 

@@ -35,7 +35,9 @@ its own rather than `asyncio.wait_for`, which on Python 3.11 can swallow a cance
 the wake-up (the pump then ran on, and the close, and with it DELETE_TOPIC, waited forever).
 
 Cursor writes are coalesced: one WriteBatch per event-loop turn at most, synced (through the
-`StateWriter`'s group commit) when the topic's fsync policy is `always`.
+`StateWriter`'s group commit) when the topic's fsync policy is `always`. A cursor write or sync
+that fails is tried again with a backoff, logged (`subscription.cursor_write_failed`) and counted
+(`cursor_write_failures`, a metric).
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ from __future__ import annotations
 import asyncio
 import struct
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 
 import structlog
 
@@ -72,6 +75,8 @@ log = structlog.get_logger("headwater.reliable")
 
 _YIELD_EVERY = 64  # pump rounds between yields to the event loop
 _STUCK_RECHECK = 0.25  # seconds: a round that sent nothing while something is due looks again
+_CURSOR_RETRY_FIRST = 0.05  # seconds before a failed cursor write is tried again, doubled
+_CURSOR_RETRY_MAX = 5.0  # up to this
 _BASE = struct.Struct(">q")  # a batch's base offset
 
 
@@ -111,6 +116,11 @@ class ReliableSubscription:
         self._signal = signal
         self._wake = asyncio.Event()
         self._flushing = False
+        self._flush_task: asyncio.Task[None] | None = None  # kept: a task is weakly referenced
+        # the `write_within` sync the last cursor write waits for, and the partitions under it
+        self._sync_pending: asyncio.Future[None] | None = None
+        self._sync_partitions: set[int] = set()
+        self.cursor_write_failures = 0  # cursor writes or syncs that failed (each retried)
         # in a cluster, whether this broker serves a partition now
         # (server.requests.partition_ownership)
         self.serves: Callable[[str, int], bool] | None = None
@@ -141,9 +151,21 @@ class ReliableSubscription:
             await asyncio.gather(self._task, return_exceptions=True)
         puts = self._dirty_puts()
         if puts:
-            done = self._writer.write(puts, sync=self._sync_state)
-            if done is not None:
-                await done
+            # the last writes: a failure is told (nothing is left to retry them; a restart
+            # redelivers what they acknowledged), not raised into a topic's deletion
+            try:
+                done = self._writer.write(puts, sync=self._sync_state)
+                if done is not None:
+                    await done
+            except Exception as exc:
+                self.cursor_write_failures += 1
+                log.error(
+                    "subscription.cursor_write_failed",
+                    topic=self.topic,
+                    subscription=self.name,
+                    error=str(exc),
+                    retry_in=None,
+                )
 
     # Consumers and their requests
 
@@ -211,7 +233,7 @@ class ReliableSubscription:
     def persist(self) -> None:
         if self.core.dirty and not self._flushing:
             self._flushing = True
-            asyncio.get_running_loop().create_task(self._flush())
+            self._flush_task = asyncio.get_running_loop().create_task(self._flush())
 
     async def _flush(self) -> None:
         # Acks are answered before their cursor is written, and losing a cursor's last writes
@@ -219,17 +241,66 @@ class ReliableSubscription:
         # killed server keeps them) and synced within the topic's fsync interval, one sync for
         # every subscription's writes meanwhile, not one per round of acks beside the topic's
         # own fsyncs (docs/DECISIONS.md).
+        # A write that fails (RocksDB's I/O error) puts its partitions back in `dirty` and is
+        # tried again after a backoff, counted and logged: it raised out of this task before,
+        # which nobody awaited, and the partitions' changes were not written until they changed
+        # again (a restart then redelivered everything acked meanwhile, silently).
+        delay = _CURSOR_RETRY_FIRST
         try:
-            while self.core.dirty:
+            while self.core.dirty and not self._closed:
                 await asyncio.sleep(0)
-                puts = self._dirty_puts()
-                settings = self._topic.settings
-                if settings.fsync == FsyncPolicy.ALWAYS:
-                    self._writer.write_within(settings.fsync_interval_ms / 1000, puts)
-                else:
-                    self._writer.write(puts)
+                dirty = self.core.take_dirty()
+                try:
+                    self._write_cursors(dirty)
+                except Exception as exc:  # rocksdict raises plain Exceptions for I/O errors
+                    self._cursor_write_failed(dirty.keys(), exc, delay)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, _CURSOR_RETRY_MAX)
+                    continue
+                delay = _CURSOR_RETRY_FIRST
         finally:
             self._flushing = False
+
+    def _write_cursors(self, dirty: dict[int, bytes]) -> None:
+        puts = {key(CURSOR, self.topic, self.name, p): data for p, data in dirty.items()}
+        settings = self._topic.settings
+        if settings.fsync != FsyncPolicy.ALWAYS:
+            self._writer.write(puts)
+            return
+        synced = self._writer.write_within(settings.fsync_interval_ms / 1000, puts)
+        # written, not yet synced: a failed sync is tried again too (the cursors are written
+        # again, and with them a sync queued). One callback per sync, with every partition
+        # written under it, not one per flush
+        if synced is not self._sync_pending:
+            self._sync_pending = synced
+            self._sync_partitions = set()
+            synced.add_done_callback(partial(self._synced, self._sync_partitions))
+        self._sync_partitions.update(dirty)
+
+    def _synced(self, partitions: set[int], done: asyncio.Future[None]) -> None:
+        if done is self._sync_pending:
+            self._sync_pending = None
+        if done.cancelled() or done.exception() is None or self._closed:
+            return
+        error = done.exception()
+        assert error is not None
+        self._cursor_write_failed(partitions, error, 0.0)
+        self.persist()  # the next write waits for the next sync window: no tight loop
+
+    def _cursor_write_failed(
+        self, partitions: Iterable[int], error: BaseException, retry: float
+    ) -> None:
+        failed = sorted(partitions)
+        self.core.dirty.update(failed)
+        self.cursor_write_failures += 1
+        log.error(
+            "subscription.cursor_write_failed",
+            topic=self.topic,
+            subscription=self.name,
+            partitions=failed,
+            error=str(error),
+            retry_in=retry,
+        )
 
     def _dirty_puts(self) -> dict[bytes, bytes]:
         return {
