@@ -121,6 +121,7 @@ class ReliableSubscription:
         self._sync_pending: asyncio.Future[None] | None = None
         self._sync_partitions: set[int] = set()
         self.cursor_write_failures = 0  # cursor writes or syncs that failed (each retried)
+        self._capped: set[int] = set()  # partitions whose acks are past the written ranges' cap
         # in a cluster, whether this broker serves a partition now
         # (server.requests.partition_ownership)
         self.serves: Callable[[str, int], bool] | None = None
@@ -262,6 +263,7 @@ class ReliableSubscription:
             self._flushing = False
 
     def _write_cursors(self, dirty: dict[int, bytes]) -> None:
+        self._tell_capped(dirty)
         puts = {key(CURSOR, self.topic, self.name, p): data for p, data in dirty.items()}
         settings = self._topic.settings
         if settings.fsync != FsyncPolicy.ALWAYS:
@@ -276,6 +278,25 @@ class ReliableSubscription:
             self._sync_partitions = set()
             synced.add_done_callback(partial(self._synced, self._sync_partitions))
         self._sync_partitions.update(dirty)
+
+    def _tell_capped(self, partitions: Iterable[int]) -> None:
+        """Log once when a partition's cursor starts to hold more ranges of acknowledgements than
+        are written (`durables.cursor.MAX_PERSISTED_RANGES`): after a restart, the acks past
+        the cap would be delivered again."""
+        for partition in partitions:
+            over = self.core.cursors[partition].ranges_over_cap
+            if over and partition not in self._capped:
+                self._capped.add(partition)
+                log.warning(
+                    "subscription.ack_ranges_capped",
+                    topic=self.topic,
+                    subscription=self.name,
+                    partition=partition,
+                    floor=self.core.cursors[partition].floor,
+                    ranges_left_out=over,
+                )
+            elif not over:
+                self._capped.discard(partition)
 
     def _synced(self, partitions: set[int], done: asyncio.Future[None]) -> None:
         if done is self._sync_pending:
