@@ -47,6 +47,7 @@ UNIT_MODULES = {
     "test_cursor_write_retry",
     "test_decompression",
     "test_durables_core",
+    "test_fetch_partition_wake",
     "test_kafka_codec",
     "test_layers",
     "test_pump_wakeups",
