@@ -50,6 +50,7 @@ UNIT_MODULES = {
     "test_fetch_partition_wake",
     "test_kafka_codec",
     "test_layers",
+    "test_pump_decode",
     "test_pump_wakeups",
     "test_records",
     "test_request_table",

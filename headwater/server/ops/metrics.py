@@ -199,6 +199,10 @@ class HeadwaterCollector(Collector):
                 ("backlog_messages", "Messages not yet delivered to any consumer"),
                 ("unacked_messages", "Messages delivered and not yet acknowledged"),
                 ("consumers", "Consumers attached"),
+                (
+                    "stopped_partitions",
+                    "Reliable: partitions stopped on a batch that does not decode",
+                ),
             )
         }
         counters = {
@@ -209,6 +213,7 @@ class HeadwaterCollector(Collector):
                 ("dead_lettered", "Messages moved to the dead-letter topic"),
                 ("dropped", "Messages dropped because the consumers were too slow"),
                 ("cursor_write_failures", "Reliable: cursor writes or syncs that failed (retried)"),
+                ("dispatch_failures", "Reliable: pump rounds that failed unexpectedly (retried)"),
             )
         }
         for topic_name, topic in topics.items():
@@ -227,9 +232,11 @@ class HeadwaterCollector(Collector):
                 counters["dead_lettered"].add_metric(labels, info.dead_lettered)
                 counters["dropped"].add_metric(labels, info.dropped)
                 if isinstance(subscription, ReliableSubscription):
+                    gauges["stopped_partitions"].add_metric(labels, len(subscription.stopped))
                     counters["cursor_write_failures"].add_metric(
                         labels, subscription.cursor_write_failures
                     )
+                    counters["dispatch_failures"].add_metric(labels, subscription.dispatch_failures)
         yield from gauges.values()
         yield from counters.values()
 

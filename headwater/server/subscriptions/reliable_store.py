@@ -187,6 +187,7 @@ class SubscriptionStore:
             self._dead_letters.sender(topic, name),
             self.signal(topic),
             feed,
+            self._config.max_decompressed_batch,
         )
         subscription.serves = self.serves
         subscription.start()

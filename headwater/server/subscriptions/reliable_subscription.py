@@ -67,14 +67,25 @@ from headwater.server.topics.subscription_contract import Consumer, Feed
 from headwater.server.topics.topic import LogTopic
 from headwater.storage.state import CURSOR, StateWriter, key
 from headwater.storage.wal import FsyncPolicy
-from headwater.wire.errors import HeadwaterError
+from headwater.wire.errors import CorruptBatch, DecompressedTooLarge, HeadwaterError
+from headwater.wire.limits import MAX_DECOMPRESSED_BATCH
 from headwater.wire.messages import AckEntry, AckRange, Durable, SubscriptionInfo, SubscriptionType
-from headwater.wire.records import Compression, Record, inspect_batch, read_records, rebuild_batch
+from headwater.wire.records import (
+    BatchInfo,
+    Compression,
+    Record,
+    inspect_batch,
+    read_records,
+    rebuild_batch,
+)
 
 log = structlog.get_logger("headwater.reliable")
 
 _YIELD_EVERY = 64  # pump rounds between yields to the event loop
 _STUCK_RECHECK = 0.25  # seconds: a round that sent nothing while something is due looks again
+# an uncompressed batch up to this size is decoded on the loop (tens of microseconds); others, which
+# may inflate to `max_decompressed_batch`, in a worker thread
+_DECODE_INLINE = 64 * 1024
 _CURSOR_RETRY_FIRST = 0.05  # seconds before a failed cursor write is tried again, doubled
 _CURSOR_RETRY_MAX = 5.0  # up to this
 _BASE = struct.Struct(">q")  # a batch's base offset
@@ -95,8 +106,18 @@ class ReliableSubscription:
         dead_letter: DeadLetter,
         signal: AppendSignal,
         snapshot: SnapshotFeed | None = None,
+        max_decompressed: int = MAX_DECOMPRESSED_BATCH,
     ) -> None:
         self.topic = topic.name
+        # the cap the broker accepted batches under (`max_decompressed_batch`): a batch it took
+        # under a raised cap must decode here too, not fail at the default one
+        self.max_decompressed = max_decompressed
+        # partition -> (base offset, size, records) of the batch a credit split is cutting
+        self._decoded: dict[int, tuple[int, int, list[Record]]] = {}
+        # partitions this subscription stopped sending: a batch there does not decode (see
+        # `stop_partition`), with the reason; a seek or a restart starts them again
+        self.stopped: dict[int, str] = {}
+        self.dispatch_failures = 0  # rounds that raised (a bug): logged, retried after 1 s
         self.snapshot = snapshot
         self._topic = topic
         self.name = name
@@ -222,8 +243,18 @@ class ReliableSubscription:
         """Fed nothing."""
 
     def seek(self, offsets: list[int]) -> None:
-        """Start every partition again at the given offset, forgetting unacked messages."""
+        """Start every partition again at the given offset, forgetting unacked messages (and
+        starting the stopped partitions again)."""
         self.core.reset(offsets)
+        self._decoded.clear()
+        if self.stopped:
+            log.info(
+                "subscription.partitions_restarted",
+                topic=self.topic,
+                subscription=self.name,
+                partitions=sorted(self.stopped),
+            )
+            self.stopped.clear()
         if self._keyed is not None:
             self._keyed.holds.clear()
         self.persist()
@@ -343,6 +374,7 @@ class ReliableSubscription:
             try:
                 sent = await self._dispatch_once()
             except Exception:  # a bug must not stop the subscription for good
+                self.dispatch_failures += 1
                 log.exception("subscription.dispatch_failed", topic=self.topic, name=self.name)
                 await asyncio.sleep(1)
                 continue
@@ -397,14 +429,63 @@ class ReliableSubscription:
         return await self._dispatch_to(group.pick(), served)
 
     def _served(self) -> set[int] | None:
-        """The partitions this broker serves (a cluster), None for all of them."""
+        """The partitions this broker serves (a cluster) and this subscription has not stopped,
+        None for all of them."""
         serves = self.serves
-        if serves is None:
+        if serves is None and not self.stopped:
             return None
-        return {p for p in range(len(self._topic.partitions)) if serves(self.topic, p)}
+        return {
+            p
+            for p in range(len(self._topic.partitions))
+            if (serves is None or serves(self.topic, p)) and p not in self.stopped
+        }
+
+    def stop_partition(self, partition: int, offset: int, error: Exception) -> None:
+        """A batch of `partition` at `offset` does not decode here (corrupt past its CRC, or it
+        inflates past `max_decompressed_batch`, lowered since it was accepted). That is the same
+        at every try: retrying it every round (a `dispatch_failed` a second, forever, and the
+        other partitions slowed behind it) neither sends it nor says why. So the partition
+        stops for this subscription, told and counted, and the others go on; nothing is
+        skipped or acked. It starts again at a seek (past the batch, as a Kafka consumer seeks
+        past a corrupt record) or a restart (after raising the cap): docs/DURABLES.md."""
+        self._decoded.pop(partition, None)
+        if partition in self.stopped:
+            return
+        self.stopped[partition] = str(error)
+        log.error(
+            "subscription.partition_stopped",
+            topic=self.topic,
+            subscription=self.name,
+            partition=partition,
+            offset=offset,
+            error=str(error),
+        )
+
+    async def records_of(self, partition: int, batch: bytes, info: BatchInfo) -> list[Record]:
+        """The batch's records, decoded once while a credit split (or a Key_Shared round) cuts
+        it, in a worker thread: decoding it whole on the loop once per cut held the loop for
+        the whole batch at every grant of credit. Raises `CorruptBatch` or
+        `DecompressedTooLarge`."""
+        found = self._decoded.get(partition)
+        if found is not None and found[0] == info.base_offset and found[1] == len(batch):
+            return found[2]
+        if info.compression == Compression.NONE and len(batch) <= _DECODE_INLINE:
+            records = read_records(batch, self.max_decompressed)  # less than a thread's hop
+        else:
+            records = await asyncio.to_thread(read_records, batch, self.max_decompressed)
+        self._decoded[partition] = (info.base_offset, len(batch), records)
+        return records
+
+    def decoded_to(self, partition: int, end: int) -> None:
+        """What was decoded for `partition` is sent up to `end`: forgotten once it all is."""
+        found = self._decoded.get(partition)
+        if found is not None and found[2] and end > found[2][-1].offset:
+            del self._decoded[partition]
 
     async def _dispatch_to(self, target: Consumer | None, owned: set[int] | None) -> bool:
         if target is None:
+            return False
+        if owned is not None and not owned:
             return False
         due = self.core.take_due(time.monotonic(), target.credits, owned)
         if due is not None:
@@ -455,7 +536,8 @@ class ReliableSubscription:
                     # there, so the object store's copy is tried before anything is stepped over
                     # (a snapshot's rows have holes by nature: superseded records)
                     break
-                self._send_new(target, partition, batch)
+                if not await self._send_new(target, partition, batch):
+                    break  # stopped, or changed while the batch decoded: the next round looks
                 if owned is None and self.group.pick() is not target:
                     break
                 if owned is not None and not (target.credits > 0 and target.session.writable):
@@ -463,17 +545,35 @@ class ReliableSubscription:
             return True
         return False
 
-    def _send_new(self, target: Consumer, partition: int, batch: bytes) -> None:
+    async def _send_new(self, target: Consumer, partition: int, batch: bytes) -> bool:
+        """Send what the consumer's credit takes of a batch read at the partition's position;
+        False when nothing could go (the partition stopped, or the consumer or the position
+        changed while the batch decoded)."""
+        core = self.core
         info = inspect_batch(batch)
-        planned = self.core.plan_new(partition, info.base_offset, info.record_count, target.credits)
+        position = core.position(partition)
+        base, batch_end = info.base_offset, info.base_offset + info.record_count
+        first = max(position, base)
+        records = None
+        if base < first or first + target.credits < batch_end:  # a part of it: cut
+            try:
+                records = await self.records_of(partition, batch, info)
+            except (CorruptBatch, DecompressedTooLarge) as exc:
+                self.stop_partition(partition, base, exc)
+                return False
+            if core.position(partition) != position or target.consumer_id not in self.consumers:
+                return False  # a seek, a take-over or the consumer left meanwhile
+        planned = core.plan_new(partition, base, info.record_count, target.credits)
         if planned is not None:
             first, end = planned
-            if info.base_offset < first or end < info.base_offset + info.record_count:
-                records = [r for r in read_records(batch) if first <= r.offset < end]
-                batch = rebuild_batch(records, Compression(info.compression))
-                end = records[-1].offset + 1
+            if records is not None and (base < first or end < batch_end):
+                cut = [r for r in records if first <= r.offset < end]
+                batch = rebuild_batch(cut, Compression(info.compression))
+                end = cut[-1].offset + 1
             self.send(target, partition, first, end, batch, 1)
+            self.decoded_to(partition, end)
         self.persist()
+        return True
 
     async def _redeliver(self, target: Consumer, due: Redeliver) -> None:
         partition, offsets = due.partition, due.offsets
@@ -502,6 +602,12 @@ class ReliableSubscription:
         core = self.core
         try:
             records = await self.fetch(partition, offsets)
+        except (CorruptBatch, DecompressedTooLarge) as exc:
+            # the same at every try: the partition stops (its offsets stay due, for a seek or
+            # a restart to decide), rather than a failed round every second for ever
+            core.requeue(partition, offsets, time.monotonic())
+            self.stop_partition(partition, offsets[0], exc)
+            return [], []
         except Exception:
             core.requeue(partition, offsets, time.monotonic() + DEAD_LETTER_RETRY)
             raise
@@ -568,7 +674,7 @@ class ReliableSubscription:
             if not batches:
                 break
             for batch in batches:
-                for record in read_records(batch):
+                for record in read_records(batch, self.max_decompressed):
                     if record.offset in wanted:
                         found.append(record)
                 info = inspect_batch(batch)
