@@ -75,14 +75,16 @@ class Rig:
 
 
 @pytest.fixture
-async def make_rig(tmp_path: Path) -> AsyncIterator[Callable[[int, int], Rig]]:
-    """Builds a Shared subscription "sub" over a topic of `partitions` partitions, every
-    partition at 0, with a consumer of `credits` credits, not yet attached."""
+async def make_rig(tmp_path: Path) -> AsyncIterator[Callable[..., Rig]]:
+    """Builds a Shared (or `sub_type`) subscription "sub" over a topic of `partitions`
+    partitions, every partition at 0, with a consumer of `credits` credits, not yet attached."""
     state = StateStore(tmp_path / "state")
     writer = StateWriter(state)
     made: list[Rig] = []
 
-    def make(partitions: int, credits: int) -> Rig:
+    def make(
+        partitions: int, credits: int, sub_type: SubscriptionType = SubscriptionType.SHARED
+    ) -> Rig:
         logs = [
             PartitionLog.open(tmp_path / "t" / str(p), log_config(_SETTINGS))
             for p in range(partitions)
@@ -95,7 +97,7 @@ async def make_rig(tmp_path: Path) -> AsyncIterator[Callable[[int, int], Rig]]:
         subscription = ReliableSubscription(
             topic,
             "sub",
-            SubscriptionType.SHARED,
+            sub_type,
             ReliableSettings(60_000, 0, Backoff.FIXED, 1, 60_000),
             [PartitionCursor.starting_at(0) for _ in range(partitions)],
             writer,
@@ -140,7 +142,7 @@ def _offsets(delivery: Delivery) -> list[int]:
 
 
 async def test_a_batch_accepted_under_a_raised_cap_is_cut_to_credit(
-    make_rig: Callable[[int, int], Rig],
+    make_rig: Callable[..., Rig],
 ) -> None:
     rig = make_rig(1, 1)
     # the broker's cap raised to 128 MiB: what it accepted, the pump must decode
@@ -171,7 +173,7 @@ class _CountingReads:
 
 
 async def test_a_batch_that_does_not_decode_stops_its_partition_and_the_others_go_on(
-    make_rig: Callable[[int, int], Rig],
+    make_rig: Callable[..., Rig],
 ) -> None:
     rig = make_rig(2, 1)
     subscription = rig.subscription
@@ -210,7 +212,7 @@ async def test_a_batch_that_does_not_decode_stops_its_partition_and_the_others_g
 
 
 async def test_a_redelivery_that_does_not_decode_stops_its_partition(
-    make_rig: Callable[[int, int], Rig],
+    make_rig: Callable[..., Rig],
 ) -> None:
     rig = make_rig(1, 10)
     subscription = rig.subscription
@@ -230,7 +232,7 @@ async def test_a_redelivery_that_does_not_decode_stops_its_partition(
 
 
 async def test_a_credit_split_decodes_the_batch_once_off_the_loop(
-    make_rig: Callable[[int, int], Rig], monkeypatch: pytest.MonkeyPatch
+    make_rig: Callable[..., Rig], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     decodes: list[str] = []
     real = reliable_subscription.read_records
@@ -251,3 +253,33 @@ async def test_a_credit_split_decodes_the_batch_once_off_the_loop(
     assert offsets == list(range(100))
     assert len(decodes) == 1, f"{len(decodes)} decodes of the batch for 10 cuts"
     assert decodes[0] != threading.main_thread().name, "decoded on the event loop"
+
+
+async def test_key_shared_stops_a_partition_whose_batch_does_not_decode(
+    make_rig: Callable[..., Rig],
+) -> None:
+    rig = make_rig(2, 10, SubscriptionType.KEY_SHARED)
+    subscription = rig.subscription
+    subscription.max_decompressed = 128 << 20  # raised when the batch was accepted
+    await rig.append(0, _past_the_default_cap(), 2)
+    subscription.attach(rig.consumer)
+    first = await rig.delivery()  # cut by key owner: decoded under the raised cap
+    assert first.partition == 0 and _offsets(first) == [0, 1]
+    subscription.max_decompressed = MAX_DECOMPRESSED_BATCH  # lowered (a restart)
+    with structlog.testing.capture_logs() as logged:
+        # its redelivery reads the batch back: it does not decode now
+        subscription.nack(rig.consumer, [AckEntry(0, 0)], 0)
+        await asyncio.wait_for(_until(lambda: bool(subscription.stopped)), _WAIT)
+        # the round ended (no loop over the stopped partition's due offsets): partition 1 goes
+        await rig.append(1, build_batch([(b"k", b"p1-0", [])]), 1)
+        delivered = await rig.delivery()
+        assert delivered.partition == 1 and _offsets(delivered) == [0]
+        # and so does a new batch of partition 0 after it: the partition waits, stopped
+        await rig.append(0, build_batch([(b"k", b"p0-2", [])]), 1)
+        await rig.append(1, build_batch([(b"k", b"p1-1", [])]), 1)
+        delivered = await rig.delivery()
+        assert delivered.partition == 1 and _offsets(delivered) == [1]
+    assert list(subscription.stopped) == [0] and subscription.dispatch_failures == 0
+    assert [e["event"] for e in logged if e["event"].startswith("subscription.")] == [
+        "subscription.partition_stopped"
+    ]

@@ -88,13 +88,14 @@ class KeyedDispatch:
         core = sub.core
         # every partition's due records, until one goes: those that cannot go now are requeued
         # a little later, so this ends
-        stopped = sub.stopped
-        allowed = {p for p in range(len(core.cursors)) if p not in stopped} if stopped else None
-        while (due := core.take_due(time.monotonic(), MAX_CREDITS, allowed)) is not None:
+        # a stopped partition (a batch that does not decode) is left out, looked up at each
+        # turn: a redelivery may stop one, and its offsets, due again, must not come back here
+        while (due := core.take_due(time.monotonic(), MAX_CREDITS, self._sendable())) is not None:
             if due.offsets and await self._redeliver(due):
                 return True
         topic = sub.log_topic
         committed = sub.settings.committed_only
+        stopped = sub.stopped
         ends = [
             0 if p.index in stopped else topic.readable_end(p, committed) for p in topic.partitions
         ]
@@ -118,6 +119,13 @@ class KeyedDispatch:
                 return True
             ends[partition] = 0  # blocked (or nothing visible): the other partitions go on
         return False
+
+    def _sendable(self) -> set[int] | None:
+        """The partitions not stopped (None: all)."""
+        stopped = self._sub.stopped
+        if not stopped:
+            return None
+        return {p for p in range(len(self._sub.core.cursors)) if p not in stopped}
 
     async def _send_new(self, partition: int, batch: bytes) -> tuple[bool, bool]:
         """Send what can go of a batch read at the partition's position: (sent any, sent all).

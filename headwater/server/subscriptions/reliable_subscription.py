@@ -89,6 +89,7 @@ _DECODE_INLINE = 64 * 1024
 _CURSOR_RETRY_FIRST = 0.05  # seconds before a failed cursor write is tried again, doubled
 _CURSOR_RETRY_MAX = 5.0  # up to this
 _BASE = struct.Struct(">q")  # a batch's base offset
+_CRC = slice(17, 21)  # a batch's CRC-32C (Kafka RecordBatch v2), over everything after it
 
 
 class ReliableSubscription:
@@ -112,8 +113,9 @@ class ReliableSubscription:
         # the cap the broker accepted batches under (`max_decompressed_batch`): a batch it took
         # under a raised cap must decode here too, not fail at the default one
         self.max_decompressed = max_decompressed
-        # partition -> (base offset, size, records) of the batch a credit split is cutting
-        self._decoded: dict[int, tuple[int, int, list[Record]]] = {}
+        # partition -> (base offset, CRC, records) of the batch a credit split is cutting (the
+        # CRC: a take-over may give an offset another batch)
+        self._decoded: dict[int, tuple[int, bytes, list[Record]]] = {}
         # partitions this subscription stopped sending: a batch there does not decode (see
         # `stop_partition`), with the reason; a seek or a restart starts them again
         self.stopped: dict[int, str] = {}
@@ -466,14 +468,15 @@ class ReliableSubscription:
         it, in a worker thread: decoding it whole on the loop once per cut held the loop for
         the whole batch at every grant of credit. Raises `CorruptBatch` or
         `DecompressedTooLarge`."""
+        crc = batch[_CRC]
         found = self._decoded.get(partition)
-        if found is not None and found[0] == info.base_offset and found[1] == len(batch):
+        if found is not None and found[0] == info.base_offset and found[1] == crc:
             return found[2]
         if info.compression == Compression.NONE and len(batch) <= _DECODE_INLINE:
             records = read_records(batch, self.max_decompressed)  # less than a thread's hop
         else:
             records = await asyncio.to_thread(read_records, batch, self.max_decompressed)
-        self._decoded[partition] = (info.base_offset, len(batch), records)
+        self._decoded[partition] = (info.base_offset, crc, records)
         return records
 
     def decoded_to(self, partition: int, end: int) -> None:
