@@ -13,6 +13,11 @@ The price is Pulsar's: a consumer that grants no credit holds back its partition
 
 Redelivery (nack, ack timeout, a consumer that left) sends each due record to its key's current
 owner; one that cannot go yet waits `_RETRY` seconds and is tried again.
+
+A batch is decoded through the subscription's `records_of`: once while the partition stays at it
+(a held key keeps it there round after round), off the loop. One that does not decode stops its
+partition for the subscription (`ReliableSubscription.stop_partition`); a stopped partition is
+neither read nor redelivered from.
 """
 
 from __future__ import annotations

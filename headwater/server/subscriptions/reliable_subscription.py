@@ -26,6 +26,13 @@ the topic's `AppendSignal`, which a sleeping pump joins only when it has a consu
 message. An append fires the signal once and empties it, so its cost does not grow with the number
 of subscriptions, only with the pumps that are waiting to deliver that very append.
 
+A batch is sent as stored when the consumer's credit takes it whole. Cutting it (credit, a
+position inside it) decodes it under the broker's `max_decompressed_batch`, once while it is being
+cut (`records_of`), in a worker thread unless it is small and uncompressed. A batch that does not
+decode fails the same way at every try, so its partition is stopped for this subscription
+(`stop_partition`: an error event, the `stopped_partitions` gauge) and the others go on, until a
+seek or a restart (docs/DURABLES.md).
+
 A subscription started at `snapshot` reads each partition below its snapshot's horizon from a
 `SnapshotFeed` (server.subscriptions.snapshot_feed) rather than the log, and the log from the
 horizon on.
