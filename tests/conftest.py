@@ -39,13 +39,18 @@ SHARED_GROUPS = {
 # Spark process: the wire, the durables core, storage through its fault seam, the client session,
 # CLI parsing, the layering. Everything else is the integration tier, which `make test` runs too.
 UNIT_MODULES = {
+    "test_checkpoint_round",
     "test_cli_parsing",
     "test_cloud_tail",
+    "test_cursor_ranges",
     "test_cursor_sync",
+    "test_cursor_write_retry",
     "test_decompression",
     "test_durables_core",
+    "test_fetch_partition_wake",
     "test_kafka_codec",
     "test_layers",
+    "test_pump_decode",
     "test_pump_wakeups",
     "test_records",
     "test_request_table",

@@ -196,10 +196,10 @@ def test_cursor_ack_range_from_the_floor_jumps_and_elsewhere_adds() -> None:
     cursor = PartitionCursor.starting_at(0)
     cursor.record_delivery(0, 10)
     cursor.record_delivery(2, 4)  # redelivered: counts 2
-    assert cursor.ack_range(5, 8) and cursor.floor == 0 and cursor.acked == {5, 6, 7}
+    assert cursor.ack_range(5, 8) and cursor.floor == 0 and cursor.acked.ranges() == [(5, 8)]
     assert not cursor.ack_range(5, 8)  # nothing new
     assert cursor.ack_range(-3, 5)  # below the floor is clamped; reaches the acked run
-    assert cursor.floor == 8 and cursor.acked == set() and cursor.counts == {}
+    assert cursor.floor == 8 and not cursor.acked and cursor.counts == {}
     assert cursor.ack_range(8, 1_000_000) and cursor.floor == 10  # past dispatched: clamped
     assert not cursor.ack_range(0, 10)
 

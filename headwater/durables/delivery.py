@@ -429,8 +429,7 @@ class ReliableDelivery:
                 cursor.reset(base_offset)
             else:
                 cursor.record_delivery(first, base_offset)
-                for offset in range(first, base_offset):
-                    cursor.ack(offset)
+                cursor.ack_range(first, base_offset)
             self.dirty.add(partition)
             first = base_offset
         return first, min(end, first + credits)

@@ -141,6 +141,7 @@ class ClusterPartitions:
         self._checkpoints = checkpoints
         self._interval = checkpoint_interval
         self._written: dict[tuple[str, str, int], bytes] = {}
+        self.checkpoint_failures = 0  # partition checkpoints that failed (retried next round)
         # (topic, partition) -> the offset up to which our local log is known to equal the
         # object store's chain (set by a take-over, moved by our stored chunks)
         self._verified: dict[tuple[str, int], int] = {}
@@ -853,16 +854,21 @@ class ClusterPartitions:
         while True:
             await asyncio.sleep(self._interval)
             for topic, partition in self._checkpoints.owned():
+                # each partition on its own: one that fails (etcd away, or a cursor of its own
+                # that cannot be written) is tried again next round, and does not end this round
+                # for the partitions after it (a `break` here left every later partition
+                # uncheckpointed for as long as the first one failed: a take-over then
+                # redelivered all their acks since)
                 try:
                     await self._checkpoint_partition(topic, partition)
-                except Exception as exc:  # etcd away: the next round tries again
+                except Exception as exc:
+                    self.checkpoint_failures += 1
                     log.warning(
                         "cluster.checkpoint_failed",
                         topic=topic,
                         partition=partition,
                         error=str(exc),
                     )
-                    break
 
     async def _checkpoint_partition(self, topic: str, partition: int) -> None:
         """The partition's cursors that moved since they were loaded or last written, each

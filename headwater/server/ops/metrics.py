@@ -31,6 +31,7 @@ from prometheus_client.registry import Collector
 from headwater.server.build_info import version
 from headwater.server.memory_budget import MAX_MEMORY_PRINCIPALS_SHOWN
 from headwater.server.ops.status import ServerState, lag_and_backlog
+from headwater.server.subscriptions.reliable_subscription import ReliableSubscription
 from headwater.storage.latency import FSYNC_SECONDS, LatencyHistogram
 from headwater.wire.messages import DispatchMode, SubscriptionType
 
@@ -198,6 +199,10 @@ class HeadwaterCollector(Collector):
                 ("backlog_messages", "Messages not yet delivered to any consumer"),
                 ("unacked_messages", "Messages delivered and not yet acknowledged"),
                 ("consumers", "Consumers attached"),
+                (
+                    "stopped_partitions",
+                    "Reliable: partitions stopped on a batch that does not decode",
+                ),
             )
         }
         counters = {
@@ -207,6 +212,8 @@ class HeadwaterCollector(Collector):
                 ("redelivered", "Messages delivered again (nack, ack timeout, consumer gone)"),
                 ("dead_lettered", "Messages moved to the dead-letter topic"),
                 ("dropped", "Messages dropped because the consumers were too slow"),
+                ("cursor_write_failures", "Reliable: cursor writes or syncs that failed (retried)"),
+                ("dispatch_failures", "Reliable: pump rounds that failed unexpectedly (retried)"),
             )
         }
         for topic_name, topic in topics.items():
@@ -224,6 +231,12 @@ class HeadwaterCollector(Collector):
                 counters["redelivered"].add_metric(labels, redelivered)
                 counters["dead_lettered"].add_metric(labels, info.dead_lettered)
                 counters["dropped"].add_metric(labels, info.dropped)
+                if isinstance(subscription, ReliableSubscription):
+                    gauges["stopped_partitions"].add_metric(labels, len(subscription.stopped))
+                    counters["cursor_write_failures"].add_metric(
+                        labels, subscription.cursor_write_failures
+                    )
+                    counters["dispatch_failures"].add_metric(labels, subscription.dispatch_failures)
         yield from gauges.values()
         yield from counters.values()
 

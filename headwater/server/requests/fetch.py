@@ -11,7 +11,8 @@ subscriptions see them.
 
 At the readable end with `max_wait_ms`, the answer waits (a long poll) on the topic's append
 signal (`subscriptions.append_signal.AppendSignal`, fired on each append and each advance of the
-durable offset or the cloud tail) until data becomes readable or the time is up; it waits as an
+durable offset or the cloud tail), for its own partition's only, until data becomes readable or
+the time is up; it waits as an
 `AfterData`, outside the topic's turn, so the produces that bring the data are not queued behind
 it. A topic deleted meanwhile answers UNKNOWN_TOPIC.
 
@@ -50,7 +51,7 @@ from headwater.wire.limits import MAX_FETCH_BYTES, MAX_FETCH_WAIT_MS
 
 _BASE = struct.Struct(">q")
 _waiters = itertools.count(1)  # idents for the append signal's waiting list
-# wake-ups one long poll takes (each an append to some partition of the topic) before it answers
+# wake-ups one long poll takes (each an append to its partition) before it answers
 # what it has: with the deadline, what bounds its loop
 _MAX_WAKEUPS = 100_000
 
@@ -161,14 +162,16 @@ class FetchHandler:
                 break
             woken = asyncio.Event()
             signal = self._catalog.subscriptions.signal(topic)
-            signal.join(ident, woken.set)
+            # its own partition's appends only: woken by the topic's, a poll at the end of a
+            # quiet partition went round this loop once per append to the others
+            signal.join_partition(request.partition, ident, woken.set)
             try:
                 async with asyncio.timeout(left):
                     await woken.wait()
             except TimeoutError:
                 pass
             finally:
-                signal.leave(ident)
+                signal.leave_partition(request.partition, ident)
         topic = self._topic(request.topic)
         if request.offset < self._check(topic, request):
             return await self._read(topic, request)

@@ -13,6 +13,11 @@ The price is Pulsar's: a consumer that grants no credit holds back its partition
 
 Redelivery (nack, ack timeout, a consumer that left) sends each due record to its key's current
 owner; one that cannot go yet waits `_RETRY` seconds and is tried again.
+
+A batch is decoded through the subscription's `records_of`: once while the partition stays at it
+(a held key keeps it there round after round), off the loop. One that does not decode stops its
+partition for the subscription (`ReliableSubscription.stop_partition`); a stopped partition is
+neither read nor redelivered from.
 """
 
 from __future__ import annotations
@@ -25,8 +30,9 @@ from typing import TYPE_CHECKING, Protocol
 from headwater.durables.delivery import Redeliver
 from headwater.durables.keyshared import KeyHolds, key_hash, keyless_hash
 from headwater.server.topics.subscription_contract import Consumer
+from headwater.wire.errors import CorruptBatch, DecompressedTooLarge
 from headwater.wire.limits import MAX_CREDITS
-from headwater.wire.records import Compression, Record, inspect_batch, read_records, rebuild_batch
+from headwater.wire.records import BatchInfo, Compression, Record, inspect_batch, rebuild_batch
 
 if TYPE_CHECKING:
     from headwater.durables.delivery import ReliableDelivery, ReliableSettings
@@ -41,6 +47,13 @@ class KeyedSubscription(Protocol):
     group: ConsumerGroup[Consumer]
     core: ReliableDelivery
     settings: ReliableSettings
+    stopped: dict[int, str]  # partitions whose batch does not decode: not sent from
+
+    async def records_of(self, partition: int, batch: bytes, info: BatchInfo) -> list[Record]: ...
+
+    def decoded_to(self, partition: int, end: int) -> None: ...
+
+    def stop_partition(self, partition: int, offset: int, error: Exception) -> None: ...
 
     @property
     def log_topic(self) -> LogTopic: ...
@@ -80,12 +93,17 @@ class KeyedDispatch:
         core = sub.core
         # every partition's due records, until one goes: those that cannot go now are requeued
         # a little later, so this ends
-        while (due := core.take_due(time.monotonic(), MAX_CREDITS)) is not None:
+        # a stopped partition (a batch that does not decode) is left out, looked up at each
+        # turn: a redelivery may stop one, and its offsets, due again, must not come back here
+        while (due := core.take_due(time.monotonic(), MAX_CREDITS, self._sendable())) is not None:
             if due.offsets and await self._redeliver(due):
                 return True
         topic = sub.log_topic
         committed = sub.settings.committed_only
-        ends = [topic.readable_end(p, committed) for p in topic.partitions]
+        stopped = sub.stopped
+        ends = [
+            0 if p.index in stopped else topic.readable_end(p, committed) for p in topic.partitions
+        ]
         while (partition := core.next_partition(ends)) is not None:
             start = topic.start_offset(partition)
             if core.position(partition) < start:
@@ -97,7 +115,7 @@ class KeyedDispatch:
                 base = _BASE.unpack_from(batch)[0]
                 if base >= ends[partition] or (index and base != core.position(partition)):
                     break
-                took, complete = self._send_new(partition, batch)
+                took, complete = await self._send_new(partition, batch)
                 sent = sent or took
                 if not complete:
                     break
@@ -107,20 +125,43 @@ class KeyedDispatch:
             ends[partition] = 0  # blocked (or nothing visible): the other partitions go on
         return False
 
-    def _send_new(self, partition: int, batch: bytes) -> tuple[bool, bool]:
-        """Send what can go of a batch read at the partition's position: (sent any, sent all)."""
-        core = self._sub.core
+    def _sendable(self) -> set[int] | None:
+        """The partitions not stopped (None: all)."""
+        stopped = self._sub.stopped
+        if not stopped:
+            return None
+        return {p for p in range(len(self._sub.core.cursors)) if p not in stopped}
+
+    async def _send_new(self, partition: int, batch: bytes) -> tuple[bool, bool]:
+        """Send what can go of a batch read at the partition's position: (sent any, sent all).
+        The batch is decoded once while its records go (a blocked key keeps its partition at
+        the same batch round after round), off the loop; one that does not decode stops the
+        partition (`ReliableSubscription.stop_partition`)."""
+        sub = self._sub
+        core = sub.core
         info = inspect_batch(batch)
+        position = core.position(partition)
+        if position >= info.base_offset + info.record_count:
+            return False, True
+        try:
+            decoded = await sub.records_of(partition, batch, info)
+        except (CorruptBatch, DecompressedTooLarge) as exc:
+            sub.stop_partition(partition, info.base_offset, exc)
+            return False, False
+        if core.position(partition) != position or partition in sub.stopped:
+            return False, False  # a seek or a take-over meanwhile: the next round reads again
         planned = core.plan_new(partition, info.base_offset, info.record_count, MAX_CREDITS)
         if planned is None:
             return False, True
         first, end = planned
-        records = [r for r in read_records(batch) if first <= r.offset < end]
+        records = [r for r in decoded if first <= r.offset < end]
         plan = self._plan(partition, records, redelivery=False)
         whole = len(plan) == info.record_count and len(plan) == len(records)
         # one owner for the whole batch (few keys, or one consumer): sent as read, not rebuilt
         original = batch if whole and all(o is plan[0][0] for o, _, _ in plan) else None
         self._send_runs(partition, plan, Compression(info.compression), 1, original)
+        if plan:
+            sub.decoded_to(partition, plan[-1][1].offset + 1)
         return bool(plan), len(plan) == len(records)
 
     def _plan(

@@ -11,12 +11,14 @@ horizons, so after a restart a partition whose cursor is still below its horizon
 the snapshot.
 
 Each reliable topic has one `AppendSignal`, made on its first subscription and registered as the
-only append listener of the topic's partition logs, whatever the number of subscriptions.
+only append listener of the topic's partition logs (each log's call names its partition), whatever
+the number of subscriptions.
 """
 
 from __future__ import annotations
 
 import json
+from functools import partial
 from typing import Any
 
 import structlog
@@ -65,15 +67,18 @@ class SubscriptionStore:
         if signal is None:
             signal = self._signals[topic.name] = AppendSignal()
             for partition in topic.partitions:
-                partition.log.add_append_listener(signal.fire)
+                # each log tells its partition: a FETCH long poll waits for its own only
+                partition.log.add_append_listener(partial(signal.fire, partition.index))
         return signal
 
     def partitions_added(self, topic: LogTopic, logs: list[PartitionLog]) -> None:
-        """New partitions append to the topic's signal too (if it has one yet)."""
+        """New partitions (the last `len(logs)` of the topic's) append to the topic's signal too
+        (if it has one yet)."""
         signal = self._signals.get(topic.name)
         if signal is not None:
-            for partition_log in logs:
-                partition_log.add_append_listener(signal.fire)
+            first = len(topic.partitions) - len(logs)
+            for index, partition_log in enumerate(logs, first):
+                partition_log.add_append_listener(partial(signal.fire, index))
 
     def forget_topic(self, name: str) -> None:
         self._signals.pop(name, None)
@@ -179,6 +184,7 @@ class SubscriptionStore:
             self._dead_letters.sender(topic, name),
             self.signal(topic),
             feed,
+            self._config.max_decompressed_batch,
         )
         subscription.serves = self._placement.serves
         subscription.start()

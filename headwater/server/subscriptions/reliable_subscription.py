@@ -26,6 +26,13 @@ the topic's `AppendSignal`, which a sleeping pump joins only when it has a consu
 message. An append fires the signal once and empties it, so its cost does not grow with the number
 of subscriptions, only with the pumps that are waiting to deliver that very append.
 
+A batch is sent as stored when the consumer's credit takes it whole. Cutting it (credit, a
+position inside it) decodes it under the broker's `max_decompressed_batch`, once while it is being
+cut (`records_of`), in a worker thread unless it is small and uncompressed. A batch that does not
+decode fails the same way at every try, so its partition is stopped for this subscription
+(`stop_partition`: an error event, the `stopped_partitions` gauge) and the others go on, until a
+seek or a restart (docs/DURABLES.md).
+
 A subscription started at `snapshot` reads each partition below its snapshot's horizon from a
 `SnapshotFeed` (server.subscriptions.snapshot_feed) rather than the log, and the log from the
 horizon on.
@@ -35,7 +42,9 @@ its own rather than `asyncio.wait_for`, which on Python 3.11 can swallow a cance
 the wake-up (the pump then ran on, and the close, and with it DELETE_TOPIC, waited forever).
 
 Cursor writes are coalesced: one WriteBatch per event-loop turn at most, synced (through the
-`StateWriter`'s group commit) when the topic's fsync policy is `always`.
+`StateWriter`'s group commit) when the topic's fsync policy is `always`. A cursor write or sync
+that fails is tried again with a backoff, logged (`subscription.cursor_write_failed`) and counted
+(`cursor_write_failures`, a metric).
 """
 
 from __future__ import annotations
@@ -43,7 +52,8 @@ from __future__ import annotations
 import asyncio
 import struct
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 
 import structlog
 
@@ -64,15 +74,29 @@ from headwater.server.topics.subscription_contract import Consumer, Feed
 from headwater.server.topics.topic import LogTopic
 from headwater.storage.state import CURSOR, StateWriter, key
 from headwater.storage.wal import FsyncPolicy
-from headwater.wire.errors import HeadwaterError
+from headwater.wire.errors import CorruptBatch, DecompressedTooLarge, HeadwaterError
+from headwater.wire.limits import MAX_DECOMPRESSED_BATCH
 from headwater.wire.messages import AckEntry, AckRange, Durable, SubscriptionInfo, SubscriptionType
-from headwater.wire.records import Compression, Record, inspect_batch, read_records, rebuild_batch
+from headwater.wire.records import (
+    BatchInfo,
+    Compression,
+    Record,
+    inspect_batch,
+    read_records,
+    rebuild_batch,
+)
 
 log = structlog.get_logger("headwater.reliable")
 
 _YIELD_EVERY = 64  # pump rounds between yields to the event loop
 _STUCK_RECHECK = 0.25  # seconds: a round that sent nothing while something is due looks again
+# an uncompressed batch up to this size is decoded on the loop (tens of microseconds); others, which
+# may inflate to `max_decompressed_batch`, in a worker thread
+_DECODE_INLINE = 64 * 1024
+_CURSOR_RETRY_FIRST = 0.05  # seconds before a failed cursor write is tried again, doubled
+_CURSOR_RETRY_MAX = 5.0  # up to this
 _BASE = struct.Struct(">q")  # a batch's base offset
+_CRC = slice(17, 21)  # a batch's CRC-32C (Kafka RecordBatch v2), over everything after it
 
 
 class ReliableSubscription:
@@ -90,8 +114,19 @@ class ReliableSubscription:
         dead_letter: DeadLetter,
         signal: AppendSignal,
         snapshot: SnapshotFeed | None = None,
+        max_decompressed: int = MAX_DECOMPRESSED_BATCH,
     ) -> None:
         self.topic = topic.name
+        # the cap the broker accepted batches under (`max_decompressed_batch`): a batch it took
+        # under a raised cap must decode here too, not fail at the default one
+        self.max_decompressed = max_decompressed
+        # partition -> (base offset, CRC, records) of the batch a credit split is cutting (the
+        # CRC: a take-over may give an offset another batch)
+        self._decoded: dict[int, tuple[int, bytes, list[Record]]] = {}
+        # partitions this subscription stopped sending: a batch there does not decode (see
+        # `stop_partition`), with the reason; a seek or a restart starts them again
+        self.stopped: dict[int, str] = {}
+        self.dispatch_failures = 0  # rounds that raised (a bug): logged, retried after 1 s
         self.snapshot = snapshot
         self._topic = topic
         self.name = name
@@ -111,6 +146,12 @@ class ReliableSubscription:
         self._signal = signal
         self._wake = asyncio.Event()
         self._flushing = False
+        self._flush_task: asyncio.Task[None] | None = None  # kept: a task is weakly referenced
+        # the `write_within` sync the last cursor write waits for, and the partitions under it
+        self._sync_pending: asyncio.Future[None] | None = None
+        self._sync_partitions: set[int] = set()
+        self.cursor_write_failures = 0  # cursor writes or syncs that failed (each retried)
+        self._capped: set[int] = set()  # partitions whose acks are past the written ranges' cap
         # in a cluster, whether this broker serves a partition now
         # (server.requests.partition_ownership)
         self.serves: Callable[[str, int], bool] | None = None
@@ -141,9 +182,21 @@ class ReliableSubscription:
             await asyncio.gather(self._task, return_exceptions=True)
         puts = self._dirty_puts()
         if puts:
-            done = self._writer.write(puts, sync=self._sync_state)
-            if done is not None:
-                await done
+            # the last writes: a failure is told (nothing is left to retry them; a restart
+            # redelivers what they acknowledged), not raised into a topic's deletion
+            try:
+                done = self._writer.write(puts, sync=self._sync_state)
+                if done is not None:
+                    await done
+            except Exception as exc:
+                self.cursor_write_failures += 1
+                log.error(
+                    "subscription.cursor_write_failed",
+                    topic=self.topic,
+                    subscription=self.name,
+                    error=str(exc),
+                    retry_in=None,
+                )
 
     # Consumers and their requests
 
@@ -199,8 +252,18 @@ class ReliableSubscription:
         """Fed nothing."""
 
     def seek(self, offsets: list[int]) -> None:
-        """Start every partition again at the given offset, forgetting unacked messages."""
+        """Start every partition again at the given offset, forgetting unacked messages (and
+        starting the stopped partitions again)."""
         self.core.reset(offsets)
+        self._decoded.clear()
+        if self.stopped:
+            log.info(
+                "subscription.partitions_restarted",
+                topic=self.topic,
+                subscription=self.name,
+                partitions=sorted(self.stopped),
+            )
+            self.stopped.clear()
         if self._keyed is not None:
             self._keyed.holds.clear()
         self.persist()
@@ -211,7 +274,7 @@ class ReliableSubscription:
     def persist(self) -> None:
         if self.core.dirty and not self._flushing:
             self._flushing = True
-            asyncio.get_running_loop().create_task(self._flush())
+            self._flush_task = asyncio.get_running_loop().create_task(self._flush())
 
     async def _flush(self) -> None:
         # Acks are answered before their cursor is written, and losing a cursor's last writes
@@ -219,17 +282,86 @@ class ReliableSubscription:
         # killed server keeps them) and synced within the topic's fsync interval, one sync for
         # every subscription's writes meanwhile, not one per round of acks beside the topic's
         # own fsyncs (docs/DECISIONS.md).
+        # A write that fails (RocksDB's I/O error) puts its partitions back in `dirty` and is
+        # tried again after a backoff, counted and logged: it raised out of this task before,
+        # which nobody awaited, and the partitions' changes were not written until they changed
+        # again (a restart then redelivered everything acked meanwhile, silently).
+        delay = _CURSOR_RETRY_FIRST
         try:
-            while self.core.dirty:
+            while self.core.dirty and not self._closed:
                 await asyncio.sleep(0)
-                puts = self._dirty_puts()
-                settings = self._topic.settings
-                if settings.fsync == FsyncPolicy.ALWAYS:
-                    self._writer.write_within(settings.fsync_interval_ms / 1000, puts)
-                else:
-                    self._writer.write(puts)
+                dirty = self.core.take_dirty()
+                try:
+                    self._write_cursors(dirty)
+                except Exception as exc:  # rocksdict raises plain Exceptions for I/O errors
+                    self._cursor_write_failed(dirty.keys(), exc, delay)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, _CURSOR_RETRY_MAX)
+                    continue
+                delay = _CURSOR_RETRY_FIRST
         finally:
             self._flushing = False
+
+    def _write_cursors(self, dirty: dict[int, bytes]) -> None:
+        self._tell_capped(dirty)
+        puts = {key(CURSOR, self.topic, self.name, p): data for p, data in dirty.items()}
+        settings = self._topic.settings
+        if settings.fsync != FsyncPolicy.ALWAYS:
+            self._writer.write(puts)
+            return
+        synced = self._writer.write_within(settings.fsync_interval_ms / 1000, puts)
+        # written, not yet synced: a failed sync is tried again too (the cursors are written
+        # again, and with them a sync queued). One callback per sync, with every partition
+        # written under it, not one per flush
+        if synced is not self._sync_pending:
+            self._sync_pending = synced
+            self._sync_partitions = set()
+            synced.add_done_callback(partial(self._synced, self._sync_partitions))
+        self._sync_partitions.update(dirty)
+
+    def _tell_capped(self, partitions: Iterable[int]) -> None:
+        """Log once when a partition's cursor starts to hold more ranges of acknowledgements than
+        are written (`durables.cursor.MAX_PERSISTED_RANGES`): after a restart, the acks past
+        the cap would be delivered again."""
+        for partition in partitions:
+            over = self.core.cursors[partition].ranges_over_cap
+            if over and partition not in self._capped:
+                self._capped.add(partition)
+                log.warning(
+                    "subscription.ack_ranges_capped",
+                    topic=self.topic,
+                    subscription=self.name,
+                    partition=partition,
+                    floor=self.core.cursors[partition].floor,
+                    ranges_left_out=over,
+                )
+            elif not over:
+                self._capped.discard(partition)
+
+    def _synced(self, partitions: set[int], done: asyncio.Future[None]) -> None:
+        if done is self._sync_pending:
+            self._sync_pending = None
+        if done.cancelled() or done.exception() is None or self._closed:
+            return
+        error = done.exception()
+        assert error is not None
+        self._cursor_write_failed(partitions, error, 0.0)
+        self.persist()  # the next write waits for the next sync window: no tight loop
+
+    def _cursor_write_failed(
+        self, partitions: Iterable[int], error: BaseException, retry: float
+    ) -> None:
+        failed = sorted(partitions)
+        self.core.dirty.update(failed)
+        self.cursor_write_failures += 1
+        log.error(
+            "subscription.cursor_write_failed",
+            topic=self.topic,
+            subscription=self.name,
+            partitions=failed,
+            error=str(error),
+            retry_in=retry,
+        )
 
     def _dirty_puts(self) -> dict[bytes, bytes]:
         return {
@@ -251,6 +383,7 @@ class ReliableSubscription:
             try:
                 sent = await self._dispatch_once()
             except Exception:  # a bug must not stop the subscription for good
+                self.dispatch_failures += 1
                 log.exception("subscription.dispatch_failed", topic=self.topic, name=self.name)
                 await asyncio.sleep(1)
                 continue
@@ -305,14 +438,64 @@ class ReliableSubscription:
         return await self._dispatch_to(group.pick(), served)
 
     def _served(self) -> set[int] | None:
-        """The partitions this broker serves (a cluster), None for all of them."""
+        """The partitions this broker serves (a cluster) and this subscription has not stopped,
+        None for all of them."""
         serves = self.serves
-        if serves is None:
+        if serves is None and not self.stopped:
             return None
-        return {p for p in range(len(self._topic.partitions)) if serves(self.topic, p)}
+        return {
+            p
+            for p in range(len(self._topic.partitions))
+            if (serves is None or serves(self.topic, p)) and p not in self.stopped
+        }
+
+    def stop_partition(self, partition: int, offset: int, error: Exception) -> None:
+        """A batch of `partition` at `offset` does not decode here (corrupt past its CRC, or it
+        inflates past `max_decompressed_batch`, lowered since it was accepted). That is the same
+        at every try: retrying it every round (a `dispatch_failed` a second, forever, and the
+        other partitions slowed behind it) neither sends it nor says why. So the partition
+        stops for this subscription, told and counted, and the others go on; nothing is
+        skipped or acked. It starts again at a seek (past the batch, as a Kafka consumer seeks
+        past a corrupt record) or a restart (after raising the cap): docs/DURABLES.md."""
+        self._decoded.pop(partition, None)
+        if partition in self.stopped:
+            return
+        self.stopped[partition] = str(error)
+        log.error(
+            "subscription.partition_stopped",
+            topic=self.topic,
+            subscription=self.name,
+            partition=partition,
+            offset=offset,
+            error=str(error),
+        )
+
+    async def records_of(self, partition: int, batch: bytes, info: BatchInfo) -> list[Record]:
+        """The batch's records, decoded once while a credit split (or a Key_Shared round) cuts
+        it, in a worker thread: decoding it whole on the loop once per cut held the loop for
+        the whole batch at every grant of credit. Raises `CorruptBatch` or
+        `DecompressedTooLarge`."""
+        crc = batch[_CRC]
+        found = self._decoded.get(partition)
+        if found is not None and found[0] == info.base_offset and found[1] == crc:
+            return found[2]
+        if info.compression == Compression.NONE and len(batch) <= _DECODE_INLINE:
+            records = read_records(batch, self.max_decompressed)  # less than a thread's hop
+        else:
+            records = await asyncio.to_thread(read_records, batch, self.max_decompressed)
+        self._decoded[partition] = (info.base_offset, crc, records)
+        return records
+
+    def decoded_to(self, partition: int, end: int) -> None:
+        """What was decoded for `partition` is sent up to `end`: forgotten once it all is."""
+        found = self._decoded.get(partition)
+        if found is not None and found[2] and end > found[2][-1].offset:
+            del self._decoded[partition]
 
     async def _dispatch_to(self, target: Consumer | None, owned: set[int] | None) -> bool:
         if target is None:
+            return False
+        if owned is not None and not owned:
             return False
         due = self.core.take_due(time.monotonic(), target.credits, owned)
         if due is not None:
@@ -363,7 +546,8 @@ class ReliableSubscription:
                     # there, so the object store's copy is tried before anything is stepped over
                     # (a snapshot's rows have holes by nature: superseded records)
                     break
-                self._send_new(target, partition, batch)
+                if not await self._send_new(target, partition, batch):
+                    break  # stopped, or changed while the batch decoded: the next round looks
                 if owned is None and self.group.pick() is not target:
                     break
                 if owned is not None and not (target.credits > 0 and target.session.writable):
@@ -371,17 +555,35 @@ class ReliableSubscription:
             return True
         return False
 
-    def _send_new(self, target: Consumer, partition: int, batch: bytes) -> None:
+    async def _send_new(self, target: Consumer, partition: int, batch: bytes) -> bool:
+        """Send what the consumer's credit takes of a batch read at the partition's position;
+        False when nothing could go (the partition stopped, or the consumer or the position
+        changed while the batch decoded)."""
+        core = self.core
         info = inspect_batch(batch)
-        planned = self.core.plan_new(partition, info.base_offset, info.record_count, target.credits)
+        position = core.position(partition)
+        base, batch_end = info.base_offset, info.base_offset + info.record_count
+        first = max(position, base)
+        records = None
+        if base < first or first + target.credits < batch_end:  # a part of it: cut
+            try:
+                records = await self.records_of(partition, batch, info)
+            except (CorruptBatch, DecompressedTooLarge) as exc:
+                self.stop_partition(partition, base, exc)
+                return False
+            if core.position(partition) != position or target.consumer_id not in self.consumers:
+                return False  # a seek, a take-over or the consumer left meanwhile
+        planned = core.plan_new(partition, base, info.record_count, target.credits)
         if planned is not None:
             first, end = planned
-            if info.base_offset < first or end < info.base_offset + info.record_count:
-                records = [r for r in read_records(batch) if first <= r.offset < end]
-                batch = rebuild_batch(records, Compression(info.compression))
-                end = records[-1].offset + 1
+            if records is not None and (base < first or end < batch_end):
+                cut = [r for r in records if first <= r.offset < end]
+                batch = rebuild_batch(cut, Compression(info.compression))
+                end = cut[-1].offset + 1
             self.send(target, partition, first, end, batch, 1)
+            self.decoded_to(partition, end)
         self.persist()
+        return True
 
     async def _redeliver(self, target: Consumer, due: Redeliver) -> None:
         partition, offsets = due.partition, due.offsets
@@ -410,6 +612,12 @@ class ReliableSubscription:
         core = self.core
         try:
             records = await self.fetch(partition, offsets)
+        except (CorruptBatch, DecompressedTooLarge) as exc:
+            # the same at every try: the partition stops (its offsets stay due, for a seek or
+            # a restart to decide), rather than a failed round every second for ever
+            core.requeue(partition, offsets, time.monotonic())
+            self.stop_partition(partition, offsets[0], exc)
+            return [], []
         except Exception:
             core.requeue(partition, offsets, time.monotonic() + DEAD_LETTER_RETRY)
             raise
@@ -476,7 +684,7 @@ class ReliableSubscription:
             if not batches:
                 break
             for batch in batches:
-                for record in read_records(batch):
+                for record in read_records(batch, self.max_decompressed):
                     if record.offset in wanted:
                         found.append(record)
                 info = inspect_batch(batch)
