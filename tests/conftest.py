@@ -42,6 +42,7 @@ UNIT_MODULES = {
     "test_cli_parsing",
     "test_cloud_tail",
     "test_cursor_sync",
+    "test_background",
     "test_decompression",
     "test_durables_core",
     "test_kafka_codec",
