@@ -11,8 +11,8 @@ import warnings
 
 import structlog
 
-from headwater.server.background import spawn
 from headwater.server.topic_turns import NameLocks, Turn
+from headwater.storage.tasks import spawn
 
 
 async def _in_turn(turn: Turn, ran: list[str]) -> None:

@@ -41,6 +41,7 @@ import structlog
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from headwater.storage.known_keys import KnownKeys
+from headwater.storage.tasks import spawn
 from headwater.wire.errors import StorageError
 
 log = structlog.get_logger("headwater.state")
@@ -194,7 +195,7 @@ class StateWriter:
         self._queue.append((puts or {}, deletes or []))
         self._waiters.append(future)
         if self._task is None or self._task.done():
-            self._task = loop.create_task(self._run())
+            self._task = spawn(self._run(), "state.writer_failed")
         return future
 
     def write_within(

@@ -71,6 +71,7 @@ from headwater.server.security.access import Security, Session
 from headwater.server.security.pre_auth import pre_auth_oversized, pre_auth_refusal
 from headwater.server.security.tls import ServerTls
 from headwater.server.subscriptions.live_subscription import Consumer
+from headwater.storage.tasks import spawn
 from headwater.wire import messages as m
 from headwater.wire.api.produce import delivery_prefix, encode_produce_response
 from headwater.wire.compression import declared_records
@@ -150,7 +151,7 @@ class Connection(Guarded, asyncio.Protocol):
         self._paused = False  # the transport's write buffer is over its high-water mark
         self.consumers: dict[int, Consumer] = {}
         self.peer = "?"
-        self._tasks: set[asyncio.Future[None]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()  # requests answered from a task
         self._out: list[bytes] | None = None
         self._out_bytes = 0
         self._queue: list[Frame | FrameRejected] = []
@@ -421,9 +422,13 @@ class Connection(Guarded, asyncio.Protocol):
             )
             return
         if isinstance(response, Waiting):
-            task = asyncio.ensure_future(self._finish(header, response.resolve(), started, traced))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            spawn(
+                self._finish(header, response.resolve(), started, traced),
+                "conn.request_failed",
+                self._tasks,
+                peer=self.peer,
+                api_key=header.api_key,
+            )
             return
         self._shared.traffic.produced(started, response)
         self._respond(header, response)
@@ -493,8 +498,7 @@ class Connection(Guarded, asyncio.Protocol):
             self._refuse(header, exc)
         self._resume()
 
-    def _encoded(self, task: asyncio.Future[None]) -> None:
-        self._tasks.discard(task)
+    def _encoded(self, task: asyncio.Task[None]) -> None:
         self._inflating = False
         self._resume()
 
@@ -588,8 +592,13 @@ class Connection(Guarded, asyncio.Protocol):
                 return
         else:
             self._inflating = True  # later frames wait, as for an inflation: memory stays bounded
-            task = self._loop.create_task(encode_off_loop(header, response, self._write))
-            self._tasks.add(task)
+            task = spawn(
+                encode_off_loop(header, response, self._write),
+                "conn.encode_failed",
+                self._tasks,
+                peer=self.peer,
+                api_key=header.api_key,
+            )
             return task.add_done_callback(self._encoded)
         self._write(out)
 

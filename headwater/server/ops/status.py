@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from headwater.server.build_info import version
 from headwater.server.net.stage_trace import StageTrace
-from headwater.storage.tasks import end_tasks
+from headwater.storage.tasks import end_tasks, spawn
 from headwater.wire.messages import DispatchMode, SubscriptionInfo, SubscriptionType
 
 if TYPE_CHECKING:
@@ -101,7 +101,7 @@ class ServerState:
 
     def recovered(self, catalog: TopicCatalog) -> None:
         self.catalog = catalog
-        self._sampler = asyncio.get_running_loop().create_task(self._sample_forever())
+        self._sampler = spawn(self._sample_forever(), "status.sampler_failed")
 
     async def close(self) -> None:
         self.stopping = True
