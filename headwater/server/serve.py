@@ -19,6 +19,7 @@ import gc
 import os
 import resource
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import structlog
@@ -66,8 +67,14 @@ async def open_object_store(config: ServerConfig) -> ObjectStore | None:
     raise ValueError(f"unknown object store backend {settings.backend!r} (local, s3 or none)")
 
 
-async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None:
-    """Run until `stop` is set (or SIGINT/SIGTERM); `StartupError` if the server cannot start."""
+async def serve(
+    config: ServerConfig,
+    stop: asyncio.Event | None = None,
+    listening: Callable[[Listener], None] | None = None,
+) -> None:
+    """Run until `stop` is set (or SIGINT/SIGTERM); `StartupError` if the server cannot start.
+    `listening` is called with the native port's listener once it serves (tests and embedders
+    reach the broker and the connections through it)."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -183,6 +190,8 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
         gc.freeze()
         if config.port_file is not None:
             _write_port(config.port_file, port)
+        if listening is not None:
+            listening(listener)
         log.info(
             "server.listening",
             host=config.host,

@@ -33,6 +33,13 @@ No client may stall the others, so the work one connection gets is bounded:
   pipelining or unread deliveries across many connections cost its own share, and other
   principals' connections carry on. The sweep lets it go once its client took its output or its
   principal's use fell.
+- Requests that wait before they can be answered (`AfterWork`: for their topic's turn while a
+  delete or a take-over holds it, for last-value state being built) hold their frames: at
+  `MAX_WAITING_REQUESTS` of them the connection is neither read nor handled until one is
+  answered, and their frames' bytes are charged to the memory budget and the principal while
+  they wait (`_memory_held` then holds the connection too). A producer pipelining thousands of
+  produces into a busy topic is back-pressured through TCP, not buffered. A FETCH long poll
+  (`AfterData`) waits for data, not for work, and holds no batch: it is not counted.
 - Idle and incomplete-frame timeouts are checked by the listener's sweep (`check_timeouts`).
 
 With authentication on (`Shared.security`), a connection that has not authenticated reads frames
@@ -64,7 +71,7 @@ from headwater.server.net.admission import Admission
 from headwater.server.net.guard import Guarded
 from headwater.server.net.stage_trace import ProduceTrace, StageTrace
 from headwater.server.net.traffic import TrafficStats
-from headwater.server.reply import AfterDurable, bulky, encode_off_loop
+from headwater.server.reply import AfterDurable, AfterWork, bulky, encode_off_loop
 from headwater.server.requests.broker import Broker, Reply, Waiting
 from headwater.server.schemas.schema_registry import TopicSchemas
 from headwater.server.security.access import Security, Session
@@ -95,7 +102,7 @@ from headwater.wire.frames import (
     FrameHeader,
     FrameRejected,
 )
-from headwater.wire.limits import MAX_PRE_AUTH_FRAME
+from headwater.wire.limits import MAX_PRE_AUTH_FRAME, MAX_WAITING_REQUESTS
 from headwater.wire.protocol import decode_request, encode_error, encode_push, encode_response
 from headwater.wire.records import BatchInfo, is_compressed, validate_records
 
@@ -175,6 +182,9 @@ class Connection(Guarded, asyncio.Protocol):
         self._charged = 0  # write-buffer bytes charged to the memory budget
         self._charged_to = ""  # ... and to this principal
         self._skipped = False  # a subscription found it unwritable for memory: drain it later
+        self.waiting = 0  # requests waiting to be answered (AfterWork): at the cap, not read
+        self._waiting_bytes = 0  # ... their frames' bytes, charged to the memory budget
+        self.bytes_read = 0  # what this connection's peer made the server read
 
     # asyncio callbacks
 
@@ -194,6 +204,8 @@ class Connection(Guarded, asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         # 0 while untraced: a trace turned on later must not take an old read for this one's
         self._read_ns = time.monotonic_ns() if self._shared.trace is not None else 0
+        self.bytes_read += len(data)
+        self._shared.traffic.bytes_read += len(data)
         try:
             events = self._decoder.feed(data)
         except MalformedFrame as exc:
@@ -262,7 +274,13 @@ class Connection(Guarded, asyncio.Protocol):
         its bound, or a frame waits for its batch to be inflated off the loop."""
         self._scheduled = False
         transport = self._transport
-        if transport is None or self._inflating or self._paused or self._held:
+        if (
+            transport is None
+            or self._inflating
+            or self._paused
+            or self._held
+            or self.waiting >= MAX_WAITING_REQUESTS
+        ):
             self._update_reading()
             return
         if self._memory_held():
@@ -291,6 +309,7 @@ class Connection(Guarded, asyncio.Protocol):
                 if (
                     self._inflating
                     or self._held
+                    or self.waiting >= MAX_WAITING_REQUESTS
                     or self._out_bytes > bound
                     or time.perf_counter() > deadline
                 ):
@@ -304,7 +323,9 @@ class Connection(Guarded, asyncio.Protocol):
         if self._next == len(queue):
             self._queue = []
             self._next = 0
-        elif not (self._inflating or self._paused or self._held):
+        elif not (
+            self._inflating or self._paused or self._held or self.waiting >= MAX_WAITING_REQUESTS
+        ):
             self._schedule()
         self._update_reading()
 
@@ -321,6 +342,7 @@ class Connection(Guarded, asyncio.Protocol):
             self._paused
             or self._inflating
             or self._held
+            or self.waiting >= MAX_WAITING_REQUESTS
             or self._next < len(self._queue)
             or self._memory_held()
         )
@@ -333,6 +355,11 @@ class Connection(Guarded, asyncio.Protocol):
                 self._partial_since = self._loop.time()
         else:
             transport.pause_reading()
+
+    @property
+    def reading(self) -> bool:
+        """Whether the transport is being read (False: back-pressured, held or muted)."""
+        return self._reading
 
     # Memory
 
@@ -352,8 +379,11 @@ class Connection(Guarded, asyncio.Protocol):
         self._charged, self._charged_to = size, principal
 
     def _memory_held(self) -> bool:
-        """Not read: the connection has unsent output and its principal is over its share."""
-        return self._charged > 0 and self._memory.over_share(self._charged_to)
+        """Not read: the connection has unsent output or requests waiting, and its principal is
+        over its share."""
+        if self._charged > 0:
+            return self._memory.over_share(self._charged_to)
+        return self._waiting_bytes > 0 and self._memory.over_share(self.principal)
 
     # Requests
 
@@ -401,7 +431,7 @@ class Connection(Guarded, asyncio.Protocol):
             if isinstance(exc, AuthenticationFailed):
                 self.close()
             return
-        self._answer(header, response, started)
+        self._answer(header, response, started, len(frame.body))
 
     def _trace_produce(self, request: m.ProduceRequest, reply: Reply) -> Reply:
         """With a stage trace: note a sampled produce, answered next by `_answer`."""
@@ -410,7 +440,10 @@ class Connection(Guarded, asyncio.Protocol):
             self._traced = trace.produced(request.topic, request.batch, reply, self._read_ns)
         return reply
 
-    def _answer(self, header: FrameHeader, response: Reply, started: float | None = None) -> None:
+    def _answer(
+        self, header: FrameHeader, response: Reply, started: float | None = None, size: int = 0
+    ) -> None:
+        """`size`: the request frame's bytes, held while it waits (`AfterWork`)."""
         traced = self._traced  # None unless a stage trace sampled this produce
         if traced is not None:
             self._traced = None
@@ -422,18 +455,38 @@ class Connection(Guarded, asyncio.Protocol):
             )
             return
         if isinstance(response, Waiting):
-            spawn(
+            task = spawn(
                 self._finish(header, response.resolve(), started, traced),
                 "conn.request_failed",
                 self._tasks,
                 peer=self.peer,
                 api_key=header.api_key,
             )
+            if type(response) is AfterWork:
+                self._wait_started(task, size)
             return
         self._shared.traffic.produced(started, response)
         self._respond(header, response)
         if traced is not None:
             traced.answered(response)
+
+    def _wait_started(self, task: asyncio.Task[None], size: int) -> None:
+        """A request waits to be answered, holding `size` bytes: counted against
+        MAX_WAITING_REQUESTS and charged to the memory budget until it is."""
+        self.waiting += 1
+        principal = self.principal
+        if size:
+            self._waiting_bytes += size
+            self._memory.charge(size, principal)
+        task.add_done_callback(partial(self._wait_ended, size, principal))
+
+    def _wait_ended(self, size: int, principal: str, task: asyncio.Task[None]) -> None:
+        self.waiting -= 1
+        if size:
+            self._waiting_bytes -= size
+            self._memory.give_back(size, principal)
+        if self._transport is not None and self.waiting == MAX_WAITING_REQUESTS - 1:
+            self._resume()  # it was at the cap: read and handle again
 
     def _produce_checked(
         self, header: FrameHeader, request: m.ProduceRequest, started: float
