@@ -5,6 +5,8 @@ per connection, requests waiting, the memory budget, a topic's stored messages.
 - A producer pipelining 10,000 produces into a topic held busy (as a delete or a take-over holds
   it) is back-pressured: at MAX_WAITING_REQUESTS waiting the connection is not read, and it
   resumes and every produce is answered once the topic is free.
+- A principal over its produce quota is muted: none of its connections is read for the throttle
+  time, a new one not past its AUTHENTICATE; the others were each read a batch, each a burst.
 
 No step waits for time to pass: each waits for an event (an answer, the connection's pause), and
 "nothing more was read" is checked after a round trip on another connection, which the server
@@ -20,7 +22,8 @@ from pathlib import Path
 import pytest
 
 import headwater
-from headwater.server.config import ServerConfig
+from headwater.server.config import SecurityConfig, ServerConfig
+from headwater.server.security.tokens import create
 from headwater.wire import messages as m
 from headwater.wire.limits import MAX_WAITING_REQUESTS
 from headwater.wire.protocol import encode_request
@@ -99,3 +102,81 @@ async def test_a_producer_pipelining_into_a_busy_topic_is_back_pressured(
         await eventually(lambda: connection.waiting == 0, what="no request left waiting")
         assert plain.broker.memory.used == 0
         await peer.close()
+
+
+QUOTA = 100_000  # bytes per second: a 1 MiB batch puts the principal ~10 s in debt
+BATCH = 1024 * 1024
+
+
+@pytest.fixture
+async def secure(tmp_path: Path) -> AsyncIterator[tuple[InProcessServer, Path, str]]:
+    tokens = tmp_path / "tokens.json"
+    _, admin = create(tokens, "admin", ("all:*",))
+    assert admin is not None
+    config = ServerConfig(data_dir=tmp_path / "data", security=SecurityConfig(auth_tokens=tokens))
+    async with in_process_server(config) as server:
+        yield server, tokens, admin
+
+
+async def _authenticated(server: InProcessServer, token: str) -> tuple[RawPeer, str]:
+    peer, name = await _open(server)
+    answer = await peer.call(m.AuthenticateRequest("token", token.encode()))
+    assert isinstance(answer, m.AuthenticateResponse), answer
+    return peer, name
+
+
+
+async def test_a_principal_over_its_produce_quota_is_muted_on_every_connection(
+    secure: tuple[InProcessServer, Path, str],
+) -> None:
+    server, tokens, admin_token = secure
+    _, token = create(tokens, "slow", ("produce:q",), quotas={"produce_bytes_per_second": QUOTA})
+    assert token is not None
+    async with await headwater.connect(server.address, token=admin_token) as admin:
+        await admin.create_topic("q", dispatch="non-reliable")
+        first, _ = await _authenticated(server, token)
+        others = [await _authenticated(server, token) for _ in range(4)]
+        batch = build_batch([(None, b"x" * BATCH, ())])
+        request = m.ProduceRequest("q", 0, batch)
+        # the burst is spent and more: ~10 s of debt
+        assert isinstance(await first.call(request), m.ProduceResponse)
+        topic = server.catalog.topics["q"]
+        assert topic.messages_in == 1
+        read_before = {name: server.connection(name).bytes_read for _, name in others}
+        for peer, _ in others:  # clients that ignore THROTTLE: 4 MiB each, not drained
+            for correlation in range(2, 6):
+                peer.writer.write(encode_request(request, correlation))
+        late, late_name = await _authenticated(server, token)  # a connection opened meanwhile
+        late.writer.write(encode_request(request, 2))
+        await admin.list_topics()  # the server has handled whatever it had read by now
+        for _, name in others:
+            connection = server.connection(name)
+            assert connection.bytes_read == read_before[name], f"{name} was read while muted"
+            assert not connection.reading
+        late_connection = server.connection(late_name)
+        assert late_connection.bytes_read < 1024  # its AUTHENTICATE, nothing more
+        assert topic.messages_in == 1  # nothing stored past the first batch
+        for peer, _ in [*others, (late, late_name), (first, "")]:
+            peer.writer.transport.abort()
+
+
+async def test_a_muted_principal_is_read_again_once_its_debt_is_paid(
+    secure: tuple[InProcessServer, Path, str],
+) -> None:
+    server, tokens, admin_token = secure
+    rate = 1024 * 1024  # the debt below lasts ~0.25 s
+    _, token = create(tokens, "brief", ("produce:q",), quotas={"produce_bytes_per_second": rate})
+    assert token is not None
+    async with await headwater.connect(server.address, token=admin_token) as admin:
+        await admin.create_topic("q", dispatch="non-reliable")
+    first, _ = await _authenticated(server, token)
+    second, second_name = await _authenticated(server, token)
+    big = m.ProduceRequest("q", 0, build_batch([(None, b"x" * (rate + rate // 4), ())]))
+    assert isinstance(await first.call(big), m.ProduceResponse)
+    small = m.ProduceRequest("q", 0, build_batch([(None, b"y", ())]))
+    answer = await second.call(small)  # held while muted, then read and answered
+    assert isinstance(answer, m.ProduceResponse), answer
+    assert server.connection(second_name).reading
+    assert server.catalog.topics["q"].messages_in == 2
+    await first.close()
+    await second.close()

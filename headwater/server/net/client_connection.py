@@ -47,9 +47,11 @@ of at most `MAX_PRE_AUTH_FRAME` bytes, and a request other than API_VERSIONS and
 answered AUTHENTICATION_REQUIRED from its header alone (`server.security.pre_auth`), its body
 never decoded, and the connection closed. `_guard` runs before the broker: AUTHENTICATE is
 answered there, any other request must pass `Security.check` (a grant for its action and
-topic), and produce bytes are charged to the principal's quota: in debt, the connection gets a
-THROTTLE push and is not read (`_held`) until the debt is paid. Deliveries are charged to the
-consume quota the same way, by making the connection unwritable for a while.
+topic), and produce bytes are charged to the principal's quota: in debt, the principal is
+muted: each of its connections gets a THROTTLE push and is not read (`_held`) until the debt is
+paid, and one it authenticates meanwhile is held as soon as AUTHENTICATE is answered.
+Deliveries are charged to the consume quota the same way, by making the connection unwritable
+for a while.
 """
 
 from __future__ import annotations
@@ -403,14 +405,19 @@ class Connection(Guarded, asyncio.Protocol):
             if self._security is not None or type(request) is m.AuthenticateRequest:
                 early = self._guard(request)
                 if early is not None:
+                    authenticated = False
                     if type(request) is m.AuthenticateRequest:
                         if self.auth is not None:
+                            authenticated = True
                             self._authenticated()
                         elif isinstance(early, Waiting):
                             # a failure answered after a delay, then the connection closes:
                             # nothing more is read meanwhile
                             self._inflating = True
                     self._answer(header, early)
+                    if authenticated and (debt := self._produce_debt()) > 0:
+                        # its principal is muted: nothing past the AUTHENTICATE is read meanwhile
+                        self._mute(debt)
                     return
             if type(request) is m.ProduceRequest:
                 schemas = self._broker.catalog.schemas.validating.get(request.topic)
@@ -566,6 +573,15 @@ class Connection(Guarded, asyncio.Protocol):
         the connection no longer counts as waiting to authenticate."""
         self._decoder.max_frame_size = self._config.max_frame_size
         self._leave_admission()
+
+    def _principal_connections(self, principal: str) -> list[Connection]:
+        """This port's connections authenticated as `principal` (a scan: only when the
+        principal runs into produce debt, at most once per mute of each connection)."""
+        return [
+            c
+            for c in self._shared.connections
+            if c.auth is not None and c.auth.principal == principal
+        ]
 
     def _leave_admission(self) -> None:
         address, self._admitted = self._admitted, None
