@@ -53,6 +53,7 @@ async def open_object_store(config: ServerConfig) -> ObjectStore | None:
     if settings.backend == "local":
         store = LocalObjectStore(settings.path or config.data_dir / "objects", settings.link)
         try:
+            # once, at start-up: asyncio's default executor
             removed = await asyncio.to_thread(store.remove_abandoned, settings.abandoned_after_s)
         except OSError as exc:  # housekeeping: the store works with the files left in it
             log.warning("object_store.sweep_failed", root=str(store.root), error=str(exc))
@@ -123,6 +124,7 @@ async def serve(
             uploader.start()
             archive = ObjectArchive(store, uploader)
         catalog = TopicCatalog(config, state, uploader, archive)
+        stack.push_async_callback(catalog.writer.close)  # after the catalog's own close
         try:
             await catalog.open()
         except (OSError, HeadwaterError) as exc:

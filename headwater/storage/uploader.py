@@ -226,6 +226,7 @@ class Uploader:
                 return
             name = named
         index_path = segment.path.with_suffix(".index")
+        # one small read per sealed segment: asyncio's default executor, as the store's own work
         index = await asyncio.to_thread(_read_or_empty, index_path)
         unsized = UploadedSegment(segment.base_offset, segment.next_offset, 0, name)
         await self.store.put(unsized.key(topic, partition, ".index"), index)

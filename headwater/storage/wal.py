@@ -505,6 +505,7 @@ class PartitionLog:
             # if it did not (10,000 idle partitions paid a redundant fsync each at shutdown)
             if self.failed is None and self.syncer.durable_sequence < self._appended:
                 try:
+                    # at close, only: asyncio's default executor
                     await asyncio.to_thread(self.ops.fsync, segment.write_fd, segment.path)
                 except OSError as exc:
                     self.fail(f"fsync failed at close: {exc}")

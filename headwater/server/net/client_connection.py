@@ -130,6 +130,7 @@ class Shared:
 
     connections: set[Connection] = field(default_factory=set)
     inflater: Executor | None = None  # None: inflate on the loop (tests, embedders)
+    encoder: Executor | None = None  # bulky answers (server.reply); None: on the loop
     protocol_errors: ProtocolErrorLog = field(default_factory=ProtocolErrorLog)
     security: Security | None = None  # None: no authentication (the embedded loopback default)
     admission: Admission | None = None  # with security: connections waiting to authenticate
@@ -662,7 +663,7 @@ class Connection(Guarded, asyncio.Protocol):
         else:
             self._inflating = True  # later frames wait, as for an inflation: memory stays bounded
             task = spawn(
-                encode_off_loop(header, response, self._write),
+                encode_off_loop(header, response, self._write, self._shared.encoder),
                 "conn.encode_failed",
                 self._tasks,
                 peer=self.peer,

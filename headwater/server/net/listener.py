@@ -33,6 +33,7 @@ from headwater.server.net.accepting import Acceptor, ListenError, listen_on
 from headwater.server.net.admission import Admission
 from headwater.server.net.client_connection import Connection, Shared
 from headwater.server.net.stage_trace import StageTrace
+from headwater.server.reply import encoder_thread
 from headwater.server.requests.broker import Broker
 from headwater.storage.tasks import spawn
 from headwater.wire.errors import HeadwaterError, TooManyConnections
@@ -87,8 +88,10 @@ class Listener:
         self._loop = asyncio.get_running_loop()
         # One thread: a flood of compression bombs costs one core and one cap of memory at most.
         self._inflater = ThreadPoolExecutor(1, thread_name_prefix="headwater-inflate")
+        self._encoder = encoder_thread()
         self.shared = Shared(
             inflater=self._inflater,
+            encoder=self._encoder,
             trace=StageTrace(config.trace_every) if config.trace_every else None,
         )
         self._acceptor: Acceptor | None = None
@@ -153,6 +156,7 @@ class Listener:
             os.close(self._spare)
             self._spare = None
         self._inflater.shutdown(wait=False, cancel_futures=True)
+        self._encoder.shutdown(wait=False, cancel_futures=True)
 
     def shutdown_connections(self) -> None:
         for connection in list(self.connections):

@@ -136,6 +136,7 @@ class ServerState:
 
     async def _run_probe(self) -> str | None:
         try:
+            # one small write per PROBE_EVERY at most: asyncio's default executor
             await asyncio.to_thread(_probe_write, self.data_dir / PROBE_FILE)
             self._probe_result = None
         except OSError as exc:
