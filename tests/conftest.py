@@ -47,6 +47,7 @@ UNIT_MODULES = {
     "test_durables_core",
     "test_kafka_codec",
     "test_layers",
+    "test_lease_off_loop",
     "test_owned_threads",
     "test_pump_wakeups",
     "test_records",

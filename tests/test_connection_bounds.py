@@ -125,7 +125,6 @@ async def _authenticated(server: InProcessServer, token: str) -> tuple[RawPeer, 
     return peer, name
 
 
-
 async def test_a_principal_over_its_produce_quota_is_muted_on_every_connection(
     secure: tuple[InProcessServer, Path, str],
 ) -> None:
