@@ -1,7 +1,7 @@
-"""Issue 37's threads: the synced state writer writes on a thread of its own, not asyncio's default
-executor (where object-store transfers and admin work may hold every thread while a produce's
-answer waits for its sync), one per writer (two servers in one process share none), ended by its
-close.
+"""Issue 37's threads: the synced state writer, the listener's encoder of bulky answers and the
+local object store work on threads of their own, not asyncio's default executor (where
+object-store transfers and admin work may hold every thread while a produce's answer waits for
+its sync), one set per server object (two servers in one process share none), ended by its close.
 """
 
 from __future__ import annotations
@@ -11,12 +11,14 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from headwater.server.config import ServerConfig
 from headwater.server.net.listener import Listener
 from headwater.server.reply import encode_off_loop
+from headwater.storage.objectstore import LocalObjectStore
 from headwater.storage.state import StateStore, StateWriter
 from headwater.wire import messages as m
 from headwater.wire.errors import StorageError
@@ -79,3 +81,28 @@ async def test_each_listener_encodes_bulky_answers_on_a_thread_it_owns_and_ends(
     for encoder in encoders:
         with pytest.raises(RuntimeError):  # shut down with its listener
             encoder.submit(print)
+
+
+async def test_each_local_object_store_works_on_threads_it_owns_and_ends(tmp_path: Path) -> None:
+    asyncio.get_running_loop().set_default_executor(
+        ThreadPoolExecutor(1, thread_name_prefix="asyncio-default")
+    )
+    stores = [LocalObjectStore(tmp_path / name) for name in ("a", "b")]
+    seen: list[threading.Thread] = []
+    for store in stores:
+        put = store._put
+
+        def noted(path: Path, data: bytes, exclusive: bool, put: Any = put) -> bool:
+            seen.append(threading.current_thread())
+            result: bool = put(path, data, exclusive)
+            return result
+
+        store._put = noted  # type: ignore[method-assign]
+        await store.put("k", b"v")
+    assert all(thread.name.startswith("hw-objects") for thread in seen)
+    assert seen[0] is not seen[1]  # two servers' stores share no thread
+    for store in stores:
+        await store.close()
+    assert not any(thread.is_alive() for thread in seen)
+    with pytest.raises(StorageError):
+        await stores[0].get("k")
