@@ -116,9 +116,7 @@ class LocalObjectStore:
         if self._closed:
             raise StorageError(f"the object store at {self.root} is closed")
         if self._threads is None:
-            self._threads = ThreadPoolExecutor(
-                LOCAL_STORE_THREADS, thread_name_prefix="hw-objects"
-            )
+            self._threads = ThreadPoolExecutor(LOCAL_STORE_THREADS, thread_name_prefix="hw-objects")
         return await asyncio.get_running_loop().run_in_executor(self._threads, job, *args)
 
     def _path(self, key: str) -> Path:

@@ -125,7 +125,7 @@ class ServerState:
             return "shutting down"
         loop = asyncio.get_running_loop()
         if self._probe is None and loop.time() - self._probed_at >= PROBE_EVERY:
-            self._probe = loop.create_task(self._run_probe())
+            self._probe = spawn(self._run_probe(), "status.probe_failed")
         if self._probe is not None:
             try:
                 async with asyncio.timeout(PROBE_TIMEOUT):
