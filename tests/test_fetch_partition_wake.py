@@ -23,7 +23,9 @@ from typing import Any, cast
 from headwater.server.config import ServerConfig, TopicSettings
 from headwater.server.reply import AfterData
 from headwater.server.requests.fetch import FetchHandler
+from headwater.server.requests.partition_ownership import BrokerAddress, SingleBroker
 from headwater.server.subscriptions.reliable_store import SubscriptionStore
+from headwater.server.topics.placement import LocalPlacement
 from headwater.server.topics.subscription_contract import ConsumerSession
 from headwater.server.topics.topic import LogTopic
 from headwater.server.topics.topic_settings import log_config
@@ -60,9 +62,10 @@ async def test_a_long_poll_is_not_woken_by_the_other_partitions(tmp_path: Path) 
     topic = LogTopic(m.TopicInfo("polled", 2, m.DispatchMode.RELIABLE), settings, logs)
     state = StateStore(tmp_path / "state")
     writer = StateWriter(state)
-    subscriptions = SubscriptionStore(ServerConfig(), writer, cast(Any, None))
+    subscriptions = SubscriptionStore(ServerConfig(), writer, cast(Any, None), LocalPlacement())
     handler = CountingFetch(
-        cast(Any, SimpleNamespace(topics={"polled": topic}, subscriptions=subscriptions))
+        cast(Any, SimpleNamespace(topics={"polled": topic}, subscriptions=subscriptions)),
+        SingleBroker(BrokerAddress("local", "127.0.0.1", 0)),
     )
     try:
         reply = handler.fetch(

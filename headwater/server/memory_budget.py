@@ -35,7 +35,9 @@ What else a client makes the server hold is bounded where it arises, per connect
 most `max_frame_size` (8 KiB before authentication), a connection's unsent answers and deliveries
 at most the write buffer's high-water mark (`max_pending_response_bytes`, `consumer_write_buffer`:
 past it the connection is not read, so a producer that does not read is back-pressured, and
-subscriptions skip its consumers), and one read's frames at a time are queued.
+subscriptions skip its consumers), one read's frames at a time are queued, and at most
+`MAX_WAITING_REQUESTS` requests wait to be answered (for a busy topic's turn), their frames charged
+here while they wait.
 """
 
 from __future__ import annotations

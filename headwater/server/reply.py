@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Coroutine
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
 
 from headwater.wire import messages as m
@@ -102,20 +102,25 @@ def bulky(response: m.Response) -> bool:
     return False
 
 
-# One thread for all of them: it yields the GIL to the loop every switch interval, where several
-# threads taking turns (one per pipelined LIST_TOPICS) starved the loop for hundreds of ms.
-_encoder: ThreadPoolExecutor | None = None
+def encoder_thread() -> ThreadPoolExecutor:
+    """The encoder for a listener's connections, owned and shut down by the listener. One thread
+    for all of them: it yields the GIL to the loop every switch interval, where several threads
+    taking turns (one per pipelined LIST_TOPICS) starved the loop for hundreds of ms."""
+    return ThreadPoolExecutor(1, thread_name_prefix="hw-encode")
 
 
 async def encode_off_loop(
-    header: FrameHeader, response: m.Response, write: Callable[[bytes], None]
+    header: FrameHeader,
+    response: m.Response,
+    write: Callable[[bytes], None],
+    encoder: Executor | None,
 ) -> None:
-    """Encode `response` on the encoder thread, then `write` it (on the loop)."""
-    global _encoder
-    if _encoder is None:
-        _encoder = ThreadPoolExecutor(1, thread_name_prefix="hw-encode")
+    """Encode `response` on the `encoder` thread (None: on the loop), then `write` it."""
+    if encoder is None:  # a connection built without a listener (tests, embedders)
+        write(encode_response(header.api_key, header.correlation_id, response))
+        return
     write(
         await asyncio.get_running_loop().run_in_executor(
-            _encoder, encode_response, header.api_key, header.correlation_id, response
+            encoder, encode_response, header.api_key, header.correlation_id, response
         )
     )

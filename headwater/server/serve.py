@@ -20,6 +20,7 @@ import os
 import resource
 import signal
 import ssl
+from collections.abc import Callable
 from pathlib import Path
 
 import structlog
@@ -54,6 +55,7 @@ async def open_object_store(config: ServerConfig) -> ObjectStore | None:
     if settings.backend == "local":
         store = LocalObjectStore(settings.path or config.data_dir / "objects", settings.link)
         try:
+            # once, at start-up: asyncio's default executor
             removed = await asyncio.to_thread(store.remove_abandoned, settings.abandoned_after_s)
         except OSError as exc:  # housekeeping: the store works with the files left in it
             log.warning("object_store.sweep_failed", root=str(store.root), error=str(exc))
@@ -68,8 +70,14 @@ async def open_object_store(config: ServerConfig) -> ObjectStore | None:
     raise ValueError(f"unknown object store backend {settings.backend!r} (local, s3 or none)")
 
 
-async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None:
-    """Run until `stop` is set (or SIGINT/SIGTERM); `StartupError` if the server cannot start."""
+async def serve(
+    config: ServerConfig,
+    stop: asyncio.Event | None = None,
+    listening: Callable[[Listener], None] | None = None,
+) -> None:
+    """Run until `stop` is set (or SIGINT/SIGTERM); `StartupError` if the server cannot start.
+    `listening` is called with the native port's listener once it serves (tests and embedders
+    reach the broker and the connections through it)."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -137,6 +145,7 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
             uploader.start()
             archive = ObjectArchive(store, uploader)
         catalog = TopicCatalog(config, state, uploader, archive, placement)
+        stack.push_async_callback(catalog.writer.close)  # after the catalog's own close
         try:
             await catalog.open()
         except (OSError, HeadwaterError) as exc:
@@ -192,6 +201,8 @@ async def serve(config: ServerConfig, stop: asyncio.Event | None = None) -> None
         gc.freeze()
         if config.port_file is not None:
             _write_port(config.port_file, port)
+        if listening is not None:
+            listening(listener)
         log.info(
             "server.listening",
             host=config.host,

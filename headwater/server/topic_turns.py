@@ -14,11 +14,20 @@ topic. A name with an empty line costs nothing: produce and map get stay synchro
 
 Lines exist only while someone holds or waits for a turn. After `close`, no new turn is given
 (SERVER_SHUTTING_DOWN), and `idle` lets shutdown wait for the turns still running.
+
+A turn is given up when its `async with` ends, or when waiting for it fails (cancelled). A turn
+taken for a coroutine that never gets that far (closed or cancelled before its first step, or
+dropped and garbage-collected: a handler's `AfterWork` nobody awaited) would otherwise hold its
+name's line forever, and every later request naming the topic would queue behind it. So a `Turn`
+gives its place up when it is collected without having been released (`weakref.finalize`), through
+`call_soon_threadsafe`: a collection may run on any thread, and the line's futures are the loop's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import weakref
 from collections import deque
 from types import TracebackType
 
@@ -32,12 +41,17 @@ class Turn:
         self._locks = locks
         self._name = name
         self._future = future
+        # given up if this turn is collected unreleased (the module doc); holds no reference
+        # to the turn itself, or the turn would never be collected
+        self._dropped = weakref.finalize(
+            self, _release_dropped, asyncio.get_running_loop(), locks, name, future
+        )
 
     async def __aenter__(self) -> None:
         try:
             await self._future
         except BaseException:
-            self._locks._release(self._name, self._future)
+            self._release()
             raise
 
     async def __aexit__(
@@ -46,7 +60,19 @@ class Turn:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        self._dropped.detach()
         self._locks._release(self._name, self._future)
+
+
+def _release_dropped(
+    loop: asyncio.AbstractEventLoop, locks: NameLocks, name: str, future: asyncio.Future[None]
+) -> None:
+    """A turn collected while still in its line: give its place up on the loop."""
+    with contextlib.suppress(RuntimeError):  # the loop is closed: no line is left to unblock
+        loop.call_soon_threadsafe(locks._release, name, future)
 
 
 class NameLocks:

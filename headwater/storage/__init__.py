@@ -7,8 +7,8 @@ the archive's copy of a damaged batch, else a logged skip), `recovery` (what is 
 where offsets continue), `offsets` (the offset lease), `syncer` (each partition's fsyncs, seals,
 deletions and lease writes, one job at a time on a pool of their own) and `fileio` (the one seam
 to the file system, where faults are injected), `latency` (a histogram cheap enough for hot
-paths), `tasks` (ending background loops: every close and stop, here and in the server, goes
-through it). The object store: `objectstore` (local directory and S3),
+paths), `tasks` (background tasks: started with their failures logged, ended by every close and
+stop, here and in the server). The object store: `objectstore` (local directory and S3),
 `uploader` (shipping sealed segments), `archive` (reading history back from it), `cloud_tail` (a
 cluster's newest batches as small objects), `partition_manifest` (a cluster partition's segments,
 versioned by conditional PUT), `snapshots` (per-key snapshots and their manifests) and

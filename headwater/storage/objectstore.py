@@ -20,6 +20,10 @@
   `If-None-Match: *`. `put_file` uploads a file over `part_size` (8 MiB) in parts, read one at a
   time, and aborts the upload if a part fails.
 
+The local store's file work runs on threads of its own (`LOCAL_STORE_THREADS`, started on first
+use, ended by `close`), not asyncio's default executor: a segment's copy takes long enough to hold
+a thread, and other servers in the process, and the default executor's other work, share none.
+
 Keys are '/'-separated relative names; `prefix` (S3) or the root directory (local) is added here.
 Every failure is raised as `StorageError` (`ObjectNotFound` for a missing key), so callers retry
 without knowing the backend.
@@ -36,12 +40,19 @@ import re
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Final, Protocol, TypeVar
 
 from headwater.storage.fileio import copy_durably, fsync_directory
 from headwater.wire.errors import ObjectNotFound, StorageError
+
+T = TypeVar("T")
+
+# Uploads, archive reads and listings of one local store at once: a few, as a disk serves a few
+# streams well; more would only queue in the kernel.
+LOCAL_STORE_THREADS: Final = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +109,15 @@ class LocalObjectStore:
         self.root = root
         self.link = link
         root.mkdir(parents=True, exist_ok=True)
+        self._threads: ThreadPoolExecutor | None = None  # started on first use
+        self._closed = False
+
+    async def _in_thread(self, job: Callable[..., T], *args: Any) -> T:
+        if self._closed:
+            raise StorageError(f"the object store at {self.root} is closed")
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(LOCAL_STORE_THREADS, thread_name_prefix="hw-objects")
+        return await asyncio.get_running_loop().run_in_executor(self._threads, job, *args)
 
     def _path(self, key: str) -> Path:
         _check_key(key)
@@ -123,13 +143,13 @@ class LocalObjectStore:
         return removed
 
     async def put(self, key: str, data: bytes) -> None:
-        await asyncio.to_thread(self._put, self._path(key), data, False)
+        await self._in_thread(self._put, self._path(key), data, False)
 
     async def put_if_absent(self, key: str, data: bytes) -> bool:
-        return await asyncio.to_thread(self._put, self._path(key), data, True)
+        return await self._in_thread(self._put, self._path(key), data, True)
 
     async def put_file(self, key: str, path: Path) -> int:
-        return await asyncio.to_thread(self._put_file, self._path(key), path)
+        return await self._in_thread(self._put_file, self._path(key), path)
 
     def _put_file(self, target: Path, source: Path) -> int:
         try:
@@ -196,7 +216,7 @@ class LocalObjectStore:
         return True
 
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
-        return await asyncio.to_thread(self._get, key, self._path(key), start, end)
+        return await self._in_thread(self._get, key, self._path(key), start, end)
 
     @staticmethod
     def _get(key: str, path: Path, start: int, end: int | None) -> bytes:
@@ -210,7 +230,7 @@ class LocalObjectStore:
             raise StorageError(f"cannot read object {key!r}: {exc}") from None
 
     async def list(self, prefix: str) -> list[ObjectInfo]:
-        return await asyncio.to_thread(self._list, prefix)
+        return await self._in_thread(self._list, prefix)
 
     def _list(self, prefix: str) -> builtins.list[ObjectInfo]:
         found = []
@@ -229,7 +249,7 @@ class LocalObjectStore:
         return sorted(found, key=lambda o: o.key)
 
     async def delete(self, key: str) -> None:
-        await asyncio.to_thread(self._delete, self._path(key))
+        await self._in_thread(self._delete, self._path(key))
 
     def _delete(self, path: Path) -> None:
         """Unlink, then remove the directories the key leaves empty, up to the root: an object
@@ -245,7 +265,13 @@ class LocalObjectStore:
             directory = directory.parent
 
     async def close(self) -> None:
-        pass
+        """End the store's threads once the work they run ends (a later call is refused)."""
+        self._closed = True
+        threads, self._threads = self._threads, None
+        if threads is not None:
+            threads.shutdown(wait=False)
+            # a copy in progress finishes first: waited for without holding the loop
+            await asyncio.get_running_loop().run_in_executor(None, threads.shutdown, True)
 
 
 class S3ObjectStore:

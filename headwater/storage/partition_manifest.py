@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 import structlog
 
 from headwater.storage.objectstore import ObjectStore
+from headwater.storage.tasks import spawn
 from headwater.wire.errors import NotOwner, ObjectNotFound, StorageError
 
 log = structlog.get_logger("headwater.manifest")
@@ -193,11 +194,13 @@ class PartitionManifests:
                 f"{prefix}{following.version:020d}", following.encode()
             ):
                 if following.version >= 2:  # not awaited: a take-over is waiting for the claim
-                    task = asyncio.get_running_loop().create_task(
-                        self._delete(f"{prefix}{following.version - 2:020d}")
+                    spawn(
+                        self._delete(f"{prefix}{following.version - 2:020d}"),
+                        "manifest.delete_failed",
+                        self._deleting,
+                        topic=topic,
+                        partition=partition,
                     )
-                    self._deleting.add(task)
-                    task.add_done_callback(self._deleting.discard)
                 return following
             current = None  # another writer took that version: read it, check its epoch
         raise StorageError(f"the manifest of {topic}/{partition} keeps changing under its writer")

@@ -14,7 +14,10 @@ it survives the process being killed.
 
 Writes that must also survive a power loss (RocksDB fsyncs its log) go through the one
 `StateWriter`, which group-commits them off the event loop, as the WAL's syncer does: while one
-synced WriteBatch is being written in a worker thread, the writes that arrive queue up, and the
+synced WriteBatch is being written on the writer's own thread (not asyncio's default executor,
+where object-store transfers and admin work could hold every thread while a produce's answer
+waits for its producer table's sync; one thread, since one WriteBatch is written at a time; shut
+down by `close`, so two servers in one process share none), the writes that arrive queue up, and the
 next WriteBatch takes them all, so n concurrent callers cost one fsync, not n, and the loop never
 waits for the disk. Each caller gets a future and awaits it only where its promise needs it (a
 produce's answer under fsync `always`, a topic's creation). Writes of one key are never split
@@ -33,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Any, cast
@@ -41,6 +45,7 @@ import structlog
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from headwater.storage.known_keys import KnownKeys
+from headwater.storage.tasks import spawn
 from headwater.wire.errors import StorageError
 
 log = structlog.get_logger("headwater.state")
@@ -172,6 +177,7 @@ class StateWriter:
         self._eventually: asyncio.Future[None] | None = None  # the next `write_within` sync
         self._eventually_timer: asyncio.TimerHandle | None = None
         self.commits = 0  # synced WriteBatches written (tests count them)
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="hw-state")
 
     def write(
         self,
@@ -194,7 +200,7 @@ class StateWriter:
         self._queue.append((puts or {}, deletes or []))
         self._waiters.append(future)
         if self._task is None or self._task.done():
-            self._task = loop.create_task(self._run())
+            self._task = spawn(self._run(), "state.writer_failed")
         return future
 
     def write_within(
@@ -227,7 +233,9 @@ class StateWriter:
             changes, self._queue = self._queue, []
             waiters, self._waiters = self._waiters, []
             try:
-                await asyncio.to_thread(self.store.write_all, changes, True)
+                await asyncio.get_running_loop().run_in_executor(
+                    self._thread, self.store.write_all, changes, True
+                )
             except Exception as exc:  # rocksdict raises plain Exceptions for I/O errors
                 error = StorageError(f"state write failed: {exc}")
                 for future in waiters:
@@ -246,6 +254,12 @@ class StateWriter:
             self._sync_eventually()
         while self._task is not None and not self._task.done():
             await asyncio.wait([self._task])
+
+    async def close(self) -> None:
+        """Write what is queued, then end the writer's thread (a synced write after this fails
+        with `StorageError`)."""
+        await self.flush()
+        self._thread.shutdown(wait=True)  # nothing is queued: the idle thread's exit, at once
 
 
 def _report_failed_sync(done: asyncio.Future[None]) -> None:

@@ -14,8 +14,9 @@ Rolled segments are sealed here (fsync, close, index) and reported to `on_sealed
 retention deletes are unlinked here, in the round that fsyncs the directory, but kept open: their
 blocks are freed afterwards a mebibyte at a time (`FileOps.release`, on a thread of its own, once
 the reads in flight when they were unlinked have ended), because freeing 64 MiB at once held every
-fsync on the disk for 10-15 ms. The offset lease is extended here too, ahead of need, so appends
-rarely write it themselves.
+fsync on the disk for 10-15 ms. The offset lease is extended here too: ahead of need, and at once
+for an append that would outrun it (`leased`, the WAL's `lease_wait`): that append waits for the
+lease job instead of writing the lease on the event loop, and the job goes before any round.
 
 A syncer is a small state machine driven by callbacks, not a task: one job at a time runs in the
 pool (a round, a seal, a lease write), and the job itself posts its outcome to the loop, which
@@ -51,7 +52,7 @@ from headwater.storage.fileio import FileOps
 from headwater.storage.latency import FSYNC_SECONDS
 from headwater.storage.logstate import FsyncPolicy, LogConfig, SealedSegment, Segment
 from headwater.storage.segments import write_index
-from headwater.wire.errors import PartitionOffline
+from headwater.wire.errors import PartitionOffline, StorageError
 
 
 class SyncedLog(Protocol):
@@ -77,6 +78,9 @@ class SyncedLog(Protocol):
 
     def lease_target(self) -> int | None: ...
 
+    @property
+    def lease_end(self) -> int: ...
+
     def extend_lease(self, reserved: int) -> None: ...
 
     def fail(self, reason: str) -> None: ...
@@ -100,6 +104,9 @@ class Syncer:
         self._dirty: list[Segment] = []
         self._doomed: list[tuple[Path, Path]] = []  # segments and indexes to delete next round
         self._lease_due = False
+        # appends waiting for the lease to cover them: (their end offset, the lease to write,
+        # the future they wait on), served before any round
+        self._lease_waiters: list[tuple[int, int, asyncio.Future[None]]] = []
         self._round_wanted = False  # an fsync round is asked for
         self._busy = False  # a job runs in the pool
         self._maintenance_next = False  # a round just ended: seals and the lease go first
@@ -170,9 +177,33 @@ class Syncer:
             self._next()
         return future
 
+    def leased(self, end: int, target: int) -> asyncio.Future[None]:
+        """A future that completes once the lease covers offsets below `end` (a lease job
+        writes `target`, at least, in the pool), or fails (`StorageError`, `PartitionOffline`)."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self._log.lease_end >= end:
+            future.set_result(None)
+        elif self._log.failed is not None:
+            future.set_exception(
+                PartitionOffline(f"partition offline until restart: {self._log.failed}")
+            )
+        elif self._halted or self._log.closed or self._closed is not None:
+            future.set_exception(StorageError("log is closed"))
+        else:
+            self._lease_waiters.append((end, target, future))
+            self._next()
+        return future
+
     def fail_waiters(self, error: Exception) -> None:
         waiting, self._waiters = self._waiters, []
         for _, future in waiting:
+            if not future.done():
+                future.set_exception(error)
+        self._fail_lease_waiters(error)
+
+    def _fail_lease_waiters(self, error: Exception) -> None:
+        waiting, self._lease_waiters = self._lease_waiters, []
+        for _, _, future in waiting:
             if not future.done():
                 future.set_exception(error)
 
@@ -197,7 +228,11 @@ class Syncer:
             return
         if self._busy or self._loop is None:
             return
-        if self._round_wanted and not (self._maintenance_next and self._maintenance_due):
+        if self._lease_waiters:  # appends wait for it: before any round
+            wanted = max(target for _, target, _ in self._lease_waiters)
+            self._lease_due = False
+            self._run(self._log.extend_lease, self._leased, wanted, fatal=False)
+        elif self._round_wanted and not (self._maintenance_next and self._maintenance_due):
             self._round_wanted = False
             self._maintenance_next = False
             self._start_round()
@@ -220,6 +255,7 @@ class Syncer:
         return bool(self._to_seal) or self._lease_due
 
     def _ended(self) -> None:
+        self._fail_lease_waiters(StorageError("log is closed"))
         if self._closed is not None and not self._closed.done():
             self._closed.set_result(None)
 
@@ -372,10 +408,20 @@ class Syncer:
             )
 
     def _leased(self, _: None, error: OSError | None) -> None:
-        if error is not None:  # appends will try in line, and say so
+        if error is not None:  # the appends waiting are refused (retriable), and said so
             log.warning(
                 "wal.lease_write_failed", directory=str(self._log.directory), error=str(error)
             )
+            self._fail_lease_waiters(StorageError(f"cannot record the offset lease: {error}"))
+            return
+        covered = self._log.lease_end
+        waiting, self._lease_waiters = self._lease_waiters, []
+        for end, target, future in waiting:
+            if end <= covered:
+                if not future.done():
+                    future.set_result(None)
+            else:  # came while the job ran: the next job
+                self._lease_waiters.append((end, target, future))
 
     def _seal(self, segment: Segment) -> float | None:
         """Runs in a worker thread; returns how long the fsync took, if there was one."""

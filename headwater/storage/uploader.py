@@ -34,7 +34,7 @@ import structlog
 from headwater.storage.objectstore import ObjectStore
 from headwater.storage.snapshots import topic_prefix as snapshot_prefix
 from headwater.storage.state import UPLOAD, StateStore, key
-from headwater.storage.tasks import end_tasks
+from headwater.storage.tasks import end_tasks, spawn
 from headwater.storage.wal import SealedSegment
 from headwater.wire.errors import StorageError
 
@@ -153,7 +153,7 @@ class Uploader:
         bisect.insort(segments, segment, key=lambda s: s.start)
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        self._task = spawn(self._run(), "upload.loop_failed")
 
     def enqueue(self, topic: str, partition: int, segment: SealedSegment) -> None:
         ident = (topic, partition, segment.base_offset)
@@ -235,6 +235,7 @@ class Uploader:
                 return
             name = named
         index_path = segment.path.with_suffix(".index")
+        # one small read per sealed segment: asyncio's default executor, as the store's own work
         index = await asyncio.to_thread(_read_or_empty, index_path)
         unsized = UploadedSegment(segment.base_offset, segment.next_offset, 0, name)
         await self.store.put(unsized.key(topic, partition, ".index"), index)

@@ -14,7 +14,11 @@ Faults, and what they do (docs/DURABILITY.md has the reasons):
   later fsync can vouch for them. Waiters get `PartitionOffline`, appends are refused with it, the
   durable offset stops, until a restart lets recovery decide what is on disk.
 - before an offset is handed out, the offset lease (`storage.offsets`) must cover it, so a restart
-  never gives an offset twice, whatever was lost.
+  never gives an offset twice, whatever was lost. The lease is written in the syncer's pool, never
+  on the event loop by the server's appends: an append it would not cover waits first
+  (`lease_covers`, `lease_wait`; `server.topics.topic.LogTopic.when_leased` keeps a partition's
+  appends in order meanwhile). `append` itself still writes it in line when a caller did not wait
+  (counted in `lease_in_line`), so no caller can ever get an offset the lease does not cover.
 - reads get past damaged bytes (`storage.reader`), quarantining them, and say which offsets the
   damage hid so the caller can look for another copy.
 
@@ -87,6 +91,7 @@ class PartitionLog:
         self._reported: set[tuple[str, int]] = set()
         self._recovered: list[BatchLocation] = []
         self.lease = OffsetLease(directory)
+        self.lease_in_line = 0  # appends that wrote the lease in line (their caller did not wait)
         self._dir_dirty = False
         self._reads: set[asyncio.Future[SegmentRead]] = set()  # segment reads in worker threads
 
@@ -312,7 +317,24 @@ class PartitionLog:
     def extend_lease(self, reserved: int) -> None:
         self.lease.extend(reserved)
 
+    @property
+    def lease_end(self) -> int:
+        """Offsets below this are covered by the lease on disk."""
+        return self.lease.on_disk
+
+    def lease_covers(self, record_count: int) -> bool:
+        """Whether an append of `record_count` records now needs no lease write."""
+        return self.next_offset + record_count <= self.lease.on_disk or self.failed is not None
+
+    def lease_wait(self, record_count: int) -> asyncio.Future[None]:
+        """A future that completes once the lease covers an append of `record_count` records
+        made now (extended in the syncer's pool, a block past it), or fails with `StorageError`
+        (the lease could not be written: retriable) or `PartitionOffline`."""
+        end = self.next_offset + record_count
+        return self.syncer.leased(end, end + self.lease.block)
+
     def _extend_lease_in_line(self, needed: int) -> None:
+        self.lease_in_line += 1
         try:
             self.lease.extend(needed + self.lease.block)
         except OSError as exc:
@@ -505,6 +527,7 @@ class PartitionLog:
             # if it did not (10,000 idle partitions paid a redundant fsync each at shutdown)
             if self.failed is None and self.syncer.durable_sequence < self._appended:
                 try:
+                    # at close, only: asyncio's default executor
                     await asyncio.to_thread(self.ops.fsync, segment.write_fd, segment.path)
                 except OSError as exc:
                     self.fail(f"fsync failed at close: {exc}")

@@ -66,6 +66,15 @@ MAX_ERROR_MESSAGE: Final = 4096
 # (every partition of each) must stay far below MAX_FRAME_SIZE.
 MAX_LOOKUP_TOPICS: Final = 100
 
+# Requests one connection may have waiting before they can even be answered (for their topic's
+# turn while a delete or a take-over holds it, for last-value state being built), each holding its
+# request and batch: past it the connection is not read until one is answered, so a producer
+# pipelining into a busy topic is back-pressured through TCP instead of buffered in the server
+# (10,000 pipelined 1 MiB produces would otherwise be 10 GB held). Kafka's own cap on a
+# connection's requests in flight (`max.in.flight.requests.per.connection` is at most 5 for an
+# idempotent producer) is far below it; both ports share this one.
+MAX_WAITING_REQUESTS: Final = 64
+
 # Bytes of a frame before the connection has authenticated (on a server with authentication): an
 # AUTHENTICATE carries a mechanism name and a token of about 60 bytes, API_VERSIONS nothing; a
 # few KiB leave room for longer credentials while an anonymous peer can make the server read and

@@ -33,6 +33,13 @@ No client may stall the others, so the work one connection gets is bounded:
   pipelining or unread deliveries across many connections cost its own share, and other
   principals' connections carry on. The sweep lets it go once its client took its output or its
   principal's use fell.
+- Requests that wait before they can be answered (`AfterWork`: for their topic's turn while a
+  delete or a take-over holds it, for last-value state being built) hold their frames: at
+  `MAX_WAITING_REQUESTS` of them the connection is neither read nor handled until one is
+  answered, and their frames' bytes are charged to the memory budget and the principal while
+  they wait (`_memory_held` then holds the connection too). A producer pipelining thousands of
+  produces into a busy topic is back-pressured through TCP, not buffered. A FETCH long poll
+  (`AfterData`) waits for data, not for work, and holds no batch: it is not counted.
 - Idle and incomplete-frame timeouts are checked by the listener's sweep (`check_timeouts`).
 
 With authentication on (`Shared.security`), a connection that has not authenticated reads frames
@@ -40,9 +47,11 @@ of at most `MAX_PRE_AUTH_FRAME` bytes, and a request other than API_VERSIONS and
 answered AUTHENTICATION_REQUIRED from its header alone (`server.security.pre_auth`), its body
 never decoded, and the connection closed. `_guard` runs before the broker: AUTHENTICATE is
 answered there, any other request must pass `Security.check` (a grant for its action and
-topic), and produce bytes are charged to the principal's quota: in debt, the connection gets a
-THROTTLE push and is not read (`_held`) until the debt is paid. Deliveries are charged to the
-consume quota the same way, by making the connection unwritable for a while.
+topic), and produce bytes are charged to the principal's quota: in debt, the principal is
+muted: each of its connections gets a THROTTLE push and is not read (`_held`) until the debt is
+paid, and one it authenticates meanwhile is held as soon as AUTHENTICATE is answered.
+Deliveries are charged to the consume quota the same way, by making the connection unwritable
+for a while.
 """
 
 from __future__ import annotations
@@ -64,13 +73,14 @@ from headwater.server.net.admission import Admission
 from headwater.server.net.guard import Guarded
 from headwater.server.net.stage_trace import ProduceTrace, StageTrace
 from headwater.server.net.traffic import TrafficStats
-from headwater.server.reply import AfterDurable, bulky, encode_off_loop
+from headwater.server.reply import AfterDurable, AfterWork, bulky, encode_off_loop
 from headwater.server.requests.broker import Broker, Reply, Waiting
 from headwater.server.schemas.schema_registry import TopicSchemas
 from headwater.server.security.access import Security, Session
 from headwater.server.security.pre_auth import pre_auth_oversized, pre_auth_refusal
 from headwater.server.security.tls import ServerTls
 from headwater.server.subscriptions.live_subscription import Consumer
+from headwater.storage.tasks import spawn
 from headwater.wire import messages as m
 from headwater.wire.api.produce import delivery_prefix, encode_produce_response
 from headwater.wire.compression import declared_records
@@ -94,7 +104,7 @@ from headwater.wire.frames import (
     FrameHeader,
     FrameRejected,
 )
-from headwater.wire.limits import MAX_PRE_AUTH_FRAME
+from headwater.wire.limits import MAX_PRE_AUTH_FRAME, MAX_WAITING_REQUESTS
 from headwater.wire.protocol import decode_request, encode_error, encode_push, encode_response
 from headwater.wire.records import BatchInfo, is_compressed, validate_records
 
@@ -120,6 +130,7 @@ class Shared:
 
     connections: set[Connection] = field(default_factory=set)
     inflater: Executor | None = None  # None: inflate on the loop (tests, embedders)
+    encoder: Executor | None = None  # bulky answers (server.reply); None: on the loop
     protocol_errors: ProtocolErrorLog = field(default_factory=ProtocolErrorLog)
     security: Security | None = None  # None: no authentication (the embedded loopback default)
     admission: Admission | None = None  # with security: connections waiting to authenticate
@@ -150,7 +161,7 @@ class Connection(Guarded, asyncio.Protocol):
         self._paused = False  # the transport's write buffer is over its high-water mark
         self.consumers: dict[int, Consumer] = {}
         self.peer = "?"
-        self._tasks: set[asyncio.Future[None]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()  # requests answered from a task
         self._out: list[bytes] | None = None
         self._out_bytes = 0
         self._queue: list[Frame | FrameRejected] = []
@@ -174,6 +185,9 @@ class Connection(Guarded, asyncio.Protocol):
         self._charged = 0  # write-buffer bytes charged to the memory budget
         self._charged_to = ""  # ... and to this principal
         self._skipped = False  # a subscription found it unwritable for memory: drain it later
+        self.waiting = 0  # requests waiting to be answered (AfterWork): at the cap, not read
+        self._waiting_bytes = 0  # ... their frames' bytes, charged to the memory budget
+        self.bytes_read = 0  # what this connection's peer made the server read
 
     # asyncio callbacks
 
@@ -193,6 +207,8 @@ class Connection(Guarded, asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         # 0 while untraced: a trace turned on later must not take an old read for this one's
         self._read_ns = time.monotonic_ns() if self._shared.trace is not None else 0
+        self.bytes_read += len(data)
+        self._shared.traffic.bytes_read += len(data)
         try:
             events = self._decoder.feed(data)
         except MalformedFrame as exc:
@@ -261,7 +277,13 @@ class Connection(Guarded, asyncio.Protocol):
         its bound, or a frame waits for its batch to be inflated off the loop."""
         self._scheduled = False
         transport = self._transport
-        if transport is None or self._inflating or self._paused or self._held:
+        if (
+            transport is None
+            or self._inflating
+            or self._paused
+            or self._held
+            or self.waiting >= MAX_WAITING_REQUESTS
+        ):
             self._update_reading()
             return
         if self._memory_held():
@@ -290,6 +312,7 @@ class Connection(Guarded, asyncio.Protocol):
                 if (
                     self._inflating
                     or self._held
+                    or self.waiting >= MAX_WAITING_REQUESTS
                     or self._out_bytes > bound
                     or time.perf_counter() > deadline
                 ):
@@ -303,7 +326,9 @@ class Connection(Guarded, asyncio.Protocol):
         if self._next == len(queue):
             self._queue = []
             self._next = 0
-        elif not (self._inflating or self._paused or self._held):
+        elif not (
+            self._inflating or self._paused or self._held or self.waiting >= MAX_WAITING_REQUESTS
+        ):
             self._schedule()
         self._update_reading()
 
@@ -320,6 +345,7 @@ class Connection(Guarded, asyncio.Protocol):
             self._paused
             or self._inflating
             or self._held
+            or self.waiting >= MAX_WAITING_REQUESTS
             or self._next < len(self._queue)
             or self._memory_held()
         )
@@ -332,6 +358,11 @@ class Connection(Guarded, asyncio.Protocol):
                 self._partial_since = self._loop.time()
         else:
             transport.pause_reading()
+
+    @property
+    def reading(self) -> bool:
+        """Whether the transport is being read (False: back-pressured, held or muted)."""
+        return self._reading
 
     # Memory
 
@@ -351,8 +382,11 @@ class Connection(Guarded, asyncio.Protocol):
         self._charged, self._charged_to = size, principal
 
     def _memory_held(self) -> bool:
-        """Not read: the connection has unsent output and its principal is over its share."""
-        return self._charged > 0 and self._memory.over_share(self._charged_to)
+        """Not read: the connection has unsent output or requests waiting, and its principal is
+        over its share."""
+        if self._charged > 0:
+            return self._memory.over_share(self._charged_to)
+        return self._waiting_bytes > 0 and self._memory.over_share(self.principal)
 
     # Requests
 
@@ -372,14 +406,19 @@ class Connection(Guarded, asyncio.Protocol):
             if self._security is not None or type(request) is m.AuthenticateRequest:
                 early = self._guard(request)
                 if early is not None:
+                    authenticated = False
                     if type(request) is m.AuthenticateRequest:
                         if self.auth is not None:
+                            authenticated = True
                             self._authenticated()
                         elif isinstance(early, Waiting):
                             # a failure answered after a delay, then the connection closes:
                             # nothing more is read meanwhile
                             self._inflating = True
                     self._answer(header, early)
+                    if authenticated and (debt := self._produce_debt()) > 0:
+                        # its principal is muted: nothing past the AUTHENTICATE is read meanwhile
+                        self._mute(debt)
                     return
             if type(request) is m.ProduceRequest:
                 schemas = self._broker.catalog.schemas.validating.get(request.topic)
@@ -400,7 +439,7 @@ class Connection(Guarded, asyncio.Protocol):
             if isinstance(exc, AuthenticationFailed):
                 self.close()
             return
-        self._answer(header, response, started)
+        self._answer(header, response, started, len(frame.body))
 
     def _trace_produce(self, request: m.ProduceRequest, reply: Reply) -> Reply:
         """With a stage trace: note a sampled produce, answered next by `_answer`."""
@@ -409,7 +448,10 @@ class Connection(Guarded, asyncio.Protocol):
             self._traced = trace.produced(request.topic, request.batch, reply, self._read_ns)
         return reply
 
-    def _answer(self, header: FrameHeader, response: Reply, started: float | None = None) -> None:
+    def _answer(
+        self, header: FrameHeader, response: Reply, started: float | None = None, size: int = 0
+    ) -> None:
+        """`size`: the request frame's bytes, held while it waits (`AfterWork`)."""
         traced = self._traced  # None unless a stage trace sampled this produce
         if traced is not None:
             self._traced = None
@@ -421,14 +463,38 @@ class Connection(Guarded, asyncio.Protocol):
             )
             return
         if isinstance(response, Waiting):
-            task = asyncio.ensure_future(self._finish(header, response.resolve(), started, traced))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            task = spawn(
+                self._finish(header, response.resolve(), started, traced),
+                "conn.request_failed",
+                self._tasks,
+                peer=self.peer,
+                api_key=header.api_key,
+            )
+            if type(response) is AfterWork:
+                self._wait_started(task, size)
             return
         self._shared.traffic.produced(started, response)
         self._respond(header, response)
         if traced is not None:
             traced.answered(response)
+
+    def _wait_started(self, task: asyncio.Task[None], size: int) -> None:
+        """A request waits to be answered, holding `size` bytes: counted against
+        MAX_WAITING_REQUESTS and charged to the memory budget until it is."""
+        self.waiting += 1
+        principal = self.principal
+        if size:
+            self._waiting_bytes += size
+            self._memory.charge(size, principal)
+        task.add_done_callback(partial(self._wait_ended, size, principal))
+
+    def _wait_ended(self, size: int, principal: str, task: asyncio.Task[None]) -> None:
+        self.waiting -= 1
+        if size:
+            self._waiting_bytes -= size
+            self._memory.give_back(size, principal)
+        if self._transport is not None and self.waiting == MAX_WAITING_REQUESTS - 1:
+            self._resume()  # it was at the cap: read and handle again
 
     def _produce_checked(
         self, header: FrameHeader, request: m.ProduceRequest, started: float
@@ -493,8 +559,7 @@ class Connection(Guarded, asyncio.Protocol):
             self._refuse(header, exc)
         self._resume()
 
-    def _encoded(self, task: asyncio.Future[None]) -> None:
-        self._tasks.discard(task)
+    def _encoded(self, task: asyncio.Task[None]) -> None:
         self._inflating = False
         self._resume()
 
@@ -509,6 +574,15 @@ class Connection(Guarded, asyncio.Protocol):
         the connection no longer counts as waiting to authenticate."""
         self._decoder.max_frame_size = self._config.max_frame_size
         self._leave_admission()
+
+    def _principal_connections(self, principal: str) -> list[Connection]:
+        """This port's connections authenticated as `principal` (a scan: only when the
+        principal runs into produce debt, at most once per mute of each connection)."""
+        return [
+            c
+            for c in self._shared.connections
+            if c.auth is not None and c.auth.principal == principal
+        ]
 
     def _leave_admission(self) -> None:
         address, self._admitted = self._admitted, None
@@ -588,8 +662,13 @@ class Connection(Guarded, asyncio.Protocol):
                 return
         else:
             self._inflating = True  # later frames wait, as for an inflation: memory stays bounded
-            task = self._loop.create_task(encode_off_loop(header, response, self._write))
-            self._tasks.add(task)
+            task = spawn(
+                encode_off_loop(header, response, self._write, self._shared.encoder),
+                "conn.encode_failed",
+                self._tasks,
+                peer=self.peer,
+                api_key=header.api_key,
+            )
             return task.add_done_callback(self._encoded)
         self._write(out)
 

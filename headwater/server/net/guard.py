@@ -4,14 +4,17 @@
 `_guard` runs before the broker for every request of a connection on a server with
 authentication (and for AUTHENTICATE on any server: without authentication it is answered with
 an empty principal, so a client configured with a token still connects to a development server).
-The quota hooks turn a principal's debt into pauses: produce stops the connection being read
-(`_held`, checked by the connection's slice loop) and sends a THROTTLE push; consume makes the
-connection unwritable, so subscriptions skip it until the debt is paid, then drains them.
+The quota hooks turn a principal's debt into pauses: produce mutes the principal (as Kafka mutes
+a throttled channel), so every one of its connections on this port stops being read (`_held`,
+checked by the connection's slice loop) and gets a THROTTLE push, and a connection it
+authenticates meanwhile is held at once; consume makes the connection unwritable, so
+subscriptions skip it until the debt is paid, then drains them.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 from headwater.server.reply import Reply
@@ -50,7 +53,13 @@ class _Host(Protocol):
 
     def _throttle(self, delay: float) -> None: ...
 
+    def _mute(self, delay: float) -> None: ...
+
     def _unhold(self) -> None: ...
+
+    def _produce_debt(self) -> float: ...
+
+    def _principal_connections(self, principal: str) -> Iterable[_Host]: ...
 
     def _release_consume(self) -> None: ...
 
@@ -85,18 +94,39 @@ class Guarded:
         return None
 
     def _throttle(self: _Host, delay: float) -> None:
+        """The principal ran into produce debt: mute every connection of it for `delay`."""
+        assert self.auth is not None
+        self._mute(delay)
+        for other in self._principal_connections(self.auth.principal):
+            if other is not self:
+                other._mute(delay)
+
+    def _mute(self: _Host, delay: float) -> None:
+        """Tell the client to hold its produces, and read nothing more of it for `delay`."""
+        if self._transport is None:
+            return
         self._write(encode_push(0, m.Throttle(int(delay * 1000) + 1)))
         if not self._held:
             self._held = True
             self._loop.call_later(delay, self._unhold)
+            self._update_reading()
 
     def _unhold(self: _Host) -> None:
         self._held = False
         if self._transport is None:
             return
+        debt = self._produce_debt()
+        if debt > 0:  # the principal's debt grew meanwhile, on another connection
+            self._held = True
+            self._loop.call_later(debt, self._unhold)
+            return
         if self._next < len(self._queue):
             self._schedule()
         self._update_reading()
+
+    def _produce_debt(self: _Host) -> float:
+        security = self._security
+        return 0.0 if security is None else security.produce_debt(self)
 
     def _charge_consume(self: _Host, size: int) -> None:
         assert self._security is not None

@@ -24,7 +24,7 @@ import contextlib
 import os
 import socket
 from concurrent.futures import ThreadPoolExecutor
-from typing import Final, cast
+from typing import Any, Final, cast
 
 import structlog
 
@@ -33,7 +33,9 @@ from headwater.server.net.accepting import Acceptor, ListenError, listen_on
 from headwater.server.net.admission import Admission
 from headwater.server.net.client_connection import Connection, Shared
 from headwater.server.net.stage_trace import StageTrace
+from headwater.server.reply import encoder_thread
 from headwater.server.requests.broker import Broker
+from headwater.storage.tasks import spawn
 from headwater.wire.errors import HeadwaterError, TooManyConnections
 from headwater.wire.protocol import encode_error
 
@@ -86,14 +88,16 @@ class Listener:
         self._loop = asyncio.get_running_loop()
         # One thread: a flood of compression bombs costs one core and one cap of memory at most.
         self._inflater = ThreadPoolExecutor(1, thread_name_prefix="headwater-inflate")
+        self._encoder = encoder_thread()
         self.shared = Shared(
             inflater=self._inflater,
+            encoder=self._encoder,
             trace=StageTrace(config.trace_every) if config.trace_every else None,
         )
         self._acceptor: Acceptor | None = None
         self._admitting = 0
         self._lingering: set[_Refused] = set()
-        self._tasks: set[asyncio.Task[object]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
         self._spare: int | None = None
         self._sweeper: asyncio.TimerHandle | None = None
         self._sweep_every = max(0.05, min(1.0, config.idle_timeout / 4, config.frame_timeout / 4))
@@ -152,6 +156,7 @@ class Listener:
             os.close(self._spare)
             self._spare = None
         self._inflater.shutdown(wait=False, cancel_futures=True)
+        self._encoder.shutdown(wait=False, cancel_futures=True)
 
     def shutdown_connections(self) -> None:
         for connection in list(self.connections):
@@ -175,9 +180,7 @@ class Listener:
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._admitting += 1
-        task = self._loop.create_task(self._connect(sock, address))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        spawn(self._connect(sock, address), "conn.setup_failed", self._tasks)
 
     async def _connect(self, sock: socket.socket, address: str | None) -> None:
         """`address`: counted by `Admission` (the connection releases it when it authenticates or
@@ -220,9 +223,7 @@ class Listener:
         if len(self._lingering) >= MAX_LINGERING:
             _send_and_close(sock, frame)
             return
-        task = self._loop.create_task(self._linger(sock, frame))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        spawn(self._linger(sock, frame), "conn.refusal_failed", self._tasks)
 
     async def _linger(self, sock: socket.socket, frame: bytes) -> None:
         try:

@@ -44,6 +44,7 @@ class TopicTraffic:
 class TrafficStats:
     topics: dict[str, TopicTraffic] = field(default_factory=dict)
     produce_latency: LatencyHistogram = field(default_factory=LatencyHistogram)
+    bytes_read: int = 0  # every byte the native port's connections read
 
     def delivered(self, consumer: Consumer | None, batch: bytes, delivery_count: int) -> None:
         if consumer is None or len(batch) < _HEADER_SIZE:

@@ -28,13 +28,14 @@ import asyncio
 import contextlib
 import socket
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Final, Protocol, cast
+from typing import Any, Final, Protocol, cast
 
 import structlog
 
 from headwater.server.net.accepting import Acceptor, ListenError, listen_on
+from headwater.storage.tasks import spawn
 
 log = structlog.get_logger("headwater.http")
 
@@ -236,7 +237,7 @@ class HttpListener:
         self.loop = asyncio.get_running_loop()
         self._acceptor: Acceptor | None = None
         self._open: dict[_Request, None] = {}  # insertion-ordered: the oldest first
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
 
     def bind(self) -> int:
         try:
@@ -269,10 +270,8 @@ class HttpListener:
     def closed(self, request: _Request) -> None:
         self._open.pop(request, None)
 
-    def spawn(self, work: Awaitable[None]) -> None:
-        task = asyncio.ensure_future(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        spawn(work, "http.request_failed", self._tasks)
 
     # Accepting
 

@@ -71,6 +71,12 @@ class HeadwaterCollector(Collector):
             value=len(state.listener.connections),
         )  # fmt: skip
         traffic = state.traffic
+        yield CounterMetricFamily(
+            "headwater_bytes_read",
+            "Bytes the message port's connections read (a muted or back-pressured client's "
+            "bytes stay in its socket, uncounted)",
+            value=traffic.bytes_read,
+        )
         produce = HistogramMetricFamily(
             "headwater_produce_latency_seconds",
             "From a PRODUCE frame's handling to its answer (with the fsync wait of acks)",

@@ -76,6 +76,7 @@ def routes(state: ServerState, registry: CollectorRegistry) -> dict[str, Handler
             every = int(values[0])
         report = state.stages(every)
         # encoded on a thread: 200,000 events take a few hundred milliseconds to turn into JSON
+        # (a debugging request: asyncio's default executor; docs/OPERATIONS.md, Threads)
         body = await asyncio.to_thread(json.dumps, report, separators=(",", ":"))
         return Response(200, body.encode(), "application/json")
 

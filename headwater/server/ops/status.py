@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from headwater.server.build_info import version
 from headwater.server.net.stage_trace import StageTrace
-from headwater.storage.tasks import end_tasks
+from headwater.storage.tasks import end_tasks, spawn
 from headwater.wire.messages import DispatchMode, SubscriptionInfo, SubscriptionType
 
 if TYPE_CHECKING:
@@ -101,7 +101,7 @@ class ServerState:
 
     def recovered(self, catalog: TopicCatalog) -> None:
         self.catalog = catalog
-        self._sampler = asyncio.get_running_loop().create_task(self._sample_forever())
+        self._sampler = spawn(self._sample_forever(), "status.sampler_failed")
 
     async def close(self) -> None:
         self.stopping = True
@@ -125,7 +125,7 @@ class ServerState:
             return "shutting down"
         loop = asyncio.get_running_loop()
         if self._probe is None and loop.time() - self._probed_at >= PROBE_EVERY:
-            self._probe = loop.create_task(self._run_probe())
+            self._probe = spawn(self._run_probe(), "status.probe_failed")
         if self._probe is not None:
             try:
                 async with asyncio.timeout(PROBE_TIMEOUT):
@@ -136,6 +136,7 @@ class ServerState:
 
     async def _run_probe(self) -> str | None:
         try:
+            # one small write per PROBE_EVERY at most: asyncio's default executor
             await asyncio.to_thread(_probe_write, self.data_dir / PROBE_FILE)
             self._probe_result = None
         except OSError as exc:

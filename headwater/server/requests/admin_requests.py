@@ -228,6 +228,7 @@ class AdminHandlers:
     async def _data_dir_bytes(self) -> int:
         now = time.monotonic()
         if self._usage is None or (self._usage.done() and now - self._usage_at > DISK_USAGE_TTL):
+            # rare admin work: asyncio's default executor (docs/OPERATIONS.md, Threads)
             self._usage = asyncio.ensure_future(asyncio.to_thread(disk_usage, self._data_dir))
             self._usage_at = now
         return await asyncio.shield(self._usage)

@@ -246,19 +246,35 @@ class Broker:
             partition = self._pick(topic, request.partition)
         if not self.ownership.serves(topic.name, partition.index):
             raise not_owner(self.ownership, topic.name, partition.index)
+        counts = [(partition, info.record_count)]
         if info.producer_id < 0:
-            base_offset, durable = topic.accept(
-                partition, request.batch, info.record_count, committed
+            return topic.when_leased(
+                counts, lambda: self._append_now(topic, partition, request, info, committed)
             )
-            response = m.ProduceResponse(partition.index, base_offset)
-            return response if durable is None else AfterDurable(response, durable)
         return self._idempotent(
             topic,
             partition,
             request,
             info,
-            lambda: self._append_idempotent(topic, partition, request, info, committed),
+            lambda: topic.when_leased(
+                counts, lambda: self._append_idempotent(topic, partition, request, info, committed)
+            ),
         )
+
+    def _append_now(
+        self,
+        topic: LogTopic,
+        partition: LogPartition,
+        request: m.ProduceRequest,
+        info: BatchInfo,
+        committed: bool,
+    ) -> Reply:
+        """The append, once the offset lease covers it (`LogTopic.when_leased`)."""
+        if not self.ownership.serves(topic.name, partition.index):
+            raise not_owner(self.ownership, topic.name, partition.index)  # moved while it waited
+        base_offset, durable = topic.accept(partition, request.batch, info.record_count, committed)
+        response = m.ProduceResponse(partition.index, base_offset)
+        return response if durable is None else AfterDurable(response, durable)
 
     def _append_idempotent(
         self,

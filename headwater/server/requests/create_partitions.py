@@ -119,6 +119,7 @@ async def _open_logs(
                 )
             )
 
+    # rare admin work: asyncio's default executor (docs/OPERATIONS.md, Threads)
     opening = asyncio.ensure_future(asyncio.to_thread(open_all))
     try:
         await asyncio.shield(opening)

@@ -118,13 +118,8 @@ class MapHandlers:
                 f"topic {topic.name!r} takes keys from field {index.key_field!r} of its values: "
                 "produce records to it instead of setting keys"
             )
-        keys, values, expected = writes
+        keys = writes[0]
         self._check_served(topic.name, index, keys)
-        # Check every expectation, then write, with no await between: the check holds.
-        if expected.count(ANY_REVISION) != len(expected):  # some write compares: look it up
-            for record_key, wanted in zip(keys, expected, strict=True):
-                if wanted != ANY_REVISION:
-                    _check_revision(record_key, wanted, index.get(record_key))
         groups: Mapping[int, list[int] | None]  # partition -> positions of its writes
         if index.partitions == 1:
             groups = {0: None}  # None: every write, in order
@@ -133,6 +128,26 @@ class MapHandlers:
             for position, record_key in enumerate(keys):  # as the producer's partitioner
                 positions_of.setdefault(index.partition_of(record_key), []).append(position)
             groups = positions_of
+        counts = [
+            (topic.partitions[p], len(keys) if positions is None else len(positions))
+            for p, positions in groups.items()
+        ]
+        # the checks and the appends run once every partition's offset lease covers them
+        return topic.when_leased(counts, lambda: self._map_set_now(topic, index, writes, groups))
+
+    def _map_set_now(
+        self,
+        topic: LogTopic,
+        index: LastValueIndex,
+        writes: _Writes,
+        groups: Mapping[int, list[int] | None],
+    ) -> Reply:
+        keys, values, expected = writes
+        # Check every expectation, then write, with no await between: the check holds.
+        if expected.count(ANY_REVISION) != len(expected):  # some write compares: look it up
+            for record_key, wanted in zip(keys, expected, strict=True):
+                if wanted != ANY_REVISION:
+                    _check_revision(record_key, wanted, index.get(record_key))
         timestamp = int(time.time() * 1000)
         revisions = [0] * len(keys)
         waits = []

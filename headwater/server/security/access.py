@@ -407,6 +407,13 @@ class Security:
             return 0.0
         return self._quotas.charge(session.principal, "produce", session.produce_rate, size)
 
+    def produce_debt(self, peer: AuthPeer) -> float:
+        """Seconds the connection's principal is muted for (its produce debt; 0: none)."""
+        session = peer.auth
+        if session is None or session.produce_rate <= 0:
+            return 0.0
+        return self._quotas.debt(session.principal, "produce", session.produce_rate)
+
     def charge_consume(self, peer: AuthPeer, size: int) -> float:
         session = peer.auth
         if session is None or session.consume_rate <= 0:

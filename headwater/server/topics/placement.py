@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from headwater.server.reply import AfterWork, Reply
 from headwater.server.topics.topic import LOCAL_DURABILITY, Durability, LogTopic, Topic
 from headwater.wire import messages as m
 
@@ -94,9 +95,25 @@ def append_here(
     topic: LogTopic, partition: int, batch: bytes, record_count: int
 ) -> Awaitable[None]:
     """Append to this broker's copy of the partition, through the topic's durability (a
-    read_committed append: the fsync is waited for even under policy `batch` or `never`)."""
-    _, durable = topic.accept(topic.partitions[partition], batch, record_count, committed=True)
-    return durable if durable is not None else _done()
+    read_committed append: the fsync is waited for even under policy `batch` or `never`), once
+    the offset lease covers it (`LogTopic.when_leased`: never written on the loop)."""
+    target = topic.partitions[partition]
+    durable: list[Awaitable[None] | None] = []
+
+    def append() -> Reply:
+        durable.append(topic.accept(target, batch, record_count, committed=True)[1])
+        return m.EmptyResponse()
+
+    reply = topic.when_leased([(target, record_count)], append)
+    if isinstance(reply, AfterWork):
+        return _appended(reply, durable)
+    return durable[0] if durable[0] is not None else _done()
+
+
+async def _appended(leased: AfterWork, durable: list[Awaitable[None] | None]) -> None:
+    await leased.work
+    if durable[0] is not None:
+        await durable[0]
 
 
 async def _done() -> None:

@@ -16,6 +16,14 @@ store's copy when it has one, else skipped (an error log and the partition's `sk
 an object missing from the store is skipped the same way, and the replay goes on with the next
 object or the local WAL. `describe` reports, as `status.*` entries after the
 topic's configs, each offline partition with its reason and the damage counters.
+
+An append on the event loop never writes the offset lease itself (an fsync, `storage.offsets`):
+`when_leased` runs it at once when the lease covers it, else once the partition's syncer has
+extended the lease in its pool. A partition's later appends through `when_leased` queue behind one
+that waits (`LogPartition.lease_line`), so a producer's pipelined batches keep their order, and
+the check-then-append of an append (a map set's expected revisions, an idempotent producer's
+sequence) still runs with no await between the two: it is the `go` that runs once the lease is
+there.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import struct
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal, Protocol
 
@@ -32,12 +40,13 @@ import structlog
 from headwater.durables.lastvalue import KeyedBatch
 from headwater.durables.producers import ProducerTable
 from headwater.server.config import TopicSettings
+from headwater.server.reply import AfterWork, Reply
 from headwater.server.topics.lastvalue_index import LastValueIndex
 from headwater.server.topics.subscription_registry import SubscriptionRegistry
 from headwater.storage.log_reader import Archive, read_partition
 from headwater.storage.segments import SparseIndex, batch_location
 from headwater.storage.wal import PartitionLog
-from headwater.wire.errors import InvalidPartition
+from headwater.wire.errors import InvalidPartition, StorageError
 from headwater.wire.messages import ConfigEntry, DescribeTopicResponse, TopicInfo
 from headwater.wire.records import read_records
 
@@ -66,6 +75,9 @@ class LogPartition:
     # idempotent produces to the partition wait for it (server.requests.broker)
     producers_ready: asyncio.Future[None] | None = None
     skipped: int = 0  # reads that had to skip damaged or missing data
+    # the last append queued for the offset lease (`LogTopic.when_leased`): later ones queue
+    # behind it, so appends keep their order
+    lease_line: asyncio.Future[None] | None = None
 
     @property
     def next_offset(self) -> int:
@@ -220,6 +232,20 @@ class LogTopic(_TopicBase):
 
     def pick_partition(self, requested: int) -> LogPartition:
         return self.partitions[self._pick(requested, len(self.partitions))]
+
+    @staticmethod
+    def when_leased(counts: Sequence[tuple[LogPartition, int]], go: Callable[[], Reply]) -> Reply:
+        """`go()` (appends of n records to each (partition, n) of `counts`, and its answer) now if
+        every partition's lease covers them and no append waits there for it; else, as an
+        `AfterWork`, once the lease is extended off the loop and the appends queued before this
+        one are done (the module doc)."""
+        if all(p.lease_line is None and p.log.lease_covers(n) for p, n in counts):
+            return go()
+        mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        previous = [p.lease_line for p, _ in counts if p.lease_line is not None]
+        for partition, _ in counts:
+            partition.lease_line = mine
+        return AfterWork(_when_leased(counts, previous, mine, go))
 
     def accept(
         self, partition: LogPartition, batch: bytes, record_count: int, committed: bool
@@ -389,3 +415,32 @@ def _describe(topic: Topic, info: TopicInfo) -> DescribeTopicResponse:
         bytes_in=topic.bytes_in,
         subscriptions=tuple(s.info() for _, s in sorted(topic.subscriptions.items())),
     )
+
+
+# An append is checked against the lease again after each wait: another append (one that did not
+# queue, a dead letter's) may have taken the offsets meanwhile. Bounded, as a lease that cannot
+# keep up after this many extensions is a disk that cannot write.
+LEASE_ATTEMPTS: Final = 8
+
+
+async def _when_leased(
+    counts: Sequence[tuple[LogPartition, int]],
+    previous: list[asyncio.Future[None]],
+    mine: asyncio.Future[None],
+    go: Callable[[], Reply],
+) -> Reply:
+    try:
+        if previous:
+            await asyncio.wait(previous)  # (never cancels them: they are not ours)
+        for _ in range(LEASE_ATTEMPTS):
+            behind = [p.log.lease_wait(n) for p, n in counts if not p.log.lease_covers(n)]
+            if not behind:
+                return go()  # covered: checked and appended with no await between
+            for wait in behind:
+                await wait
+        raise StorageError("the offset lease could not keep up with the appends: retry")
+    finally:
+        mine.set_result(None)
+        for partition, _ in counts:
+            if partition.lease_line is mine:
+                partition.lease_line = None
