@@ -15,8 +15,12 @@ answers with nothing.
   thread, as on the native port; so is a batch for a topic with a schema unless its check is
   cheap (`TopicSchemas.checks_cheaply`): on the loop, 2,000 records checked against a JSON schema
   held it 380 ms.
-- Fetch: one native FETCH per partition (reliable topics; a non-reliable one keeps no history:
-  INVALID_REQUEST); read_committed keeps only the batches an fsync covers. At the end of every
+- Fetch: one native FETCH per partition named (once: a partition named again takes the later
+  offset and max_bytes in its first place, as Kafka's broker keys them by topic-partition), each
+  with what is left of the response's max_bytes, until it is reached (KIP-74: the first partition
+  with data gets a whole batch); the partitions after are checked and their offsets told, not
+  read. Reliable topics (a non-reliable one keeps no history: INVALID_REQUEST); read_committed
+  keeps only the batches an fsync covers. At the end of every
   partition with `max_wait_ms` and `min_bytes` > 0, each partition waits with the native long
   poll (`AfterData`, outside the topic's turn) and the first to bring data answers for all; the
   others are cancelled.
@@ -36,7 +40,8 @@ answers with nothing.
 - SaslHandshake and SaslAuthenticate: PLAIN, the password a Headwater token, through
   `Security.authenticate`. With authentication on, every native request passes `Security.check`
   (and `Security.after`) as on the native port, and quotas delay the answer
-  (`throttle_time_ms`).
+  (`throttle_time_ms`); the connection charges a Produce to the produce quota as it reads it
+  (and stops reading for the delay), handing the delay on in `THROTTLED`.
 
 The consumer group APIs are in `group_handlers`.
 """
