@@ -21,15 +21,16 @@ Without authentication every client is the anonymous principal "", whose share i
 budget.
 
 A connection's unsent answers and deliveries (its transport's write buffer) are charged too, to
-its principal and the server-wide use, sampled when a slice of its frames ends, when its buffer
-crosses the high-water mark and on the listener's sweep: the charge lags the buffer by a sweep at
-most. They cannot be dropped, so a connection with unsent output is back-pressured instead: it is
-not read while its principal is over its share (`over_share`), until its client takes its output
-or the principal's use falls back. And where the bytes would be neither droppable nor
-back-pressurable, the request is refused with the retriable OVER_MEMORY_BUDGET: a SUBSCRIBE that
-would make a new live subscription while its principal's share, or the budget, has less than one
-largest frame (`max_frame_size`) left (`room`), since a backlog that could not take one batch
-would drop everything it was made for.
+its principal and the server-wide use (a Kafka connection's with its frames read and not yet
+handled and its answers ready behind a slower one: `kafka.kafka_connection`), sampled when a
+slice of its frames ends, when its buffer crosses the high-water mark and on the listener's
+sweep: the charge lags the buffer by a sweep at most. They cannot be dropped, so a connection
+with unsent output is back-pressured instead: it is not read while its principal is over its
+share (`over_share`), until its client takes its output or the principal's use falls back.
+And where the bytes would be neither droppable nor back-pressurable, the request is refused
+with the retriable OVER_MEMORY_BUDGET: a SUBSCRIBE that would make a new live subscription while
+its principal's share, or the budget, has less than one largest frame (`max_frame_size`) left
+(`room`), since a backlog that could not take one batch would drop everything it was made for.
 
 What else a client makes the server hold is bounded where it arises, per connection: a frame is at
 most `max_frame_size` (8 KiB before authentication), a connection's unsent answers and deliveries

@@ -96,3 +96,9 @@ MAX_SUBSCRIBE_PARTITIONS: Final = MAX_PARTITIONS
 # SUBSCRIBE `settings.keys` (the keys a last-value subscription follows): as many as one MAP_GET
 # names; a larger set is a `key_prefix`.
 MAX_SUBSCRIPTION_KEYS: Final = MAX_MAP_KEYS
+
+# Requests of one connection in progress at once (answered or waiting: for a topic's turn, an
+# fsync, a long poll): past it the connection is not read. Each one waiting holds its decoded
+# request and a task, so a peer that pipelines behind a busy topic turn holds this many, not
+# more; Kafka's clients keep 5 in flight by default (`max.in.flight.requests.per.connection`).
+MAX_REQUESTS_IN_FLIGHT: Final = 64

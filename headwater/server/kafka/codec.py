@@ -17,6 +17,12 @@ range(count)]`), so this module walks the same schemas with its own reader inste
 
 So decoding costs at most one step per byte of the frame, whatever the peer declares. Responses
 are encoded with aiokafka's encoders (our own values, nothing to bound).
+
+Decoding and encoding cost about 2 us per array element, so a request of `MAX_ELEMENTS` (an
+OffsetCommit of 49,000 partitions held the loop 57-154 ms) is too much for the event loop. A
+reader given `inline` stops with `Deferred` as soon as more elements are announced, before
+reading them: the connection decodes that body again on a thread, and encodes the answer there
+too when it holds more than `INLINE_ELEMENTS` (`many`).
 """
 
 from __future__ import annotations
@@ -62,10 +68,17 @@ _HEADER = struct.Struct(">hhi")
 # million 16-byte Fetch partitions. Kafka clients name every partition they fetch in one request:
 # 50,000 is far past any real one.
 MAX_ELEMENTS: Final = 50_000
+# Array elements decoded or encoded on the event loop: at about 2 us each, a few milliseconds.
+INLINE_ELEMENTS: Final = 1024
 
 
 class MalformedKafka(Exception):
     """A frame or body that does not decode per its schema: the connection is closed."""
+
+
+class Deferred(Exception):
+    """A body announces more array elements than its reader's `inline` allows: decode it off the
+    event loop."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +123,7 @@ def min_size(field: Any) -> int:
 class Reader:
     """Reads values of aiokafka field types from one request body, never past its end."""
 
-    __slots__ = ("_data", "_end", "elements", "nullable", "pos")
+    __slots__ = ("_data", "_end", "elements", "inline", "nullable", "pos")
 
     def __init__(self, data: bytes, pos: int = 0) -> None:
         # the fields of the request being read whose null says something (`apis.Api.nullable`)
@@ -119,6 +132,7 @@ class Reader:
         self._end = len(data)
         self.pos = pos
         self.elements = 0  # array elements announced so far, in all
+        self.inline = MAX_ELEMENTS  # past this many, `Deferred` (a bound no larger body breaks)
 
     @property
     def left(self) -> int:
@@ -171,6 +185,8 @@ class Reader:
         self.elements += count
         if self.elements > MAX_ELEMENTS:
             raise MalformedKafka(f"more than {MAX_ELEMENTS} array elements in one request")
+        if self.elements > self.inline:
+            raise Deferred
         return count
 
     def read(self, field: Any, name: str = "") -> Any:
@@ -251,6 +267,32 @@ def decode_body(
     if reader.left:
         raise MalformedKafka(f"{reader.left} bytes left after the request's last field")
     return values
+
+
+def decode_request(
+    body: bytes, flexible: bool, schema: Schema, nullable: frozenset[str], inline: int
+) -> tuple[RequestHeader, dict[str, Any], int]:
+    """The header, the body's fields and the array elements they hold; `Deferred` past `inline`
+    elements (`MAX_ELEMENTS`: never)."""
+    header, reader = read_header(body, flexible)
+    reader.inline = inline
+    fields = decode_body(reader, schema, nullable)
+    return header, fields, reader.elements
+
+
+def many(values: dict[str, Any], limit: int = INLINE_ELEMENTS) -> bool:
+    """Whether a response's values hold more than `limit` array elements (counted until they do,
+    so the count costs `limit` steps at most): such an answer is encoded off the loop."""
+    count = 0
+    stack = [values]
+    while stack:
+        for value in stack.pop().values():
+            if type(value) is list:
+                count += len(value)
+                if count > limit:
+                    return True
+                stack.extend(item for item in value if type(item) is dict)
+    return False
 
 
 def shape(schema: Schema, values: dict[str, Any]) -> tuple[Any, ...]:

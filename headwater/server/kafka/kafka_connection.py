@@ -4,14 +4,28 @@ request order.
 Kafka clients match responses to requests by order as well as by correlation id, so each request
 gets a slot in `_slots` when it is read and responses are written from the head as their slots
 fill: a produce waiting for its fsync holds back the answers to requests read after it, never
-reorders them. Work per connection is bounded:
+reorders them. Work per connection is bounded, as on the native port (`net.client_connection`):
 
 - a frame whose size prefix is over `max_frame_size` (or under a header's size) closes the
   connection before any of its body is buffered; so does a body that does not decode
   (`codec.MalformedKafka`: short fields, hostile array counts, bytes left over);
-- at most `MAX_IN_FLIGHT` requests are handled at once: past it, and while the transport's write
-  buffer is over its high-water mark (a client that does not read), the connection is not read
-  and the frames already buffered wait;
+- at most `MAX_REQUESTS_IN_FLIGHT` requests (`wire.limits`, the native port's bound too) are
+  handled at once, those waiting for a busy topic's turn included: past it, and while the
+  transport's write buffer is over its high-water mark (a client that does not read), the
+  connection is not read and the frames already buffered wait;
+- the event loop is held a few milliseconds at most per request: a body announcing more than
+  `codec.INLINE_ELEMENTS` array elements is decoded again on the listener's inflater thread
+  (`codec.Deferred`, found before those elements are read) while the connection's later frames
+  wait, so requests are still handled in order; an answer holding that many is encoded there too;
+- memory: the bytes it holds for its client (the transport's unsent output, frames read and not
+  yet handled, answers ready behind the head of the line) are charged to the server's memory
+  budget and the connection's principal (`_account`: as frames are read and answers written, at
+  the high-water mark and on the listener's sweep). While the principal holds more than its share
+  (`MemoryBudget.over_share`), a connection with bytes charged is not read, as a native one;
+- a principal over its produce quota: the Produce that put it in debt is charged as it is read and
+  the connection is then not read for the delay the debt needs (`_mute`, as Kafka mutes a
+  throttled channel), and the answer says so in `throttle_time_ms`. Without it a principal
+  limited to 100 kB/s that ignored throttling made the server read 34.6 MB in 10 s;
 - an API or version not served is answered UNSUPPORTED_VERSION (ApiVersions in its v0 layout,
   with the versions served, so a client can pick one); the connection stays open.
 
@@ -34,25 +48,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
+from functools import partial
 from typing import Any, Final, cast
 
 import structlog
 
 from headwater.server.config import ServerConfig
 from headwater.server.kafka import codec
-from headwater.server.kafka.apis import API_VERSIONS, BEFORE_AUTH, SERVED
-from headwater.server.kafka.handlers import CLOSE_AFTER, KafkaHandlers
+from headwater.server.kafka.apis import API_VERSIONS, BEFORE_AUTH, PRODUCE, SERVED, Api
+from headwater.server.kafka.handlers import CLOSE_AFTER, THROTTLED, KafkaHandlers, produce_bytes
 from headwater.server.kafka.kafka_errors import UNSUPPORTED_VERSION
 from headwater.server.kafka.kafka_metrics import KafkaStats
 from headwater.server.net.admission import Admission
 from headwater.server.security.access import Security, Session
 from headwater.server.topics.subscription_contract import Consumer
 from headwater.wire.errors import HeadwaterError
-from headwater.wire.limits import MAX_PRE_AUTH_FRAME
+from headwater.wire.limits import MAX_PRE_AUTH_FRAME, MAX_REQUESTS_IN_FLIGHT
 
 log = structlog.get_logger("headwater.server")
 
-MAX_IN_FLIGHT: Final = 64
 # the fewest bytes a request can be: api key, version, correlation id, client id length
 _MIN_REQUEST: Final = 10
 
@@ -98,6 +112,13 @@ class KafkaConnection(asyncio.Protocol):
         self.peercert: object = None
         self._opened_at = self._loop.time()
         self._close_after: asyncio.Future[bytes | None] | None = None
+        self._worker = handlers.worker
+        self._decoding = False  # a large body is decoded off the loop: later frames wait
+        self._muted = False  # over the produce quota: not read until the debt is paid
+        self._memory = handlers.memory
+        self._ready = 0  # bytes of answers ready behind the head of the line
+        self._charged = 0  # bytes charged to the memory budget
+        self._charged_to = ""  # ... and to this principal
 
     # ConsumerSession (no consumers ever attach to a Kafka connection)
 
@@ -151,6 +172,9 @@ class KafkaConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._connections.discard(self)
+        self._memory.give_back(self._charged, self._charged_to)
+        self._charged = 0
+        self._ready = 0
         self.leave_admission()
         if self._security is not None:
             self._security.release(self)
@@ -167,26 +191,30 @@ class KafkaConnection(asyncio.Protocol):
         self._buffer += data
         self.last_activity = self._loop.time()
         self._drain_frames()
+        self._account()
 
     def eof_received(self) -> bool:
         return False
 
     def pause_writing(self) -> None:
         self._paused = True
+        self._account()
         self._update_reading()
 
     def resume_writing(self) -> None:
         self._paused = False
+        self._account()
         self._drain_frames()
 
     # frames
 
     def _drain_frames(self) -> None:
-        """Handle the complete frames buffered, while fewer than MAX_IN_FLIGHT are handled and
-        the client takes its answers."""
+        """Handle the complete frames buffered, while fewer than MAX_REQUESTS_IN_FLIGHT are
+        handled, the client takes its answers, no body is decoded off the loop, the principal's
+        quota and memory share allow."""
         buffer = self._buffer
-        while self._transport is not None and not self._paused:
-            if len(self._slots) >= MAX_IN_FLIGHT or len(buffer) < 4:
+        while self._transport is not None and not self._stopped():
+            if len(self._slots) >= MAX_REQUESTS_IN_FLIGHT or len(buffer) < 4:
                 break
             size = codec.frame_size(buffer)
             limit = self._max_frame if self._admitted else min(MAX_PRE_AUTH_FRAME, self._max_frame)
@@ -219,7 +247,8 @@ class KafkaConnection(asyncio.Protocol):
         api = SERVED.get(key)
         if api is None or not api.min_version <= version <= api.max_version:
             if key == API_VERSIONS:  # v0's layout, which every client reads, with our versions
-                slot.set_result(
+                self._fill(
+                    slot,
                     codec.encode_response(
                         correlation,
                         SERVED[API_VERSIONS].responses[0],
@@ -227,24 +256,71 @@ class KafkaConnection(asyncio.Protocol):
                             "error_code": UNSUPPORTED_VERSION,
                             "api_versions": self._handlers.versions(),
                         },
-                    )
+                    ),
                 )
             else:
-                slot.set_result(codec.encode_error_only(correlation, UNSUPPORTED_VERSION))
+                self._fill(slot, codec.encode_error_only(correlation, UNSUPPORTED_VERSION))
             self._stats.unsupported += 1
             log.debug("kafka.unsupported", peer=self.peer, api_key=key, api_version=version)
             self._flush()
             return
         try:
-            header, reader = codec.read_header(body, api.flexible(version))
-            fields = codec.decode_body(reader, api.requests[version], api.nullable)
+            decoded = _decode(body, api, version, codec.INLINE_ELEMENTS)
+        except codec.Deferred:  # too many elements for the loop: again on the thread
+            self._decoding = True
+            future = self._loop.run_in_executor(
+                self._worker, _decode, body, api, version, codec.MAX_ELEMENTS
+            )
+            future.add_done_callback(partial(self._decoded, slot, api, version, correlation))
+            return
         except codec.MalformedKafka as exc:
             slot.cancel()
             self._fatal(f"{api.name} v{version}: {exc}")
             return
+        self._start(slot, api, version, correlation, decoded)
+
+    def _decoded(
+        self,
+        slot: asyncio.Future[bytes | None],
+        api: Api,
+        version: int,
+        correlation: int,
+        future: asyncio.Future[_Decoded],
+    ) -> None:
+        """A body decoded on the thread: handled as if decoded inline, then the frames read
+        after it."""
+        self._decoding = False
+        if self._transport is None or future.cancelled():
+            return
+        try:
+            decoded = future.result()
+        except codec.MalformedKafka as exc:
+            slot.cancel()
+            self._fatal(f"{api.name} v{version}: {exc}")
+            return
+        self._start(slot, api, version, correlation, decoded)
+        self._drain_frames()
+
+    def _start(
+        self,
+        slot: asyncio.Future[bytes | None],
+        api: Api,
+        version: int,
+        correlation: int,
+        decoded: _Decoded,
+    ) -> None:
+        header, fields, elements, produced = decoded
         self.client_id = header.client_id or ""
-        self._stats.requests[key] = self._stats.requests.get(key, 0) + 1
-        task = self._loop.create_task(self._handle(slot, key, version, correlation, fields))
+        self._stats.requests[api.key] = self._stats.requests.get(api.key, 0) + 1
+        if produced and self._security is not None:
+            # charged now, as it is read: in debt, nothing more is read until it is paid
+            delay = self._security.charge_produce(self, produced)
+            if delay > 0:
+                fields[THROTTLED] = delay
+                self._mute(delay)
+        task = self._loop.create_task(
+            self._handle(slot, api.key, version, correlation, fields, elements)
+        )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -259,8 +335,7 @@ class KafkaConnection(asyncio.Protocol):
             values = await self._handlers.sasl_authenticate(self, 0, fields)
             if values.get("error_code"):
                 self._close_after = slot
-            if not slot.done():
-                slot.set_result(None if self._close_after is slot else codec.encode_sasl_token())
+            self._fill(slot, None if self._close_after is slot else codec.encode_sasl_token())
             self._flush()
 
         task = self._loop.create_task(authenticate())
@@ -274,24 +349,36 @@ class KafkaConnection(asyncio.Protocol):
         version: int,
         correlation: int,
         fields: dict[str, Any],
+        elements: int,
     ) -> None:
+        """`elements`: the request's array elements; an answer to more than the loop decodes,
+        or holding more than that, is encoded on the thread."""
         api = SERVED[key]
         try:
             values = await self._handlers.handlers[key](self, version, fields)
             if values is not None and values.pop(CLOSE_AFTER, False):
                 self._close_after = slot
-            out = (
-                None
-                if values is None
-                else codec.encode_response(correlation, api.responses[version], values)
-            )
+            if values is None:
+                out = None
+            elif elements > codec.INLINE_ELEMENTS or codec.many(values):
+                out = await self._loop.run_in_executor(
+                    self._worker, codec.encode_response, correlation, api.responses[version], values
+                )
+            else:
+                out = codec.encode_response(correlation, api.responses[version], values)
         except Exception:  # a bug: the connection cannot answer in order any more
             log.error("kafka.handler_failed", peer=self.peer, api=api.name, exc_info=True)
             out = None
             self.close()
+        self._fill(slot, out)
+        self._flush()
+
+    def _fill(self, slot: asyncio.Future[bytes | None], out: bytes | None) -> None:
+        """The answer of `slot`, held (and charged) until the slots before it are written."""
         if not slot.done():
             slot.set_result(out)
-        self._flush()
+            if out is not None:
+                self._ready += len(out)
 
     def _flush(self) -> None:
         """Write the answers at the head of the line that are ready, in request order."""
@@ -302,11 +389,13 @@ class KafkaConnection(asyncio.Protocol):
             slot = self._slots.popleft()
             if not slot.cancelled() and (out := slot.result()) is not None:
                 ready.append(out)
+                self._ready -= len(out)
             if slot is self._close_after:  # a failed authentication: nothing after it
                 closing = True
                 break
         if ready and transport is not None and not transport.is_closing():
             transport.write(b"".join(ready))
+        self._account()
         if closing:
             self.close()
             return
@@ -320,13 +409,52 @@ class KafkaConnection(asyncio.Protocol):
         transport = self._transport
         if transport is None or transport.is_closing():
             return
-        want = not self._paused and len(self._slots) < MAX_IN_FLIGHT
+        want = not self._stopped() and len(self._slots) < MAX_REQUESTS_IN_FLIGHT
         if want != self._reading:
             self._reading = want
             if want:
                 transport.resume_reading()
             else:
                 transport.pause_reading()
+
+    def _stopped(self) -> bool:
+        """Neither read nor handled: the client does not take its answers, a body is decoded on
+        the thread, the principal is in debt on its produce quota or over its memory share."""
+        return self._paused or self._decoding or self._muted or self._memory_held()
+
+    # the produce quota
+
+    def _mute(self, delay: float) -> None:
+        if not self._muted:
+            self._muted = True
+            self._loop.call_later(delay, self._unmute)
+            self._update_reading()
+
+    def _unmute(self) -> None:
+        self._muted = False
+        if self._transport is not None:
+            self._drain_frames()
+
+    # memory
+
+    def _account(self) -> None:
+        """Charge what the connection holds for its client now, in place of the last charge."""
+        transport = self._transport
+        size = (
+            0
+            if transport is None
+            else transport.get_write_buffer_size() + len(self._buffer) + self._ready
+        )
+        principal = self.principal
+        if size == self._charged and principal == self._charged_to:
+            return
+        self._memory.give_back(self._charged, self._charged_to)
+        self._memory.charge(size, principal)
+        self._charged, self._charged_to = size, principal
+
+    def _memory_held(self) -> bool:
+        """Not read: bytes are charged and the principal holds more than its share."""
+        return self._charged > 0 and self._memory.over_share(self._charged_to)
 
     # authentication
 
@@ -352,6 +480,11 @@ class KafkaConnection(asyncio.Protocol):
         frame for `frame` seconds (the listener's sweep calls this)."""
         if self._transport is None:
             return
+        self._account()
+        if not self._stopped() and self._buffer:
+            self._drain_frames()  # resumes a connection its principal's memory share held
+        else:
+            self._update_reading()
         if not self._admitted and now - self._opened_at > self._handshake_timeout:
             self._fatal(f"not authenticated within {self._handshake_timeout:g} s", False)
         elif self.partial_since is not None and self._reading and now - self.partial_since > frame:
@@ -367,3 +500,16 @@ class KafkaConnection(asyncio.Protocol):
         if transport.get_write_buffer_size():
             with contextlib.suppress(RuntimeError):
                 self._loop.call_later(5.0, transport.abort)
+
+
+# a body decoded: its header, fields, array elements and (a Produce) record bytes
+_Decoded = tuple[codec.RequestHeader, dict[str, Any], int, int]
+
+
+def _decode(body: bytes, api: Api, version: int, inline: int) -> _Decoded:
+    """On the loop up to `inline` array elements (`codec.Deferred` past them), on the inflater
+    thread for the rest: what a request's handling starts from."""
+    header, fields, elements = codec.decode_request(
+        body, api.flexible(version), api.requests[version], api.nullable, inline
+    )
+    return header, fields, elements, produce_bytes(fields) if api.key == PRODUCE else 0
