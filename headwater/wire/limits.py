@@ -72,7 +72,9 @@ MAX_LOOKUP_TOPICS: Final = 100
 # pipelining into a busy topic is back-pressured through TCP instead of buffered in the server
 # (10,000 pipelined 1 MiB produces would otherwise be 10 GB held). Kafka's own cap on a
 # connection's requests in flight (`max.in.flight.requests.per.connection` is at most 5 for an
-# idempotent producer) is far below it; both ports share this one.
+# idempotent producer) is far below it. Both ports share this one: the native port counts the
+# requests waiting for a turn, the Kafka port every request in progress (it answers in order, so
+# each one held is one waiting).
 MAX_WAITING_REQUESTS: Final = 64
 
 # Bytes of a frame before the connection has authenticated (on a server with authentication): an
@@ -96,9 +98,3 @@ MAX_SUBSCRIBE_PARTITIONS: Final = MAX_PARTITIONS
 # SUBSCRIBE `settings.keys` (the keys a last-value subscription follows): as many as one MAP_GET
 # names; a larger set is a `key_prefix`.
 MAX_SUBSCRIPTION_KEYS: Final = MAX_MAP_KEYS
-
-# Requests of one connection in progress at once (answered or waiting: for a topic's turn, an
-# fsync, a long poll): past it the connection is not read. Each one waiting holds its decoded
-# request and a task, so a peer that pipelines behind a busy topic turn holds this many, not
-# more; Kafka's clients keep 5 in flight by default (`max.in.flight.requests.per.connection`).
-MAX_REQUESTS_IN_FLIGHT: Final = 64

@@ -475,9 +475,9 @@ class KafkaHandlers:
                 raise NotSupported(f"topic {topic!r} is non-reliable: it keeps no history")
             if not 0 <= index < len(found.partitions):
                 raise InvalidPartition(f"topic {topic!r} has no partition {index}")
-            gate = self._broker.gate
-            if gate is not None and not gate.serves(topic, index):
-                raise not_owner(gate, topic, index)
+            ownership = self._broker.ownership
+            if not ownership.serves(topic, index):
+                raise not_owner(ownership, topic, index)
             partition = found.partitions[index]
             start = found.start_offset(index)
             if not start <= offset <= partition.next_offset:

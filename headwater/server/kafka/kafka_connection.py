@@ -9,7 +9,7 @@ reorders them. Work per connection is bounded, as on the native port (`net.clien
 - a frame whose size prefix is over `max_frame_size` (or under a header's size) closes the
   connection before any of its body is buffered; so does a body that does not decode
   (`codec.MalformedKafka`: short fields, hostile array counts, bytes left over);
-- at most `MAX_REQUESTS_IN_FLIGHT` requests (`wire.limits`, the native port's bound too) are
+- at most `MAX_WAITING_REQUESTS` requests (`wire.limits`, the native port's bound too) are
   handled at once, those waiting for a busy topic's turn included: past it, and while the
   transport's write buffer is over its high-water mark (a client that does not read), the
   connection is not read and the frames already buffered wait;
@@ -63,7 +63,7 @@ from headwater.server.net.admission import Admission
 from headwater.server.security.access import Security, Session
 from headwater.server.topics.subscription_contract import Consumer
 from headwater.wire.errors import HeadwaterError
-from headwater.wire.limits import MAX_PRE_AUTH_FRAME, MAX_REQUESTS_IN_FLIGHT
+from headwater.wire.limits import MAX_PRE_AUTH_FRAME, MAX_WAITING_REQUESTS
 
 log = structlog.get_logger("headwater.server")
 
@@ -209,12 +209,12 @@ class KafkaConnection(asyncio.Protocol):
     # frames
 
     def _drain_frames(self) -> None:
-        """Handle the complete frames buffered, while fewer than MAX_REQUESTS_IN_FLIGHT are
+        """Handle the complete frames buffered, while fewer than MAX_WAITING_REQUESTS are
         handled, the client takes its answers, no body is decoded off the loop, the principal's
         quota and memory share allow."""
         buffer = self._buffer
         while self._transport is not None and not self._stopped():
-            if len(self._slots) >= MAX_REQUESTS_IN_FLIGHT or len(buffer) < 4:
+            if len(self._slots) >= MAX_WAITING_REQUESTS or len(buffer) < 4:
                 break
             size = codec.frame_size(buffer)
             limit = self._max_frame if self._admitted else min(MAX_PRE_AUTH_FRAME, self._max_frame)
@@ -409,7 +409,7 @@ class KafkaConnection(asyncio.Protocol):
         transport = self._transport
         if transport is None or transport.is_closing():
             return
-        want = not self._stopped() and len(self._slots) < MAX_REQUESTS_IN_FLIGHT
+        want = not self._stopped() and len(self._slots) < MAX_WAITING_REQUESTS
         if want != self._reading:
             self._reading = want
             if want:
