@@ -100,3 +100,26 @@ async def test_client_producer_and_consumer_ride_through_a_kill9(cluster: Cluste
         assert acked <= printed
     finally:
         await client.close()
+
+
+async def test_a_receive_waiting_at_a_broker_that_owns_nothing_gets_the_owners_messages(
+    cluster: Cluster,
+) -> None:
+    """Subscribed through a broker that serves none of the topic, before the client knew the
+    topic's routes: `receive` began waiting on the bootstrap broker's leg alone, and the legs
+    attached at the owners a moment later were never looked at (every message was delivered to
+    the owner's leg and none handed out)."""
+    for broker_id in ("b1", "b2", "b3"):
+        cluster.start_broker(broker_id)
+    async with await headwater.connect(await cluster.address("b1")) as client:
+        await client.create_topic("one", dispatch="reliable")
+        owner = (await cluster.wait_owned("one", 1, {"b1", "b2", "b3"}))[0]
+        async with client.producer("one") as producer:
+            sent = [await producer.send(f"v{i}".encode()) for i in range(5)]
+            await producer.flush()
+        assert [(await future).offset for future in sent] == list(range(5))
+    elsewhere = next(b for b in ("b1", "b2", "b3") if b != owner)
+    async with await headwater.connect(await cluster.address(elsewhere)) as client:
+        consumer = await client.subscribe("one", "s", start="earliest")
+        received = [(await consumer.receive(timeout=30)).value for _ in range(5)]
+        assert received == [f"v{i}".encode() for i in range(5)]

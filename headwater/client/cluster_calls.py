@@ -171,8 +171,8 @@ class ClusterMixin:
 
     async def _attach_legs(self, consumer: Consumer, refused: bool) -> None:
         legs = ClusterLegs(consumer, self._router, self._peers)
-        consumer._cluster = legs
         consumer._on_ready = legs.ready.set
+        consumer.join_cluster(legs)
         if refused:
             consumer._suspended = True  # nothing of the topic at the bootstrap broker
         self._consumers.add(consumer)

@@ -277,12 +277,10 @@ class Consumer:
 
     async def receive(self, timeout: float | None = None) -> Message:
         """The next message; raises the closing error, or TimeoutError after `timeout` seconds."""
-        if self._cluster is not None:
-            leg = await self._cluster.pick(timeout)
-            if leg is not self:
-                return await leg.receive(0)
+        leg = await self._ready_leg(timeout)
+        if leg is not self:
+            return await leg.receive(0)
         if not self._messages:
-            await self._wait(timeout)
             self._decode_next()
         message = self._messages.popleft()
         self._taken(1)
@@ -304,12 +302,9 @@ class Consumer:
     async def next_batch(self, timeout: float | None = None) -> MessageBatch:
         """The next delivered batch, not decoded until accessed (see `MessageBatch`): one await
         and no per-record work for consumers that need the throughput. Raises as `receive`."""
-        if self._cluster is not None:
-            leg = await self._cluster.pick(timeout)
-            if leg is not self:
-                return await leg.next_batch(0)
-        if not self._messages:
-            await self._wait(timeout)
+        leg = await self._ready_leg(timeout)
+        if leg is not self:
+            return await leg.next_batch(0)
         if self._messages:  # left over from receive(): hand them out first, in order
             messages = list(self._messages)
             self._messages.clear()
@@ -336,12 +331,10 @@ class Consumer:
     ) -> list[Message]:
         """Whatever is buffered, up to `max_messages` (waiting for at least one): one await for
         many messages, for consumers that need the throughput."""
-        if self._cluster is not None:
-            leg = await self._cluster.pick(timeout)
-            if leg is not self:
-                return await leg.receive_batch(max_messages, 0)
+        leg = await self._ready_leg(timeout)
+        if leg is not self:
+            return await leg.receive_batch(max_messages, 0)
         if not self._messages:
-            await self._wait(timeout)
             self._decode_next()
         messages = self._messages
         while len(messages) < max_messages and self._batches:
@@ -351,10 +344,33 @@ class Consumer:
         self._taken(count)
         return taken
 
+    async def _ready_leg(self, timeout: float | None) -> Consumer:
+        """This consumer with a delivery at hand, or in a cluster the leg that has one. Legs at
+        the topic's other owners may be attached while a wait on this consumer alone is in
+        progress (the routes were not known at SUBSCRIBE): the wait then looks at them too."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - loop.time())
+            if self._cluster is not None:
+                return await self._cluster.pick(remaining)
+            if self._messages or self._batches:
+                return self
+            await self._wait(remaining)
+
+    def join_cluster(self, legs: Legs) -> None:
+        """Legs at the topic's other owners are attached: a wait in progress looks at them."""
+        self._cluster = legs
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
     async def _wait(self, timeout: float | None) -> None:
+        """Until a delivery, the consumer's end (raised), legs attached, or TimeoutError."""
         while not (self._messages or self._batches):
             if self._error is not None:
                 raise type(self._error)(self._error.message)
+            if self._cluster is not None:
+                return
             self._waiter = asyncio.get_running_loop().create_future()
             try:
                 async with asyncio.timeout(timeout):
