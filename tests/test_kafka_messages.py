@@ -295,3 +295,26 @@ def test_the_group_handlers_take_and_return_typed_messages() -> None:
             frame = codec.encode_response(1, api.responses[version], response)
             stock = _kafka_python(type(response)).decode(frame[8:], version=version)
             assert stock.error_code == 0
+
+
+def test_each_handler_takes_the_request_class_the_codec_decodes_for_its_key() -> None:
+    """The handler table is keyed by API key, where mypy cannot follow the request's class: each
+    handler's annotations name its API's request and response classes."""
+    from types import SimpleNamespace
+    from typing import get_args, get_type_hints
+
+    from headwater.server.kafka.handlers import KafkaHandlers
+
+    async def build() -> KafkaHandlers:
+        broker: Any = SimpleNamespace(catalog=None)
+        return KafkaHandlers(broker, "127.0.0.1", 9092, None, 0)
+
+    handlers = asyncio.run(build())
+    assert set(handlers.handlers) == set(SERVED)
+    for key, handler in handlers.handlers.items():
+        hints = get_type_hints(handler)
+        api = SERVED[key]
+        request = api.requests[api.min_version].message
+        response = api.responses[api.min_version].message
+        assert request in (hints["request"], *get_args(hints["request"])), api.name
+        assert response in (hints["return"], *get_args(hints["return"])), api.name
