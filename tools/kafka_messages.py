@@ -258,8 +258,8 @@ def main(argv: list[str]) -> int:
                 stale.append(str(path))
         else:
             path.write_text(text)
-    for path in stale:
-        print(f"{path} is not what tools/kafka_messages.py writes", file=sys.stderr)
+    for name in stale:
+        print(f"{name} is not what tools/kafka_messages.py writes", file=sys.stderr)
     return 1 if stale else 0
 
 
