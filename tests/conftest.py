@@ -50,6 +50,7 @@ UNIT_MODULES = {
     "test_durables_core",
     "test_fetch_partition_wake",
     "test_kafka_codec",
+    "test_kafka_messages",
     "test_layers",
     "test_pump_decode",
     "test_lease_off_loop",

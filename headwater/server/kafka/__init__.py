@@ -4,8 +4,9 @@ produce to and fetch from Headwater topics through the same `requests.broker.Bro
 `kafka_listener` (the port, accepting, timeouts) → `kafka_connection` (frames, requests handled,
 answers in request order) → `handlers` (each Kafka API as native requests to the broker;
 `config_handlers`: AlterConfigs and IncrementalAlterConfigs), with
-`codec` (frames and bodies decoded with bounded work, over aiokafka's schema declarations), `apis`
-(the APIs and versions served), `kafka_errors` (Headwater's error codes as Kafka's),
+`messages` (each API's request and response as typed classes, one module per family), `codec`
+(frames and bodies decoded into them with bounded work, and encoded from them), `apis` (the APIs
+and versions served), `kafka_errors` (Headwater's error codes as Kafka's),
 `kafka_nodes` (node ids, partition leaders and group coordinators: one broker's or a cluster's)
 and `kafka_metrics` (its Prometheus collector). Consumer
 groups: `group_handlers` (their APIs), `groups` (membership and rebalances, in memory) and

@@ -24,13 +24,14 @@ default; `last.value` and `key.field`, which cannot be unset, are left as they a
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, Final
+from typing import Final
 
 import structlog
 
 from headwater.server.config import TopicSettings
 from headwater.server.kafka import kafka_errors as k
 from headwater.server.kafka.group_handlers import KafkaSession as Session
+from headwater.server.kafka.messages import configs as c
 from headwater.server.requests.admin_requests import FIXED_CONFIGS
 from headwater.server.requests.broker import Broker
 from headwater.server.security.access import Security
@@ -44,8 +45,6 @@ from headwater.wire import messages as m
 from headwater.wire.errors import HeadwaterError, InvalidRequest, UnknownTopic
 
 log = structlog.get_logger("headwater.server")
-
-Fields = dict[str, Any]
 
 TOPIC_RESOURCE: Final = 2
 BROKER_RESOURCE: Final = 4
@@ -76,39 +75,60 @@ class ConfigHandlers:
         self._native = native
         self._defaults = defaults
 
-    async def alter_configs(self, session: Session, version: int, fields: Fields) -> Fields:
+    async def alter_configs(
+        self, session: Session, version: int, request: c.AlterConfigsRequest
+    ) -> c.AlterConfigsResponse:
         """Kafka's AlterConfigs: every config given is SET, the settings not given go back to
         their defaults."""
         results = []
-        for resource in fields["resources"]:
-            entries = [
-                (c["config_name"], SET, c["config_value"]) for c in resource["config_entries"]
-            ]
-            results.append(await self._resource(session, resource, entries, True, fields))
-        return {"throttle_time_ms": 0, "resources": results}
+        for resource in request.resources:
+            entries = [(e.name, SET, e.value) for e in resource.configs]
+            code, message = await self._resource(
+                session, resource.resource_type, resource.resource_name, entries, True, request
+            )
+            results.append(
+                c.AlterConfigsResourceResponse(
+                    error_code=code,
+                    error_message=message,
+                    resource_type=resource.resource_type,
+                    resource_name=resource.resource_name,
+                )
+            )
+        return c.AlterConfigsResponse(throttle_time_ms=0, responses=results)
 
     async def incremental_alter_configs(
-        self, session: Session, version: int, fields: Fields
-    ) -> Fields:
+        self, session: Session, version: int, request: c.IncrementalAlterConfigsRequest
+    ) -> c.IncrementalAlterConfigsResponse:
         results = []
-        for resource in fields["resources"]:
-            entries = [(c["name"], c["config_operation"], c["value"]) for c in resource["configs"]]
-            results.append(await self._resource(session, resource, entries, False, fields))
-        return {"throttle_time_ms": 0, "responses": results}
+        for resource in request.resources:
+            entries = [(e.name, e.config_operation, e.value) for e in resource.configs]
+            code, message = await self._resource(
+                session, resource.resource_type, resource.resource_name, entries, False, request
+            )
+            results.append(
+                c.IncrementalAlterConfigsAlterConfigsResourceResponse(
+                    error_code=code,
+                    error_message=message,
+                    resource_type=resource.resource_type,
+                    resource_name=resource.resource_name,
+                )
+            )
+        return c.IncrementalAlterConfigsResponse(throttle_time_ms=0, responses=results)
 
     async def _resource(
         self,
         session: Session,
-        resource: Fields,
+        kind: int,
+        name: str,
         entries: list[tuple[str, int, str | None]],
         replace: bool,
-        fields: Fields,
-    ) -> Fields:
-        kind, name = resource["resource_type"], resource["resource_name"]
+        request: c.AlterConfigsRequest | c.IncrementalAlterConfigsRequest,
+    ) -> tuple[int, str | None]:
+        """(error code, message) of one resource."""
         code, message = 0, None
         try:
             configs = self._check(session, kind, name, entries, replace)
-            if configs and not fields["validate_only"]:
+            if configs and not request.validate_only:
                 await self._native(session, m.AlterTopicConfigsRequest(name, configs))
         except Refused as refused:
             code, message = refused.code, refused.message
@@ -118,12 +138,7 @@ class ConfigHandlers:
                 code = k.INVALID_CONFIG
         if code:
             log.debug("kafka.alter_configs_refused", topic=name, kafka_code=code, error=message)
-        return {
-            "error_code": code,
-            "error_message": message,
-            "resource_type": kind,
-            "resource_name": name,
-        }
+        return code, message
 
     def _check(
         self,

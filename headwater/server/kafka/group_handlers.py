@@ -2,7 +2,8 @@
 broker for every group on one broker, one broker per group in a cluster), JoinGroup, SyncGroup,
 Heartbeat, LeaveGroup (`groups.Coordinator`), OffsetCommit and OffsetFetch (`group_offsets`: a
 group's offsets are the cursor of the reliable subscription of its name), ListGroups and
-DescribeGroups. Each returns the response's fields by name, every version's together.
+DescribeGroups. Each takes its typed request (`kafka.messages.groups`, `.offsets`) and returns its
+typed response, which the codec writes at the request's version.
 
 In a cluster a broker answers the requests of a group it does not coordinate NOT_COORDINATOR (a
 coordinator moved by a broker joining or leaving, say): the client asks FindCoordinator again and
@@ -11,19 +12,21 @@ joins the group there (membership is in memory; the offsets are in etcd)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, Protocol, TypeVar
 
 from headwater.server.kafka import kafka_errors as k
 from headwater.server.kafka.group_offsets import GroupOffsets
 from headwater.server.kafka.groups import Coordinator
 from headwater.server.kafka.kafka_nodes import Nodes
+from headwater.server.kafka.messages import groups as g
+from headwater.server.kafka.messages import offsets as o
+from headwater.server.kafka.messages.declare import Message
 from headwater.server.security.access import Session
 from headwater.server.security.authz import Action
 from headwater.server.topics.subscription_contract import ConsumerSession
 from headwater.wire.errors import HeadwaterError
 
-Fields = dict[str, Any]
 T = TypeVar("T")
 
 
@@ -45,7 +48,10 @@ class KafkaSession(ConsumerSession, Protocol):
 Permits = Callable[[KafkaSession, Action, str], bool]
 
 
-Handler = Callable[[KafkaSession, int, Fields], Awaitable[Fields | None]]
+# (session, API version, request) -> response, None for none (a Produce with acks=0). The table of
+# handlers is keyed by API key, and the codec decodes each key's body as that API's request class
+# (`apis.SERVED`), so a handler's request is typed `Any` here and precisely in its signature.
+Handler = Callable[[KafkaSession, int, Any], Awaitable[Message | None]]
 
 # partitions a handler goes through between two yields to the event loop: about a millisecond
 PACE: Final = 1024
@@ -65,7 +71,7 @@ class Pace:
             await asyncio.sleep(0)
 
 
-def chunks(items: list[T]) -> list[list[T]]:
+def chunks(items: Sequence[T]) -> list[Sequence[T]]:
     """`items` in runs of `PACE`, for a handler to take one run at a time."""
     return [items[start : start + PACE] for start in range(0, len(items), PACE)]
 
@@ -81,84 +87,86 @@ class GroupHandlers:
         # consume grant on the topic (membership itself names no topic)
         self._permits = permits
 
-    async def find_coordinator(self, session: KafkaSession, version: int, fields: Fields) -> Fields:
-        key = fields.get("coordinator_key", fields.get("consumer_group"))  # v1+, v0
-        node = self._nodes.coordinator(key or "")
+    async def find_coordinator(
+        self, session: KafkaSession, version: int, request: g.FindCoordinatorRequest
+    ) -> g.FindCoordinatorResponse:
+        node = self._nodes.coordinator(request.key)
         if node is None:  # no broker with a Kafka port is live (as seen here): ask again
-            return {
-                "error_code": k.COORDINATOR_NOT_AVAILABLE,
-                "coordinator_id": -1,
-                "host": "",
-                "port": -1,
-            }
-        return {
-            "error_code": 0,
-            "coordinator_id": node.node_id,
-            "host": node.host,
-            "port": node.port,
-        }
+            return g.FindCoordinatorResponse(
+                error_code=k.COORDINATOR_NOT_AVAILABLE, node_id=-1, host="", port=-1
+            )
+        return g.FindCoordinatorResponse(
+            error_code=0, node_id=node.node_id, host=node.host, port=node.port
+        )
 
     def _elsewhere(self, group: str) -> bool:
         """Whether `group` is coordinated by another broker (in a cluster)."""
         mine, chosen = self._nodes.this(), self._nodes.coordinator(group)
         return mine is None or chosen is None or chosen.node_id != mine.node_id
 
-    async def join_group(self, session: KafkaSession, version: int, fields: Fields) -> Fields:
-        if self._elsewhere(fields["group"]):
-            return {"error_code": k.NOT_COORDINATOR, "member_id": fields["member_id"] or ""}
-        session_timeout: int = fields["session_timeout"]
-        rebalance = fields.get("rebalance_timeout")  # v1+; v0 rebalances within the session
-        rebalance_timeout: int = session_timeout if rebalance is None else rebalance
+    async def join_group(
+        self, session: KafkaSession, version: int, request: g.JoinGroupRequest
+    ) -> g.JoinGroupResponse:
+        if self._elsewhere(request.group_id):
+            return g.JoinGroupResponse(error_code=k.NOT_COORDINATOR, member_id=request.member_id)
+        session_timeout = request.session_timeout_ms
+        # v1+; v0 rebalances within the session
+        rebalance_timeout = request.rebalance_timeout_ms if version >= 1 else session_timeout
         joined = await self.coordinator.join(
-            fields["group"],
-            fields["member_id"] or "",
+            request.group_id,
+            request.member_id,
             session.client_id,
             session.peer.rpartition(":")[0],
             session_timeout,
             rebalance_timeout,
-            fields["protocol_type"] or "",
-            [
-                (p["protocol_name"] or "", p["protocol_metadata"] or b"")
-                for p in fields["group_protocols"]
-            ],
+            request.protocol_type,
+            [(p.name, p.metadata) for p in request.protocols],
         )
-        return {
-            "error_code": joined.error_code,
-            "generation_id": joined.generation_id,
-            "group_protocol": joined.protocol,
-            "leader_id": joined.leader_id,
-            "member_id": joined.member_id or (fields["member_id"] or ""),
-            "members": [{"member_id": i, "member_metadata": m} for i, m in joined.members],
-        }
+        return g.JoinGroupResponse(
+            error_code=joined.error_code,
+            generation_id=joined.generation_id,
+            protocol_name=joined.protocol,
+            leader=joined.leader_id,
+            member_id=joined.member_id or request.member_id,
+            members=[g.JoinGroupResponseMember(member_id=i, metadata=m) for i, m in joined.members],
+        )
 
-    async def sync_group(self, session: KafkaSession, version: int, fields: Fields) -> Fields:
-        if self._elsewhere(fields["group"]):
-            return {"error_code": k.NOT_COORDINATOR, "member_assignment": b""}
-        assignments = {
-            a["member_id"]: a["member_metadata"] or b"" for a in fields["group_assignment"]
-        }
+    async def sync_group(
+        self, session: KafkaSession, version: int, request: g.SyncGroupRequest
+    ) -> g.SyncGroupResponse:
+        if self._elsewhere(request.group_id):
+            return g.SyncGroupResponse(error_code=k.NOT_COORDINATOR, assignment=b"")
+        assignments = {a.member_id: a.assignment for a in request.assignments}
         code, assignment = await self.coordinator.sync(
-            fields["group"], fields["generation_id"], fields["member_id"] or "", assignments
+            request.group_id, request.generation_id, request.member_id, assignments
         )
-        return {"error_code": code, "member_assignment": assignment}
+        return g.SyncGroupResponse(error_code=code, assignment=assignment)
 
-    async def heartbeat(self, session: KafkaSession, version: int, fields: Fields) -> Fields:
-        if self._elsewhere(fields["group"]):
-            return {"error_code": k.NOT_COORDINATOR}
+    async def heartbeat(
+        self, session: KafkaSession, version: int, request: g.HeartbeatRequest
+    ) -> g.HeartbeatResponse:
+        if self._elsewhere(request.group_id):
+            return g.HeartbeatResponse(error_code=k.NOT_COORDINATOR)
         code = self.coordinator.heartbeat(
-            fields["group"], fields["generation_id"], fields["member_id"] or ""
+            request.group_id, request.generation_id, request.member_id
         )
-        return {"error_code": code}
+        return g.HeartbeatResponse(error_code=code)
 
-    async def leave_group(self, session: KafkaSession, version: int, fields: Fields) -> Fields:
-        if self._elsewhere(fields["group"]):
-            return {"error_code": k.NOT_COORDINATOR}
-        return {"error_code": self.coordinator.leave(fields["group"], fields["member_id"] or "")}
+    async def leave_group(
+        self, session: KafkaSession, version: int, request: g.LeaveGroupRequest
+    ) -> g.LeaveGroupResponse:
+        if self._elsewhere(request.group_id):
+            return g.LeaveGroupResponse(error_code=k.NOT_COORDINATOR)
+        return g.LeaveGroupResponse(
+            error_code=self.coordinator.leave(request.group_id, request.member_id)
+        )
 
-    async def offset_commit(self, session: KafkaSession, version: int, fields: Fields) -> Fields:
-        group = fields["consumer_group"]
-        generation = fields.get("consumer_group_generation_id", -1)
-        member = fields.get("consumer_id") or ""
+    async def offset_commit(
+        self, session: KafkaSession, version: int, request: o.OffsetCommitRequest
+    ) -> o.OffsetCommitResponse:
+        group = request.group_id
+        generation = request.generation_id_or_member_epoch  # -1 in v0, which has none
+        member = request.member_id
         # a member of a live group commits for its generation; generation -1 is a consumer that
         # keeps its offsets in a group without joining it (assign(), kcat -o stored)
         refusal = k.NOT_COORDINATOR if self._elsewhere(group) else 0
@@ -176,12 +184,12 @@ class GroupHandlers:
                 refusal = k.REBALANCE_IN_PROGRESS
         topics = []
         pace = Pace()
-        for entry in fields["topics"]:
-            name = entry["topic"]
+        for entry in request.topics:
+            name = entry.name
             wanted: dict[int, int] = {}
-            for run in chunks(entry["partitions"]):
-                wanted.update((p["partition"], p["offset"]) for p in run)
-                await pace.step(len(run))
+            for named in chunks(entry.partitions):
+                wanted.update((p.partition_index, p.committed_offset) for p in named)
+                await pace.step(len(named))
             denied = not self._permits(session, Action.CONSUME, name)
             codes: dict[int, int] = dict.fromkeys(
                 wanted, k.TOPIC_AUTHORIZATION_FAILED if denied else refusal
@@ -194,28 +202,33 @@ class GroupHandlers:
                     ).items():
                         codes[partition] = 0 if error is None else k.kafka_code(error)
                     await pace.step(len(run))
-            partitions: list[Fields] = []
-            for run in chunks(list(codes.items())):
-                partitions += ({"partition": p, "error_code": c} for p, c in run)
-                await pace.step(len(run))
-            topics.append({"topic": name, "partitions": partitions})
-        return {"throttle_time_ms": 0, "topics": topics}
+            partitions: list[o.OffsetCommitResponsePartition] = []
+            for answered in chunks(list(codes.items())):
+                partitions += (
+                    o.OffsetCommitResponsePartition(partition_index=p, error_code=c)
+                    for p, c in answered
+                )
+                await pace.step(len(answered))
+            topics.append(o.OffsetCommitResponseTopic(name=name, partitions=partitions))
+        return o.OffsetCommitResponse(throttle_time_ms=0, topics=topics)
 
-    async def offset_fetch(self, session: KafkaSession, version: int, fields: Fields) -> Fields:
-        group = fields["consumer_group"]
-        wanted = fields["topics"]
+    async def offset_fetch(
+        self, session: KafkaSession, version: int, request: o.OffsetFetchRequest
+    ) -> o.OffsetFetchResponse:
+        group = request.group_id
         if self._elsewhere(group):
-            return {"throttle_time_ms": 0, "topics": [], "error_code": k.NOT_COORDINATOR}
-        if wanted is None:  # v2+: every topic the group has offsets on
+            return o.OffsetFetchResponse(error_code=k.NOT_COORDINATOR)
+        wanted = request.topics
+        if wanted is None:  # v2+: every topic the group has offsets on, each partition
             wanted = [
-                {"topic": t, "partitions": None}
+                o.OffsetFetchRequestTopic(name=t)
                 for t in self._offsets.topics_of(group)
                 if self._permits(session, Action.CONSUME, t)
             ]
         topics = []
         for entry in wanted:
-            name = entry["topic"]
-            asked = entry["partitions"] or self._partitions(name)
+            name = entry.name
+            asked = list(entry.partition_indexes) or self._partitions(name)
             code = 0
             offsets = dict.fromkeys(asked, -1)
             if not self._permits(session, Action.CONSUME, name):
@@ -226,53 +239,59 @@ class GroupHandlers:
                 except HeadwaterError as exc:
                     code = k.kafka_code(exc)
             partitions = [
-                {"partition": p, "offset": offsets[p], "metadata": "", "error_code": code}
+                o.OffsetFetchResponsePartition(
+                    partition_index=p, committed_offset=offsets[p], metadata="", error_code=code
+                )
                 for p in asked
             ]
-            topics.append({"topic": name, "partitions": partitions})
-        return {"throttle_time_ms": 0, "topics": topics, "error_code": 0}
+            topics.append(o.OffsetFetchResponseTopic(name=name, partitions=partitions))
+        return o.OffsetFetchResponse(throttle_time_ms=0, topics=topics, error_code=0)
 
     def _partitions(self, topic: str) -> list[int]:
         return self._offsets.partitions(topic)
 
-    async def list_groups(self, session: KafkaSession, version: int, fields: Fields) -> Fields:
+    async def list_groups(
+        self, session: KafkaSession, version: int, request: g.ListGroupsRequest
+    ) -> g.ListGroupsResponse:
         groups = [
-            {"group": g.name, "protocol_type": g.protocol_type}
-            for g in sorted(self.coordinator.groups.values(), key=lambda g: g.name)
+            g.ListedGroup(group_id=group.name, protocol_type=group.protocol_type)
+            for group in sorted(self.coordinator.groups.values(), key=lambda group: group.name)
         ]
-        return {"throttle_time_ms": 0, "error_code": 0, "groups": groups}
+        return g.ListGroupsResponse(throttle_time_ms=0, error_code=0, groups=groups)
 
-    async def describe_groups(self, session: KafkaSession, version: int, fields: Fields) -> Fields:
+    async def describe_groups(
+        self, session: KafkaSession, version: int, request: g.DescribeGroupsRequest
+    ) -> g.DescribeGroupsResponse:
         described = []
-        for name in fields["groups"]:
+        for name in request.groups:
             if self._elsewhere(name):
-                described.append({"error_code": k.NOT_COORDINATOR, "group": name})
+                described.append(g.DescribedGroup(error_code=k.NOT_COORDINATOR, group_id=name))
                 continue
             group = self.coordinator.groups.get(name)
             if group is None:  # Kafka describes an unknown group as a dead one
-                described.append({"error_code": 0, "group": name, "state": "Dead"})
+                described.append(g.DescribedGroup(error_code=0, group_id=name, group_state="Dead"))
                 continue
             stable = group.state == "Stable"
             members = [
-                {
-                    "member_id": m.member_id,
-                    "client_id": m.client_id,
-                    "client_host": m.client_host,
-                    "member_metadata": next(
+                g.DescribedGroupMember(
+                    member_id=m.member_id,
+                    client_id=m.client_id,
+                    client_host=m.client_host,
+                    member_metadata=next(
                         (meta for p, meta in m.protocols if p == group.protocol), b""
                     ),
-                    "member_assignment": m.assignment if stable else b"",
-                }
+                    member_assignment=m.assignment if stable else b"",
+                )
                 for m in group.members.values()
             ]
             described.append(
-                {
-                    "error_code": 0,
-                    "group": name,
-                    "state": group.state,
-                    "protocol_type": group.protocol_type,
-                    "protocol": group.protocol,
-                    "members": members,
-                }
+                g.DescribedGroup(
+                    error_code=0,
+                    group_id=name,
+                    group_state=group.state,
+                    protocol_type=group.protocol_type,
+                    protocol_data=group.protocol,
+                    members=members,
+                )
             )
-        return {"throttle_time_ms": 0, "groups": described}
+        return g.DescribeGroupsResponse(throttle_time_ms=0, groups=described)

@@ -4,9 +4,10 @@ A Kafka request names many partitions; each becomes the native request for one
 (`wire.messages.ProduceRequest`, `FetchRequest`, `CreateTopicRequest`, ...) handled by
 `Broker.handle`, so topic turns, validation, the idempotent-producer tables and the durability
 waits are the native ones, and each partition's refusal becomes its Kafka error code
-(`kafka_errors`). A handler returns the response's fields by name, every version's fields
-together (`codec.shape` takes the version's own), or None for a Produce with acks=0, which Kafka
-answers with nothing.
+(`kafka_errors`). A handler takes its API's typed request (`kafka.messages`: decoded by the codec
+at the version the client sent, the fields that version lacks at Kafka's defaults) and returns its
+typed response, which the codec writes at the same version, or None for a Produce with acks=0,
+which Kafka answers with nothing.
 
 - Produce: acks=1 is answered as a native produce is (per the topic's fsync policy); acks=all
   (-1) as a read_committed one, once an fsync covers the batch whatever the policy. Several
@@ -41,7 +42,7 @@ answers with nothing.
   `Security.authenticate`. With authentication on, every native request passes `Security.check`
   (and `Security.after`) as on the native port, and quotas delay the answer
   (`throttle_time_ms`); the connection charges a Produce to the produce quota as it reads it
-  (and stops reading for the delay), handing the delay on in `THROTTLED`.
+  (and stops reading for the delay), handing the delay on with the request (`Throttled`).
 
 The consumer group APIs are in `group_handlers`.
 """
@@ -50,9 +51,10 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from concurrent.futures import Executor
-from typing import Any, Final
+from dataclasses import dataclass, replace
+from typing import Final
 
 import structlog
 
@@ -89,6 +91,14 @@ from headwater.server.kafka.group_handlers import GroupHandlers, Handler, KafkaS
 from headwater.server.kafka.group_offsets import GroupOffsets
 from headwater.server.kafka.groups import Coordinator
 from headwater.server.kafka.kafka_nodes import Node, Nodes, SingleNode
+from headwater.server.kafka.messages import admin as ad
+from headwater.server.kafka.messages import configs as co
+from headwater.server.kafka.messages import fetch as fe
+from headwater.server.kafka.messages import metadata as md
+from headwater.server.kafka.messages import offsets as of
+from headwater.server.kafka.messages import produce as pr
+from headwater.server.kafka.messages import sasl
+from headwater.server.kafka.messages.declare import Message
 from headwater.server.memory_budget import MemoryBudget
 from headwater.server.net.client_connection import INLINE_RECORDS
 from headwater.server.reply import Reply, resolve
@@ -116,14 +126,9 @@ from headwater.wire.records import BatchInfo, validate_records
 
 log = structlog.get_logger("headwater.server")
 
-Fields = dict[str, Any]
 Session = KafkaSession
 
 CLUSTER_ID: Final = "headwater"
-# a handler's answer with this key set closes the connection once written (a failed SASL)
-CLOSE_AFTER: Final = "_close_after"
-# a request's field set by the connection: the seconds its produce quota delays it
-THROTTLED: Final = "_throttled"
 # a throttled answer waits at most this long (the rest of the debt is paid by the next ones)
 MAX_THROTTLE: Final = 5.0
 # partitions handled between two yields to the event loop in one request's loop
@@ -246,128 +251,142 @@ class KafkaHandlers:
 
     # SaslHandshake, SaslAuthenticate
 
-    async def sasl_handshake(self, session: Session, version: int, fields: Fields) -> Fields:
-        ok = fields["mechanism"] == "PLAIN"
+    async def sasl_handshake(
+        self, session: Session, version: int, request: sasl.SaslHandshakeRequest
+    ) -> sasl.SaslHandshakeResponse:
+        ok = request.mechanism == "PLAIN"
         if ok and version == 0:
             session.raw_sasl = True  # the next frame is the PLAIN bytes themselves
-        return {
-            "error_code": 0 if ok else k.UNSUPPORTED_SASL_MECHANISM,
-            "enabled_mechanisms": ["PLAIN"],
-        }
+        return sasl.SaslHandshakeResponse(
+            error_code=0 if ok else k.UNSUPPORTED_SASL_MECHANISM, mechanisms=["PLAIN"]
+        )
 
-    async def sasl_authenticate(self, session: Session, version: int, fields: Fields) -> Fields:
+    async def sasl_authenticate(
+        self, session: Session, version: int, request: sasl.SaslAuthenticateRequest
+    ) -> sasl.SaslAuthenticateResponse:
         """PLAIN: authzid NUL username NUL password, the password a Headwater token (the user
-        name is not checked: the token names its principal)."""
-        parts = (fields["sasl_auth_bytes"] or b"").split(b"\0")
+        name is not checked: the token names its principal). A failure closes the connection
+        once answered (`closes_after`)."""
+        parts = request.auth_bytes.split(b"\0")
         if self._security is None:  # authentication is off, as AUTHENTICATE on the native port
-            return {"error_code": 0, "sasl_auth_bytes": b""}
+            return sasl.SaslAuthenticateResponse(error_code=0, auth_bytes=b"")
         try:
             if len(parts) != 3:
                 raise AuthenticationFailed("SASL PLAIN takes authzid, user name and password")
             reply = self._security.authenticate(session, m.AuthenticateRequest("token", parts[2]))
             await resolve(reply)  # a failure past the rate limit is answered after a delay
         except HeadwaterError as exc:
-            return {
-                "error_code": k.SASL_AUTHENTICATION_FAILED,
-                "error_message": exc.message,
-                "sasl_auth_bytes": b"",
-                CLOSE_AFTER: True,
-            }
+            return sasl.SaslAuthenticateResponse(
+                error_code=k.SASL_AUTHENTICATION_FAILED, error_message=exc.message, auth_bytes=b""
+            )
         auth = session.auth
         lifetime = 0 if auth is None or auth.expires is None else auth.expires * 1000
-        return {"error_code": 0, "sasl_auth_bytes": b"", "session_lifetime_ms": lifetime}
+        return sasl.SaslAuthenticateResponse(
+            error_code=0, auth_bytes=b"", session_lifetime_ms=lifetime
+        )
 
     # ApiVersions, Metadata
 
     @staticmethod
-    def versions() -> list[Fields]:
+    def versions() -> list[md.ApiVersion]:
         return [
-            {"api_key": a.key, "min_version": a.min_version, "max_version": a.max_version}
+            md.ApiVersion(api_key=a.key, min_version=a.min_version, max_version=a.max_version)
             for a in sorted(SERVED.values(), key=lambda a: a.key)
         ]
 
-    async def api_versions(self, session: Session, version: int, fields: Fields) -> Fields:
-        listed = self.versions()
-        return {"error_code": 0, "api_versions": listed, "api_keys": listed}
+    async def api_versions(
+        self, session: Session, version: int, request: md.ApiVersionsRequest
+    ) -> md.ApiVersionsResponse:
+        return md.ApiVersionsResponse(error_code=0, api_keys=self.versions())
 
-    async def metadata(self, session: Session, version: int, fields: Fields) -> Fields:
+    async def metadata(
+        self, session: Session, version: int, request: md.MetadataRequest
+    ) -> md.MetadataResponse:
         topics = self._broker.topics
-        names = fields.get("topics")
+        names = None if request.topics is None else [t.name for t in request.topics]
         if version == 0 and not names:
             names = None  # v0: an empty list means every topic
         auth = session.auth if self._security is not None else None
         chosen = sorted(topics) if names is None else names
         if names is None and auth is not None:  # every topic the principal has a grant on
             chosen = [n for n in chosen if may_see(auth.grants, n)]
-        entries: list[Fields] = []
+        entries: list[md.MetadataResponseTopic] = []
         for name in chosen:
             if self._security is not None and (auth is None or not may_see(auth.grants, name)):
                 entries.append(
-                    {"error_code": k.TOPIC_AUTHORIZATION_FAILED, "topic": name, "partitions": []}
+                    md.MetadataResponseTopic(error_code=k.TOPIC_AUTHORIZATION_FAILED, name=name)
                 )
                 continue
             topic = topics.get(name)
             if topic is None:
                 entries.append(
-                    {"error_code": k.UNKNOWN_TOPIC_OR_PARTITION, "topic": name, "partitions": []}
+                    md.MetadataResponseTopic(error_code=k.UNKNOWN_TOPIC_OR_PARTITION, name=name)
                 )
                 continue
             leaders = self.nodes.leaders(name, len(topic.partitions))
             partitions = [_partition_metadata(i, leader) for i, leader in enumerate(leaders)]
-            entries.append({"error_code": 0, "topic": name, "partitions": partitions})
+            entries.append(md.MetadataResponseTopic(error_code=0, name=name, partitions=partitions))
         nodes = self.nodes
-        return {
-            "brokers": [
-                {"node_id": n.node_id, "host": n.host, "port": n.port} for n in nodes.nodes()
+        return md.MetadataResponse(
+            brokers=[
+                md.MetadataResponseBroker(node_id=n.node_id, host=n.host, port=n.port)
+                for n in nodes.nodes()
             ],
-            "cluster_id": CLUSTER_ID,
-            "controller_id": nodes.controller(),
-            "topics": entries,
-        }
+            cluster_id=CLUSTER_ID,
+            controller_id=nodes.controller(),
+            topics=entries,
+        )
 
     # Produce
 
-    async def produce(self, session: Session, version: int, fields: Fields) -> Fields | None:
-        acks = fields["required_acks"]
+    async def produce(
+        self, session: Session, version: int, request: pr.ProduceRequest | Throttled
+    ) -> pr.ProduceResponse | None:
+        delay = 0.0
+        if isinstance(request, Throttled):
+            delay = request.delay
+            request = request.request
+        acks = request.acks
         isolation = m.Isolation.READ_COMMITTED if acks == -1 else m.Isolation.READ_UNCOMMITTED
         started: list[tuple[str, int, Awaitable[tuple[int, int]]]] = []
         pace = Pace()
-        for entry in fields["topics"]:
+        for entry in request.topic_data:
             # no yield here: the partitions' work starts in request order, before the next
             # request's (a yield would let the next Produce's batches overtake these)
-            for part in entry["partitions"]:
-                name, index = entry["topic"], part["partition"]
+            for part in entry.partition_data:
+                name, index = entry.name, part.index
                 if acks not in (0, 1, -1):
                     started.append((name, index, _failed(k.INVALID_REQUIRED_ACKS)))
                     continue
                 # started now, in request order: a partition's batches keep their order
                 work = asyncio.ensure_future(
-                    self._produce_partition(session, name, index, part["messages"], isolation)
+                    self._produce_partition(session, name, index, part.records, isolation)
                 )
                 started.append((name, index, work))
-        results: dict[str, list[Fields]] = {}
+        results: dict[str, list[pr.PartitionProduceResponse]] = {}
         for name, index, pending in started:
             await pace.step()
             code, offset = await pending
             results.setdefault(name, []).append(
-                {
-                    "partition": index,
-                    "error_code": code,
-                    "offset": offset,
-                    "timestamp": -1,
-                    "log_start_offset": -1,
-                    "record_errors": [],
-                }
+                pr.PartitionProduceResponse(
+                    index=index,
+                    error_code=code,
+                    base_offset=offset,
+                    log_append_time_ms=-1,
+                    log_start_offset=-1,
+                )
             )
         # charged by the connection as it read the request, which it then stopped reading for
         # the delay (muted, as Kafka mutes a throttled channel)
-        throttle = await self._throttle(fields.get(THROTTLED, 0.0))
+        throttle = await self._throttle(delay)
         if acks == 0:
             return None
-        return {
-            "topics": [{"topic": n, "partitions": p} for n, p in results.items()],
-            "throttle_time_ms": throttle,
-        }
+        return pr.ProduceResponse(
+            responses=[
+                pr.TopicProduceResponse(name=n, partition_responses=p) for n, p in results.items()
+            ],
+            throttle_time_ms=throttle,
+        )
 
     async def _produce_partition(
         self, session: Session, topic: str, partition: int, records: bytes | None, isolation: int
@@ -424,11 +443,13 @@ class KafkaHandlers:
 
     # Fetch
 
-    async def fetch(self, session: Session, version: int, fields: Fields) -> Fields:
-        wanted = _fetch_partitions(fields["topics"])
-        max_bytes = max(1, min(fields.get("max_bytes", MAX_FETCH_BYTES), MAX_FETCH_BYTES))
-        committed = fields.get("isolation_level") == 1
-        answers: list[Fields] = []
+    async def fetch(
+        self, session: Session, version: int, request: fe.FetchRequest
+    ) -> fe.FetchResponse:
+        wanted = _fetch_partitions(request.topics)
+        max_bytes = max(1, min(request.max_bytes, MAX_FETCH_BYTES))
+        committed = request.isolation_level == 1
+        answers: list[fe.PartitionData] = []
         size = 0
         full = False
         for position, (topic, index, offset, limit) in enumerate(wanted):
@@ -442,27 +463,28 @@ class KafkaHandlers:
             answer = await self._fetch_one(
                 session, topic, index, offset, min(limit, max_bytes - size), 0, committed
             )
-            records = answer["message_set"]
+            records = answer.records or b""
             if size and size + len(records) > max_bytes:
-                answer["message_set"] = b""  # its batch does not fit: the next Fetch's
+                answer = replace(answer, records=b"")  # its batch does not fit: the next Fetch's
                 full = True
             else:
                 size += len(records)
                 full = size >= max_bytes
             answers.append(answer)
-        wait_ms = min(max(0, fields["max_wait_time"]), MAX_FETCH_WAIT_MS)
-        if wait_ms > 0 and fields["min_bytes"] > 0 and size == 0:
+        wait_ms = min(max(0, request.max_wait_ms), MAX_FETCH_WAIT_MS)
+        if wait_ms > 0 and request.min_bytes > 0 and size == 0:
             await self._long_poll(session, wanted, answers, wait_ms, committed, max_bytes)
-        response = self._fetch_response(wanted, answers, max_bytes)
+        topics, size = self._fetch_response(wanted, answers, max_bytes)
+        throttle = 0
         if self._security is not None:
-            size = sum(len(p["message_set"]) for t in response["topics"] for p in t["partitions"])
             delay = self._security.charge_consume(session, size)
-            response["throttle_time_ms"] = await self._throttle(delay)
-        return response
+            throttle = await self._throttle(delay)
+        # no fetch sessions: every request is a full one (session id 0)
+        return fe.FetchResponse(throttle_time_ms=throttle, error_code=0, responses=topics)
 
     def _unread(
         self, session: Session, topic: str, index: int, offset: int, committed: bool
-    ) -> Fields:
+    ) -> fe.PartitionData:
         """A partition named after the answer is full: refused as its read would be (grant,
         topic, partition, owner, offset), else its offsets and no records, without reading."""
         try:
@@ -486,21 +508,22 @@ class KafkaHandlers:
                     f"{topic!r}: start={start} next={partition.next_offset}"
                 )
         except HeadwaterError as exc:
-            return _fetch_refusal(_refused("kafka.fetch_refused", exc, topic, index))
+            return _fetch_refusal(index, _refused("kafka.fetch_refused", exc, topic, index))
         end = found.readable_end(partition, False)
-        return {
-            "error_code": 0,
-            "message_set": b"",
-            "highwater_offset": end,
-            "last_stable_offset": found.readable_end(partition, True) if committed else end,
-            "log_start_offset": start,
-        }
+        return fe.PartitionData(
+            partition_index=index,
+            error_code=0,
+            high_watermark=end,
+            last_stable_offset=found.readable_end(partition, True) if committed else end,
+            log_start_offset=start,
+            records=b"",
+        )
 
     async def _long_poll(
         self,
         session: Session,
         wanted: list[tuple[str, int, int, int]],
-        answers: list[Fields],
+        answers: list[fe.PartitionData],
         wait_ms: int,
         committed: bool,
         max_bytes: int,
@@ -512,7 +535,7 @@ class KafkaHandlers:
                 self._fetch_one(session, t, i, o, min(n, max_bytes), wait_ms, committed)
             ): position
             for position, (t, i, o, n) in enumerate(wanted)
-            if answers[position]["error_code"] == 0
+            if answers[position].error_code == 0
         }
         try:
             pending = set(polls)
@@ -528,7 +551,7 @@ class KafkaHandlers:
                     break
                 for task in done:
                     answers[polls[task]] = task.result()
-                if any(answers[polls[task]]["message_set"] for task in done):
+                if any(answers[polls[task]].records for task in done):
                     break
         finally:
             for task in polls:
@@ -543,24 +566,25 @@ class KafkaHandlers:
         limit: int,
         wait_ms: int,
         committed: bool,
-    ) -> Fields:
+    ) -> fe.PartitionData:
         try:
             response = await self._native(
                 session, m.FetchRequest(topic, index, offset, limit, wait_ms)
             )
         except HeadwaterError as exc:
-            return _fetch_refusal(_refused("kafka.fetch_refused", exc, topic, index))
+            return _fetch_refusal(index, _refused("kafka.fetch_refused", exc, topic, index))
         assert isinstance(response, m.FetchResponse)
         records, stable = response.records, response.end_offset
         if committed:  # read_committed: only what an fsync covers, whatever the topic's policy
             stable, records = self._committed(topic, index, records, stable)
-        return {
-            "error_code": 0,
-            "message_set": records,
-            "highwater_offset": response.end_offset,
-            "last_stable_offset": stable,
-            "log_start_offset": response.start_offset,
-        }
+        return fe.PartitionData(
+            partition_index=index,
+            error_code=0,
+            high_watermark=response.end_offset,
+            last_stable_offset=stable,
+            log_start_offset=response.start_offset,
+            records=records,
+        )
 
     def _committed(self, topic: str, index: int, records: bytes, end: int) -> tuple[int, bytes]:
         """(the partition's fsynced end, the batches wholly below it)."""
@@ -578,42 +602,33 @@ class KafkaHandlers:
 
     @staticmethod
     def _fetch_response(
-        wanted: list[tuple[str, int, int, int]], answers: list[Fields], max_bytes: int
-    ) -> Fields:
+        wanted: list[tuple[str, int, int, int]], answers: list[fe.PartitionData], max_bytes: int
+    ) -> tuple[list[fe.FetchableTopicResponse], int]:
         """The answers by topic, in the request's order, with at most `max_bytes` of records in
-        all (the first partition's records whatever their size, so a consumer moves on)."""
-        topics: dict[str, list[Fields]] = {}
+        all (the first partition's records whatever their size, so a consumer moves on), and the
+        bytes of records they hold."""
+        topics: dict[str, list[fe.PartitionData]] = {}
         size = 0
-        for (topic, index, _offset, _limit), answer in zip(wanted, answers, strict=True):
-            records = answer["message_set"]
+        for (topic, _index, _offset, _limit), answer in zip(wanted, answers, strict=True):
+            records = answer.records or b""
             if size and size + len(records) > max_bytes:
-                records = b""
-            size += len(records)
-            topics.setdefault(topic, []).append(
-                {
-                    **answer,
-                    "message_set": records,
-                    "partition": index,
-                    "aborted_transactions": [],
-                    "preferred_read_replica": -1,
-                }
-            )
-        return {
-            "throttle_time_ms": 0,
-            "error_code": 0,
-            "session_id": 0,  # no fetch sessions: every request is a full one
-            "topics": [{"topics": t, "topic": t, "partitions": p} for t, p in topics.items()],
-        }
+                answer = replace(answer, records=b"")
+            else:
+                size += len(records)
+            topics.setdefault(topic, []).append(answer)
+        return [fe.FetchableTopicResponse(topic=t, partitions=p) for t, p in topics.items()], size
 
     # ListOffsets
 
-    async def list_offsets(self, session: Session, version: int, fields: Fields) -> Fields:
+    async def list_offsets(
+        self, session: Session, version: int, request: of.ListOffsetsRequest
+    ) -> of.ListOffsetsResponse:
         topics = []
-        for entry in fields["topics"]:
-            name = entry["topic"]
+        for entry in request.topics:
+            name = entry.name
             partitions = []
-            for part in entry["partitions"]:
-                index, timestamp = part["partition"], part["timestamp"]
+            for part in entry.partitions:
+                index, timestamp = part.partition_index, part.timestamp
                 try:
                     if not self.permits(session, Action.CONSUME, name):
                         raise NotAuthorized(f"no consume grant on topic {name!r}")
@@ -622,15 +637,15 @@ class KafkaHandlers:
                 except HeadwaterError as exc:
                     code, offset = _refused("kafka.list_offsets_refused", exc, name, index), -1
                 partitions.append(
-                    {
-                        "partition": index,
-                        "error_code": code,
-                        "timestamp": -1 if offset < 0 or timestamp < 0 else timestamp,
-                        "offset": offset,
-                    }
+                    of.ListOffsetsPartitionResponse(
+                        partition_index=index,
+                        error_code=code,
+                        timestamp=-1 if offset < 0 or timestamp < 0 else timestamp,
+                        offset=offset,
+                    )
                 )
-            topics.append({"topic": name, "partitions": partitions})
-        return {"throttle_time_ms": 0, "topics": topics}
+            topics.append(of.ListOffsetsTopicResponse(name=name, partitions=partitions))
+        return of.ListOffsetsResponse(throttle_time_ms=0, topics=topics)
 
     async def _offset(self, name: str, index: int, timestamp: int) -> int:
         topic = self._broker.topics.get(name)
@@ -657,38 +672,36 @@ class KafkaHandlers:
 
     # InitProducerId
 
-    async def init_producer_id(self, session: Session, version: int, fields: Fields) -> Fields:
+    async def init_producer_id(
+        self, session: Session, version: int, request: pr.InitProducerIdRequest
+    ) -> pr.InitProducerIdResponse:
         """A Headwater producer id (epoch 0): the batches the client stamps with it are checked
         by the native idempotent-producer tables, which are durable, so a retry after a restart
         is still answered with its first offset, not appended again."""
-        if fields["transactional_id"] is not None:
-            return {
-                "error_code": k.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-                "producer_id": -1,
-                "producer_epoch": -1,
-            }
+        if request.transactional_id is not None:
+            code = k.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+            return pr.InitProducerIdResponse(error_code=code, producer_id=-1, producer_epoch=-1)
         try:
             response = await self._native(session, m.InitProducerIdRequest())
         except HeadwaterError as exc:
             code = _refused("kafka.init_producer_id_refused", exc, "", -1)
-            return {"error_code": code, "producer_id": -1, "producer_epoch": -1}
+            return pr.InitProducerIdResponse(error_code=code, producer_id=-1, producer_epoch=-1)
         assert isinstance(response, m.InitProducerIdResponse)
-        return {
-            "error_code": 0,
-            "producer_id": response.producer_id,
-            "producer_epoch": response.producer_epoch,
-        }
+        return pr.InitProducerIdResponse(
+            error_code=0, producer_id=response.producer_id, producer_epoch=response.producer_epoch
+        )
 
     # CreatePartitions, DescribeConfigs
 
-    async def create_partitions(self, session: Session, version: int, fields: Fields) -> Fields:
+    async def create_partitions(
+        self, session: Session, version: int, request: ad.CreatePartitionsRequest
+    ) -> ad.CreatePartitionsResponse:
         results = []
-        for entry in fields["topic_partitions"]:
-            name, wanted = entry["topic"], entry["new_partitions"]
-            count, message = wanted["count"], None
+        for entry in request.topics:
+            name, count, message = entry.name, entry.count, None
             code = 0
             try:
-                if wanted["assignment"]:
+                if entry.assignments:
                     raise InvalidRequest("replica assignments are not taken: one copy, storage's")
                 topic = self._broker.topics.get(name)
                 if topic is None:
@@ -696,27 +709,28 @@ class KafkaHandlers:
                 if count <= len(topic.partitions):
                     code = k.INVALID_PARTITIONS
                     message = f"topic {name!r} has {len(topic.partitions)} partitions already"
-                elif not fields["validate_only"]:
+                elif not request.validate_only:
                     await self._native(session, m.CreatePartitionsRequest(name, count))
             except HeadwaterError as exc:
                 code = _refused("kafka.create_partitions_refused", exc, name, -1)
                 message = exc.message
                 if code == k.INVALID_REQUEST:
                     code = k.INVALID_PARTITIONS
-            results.append({"topic": name, "error_code": code, "error_message": message})
-        return {"throttle_time_ms": 0, "topic_errors": results}
+            results.append(
+                ad.CreatePartitionsTopicResult(name=name, error_code=code, error_message=message)
+            )
+        return ad.CreatePartitionsResponse(throttle_time_ms=0, results=results)
 
-    async def describe_configs(self, session: Session, version: int, fields: Fields) -> Fields:
+    async def describe_configs(
+        self, session: Session, version: int, request: co.DescribeConfigsRequest
+    ) -> co.DescribeConfigsResponse:
         """A topic's configs are its Headwater configs, plus Kafka's `cleanup.policy`: compact
         for a last-value topic, delete otherwise. A broker has none to show."""
         resources = []
-        for resource in fields["resources"]:
-            kind, name, names = (
-                resource["resource_type"],
-                resource["resource_name"],
-                resource["config_names"],
-            )
-            entries: list[Fields] = []
+        for resource in request.resources:
+            kind, name = resource.resource_type, resource.resource_name
+            names = resource.configuration_keys  # None: every config
+            entries: list[co.DescribeConfigsResourceResult] = []
             code, message = 0, None
             try:
                 if kind == _TOPIC_RESOURCE:
@@ -726,15 +740,14 @@ class KafkaHandlers:
                     compact = configs.get("last.value") == "true"
                     configs["cleanup.policy"] = "compact" if compact else "delete"
                     entries = [
-                        {
-                            "config_names": key,
-                            "config_value": value,
-                            "read_only": key == "cleanup.policy",
-                            "is_default": False,
-                            "config_source": _TOPIC_CONFIG,
-                            "is_sensitive": False,
-                            "config_synonyms": [],
-                        }
+                        co.DescribeConfigsResourceResult(
+                            name=key,
+                            value=value,
+                            read_only=key == "cleanup.policy",
+                            is_default=False,
+                            config_source=_TOPIC_CONFIG,
+                            is_sensitive=False,
+                        )
                         for key, value in sorted(configs.items())
                         if names is None or key in names
                     ]
@@ -744,80 +757,80 @@ class KafkaHandlers:
                 code = _refused("kafka.describe_configs_refused", exc, name, -1)
                 message = exc.message
             resources.append(
-                {
-                    "error_code": code,
-                    "error_message": message,
-                    "resource_type": kind,
-                    "resource_name": name,
-                    "config_entries": entries,
-                }
+                co.DescribeConfigsResult(
+                    error_code=code,
+                    error_message=message,
+                    resource_type=kind,
+                    resource_name=name,
+                    configs=entries,
+                )
             )
-        return {"throttle_time_ms": 0, "resources": resources}
+        return co.DescribeConfigsResponse(throttle_time_ms=0, results=resources)
 
     # CreateTopics, DeleteTopics
 
-    async def create_topics(self, session: Session, version: int, fields: Fields) -> Fields:
+    async def create_topics(
+        self, session: Session, version: int, request: ad.CreateTopicsRequest
+    ) -> ad.CreateTopicsResponse:
         results = []
-        for entry in fields["create_topic_requests"]:
-            name = entry["topic"]
+        for entry in request.topics:
+            name = entry.name
             configs = tuple(
-                _topic_config(c["config_key"], c["config_value"] or "")
-                for c in entry["configs"] or ()
+                _topic_config(c.name, c.value or "")
+                for c in entry.configs
                 # Kafka's default policy is what every Headwater topic does
-                if not (c["config_key"] == "cleanup.policy" and c["config_value"] == "delete")
+                if not (c.name == "cleanup.policy" and c.value == "delete")
             )
-            count = entry["num_partitions"]
-            request = m.CreateTopicRequest(
+            count = entry.num_partitions
+            native = m.CreateTopicRequest(
                 name, 1 if count == -1 else count, m.DispatchMode.RELIABLE, configs
             )
             code, message = 0, None
             try:
-                if entry["replica_assignment"]:
+                if entry.assignments:
                     raise InvalidRequest("replica assignments are not taken: one copy, storage's")
-                if fields.get("validate_only"):
+                if request.validate_only:  # v1+; false in v0
                     if name in self._broker.topics:
                         code, message = k.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists"
                 else:
-                    await self._native(session, request)
+                    await self._native(session, native)
             except HeadwaterError as exc:
                 code, message = _refused("kafka.create_topic_refused", exc, name, -1), exc.message
                 if code == k.UNKNOWN_TOPIC_OR_PARTITION:  # a partition count out of range
                     code = k.INVALID_PARTITIONS
                 elif code == k.INVALID_REQUEST and configs:
                     code = k.INVALID_CONFIG
-            results.append({"topic": name, "error_code": code, "error_message": message})
-        return {"throttle_time_ms": 0, "topic_errors": results}
+            results.append(
+                ad.CreatableTopicResult(name=name, error_code=code, error_message=message)
+            )
+        return ad.CreateTopicsResponse(throttle_time_ms=0, topics=results)
 
-    async def delete_topics(self, session: Session, version: int, fields: Fields) -> Fields:
+    async def delete_topics(
+        self, session: Session, version: int, request: ad.DeleteTopicsRequest
+    ) -> ad.DeleteTopicsResponse:
         results = []
-        for name in fields["topics"]:
+        for name in request.topic_names:
             code = 0
             try:
                 await self._native(session, m.DeleteTopicRequest(name))
             except HeadwaterError as exc:
                 code = _refused("kafka.delete_topic_refused", exc, name, -1)
-            results.append({"topic": name, "error_code": code})
-        return {"throttle_time_ms": 0, "topic_error_codes": results}
+            results.append(ad.DeletableTopicResult(name=name, error_code=code))
+        return ad.DeleteTopicsResponse(throttle_time_ms=0, responses=results)
 
 
-def _partition_metadata(index: int, leader: Node | None) -> Fields:
+def _partition_metadata(index: int, leader: Node | None) -> md.MetadataResponsePartition:
     if leader is None:  # nobody owns it now (a take-over under way): clients ask again
-        return {
-            "error_code": k.LEADER_NOT_AVAILABLE,
-            "partition": index,
-            "leader": -1,
-            "replicas": [],
-            "isr": [],
-            "offline_replicas": [],
-        }
-    return {
-        "error_code": 0,
-        "partition": index,
-        "leader": leader.node_id,
-        "replicas": [leader.node_id],
-        "isr": [leader.node_id],
-        "offline_replicas": [],
-    }
+        return md.MetadataResponsePartition(
+            error_code=k.LEADER_NOT_AVAILABLE, partition_index=index, leader_id=-1
+        )
+    return md.MetadataResponsePartition(
+        error_code=0,
+        partition_index=index,
+        leader_id=leader.node_id,
+        replica_nodes=[leader.node_id],
+        isr_nodes=[leader.node_id],
+    )
 
 
 def _topic_config(name: str, value: str) -> m.ConfigEntry:
@@ -827,28 +840,29 @@ def _topic_config(name: str, value: str) -> m.ConfigEntry:
     return m.ConfigEntry(name, value)
 
 
-def _fetch_partitions(topics: list[Fields]) -> list[tuple[str, int, int, int]]:
+def _fetch_partitions(topics: Sequence[fe.FetchTopic]) -> list[tuple[str, int, int, int]]:
     """(topic, partition, offset, max_bytes) of each partition a Fetch names, once: as Kafka's
     broker keys a request's partitions by topic-partition (a map), a partition named again takes
     the later offset and max_bytes and keeps its first place, and is read and answered once."""
     named: dict[tuple[str, int], tuple[int, int]] = {}
     for entry in topics:
-        for part in entry["partitions"]:
-            named[entry["topic"], part["partition"]] = (
-                part.get("fetch_offset", part.get("offset", 0)),
-                max(1, min(part["max_bytes"], MAX_FETCH_BYTES)),
+        for part in entry.partitions:
+            named[entry.topic, part.partition] = (
+                part.fetch_offset,
+                max(1, min(part.partition_max_bytes, MAX_FETCH_BYTES)),
             )
     return [(topic, index, offset, limit) for (topic, index), (offset, limit) in named.items()]
 
 
-def _fetch_refusal(code: int) -> Fields:
-    return {
-        "error_code": code,
-        "message_set": b"",
-        "highwater_offset": -1,
-        "last_stable_offset": -1,
-        "log_start_offset": -1,
-    }
+def _fetch_refusal(index: int, code: int) -> fe.PartitionData:
+    return fe.PartitionData(
+        partition_index=index,
+        error_code=code,
+        high_watermark=-1,
+        last_stable_offset=-1,
+        log_start_offset=-1,
+        records=b"",
+    )
 
 
 def _check_with_schema(batch: bytes, cap: int, schemas: TopicSchemas) -> BatchInfo:
@@ -869,6 +883,27 @@ def _refused(event: str, error: HeadwaterError, topic: str, partition: int) -> i
     return code
 
 
-def produce_bytes(fields: Fields) -> int:
+def produce_bytes(request: pr.ProduceRequest) -> int:
     """The record bytes a Produce carries: what its principal's produce quota is charged."""
-    return sum(len(p["messages"] or b"") for e in fields["topics"] for p in e["partitions"])
+    return sum(len(p.records or b"") for e in request.topic_data for p in e.partition_data)
+
+
+@dataclass(frozen=True, slots=True)
+class Throttled:
+    """A Produce whose reading put its principal in debt on the produce quota: the connection
+    stopped reading for `delay` seconds, and the answer waits as long and says so."""
+
+    request: pr.ProduceRequest
+    delay: float
+
+
+def throttled(request: Message, delay: float) -> Throttled:
+    """A Produce, read by the connection, that its quota delays by `delay` seconds."""
+    assert isinstance(request, pr.ProduceRequest)
+    return Throttled(request, delay)
+
+
+def closes_after(response: Message | None) -> bool:
+    """Whether the connection closes once `response` is written (a failed SASL
+    authentication, as Kafka does)."""
+    return isinstance(response, sasl.SaslAuthenticateResponse) and response.error_code != 0

@@ -56,9 +56,11 @@ import structlog
 from headwater.server.config import ServerConfig
 from headwater.server.kafka import codec
 from headwater.server.kafka.apis import API_VERSIONS, BEFORE_AUTH, PRODUCE, SERVED, Api
-from headwater.server.kafka.handlers import CLOSE_AFTER, THROTTLED, KafkaHandlers, produce_bytes
+from headwater.server.kafka.handlers import KafkaHandlers, closes_after, produce_bytes, throttled
 from headwater.server.kafka.kafka_errors import UNSUPPORTED_VERSION
 from headwater.server.kafka.kafka_metrics import KafkaStats
+from headwater.server.kafka.messages.metadata import ApiVersionsResponse
+from headwater.server.kafka.messages.sasl import SaslAuthenticateRequest
 from headwater.server.net.admission import Admission
 from headwater.server.security.access import Security, Session
 from headwater.server.topics.subscription_contract import Consumer
@@ -252,10 +254,9 @@ class KafkaConnection(asyncio.Protocol):
                     codec.encode_response(
                         correlation,
                         SERVED[API_VERSIONS].responses[0],
-                        {
-                            "error_code": UNSUPPORTED_VERSION,
-                            "api_versions": self._handlers.versions(),
-                        },
+                        ApiVersionsResponse(
+                            error_code=UNSUPPORTED_VERSION, api_keys=self._handlers.versions()
+                        ),
                     ),
                 )
             else:
@@ -316,7 +317,7 @@ class KafkaConnection(asyncio.Protocol):
             # charged now, as it is read: in debt, nothing more is read until it is paid
             delay = self._security.charge_produce(self, produced)
             if delay > 0:
-                fields[THROTTLED] = delay
+                fields = throttled(fields, delay)
                 self._mute(delay)
         task = self._loop.create_task(
             self._handle(slot, api.key, version, correlation, fields, elements)
@@ -331,9 +332,9 @@ class KafkaConnection(asyncio.Protocol):
         self._slots.append(slot)
 
         async def authenticate() -> None:
-            fields = {"sasl_auth_bytes": token}
-            values = await self._handlers.sasl_authenticate(self, 0, fields)
-            if values.get("error_code"):
+            request = SaslAuthenticateRequest(auth_bytes=token)
+            values = await self._handlers.sasl_authenticate(self, 0, request)
+            if values.error_code:
                 self._close_after = slot
             self._fill(slot, None if self._close_after is slot else codec.encode_sasl_token())
             self._flush()
@@ -348,7 +349,7 @@ class KafkaConnection(asyncio.Protocol):
         key: int,
         version: int,
         correlation: int,
-        fields: dict[str, Any],
+        fields: Any,
         elements: int,
     ) -> None:
         """`elements`: the request's array elements; an answer to more than the loop decodes,
@@ -356,7 +357,7 @@ class KafkaConnection(asyncio.Protocol):
         api = SERVED[key]
         try:
             values = await self._handlers.handlers[key](self, version, fields)
-            if values is not None and values.pop(CLOSE_AFTER, False):
+            if closes_after(values):
                 self._close_after = slot
             if values is None:
                 out = None
@@ -502,14 +503,13 @@ class KafkaConnection(asyncio.Protocol):
                 self._loop.call_later(5.0, transport.abort)
 
 
-# a body decoded: its header, fields, array elements and (a Produce) record bytes
-_Decoded = tuple[codec.RequestHeader, dict[str, Any], int, int]
+# a body decoded: its header, request (its API's message class), array elements and (a Produce)
+# record bytes
+_Decoded = tuple[codec.RequestHeader, Any, int, int]
 
 
 def _decode(body: bytes, api: Api, version: int, inline: int) -> _Decoded:
     """On the loop up to `inline` array elements (`codec.Deferred` past them), on the inflater
     thread for the rest: what a request's handling starts from."""
-    header, fields, elements = codec.decode_request(
-        body, api.flexible(version), api.requests[version], api.nullable, inline
-    )
+    header, fields, elements = codec.decode_request(body, api.requests[version], inline)
     return header, fields, elements, produce_bytes(fields) if api.key == PRODUCE else 0
