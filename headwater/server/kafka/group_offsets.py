@@ -10,8 +10,10 @@ cursor's floor (every offset below it is acknowledged: Kafka's "next offset to c
 topic the group never committed on answers -1. Non-reliable topics keep no cursors: a commit there
 is refused (INVALID_REQUEST).
 
-In a cluster (`shared`, `SharedCursors`: the cluster's cursor checkpoints in etcd, which a
-partition's next owner takes its cursors from) the group's coordinator may not serve every
+Where the offsets live beyond this broker's cursors is a `SharedCursors` given at construction:
+`LocalCursors` on one broker (this broker's cursors are the whole truth); in a cluster the
+cluster's cursor checkpoints in etcd, which a partition's next owner takes its cursors from
+(`server.cluster.cluster_mode.GroupCursors`). There the group's coordinator may not serve every
 partition the group commits on: each committed offset is written to the partition's checkpoint
 in etcd before the commit is answered (and moves the local cursor too where the partition is
 served here), and OffsetFetch reads the checkpoint. So offsets survive the coordinator's move or
@@ -54,10 +56,35 @@ class SharedCursors(Protocol):
         ...
 
 
+class LocalCursors:
+    """One broker: it serves every partition, and a group's offsets are its own cursors."""
+
+    def __init__(self, catalog: TopicCatalog) -> None:
+        self._catalog = catalog
+
+    def serves(self, topic: str, partition: int) -> bool:
+        return True
+
+    async def load(
+        self, topic: str, subscription: str, partitions: list[int]
+    ) -> dict[int, int | None]:
+        found = self._catalog.topics.get(topic)
+        subscribed = None if found is None else found.subscriptions.get(subscription)
+        if not isinstance(subscribed, ReliableSubscription):
+            return dict.fromkeys(partitions)
+        cursors = subscribed.core.cursors
+        return {p: cursors[p].floor if p < len(cursors) else None for p in partitions}
+
+    async def store(self, topic: str, subscription: str, offsets: dict[int, int]) -> None:
+        return None  # the cursors moved are on disk already (`GroupOffsets.commit`)
+
+
 class GroupOffsets:
     def __init__(self, catalog: TopicCatalog, shared: SharedCursors | None = None) -> None:
+        """`shared`: where the offsets are kept beyond this broker (a cluster's); by default
+        this broker's cursors alone."""
         self._catalog = catalog
-        self._shared = shared
+        self._shared: SharedCursors = shared or LocalCursors(catalog)
 
     async def commit(
         self, group: str, topic_name: str, offsets: dict[int, int]
@@ -82,7 +109,7 @@ class GroupOffsets:
                         f"topic {topic_name!r} has no partition {partition}"
                     )
                     continue
-                if shared is not None and not shared.serves(topic_name, partition):
+                if not shared.serves(topic_name, partition):
                     # our copy's ends are not the partition's: its owner's are
                     elsewhere[partition] = max(0, offset)
                     continue
@@ -97,14 +124,13 @@ class GroupOffsets:
                 await self._catalog.writer.synced(
                     {key(CURSOR, topic_name, group, p): cursors[p].encode() for p in moved}
                 )
-            if shared is not None:
-                # in the topic's turn: two commits of a partition reach etcd in their order
-                stored = {p: cursors[p].floor for p in moved} | elsewhere
-                try:
-                    await shared.store(topic_name, group, stored)
-                except HeadwaterError as exc:
-                    results |= dict.fromkeys(stored, exc)
-                moved = [p for p in stored if p not in results]
+            # in the topic's turn: two commits of a partition reach etcd in their order
+            stored = {p: cursors[p].floor for p in moved} | elsewhere
+            try:
+                await shared.store(topic_name, group, stored)
+            except HeadwaterError as exc:
+                results |= dict.fromkeys(stored, exc)
+            moved = [p for p in stored if p not in results]
         for partition in moved:
             results[partition] = None
         return results
@@ -135,16 +161,10 @@ class GroupOffsets:
         if topic is None:
             raise UnknownTopic(f"topic {topic_name!r} does not exist")
         offsets = dict.fromkeys(partitions, -1)
-        if self._shared is not None:
-            known = [p for p in partitions if 0 <= p < len(topic.partitions)]
-            if known:
-                found = await self._shared.load(topic_name, group, known)
-                offsets |= {p: floor for p, floor in found.items() if floor is not None}
-            return offsets
-        subscription = topic.subscriptions.get(group)
-        if isinstance(subscription, ReliableSubscription):
-            cursors = subscription.core.cursors
-            offsets |= {p: cursors[p].floor for p in partitions if 0 <= p < len(cursors)}
+        known = [p for p in partitions if 0 <= p < len(topic.partitions)]
+        if known:
+            found = await self._shared.load(topic_name, group, known)
+            offsets |= {p: floor for p, floor in found.items() if floor is not None}
         return offsets
 
     def partitions(self, topic_name: str) -> list[int]:
