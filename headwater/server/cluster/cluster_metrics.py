@@ -61,6 +61,11 @@ class ClusterCollector(Collector):
             "headwater_cluster_tail_put_failures", "Cloud-tail PUTs that failed (each retried)",
             value=status.get("chunk_failures", 0),
         )  # fmt: skip
+        yield CounterMetricFamily(
+            "headwater_cluster_checkpoint_failures",
+            "Subscription cursor checkpoints to etcd that failed (each retried the next round)",
+            value=status.get("checkpoint_failures", 0),
+        )
         takeovers = CounterMetricFamily(
             "headwater_cluster_takeovers",
             "Partitions taken over, by whether the local log was rebuilt from the object store",

@@ -404,6 +404,7 @@ class ClusterMode:
         status.update(
             chunks=self.committer.chunks,
             chunk_failures=self.committer.failures,
+            checkpoint_failures=self.partitions.checkpoint_failures,
             rebuilt=self.partitions.rebuilt,
             kept=self.partitions.kept,
             producer_tables_rebuilt=self.partitions.tables_rebuilt,
