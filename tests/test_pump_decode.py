@@ -283,3 +283,23 @@ async def test_key_shared_stops_a_partition_whose_batch_does_not_decode(
     assert [e["event"] for e in logged if e["event"].startswith("subscription.")] == [
         "subscription.partition_stopped"
     ]
+
+
+async def test_key_shared_redelivers_only_the_partitions_served_here(
+    make_rig: Callable[..., Rig],
+) -> None:
+    """In a cluster a partition's due records are redelivered by the broker that serves it now:
+    the Key_Shared round took them from every partition, so a broker that lost one went on
+    sending its records beside the new owner."""
+    rig = make_rig(2, 10, SubscriptionType.KEY_SHARED)
+    await rig.append(0, build_batch([(b"a", b"zero", [])]), 1)
+    await rig.append(1, build_batch([(b"b", b"one", [])]), 1)
+    rig.subscription.attach(rig.consumer)
+    assert sorted([(await rig.delivery()).partition, (await rig.delivery()).partition]) == [0, 1]
+    rig.subscription.serves = lambda topic, partition: partition == 0  # 1 moved away
+    rig.subscription.nack(rig.consumer, [AckEntry(1, 0), AckEntry(0, 0)], 0)
+    again = await rig.delivery()
+    assert (again.partition, _offsets(again)) == (0, [0])
+    # partition 1's record (nacked first, so due first) is still due here: never sent
+    assert rig.session.deliveries.empty()
+    assert rig.subscription.core.take_due(float("inf"), 10, {1}) is not None

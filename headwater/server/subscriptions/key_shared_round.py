@@ -55,6 +55,8 @@ class KeyedSubscription(Protocol):
 
     def stop_partition(self, partition: int, offset: int, error: Exception) -> None: ...
 
+    def sendable_partitions(self) -> set[int] | None: ...
+
     @property
     def log_topic(self) -> LogTopic: ...
 
@@ -126,11 +128,9 @@ class KeyedDispatch:
         return False
 
     def _sendable(self) -> set[int] | None:
-        """The partitions not stopped (None: all)."""
-        stopped = self._sub.stopped
-        if not stopped:
-            return None
-        return {p for p in range(len(self._sub.core.cursors)) if p not in stopped}
+        """The partitions served here (a cluster's) and not stopped (None: all): a partition
+        another broker serves now has its due records redelivered there, not here."""
+        return self._sub.sendable_partitions()
 
     async def _send_new(self, partition: int, batch: bytes) -> tuple[bool, bool]:
         """Send what can go of a batch read at the partition's position: (sent any, sent all).

@@ -426,7 +426,7 @@ class ReliableSubscription:
         group.partitions = len(self._topic.partitions)  # partitions may have been added
         if self._keyed is not None:
             return await self._keyed.dispatch()
-        served = self._served()
+        served = self.sendable_partitions()
         if group.partitions > 1 and (self.sub_type != SubscriptionType.SHARED or group.chosen):
             # Failover over partitions, or consumers that chose partitions: each consumer is
             # sent from the partitions it is active for, or chose
@@ -437,7 +437,7 @@ class ReliableSubscription:
             return False
         return await self._dispatch_to(group.pick(), served)
 
-    def _served(self) -> set[int] | None:
+    def sendable_partitions(self) -> set[int] | None:
         """The partitions this broker serves (a cluster) and this subscription has not stopped,
         None for all of them."""
         serves = self.serves
