@@ -26,8 +26,8 @@ from headwater.server.config import SecurityConfig, ServerConfig
 from headwater.server.security.tokens import create
 from headwater.wire import messages as m
 from headwater.wire.limits import MAX_WAITING_REQUESTS
-from headwater.wire.protocol import encode_request
-from headwater.wire.records import build_batch
+from headwater.wire.protocol import decode_response, encode_request
+from headwater.wire.records import Compression, build_batch
 from tests.support.helpers import eventually
 from tests.support.in_process import InProcessServer, in_process_server
 from tests.support.rawwire import RawPeer
@@ -179,3 +179,39 @@ async def test_a_muted_principal_is_read_again_once_its_debt_is_paid(
     assert server.catalog.topics["q"].messages_in == 2
     await first.close()
     await second.close()
+
+
+async def test_a_compressed_produce_waits_behind_the_busy_topics_line_in_order(
+    plain: InProcessServer,
+) -> None:
+    """A compressed batch is validated by the connection itself and handed to the broker past
+    `handle`: it appended at once while the producer's earlier plain batch waited in the busy
+    topic's line, overtaking it (and appending to a topic a delete held)."""
+    async with await headwater.connect(plain.address) as admin:
+        await admin.create_topic("ordered", dispatch="reliable")
+        turn = plain.catalog.turn("ordered")  # held, as a delete in progress holds it
+        await turn.__aenter__()
+        peer, _ = await _open(plain)
+        first = m.ProduceRequest("ordered", 0, build_batch([(None, b"first", ())]))
+        second = m.ProduceRequest(
+            "ordered", 0, build_batch([(None, b"second", ())], compression=Compression.GZIP)
+        )
+        peer.writer.write(
+            encode_request(first, 1)
+            + encode_request(second, 2)
+            + encode_request(m.ApiVersionsRequest(), 3)  # answered once both were handled
+        )
+        await peer.writer.drain()
+        answers: dict[int, m.Response] = {}
+        while 3 not in answers:
+            frame = await peer.frame(60)
+            answers[frame.header.correlation_id] = decode_response(frame.header, frame.body)
+        assert plain.catalog.topics["ordered"].messages_in == 0  # both wait for the topic
+        await turn.__aexit__(None, None, None)
+        while len(answers) < 3:
+            frame = await peer.frame(60)
+            answers[frame.header.correlation_id] = decode_response(frame.header, frame.body)
+        one, two = answers[1], answers[2]
+        assert isinstance(one, m.ProduceResponse) and isinstance(two, m.ProduceResponse)
+        assert one.base_offset < two.base_offset
+        await peer.close()

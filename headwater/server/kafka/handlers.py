@@ -416,12 +416,12 @@ class KafkaHandlers:
                     info = await loop.run_in_executor(
                         self._inflater, _check_with_schema, batch, self._cap, schemas
                     )
-                    replies.append(self._broker.produce(session, request, info, True))
+                    replies.append(self._broker.produce_validated(session, request, info, True))
                 elif is_compressed(batch) or declared_records(batch) > INLINE_RECORDS:
                     info = await loop.run_in_executor(
                         self._inflater, validate_records, batch, self._cap
                     )
-                    replies.append(self._broker.produce(session, request, info))
+                    replies.append(self._broker.produce_validated(session, request, info))
                 else:
                     replies.append(self._broker.handle(session, request))
         except HeadwaterError as exc:

@@ -512,11 +512,11 @@ class Connection(Guarded, asyncio.Protocol):
                 info = None  # inflates past INLINE_INFLATE: on the thread, below
             except HeadwaterError:
                 # the broker reports it, after its own checks (unknown topic first)
-                reply = self._broker.produce(self, request, None)
+                reply = self._broker.produce_validated(self, request, None)
                 self._answer(header, self._trace_produce(request, reply), started)
                 return
             if info is not None:
-                reply = self._broker.produce(self, request, info)
+                reply = self._broker.produce_validated(self, request, info)
                 self._answer(header, self._trace_produce(request, reply), started)
                 return
         self._inflating = True
@@ -553,7 +553,7 @@ class Connection(Guarded, asyncio.Protocol):
             return
         try:
             info = future.result()
-            reply = self._broker.produce(self, request, info, schema_checked)
+            reply = self._broker.produce_validated(self, request, info, schema_checked)
             self._answer(header, self._trace_produce(request, reply))
         except Exception as exc:
             self._refuse(header, exc)

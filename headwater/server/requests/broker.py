@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any, overload
 
 from headwater.durables.producers import ProducerTable
@@ -193,6 +194,22 @@ class Broker:
         if not topic.reliable:
             return self._publish(topic, request, info)
         return self._append(topic, request, info)
+
+    def produce_validated(
+        self,
+        session: Session,
+        request: m.ProduceRequest,
+        info: BatchInfo | None,
+        schema_checked: bool = False,
+    ) -> Reply:
+        """A produce the connection validated itself (off the loop, `produce`'s `info` and
+        `schema_checked`): in its topic's turn when the topic's line is busy, as `handle` puts
+        every request, so it neither overtakes a producer's earlier batch waiting there nor
+        appends while a delete or a take-over holds the topic."""
+        if self.catalog.busy(request.topic):
+            go = partial(self.produce, info=info, schema_checked=schema_checked)
+            return AfterWork(self._in_turn(self.catalog.turn(request.topic), go, session, request))
+        return self.produce(session, request, info, schema_checked)
 
     def _check_batch(self, topic: Topic, batch: bytes) -> BatchInfo:
         """What a produce's batch must pass. A non-reliable topic keeps nothing and has no
