@@ -6,7 +6,8 @@ A link is the native protocol over one TCP connection per peer (TLS when this br
 is TLS), opened on first use and reused; `wire.session.ClientSession` numbers the requests and
 matches the answers, as in the client library. With authentication on, the link authenticates
 with `cluster.peer_token`, a token of the cluster's tokens file (it needs the produce grant on
-the topics it writes: `produce:*-DLQ`, docs/CLUSTER.md). A produce goes with acks from the owner,
+the topics it writes: `produce:*`, or `produce:<topic>-*` for the dead-letter topics of
+`<topic>`'s subscriptions, docs/CLUSTER.md). A produce goes with acks from the owner,
 which answers once the batch is in the object store, as for any producer. Anything short of that
 answer (the peer died, refused, the partition moved) raises a `HeadwaterError` and closes the
 link: nothing was acknowledged, and the caller tries again later, so a record may be written
