@@ -42,6 +42,7 @@ from headwater.server.topics.topic import LogTopic
 from headwater.server.topics.topic_settings import log_config
 from headwater.storage.state import StateStore, StateWriter
 from headwater.storage.wal import FsyncPolicy, PartitionLog
+from headwater.wire.errors import StorageError
 from headwater.wire.limits import MAX_DECOMPRESSED_BATCH
 from headwater.wire.messages import (
     AckEntry,
@@ -51,7 +52,13 @@ from headwater.wire.messages import (
     SubscriptionType,
     TopicInfo,
 )
-from headwater.wire.records import Compression, build_batch, read_base_offset, read_records
+from headwater.wire.records import (
+    Compression,
+    Record,
+    build_batch,
+    read_base_offset,
+    read_records,
+)
 from tests.support.queue_session import Delivery, QueueSession, no_dead_letters
 
 _WAIT = 5.0  # seconds: bounds a hang; a delivery takes milliseconds
@@ -303,3 +310,56 @@ async def test_key_shared_redelivers_only_the_partitions_served_here(
     # partition 1's record (nacked first, so due first) is still due here: never sent
     assert rig.session.deliveries.empty()
     assert rig.subscription.core.take_due(float("inf"), 10, {1}) is not None
+
+
+async def test_a_refused_dead_letter_costs_one_try_per_round_not_one_per_message(
+    tmp_path: Path,
+) -> None:
+    """A dead-letter topic that cannot take a record now (its owner frozen: each try a peer
+    link's timeout) held the pump one wait per message due; now the rest of the round's dead
+    letters stay due with the refused one."""
+    settings = TopicSettings(fsync=FsyncPolicy.INTERVAL)
+    log = PartitionLog.open(tmp_path / "t" / "0", log_config(settings))
+    log.start()
+    signal = AppendSignal()
+    log.add_append_listener(lambda: signal.fire(0))
+    topic = LogTopic(TopicInfo("t", 1, DispatchMode.RELIABLE), settings, [log])
+    state = StateStore(tmp_path / "state")
+    writer = StateWriter(state)
+    tries: list[int] = []
+
+    async def refused(partition: int, record: Record, count: int) -> None:
+        tries.append(record.offset)
+        raise StorageError("the dead-letter topic's owner does not answer")
+
+    subscription = ReliableSubscription(
+        topic,
+        "sub",
+        SubscriptionType.SHARED,
+        ReliableSettings(60_000, 1, Backoff.FIXED, 1, 60_000),  # one delivery, then dead
+        [PartitionCursor.starting_at(0)],
+        writer,
+        refused,
+        signal,
+    )
+    session = QueueSession()
+    consumer = Consumer(1, "consumer", 0, session, subscription, credits=10)
+    session.consumers[consumer.consumer_id] = consumer
+    subscription.start()
+    try:
+        _, sequence = log.append(build_batch([(None, b"%d" % i, ()) for i in range(5)]), 5)
+        await log.wait_durable(sequence)
+        subscription.attach(consumer)
+        first = await asyncio.wait_for(session.deliveries.get(), _WAIT)
+        assert _offsets(first) == [0, 1, 2, 3, 4]
+        subscription.nack(consumer, [AckEntry(0, o) for o in range(5)], 0)
+        # every one due again once the round is over: its first refused, the rest not tried
+        await asyncio.wait_for(
+            _until(lambda: bool(tries) and len(subscription.core._due) == 5), _WAIT
+        )
+        assert tries == [0]
+    finally:
+        await subscription.close()
+        await writer.flush()
+        await log.close()
+        state.close()

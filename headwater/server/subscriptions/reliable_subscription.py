@@ -638,12 +638,18 @@ class ReliableSubscription:
         self, partition: int, dead: Sequence[tuple[Record, int]]
     ) -> list[int]:
         """Dead-letter each (record, delivery count); the offsets written (a refused one stays
-        due, for a later try)."""
+        due, for a later try). After a refusal the rest are not tried this round but stay due
+        with it: a dead-letter topic that cannot take one now (its owner frozen, its peer link
+        timing out) costs the pump one wait per round, not one per message."""
         written = []
-        for record, count in dead:
-            if await self.send_to_dead_letter(partition, record, count):
-                self.core.dead_letter_written(partition, record.offset)
-                written.append(record.offset)
+        for position, (record, count) in enumerate(dead):
+            if not await self.send_to_dead_letter(partition, record, count):
+                now = time.monotonic()
+                for later, _ in dead[position + 1 :]:
+                    self.core.dead_letter_failed(partition, later.offset, now)
+                break
+            self.core.dead_letter_written(partition, record.offset)
+            written.append(record.offset)
         return written
 
     async def send_to_dead_letter(self, partition: int, record: Record, count: int) -> bool:
