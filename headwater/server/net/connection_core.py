@@ -42,8 +42,11 @@ that keep it from being read (`holds`; none: it is read):
 - write back-pressure: over the transport's high-water mark the connection is not read
   (`pause_writing`/`resume_writing`, `Hold.WRITE_PAUSED`), and gets no deliveries.
 
-`next_reading` tells the shell when to pause or resume its transport's reading. Per frame the
-shells read `state` and `holds` (an int; `Hold` names its bits) and call nothing that allocates.
+`next_reading` tells the shell when to pause or resume its transport's reading. The work per
+frame stays small: the native shell reads `state` and `holds` (a plain int; `Hold` names its
+bits) and calls `batch_work` for a produce, the Kafka shell calls `frame_verdict`, `admits` and
+`open_slot` (one `Slot` with `__slots__` per request, where it made an asyncio future); the rest
+is called once per read, slice or answer.
 """
 
 from __future__ import annotations
