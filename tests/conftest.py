@@ -42,6 +42,7 @@ UNIT_MODULES = {
     "test_checkpoint_round",
     "test_cli_parsing",
     "test_cloud_tail",
+    "test_connection_core",
     "test_cursor_ranges",
     "test_cursor_sync",
     "test_cursor_write_retry",

@@ -1,10 +1,16 @@
 """One Kafka client connection: size-prefixed frames in, each request handled, responses out in
 request order.
 
-Kafka clients match responses to requests by order as well as by correlation id, so each request
-gets a slot in `_slots` when it is read and responses are written from the head as their slots
-fill: a produce waiting for its fsync holds back the answers to requests read after it, never
-reorders them. Work per connection is bounded, as on the native port (`net.client_connection`):
+The Kafka port's shell around the connection core (`server.net.connection_core`, the native
+port's too), which decides the rules both ports share; this module keeps the Kafka protocol (size
+prefixes, request headers, decoding and encoding through `codec`, dispatch to `handlers`) and the
+asyncio transport.
+
+Kafka clients match responses to requests by order as well as by correlation id, so the core is
+`ordered`: each request gets a slot (`ConnectionCore.open_slot`) when it is read and answers are
+written from the head as their slots fill (`take_ready`): a produce waiting for its fsync holds
+back the answers to requests read after it, never reorders them. Work per connection is
+bounded, as on the native port (`net.client_connection`):
 
 - a frame whose size prefix is over `max_frame_size` (or under a header's size) closes the
   connection before any of its body is buffered; so does a body that does not decode
@@ -19,13 +25,15 @@ reorders them. Work per connection is bounded, as on the native port (`net.clien
   wait, so requests are still handled in order; an answer holding that many is encoded there too;
 - memory: the bytes it holds for its client (the transport's unsent output, frames read and not
   yet handled, answers ready behind the head of the line) are charged to the server's memory
-  budget and the connection's principal (`_account`: as frames are read and answers written, at
-  the high-water mark and on the listener's sweep). While the principal holds more than its share
-  (`MemoryBudget.over_share`), a connection with bytes charged is not read, as a native one;
+  budget and the connection's principal (`_account` → `ConnectionCore.account`: as frames are
+  read and answers written, at the high-water mark and on the listener's sweep). While the
+  principal holds more than its share (`MemoryBudget.over_share`), a connection with bytes
+  charged is not read, as a native one;
 - a principal over its produce quota: the Produce that put it in debt is charged as it is read and
-  the connection is then not read for the delay the debt needs (`_mute`, as Kafka mutes a
-  throttled channel), and the answer says so in `throttle_time_ms`. Without it a principal
-  limited to 100 kB/s that ignored throttling made the server read 34.6 MB in 10 s;
+  the connection is then not read for the delay the debt needs (`_mute`, the core's
+  `Hold.MUTED`, as Kafka mutes a throttled channel), and the answer says so in
+  `throttle_time_ms`. Without it a principal limited to 100 kB/s that ignored throttling made
+  the server read 34.6 MB in 10 s;
 - an API or version not served is answered UNSUPPORTED_VERSION (ApiVersions in its v0 layout,
   with the versions served, so a client can pick one); the connection stays open.
 
@@ -47,7 +55,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import deque
 from functools import partial
 from typing import Any, Final, cast
 
@@ -62,15 +69,16 @@ from headwater.server.kafka.kafka_metrics import KafkaStats
 from headwater.server.kafka.messages.metadata import ApiVersionsResponse
 from headwater.server.kafka.messages.sasl import SaslAuthenticateRequest
 from headwater.server.net.admission import Admission
+from headwater.server.net.connection_core import ConnectionCore, Slot, State, Verdict
 from headwater.server.security.access import Security, Session
 from headwater.server.topics.subscription_contract import Consumer
 from headwater.wire.errors import HeadwaterError
-from headwater.wire.limits import MAX_PRE_AUTH_FRAME, MAX_WAITING_REQUESTS
 
 log = structlog.get_logger("headwater.server")
 
 # the fewest bytes a request can be: api key, version, correlation id, client id length
 _MIN_REQUEST: Final = 10
+_ACCEPT: Final = Verdict.ACCEPT
 
 
 class KafkaConnection(asyncio.Protocol):
@@ -92,15 +100,24 @@ class KafkaConnection(asyncio.Protocol):
         self._stats = stats or KafkaStats()
         self._security = security
         self._handshake_timeout = config.security.handshake_timeout
-        self._max_frame = config.max_frame_size
+        # the connection's rules (server.net.connection_core): answers in request order, a frame
+        # over the limit (MAX_PRE_AUTH_FRAME before SaslAuthenticate) closes the connection
+        self.core = ConnectionCore(
+            handlers.memory,
+            max_frame_size=config.max_frame_size,
+            authenticating=security is not None,
+            before_auth=BEFORE_AUTH,
+            ordered=True,
+            oversize_closes=True,
+            min_frame=_MIN_REQUEST,
+            max_decompressed=config.max_decompressed_batch,
+            inline_elements=codec.INLINE_ELEMENTS,
+        )
         self._write_buffer = min(config.consumer_write_buffer, config.max_pending_response_bytes)
         self._connections = connections
         self._transport: asyncio.Transport | None = None
         self._buffer = bytearray()
-        self._slots: deque[asyncio.Future[bytes | None]] = deque()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._reading = True
-        self._paused = False
         self._loop = asyncio.get_running_loop()
         self.last_activity = self._loop.time()
         self.partial_since: float | None = None
@@ -113,14 +130,7 @@ class KafkaConnection(asyncio.Protocol):
         self.produce_tail: asyncio.Future[None] | None = None
         self.peercert: object = None
         self._opened_at = self._loop.time()
-        self._close_after: asyncio.Future[bytes | None] | None = None
         self._worker = handlers.worker
-        self._decoding = False  # a large body is decoded off the loop: later frames wait
-        self._muted = False  # over the produce quota: not read until the debt is paid
-        self._memory = handlers.memory
-        self._ready = 0  # bytes of answers ready behind the head of the line
-        self._charged = 0  # bytes charged to the memory budget
-        self._charged_to = ""  # ... and to this principal
 
     # ConsumerSession (no consumers ever attach to a Kafka connection)
 
@@ -134,6 +144,7 @@ class KafkaConnection(asyncio.Protocol):
         connection no longer counts as waiting to."""
         self._auth = session
         if session is not None:
+            self.core.authenticated(session.principal)
             self.leave_admission()
 
     def leave_admission(self) -> None:
@@ -174,9 +185,7 @@ class KafkaConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._connections.discard(self)
-        self._memory.give_back(self._charged, self._charged_to)
-        self._charged = 0
-        self._ready = 0
+        self.core.close()  # gives back its charge, drops the answers not yet written
         self.leave_admission()
         if self._security is not None:
             self._security.release(self)
@@ -184,9 +193,6 @@ class KafkaConnection(asyncio.Protocol):
         self._buffer.clear()
         for task in list(self._tasks):
             task.cancel()
-        for slot in self._slots:
-            slot.cancel()
-        self._slots.clear()
         log.debug("kafka.conn_closed", peer=self.peer, error=str(exc) if exc else None)
 
     def data_received(self, data: bytes) -> None:
@@ -199,12 +205,12 @@ class KafkaConnection(asyncio.Protocol):
         return False
 
     def pause_writing(self) -> None:
-        self._paused = True
+        self.core.pause_writing()
         self._account()
         self._update_reading()
 
     def resume_writing(self) -> None:
-        self._paused = False
+        self.core.resume_writing()
         self._account()
         self._drain_frames()
 
@@ -215,12 +221,13 @@ class KafkaConnection(asyncio.Protocol):
         handled, the client takes its answers, no body is decoded off the loop, the principal's
         quota and memory share allow."""
         buffer = self._buffer
-        while self._transport is not None and not self._stopped():
-            if len(self._slots) >= MAX_WAITING_REQUESTS or len(buffer) < 4:
+        core = self.core
+        while self._transport is not None and core.may_handle():
+            if len(buffer) < 4:
                 break
             size = codec.frame_size(buffer)
-            limit = self._max_frame if self._admitted else min(MAX_PRE_AUTH_FRAME, self._max_frame)
-            if not _MIN_REQUEST <= size <= limit:
+            if core.frame_verdict(size) is not _ACCEPT:
+                limit = core.frame_limit
                 self._fatal(f"a frame of {size} bytes (limits {_MIN_REQUEST}..{limit})")
                 return
             if len(buffer) < 4 + size:
@@ -241,15 +248,15 @@ class KafkaConnection(asyncio.Protocol):
         except codec.MalformedKafka as exc:
             self._fatal(str(exc))
             return
-        if not self._admitted and key not in BEFORE_AUTH:
+        core = self.core
+        if not core.admits(key):
             self._fatal(f"api key {key} before SaslAuthenticate")
             return
-        slot: asyncio.Future[bytes | None] = self._loop.create_future()
-        self._slots.append(slot)
+        slot = core.open_slot()
         api = SERVED.get(key)
         if api is None or not api.min_version <= version <= api.max_version:
             if key == API_VERSIONS:  # v0's layout, which every client reads, with our versions
-                self._fill(
+                core.fill(
                     slot,
                     codec.encode_response(
                         correlation,
@@ -260,29 +267,29 @@ class KafkaConnection(asyncio.Protocol):
                     ),
                 )
             else:
-                self._fill(slot, codec.encode_error_only(correlation, UNSUPPORTED_VERSION))
+                core.fill(slot, codec.encode_error_only(correlation, UNSUPPORTED_VERSION))
             self._stats.unsupported += 1
             log.debug("kafka.unsupported", peer=self.peer, api_key=key, api_version=version)
             self._flush()
             return
         try:
-            decoded = _decode(body, api, version, codec.INLINE_ELEMENTS)
+            decoded = _decode(body, api, version, core.inline_elements)
         except codec.Deferred:  # too many elements for the loop: again on the thread
-            self._decoding = True
+            core.begin_off_loop()
             future = self._loop.run_in_executor(
                 self._worker, _decode, body, api, version, codec.MAX_ELEMENTS
             )
             future.add_done_callback(partial(self._decoded, slot, api, version, correlation))
             return
         except codec.MalformedKafka as exc:
-            slot.cancel()
+            core.fill(slot, None)
             self._fatal(f"{api.name} v{version}: {exc}")
             return
         self._start(slot, api, version, correlation, decoded)
 
     def _decoded(
         self,
-        slot: asyncio.Future[bytes | None],
+        slot: Slot,
         api: Api,
         version: int,
         correlation: int,
@@ -290,13 +297,13 @@ class KafkaConnection(asyncio.Protocol):
     ) -> None:
         """A body decoded on the thread: handled as if decoded inline, then the frames read
         after it."""
-        self._decoding = False
+        self.core.end_off_loop()
         if self._transport is None or future.cancelled():
             return
         try:
             decoded = future.result()
         except codec.MalformedKafka as exc:
-            slot.cancel()
+            self.core.fill(slot, None)
             self._fatal(f"{api.name} v{version}: {exc}")
             return
         self._start(slot, api, version, correlation, decoded)
@@ -304,7 +311,7 @@ class KafkaConnection(asyncio.Protocol):
 
     def _start(
         self,
-        slot: asyncio.Future[bytes | None],
+        slot: Slot,
         api: Api,
         version: int,
         correlation: int,
@@ -328,15 +335,15 @@ class KafkaConnection(asyncio.Protocol):
     def _raw_sasl(self, token: bytes) -> None:
         """The SASL bytes after a SaslHandshake v0: answered with an empty SASL token (a size of
         0) on success; a failure closes the connection, as Kafka does."""
-        slot: asyncio.Future[bytes | None] = self._loop.create_future()
-        self._slots.append(slot)
+        slot = self.core.open_slot()
 
         async def authenticate() -> None:
             request = SaslAuthenticateRequest(auth_bytes=token)
             values = await self._handlers.sasl_authenticate(self, 0, request)
             if values.error_code:
-                self._close_after = slot
-            self._fill(slot, None if self._close_after is slot else codec.encode_sasl_token())
+                self.core.fill(slot, None, closes=True)
+            else:
+                self.core.fill(slot, codec.encode_sasl_token())
             self._flush()
 
         task = self._loop.create_task(authenticate())
@@ -345,7 +352,7 @@ class KafkaConnection(asyncio.Protocol):
 
     async def _handle(
         self,
-        slot: asyncio.Future[bytes | None],
+        slot: Slot,
         key: int,
         version: int,
         correlation: int,
@@ -355,13 +362,14 @@ class KafkaConnection(asyncio.Protocol):
         """`elements`: the request's array elements; an answer to more than the loop decodes,
         or holding more than that, is encoded on the thread."""
         api = SERVED[key]
+        closes = False
         try:
             values = await self._handlers.handlers[key](self, version, fields)
             if closes_after(values):
-                self._close_after = slot
+                closes = True
             if values is None:
                 out = None
-            elif elements > codec.INLINE_ELEMENTS or codec.many(values):
+            elif self.core.answer_off_loop(elements) or codec.many(values):
                 out = await self._loop.run_in_executor(
                     self._worker, codec.encode_response, correlation, api.responses[version], values
                 )
@@ -371,29 +379,14 @@ class KafkaConnection(asyncio.Protocol):
             log.error("kafka.handler_failed", peer=self.peer, api=api.name, exc_info=True)
             out = None
             self.close()
-        self._fill(slot, out)
+        self.core.fill(slot, out, closes)  # held (and charged) until the slots before it go
         self._flush()
-
-    def _fill(self, slot: asyncio.Future[bytes | None], out: bytes | None) -> None:
-        """The answer of `slot`, held (and charged) until the slots before it are written."""
-        if not slot.done():
-            slot.set_result(out)
-            if out is not None:
-                self._ready += len(out)
 
     def _flush(self) -> None:
         """Write the answers at the head of the line that are ready, in request order."""
         transport = self._transport
-        ready: list[bytes] = []
-        closing = False
-        while self._slots and self._slots[0].done():
-            slot = self._slots.popleft()
-            if not slot.cancelled() and (out := slot.result()) is not None:
-                ready.append(out)
-                self._ready -= len(out)
-            if slot is self._close_after:  # a failed authentication: nothing after it
-                closing = True
-                break
+        # `closing`: a failed authentication, nothing after it
+        ready, closing = self.core.take_ready()
         if ready and transport is not None and not transport.is_closing():
             transport.write(b"".join(ready))
         self._account()
@@ -410,58 +403,38 @@ class KafkaConnection(asyncio.Protocol):
         transport = self._transport
         if transport is None or transport.is_closing():
             return
-        want = not self._stopped() and len(self._slots) < MAX_WAITING_REQUESTS
-        if want != self._reading:
-            self._reading = want
-            if want:
-                transport.resume_reading()
-            else:
-                transport.pause_reading()
-
-    def _stopped(self) -> bool:
-        """Neither read nor handled: the client does not take its answers, a body is decoded on
-        the thread, the principal is in debt on its produce quota or over its memory share."""
-        return self._paused or self._decoding or self._muted or self._memory_held()
+        want = self.core.next_reading()
+        if want is None:
+            return
+        if want:
+            transport.resume_reading()
+        else:
+            transport.pause_reading()
 
     # the produce quota
 
     def _mute(self, delay: float) -> None:
-        if not self._muted:
-            self._muted = True
+        if self.core.mute(self._loop.time() + delay):
             self._loop.call_later(delay, self._unmute)
             self._update_reading()
 
     def _unmute(self) -> None:
-        self._muted = False
+        self.core.unmute(self._loop.time())
         if self._transport is not None:
             self._drain_frames()
 
     # memory
 
     def _account(self) -> None:
-        """Charge what the connection holds for its client now, in place of the last charge."""
+        """Charge what the connection holds for its client now (its unsent output, the frames
+        read and not handled, the answers ready behind the head of the line), in place of the
+        last charge."""
         transport = self._transport
-        size = (
-            0
-            if transport is None
-            else transport.get_write_buffer_size() + len(self._buffer) + self._ready
+        self.core.account(
+            0 if transport is None else transport.get_write_buffer_size() + len(self._buffer)
         )
-        principal = self.principal
-        if size == self._charged and principal == self._charged_to:
-            return
-        self._memory.give_back(self._charged, self._charged_to)
-        self._memory.charge(size, principal)
-        self._charged, self._charged_to = size, principal
-
-    def _memory_held(self) -> bool:
-        """Not read: bytes are charged and the principal holds more than its share."""
-        return self._charged > 0 and self._memory.over_share(self._charged_to)
 
     # authentication
-
-    @property
-    def _admitted(self) -> bool:
-        return self._security is None or self.auth is not None
 
     def revoke(self, error: HeadwaterError) -> None:
         """Its token was removed or expired (`Security`): Kafka has no frame to say so."""
@@ -481,16 +454,17 @@ class KafkaConnection(asyncio.Protocol):
         frame for `frame` seconds (the listener's sweep calls this)."""
         if self._transport is None:
             return
+        core = self.core
         self._account()
-        if not self._stopped() and self._buffer:
+        if core.may_handle() and self._buffer:
             self._drain_frames()  # resumes a connection its principal's memory share held
         else:
             self._update_reading()
-        if not self._admitted and now - self._opened_at > self._handshake_timeout:
+        if core.state is State.AWAITING_AUTH and now - self._opened_at > self._handshake_timeout:
             self._fatal(f"not authenticated within {self._handshake_timeout:g} s", False)
-        elif self.partial_since is not None and self._reading and now - self.partial_since > frame:
+        elif self.partial_since is not None and core.reading and now - self.partial_since > frame:
             self._fatal(f"no complete frame within {frame:g} s", malformed=False)
-        elif not self._slots and now - self.last_activity > idle:
+        elif not core.waiting and now - self.last_activity > idle:
             self._fatal(f"idle for {idle:g} s", malformed=False)
 
     def close(self) -> None:

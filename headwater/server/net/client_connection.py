@@ -1,5 +1,12 @@
 """One client connection: bytes in, frames decoded, handlers called, responses and deliveries out.
 
+The native port's shell around the connection core (`server.net.connection_core`), which decides
+the rules both ports share: the frame limits and the authentication state, the requests waiting
+and their cap, the memory charges, what runs off the loop, the quota mutes and write
+back-pressure. This module keeps the native protocol (frame headers, decoding requests, the
+broker's handlers, encoding answers and deliveries, answers written as they complete) and the
+asyncio transport: it tells the core what happened and does what the core says.
+
 An `asyncio.Protocol` rather than streams: `data_received` decodes and handles complete frames
 without a task switch, which is what lets a non-reliable produce cost a few microseconds. Errors
 are contained to the connection: a request the broker refuses gets an error response and the
@@ -26,10 +33,11 @@ No client may stall the others, so the work one connection gets is bounded:
   schema unless its check is cheap (`TopicSchemas.checks_cheaply`: a few records, every version
   already parsed): checking 2,000 records against a JSON schema held the loop 380 ms.
 - Memory: the write buffer's bytes are charged to the server's memory budget and the
-  connection's principal (`_account`: when a slice ends, at the high-water mark and on the
-  listener's sweep; after each delivery written outside a slice). While the principal holds
-  more than its share, a connection with unsent output is neither read nor sent deliveries
-  (`_memory_held`; its subscriptions keep or drop them against the same share): one principal's
+  connection's principal (`_account` → `ConnectionCore.account`: when a slice ends, at the
+  high-water mark and on the listener's sweep; after each delivery written outside a slice).
+  While the principal holds more than its share, a connection with unsent output is neither
+  read nor sent deliveries (`Hold.MEMORY`; its subscriptions keep or drop them against the same
+  share): one principal's
   pipelining or unread deliveries across many connections cost its own share, and other
   principals' connections carry on. The sweep lets it go once its client took its output or its
   principal's use fell.
@@ -37,7 +45,7 @@ No client may stall the others, so the work one connection gets is bounded:
   delete or a take-over holds it, for last-value state being built) hold their frames: at
   `MAX_WAITING_REQUESTS` of them the connection is neither read nor handled until one is
   answered, and their frames' bytes are charged to the memory budget and the principal while
-  they wait (`_memory_held` then holds the connection too). A producer pipelining thousands of
+  they wait (`Hold.MEMORY` then holds the connection too). A producer pipelining thousands of
   produces into a busy topic is back-pressured through TCP, not buffered. A FETCH long poll
   (`AfterData`) waits for data, not for work, and holds no batch: it is not counted.
 - Idle and incomplete-frame timeouts are checked by the listener's sweep (`check_timeouts`).
@@ -48,8 +56,8 @@ answered AUTHENTICATION_REQUIRED from its header alone (`server.security.pre_aut
 never decoded, and the connection closed. `_guard` runs before the broker: AUTHENTICATE is
 answered there, any other request must pass `Security.check` (a grant for its action and
 topic), and produce bytes are charged to the principal's quota: in debt, the principal is
-muted: each of its connections gets a THROTTLE push and is not read (`_held`) until the debt is
-paid, and one it authenticates meanwhile is held as soon as AUTHENTICATE is answered.
+muted: each of its connections gets a THROTTLE push and is not read (`Hold.MUTED`) until the
+debt is paid, and one it authenticates meanwhile is held as soon as AUTHENTICATE is answered.
 Deliveries are charged to the consume quota the same way, by making the connection unwritable
 for a while.
 """
@@ -70,6 +78,17 @@ from headwater.server.config import ServerConfig
 from headwater.server.logs import ProtocolErrorLog
 from headwater.server.loop_lag import LoopLag
 from headwater.server.net.admission import Admission
+from headwater.server.net.connection_core import (
+    ENDS_SLICE,
+    INLINE_INFLATE,
+    INLINE_RECORDS,
+    OFF_LOOP,
+    STOPS_HANDLING,
+    ConnectionCore,
+    State,
+    Verdict,
+    Work,
+)
 from headwater.server.net.guard import Guarded
 from headwater.server.net.stage_trace import ProduceTrace, StageTrace
 from headwater.server.net.traffic import TrafficStats
@@ -77,13 +96,16 @@ from headwater.server.reply import AfterDurable, AfterWork, bulky, encode_off_lo
 from headwater.server.requests.broker import Broker, Reply, Waiting
 from headwater.server.schemas.schema_registry import TopicSchemas
 from headwater.server.security.access import Security, Session
-from headwater.server.security.pre_auth import pre_auth_oversized, pre_auth_refusal
+from headwater.server.security.pre_auth import (
+    BEFORE_AUTH_KEYS,
+    pre_auth_oversized,
+    pre_auth_required,
+)
 from headwater.server.security.tls import ServerTls
 from headwater.server.subscriptions.live_subscription import Consumer
 from headwater.storage.tasks import spawn
 from headwater.wire import messages as m
 from headwater.wire.api.produce import delivery_prefix, encode_produce_response
-from headwater.wire.compression import declared_records
 from headwater.wire.errors import (
     AuthenticationFailed,
     ConnectionTimeout,
@@ -104,9 +126,8 @@ from headwater.wire.frames import (
     FrameHeader,
     FrameRejected,
 )
-from headwater.wire.limits import MAX_PRE_AUTH_FRAME, MAX_WAITING_REQUESTS
 from headwater.wire.protocol import decode_request, encode_error, encode_push, encode_response
-from headwater.wire.records import BatchInfo, is_compressed, validate_records
+from headwater.wire.records import BatchInfo, validate_records
 
 log = structlog.get_logger("headwater.client.broker_connection")
 
@@ -116,10 +137,9 @@ _NOT_ON_REQUESTS = ~KNOWN_FLAGS | int(Flags.RESPONSE | Flags.PUSH)
 
 SLICE_FRAMES: Final = 256
 SLICE_SECONDS: Final = 0.002
-# Inflating 1 MiB takes about a millisecond: cheaper on the loop than a thread hand-off.
-INLINE_INFLATE: Final = 1024 * 1024
-# Decoding a record takes 0.2-1.5 us: 2,048 stay within a few milliseconds on the loop.
-INLINE_RECORDS: Final = 2048
+_AWAITING_AUTH: Final = State.AWAITING_AUTH
+_ON_LOOP: Final = Work.ON_LOOP
+__all__ = ["INLINE_INFLATE", "INLINE_RECORDS", "Connection", "Shared"]  # the core's, re-exported
 # A connection closed for a timeout gets this long to take its error frame before it is aborted.
 CLOSE_GRACE: Final = 5.0
 
@@ -150,15 +170,18 @@ class Connection(Guarded, asyncio.Protocol):
         self._broker = broker
         self._config = config
         self._shared = shared
-        # until AUTHENTICATE succeeds, only small frames are read (server.security.pre_auth)
-        self._decoder = FrameDecoder(
-            config.max_frame_size
-            if shared.security is None
-            else min(MAX_PRE_AUTH_FRAME, config.max_frame_size)
+        # the connection's rules (server.net.connection_core): until AUTHENTICATE succeeds, only
+        # small frames are read and only API_VERSIONS and AUTHENTICATE decoded
+        self.core = ConnectionCore(
+            broker.memory,
+            max_frame_size=config.max_frame_size,
+            authenticating=shared.security is not None,
+            before_auth=BEFORE_AUTH_KEYS,
+            max_decompressed=config.max_decompressed_batch,
         )
+        self._decoder = FrameDecoder(self.core.frame_limit)
         self._transport: asyncio.Transport | None = None
         self._loop = asyncio.get_running_loop()
-        self._paused = False  # the transport's write buffer is over its high-water mark
         self.consumers: dict[int, Consumer] = {}
         self.peer = "?"
         self._tasks: set[asyncio.Task[Any]] = set()  # requests answered from a task
@@ -169,8 +192,6 @@ class Connection(Guarded, asyncio.Protocol):
         self._traced: ProduceTrace | None = None  # the produce being handled, if sampled
         self._next = 0  # index of the next frame to handle in `_queue`
         self._scheduled = False
-        self._inflating = False
-        self._reading = True
         self._protocol_errors = 0
         self.last_frame = self._loop.time()
         self._partial_since: float | None = None
@@ -179,14 +200,6 @@ class Connection(Guarded, asyncio.Protocol):
         self.peercert: object = None
         self._admitted = admitted
         self.opened = False  # connection_made ran (a TLS handshake may fail before it)
-        self._held = False  # over the produce quota: not read until the debt is paid
-        self._consume_held = False  # over the consume quota: no deliveries for a while
-        self._memory = broker.memory
-        self._charged = 0  # write-buffer bytes charged to the memory budget
-        self._charged_to = ""  # ... and to this principal
-        self._skipped = False  # a subscription found it unwritable for memory: drain it later
-        self.waiting = 0  # requests waiting to be answered (AfterWork): at the cap, not read
-        self._waiting_bytes = 0  # ... their frames' bytes, charged to the memory budget
         self.bytes_read = 0  # what this connection's peer made the server read
 
     # asyncio callbacks
@@ -242,8 +255,7 @@ class Connection(Guarded, asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._shared.connections.discard(self)
-        self._memory.give_back(self._charged, self._charged_to)
-        self._charged = 0
+        self.core.close()
         self._leave_admission()
         if self._security is not None:
             self._security.release(self)
@@ -257,12 +269,12 @@ class Connection(Guarded, asyncio.Protocol):
         log.debug("conn.closed", peer=self.peer, error=str(exc) if exc else None)
 
     def pause_writing(self) -> None:
-        self._paused = True
+        self.core.pause_writing()
         self._account()
         self._update_reading()
 
     def resume_writing(self) -> None:
-        self._paused = False
+        self.core.resume_writing()
         self._account()
         for consumer in list(self.consumers.values()):
             consumer.subscription.drain()
@@ -277,17 +289,9 @@ class Connection(Guarded, asyncio.Protocol):
         its bound, or a frame waits for its batch to be inflated off the loop."""
         self._scheduled = False
         transport = self._transport
-        if (
-            transport is None
-            or self._inflating
-            or self._paused
-            or self._held
-            or self.waiting >= MAX_WAITING_REQUESTS
-        ):
-            self._update_reading()
-            return
-        if self._memory_held():
-            self._update_reading()  # not read, not handled: the sweep looks again
+        core = self.core
+        if transport is None or not core.may_handle():
+            self._update_reading()  # a memory hold: not read, not handled; the sweep looks again
             return
         # Everything written while handling the slice goes out in one write: pipelined
         # requests get their responses in one syscall, not one each.
@@ -310,9 +314,7 @@ class Connection(Guarded, asyncio.Protocol):
                     self._next = 0
                     return
                 if (
-                    self._inflating
-                    or self._held
-                    or self.waiting >= MAX_WAITING_REQUESTS
+                    core.holds & ENDS_SLICE
                     or self._out_bytes > bound
                     or time.perf_counter() > deadline
                 ):
@@ -326,9 +328,7 @@ class Connection(Guarded, asyncio.Protocol):
         if self._next == len(queue):
             self._queue = []
             self._next = 0
-        elif not (
-            self._inflating or self._paused or self._held or self.waiting >= MAX_WAITING_REQUESTS
-        ):
+        elif not core.holds & STOPS_HANDLING:
             self._schedule()
         self._update_reading()
 
@@ -341,17 +341,9 @@ class Connection(Guarded, asyncio.Protocol):
         transport = self._transport
         if transport is None or transport.is_closing():
             return
-        want = not (
-            self._paused
-            or self._inflating
-            or self._held
-            or self.waiting >= MAX_WAITING_REQUESTS
-            or self._next < len(self._queue)
-            or self._memory_held()
-        )
-        if want == self._reading:
+        want = self.core.next_reading(self._next < len(self._queue))
+        if want is None:
             return
-        self._reading = want
         if want:
             transport.resume_reading()
             if self._partial_since is not None:  # the frame's clock stopped while we did not read
@@ -362,7 +354,12 @@ class Connection(Guarded, asyncio.Protocol):
     @property
     def reading(self) -> bool:
         """Whether the transport is being read (False: back-pressured, held or muted)."""
-        return self._reading
+        return self.core.reading
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting to be answered (`AfterWork`): at MAX_WAITING_REQUESTS, not read."""
+        return self.core.waiting
 
     # Memory
 
@@ -373,20 +370,7 @@ class Connection(Guarded, asyncio.Protocol):
     def _account(self) -> None:
         """Charge the write buffer's size now, in place of what was charged before."""
         transport = self._transport
-        size = transport.get_write_buffer_size() if transport is not None else 0
-        principal = self.principal
-        if size == self._charged and principal == self._charged_to:
-            return
-        self._memory.give_back(self._charged, self._charged_to)
-        self._memory.charge(size, principal)
-        self._charged, self._charged_to = size, principal
-
-    def _memory_held(self) -> bool:
-        """Not read: the connection has unsent output or requests waiting, and its principal is
-        over its share."""
-        if self._charged > 0:
-            return self._memory.over_share(self._charged_to)
-        return self._waiting_bytes > 0 and self._memory.over_share(self.principal)
+        self.core.account(transport.get_write_buffer_size() if transport is not None else 0)
 
     # Requests
 
@@ -396,12 +380,11 @@ class Connection(Guarded, asyncio.Protocol):
         try:
             if header.flags & _NOT_ON_REQUESTS:
                 raise MalformedFrame(f"flags {header.flags:#06x} are not valid on a request")
-            if self.auth is None and self._security is not None:
-                refusal = pre_auth_refusal(header.api_key)
-                if refusal is not None:  # from the header alone: the body is never decoded
-                    self._refuse(header, refusal)
-                    self.close()
-                    return
+            if self.core.state is _AWAITING_AUTH and not self.core.admits(header.api_key):
+                # from the header alone: the body is never decoded
+                self._refuse(header, pre_auth_required())
+                self.close()
+                return
             request = decode_request(header, frame.body)
             if self._security is not None or type(request) is m.AuthenticateRequest:
                 early = self._guard(request)
@@ -414,7 +397,7 @@ class Connection(Guarded, asyncio.Protocol):
                         elif isinstance(early, Waiting):
                             # a failure answered after a delay, then the connection closes:
                             # nothing more is read meanwhile
-                            self._inflating = True
+                            self.core.begin_off_loop()
                     self._answer(header, early)
                     if authenticated and (debt := self._produce_debt()) > 0:
                         # its principal is muted: nothing past the AUTHENTICATE is read meanwhile
@@ -422,11 +405,13 @@ class Connection(Guarded, asyncio.Protocol):
                     return
             if type(request) is m.ProduceRequest:
                 schemas = self._broker.catalog.schemas.validating.get(request.topic)
-                if schemas is not None and not schemas.checks_cheaply(request.batch):
-                    self._produce_off_loop(header, request, schemas)
-                    return
-                if is_compressed(request.batch) or declared_records(request.batch) > INLINE_RECORDS:
-                    self._produce_checked(header, request, started)
+                work = self.core.batch_work(request.batch, schemas)
+                if work is not _ON_LOOP:
+                    if work is Work.SCHEMA_OFF_LOOP:
+                        assert schemas is not None
+                        self._produce_off_loop(header, request, schemas)
+                    else:
+                        self._produce_checked(header, request, started, work)
                     return
             response = self._broker.handle(self, request)
             if self.auth is not None:
@@ -481,33 +466,25 @@ class Connection(Guarded, asyncio.Protocol):
     def _wait_started(self, task: asyncio.Task[None], size: int) -> None:
         """A request waits to be answered, holding `size` bytes: counted against
         MAX_WAITING_REQUESTS and charged to the memory budget until it is."""
-        self.waiting += 1
-        principal = self.principal
-        if size:
-            self._waiting_bytes += size
-            self._memory.charge(size, principal)
+        principal = self.core.wait_started(size)
         task.add_done_callback(partial(self._wait_ended, size, principal))
 
     def _wait_ended(self, size: int, principal: str, task: asyncio.Task[None]) -> None:
-        self.waiting -= 1
-        if size:
-            self._waiting_bytes -= size
-            self._memory.give_back(size, principal)
-        if self._transport is not None and self.waiting == MAX_WAITING_REQUESTS - 1:
+        if self.core.wait_ended(size, principal) and self._transport is not None:
             self._resume()  # it was at the cap: read and handle again
 
     def _produce_checked(
-        self, header: FrameHeader, request: m.ProduceRequest, started: float
+        self, header: FrameHeader, request: m.ProduceRequest, started: float, work: Work
     ) -> None:
         """A compressed batch, or one of many records: checked on the loop when that is cheap,
         else on the inflater thread while the connection's later frames wait."""
         cap = self._config.max_decompressed_batch
-        if declared_records(request.batch) <= INLINE_RECORDS:
+        if work is Work.BOUNDED:
             info: BatchInfo | None = None
             try:
-                info = validate_records(request.batch, min(cap, INLINE_INFLATE))
+                info = validate_records(request.batch, self.core.inline_inflate)
             except DecompressedTooLarge:
-                if cap <= INLINE_INFLATE:
+                if not self.core.inflates_off_loop():
                     raise
                 info = None  # inflates past INLINE_INFLATE: on the thread, below
             except HeadwaterError:
@@ -519,7 +496,7 @@ class Connection(Guarded, asyncio.Protocol):
                 reply = self._broker.produce_validated(self, request, info)
                 self._answer(header, self._trace_produce(request, reply), started)
                 return
-        self._inflating = True
+        self.core.begin_off_loop()
         future = self._loop.run_in_executor(
             self._shared.inflater, validate_records, request.batch, cap
         )
@@ -531,7 +508,7 @@ class Connection(Guarded, asyncio.Protocol):
         """A produce to a topic with a schema whose check is not cheap: the batch is validated
         and its records checked against their versions (parsed there if need be) on the
         inflater thread while the connection's later frames wait."""
-        self._inflating = True
+        self.core.begin_off_loop()
         future = self._loop.run_in_executor(
             self._shared.inflater,
             _check_with_schema,
@@ -548,7 +525,7 @@ class Connection(Guarded, asyncio.Protocol):
         future: asyncio.Future[BatchInfo],
         schema_checked: bool = False,
     ) -> None:
-        self._inflating = False
+        self.core.end_off_loop()
         if self._transport is None:
             return
         try:
@@ -560,7 +537,7 @@ class Connection(Guarded, asyncio.Protocol):
         self._resume()
 
     def _encoded(self, task: asyncio.Task[None]) -> None:
-        self._inflating = False
+        self.core.end_off_loop()
         self._resume()
 
     def _resume(self) -> None:
@@ -572,7 +549,9 @@ class Connection(Guarded, asyncio.Protocol):
     def _authenticated(self) -> None:
         """AUTHENTICATE succeeded: frames up to the server's own limit are read from now on, and
         the connection no longer counts as waiting to authenticate."""
-        self._decoder.max_frame_size = self._config.max_frame_size
+        assert self.auth is not None
+        self.core.authenticated(self.auth.principal)
+        self._decoder.max_frame_size = self.core.frame_limit
         self._leave_admission()
 
     def _principal_connections(self, principal: str) -> list[Connection]:
@@ -591,16 +570,16 @@ class Connection(Guarded, asyncio.Protocol):
 
     def _rejected(self, event: FrameRejected) -> None:
         header = event.header
-        if self.auth is None and self._security is not None:
+        if self.core.oversized(event.size) is Verdict.CLOSE:
             self._refuse(header, pre_auth_oversized(header.api_key, event.size))
             self.close()
             return
-        limit = self._config.max_frame_size
-        if event.size <= limit:  # read before the AUTHENTICATE that was pipelined ahead of it
-            limit = MAX_PRE_AUTH_FRAME
-            why = "; a client waits for the AUTHENTICATE answer before sending larger frames"
-        else:
-            why = ""
+        limit, pre_auth = self.core.refused_limit(event.size)
+        why = (  # read before the AUTHENTICATE that was pipelined ahead of it
+            "; a client waits for the AUTHENTICATE answer before sending larger frames"
+            if pre_auth
+            else ""
+        )
         self._send_error(
             header.api_key,
             header.api_version,
@@ -661,7 +640,7 @@ class Connection(Guarded, asyncio.Protocol):
                 self._refuse(header, RuntimeError(exc.message))
                 return
         else:
-            self._inflating = True  # later frames wait, as for an inflation: memory stays bounded
+            self.core.begin_off_loop()  # later frames wait, as for an inflation: memory bounded
             task = spawn(
                 encode_off_loop(header, response, self._write, self._shared.encoder),
                 "conn.encode_failed",
@@ -713,18 +692,17 @@ class Connection(Guarded, asyncio.Protocol):
         if self._transport is None or self._transport.is_closing():
             return
         self._account()
-        if not self._memory_held():
+        if not self.core.memory_held():
             self._update_reading()  # resumes a connection the memory budget held
             if self._next < len(self._queue) and not self._scheduled:
                 self._schedule()
-            if self._skipped:
-                self._skipped = False
+            if self.core.take_skipped():
                 for consumer in list(self.consumers.values()):
                     consumer.subscription.drain()
         partial_since = self._partial_since
         if (
             partial_since is not None
-            and self._reading
+            and self.core.reading
             and now - partial_since > self._config.frame_timeout
         ):
             limit, got = self._config.frame_timeout, self._decoder.pending_bytes
@@ -734,7 +712,7 @@ class Connection(Guarded, asyncio.Protocol):
             now - self.last_frame > self._config.idle_timeout
             and not self.consumers
             and not self._tasks
-            and not self._inflating
+            and not self.core.holds & OFF_LOOP
         ):
             idle = self._config.idle_timeout
             self._fatal(ConnectionTimeout(f"idle for idle_timeout ({idle:g} s)"))
@@ -751,12 +729,7 @@ class Connection(Guarded, asyncio.Protocol):
 
     @property
     def writable(self) -> bool:
-        if self._paused or self._transport is None or self._consume_held:
-            return False
-        if self._memory_held():
-            self._skipped = True
-            return False
-        return True
+        return self._transport is not None and self.core.deliverable()
 
     def send_delivery(
         self, consumer_id: int, partition: int, batch: bytes, delivery_count: int = 1

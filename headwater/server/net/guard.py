@@ -5,10 +5,11 @@
 authentication (and for AUTHENTICATE on any server: without authentication it is answered with
 an empty principal, so a client configured with a token still connects to a development server).
 The quota hooks turn a principal's debt into pauses: produce mutes the principal (as Kafka mutes
-a throttled channel), so every one of its connections on this port stops being read (`_held`,
-checked by the connection's slice loop) and gets a THROTTLE push, and a connection it
-authenticates meanwhile is held at once; consume makes the connection unwritable, so
-subscriptions skip it until the debt is paid, then drains them.
+a throttled channel), so every one of its connections on this port stops being read (the
+core's `Hold.MUTED`, `server.net.connection_core`) and gets a THROTTLE push, and a connection it
+authenticates meanwhile is muted at once; consume makes the connection unwritable
+(`Hold.DELIVERIES`), so subscriptions skip it until the debt is paid, then drains them. The core
+keeps the mutes and their times; these hooks arm the timers that end them.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import asyncio
 from collections.abc import Iterable
 from typing import Any, Protocol
 
+from headwater.server.net.connection_core import ConnectionCore
 from headwater.server.reply import Reply
 from headwater.server.security.access import Security, Session
 from headwater.wire import messages as m
@@ -32,8 +34,7 @@ class _Host(Protocol):
     consumers: dict[int, Any]
     _loop: asyncio.AbstractEventLoop
     _transport: asyncio.Transport | None
-    _held: bool
-    _consume_held: bool
+    core: ConnectionCore
     _next: int
     _queue: list[Any]
 
@@ -106,18 +107,17 @@ class Guarded:
         if self._transport is None:
             return
         self._write(encode_push(0, m.Throttle(int(delay * 1000) + 1)))
-        if not self._held:
-            self._held = True
+        if self.core.mute(self._loop.time() + delay):
             self._loop.call_later(delay, self._unhold)
             self._update_reading()
 
     def _unhold(self: _Host) -> None:
-        self._held = False
         if self._transport is None:
+            self.core.unmute(self._loop.time())
             return
         debt = self._produce_debt()
-        if debt > 0:  # the principal's debt grew meanwhile, on another connection
-            self._held = True
+        if not self.core.unmute(self._loop.time(), debt):
+            # the principal's debt grew meanwhile, on another connection
             self._loop.call_later(debt, self._unhold)
             return
         if self._next < len(self._queue):
@@ -131,12 +131,11 @@ class Guarded:
     def _charge_consume(self: _Host, size: int) -> None:
         assert self._security is not None
         delay = self._security.charge_consume(self, size)
-        if delay > 0 and not self._consume_held:
-            self._consume_held = True
+        if delay > 0 and self.core.mute_deliveries(self._loop.time() + delay):
             self._loop.call_later(delay, self._release_consume)
 
     def _release_consume(self: _Host) -> None:
-        self._consume_held = False
+        self.core.unmute_deliveries()
         if self._transport is not None:
             for consumer in list(self.consumers.values()):
                 consumer.subscription.drain()
