@@ -353,3 +353,36 @@ def _send_ignoring_close(raw: RawKafka, data: bytes) -> None:
     """Send all of `data`; the test closes the socket while this still blocks in sendall."""
     with contextlib.suppress(OSError):
         raw.send_raw(data)
+
+
+def test_fetches_too_big_for_the_loop_are_handled_one_at_a_time_per_connection(
+    tmp_path: Path,
+) -> None:
+    """A body of more than INLINE_ELEMENTS array elements is decoded off the loop and handled
+    alone: the connection's later frames wait until it is answered, as Kafka handles one request
+    of a connection at a time. Before, a client pipelining Fetches of 10,000 partitions had 64
+    of them in progress per connection (each some 20,000 objects for the cyclic collector: a
+    second's stall of every client, docs/BENCHMARKS.md)."""
+    process, _, admin_token, port = _secure(tmp_path)
+    try:
+        with _admin(process, admin_token) as admin:
+            admin.create_topic("wide", partitions=4)
+            # 2,000 namings of the four partitions, at their ends: each Fetch long-polls 20 s
+            named = [(p, 0, KIB) for p in range(4)] * 500
+            wide = FetchRequest_v4(-1, 20_000, 1, 1 << 20, 0, [("wide", named)]).encode()
+            raw = _sasl(port, admin_token)
+            before = _fetches(tmp_path, admin_token)
+            for correlation in range(10, 13):
+                raw.request(FETCH, 4, correlation, wide)
+            _until(lambda: _fetches(tmp_path, admin_token) > before, "the first was not handled")
+            other = _sasl(port, admin_token)  # answered after every frame read before it
+            other.request(FETCH, 4, 5, FetchRequest_v4(-1, 0, 0, KIB, 0, []).encode())
+            assert other.response()[0] == 5
+            other.close()
+            assert _fetches(tmp_path, admin_token) == before + 2  # the first and the other's
+            admin.produce("wide", [(None, b"wake", ())], partition=0)  # answers the first
+            assert raw.response()[0] == 10
+            _until(lambda: _fetches(tmp_path, admin_token) >= before + 3, "the next never came")
+            raw.close()
+    finally:
+        process.kill()

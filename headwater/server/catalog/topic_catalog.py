@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import json
 import shutil
 from collections.abc import Callable
@@ -85,6 +86,10 @@ from headwater.wire.records import Record, read_records
 
 log = structlog.get_logger("headwater.catalog")
 
+# partitions created (or added) after which what the server holds is frozen out of the cyclic
+# collector again (`TopicCatalog.grew`)
+REFREEZE_PARTITIONS = 1_000
+
 DELETING = b"deleting/"  # a delete in progress: its files and state keys are still being removed
 
 
@@ -111,6 +116,7 @@ class TopicCatalog:
         self.topics: dict[str, Topic] = {}
         self._housekeeping: asyncio.Task[None] | None = None
         self._locks = NameLocks()
+        self._grown = 0  # partitions added since the last gc.freeze (`grew`)
         self.dead_letters = DeadLetters(
             self.topics, self._locks, self.placement, self.create_locked
         )
@@ -255,6 +261,20 @@ class TopicCatalog:
 
     # Topics
 
+    def grew(self, partitions: int) -> None:
+        """`partitions` were added (a topic created or grown). What a partition holds lives as
+        long as it (its log, index, tail cache, subscriptions' state: some hundred objects):
+        once `REFREEZE_PARTITIONS` were added since, what the server holds now is frozen out
+        of the cyclic collector (`gc.freeze`, as after start-up), or every full collection
+        walks it again. 10,000 partitions made after start-up turned each one into a 300-400 ms
+        stall of the loop (loadtest/hostile_bench.py, docs/BENCHMARKS.md). Only what is alive
+        now is frozen, objects freed by their count still go; a cycle alive now and dropped
+        later is not collected, which is why this is by growth, not by time."""
+        self._grown += partitions
+        if self._grown >= REFREEZE_PARTITIONS:
+            self._grown = 0
+            gc.freeze()
+
     async def create_topic(self, request: m.CreateTopicRequest) -> Topic:
         check_topic_name(request.name)
         async with self._locks.hold(request.name):
@@ -323,6 +343,7 @@ class TopicCatalog:
             partitions=request.partitions,
             dispatch=dispatch.name.lower(),
         )
+        self.grew(request.partitions)
         return topic
 
     async def _open_new(self, name: str, partitions: int, settings: TopicSettings) -> LogTopic:

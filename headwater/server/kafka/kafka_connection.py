@@ -295,19 +295,22 @@ class KafkaConnection(asyncio.Protocol):
         correlation: int,
         future: asyncio.Future[_Decoded],
     ) -> None:
-        """A body decoded on the thread: handled as if decoded inline, then the frames read
-        after it."""
-        self.core.end_off_loop()
+        """A body decoded on the thread: handled as if decoded inline, alone. The frames read
+        after it wait until it is answered, as Kafka handles one request of a connection at a
+        time: a connection pipelining Fetches of 10,000 partitions holds one of them in
+        progress, not `MAX_WAITING_REQUESTS` (each some 20,000 objects the collector walks:
+        64 of them on a few connections made every full collection a second's stall)."""
         if self._transport is None or future.cancelled():
+            self.core.end_off_loop()
             return
         try:
             decoded = future.result()
         except codec.MalformedKafka as exc:
+            self.core.end_off_loop()
             self.core.fill(slot, None)
             self._fatal(f"{api.name} v{version}: {exc}")
             return
-        self._start(slot, api, version, correlation, decoded)
-        self._drain_frames()
+        self._start(slot, api, version, correlation, decoded, alone=True)
 
     def _start(
         self,
@@ -316,7 +319,10 @@ class KafkaConnection(asyncio.Protocol):
         version: int,
         correlation: int,
         decoded: _Decoded,
+        alone: bool = False,
     ) -> None:
+        """`alone`: the connection's later frames wait until this one is answered (a body
+        decoded off the loop holds the core's OFF_LOOP until then)."""
         header, fields, elements, produced = decoded
         self.client_id = header.client_id or ""
         self._stats.requests[api.key] = self._stats.requests.get(api.key, 0) + 1
@@ -327,7 +333,7 @@ class KafkaConnection(asyncio.Protocol):
                 fields = throttled(fields, delay)
                 self._mute(delay)
         task = self._loop.create_task(
-            self._handle(slot, api.key, version, correlation, fields, elements)
+            self._handle(slot, api.key, version, correlation, fields, elements, alone)
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -358,9 +364,11 @@ class KafkaConnection(asyncio.Protocol):
         correlation: int,
         fields: Any,
         elements: int,
+        alone: bool = False,
     ) -> None:
         """`elements`: the request's array elements; an answer to more than the loop decodes,
-        or holding more than that, is encoded on the thread."""
+        or holding more than that, is encoded on the thread. `alone`: the later frames are
+        let in once this is answered."""
         api = SERVED[key]
         closes = False
         try:
@@ -380,6 +388,8 @@ class KafkaConnection(asyncio.Protocol):
             out = None
             self.close()
         self.core.fill(slot, out, closes)  # held (and charged) until the slots before it go
+        if alone:
+            self.core.end_off_loop()
         self._flush()
 
     def _flush(self) -> None:

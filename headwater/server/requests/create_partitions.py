@@ -100,6 +100,7 @@ async def add_partitions(catalog: TopicCatalog, request: m.CreatePartitionsReque
         topic.partitions.extend(MemoryPartition(p) for p in range(current, wanted))
         _publish(topic, wanted)
     log.info("topic.partitions_added", topic=topic.name, partitions=wanted, previous=current)
+    catalog.grew(wanted - current)
     return m.EmptyResponse()
 
 
