@@ -28,6 +28,7 @@ from headwater.cli import (
     serve_command,
     token_commands,
 )
+from headwater.cli.arguments import not_utf8
 from headwater.cli.consume_command import consume
 from headwater.cli.parser import add_client_commands, add_global_options
 from headwater.client.client import connect
@@ -103,6 +104,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         _command_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     if extra:
         args.values = [*args.values, *extra]
+    refused = not_utf8(args)
+    if refused is not None:  # before anything connects (headwater/cli/arguments.py)
+        print(f"headwater: error: {refused}", file=sys.stderr)
+        return 2 if args.command == "serve" else 1
     if args.command == "serve":
         return serve_command.run(args)
     if args.command == "token":
