@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import gc
 import json
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,7 @@ from headwater.cli.main import _parser
 from headwater.testing import ServerProcess
 from headwater.wire.errors import InvalidRequest
 from tests.support.cli_process import hw
+from tests.support.kafka_support import KafkaServer
 
 
 def _next_offsets(server: ServerProcess, topic: str) -> str:
@@ -208,3 +210,22 @@ async def test_the_library_refuses_a_name_it_cannot_encode_and_leaves_nothing_be
     gc.collect()
     await asyncio.sleep(0)
     assert "never retrieved" not in caplog.text
+
+
+def test_the_cli_on_the_http_or_kafka_port_says_which_port_it_is(tmp_path: Path) -> None:
+    """Not only `CONNECTION_CLOSED ... closed by the server`: which kind of port answered, and
+    the port to use. (A TLS port without --tls: tests/test_tls.py.)"""
+    server = KafkaServer(tmp_path / "data").start()
+    try:
+        http_port = int(server.http_port_file.read_text())
+        for address, says in (
+            (f"127.0.0.1:{http_port}", "is an HTTP server (it answered 'HTTP/1.1 408"),
+            (server.bootstrap, "is a Kafka listener (serve --kafka-port)"),
+        ):
+            result = hw("topic", "list", "--server", address)
+            assert result.returncode == 1
+            [line] = result.stderr.splitlines()
+            assert line.startswith("headwater: error: CONNECTION_CLOSED: "), line
+            assert f"{address} {says}" in line and "--port (default 6650)" in line, line
+    finally:
+        server.stop()
