@@ -48,6 +48,8 @@ UNIT_MODULES = {
     "test_cursor_write_retry",
     "test_background",
     "test_decompression",
+    "test_doc_numbers",
+    "test_doc_protocol",
     "test_durables_core",
     "test_fetch_partition_wake",
     "test_kafka_codec",

@@ -197,6 +197,23 @@ def test_serve_refuses_a_bad_config_file(tmp_path: Path) -> None:
     assert missing.returncode == 2 and "cannot read config file" in missing.stderr
 
 
+def test_serve_refuses_a_config_file_that_is_not_utf8(tmp_path: Path) -> None:
+    """A Windows editor's UTF-16 file, with or without its byte-order mark, and Latin-1 text:
+    one line and exit 2, as for any other bad config (it was a traceback); UTF-8 with a
+    byte-order mark loads."""
+    config = tmp_path / "windows.toml"
+    toml = '[server]\nhost = "127.0.0.1"\n'
+    for data in (toml.encode("utf-16"), toml.encode("utf-16-le"), "# café\n".encode("latin-1")):
+        config.write_bytes(data)
+        result = hw("serve", "--config", str(config), "--port", "0")
+        assert result.returncode == 2, result.stderr
+        [line] = result.stderr.splitlines()
+        assert line.startswith(f"headwater: error: {config}: ") and "save it as UTF-8" in line
+    config.write_bytes(b"\xef\xbb\xbf" + b'[topics]\nfsync = "sometimes"\n')
+    result = hw("serve", "--config", str(config))
+    assert result.returncode == 2 and "topics.fsync must be always" in result.stderr  # read
+
+
 def test_produce_generates_load_with_options(server: ServerProcess, topic_name: str) -> None:
     assert (
         hw("topic", "create", topic_name, "--dispatch", "reliable", server=server).returncode == 0

@@ -22,6 +22,7 @@ from headwater import Tls
 from headwater.server.security.tokens import create
 from headwater.wire.errors import AuthenticationFailed, ConnectionClosed, NotAuthorized
 from tests.support.certs import Authority, Issued
+from tests.support.cli_process import hw
 from tests.support.secure import SecureServer, secure_server
 
 
@@ -185,3 +186,12 @@ async def test_failed_tls_handshakes_give_back_their_admission_slot(
             server.address, token=server.admin, tls=Tls(ca=pki.ca.path)
         ) as client:
             await client.list_topics()
+
+
+def test_the_cli_without_tls_on_a_tls_port_says_to_give_tls(tls_server: SecureServer) -> None:
+    """The likeliest first mistake after turning TLS on: it said only CONNECTION_CLOSED."""
+    result = hw("topic", "list", "--server", tls_server.address, "--token", tls_server.admin)
+    assert result.returncode == 1
+    [line] = result.stderr.splitlines()
+    assert line.startswith("headwater: error: CONNECTION_CLOSED: "), line
+    assert "speaks TLS" in line and "--tls" in line, line

@@ -9,13 +9,17 @@ Each takes a connected `Client` and the parsed arguments, prints its result on s
 from __future__ import annotations
 
 import argparse
+import contextlib
+import copy
 import json
 import logging
 import sys
 import time
+from collections import deque
 from datetime import UTC, datetime
 
 from headwater.cli import schema_commands
+from headwater.cli.arguments import decode, encode
 from headwater.cli.output import (
     describe_json,
     describe_text,
@@ -32,6 +36,7 @@ from headwater.cli.output import (
     topics_json,
     topics_table,
 )
+from headwater.client.accumulator import SendFuture
 from headwater.client.admin_calls import StartName
 from headwater.client.client import DISPATCH_NAMES, Client
 from headwater.client.producer import (
@@ -42,7 +47,8 @@ from headwater.client.producer import (
     ProducerConfig,
     RetryPolicy,
 )
-from headwater.wire.errors import TopicExists
+from headwater.client.schema_codec import SchemaCodec
+from headwater.wire.errors import HeadwaterError, InvalidRequest, SchemaViolation, TopicExists
 from headwater.wire.records import Compression
 
 # how long an at-most-once `produce` waits for the server to refuse what it sent
@@ -150,7 +156,154 @@ def _producer_config(args: argparse.Namespace) -> ProducerConfig:
     )
 
 
+# Standard input read whole, and checked whole, before anything is sent: up to this many lines
+# or bytes. Past either, the input streams: each line is checked before it is sent, and a failure
+# says how much was acknowledged before it (docs/CLI.md, "produce").
+WHOLE_INPUT_LINES = 100_000
+WHOLE_INPUT_BYTES = 16 * 1024 * 1024
+
+Record = tuple[bytes | None, bytes | None]  # (key, value) as sent
+
+
+class _Input:
+    """`produce`'s values as bytes, each with its place for an error message (`value 3`, or
+    `line 3` of standard input): the arguments, else standard input's lines (without their
+    line ends, a `\r` included)."""
+
+    def __init__(self, values: list[str]) -> None:
+        self._arguments = values
+        self._lines = iter(sys.stdin.buffer) if not values else iter(())
+        self.number = 0
+
+    def take(self, lines: int, size: int) -> tuple[list[tuple[str, bytes]], bool]:
+        """The next items, at most `lines` of them or about `size` bytes; and whether the
+        input ended with them."""
+        if self._arguments:
+            items = [(f"value {i}", v.encode()) for i, v in enumerate(self._arguments, 1)]
+            self._arguments = []
+            return items, True
+        taken: list[tuple[str, bytes]] = []
+        total = 0
+        for line in self._lines:
+            self.number += 1
+            taken.append((f"line {self.number}", line.rstrip(b"\n").removesuffix(b"\r")))
+            total += len(line)
+            if len(taken) >= lines or total >= size:
+                return taken, False
+        return taken, True
+
+
+class _Prepared:
+    """Turns `produce`'s input into (key, value) records: the key split off at
+    `--key-separator`, both decoded from their `--*-encoding`, the value read as the topic's
+    schema says and encoded by it. Every refusal names the value or line it comes from."""
+
+    def __init__(self, args: argparse.Namespace, codec: SchemaCodec) -> None:
+        self.codec = codec
+        self.key_encoding: str = args.key_encoding
+        self.value_encoding: str = args.value_encoding
+        self.separator = None if args.key_separator is None else args.key_separator.encode()
+        self.key = (
+            None
+            if args.key is None
+            else decode(args.key.encode(), args.key_encoding, "--key", "--key-encoding")
+        )
+
+    def record(self, where: str, data: bytes) -> Record:
+        try:
+            return self._record(data)
+        except HeadwaterError as exc:
+            raise _placed(exc, f"{where}: {exc.message}") from None
+
+    def _record(self, data: bytes) -> Record:
+        key = self.key
+        if self.separator is not None:
+            raw_key, separator, data = data.partition(self.separator)
+            if not separator:
+                raise InvalidRequest(
+                    f"no key separator {self.separator.decode()!r} in {raw_key[:80]!r}"
+                )
+            key = decode(raw_key, self.key_encoding, "key", "--key-encoding")
+        value = decode(data, self.value_encoding, "value")
+        codec = self.codec
+        if codec.schema_type == "bytes":
+            return key, value
+        try:
+            text = value.decode()
+        except UnicodeDecodeError:
+            raise SchemaViolation(
+                f"a {codec.schema_type} value must be UTF-8 text, not {value[:80]!r}"
+            ) from None
+        try:
+            typed = schema_commands.text_value(codec, text)
+        except ValueError as exc:
+            raise SchemaViolation(str(exc)) from None
+        return key, codec.encode(typed)
+
+
+def _placed(error: HeadwaterError, message: str) -> HeadwaterError:
+    """`error` with another message, of the same type (so the same code)."""
+    placed = copy.copy(error)
+    placed.message = message
+    placed.args = (message,)
+    return placed
+
+
+class _Tally:
+    """What the server has acknowledged of the records sent: a count and the last offset per
+    partition, folded in as their futures resolve (so none is kept longer than its batch)."""
+
+    def __init__(self) -> None:
+        self.pending: deque[SendFuture] = deque()
+        self.sent = 0
+        self.acknowledged = 0
+        self.last: dict[int, int] = {}
+
+    def add(self, future: SendFuture) -> None:
+        self.sent += 1
+        self.pending.append(future)
+        if len(self.pending) > 4096:
+            self.fold()
+
+    def fold(self) -> None:
+        while self.pending and self.pending[0].done():
+            future = self.pending.popleft()
+            if future.exception() is not None:
+                continue
+            metadata = future.result()
+            self.acknowledged += 1
+            if metadata.offset is not None:
+                previous = self.last.get(metadata.partition, -1)
+                self.last[metadata.partition] = max(previous, metadata.offset)
+
+    def report(self, delivery: str) -> str:
+        """What a failure after the first send says about the records before it."""
+        for future in self.pending:
+            if future.done():
+                future.exception()  # retrieved: a failed batch is reported once, by the caller
+        self.fold()
+        sent = plural(self.sent, "message")
+        if delivery == "at-most-once":
+            return (
+                f"; {sent} sent at-most-once, unacknowledged: any of them may be stored, and "
+                "sending the same input again may store them twice"
+            )
+        if not self.acknowledged:
+            return f"; none of the {sent} sent was acknowledged"
+        offsets = ", ".join(f"{p}:{o}" for p, o in sorted(self.last.items()))
+        return (
+            f"; {self.acknowledged} of the {sent} sent "
+            f"{'was' if self.acknowledged == 1 else 'were'} acknowledged (last offset per "
+            f"partition {offsets}): sending the same input again sends "
+            f"{'it' if self.acknowledged == 1 else 'them'} again"
+        )
+
+
 async def produce(client: Client, args: argparse.Namespace) -> int:
+    """All or nothing for input seen whole (the arguments, standard input up to
+    WHOLE_INPUT_LINES or WHOLE_INPUT_BYTES): every value is checked (encoding, separator,
+    schema) before the first is sent. Longer input streams, each line checked before it is sent;
+    a failure then says what the server acknowledged before it."""
     # the command reports the producer's first error itself (`_settle`, exit status 1): the
     # library's warning of the same refusal would print it twice
     logging.getLogger("headwater.client.producer").addHandler(logging.NullHandler())
@@ -162,24 +315,35 @@ async def produce(client: Client, args: argparse.Namespace) -> int:
     if args.count is not None:
         return await _generate(client.producer(args.topic, _producer_config(args)), args, headers)
     codec = await client.schema_codec(args.topic)  # values are read as the topic's schema says
-    producer = client.producer(args.topic, _producer_config(args), schema=codec)
-    values = args.values or (line.rstrip("\n") for line in sys.stdin)
-    sent = 0
-    for text in values:
-        key = args.key
-        if args.key_separator is not None:
-            key, separator, text = text.partition(args.key_separator)
-            if not separator:
-                raise ValueError(f"line has no key separator {args.key_separator!r}: {key!r}")
-        await producer.send(
-            schema_commands.text_value(codec, text),
-            key=key.encode() if key is not None else None,
-            headers=headers,
-            partition=args.partition,
-        )
-        sent += 1
-    await _settle(producer, args)
-    print(f"produced {sent} messages to {args.topic}", file=sys.stderr)
+    if codec.header is not None:
+        headers[codec.header[0]] = codec.header[1]
+    prepared = _Prepared(args, codec)
+    source = _Input(args.values)
+    items, ended = source.take(WHOLE_INPUT_LINES, WHOLE_INPUT_BYTES)
+    try:
+        records = [prepared.record(where, data) for where, data in items]
+    except HeadwaterError as exc:
+        raise _placed(exc, f"{exc.message}; nothing was sent") from None
+    producer = client.producer(args.topic, _producer_config(args))
+    tally = _Tally()
+    try:
+        for key, value in records:
+            tally.add(
+                await producer.send(value, key=key, headers=headers, partition=args.partition)
+            )
+        while not ended:
+            items, ended = source.take(1024, WHOLE_INPUT_BYTES)
+            for where, data in items:
+                key, value = prepared.record(where, data)
+                tally.add(
+                    await producer.send(value, key=key, headers=headers, partition=args.partition)
+                )
+        await _settle(producer, args)
+    except HeadwaterError as exc:
+        with contextlib.suppress(HeadwaterError):
+            await _settle(producer, args)  # what was sent before it is answered, to count it
+        raise _placed(exc, exc.message + tally.report(args.delivery)) from None
+    print(f"produced {plural(tally.sent, 'message')} to {args.topic}", file=sys.stderr)
     return 0
 
 
@@ -310,24 +474,35 @@ def _key_not_found(args: argparse.Namespace) -> int:
 
 async def map_command(client: Client, args: argparse.Namespace) -> int:
     table = client.map(args.topic)
+    key = b""
+    if args.map_command in ("get", "set", "delete"):
+        key = decode(args.key.encode(), args.key_encoding, "the key", "--key-encoding")
     if args.map_command == "get":
-        entry = await table.get(args.key)
+        entry = await table.get(key)
         if entry is None:
             return _key_not_found(args)
-        print(entry.value.decode(errors="backslashreplace"))
+        print(encode(entry.value, args.value_encoding))
     elif args.map_command == "set":
-        revision = await table.set(args.key, args.value, revision=args.revision)
+        value = decode(args.value.encode(), args.value_encoding, "VALUE")
+        revision = await table.set(key, value, revision=args.revision)
         print(f"revision {revision}")
     elif args.map_command == "delete":
-        if await table.get(args.key) is None:
+        if await table.get(key) is None:
             return _key_not_found(args)
-        await table.delete(args.key)
+        await table.delete(key)
         print(f"deleted {args.key}")
     elif args.map_command == "scan":
         await _scan(client, args)
     else:
         print(await table.size())
     return 0
+
+
+def _shown(data: bytes, encoding: str) -> tuple[str | None, str | None]:
+    """`map scan`'s key or value: as --*-encoding says, or (utf8) text, else base64 flagged."""
+    if encoding == "utf8":
+        return text_or_base64(data)
+    return encode(data, encoding), encoding
 
 
 # pages a `map scan --all` fetches at most: 10 million keys at the largest page size
@@ -339,15 +514,16 @@ async def _scan(client: Client, args: argparse.Namespace) -> None:
     if not 1 <= args.limit <= 1000:
         raise ValueError("--limit must be 1..1000")
     table = client.map(args.topic)
+    prefix = decode(args.prefix.encode(), args.key_encoding, "--prefix", "--key-encoding")
     cursor = b""
     for _ in range(MAX_SCAN_PAGES):
-        page = await table.scan(args.prefix, args.limit, cursor)
+        page = await table.scan(prefix, args.limit, cursor)
         for entry in page.entries:
+            key, key_encoding = _shown(entry.key, args.key_encoding)
+            value, value_encoding = _shown(entry.value, args.value_encoding)
             if args.format == "json":
-                print(map_entry_json(entry.key, entry.value, entry.revision))
+                print(map_entry_json(key, key_encoding, value, value_encoding, entry.revision))
             else:
-                key, _ = text_or_base64(entry.key)
-                value, _ = text_or_base64(entry.value)
                 print(f"{key}\t{value}")
         cursor = page.cursor
         if not cursor:

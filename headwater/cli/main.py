@@ -28,12 +28,15 @@ from headwater.cli import (
     serve_command,
     token_commands,
 )
+from headwater.cli.arguments import not_utf8
 from headwater.cli.consume_command import consume
 from headwater.cli.parser import add_client_commands, add_global_options
+from headwater.client.broker_connection import SILENT_CLOSE
 from headwater.client.client import connect
 from headwater.client.credentials import Tls
+from headwater.client.port_probe import silent_port
 from headwater.server.build_info import version
-from headwater.wire.errors import HeadwaterError
+from headwater.wire.errors import ConnectionLost, HeadwaterError
 
 # the formats each command prints (`--format`); the first is the default
 FORMATS = {
@@ -103,6 +106,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         _command_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     if extra:
         args.values = [*args.values, *extra]
+    refused = not_utf8(args)
+    if refused is not None:  # before anything connects (headwater/cli/arguments.py)
+        print(f"headwater: error: {refused}", file=sys.stderr)
+        return 2 if args.command == "serve" else 1
     if args.command == "serve":
         return serve_command.run(args)
     if args.command == "token":
@@ -125,6 +132,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--size only applies to generated messages: give --count too")
     try:
         return asyncio.run(_run_client_command(args))
+    except ConnectionLost as exc:
+        if SILENT_CLOSE in exc.message:  # a TLS port or a Kafka listener? ask the port
+            exc.message = exc.message.replace(SILENT_CLOSE, asyncio.run(_silent(args)))
+        print(f"headwater: error: {exc}", file=sys.stderr)
+        return 1
     except HeadwaterError as exc:
         print(f"headwater: error: {exc}", file=sys.stderr)
         return 1
@@ -137,6 +149,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The reader went away (`| head`): stop quietly, as Unix tools do.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+
+
+async def _silent(args: argparse.Namespace) -> str:
+    """Why the server closed the connection before any answer, said with the option to use."""
+    kind = await silent_port(args.server)
+    if kind == "tls" and not (args.tls or args.ca or args.cert):
+        return (
+            f"{args.server} speaks TLS and closed the connection, which was not TLS: give --tls "
+            "(and --ca FILE when the server's certificate is from a private CA)"
+        )
+    if kind == "kafka":
+        return (
+            f"{args.server} is a Kafka listener (serve --kafka-port), which Kafka clients use: "
+            "headwater commands go to the server's message port, --port (default 6650)"
+        )
+    return SILENT_CLOSE
 
 
 async def _run_client_command(args: argparse.Namespace) -> int:

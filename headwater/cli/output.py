@@ -287,10 +287,18 @@ def server_info_text(info: ServerInfoResponse) -> str:
     )
 
 
-def map_entry_json(key: bytes, value: bytes, revision: int) -> str:
+def map_entry_json(
+    key: str | None,
+    key_encoding: str | None,
+    value: str | None,
+    value_encoding: str | None,
+    revision: int,
+) -> str:
+    """`map scan --format json`'s line: key and value as text, each with its `*_encoding`
+    (base64 or hex) when it is not the bytes' UTF-8 text."""
     record: dict[str, Any] = {}
-    for name, data in (("key", key), ("value", value)):
-        record[name], encoding = text_or_base64(data)
+    for name, text, encoding in (("key", key, key_encoding), ("value", value, value_encoding)):
+        record[name] = text
         if encoding:
             record[f"{name}_encoding"] = encoding
     record["revision"] = revision

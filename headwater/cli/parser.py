@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from headwater.cli.arguments import ENCODING_HELP, ENCODINGS
 from headwater.wire.messages import COMPATIBILITY_MODES, SCHEMA_TYPES
 
 DEFAULT_SERVER = "127.0.0.1:6650"
@@ -64,6 +65,18 @@ def add_global_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
         help="the client certificate's private key (PEM)",
     )
     group.add_argument("--format", default=default(None), metavar="FORMAT", help=FORMATS_HELP)
+
+
+def _encodings(parser: argparse.ArgumentParser, key: bool = True, value: bool = True) -> None:
+    """`--key-encoding` and `--value-encoding`: binary keys and values as base64 or hex text."""
+    for name, wanted in (("key", key), ("value", value)):
+        if wanted:
+            parser.add_argument(
+                f"--{name}-encoding",
+                choices=ENCODINGS,
+                default="utf8",
+                help=ENCODING_HELP.format(what=f"{name}s"),
+            )
 
 
 def _command(commands: Any, name: str, help: str) -> argparse.ArgumentParser:
@@ -167,6 +180,7 @@ def _produce_command(commands: Any) -> None:
         metavar="SEP",
         help="split each value at the first SEP into key and value",
     )
+    _encodings(produce)
     produce.add_argument(
         "--header",
         action="append",
@@ -308,14 +322,17 @@ def _map_commands(commands: Any) -> None:
     get = _command(map_commands, "get", "print a key's value")
     get.add_argument("topic", help="a topic with last-value state")
     get.add_argument("key", help="the key")
+    _encodings(get)
     set_ = _command(map_commands, "set", "write a key (the first write enables last-value state)")
     set_.add_argument("topic", help="a reliable topic")
     set_.add_argument("key", help="the key")
     set_.add_argument("value", help="the value")
     set_.add_argument("--revision", type=int, help="only if the key is at this revision")
+    _encodings(set_)
     delete = _command(map_commands, "delete", "delete a key")
     delete.add_argument("topic", help="a topic with last-value state")
     delete.add_argument("key", help="the key")
+    _encodings(delete, value=False)
     scan = _command(map_commands, "scan", "print keys and values in key order")
     scan.add_argument("topic", help="a topic with last-value state")
     scan.add_argument("--prefix", default="", help="only keys starting with this")
@@ -323,6 +340,7 @@ def _map_commands(commands: Any) -> None:
         "--limit", type=int, default=100, help="keys per page (default 100; at most 1000)"
     )
     scan.add_argument("--all", action="store_true", help="fetch page after page until done")
+    _encodings(scan)
     size = _command(map_commands, "size", "print the number of keys")
     size.add_argument("topic", help="a topic with last-value state")
 

@@ -103,7 +103,8 @@ def text_value(codec: SchemaCodec, text: str) -> Any:
     try:
         return json.loads(text)
     except ValueError as exc:
-        raise ValueError(f"not JSON for a {kind} topic: {exc}: {text[:80]!r}") from None
+        article = "an" if kind[0] in "aeiou" else "a"
+        raise ValueError(f"not JSON for {article} {kind} topic: {exc}: {text[:80]!r}") from None
 
 
 async def readable(consumer: Consumer, message: Message) -> Message:

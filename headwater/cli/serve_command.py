@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from headwater.cli.arguments import not_utf8
 from headwater.cli.parser import add_global_options
 
 
@@ -82,6 +83,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra:
         serve.error(f"unrecognized arguments: {' '.join(extra)}")
+    refused = not_utf8(args)
+    if refused is not None:
+        print(f"headwater: error: {refused}", file=sys.stderr)
+        return 2
     return run(args)
 
 

@@ -69,15 +69,50 @@ def parse_server(server: str) -> tuple[str, int]:
     return host or "127.0.0.1", number
 
 
+def other_protocol(head: bytes, address: str) -> str | None:
+    """What the first bytes a server sent say about it when they are not a Headwater frame:
+    the reason a connection to the wrong kind of port is lost, with the option to use."""
+    if head.startswith(b"HTTP/"):
+        status = head.split(b"\r\n", 1)[0].decode("ascii", "replace")
+        return (
+            f"{address} is an HTTP server (it answered {status!r}), such as Headwater's "
+            "operator port (status page, /metrics): the message port is the server's --port "
+            "(default 6650)"
+        )
+    if len(head) >= 2 and head[0] in (0x15, 0x16) and head[1] == 0x03:  # a TLS record
+        return (
+            f"{address} speaks TLS (it answered with a TLS record): connect with TLS "
+            "(headwater --tls, with --ca FILE for a private CA; Tls(...) in Python)"
+        )
+    return None
+
+
+# the reason given when a server closes a connection without a byte, before any answer
+SILENT_CLOSE = (
+    "closed by the server before any answer (a TLS port, to a client without TLS, and a Kafka "
+    "listener both close so)"
+)
+
+
 class _Protocol(asyncio.Protocol):
     def __init__(self, connection: Connection) -> None:
         self._connection = connection
         self._receive = connection.session.receive
+        # the server's first bytes, kept until they show a Headwater frame or another protocol
+        self._head: bytes | None = b""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._connection._transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
+        if self._head is not None:
+            self._head += data[:64]
+            other = other_protocol(self._head, self._connection.address or "the server")
+            if other is not None:
+                self._connection._fail(self._connection.lost(other))
+                return
+            if len(self._head) >= 5:
+                self._head = None  # a frame, as far as its first bytes tell
         fatal = self._receive(data)
         if fatal is not None:
             connection = self._connection
@@ -91,6 +126,9 @@ class _Protocol(asyncio.Protocol):
         refused = tls_refusal(exc)
         if refused is not None:
             self._connection._fail(refused)
+            return
+        if exc is None and self._head == b"":
+            self._connection._fail(self._connection.lost(SILENT_CLOSE))
             return
         self._connection._fail(self._connection.lost(str(exc) if exc else "closed by the server"))
 

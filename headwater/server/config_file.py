@@ -10,6 +10,7 @@ fall back to a default. Command-line flags override the file (see `with_override
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import tomllib
 import types
@@ -45,11 +46,34 @@ _SECTIONS: dict[str, type] = {
 _NESTED = {"topics": "topic_defaults", "subscriptions": "subscription_defaults"}
 
 
-def load_config(path: Path) -> ServerConfig:
+def _text(path: Path) -> str:
+    """The file's text: TOML is UTF-8 (a leading byte-order mark is allowed). Any other encoding
+    is a ConfigError that says which, rather than a traceback."""
     try:
-        data = tomllib.loads(path.read_text())
+        raw = path.read_bytes()
     except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    # UTF-16 starts with its byte-order mark, or (without one) has a zero byte beside every
+    # ASCII character; UTF-8 TOML has none
+    if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)) or b"\x00" in raw:
+        raise ConfigError(
+            f"{path}: the file is UTF-16 (as some Windows editors save 'Unicode' text); "
+            "TOML files are UTF-8: save it as UTF-8"
+        )
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{path}: not UTF-8 (byte {raw[exc.start]:#04x} on line {line}); TOML files are "
+            "UTF-8: save it as UTF-8"
+        ) from None
+
+
+def load_config(path: Path) -> ServerConfig:
+    text = _text(path)
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from None
     unknown = set(data) - {"server", *_SECTIONS}

@@ -112,18 +112,23 @@ class ClientSession:
         correlation_id = next(self._correlation)
         if waiter is None:
             return correlation_id, encode_request(request, correlation_id, Flags.NO_RESPONSE)
+        # encoded before the waiter is registered: a request that cannot be encoded (a name that
+        # is not UTF-8) is refused to its caller alone, and leaves no waiter behind to fail
+        # unseen when the connection closes ("Future exception was never retrieved")
+        frame = encode_request(request, correlation_id)
         self.pending[correlation_id] = waiter
         if on_response is not None:
             self._callbacks[correlation_id] = on_response
-        return correlation_id, encode_request(request, correlation_id)
+        return correlation_id, frame
 
     def produce(self, request: m.ProduceRequest, waiter: Waiter | None) -> tuple[bytes, bytes]:
         """A produce frame as (prefix, batch), so the batch is written without a copy."""
         correlation_id = next(self._correlation)
         if waiter is None:
             return produce_request_parts(request, correlation_id, Flags.NO_RESPONSE)
+        parts = produce_request_parts(request, correlation_id, 0)  # first, as in `request`
         self.pending[correlation_id] = waiter
-        return produce_request_parts(request, correlation_id, 0)
+        return parts
 
     def forget(self, correlation_id: int) -> Waiter | None:
         """Stop waiting for an answer (a timeout); a late answer is then dropped."""

@@ -90,11 +90,14 @@ class _Zygote:
         self.lock = threading.Lock()
 
     def run(
-        self, argv: list[str], stdin: str | None, env: dict[str, str], timeout: float
+        self, argv: list[str], stdin: str | bytes | None, env: dict[str, str], timeout: float
     ) -> subprocess.CompletedProcess[str]:
         with self.lock, tempfile.TemporaryDirectory(prefix="hw-") as scratch:
             paths = {name: Path(scratch) / name for name in ("stdin", "stdout", "stderr")}
-            paths["stdin"].write_text(stdin or "")
+            if isinstance(stdin, bytes):
+                paths["stdin"].write_bytes(stdin)
+            else:
+                paths["stdin"].write_text(stdin or "")
             for name in ("stdout", "stderr"):
                 paths[name].touch()
             request = {
@@ -146,7 +149,7 @@ _zygote: _Zygote | None = None
 def hw(
     *args: str,
     server: ServerProcess | None = None,
-    stdin: str | None = None,
+    stdin: str | bytes | None = None,
     env: dict[str, str] | None = None,
     timeout: float = 60,
 ) -> subprocess.CompletedProcess[str]:

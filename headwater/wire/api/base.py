@@ -177,7 +177,15 @@ def parse_request(schema: Construct, body: bytes, what: str) -> Any:
 def build(schema: Construct, value: Any) -> bytes:
     try:
         return bytes(schema.build(value))
-    except (ConstructError, UnicodeEncodeError, ValueError, OverflowError, TypeError) as exc:
+    except (ConstructError, ValueError, OverflowError, TypeError) as exc:
+        unencodable = exc if isinstance(exc, UnicodeEncodeError) else exc.__context__
+        if isinstance(unencodable, UnicodeEncodeError):
+            # text that is not UTF-8 (a shell's non-UTF-8 argument, surrogate-escaped): the
+            # caller's request is refused here, before it is sent; not the server's error
+            raise InvalidRequest(
+                f"cannot encode {type(value).__name__}: {unencodable.object[:80]!r} is not "
+                "UTF-8 text"
+            ) from None
         raise HeadwaterError(f"cannot encode {type(value).__name__}: {exc}") from None
 
 

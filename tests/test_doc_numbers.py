@@ -1,0 +1,68 @@
+"""The numbers and names the documents quote, checked against the code's (issue 41): a default
+or a metric that changes without its document fails here. No server: the unit tier."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from headwater.server.config import ServerConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+CONFIGURATION = (ROOT / "docs" / "CONFIGURATION.md").read_text()
+OPERATIONS = (ROOT / "docs" / "OPERATIONS.md").read_text()
+MIB = 1024 * 1024
+
+
+def _flat(text: str) -> str:
+    return re.sub(r"\s+", " ", text)
+
+
+def test_the_slow_consumer_bounds_quoted_are_the_defaults() -> None:
+    config = ServerConfig()
+    messages, size = config.subscription_backlog, config.subscription_backlog_bytes
+    quoted = re.search(r"holds at most ([\d,]+) undelivered messages or (\d+) MiB", _flat(README))
+    assert quoted is not None, "README's slow-consumer bound is gone or reworded"
+    assert (int(quoted[1].replace(",", "")), int(quoted[2]) * MIB) == (messages, size)
+    assert f"subscription_backlog = {messages} " in CONFIGURATION
+    assert f"subscription_backlog_bytes = {size} " in CONFIGURATION
+    assert f"`subscription_backlog_bytes` | {size} ({size // MIB} MiB)" in CONFIGURATION
+    assert f"`subscription_backlog` ({messages} messages)" in CONFIGURATION
+
+
+def test_the_ports_quoted_are_the_defaults() -> None:
+    config = ServerConfig()
+    assert f"\nport = {config.port}\n" in CONFIGURATION
+    assert config.port == 6650 and "127.0.0.1:6650" in README
+
+
+def _counters_in_the_code() -> set[str]:
+    """The counters named by a literal in the server's source (the exposition adds `_total`)."""
+    names = set()
+    for path in (ROOT / "headwater").rglob("*.py"):
+        text = path.read_text()
+        names |= set(re.findall(r'CounterMetricFamily\(\s*"(headwater_\w+)"', text))
+        for prefix, block in re.findall(
+            r'CounterMetricFamily\(f"(headwater_\w+_)\{name\}".*?'
+            r"for name, text in \((.*?)\n\s*\)\n",
+            text,
+            re.S,
+        ):
+            names |= {prefix + name for name in re.findall(r'\(\s*"(\w+)",', block)}
+    return names
+
+
+def test_every_counter_is_documented_with_its_total_suffix() -> None:
+    counters = _counters_in_the_code()
+    assert len(counters) > 20  # the patterns still find them
+    assert "headwater_topic_messages_in" in counters  # the f-string families too
+    for counter in counters:
+        assert f"`{counter}_total`" in OPERATIONS, f"{counter}_total is not in OPERATIONS.md"
+    # a name without its suffix matches nothing in Prometheus: an alert copied from it is silent
+    bare = sorted(
+        name for name in set(re.findall(r"\b(headwater_\w+)\b", OPERATIONS)) if name in counters
+    )
+    assert bare == [], f"counters quoted without _total in OPERATIONS.md: {bare}"
+    for row in re.findall(r"^\| `(headwater_\w+)` \| counter \|", OPERATIONS, re.M):
+        assert row.endswith("_total"), f"counter {row} is listed without _total"
