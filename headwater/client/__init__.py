@@ -3,7 +3,7 @@ in `admin_calls` and its cluster routing in `cluster_calls`), `broker_connection
 `wire.session`), `producer` with `producer_config`, `accumulator` and `sender`, `consumer` with
 `consumer_legs` (one leg per owning broker in a cluster) and `message_batch`, `fetched` (a FETCH
 answer), `map_client` and `routed_maps`, `router` and `routing_table` (which broker owns which
-partition), `credentials` (TLS and the handshake), `port_probe` (what kind of port closed on us without a
-word: TLS or Kafka), `reconnect`, `schema_codec`, and `blocking`
-(plain sockets, for locust). It imports only `headwater.wire`; the public names are re-exported
+partition), `credentials` (TLS and the handshake), `port_probe` (what kind of port closed on us
+without a word: TLS or Kafka), `reconnect`, `schema_codec`, and `blocking` (plain sockets, for
+locust). It imports only `headwater.wire`; the public names are re-exported
 by `headwater`."""
