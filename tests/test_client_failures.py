@@ -360,7 +360,7 @@ async def test_messages_dropped_push_is_surfaced(caplog: pytest.LogCaptureFixtur
 
         # without a callback: a warning in the log
         client = await headwater.connect(f"127.0.0.1:{peer.port}")
-        with caplog.at_level(logging.WARNING, logger="headwater.client.client"):
+        with caplog.at_level(logging.WARNING, logger="headwater.client"):
             consumer = await client.subscribe("t", "s")
             await consumer.receive(timeout=30)
             await consumer.receive(timeout=30)

@@ -306,7 +306,7 @@ async def produce(client: Client, args: argparse.Namespace) -> int:
     a failure then says what the server acknowledged before it."""
     # the command reports the producer's first error itself (`_settle`, exit status 1): the
     # library's warning of the same refusal would print it twice
-    logging.getLogger("headwater.client.producer").addHandler(logging.NullHandler())
+    logging.getLogger("headwater.client.sender").addHandler(logging.NullHandler())
     if args.key is not None and args.key_separator is not None:
         raise ValueError("use either --key or --key-separator, not both")
     if args.partition is not None and args.partition < 0:

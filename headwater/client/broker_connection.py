@@ -45,7 +45,7 @@ __all__ = [
     "parse_server",
 ]
 
-logger = logging.getLogger("headwater.client.client")
+logger = logging.getLogger(__name__)
 
 DEFAULT_PORT = 6650
 DEFAULT_SERVER = f"127.0.0.1:{DEFAULT_PORT}"

@@ -65,7 +65,7 @@ from headwater.wire.errors import (
 
 __all__ = ["Client", "Consumer", "Message", "ReconnectPolicy", "Tls", "connect"]
 
-logger = logging.getLogger("headwater.client.client")
+logger = logging.getLogger(__name__)
 
 SubscriptionTypeName = Literal["exclusive", "shared", "failover", "key_shared"]
 DispatchName = Literal["non-reliable", "reliable"]

@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Consumer", "Legs", "Message", "ms"]
 
-logger = logging.getLogger("headwater.client.client")
+logger = logging.getLogger(__name__)
 
 
 class Legs(Protocol):

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from headwater.client.router import Peers, Router
     from headwater.client.routing_table import BrokerAddress
 
-logger = logging.getLogger("headwater.client.client")
+logger = logging.getLogger(__name__)
 
 # A leg ending with one of these is placed again at the partitions' (new) owner.
 MOVABLE = (ConnectionLost, ServerShuttingDown, NotOwner, RequestTimeout)

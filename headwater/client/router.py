@@ -34,7 +34,7 @@ from headwater.wire.errors import (
 
 __all__ = ["Peers", "Router"]
 
-logger = logging.getLogger("headwater.client.client")
+logger = logging.getLogger(__name__)
 
 Requester = Callable[[m.Request], Awaitable[m.Response]]
 Opener = Callable[[str, int], Awaitable[Connection]]

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from headwater.client.router import Router
     from headwater.client.routing_table import BrokerAddress
 
-logger = logging.getLogger("headwater.client.producer")
+logger = logging.getLogger(__name__)
 
 # between tries of a batch whose partition is between owners (NOT_OWNER): the router's lookups
 # have their own backoff; this only wakes the sender to ask it again

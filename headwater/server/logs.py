@@ -48,7 +48,7 @@ class ProtocolErrorLog:
     """Rate-limited logging of the protocol errors clients cause (bad frames, timeouts)."""
 
     def __init__(self, interval: float = 10.0, burst: int = 20) -> None:
-        self._log = structlog.get_logger("headwater.client.broker_connection")
+        self._log = structlog.get_logger(__name__)
         self._interval = interval
         self._burst = burst
         self._window_start = 0.0

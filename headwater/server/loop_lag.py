@@ -28,7 +28,7 @@ import structlog
 
 from headwater.storage.latency import LatencyHistogram
 
-log = structlog.get_logger("headwater.server")
+log = structlog.get_logger(__name__)
 
 TICK: Final = 0.01
 STALL: Final = 0.05

@@ -45,7 +45,7 @@ from headwater.wire.errors import HeadwaterError
 
 __all__ = ["StartupError", "run", "serve"]
 
-log = structlog.get_logger("headwater.server")
+log = structlog.get_logger(__name__)
 
 
 async def open_object_store(config: ServerConfig) -> ObjectStore | None:

@@ -35,7 +35,7 @@ from headwater.storage.segments import walk_batches
 from headwater.wire.errors import CorruptBatch, ObjectNotFound, StorageError
 from headwater.wire.records import BATCH_HEADER_SIZE, Headers, decode_records, read_base_offset
 
-log = structlog.get_logger("headwater.spark_compaction")
+log = structlog.get_logger(__name__)
 ROWS_PER_BATCH = 32_768
 
 

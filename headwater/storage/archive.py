@@ -34,7 +34,7 @@ from headwater.storage.segments import (
 from headwater.storage.uploader import UploadedSegment, Uploader
 from headwater.wire.errors import ObjectNotFound
 
-log = structlog.get_logger("headwater.archive")
+log = structlog.get_logger(__name__)
 
 READ_BYTES = 1 << 20
 _REREADS = 3

@@ -34,7 +34,7 @@ from headwater.storage.segments import SparseIndex, batch_location
 from headwater.storage.wal import PartitionLog
 from headwater.wire.errors import ObjectNotFound, StorageError
 
-log = structlog.get_logger("headwater.topics")
+log = structlog.get_logger(__name__)
 
 MAX_ARCHIVE_SKIPS: Final = 10_000  # bounds one read's walk over missing objects and gaps
 

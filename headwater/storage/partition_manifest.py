@@ -41,7 +41,7 @@ from headwater.storage.objectstore import ObjectStore
 from headwater.storage.tasks import spawn
 from headwater.wire.errors import NotOwner, ObjectNotFound, StorageError
 
-log = structlog.get_logger("headwater.manifest")
+log = structlog.get_logger(__name__)
 
 _ATTEMPTS = 20  # conditional writes lost to another writer before giving up (a live-lock bound)
 

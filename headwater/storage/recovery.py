@@ -47,7 +47,7 @@ from headwater.storage.segments import (
     write_index,
 )
 
-log = structlog.get_logger("headwater.wal")
+log = structlog.get_logger(__name__)
 
 QUARANTINE_DIR: Final = "quarantine"
 

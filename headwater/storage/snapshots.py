@@ -53,7 +53,7 @@ SCHEMA_VERSION: Final = 1
 # rather than read a delta's changed keys as the whole state; a full snapshot still says 1
 LAYERED_SCHEMA_VERSION: Final = 2
 
-log = structlog.get_logger("headwater.snapshots")
+log = structlog.get_logger(__name__)
 
 _MANIFEST_PREFIX = "manifest-"
 _MANIFEST_SUFFIX = ".json"

@@ -48,7 +48,7 @@ from headwater.storage.known_keys import KnownKeys
 from headwater.storage.tasks import spawn
 from headwater.wire.errors import StorageError
 
-log = structlog.get_logger("headwater.state")
+log = structlog.get_logger(__name__)
 
 TOPIC = b"topic/"
 SUBSCRIPTION = b"sub/"

@@ -90,7 +90,7 @@ class SyncedLog(Protocol):
     def reads_in_flight(self) -> list[asyncio.Future[Any]]: ...
 
 
-log = structlog.get_logger("headwater.wal")
+log = structlog.get_logger(__name__)
 
 
 class Syncer:

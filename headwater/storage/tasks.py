@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 import structlog
 
-log = structlog.get_logger("headwater.tasks")
+log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
 

@@ -38,7 +38,7 @@ from headwater.storage.tasks import end_tasks, spawn
 from headwater.storage.wal import SealedSegment
 from headwater.wire.errors import StorageError
 
-log = structlog.get_logger("headwater.uploader")
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)

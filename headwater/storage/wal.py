@@ -58,7 +58,7 @@ from headwater.wire.records import stamp_base_offset
 
 __all__ = ["FsyncPolicy", "LogConfig", "LogRead", "PartitionLog", "SealedSegment"]
 
-log = structlog.get_logger("headwater.wal")
+log = structlog.get_logger(__name__)
 
 _READ_CHUNK = 1 << 20
 

@@ -16,7 +16,7 @@ import structlog
 from headwater.server.topics.topic import Topic
 from headwater.storage.uploader import Uploader
 
-log = structlog.get_logger("headwater.catalog")
+log = structlog.get_logger(__name__)
 
 HOUSEKEEPING_INTERVAL = 1.0
 

@@ -84,7 +84,7 @@ from headwater.wire.limits import MAX_PARTITIONS
 from headwater.wire.names import check_topic_name
 from headwater.wire.records import Record, read_records
 
-log = structlog.get_logger("headwater.catalog")
+log = structlog.get_logger(__name__)
 
 # partitions created (or added) after which what the server holds is frozen out of the cyclic
 # collector again (`TopicCatalog.grew`)

@@ -31,7 +31,7 @@ from headwater.server.cluster.coordinator_state import Counters, Held, Partition
 from headwater.server.cluster.etcd import Entry, EtcdSession, EtcdUnavailable, PrefixWatch
 from headwater.server.cluster.layout import Layout, balanced, partitions_of, rendezvous
 
-log = structlog.get_logger("headwater.cluster")
+log = structlog.get_logger(__name__)
 
 HANDOFFS_AT_ONCE = 2
 ACQUISITIONS_AT_ONCE = 4

@@ -70,7 +70,7 @@ from headwater.storage.wal import SealedSegment
 from headwater.wire import messages as m
 from headwater.wire.errors import ErrorCode, InvalidRequest, TopicExists, UnknownTopic
 
-log = structlog.get_logger("headwater.cluster")
+log = structlog.get_logger(__name__)
 
 
 class ClusterMode:

@@ -71,7 +71,7 @@ from headwater.storage.uploader import UploadedSegment
 from headwater.storage.wal import PartitionLog, SealedSegment
 from headwater.wire.errors import ObjectNotFound, StorageError
 
-log = structlog.get_logger("headwater.cluster")
+log = structlog.get_logger(__name__)
 
 _STORED_WAIT = 1.0  # an upload waiting for the tail looks again at least this often
 _FOLD_READS = 16  # chunk GETs of one fold in flight

@@ -48,7 +48,7 @@ from headwater.server.cluster.metadata import Metadata, SubscriptionCallback, To
 from headwater.server.requests.partition_ownership import BrokerAddress
 from headwater.storage.tasks import end_tasks
 
-log = structlog.get_logger("headwater.cluster")
+log = structlog.get_logger(__name__)
 
 # How long a starting broker keeps trying an etcd that does not answer before it gives up: an
 # etcd restart or a slow moment under load passes; a wrong address still fails the start.

@@ -26,7 +26,7 @@ import structlog
 
 from headwater.storage.tasks import end_tasks
 
-log = structlog.get_logger("headwater.cluster")
+log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
 

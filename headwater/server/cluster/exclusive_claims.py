@@ -45,7 +45,7 @@ from headwater.server.topics.topic import Topic
 from headwater.wire import messages as m
 from headwater.wire.errors import ConsumerBusy, ErrorCode, StorageError
 
-log = structlog.get_logger("headwater.cluster")
+log = structlog.get_logger(__name__)
 
 CLAIM_ATTEMPTS = 8  # transactions lost to a racing claim before giving up (STORAGE_ERROR)
 SWEEP_INTERVAL = 2.0  # seconds between checks for holders with no consumer left here

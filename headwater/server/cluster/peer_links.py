@@ -29,7 +29,7 @@ from headwater.wire import messages as m
 from headwater.wire.errors import ConnectionLost, HeadwaterError, RequestTimeout
 from headwater.wire.session import ClientSession
 
-log = structlog.get_logger("headwater.server.cluster.peer_links")
+log = structlog.get_logger(__name__)
 
 # a peer that does not answer within this long is treated as gone: the write is retried later
 PEER_TIMEOUT = 10.0

@@ -36,7 +36,7 @@ from headwater.server.cluster.shared_tail import REPUT_AFTER, SharedTail, Slice,
 from headwater.storage.cloud_tail import Chunk
 from headwater.wire.errors import HeadwaterError, StorageError
 
-log = structlog.get_logger("headwater.cluster")
+log = structlog.get_logger(__name__)
 
 _RETRY_INITIAL = 0.05
 _RETRY_MAX = 2.0

@@ -43,7 +43,7 @@ from headwater.storage.cloud_tail import Chunk, CloudTail, TailState, split_batc
 from headwater.storage.objectstore import ObjectStore
 from headwater.wire.errors import NotOwner, StorageError
 
-log = structlog.get_logger("headwater.cluster")
+log = structlog.get_logger(__name__)
 
 SHARED_PREFIX = "shared/"
 RETIRE_AFTER = 600.0  # seconds a shared object lives at least, named or not

@@ -36,7 +36,7 @@ from headwater.server.cluster.coordinator_state import Standing
 from headwater.storage.cloud_tail import Chunk, CloudTail
 from headwater.wire.errors import HeadwaterError, StorageError
 
-log = structlog.get_logger("headwater.cluster")
+log = structlog.get_logger(__name__)
 
 _RETRY_INITIAL = 0.05
 _RETRY_MAX = 2.0

@@ -44,7 +44,7 @@ from headwater.server.topics.topic_settings import (
 from headwater.wire import messages as m
 from headwater.wire.errors import HeadwaterError, InvalidRequest, UnknownTopic
 
-log = structlog.get_logger("headwater.server")
+log = structlog.get_logger(__name__)
 
 TOPIC_RESOURCE: Final = 2
 BROKER_RESOURCE: Final = 4

@@ -30,7 +30,7 @@ import structlog
 
 from headwater.server.kafka import kafka_errors as k
 
-log = structlog.get_logger("headwater.server")
+log = structlog.get_logger(__name__)
 
 INITIAL_DELAY: Final = 0.3
 MAX_MEMBERS: Final = 1000

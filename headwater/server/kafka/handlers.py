@@ -124,7 +124,7 @@ from headwater.wire.errors import (
 from headwater.wire.limits import MAX_FETCH_BYTES, MAX_FETCH_WAIT_MS
 from headwater.wire.records import BatchInfo, validate_records
 
-log = structlog.get_logger("headwater.server")
+log = structlog.get_logger(__name__)
 
 Session = KafkaSession
 

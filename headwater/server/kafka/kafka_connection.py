@@ -74,7 +74,7 @@ from headwater.server.security.access import Security, Session
 from headwater.server.topics.subscription_contract import Consumer
 from headwater.wire.errors import HeadwaterError
 
-log = structlog.get_logger("headwater.server")
+log = structlog.get_logger(__name__)
 
 # the fewest bytes a request can be: api key, version, correlation id, client id length
 _MIN_REQUEST: Final = 10

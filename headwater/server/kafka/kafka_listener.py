@@ -41,7 +41,7 @@ from headwater.server.requests.broker import Broker
 from headwater.server.security.access import Security
 from headwater.server.security.tls import ServerTls
 
-log = structlog.get_logger("headwater.server")
+log = structlog.get_logger(__name__)
 
 BACKLOG: Final = 1024
 

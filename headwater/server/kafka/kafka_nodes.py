@@ -31,7 +31,7 @@ import structlog
 
 from headwater.server.requests.partition_ownership import Ownership
 
-log = structlog.get_logger("headwater.server")
+log = structlog.get_logger(__name__)
 
 SINGLE_NODE_ID: Final = 0
 _NODE_ID_MASK: Final = 0x7FFF_FFFF  # Kafka's node ids are int32, and negative ones mean "none"

@@ -129,7 +129,7 @@ from headwater.wire.frames import (
 from headwater.wire.protocol import decode_request, encode_error, encode_push, encode_response
 from headwater.wire.records import BatchInfo, validate_records
 
-log = structlog.get_logger("headwater.client.broker_connection")
+log = structlog.get_logger(__name__)
 
 # plain ints: enum flag arithmetic costs microseconds per frame
 _NO_RESPONSE = int(Flags.NO_RESPONSE)

@@ -39,7 +39,7 @@ from headwater.storage.tasks import spawn
 from headwater.wire.errors import HeadwaterError, TooManyConnections
 from headwater.wire.protocol import encode_error
 
-log = structlog.get_logger("headwater.server")
+log = structlog.get_logger(__name__)
 
 ACCEPT_BURST: Final = 64
 RETRY_DELAY: Final = 0.1

@@ -37,7 +37,7 @@ import structlog
 from headwater.server.net.accepting import Acceptor, ListenError, listen_on
 from headwater.storage.tasks import spawn
 
-log = structlog.get_logger("headwater.http")
+log = structlog.get_logger(__name__)
 
 MAX_HEAD: Final = 8 * 1024
 HEAD_TIMEOUT: Final = 5.0

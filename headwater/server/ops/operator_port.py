@@ -43,7 +43,7 @@ from headwater.server.security.access import Security
 from headwater.server.security.authz import Action
 from headwater.server.security.tls import is_loopback
 
-log = structlog.get_logger("headwater.server")
+log = structlog.get_logger(__name__)
 
 
 def routes(state: ServerState, registry: CollectorRegistry) -> dict[str, Handler]:

@@ -52,7 +52,7 @@ from headwater.storage.state import TOPIC, key
 from headwater.wire import messages as m
 from headwater.wire.errors import InvalidRequest, UnknownTopic
 
-log = structlog.get_logger("headwater.admin")
+log = structlog.get_logger(__name__)
 
 _STARTED: Final = time.time()  # the module is imported when the server starts
 DISK_USAGE_TTL: Final = 1.0

@@ -57,7 +57,7 @@ from headwater.wire.limits import (
 )
 from headwater.wire.names import check_name
 
-log = structlog.get_logger("headwater.broker")
+log = structlog.get_logger(__name__)
 
 
 class ConsumerHandlers:

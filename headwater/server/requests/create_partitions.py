@@ -40,7 +40,7 @@ from headwater.wire import messages as m
 from headwater.wire.errors import InvalidRequest, StorageError, UnknownTopic
 from headwater.wire.limits import MAX_PARTITIONS
 
-log = structlog.get_logger("headwater.partitions")
+log = structlog.get_logger(__name__)
 
 
 def check_growth(catalog: TopicCatalog, request: m.CreatePartitionsRequest) -> bool:

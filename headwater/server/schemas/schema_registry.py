@@ -63,7 +63,7 @@ from headwater.wire.records import Headers, decode_records
 if TYPE_CHECKING:
     from headwater.server.topics.subscription_contract import ConsumerSession as Session
 
-log = structlog.get_logger("headwater.schemas")
+log = structlog.get_logger(__name__)
 
 SCHEMA: Final = b"schema/"
 MODE: Final = "mode"

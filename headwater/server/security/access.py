@@ -60,7 +60,7 @@ from headwater.wire.errors import (
     TooManyConnections,
 )
 
-log = structlog.get_logger("headwater.client.credentials")
+log = structlog.get_logger(__name__)
 
 TICK_SECONDS = 1.0
 FAILURE_WINDOW = 60.0

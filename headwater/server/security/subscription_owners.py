@@ -19,7 +19,7 @@ from pathlib import Path
 
 import structlog
 
-log = structlog.get_logger("headwater.client.credentials")
+log = structlog.get_logger(__name__)
 
 
 class Owners:

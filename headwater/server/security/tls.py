@@ -21,7 +21,7 @@ from pathlib import Path
 
 import structlog
 
-log = structlog.get_logger("headwater.tls")
+log = structlog.get_logger(__name__)
 
 
 class TlsError(Exception):

@@ -33,7 +33,7 @@ from headwater.wire.errors import InvalidRequest, UnknownTopic
 from headwater.wire.names import dead_letter_topic
 from headwater.wire.records import Record, build_batch
 
-log = structlog.get_logger("headwater.catalog")
+log = structlog.get_logger(__name__)
 
 LAST_VALUE_CONFIGS = ("last.value", "key.field")
 

@@ -43,7 +43,7 @@ __all__ = ["Consumer", "ConsumerSession", "Subscription", "failover_logger"]
 # holds, not by its payload alone.
 ENTRY_OVERHEAD = 128
 
-log = structlog.get_logger("headwater.subscription")
+log = structlog.get_logger(__name__)
 
 
 def failover_logger(topic: str, name: str) -> Callable[[Consumer | None], None]:

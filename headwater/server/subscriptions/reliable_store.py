@@ -40,7 +40,7 @@ from headwater.storage.wal import PartitionLog
 from headwater.wire import messages as m
 from headwater.wire.errors import InvalidRequest, StorageError, UnknownSubscription
 
-log = structlog.get_logger("headwater.catalog")
+log = structlog.get_logger(__name__)
 
 
 class SubscriptionStore:

@@ -86,7 +86,7 @@ from headwater.wire.records import (
     rebuild_batch,
 )
 
-log = structlog.get_logger("headwater.reliable")
+log = structlog.get_logger(__name__)
 
 _YIELD_EVERY = 64  # pump rounds between yields to the event loop
 _STUCK_RECHECK = 0.25  # seconds: a round that sent nothing while something is due looks again

@@ -34,7 +34,7 @@ from headwater.wire.records import Record, rebuild_batch
 if TYPE_CHECKING:
     import pyarrow as pa  # the tables come from storage.snapshots, which imports it when reading
 
-log = structlog.get_logger("headwater.snapshot_feed")
+log = structlog.get_logger(__name__)
 
 READ_ROWS = 1000  # rows per read, like a read of the log returns about a megabyte
 

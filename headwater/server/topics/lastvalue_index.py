@@ -45,7 +45,7 @@ from headwater.wire.messages import (
 )
 from headwater.wire.records import rebuild_batch
 
-log = structlog.get_logger("headwater.lastvalue")
+log = structlog.get_logger(__name__)
 
 _LOAD_CHUNK = 10_000  # snapshot rows per WriteBatch
 

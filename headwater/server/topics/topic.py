@@ -52,7 +52,7 @@ from headwater.wire.records import read_records
 
 __all__ = ["Archive", "LogTopic", "MemoryTopic", "Topic"]
 
-log = structlog.get_logger("headwater.topics")
+log = structlog.get_logger(__name__)
 
 _BASE_OFFSET = struct.Struct(">q")
 _MAX_SEGMENT_STEPS: Final = 10_000_000  # bounds a timestamp search's walk over segments
