@@ -125,10 +125,14 @@ class AckedRanges:
     def take_run_at(self, offset: int) -> int:
         """The end of the range that starts at `offset`, removed; `offset` when none does."""
         firsts = self._firsts
-        if not firsts or firsts[0] != offset:
-            return offset
-        end = self._ends.pop(0)
-        firsts.pop(0)
+        if firsts and firsts[0] == offset:  # the cursor's case: the range at its floor
+            at = 0
+        else:
+            at = bisect_left(firsts, offset)
+            if at == len(firsts) or firsts[at] != offset:
+                return offset
+        end = self._ends.pop(at)
+        firsts.pop(at)
         self._count -= end - offset
         return end
 
