@@ -23,6 +23,10 @@ bounded, as on the native port (`net.client_connection`):
   `codec.INLINE_ELEMENTS` array elements is decoded again on the listener's inflater thread
   (`codec.Deferred`, found before those elements are read) while the connection's later frames
   wait, so requests are still handled in order; an answer holding that many is encoded there too;
+- such a request, and every Fetch, is handled alone: the connection's later frames wait until it
+  is answered, as a Kafka broker reads nothing more of a connection until it has answered (its
+  consumers keep one Fetch per broker in flight). Pipelined Fetches of 10,000 partitions, or of
+  a megabyte each, had 64 in progress per connection;
 - memory: the bytes it holds for its client (the transport's unsent output, frames read and not
   yet handled, answers ready behind the head of the line) are charged to the server's memory
   budget and the connection's principal (`_account` → `ConnectionCore.account`: as frames are
@@ -62,7 +66,7 @@ import structlog
 
 from headwater.server.config import ServerConfig
 from headwater.server.kafka import codec
-from headwater.server.kafka.apis import API_VERSIONS, BEFORE_AUTH, PRODUCE, SERVED, Api
+from headwater.server.kafka.apis import API_VERSIONS, BEFORE_AUTH, FETCH, PRODUCE, SERVED, Api
 from headwater.server.kafka.handlers import KafkaHandlers, closes_after, produce_bytes, throttled
 from headwater.server.kafka.kafka_errors import UNSUPPORTED_VERSION
 from headwater.server.kafka.kafka_metrics import KafkaStats
@@ -284,6 +288,14 @@ class KafkaConnection(asyncio.Protocol):
         except codec.MalformedKafka as exc:
             core.fill(slot, None)
             self._fatal(f"{api.name} v{version}: {exc}")
+            return
+        if key == FETCH:
+            # one Fetch of a connection at a time, as a Kafka broker reads nothing more of a
+            # connection until it has answered (its consumers keep one Fetch per broker in
+            # flight): 64 pipelined Fetches of a megabyte each on every connection were read
+            # from the log in the same turn of the loop (docs/BENCHMARKS.md, hostile requests)
+            core.begin_off_loop()
+            self._start(slot, api, version, correlation, decoded, alone=True)
             return
         self._start(slot, api, version, correlation, decoded)
 
