@@ -32,6 +32,11 @@ from pathlib import Path
 import pytest
 
 import headwater
+from headwater.server.cluster.coordinator import Coordinator
+from headwater.server.cluster.coordinator_state import Held, State
+from headwater.server.cluster.etcd import Entry
+from headwater.server.kafka.kafka_nodes import ClusterNodes
+from headwater.server.requests.partition_ownership import BrokerAddress, not_owner
 from tests.support.cluster_support import Cluster, running_cluster
 from tests.support.s3 import MotoS3
 
@@ -217,3 +222,30 @@ async def test_frozen_owner_partitions_are_acknowledged_again_before_it_wakes(
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
         await client.close()
+
+
+def test_a_broker_woken_past_its_lease_names_no_owner_of_what_it_held() -> None:
+    """A frozen broker that wakes has not yet run its watchdog nor read its watches: until then
+    its coordinator still holds the partition SERVING and its copy of the owner keys names it.
+    Once the serving deadline has passed it serves nothing (requests refused NOT_OWNER before
+    any append) and names no owner of it, itself included (LOOKUP, Kafka's Metadata): clients
+    go to the other brokers, which name the new owner."""
+    this = BrokerAddress("b2", "127.0.0.1", 1)
+    other = BrokerAddress("b3", "127.0.0.1", 2)
+    coordinator = Coordinator("etcd://127.0.0.1:1", this, kafka=("127.0.0.1", 11))
+    coordinator._brokers = {"b2": this, "b3": other}
+    coordinator._kafka_addresses = {"b3": ("127.0.0.1", 12)}
+    coordinator._held[(TOPIC, 0)] = Held(7, State.SERVING)
+    coordinator._owners[(TOPIC, 0)] = Entry(b"b2", 7, 7, 1)
+    coordinator._owners[(TOPIC, 1)] = Entry(b"b3", 8, 8, 2)
+    nodes = ClusterNodes(coordinator)
+    coordinator._deadline = time.monotonic() + 60  # its lease confirmed: it serves
+    assert coordinator.serves(TOPIC, 0) and coordinator.owner(TOPIC, 0) == this
+    leaders = nodes.leaders(TOPIC, 2)
+    assert [n.broker_id if n else None for n in leaders] == ["b2", "b3"]
+    coordinator._deadline = time.monotonic() - 0.1  # woken from a freeze past the deadline
+    assert not coordinator.serves(TOPIC, 0)
+    assert coordinator.owner(TOPIC, 0) is None
+    assert not_owner(coordinator, TOPIC, 0).message.endswith("owner=none")
+    leaders = nodes.leaders(TOPIC, 2)
+    assert [n.broker_id if n else None for n in leaders] == [None, "b3"]
