@@ -23,6 +23,13 @@ up its retries: a partition between owners is not the batch's failure. An owner 
 reached is reported to the router, and the sender looks up and tries again after the router's
 backoff (bounded) before counting it as a failure. On a single broker every batch goes to the
 bootstrap connection, exactly as without a router.
+
+A partition waits only for its own owner (issue 42): finding it (a lookup, the backoff, a
+connect) runs in the background while the other partitions' batches go, and `max_in_flight`
+holds per connection. A batch unanswered for the routing table's `owner_check` (1 s, half the
+default lease) has the router ask the other brokers whether its partition moved; once they name
+another owner or none, the silent (frozen) owner's connection is abandoned and its batches go
+again to the new owners (docs/CLUSTER.md, "Failover as a producer sees it").
 """
 
 from __future__ import annotations
