@@ -111,6 +111,20 @@ class ClusterMixin:
         self._router.table.refresh_interval = seconds
 
     @property
+    def owner_check(self) -> float:
+        """Seconds a request to a partition's owner may stay unanswered before the client asks
+        the other brokers whether the partition moved (default 1: half the cluster's default
+        2 s lease; a frozen owner's partitions are resent to their new owner once it has them,
+        not after the request timeout). An owner the cluster still names keeps its requests."""
+        return self._router.table.owner_check
+
+    @owner_check.setter
+    def owner_check(self, seconds: float) -> None:
+        if seconds <= 0:
+            raise ValueError("owner_check must be > 0")
+        self._router.table.owner_check = seconds
+
+    @property
     def brokers(self) -> list[BrokerAddress]:
         """The brokers the last LOOKUP named (empty before any, or on a server without LOOKUP)."""
         return list(self._router.table.brokers.values())

@@ -53,6 +53,9 @@ class Router:
         self.peers: Peers | None = None  # set by the client: the other brokers, for fallbacks
         self._pending: dict[str, asyncio.Task[None]] = {}
         self._loop = asyncio.get_running_loop()
+        # brokers that left a request unanswered past `owner_check` (dead or frozen) -> until
+        # when (loop time) lookups do not go through them first
+        self._silent: dict[tuple[str, int], float] = {}
 
     @property
     def multi_broker(self) -> bool:
@@ -97,6 +100,8 @@ class Router:
     async def _lookup(self, topic: str) -> None:
         request = m.LookupRequest((topic,))
         try:
+            if self._is_silent(self.table.bootstrap.address):
+                raise RequestTimeout("the bootstrap broker left a request unanswered")
             response = await self._request(request)
         except UnsupportedApi:
             self.table.unsupported([topic], self._loop.time())
@@ -117,12 +122,49 @@ class Router:
             raise error
         bootstrap = self.table.bootstrap
         others = [b for b in self.table.brokers.values() if b.address != bootstrap.address]
+        others.sort(key=lambda b: self._is_silent(b.address))  # the silent ones last
         for broker in [*others, bootstrap] if self.table.multi_broker else others:
             try:
                 connection = await self.peers.get(broker)
                 return await connection.request(request, self.peers.timeout)
             except (ConnectionClosed, RequestTimeout) as exc:
                 error = exc
+        raise error
+
+    def _is_silent(self, address: tuple[str, int]) -> bool:
+        until = self._silent.get(address)
+        if until is None:
+            return False
+        if until <= self._loop.time():
+            del self._silent[address]
+            return False
+        return True
+
+    async def moved(self, topic: str, partition: int, silent: tuple[str, int]) -> bool:
+        """The broker at `silent` left a request for the partition unanswered for
+        `owner_check` seconds: look the topic up through the other brokers (not through it,
+        which may be frozen) and say whether the partition is no longer its own (another
+        owner, or none while its lease has expired and a take-over is under way)."""
+        # lookups avoid it for a while: a frozen bootstrap broker would hold them to the timeout
+        self._silent[silent] = self._loop.time() + 2 * self.table.refresh_interval
+        if self.peers is None:
+            return False
+        request = m.LookupRequest((topic,))
+        others = [b for b in self.table.brokers.values() if b.address != silent]
+        if not others and self.table.bootstrap.address != silent:
+            others = [self.table.bootstrap]
+        error: HeadwaterError = ConnectionLost("no other broker known")
+        for broker in others:
+            try:
+                connection = await self.peers.get(broker)
+                response = await connection.request(request, self.table.owner_check)
+            except (ConnectionClosed, RequestTimeout) as exc:
+                error = exc
+                continue
+            assert isinstance(response, m.LookupResponse)
+            self.table.apply(response, self._loop.time())
+            owner = self.table.owner(topic, partition)
+            return owner is None or owner.address != silent
         raise error
 
     async def route(self, topic: str, partition: int) -> BrokerAddress:

@@ -85,6 +85,13 @@ class LookupBackoff:
 class RoutingTable:
     bootstrap: BrokerAddress
     refresh_interval: float = 2.0  # seconds routes are trusted while there are several brokers
+    # seconds a partition's request may stay unanswered before the client asks the other
+    # brokers whether the partition moved (its owner may be frozen: its connection stays open):
+    # half the cluster's default lease (2 s); a frozen owner's lease runs out 1.3-2.5 s after
+    # it froze, and the next asks (every `LookupBackoff.maximum`) find the new owner soon after
+    # the take-over. An owner that is only slow keeps its requests: nothing is resent while the
+    # cluster still names it.
+    owner_check: float = 1.0
     single_refresh: float = 30.0  # ... and on a single broker
     brokers: dict[str, BrokerAddress] = field(default_factory=dict)
     topics: dict[str, TopicRoutes] = field(default_factory=dict)

@@ -23,6 +23,13 @@ up its retries: a partition between owners is not the batch's failure. An owner 
 reached is reported to the router, and the sender looks up and tries again after the router's
 backoff (bounded) before counting it as a failure. On a single broker every batch goes to the
 bootstrap connection, exactly as without a router.
+
+A partition waits only for its own owner (issue 42): finding it (a lookup, the backoff, a
+connect) runs in the background while the other partitions' batches go, and `max_in_flight`
+holds per connection. A batch unanswered for the routing table's `owner_check` (1 s, half the
+default lease) has the router ask the other brokers whether its partition moved; once they name
+another owner or none, the silent (frozen) owner's connection is abandoned and its batches go
+again to the new owners (docs/CLUSTER.md, "Failover as a producer sees it").
 """
 
 from __future__ import annotations
@@ -88,6 +95,14 @@ class Sender:
             isinstance(delivery, AtMostOnce) and delivery.wait_for_offsets
         )
         self._wake = asyncio.Event()
+        # unanswered batches per connection: `max_in_flight` holds per connection (per broker),
+        # so a frozen owner's unanswered batches hold up nothing sent to the other brokers
+        self._in_flight_on: dict[Connection, int] = {}
+        # background work a partition's batches wait for (key None: off a cluster, every batch)
+        self._resolving: dict[int | None, asyncio.Task[None]] = {}
+        self._refreshing: asyncio.Task[None] | None = None
+        self._looked_up = False  # off a cluster: the first lookup was tried
+        self._probing: dict[Connection, asyncio.Task[None]] = {}  # owners silent too long
         self._task = loop.create_task(self._run())
 
     def wake(self) -> None:
@@ -99,29 +114,91 @@ class Sender:
         return error
 
     async def _run(self) -> None:
-        accumulator = self._accumulator
-        queue, in_flight = accumulator.queue, accumulator.in_flight
         while True:
             await self._wake.wait()
             self._wake.clear()
-            while queue:
-                batch = queue[0]
-                if batch.not_before > time.monotonic():
-                    break  # its retry timer wakes the sender
-                if len(in_flight) >= self.config.max_in_flight:
-                    break
-                connection = await self._connect(batch.partition)
-                if connection is None:
-                    break  # retry scheduled, or batches failed
-                await connection.throttle()  # the server's THROTTLE: over the produce quota
-                # while we waited (a lookup, a failover's backoff) a retried batch of an earlier
-                # order may have been put back in front of this one: popping that one in its
-                # place lost it (its sender waited forever); start again from the front
-                if not queue or queue[0] is not batch:
-                    continue
-                queue.pop(0)
-                self._transmit(connection, batch)
-            accumulator.update_room()
+            self._send_ready()
+            self._accumulator.update_room()
+
+    def _send_ready(self) -> None:
+        """Send every queued batch that can go now, in order within each partition. A batch
+        that cannot (its retry delay, its owner not known or not connected yet, its connection's
+        `max_in_flight` reached, a THROTTLE) holds back only the later batches of its
+        partition: the others' go on, so a dead or frozen owner holds up nothing of the other
+        brokers' partitions. What it waits for runs in the background and wakes the sender."""
+        queue = self._accumulator.queue
+        now = time.monotonic()
+        held: set[int] = set()  # partitions whose earliest queued batch cannot go now
+        index = 0
+        while index < len(queue):
+            batch = queue[index]
+            partition = batch.partition
+            if partition in held:
+                index += 1
+                continue
+            connection = None if batch.not_before > now else self._connection_now(partition)
+            if (
+                connection is None
+                or self._in_flight_on.get(connection, 0) >= self.config.max_in_flight
+            ):
+                held.add(partition)  # its timer, resolution or an answer wakes the sender
+                index += 1
+                continue
+            throttled = connection.throttled_until - self._loop.time()
+            if throttled > 0:  # the server's THROTTLE: over the produce quota
+                held.add(partition)
+                self._loop.call_later(throttled, self._wake.set)
+                index += 1
+                continue
+            del queue[index]
+            self._transmit(connection, batch)
+
+    def _connection_now(self, partition: int) -> Connection | None:
+        """The open connection the partition's next batch goes on, when known without waiting;
+        else None, and a background task finds it (a lookup, the owner's backoff, a connect)."""
+        router = self.router
+        key = partition if router is not None and router.multi_broker else None
+        if key not in self._resolving:
+            connection: Connection | None = None
+            if router is None:
+                connection = self.connection
+            elif not router.multi_broker:
+                if router.fresh(self.topic):
+                    connection = self.connection
+                elif self._looked_up:  # looked up again in the background, sent meanwhile
+                    connection = self.connection
+                    self._refresh_routes()
+            else:
+                owner = router.table.owner(self.topic, partition)
+                if owner is not None:
+                    connection = self._open_now(owner)
+                    if not router.fresh(self.topic):
+                        self._refresh_routes()  # used meanwhile: a NOT_OWNER corrects them
+            if connection is not None and not connection.closed:
+                return connection
+            task = self._loop.create_task(self._resolve(partition, key))
+            self._resolving[key] = task
+        return None
+
+    def _open_now(self, owner: BrokerAddress) -> Connection | None:
+        assert self.router is not None
+        if owner.broker_id == "" or owner.address == self.router.table.bootstrap.address:
+            return self.connection
+        return self.peers.get(owner.address)
+
+    def _refresh_routes(self) -> None:
+        if self._refreshing is None or self._refreshing.done():
+            assert self.router is not None
+            self._refreshing = self._loop.create_task(self.router.settle(self.topic))
+
+    async def _resolve(self, partition: int, key: int | None) -> None:
+        """Find (lookup, connect) where the partition's batches go, then wake the sender; a
+        failure retries or fails the batches waiting for it (all of them, off a cluster)."""
+        try:
+            await self._connect(partition, key)
+        finally:
+            del self._resolving[key]
+            self._wake.set()
 
     async def open(self) -> Connection:
         """The sender's connection, opened now if there is none; raises if that fails."""
@@ -135,30 +212,32 @@ class Sender:
         found = [self.connection] if self.connection is not None else []
         return [c for c in (*found, *self.peers.values()) if not c.closed]
 
-    async def _connect(self, partition: int) -> Connection | None:
+    async def _connect(self, partition: int, key: int | None) -> None:
         router = self.router
         try:
             if router is not None and not router.multi_broker and not router.fresh(self.topic):
+                self._looked_up = True
                 # not known to be a cluster yet: look the topic up before the first batch (a
                 # batch for an explicit partition went to the bootstrap broker unrouted, and
                 # met NOT_OWNER at every retry), and after a NOT_OWNER marked it stale
                 await router.settle(self.topic)
             if router is not None and router.multi_broker:
-                return await self._owner_connection(partition)
-            return await self.open()
+                await self._owner_connection(partition)
+            else:
+                await self.open()
         except InvalidPartition as exc:  # this batch's partition is gone, not the connection
             queue = self._accumulator.queue
-            if queue and queue[0].partition == partition:
-                self._fail(queue.pop(0), exc)
-            self._wake.set()
-            return None
+            first = next((b for b in queue if b.partition == partition), None)
+            if first is not None:
+                queue.remove(first)
+                self._fail(first, exc)
         except HeadwaterError as exc:
-            self.connection = None
             queue = self._accumulator.queue
-            for batch in list(queue):
+            if key is None:
+                self.connection = None
+            for batch in [b for b in queue if key is None or b.partition == key]:
                 queue.remove(batch)
                 self._retry_or_fail(batch, exc)
-            return None
 
     async def _owner_connection(self, partition: int) -> Connection:
         """A connection to the partition's owner; an owner that cannot be reached is reported
@@ -209,6 +288,12 @@ class Sender:
             self._retry_or_fail(batch, exc)
             return
         self._accumulator.in_flight.append(batch)
+        self._in_flight_on[connection] = self._in_flight_on.get(connection, 0) + 1
+        router = self.router
+        if router is not None and router.multi_broker:
+            self._loop.call_later(
+                router.table.owner_check, self._check_owner, connection, batch, batch.attempts
+            )
         # Cancelled once answered: a pending timer holds the batch (its frame, its futures) for
         # request_timeout, and at thousands of requests a second that was 30 s of sent batches
         # kept alive, hundreds of thousands of objects each full collection had to walk.
@@ -223,6 +308,57 @@ class Sender:
             logger.warning("no answer in %ss; reconnecting", self.config.request_timeout)
             connection.abandon()
 
+    def _check_owner(self, connection: Connection, batch: ProducerBatch, attempt: int) -> None:
+        """A batch unanswered for `owner_check` seconds: its owner may be dead or frozen
+        (SIGSTOP, a long pause), which its open connection does not tell. Ask another broker,
+        until the batch is answered, whether the partition moved (`_probe`)."""
+        if (
+            batch.attempts == attempt
+            and batch in self._accumulator.in_flight
+            and not connection.closed
+            and connection not in self._probing
+        ):
+            task = self._loop.create_task(self._probe(connection, batch, attempt))
+            self._probing[connection] = task
+            task.add_done_callback(lambda _: self._probing.pop(connection, None))
+
+    async def _probe(self, connection: Connection, batch: ProducerBatch, attempt: int) -> None:
+        """Look the partition up through the other brokers every `LookupBackoff.maximum` while
+        the batch is unanswered; once the cluster says the partition is no longer the silent
+        broker's (another owner, or none: its lease expired), abandon its connection: every
+        batch unanswered there goes again, in order, to the new owners (an idempotent
+        producer's resends are recognised there: same producer id and sequences)."""
+        router = self.router
+        assert router is not None
+        silent = self._address_of(connection)
+        if silent is None:
+            return
+        while batch.attempts == attempt and batch in self._accumulator.in_flight:
+            if connection.closed:
+                return
+            try:
+                moved = await router.moved(self.topic, batch.partition, silent)
+            except HeadwaterError as exc:  # no other broker answered: try again shortly
+                logger.debug("probe of %s through other brokers failed: %s", silent, exc)
+                moved = False
+            if moved and batch.attempts == attempt and not connection.closed:
+                logger.warning(
+                    "partition %s of %s moved while %s did not answer for %.1fs; resending",
+                    batch.partition,
+                    self.topic,
+                    silent,
+                    time.monotonic() - (batch.first_sent or 0.0),
+                )
+                connection.abandon()
+                return
+            await asyncio.sleep(router.backoff.maximum)
+
+    def _address_of(self, connection: Connection) -> tuple[str, int] | None:
+        if connection is self.connection:
+            assert self.router is not None
+            return self.router.table.bootstrap.address
+        return next((a for a, c in self.peers.items() if c is connection), None)
+
     def _answered(
         self,
         batch: ProducerBatch,
@@ -234,6 +370,11 @@ class Sender:
         in_flight = self._accumulator.in_flight
         if batch in in_flight:
             in_flight.remove(batch)
+        left = self._in_flight_on.get(connection, 0) - 1
+        if left > 0:
+            self._in_flight_on[connection] = left
+        else:
+            self._in_flight_on.pop(connection, None)
         error = done.exception() if not done.cancelled() else RequestTimeout("cancelled")
         if error is None:
             response = done.result()
@@ -302,8 +443,12 @@ class Sender:
             self.first_error = error
 
     async def close(self) -> None:
-        self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
+        tasks = [self._task, *self._resolving.values(), *self._probing.values()]
+        if self._refreshing is not None:
+            tasks.append(self._refreshing)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         for connection in [self.connection, *self.peers.values()]:
             if connection is not None:
                 await connection.close()

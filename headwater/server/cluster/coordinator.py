@@ -433,14 +433,22 @@ class Coordinator(Assignment, Metadata, ExclusiveClaims):
         return Standing.HELD if time.monotonic() < self._deadline else Standing.LAPSED
 
     def owner(self, topic: str, partition: int) -> BrokerAddress | None:
+        """The partition's owner as this broker knows it. Never this broker once its serving
+        deadline has passed: a broker that wakes from a freeze (SIGSTOP, a long pause) past its
+        lease has lost what it held, though neither its watchdog nor its watches have run yet;
+        LOOKUP and Kafka's Metadata then name no owner here (the other brokers name the new
+        one), and its requests are refused NOT_OWNER (`serves`, checked before any append)."""
         held = self._held.get((topic, partition))
-        if held is not None and held.state is State.SERVING:
+        lapsed = time.monotonic() >= self._deadline
+        if held is not None and held.state is State.SERVING and not lapsed:
             return self._this
         entry = self._owners.get((topic, partition))
         if entry is None:
             return None
         broker_id = entry.value.decode(errors="replace")
-        return self._this if broker_id == self._id else self._brokers.get(broker_id)
+        if broker_id == self._id:
+            return None if lapsed else self._this
+        return self._brokers.get(broker_id)
 
     def brokers(self) -> list[BrokerAddress]:
         others = [b for i, b in sorted(self._brokers.items()) if i != self._id]

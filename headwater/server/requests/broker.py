@@ -301,6 +301,10 @@ class Broker:
         info: BatchInfo,
         committed: bool,
     ) -> Reply:
+        if not self.ownership.serves(topic.name, partition.index):
+            # moved while it waited (the offset lease, the producer table's rebuild), or this
+            # broker woke from a freeze past its lease: refused before anything is appended
+            raise not_owner(self.ownership, topic.name, partition.index)
         original = self._check_producer(request, info, partition.producers)
         if original is not None:  # a retry of a batch already appended
             return m.ProduceResponse(partition.index, original)

@@ -1,0 +1,251 @@
+"""Failover as a producer sees it (issue 42), on a real cluster: three brokers, etcd, moto's S3,
+the default 2 s lease, one idempotent producer with one record in flight per partition of a
+6-partition topic, bootstrapped at b1, whose victim is always another broker.
+
+- kill -9 of an owner: acknowledgements resume on each of its partitions (the new owner's), and
+  the other brokers' partitions are not held up meanwhile (no ack gap past `GAP_BOUND`): the
+  sender waits for a partition's owner in the background, and counts `max_in_flight` per
+  connection, so the dead broker's partitions hold up nothing else.
+- SIGSTOP of an owner for `FREEZE` s: its connection stays open and its requests unanswered, so
+  nothing but the client's own check tells it; the batches unanswered past `owner_check` (1 s)
+  make it ask the other brokers, which name the new owner once the frozen broker's lease has
+  expired and its partitions were taken over: they are acknowledged again long before the
+  freeze ends (SIGCONT only after the assertions).
+- Every acknowledged record is read back once: at the offset it was acknowledged with, and no
+  value stored twice (the idempotent producer's resends to the new owner were recognised).
+
+The timings asserted are generous bounds (a loaded 2-core machine): the benchmark
+(loadtest/cluster_bench.py `--client-failover-rounds`) measures them, docs/BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import headwater
+from headwater.server.cluster.coordinator import Coordinator
+from headwater.server.cluster.coordinator_state import Held, State
+from headwater.server.cluster.etcd import Entry
+from headwater.server.kafka.kafka_nodes import ClusterNodes
+from headwater.server.requests.partition_ownership import BrokerAddress, not_owner
+from tests.support.cluster_support import Cluster, running_cluster
+from tests.support.s3 import MotoS3
+
+LEASE_TTL_MS = 2000  # the brokers' default
+TOPIC = "orders"
+PARTITIONS = 6
+FREEZE = 12.0
+# the longest a partition of a live, unfrozen broker may go without an ack while another broker
+# dies or freezes: 0.5 s is the goal (issue 42), measured by the benchmark; the bound is wide
+# for a loaded machine, and still below the 1.5 s the sender's head-of-line wait caused
+GAP_BOUND = 1.2
+# how soon after the kill or the freeze the victim's partitions must be acknowledged again: the
+# lease (1.3-2.5 s to expire), the take-over and the client's check; wide for a loaded machine
+RECOVERY_BOUND = 9.0
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, s3: MotoS3, bucket: str) -> Iterator[Cluster]:
+    with running_cluster(tmp_path, s3, bucket, LEASE_TTL_MS) as cluster:
+        yield cluster
+
+
+class Acks:
+    """What the producer saw: per partition, each ack's time and (value, offset)."""
+
+    def __init__(self) -> None:
+        self.times: dict[int, list[float]] = {p: [] for p in range(PARTITIONS)}
+        self.records: dict[bytes, tuple[int, int]] = {}  # value -> (partition, offset)
+        self.changed = asyncio.Event()
+
+    def add(self, partition: int, value: bytes, offset: int) -> None:
+        self.times[partition].append(time.monotonic())
+        self.records[value] = (partition, offset)
+        self.changed.set()
+
+    async def until(self, condition: object, timeout: float) -> None:
+        assert callable(condition)
+        async with asyncio.timeout(timeout):
+            while not condition():
+                self.changed.clear()
+                await self.changed.wait()
+
+    def acked_since(self, partition: int, since: float) -> float | None:
+        """The first ack of the partition after `since` (None: none yet)."""
+        return next((t for t in self.times[partition] if t > since), None)
+
+    def longest_gap(self, partitions: list[int], since: float, until: float) -> float:
+        """The longest time without an ack on one of `partitions` within [since, until]."""
+        longest = 0.0
+        for partition in partitions:
+            inside = [t for t in self.times[partition] if since <= t <= until]
+            points = [since, *inside, until]
+            longest = max(longest, *(b - a for a, b in itertools.pairwise(points)))
+        return longest
+
+
+async def start(cluster: Cluster) -> tuple[headwater.Client, dict[int, str]]:
+    await asyncio.gather(*(asyncio.to_thread(cluster.start_broker, b) for b in ("b1", "b2", "b3")))
+    client = await headwater.connect(await cluster.address("b1"))
+    await client.create_topic(TOPIC, partitions=PARTITIONS)
+    owners = await cluster.wait_owned(TOPIC, PARTITIONS, {"b1", "b2", "b3"})
+    return client, owners
+
+
+async def produce(producer: headwater.Producer, acks: Acks, stop: asyncio.Event) -> None:
+    async def one(partition: int) -> None:
+        count = 0
+        while not stop.is_set():
+            value = f"p{partition}-{count}".encode()
+            sent = await (await producer.send(value, partition=partition))
+            assert sent.offset is not None
+            acks.add(partition, value, sent.offset)
+            count += 1
+
+    await asyncio.gather(*(one(p) for p in range(PARTITIONS)))
+
+
+async def read_back(client: headwater.Client, acks: Acks) -> None:
+    """Every acknowledged record read back at its offset, and no value stored twice."""
+    info = await client.describe_topic(TOPIC)
+    ends = info.next_offsets
+    consumer = await client.subscribe(TOPIC, "check", start="earliest")
+    seen: dict[tuple[int, int], bytes] = {}
+    async with asyncio.timeout(120):
+        while any(
+            len([o for (p, o) in seen if p == partition]) < ends[partition]
+            for partition in range(PARTITIONS)
+        ):
+            message = await consumer.receive()
+            assert message.value is not None
+            seen[(message.partition, message.offset)] = message.value
+            await message.ack()
+    await consumer.close()
+    by_value: dict[bytes, list[tuple[int, int]]] = {}
+    for place, value in seen.items():
+        by_value.setdefault(value, []).append(place)
+    doubled = {v: places for v, places in by_value.items() if len(places) > 1}
+    assert not doubled, f"values stored twice: {list(doubled.items())[:5]}"
+    for value, place in acks.records.items():
+        found = seen.get(place)
+        assert found == value, f"{value!r} acknowledged at {place}, read {found!r}"
+
+
+def victim_of(owners: dict[int, str]) -> tuple[str, list[int], list[int]]:
+    """A broker other than the bootstrap one owning partitions; its partitions; the others."""
+    victim = next(b for b in ("b2", "b3") if b in owners.values())
+    mine = sorted(p for p, b in owners.items() if b == victim)
+    return victim, mine, sorted(set(owners) - set(mine))
+
+
+async def test_kill9_of_an_owner_holds_up_only_its_own_partitions(cluster: Cluster) -> None:
+    client, owners = await start(cluster)
+    try:
+        producer = client.producer(TOPIC, idempotent=True)
+        acks, stop = Acks(), asyncio.Event()
+        producing = asyncio.ensure_future(produce(producer, acks, stop))
+        await acks.until(lambda: all(len(t) >= 20 for t in acks.times.values()), 60)
+        victim, mine, others = victim_of(owners)
+        killed = time.monotonic()
+        cluster.brokers[victim].kill()
+        await acks.until(lambda: all(acks.acked_since(p, killed) for p in mine), RECOVERY_BOUND)
+        recovered = max(acks.acked_since(p, killed) or 0.0 for p in mine)
+        # a little traffic on every partition after the recovery, then stop
+        await acks.until(
+            lambda: all(len([t for t in acks.times[p] if t > recovered]) >= 5 for p in mine), 30
+        )
+        stop.set()
+        await asyncio.wait_for(producing, 60)
+        await producer.close()
+        gap = acks.longest_gap(others, killed, recovered)
+        print(
+            f"kill -9 of {victim}: its partitions {mine} acked again "
+            f"{[round((acks.acked_since(p, killed) or 0) - killed, 2) for p in mine]} s after; "
+            f"longest gap on {others}: {gap:.2f} s"
+        )
+        assert gap < GAP_BOUND, f"the other brokers' partitions went {gap:.2f} s without an ack"
+        await read_back(client, acks)
+    finally:
+        await client.close()
+
+
+async def test_frozen_owner_partitions_are_acknowledged_again_before_it_wakes(
+    cluster: Cluster,
+) -> None:
+    client, owners = await start(cluster)
+    victim, mine, others = victim_of(owners)
+    pid = cluster.brokers[victim].process.pid
+    frozen = False
+    try:
+        producer = client.producer(TOPIC, idempotent=True)
+        acks, stop = Acks(), asyncio.Event()
+        producing = asyncio.ensure_future(produce(producer, acks, stop))
+        await acks.until(lambda: all(len(t) >= 20 for t in acks.times.values()), 60)
+        os.kill(pid, signal.SIGSTOP)
+        frozen = True
+        stopped = time.monotonic()
+        await acks.until(lambda: all(acks.acked_since(p, stopped) for p in mine), RECOVERY_BOUND)
+        recovered = max(acks.acked_since(p, stopped) or 0.0 for p in mine)
+        gap = acks.longest_gap(others, stopped, recovered)
+        print(
+            f"SIGSTOP of {victim}: its partitions {mine} acked again "
+            f"{[round((acks.acked_since(p, stopped) or 0) - stopped, 2) for p in mine]} s after; "
+            f"longest gap on {others}: {gap:.2f} s"
+        )
+        assert time.monotonic() - stopped < FREEZE  # still frozen: the cluster told the client
+        assert gap < GAP_BOUND, f"the other brokers' partitions went {gap:.2f} s without an ack"
+        # the fault's length, not a synchronisation: the producer goes on against the frozen
+        # broker's open connections until the freeze ends
+        await asyncio.sleep(max(0.0, stopped + FREEZE - time.monotonic()))
+        os.kill(pid, signal.SIGCONT)
+        frozen = False
+        woke = time.monotonic()
+        # the woken broker refuses what it lost: acks go on on every partition after it woke
+        await acks.until(
+            lambda: all(len([t for t in acks.times[p] if t > woke]) >= 5 for p in range(6)), 30
+        )
+        stop.set()
+        await asyncio.wait_for(producing, 60)
+        await producer.close()
+        await read_back(client, acks)
+    finally:
+        if frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        await client.close()
+
+
+def test_a_broker_woken_past_its_lease_names_no_owner_of_what_it_held() -> None:
+    """A frozen broker that wakes has not yet run its watchdog nor read its watches: until then
+    its coordinator still holds the partition SERVING and its copy of the owner keys names it.
+    Once the serving deadline has passed it serves nothing (requests refused NOT_OWNER before
+    any append) and names no owner of it, itself included (LOOKUP, Kafka's Metadata): clients
+    go to the other brokers, which name the new owner."""
+    this = BrokerAddress("b2", "127.0.0.1", 1)
+    other = BrokerAddress("b3", "127.0.0.1", 2)
+    coordinator = Coordinator("etcd://127.0.0.1:1", this, kafka=("127.0.0.1", 11))
+    coordinator._brokers = {"b2": this, "b3": other}
+    coordinator._kafka_addresses = {"b3": ("127.0.0.1", 12)}
+    coordinator._held[(TOPIC, 0)] = Held(7, State.SERVING)
+    coordinator._owners[(TOPIC, 0)] = Entry(b"b2", 7, 7, 1)
+    coordinator._owners[(TOPIC, 1)] = Entry(b"b3", 8, 8, 2)
+    nodes = ClusterNodes(coordinator)
+    coordinator._deadline = time.monotonic() + 60  # its lease confirmed: it serves
+    assert coordinator.serves(TOPIC, 0) and coordinator.owner(TOPIC, 0) == this
+    leaders = nodes.leaders(TOPIC, 2)
+    assert [n.broker_id if n else None for n in leaders] == ["b2", "b3"]
+    coordinator._deadline = time.monotonic() - 0.1  # woken from a freeze past the deadline
+    assert not coordinator.serves(TOPIC, 0)
+    assert coordinator.owner(TOPIC, 0) is None
+    assert not_owner(coordinator, TOPIC, 0).message.endswith("owner=none")
+    leaders = nodes.leaders(TOPIC, 2)
+    assert [n.broker_id if n else None for n in leaders] == [None, "b3"]
