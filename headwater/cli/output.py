@@ -14,16 +14,22 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from headwater.client.client import DISPATCH_NAMES, SUBSCRIPTION_TYPE_NAMES, Message
+from headwater.client.client import DISPATCH_NAMES, Message
 from headwater.wire.messages import (
     DescribeTopicResponse,
     Durable,
     ServerInfoResponse,
     SubscriptionDetail,
+    SubscriptionType,
     TopicInfo,
 )
 
 DURABLE_NAMES: dict[int, str] = {d: d.name.lower().replace("_", "-") for d in Durable}
+# what the CLI prints, spelt as `consume --type` takes them: key-shared (the Python API's
+# type="key_shared" is accepted by `--type` too)
+SUBSCRIPTION_TYPE_NAMES: dict[int, str] = {
+    t: t.name.lower().replace("_", "-") for t in SubscriptionType
+}
 
 
 def plural(count: int, noun: str) -> str:
