@@ -50,9 +50,10 @@ def subscription(server: ServerProcess, topic: str, name: str) -> dict[str, Any]
 
 def test_topic_create_describe_alter_delete_json(server: ServerProcess, topic_name: str) -> None:
     created = as_json("topic", "create", topic_name, "--partitions", "2", server=server)
-    assert created == {"name": topic_name, "partitions": 2, "dispatch": "reliable", "created": True}
+    plain = {"name": topic_name, "partitions": 2, "dispatch": "reliable", "last_value": False}
+    assert created == {**plain, "created": True}
     again = as_json("topic", "create", topic_name, "--exist-ok", server=server)
-    assert again == {"name": topic_name, "partitions": 2, "dispatch": "reliable", "created": False}
+    assert again == {**plain, "created": False}
     refused("topic", "create", topic_name, server=server, says="TOPIC_EXISTS")
     ok("produce", topic_name, "--partition", "0", "a", "b", "c", server=server)
     ok("produce", topic_name, "--partition", "1", "d", "e", server=server)
@@ -88,6 +89,24 @@ def test_topic_create_describe_alter_delete_json(server: ServerProcess, topic_na
         "deleted": True,
     }
     refused("topic", "describe", topic_name, server=server, says="UNKNOWN_TOPIC")
+
+
+def test_topic_create_says_it_made_a_last_value_topic(
+    server: ServerProcess, topic_name: str
+) -> None:
+    """issue 41: `topic create --last-value` said only "created topic T (reliable)"."""
+    text = ok("topic", "create", topic_name, "--last-value", server=server)
+    assert text.strip() == f"created topic {topic_name} (reliable, last-value)"
+    again = ok("topic", "create", topic_name, "--exist-ok", server=server)
+    assert again.strip() == (
+        f"topic {topic_name} exists already (reliable, last-value, 1 partition)"
+    )
+    keyed = as_json(
+        "topic", "create", f"{topic_name}.k", "--last-value", "--key-field", "id", server=server
+    )
+    assert keyed["last_value"] is True and keyed["created"] is True
+    keyed_text = ok("topic", "create", f"{topic_name}.k", "--exist-ok", server=server)
+    assert "(reliable, last-value, keys from JSON field id, 1 partition)" in keyed_text
 
 
 def test_alter_applies_at_once_and_survives_a_restart(fresh_server: ServerProcess) -> None:

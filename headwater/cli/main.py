@@ -64,7 +64,9 @@ def _parser() -> argparse.ArgumentParser:
         "--version", action="version", version=f"headwater {version()}", help="print the version"
     )
     add_global_options(parser, suppress=False)
-    commands = parser.add_subparsers(dest="command", required=True)
+    # not required here: main() says so itself, naming an unknown option given instead
+    # (`headwater --bogus-flag` would otherwise say only that a command is required)
+    commands = parser.add_subparsers(dest="command", required=False)
 
     serve_command.add_parser(commands)
 
@@ -102,6 +104,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     # argparse cannot take positionals on both sides of an option ("produce T --key k v1 v2"):
     # collect the leftovers and give them to produce, the one command that has free values.
     args, extra = parser.parse_known_args(argv)
+    if args.command is None:  # the usage above the error lists the commands
+        unknown = [e for e in extra if e.startswith("-")]
+        parser.error(
+            f"unrecognized arguments: {' '.join(unknown)}, and no command"
+            if unknown
+            else "the following arguments are required: command"
+        )
     if extra and (args.command != "produce" or any(e.startswith("-") for e in extra)):
         _command_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     if extra:
