@@ -320,7 +320,9 @@ async def produce(client: Client, args: argparse.Namespace) -> int:
     a failure then says what the server acknowledged before it."""
     # the command reports the producer's first error itself (`_settle`, exit status 1): the
     # library's warning of the same refusal would print it twice
-    logging.getLogger("headwater.client.sender").addHandler(logging.NullHandler())
+    sender_log = logging.getLogger("headwater.client.sender")
+    sender_log.addHandler(logging.NullHandler())
+    sender_log.propagate = False  # nor through the CLI's notices (headwater/cli/main.py)
     if args.key is not None and args.key_separator is not None:
         raise ValueError("use either --key or --key-separator, not both")
     if args.partition is not None and args.partition < 0:

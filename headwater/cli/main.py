@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -56,6 +57,27 @@ FORMATS = {
     **schema_commands.FORMATS,
     **cluster_commands.FORMATS,
 }
+
+
+class _NoticeFormat(logging.Formatter):
+    """The library's warnings as the CLI's own lines: `headwater: warning: ...` (issue 41:
+    `--reconnect`'s "...; reconnecting" came bare, through logging's last-resort handler)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"headwater: {record.levelname.lower()}: {record.getMessage()}"
+
+
+_NOTICES = logging.StreamHandler()  # writes to sys.stderr as it is when a notice comes
+_NOTICES.setFormatter(_NoticeFormat())
+_NOTICES.setLevel(logging.WARNING)
+
+
+def _show_library_notices() -> None:
+    """The client library's warnings (a lost connection being reconnected, a dropped message)
+    printed with the CLI's prefix; `serve` configures its own logging instead."""
+    logger = logging.getLogger("headwater")
+    if _NOTICES not in logger.handlers:
+        logger.addHandler(_NOTICES)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -123,6 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return serve_command.run(args)
     if args.command == "token":
         return token_commands.run(args)
+    _show_library_notices()
     formats = FORMATS.get(_command_name(args))
     if args.format is None:
         args.format = formats[0] if formats else None
