@@ -93,3 +93,23 @@ def test_make_run_takes_the_three_ports_the_readme_names() -> None:
     config = ServerConfig()
     assert f"--port {config.port} --http-port 9650 --kafka-port 9092" in defaults
     assert "http://127.0.0.1:9650/" in README and "127.0.0.1:9092" in README
+
+
+def test_the_open_files_arithmetic_is_the_codes() -> None:
+    """OPERATIONS.md's partitions-per-open-files formula and its example, against
+    headwater/server/open_files.py (issue 41)."""
+    from headwater.server import open_files
+
+    per, reserved = open_files.DESCRIPTORS_PER_PARTITION, open_files.RESERVED
+    text = _flat(OPERATIONS)
+    assert f"partitions = (open_files - {reserved} - max_connections) // {per}" in text
+    assert (
+        f"**{per} per reliable partition.**" in text
+        and f"**{reserved} of the server's own**" in text
+    )
+    example = re.search(r"max_connections=(\d+) open_files=(\d+) partitions=(\d+)", text)
+    assert example is not None
+    connections, limit, partitions = (int(g) for g in example.groups())
+    assert connections == ServerConfig().max_connections
+    assert open_files.partitions_allowed(limit, connections) == partitions
+    assert f"open files: {limit} (allows {partitions} reliable partitions" in text
