@@ -30,10 +30,14 @@ $(RUN_STAMP): pyproject.toml
 	touch $(RUN_STAMP)
 
 # the message port 6650, the operator's HTTP port 9650 (status page, /metrics, /healthz, /readyz),
-# the Kafka protocol on 9092 (docs/KAFKA.md)
+# the Kafka protocol on 9092 (docs/KAFKA.md); when one is busy: make run PORT=6651 HTTP_PORT=9651
+# KAFKA_PORT=9093 (any of the three)
+PORT ?= 6650
+HTTP_PORT ?= 9650
+KAFKA_PORT ?= 9092
 run: $(RUN_STAMP)
-	$(BIN)/headwater serve --host 127.0.0.1 --port 6650 --http-port 9650 --kafka-port 9092 \
-		--data-dir ./data
+	$(BIN)/headwater serve --host 127.0.0.1 --port $(PORT) --http-port $(HTTP_PORT) \
+		--kafka-port $(KAFKA_PORT) --data-dir ./data
 
 # The whole suite on every core: one test module per worker at a time (the Spark modules share
 # one worker and its JVM: tests/conftest.py). The timeout bounds a hang, nothing else.

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import resource
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -50,9 +52,10 @@ def subscription(server: ServerProcess, topic: str, name: str) -> dict[str, Any]
 
 def test_topic_create_describe_alter_delete_json(server: ServerProcess, topic_name: str) -> None:
     created = as_json("topic", "create", topic_name, "--partitions", "2", server=server)
-    assert created == {"name": topic_name, "partitions": 2, "dispatch": "reliable", "created": True}
+    plain = {"name": topic_name, "partitions": 2, "dispatch": "reliable", "last_value": False}
+    assert created == {**plain, "created": True}
     again = as_json("topic", "create", topic_name, "--exist-ok", server=server)
-    assert again == {"name": topic_name, "partitions": 2, "dispatch": "reliable", "created": False}
+    assert again == {**plain, "created": False}
     refused("topic", "create", topic_name, server=server, says="TOPIC_EXISTS")
     ok("produce", topic_name, "--partition", "0", "a", "b", "c", server=server)
     ok("produce", topic_name, "--partition", "1", "d", "e", server=server)
@@ -88,6 +91,60 @@ def test_topic_create_describe_alter_delete_json(server: ServerProcess, topic_na
         "deleted": True,
     }
     refused("topic", "describe", topic_name, server=server, says="UNKNOWN_TOPIC")
+
+
+def test_server_raises_its_open_files_limit_and_says_how_many_partitions_it_allows(
+    tmp_path: Path,
+) -> None:
+    """issue 41: a 1,024-partition reliable topic failed on the default soft limit of 1,024. The
+    server raises the soft limit to the hard one at start and says what that allows, in
+    `server info` and in its log (docs/OPERATIONS.md, "Open files")."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    low = min(1024, soft)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))  # the child inherits it
+    try:
+        server = ServerProcess(tmp_path / "data").start()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    try:
+        limits = Path(f"/proc/{server.process.pid}/limits").read_text()  # type: ignore[union-attr]
+        found = re.search(r"^Max open files\s+(\d+|unlimited)\s+(\d+|unlimited)", limits, re.M)
+        assert found is not None and found[1] == found[2], limits  # raised to the hard limit
+        limit = -1 if found[1] == "unlimited" else int(found[1])
+        info = as_json("server", "info", server=server)
+        # two descriptors per reliable partition beside 256 of the server's own and 10,000
+        # connections (server.max_connections' default)
+        allowed = -1 if limit == -1 else max(0, (limit - 256 - 10_000) // 2)
+        assert (info["open_files_limit"], info["partitions_allowed"]) == (limit, allowed)
+        text = ok("server", "info", server=server)
+        if limit != -1:
+            assert f"open files: {limit} (allows {allowed} reliable partitions" in text
+        logged = re.findall(
+            r"server\.open_files .*open_files=(-?\d+) partitions=(-?\d+)", server.log()
+        )
+        assert logged == [(str(limit), str(allowed))], server.log()
+        if limit == -1 or limit >= 1024 + 512:  # the issue's repro, where the hard limit allows
+            ok("topic", "create", "wide", "--partitions", "1024", server=server)
+    finally:
+        server.kill()
+
+
+def test_topic_create_says_it_made_a_last_value_topic(
+    server: ServerProcess, topic_name: str
+) -> None:
+    """issue 41: `topic create --last-value` said only "created topic T (reliable)"."""
+    text = ok("topic", "create", topic_name, "--last-value", server=server)
+    assert text.strip() == f"created topic {topic_name} (reliable, last-value)"
+    again = ok("topic", "create", topic_name, "--exist-ok", server=server)
+    assert again.strip() == (
+        f"topic {topic_name} exists already (reliable, last-value, 1 partition)"
+    )
+    keyed = as_json(
+        "topic", "create", f"{topic_name}.k", "--last-value", "--key-field", "id", server=server
+    )
+    assert keyed["last_value"] is True and keyed["created"] is True
+    keyed_text = ok("topic", "create", f"{topic_name}.k", "--exist-ok", server=server)
+    assert "(reliable, last-value, keys from JSON field id, 1 partition)" in keyed_text
 
 
 def test_alter_applies_at_once_and_survives_a_restart(fresh_server: ServerProcess) -> None:
@@ -272,7 +329,8 @@ def test_server_info(fresh_server: ServerProcess) -> None:
     assert set(info) == {
         "version", "started_ms", "uptime_ms", "connections", "topics", "subscriptions",
         "data_dir", "data_dir_bytes", "memory_budget_bytes", "memory_used_bytes",
-        "memory_principal_share_bytes", "memory_principals",
+        "memory_principal_share_bytes", "memory_principals", "open_files_limit",
+        "partitions_allowed",
     }  # fmt: skip
     assert info["memory_budget_bytes"] > 0 and info["memory_used_bytes"] == 0
     assert info["memory_principal_share_bytes"] == info["memory_budget_bytes"] // 4

@@ -301,3 +301,40 @@ def test_progress_bar_only_on_a_terminal(server: ServerProcess, topic_name: str)
         if terminal >= 0:
             os.close(terminal)
     assert b"\r[" in output and b"2,000/2,000" in output
+
+
+def test_reconnect_notice_has_the_warning_prefix(fresh_server: ServerProcess) -> None:
+    """issue 41: `consume --reconnect` told of the lost connection in a bare library line; it is
+    one of the CLI's own, `headwater: warning: ...`, and the consumer carries on."""
+    fresh_server.extra_args = (*fresh_server.extra_args, "--port", str(fresh_server.port))
+    assert hw("topic", "create", "t", server=fresh_server).returncode == 0
+    consumer = subprocess.Popen(
+        [*HEADWATER, "consume", "t", "-s", "s", "--reconnect", "-n", "1"],
+        env={**os.environ, "HEADWATER_SERVER": fresh_server.address},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60  # a hang bound
+        while "consumer " not in hw("topic", "describe", "t", server=fresh_server).stdout:
+            assert time.monotonic() < deadline and consumer.poll() is None
+            time.sleep(0.1)
+        fresh_server.kill()
+        fresh_server.start()
+        while True:  # resubscribed: a message now reaches it
+            assert hw("produce", "t", "after", server=fresh_server).returncode == 0
+            try:
+                out, err = consumer.communicate(timeout=2)
+                break
+            except subprocess.TimeoutExpired:
+                assert time.monotonic() < deadline
+    finally:
+        if consumer.poll() is None:
+            consumer.kill()
+            consumer.communicate()
+    assert consumer.returncode == 0, err
+    assert out.splitlines()[0] == "after"
+    lines = err.splitlines()
+    assert lines and all(line.startswith("headwater: warning: ") for line in lines), err
+    assert lines[0].endswith("; reconnecting")

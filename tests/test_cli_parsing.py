@@ -46,3 +46,21 @@ def test_produce_takes_values_on_both_sides_of_its_options() -> None:
     parser = _parser()
     args, extra = parser.parse_known_args(["produce", "t", "--key", "k", "v1", "v2"])
     assert args.values + extra == ["v1", "v2"]
+
+
+def test_an_unknown_option_without_a_command_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    """issue 41: `headwater --bogus-flag` said only that a command is required."""
+    with pytest.raises(SystemExit) as exited:
+        main(["--bogus-flag"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: headwater ")
+    assert err.splitlines()[-1] == (
+        "headwater: error: unrecognized arguments: --bogus-flag, and no command"
+    )
+    with pytest.raises(SystemExit) as exited:
+        main(["--server", "127.0.0.1:1"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "headwater: error: the following arguments are required: command"
+    )

@@ -4,6 +4,7 @@ or a metric that changes without its document fails here. No server: the unit ti
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 from headwater.server.config import ServerConfig
@@ -66,3 +67,49 @@ def test_every_counter_is_documented_with_its_total_suffix() -> None:
     assert bare == [], f"counters quoted without _total in OPERATIONS.md: {bare}"
     for row in re.findall(r"^\| `(headwater_\w+)` \| counter \|", OPERATIONS, re.M):
         assert row.endswith("_total"), f"counter {row} is listed without _total"
+
+
+def test_make_run_takes_the_three_ports_the_readme_names() -> None:
+    """issue 41: `make run` had no way to move a port that is busy."""
+    for variable in ("PORT", "HTTP_PORT", "KAFKA_PORT"):
+        assert f"{variable}=" in README, f"README does not say `make run {variable}=`"
+    dry = subprocess.run(
+        ["make", "-n", "run", "PORT=7001", "HTTP_PORT=7002", "KAFKA_PORT=7003"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    serve = _flat(dry.stdout.replace("\\\n", " "))
+    assert "headwater serve --host 127.0.0.1 --port 7001 --http-port 7002 --kafka-port 7003" in (
+        serve
+    ), dry.stdout
+    defaults = _flat(
+        subprocess.run(
+            ["make", "-n", "run"], cwd=ROOT, capture_output=True, text=True, timeout=60
+        ).stdout.replace("\\\n", " ")
+    )
+    config = ServerConfig()
+    assert f"--port {config.port} --http-port 9650 --kafka-port 9092" in defaults
+    assert "http://127.0.0.1:9650/" in README and "127.0.0.1:9092" in README
+
+
+def test_the_open_files_arithmetic_is_the_codes() -> None:
+    """OPERATIONS.md's partitions-per-open-files formula and its example, against
+    headwater/server/open_files.py (issue 41)."""
+    from headwater.server import open_files
+
+    per, reserved = open_files.DESCRIPTORS_PER_PARTITION, open_files.RESERVED
+    text = _flat(OPERATIONS)
+    assert f"partitions = (open_files - {reserved} - max_connections) // {per}" in text
+    assert (
+        f"**{per} per reliable partition.**" in text
+        and f"**{reserved} of the server's own**" in text
+    )
+    example = re.search(r"max_connections=(\d+) open_files=(\d+) partitions=(\d+)", text)
+    assert example is not None
+    connections, limit, partitions = (int(g) for g in example.groups())
+    assert connections == ServerConfig().max_connections
+    assert open_files.partitions_allowed(limit, connections) == partitions
+    assert f"open files: {limit} (allows {partitions} reliable partitions" in text

@@ -592,8 +592,20 @@ def test_cli_topic_alter_partitions_and_consume_key_shared(
     assert got.stdout.splitlines() == ["partition=2\ta", "partition=2\tb"]
     described = hw("topic", "describe", topic_name, "--format", "json", server=server)
     description = json.loads(described.stdout)
-    assert [s["type"] for s in description["subscriptions"]] == ["key_shared"]
+    # one spelling wherever the CLI prints the type, the one `--type` shows (issue 41)
+    assert [s["type"] for s in description["subscriptions"]] == ["key-shared"]
+    assert "  ks (key-shared): " in hw("topic", "describe", topic_name, server=server).stdout
     assert [p["partition"] for p in description["partitions"]] == [0, 1, 2]
+    listed = hw("subscription", "list", topic_name, "--format", "json", server=server)
+    assert [s["type"] for s in json.loads(listed.stdout)] == ["key-shared"]
+    table = hw("subscription", "list", topic_name, server=server).stdout.splitlines()
+    assert table[1].split()[:3] == [topic_name, "ks", "key-shared"]
+    # the Python API's spelling is taken as input too
+    again = hw(
+        "consume", topic_name, "-s", "ks", "--type", "key_shared", "--from", "earliest",
+        "--exit-at-end", server=server,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
 
 
 async def test_producer_learns_the_new_count_after_its_age_or_a_partition_error(

@@ -35,7 +35,9 @@ def _browser() -> str:
     pytest.fail("no chromium: install Debian's chromium (`make test` does it when it can)")
 
 
-async def _chromium(browser: str, profile: Path, *args: str) -> bytes:
+async def _chromium(browser: str, profile: Path, *args: str, wait: bool = True) -> bytes:
+    """`wait`: run the page's first refreshes, in virtual time; without it chromium dumps or
+    shoots the page as it is at the load event."""
     process = await asyncio.create_subprocess_exec(
         browser,
         "--headless",
@@ -45,7 +47,7 @@ async def _chromium(browser: str, profile: Path, *args: str) -> bytes:
         "--no-first-run",
         f"--user-data-dir={profile}",
         f"--window-size={WINDOW[0]},{WINDOW[1]}",
-        "--virtual-time-budget=4000",  # the page's first refreshes, in virtual time
+        *(["--virtual-time-budget=4000"] if wait else []),
         *args,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.DEVNULL,
@@ -67,7 +69,14 @@ async def _traffic(address: str, stop: asyncio.Event) -> None:
         await client.create_topic("orders", partitions=2, dispatch="reliable")
         await client.create_topic("clicks", dispatch="non-reliable")
         audit = await client.subscribe("orders", "audit", start="earliest")
+        # two subscriptions that never read: equal lag, two lines on top of each other
         await (await client.subscribe("orders", "reports", start="earliest")).close()
+        await (await client.subscribe("orders", "reports2", start="earliest")).close()
+        # a topic with a lagging subscription, deleted by the test once it is in the history
+        await client.create_topic("gone", dispatch="reliable")
+        await (await client.subscribe("gone", "old", start="earliest")).close()
+        async with client.producer("gone") as gone:
+            await gone.send(b"x")
         views = await client.subscribe("clicks", "views")
         orders, clicks = client.producer("orders"), client.producer("clicks")
         for step in range(1000):  # bounded: about 100 s at most
@@ -103,6 +112,17 @@ def _keep(screenshot: Path) -> Path:
     return kept
 
 
+def _operations_recipe(url: str, screenshot: Path) -> list[str]:
+    """docs/OPERATIONS.md's screenshot command, with this server's URL and this file."""
+    text = (ROOT / "docs" / "OPERATIONS.md").read_text()
+    found = re.search(r"^(chromium --headless .*?)$", text, re.M)
+    assert found is not None, "OPERATIONS.md has no `chromium --headless` screenshot recipe"
+    line = found[1].replace("http://127.0.0.1:9650/", url)
+    line = line.replace("--screenshot=status.png", f"--screenshot={screenshot}")
+    assert "--virtual-time-budget=" in line and url in line and str(screenshot) in line, line
+    return [_browser(), *line.split()[1:], f"--user-data-dir={screenshot.parent / 'shot'}"]
+
+
 async def test_status_page_renders_charts_in_chromium(tmp_path: Path) -> None:
     browser = _browser()
     server, port = start_with_http(tmp_path)
@@ -118,14 +138,30 @@ async def test_status_page_renders_charts_in_chromium(tmp_path: Path) -> None:
             history = json.loads(body)["history"]
             rates = [r for r in history["in_per_second"].get("orders", []) if r]
             lag = [v for v in history["lag"].get("orders/reports", []) if v]
-            if len(rates) >= 3 and len(lag) >= 3:
+            if len(rates) >= 3 and len(lag) >= 3 and history["lag"].get("gone/old"):
                 break
             assert time.monotonic() < deadline, history
             await asyncio.sleep(0.5)
+        async with await headwater.connect(server.address) as client:
+            await client.delete_topic("gone")  # its lines leave the charts and legends at once
+        _, _, body = await asyncio.to_thread(get, port, "/status.json")
+        history = json.loads(body)["history"]
+        assert "gone" not in history["in_per_second"] and "gone/old" not in history["lag"]
 
         url = f"http://127.0.0.1:{port}/"
+        # as served, before any refresh: drawn at the load event, not "loading..." (issue 41)
+        first = await _chromium(browser, tmp_path / "profile-first", "--dump-dom", url, wait=False)
+        assert "data-rendered=" in first.decode() and "loading" not in first.decode()
         dom = (await _chromium(browser, tmp_path / "profile-dom", "--dump-dom", url)).decode()
         assert "data-rendered=" in dom, "the page's script never rendered a status"
+        for page in (first.decode(), dom):
+            assert 'data-name="gone' not in page and ">gone<" not in page  # deleted: no legend
+            # the equal lag lines: different dashes, and the later one's legend names the other
+            lines = r'stroke-dasharray="([^"]+)" class="series" data-name="(orders/reports2?)"'
+            dashes = {name: dash for dash, name in re.findall(lines, page)}
+            assert set(dashes) == {"orders/reports", "orders/reports2"}, page[:3000]
+            assert dashes["orders/reports"] != dashes["orders/reports2"]
+            assert 'data-name="orders/reports2" data-same-as="orders/reports"' in page
         charts = re.findall(r'<svg class="chart"[^>]*data-series="(\d+)" data-points="(\d+)"', dom)
         assert len(charts) == 3, dom[:2000]
         for series, points in charts:
@@ -136,8 +172,13 @@ async def test_status_page_renders_charts_in_chromium(tmp_path: Path) -> None:
         assert '<span class="good">ready</span>' in dom
         assert '<div id="error"></div>' in dom  # no failed refresh
 
+        # the recipe in docs/OPERATIONS.md, as written there
         screenshot = tmp_path / "status-page.png"
-        await _chromium(browser, tmp_path / "profile-shot", f"--screenshot={screenshot}", url)
+        recipe = _operations_recipe(url, screenshot)
+        shot = await asyncio.create_subprocess_exec(
+            *recipe, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
+        )
+        assert await asyncio.wait_for(shot.wait(), 90) == 0, recipe
         assert _png_size(screenshot) == WINDOW
         assert screenshot.stat().st_size > 20_000  # charts and tables, not a blank page
         kept = _keep(screenshot)

@@ -402,3 +402,27 @@ def test_trailing_bytes_after_a_request_are_refused() -> None:
             assert "after the" in exc.message, exc.message
         else:
             raise AssertionError(f"{type(request).__name__} with a trailing byte was accepted")
+
+
+def test_server_info_fields_added_at_the_end_keep_both_sides_working() -> None:
+    """SERVER_INFO grows at its end (issue 41: the open-files limit and the partitions it
+    allows): a client that knows fewer fields reads a newer answer, ignoring the bytes after
+    them, and this client reads an older server's shorter answer with 0 for the new fields."""
+    from construct import Struct
+
+    from headwater.wire.api import admin
+
+    api = next(a for a in admin.APIS if a.key == m.ApiKey.SERVER_INFO)
+    fields = api.response.subcon.subcons
+    names = [f.name for f in fields]
+    assert names[-2:] == ["open_files_limit", "partitions_allowed"]
+    older = Struct(*fields[:-2])  # the layout before them
+    info = m.ServerInfoResponse("1.0", 1, 2, 3, 4, 5, "/d", 6, 7, 8, 9, (), 1024, 384)
+    body = api.response.build(info)
+    assert len(body) == len(older.build(older.parse(body))) + 16
+    assert older.parse(body).data_dir == "/d"  # the old client's parse
+    short = older.build(older.parse(body))  # an older server's answer
+    assert api.response.parse(short) == m.ServerInfoResponse(
+        "1.0", 1, 2, 3, 4, 5, "/d", 6, 7, 8, 9, (), 0, 0
+    )
+    assert api.response.parse(body) == info

@@ -96,6 +96,7 @@ async def topic_create(client: Client, args: argparse.Namespace) -> int:
     configs.update(schema_commands.topic_configs(args))
     created = True
     partitions, dispatch = args.partitions, args.dispatch
+    last_value, key_field = args.last_value, args.key_field
     try:
         await client.create_topic(args.name, partitions, dispatch, configs)
     except TopicExists:
@@ -104,11 +105,24 @@ async def topic_create(client: Client, args: argparse.Namespace) -> int:
         created = False  # say what exists, which may differ from what was asked
         existing = (await client.describe_topic(args.name)).topic
         partitions, dispatch = existing.partitions, DISPATCH_NAMES[existing.dispatch]
-    record = {"name": args.name, "partitions": partitions, "dispatch": dispatch, "created": created}
+        existing_configs = {c.name: c.value for c in existing.configs}
+        last_value = existing_configs.get("last.value") == "true"
+        key_field = existing_configs.get("key.field") or None
+    record = {
+        "name": args.name,
+        "partitions": partitions,
+        "dispatch": dispatch,
+        "last_value": last_value,
+        "created": created,
+    }
+    # a last-value topic says so: it keeps state per key that a plain one does not (issue 41)
+    kind = f"{dispatch}, last-value" if last_value else dispatch
+    if key_field:
+        kind += f", keys from JSON field {key_field}"
     text = (
-        f"created topic {args.name} ({dispatch})"
+        f"created topic {args.name} ({kind})"
         if created
-        else f"topic {args.name} exists already ({dispatch}, {plural(partitions, 'partition')})"
+        else f"topic {args.name} exists already ({kind}, {plural(partitions, 'partition')})"
     )
     _emit(args, record, text)
     return 0
@@ -306,7 +320,9 @@ async def produce(client: Client, args: argparse.Namespace) -> int:
     a failure then says what the server acknowledged before it."""
     # the command reports the producer's first error itself (`_settle`, exit status 1): the
     # library's warning of the same refusal would print it twice
-    logging.getLogger("headwater.client.sender").addHandler(logging.NullHandler())
+    sender_log = logging.getLogger("headwater.client.sender")
+    sender_log.addHandler(logging.NullHandler())
+    sender_log.propagate = False  # nor through the CLI's notices (headwater/cli/main.py)
     if args.key is not None and args.key_separator is not None:
         raise ValueError("use either --key or --key-separator, not both")
     if args.partition is not None and args.partition < 0:

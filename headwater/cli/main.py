@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -58,13 +59,36 @@ FORMATS = {
 }
 
 
+class _NoticeFormat(logging.Formatter):
+    """The library's warnings as the CLI's own lines: `headwater: warning: ...` (issue 41:
+    `--reconnect`'s "...; reconnecting" came bare, through logging's last-resort handler)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"headwater: {record.levelname.lower()}: {record.getMessage()}"
+
+
+_NOTICES = logging.StreamHandler()  # writes to sys.stderr as it is when a notice comes
+_NOTICES.setFormatter(_NoticeFormat())
+_NOTICES.setLevel(logging.WARNING)
+
+
+def _show_library_notices() -> None:
+    """The client library's warnings (a lost connection being reconnected, a dropped message)
+    printed with the CLI's prefix; `serve` configures its own logging instead."""
+    logger = logging.getLogger("headwater")
+    if _NOTICES not in logger.handlers:
+        logger.addHandler(_NOTICES)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="headwater", description="Headwater message server")
     parser.add_argument(
         "--version", action="version", version=f"headwater {version()}", help="print the version"
     )
     add_global_options(parser, suppress=False)
-    commands = parser.add_subparsers(dest="command", required=True)
+    # not required here: main() says so itself, naming an unknown option given instead
+    # (`headwater --bogus-flag` would otherwise say only that a command is required)
+    commands = parser.add_subparsers(dest="command", required=False)
 
     serve_command.add_parser(commands)
 
@@ -102,6 +126,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     # argparse cannot take positionals on both sides of an option ("produce T --key k v1 v2"):
     # collect the leftovers and give them to produce, the one command that has free values.
     args, extra = parser.parse_known_args(argv)
+    if args.command is None:  # the usage above the error lists the commands
+        unknown = [e for e in extra if e.startswith("-")]
+        parser.error(
+            f"unrecognized arguments: {' '.join(unknown)}, and no command"
+            if unknown
+            else "the following arguments are required: command"
+        )
     if extra and (args.command != "produce" or any(e.startswith("-") for e in extra)):
         _command_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     if extra:
@@ -114,6 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return serve_command.run(args)
     if args.command == "token":
         return token_commands.run(args)
+    _show_library_notices()
     formats = FORMATS.get(_command_name(args))
     if args.format is None:
         args.format = formats[0] if formats else None

@@ -14,16 +14,22 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from headwater.client.client import DISPATCH_NAMES, SUBSCRIPTION_TYPE_NAMES, Message
+from headwater.client.client import DISPATCH_NAMES, Message
 from headwater.wire.messages import (
     DescribeTopicResponse,
     Durable,
     ServerInfoResponse,
     SubscriptionDetail,
+    SubscriptionType,
     TopicInfo,
 )
 
 DURABLE_NAMES: dict[int, str] = {d: d.name.lower().replace("_", "-") for d in Durable}
+# what the CLI prints, spelt as `consume --type` takes them: key-shared (the Python API's
+# type="key_shared" is accepted by `--type` too)
+SUBSCRIPTION_TYPE_NAMES: dict[int, str] = {
+    t: t.name.lower().replace("_", "-") for t in SubscriptionType
+}
 
 
 def plural(count: int, noun: str) -> str:
@@ -258,7 +264,22 @@ def server_info_record(info: ServerInfoResponse) -> dict[str, Any]:
         "memory_used_bytes": info.memory_used_bytes,
         "memory_principal_share_bytes": info.memory_principal_share_bytes,
         "memory_principals": {p.principal: p.used_bytes for p in info.memory_principals},
+        "open_files_limit": info.open_files_limit,
+        "partitions_allowed": info.partitions_allowed,
     }
+
+
+def _open_files_text(info: ServerInfoResponse) -> list[str]:
+    """The open-files limit and the reliable partitions it allows (nothing from a server older
+    than these fields, which answers 0)."""
+    if info.open_files_limit == 0:
+        return []
+    if info.open_files_limit < 0:
+        return ["open files: unlimited (reliable partitions: no limit from it)"]
+    return [
+        f"open files: {info.open_files_limit} (allows {info.partitions_allowed} reliable "
+        "partitions beside max_connections connections; docs/OPERATIONS.md, Open files)"
+    ]
 
 
 def server_info_text(info: ServerInfoResponse) -> str:
@@ -283,6 +304,7 @@ def server_info_text(info: ServerInfoResponse) -> str:
                 f"({p.used_bytes / 1e6:,.1f} MB)"
                 for p in info.memory_principals
             ),
+            *_open_files_text(info),
         ]
     )
 

@@ -242,8 +242,9 @@ def _consume_command(commands: Any) -> None:
     consume.add_argument(
         "--type",
         choices=["exclusive", "shared", "failover", "key-shared"],
+        type=lambda name: name.replace("_", "-"),  # key_shared, as the Python API spells it
         default="exclusive",
-        help="subscription type (default exclusive)",
+        help="subscription type (default exclusive; key_shared is taken for key-shared)",
     )
     consume.add_argument("--name", help="consumer name (Failover orders by priority, then name)")
     consume.add_argument(

@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import gc
 import os
-import resource
 import signal
 import ssl
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import structlog
 
+from headwater.server import open_files
 from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.config import ServerConfig
 from headwater.server.kafka.kafka_listener import KafkaListener, KafkaStartupError
@@ -287,19 +287,24 @@ def _open_state(path: Path) -> StateStore:
 
 
 def _raise_fd_limit(config: ServerConfig) -> None:
-    """Raise the soft open-files limit to the hard one: every connection costs a descriptor."""
-    with contextlib.suppress(ValueError, OSError):
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-        if soft != resource.RLIM_INFINITY and config.max_connections + 256 > soft:
-            log.warning(
-                "server.fd_limit_low",
-                open_files=soft,
-                max_connections=config.max_connections,
-                hint="connections past the open-files limit are refused TOO_MANY_CONNECTIONS",
-            )
+    """Raise the soft open-files limit to the hard one (every connection and every reliable
+    partition costs descriptors) and log what it allows (`server.open_files`)."""
+    limit = open_files.raise_limit()
+    partitions = open_files.partitions_allowed(limit, config.max_connections)
+    log.info(
+        "server.open_files",
+        open_files=limit,
+        partitions=partitions,
+        max_connections=config.max_connections,
+        descriptors_per_partition=open_files.DESCRIPTORS_PER_PARTITION,
+    )
+    if limit != open_files.UNLIMITED and config.max_connections + open_files.RESERVED > limit:
+        log.warning(
+            "server.fd_limit_low",
+            open_files=limit,
+            max_connections=config.max_connections,
+            hint="connections past the open-files limit are refused TOO_MANY_CONNECTIONS",
+        )
 
 
 async def _wait_closed(listener: Listener, timeout: float) -> None:

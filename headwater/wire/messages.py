@@ -598,6 +598,11 @@ class ServerInfoResponse:
     memory_principal_share_bytes: int = 0
     # the principals holding the most, most first (at most MAX_MEMORY_PRINCIPALS_SHOWN)
     memory_principals: tuple[PrincipalMemory, ...] = ()
+    # the soft open-files limit (start-up raised it to the hard one; -1: unlimited) and the
+    # reliable partitions it allows beside max_connections connections (server.open_files; -1:
+    # unlimited). 0 from a server older than these fields
+    open_files_limit: int = 0
+    partitions_allowed: int = 0
 
 
 @dataclass(frozen=True, slots=True)

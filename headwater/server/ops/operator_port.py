@@ -38,7 +38,7 @@ from headwater.server.ops.http import (
 )
 from headwater.server.ops.metrics import make_registry
 from headwater.server.ops.status import ServerState
-from headwater.server.ops.status_page import PAGE
+from headwater.server.ops.status_page import page as status_page
 from headwater.server.security.access import Security
 from headwater.server.security.authz import Action
 from headwater.server.security.tls import is_loopback
@@ -60,7 +60,8 @@ def routes(state: ServerState, registry: CollectorRegistry) -> dict[str, Handler
         return Response(503, f"not ready: {reason}\n".encode())
 
     async def page(query: str) -> Response:
-        return Response(200, PAGE.encode(), "text/html; charset=utf-8")
+        body = status_page(state.status(await state.readiness()))  # drawn before "load"
+        return Response(200, body.encode(), "text/html; charset=utf-8")
 
     async def status_json(query: str) -> Response:
         body = json.dumps(state.status(await state.readiness()), separators=(",", ":"))

@@ -178,6 +178,16 @@ class ServerState:
 
     # The status JSON
 
+    def _live_series(self) -> set[str]:
+        """The topics and "topic/subscription" names that exist now: the charts drop the
+        others (a deleted topic or subscription left its line in the legends for the ring's
+        10 minutes)."""
+        live: set[str] = set()
+        for name, topic in self.topics().items():
+            live.add(name)
+            live.update(f"{name}/{subscription}" for subscription in topic.subscriptions)
+        return live
+
     def status(self, ready: str | None) -> dict[str, Any]:
         samples = list(self.samples)
         if not samples or time.time() - samples[-1].at > 0.5:
@@ -194,7 +204,7 @@ class ServerState:
             if uploader is None
             else {"pending": uploader.pending, "failures": uploader.failures},
             "topics": [self._topic_status(t, samples) for _, t in sorted(self.topics().items())],
-            "history": _history(samples),
+            "history": _history(samples, self._live_series()),
         }
 
     def _topic_status(self, topic: Topic, samples: list[Sample]) -> dict[str, Any]:
@@ -247,11 +257,12 @@ def _rates(pair: list[Sample], topic: str) -> tuple[float | None, float | None]:
     )
 
 
-def _history(samples: list[Sample]) -> dict[str, Any]:
-    """Per-interval rates (one point fewer than samples) and lag, for the charts."""
+def _history(samples: list[Sample], live: set[str]) -> dict[str, Any]:
+    """Per-interval rates (one point fewer than samples) and lag, for the charts: the series of
+    the topics and subscriptions in `live`, those that exist now."""
     pairs = list(itertools.pairwise(samples))
-    topics = sorted({name for sample in samples[1:] for name in sample.topics})
-    lagging = sorted({name for sample in samples for name in sample.lag})
+    topics = sorted({name for sample in samples[1:] for name in sample.topics} & live)
+    lagging = sorted({name for sample in samples for name in sample.lag} & live)
     in_rates: dict[str, list[float | None]] = {name: [] for name in topics}
     out_rates: dict[str, list[float | None]] = {name: [] for name in topics}
     for pair in pairs:

@@ -6,9 +6,16 @@ subscription lag; one line per topic or subscription, the busiest ones) and tabl
 subscriptions. Nothing is downloaded from elsewhere, so it works on an isolated network. Kept as
 a Python string so that it ships inside the package with no package-data configuration.
 Every chart is an `<svg class="chart" data-series=N data-points=M>`, which tests check.
+
+Lines are told apart by colour and by dash (`DASHES`): two series with the same values, drawn on
+top of each other, still show both (the dashed one over the solid one), and the later one's
+legend says `= NAME` of the one it covers. The page is served with the status of the moment
+inside it (`page`), drawn before the load event: a headless browser's screenshot or DOM dump
+shows the charts and tables, not "loading..." (docs/OPERATIONS.md has the recipe).
 """
 
-from typing import Final
+import json
+from typing import Any, Final
 
 PAGE: Final = """<!doctype html>
 <html lang="en">
@@ -30,8 +37,7 @@ PAGE: Final = """<!doctype html>
   svg.chart { display: block; }
   .legend { font-size: 12px; color: #505a6b; max-width: 400px; }
   .legend span { display: inline-block; margin-right: 10px; white-space: nowrap; }
-  .legend i { display: inline-block; width: 10px; height: 3px; margin-right: 4px;
-              vertical-align: middle; }
+  .legend svg { display: inline-block; margin-right: 4px; vertical-align: middle; }
   table { border-collapse: collapse; background: #fff; border: 1px solid #dde1e7; }
   th, td { padding: 4px 10px; border-bottom: 1px solid #eef0f3; text-align: right; }
   th { background: #eef0f3; font-weight: 600; }
@@ -60,6 +66,8 @@ PAGE: Final = """<!doctype html>
 "use strict";
 const COLORS = ["#2f6fdf", "#e0732c", "#2a9d5c", "#c23b7a", "#7c5cd6", "#b59a1c",
                 "#1aa3b0", "#8a4b2d", "#5f6b7d", "#d64545"];
+// one per series after the colours: a line drawn over an equal one leaves it visible
+const DASHES = ["", "6 3", "2 3", "9 3 2 3", "4 5"];
 const W = 400, H = 190, PAD_L = 52, PAD_R = 8, PAD_T = 8, PAD_B = 22;
 const SVG = "http://www.w3.org/2000/svg";
 
@@ -108,8 +116,19 @@ function chart(holder, times, series) {
               "text-anchor": "end"}, svg).textContent = "now";
   const legend = document.createElement("div");
   legend.className = "legend";
+  // a series over an earlier one: equal wherever both have a value (and one at least)
+  const covers = (a, b) => {
+    let common = 0;
+    for (let j = 0; j < a.length; j++) {
+      if (a[j] === null || b[j] === null || a[j] === undefined || b[j] === undefined) continue;
+      if (a[j] !== b[j]) return false;
+      common++;
+    }
+    return common > 0;
+  };
   names.forEach((name, i) => {
-    const color = COLORS[i % COLORS.length];
+    const color = COLORS[i % COLORS.length], dash = DASHES[i % DASHES.length];
+    const same = names.slice(0, i).find(other => covers(series[other], series[name]));
     let d = "", pen = false;
     series[name].forEach((v, j) => {
       if (v === null || v === undefined || j >= times.length) { pen = false; return; }
@@ -118,10 +137,16 @@ function chart(holder, times, series) {
       points++;
     });
     if (d) el("path", {d: d, fill: "none", stroke: color, "stroke-width": 2,
-                       class: "series", "data-name": name}, svg);
+                       "stroke-dasharray": dash || "none", class: "series",
+                       "data-name": name}, svg);
     const item = document.createElement("span");
-    item.innerHTML = `<i style="background:${color}"></i>`;
-    item.appendChild(document.createTextNode(name));
+    item.setAttribute("data-name", name);
+    const mark = el("svg", {width: 22, height: 6});
+    el("line", {x1: 0, x2: 22, y1: 3, y2: 3, stroke: color, "stroke-width": 2,
+                "stroke-dasharray": dash || "none"}, mark);
+    item.appendChild(mark);
+    item.appendChild(document.createTextNode(same === undefined ? name : `${name} = ${same}`));
+    if (same !== undefined) item.setAttribute("data-same-as", same);
     legend.appendChild(item);
   });
   if (!names.length) {
@@ -183,8 +208,21 @@ async function refresh() {
   }
   setTimeout(refresh, 2000);
 }
-refresh();
+const FIRST = /*STATUS*/null;  // the status when the page was served: drawn before "load"
+if (FIRST) {
+  render(FIRST);
+  setTimeout(refresh, 2000);
+} else {
+  refresh();
+}
 </script>
 </body>
 </html>
 """
+
+
+def page(status: dict[str, Any]) -> str:
+    """The page with `status` drawn at once (the same object `/status.json` returns)."""
+    # inside <script>: "</" would end it early, so every "<" is escaped (still valid JSON)
+    first = json.dumps(status, separators=(",", ":")).replace("<", "\\u003c")
+    return PAGE.replace("/*STATUS*/null", first, 1)

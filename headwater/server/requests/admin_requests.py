@@ -32,6 +32,7 @@ from typing import Final
 
 import structlog
 
+from headwater.server import open_files
 from headwater.server.build_info import version
 from headwater.server.catalog.topic_catalog import TopicCatalog, last_value_topic
 from headwater.server.config import TopicSettings
@@ -72,8 +73,10 @@ class AdminHandlers:
         data_dir: Path,
         connections: Callable[[], int],
         memory: MemoryBudget | None = None,
+        max_connections: int = 0,
     ) -> None:
         self._memory = memory or MemoryBudget(0)
+        self._max_connections = max_connections
         self._catalog = catalog
         self._data_dir = data_dir
         self._connections = connections
@@ -207,6 +210,7 @@ class AdminHandlers:
         topics = self._catalog.topics
         now = time.time()
         used = await self._data_dir_bytes()
+        limit = open_files.open_files_limit()
         return m.ServerInfoResponse(
             version=version(),
             started_ms=int(_STARTED * 1000),
@@ -223,6 +227,8 @@ class AdminHandlers:
                 m.PrincipalMemory(principal, used)
                 for principal, used in self._memory.largest(MAX_MEMORY_PRINCIPALS_SHOWN)
             ),
+            open_files_limit=limit,
+            partitions_allowed=open_files.partitions_allowed(limit, self._max_connections),
         )
 
     async def _data_dir_bytes(self) -> int:

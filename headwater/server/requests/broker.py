@@ -108,7 +108,9 @@ class Broker:
         gate = placement.subscribe_gate(catalog)
         self.consumers = ConsumerHandlers(config, catalog, on_detached=gate.detached_consumer)
         self.memory = self.consumers.memory  # the server's memory budget (server info, metrics)
-        self.admin = AdminHandlers(catalog, config.data_dir, connections, self.memory)
+        self.admin = AdminHandlers(
+            catalog, config.data_dir, connections, self.memory, config.max_connections
+        )
         self.maps = MapHandlers(catalog, self.ownership)
         self.fetches = FetchHandler(catalog, self.ownership)
         self._producer_ids = placement.producer_ids(catalog)

@@ -380,10 +380,10 @@ def _durable_kind(
     if durable == m.Durable.STANDARD and sub_type == m.SubscriptionType.KEY_SHARED:
         raise InvalidRequest("a standard durable takes an exclusive or failover subscription")
     if durable == m.Durable.SHARED and sub_type not in shared:
-        raise InvalidRequest("a shared durable takes a shared or key_shared subscription")
+        raise InvalidRequest("a shared durable takes a shared or key-shared subscription")
     last_value = (m.Durable.LAST_VALUE, m.Durable.MAP)
     if durable in last_value and sub_type == m.SubscriptionType.KEY_SHARED:
-        raise InvalidRequest("a last-value subscription has one consumer: not key_shared")
+        raise InvalidRequest("a last-value subscription has one consumer: not key-shared")
     if durable in (m.Durable.LAST_VALUE, m.Durable.MAP):
         if not settings.keys and settings.key_prefix is None:
             raise InvalidRequest("a last-value subscription names keys, a key prefix, or both")
@@ -404,6 +404,6 @@ def _check_partitions(
                 f"topic {topic.name!r} has partitions 0..{count - 1}, not {partition}"
             )
     if sub_type == m.SubscriptionType.KEY_SHARED:
-        raise InvalidRequest("a key_shared consumer takes every partition: it cannot choose")
+        raise InvalidRequest("a key-shared consumer takes every partition: it cannot choose")
     if durable in (m.Durable.LAST_VALUE, m.Durable.MAP):
         raise InvalidRequest("a last-value subscription takes keys, not partitions")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from construct import Flag, Int8sb, Int16sb, Int32sb, Int64sb, PrefixedArray
+from construct import Computed, Flag, Int8sb, Int16sb, Int32sb, Int64sb, PrefixedArray, Select
 
 from headwater.wire import messages as m
 from headwater.wire.api.base import EMPTY_RESPONSE, Api, BoundedArray, String, message
@@ -152,6 +152,11 @@ APIS: Final = (
             "memory_used_bytes" / Int64sb,
             "memory_principal_share_bytes" / Int64sb,
             "memory_principals" / PrefixedArray(Int32sb, PRINCIPAL_MEMORY),
+            # added later, at the end: an older client ignores them (a response's trailing
+            # bytes are never an error), and an answer from an older server, which ends
+            # before them, reads as 0
+            "open_files_limit" / Select(Int64sb, Computed(0)),
+            "partitions_allowed" / Select(Int64sb, Computed(0)),
         ),
     ),
     Api(
