@@ -219,9 +219,10 @@ def test_the_cli_on_the_http_or_kafka_port_says_which_port_it_is(tmp_path: Path)
     try:
         http_port = int(server.http_port_file.read_text())
         for address, says in (
-            (f"127.0.0.1:{http_port}", "is an HTTP server (it answered 'HTTP/1.1 408"),
+            (f"127.0.0.1:{http_port}", "is an HTTP server (it answered 'HTTP/1.1 400"),
             (server.bootstrap, "is a Kafka listener (serve --kafka-port)"),
         ):
+            # 400 at once, not 408 after the HTTP port's wait for a request head (HEAD_TIMEOUT)
             result = hw("topic", "list", "--server", address)
             assert result.returncode == 1
             [line] = result.stderr.splitlines()

@@ -75,9 +75,9 @@ _NOTICES.setLevel(logging.WARNING)
 def _show_library_notices() -> None:
     """The client library's warnings (a lost connection being reconnected, a dropped message)
     printed with the CLI's prefix; `serve` configures its own logging instead."""
-    logger = logging.getLogger("headwater")
-    if _NOTICES not in logger.handlers:
-        logger.addHandler(_NOTICES)
+    library = logging.getLogger("headwater")  # the client library's loggers, all below it
+    if _NOTICES not in library.handlers:
+        library.addHandler(_NOTICES)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -17,7 +17,8 @@ configuration) and `config_file` (loading it from TOML), `logs` (structlog setup
 version), `request_table` (every request type's topic field, grant, turn and pre-authentication
 flag, declared once, on its handler, with `handles`), `reply` (what a handler answers and what the
 answer waits for), `topic_turns` (per-topic turns that keep operations on a topic in order),
-`memory_budget` (the bytes client backlogs may hold, per subscription and in all) and `loop_lag`
-(how long the event loop is held). `serve` sits on top of everything. Nothing imports this package
+`memory_budget` (the bytes client backlogs may hold, per subscription and in all), `loop_lag`
+(how long the event loop is held) and `open_files` (the open-files limit, raised at start, and the
+reliable partitions it allows). `serve` sits on top of everything. Nothing imports this package
 except the `headwater serve` command (`headwater.cli.serve_command`; `headwater.cli.main` reads the
 version from `build_info`)."""

@@ -83,7 +83,7 @@ async def serve(
     for signum in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(signum, stop.set)
-    _raise_fd_limit(config)
+    open_files_limit = _raise_fd_limit(config)
     try:
         config.data_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -213,6 +213,7 @@ async def serve(
             auth="tokens" if listener.shared.security is not None else "off",
             tls=listener.shared.tls is not None,
         )
+        _log_open_files(config, open_files_limit)
         try:
             await stop.wait()
         finally:
@@ -286,18 +287,11 @@ def _open_state(path: Path) -> StateStore:
         raise StartupError(f"cannot open the state store {path}: {exc}") from None
 
 
-def _raise_fd_limit(config: ServerConfig) -> None:
+def _raise_fd_limit(config: ServerConfig) -> int:
     """Raise the soft open-files limit to the hard one (every connection and every reliable
-    partition costs descriptors) and log what it allows (`server.open_files`)."""
+    partition costs descriptors); the limit now. What it allows is logged once the server
+    listens (`_log_open_files`): a start-up that fails says one line, its error."""
     limit = open_files.raise_limit()
-    partitions = open_files.partitions_allowed(limit, config.max_connections)
-    log.info(
-        "server.open_files",
-        open_files=limit,
-        partitions=partitions,
-        max_connections=config.max_connections,
-        descriptors_per_partition=open_files.DESCRIPTORS_PER_PARTITION,
-    )
     if limit != open_files.UNLIMITED and config.max_connections + open_files.RESERVED > limit:
         log.warning(
             "server.fd_limit_low",
@@ -305,6 +299,17 @@ def _raise_fd_limit(config: ServerConfig) -> None:
             max_connections=config.max_connections,
             hint="connections past the open-files limit are refused TOO_MANY_CONNECTIONS",
         )
+    return limit
+
+
+def _log_open_files(config: ServerConfig, limit: int) -> None:
+    log.info(
+        "server.open_files",
+        open_files=limit,
+        partitions=open_files.partitions_allowed(limit, config.max_connections),
+        max_connections=config.max_connections,
+        descriptors_per_partition=open_files.DESCRIPTORS_PER_PARTITION,
+    )
 
 
 async def _wait_closed(listener: Listener, timeout: float) -> None:

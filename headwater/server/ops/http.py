@@ -4,8 +4,10 @@ It serves `/metrics`, the health checks and the status page (routes in `server.o
 needs none of a web framework: a request head is read (at most `MAX_HEAD` bytes, within
 `HEAD_TIMEOUT`), the route's handler makes the whole body, and the answer goes out with
 `Connection: close`. Request bodies are never read. Anything else gets a short error status and
-the connection is closed: garbage 400, too large a head 431, other methods 405, other versions
-505, an unknown path 404, a handler that fails 500 (logged, no traceback to the client).
+the connection is closed: garbage 400 (at once when the first byte cannot begin a request line:
+a client of another protocol at the wrong port hears so without waiting), too large a head 431,
+other methods 405, other versions 505, an unknown path 404, a handler that fails 500 (logged, no
+traceback to the client).
 
 It runs on the server's event loop, so it must never stall the message port: handlers are
 coroutines that only read in-memory state (or hand disk work to a thread), each connection has a
@@ -117,6 +119,12 @@ class _Request(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._answered:
             return  # a body, or pipelined requests: not read
+        if not self._buffer and not data[:1].isupper():
+            # no request line starts so (a method is an upper-case token): another protocol's
+            # client at the wrong port, a Headwater or Kafka frame's size prefix; told at once,
+            # so that it can say which port it reached (`headwater` does), not after HEAD_TIMEOUT
+            self._reply(Response(400, b"not an HTTP request: this is the operator's HTTP port\n"))
+            return
         self._buffer += data
         end = self._buffer.find(b"\r\n\r\n")
         if end < 0:
