@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from headwater.storage.wal import FsyncPolicy
-from headwater.wire.limits import MAX_DECOMPRESSED_BATCH, MAX_FRAME_SIZE
+from headwater.wire.limits import MAX_BATCH_SIZE, MAX_DECOMPRESSED_BATCH, MAX_FRAME_SIZE
 
 DEFAULT_RETENTION_BYTES = 1024**3  # per partition
 DEFAULT_RETENTION_MS = 7 * 24 * 3600 * 1000
@@ -27,6 +27,10 @@ class TopicSettings:
     # apply (see ServerConfig.__post_init__).
     retention_bytes: int = DEFAULT_RETENTION_BYTES
     retention_ms: int = DEFAULT_RETENTION_MS
+    # The largest record batch a produce may append (Kafka's `max.message.bytes`, whose default
+    # is 1 MiB + 12 bytes); larger: RECORD_TOO_LARGE (Kafka's MESSAGE_TOO_LARGE), the connection
+    # kept. By default the largest batch a frame carries, so no producer is refused by it.
+    max_message_bytes: int = MAX_BATCH_SIZE
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,144 @@
+"""Kafka conformance gaps a check of stock clients found (issue 38, item 6), each through
+confluent-kafka (librdkafka) and kafka-python or aiokafka against a real server process
+(docs/KAFKA.md): a batch over the topic's `max.message.bytes` is MESSAGE_TOO_LARGE, not a closed
+connection; ListOffsets by time names the first record at or after the time."""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kafka import KafkaAdminClient, KafkaProducer
+from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
+from kafka.errors import MessageSizeTooLargeError
+
+import headwater
+from headwater.wire import messages as m
+from headwater.wire.records import BatchBuilder
+from tests.support.kafka_support import KafkaServer, RawKafka
+
+MIB = 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaServer]:
+    server = KafkaServer(tmp_path_factory.mktemp("kafka") / "data").start()
+    yield server
+    server.stop()
+
+
+def _admin(server: KafkaServer) -> KafkaAdminClient:
+    return KafkaAdminClient(bootstrap_servers=server.bootstrap, request_timeout_ms=10_000)
+
+
+def _confluent_produce(server: KafkaServer, topic: str, values: list[bytes]) -> list[Any]:
+    """Each value's delivery: its error, or None."""
+    from confluent_kafka import Producer
+
+    producer = Producer(
+        {
+            "bootstrap.servers": server.bootstrap,
+            "message.max.bytes": 6 * MIB,
+            "enable.idempotence": False,
+            "acks": "all",
+            "linger.ms": 0,
+        }
+    )
+    results: list[Any] = []
+    for value in values:
+        outcome: list[Any] = []
+        producer.produce(topic, value, on_delivery=lambda error, _m, o=outcome: o.append(error))
+        deadline = time.monotonic() + 30
+        while not outcome and time.monotonic() < deadline:
+            producer.poll(0.1)
+        assert outcome, "no delivery report"
+        results.append(outcome[0])
+    producer.flush(10)
+    return results
+
+
+# 1. MESSAGE_TOO_LARGE per batch, with the topic's max.message.bytes
+
+
+def test_a_batch_over_max_message_bytes_is_message_too_large_and_the_connection_stays(
+    kafka: KafkaServer, topic_name: str
+) -> None:
+    from confluent_kafka import KafkaError
+
+    admin = _admin(kafka)
+    try:
+        admin.create_topics(
+            [NewTopic(topic_name, 1, 1, topic_configs={"max.message.bytes": str(MIB)})]
+        )
+        described = admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, topic_name, ["max.message.bytes"])]
+        )
+        assert described["topic"][topic_name]["max.message.bytes"]["value"] == str(MIB)
+    finally:
+        admin.close()
+    big = b"x" * (2 * MIB)
+    # librdkafka: the big one refused with the broker's code, the small one after it delivered
+    too_large, small = _confluent_produce(kafka, topic_name, [big, b"small"])
+    assert too_large is not None and too_large.code() == KafkaError.MSG_SIZE_TOO_LARGE
+    assert small is None
+    # kafka-python: the same, on one connection it keeps
+    producer = KafkaProducer(
+        bootstrap_servers=kafka.bootstrap,
+        max_request_size=6 * MIB,
+        acks="all",
+        enable_idempotence=False,
+    )
+    try:
+        with pytest.raises(MessageSizeTooLargeError):
+            producer.send(topic_name, big).get(30)
+        assert producer.send(topic_name, b"small too").get(30).offset == 1
+        # raised through AlterConfigs, the same batch is taken
+        admin = _admin(kafka)
+        try:
+            admin.alter_configs(
+                [
+                    ConfigResource(
+                        ConfigResourceType.TOPIC,
+                        topic_name,
+                        configs={"max.message.bytes": str(3 * MIB)},
+                    )
+                ]
+            )
+        finally:
+            admin.close()
+        assert producer.send(topic_name, big).get(30).offset == 2
+    finally:
+        producer.close()
+
+
+async def test_max_message_bytes_through_topic_alter_holds_for_native_producers(
+    kafka: KafkaServer, topic_name: str
+) -> None:
+    async with await headwater.connect(kafka.address) as client:
+        await client.create_topic(topic_name, dispatch="reliable")
+        await client.alter_topic(topic_name, {"max.message.bytes": "2048"})
+        described = await client.describe_topic(topic_name)
+        assert (
+            dict((c.name, c.value) for c in described.topic.configs)["max.message.bytes"] == "2048"
+        )
+        builder = BatchBuilder()
+        builder.append(None, b"y" * 4096)
+        batch = builder.build()
+        with pytest.raises(headwater.RecordTooLarge):
+            await client.request(
+                m.ProduceRequest(topic_name, 0, batch, m.Isolation.READ_UNCOMMITTED)
+            )
+        with pytest.raises(headwater.InvalidRequest, match="at most"):
+            await client.alter_topic(topic_name, {"max.message.bytes": str(64 * MIB)})
+
+
+def test_only_a_frame_past_the_socket_limit_closes_the_connection(kafka: KafkaServer) -> None:
+    raw = RawKafka(kafka.kafka_port)
+    try:
+        raw.send_raw(struct.pack(">i", 9 * MIB) + struct.pack(">hhih", 0, 3, 1, 0))
+        assert raw.closed()
+    finally:
+        raw.close()
