@@ -5,13 +5,14 @@ connection; ListOffsets by time names the first record at or after the time."""
 
 from __future__ import annotations
 
+import asyncio
 import struct
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kafka import KafkaAdminClient, KafkaProducer
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
 from kafka.errors import MessageSizeTooLargeError
 
@@ -142,3 +143,61 @@ def test_only_a_frame_past_the_socket_limit_closes_the_connection(kafka: KafkaSe
         assert raw.closed()
     finally:
         raw.close()
+
+
+# 2. ListOffsets by time: the first record at or after the time, with its own timestamp
+
+
+async def _one_batch(server: KafkaServer, topic: str, stamps: list[int]) -> None:
+    """A batch of records with these timestamps, at offsets 0, 1, ..."""
+    async with await headwater.connect(server.address) as client:
+        await client.create_topic(topic, dispatch="reliable")
+        builder = BatchBuilder()
+        for i, stamp in enumerate(stamps):
+            builder.append(None, b"%d" % i, timestamp=stamp)
+        await client.request(
+            m.ProduceRequest(topic, 0, builder.build(), m.Isolation.READ_COMMITTED)
+        )
+
+
+STAMPS = [1_000_000, 2_000_000, 3_000_000, 2_500_000]
+# the time asked, the offset and timestamp answered: the first record at or after it by offset
+BY_TIME = {
+    1_500_000: (1, 2_000_000),
+    2_000_000: (1, 2_000_000),
+    2_200_000: (2, 3_000_000),
+    3_000_000: (2, 3_000_000),
+    999: (0, 1_000_000),
+}
+
+
+def test_list_offsets_by_time_answers_the_first_record_and_its_timestamp(
+    kafka: KafkaServer, topic_name: str
+) -> None:
+    from confluent_kafka import Consumer
+    from confluent_kafka import TopicPartition as ConfluentPartition
+
+    asyncio.run(_one_batch(kafka, topic_name, STAMPS))
+    consumer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": "by-time"})
+    try:
+        for asked, (offset, _stamp) in BY_TIME.items():
+            [found] = consumer.offsets_for_times(
+                [ConfluentPartition(topic_name, 0, asked)], timeout=10
+            )
+            assert (asked, found.error, found.offset) == (asked, None, offset)
+        [after] = consumer.offsets_for_times(
+            [ConfluentPartition(topic_name, 0, 3_000_001)], timeout=10
+        )
+        assert after.offset == -1  # none at or after it (librdkafka: OFFSET_END)
+    finally:
+        consumer.close()
+    python = KafkaConsumer(bootstrap_servers=kafka.bootstrap)
+    try:
+        partition = TopicPartition(topic_name, 0)
+        for asked, (offset, stamp) in BY_TIME.items():
+            found = python.offsets_for_times({partition: asked})[partition]
+            assert found is not None
+            assert (asked, found.offset, found.timestamp) == (asked, offset, stamp)
+        assert python.offsets_for_times({partition: 3_000_001})[partition] is None
+    finally:
+        python.close()

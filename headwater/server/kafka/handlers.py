@@ -26,7 +26,8 @@ which Kafka answers with nothing.
   poll (`AfterData`, outside the topic's turn) and the first to bring data answers for all; the
   others are cancelled.
 - ListOffsets: earliest (-2) is the partition's start, latest (-1) its readable end (the high
-  watermark a Fetch reports), a timestamp the first batch at or after it (offset -1 when none).
+  watermark a Fetch reports), a timestamp the first record at or after it and that record's own
+  timestamp (offset -1 when none).
 - Metadata: the brokers and each partition's leader as `kafka_nodes` has them (on one broker,
   node 0 leads every partition; in a cluster, each partition's owner); topics are never created
   by a Metadata request. In a cluster, a Produce, Fetch or ListOffsets for a partition this
@@ -122,7 +123,7 @@ from headwater.wire.errors import (
     UnknownTopic,
 )
 from headwater.wire.limits import MAX_FETCH_BYTES, MAX_FETCH_WAIT_MS
-from headwater.wire.records import BatchInfo, validate_records
+from headwater.wire.records import BatchInfo, read_records, validate_records
 
 log = structlog.get_logger(__name__)
 
@@ -141,6 +142,8 @@ _BASE = struct.Struct(">q")
 _LAST_DELTA = struct.Struct(">i")  # at byte 23 of a RecordBatch v2
 _BATCH_OVERHEAD: Final = 12  # base offset (8) and batch length (4) precede what the length counts
 _MIN_BATCH: Final = 61  # a RecordBatch v2 header
+# reads of a partition's batches a ListOffsets by time makes past the batch its index names
+_TIME_SCAN_READS: Final = 16
 
 
 def split_batches(records: bytes) -> list[bytes]:
@@ -632,22 +635,22 @@ class KafkaHandlers:
                 try:
                     if not self.permits(session, Action.CONSUME, name):
                         raise NotAuthorized(f"no consume grant on topic {name!r}")
-                    offset = await self._offset(name, index, timestamp)
+                    offset, found = await self._offset(name, index, timestamp)
                     code = 0
                 except HeadwaterError as exc:
-                    code, offset = _refused("kafka.list_offsets_refused", exc, name, index), -1
+                    code = _refused("kafka.list_offsets_refused", exc, name, index)
+                    offset, found = -1, -1
                 partitions.append(
                     of.ListOffsetsPartitionResponse(
-                        partition_index=index,
-                        error_code=code,
-                        timestamp=-1 if offset < 0 or timestamp < 0 else timestamp,
-                        offset=offset,
+                        partition_index=index, error_code=code, timestamp=found, offset=offset
                     )
                 )
             topics.append(of.ListOffsetsTopicResponse(name=name, partitions=partitions))
         return of.ListOffsetsResponse(throttle_time_ms=0, topics=topics)
 
-    async def _offset(self, name: str, index: int, timestamp: int) -> int:
+    async def _offset(self, name: str, index: int, timestamp: int) -> tuple[int, int]:
+        """(offset, timestamp): earliest and latest with timestamp -1; for a time, the first
+        record at or after it and that record's own timestamp ((-1, -1) when none is)."""
         topic = self._broker.topics.get(name)
         if topic is None:
             raise UnknownTopic(f"topic {name!r} does not exist")
@@ -657,18 +660,34 @@ class KafkaHandlers:
         if not ownership.serves(name, index):  # are its owner's to tell
             raise not_owner(ownership, name, index)
         if timestamp == -2:
-            return topic.start_offset(index)
+            return topic.start_offset(index), -1
         if not topic.reliable:
             if timestamp == -1:
-                return topic.partitions[index].next_offset
+                return topic.partitions[index].next_offset, -1
             raise InvalidRequest(f"topic {name!r} is non-reliable: no offsets by timestamp")
         partition = topic.partitions[index]
+        end = topic.readable_end(partition, False)
         if timestamp == -1:
-            return topic.readable_end(partition, False)
+            return end, -1
         if timestamp < 0:
             raise InvalidRequest(f"timestamp {timestamp}: -1 latest, -2 earliest, or ms")
-        found = await topic.offset_for_timestamp(index, timestamp)
-        return -1 if found >= topic.readable_end(partition, False) else found
+        # the first batch whose records reach the time; then its first record that does (a
+        # batch's records need not be in time order: the first at or after it by offset)
+        offset = await topic.offset_for_timestamp(index, timestamp)
+        for _ in range(_TIME_SCAN_READS):
+            if offset >= end:
+                break
+            batches = await topic.read(index, offset)
+            if not batches:
+                break
+            loop = asyncio.get_running_loop()
+            found = await loop.run_in_executor(
+                self._inflater, _record_at_or_after, batches, offset, end, timestamp, self._cap
+            )
+            if isinstance(found, tuple):
+                return found
+            offset = found  # none in these batches: read on from the next
+        return -1, -1
 
     # InitProducerId
 
@@ -838,6 +857,21 @@ def _topic_config(name: str, value: str) -> m.ConfigEntry:
     if name == "cleanup.policy" and value == "compact":
         return m.ConfigEntry("last.value", "true")
     return m.ConfigEntry(name, value)
+
+
+def _record_at_or_after(
+    batches: list[bytes], offset: int, end: int, timestamp: int, cap: int
+) -> tuple[int, int] | int:
+    """(offset, timestamp) of the first record of `batches` at or past `offset` and below `end`
+    whose timestamp is at or after `timestamp`; else the offset to read on from."""
+    for batch in batches:
+        for record in read_records(batch, cap):
+            if record.offset >= end:
+                return end
+            if record.offset >= offset and record.timestamp >= timestamp:
+                return record.offset, record.timestamp
+            offset = max(offset, record.offset + 1)
+    return offset
 
 
 def _fetch_partitions(topics: Sequence[fe.FetchTopic]) -> list[tuple[str, int, int, int]]:
