@@ -201,3 +201,108 @@ def test_list_offsets_by_time_answers_the_first_record_and_its_timestamp(
         assert python.offsets_for_times({partition: 3_000_001})[partition] is None
     finally:
         python.close()
+
+
+# 3. DeleteRecords moves the partition's start; DeleteGroups deletes the group's subscription
+
+
+def _produce_values(server: KafkaServer, topic: str, count: int) -> None:
+    producer = KafkaProducer(bootstrap_servers=server.bootstrap, acks="all")
+    try:
+        for i in range(count):
+            producer.send(topic, b"%d" % i, partition=0).get(10)
+    finally:
+        producer.close()
+
+
+def _first_read(server: KafkaServer, topic: str) -> int:
+    """The offset kafka-python's consumer reads first from the earliest."""
+    consumer = KafkaConsumer(
+        topic,
+        bootstrap_servers=server.bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        consumer_timeout_ms=10_000,
+    )
+    try:
+        return next(iter(consumer)).offset
+    finally:
+        consumer.close()
+
+
+def test_delete_records_moves_the_partition_start_and_survives_a_restart(
+    tmp_path_factory: pytest.TempPathFactory, topic_name: str
+) -> None:
+    from confluent_kafka import TopicPartition as ConfluentPartition
+    from confluent_kafka.admin import AdminClient
+
+    server = KafkaServer(tmp_path_factory.mktemp("delete-records") / "data").start()
+    try:
+        asyncio.run(_create_reliable(server, topic_name, 2))
+        _produce_values(server, topic_name, 10)
+        # confluent-kafka: up to offset 4
+        confluent = AdminClient({"bootstrap.servers": server.bootstrap})
+        futures = confluent.delete_records([ConfluentPartition(topic_name, 0, 4)])
+        [deleted] = [f.result(10) for f in futures.values()]
+        assert deleted.low_watermark == 4
+        assert _first_read(server, topic_name) == 4
+        # kafka-python: up to offset 7; the start never moves back
+        admin = _admin(server)
+        try:
+            answer = admin.delete_records({TopicPartition(topic_name, 0): 7})
+            assert [v["low_watermark"] for v in answer.values()] == [7]
+            answer = admin.delete_records({TopicPartition(topic_name, 0): 2})
+            assert [v["low_watermark"] for v in answer.values()] == [7]
+        finally:
+            admin.close()
+        server.kill()
+        server.start()
+        assert _first_read(server, topic_name) == 7
+        python = KafkaConsumer(bootstrap_servers=server.bootstrap)
+        try:
+            partition = TopicPartition(topic_name, 0)
+            assert python.beginning_offsets([partition])[partition] == 7
+        finally:
+            python.close()
+    finally:
+        server.stop()
+
+
+async def _create_reliable(server: KafkaServer, topic: str, partitions: int = 1) -> None:
+    async with await headwater.connect(server.address) as client:
+        await client.create_topic(topic, partitions=partitions, dispatch="reliable")
+
+
+async def _subscriptions(server: KafkaServer, topic: str) -> list[str]:
+    async with await headwater.connect(server.address) as client:
+        return [s.name for s in await client.list_subscriptions(topic)]
+
+
+def test_delete_groups_deletes_the_group_subscription(kafka: KafkaServer, topic_name: str) -> None:
+    from confluent_kafka import Consumer, KafkaException
+    from confluent_kafka import TopicPartition as ConfluentPartition
+    from confluent_kafka.admin import AdminClient
+
+    asyncio.run(_create_reliable(kafka, topic_name))
+    _produce_values(kafka, topic_name, 3)
+    for group in ("by-confluent", "by-python"):
+        consumer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": group})
+        try:
+            consumer.commit(offsets=[ConfluentPartition(topic_name, 0, 2)], asynchronous=False)
+        finally:
+            consumer.close()
+    assert set(asyncio.run(_subscriptions(kafka, topic_name))) >= {"by-confluent", "by-python"}
+    confluent = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    [done] = confluent.delete_consumer_groups(["by-confluent"]).values()
+    assert done.result(10) is None
+    admin = _admin(kafka)
+    try:
+        answered = dict(admin.delete_groups(["by-python", "never-was"]))
+        assert answered == {"by-python": "OK", "never-was": "GroupIdNotFoundError"}
+    finally:
+        admin.close()
+    names = asyncio.run(_subscriptions(kafka, topic_name))
+    assert "by-confluent" not in names and "by-python" not in names
+    [again] = confluent.delete_consumer_groups(["by-confluent"]).values()
+    with pytest.raises(KafkaException, match="GROUP_ID_NOT_FOUND"):
+        again.result(10)

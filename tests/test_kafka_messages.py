@@ -263,6 +263,7 @@ def test_the_group_handlers_take_and_return_typed_messages() -> None:
             None,  # type: ignore[arg-type]  # no offsets asked
             SingleNode("127.0.0.1", 9092),
             lambda *_: True,
+            None,  # type: ignore[arg-type]  # no native request made
         )
         found = await handlers.find_coordinator(session, 1, groups.FindCoordinatorRequest("g"))
         request = groups.JoinGroupRequest(

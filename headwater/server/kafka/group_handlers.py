@@ -25,6 +25,7 @@ from headwater.server.kafka.messages.declare import Message
 from headwater.server.security.access import Session
 from headwater.server.security.authz import Action
 from headwater.server.topics.subscription_contract import ConsumerSession
+from headwater.wire import messages as m
 from headwater.wire.errors import HeadwaterError
 
 T = TypeVar("T")
@@ -53,6 +54,9 @@ Permits = Callable[[KafkaSession, Action, str], bool]
 # (`apis.SERVED`), so a handler's request is typed `Any` here and precisely in its signature.
 Handler = Callable[[KafkaSession, int, Any], Awaitable[Message | None]]
 
+# a native request through the broker, checked as on the native port
+Native = Callable[[KafkaSession, m.Request], Awaitable[m.Response]]
+
 # partitions a handler goes through between two yields to the event loop: about a millisecond
 PACE: Final = 1024
 
@@ -78,8 +82,16 @@ def chunks(items: Sequence[T]) -> list[Sequence[T]]:
 
 class GroupHandlers:
     def __init__(
-        self, coordinator: Coordinator, offsets: GroupOffsets, nodes: Nodes, permits: Permits
+        self,
+        coordinator: Coordinator,
+        offsets: GroupOffsets,
+        nodes: Nodes,
+        permits: Permits,
+        native: Native,
     ) -> None:
+        """`native`: a native request through the broker, checked as on the native port (a
+        group's subscriptions deleted)."""
+        self._native = native
         self.coordinator = coordinator
         self._offsets = offsets
         self._nodes = nodes
@@ -295,3 +307,33 @@ class GroupHandlers:
                 )
             )
         return g.DescribeGroupsResponse(throttle_time_ms=0, groups=described)
+
+    async def delete_groups(
+        self, session: KafkaSession, version: int, request: g.DeleteGroupsRequest
+    ) -> g.DeleteGroupsResponse:
+        """A group with no members loses its offsets: the subscription of its name on each topic
+        is deleted (as `headwater subscription delete`, the owner-or-admin check of the native
+        port). With members: NON_EMPTY_GROUP; neither members nor offsets: GROUP_ID_NOT_FOUND."""
+        results = []
+        for name in request.groups_names:
+            results.append(
+                g.DeletableGroupResult(group_id=name, error_code=await self._delete(session, name))
+            )
+        return g.DeleteGroupsResponse(throttle_time_ms=0, results=results)
+
+    async def _delete(self, session: KafkaSession, name: str) -> int:
+        if self._elsewhere(name):
+            return k.NOT_COORDINATOR
+        group = self.coordinator.groups.get(name)
+        if group is not None and (group.members or group.state != "Empty"):
+            return k.NON_EMPTY_GROUP
+        topics = self._offsets.topics_of(name)
+        if group is None and not topics:
+            return k.GROUP_ID_NOT_FOUND
+        for topic in topics:
+            try:
+                await self._native(session, m.DeleteSubscriptionRequest(topic, name))
+            except HeadwaterError as exc:
+                return k.kafka_code(exc)
+        self.coordinator.forget(name)
+        return 0

@@ -315,3 +315,10 @@ class Coordinator:
                 self._gone(group, expired)
             if group.state == "Empty" and not group.members and group.timer is None:
                 del self.groups[group.name]  # nothing left of it but its offsets (durable)
+
+    def forget(self, group_id: str) -> None:
+        """An empty group deleted (DeleteGroups): nothing of it is kept."""
+        group = self.groups.get(group_id)
+        if group is not None and not group.members:
+            self._empty(group)
+            del self.groups[group_id]

@@ -66,6 +66,8 @@ from headwater.server.kafka.apis import (
     API_VERSIONS,
     CREATE_PARTITIONS,
     CREATE_TOPICS,
+    DELETE_GROUPS,
+    DELETE_RECORDS,
     DELETE_TOPICS,
     DESCRIBE_CONFIGS,
     DESCRIBE_GROUPS,
@@ -187,7 +189,11 @@ class KafkaHandlers:
         self._cap = max_decompressed
         self.nodes: Nodes = nodes or SingleNode(host, port)
         self.groups = GroupHandlers(
-            Coordinator(), offsets or GroupOffsets(broker.catalog), self.nodes, self.permits
+            Coordinator(),
+            offsets or GroupOffsets(broker.catalog),
+            self.nodes,
+            self.permits,
+            self._native,
         )
         groups = self.groups
         configs = ConfigHandlers(broker, security, self._native, topic_defaults or TopicSettings())
@@ -215,6 +221,8 @@ class KafkaHandlers:
             LIST_OFFSETS: self.list_offsets,
             CREATE_TOPICS: self.create_topics,
             DELETE_TOPICS: self.delete_topics,
+            DELETE_RECORDS: self.delete_records,
+            DELETE_GROUPS: groups.delete_groups,
         }
 
     @property
@@ -836,6 +844,56 @@ class KafkaHandlers:
                 code = _refused("kafka.delete_topic_refused", exc, name, -1)
             results.append(ad.DeletableTopicResult(name=name, error_code=code))
         return ad.DeleteTopicsResponse(throttle_time_ms=0, responses=results)
+
+    # DeleteRecords
+
+    async def delete_records(
+        self, session: Session, version: int, request: ad.DeleteRecordsRequest
+    ) -> ad.DeleteRecordsResponse:
+        """Each partition's start moved to its offset (-1: the high watermark), as Kafka's
+        DeleteRecords moves the log start offset: nothing below it is read any more. The admin
+        grant on the topic; a reliable topic's partition this broker serves."""
+        topics = []
+        for entry in request.topics:
+            name = entry.name
+            results = []
+            for part in entry.partitions:
+                index, low, code = part.partition_index, -1, 0
+                try:
+                    low = await self._delete_records(session, name, index, part.offset)
+                except HeadwaterError as exc:
+                    code = _refused("kafka.delete_records_refused", exc, name, index)
+                results.append(
+                    ad.DeleteRecordsPartitionResult(
+                        partition_index=index, low_watermark=low, error_code=code
+                    )
+                )
+            topics.append(ad.DeleteRecordsTopicResult(name=name, partitions=results))
+        return ad.DeleteRecordsResponse(throttle_time_ms=0, topics=topics)
+
+    async def _delete_records(self, session: Session, name: str, index: int, offset: int) -> int:
+        if not self.permits(session, Action.ADMIN, name):
+            raise NotAuthorized(f"no admin grant on topic {name!r}")
+        catalog = self._broker.catalog
+        async with catalog.turn(name):
+            topic = self._broker.topics.get(name)
+            if topic is None:
+                raise UnknownTopic(f"topic {name!r} does not exist")
+            if not isinstance(topic, LogTopic):
+                raise NotSupported(f"topic {name!r} is non-reliable: it keeps no records")
+            if not 0 <= index < len(topic.partitions):
+                raise InvalidPartition(f"topic {name!r} has no partition {index}")
+            ownership = self._broker.ownership
+            if not ownership.serves(name, index):
+                raise not_owner(ownership, name, index)
+            end = topic.readable_end(topic.partitions[index], False)
+            if offset == -1:
+                offset = end
+            if not 0 <= offset <= end:
+                raise OffsetOutOfRange(
+                    f"offset {offset} is past the end {end} of partition {index} of {name!r}"
+                )
+            return await catalog.delete_records(topic, index, offset)
 
 
 def _partition_metadata(index: int, leader: Node | None) -> md.MetadataResponsePartition:

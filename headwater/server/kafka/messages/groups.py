@@ -1,4 +1,4 @@
-"""The consumer group protocol: coordinator, membership, listing.
+"""The consumer group protocol: coordinator, membership, listing, deletion.
 
 Written by tools/kafka_messages.py from Kafka's JSON message specs: do not edit."""
 
@@ -11,6 +11,9 @@ from typing import ClassVar
 from headwater.server.kafka.messages.declare import Field, Message, Struct
 
 __all__ = [
+    "DeletableGroupResult",
+    "DeleteGroupsRequest",
+    "DeleteGroupsResponse",
     "DescribeGroupsRequest",
     "DescribeGroupsResponse",
     "DescribedGroup",
@@ -342,4 +345,40 @@ class ListGroupsResponse(Message):
         Field("throttle_time_ms", "int32", 1),
         Field("error_code", "int16", 0),
         Field("groups", ListedGroup, 0, array=True),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteGroupsRequest(Message):
+    """DeleteGroups request, versions 0-1."""
+
+    API_KEY: ClassVar[int] = 42
+    VERSIONS: ClassVar[tuple[int, int]] = (0, 1)
+    FLEXIBLE_FROM: ClassVar[int | None] = None
+    groups_names: Sequence[str] = ()
+    FIELDS: ClassVar[tuple[Field, ...]] = (Field("groups_names", "string", 0, array=True),)
+
+
+@dataclass(frozen=True, slots=True)
+class DeletableGroupResult(Struct):
+    group_id: str = ""
+    error_code: int = 0
+    FIELDS: ClassVar[tuple[Field, ...]] = (
+        Field("group_id", "string", 0),
+        Field("error_code", "int16", 0),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteGroupsResponse(Message):
+    """DeleteGroups response, versions 0-1."""
+
+    API_KEY: ClassVar[int] = 42
+    VERSIONS: ClassVar[tuple[int, int]] = (0, 1)
+    FLEXIBLE_FROM: ClassVar[int | None] = None
+    throttle_time_ms: int = 0
+    results: Sequence[DeletableGroupResult] = ()
+    FIELDS: ClassVar[tuple[Field, ...]] = (
+        Field("throttle_time_ms", "int32", 0),
+        Field("results", DeletableGroupResult, 0, array=True),
     )
