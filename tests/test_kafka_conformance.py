@@ -306,3 +306,62 @@ def test_delete_groups_deletes_the_group_subscription(kafka: KafkaServer, topic_
     [again] = confluent.delete_consumer_groups(["by-confluent"]).values()
     with pytest.raises(KafkaException, match="GROUP_ID_NOT_FOUND"):
         again.result(10)
+
+
+# 4. ListGroups lists groups with offsets and no members; DescribeConfigs tells each source
+
+
+def test_list_groups_lists_a_group_with_committed_offsets_and_no_members(
+    kafka: KafkaServer, topic_name: str
+) -> None:
+    from confluent_kafka import Consumer
+    from confluent_kafka import TopicPartition as ConfluentPartition
+    from confluent_kafka.admin import AdminClient
+
+    asyncio.run(_create_reliable(kafka, topic_name))
+    _produce_values(kafka, topic_name, 2)
+    group = f"idle-{topic_name}"
+    consumer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": group})
+    try:
+        consumer.commit(offsets=[ConfluentPartition(topic_name, 0, 1)], asynchronous=False)
+    finally:
+        consumer.close()
+    confluent = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    listed = confluent.list_consumer_groups(request_timeout=10).result()
+    assert group in {g.group_id for g in listed.valid}
+    admin = _admin(kafka)
+    try:
+        assert group in {g["group_id"] for g in admin.list_groups()}
+    finally:
+        admin.close()
+
+
+def test_describe_configs_tells_a_default_from_a_topic_config(
+    kafka: KafkaServer, topic_name: str
+) -> None:
+    from confluent_kafka.admin import AdminClient, ConfigSource
+    from confluent_kafka.admin import ConfigResource as ConfluentResource
+
+    admin = _admin(kafka)
+    try:
+        admin.create_topics([NewTopic(topic_name, 1, 1, topic_configs={"retention.ms": "60000"})])
+        resource = ConfigResource(ConfigResourceType.TOPIC, topic_name)
+        # kafka-python shows only the configs not at their default unless told otherwise
+        modified = admin.describe_configs([resource])["topic"][topic_name]
+        described = admin.describe_configs([resource], config_filter="all")["topic"][topic_name]
+    finally:
+        admin.close()
+    assert set(modified) == {"retention.ms"}
+    assert described["retention.ms"]["config_source"] == "DYNAMIC_TOPIC_CONFIG"
+    assert described["segment.ms"]["config_source"] == "DEFAULT_CONFIG"
+    assert described["cleanup.policy"]["config_source"] == "DEFAULT_CONFIG"
+    confluent = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    [future] = confluent.describe_configs(
+        [ConfluentResource("topic", topic_name)], request_timeout=10
+    ).values()
+    entries = future.result()
+    assert entries["retention.ms"].source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value
+    assert not entries["retention.ms"].is_default
+    for name in ("segment.ms", "segment.bytes", "max.message.bytes", "cleanup.policy"):
+        assert entries[name].source == ConfigSource.DEFAULT_CONFIG.value, name
+        assert entries[name].is_default, name

@@ -265,9 +265,22 @@ class GroupHandlers:
     async def list_groups(
         self, session: KafkaSession, version: int, request: g.ListGroupsRequest
     ) -> g.ListGroupsResponse:
+        """The groups with members or a rebalance under way, and, as Kafka lists a group with
+        committed offsets and no members (protocol type ""), the reliable subscriptions on
+        topics the principal may consume; in a cluster those this broker coordinates."""
+        listed = {
+            group.name: group.protocol_type
+            for group in self.coordinator.groups.values()
+            if not self._elsewhere(group.name)
+        }
+        for name, topics in self._offsets.groups().items():
+            if name in listed or self._elsewhere(name):
+                continue
+            if any(self._permits(session, Action.CONSUME, t) for t in topics):
+                listed[name] = ""
         groups = [
-            g.ListedGroup(group_id=group.name, protocol_type=group.protocol_type)
-            for group in sorted(self.coordinator.groups.values(), key=lambda group: group.name)
+            g.ListedGroup(group_id=name, protocol_type=kind)
+            for name, kind in sorted(listed.items())
         ]
         return g.ListGroupsResponse(throttle_time_ms=0, error_code=0, groups=groups)
 

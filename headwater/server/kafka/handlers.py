@@ -111,6 +111,7 @@ from headwater.server.schemas.schema_registry import TopicSchemas
 from headwater.server.security.access import Security
 from headwater.server.security.authz import Action, may_see
 from headwater.server.topics.topic import LogTopic
+from headwater.server.topics.topic_settings import settings_to_configs
 from headwater.wire import messages as m
 from headwater.wire.compression import declared_records, is_compressed
 from headwater.wire.errors import (
@@ -138,7 +139,11 @@ MAX_THROTTLE: Final = 5.0
 _YIELD_EVERY: Final = 64
 _TOPIC_RESOURCE: Final = 2
 _BROKER_RESOURCE: Final = 4
-_TOPIC_CONFIG: Final = 1  # DescribeConfigs config_source: set on the topic
+# DescribeConfigs config_source: set on the topic; the server's default as configured
+# (headwater.toml's [topics]); the built-in default
+_TOPIC_CONFIG: Final = 1
+_STATIC_BROKER_CONFIG: Final = 4
+_DEFAULT_CONFIG: Final = 5
 _BATCH_LENGTH = struct.Struct(">i")
 _BASE = struct.Struct(">q")
 _LAST_DELTA = struct.Struct(">i")  # at byte 23 of a RecordBatch v2
@@ -187,6 +192,7 @@ class KafkaHandlers:
         self._security = security
         self._inflater = inflater
         self._cap = max_decompressed
+        self._topic_defaults = topic_defaults or TopicSettings()
         self.nodes: Nodes = nodes or SingleNode(host, port)
         self.groups = GroupHandlers(
             Coordinator(),
@@ -766,18 +772,21 @@ class KafkaHandlers:
                     configs = {c.name: c.value for c in response.topic.configs}
                     compact = configs.get("last.value") == "true"
                     configs["cleanup.policy"] = "compact" if compact else "delete"
-                    entries = [
-                        co.DescribeConfigsResourceResult(
-                            name=key,
-                            value=value,
-                            read_only=key == "cleanup.policy",
-                            is_default=False,
-                            config_source=_TOPIC_CONFIG,
-                            is_sensitive=False,
+                    entries = []
+                    for key, value in sorted(configs.items()):
+                        if names is not None and key not in names:
+                            continue
+                        source = self._config_source(key, value)
+                        entries.append(
+                            co.DescribeConfigsResourceResult(
+                                name=key,
+                                value=value,
+                                read_only=key == "cleanup.policy",
+                                is_default=source == _DEFAULT_CONFIG,
+                                config_source=source,
+                                is_sensitive=False,
+                            )
                         )
-                        for key, value in sorted(configs.items())
-                        if names is None or key in names
-                    ]
                 elif kind != _BROKER_RESOURCE:
                     raise InvalidRequest(f"resource type {kind}: topics (2) and brokers (4)")
             except HeadwaterError as exc:
@@ -793,6 +802,20 @@ class KafkaHandlers:
                 )
             )
         return co.DescribeConfigsResponse(throttle_time_ms=0, results=resources)
+
+    def _config_source(self, name: str, value: str) -> int:
+        """As Kafka tells a config's source: a value the topic holds as the server's default is
+        the default (DEFAULT_CONFIG when it is the built-in one, STATIC_BROKER_CONFIG when
+        headwater.toml's `[topics]` set it), any other a topic config (DYNAMIC_TOPIC_CONFIG).
+        A topic keeps its values, not whether they were named: one set to the default's value is
+        told as the default, as Kafka tells a topic config deleted back to it."""
+        if name == "cleanup.policy":
+            return _DEFAULT_CONFIG if value == "delete" else _TOPIC_CONFIG
+        server = dict((c.name, c.value) for c in settings_to_configs(self._topic_defaults))
+        if name not in server or server[name] != value:
+            return _TOPIC_CONFIG
+        built_in = dict((c.name, c.value) for c in settings_to_configs(TopicSettings()))
+        return _DEFAULT_CONFIG if built_in.get(name) == value else _STATIC_BROKER_CONFIG
 
     # CreateTopics, DeleteTopics
 
