@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -365,3 +366,146 @@ def test_describe_configs_tells_a_default_from_a_topic_config(
     for name in ("segment.ms", "segment.bytes", "max.message.bytes", "cleanup.policy"):
         assert entries[name].source == ConfigSource.DEFAULT_CONFIG.value, name
         assert entries[name].is_default, name
+
+
+# 5. Static membership: a restarted member with its instance id gets its partitions back at once
+
+
+def _confluent_member(server: KafkaServer, topic: str, group: str, instance: str) -> Any:
+    from confluent_kafka import Consumer
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": server.bootstrap,
+            "group.id": group,
+            "group.instance.id": instance,
+            "session.timeout.ms": 45_000,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    return consumer
+
+
+def _assigned(consumer: Any, deadline: float) -> set[int]:
+    """Poll until the consumer has an assignment; its partitions."""
+    while time.monotonic() < deadline:
+        consumer.poll(0.1)
+        assigned = consumer.assignment()
+        if assigned:
+            return {p.partition for p in assigned}
+    raise AssertionError("no assignment")
+
+
+def test_a_restarted_static_member_gets_its_partitions_back_without_a_rebalance(
+    kafka: KafkaServer, topic_name: str
+) -> None:
+    asyncio.run(_create_reliable(kafka, topic_name, 4))
+    group = f"static-{topic_name}"
+    events: list[tuple[str, str]] = []
+
+    def watch(name: str) -> dict[str, Any]:
+        return {
+            "on_assign": lambda _c, parts: events.append((name, "assign")),
+            "on_revoke": lambda _c, parts: events.append((name, "revoke")),
+        }
+
+    first = _confluent_member(kafka, topic_name, group, "a")
+    other = _confluent_member(kafka, topic_name, group, "b")
+    first.subscribe([topic_name], **watch("a"))
+    other.subscribe([topic_name], **watch("b"))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        first.poll(0.1)
+        other.poll(0.1)
+        if len(first.assignment()) + len(other.assignment()) == 4 and other.assignment():
+            break
+    mine = {p.partition for p in first.assignment()}
+    theirs = {p.partition for p in other.assignment()}
+    assert len(mine | theirs) == 4 and not mine & theirs
+    first.close()  # a static member's close sends no LeaveGroup: it is still in the group
+    events.clear()
+    started = time.monotonic()
+    again = _confluent_member(kafka, topic_name, group, "a")
+    again.subscribe([topic_name], **watch("a"))
+    back = _assigned(again, started + 30)
+    took = time.monotonic() - started
+    for _ in range(20):  # the other member sees no rebalance meanwhile
+        other.poll(0.1)
+    assert back == mine
+    assert took < 5, took  # not the session timeout (45 s) nor a rebalance's wait
+    assert ("b", "revoke") not in events and ("b", "assign") not in events
+    assert {p.partition for p in other.assignment()} == theirs
+    again.close()
+    other.close()
+    # kafka-python's consumers, one of two restarted with its instance id: the same partitions,
+    # and the other sees no rebalance
+    from kafka import ConsumerRebalanceListener
+
+    python_group = f"static-python-{topic_name}"
+    revoked: list[str] = []
+
+    class Watch(ConsumerRebalanceListener):  # type: ignore[misc]
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def on_partitions_revoked(self, revoked_partitions: Any) -> None:
+            revoked.append(self.name)
+
+        def on_partitions_assigned(self, assigned: Any) -> None:
+            pass
+
+    def python_member(instance: str) -> KafkaConsumer:
+        consumer = KafkaConsumer(
+            bootstrap_servers=kafka.bootstrap,
+            group_id=python_group,
+            group_instance_id=instance,
+            session_timeout_ms=45_000,
+            enable_auto_commit=False,
+        )
+        consumer.subscribe([topic_name], listener=Watch(instance))
+        return consumer
+
+    class Polled:
+        """A consumer polled on a thread of its own (kafka-python joins inside poll)."""
+
+        def __init__(self, instance: str) -> None:
+            self.consumer = python_member(instance)
+            self.stop = threading.Event()
+            self.assigned: set[int] = set()
+            self.thread = threading.Thread(target=self.run, daemon=True)
+            self.thread.start()
+
+        def run(self) -> None:
+            while not self.stop.is_set():
+                self.consumer.poll(100)
+                self.assigned = {t.partition for t in self.consumer.assignment()}
+            self.consumer.close(autocommit=False)
+
+        def close(self) -> None:
+            self.stop.set()
+            self.thread.join(30)
+
+    p, q = Polled("p"), Polled("q")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (
+        p.assigned and q.assigned and len(p.assigned | q.assigned) == 4
+    ):
+        time.sleep(0.1)
+    p_had, q_had = p.assigned, q.assigned
+    assert len(p_had | q_had) == 4 and not p_had & q_had
+    p.close()
+    revoked.clear()
+    started = time.monotonic()
+    p = Polled("p")
+    try:
+        while time.monotonic() < started + 30 and not p.assigned:
+            time.sleep(0.05)
+        took = time.monotonic() - started
+        time.sleep(1)
+        assert p.assigned == p_had
+        assert took < 5, took
+        assert "q" not in revoked and q.assigned == q_had
+    finally:
+        p.close()
+        q.close()

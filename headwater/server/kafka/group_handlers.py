@@ -133,6 +133,7 @@ class GroupHandlers:
             rebalance_timeout,
             request.protocol_type,
             [(p.name, p.metadata) for p in request.protocols],
+            request.group_instance_id if version >= 5 else None,
         )
         return g.JoinGroupResponse(
             error_code=joined.error_code,
@@ -140,7 +141,10 @@ class GroupHandlers:
             protocol_name=joined.protocol,
             leader=joined.leader_id,
             member_id=joined.member_id or request.member_id,
-            members=[g.JoinGroupResponseMember(member_id=i, metadata=m) for i, m in joined.members],
+            members=[
+                g.JoinGroupResponseMember(member_id=i, group_instance_id=s, metadata=m)
+                for i, s, m in joined.members
+            ],
         )
 
     async def sync_group(
@@ -150,7 +154,11 @@ class GroupHandlers:
             return g.SyncGroupResponse(error_code=k.NOT_COORDINATOR, assignment=b"")
         assignments = {a.member_id: a.assignment for a in request.assignments}
         code, assignment = await self.coordinator.sync(
-            request.group_id, request.generation_id, request.member_id, assignments
+            request.group_id,
+            request.generation_id,
+            request.member_id,
+            assignments,
+            request.group_instance_id,
         )
         return g.SyncGroupResponse(error_code=code, assignment=assignment)
 
@@ -160,7 +168,7 @@ class GroupHandlers:
         if self._elsewhere(request.group_id):
             return g.HeartbeatResponse(error_code=k.NOT_COORDINATOR)
         code = self.coordinator.heartbeat(
-            request.group_id, request.generation_id, request.member_id
+            request.group_id, request.generation_id, request.member_id, request.group_instance_id
         )
         return g.HeartbeatResponse(error_code=code)
 
@@ -169,9 +177,22 @@ class GroupHandlers:
     ) -> g.LeaveGroupResponse:
         if self._elsewhere(request.group_id):
             return g.LeaveGroupResponse(error_code=k.NOT_COORDINATOR)
-        return g.LeaveGroupResponse(
-            error_code=self.coordinator.leave(request.group_id, request.member_id)
-        )
+        if version < 3:
+            return g.LeaveGroupResponse(
+                error_code=self.coordinator.leave(request.group_id, request.member_id)
+            )
+        # v3+: a batch of members, each by member id or static instance id (KIP-345)
+        left = [
+            g.MemberResponse(
+                member_id=member.member_id,
+                group_instance_id=member.group_instance_id,
+                error_code=self.coordinator.leave(
+                    request.group_id, member.member_id, member.group_instance_id
+                ),
+            )
+            for member in request.members
+        ]
+        return g.LeaveGroupResponse(error_code=0, members=left)
 
     async def offset_commit(
         self, session: KafkaSession, version: int, request: o.OffsetCommitRequest
