@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
-from kafka.errors import MessageSizeTooLargeError
+from kafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
 
 import headwater
 from headwater.wire import messages as m
@@ -509,3 +509,61 @@ def test_a_restarted_static_member_gets_its_partitions_back_without_a_rebalance(
     finally:
         p.close()
         q.close()
+
+
+# 6. Topic auto-creation: an option of the server, Kafka's per-request flag honoured
+
+
+def test_topics_are_auto_created_only_when_the_server_and_the_request_allow_it(
+    kafka: KafkaServer, tmp_path_factory: pytest.TempPathFactory, topic_name: str
+) -> None:
+    from confluent_kafka import Consumer, Producer
+
+    # the default: off. A producer's Metadata does not create the topic
+    producer = KafkaProducer(bootstrap_servers=kafka.bootstrap, max_block_ms=2000)
+    try:
+        with pytest.raises(KafkaTimeoutError):
+            producer.send(f"{topic_name}-off", b"v").get(5)
+    finally:
+        producer.close()
+    assert f"{topic_name}-off" not in asyncio.run(_topics(kafka))
+    # on: [kafka] auto_create_topics = true
+    directory = tmp_path_factory.mktemp("auto-create")
+    settings = directory / "headwater.toml"
+    settings.write_text("[kafka]\nauto_create_topics = true\nauto_create_partitions = 3\n")
+    server = KafkaServer(directory / "data")
+    server.process.extra_args += ("--config", str(settings))
+    server.start()
+    try:
+        # librdkafka's consumer asks with allow_auto_topic_creation false: not created
+        consumer = Consumer(
+            {"bootstrap.servers": server.bootstrap, "group.id": "auto", "log_level": 0}
+        )
+        try:
+            consumer.list_topics(f"{topic_name}-consumed", timeout=5)
+        finally:
+            consumer.close()
+        assert f"{topic_name}-consumed" not in asyncio.run(_topics(server))
+        # librdkafka's producer (allows it): created with the partitions configured
+        confluent = Producer({"bootstrap.servers": server.bootstrap})
+        delivered: list[Any] = []
+        confluent.produce(
+            f"{topic_name}-confluent", b"v", on_delivery=lambda e, m: delivered.append(e)
+        )
+        confluent.flush(30)
+        assert delivered == [None]
+        # kafka-python's producer too
+        producer = KafkaProducer(bootstrap_servers=server.bootstrap)
+        try:
+            assert producer.send(f"{topic_name}-python", b"v").get(30).offset == 0
+        finally:
+            producer.close()
+        topics = asyncio.run(_topics(server))
+        assert topics[f"{topic_name}-confluent"] == 3 and topics[f"{topic_name}-python"] == 3
+    finally:
+        server.stop()
+
+
+async def _topics(server: KafkaServer) -> dict[str, int]:
+    async with await headwater.connect(server.address) as client:
+        return {t.name: t.partitions for t in await client.list_topics()}

@@ -124,6 +124,11 @@ class KafkaConfig:
     port_file: Path | None = None  # written with the bound Kafka port once listening
     # the host Metadata names this broker by; default: the listen host
     advertise_host: str = ""
+    # Kafka's auto.create.topics.enable: a Metadata naming an unknown topic creates it (reliable,
+    # `auto_create_partitions` partitions, the server's topic defaults) when the client allows
+    # it (allow_auto_topic_creation, v4+; always before v4). Off by default (docs/DECISIONS.md)
+    auto_create_topics: bool = False
+    auto_create_partitions: int = 1  # Kafka's num.partitions
 
 
 @dataclass(frozen=True, slots=True)

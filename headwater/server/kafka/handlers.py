@@ -183,6 +183,8 @@ class KafkaHandlers:
         topic_defaults: TopicSettings | None = None,
         nodes: Nodes | None = None,
         offsets: GroupOffsets | None = None,
+        auto_create: bool = False,
+        auto_partitions: int = 1,
     ) -> None:
         """`topic_defaults`: the server's (`[topic_defaults]`), what AlterConfigs resets the
         settings it does not name to. `nodes`: a cluster's (`kafka_nodes.ClusterNodes`);
@@ -193,6 +195,8 @@ class KafkaHandlers:
         self._inflater = inflater
         self._cap = max_decompressed
         self._topic_defaults = topic_defaults or TopicSettings()
+        self._auto_create = auto_create
+        self._auto_partitions = auto_partitions
         self.nodes: Nodes = nodes or SingleNode(host, port)
         self.groups = GroupHandlers(
             Coordinator(),
@@ -335,6 +339,16 @@ class KafkaHandlers:
                 )
                 continue
             topic = topics.get(name)
+            if (
+                topic is None
+                and self._auto_create
+                and (version < 4 or request.allow_auto_topic_creation)
+            ):
+                code = await self._auto_created(session, name)
+                if code:
+                    entries.append(md.MetadataResponseTopic(error_code=code, name=name))
+                    continue
+                topic = topics.get(name)
             if topic is None:
                 entries.append(
                     md.MetadataResponseTopic(error_code=k.UNKNOWN_TOPIC_OR_PARTITION, name=name)
@@ -353,6 +367,19 @@ class KafkaHandlers:
             controller_id=nodes.controller(),
             topics=entries,
         )
+
+    async def _auto_created(self, session: Session, name: str) -> int:
+        """`name` created as CreateTopics would (a reliable topic, the admin grant with
+        authentication on): 0, or the Kafka code of the refusal."""
+        request = m.CreateTopicRequest(name, self._auto_partitions, m.DispatchMode.RELIABLE, ())
+        try:
+            await self._native(session, request)
+        except HeadwaterError as exc:
+            if name in self._broker.topics:  # created meanwhile (another client's Metadata)
+                return 0
+            return _refused("kafka.auto_create_refused", exc, name, -1)
+        log.info("kafka.topic_auto_created", topic=name, partitions=self._auto_partitions)
+        return 0
 
     # Produce
 
