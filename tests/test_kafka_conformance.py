@@ -1,7 +1,10 @@
 """Kafka conformance gaps a check of stock clients found (issue 38, item 6), each through
-confluent-kafka (librdkafka) and kafka-python or aiokafka against a real server process
-(docs/KAFKA.md): a batch over the topic's `max.message.bytes` is MESSAGE_TOO_LARGE, not a closed
-connection; ListOffsets by time names the first record at or after the time."""
+confluent-kafka (librdkafka) and kafka-python against a real server process (docs/KAFKA.md): a
+batch over the topic's `max.message.bytes` is MESSAGE_TOO_LARGE, not a closed connection;
+ListOffsets by time names the first record at or after the time; DeleteRecords and DeleteGroups;
+ListGroups lists groups with offsets only; DescribeConfigs tells defaults from topic configs;
+a restarted static member gets its partitions back without a rebalance; topics are auto-created
+only when the server's option and the request allow it."""
 
 from __future__ import annotations
 
