@@ -408,7 +408,8 @@ def test_partitions_added_and_configs_described_through_kafka_admin(
             [
                 ConfigResource(ConfigResourceType.TOPIC, topic_name),
                 ConfigResource(ConfigResourceType.TOPIC, compacted),
-            ]
+            ],
+            config_filter="all",  # with the defaults (delete is cleanup.policy's)
         )
     finally:
         admin.close()

@@ -46,23 +46,25 @@ FAMILIES: dict[str, tuple[str, list[tuple[str, int, int]]]] = {
         ],
     ),
     "groups": (
-        "The consumer group protocol: coordinator, membership, listing.",
+        "The consumer group protocol: coordinator, membership, listing, deletion.",
         [
             ("FindCoordinator", 0, 1),
-            ("JoinGroup", 0, 2),
-            ("Heartbeat", 0, 1),
-            ("LeaveGroup", 0, 1),
-            ("SyncGroup", 0, 1),
+            ("JoinGroup", 0, 5),
+            ("Heartbeat", 0, 3),
+            ("LeaveGroup", 0, 3),
+            ("SyncGroup", 0, 3),
             ("DescribeGroups", 0, 2),
             ("ListGroups", 0, 2),
+            ("DeleteGroups", 0, 1),
         ],
     ),
     "admin": (
-        "Topics made, deleted and grown by an admin client.",
+        "Topics made, deleted and grown, and records deleted, by an admin client.",
         [
             ("CreateTopics", 0, 3),
             ("DeleteTopics", 0, 3),
             ("CreatePartitions", 0, 1),
+            ("DeleteRecords", 0, 1),
         ],
     ),
     "configs": (

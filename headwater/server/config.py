@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from headwater.storage.wal import FsyncPolicy
-from headwater.wire.limits import MAX_DECOMPRESSED_BATCH, MAX_FRAME_SIZE
+from headwater.wire.limits import MAX_BATCH_SIZE, MAX_DECOMPRESSED_BATCH, MAX_FRAME_SIZE
 
 DEFAULT_RETENTION_BYTES = 1024**3  # per partition
 DEFAULT_RETENTION_MS = 7 * 24 * 3600 * 1000
@@ -27,6 +27,10 @@ class TopicSettings:
     # apply (see ServerConfig.__post_init__).
     retention_bytes: int = DEFAULT_RETENTION_BYTES
     retention_ms: int = DEFAULT_RETENTION_MS
+    # The largest record batch a produce may append (Kafka's `max.message.bytes`, whose default
+    # is 1 MiB + 12 bytes); larger: RECORD_TOO_LARGE (Kafka's MESSAGE_TOO_LARGE), the connection
+    # kept. By default the largest batch a frame carries, so no producer is refused by it.
+    max_message_bytes: int = MAX_BATCH_SIZE
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +124,11 @@ class KafkaConfig:
     port_file: Path | None = None  # written with the bound Kafka port once listening
     # the host Metadata names this broker by; default: the listen host
     advertise_host: str = ""
+    # Kafka's auto.create.topics.enable: a Metadata naming an unknown topic creates it (reliable,
+    # `auto_create_partitions` partitions, the server's topic defaults) when the client allows
+    # it (allow_auto_topic_creation, v4+; always before v4). Off by default (docs/DECISIONS.md)
+    auto_create_topics: bool = False
+    auto_create_partitions: int = 1  # Kafka's num.partitions
 
 
 @dataclass(frozen=True, slots=True)

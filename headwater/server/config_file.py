@@ -29,6 +29,7 @@ from headwater.server.config import (
 )
 from headwater.server.logs import LOG_FORMATS, LOG_LEVELS
 from headwater.storage.wal import FsyncPolicy
+from headwater.wire.limits import MAX_PARTITIONS
 
 
 class ConfigError(ValueError):
@@ -142,6 +143,11 @@ def check(config: ServerConfig, where: str = "config") -> None:
     kafka_port = config.kafka.port
     if kafka_port is not None and not 0 <= kafka_port < 65536:
         raise ConfigError(f"{where}: kafka.port must be 0..65535, not {kafka_port}")
+    if not 1 <= config.kafka.auto_create_partitions <= MAX_PARTITIONS:
+        raise ConfigError(
+            f"{where}: kafka.auto_create_partitions must be 1..{MAX_PARTITIONS}, "
+            f"not {config.kafka.auto_create_partitions}"
+        )
     _check_security(config, where)
     _check_cluster(config, where)
 

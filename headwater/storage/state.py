@@ -6,6 +6,8 @@
 - `upload/<topic>\\0<partition>\\0<base offset, 20 digits>`: a segment uploaded to the object
   store, with its next offset and size;
 - `producer/<topic>\\0<partition>\\0<producer id>`: an idempotent producer's recent batches;
+- `logstart/<topic>\\0<partition>`: the offset a Kafka DeleteRecords moved the partition's start
+  to (everything below it is no longer read);
 - `meta/next-producer-id`: the next producer id to hand out.
 
 `\\0` separates names because no topic or subscription name may contain it. Changes that belong
@@ -55,6 +57,7 @@ SUBSCRIPTION = b"sub/"
 CURSOR = b"cursor/"
 UPLOAD = b"upload/"
 PRODUCER = b"producer/"
+LOG_START = b"logstart/"
 NEXT_PRODUCER_ID = b"meta/next-producer-id"
 SEP = b"\0"
 WRITE_BUFFER_BYTES = 8 << 20  # each of RocksDB's (at most two) memtables

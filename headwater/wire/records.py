@@ -34,7 +34,7 @@ from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBat
 from headwater.wire.compression import HEADER_SIZE, inflate
 from headwater.wire.compression import Compression as Compression  # re-exported
 from headwater.wire.compression import is_compressed as is_compressed  # re-exported
-from headwater.wire.errors import CorruptBatch
+from headwater.wire.errors import CorruptBatch, RecordTooLarge
 from headwater.wire.limits import MAX_BATCH_SIZE, MAX_DECOMPRESSED_BATCH
 
 BATCH_HEADER = struct.Struct(">qiibIhiqqqhii")
@@ -238,7 +238,9 @@ def inspect_batch(batch: bytes | bytearray | memoryview) -> BatchInfo:
     if size < BATCH_HEADER_SIZE:
         raise CorruptBatch(f"record batch of {size} bytes is shorter than its 61-byte header")
     if size > MAX_BATCH_SIZE:
-        raise CorruptBatch(f"record batch of {size} bytes exceeds the {MAX_BATCH_SIZE}-byte limit")
+        raise RecordTooLarge(
+            f"record batch of {size} bytes exceeds the {MAX_BATCH_SIZE}-byte limit"
+        )
     (
         base_offset,
         length,

@@ -68,6 +68,7 @@ from headwater.storage.lastvalue_store import drop_last_values
 from headwater.storage.snapshots import HorizonCache
 from headwater.storage.state import (
     CURSOR,
+    LOG_START,
     PRODUCER,
     SUBSCRIPTION,
     TOPIC,
@@ -220,7 +221,24 @@ class TopicCatalog:
             for p in range(partitions)
         ]
         info = m.TopicInfo(name, partitions, m.DispatchMode.RELIABLE, settings_to_configs(settings))
-        return LogTopic(info, settings, logs, self._archive, self.placement.durability)
+        topic = LogTopic(info, settings, logs, self._archive, self.placement.durability)
+        for partition in range(partitions):  # where DeleteRecords moved each start to
+            moved = self._state.get(key(LOG_START, name, partition))
+            if moved is not None:
+                topic.deleted_below[partition] = int(moved)
+        return topic
+
+    async def delete_records(self, topic: LogTopic, partition: int, offset: int) -> int:
+        """Move `partition`'s start to `offset` (never back, never past its end), synced before
+        it is answered; the start it is now. Nothing is read below it any more; the segments
+        below it go as retention takes them."""
+        start = max(
+            topic.start_offset(partition), min(offset, topic.partitions[partition].next_offset)
+        )
+        if start > topic.deleted_below.get(partition, 0):
+            await self.writer.synced({key(LOG_START, topic.name, partition): str(start).encode()})
+            topic.deleted_below[partition] = max(topic.deleted_below.get(partition, 0), start)
+        return topic.start_offset(partition)
 
     def _sealed(self, topic: str, partition: int) -> Callable[[SealedSegment], None]:
         def enqueue(segment: SealedSegment) -> None:
@@ -420,7 +438,7 @@ class TopicCatalog:
         the files could not all be removed, so the removal is tried again)."""
         directory = self._topic_dir(name)
         await asyncio.to_thread(remove_tree, directory)
-        for prefix in (SUBSCRIPTION, CURSOR, PRODUCER):
+        for prefix in (SUBSCRIPTION, CURSOR, PRODUCER, LOG_START):
             self._state.delete_prefix(key(prefix, name) + b"\0")
         drop_last_values(self._state, name)
         self._state.delete_prefix(self.schemas.purge_prefix(name))

@@ -65,11 +65,13 @@ SASL_HANDSHAKE: Final = 17
 API_VERSIONS: Final = 18
 CREATE_TOPICS: Final = 19
 DELETE_TOPICS: Final = 20
+DELETE_RECORDS: Final = 21
 INIT_PRODUCER_ID: Final = 22
 DESCRIBE_CONFIGS: Final = 32
 ALTER_CONFIGS: Final = 33
 SASL_AUTHENTICATE: Final = 36
 CREATE_PARTITIONS: Final = 37
+DELETE_GROUPS: Final = 42
 INCREMENTAL_ALTER_CONFIGS: Final = 44
 # what a connection may send before it has authenticated (on a server with authentication)
 BEFORE_AUTH: Final = frozenset({API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE})
@@ -104,6 +106,8 @@ SERVED: Final[dict[int, Api]] = {  # by key, as ApiVersions lists them
             _api(produce_.InitProducerIdRequest, produce_.InitProducerIdResponse),
             _api(admin.CreateTopicsRequest, admin.CreateTopicsResponse),
             _api(admin.DeleteTopicsRequest, admin.DeleteTopicsResponse),
+            _api(admin.DeleteRecordsRequest, admin.DeleteRecordsResponse),
+            _api(groups.DeleteGroupsRequest, groups.DeleteGroupsResponse),
         ),
         key=lambda api: api.key,
     )

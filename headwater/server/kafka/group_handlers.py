@@ -25,6 +25,7 @@ from headwater.server.kafka.messages.declare import Message
 from headwater.server.security.access import Session
 from headwater.server.security.authz import Action
 from headwater.server.topics.subscription_contract import ConsumerSession
+from headwater.wire import messages as m
 from headwater.wire.errors import HeadwaterError
 
 T = TypeVar("T")
@@ -53,6 +54,9 @@ Permits = Callable[[KafkaSession, Action, str], bool]
 # (`apis.SERVED`), so a handler's request is typed `Any` here and precisely in its signature.
 Handler = Callable[[KafkaSession, int, Any], Awaitable[Message | None]]
 
+# a native request through the broker, checked as on the native port
+Native = Callable[[KafkaSession, m.Request], Awaitable[m.Response]]
+
 # partitions a handler goes through between two yields to the event loop: about a millisecond
 PACE: Final = 1024
 
@@ -78,8 +82,16 @@ def chunks(items: Sequence[T]) -> list[Sequence[T]]:
 
 class GroupHandlers:
     def __init__(
-        self, coordinator: Coordinator, offsets: GroupOffsets, nodes: Nodes, permits: Permits
+        self,
+        coordinator: Coordinator,
+        offsets: GroupOffsets,
+        nodes: Nodes,
+        permits: Permits,
+        native: Native,
     ) -> None:
+        """`native`: a native request through the broker, checked as on the native port (a
+        group's subscriptions deleted)."""
+        self._native = native
         self.coordinator = coordinator
         self._offsets = offsets
         self._nodes = nodes
@@ -121,6 +133,7 @@ class GroupHandlers:
             rebalance_timeout,
             request.protocol_type,
             [(p.name, p.metadata) for p in request.protocols],
+            request.group_instance_id if version >= 5 else None,
         )
         return g.JoinGroupResponse(
             error_code=joined.error_code,
@@ -128,7 +141,10 @@ class GroupHandlers:
             protocol_name=joined.protocol,
             leader=joined.leader_id,
             member_id=joined.member_id or request.member_id,
-            members=[g.JoinGroupResponseMember(member_id=i, metadata=m) for i, m in joined.members],
+            members=[
+                g.JoinGroupResponseMember(member_id=i, group_instance_id=s, metadata=m)
+                for i, s, m in joined.members
+            ],
         )
 
     async def sync_group(
@@ -138,7 +154,11 @@ class GroupHandlers:
             return g.SyncGroupResponse(error_code=k.NOT_COORDINATOR, assignment=b"")
         assignments = {a.member_id: a.assignment for a in request.assignments}
         code, assignment = await self.coordinator.sync(
-            request.group_id, request.generation_id, request.member_id, assignments
+            request.group_id,
+            request.generation_id,
+            request.member_id,
+            assignments,
+            request.group_instance_id,
         )
         return g.SyncGroupResponse(error_code=code, assignment=assignment)
 
@@ -148,7 +168,7 @@ class GroupHandlers:
         if self._elsewhere(request.group_id):
             return g.HeartbeatResponse(error_code=k.NOT_COORDINATOR)
         code = self.coordinator.heartbeat(
-            request.group_id, request.generation_id, request.member_id
+            request.group_id, request.generation_id, request.member_id, request.group_instance_id
         )
         return g.HeartbeatResponse(error_code=code)
 
@@ -157,9 +177,22 @@ class GroupHandlers:
     ) -> g.LeaveGroupResponse:
         if self._elsewhere(request.group_id):
             return g.LeaveGroupResponse(error_code=k.NOT_COORDINATOR)
-        return g.LeaveGroupResponse(
-            error_code=self.coordinator.leave(request.group_id, request.member_id)
-        )
+        if version < 3:
+            return g.LeaveGroupResponse(
+                error_code=self.coordinator.leave(request.group_id, request.member_id)
+            )
+        # v3+: a batch of members, each by member id or static instance id (KIP-345)
+        left = [
+            g.MemberResponse(
+                member_id=member.member_id,
+                group_instance_id=member.group_instance_id,
+                error_code=self.coordinator.leave(
+                    request.group_id, member.member_id, member.group_instance_id
+                ),
+            )
+            for member in request.members
+        ]
+        return g.LeaveGroupResponse(error_code=0, members=left)
 
     async def offset_commit(
         self, session: KafkaSession, version: int, request: o.OffsetCommitRequest
@@ -253,9 +286,22 @@ class GroupHandlers:
     async def list_groups(
         self, session: KafkaSession, version: int, request: g.ListGroupsRequest
     ) -> g.ListGroupsResponse:
+        """The groups with members or a rebalance under way, and, as Kafka lists a group with
+        committed offsets and no members (protocol type ""), the reliable subscriptions on
+        topics the principal may consume; in a cluster those this broker coordinates."""
+        listed = {
+            group.name: group.protocol_type
+            for group in self.coordinator.groups.values()
+            if not self._elsewhere(group.name)
+        }
+        for name, topics in self._offsets.groups().items():
+            if name in listed or self._elsewhere(name):
+                continue
+            if any(self._permits(session, Action.CONSUME, t) for t in topics):
+                listed[name] = ""
         groups = [
-            g.ListedGroup(group_id=group.name, protocol_type=group.protocol_type)
-            for group in sorted(self.coordinator.groups.values(), key=lambda group: group.name)
+            g.ListedGroup(group_id=name, protocol_type=kind)
+            for name, kind in sorted(listed.items())
         ]
         return g.ListGroupsResponse(throttle_time_ms=0, error_code=0, groups=groups)
 
@@ -295,3 +341,33 @@ class GroupHandlers:
                 )
             )
         return g.DescribeGroupsResponse(throttle_time_ms=0, groups=described)
+
+    async def delete_groups(
+        self, session: KafkaSession, version: int, request: g.DeleteGroupsRequest
+    ) -> g.DeleteGroupsResponse:
+        """A group with no members loses its offsets: the subscription of its name on each topic
+        is deleted (as `headwater subscription delete`, the owner-or-admin check of the native
+        port). With members: NON_EMPTY_GROUP; neither members nor offsets: GROUP_ID_NOT_FOUND."""
+        results = []
+        for name in request.groups_names:
+            results.append(
+                g.DeletableGroupResult(group_id=name, error_code=await self._delete(session, name))
+            )
+        return g.DeleteGroupsResponse(throttle_time_ms=0, results=results)
+
+    async def _delete(self, session: KafkaSession, name: str) -> int:
+        if self._elsewhere(name):
+            return k.NOT_COORDINATOR
+        group = self.coordinator.groups.get(name)
+        if group is not None and (group.members or group.state != "Empty"):
+            return k.NON_EMPTY_GROUP
+        topics = self._offsets.topics_of(name)
+        if group is None and not topics:
+            return k.GROUP_ID_NOT_FOUND
+        for topic in topics:
+            try:
+                await self._native(session, m.DeleteSubscriptionRequest(topic, name))
+            except HeadwaterError as exc:
+                return k.kafka_code(exc)
+        self.coordinator.forget(name)
+        return 0

@@ -178,3 +178,12 @@ class GroupOffsets:
             for name, topic in self._catalog.topics.items()
             if isinstance(topic.subscriptions.get(group), ReliableSubscription)
         )
+
+    def groups(self) -> dict[str, list[str]]:
+        """Every reliable subscription's name (a group with offsets) and the topics it is on."""
+        found: dict[str, list[str]] = {}
+        for name, topic in self._catalog.topics.items():
+            for subscription, subscribed in topic.subscriptions.items():
+                if isinstance(subscribed, ReliableSubscription):
+                    found.setdefault(subscription, []).append(name)
+        return found

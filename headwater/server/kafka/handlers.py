@@ -26,7 +26,8 @@ which Kafka answers with nothing.
   poll (`AfterData`, outside the topic's turn) and the first to bring data answers for all; the
   others are cancelled.
 - ListOffsets: earliest (-2) is the partition's start, latest (-1) its readable end (the high
-  watermark a Fetch reports), a timestamp the first batch at or after it (offset -1 when none).
+  watermark a Fetch reports), a timestamp the first record at or after it and that record's own
+  timestamp (offset -1 when none).
 - Metadata: the brokers and each partition's leader as `kafka_nodes` has them (on one broker,
   node 0 leads every partition; in a cluster, each partition's owner); topics are never created
   by a Metadata request. In a cluster, a Produce, Fetch or ListOffsets for a partition this
@@ -65,6 +66,8 @@ from headwater.server.kafka.apis import (
     API_VERSIONS,
     CREATE_PARTITIONS,
     CREATE_TOPICS,
+    DELETE_GROUPS,
+    DELETE_RECORDS,
     DELETE_TOPICS,
     DESCRIBE_CONFIGS,
     DESCRIBE_GROUPS,
@@ -108,6 +111,7 @@ from headwater.server.schemas.schema_registry import TopicSchemas
 from headwater.server.security.access import Security
 from headwater.server.security.authz import Action, may_see
 from headwater.server.topics.topic import LogTopic
+from headwater.server.topics.topic_settings import settings_to_configs
 from headwater.wire import messages as m
 from headwater.wire.compression import declared_records, is_compressed
 from headwater.wire.errors import (
@@ -122,7 +126,7 @@ from headwater.wire.errors import (
     UnknownTopic,
 )
 from headwater.wire.limits import MAX_FETCH_BYTES, MAX_FETCH_WAIT_MS
-from headwater.wire.records import BatchInfo, validate_records
+from headwater.wire.records import BatchInfo, read_records, validate_records
 
 log = structlog.get_logger(__name__)
 
@@ -135,12 +139,18 @@ MAX_THROTTLE: Final = 5.0
 _YIELD_EVERY: Final = 64
 _TOPIC_RESOURCE: Final = 2
 _BROKER_RESOURCE: Final = 4
-_TOPIC_CONFIG: Final = 1  # DescribeConfigs config_source: set on the topic
+# DescribeConfigs config_source: set on the topic; the server's default as configured
+# (headwater.toml's [topics]); the built-in default
+_TOPIC_CONFIG: Final = 1
+_STATIC_BROKER_CONFIG: Final = 4
+_DEFAULT_CONFIG: Final = 5
 _BATCH_LENGTH = struct.Struct(">i")
 _BASE = struct.Struct(">q")
 _LAST_DELTA = struct.Struct(">i")  # at byte 23 of a RecordBatch v2
 _BATCH_OVERHEAD: Final = 12  # base offset (8) and batch length (4) precede what the length counts
 _MIN_BATCH: Final = 61  # a RecordBatch v2 header
+# reads of a partition's batches a ListOffsets by time makes past the batch its index names
+_TIME_SCAN_READS: Final = 16
 
 
 def split_batches(records: bytes) -> list[bytes]:
@@ -173,6 +183,8 @@ class KafkaHandlers:
         topic_defaults: TopicSettings | None = None,
         nodes: Nodes | None = None,
         offsets: GroupOffsets | None = None,
+        auto_create: bool = False,
+        auto_partitions: int = 1,
     ) -> None:
         """`topic_defaults`: the server's (`[topic_defaults]`), what AlterConfigs resets the
         settings it does not name to. `nodes`: a cluster's (`kafka_nodes.ClusterNodes`);
@@ -182,9 +194,16 @@ class KafkaHandlers:
         self._security = security
         self._inflater = inflater
         self._cap = max_decompressed
+        self._topic_defaults = topic_defaults or TopicSettings()
+        self._auto_create = auto_create
+        self._auto_partitions = auto_partitions
         self.nodes: Nodes = nodes or SingleNode(host, port)
         self.groups = GroupHandlers(
-            Coordinator(), offsets or GroupOffsets(broker.catalog), self.nodes, self.permits
+            Coordinator(),
+            offsets or GroupOffsets(broker.catalog),
+            self.nodes,
+            self.permits,
+            self._native,
         )
         groups = self.groups
         configs = ConfigHandlers(broker, security, self._native, topic_defaults or TopicSettings())
@@ -212,6 +231,8 @@ class KafkaHandlers:
             LIST_OFFSETS: self.list_offsets,
             CREATE_TOPICS: self.create_topics,
             DELETE_TOPICS: self.delete_topics,
+            DELETE_RECORDS: self.delete_records,
+            DELETE_GROUPS: groups.delete_groups,
         }
 
     @property
@@ -318,6 +339,16 @@ class KafkaHandlers:
                 )
                 continue
             topic = topics.get(name)
+            if (
+                topic is None
+                and self._auto_create
+                and (version < 4 or request.allow_auto_topic_creation)
+            ):
+                code = await self._auto_created(session, name)
+                if code:
+                    entries.append(md.MetadataResponseTopic(error_code=code, name=name))
+                    continue
+                topic = topics.get(name)
             if topic is None:
                 entries.append(
                     md.MetadataResponseTopic(error_code=k.UNKNOWN_TOPIC_OR_PARTITION, name=name)
@@ -336,6 +367,19 @@ class KafkaHandlers:
             controller_id=nodes.controller(),
             topics=entries,
         )
+
+    async def _auto_created(self, session: Session, name: str) -> int:
+        """`name` created as CreateTopics would (a reliable topic, the admin grant with
+        authentication on): 0, or the Kafka code of the refusal."""
+        request = m.CreateTopicRequest(name, self._auto_partitions, m.DispatchMode.RELIABLE, ())
+        try:
+            await self._native(session, request)
+        except HeadwaterError as exc:
+            if name in self._broker.topics:  # created meanwhile (another client's Metadata)
+                return 0
+            return _refused("kafka.auto_create_refused", exc, name, -1)
+        log.info("kafka.topic_auto_created", topic=name, partitions=self._auto_partitions)
+        return 0
 
     # Produce
 
@@ -632,22 +676,22 @@ class KafkaHandlers:
                 try:
                     if not self.permits(session, Action.CONSUME, name):
                         raise NotAuthorized(f"no consume grant on topic {name!r}")
-                    offset = await self._offset(name, index, timestamp)
+                    offset, found = await self._offset(name, index, timestamp)
                     code = 0
                 except HeadwaterError as exc:
-                    code, offset = _refused("kafka.list_offsets_refused", exc, name, index), -1
+                    code = _refused("kafka.list_offsets_refused", exc, name, index)
+                    offset, found = -1, -1
                 partitions.append(
                     of.ListOffsetsPartitionResponse(
-                        partition_index=index,
-                        error_code=code,
-                        timestamp=-1 if offset < 0 or timestamp < 0 else timestamp,
-                        offset=offset,
+                        partition_index=index, error_code=code, timestamp=found, offset=offset
                     )
                 )
             topics.append(of.ListOffsetsTopicResponse(name=name, partitions=partitions))
         return of.ListOffsetsResponse(throttle_time_ms=0, topics=topics)
 
-    async def _offset(self, name: str, index: int, timestamp: int) -> int:
+    async def _offset(self, name: str, index: int, timestamp: int) -> tuple[int, int]:
+        """(offset, timestamp): earliest and latest with timestamp -1; for a time, the first
+        record at or after it and that record's own timestamp ((-1, -1) when none is)."""
         topic = self._broker.topics.get(name)
         if topic is None:
             raise UnknownTopic(f"topic {name!r} does not exist")
@@ -657,18 +701,34 @@ class KafkaHandlers:
         if not ownership.serves(name, index):  # are its owner's to tell
             raise not_owner(ownership, name, index)
         if timestamp == -2:
-            return topic.start_offset(index)
+            return topic.start_offset(index), -1
         if not topic.reliable:
             if timestamp == -1:
-                return topic.partitions[index].next_offset
+                return topic.partitions[index].next_offset, -1
             raise InvalidRequest(f"topic {name!r} is non-reliable: no offsets by timestamp")
         partition = topic.partitions[index]
+        end = topic.readable_end(partition, False)
         if timestamp == -1:
-            return topic.readable_end(partition, False)
+            return end, -1
         if timestamp < 0:
             raise InvalidRequest(f"timestamp {timestamp}: -1 latest, -2 earliest, or ms")
-        found = await topic.offset_for_timestamp(index, timestamp)
-        return -1 if found >= topic.readable_end(partition, False) else found
+        # the first batch whose records reach the time; then its first record that does (a
+        # batch's records need not be in time order: the first at or after it by offset)
+        offset = await topic.offset_for_timestamp(index, timestamp)
+        for _ in range(_TIME_SCAN_READS):
+            if offset >= end:
+                break
+            batches = await topic.read(index, offset)
+            if not batches:
+                break
+            loop = asyncio.get_running_loop()
+            found = await loop.run_in_executor(
+                self._inflater, _record_at_or_after, batches, offset, end, timestamp, self._cap
+            )
+            if isinstance(found, tuple):
+                return found
+            offset = found  # none in these batches: read on from the next
+        return -1, -1
 
     # InitProducerId
 
@@ -739,18 +799,21 @@ class KafkaHandlers:
                     configs = {c.name: c.value for c in response.topic.configs}
                     compact = configs.get("last.value") == "true"
                     configs["cleanup.policy"] = "compact" if compact else "delete"
-                    entries = [
-                        co.DescribeConfigsResourceResult(
-                            name=key,
-                            value=value,
-                            read_only=key == "cleanup.policy",
-                            is_default=False,
-                            config_source=_TOPIC_CONFIG,
-                            is_sensitive=False,
+                    entries = []
+                    for key, value in sorted(configs.items()):
+                        if names is not None and key not in names:
+                            continue
+                        source = self._config_source(key, value)
+                        entries.append(
+                            co.DescribeConfigsResourceResult(
+                                name=key,
+                                value=value,
+                                read_only=key == "cleanup.policy",
+                                is_default=source == _DEFAULT_CONFIG,
+                                config_source=source,
+                                is_sensitive=False,
+                            )
                         )
-                        for key, value in sorted(configs.items())
-                        if names is None or key in names
-                    ]
                 elif kind != _BROKER_RESOURCE:
                     raise InvalidRequest(f"resource type {kind}: topics (2) and brokers (4)")
             except HeadwaterError as exc:
@@ -766,6 +829,20 @@ class KafkaHandlers:
                 )
             )
         return co.DescribeConfigsResponse(throttle_time_ms=0, results=resources)
+
+    def _config_source(self, name: str, value: str) -> int:
+        """As Kafka tells a config's source: a value the topic holds as the server's default is
+        the default (DEFAULT_CONFIG when it is the built-in one, STATIC_BROKER_CONFIG when
+        headwater.toml's `[topics]` set it), any other a topic config (DYNAMIC_TOPIC_CONFIG).
+        A topic keeps its values, not whether they were named: one set to the default's value is
+        told as the default, as Kafka tells a topic config deleted back to it."""
+        if name == "cleanup.policy":
+            return _DEFAULT_CONFIG if value == "delete" else _TOPIC_CONFIG
+        server = dict((c.name, c.value) for c in settings_to_configs(self._topic_defaults))
+        if name not in server or server[name] != value:
+            return _TOPIC_CONFIG
+        built_in = dict((c.name, c.value) for c in settings_to_configs(TopicSettings()))
+        return _DEFAULT_CONFIG if built_in.get(name) == value else _STATIC_BROKER_CONFIG
 
     # CreateTopics, DeleteTopics
 
@@ -818,6 +895,56 @@ class KafkaHandlers:
             results.append(ad.DeletableTopicResult(name=name, error_code=code))
         return ad.DeleteTopicsResponse(throttle_time_ms=0, responses=results)
 
+    # DeleteRecords
+
+    async def delete_records(
+        self, session: Session, version: int, request: ad.DeleteRecordsRequest
+    ) -> ad.DeleteRecordsResponse:
+        """Each partition's start moved to its offset (-1: the high watermark), as Kafka's
+        DeleteRecords moves the log start offset: nothing below it is read any more. The admin
+        grant on the topic; a reliable topic's partition this broker serves."""
+        topics = []
+        for entry in request.topics:
+            name = entry.name
+            results = []
+            for part in entry.partitions:
+                index, low, code = part.partition_index, -1, 0
+                try:
+                    low = await self._delete_records(session, name, index, part.offset)
+                except HeadwaterError as exc:
+                    code = _refused("kafka.delete_records_refused", exc, name, index)
+                results.append(
+                    ad.DeleteRecordsPartitionResult(
+                        partition_index=index, low_watermark=low, error_code=code
+                    )
+                )
+            topics.append(ad.DeleteRecordsTopicResult(name=name, partitions=results))
+        return ad.DeleteRecordsResponse(throttle_time_ms=0, topics=topics)
+
+    async def _delete_records(self, session: Session, name: str, index: int, offset: int) -> int:
+        if not self.permits(session, Action.ADMIN, name):
+            raise NotAuthorized(f"no admin grant on topic {name!r}")
+        catalog = self._broker.catalog
+        async with catalog.turn(name):
+            topic = self._broker.topics.get(name)
+            if topic is None:
+                raise UnknownTopic(f"topic {name!r} does not exist")
+            if not isinstance(topic, LogTopic):
+                raise NotSupported(f"topic {name!r} is non-reliable: it keeps no records")
+            if not 0 <= index < len(topic.partitions):
+                raise InvalidPartition(f"topic {name!r} has no partition {index}")
+            ownership = self._broker.ownership
+            if not ownership.serves(name, index):
+                raise not_owner(ownership, name, index)
+            end = topic.readable_end(topic.partitions[index], False)
+            if offset == -1:
+                offset = end
+            if not 0 <= offset <= end:
+                raise OffsetOutOfRange(
+                    f"offset {offset} is past the end {end} of partition {index} of {name!r}"
+                )
+            return await catalog.delete_records(topic, index, offset)
+
 
 def _partition_metadata(index: int, leader: Node | None) -> md.MetadataResponsePartition:
     if leader is None:  # nobody owns it now (a take-over under way): clients ask again
@@ -838,6 +965,21 @@ def _topic_config(name: str, value: str) -> m.ConfigEntry:
     if name == "cleanup.policy" and value == "compact":
         return m.ConfigEntry("last.value", "true")
     return m.ConfigEntry(name, value)
+
+
+def _record_at_or_after(
+    batches: list[bytes], offset: int, end: int, timestamp: int, cap: int
+) -> tuple[int, int] | int:
+    """(offset, timestamp) of the first record of `batches` at or past `offset` and below `end`
+    whose timestamp is at or after `timestamp`; else the offset to read on from."""
+    for batch in batches:
+        for record in read_records(batch, cap):
+            if record.offset >= end:
+                return end
+            if record.offset >= offset and record.timestamp >= timestamp:
+                return record.offset, record.timestamp
+            offset = max(offset, record.offset + 1)
+    return offset
 
 
 def _fetch_partitions(topics: Sequence[fe.FetchTopic]) -> list[tuple[str, int, int, int]]:

@@ -116,6 +116,8 @@ class KafkaListener:
             config.topic_defaults,
             None if peers is None else ClusterNodes(peers),
             GroupOffsets(broker.catalog, cursors),
+            config.kafka.auto_create_topics,
+            config.kafka.auto_create_partitions,
         )
         assert self._acceptor is not None, "bind first"
         self._acceptor.start()

@@ -69,6 +69,7 @@ from headwater.wire import messages as m
 from headwater.wire.errors import (
     InvalidRequest,
     InvalidTopicName,
+    RecordTooLarge,
     StorageError,
     UnknownProducerId,
     UnknownTopic,
@@ -187,6 +188,11 @@ class Broker:
         if request.isolation not in (m.Isolation.READ_UNCOMMITTED, m.Isolation.READ_COMMITTED):
             raise InvalidRequest(
                 f"unknown isolation {request.isolation} (0 read_uncommitted, 1 read_committed)"
+            )
+        if topic.reliable and len(request.batch) > topic.settings.max_message_bytes:
+            raise RecordTooLarge(
+                f"record batch of {len(request.batch)} bytes exceeds topic {topic.name!r}'s "
+                f"max.message.bytes {topic.settings.max_message_bytes}"
             )
         if info is None:
             info = self._check_batch(topic, request.batch)

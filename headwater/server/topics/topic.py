@@ -229,6 +229,8 @@ class LogTopic(_TopicBase):
         # what an append's answer waits for and where readers may read up to: the WAL's fsync,
         # or in a cluster the object store (the placement's, `server.topics.placement`)
         self.durable: Durability = durable or LOCAL_DURABILITY
+        # per partition, the start a Kafka DeleteRecords moved it to (kept in the state store)
+        self.deleted_below: dict[int, int] = {}
 
     def pick_partition(self, requested: int) -> LogPartition:
         return self.partitions[self._pick(requested, len(self.partitions))]
@@ -314,7 +316,8 @@ class LogTopic(_TopicBase):
         """The oldest offset still stored for `partition`, in the object store or locally."""
         log = self.partitions[partition].log
         archived = self.archive.start_offset(self.name, partition) if self.archive else None
-        return min(log.start_offset, archived) if archived is not None else log.start_offset
+        stored = min(log.start_offset, archived) if archived is not None else log.start_offset
+        return max(stored, self.deleted_below.get(partition, stored))
 
     async def read(self, partition: int, offset: int) -> list[bytes]:
         """Reliable: batches from the one holding `offset` (local WAL, else the object store),

@@ -13,6 +13,7 @@ from typing import Any
 from headwater.server.config import TopicSettings
 from headwater.storage.wal import FsyncPolicy, LogConfig
 from headwater.wire.errors import InvalidRequest
+from headwater.wire.limits import MAX_BATCH_SIZE
 from headwater.wire.messages import ConfigEntry
 
 _NAMES = {
@@ -22,6 +23,7 @@ _NAMES = {
     "segment.ms": "segment_ms",
     "retention.bytes": "retention_bytes",
     "retention.ms": "retention_ms",
+    "max.message.bytes": "max_message_bytes",
 }
 _FIELDS = {v: k for k, v in _NAMES.items()}
 TOPIC_CONFIG_NAMES = tuple(_NAMES)
@@ -31,7 +33,10 @@ _MINIMUM = {
     "segment_ms": 10,
     "retention_bytes": -1,
     "retention_ms": -1,
+    "max_message_bytes": 1,
 }
+# a batch larger than a frame can carry never reaches the topic: a larger limit would mean nothing
+_MAXIMUM = {"max_message_bytes": MAX_BATCH_SIZE}
 
 
 def parse_settings(configs: Iterable[ConfigEntry], defaults: TopicSettings) -> TopicSettings:
@@ -56,6 +61,8 @@ def parse_settings(configs: Iterable[ConfigEntry], defaults: TopicSettings) -> T
             raise InvalidRequest(f"{entry.name} must be an integer, not {entry.value!r}") from None
         if number < _MINIMUM[field]:
             raise InvalidRequest(f"{entry.name} must be at least {_MINIMUM[field]}, not {number}")
+        if number > _MAXIMUM.get(field, number):
+            raise InvalidRequest(f"{entry.name} must be at most {_MAXIMUM[field]}, not {number}")
         values[field] = number
     return dataclasses.replace(defaults, **values)
 

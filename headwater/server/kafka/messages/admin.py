@@ -1,4 +1,4 @@
-"""Topics made, deleted and grown by an admin client.
+"""Topics made, deleted and grown, and records deleted, by an admin client.
 
 Written by tools/kafka_messages.py from Kafka's JSON message specs: do not edit."""
 
@@ -23,6 +23,12 @@ __all__ = [
     "CreateTopicsRequest",
     "CreateTopicsResponse",
     "DeletableTopicResult",
+    "DeleteRecordsPartition",
+    "DeleteRecordsPartitionResult",
+    "DeleteRecordsRequest",
+    "DeleteRecordsResponse",
+    "DeleteRecordsTopic",
+    "DeleteRecordsTopicResult",
     "DeleteTopicsRequest",
     "DeleteTopicsResponse",
 ]
@@ -207,4 +213,76 @@ class CreatePartitionsResponse(Message):
     FIELDS: ClassVar[tuple[Field, ...]] = (
         Field("throttle_time_ms", "int32", 0),
         Field("results", CreatePartitionsTopicResult, 0, array=True),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteRecordsPartition(Struct):
+    partition_index: int = 0
+    offset: int = 0
+    FIELDS: ClassVar[tuple[Field, ...]] = (
+        Field("partition_index", "int32", 0),
+        Field("offset", "int64", 0),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteRecordsTopic(Struct):
+    name: str = ""
+    partitions: Sequence[DeleteRecordsPartition] = ()
+    FIELDS: ClassVar[tuple[Field, ...]] = (
+        Field("name", "string", 0),
+        Field("partitions", DeleteRecordsPartition, 0, array=True),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteRecordsRequest(Message):
+    """DeleteRecords request, versions 0-1."""
+
+    API_KEY: ClassVar[int] = 21
+    VERSIONS: ClassVar[tuple[int, int]] = (0, 1)
+    FLEXIBLE_FROM: ClassVar[int | None] = None
+    topics: Sequence[DeleteRecordsTopic] = ()
+    timeout_ms: int = 0
+    FIELDS: ClassVar[tuple[Field, ...]] = (
+        Field("topics", DeleteRecordsTopic, 0, array=True),
+        Field("timeout_ms", "int32", 0),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteRecordsPartitionResult(Struct):
+    partition_index: int = 0
+    low_watermark: int = 0
+    error_code: int = 0
+    FIELDS: ClassVar[tuple[Field, ...]] = (
+        Field("partition_index", "int32", 0),
+        Field("low_watermark", "int64", 0),
+        Field("error_code", "int16", 0),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteRecordsTopicResult(Struct):
+    name: str = ""
+    partitions: Sequence[DeleteRecordsPartitionResult] = ()
+    FIELDS: ClassVar[tuple[Field, ...]] = (
+        Field("name", "string", 0),
+        Field("partitions", DeleteRecordsPartitionResult, 0, array=True),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteRecordsResponse(Message):
+    """DeleteRecords response, versions 0-1."""
+
+    API_KEY: ClassVar[int] = 21
+    VERSIONS: ClassVar[tuple[int, int]] = (0, 1)
+    FLEXIBLE_FROM: ClassVar[int | None] = None
+    throttle_time_ms: int = 0
+    topics: Sequence[DeleteRecordsTopicResult] = ()
+    FIELDS: ClassVar[tuple[Field, ...]] = (
+        Field("throttle_time_ms", "int32", 0),
+        Field("topics", DeleteRecordsTopicResult, 0, array=True),
     )

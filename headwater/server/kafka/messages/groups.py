@@ -1,4 +1,4 @@
-"""The consumer group protocol: coordinator, membership, listing.
+"""The consumer group protocol: coordinator, membership, listing, deletion.
 
 Written by tools/kafka_messages.py from Kafka's JSON message specs: do not edit."""
 
@@ -11,6 +11,9 @@ from typing import ClassVar
 from headwater.server.kafka.messages.declare import Field, Message, Struct
 
 __all__ = [
+    "DeletableGroupResult",
+    "DeleteGroupsRequest",
+    "DeleteGroupsResponse",
     "DescribeGroupsRequest",
     "DescribeGroupsResponse",
     "DescribedGroup",
@@ -28,6 +31,8 @@ __all__ = [
     "ListGroupsRequest",
     "ListGroupsResponse",
     "ListedGroup",
+    "MemberIdentity",
+    "MemberResponse",
     "SyncGroupRequest",
     "SyncGroupRequestAssignment",
     "SyncGroupResponse",
@@ -84,15 +89,16 @@ class JoinGroupRequestProtocol(Struct):
 
 @dataclass(frozen=True, slots=True)
 class JoinGroupRequest(Message):
-    """JoinGroup request, versions 0-2."""
+    """JoinGroup request, versions 0-5."""
 
     API_KEY: ClassVar[int] = 11
-    VERSIONS: ClassVar[tuple[int, int]] = (0, 2)
+    VERSIONS: ClassVar[tuple[int, int]] = (0, 5)
     FLEXIBLE_FROM: ClassVar[int | None] = None
     group_id: str = ""
     session_timeout_ms: int = 0
     rebalance_timeout_ms: int = -1
     member_id: str = ""
+    group_instance_id: str | None = None
     protocol_type: str = ""
     protocols: Sequence[JoinGroupRequestProtocol] = ()
     FIELDS: ClassVar[tuple[Field, ...]] = (
@@ -100,6 +106,7 @@ class JoinGroupRequest(Message):
         Field("session_timeout_ms", "int32", 0),
         Field("rebalance_timeout_ms", "int32", 1),
         Field("member_id", "string", 0),
+        Field("group_instance_id", "string", 5, nullable=5),
         Field("protocol_type", "string", 0),
         Field("protocols", JoinGroupRequestProtocol, 0, array=True),
     )
@@ -108,19 +115,21 @@ class JoinGroupRequest(Message):
 @dataclass(frozen=True, slots=True)
 class JoinGroupResponseMember(Struct):
     member_id: str = ""
+    group_instance_id: str | None = None
     metadata: bytes = b""
     FIELDS: ClassVar[tuple[Field, ...]] = (
         Field("member_id", "string", 0),
+        Field("group_instance_id", "string", 5, nullable=5),
         Field("metadata", "bytes", 0),
     )
 
 
 @dataclass(frozen=True, slots=True)
 class JoinGroupResponse(Message):
-    """JoinGroup response, versions 0-2."""
+    """JoinGroup response, versions 0-5."""
 
     API_KEY: ClassVar[int] = 11
-    VERSIONS: ClassVar[tuple[int, int]] = (0, 2)
+    VERSIONS: ClassVar[tuple[int, int]] = (0, 5)
     FLEXIBLE_FROM: ClassVar[int | None] = None
     throttle_time_ms: int = 0
     error_code: int = 0
@@ -142,63 +151,91 @@ class JoinGroupResponse(Message):
 
 @dataclass(frozen=True, slots=True)
 class HeartbeatRequest(Message):
-    """Heartbeat request, versions 0-1."""
+    """Heartbeat request, versions 0-3."""
 
     API_KEY: ClassVar[int] = 12
-    VERSIONS: ClassVar[tuple[int, int]] = (0, 1)
+    VERSIONS: ClassVar[tuple[int, int]] = (0, 3)
     FLEXIBLE_FROM: ClassVar[int | None] = None
     group_id: str = ""
     generation_id: int = 0
     member_id: str = ""
+    group_instance_id: str | None = None
     FIELDS: ClassVar[tuple[Field, ...]] = (
         Field("group_id", "string", 0),
         Field("generation_id", "int32", 0),
         Field("member_id", "string", 0),
+        Field("group_instance_id", "string", 3, nullable=3),
     )
 
 
 @dataclass(frozen=True, slots=True)
 class HeartbeatResponse(Message):
-    """Heartbeat response, versions 0-1."""
+    """Heartbeat response, versions 0-3."""
 
     API_KEY: ClassVar[int] = 12
-    VERSIONS: ClassVar[tuple[int, int]] = (0, 1)
+    VERSIONS: ClassVar[tuple[int, int]] = (0, 3)
     FLEXIBLE_FROM: ClassVar[int | None] = None
     throttle_time_ms: int = 0
     error_code: int = 0
     FIELDS: ClassVar[tuple[Field, ...]] = (
         Field("throttle_time_ms", "int32", 1),
         Field("error_code", "int16", 0),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class MemberIdentity(Struct):
+    member_id: str = ""
+    group_instance_id: str | None = None
+    FIELDS: ClassVar[tuple[Field, ...]] = (
+        Field("member_id", "string", 3),
+        Field("group_instance_id", "string", 3, nullable=3),
     )
 
 
 @dataclass(frozen=True, slots=True)
 class LeaveGroupRequest(Message):
-    """LeaveGroup request, versions 0-1."""
+    """LeaveGroup request, versions 0-3."""
 
     API_KEY: ClassVar[int] = 13
-    VERSIONS: ClassVar[tuple[int, int]] = (0, 1)
+    VERSIONS: ClassVar[tuple[int, int]] = (0, 3)
     FLEXIBLE_FROM: ClassVar[int | None] = None
     group_id: str = ""
     member_id: str = ""
+    members: Sequence[MemberIdentity] = ()
     FIELDS: ClassVar[tuple[Field, ...]] = (
         Field("group_id", "string", 0),
         Field("member_id", "string", 0, 2),
+        Field("members", MemberIdentity, 3, array=True),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class MemberResponse(Struct):
+    member_id: str = ""
+    group_instance_id: str | None = ""
+    error_code: int = 0
+    FIELDS: ClassVar[tuple[Field, ...]] = (
+        Field("member_id", "string", 3),
+        Field("group_instance_id", "string", 3, nullable=3),
+        Field("error_code", "int16", 3),
     )
 
 
 @dataclass(frozen=True, slots=True)
 class LeaveGroupResponse(Message):
-    """LeaveGroup response, versions 0-1."""
+    """LeaveGroup response, versions 0-3."""
 
     API_KEY: ClassVar[int] = 13
-    VERSIONS: ClassVar[tuple[int, int]] = (0, 1)
+    VERSIONS: ClassVar[tuple[int, int]] = (0, 3)
     FLEXIBLE_FROM: ClassVar[int | None] = None
     throttle_time_ms: int = 0
     error_code: int = 0
+    members: Sequence[MemberResponse] = ()
     FIELDS: ClassVar[tuple[Field, ...]] = (
         Field("throttle_time_ms", "int32", 1),
         Field("error_code", "int16", 0),
+        Field("members", MemberResponse, 3, array=True),
     )
 
 
@@ -214,29 +251,31 @@ class SyncGroupRequestAssignment(Struct):
 
 @dataclass(frozen=True, slots=True)
 class SyncGroupRequest(Message):
-    """SyncGroup request, versions 0-1."""
+    """SyncGroup request, versions 0-3."""
 
     API_KEY: ClassVar[int] = 14
-    VERSIONS: ClassVar[tuple[int, int]] = (0, 1)
+    VERSIONS: ClassVar[tuple[int, int]] = (0, 3)
     FLEXIBLE_FROM: ClassVar[int | None] = None
     group_id: str = ""
     generation_id: int = 0
     member_id: str = ""
+    group_instance_id: str | None = None
     assignments: Sequence[SyncGroupRequestAssignment] = ()
     FIELDS: ClassVar[tuple[Field, ...]] = (
         Field("group_id", "string", 0),
         Field("generation_id", "int32", 0),
         Field("member_id", "string", 0),
+        Field("group_instance_id", "string", 3, nullable=3),
         Field("assignments", SyncGroupRequestAssignment, 0, array=True),
     )
 
 
 @dataclass(frozen=True, slots=True)
 class SyncGroupResponse(Message):
-    """SyncGroup response, versions 0-1."""
+    """SyncGroup response, versions 0-3."""
 
     API_KEY: ClassVar[int] = 14
-    VERSIONS: ClassVar[tuple[int, int]] = (0, 1)
+    VERSIONS: ClassVar[tuple[int, int]] = (0, 3)
     FLEXIBLE_FROM: ClassVar[int | None] = None
     throttle_time_ms: int = 0
     error_code: int = 0
@@ -342,4 +381,40 @@ class ListGroupsResponse(Message):
         Field("throttle_time_ms", "int32", 1),
         Field("error_code", "int16", 0),
         Field("groups", ListedGroup, 0, array=True),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteGroupsRequest(Message):
+    """DeleteGroups request, versions 0-1."""
+
+    API_KEY: ClassVar[int] = 42
+    VERSIONS: ClassVar[tuple[int, int]] = (0, 1)
+    FLEXIBLE_FROM: ClassVar[int | None] = None
+    groups_names: Sequence[str] = ()
+    FIELDS: ClassVar[tuple[Field, ...]] = (Field("groups_names", "string", 0, array=True),)
+
+
+@dataclass(frozen=True, slots=True)
+class DeletableGroupResult(Struct):
+    group_id: str = ""
+    error_code: int = 0
+    FIELDS: ClassVar[tuple[Field, ...]] = (
+        Field("group_id", "string", 0),
+        Field("error_code", "int16", 0),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteGroupsResponse(Message):
+    """DeleteGroups response, versions 0-1."""
+
+    API_KEY: ClassVar[int] = 42
+    VERSIONS: ClassVar[tuple[int, int]] = (0, 1)
+    FLEXIBLE_FROM: ClassVar[int | None] = None
+    throttle_time_ms: int = 0
+    results: Sequence[DeletableGroupResult] = ()
+    FIELDS: ClassVar[tuple[Field, ...]] = (
+        Field("throttle_time_ms", "int32", 0),
+        Field("results", DeletableGroupResult, 0, array=True),
     )
