@@ -170,6 +170,11 @@ class Sender:
                     self._refresh_routes()
             else:
                 owner = router.table.owner(self.topic, partition)
+                if owner is None and router.table.error(self.topic) is not None:
+                    # as `Router.route`: the bootstrap broker answers with the topic's error
+                    # (a deleted topic). Waiting for an owner here instead, while the resolving
+                    # task found the bootstrap broker at once, spun the sender without end
+                    owner = router.table.bootstrap
                 if owner is not None:
                     connection = self._open_now(owner)
                     if not router.fresh(self.topic):
