@@ -32,6 +32,7 @@ from pathlib import Path
 import pytest
 
 import headwater
+from headwater.client.consumer_legs import ClusterLegs
 from headwater.server.cluster.coordinator import Coordinator
 from headwater.server.cluster.coordinator_state import Held, State
 from headwater.server.cluster.etcd import Entry
@@ -249,3 +250,96 @@ def test_a_broker_woken_past_its_lease_names_no_owner_of_what_it_held() -> None:
     assert not_owner(coordinator, TOPIC, 0).message.endswith("owner=none")
     leaders = nodes.leaders(TOPIC, 2)
     assert [n.broker_id if n else None for n in leaders] == [None, "b3"]
+
+
+class Received:
+    """What the consumer saw: per partition, each message's time and the leg it came from."""
+
+    def __init__(self) -> None:
+        self.times: dict[int, list[tuple[float, object]]] = {p: [] for p in range(PARTITIONS)}
+        self.values: set[bytes] = set()
+        self.changed = asyncio.Event()
+
+    def add(self, message: headwater.Message) -> None:
+        assert message.value is not None
+        self.times[message.partition].append((time.monotonic(), message._consumer))
+        self.values.add(message.value)
+        self.changed.set()
+
+    async def until(self, condition: object, timeout: float) -> None:
+        assert callable(condition)
+        async with asyncio.timeout(timeout):
+            while not condition():
+                self.changed.clear()
+                await self.changed.wait()
+
+    def first_since(self, partition: int, since: float, not_from: object) -> float | None:
+        """The first message of the partition after `since` from a leg other than `not_from`."""
+        return next(
+            (t for t, leg in self.times[partition] if t > since and leg is not not_from), None
+        )
+
+
+async def consume(consumer: headwater.Consumer, received: Received) -> None:
+    while True:
+        message = await consumer.receive()
+        received.add(message)
+        await message.ack()
+
+
+async def test_frozen_owner_subscriptions_move_to_the_new_owner_before_it_wakes(
+    cluster: Cluster,
+) -> None:
+    """A consumer's leg at a frozen owner answers nothing and delivers nothing, and its
+    connection stays open: the consumer's own check (`owner_check`) asks the other brokers, and
+    once they name another owner (or none) the leg is dropped and one placed at the new owner,
+    which delivers the frozen broker's partitions long before the freeze ends. Every
+    acknowledged record is received at least once (what the frozen leg delivered and was not
+    acknowledged comes again from the new owner)."""
+    client, owners = await start(cluster)
+    victim, mine, _ = victim_of(owners)
+    pid = cluster.brokers[victim].process.pid
+    host, port = (await cluster.address(victim)).rsplit(":", 1)
+    frozen = False
+    try:
+        consumer = await client.subscribe(TOPIC, "failover", start="earliest")
+        received = Received()
+        consuming = asyncio.ensure_future(consume(consumer, received))
+        producer = client.producer(TOPIC, idempotent=True)
+        acks, stop = Acks(), asyncio.Event()
+        producing = asyncio.ensure_future(produce(producer, acks, stop))
+        await received.until(lambda: all(len(t) >= 20 for t in received.times.values()), 60)
+        legs = consumer._cluster
+        assert isinstance(legs, ClusterLegs)
+        frozen_leg = legs.legs[(host, int(port))]
+        os.kill(pid, signal.SIGSTOP)
+        frozen = True
+        stopped = time.monotonic()
+        await received.until(
+            lambda: all(received.first_since(p, stopped, frozen_leg) for p in mine),
+            RECOVERY_BOUND,
+        )
+        moved = [
+            round((received.first_since(p, stopped, frozen_leg) or 0) - stopped, 2) for p in mine
+        ]
+        print(f"SIGSTOP of {victim}: its partitions {mine} delivered again {moved} s after")
+        assert time.monotonic() - stopped < FREEZE  # still frozen: the consumer moved on its own
+        # the fault's length, not a synchronisation
+        await asyncio.sleep(max(0.0, stopped + FREEZE - time.monotonic()))
+        os.kill(pid, signal.SIGCONT)
+        frozen = False
+        woke = time.monotonic()
+        await acks.until(
+            lambda: all(len([t for t in acks.times[p] if t > woke]) >= 5 for p in range(6)), 30
+        )
+        stop.set()
+        await asyncio.wait_for(producing, 60)
+        await producer.close()
+        await received.until(lambda: received.values >= set(acks.records), 60)
+        consuming.cancel()
+        await consumer.close()
+    finally:
+        if frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        await client.close()
