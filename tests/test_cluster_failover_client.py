@@ -32,12 +32,14 @@ from pathlib import Path
 import pytest
 
 import headwater
+from headwater.client.consumer import Consumer
 from headwater.client.consumer_legs import ClusterLegs
 from headwater.server.cluster.coordinator import Coordinator
 from headwater.server.cluster.coordinator_state import Held, State
 from headwater.server.cluster.etcd import Entry
 from headwater.server.kafka.kafka_nodes import ClusterNodes
 from headwater.server.requests.partition_ownership import BrokerAddress, not_owner
+from headwater.wire.errors import ConnectionLost
 from tests.support.cluster_support import Cluster, running_cluster
 from tests.support.s3 import MotoS3
 
@@ -312,6 +314,15 @@ async def test_frozen_owner_subscriptions_move_to_the_new_owner_before_it_wakes(
         legs = consumer._cluster
         assert isinstance(legs, ClusterLegs)
         frozen_leg = legs.legs[(host, int(port))]
+        dropped = asyncio.Event()  # the frozen leg given up: its end, while its broker sleeps
+        on_end = frozen_leg._on_end
+        assert on_end is not None
+
+        def ended(leg: Consumer) -> None:
+            dropped.set()
+            on_end(leg)
+
+        frozen_leg._on_end = ended
         os.kill(pid, signal.SIGSTOP)
         frozen = True
         stopped = time.monotonic()
@@ -323,6 +334,13 @@ async def test_frozen_owner_subscriptions_move_to_the_new_owner_before_it_wakes(
             round((received.first_since(p, stopped, frozen_leg) or 0) - stopped, 2) for p in mine
         ]
         print(f"SIGSTOP of {victim}: its partitions {mine} delivered again {moved} s after")
+        # the leg at the frozen broker is given up once the others name the new owners (the
+        # new owners may have delivered before: they had legs of this consumer already)
+        await asyncio.wait_for(dropped.wait(), RECOVERY_BOUND)
+        left = time.monotonic() - stopped
+        print(f"the leg at the frozen {victim} was dropped {left:.2f} s after the freeze")
+        assert isinstance(frozen_leg._error, ConnectionLost)
+        assert legs.legs.get((host, int(port))) is not frozen_leg or not legs._alive(frozen_leg)
         assert time.monotonic() - stopped < FREEZE  # still frozen: the consumer moved on its own
         # the fault's length, not a synchronisation
         await asyncio.sleep(max(0.0, stopped + FREEZE - time.monotonic()))
