@@ -13,7 +13,11 @@ A leg that ends for a reason a new owner can cure (its connection lost, the brok
 NOT_OWNER) is dropped once its buffered messages are taken, and the topic looked up again, after
 the router's backoff while a partition has no owner; so is the topic every `metadata_refresh`
 seconds while the consumer is open. Any owner without a live leg then gets one. What was
-delivered and not acknowledged on a lost leg is redelivered by the new owner: at-least-once. Any
+delivered and not acknowledged on a lost leg is redelivered by the new owner: at-least-once. A
+leg at a broker that sends nothing (frozen: its connection stays open) is checked after the
+routing table's `owner_check` (`_watch_loop`, `_check_leg`) and dropped once the other brokers
+name another owner, or none, for its partitions (`_drop`), as the producer's sender abandons a
+frozen owner's connection (sender.py `_probe`). Any
 other end (the topic or subscription deleted, a refusal) ends the consumer with that error. A
 partition left without a live leg for the router's backoff timeout (`LookupBackoff.timeout`, 30 s:
 no owner, or an owner that cannot be reached) ends the consumer too, with NotOwner or
