@@ -13,6 +13,11 @@ the default 2 s lease, one idempotent producer with one record in flight per par
   freeze ends (SIGCONT only after the assertions).
 - Every acknowledged record is read back once: at the offset it was acknowledged with, and no
   value stored twice (the idempotent producer's resends to the new owner were recognised).
+- Consumers (the consumer's side of issue 42): a consumer of the topic, records flowing, while
+  the owner of some partitions (another broker, or the consumer's bootstrap broker) is frozen
+  for `FREEZE` s: the frozen broker's partitions are delivered by their new owner before it
+  wakes, its leg there is dropped (checked after `owner_check`, through the other brokers'
+  lookups) while it is still stopped, and every acknowledged record is received at least once.
 
 The timings asserted are generous bounds (a loaded 2-core machine): the benchmark
 (loadtest/cluster_bench.py `--client-failover-rounds`) measures them, docs/BENCHMARKS.md.
