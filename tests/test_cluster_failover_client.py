@@ -13,6 +13,11 @@ the default 2 s lease, one idempotent producer with one record in flight per par
   freeze ends (SIGCONT only after the assertions).
 - Every acknowledged record is read back once: at the offset it was acknowledged with, and no
   value stored twice (the idempotent producer's resends to the new owner were recognised).
+- Consumers (the consumer's side of issue 42): a consumer of the topic, records flowing, while
+  the owner of some partitions (another broker, or the consumer's bootstrap broker) is frozen
+  for `FREEZE` s: the frozen broker's partitions are delivered by their new owner before it
+  wakes, its leg there is dropped (checked after `owner_check`, through the other brokers'
+  lookups) while it is still stopped, and every acknowledged record is received at least once.
 
 The timings asserted are generous bounds (a loaded 2-core machine): the benchmark
 (loadtest/cluster_bench.py `--client-failover-rounds`) measures them, docs/BENCHMARKS.md.
@@ -32,11 +37,14 @@ from pathlib import Path
 import pytest
 
 import headwater
+from headwater.client.consumer import Consumer
+from headwater.client.consumer_legs import ClusterLegs
 from headwater.server.cluster.coordinator import Coordinator
 from headwater.server.cluster.coordinator_state import Held, State
 from headwater.server.cluster.etcd import Entry
 from headwater.server.kafka.kafka_nodes import ClusterNodes
 from headwater.server.requests.partition_ownership import BrokerAddress, not_owner
+from headwater.wire.errors import HeadwaterError
 from tests.support.cluster_support import Cluster, running_cluster
 from tests.support.s3 import MotoS3
 
@@ -249,3 +257,128 @@ def test_a_broker_woken_past_its_lease_names_no_owner_of_what_it_held() -> None:
     assert not_owner(coordinator, TOPIC, 0).message.endswith("owner=none")
     leaders = nodes.leaders(TOPIC, 2)
     assert [n.broker_id if n else None for n in leaders] == [None, "b3"]
+
+
+class Received:
+    """What the consumer saw: per partition, each message's time and the leg it came from."""
+
+    def __init__(self) -> None:
+        self.times: dict[int, list[tuple[float, object]]] = {p: [] for p in range(PARTITIONS)}
+        self.values: set[bytes] = set()
+        self.changed = asyncio.Event()
+
+    def add(self, message: headwater.Message) -> None:
+        assert message.value is not None
+        self.times[message.partition].append((time.monotonic(), message._consumer))
+        self.values.add(message.value)
+        self.changed.set()
+
+    async def until(self, condition: object, timeout: float) -> None:
+        assert callable(condition)
+        async with asyncio.timeout(timeout):
+            while not condition():
+                self.changed.clear()
+                await self.changed.wait()
+
+    def first_since(self, partition: int, since: float, not_from: object) -> float | None:
+        """The first message of the partition after `since` from a leg other than `not_from`."""
+        return next(
+            (t for t, leg in self.times[partition] if t > since and leg is not not_from), None
+        )
+
+
+async def consume(consumer: headwater.Consumer, received: Received) -> None:
+    while True:
+        message = await consumer.receive()
+        received.add(message)
+        await message.ack()
+
+
+@pytest.mark.parametrize("frozen_broker", ["owner", "bootstrap"])
+async def test_frozen_owner_subscriptions_move_to_the_new_owner_before_it_wakes(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch, frozen_broker: str
+) -> None:
+    """A consumer's leg at a frozen owner answers nothing and delivers nothing, and its
+    connection stays open: the consumer's own check (`owner_check`) asks the other brokers, and
+    once they name another owner (or none) the leg is dropped and one placed at the new owner,
+    which delivers the frozen broker's partitions long before the freeze ends. Every
+    acknowledged record is received at least once (what the frozen leg delivered and was not
+    acknowledged comes again from the new owner). "bootstrap": the frozen owner is the
+    consumer's bootstrap broker (its own leg, and the broker its lookups go to first); the
+    records are produced through another client, bootstrapped at a live broker."""
+    client, owners = await start(cluster)
+    clients = [client]
+    if frozen_broker == "owner":
+        victim, mine, _ = victim_of(owners)
+        producing_client = client
+    else:
+        victim, mine = "b1", sorted(p for p, b in owners.items() if b == "b1")
+        assert mine, f"b1 owns no partition: {owners}"
+        producing_client = await headwater.connect(await cluster.address("b2"))
+        clients.append(producing_client)
+    pid = cluster.brokers[victim].process.pid
+    frozen = False
+    try:
+        consumer = await client.subscribe(TOPIC, "failover", start="earliest")
+        received = Received()
+        consuming = asyncio.ensure_future(consume(consumer, received))
+        producer = producing_client.producer(TOPIC, idempotent=True)
+        acks, stop = Acks(), asyncio.Event()
+        producing = asyncio.ensure_future(produce(producer, acks, stop))
+        await received.until(lambda: all(len(t) >= 20 for t in received.times.values()), 60)
+        legs = consumer._cluster
+        assert isinstance(legs, ClusterLegs)
+        if frozen_broker == "owner":
+            host, port = (await cluster.address(victim)).rsplit(":", 1)
+            frozen_leg = legs.legs[(host, int(port))]
+        else:
+            frozen_leg = consumer  # the leg at the bootstrap broker is the consumer itself
+        dropped = asyncio.Event()  # the frozen leg given up, while its broker sleeps
+        dropped_at: list[float] = []
+        leg_lost = legs.leg_lost
+
+        def lost(leg: Consumer, error: HeadwaterError) -> None:
+            if leg is frozen_leg and not dropped.is_set():
+                dropped_at.append(time.monotonic())
+                dropped.set()
+            leg_lost(leg, error)
+
+        monkeypatch.setattr(legs, "leg_lost", lost)
+        os.kill(pid, signal.SIGSTOP)
+        frozen = True
+        stopped = time.monotonic()
+        await received.until(
+            lambda: all(received.first_since(p, stopped, frozen_leg) for p in mine),
+            RECOVERY_BOUND,
+        )
+        moved = [
+            round((received.first_since(p, stopped, frozen_leg) or 0) - stopped, 2) for p in mine
+        ]
+        print(f"SIGSTOP of {victim}: its partitions {mine} delivered again {moved} s after")
+        # the leg at the frozen broker is given up once the others name the new owners (the
+        # new owners may have delivered before: they had legs of this consumer already)
+        await asyncio.wait_for(dropped.wait(), RECOVERY_BOUND)
+        print(f"the leg at the frozen {victim} was dropped {dropped_at[0] - stopped:.2f} s after")
+        assert not legs._alive(frozen_leg)
+        assert time.monotonic() - stopped < FREEZE  # still frozen: the consumer moved on its own
+        # the fault's length, not a synchronisation
+        await asyncio.sleep(max(0.0, stopped + FREEZE - time.monotonic()))
+        os.kill(pid, signal.SIGCONT)
+        frozen = False
+        woke = time.monotonic()
+        await acks.until(
+            lambda: all(len([t for t in acks.times[p] if t > woke]) >= 5 for p in range(6)), 30
+        )
+        stop.set()
+        await asyncio.wait_for(producing, 60)
+        await producer.close()
+        # at least once: what the frozen leg delivered unacknowledged came again from the new owner
+        await received.until(lambda: received.values >= set(acks.records), 60)
+        consuming.cancel()
+        await consumer.close()
+    finally:
+        if frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        for each in clients:
+            await each.close()

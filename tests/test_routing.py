@@ -15,11 +15,13 @@ import pytest
 
 import headwater
 from headwater.client.blocking import BlockingClient
+from headwater.client.consumer import Consumer
+from headwater.client.consumer_legs import ClusterLegs
 from headwater.client.producer import AtLeastOnce, AtMostOnce, RetryPolicy
 from headwater.client.routing_table import BrokerAddress, LookupBackoff, RoutingTable
 from headwater.testing import ServerProcess
 from headwater.wire import messages as m
-from headwater.wire.errors import ErrorCode, NotOwner, UnknownTopic
+from headwater.wire.errors import ErrorCode, HeadwaterError, NotOwner, UnknownTopic
 from headwater.wire.frames import Frame, FrameDecoder, encode_frame
 from headwater.wire.keys import partition_for_key
 from headwater.wire.protocol import decode_request, encode_error, encode_response
@@ -237,9 +239,11 @@ class Script:
     owners: dict[str, list[str]] = field(default_factory=dict)  # topic -> owner per partition
     epoch: int = 1
     lookups: int = 0
+    looked_up: asyncio.Event = field(default_factory=asyncio.Event)  # set by every LOOKUP
 
     def answer(self, request: m.LookupRequest) -> m.LookupResponse:
         self.lookups += 1
+        self.looked_up.set()
         brokers = tuple(m.LookupBroker(b, "127.0.0.1", p) for b, p in sorted(self.ports.items()))
         topics = []
         for name in request.topics:
@@ -262,6 +266,12 @@ class BrokerFront:
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        # cleared: the broker is frozen (SIGSTOP): it reads nothing, answers nothing, delivers
+        # nothing, and its connections stay open
+        self.awake = asyncio.Event()
+        self.awake.set()
+        self.pings = 0  # API_VERSIONS requests seen after the handshake's
+        self.pinged = asyncio.Event()
 
     async def start(self) -> BrokerFront:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
@@ -291,6 +301,7 @@ class BrokerFront:
         while data := await reader.read(65536):
             for frame in decoder.feed(data):
                 assert isinstance(frame, Frame)
+                await self.awake.wait()
                 writer.write(_encode(frame))  # whole frames: answers of ours come between
         writer.close()
 
@@ -304,7 +315,11 @@ class BrokerFront:
         while data := await reader.read(65536):
             for frame in decoder.feed(data):
                 assert isinstance(frame, Frame)
+                await self.awake.wait()
                 header = frame.header
+                if header.api_key == m.ApiKey.API_VERSIONS:
+                    self.pings += 1
+                    self.pinged.set()
                 if header.api_key == m.ApiKey.LOOKUP:
                     request = decode_request(header, frame.body)
                     assert isinstance(request, m.LookupRequest)
@@ -346,6 +361,7 @@ class BrokerFront:
     async def close(self) -> None:
         assert self._server is not None
         self._server.close()
+        self.awake.set()
         self.cut()
         await asyncio.wait_for(asyncio.gather(*self._tasks, return_exceptions=True), 10)
 
@@ -700,3 +716,65 @@ async def test_blocking_client_follows_not_owner_to_the_owner(
     assert await asyncio.to_thread(produce) == [0, 1, 2]
     assert a.refused == 1  # once: the connection to b is kept for the next produces
     assert (await _offsets(b, "t"))[0] == 3 and (await _offsets(a, "t"))[0] == 0
+
+
+async def _until(event: asyncio.Event, condition: Any, timeout: float = 30) -> None:
+    async with asyncio.timeout(timeout):
+        while not condition():
+            event.clear()
+            await event.wait()
+
+
+async def test_consumer_leg_at_a_silent_broker_is_dropped_once_another_owner_is_named(
+    two_brokers: tuple[Script, BrokerFront, BrokerFront],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A leg whose broker sends nothing is checked after `owner_check`: an idle broker answers
+    the check (API_VERSIONS) and keeps its leg; a frozen one (its front reads and answers
+    nothing, its connection open) is looked up through the other broker, and keeps its leg
+    while the cluster still names it (only slow); once another owner is named the leg is
+    dropped and the partition's messages come from the new owner."""
+    script, a, b = two_brokers
+    await _create("t", 2, a, b)
+    script.owners["t"] = ["a", "b"]
+    async with await headwater.connect(a.address) as client:
+        client.owner_check = 0.2
+        consumer = await client.subscribe("t", "s", start="earliest")
+        producer = client.producer("t")
+        await (await producer.send(b"on b", key=_key_for(1, 2)))
+        message = await consumer.receive(timeout=30)
+        assert (message.value, message.partition) == (b"on b", 1)
+        await message.ack()
+        legs = consumer._cluster
+        assert isinstance(legs, ClusterLegs)
+        leg_b = legs.legs[("127.0.0.1", script.ports["b"])]
+        dropped = asyncio.Event()
+        leg_lost = legs.leg_lost
+
+        def lost(leg: Consumer, error: HeadwaterError) -> None:
+            if leg is leg_b:
+                dropped.set()
+            leg_lost(leg, error)
+
+        monkeypatch.setattr(legs, "leg_lost", lost)
+        # idle: nothing delivered, the check answered, the leg kept
+        await _until(b.pinged, lambda: b.pings >= 3)
+        assert legs._alive(leg_b) and not dropped.is_set()
+        b.awake.clear()  # frozen
+        pings = b.pings
+        try:
+            # silent, but the cluster still names it (a slow owner): looked up, the leg kept
+            lookups = script.lookups
+            await _until(script.looked_up, lambda: script.lookups >= lookups + 3)
+            assert legs._alive(leg_b) and not dropped.is_set()
+            script.owners["t"] = ["a", "a"]  # a took partition 1 over
+            script.epoch += 1
+            await asyncio.wait_for(dropped.wait(), 15)
+            assert not legs._alive(leg_b) and b.pings == pings  # nothing read since the freeze
+            await (await producer.send(b"on a", key=_key_for(1, 2)))
+            message = await consumer.receive(timeout=15)
+            assert (message.value, message.partition) == (b"on a", 1)
+            assert message._consumer is not leg_b
+            await message.ack()
+        finally:
+            b.awake.set()

@@ -98,6 +98,7 @@ class _Protocol(asyncio.Protocol):
     def __init__(self, connection: Connection) -> None:
         self._connection = connection
         self._receive = connection.session.receive
+        self._clock = connection._loop.time
         # the server's first bytes, kept until they show a Headwater frame or another protocol
         self._head: bytes | None = b""
 
@@ -105,6 +106,7 @@ class _Protocol(asyncio.Protocol):
         self._connection._transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
+        self._connection.last_received = self._clock()
         if self._head is not None:
             self._head += data[:64]
             other = other_protocol(self._head, self._connection.address or "the server")
@@ -153,6 +155,9 @@ class Connection:
         self.on_unsolicited_error: Callable[[HeadwaterError], None] = self._log_error
         self.on_lost: Callable[[ConnectionLost], None] | None = None
         self.principal: str | None = None  # as the handshake named it ("" if auth is off)
+        # loop time of the last bytes read: a consumer's leg that heard nothing for a while
+        # asks whether its broker is frozen (consumer_legs.ClusterLegs._watch_loop)
+        self.last_received = self._loop.time()
 
     @classmethod
     async def open(

@@ -115,7 +115,9 @@ class ClusterMixin:
         """Seconds a request to a partition's owner may stay unanswered before the client asks
         the other brokers whether the partition moved (default 1: half the cluster's default
         2 s lease; a frozen owner's partitions are resent to their new owner once it has them,
-        not after the request timeout). An owner the cluster still names keeps its requests."""
+        not after the request timeout). A consumer's leg at a broker that sent nothing for as
+        long, and leaves a cheap request unanswered as long, is checked the same way and moved
+        to the new owner. An owner the cluster still names keeps its requests and its legs."""
         return self._router.table.owner_check
 
     @owner_check.setter

@@ -13,7 +13,11 @@ A leg that ends for a reason a new owner can cure (its connection lost, the brok
 NOT_OWNER) is dropped once its buffered messages are taken, and the topic looked up again, after
 the router's backoff while a partition has no owner; so is the topic every `metadata_refresh`
 seconds while the consumer is open. Any owner without a live leg then gets one. What was
-delivered and not acknowledged on a lost leg is redelivered by the new owner: at-least-once. Any
+delivered and not acknowledged on a lost leg is redelivered by the new owner: at-least-once. A
+leg at a broker that sends nothing (frozen: its connection stays open) is checked after the
+routing table's `owner_check` (`_watch_loop`, `_check_leg`) and dropped once the other brokers
+name another owner, or none, for its partitions (`_drop`), as the producer's sender abandons a
+frozen owner's connection (sender.py `_probe`). Any
 other end (the topic or subscription deleted, a refusal) ends the consumer with that error. A
 partition left without a live leg for the router's backoff timeout (`LookupBackoff.timeout`, 30 s:
 no owner, or an owner that cannot be reached) ends the consumer too, with NotOwner or
@@ -28,9 +32,11 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING
 
 from headwater.client.consumer import Consumer
+from headwater.wire import messages as m
 from headwater.wire.errors import (
     ConnectionClosed,
     ConnectionLost,
@@ -66,6 +72,8 @@ class ClusterLegs:
         self.ready = asyncio.Event()
         self._syncing: asyncio.Task[None] | None = None
         self._refresher: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._checking: dict[tuple[str, int], asyncio.Task[None]] = {}  # legs gone silent
         self._sync_lock = asyncio.Lock()  # one placement at a time: never two legs per broker
         self.bootstrap = router.table.bootstrap.address
         self.legs[self.bootstrap] = consumer
@@ -76,7 +84,9 @@ class ClusterLegs:
         """Subscribe at every current owner (a refusal is raised), then keep watching."""
         if not await self._sync(raise_errors=True):
             self._resync()
-        self._refresher = _watched(asyncio.get_running_loop().create_task(self._refresh_loop()))
+        loop = asyncio.get_running_loop()
+        self._refresher = _watched(loop.create_task(self._refresh_loop()))
+        self._watcher = _watched(loop.create_task(self._watch_loop()))
 
     # Legs
 
@@ -241,6 +251,99 @@ class ClusterLegs:
             if not await self._sync():
                 self._resync()
 
+    # Silent brokers: frozen owners
+
+    async def _watch_loop(self) -> None:
+        """Every half `owner_check`: a leg whose connection read nothing for `owner_check`
+        seconds (no delivery, no answer) is checked (`_check_leg`)."""
+        loop = asyncio.get_running_loop()
+        while self.consumer._error is None:
+            check = self._router.table.owner_check
+            await asyncio.sleep(check / 2)
+            now = loop.time()
+            for key, leg in list(self.legs.items()):
+                if (
+                    key not in self._checking
+                    and self._alive(leg)
+                    and now - leg._connection.last_received >= check
+                ):
+                    task = _watched(loop.create_task(self._check_leg(key, leg)))
+                    self._checking[key] = task
+                    task.add_done_callback(partial(self._checked, key))
+
+    def _checked(self, key: tuple[str, int], task: asyncio.Task[None]) -> None:
+        if self._checking.get(key) is task:
+            del self._checking[key]
+
+    async def _check_leg(self, key: tuple[str, int], leg: Consumer) -> None:
+        """The leg's broker sent nothing for `owner_check` seconds. Answering a cheap request
+        (API_VERSIONS) within `owner_check`, it is only idle. Otherwise it may be frozen (SIGSTOP,
+        a long pause), which its open connection does not tell: as the producer's sender does
+        for an unanswered batch, ask the other brokers (`Router.moved`) every
+        `LookupBackoff.maximum` while it stays silent; once they name another owner, or none,
+        for every partition the leg had there, drop the leg (`_drop`) and place one at the new
+        owners. An owner the cluster still names keeps its leg, however long it is silent."""
+        loop = asyncio.get_running_loop()
+        connection = leg._connection
+        asked = loop.time()
+        try:
+            await connection.request(m.ApiVersionsRequest(), self._router.table.owner_check)
+            return
+        except RequestTimeout:
+            pass
+        except HeadwaterError:
+            return  # the connection ended: the leg's own end follows
+        topic, table = self.consumer.topic, self._router.table
+        held = self._held_at(key)  # may be none already: the producer's check looked it up
+        owner = next((b for b in table.brokers.values() if self._key(b) == key), None)
+        silent = key if owner is None else owner.address
+        while self.legs.get(key) is leg and self._alive(leg) and connection.last_received < asked:
+            try:
+                await self._router.moved(topic, held[0] if held else 0, silent)
+            except HeadwaterError as exc:  # no other broker answered: again shortly
+                logger.debug("check of %s:%s through other brokers failed: %s", *silent, exc)
+            else:
+                if not self._held_at(key):
+                    if self._alive(leg) and connection.last_received < asked:
+                        self._drop(leg, silent, held)
+                        if not await self._sync():
+                            self._resync()
+                    return
+            await asyncio.sleep(self._router.backoff.maximum)
+
+    def _held_at(self, key: tuple[str, int]) -> list[int]:
+        """The partitions of the topic the routing table names the broker at `key` for."""
+        owners = self._router.table.owners(self.consumer.topic).items()
+        return [p for p, o in owners if o is not None and self._key(o) == key]
+
+    def _drop(self, leg: Consumer, owner: tuple[str, int], partitions: list[int]) -> None:
+        """Give the leg at a silent broker up: the cluster names it owner of none of the topic's
+        partitions now. Its subscription there is detached (its UNSUBSCRIBE waits in the
+        socket, for the broker to read if it wakes); what it delivered and was not acknowledged
+        is redelivered by the new owner: at-least-once, as on a lost leg."""
+        silent = asyncio.get_running_loop().time() - leg._connection.last_received
+        held = f"partitions {partitions}" if partitions else "its partitions"
+        logger.warning(
+            "consumer of %s: %s:%s silent for %.1fs and %s moved; leaving it",
+            self.consumer.topic,
+            *owner,
+            silent,
+            held,
+        )
+        error = ConnectionLost(
+            f"{owner[0]}:{owner[1]} answered nothing for {silent:.1f}s and the cluster names "
+            f"another owner of {held}"
+        )
+        connection = leg._connection
+        if leg.consumer_id >= 0 and connection.consumers.get(leg.consumer_id) is leg:
+            del connection.consumers[leg.consumer_id]
+            with contextlib.suppress(HeadwaterError):
+                connection.send_nowait(m.UnsubscribeRequest(leg.consumer_id))
+        if leg is self.consumer:
+            leg.on_closed(error)  # suspended; placed again wherever the cluster says
+        else:
+            leg._end(error)
+
     # Taking messages: from the legs in turn
 
     def _next_leg(self) -> Consumer | None:
@@ -277,7 +380,7 @@ class ClusterLegs:
 
     def stop(self, error: HeadwaterError) -> None:
         """The consumer ended: so does every other leg, and the watching."""
-        for task in (self._refresher, self._syncing):
+        for task in (self._refresher, self._syncing, self._watcher, *self._checking.values()):
             if task is not None and task is not asyncio.current_task():
                 task.cancel()
         self.ready.set()
