@@ -204,7 +204,7 @@ def test_small_runs_write_deltas_that_read_like_one_full_fold(spark: Any, tmp_pa
     with BlockingStore(spec) as store:
         assert apply_retention(store, ("t",), retention=0) > 0
         left = sorted(i.key for i in store.list("snapshots/t/0/"))
-    assert left[-1] == f"snapshots/t/0/manifest-{offset:020d}.json"
+    assert left[-1] == f"snapshots/t/0/_manifest-{offset:020d}.json"
     assert left[:-1] and all(k.startswith(f"snapshots/t/0/{offset:020d}/part-") for k in left[:-1])
     assert snapshot(spec, "t", 0) == (offset, python_fold([e for h in histories for e in h[0]]))
 
@@ -294,7 +294,7 @@ def test_run_killed_before_its_manifest_is_invisible_and_rerun_is_identical(
     after = _store_files(spec)
     assert {k: after[k] for k in crashed} == crashed  # the same files, byte for byte
     committed = {k: Manifest.decode(k, v) for k, v in after.items() if k not in crashed}
-    assert sorted(committed) == [f"snapshots/t/{p}/manifest-{1200:020d}.json" for p in range(3)]
+    assert sorted(committed) == [f"snapshots/t/{p}/_manifest-{1200:020d}.json" for p in range(3)]
     for manifest in committed.values():  # the manifests the killed run would have written
         expected = manifests[(manifest.topic, manifest.partition)]
         assert expected is not None

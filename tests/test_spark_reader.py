@@ -134,6 +134,7 @@ def test_listing_finds_only_segment_objects(tmp_path: Path) -> None:
             "a/0/123.log",
             "snapshots/a/0/00000000000000000010/part-00000.parquet",
             "snapshots/a/0/manifest-00000000000000000010.json",
+            "snapshots/a/0/_manifest-00000000000000000010.json",
         ):
             store.put(key, b"not a segment")
         every = [(s.topic, s.partition, s.base_offset) for s in list_segments(store)]

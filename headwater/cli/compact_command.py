@@ -7,7 +7,8 @@ Progress goes to stderr, and only when stderr is a terminal; the summary goes to
 or (`--format json`) one JSON object per run.
 
 Exit status: 0 when every run succeeded (corrupt batches are skipped, counted and reported on
-stderr; they do not fail a run), 1 when a run failed, 2 for bad usage or configuration. With
+stderr; they do not fail a run), 1 when a run failed (a `--topic` with nothing in the object
+store fails it), 2 for bad usage or configuration. With
 `--every`, a failed run is reported and the schedule goes on; the status is that of the last run.
 """
 
@@ -113,8 +114,8 @@ def _settings(args: argparse.Namespace) -> Any:
         except InvalidTopicName as exc:
             raise UsageError(str(exc)) from None
     retention = parse_duration(args.retention)
-    if not 0 <= args.delta_ratio <= 1e6:  # NaN fails both
-        raise UsageError(f"--delta-ratio takes a fraction of 0 or more, not {args.delta_ratio}")
+    if not 0 <= args.delta_ratio <= 1:  # NaN fails both
+        raise UsageError(f"--delta-ratio takes a fraction from 0 to 1, not {args.delta_ratio}")
     return CompactionSettings(spec, tuple(args.topic), retention, delta_ratio=args.delta_ratio)
 
 

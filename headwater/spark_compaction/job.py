@@ -32,6 +32,7 @@ from headwater.spark_compaction.manifest import (
     data_prefix,
     manifest_horizons,
     manifest_key,
+    manifest_keys,
     now_iso,
     partition_prefix,
     retention_plan,
@@ -44,6 +45,10 @@ from headwater.spark_compaction.writer import ROWS_PER_FILE, expected_files
 from headwater.wire.errors import StorageError
 
 Progress = Callable[[str], None]
+
+
+class UnknownTopic(ValueError):
+    """A topic named in `CompactionSettings.topics` has no object in the store at all."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,10 +125,10 @@ class Summary:
 
 
 def read_newest_manifest(store: BlockingStore, topic: str, partition: int) -> Manifest | None:
-    horizons = manifest_horizons(store.list(partition_prefix(topic, partition)))
-    if not horizons:
+    keys = manifest_keys(store.list(partition_prefix(topic, partition)))
+    if not keys:
         return None
-    key = manifest_key(topic, partition, horizons[-1])
+    key = keys[max(keys)]
     return Manifest.decode(key, store.get(key))
 
 
@@ -131,6 +136,13 @@ def plan(store: BlockingStore, settings: CompactionSettings) -> list[PartitionPl
     by_partition: dict[tuple[str, int], list[SegmentObject]] = {}
     for segment in list_segments(store, settings.topics):
         by_partition.setdefault((segment.topic, segment.partition), []).append(segment)
+    seen = {topic for topic, _ in by_partition}
+    for topic in sorted(set(settings.topics) - seen):  # a typo would otherwise do nothing, quietly
+        if not store.list(f"{topic}/") and not store.list(f"{ROOT}/{topic}/"):
+            raise UnknownTopic(
+                f"topic {topic!r} has nothing in the object store {settings.store.describe()}: "
+                "no such topic, or none of its segments uploaded yet"
+            )
     plans = []
     for (topic, partition), segments in sorted(by_partition.items()):
         previous = read_newest_manifest(store, topic, partition)
@@ -330,13 +342,10 @@ def apply_retention(
                 by_partition.setdefault((parts[1], int(parts[2])), []).append(info)
     removed = 0
     for (topic, partition), listing in sorted(by_partition.items()):
-        horizons = manifest_horizons(listing)
-        if len(horizons) < 2 and len(listing) == len(horizons):
+        keys = manifest_keys(listing)
+        if len(keys) < 2 and len(listing) == len(keys):
             continue  # one snapshot and nothing else: nothing can expire
-        manifests = {}
-        for horizon in horizons:
-            key = manifest_key(topic, partition, horizon)
-            manifests[horizon] = Manifest.decode(key, store.get(key))
+        manifests = {horizon: Manifest.decode(key, store.get(key)) for horizon, key in keys.items()}
         doomed = retention_plan(topic, partition, listing, manifests, retention, now)
         for key in [*doomed.manifests, *doomed.files]:
             store.delete(key)

@@ -3,7 +3,10 @@
 Layout, per topic and partition, all under the object store's root or prefix:
 
     snapshots/<topic>/<partition>/<horizon, 20 digits>/part-00000.parquet, part-00001.parquet, ...
-    snapshots/<topic>/<partition>/manifest-<horizon, 20 digits>.json
+    snapshots/<topic>/<partition>/_manifest-<horizon, 20 digits>.json
+
+(`manifest-<horizon>.json` before the leading `_`, which makes Parquet readers of the directory
+skip it; such manifests are still read and expire like the others.)
 
 The horizon is the offset after the last record folded in: the snapshot holds, for every live key,
 the newest record below it. Data files are written first, under a path that depends only on the
@@ -38,8 +41,10 @@ from headwater.storage.snapshots import (
     SnapshotFile,
     data_key,
     data_prefix,
+    legacy_manifest_key,
     manifest_horizons,
     manifest_key,
+    manifest_keys,
     now_iso,
     parse_manifest_key,
     partition_prefix,
@@ -55,8 +60,10 @@ __all__ = [
     "data_directories",
     "data_key",
     "data_prefix",
+    "legacy_manifest_key",
     "manifest_horizons",
     "manifest_key",
+    "manifest_keys",
     "now_iso",
     "parse_manifest_key",
     "partition_prefix",
@@ -89,7 +96,8 @@ def retention_plan(
     now: float,
 ) -> RetentionPlan:
     """What to remove from one partition; `manifests` holds each of its manifests by horizon."""
-    horizons = manifest_horizons(listing)
+    keys = manifest_keys(listing)
+    horizons = sorted(keys)
     if not horizons:
         return RetentionPlan([], [])
     newest = horizons[-1]
@@ -103,6 +111,6 @@ def retention_plan(
     if manifests[newest].created_at_seconds + retention <= now:
         doomed.extend(h for h in directories if h < newest and h not in horizons)
     return RetentionPlan(
-        [manifest_key(topic, partition, h) for h in doomed if h in horizons],
+        [keys[h] for h in doomed if h in keys],
         sorted(key for h in doomed if h not in in_use for key in directories.get(h, [])),
     )

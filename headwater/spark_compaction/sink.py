@@ -30,13 +30,24 @@ only the driver's `commit`, called after every task succeeded, knows which attem
 `commit=task` a retried task duplicates what its failed attempt produced (at least once), and with
 `commit=driver` it cannot (exactly once), at the price of every row passing through the driver's
 one producer and a staging directory that executors and the driver share (local masters: any
-local directory). What is left: a driver that dies while it produces a commit (a streaming query
-runs that micro-batch again, and produces its rows again). The producer identity cannot be
-carried over to a retry instead: INIT_PRODUCER_ID hands out a new id on each call, with no name to
-find an old one by, and even with the old id the server remembers only the last 32 batches per
-producer and partition (durables/producers.py), while a replay would have to cut the same rows, in
-the same order (which Spark does not promise after a shuffle), into the same batches. Map writes
-are exact in effect either way: a replayed set or delete leaves the same last value.
+local directory).
+
+A streaming query's micro-batch is written once per query id and batch id: Spark logs the batch
+as committed only after `commit(messages, batchId)` returned, so a stop or a crash in between
+makes the restarted query run the batch again with the same id. Once every record of batch N is
+acknowledged, the driver's commit sets the query's marker (key `<topic>/<query id>` of the map on
+the `commitTopic` option's topic) to N, and a batch at or below the marker is skipped (by the
+driver, and with `commit=task` by each task, which reads it first). The query id comes from the
+tasks' local property (`sql.streaming.queryId`), carried to the driver in their commit messages.
+What is left: a driver that dies after some of a batch's records are acknowledged and before the
+marker is written (that batch is written again); only transactions (issue 38) close it.
+
+A retried task's producer identity cannot be carried over from its failed attempt instead:
+INIT_PRODUCER_ID hands out a new id on each call, with no name to find an old one by, and even
+with the old id the server remembers only the last 32 batches per producer and partition
+(durables/producers.py), while a replay would have to cut the same rows, in the same order (which
+Spark does not promise after a shuffle), into the same batches. Map writes are exact in effect
+either way: a replayed set or delete leaves the same last value.
 
 This module imports pyspark; only Spark's Python workers and the compaction job import it.
 """
@@ -74,8 +85,9 @@ from pyspark.sql.types import (
 from headwater.client.client import Client
 from headwater.client.producer_config import AtLeastOnce, ProducerConfig, RetryPolicy
 from headwater.spark_compaction.stream import Endpoint, TopicStreamSource, lowered, number
-from headwater.wire.errors import InvalidRequest
+from headwater.wire.errors import InvalidRequest, InvalidTopicName, UnknownTopic
 from headwater.wire.limits import MAX_MAP_KEYS
+from headwater.wire.names import check_topic_name
 from headwater.wire.records import Compression
 
 MODES: Final = ("append", "map")
@@ -87,6 +99,8 @@ MAP_REQUEST_BYTES: Final = 1024 * 1024  # a MAP_SET carries at most this much (a
 # queue bounds memory; this bounds the futures the task holds on to)
 OUTSTANDING_CALLS: Final = 64
 BATCH_ID: Final = "streaming.sql.batchId"  # the local property Spark gives a micro-batch's tasks
+QUERY_ID: Final = "sql.streaming.queryId"  # the query's id, kept in its checkpoint across restarts
+DEFAULT_COMMIT_TOPIC: Final = "headwater-sink-commits"
 
 
 class SinkSettings(Endpoint):
@@ -116,6 +130,11 @@ class SinkSettings(Endpoint):
             options, "deliverytimeoutms", "deliveryTimeoutMs", DEFAULT_DELIVERY_TIMEOUT_MS, 1
         )
         self.delivery_timeout = timeout / 1000
+        self.commit_topic = options.get("committopic") or DEFAULT_COMMIT_TOPIC
+        try:
+            check_topic_name(self.commit_topic)
+        except InvalidTopicName as exc:
+            raise InvalidRequest(f"commitTopic: {exc}") from None
 
     def producer_config(self) -> ProducerConfig:
         # idempotent: the producer's own resends never duplicate; a retry budget long enough to
@@ -166,9 +185,11 @@ def _headers_type(kind: DataType) -> bool:
 
 @dataclass(frozen=True)
 class SinkCommit(WriterCommitMessage):
-    """What one task wrote: its rows (records produced, or map writes)."""
+    """What one task wrote: its rows (records produced, or map writes); in a streaming query,
+    the query's id (a task's local property: the driver's commit has no other way to it)."""
 
     rows: int
+    query: str | None = None
 
 
 class Rows:
@@ -207,6 +228,7 @@ class Staged(WriterCommitMessage):
 
     path: str | None
     rows: int
+    query: str | None = None
 
 
 def write_task(settings: SinkSettings, batches: Iterator[pa.RecordBatch]) -> SinkCommit:
@@ -254,6 +276,85 @@ def commit_staged(settings: SinkSettings, messages: Sequence[WriterCommitMessage
     return asyncio.run(_produce(settings, staged_batches(messages)))
 
 
+def query_of(messages: Sequence[WriterCommitMessage | None]) -> str | None:
+    """The streaming query's id, as the micro-batch's tasks found it (None: not known)."""
+    for message in messages:
+        query = getattr(message, "query", None)
+        if isinstance(query, str) and query:
+            return query
+    return None
+
+
+def marker_key(settings: SinkSettings, query: str) -> bytes:
+    """The key of a query's marker in the commit topic's map: sink topic and query id."""
+    return f"{settings.topic}/{query}".encode()
+
+
+async def written_batch(client: Client, settings: SinkSettings, query: str) -> int | None:
+    """The highest batch id the query's marker says was written to the topic, if any."""
+    entry = await client.map(settings.commit_topic).get(marker_key(settings, query))
+    return None if entry is None else int(entry.value)
+
+
+def batch_written(settings: SinkSettings, query: str, batch_id: int) -> bool:
+    """Whether the query's marker says its micro-batch `batch_id` is in the topic already."""
+
+    async def check() -> bool:
+        async with await settings.connect() as client:
+            written = await written_batch(client, settings, query)
+            return written is not None and batch_id <= written
+
+    return asyncio.run(check())
+
+
+def commit_batch(
+    settings: SinkSettings, messages: Sequence[WriterCommitMessage | None], batch_id: int
+) -> int | None:
+    """A micro-batch's commit on the driver (append mode): unless the query's marker says the
+    batch is in the topic already, produce what the tasks staged (`commit=driver`), then, once
+    the server acknowledged every record, set the marker to `batch_id`. Returns the rows
+    produced, or None when the batch was skipped as written already."""
+    query = query_of(messages)
+
+    async def commit() -> int | None:
+        async with await settings.connect() as client:
+            if query is not None:
+                written = await written_batch(client, settings, query)
+                if written is not None and batch_id <= written:
+                    return None  # a replay of a batch whose commit Spark did not log
+            rows = 0
+            if settings.commit == "driver":
+                rows = await _produce_on(client, settings, staged_batches(messages))
+            if query is not None:
+                await client.map(settings.commit_topic).set(
+                    marker_key(settings, query), str(batch_id).encode()
+                )
+            return rows
+
+    return asyncio.run(commit())
+
+
+def check_topics(settings: SinkSettings, streaming: bool) -> None:
+    """On the driver, before any task runs: the sink's topic exists (otherwise every task would
+    stage or produce its rows first and the write fail only then), and a streaming append's
+    commit topic exists (created, one partition with last-value state, when it does not)."""
+
+    async def check() -> None:
+        async with await settings.connect() as client:
+            try:
+                await client.describe_topic(settings.topic)
+            except UnknownTopic:
+                raise InvalidRequest(
+                    f"the headwater sink's topic {settings.topic!r} does not exist: create it first"
+                ) from None
+            if streaming and settings.mode == "append":
+                await client.create_topic(
+                    settings.commit_topic, configs={"last.value": "true"}, exist_ok=True
+                )
+
+    asyncio.run(check())
+
+
 def remove_staged(messages: Sequence[WriterCommitMessage | None]) -> None:
     """Remove the directories the messages' files are in (the write's, or the micro-batch's:
     failed attempts' files too), then a query run's directory once it is empty. By the
@@ -271,25 +372,31 @@ def remove_staged(messages: Sequence[WriterCommitMessage | None]) -> None:
 
 async def _produce(settings: SinkSettings, batches: Iterator[pa.RecordBatch]) -> int:
     async with await settings.connect() as client:
-        producer = client.producer(settings.topic, settings.producer_config())
-        pending: list[Any] = []
-        rows = 0
-        try:
-            for batch in batches:
-                for call in await _send(producer, Rows(batch)):
-                    pending.append(call)
-                    if len(pending) > OUTSTANDING_CALLS:  # the oldest is likely answered already
-                        await pending.pop(0)
-                rows += batch.num_rows
-                # the next batch is waited for outside the event loop (Spark's iterator blocks):
-                # give the producer's sender its turn to write what is queued first
-                await asyncio.sleep(0)
-            for call in pending:
-                await call  # raises the first failed produce
-            await producer.flush()
-        finally:
-            await producer.close()
-        return rows
+        return await _produce_on(client, settings, batches)
+
+
+async def _produce_on(
+    client: Client, settings: SinkSettings, batches: Iterator[pa.RecordBatch]
+) -> int:
+    producer = client.producer(settings.topic, settings.producer_config())
+    pending: list[Any] = []
+    rows = 0
+    try:
+        for batch in batches:
+            for call in await _send(producer, Rows(batch)):
+                pending.append(call)
+                if len(pending) > OUTSTANDING_CALLS:  # the oldest is likely answered already
+                    await pending.pop(0)
+            rows += batch.num_rows
+            # the next batch is waited for outside the event loop (Spark's iterator blocks):
+            # give the producer's sender its turn to write what is queued first
+            await asyncio.sleep(0)
+        for call in pending:
+            await call  # raises the first failed produce
+        await producer.flush()
+    finally:
+        await producer.close()
+    return rows
 
 
 async def _send(producer: Any, rows: Rows) -> list[Any]:
@@ -381,18 +488,28 @@ class TopicStreamWriter(DataSourceStreamArrowWriter):
         self.staging = staging
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
-        if self.staging is None:
-            return write_task(self.settings, iterator)
         from pyspark import TaskContext
 
         context = TaskContext.get()
         batch = None if context is None else context.getLocalProperty(BATCH_ID)
-        return stage_task(str(Path(self.staging) / f"batch-{batch}"), iterator)
+        query = None if context is None else context.getLocalProperty(QUERY_ID)
+        if self.staging is None:
+            if (
+                self.settings.mode == "append"
+                and query is not None
+                and batch is not None
+                and batch_written(self.settings, query, int(batch))
+            ):
+                return SinkCommit(0, query)  # commit=task: a replay of a batch written already
+            written = write_task(self.settings, iterator)
+            return SinkCommit(written.rows, query)
+        staged = stage_task(str(Path(self.staging) / f"batch-{batch}"), iterator)
+        return Staged(staged.path, staged.rows, query)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         try:
-            if self.staging is not None:
-                commit_staged(self.settings, messages)
+            if self.settings.mode == "append":
+                commit_batch(self.settings, messages, batchId)
         finally:
             remove_staged(messages)
 
@@ -408,11 +525,13 @@ class HeadwaterDataSource(TopicStreamSource):
         if overwrite:
             raise InvalidRequest("a topic cannot be overwritten: write with mode('append')")
         check_schema(schema, settings.mode)
+        check_topics(settings, streaming=False)
         return TopicWriter(settings, _staging(settings))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         settings = SinkSettings(dict(self.options))
         check_schema(schema, settings.mode)
+        check_topics(settings, streaming=True)
         return TopicStreamWriter(settings, _staging(settings))
 
 

@@ -58,6 +58,7 @@ from headwater.spark_compaction.wal_segments import (
     list_segments,
 )
 from headwater.spark_compaction.writer import ROWS_PER_FILE, write_snapshot_files
+from headwater.wire.errors import InvalidRequest
 
 DEFAULT_GROUP_BYTES = 64 * 1024 * 1024
 
@@ -86,6 +87,18 @@ SNAPSHOT_READ_SCHEMA = pa.schema(
 )
 
 
+def store_option(options: dict[str, str], source: str) -> StoreSpec:
+    """The `store` option every `headwater_wal`/`headwater_snapshot` read and write needs, with an
+    error naming it (Spark's own errors would say only `KeyError: 'store'`)."""
+    text = options.get("store")
+    if not text:
+        raise InvalidRequest(
+            f"{source} needs the option store: the object store, as StoreSpec.to_json() "
+            '(e.g. {"backend": "local", "path": "/var/lib/headwater/objects"})'
+        )
+    return StoreSpec.from_json(text)
+
+
 class SegmentGroup(InputPartition):
     def __init__(self, segments: Sequence[SegmentObject], from_offset: int) -> None:
         super().__init__(tuple(segments))
@@ -95,7 +108,7 @@ class SegmentGroup(InputPartition):
 
 class WalReader(DataSourceReader):
     def __init__(self, options: dict[str, str]) -> None:
-        self.spec = StoreSpec.from_json(options["store"])
+        self.spec = store_option(options, "headwater_wal")
         self.topics = [t for t in options.get("topics", "").split(",") if t]
         pinned = options.get("segments")
         self.pinned = None
@@ -153,7 +166,7 @@ class WalDataSource(DataSource):
 
 class SnapshotReader(DataSourceReader):
     def __init__(self, options: dict[str, str]) -> None:
-        self.spec = StoreSpec.from_json(options["store"])
+        self.spec = store_option(options, "headwater_snapshot")
         files = options.get("files")
         self.files = None if files is None else [SnapshotFile(*f) for f in json.loads(files)]
         self.topics = [t for t in options.get("topics", "").split(",") if t]
@@ -181,7 +194,7 @@ class SnapshotReader(DataSourceReader):
 
 class SnapshotWriterTask(DataSourceArrowWriter):
     def __init__(self, options: dict[str, str]) -> None:
-        self.spec = StoreSpec.from_json(options["store"])
+        self.spec = store_option(options, "headwater_snapshot")
         self.horizons = {
             (topic, int(partition)): horizon
             for name, horizon in json.loads(options["horizons"]).items()

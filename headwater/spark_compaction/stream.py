@@ -23,7 +23,15 @@ Options (strings, as Spark passes them): `server`, `topic`, `startingOffsets` (`
 `latest`, or JSON `{"0": 42, "1": -2}` with -2 for earliest and -1 for latest; partitions left out
 start at earliest), `maxRecordsPerTrigger`, `token`, `tls` (`true`), `tls.ca`, `tls.cert`,
 `tls.key`, `tls.serverHostname`, `fetchMaxBytes` (default 1 MiB), `readTimeoutMs` (default
-120000). docs/COMPACTION.md has the table.
+120000), `maxRetries` (default 20), `retryBackoffMs` (default 100), `retryMaxBackoffMs` (default
+5000). docs/COMPACTION.md has the table.
+
+Riding through a server restart: the driver's DESCRIBE (`initialOffset`, `latestOffset`) and a
+task's FETCH loop retry an error the server or the network may get over (`retriable`: a refused
+or lost connection, a server shutting down, a storage error) on a new connection, waiting
+`retryBackoffMs`, doubling up to `retryMaxBackoffMs`, at most `maxRetries` times in a row; a task
+resumes at the offset after the last record it fetched, so nothing is read twice or skipped. Only
+when the retries run out does the query fail, with the last error.
 
 This module imports pyspark; only Spark's Python workers and the compaction job import it.
 """
@@ -31,7 +39,9 @@ This module imports pyspark; only Spark's Python workers and the compaction job 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import time
 from collections.abc import Awaitable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -49,7 +59,7 @@ from headwater.client.client import Client, connect
 from headwater.client.credentials import Tls, TlsOption
 from headwater.spark_compaction.schema import STREAM_DDL, STREAM_SCHEMA
 from headwater.spark_compaction.wal_segments import ROWS_PER_BATCH, Row, records_batch, row
-from headwater.wire.errors import InvalidRequest, RequestTimeout
+from headwater.wire.errors import HeadwaterError, InvalidRequest, RequestTimeout
 from headwater.wire.limits import MAX_FETCH_WAIT_MS
 
 T = TypeVar("T")
@@ -58,6 +68,9 @@ Offsets = dict[str, int]
 EARLIEST, LATEST = -2, -1  # in startingOffsets JSON, as Spark's Kafka source spells them
 DEFAULT_FETCH_BYTES = 1024 * 1024
 DEFAULT_READ_TIMEOUT_MS = 120_000
+DEFAULT_MAX_RETRIES = 20  # with the backoffs below: about 80 s of a server away before failing
+DEFAULT_RETRY_BACKOFF_MS = 100
+DEFAULT_RETRY_MAX_BACKOFF_MS = 5_000
 POLL_MS = 5_000  # one long poll's wait while a task's range is not readable yet
 
 
@@ -118,15 +131,42 @@ class Settings(Endpoint):
         self.fetch_bytes = number(options, "fetchmaxbytes", "fetchMaxBytes", DEFAULT_FETCH_BYTES, 1)
         timeout = number(options, "readtimeoutms", "readTimeoutMs", DEFAULT_READ_TIMEOUT_MS, 1)
         self.read_timeout = timeout / 1000
+        self.max_retries = number(options, "maxretries", "maxRetries", DEFAULT_MAX_RETRIES, 0)
+        backoff = number(options, "retrybackoffms", "retryBackoffMs", DEFAULT_RETRY_BACKOFF_MS, 1)
+        most = number(
+            options, "retrymaxbackoffms", "retryMaxBackoffMs", DEFAULT_RETRY_MAX_BACKOFF_MS, 1
+        )
+        self.backoff = backoff / 1000
+        self.max_backoff = max(most, backoff) / 1000
+
+    def delay(self, failures: int) -> float:
+        """Seconds to wait before retry number `failures` (1, 2, ...)."""
+        return float(min(self.max_backoff, self.backoff * 2 ** min(failures - 1, 30)))
+
+
+def retrying(error: BaseException) -> bool:
+    """Whether a failed DESCRIBE or FETCH is worth another try on a new connection."""
+    return isinstance(error, HeadwaterError) and error.retriable
 
 
 def _run(settings: Endpoint, work: Any) -> Any:
     """`work(client)` on a connection of its own, in an event loop of its own (Spark calls the
-    reader from plain threads and processes)."""
+    reader from plain threads and processes); the source's settings retry it, on a new
+    connection each time, while it fails with a retriable error."""
 
     async def run() -> Any:
-        async with await settings.connect() as client:
-            return await work(client)
+        failures = 0
+        while True:
+            try:
+                async with await settings.connect() as client:
+                    return await work(client)
+            except HeadwaterError as exc:
+                failures += 1
+                if not isinstance(settings, Settings) or not retrying(exc):
+                    raise
+                if failures > settings.max_retries:
+                    raise
+                await asyncio.sleep(settings.delay(failures))
 
     return asyncio.run(run())
 
@@ -249,14 +289,28 @@ def read_range(
         return loop.run_until_complete(work)
 
     try:
-        client = wait(settings.connect())
         offset, rows = start, list[Row]()
         deadline = loop.time() + settings.read_timeout
         max_wait = min(POLL_MS, MAX_FETCH_WAIT_MS) / 1000
+        failures = 0
         while offset < end:  # each round moves on, or waits a poll; the deadline ends it
-            fetched = wait(
-                client.fetch(settings.topic, partition, offset, settings.fetch_bytes, max_wait)
-            )
+            try:
+                if client is None:
+                    client = wait(settings.connect())
+                fetched = wait(
+                    client.fetch(settings.topic, partition, offset, settings.fetch_bytes, max_wait)
+                )
+            except HeadwaterError as exc:  # a server restarting: again from `offset`, on a new
+                failures += 1  # connection, after a backoff
+                if not retrying(exc) or failures > settings.max_retries:
+                    raise
+                if client is not None:
+                    with contextlib.suppress(Exception):
+                        wait(client.close())
+                    client = None
+                time.sleep(settings.delay(failures))
+                continue
+            failures = 0
             found: list[Row] = fetched.records(row)
             if not found and fetched.next_offset <= offset:
                 if loop.time() > deadline:

@@ -6,7 +6,12 @@ imports the job's package (nor pyspark). Layout, per topic and partition:
 
     snapshots/<topic>/<partition>/<horizon, 20 digits>/part-00000.parquet, part-00001.parquet, ...
     snapshots/<topic>/<partition>/<horizon, 20 digits>/delta-00000.parquet, ...
-    snapshots/<topic>/<partition>/manifest-<horizon, 20 digits>.json
+    snapshots/<topic>/<partition>/_manifest-<horizon, 20 digits>.json
+
+The manifest's name starts with `_` so that Parquet readers pointed at a partition's directory
+(`spark.read.parquet(dir, recursiveFileLookup=True)`, `pyarrow.dataset`) skip it, as they skip
+`_SUCCESS` and `_delta_log`; snapshots written before that are named `manifest-<horizon>.json`
+and are still found and read (`read_manifest` falls back to the old name).
 
 The horizon is the offset after the last record folded in: the snapshot holds, for every live key,
 the newest record below it. The manifest is written last with a conditional put: it is the commit.
@@ -40,7 +45,7 @@ from typing import TYPE_CHECKING, Final
 import structlog
 
 from headwater.storage.objectstore import ObjectInfo, ObjectStore
-from headwater.wire.errors import StorageError
+from headwater.wire.errors import ObjectNotFound, StorageError
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -55,7 +60,8 @@ LAYERED_SCHEMA_VERSION: Final = 2
 
 log = structlog.get_logger(__name__)
 
-_MANIFEST_PREFIX = "manifest-"
+_MANIFEST_PREFIX = "_manifest-"
+_LEGACY_MANIFEST_PREFIX = "manifest-"  # before the leading `_`: still read, never written
 _MANIFEST_SUFFIX = ".json"
 
 
@@ -194,12 +200,34 @@ def now_iso(now: float | None = None) -> str:
     return moment.isoformat(timespec="milliseconds")
 
 
+def legacy_manifest_key(topic: str, partition: int, horizon: int) -> str:
+    """A manifest's name before manifests started with `_` (still read, never written)."""
+    name = f"{_LEGACY_MANIFEST_PREFIX}{horizon:020d}{_MANIFEST_SUFFIX}"
+    return f"{partition_prefix(topic, partition)}{name}"
+
+
 def parse_manifest_key(key: str) -> int | None:
     name = key.rsplit("/", 1)[-1]
-    if not (name.startswith(_MANIFEST_PREFIX) and name.endswith(_MANIFEST_SUFFIX)):
+    if not name.endswith(_MANIFEST_SUFFIX):
         return None
-    digits = name[len(_MANIFEST_PREFIX) : -len(_MANIFEST_SUFFIX)]
-    return int(digits) if len(digits) == 20 and digits.isdigit() else None
+    for prefix in (_MANIFEST_PREFIX, _LEGACY_MANIFEST_PREFIX):
+        if name.startswith(prefix):
+            digits = name[len(prefix) : -len(_MANIFEST_SUFFIX)]
+            return int(digits) if len(digits) == 20 and digits.isdigit() else None
+    return None
+
+
+def manifest_keys(listing: Sequence[ObjectInfo]) -> dict[int, str]:
+    """The key of each manifest in a partition's listing, by horizon (the current name when a
+    horizon has both)."""
+    found: dict[int, str] = {}
+    for info in listing:
+        horizon = parse_manifest_key(info.key)
+        if horizon is not None and not found.get(horizon, "").endswith(
+            f"/{_MANIFEST_PREFIX}{horizon:020d}{_MANIFEST_SUFFIX}"
+        ):
+            found[horizon] = info.key
+    return found
 
 
 def manifest_horizons(listing: Sequence[ObjectInfo]) -> list[int]:
@@ -390,7 +418,12 @@ def batch_rows(batch: pa.RecordBatch | pa.Table) -> list[SnapshotRow]:
 
 async def read_manifest(store: ObjectStore, topic: str, partition: int, horizon: int) -> Manifest:
     key = manifest_key(topic, partition, horizon)
-    manifest = Manifest.decode(key, await store.get(key))
+    try:
+        data = await store.get(key)
+    except ObjectNotFound:  # written before manifests' names started with `_`
+        key = legacy_manifest_key(topic, partition, horizon)
+        data = await store.get(key)
+    manifest = Manifest.decode(key, data)
     if (manifest.topic, manifest.partition, manifest.horizon) != (topic, partition, horizon):
         raise StorageError(
             f"snapshot manifest {key} describes {manifest.topic!r} partition "
