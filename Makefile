@@ -45,6 +45,7 @@ run: $(RUN_STAMP)
 # fixed-seed explorations of the two fuzzers (the state machine and the pipelined admin model; their
 # recorded reproductions stay here), the cluster attack modules (kill -9 rounds with uploads,
 # take-overs, topics racing across brokers), the standalone Spark cluster (four JVMs), the
+# streaming query across a server restart (its task-level restart test stays in `make test`), the
 # streaming query whose driver is killed twice (three driver JVMs one after the other), the sink's
 # task retries (a driver of its own on local[2,4]), the incremental compaction of a 1,000,000-record
 # history (122 MB of segments).
@@ -53,6 +54,7 @@ LONG_TESTS := tests/test_statemachine.py::test_state_machine \
 	tests/test_admin_fuzz.py \
 	tests/test_cluster_attack.py tests/test_cluster_attack_tail.py tests/test_cluster_attack_topics.py
 SPARK_LONG := tests/test_spark_cluster.py \
+	tests/test_spark_stream_restart.py::test_a_query_rides_through_a_server_restart_exactly_once \
 	tests/test_spark_compaction.py::test_one_percent_new_records_cost_a_few_percent_of_a_full_run \
 	tests/test_spark_stream.py::test_a_driver_killed_twice_restarts_from_its_checkpoint_exactly_once \
 	tests/test_spark_stream.py::test_on_a_standalone_cluster_a_driver_killed_twice_restarts_exactly_once \
