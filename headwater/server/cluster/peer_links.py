@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import structlog
 
@@ -41,7 +41,6 @@ class _Link:
     writer: asyncio.StreamWriter
     reader_task: asyncio.Task[None] | None = None
     closed: bool = False
-    waiters: set[asyncio.Future[m.Response]] = field(default_factory=set)
 
 
 class PeerLinks:
@@ -67,7 +66,6 @@ class PeerLinks:
         else:
             _, frame = link.session.request(request, waiter)
             link.writer.write(frame)
-        link.waiters.add(waiter)
         try:
             async with asyncio.timeout(PEER_TIMEOUT):
                 return await waiter
@@ -75,8 +73,6 @@ class PeerLinks:
             self._close(peer, link)
             silent = f"broker {peer} did not answer within {PEER_TIMEOUT:g} s"
             raise RequestTimeout(silent) from None
-        finally:
-            link.waiters.discard(waiter)
 
     async def _link(self, peer: BrokerAddress) -> _Link:
         link = self._links.get(peer)
