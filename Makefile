@@ -51,7 +51,7 @@ run: $(RUN_STAMP)
 # history (122 MB of segments).
 LONG_TESTS := tests/test_statemachine.py::test_state_machine \
 	tests/test_statemachine.py::test_state_machine_with_auth \
-	tests/test_admin_fuzz.py \
+	tests/test_admin_fuzz.py::test_pipelined_admin_requests_against_a_model \
 	tests/test_cluster_attack.py tests/test_cluster_attack_tail.py tests/test_cluster_attack_topics.py
 SPARK_LONG := tests/test_spark_cluster.py \
 	tests/test_spark_stream_restart.py::test_a_query_rides_through_a_server_restart_exactly_once \

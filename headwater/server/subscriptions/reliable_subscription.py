@@ -531,8 +531,15 @@ class ReliableSubscription:
             if batches and _BASE.unpack_from(batches[0])[0] >= ends[partition]:
                 ends[partition] = 0  # past a gap, the next batch is not visible yet
                 continue
-            if not batches or target.consumer_id not in self.consumers:
-                return bool(batches)
+            if not batches:
+                # nothing at the position though the end is past it: a gap (the offsets a
+                # restart skipped to its lease) reaching the end, nothing written after it yet.
+                # The other partitions go on; returning here left them unsent until this one
+                # got a record (acknowledged records of a new subscription never delivered)
+                ends[partition] = 0
+                continue
+            if target.consumer_id not in self.consumers:
+                return True
             # A read from disk costs about the same for one batch as for its megabyte of them
             # (after a restart the tail cache is empty): one read per batch sent made a fresh
             # subscription crawl at ~100 records/s. So send the batches read while the group
