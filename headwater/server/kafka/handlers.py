@@ -534,16 +534,7 @@ class KafkaHandlers:
         try:
             if self._security is not None:
                 self._security.check(session, m.FetchRequest(topic, index, offset, 1, 0))
-            found = self._broker.topics.get(topic)
-            if found is None:
-                raise UnknownTopic(f"topic {topic!r} does not exist")
-            if not isinstance(found, LogTopic):
-                raise NotSupported(f"topic {topic!r} is non-reliable: it keeps no history")
-            if not 0 <= index < len(found.partitions):
-                raise InvalidPartition(f"topic {topic!r} has no partition {index}")
-            ownership = self._broker.ownership
-            if not ownership.serves(topic, index):
-                raise not_owner(ownership, topic, index)
+            found = self._served_log(topic, index, "history")
             partition = found.partitions[index]
             start = found.start_offset(index)
             if not start <= offset <= partition.next_offset:
@@ -921,21 +912,27 @@ class KafkaHandlers:
             topics.append(ad.DeleteRecordsTopicResult(name=name, partitions=results))
         return ad.DeleteRecordsResponse(throttle_time_ms=0, topics=topics)
 
+    def _served_log(self, name: str, index: int, keeps: str) -> LogTopic:
+        """The reliable topic `name`, whose partition `index` this broker serves; else the
+        error a read of it gets (unknown topic, non-reliable, no such partition, not owner)."""
+        topic = self._broker.topics.get(name)
+        if topic is None:
+            raise UnknownTopic(f"topic {name!r} does not exist")
+        if not isinstance(topic, LogTopic):
+            raise NotSupported(f"topic {name!r} is non-reliable: it keeps no {keeps}")
+        if not 0 <= index < len(topic.partitions):
+            raise InvalidPartition(f"topic {name!r} has no partition {index}")
+        ownership = self._broker.ownership
+        if not ownership.serves(name, index):
+            raise not_owner(ownership, name, index)
+        return topic
+
     async def _delete_records(self, session: Session, name: str, index: int, offset: int) -> int:
         if not self.permits(session, Action.ADMIN, name):
             raise NotAuthorized(f"no admin grant on topic {name!r}")
         catalog = self._broker.catalog
         async with catalog.turn(name):
-            topic = self._broker.topics.get(name)
-            if topic is None:
-                raise UnknownTopic(f"topic {name!r} does not exist")
-            if not isinstance(topic, LogTopic):
-                raise NotSupported(f"topic {name!r} is non-reliable: it keeps no records")
-            if not 0 <= index < len(topic.partitions):
-                raise InvalidPartition(f"topic {name!r} has no partition {index}")
-            ownership = self._broker.ownership
-            if not ownership.serves(name, index):
-                raise not_owner(ownership, name, index)
+            topic = self._served_log(name, index, "records")
             end = topic.readable_end(topic.partitions[index], False)
             if offset == -1:
                 offset = end
