@@ -436,7 +436,8 @@ def test_a_restarted_static_member_gets_its_partitions_back_without_a_rebalance(
     for _ in range(20):  # the other member sees no rebalance meanwhile
         other.poll(0.1)
     assert back == mine
-    assert took < 5, took  # not the session timeout (45 s) nor a rebalance's wait
+    # back before the 45 s session timeout could have freed its place (the bound is load's margin)
+    assert took < 30, took
     assert ("b", "revoke") not in events and ("b", "assign") not in events
     assert {p.partition for p in other.assignment()} == theirs
     again.close()
@@ -507,7 +508,7 @@ def test_a_restarted_static_member_gets_its_partitions_back_without_a_rebalance(
         took = time.monotonic() - started
         time.sleep(1)
         assert p.assigned == p_had
-        assert took < 5, took
+        assert took < 30, took  # before the 45 s session timeout
         assert "q" not in revoked and q.assigned == q_had
     finally:
         p.close()
