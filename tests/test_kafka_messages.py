@@ -164,7 +164,8 @@ def test_aiokafka_lacks_only_the_versions_it_is_known_to_lack() -> None:
         - {(key, version) for key, version, _ in _AIOKAFKA_CASES}
     )
     # aiokafka declares JoinGroup v5 and SyncGroup v3 (static membership) but not the versions
-    # between, nor Heartbeat and LeaveGroup past v1
+    # between, nor Heartbeat and LeaveGroup past v1; of the transaction APIs only v0 (it never
+    # sends another), and neither DescribeTransactions nor ListTransactions
     assert missing == [
         (11, 3),
         (11, 4),
@@ -174,7 +175,12 @@ def test_aiokafka_lacks_only_the_versions_it_is_known_to_lack() -> None:
         (13, 3),
         (14, 2),
         (18, 3),
+        *[(22, v) for v in range(1, 5)],
+        *[(key, v) for key in (24, 25, 26, 28) for v in range(1, 4)],
         (44, 0),
+        (65, 0),
+        (66, 0),
+        (66, 1),
     ]
 
 
@@ -331,7 +337,7 @@ def test_each_handler_takes_the_request_class_the_codec_decodes_for_its_key() ->
     from headwater.server.kafka.handlers import KafkaHandlers
 
     async def build() -> KafkaHandlers:
-        broker: Any = SimpleNamespace(catalog=None)
+        broker: Any = SimpleNamespace(catalog=None, transactions=None)
         return KafkaHandlers(broker, "127.0.0.1", 9092, None, 0)
 
     handlers = asyncio.run(build())

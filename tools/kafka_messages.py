@@ -26,7 +26,7 @@ FAMILIES: dict[str, tuple[str, list[tuple[str, int, int]]]] = {
         "Produce and InitProducerId: records in, producer ids out.",
         [
             ("Produce", 3, 8),
-            ("InitProducerId", 0, 0),
+            ("InitProducerId", 0, 4),
         ],
     ),
     "fetch": ("Fetch: records out, by offset.", [("Fetch", 4, 11)]),
@@ -75,6 +75,17 @@ FAMILIES: dict[str, tuple[str, list[tuple[str, int, int]]]] = {
             ("IncrementalAlterConfigs", 0, 0),
         ],
     ),
+    "transactions": (
+        "Transactions: a transactional producer's partitions, offsets and end, and listing.",
+        [
+            ("AddPartitionsToTxn", 0, 3),
+            ("AddOffsetsToTxn", 0, 3),
+            ("EndTxn", 0, 3),
+            ("TxnOffsetCommit", 0, 3),
+            ("DescribeTransactions", 0, 0),
+            ("ListTransactions", 0, 1),
+        ],
+    ),
     "sasl": ("SASL authentication (PLAIN).", [("SaslHandshake", 0, 1), ("SaslAuthenticate", 0, 1)]),
 }
 OUT = Path(__file__).resolve().parent.parent / "headwater" / "server" / "kafka" / "messages"
@@ -116,6 +127,7 @@ class Module:
         self.classes: list[str] = []
         self.names: set[str] = set()
         self.api = ""
+        self.common: dict[str, list[dict[str, Any]]] = {}  # the spec's commonStructs
 
     def struct(
         self,
@@ -139,10 +151,9 @@ class Module:
             array = kind.startswith("[]")
             inner = kind[2:] if array else kind
             nullable = _meets(versions(field.get("nullableVersions")), low, high)
-            if "fields" in field:
-                inner = self.struct(
-                    inner, field["fields"], max(low, span[0]), min(high, span[1]), []
-                )
+            nested = field.get("fields", self.common.get(inner))
+            if nested is not None:
+                inner = self.struct(inner, nested, max(low, span[0]), min(high, span[1]), [])
                 py = inner
                 wire = inner
             else:
@@ -217,6 +228,7 @@ def render(family: str) -> str:
                 f"    VERSIONS: ClassVar[tuple[int, int]] = ({low}, {high})",
                 f"    FLEXIBLE_FROM: ClassVar[int | None] = {flexible_from}",
             ]
+            module.common = {c["name"]: c["fields"] for c in spec.get("commonStructs", [])}
             module.struct(f"{api}{kind}", spec["fields"], low, high, head, "Message")
     names = sorted(module.names)
     imported = (

@@ -32,6 +32,7 @@ from headwater.server.logs import configure_logging
 from headwater.server.net.listener import Listener, StartupError
 from headwater.server.ops.operator_port import start_operator_port
 from headwater.server.requests.broker import Broker
+from headwater.server.requests.group_offsets import GroupOffsets
 from headwater.server.requests.partition_ownership import BrokerAddress
 from headwater.server.requests.placement import Placement, SingleBrokerPlacement
 from headwater.server.security.access import Security
@@ -155,7 +156,13 @@ async def serve(
         stack.push_async_callback(catalog.close)
         if cluster is not None:
             cluster.bind(catalog)
-        broker = Broker(config, catalog, lambda: len(listener.connections), placement)
+        broker = Broker(
+            config,
+            catalog,
+            lambda: len(listener.connections),
+            placement,
+            GroupOffsets(catalog, None if cluster is None else cluster.group_cursors),
+        )
         if cluster is not None:
             try:
                 await cluster.start()
@@ -169,6 +176,8 @@ async def serve(
                 from headwater.server.cluster.cluster_metrics import ClusterCollector
 
                 operator.registry.register(ClusterCollector(cluster.status))
+        await broker.transactions.start()  # (ends a stop interrupted, before any request)
+        stack.push_async_callback(broker.transactions.close)
         listener.start(broker)
         if kafka is not None:
             shared = listener.shared
@@ -178,7 +187,6 @@ async def serve(
                 shared.tls,
                 shared.admission,
                 None if cluster is None else cluster.coordinator,
-                None if cluster is None else cluster.group_cursors,
             )
             if config.kafka.port_file is not None:
                 _write_port(config.kafka.port_file, kafka.port)

@@ -138,6 +138,8 @@ class BatchLocation:
     max_timestamp: int
     producer_id: int = -1
     base_sequence: int = -1
+    producer_epoch: int = -1
+    attributes: int = 0  # the batch's (transactional, control: `wire.markers`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +182,8 @@ def batch_location(batch: bytes | memoryview, position: int) -> BatchLocation:
         max_timestamp,
         producer_id=header[9],
         base_sequence=header[11],
+        producer_epoch=header[10],
+        attributes=header[5],
     )
 
 

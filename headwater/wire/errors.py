@@ -57,6 +57,13 @@ class ErrorCode(enum.IntEnum):
     NOT_OWNER = 40
     OVER_MEMORY_BUDGET = 41
     OFFSET_OUT_OF_RANGE = 42
+    PRODUCER_FENCED = 43
+    INVALID_PRODUCER_EPOCH = 44
+    INVALID_TXN_STATE = 45
+    CONCURRENT_TRANSACTIONS = 46
+    INVALID_PRODUCER_ID_MAPPING = 47
+    INVALID_TRANSACTION_TIMEOUT = 48
+    TRANSACTIONAL_ID_NOT_FOUND = 49
 
 
 class HeadwaterError(Exception):
@@ -335,6 +342,54 @@ class OffsetOutOfRange(HeadwaterError):
     code = ErrorCode.OFFSET_OUT_OF_RANGE
 
 
+class ProducerFenced(HeadwaterError):
+    """A newer producer with the same transactional id has started (a higher epoch): this one
+    can do nothing more with it; close it (its open transaction was aborted)."""
+
+    code = ErrorCode.PRODUCER_FENCED
+
+
+class InvalidProducerEpoch(HeadwaterError):
+    """The batch's producer epoch is older than the one the partition knows: written by a
+    producer a newer one (or a transaction timeout) fenced."""
+
+    code = ErrorCode.INVALID_PRODUCER_EPOCH
+
+
+class InvalidTxnState(HeadwaterError):
+    """The request does not fit the transaction's state: a transactional batch to a partition
+    not added to the transaction, an end of a transaction never begun, a commit after an
+    abort began."""
+
+    code = ErrorCode.INVALID_TXN_STATE
+
+
+class ConcurrentTransactions(HeadwaterError):
+    """The previous transaction of this transactional id is still being completed (its markers
+    being written): retry in a moment."""
+
+    code = ErrorCode.CONCURRENT_TRANSACTIONS
+    retriable = True
+
+
+class InvalidProducerIdMapping(HeadwaterError):
+    """The producer id does not belong to the transactional id named."""
+
+    code = ErrorCode.INVALID_PRODUCER_ID_MAPPING
+
+
+class InvalidTransactionTimeout(HeadwaterError):
+    """The transaction timeout asked for is out of the server's bounds."""
+
+    code = ErrorCode.INVALID_TRANSACTION_TIMEOUT
+
+
+class TransactionalIdNotFound(HeadwaterError):
+    """No transactional id of that name is known to the coordinator."""
+
+    code = ErrorCode.TRANSACTIONAL_ID_NOT_FOUND
+
+
 _BY_CODE: dict[int, type[HeadwaterError]] = {}
 for _cls in (
     UnknownServerError,
@@ -379,6 +434,13 @@ for _cls in (
     NotOwner,
     OverMemoryBudget,
     OffsetOutOfRange,
+    ProducerFenced,
+    InvalidProducerEpoch,
+    InvalidTxnState,
+    ConcurrentTransactions,
+    InvalidProducerIdMapping,
+    InvalidTransactionTimeout,
+    TransactionalIdNotFound,
 ):
     _BY_CODE[_cls.code] = _cls
 

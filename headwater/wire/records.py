@@ -44,6 +44,8 @@ _LENGTH_FIELD_END: Final = 12  # batchLength counts the bytes after baseOffset a
 _CRC_START: Final = 21
 _BASE_OFFSET = struct.Struct(">q")
 _NO_SIZE_LIMIT: Final = 1 << 62
+TRANSACTIONAL_FLAG: Final = 0x10  # attributes bit 4
+CONTROL_FLAG: Final = 0x20  # attributes bit 5: a transaction marker, written by the broker only
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +66,8 @@ class BatchInfo:
     max_timestamp: int
     producer_id: int
     base_sequence: int
+    producer_epoch: int = -1
+    transactional: bool = False  # attributes bit 4: part of a transaction (docs/TRANSACTIONS.md)
 
 
 RecordInput = tuple[bytes | None, bytes | None, Sequence[tuple[str, bytes | None]]]
@@ -86,11 +90,12 @@ class BatchBuilder:
         producer_id: int = -1,
         producer_epoch: int = -1,
         base_sequence: int = -1,
+        transactional: bool = False,
     ) -> None:
         self._builder = DefaultRecordBatchBuilder(
             magic=2,
             compression_type=compression,
-            is_transactional=0,
+            is_transactional=int(transactional),
             producer_id=producer_id,
             producer_epoch=producer_epoch,
             base_sequence=base_sequence,
@@ -252,7 +257,7 @@ def inspect_batch(batch: bytes | bytearray | memoryview) -> BatchInfo:
         first_timestamp,
         max_timestamp,
         producer_id,
-        _producer_epoch,
+        producer_epoch,
         base_sequence,
         record_count,
     ) = BATCH_HEADER.unpack_from(batch, 0)
@@ -272,8 +277,10 @@ def inspect_batch(batch: bytes | bytearray | memoryview) -> BatchInfo:
         raise CorruptBatch(
             f"record batch holds {record_count} records with last offset delta {last_offset_delta}"
         )
-    if attributes & 0x20:
+    if attributes & CONTROL_FLAG:
         raise CorruptBatch("control batches are written by the broker only")
+    if attributes & TRANSACTIONAL_FLAG and producer_id < 0:
+        raise CorruptBatch("a transactional record batch without a producer id")
     compression = attributes & 0x07
     if compression not in Compression.__members__.values():
         raise CorruptBatch(f"unknown compression codec {compression}")
@@ -285,6 +292,8 @@ def inspect_batch(batch: bytes | bytearray | memoryview) -> BatchInfo:
         max_timestamp,
         producer_id,
         base_sequence,
+        producer_epoch,
+        bool(attributes & TRANSACTIONAL_FLAG),
     )
 
 

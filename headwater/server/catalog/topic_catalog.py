@@ -63,6 +63,7 @@ from headwater.server.topics.topic_settings import (
     settings_to_configs,
     settings_to_json,
 )
+from headwater.server.topics.transaction_index import TransactionIndexes
 from headwater.storage.fileio import remove_tree
 from headwater.storage.lastvalue_store import drop_last_values
 from headwater.storage.snapshots import HorizonCache
@@ -72,6 +73,8 @@ from headwater.storage.state import (
     PRODUCER,
     SUBSCRIPTION,
     TOPIC,
+    TXN_ABORTED,
+    TXN_OPEN,
     StateStore,
     StateWriter,
     key,
@@ -110,6 +113,7 @@ class TopicCatalog:
         self._state = state
         self.writer = StateWriter(state)
         self.producers = ProducerIds(self.writer)
+        self.transaction_indexes = TransactionIndexes(self.writer)
         self.uploader = uploader
         # newest snapshot horizons, for describe (docs/COMPACTION.md)
         self.horizons = HorizonCache(uploader.store) if uploader is not None else None
@@ -176,6 +180,7 @@ class TopicCatalog:
                 for segment in partition.log.sealed_segments():
                     self._sealed(topic.name, partition.index)(segment)
         self.producers.load(self.topics)
+        await self.transaction_indexes.load(self.topics)
         self.schemas.load(self.topics)
         for raw_key, value in self._state.scan(SUBSCRIPTION):
             topic_name, name = raw_key.decode().split("\0")
@@ -400,7 +405,9 @@ class TopicCatalog:
                 f"{exc.strerror or exc}"
             ) from None
         info = m.TopicInfo(name, partitions, m.DispatchMode.RELIABLE, settings_to_configs(settings))
-        return LogTopic(info, settings, logs, self._archive, self.placement.durability)
+        topic = LogTopic(info, settings, logs, self._archive, self.placement.durability)
+        self.transaction_indexes.attach(topic)
+        return topic
 
     async def _discard(self, topic: Topic) -> None:
         if topic.reliable:
@@ -438,7 +445,7 @@ class TopicCatalog:
         the files could not all be removed, so the removal is tried again)."""
         directory = self._topic_dir(name)
         await asyncio.to_thread(remove_tree, directory)
-        for prefix in (SUBSCRIPTION, CURSOR, PRODUCER, LOG_START):
+        for prefix in (SUBSCRIPTION, CURSOR, PRODUCER, LOG_START, TXN_OPEN, TXN_ABORTED):
             self._state.delete_prefix(key(prefix, name) + b"\0")
         drop_last_values(self._state, name)
         self._state.delete_prefix(self.schemas.purge_prefix(name))

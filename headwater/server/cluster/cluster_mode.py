@@ -414,9 +414,10 @@ class ClusterMode:
 
 
 class GroupCursors:
-    """A Kafka group's committed offsets in a cluster (`kafka.group_offsets.SharedCursors`): the
-    checkpoints of the subscription's cursors in etcd, the very ones a partition's next owner
-    takes its cursors from, so wherever the group's coordinator moves its offsets are there."""
+    """A Kafka group's committed offsets in a cluster
+    (`requests.group_offsets.SharedCursors`): the checkpoints of the subscription's cursors
+    in etcd, the very ones a partition's next owner takes its cursors from, so wherever the
+    group's coordinator moves its offsets are there."""
 
     def __init__(self, coordinator: Coordinator, partitions: ClusterPartitions) -> None:
         self._coordinator = coordinator

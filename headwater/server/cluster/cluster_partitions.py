@@ -70,6 +70,7 @@ from headwater.storage.tasks import end_tasks
 from headwater.storage.uploader import UploadedSegment
 from headwater.storage.wal import PartitionLog, SealedSegment
 from headwater.wire.errors import ObjectNotFound, StorageError
+from headwater.wire.records import CONTROL_FLAG
 
 log = structlog.get_logger(__name__)
 
@@ -928,9 +929,15 @@ class _Scan:
             if where.next_offset <= self.offset:
                 continue  # (a chunk may begin below where the segments end)
             self.batches += 1
-            if where.producer_id >= 0:
+            if where.producer_id >= 0 and not where.attributes & CONTROL_FLAG:
                 count = where.next_offset - where.base_offset
-                self.table.recover(where.producer_id, where.base_sequence, count, where.base_offset)
+                self.table.recover(
+                    where.producer_id,
+                    where.base_sequence,
+                    count,
+                    where.base_offset,
+                    where.producer_epoch,
+                )
             self.offset = where.next_offset
         return True
 

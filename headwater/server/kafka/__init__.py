@@ -3,13 +3,14 @@ produce to and fetch from Headwater topics through the same `requests.broker.Bro
 
 `kafka_listener` (the port, accepting, timeouts) → `kafka_connection` (frames, requests handled,
 answers in request order) → `handlers` (each Kafka API as native requests to the broker;
-`config_handlers`: AlterConfigs and IncrementalAlterConfigs), with
+`config_handlers`: AlterConfigs and IncrementalAlterConfigs; `txn_handlers`: the transaction
+APIs, calls to `requests.transaction_coordinator`), with
 `messages` (each API's request and response as typed classes, one module per family), `codec`
 (frames and bodies decoded into them with bounded work, and encoded from them), `apis` (the APIs
 and versions served), `kafka_errors` (Headwater's error codes as Kafka's),
 `kafka_nodes` (node ids, partition leaders and group coordinators: one broker's or a cluster's)
 and `kafka_metrics` (its Prometheus collector). Consumer
-groups: `group_handlers` (their APIs), `groups` (membership and rebalances, in memory) and
-`group_offsets` (a group's offsets are the cursor of the reliable subscription of its name).
+groups: `group_handlers` (their APIs) and `groups` (membership and rebalances, in memory); a
+group's offsets are `requests.group_offsets`.
 Imports `requests`, `catalog`, `subscriptions` and `net.accepting`; only `serve` imports it.
 """

@@ -15,7 +15,16 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from headwater.server.kafka.codec import Layout, layout
-from headwater.server.kafka.messages import admin, configs, fetch, groups, metadata, offsets, sasl
+from headwater.server.kafka.messages import (
+    admin,
+    configs,
+    fetch,
+    groups,
+    metadata,
+    offsets,
+    sasl,
+    transactions,
+)
 from headwater.server.kafka.messages import produce as produce_
 from headwater.server.kafka.messages.declare import Message
 
@@ -67,12 +76,18 @@ CREATE_TOPICS: Final = 19
 DELETE_TOPICS: Final = 20
 DELETE_RECORDS: Final = 21
 INIT_PRODUCER_ID: Final = 22
+ADD_PARTITIONS_TO_TXN: Final = 24
+ADD_OFFSETS_TO_TXN: Final = 25
+END_TXN: Final = 26
+TXN_OFFSET_COMMIT: Final = 28
 DESCRIBE_CONFIGS: Final = 32
 ALTER_CONFIGS: Final = 33
 SASL_AUTHENTICATE: Final = 36
 CREATE_PARTITIONS: Final = 37
 DELETE_GROUPS: Final = 42
 INCREMENTAL_ALTER_CONFIGS: Final = 44
+DESCRIBE_TRANSACTIONS: Final = 65
+LIST_TRANSACTIONS: Final = 66
 # what a connection may send before it has authenticated (on a server with authentication)
 BEFORE_AUTH: Final = frozenset({API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE})
 
@@ -108,6 +123,15 @@ SERVED: Final[dict[int, Api]] = {  # by key, as ApiVersions lists them
             _api(admin.DeleteTopicsRequest, admin.DeleteTopicsResponse),
             _api(admin.DeleteRecordsRequest, admin.DeleteRecordsResponse),
             _api(groups.DeleteGroupsRequest, groups.DeleteGroupsResponse),
+            _api(transactions.AddPartitionsToTxnRequest, transactions.AddPartitionsToTxnResponse),
+            _api(transactions.AddOffsetsToTxnRequest, transactions.AddOffsetsToTxnResponse),
+            _api(transactions.EndTxnRequest, transactions.EndTxnResponse),
+            _api(transactions.TxnOffsetCommitRequest, transactions.TxnOffsetCommitResponse),
+            _api(
+                transactions.DescribeTransactionsRequest,
+                transactions.DescribeTransactionsResponse,
+            ),
+            _api(transactions.ListTransactionsRequest, transactions.ListTransactionsResponse),
         ),
         key=lambda api: api.key,
     )

@@ -16,12 +16,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, Protocol, TypeVar
 
 from headwater.server.kafka import kafka_errors as k
-from headwater.server.kafka.group_offsets import GroupOffsets
 from headwater.server.kafka.groups import Coordinator
 from headwater.server.kafka.kafka_nodes import Nodes
 from headwater.server.kafka.messages import groups as g
 from headwater.server.kafka.messages import offsets as o
 from headwater.server.kafka.messages.declare import Message
+from headwater.server.requests.group_offsets import GroupOffsets
 from headwater.server.security.access import Session
 from headwater.server.security.authz import Action
 from headwater.server.topics.subscription_contract import ConsumerSession

@@ -62,6 +62,8 @@ import structlog
 from headwater.server.config import TopicSettings
 from headwater.server.kafka import kafka_errors as k
 from headwater.server.kafka.apis import (
+    ADD_OFFSETS_TO_TXN,
+    ADD_PARTITIONS_TO_TXN,
     ALTER_CONFIGS,
     API_VERSIONS,
     CREATE_PARTITIONS,
@@ -71,6 +73,8 @@ from headwater.server.kafka.apis import (
     DELETE_TOPICS,
     DESCRIBE_CONFIGS,
     DESCRIBE_GROUPS,
+    DESCRIBE_TRANSACTIONS,
+    END_TXN,
     FETCH,
     FIND_COORDINATOR,
     HEARTBEAT,
@@ -80,6 +84,7 @@ from headwater.server.kafka.apis import (
     LEAVE_GROUP,
     LIST_GROUPS,
     LIST_OFFSETS,
+    LIST_TRANSACTIONS,
     METADATA,
     OFFSET_COMMIT,
     OFFSET_FETCH,
@@ -88,10 +93,10 @@ from headwater.server.kafka.apis import (
     SASL_HANDSHAKE,
     SERVED,
     SYNC_GROUP,
+    TXN_OFFSET_COMMIT,
 )
 from headwater.server.kafka.config_handlers import ConfigHandlers
 from headwater.server.kafka.group_handlers import GroupHandlers, Handler, KafkaSession, Pace
-from headwater.server.kafka.group_offsets import GroupOffsets
 from headwater.server.kafka.groups import Coordinator
 from headwater.server.kafka.kafka_nodes import Node, Nodes, SingleNode
 from headwater.server.kafka.messages import admin as ad
@@ -102,10 +107,12 @@ from headwater.server.kafka.messages import offsets as of
 from headwater.server.kafka.messages import produce as pr
 from headwater.server.kafka.messages import sasl
 from headwater.server.kafka.messages.declare import Message
+from headwater.server.kafka.txn_handlers import TransactionHandlers
 from headwater.server.memory_budget import MemoryBudget
 from headwater.server.net.client_connection import INLINE_RECORDS
 from headwater.server.reply import Reply, resolve
 from headwater.server.requests.broker import Broker
+from headwater.server.requests.group_offsets import GroupOffsets
 from headwater.server.requests.partition_ownership import not_owner
 from headwater.server.schemas.schema_registry import TopicSchemas
 from headwater.server.security.access import Security
@@ -207,6 +214,8 @@ class KafkaHandlers:
         )
         groups = self.groups
         configs = ConfigHandlers(broker, security, self._native, topic_defaults or TopicSettings())
+        self.transactions = TransactionHandlers(broker.transactions, self.permits)
+        transactions = self.transactions
         self.handlers: dict[int, Handler] = {
             FIND_COORDINATOR: groups.find_coordinator,
             JOIN_GROUP: groups.join_group,
@@ -233,6 +242,12 @@ class KafkaHandlers:
             DELETE_TOPICS: self.delete_topics,
             DELETE_RECORDS: self.delete_records,
             DELETE_GROUPS: groups.delete_groups,
+            ADD_PARTITIONS_TO_TXN: transactions.add_partitions_to_txn,
+            ADD_OFFSETS_TO_TXN: transactions.add_offsets_to_txn,
+            END_TXN: transactions.end_txn,
+            TXN_OFFSET_COMMIT: transactions.txn_offset_commit,
+            DESCRIBE_TRANSACTIONS: transactions.describe_transactions,
+            LIST_TRANSACTIONS: transactions.list_transactions,
         }
 
     @property
@@ -549,7 +564,7 @@ class KafkaHandlers:
             partition_index=index,
             error_code=0,
             high_watermark=end,
-            last_stable_offset=found.readable_end(partition, True) if committed else end,
+            last_stable_offset=found.stable_end(partition, True) if committed else end,
             log_start_offset=start,
             records=b"",
         )
@@ -610,30 +625,44 @@ class KafkaHandlers:
             return _fetch_refusal(index, _refused("kafka.fetch_refused", exc, topic, index))
         assert isinstance(response, m.FetchResponse)
         records, stable = response.records, response.end_offset
-        if committed:  # read_committed: only what an fsync covers, whatever the topic's policy
-            stable, records = self._committed(topic, index, records, stable)
+        aborted: list[fe.AbortedTransaction] | None = None
+        if committed:
+            stable, records, aborted = self._committed(topic, index, records, stable)
         return fe.PartitionData(
             partition_index=index,
             error_code=0,
             high_watermark=response.end_offset,
             last_stable_offset=stable,
             log_start_offset=response.start_offset,
+            aborted_transactions=aborted,
             records=records,
         )
 
-    def _committed(self, topic: str, index: int, records: bytes, end: int) -> tuple[int, bytes]:
-        """(the partition's fsynced end, the batches wholly below it)."""
+    def _committed(
+        self, topic: str, index: int, records: bytes, end: int
+    ) -> tuple[int, bytes, list[fe.AbortedTransaction]]:
+        """read_committed: (the last stable offset, the batches wholly below it, the aborted
+        transactions among them). The stable offset is below the fsynced end whatever the
+        topic's policy, and below the first offset of the oldest transaction still open."""
         found = self._broker.topics.get(topic)
         if found is None or not found.reliable or index >= len(found.partitions):
-            return end, records
-        stable = min(end, found.readable_end(found.partitions[index], True))
+            return end, records, []
+        partition = found.partitions[index]
+        stable = min(end, found.stable_end(partition, True))
         size = 0
+        first = last = -1
         for batch in split_batches(records):
             base, count = _BASE.unpack_from(batch)[0], _LAST_DELTA.unpack_from(batch, 23)[0] + 1
             if base + count > stable:
                 break
             size += len(batch)
-        return stable, records[:size]
+            first = base if first < 0 else first
+            last = base + count
+        aborted = [
+            fe.AbortedTransaction(producer_id=r.producer_id, first_offset=r.first_offset)
+            for r in (partition.transactions.aborted_overlapping(first, last) if size else ())
+        ]
+        return stable, records[:size], aborted
 
     @staticmethod
     def _fetch_response(
@@ -667,7 +696,9 @@ class KafkaHandlers:
                 try:
                     if not self.permits(session, Action.CONSUME, name):
                         raise NotAuthorized(f"no consume grant on topic {name!r}")
-                    offset, found = await self._offset(name, index, timestamp)
+                    offset, found = await self._offset(
+                        name, index, timestamp, request.isolation_level == 1
+                    )
                     code = 0
                 except HeadwaterError as exc:
                     code = _refused("kafka.list_offsets_refused", exc, name, index)
@@ -680,9 +711,12 @@ class KafkaHandlers:
             topics.append(of.ListOffsetsTopicResponse(name=name, partitions=partitions))
         return of.ListOffsetsResponse(throttle_time_ms=0, topics=topics)
 
-    async def _offset(self, name: str, index: int, timestamp: int) -> tuple[int, int]:
-        """(offset, timestamp): earliest and latest with timestamp -1; for a time, the first
-        record at or after it and that record's own timestamp ((-1, -1) when none is)."""
+    async def _offset(
+        self, name: str, index: int, timestamp: int, committed: bool = False
+    ) -> tuple[int, int]:
+        """(offset, timestamp): earliest and latest with timestamp -1 (read_committed: the last
+        stable offset); for a time, the first record at or after it and that record's own
+        timestamp ((-1, -1) when none is)."""
         topic = self._broker.topics.get(name)
         if topic is None:
             raise UnknownTopic(f"topic {name!r} does not exist")
@@ -699,6 +733,8 @@ class KafkaHandlers:
             raise InvalidRequest(f"topic {name!r} is non-reliable: no offsets by timestamp")
         partition = topic.partitions[index]
         end = topic.readable_end(partition, False)
+        if committed:
+            end = topic.stable_end(partition, True)
         if timestamp == -1:
             return end, -1
         if timestamp < 0:
@@ -730,8 +766,7 @@ class KafkaHandlers:
         by the native idempotent-producer tables, which are durable, so a retry after a restart
         is still answered with its first offset, not appended again."""
         if request.transactional_id is not None:
-            code = k.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
-            return pr.InitProducerIdResponse(error_code=code, producer_id=-1, producer_epoch=-1)
+            return await self.transactions.init_producer_id(session, version, request)
         try:
             response = await self._native(session, m.InitProducerIdRequest())
         except HeadwaterError as exc:

@@ -30,7 +30,6 @@ from typing import Final
 import structlog
 
 from headwater.server.config import ServerConfig
-from headwater.server.kafka.group_offsets import GroupOffsets, SharedCursors
 from headwater.server.kafka.handlers import KafkaHandlers
 from headwater.server.kafka.kafka_connection import KafkaConnection
 from headwater.server.kafka.kafka_metrics import KafkaCollector, KafkaStats
@@ -96,11 +95,10 @@ class KafkaListener:
         tls: ServerTls | None = None,
         admission: Admission | None = None,
         peers: Peers | None = None,
-        cursors: SharedCursors | None = None,
     ) -> None:
         """`admission`: the native listener's (with `security`), shared so that the caps on
-        connections waiting to authenticate hold across both ports. `peers` and `cursors`: a
-        cluster's coordinator and subscription cursors."""
+        connections waiting to authenticate hold across both ports. `peers`: a cluster's
+        coordinator. The groups' offsets are the broker's (`Broker.group_offsets`)."""
         config = self._config
         host, _ = self.advertised(None if peers is None else peers.this_broker.host)
         self._security = security
@@ -115,7 +113,7 @@ class KafkaListener:
             security,
             config.topic_defaults,
             None if peers is None else ClusterNodes(peers),
-            GroupOffsets(broker.catalog, cursors),
+            broker.group_offsets,
             config.kafka.auto_create_topics,
             config.kafka.auto_create_partitions,
         )

@@ -43,6 +43,7 @@ from headwater.server.request_table import REQUESTS, bind, handles
 from headwater.server.requests.admin_requests import AdminHandlers
 from headwater.server.requests.consumer_requests import ConsumerHandlers
 from headwater.server.requests.fetch import FetchHandler
+from headwater.server.requests.group_offsets import GroupOffsets
 from headwater.server.requests.lookup import LookupHandler
 from headwater.server.requests.map_requests import MapHandlers
 from headwater.server.requests.partition_ownership import (
@@ -54,6 +55,7 @@ from headwater.server.requests.placement import Placement, SingleBrokerPlacement
 from headwater.server.requests.topic_definitions import (
     TopicDefinitions,
 )
+from headwater.server.requests.transaction_coordinator import TransactionCoordinator
 from headwater.server.schemas.schema_registry import SchemaHandlers
 from headwater.server.topic_turns import Turn
 from headwater.server.topics.subscription_contract import Consumer
@@ -69,6 +71,7 @@ from headwater.wire import messages as m
 from headwater.wire.errors import (
     InvalidRequest,
     InvalidTopicName,
+    NotSupported,
     RecordTooLarge,
     StorageError,
     UnknownProducerId,
@@ -98,9 +101,12 @@ class Broker:
         catalog: TopicCatalog,
         connections: Callable[[], int] = lambda: 0,
         placement: Placement | None = None,
+        offsets: GroupOffsets | None = None,
     ) -> None:
         """`placement`: the deployment this broker serves in (`server.requests.placement`), the
-        catalog's own; by default one broker on `config`'s address."""
+        catalog's own; by default one broker on `config`'s address. `offsets`: the groups'
+        offsets (a cluster's keep them where every broker reads them); by default this
+        broker's cursors."""
         self._config = config
         self.catalog = catalog
         if placement is None:
@@ -115,6 +121,10 @@ class Broker:
         self.maps = MapHandlers(catalog, self.ownership)
         self.fetches = FetchHandler(catalog, self.ownership)
         self._producer_ids = placement.producer_ids(catalog)
+        self.group_offsets = offsets or GroupOffsets(catalog)
+        self.transactions = TransactionCoordinator(
+            catalog, self._producer_ids, self.ownership, self.group_offsets
+        )
         # (topic, partition) -> the last idempotent produce waiting there: later ones queue
         # behind it, so a producer's batches keep their order (module docstring)
         self._waiting: dict[tuple[str, int], asyncio.Future[None]] = {}
@@ -232,6 +242,10 @@ class Broker:
         return validate_records(batch, self._config.max_decompressed_batch)
 
     def _publish(self, topic: MemoryTopic, request: m.ProduceRequest, info: BatchInfo) -> Reply:
+        if info.transactional:
+            raise NotSupported(
+                f"topic {topic.name!r} is non-reliable: transactions write reliable topics only"
+            )
         partition = self._pick(topic, request.partition)
         if not self.ownership.serves(topic.name, partition.index):
             raise not_owner(self.ownership, topic.name, partition.index)
@@ -258,7 +272,11 @@ class Broker:
             return m.ProduceResponse(partition.index, original)
         base_offset, _ = topic.accept(partition, request.batch, info.record_count, False)
         partition.producers.record(
-            info.producer_id, info.base_sequence, info.record_count, base_offset
+            info.producer_id,
+            info.base_sequence,
+            info.record_count,
+            base_offset,
+            info.producer_epoch,
         )
         return m.ProduceResponse(partition.index, base_offset)
 
@@ -316,9 +334,17 @@ class Broker:
         original = self._check_producer(request, info, partition.producers)
         if original is not None:  # a retry of a batch already appended
             return m.ProduceResponse(partition.index, original)
+        if info.transactional:  # checked now, with no await before the append
+            self.transactions.verify(
+                info.producer_id, info.producer_epoch, topic.name, partition.index
+            )
         base_offset, durable = topic.accept(partition, request.batch, info.record_count, committed)
         entry = partition.producers.record(
-            info.producer_id, info.base_sequence, info.record_count, base_offset
+            info.producer_id,
+            info.base_sequence,
+            info.record_count,
+            base_offset,
+            info.producer_epoch,
         )
         saved = self.catalog.producers.save(topic, partition.index, info.producer_id, entry)
         return after(m.ProduceResponse(partition.index, base_offset), durable, saved)
@@ -348,7 +374,9 @@ class Broker:
             raise InvalidRequest("an idempotent producer must name the partition")
         if not self._issued(info.producer_id):
             raise UnknownProducerId(f"producer id {info.producer_id} was not issued by this server")
-        return producers.check(info.producer_id, info.base_sequence, info.record_count)
+        return producers.check(
+            info.producer_id, info.base_sequence, info.record_count, info.producer_epoch
+        )
 
     def _issued(self, producer_id: int) -> bool:
         return self._producer_ids.issued(producer_id)

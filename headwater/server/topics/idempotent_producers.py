@@ -20,6 +20,7 @@ from headwater.durables.producers import ProducerEntry
 from headwater.server.topics.topic import LogTopic, Topic
 from headwater.storage.state import NEXT_PRODUCER_ID, PRODUCER, StateWriter, key
 from headwater.storage.wal import FsyncPolicy
+from headwater.wire.records import CONTROL_FLAG
 
 
 class ProducerIds:
@@ -59,10 +60,12 @@ class ProducerIds:
             for partition in topic.partitions:
                 partition.forget_lost_producer_batches()
                 for found in partition.log.recovered_batches():
-                    if found.producer_id >= 0:
+                    # (a marker is no producer's batch: it fences, `transaction_index`)
+                    if found.producer_id >= 0 and not found.attributes & CONTROL_FLAG:
                         partition.producers.recover(
                             found.producer_id,
                             found.base_sequence,
                             found.next_offset - found.base_offset,
                             found.base_offset,
+                            found.producer_epoch,
                         )

@@ -38,6 +38,7 @@ from typing import Final, Literal, Protocol
 import structlog
 
 from headwater.durables.lastvalue import KeyedBatch
+from headwater.durables.partition_transactions import Closed, Opened, PartitionTransactions
 from headwater.durables.producers import ProducerTable
 from headwater.server.config import TopicSettings
 from headwater.server.reply import AfterWork, Reply
@@ -47,6 +48,7 @@ from headwater.storage.log_reader import Archive, read_partition
 from headwater.storage.segments import SparseIndex, batch_location
 from headwater.storage.wal import PartitionLog
 from headwater.wire.errors import InvalidPartition, StorageError
+from headwater.wire.markers import BatchHeader, is_transactional, marker_type, peek
 from headwater.wire.messages import ConfigEntry, DescribeTopicResponse, TopicInfo
 from headwater.wire.records import read_records
 
@@ -78,6 +80,8 @@ class LogPartition:
     # the last append queued for the offset lease (`LogTopic.when_leased`): later ones queue
     # behind it, so appends keep their order
     lease_line: asyncio.Future[None] | None = None
+    # open and aborted transactions, the last stable offset (docs/TRANSACTIONS.md)
+    transactions: PartitionTransactions = field(default_factory=PartitionTransactions)
 
     @property
     def next_offset(self) -> int:
@@ -208,6 +212,11 @@ def stamped_batch(batch: bytes, base_offset: int) -> bytes:
         return b"".join((_BASE_OFFSET.pack(base_offset), view[8:]))
 
 
+TransactionListener = Callable[
+    ["LogTopic", LogPartition, Opened | Closed, BatchHeader], "asyncio.Future[None] | None"
+]
+
+
 class LogTopic(_TopicBase):
     """Reliable: append writes a batch to the partition's WAL, which assigns the offset."""
 
@@ -231,6 +240,8 @@ class LogTopic(_TopicBase):
         self.durable: Durability = durable or LOCAL_DURABILITY
         # per partition, the start a Kafka DeleteRecords moved it to (kept in the state store)
         self.deleted_below: dict[int, int] = {}
+        # told each change of a partition's transactions, to persist it (the catalog's)
+        self.on_transaction: TransactionListener | None = None
 
     def pick_partition(self, requested: int) -> LogPartition:
         return self.partitions[self._pick(requested, len(self.partitions))]
@@ -294,6 +305,11 @@ class LogTopic(_TopicBase):
         base_offset, sequence = partition.log.append(batch, record_count)
         self.messages_in += record_count
         self.bytes_in += len(batch)
+        if is_transactional(batch):
+            self._follow_transaction(partition, batch, base_offset, record_count)
+            # a transaction's records are not values nor passing batches until it commits
+            # (`server.requests.transaction_coordinator`); a marker is neither ever
+            return base_offset, sequence
         live = self.subscriptions.live
         if live:  # subscriptions that keep nothing see the batch as it passes
             stamped = stamped_batch(batch, base_offset)
@@ -305,6 +321,36 @@ class LogTopic(_TopicBase):
             for view in list(views.values()):
                 view.changed(changes)
         return base_offset, sequence
+
+    def _follow_transaction(
+        self, partition: LogPartition, batch: bytes, base_offset: int, record_count: int
+    ) -> None:
+        found = peek(batch)
+        header = BatchHeader(
+            base_offset,
+            base_offset + record_count,
+            found.producer_id,
+            found.producer_epoch,
+            found.transactional,
+            found.control,
+        )
+        marker = marker_type(batch) if header.control else None
+        change = partition.transactions.appended(header, marker)
+        if header.control:
+            partition.producers.fence(header.producer_id, header.producer_epoch)
+        if change is not None and self.on_transaction is not None:
+            self.on_transaction(self, partition, change, header)
+
+    def stable_end(self, partition: LogPartition, committed: bool = False) -> int:
+        """The last stable offset: the readable end, or the first offset of the oldest
+        transaction still open in the partition if that is lower. Below it every transactional
+        batch's fate is written; transaction-aware readers read no further."""
+        return partition.transactions.stable_end(self.readable_end(partition, committed))
+
+    def hides(self, partition: LogPartition, batch: bytes) -> bool:
+        """Whether a transaction-aware reader skips a stored batch: a marker, or a batch of an
+        aborted transaction."""
+        return is_transactional(batch) and partition.transactions.hides(peek(batch))
 
     def readable_end(self, partition: LogPartition, committed: bool) -> int:
         """Where subscriptions may read up to: what is visible (or fsynced, for read_committed);

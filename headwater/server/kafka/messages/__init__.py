@@ -1,3 +1,3 @@
-"""The Kafka messages the listener serves, as typed classes: one module per API family
-(`produce`, `fetch`, `offsets`, `metadata`, `groups`, `admin`, `configs`, `sasl`), written from
+"""The Kafka messages the listener serves, as typed classes: one module per API family (`produce`,
+`fetch`, `offsets`, `metadata`, `groups`, `admin`, `configs`, `sasl`, `transactions`), written from
 Kafka's JSON specs by tools/kafka_messages.py; `declare` is what each class tells the codec."""

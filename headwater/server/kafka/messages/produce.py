@@ -119,26 +119,30 @@ class ProduceResponse(Message):
 
 @dataclass(frozen=True, slots=True)
 class InitProducerIdRequest(Message):
-    """InitProducerId request, versions 0-0."""
+    """InitProducerId request, versions 0-4 (flexible from 2)."""
 
     API_KEY: ClassVar[int] = 22
-    VERSIONS: ClassVar[tuple[int, int]] = (0, 0)
-    FLEXIBLE_FROM: ClassVar[int | None] = None
+    VERSIONS: ClassVar[tuple[int, int]] = (0, 4)
+    FLEXIBLE_FROM: ClassVar[int | None] = 2
     transactional_id: str | None = ""
     transaction_timeout_ms: int = 0
+    producer_id: int = -1
+    producer_epoch: int = -1
     FIELDS: ClassVar[tuple[Field, ...]] = (
         Field("transactional_id", "string", 0, nullable=0),
         Field("transaction_timeout_ms", "int32", 0),
+        Field("producer_id", "int64", 3),
+        Field("producer_epoch", "int16", 3),
     )
 
 
 @dataclass(frozen=True, slots=True)
 class InitProducerIdResponse(Message):
-    """InitProducerId response, versions 0-0."""
+    """InitProducerId response, versions 0-4 (flexible from 2)."""
 
     API_KEY: ClassVar[int] = 22
-    VERSIONS: ClassVar[tuple[int, int]] = (0, 0)
-    FLEXIBLE_FROM: ClassVar[int | None] = None
+    VERSIONS: ClassVar[tuple[int, int]] = (0, 4)
+    FLEXIBLE_FROM: ClassVar[int | None] = 2
     throttle_time_ms: int = 0
     error_code: int = 0
     producer_id: int = 0

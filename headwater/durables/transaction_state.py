@@ -1,0 +1,289 @@
+"""A transactional id's state at its coordinator: the state machine, no I/O, time passed in.
+
+Kafka's coordinator, state for state (KIP-98), so a Kafka client sees the answers it expects:
+
+    EMPTY --add partitions or offsets--> ONGOING
+    ONGOING --end(commit)--> PREPARE_COMMIT --markers, offsets--> COMPLETE_COMMIT
+    ONGOING --end(abort), timeout, fencing--> PREPARE_ABORT --markers--> COMPLETE_ABORT
+    COMPLETE_* behave as EMPTY for the next transaction.
+
+`PREPARE_*` is the decision: once it is stored (durably, by the server) the transaction is
+committed or aborted whatever happens next; the server then writes a marker to each partition,
+applies (or drops) the offsets sent in the transaction, and stores `COMPLETE_*`. A server that
+stops between the two finds `PREPARE_*` on start and does the rest again (markers and offsets are
+idempotent). `ONGOING` found on start stays open until its producer ends it or its timeout aborts
+it.
+
+Epochs: `init` of a transactional id with no transaction in progress bumps the epoch (a new
+producer id when the epoch would overflow), fencing every older instance; with one `ONGOING`,
+it first aborts it under the bumped epoch and answers CONCURRENT_TRANSACTIONS until that abort
+is complete (the client retries). A timeout aborts under a bumped epoch too, so the timed-out
+producer is fenced (Kafka's behaviour before KIP-890). Every request names the producer id and
+epoch it holds: another id is INVALID_PRODUCER_ID_MAPPING, an older epoch PRODUCER_FENCED.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any, Final
+
+from headwater.wire.errors import (
+    ConcurrentTransactions,
+    InvalidProducerIdMapping,
+    InvalidTransactionTimeout,
+    InvalidTxnState,
+    ProducerFenced,
+)
+
+MAX_EPOCH: Final = 32_766  # Kafka's: a bump past it takes a new producer id
+DEFAULT_TIMEOUT_MS: Final = 60_000
+# the largest transaction timeout a producer may ask for (Kafka's transaction.max.timeout.ms)
+MAX_TIMEOUT_MS: Final = 900_000
+# partitions, and offsets, one transaction may hold (a bound on the state kept per id)
+MAX_PARTITIONS: Final = 10_000
+MAX_OFFSETS: Final = 10_000
+
+
+class TxnState(enum.StrEnum):
+    EMPTY = "Empty"
+    ONGOING = "Ongoing"
+    PREPARE_COMMIT = "PrepareCommit"
+    PREPARE_ABORT = "PrepareAbort"
+    COMPLETE_COMMIT = "CompleteCommit"
+    COMPLETE_ABORT = "CompleteAbort"
+
+    @property
+    def preparing(self) -> bool:
+        return self in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT)
+
+    @property
+    def idle(self) -> bool:
+        """No transaction in progress: a new one may begin."""
+        return self in (TxnState.EMPTY, TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT)
+
+
+@dataclass(frozen=True, slots=True)
+class PendingOffset:
+    """A consumer position sent in the transaction: applied at its commit, dropped at abort.
+    `group` is a Kafka group or a native subscription (the same thing on Headwater)."""
+
+    group: str
+    topic: str
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class Transaction:
+    transactional_id: str
+    producer_id: int
+    epoch: int
+    timeout_ms: int
+    state: TxnState = TxnState.EMPTY
+    partitions: frozenset[tuple[str, int]] = frozenset()
+    offsets: tuple[PendingOffset, ...] = ()
+    started_ms: int = -1  # when the transaction in progress began (-1: none)
+    updated_ms: int = 0
+    # the epoch a coordinator-made bump (timeout, fencing) replaced: a retry of an abort from
+    # that epoch is answered as the abort it already is
+    last_epoch: int = -1
+    groups: frozenset[str] = field(default_factory=frozenset)
+
+    # The transitions: each returns the new state or raises the error the client is told.
+
+    def check(self, producer_id: int, epoch: int) -> None:
+        if producer_id != self.producer_id:
+            raise InvalidProducerIdMapping(
+                f"producer id {producer_id} is not transactional id "
+                f"{self.transactional_id!r}'s ({self.producer_id})"
+            )
+        if epoch != self.epoch:
+            raise ProducerFenced(
+                f"transactional id {self.transactional_id!r} is at epoch {self.epoch}; epoch "
+                f"{epoch} was fenced by a newer producer (or by its transaction's timeout)"
+            )
+
+    def add_partitions(
+        self, producer_id: int, epoch: int, partitions: Iterable[tuple[str, int]], now_ms: int
+    ) -> Transaction:
+        self.check(producer_id, epoch)
+        self._not_preparing()
+        added = self.partitions | frozenset(partitions)
+        if len(added) > MAX_PARTITIONS:
+            raise InvalidTxnState(f"a transaction writes at most {MAX_PARTITIONS} partitions")
+        return self._ongoing(now_ms, partitions=added)
+
+    def add_offsets(self, producer_id: int, epoch: int, group: str, now_ms: int) -> Transaction:
+        self.check(producer_id, epoch)
+        self._not_preparing()
+        return self._ongoing(now_ms, groups=self.groups | {group})
+
+    def commit_offsets(
+        self, producer_id: int, epoch: int, offsets: Iterable[PendingOffset], now_ms: int
+    ) -> Transaction:
+        self.check(producer_id, epoch)
+        if self.state != TxnState.ONGOING:
+            raise InvalidTxnState(
+                f"offsets sent to transactional id {self.transactional_id!r} in state "
+                f"{self.state}: add them to a transaction in progress first"
+            )
+        kept = {(o.group, o.topic, o.partition): o for o in self.offsets}
+        for offset in offsets:
+            if offset.group not in self.groups:
+                raise InvalidTxnState(f"group {offset.group!r} was not added to the transaction")
+            kept[(offset.group, offset.topic, offset.partition)] = offset
+        if len(kept) > MAX_OFFSETS:
+            raise InvalidTxnState(f"a transaction commits at most {MAX_OFFSETS} offsets")
+        return replace(self, offsets=tuple(kept.values()), updated_ms=now_ms)
+
+    def end(self, producer_id: int, epoch: int, commit: bool, now_ms: int) -> Transaction | None:
+        """The PREPARE_* to store and complete; None when the transaction already is (or is
+        being made) what was asked: a retry, answered as done."""
+        if producer_id == self.producer_id and epoch == self.last_epoch:
+            raise ProducerFenced(
+                f"transactional id {self.transactional_id!r}: its transaction was aborted "
+                "(its timeout passed, or a newer producer started) and this producer fenced"
+            )
+        self.check(producer_id, epoch)
+        wanted = TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT
+        done = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT
+        if self.state == TxnState.ONGOING:
+            return replace(self, state=wanted, updated_ms=now_ms)
+        if self.state == done:
+            return None
+        if self.state == wanted:
+            raise ConcurrentTransactions(
+                f"transactional id {self.transactional_id!r}: its end is being completed"
+            )
+        if self.state == TxnState.EMPTY and not commit:
+            return None  # nothing was begun: nothing to abort
+        raise InvalidTxnState(
+            f"transactional id {self.transactional_id!r} is in state {self.state}: "
+            f"cannot {'commit' if commit else 'abort'}"
+        )
+
+    def completed(self, now_ms: int) -> Transaction:
+        """The markers are written and the offsets applied (or dropped): COMPLETE_*."""
+        if not self.state.preparing:
+            return self
+        state = (
+            TxnState.COMPLETE_COMMIT
+            if self.state == TxnState.PREPARE_COMMIT
+            else TxnState.COMPLETE_ABORT
+        )
+        return replace(
+            self,
+            state=state,
+            partitions=frozenset(),
+            offsets=(),
+            groups=frozenset(),
+            started_ms=-1,
+            updated_ms=now_ms,
+        )
+
+    def expired(self, now_ms: int) -> bool:
+        return (
+            self.state == TxnState.ONGOING
+            and self.started_ms >= 0
+            and now_ms - self.started_ms > self.timeout_ms
+        )
+
+    def fence(self, now_ms: int) -> Transaction:
+        """Abort what is in progress under a bumped epoch (a timeout, or a new instance's
+        init): PREPARE_ABORT, the old epoch kept as `last_epoch`. The markers carry the new
+        epoch, so partitions refuse the fenced instance's later batches."""
+        return replace(
+            self,
+            state=TxnState.PREPARE_ABORT,
+            epoch=self.epoch + 1,
+            last_epoch=self.epoch,
+            updated_ms=now_ms,
+        )
+
+    def _not_preparing(self) -> None:
+        if self.state.preparing:
+            raise ConcurrentTransactions(
+                f"transactional id {self.transactional_id!r}: the previous transaction is "
+                "being completed"
+            )
+
+    def _ongoing(self, now_ms: int, **changes: Any) -> Transaction:
+        started = self.started_ms if self.state == TxnState.ONGOING else now_ms
+        return replace(
+            self, state=TxnState.ONGOING, started_ms=started, updated_ms=now_ms, **changes
+        )
+
+    # Persistence
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {
+                "v": 1,
+                "id": self.transactional_id,
+                "pid": self.producer_id,
+                "epoch": self.epoch,
+                "last_epoch": self.last_epoch,
+                "timeout_ms": self.timeout_ms,
+                "state": str(self.state),
+                "partitions": sorted([t, p] for t, p in self.partitions),
+                "groups": sorted(self.groups),
+                "offsets": [[o.group, o.topic, o.partition, o.offset] for o in self.offsets],
+                "started_ms": self.started_ms,
+                "updated_ms": self.updated_ms,
+            },
+            separators=(",", ":"),
+        ).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> Transaction:
+        raw = json.loads(data)
+        return cls(
+            transactional_id=raw["id"],
+            producer_id=raw["pid"],
+            epoch=raw["epoch"],
+            last_epoch=raw["last_epoch"],
+            timeout_ms=raw["timeout_ms"],
+            state=TxnState(raw["state"]),
+            partitions=frozenset((t, p) for t, p in raw["partitions"]),
+            groups=frozenset(raw["groups"]),
+            offsets=tuple(PendingOffset(g, t, p, o) for g, t, p, o in raw["offsets"]),
+            started_ms=raw["started_ms"],
+            updated_ms=raw["updated_ms"],
+        )
+
+
+def check_timeout(timeout_ms: int) -> None:
+    if not 1 <= timeout_ms <= MAX_TIMEOUT_MS:
+        raise InvalidTransactionTimeout(
+            f"transaction timeout {timeout_ms} ms: 1..{MAX_TIMEOUT_MS} ms"
+        )
+
+
+def initialized(
+    existing: Transaction | None,
+    transactional_id: str,
+    timeout_ms: int,
+    new_producer_id: int,
+    now_ms: int,
+) -> Transaction:
+    """The state after a producer's init, for an id with no transaction in progress
+    (`existing.state.idle`, or None): a bumped epoch, or a new producer id at overflow or for a
+    new transactional id (`new_producer_id`, which the caller issues only when it is used)."""
+    check_timeout(timeout_ms)
+    if existing is None or existing.epoch >= MAX_EPOCH:
+        return Transaction(transactional_id, new_producer_id, 0, timeout_ms, updated_ms=now_ms)
+    if not existing.state.idle:
+        raise ConcurrentTransactions(
+            f"transactional id {transactional_id!r}: a transaction is being completed"
+        )
+    return replace(
+        existing,
+        epoch=existing.epoch + 1,
+        last_epoch=-1,
+        timeout_ms=timeout_ms,
+        state=TxnState.EMPTY,
+        updated_ms=now_ms,
+    )

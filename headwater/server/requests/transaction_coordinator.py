@@ -1,0 +1,471 @@
+"""The transaction coordinator: each transactional id's state, stored, and the end of transactions.
+
+The state machine is `durables.transaction_state` (no I/O); this module keeps one `Transaction`
+per transactional id in memory and in the state store (`txn/<id>`, every change synced before it
+is answered), serialises the requests of one id (a lock per id), and does what an end needs:
+
+1. Commit: every partition of the transaction is fsynced first (its records are then durable
+   whatever the topic's fsync policy), then PREPARE_COMMIT is stored: the decision. Abort:
+   PREPARE_ABORT is stored.
+2. A marker (`wire.markers`) is appended to each partition, carrying the producer's id and
+   epoch, and each partition is fsynced again (the marker is durable).
+3. At a commit, the offsets sent in the transaction move their groups' cursors
+   (`requests.group_offsets`: a Kafka group's offsets are its subscription's cursor);
+   at an abort they are dropped.
+4. COMPLETE_* is stored (synced, so the partitions' own state writes before it are on disk too).
+
+A server that stops anywhere in 2-4 finds PREPARE_* on start and does 2-4 again (`start`):
+a marker for a transaction a partition no longer has open changes nothing there, and moving a
+cursor to the same offset again changes nothing. So a transaction is all-committed or
+all-aborted, never half. EndTxn is answered after step 4, so the producer's next transaction
+never races its previous one's markers.
+
+Produce asks `verify` before it appends a transactional batch: the producer's id must be a
+transactional id's, at its current epoch (else INVALID_PRODUCER_EPOCH: fenced), with a
+transaction in progress that added the partition (else INVALID_TXN_STATE). A batch arriving after
+its transaction ended is refused rather than left open in the partition for ever.
+
+Every `EXPIRY_INTERVAL` the transactions past their timeout are aborted under a bumped epoch
+(`Transaction.fence`), which fences their producer. A partition with a transaction open that no
+coordinator state knows of (its state lost, or written by a producer fenced before its state was
+stored) is aborted with a marker on start (`_abort_hanging`), so its last stable offset moves on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Iterable
+from typing import Final, Protocol
+
+import structlog
+
+from headwater.durables.transaction_state import (
+    DEFAULT_TIMEOUT_MS,
+    PendingOffset,
+    Transaction,
+    TxnState,
+    initialized,
+)
+from headwater.server.catalog.topic_catalog import TopicCatalog
+from headwater.server.reply import AfterDurable, Reply, resolve
+from headwater.server.requests.partition_ownership import Ownership, not_owner
+from headwater.server.requests.placement import ProducerIds
+from headwater.server.topics.topic import LogPartition, LogTopic
+from headwater.storage.state import TRANSACTION, key
+from headwater.storage.tasks import spawn
+from headwater.wire import messages as m
+from headwater.wire.errors import (
+    ConcurrentTransactions,
+    HeadwaterError,
+    InvalidPartition,
+    InvalidProducerEpoch,
+    InvalidProducerIdMapping,
+    InvalidRequest,
+    InvalidTxnState,
+    NotSupported,
+    ProducerFenced,
+    UnknownTopic,
+)
+from headwater.wire.markers import Marker, build_marker
+
+log = structlog.get_logger(__name__)
+
+EXPIRY_INTERVAL: Final = 1.0  # seconds between two looks for transactions past their timeout
+MAX_TRANSACTIONAL_ID: Final = 249  # characters, as a topic name
+
+
+class OffsetSink(Protocol):
+    """Where a committed transaction's offsets go (`requests.group_offsets.GroupOffsets`)."""
+
+    async def commit(
+        self, group: str, topic_name: str, offsets: dict[int, int]
+    ) -> dict[int, HeadwaterError | None]: ...
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class TransactionCoordinator:
+    def __init__(
+        self,
+        catalog: TopicCatalog,
+        producer_ids: ProducerIds,
+        ownership: Ownership,
+        offsets: OffsetSink,
+    ) -> None:
+        self._catalog = catalog
+        self._producer_ids = producer_ids
+        self._ownership = ownership
+        self._offsets = offsets
+        self._transactions: dict[str, Transaction] = {}
+        self._by_producer: dict[int, str] = {}  # producer id -> its transactional id
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._expiry: asyncio.Task[None] | None = None
+        self.committed = 0  # transactions completed, by outcome (metrics)
+        self.aborted = 0
+        self.timed_out = 0
+
+    # Start and stop
+
+    async def start(self) -> None:
+        """Load every transactional id's state; finish the ends a stop interrupted; abort what
+        partitions hold open that no state knows of; start the timeout checks."""
+        for raw_key, value in self._catalog.state.scan(TRANSACTION):
+            try:
+                txn = Transaction.decode(value)
+            except (ValueError, KeyError, TypeError) as exc:
+                log.error("transactions.state_unreadable", key=raw_key.decode(), error=str(exc))
+                continue
+            self._remember(txn)
+        for txn in list(self._transactions.values()):
+            if txn.state.preparing:
+                log.info(
+                    "transactions.resuming_end",
+                    transactional_id=txn.transactional_id,
+                    state=str(txn.state),
+                )
+                async with self._lock(txn.transactional_id):
+                    await self._complete(txn)
+        await self._abort_hanging()
+        self._expiry = spawn(self._expire_forever(), "transactions.expiry_failed")
+
+    async def close(self) -> None:
+        for task in (self._expiry, *self._tasks):
+            if task is not None:
+                task.cancel()
+        for task in (self._expiry, *self._tasks):
+            if task is not None:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+
+    # Requests
+
+    async def init_producer_id(
+        self, transactional_id: str, timeout_ms: int, producer_id: int = -1, epoch: int = -1
+    ) -> tuple[int, int]:
+        """(producer id, epoch) for a transactional producer starting (or restarting after an
+        error: `producer_id` and `epoch` the ones it held, KIP-360)."""
+        _check_id(transactional_id)
+        timeout_ms = timeout_ms if timeout_ms > 0 else DEFAULT_TIMEOUT_MS
+        async with self._lock(transactional_id):
+            existing = self._transactions.get(transactional_id)
+            if existing is not None and producer_id >= 0:
+                held = (producer_id, epoch)
+                if held not in (
+                    (existing.producer_id, existing.epoch),
+                    (existing.producer_id, existing.last_epoch),
+                ):
+                    raise ProducerFenced(
+                        f"transactional id {transactional_id!r} is at producer id "
+                        f"{existing.producer_id} epoch {existing.epoch}, not {producer_id}/{epoch}"
+                    )
+            if existing is not None and existing.state == TxnState.ONGOING:
+                # a new instance: its predecessor's transaction is aborted under a bumped epoch
+                # (fencing it), and this one retries once that is done
+                fenced = existing.fence(_now_ms())
+                await self._store(fenced)
+                self._tasks.add(
+                    spawn(
+                        self._complete_locked(fenced),
+                        "transactions.fencing_abort_failed",
+                        self._tasks,
+                        transactional_id=transactional_id,
+                    )
+                )
+                raise ConcurrentTransactions(
+                    f"transactional id {transactional_id!r}: aborting the transaction of the "
+                    "producer this one replaces; retry"
+                )
+            new_id = -1
+            if existing is None or existing.epoch >= 32_766:
+                issued = await resolve(self._producer_ids.init_producer_id())
+                assert isinstance(issued, m.InitProducerIdResponse)
+                new_id = issued.producer_id
+            txn = initialized(existing, transactional_id, timeout_ms, new_id, _now_ms())
+            await self._store(txn)
+            log.info(
+                "transactions.producer_initialized",
+                transactional_id=transactional_id,
+                producer_id=txn.producer_id,
+                epoch=txn.epoch,
+            )
+            return txn.producer_id, txn.epoch
+
+    async def add_partitions(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        epoch: int,
+        partitions: Iterable[tuple[str, int]],
+    ) -> None:
+        """Add partitions to the transaction in progress (beginning one if none is). Each must
+        be a reliable topic's partition (`UnknownTopic`, `InvalidPartition`, `NotSupported`)."""
+        wanted = list(partitions)
+        for topic_name, index in wanted:
+            self._log_partition(topic_name, index)
+        async with self._lock(transactional_id):
+            txn = self._get(transactional_id)
+            changed = txn.add_partitions(producer_id, epoch, wanted, _now_ms())
+            if changed.partitions != txn.partitions or changed.state != txn.state:
+                await self._store(changed)
+
+    async def add_offsets(
+        self, transactional_id: str, producer_id: int, epoch: int, group: str
+    ) -> None:
+        """The transaction will send offsets of `group` (Kafka's AddOffsetsToTxn)."""
+        async with self._lock(transactional_id):
+            txn = self._get(transactional_id)
+            changed = txn.add_offsets(producer_id, epoch, group, _now_ms())
+            if changed.groups != txn.groups or changed.state != txn.state:
+                await self._store(changed)
+
+    async def commit_offsets(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        epoch: int,
+        offsets: Iterable[PendingOffset],
+    ) -> None:
+        """Offsets applied when the transaction commits (Kafka's TxnOffsetCommit)."""
+        pending = list(offsets)
+        for offset in pending:
+            self._log_partition(offset.topic, offset.partition)
+        async with self._lock(transactional_id):
+            txn = self._get(transactional_id)
+            await self._store(txn.commit_offsets(producer_id, epoch, pending, _now_ms()))
+
+    async def end(self, transactional_id: str, producer_id: int, epoch: int, commit: bool) -> None:
+        """Commit or abort the transaction in progress; answered once it is complete."""
+        async with self._lock(transactional_id):
+            txn = self._get(transactional_id)
+            prepared = txn.end(producer_id, epoch, commit, _now_ms())
+            if prepared is None:
+                return  # already so (a retry)
+            if commit:
+                await self._flush(prepared.partitions)
+            await self._store(prepared)
+            await self._complete(prepared)
+
+    def verify(self, producer_id: int, epoch: int, topic: str, partition: int) -> None:
+        """Raise unless a transactional batch of this producer may be appended to the partition
+        now (the module doc)."""
+        transactional_id = self._by_producer.get(producer_id)
+        txn = None if transactional_id is None else self._transactions.get(transactional_id)
+        if txn is None:
+            raise InvalidTxnState(
+                f"producer id {producer_id} has no transactional id: initialise the producer "
+                "with one before it writes transactional batches"
+            )
+        if epoch != txn.epoch:
+            raise InvalidProducerEpoch(
+                f"producer {producer_id}: epoch {epoch}, the transactional id is at {txn.epoch}"
+            )
+        if txn.state != TxnState.ONGOING or (topic, partition) not in txn.partitions:
+            raise InvalidTxnState(
+                f"producer {producer_id}: partition {partition} of topic {topic!r} is not in "
+                "a transaction in progress (add it to the transaction first)"
+            )
+
+    def transactions(self) -> list[Transaction]:
+        """Every transactional id's state (for listing and describing)."""
+        return [self._transactions[t] for t in sorted(self._transactions)]
+
+    def get(self, transactional_id: str) -> Transaction | None:
+        return self._transactions.get(transactional_id)
+
+    # Internals
+
+    def _get(self, transactional_id: str) -> Transaction:
+        txn = self._transactions.get(transactional_id)
+        if txn is None:
+            raise InvalidProducerIdMapping(
+                f"transactional id {transactional_id!r} was never initialised here "
+                "(init the producer first)"
+            )
+        return txn
+
+    def _lock(self, transactional_id: str) -> asyncio.Lock:
+        lock = self._locks.get(transactional_id)
+        if lock is None:
+            lock = self._locks[transactional_id] = asyncio.Lock()
+        return lock
+
+    def _remember(self, txn: Transaction) -> None:
+        previous = self._transactions.get(txn.transactional_id)
+        if previous is not None and previous.producer_id != txn.producer_id:
+            self._by_producer.pop(previous.producer_id, None)
+        self._transactions[txn.transactional_id] = txn
+        self._by_producer[txn.producer_id] = txn.transactional_id
+
+    async def _store(self, txn: Transaction) -> None:
+        """Synced before anything is answered or done on it."""
+        await self._catalog.writer.synced({key(TRANSACTION, txn.transactional_id): txn.encode()})
+        self._remember(txn)
+
+    def _log_partition(self, topic_name: str, index: int) -> tuple[LogTopic, LogPartition]:
+        topic = self._catalog.topics.get(topic_name)
+        if topic is None:
+            raise UnknownTopic(f"topic {topic_name!r} does not exist")
+        if not topic.reliable:
+            raise NotSupported(
+                f"topic {topic_name!r} is non-reliable: transactions write reliable topics only"
+            )
+        if not 0 <= index < len(topic.partitions):
+            raise InvalidPartition(f"topic {topic_name!r} has no partition {index}")
+        if not self._ownership.serves(topic_name, index):
+            raise not_owner(self._ownership, topic_name, index)
+        return topic, topic.partitions[index]
+
+    async def _flush(self, partitions: Iterable[tuple[str, int]]) -> None:
+        """Every record the transaction wrote is made durable before it is committed."""
+        waits = []
+        for topic_name, index in sorted(partitions):
+            topic = self._catalog.topics.get(topic_name)
+            if topic is None or not topic.reliable or index >= len(topic.partitions):
+                continue  # deleted meanwhile: nothing of it to commit
+            wal = topic.partitions[index].log
+            if wal.appended:
+                waits.append(wal.wait_durable(wal.appended))
+        if waits:
+            await asyncio.gather(*waits)
+
+    async def _complete_locked(self, txn: Transaction) -> None:
+        async with self._lock(txn.transactional_id):
+            current = self._transactions.get(txn.transactional_id)
+            if current is not None and current.state.preparing:
+                await self._complete(current)
+
+    async def _complete(self, txn: Transaction) -> None:
+        """Steps 2-4 of the module doc, for a stored PREPARE_*."""
+        commit = txn.state == TxnState.PREPARE_COMMIT
+        marker = Marker.COMMIT if commit else Marker.ABORT
+        waits = [
+            self._write_marker(topic, index, txn.producer_id, txn.epoch, marker)
+            for topic, index in sorted(txn.partitions)
+        ]
+        if waits:
+            await asyncio.gather(*waits)
+        if commit:
+            await self._apply_offsets(txn.offsets)
+        await self._store(txn.completed(_now_ms()))
+        if commit:
+            self.committed += 1
+        else:
+            self.aborted += 1
+        log.debug(
+            "transactions.completed",
+            transactional_id=txn.transactional_id,
+            outcome=marker.name.lower(),
+            partitions=len(txn.partitions),
+            offsets=len(txn.offsets),
+        )
+
+    async def _write_marker(
+        self, topic_name: str, index: int, producer_id: int, epoch: int, marker: Marker
+    ) -> None:
+        topic = self._catalog.topics.get(topic_name)
+        if topic is None or not topic.reliable or index >= len(topic.partitions):
+            return  # deleted meanwhile: no partition left to end the transaction in
+        partition = topic.partitions[index]
+        batch = build_marker(producer_id, epoch, marker)
+
+        def append() -> Reply:
+            _, sequence = topic.append(partition, batch, 1)
+            return AfterDurable(m.ProduceResponse(index, 0), partition.log.wait_durable(sequence))
+
+        await resolve(topic.when_leased([(partition, 1)], append))
+
+    async def _apply_offsets(self, offsets: Iterable[PendingOffset]) -> None:
+        by_subscription: dict[tuple[str, str], dict[int, int]] = {}
+        for offset in offsets:
+            by_subscription.setdefault((offset.group, offset.topic), {})[offset.partition] = (
+                offset.offset
+            )
+        for (group, topic_name), positions in by_subscription.items():
+            if topic_name not in self._catalog.topics:
+                continue  # deleted meanwhile
+            results = await self._offsets.commit(group, topic_name, positions)
+            for partition, error in results.items():
+                if error is not None:
+                    log.error(
+                        "transactions.offset_not_applied",
+                        group=group,
+                        topic=topic_name,
+                        partition=partition,
+                        error=str(error),
+                    )
+
+    async def _abort_hanging(self) -> None:
+        """Transactions open in a partition that no coordinator state has in progress there."""
+        in_progress = {
+            (txn.producer_id, topic, index)
+            for txn in self._transactions.values()
+            if txn.state == TxnState.ONGOING
+            for topic, index in txn.partitions
+        }
+        for topic in list(self._catalog.topics.values()):
+            if not topic.reliable:
+                continue
+            for partition in topic.partitions:
+                for producer_id in list(partition.transactions.open):
+                    if (producer_id, topic.name, partition.index) in in_progress:
+                        continue
+                    entry = partition.producers.producers.get(producer_id)
+                    epoch = entry.epoch if entry is not None else 0
+                    log.warning(
+                        "transactions.hanging_aborted",
+                        topic=topic.name,
+                        partition=partition.index,
+                        producer_id=producer_id,
+                        first_offset=partition.transactions.open[producer_id],
+                    )
+                    try:
+                        await self._write_marker(
+                            topic.name, partition.index, producer_id, epoch, Marker.ABORT
+                        )
+                    except HeadwaterError as exc:
+                        log.error(
+                            "transactions.hanging_abort_failed",
+                            topic=topic.name,
+                            partition=partition.index,
+                            error=str(exc),
+                        )
+
+    async def _expire_forever(self) -> None:
+        while True:
+            await asyncio.sleep(EXPIRY_INTERVAL)
+            now = _now_ms()
+            for txn in [t for t in self._transactions.values() if t.expired(now)]:
+                async with self._lock(txn.transactional_id):
+                    current = self._transactions.get(txn.transactional_id)
+                    if current is None or not current.expired(_now_ms()):
+                        continue
+                    log.info(
+                        "transactions.timed_out",
+                        transactional_id=current.transactional_id,
+                        producer_id=current.producer_id,
+                        timeout_ms=current.timeout_ms,
+                    )
+                    fenced = current.fence(_now_ms())
+                    try:
+                        await self._store(fenced)
+                        await self._complete(fenced)
+                        self.timed_out += 1
+                    except HeadwaterError as exc:
+                        log.error(
+                            "transactions.timeout_abort_failed",
+                            transactional_id=current.transactional_id,
+                            error=str(exc),
+                        )
+
+
+def _check_id(transactional_id: str) -> None:
+    if not transactional_id or len(transactional_id) > MAX_TRANSACTIONAL_ID:
+        raise InvalidRequest(
+            f"a transactional id is 1..{MAX_TRANSACTIONAL_ID} characters, "
+            f"not {len(transactional_id)}"
+        )
