@@ -95,7 +95,11 @@ class TransactionCoordinator:
         producer_ids: ProducerIds,
         ownership: Ownership,
         offsets: OffsetSink,
+        refusal: str | None = None,
     ) -> None:
+        """`refusal`: why this deployment serves no transactions (every producer's init is
+        refused NOT_SUPPORTED with it); None serves them."""
+        self._refusal = refusal
         self._catalog = catalog
         self._producer_ids = producer_ids
         self._ownership = ownership
@@ -149,6 +153,8 @@ class TransactionCoordinator:
     ) -> tuple[int, int]:
         """(producer id, epoch) for a transactional producer starting (or restarting after an
         error: `producer_id` and `epoch` the ones it held, KIP-360)."""
+        if self._refusal is not None:
+            raise NotSupported(self._refusal)
         _check_id(transactional_id)
         timeout_ms = timeout_ms if timeout_ms > 0 else DEFAULT_TIMEOUT_MS
         async with self._lock(transactional_id):
