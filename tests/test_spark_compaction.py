@@ -10,12 +10,19 @@ import dataclasses
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow.parquet as pq
 import pytest
 
-from headwater.spark_compaction.history import Entry, generate, write_segments
+from headwater.spark_compaction.history import (
+    Entry,
+    Written,
+    generate,
+    transactional,
+    write_batches,
+    write_segments,
+)
 from headwater.spark_compaction.job import CompactionSettings, apply_retention, compute, plan, run
 from headwater.spark_compaction.loader import load_snapshot
 from headwater.spark_compaction.manifest import Manifest, manifest_horizons
@@ -328,3 +335,98 @@ def test_corrupt_batches_are_skipped_counted_and_reported(spark: Any, tmp_path: 
     assert summary.records_in == 350
     assert snapshot(spec, "t", 0) == (400, python_fold(entries[:200] + [
         Entry(None, None, (), 0)] * 50 + entries[250:]))  # fmt: skip
+
+
+def _committed_fold(histories: list[tuple[list[Written], list[int]]], below: int) -> Folded:
+    """The reference for a transactional history: replay the records the generator committed or
+    wrote plainly, in offset order, up to `below`; nothing else."""
+    folded: Folded = {}
+    for history, bases in histories:
+        for written, base in zip(history, bases, strict=True):
+            if not written.visible:
+                continue
+            for offset, entry in enumerate(written.entries, base):
+                if offset >= below or entry.key is None:
+                    continue
+                if entry.value is None:
+                    folded.pop(entry.key, None)
+                else:
+                    folded[entry.key] = (entry.value, offset, entry.timestamp, entry.headers)
+    return folded
+
+
+def _decided(history: list[Written], outcome: Literal["committed", "aborted"]) -> list[Written]:
+    return [
+        Written(w.entries, outcome, w.producer_id) if w.outcome == "open" else w for w in history
+    ]
+
+
+def test_aborted_and_open_transactions_never_reach_a_snapshot(spark: Any, tmp_path: Path) -> None:
+    """Three partitions of interleaved plain batches and transactions (three producers,
+    tombstones, keyless records, a third aborted), read by several Spark tasks each (transactions
+    cut by a task boundary are decided by reading ahead). Partition 0 has a transaction open
+    from early on: its horizon stops at that transaction's first offset and, since later tasks
+    folded past it, it is read a second time up to there. Partition 1's open transaction is in
+    its last task: one pass. Partition 2 has none: its horizon is its end. Each snapshot equals
+    a fold of the committed and plain records below its horizon. Then markers end the open
+    transactions (0 commits, 1 aborts) and more is written: the next run folds them, and every
+    snapshot equals the fold of everything committed."""
+    spec = StoreSpec.local(tmp_path)
+    settings = CompactionSettings(spec, ("t",), group_bytes=6000)
+    histories = {p: transactional(400, 60, seed=20 + p) for p in range(3)}
+    histories[0].insert(8, Written(tuple(generate(4, 60, seed=98)), "open", 9))
+    histories[1].append(Written(tuple(generate(4, 60, seed=99)), "open", 9))
+    with BlockingStore(spec) as store:
+        bases = {p: write_batches(store, "t", p, histories[p], segment_batches=4) for p in range(3)}
+        sizes = {
+            p: sum(s.size for s in list_segments(store, ["t"]) if s.partition == p)
+            for p in range(3)
+        }
+    ends = {p: bases[p][-1] + max(1, len(histories[p][-1].entries)) for p in range(3)}
+    opened = {
+        p: bases[p][histories[p].index(next(w for w in histories[p] if w.outcome == "open"))]
+        for p in (0, 1)
+    }
+    horizons = {0: opened[0], 1: opened[1], 2: ends[2]}
+
+    summary = run(session(spark), settings)
+
+    assert summary.bytes_read == 2 * sizes[0] + sizes[1] + sizes[2]  # partition 0 read twice
+    for p in range(3):
+        assert snapshot(spec, "t", p) == (
+            horizons[p],
+            _committed_fold([(histories[p], bases[p])], horizons[p]),
+        )
+    below = [
+        (w, b)
+        for p in range(3)
+        for w, b in zip(histories[p], bases[p], strict=True)
+        if b < horizons[p]
+    ]
+    assert (
+        summary.aborted_skipped
+        == sum(len(w.entries) for w, _ in below if w.outcome == "aborted")
+        > 0
+    )
+    assert summary.records_in == sum(len(w.entries) for w, _ in below)
+
+    more = {p: transactional(150, 60, seed=30 + p) for p in range(3)}
+    more[0].insert(3, Written((), "commit", 9))
+    more[1].insert(5, Written((), "abort", 9))
+    with BlockingStore(spec) as store:
+        later = {
+            p: write_batches(store, "t", p, more[p], start_offset=ends[p], segment_batches=4)
+            for p in range(3)
+        }
+    final = {
+        0: _decided(histories[0], "committed"),
+        1: _decided(histories[1], "aborted"),
+        2: histories[2],
+    }
+
+    run(session(spark), settings)
+
+    for p in range(3):
+        end = later[p][-1] + max(1, len(more[p][-1].entries))
+        expected = _committed_fold([(final[p], bases[p]), (more[p], later[p])], end)
+        assert snapshot(spec, "t", p) == (end, expected)

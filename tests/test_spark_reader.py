@@ -12,7 +12,14 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from headwater.spark_compaction.history import Entry, generate, write_segments
+from headwater.spark_compaction.history import (
+    Entry,
+    Written,
+    generate,
+    transactional,
+    write_batches,
+    write_segments,
+)
 from headwater.spark_compaction.loader import load_snapshot
 from headwater.spark_compaction.manifest import (
     Manifest,
@@ -24,7 +31,12 @@ from headwater.spark_compaction.manifest import (
 )
 from headwater.spark_compaction.schema import WAL_DDL, WAL_SCHEMA
 from headwater.spark_compaction.store import BlockingStore, StoreSpec
-from headwater.spark_compaction.wal_segments import Folder, decode_segment, list_segments
+from headwater.spark_compaction.wal_segments import (
+    Folder,
+    decode_group,
+    decode_segment,
+    list_segments,
+)
 from headwater.spark_compaction.writer import encode_parquet
 from headwater.storage.objectstore import LocalObjectStore, ObjectInfo
 from headwater.wire.errors import StorageError
@@ -287,6 +299,10 @@ def test_folder_keeps_the_newest_record_per_key_and_counts_records(
             for batch in folder.add(segment, store.get(segment.key), from_offset=40):
                 rows.extend(batch.to_pylist())
         rows.extend(r for batch in folder.finish() for r in batch.to_pylist())
+    (info,) = [r for r in rows if r["aborted"] is not None]  # the task's row about itself
+    assert (info["key"], info["offset"], info["records"]) == (None, 499, 0)
+    assert (info["aborted"], info["undecided"]) == (0, None)
+    rows.remove(info)
     assert len(rows) > 31 if max_keys == 5 else len(rows) == 31  # 30 keys and the keyless row
     newest: dict[object, dict[str, object]] = {}
     counts: dict[object, int] = {}
@@ -369,3 +385,85 @@ def test_reading_an_object_never_builds_the_repr_of_what_it_read(tmp_path: Path)
         check=True,
     )
     assert result.stdout.split() == ["0", "1000000"], result.stdout + result.stderr
+
+
+def _visible(history: list[Written], bases: list[int], below: int | None = None) -> list[tuple]:
+    """The reference: the records the generator committed or wrote plainly, by offset."""
+    found = []
+    for written, base in zip(history, bases, strict=True):
+        if written.visible:
+            found.extend((base + i, e.key, e.value) for i, e in enumerate(written.entries))
+    return [r for r in found if below is None or r[0] < below]
+
+
+def _transactional_store(tmp_path: Path) -> tuple[BlockingStore, list[Written], list[int], int]:
+    history = transactional(1500, 40, seed=11, producers=3, left_open=1)
+    store = BlockingStore(StoreSpec.local(tmp_path))
+    bases = write_batches(store, "t", 0, history, segment_batches=5)
+    first_open = min(b for w, b in zip(history, bases, strict=True) if w.outcome == "open")
+    assert {w.outcome for w in history} == {
+        "plain",
+        "committed",
+        "aborted",
+        "open",
+        "commit",
+        "abort",
+    }
+    return store, history, bases, first_open
+
+
+@pytest.mark.parametrize("per_group", [1, 3, 1000])
+def test_the_raw_reader_sees_committed_records_only_however_segments_are_grouped(
+    tmp_path: Path, per_group: int
+) -> None:
+    """Markers are never rows, aborted and still open transactions' records neither, and a
+    transaction a group boundary cuts is decided by reading the next segments' headers."""
+    store, history, bases, _ = _transactional_store(tmp_path)
+    with store:
+        segments = list_segments(store, ["t"])
+        rows = []
+        for start in range(0, len(segments), per_group):
+            group = segments[start : start + per_group]
+            following = segments[start + per_group :]
+            batches = decode_group(
+                ((s, store.get(s.key)) for s in group),
+                0,
+                ((s, store.get(s.key)) for s in following),
+            )
+            rows.extend(r for b in batches for r in b.to_pylist())
+    assert all(r["corrupt"] is None for r in rows)
+    assert [(r["offset"], r["key"], r["value"]) for r in rows] == _visible(history, bases)
+
+
+@pytest.mark.parametrize("until", [False, True])
+def test_the_folder_folds_below_the_first_open_transaction_only(
+    tmp_path: Path, until: bool
+) -> None:
+    """Alone, it finds the open transaction, holds back everything from it on and reports where
+    it begins; told to stop there (the job's second pass), it folds the same, every transaction
+    below decided by markers past the stop."""
+    store, history, bases, first_open = _transactional_store(tmp_path)
+    with store:
+        segments = list_segments(store, ["t"])
+        folder = Folder(segments[0], until=first_open if until else None)
+        rows = []
+        for segment in segments:
+            rows.extend(
+                r for b in folder.add(segment, store.get(segment.key), 0) for r in b.to_pylist()
+            )
+        rows.extend(r for b in folder.finish() for r in b.to_pylist())
+    (info,) = [r for r in rows if r["aborted"] is not None]
+    below = _visible(history, bases, first_open)
+    aborted = sum(
+        len(w.entries)
+        for w, b in zip(history, bases, strict=True)
+        if w.outcome == "aborted" and b < first_open
+    )
+    assert info["undecided"] == (None if until else first_open)
+    assert info["aborted"] == aborted > 0
+    # the last batch followed, a marker here (alone), or the last one below the stop
+    assert info["offset"] == (first_open - 1 if until else bases[-1])
+    newest = {key: (offset, value) for offset, key, value in below if key is not None}
+    folded = {r["key"]: (r["offset"], r["value"]) for r in rows if r["key"] is not None}
+    assert folded == newest
+    assert sum(r["records"] for r in rows) == len(below)

@@ -214,6 +214,7 @@ def _text(summary: Any) -> str:
         f"bytes read, written:  {summary.bytes_read:,}, {summary.bytes_written:,}",
         f"tombstones dropped:   {summary.tombstones_dropped:,}",
         f"keyless skipped:      {summary.keyless_skipped:,}",
+        f"aborted skipped:      {summary.aborted_skipped:,}",
         f"corrupt batches:      {summary.corrupt_batches:,}",
         f"seconds:              {summary.seconds:.1f}",
     ]

@@ -12,7 +12,11 @@ binary values cannot use its hash aggregation) then sorts one row per key and ta
 per record. One aggregation groups by (topic, partition, key, corrupt) and keeps, per group, the
 winner (`max_by` offset), the highest offset, and how many WAL records it stands for (snapshot rows
 count zero). Keyless records all land in the key-null group of their partition and corrupt
-stretches each in a group of their own, so the same pass counts them.
+stretches each in a group of their own, so the same pass counts them; so does each reading task's
+row about itself (key null, no record: wal_segments.info_batch), whose offset (its last batch,
+a marker or an aborted one included), `aborted` and `undecided` (where a transaction left open
+begins) the pass keeps as the highest, the sum and the lowest. Markers and aborted records never
+reach Spark as rows: the reading tasks decide transactions (wal_segments.DecidedBatches).
 
 The grouped result is persisted and used twice: first a small per-partition summary comes back to
 the driver (records in, keyless, tombstones, highest offset, corrupt stretches) from which the job
@@ -49,6 +53,8 @@ class PartitionStats:
     tombstones: int
     max_offset: int | None
     corrupt: tuple[str, ...]
+    aborted: int = 0  # records of aborted transactions left out (counted in records_in)
+    undecided: int | None = None  # the first offset of a transaction still open, if any
 
 
 def read_wal(
@@ -57,13 +63,16 @@ def read_wal(
     segments: Sequence[SegmentObject],
     from_offsets: dict[str, int],
     group_bytes: int,
+    until_offsets: dict[str, int] | None = None,
 ) -> DataFrame:
-    """The new segments' records, already folded within each reading task."""
+    """The new segments' records, already folded within each reading task (below
+    `until_offsets` where given)."""
     return (
         spark.read.format("headwater_wal")
         .option("store", spec.to_json())
         .option("segments", segments_option(segments))
         .option("from_offsets", _json(from_offsets))
+        .option("until_offsets", _json(until_offsets or {}))
         .option("group_bytes", str(group_bytes))
         .option("fold", "true")
         .load()
@@ -73,14 +82,13 @@ def read_wal(
 def read_layers(spark: SparkSession, spec: StoreSpec, files: Sequence[SnapshotFile]) -> DataFrame:
     """Earlier snapshot layers' rows as records (deletions of a delta as null values) that count
     for no WAL record, to fold with the new ones."""
-    return (
+    rows = (
         spark.read.format("headwater_snapshot")
         .option("store", spec.to_json())
         .option("files", files_option(files))
         .load()
-        .withColumn("corrupt", F.lit(None).cast("string"))
-        .withColumn("records", F.lit(0).cast("bigint"))
     )
+    return as_records(rows)
 
 
 def fold(records: DataFrame) -> DataFrame:
@@ -88,6 +96,8 @@ def fold(records: DataFrame) -> DataFrame:
         F.max_by(F.struct("offset", "timestamp", "value", "headers"), "offset").alias("winner"),
         F.max("offset").alias("max_offset"),
         F.sum("records").alias("records"),
+        F.sum("aborted").alias("aborted"),
+        F.min("undecided").alias("undecided"),
     )
 
 
@@ -109,10 +119,22 @@ def winners(groups: DataFrame, partitions: Collection[str], deletions: bool) -> 
     )
 
 
+def replaced(groups: DataFrame, again: DataFrame, partitions: Collection[str]) -> DataFrame:
+    """`groups` with the groups of `partitions` ("<topic>/<partition>") taken from `again`."""
+    name = F.concat_ws("/", F.col("topic"), F.col("partition").cast("string"))
+    return groups.where(~name.isin(sorted(partitions))).unionByName(again)
+
+
 def as_records(rows: DataFrame) -> DataFrame:
-    """Snapshot rows (`winners`) in the shape `fold` takes, counting for no WAL record."""
-    return rows.withColumn("corrupt", F.lit(None).cast("string")).withColumn(
-        "records", F.lit(0).cast("bigint")
+    """Snapshot rows (`winners`, a layer's) in the shape `fold` takes, counting for no WAL
+    record."""
+    return rows.withColumns(
+        {
+            "corrupt": F.lit(None).cast("string"),
+            "records": F.lit(0).cast("bigint"),
+            "aborted": F.lit(None).cast("bigint"),
+            "undecided": F.lit(None).cast("bigint"),
+        }
     )
 
 
@@ -125,6 +147,8 @@ def partition_stats(groups: DataFrame) -> list[PartitionStats]:
             F.sum(F.when(F.col("corrupt").isNull(), F.col("records")).otherwise(0)).alias(
                 "records_in"
             ),
+            F.sum("aborted").alias("aborted"),
+            F.min("undecided").alias("undecided"),
             F.sum(F.when(~keyed & F.col("corrupt").isNull(), F.col("records")).otherwise(0)).alias(
                 "keyless"
             ),
@@ -140,12 +164,14 @@ def partition_stats(groups: DataFrame) -> list[PartitionStats]:
             PartitionStats(
                 r["topic"],
                 r["partition"],
-                int(r["records_in"] or 0),
+                int(r["records_in"] or 0) + int(r["aborted"] or 0),
                 int(r["keyless"] or 0),
                 int(r["live"] or 0),
                 int(r["tombstones"] or 0),
                 r["max_offset"],
                 tuple(r["corrupt"]),
+                int(r["aborted"] or 0),
+                r["undecided"],
             )
             for r in rows
         ),

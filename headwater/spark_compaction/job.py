@@ -7,6 +7,12 @@
    horizon (highest offset read + 1), and write its Parquet files: a delta layer of the keys that
    changed while the partition's deltas stay small beside its full layer (`takes_delta`),
    otherwise a full snapshot, the new winners folded with the previous snapshot's layers.
+   Transactions are decided by the reading tasks (wal_segments.DecidedBatches): only committed
+   and plain records are folded. A partition whose segments end inside a transaction gets that
+   transaction's first offset as its horizon (the LSO of what was uploaded; nothing from it on
+   is folded) and a `last_segment` below the segment holding it, so the next run reads it again;
+   if a task after the one where it began folded past it, the partition is read again up to
+   there (`_read_again`), and those groups replace the first read's.
    A partition whose new segments hold no readable record gets no new snapshot; its corrupt
    batches are reported, and reported again by the next run, which reads them again.
 3. Commit: one manifest per partition, written with a conditional put. If the manifest is already
@@ -19,6 +25,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -40,7 +47,7 @@ from headwater.spark_compaction.manifest import (
 from headwater.spark_compaction.schema import SCHEMA_VERSION
 from headwater.spark_compaction.source import DEFAULT_GROUP_BYTES
 from headwater.spark_compaction.store import BlockingStore, StoreSpec
-from headwater.spark_compaction.wal_segments import SegmentObject, list_segments
+from headwater.spark_compaction.wal_segments import SegmentObject, group_segments, list_segments
 from headwater.spark_compaction.writer import ROWS_PER_FILE, expected_files
 from headwater.wire.errors import StorageError
 
@@ -88,6 +95,7 @@ class Outcome:
     corrupt: tuple[str, ...]
     manifest: Manifest | None
     bytes_read: int  # segments, and the earlier layers' files when it merged them
+    aborted: int = 0  # records of aborted transactions left out (counted in records_in)
 
 
 @dataclass
@@ -97,6 +105,7 @@ class Summary:
     keys_out: int = 0
     tombstones_dropped: int = 0
     keyless_skipped: int = 0
+    aborted_skipped: int = 0  # records of aborted transactions (counted in records_in)
     corrupt_batches: int = 0
     bytes_read: int = 0  # object bytes read: new segments, and snapshot layers merged
     bytes_written: int = 0  # snapshot file bytes written
@@ -113,6 +122,7 @@ class Summary:
             "keys_out": self.keys_out,
             "tombstones_dropped": self.tombstones_dropped,
             "keyless_skipped": self.keyless_skipped,
+            "aborted_skipped": self.aborted_skipped,
             "corrupt_batches": self.corrupt_batches,
             "bytes_read": self.bytes_read,
             "bytes_written": self.bytes_written,
@@ -204,20 +214,37 @@ def compute(
     progress(f"reading {len(segments)} segments of {len(plans)} partitions")
     wal = compact.read_wal(spark, settings.store, segments, from_offsets, settings.group_bytes)
     groups = compact.persisted(compact.fold(wal))
-    merged = None
+    merged = redone = None
     try:
         stats = {(s.topic, s.partition): s for s in compact.partition_stats(groups)}
+        # a partition whose segments end inside a transaction stops at its first offset (the
+        # LSO of what was uploaded); read again up to there if a later task folded past it
+        cuts = {n: s.undecided for n, s in stats.items() if s.undecided is not None}
+        again = [
+            p
+            for p in plans
+            if (p.topic, p.partition) in cuts
+            and cuts[(p.topic, p.partition)] < _last_task_start(p, settings)
+        ]
+        if again:
+            progress(f"reading {len(again)} partitions again, up to their open transactions")
+            redone = compact.persisted(compact.fold(_read_again(spark, settings, again, cuts)))
+            stats.update({(s.topic, s.partition): s for s in compact.partition_stats(redone)})
+            groups = compact.replaced(groups, redone, _names((p.topic, p.partition) for p in again))
         horizons: dict[tuple[str, int], int] = {}
         deltas: set[tuple[str, int]] = set()  # a delta layer over the previous snapshot
         fresh: set[tuple[str, int]] = set()  # a first snapshot: the WAL's winners
         remerged: list[PartitionPlan] = []  # a full snapshot: the winners folded with the layers
         rows: dict[tuple[str, int], int] = {}  # rows each partition's files will hold
         for p in plans:
-            found = stats.get((p.topic, p.partition))
+            part = (p.topic, p.partition)
+            found = stats.get(part)
             if found is None or found.records_in == 0 or found.max_offset is None:
                 continue
-            part = (p.topic, p.partition)
-            horizons[part] = max(found.max_offset + 1, p.from_offset)
+            end = cuts.get(part, max(found.max_offset + 1, p.from_offset))
+            if end <= p.from_offset:
+                continue  # an open transaction where the previous snapshot ends: nothing new
+            horizons[part] = end
             if takes_delta(p.previous, found.live + found.tombstones, settings):
                 deltas.add(part)
                 rows[part] = found.live + found.tombstones
@@ -250,9 +277,9 @@ def compute(
         compact.write(everything, settings.store, horizons, deltas, settings.rows_per_file, tasks)
         phases["write"] = time.monotonic() - clock
     finally:
-        groups.unpersist()
-        if merged is not None:
-            merged.unpersist()
+        for frame in (groups, redone, merged):
+            if frame is not None:
+                frame.unpersist()
     created_at = now_iso()
     outcomes = []
     for p in plans:
@@ -260,7 +287,7 @@ def compute(
         s = stats.get(name)
         horizon = horizons.get(name)
         manifest = None
-        bytes_read = sum(segment.size for segment in p.segments)
+        bytes_read = sum(segment.size for segment in p.segments) * (2 if p in again else 1)
         if s is not None and horizon is not None:
             delta = name in deltas
             files = tuple(
@@ -280,7 +307,7 @@ def compute(
                 topic=p.topic,
                 partition=p.partition,
                 horizon=horizon,
-                last_segment=p.segments[-1].base_offset,
+                last_segment=_last_segment(p, cuts.get(name)),
                 previous_horizon=p.previous.horizon if p.previous else None,
                 files=files,
                 rows=sum(f.rows for f in files),
@@ -302,6 +329,7 @@ def compute(
                 s.corrupt if s else (),
                 manifest,
                 bytes_read,
+                s.aborted if s else 0,
             )
         )
     return outcomes
@@ -309,6 +337,44 @@ def compute(
 
 def _names(parts: Iterable[tuple[str, int]]) -> set[str]:
     return {f"{topic}/{partition}" for topic, partition in parts}
+
+
+def _last_task_start(p: PartitionPlan, settings: CompactionSettings) -> int:
+    """Where the last Spark task reading the partition's segments begins (`group_segments`, as
+    the `headwater_wal` source groups them)."""
+    return group_segments(p.segments, settings.group_bytes)[-1][0].base_offset
+
+
+def _read_again(
+    spark: Any,
+    settings: CompactionSettings,
+    plans: Sequence[PartitionPlan],
+    cuts: dict[tuple[str, int], int],
+) -> Any:
+    """The partitions' new records below their cuts, folded within each reading task."""
+    from headwater.spark_compaction import compact
+
+    return compact.read_wal(
+        spark,
+        settings.store,
+        [s for p in plans for s in p.segments],
+        {f"{p.topic}/{p.partition}": p.from_offset for p in plans},
+        settings.group_bytes,
+        {f"{p.topic}/{p.partition}": cuts[(p.topic, p.partition)] for p in plans},
+    )
+
+
+def _last_segment(p: PartitionPlan, cut: int | None) -> int:
+    """The base offset of the newest segment the snapshot folded whole: the next run reads the
+    segments past it. Below an open transaction's `cut`, the segment holding the cut is read
+    again (and the earlier run's `last_segment` kept if that is the first new one)."""
+    if cut is None:
+        return p.segments[-1].base_offset
+    kept = p.previous.last_segment if p.previous else -1
+    for segment, after in itertools.pairwise(p.segments):
+        if after.base_offset <= cut:
+            kept = segment.base_offset
+    return kept
 
 
 def commit(store: BlockingStore, outcomes: Sequence[Outcome]) -> list[Manifest]:
@@ -385,6 +451,7 @@ def run(
         summary.records_in += outcome.records_in
         summary.tombstones_dropped += outcome.tombstones
         summary.keyless_skipped += outcome.keyless
+        summary.aborted_skipped += outcome.aborted
         summary.corrupt.extend(outcome.corrupt)
         summary.bytes_read += outcome.bytes_read
         if outcome.manifest is not None:

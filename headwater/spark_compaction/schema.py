@@ -66,6 +66,12 @@ STREAM_DDL: Final = WAL_DDL.removesuffix(", corrupt string")
 
 # `fold=true` rows: WAL rows already folded within one Spark task, with `records`, the number of
 # WAL records each row stands for (a key's winner: that key's records; the key-null row: the
-# keyless records; a corrupt stretch: 0).
-FOLDED_SCHEMA: Final = WAL_SCHEMA.append(pa.field("records", pa.int64()))
-FOLDED_DDL: Final = WAL_DDL + ", records bigint"
+# keyless records; a corrupt stretch: 0), and, set only on each task's one row about itself
+# (wal_segments.info_batch), `aborted` (records of aborted transactions left out) and `undecided`
+# (where a transaction still open begins).
+FOLDED_SCHEMA: Final = (
+    WAL_SCHEMA.append(pa.field("records", pa.int64()))
+    .append(pa.field("aborted", pa.int64()))
+    .append(pa.field("undecided", pa.int64()))
+)
+FOLDED_DDL: Final = WAL_DDL + ", records bigint, aborted bigint, undecided bigint"

@@ -11,10 +11,18 @@ converting row by row. Options (all strings, as Spark passes them):
 - `topics`: comma-separated topics (default: every topic in the store), or
 - `segments`: a JSON list of [topic, partition, base_offset, size] to read exactly those
 - `from_offsets`: JSON {"<topic>/<partition>": offset}: records below it are left out
+- `until_offsets`: JSON {"<topic>/<partition>": offset}: batches at or past it are left out (the
+  job's second pass over a partition whose horizon an open transaction stops)
 - `group_bytes`: target bytes of segments per input partition (default 64 MiB)
 - `fold`: "true" to fold inside each task (wal.Folder): one row per key seen, newest record, with
-  a `records` column counting the records it stands for (schema.FOLDED_DDL). The compaction job
-  reads this way; Spark then folds the tasks' rows, far fewer than the records.
+  a `records` column counting the records it stands for, and one row about the task
+  (schema.FOLDED_DDL). The compaction job reads this way; Spark then folds the tasks' rows, far
+  fewer than the records.
+
+Rows are transaction-aware (wal_segments.DecidedBatches): markers are never rows, nor records of
+aborted transactions, nor (without `fold`) those of a transaction still open at the end of the
+listed segments. A task whose segments end inside a transaction reads the headers of its
+partition's next listed segments for its marker, so each input partition also carries those.
 
 `headwater_snapshot` reads snapshots through the same store code, since the pyspark wheel has no S3
 file system: `topics` gives the newest snapshot of every partition of those topics, one input
@@ -53,7 +61,7 @@ from headwater.spark_compaction.store import BlockingStore, StoreSpec, open_stor
 from headwater.spark_compaction.wal_segments import (
     Folder,
     SegmentObject,
-    decode_segment,
+    decode_group,
     group_segments,
     list_segments,
 )
@@ -100,10 +108,21 @@ def store_option(options: dict[str, str], source: str) -> StoreSpec:
 
 
 class SegmentGroup(InputPartition):
-    def __init__(self, segments: Sequence[SegmentObject], from_offset: int) -> None:
+    """One task: consecutive `segments` of a partition; `following`, the partition's listed
+    segments after them (read only for the markers of a transaction left open)."""
+
+    def __init__(
+        self,
+        segments: Sequence[SegmentObject],
+        from_offset: int,
+        following: Sequence[SegmentObject] = (),
+        until: int | None = None,
+    ) -> None:
         super().__init__(tuple(segments))
         self.segments = tuple(segments)
         self.from_offset = from_offset
+        self.following = tuple(following)
+        self.until = until
 
 
 class WalReader(DataSourceReader):
@@ -115,6 +134,7 @@ class WalReader(DataSourceReader):
         if pinned is not None:
             self.pinned = [SegmentObject(t, p, b, s, n) for t, p, b, s, n in json.loads(pinned)]
         self.from_offsets: dict[str, int] = json.loads(options.get("from_offsets", "{}"))
+        self.until_offsets: dict[str, int] = json.loads(options.get("until_offsets", "{}"))
         self.group_bytes = int(options.get("group_bytes", DEFAULT_GROUP_BYTES))
         self.fold = options.get("fold", "false").lower() == "true"
 
@@ -126,10 +146,23 @@ class WalReader(DataSourceReader):
         groups = group_segments(segments, self.group_bytes)
         if not groups:
             return [SegmentGroup((), 0)]
-        return [
-            SegmentGroup(g, self.from_offsets.get(f"{g[0].topic}/{g[0].partition}", 0))
-            for g in groups
-        ]
+        parts = []
+        for index, group in enumerate(groups):
+            name = f"{group[0].topic}/{group[0].partition}"
+            following: list[SegmentObject] = []
+            for later in groups[index + 1 :]:
+                if f"{later[0].topic}/{later[0].partition}" != name:
+                    break
+                following.extend(later)
+            parts.append(
+                SegmentGroup(
+                    group,
+                    self.from_offsets.get(name, 0),
+                    following,
+                    self.until_offsets.get(name),
+                )
+            )
+        return parts
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, SegmentGroup)
@@ -137,15 +170,15 @@ class WalReader(DataSourceReader):
             return
         store = BlockingStore(self.spec)
         try:
-            folder = Folder(partition.segments[0]) if self.fold else None
-            for segment in partition.segments:
-                data = store.get(segment.key)
-                if folder is None:
-                    yield from decode_segment(segment, data, partition.from_offset)
-                else:
-                    yield from folder.add(segment, data, partition.from_offset)
-            if folder is not None:
-                yield from folder.finish()
+            fetched = ((s, store.get(s.key)) for s in partition.segments)
+            following = ((s, store.get(s.key)) for s in partition.following)  # only if needed
+            if not self.fold:
+                yield from decode_group(fetched, partition.from_offset, following)
+                return
+            folder = Folder(partition.segments[0], until=partition.until)
+            for segment, data in fetched:
+                yield from folder.add(segment, data, partition.from_offset)
+            yield from folder.finish(following)
         finally:
             store.close()
 
