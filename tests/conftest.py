@@ -31,6 +31,7 @@ SHARED_GROUPS = {
     "test_spark_reader": "spark",
     "test_spark_stream": "spark",
     "test_spark_sink": "spark",
+    "test_spark_transactions": "spark",
     "test_damaged_reads": "spark",  # its Spark source test takes the session fixture
 }
 

@@ -26,6 +26,17 @@ start at earliest), `maxRecordsPerTrigger`, `token`, `tls` (`true`), `tls.ca`, `
 120000), `maxRetries` (default 20), `retryBackoffMs` (default 100), `retryMaxBackoffMs` (default
 5000). docs/COMPACTION.md has the table.
 
+Transactions: a task decides them from the markers in what FETCH answers, with
+`wire.transaction_fold` (the compaction job's fold): markers are never rows nor are aborted
+transactions' records, a transactional batch and what follows it wait for its producer's next
+marker (read past the range's end if need be, long-polling while the transaction is open, within
+`readTimeoutMs`), so a range always yields the same rows, in offset order. An empty answer whose
+readable end is at or past the range's end ends the range: the offsets left held nothing readable
+(a gap; or, from a server whose FETCH drops markers and aborted batches, those). The fold needs
+the markers to release a committed transaction's batches: a FETCH that drops markers but still
+hands over committed transactional batches must say so (and `read_range` then take those as
+decided), or keep answering the log as stored to this reader.
+
 Riding through a server restart: the driver's DESCRIBE (`initialOffset`, `latestOffset`) and a
 task's FETCH loop retry an error the server or the network may get over (`retriable`: a refused
 or lost connection, a server shutting down, a storage error) on a new connection, waiting
@@ -58,9 +69,19 @@ from pyspark.sql.types import StructType
 from headwater.client.client import Client, connect
 from headwater.client.credentials import Tls, TlsOption
 from headwater.spark_compaction.schema import STREAM_DDL, STREAM_SCHEMA
-from headwater.spark_compaction.wal_segments import ROWS_PER_BATCH, Row, records_batch, row
-from headwater.wire.errors import HeadwaterError, InvalidRequest, RequestTimeout
+from headwater.spark_compaction.wal_segments import (
+    ROWS_PER_BATCH,
+    Row,
+    batch_header,
+    records_batch,
+    row,
+)
+from headwater.storage.segments import BatchLocation, walk_batches
+from headwater.wire.errors import CorruptBatch, HeadwaterError, InvalidRequest, RequestTimeout
 from headwater.wire.limits import MAX_FETCH_WAIT_MS
+from headwater.wire.markers import marker_type
+from headwater.wire.records import CONTROL_FLAG, TRANSACTIONAL_FLAG, decode_records
+from headwater.wire.transaction_fold import TransactionFold
 
 T = TypeVar("T")
 Offsets = dict[str, int]
@@ -280,8 +301,12 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 def read_range(
     settings: Settings, partition: int, start: int, end: int
 ) -> Iterator[pa.RecordBatch]:
-    """The records of `partition` in [start, end) as Arrow batches, fetched in order; waits
-    (long polls) while the range is not readable yet, at most `readTimeoutMs` in all."""
+    """The visible records of `partition` in [start, end) as Arrow batches, fetched in order;
+    waits (long polls) while the range is not readable yet, or while a transaction with batches
+    in it has not ended, at most `readTimeoutMs` in all. Transactions are decided from the
+    markers in what FETCH answers (`wire.transaction_fold`): markers are never rows, an aborted
+    transaction's records neither, and what follows a transaction still open is held back with
+    it; past `end` the task reads only for the markers it waits for."""
     loop = asyncio.new_event_loop()
     client: Client | None = None
 
@@ -290,10 +315,14 @@ def read_range(
 
     try:
         offset, rows = start, list[Row]()
+        fold: TransactionFold[bytes | None] = TransactionFold()
         deadline = loop.time() + settings.read_timeout
         max_wait = min(POLL_MS, MAX_FETCH_WAIT_MS) / 1000
         failures = 0
-        while offset < end:  # each round moves on, or waits a poll; the deadline ends it
+        # each round moves on, or waits a poll; the deadline ends it
+        while offset < end or fold.holding:
+            if offset >= end and loop.time() > deadline:  # moving on, but past the range
+                raise RequestTimeout(_undecided(settings, partition, fold, end))
             try:
                 if client is None:
                     client = wait(settings.connect())
@@ -311,25 +340,78 @@ def read_range(
                 time.sleep(settings.delay(failures))
                 continue
             failures = 0
-            found: list[Row] = fetched.records(row)
-            if not found and fetched.next_offset <= offset:
-                if loop.time() > deadline:
+            batches = answered(fetched.data)
+            if not batches:
+                if offset < end <= fetched.end_offset:
+                    # nothing readable left in the range: offsets the server stepped over (a gap
+                    # a restart left, or batches a transaction-aware server drops)
+                    offset = end
+                elif loop.time() > deadline:
                     raise RequestTimeout(
                         f"partition {partition} of topic {settings.topic!r}: offsets "
                         f"{offset}..{end} not readable after {settings.read_timeout:.0f}s "
                         f"(readable end {fetched.end_offset})"
+                        if offset < end
+                        else _undecided(settings, partition, fold, end)
                     )
                 continue
-            rows.extend(r for r in found if r[0] < end)
-            offset = fetched.next_offset  # past what came, or past a gap the server stepped over
-            if len(rows) >= ROWS_PER_BATCH or offset >= end:
-                if rows:
-                    yield _stream_batch(settings.topic, partition, rows)
+            for location, batch in batches:
+                if location.base_offset >= end:  # past the range: a held transaction's marker?
+                    if not location.attributes & CONTROL_FLAG:
+                        continue
+                    if location.producer_id not in fold.waiting_for:
+                        continue
+                    item: bytes | None = None
+                elif location.attributes & TRANSACTIONAL_FLAG or fold.holding:
+                    item = batch
+                else:
+                    rows.extend(_records(batch, start, end))
+                    continue
+                marker = marker_type(batch) if location.attributes & CONTROL_FLAG else None
+                for released, fate in fold.follow(batch_header(location), marker, item):
+                    if released is not None and fate.visible:
+                        rows.extend(_records(released, start, end))
+            # past what came, or past a gap the server stepped over
+            offset = max(offset, batches[-1][0].next_offset)
+            if len(rows) >= ROWS_PER_BATCH:
+                yield _stream_batch(settings.topic, partition, rows)
                 rows = []
+        if rows:
+            yield _stream_batch(settings.topic, partition, rows)
     finally:
         if client is not None:
             wait(client.close())
         loop.close()
+
+
+def answered(data: bytes) -> list[tuple[BatchLocation, bytes]]:
+    """A FETCH answer's batches, each checked (CRC), markers included; `CorruptBatch` if the
+    answer holds anything else."""
+    view = memoryview(data)
+    found = []
+    for step in walk_batches(data):
+        if step.batch is None:
+            raise CorruptBatch(f"a FETCH answer holds {step.reason} at byte {step.position}")
+        found.append((step.batch, bytes(view[step.position : step.position + step.length])))
+    return found
+
+
+def _records(batch: bytes, start: int, end: int) -> list[Row]:
+    found: list[Row] = decode_records(batch, row)
+    if found[0][0] < start or found[-1][0] >= end:
+        found = [r for r in found if start <= r[0] < end]
+    return found
+
+
+def _undecided(
+    settings: Settings, partition: int, fold: TransactionFold[bytes | None], end: int
+) -> str:
+    producers = ", ".join(str(p) for p in sorted(fold.waiting_for))
+    return (
+        f"partition {partition} of topic {settings.topic!r}: the transaction open at offset "
+        f"{fold.stable_offset} (producer {producers}), before the range's end {end}, has not "
+        f"ended after {settings.read_timeout:.0f}s (readTimeoutMs)"
+    )
 
 
 def _stream_batch(topic: str, partition: int, rows: list[Row]) -> pa.RecordBatch:
