@@ -10,15 +10,17 @@ is answered), serialises the requests of one id (a lock per id), and does what a
 2. A marker (`wire.markers`) is appended to each partition, carrying the producer's id and
    epoch, and each partition is fsynced again (the marker is durable).
 3. At a commit, the offsets sent in the transaction move their groups' cursors
-   (`requests.group_offsets`: a Kafka group's offsets are its subscription's cursor);
-   at an abort they are dropped.
+   (`requests.group_offsets`: a Kafka group's offsets are its subscription's cursor), and the
+   acknowledgements a native producer added (ADD_ACKS_TO_TXN) are acked on their reliable
+   subscription as ACK_RANGES acks them, the cursors written synced; at an abort both are
+   dropped (the messages are delivered again once their ack timeout passes, as any unacked).
 4. COMPLETE_* is stored (synced, so the partitions' own state writes before it are on disk too).
 
-A server that stops anywhere in 2-4 finds PREPARE_* on start and does 2-4 again (`start`):
-a marker for a transaction a partition no longer has open changes nothing there, and moving a
-cursor to the same offset again changes nothing. So a transaction is all-committed or
-all-aborted, never half. EndTxn is answered after step 4, so the producer's next transaction
-never races its previous one's markers.
+A server that stops anywhere in 2-4 finds PREPARE_* on start and does 2-4 again (`start`): a marker
+for a transaction a partition no longer has open changes nothing there, and moving a cursor to the
+same offset, or acking an acknowledged offset, again changes nothing. So a transaction is all-
+committed or all-aborted, never half. EndTxn is answered after step 4, so the producer's next
+transaction never races its previous one's markers.
 
 Produce asks `verify` before it appends a transactional batch: the producer's id must be a
 transactional id's, at its current epoch (else INVALID_PRODUCER_EPOCH: fenced), with a
@@ -37,7 +39,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Iterable
-from typing import Final, Protocol
+from typing import Final, Protocol, cast
 
 import structlog
 
@@ -47,13 +49,16 @@ from headwater.durables.transaction_state import (
     Transaction,
     TxnState,
     initialized,
+    merge_ranges,
 )
 from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.reply import AfterDurable, Reply, resolve
 from headwater.server.requests.partition_ownership import Ownership, not_owner
 from headwater.server.requests.placement import ProducerIds
+from headwater.server.subscriptions.reliable_subscription import ReliableSubscription
+from headwater.server.topics.subscription_contract import Consumer
 from headwater.server.topics.topic import LogPartition, LogTopic
-from headwater.storage.state import TRANSACTION, key
+from headwater.storage.state import CURSOR, TRANSACTION, key
 from headwater.storage.tasks import spawn
 from headwater.wire import messages as m
 from headwater.wire.errors import (
@@ -66,6 +71,7 @@ from headwater.wire.errors import (
     InvalidTxnState,
     NotSupported,
     ProducerFenced,
+    UnknownSubscription,
     UnknownTopic,
 )
 from headwater.wire.markers import Marker, build_marker
@@ -74,6 +80,10 @@ log = structlog.get_logger(__name__)
 
 EXPIRY_INTERVAL: Final = 1.0  # seconds between two looks for transactions past their timeout
 MAX_TRANSACTIONAL_ID: Final = 249  # characters, as a topic name
+# `ReliableSubscription.ack_ranges` takes the consumer that acks, for the subscription kinds
+# that answer per consumer; a reliable subscription's acks are the subscription's, whoever sends
+# them, and it reads nothing of it. A committed transaction's acks have no consumer.
+_NO_CONSUMER: Final = cast(Consumer, None)
 
 
 class OffsetSink(Protocol):
@@ -238,6 +248,59 @@ class TransactionCoordinator:
             txn = self._get(transactional_id)
             await self._store(txn.commit_offsets(producer_id, epoch, pending, _now_ms()))
 
+    async def add_acks(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        epoch: int,
+        topic_name: str,
+        subscription: str,
+        ranges: Iterable[m.AckRange],
+        positions: Iterable[m.AckEntry] = (),
+    ) -> None:
+        """Acknowledgements of messages of a reliable subscription, applied when the
+        transaction commits (ADD_ACKS_TO_TXN): `ranges` as ACK_RANGES acknowledges them,
+        `positions` as a Kafka group's committed offsets. Begins a transaction if none is in
+        progress."""
+        wanted: dict[int, list[tuple[int, int]]] = {}
+        for entry in ranges:
+            if entry.count < 1 or entry.first_offset < 0:
+                raise InvalidRequest(
+                    f"an acknowledged range is 1 or more offsets from offset 0 or above, not "
+                    f"{entry.count} from {entry.first_offset}"
+                )
+            wanted.setdefault(entry.partition, []).append(
+                (entry.first_offset, entry.first_offset + entry.count)
+            )
+        moved: dict[int, int] = {}
+        for position in positions:
+            if position.offset < 0:
+                raise InvalidRequest(f"a position is an offset, 0 or above, not {position.offset}")
+            moved[position.partition] = position.offset
+        for index in sorted(wanted.keys() | moved.keys()):
+            self._log_partition(topic_name, index)
+        topic = self._catalog.topics[topic_name]
+        if not isinstance(topic.subscriptions.get(subscription), ReliableSubscription):
+            raise UnknownSubscription(
+                f"topic {topic_name!r} has no reliable subscription {subscription!r} to "
+                "acknowledge messages of"
+            )
+        pending = [
+            PendingOffset(
+                subscription,
+                topic_name,
+                index,
+                moved.get(index, -1),
+                merge_ranges(wanted.get(index, ())),
+            )
+            for index in sorted(wanted.keys() | moved.keys())
+        ]
+        async with self._lock(transactional_id):
+            now = _now_ms()
+            txn = self._get(transactional_id)
+            added = txn.add_offsets(producer_id, epoch, subscription, now)
+            await self._store(added.commit_offsets(producer_id, epoch, pending, now))
+
     async def end(self, transactional_id: str, producer_id: int, epoch: int, commit: bool) -> None:
         """Commit or abort the transaction in progress; answered once it is complete."""
         async with self._lock(transactional_id):
@@ -380,11 +443,19 @@ class TransactionCoordinator:
         await resolve(topic.when_leased([(partition, 1)], append))
 
     async def _apply_offsets(self, offsets: Iterable[PendingOffset]) -> None:
+        """A committed transaction's acknowledgements, then its positions, applied."""
         by_subscription: dict[tuple[str, str], dict[int, int]] = {}
+        acks: dict[tuple[str, str], list[m.AckRange]] = {}
         for offset in offsets:
-            by_subscription.setdefault((offset.group, offset.topic), {})[offset.partition] = (
-                offset.offset
-            )
+            where = (offset.group, offset.topic)
+            if offset.acks:
+                acks.setdefault(where, []).extend(
+                    m.AckRange(offset.partition, first, end - first) for first, end in offset.acks
+                )
+            if offset.offset >= 0:
+                by_subscription.setdefault(where, {})[offset.partition] = offset.offset
+        for (subscription, topic_name), ranges in acks.items():
+            await self._acknowledge(subscription, topic_name, ranges)
         for (group, topic_name), positions in by_subscription.items():
             if topic_name not in self._catalog.topics:
                 continue  # deleted meanwhile
@@ -398,6 +469,33 @@ class TransactionCoordinator:
                         partition=partition,
                         error=str(error),
                     )
+
+    async def _acknowledge(
+        self, subscription: str, topic_name: str, ranges: list[m.AckRange]
+    ) -> None:
+        """Ack `ranges` on the reliable subscription and write its cursors synced (before the
+        transaction's COMPLETE is stored), in the topic's turn as every change to a
+        subscription is: a deletion cannot come between the ack and the write."""
+        async with self._catalog.turn(topic_name):
+            topic = self._catalog.topics.get(topic_name)
+            found = None if topic is None else topic.subscriptions.get(subscription)
+            if not isinstance(found, ReliableSubscription):
+                log.error(
+                    "transactions.acks_not_applied",
+                    topic=topic_name,
+                    subscription=subscription,
+                    error="the subscription no longer exists",
+                )
+                return
+            cursors = found.core.cursors
+            kept = [r for r in ranges if r.partition < len(cursors)]
+            found.ack_ranges(_NO_CONSUMER, kept)
+            await self._catalog.writer.synced(
+                {
+                    key(CURSOR, topic_name, subscription, p): cursors[p].encode()
+                    for p in {r.partition for r in kept}
+                }
+            )
 
     async def _abort_hanging(self) -> None:
         """Transactions open in a partition that no coordinator state has in progress there."""

@@ -179,8 +179,9 @@ class Durability(Protocol):
 
 
 class LocalDurability:
-    """A single broker's: the fsync, when the topic's policy (or `committed`, read_committed)
-    asks for one; readers read what is visible (or fsynced, for read_committed)."""
+    """A single broker's: the fsync, when the topic's policy (or `committed`: a producer's
+    fsynced isolation) asks for one; readers read what is visible (or fsynced, for
+    `committed`)."""
 
     def commit(
         self,
@@ -264,7 +265,7 @@ class LogTopic(_TopicBase):
         self, partition: LogPartition, batch: bytes, record_count: int, committed: bool
     ) -> tuple[int, Awaitable[None] | None]:
         """Append, and say what the producer's answer waits for: the fsync, when the topic's
-        policy (or `committed`, read_committed) asks for one."""
+        policy (or `committed`: a producer's fsynced isolation) asks for one."""
         base_offset, sequence = self.append(partition, batch, record_count)
         return base_offset, self.durability(
             partition, base_offset, batch, record_count, sequence, committed
@@ -353,7 +354,7 @@ class LogTopic(_TopicBase):
         return is_transactional(batch) and partition.transactions.hides(peek(batch))
 
     def readable_end(self, partition: LogPartition, committed: bool) -> int:
-        """Where subscriptions may read up to: what is visible (or fsynced, for read_committed);
+        """Where subscriptions may read up to: what is visible (or fsynced, for `committed`);
         in a cluster, only what is in the object store, so no consumer ever acks an offset a
         take-over could give to another message."""
         return self.durable.readable_end(self.name, partition, committed)
