@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import weakref
 from collections.abc import Iterable
 from typing import Final, Protocol
 
@@ -74,6 +75,12 @@ log = structlog.get_logger(__name__)
 
 EXPIRY_INTERVAL: Final = 1.0  # seconds between two looks for transactions past their timeout
 MAX_TRANSACTIONAL_ID: Final = 249  # characters, as a topic name
+# an id with no transaction in progress for this long is forgotten (Kafka's
+# transactional.id.expiration.ms): its next producer starts with a new producer id
+ID_EXPIRATION_MS: Final = 7 * 24 * 3600 * 1000
+# transactional ids kept at most: a client that starts producers with ever new ids is refused
+# past it rather than growing the server's memory and state without end
+MAX_TRANSACTIONAL_IDS: Final = 100_000
 
 
 class OffsetSink(Protocol):
@@ -106,7 +113,8 @@ class TransactionCoordinator:
         self._offsets = offsets
         self._transactions: dict[str, Transaction] = {}
         self._by_producer: dict[int, str] = {}  # producer id -> its transactional id
-        self._locks: dict[str, asyncio.Lock] = {}
+        # one lock per id while anything holds or waits on it (weak: an idle id keeps none)
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._tasks: set[asyncio.Task[None]] = set()
         self._expiry: asyncio.Task[None] | None = None
         self.committed = 0  # transactions completed, by outcome (metrics)
@@ -185,6 +193,11 @@ class TransactionCoordinator:
                 raise ConcurrentTransactions(
                     f"transactional id {transactional_id!r}: aborting the transaction of the "
                     "producer this one replaces; retry"
+                )
+            if existing is None and len(self._transactions) >= MAX_TRANSACTIONAL_IDS:
+                raise InvalidRequest(
+                    f"the server keeps {MAX_TRANSACTIONAL_IDS} transactional ids at most; ids "
+                    "idle for 7 days are forgotten"
                 )
             new_id = -1
             if existing is None or existing.epoch >= 32_766:
@@ -444,6 +457,7 @@ class TransactionCoordinator:
     async def _expire_forever(self) -> None:
         while True:
             await asyncio.sleep(EXPIRY_INTERVAL)
+            await self._forget_idle(_now_ms())
             now = _now_ms()
             for txn in [t for t in self._transactions.values() if t.expired(now)]:
                 async with self._lock(txn.transactional_id):
@@ -467,6 +481,22 @@ class TransactionCoordinator:
                             transactional_id=current.transactional_id,
                             error=str(exc),
                         )
+
+    async def _forget_idle(self, now_ms: int) -> None:
+        """Drop the ids idle for `ID_EXPIRATION_MS` (from memory and the state store)."""
+        idle = [
+            t
+            for t in self._transactions.values()
+            if t.state.idle and now_ms - t.updated_ms > ID_EXPIRATION_MS
+        ]
+        for txn in idle:
+            async with self._lock(txn.transactional_id):
+                current = self._transactions.get(txn.transactional_id)
+                if current is None or current != txn:
+                    continue  # used meanwhile
+                await self._catalog.writer.synced(deletes=[key(TRANSACTION, txn.transactional_id)])
+                del self._transactions[txn.transactional_id]
+                self._by_producer.pop(txn.producer_id, None)
 
 
 def _check_id(transactional_id: str) -> None:
