@@ -257,6 +257,11 @@ class TopicCatalog:
             await asyncio.sleep(HOUSEKEEPING_INTERVAL)
             try:
                 housekeep_once(self.topics, self.uploader)
+                for topic in list(self.topics.values()):
+                    if topic.reliable:  # aborted ranges retention took past can hide nothing
+                        for partition in topic.partitions:
+                            start = topic.start_offset(partition.index)
+                            self.transaction_indexes.forget_below(topic, partition, start)
             except Exception:
                 log.exception("catalog.housekeeping_failed")
 

@@ -125,7 +125,13 @@ class Broker:
         self._producer_ids = placement.producer_ids(catalog)
         self.group_offsets = offsets or GroupOffsets(catalog)
         self.transactions = TransactionCoordinator(
-            catalog, self._producer_ids, self.ownership, self.group_offsets
+            catalog,
+            self._producer_ids,
+            self.ownership,
+            self.group_offsets,
+            None
+            if isinstance(placement, SingleBrokerPlacement)
+            else "transactions are served by a single broker only (not yet by a cluster)",
         )
         # (topic, partition) -> the last idempotent produce waiting there: later ones queue
         # behind it, so a producer's batches keep their order (module docstring)

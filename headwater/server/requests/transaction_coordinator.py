@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import weakref
 from collections.abc import Iterable
 from typing import Final, Protocol, cast
 
@@ -84,6 +85,12 @@ MAX_TRANSACTIONAL_ID: Final = 249  # characters, as a topic name
 # that answer per consumer; a reliable subscription's acks are the subscription's, whoever sends
 # them, and it reads nothing of it. A committed transaction's acks have no consumer.
 _NO_CONSUMER: Final = cast(Consumer, None)
+# an id with no transaction in progress for this long is forgotten (Kafka's
+# transactional.id.expiration.ms): its next producer starts with a new producer id
+ID_EXPIRATION_MS: Final = 7 * 24 * 3600 * 1000
+# transactional ids kept at most: a client that starts producers with ever new ids is refused
+# past it rather than growing the server's memory and state without end
+MAX_TRANSACTIONAL_IDS: Final = 100_000
 
 
 class OffsetSink(Protocol):
@@ -105,14 +112,19 @@ class TransactionCoordinator:
         producer_ids: ProducerIds,
         ownership: Ownership,
         offsets: OffsetSink,
+        refusal: str | None = None,
     ) -> None:
+        """`refusal`: why this deployment serves no transactions (every producer's init is
+        refused NOT_SUPPORTED with it); None serves them."""
+        self._refusal = refusal
         self._catalog = catalog
         self._producer_ids = producer_ids
         self._ownership = ownership
         self._offsets = offsets
         self._transactions: dict[str, Transaction] = {}
         self._by_producer: dict[int, str] = {}  # producer id -> its transactional id
-        self._locks: dict[str, asyncio.Lock] = {}
+        # one lock per id while anything holds or waits on it (weak: an idle id keeps none)
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._tasks: set[asyncio.Task[None]] = set()
         self._expiry: asyncio.Task[None] | None = None
         self.committed = 0  # transactions completed, by outcome (metrics)
@@ -159,6 +171,8 @@ class TransactionCoordinator:
     ) -> tuple[int, int]:
         """(producer id, epoch) for a transactional producer starting (or restarting after an
         error: `producer_id` and `epoch` the ones it held, KIP-360)."""
+        if self._refusal is not None:
+            raise NotSupported(self._refusal)
         _check_id(transactional_id)
         timeout_ms = timeout_ms if timeout_ms > 0 else DEFAULT_TIMEOUT_MS
         async with self._lock(transactional_id):
@@ -189,6 +203,11 @@ class TransactionCoordinator:
                 raise ConcurrentTransactions(
                     f"transactional id {transactional_id!r}: aborting the transaction of the "
                     "producer this one replaces; retry"
+                )
+            if existing is None and len(self._transactions) >= MAX_TRANSACTIONAL_IDS:
+                raise InvalidRequest(
+                    f"the server keeps {MAX_TRANSACTIONAL_IDS} transactional ids at most; ids "
+                    "idle for 7 days are forgotten"
                 )
             new_id = -1
             if existing is None or existing.epoch >= 32_766:
@@ -536,6 +555,7 @@ class TransactionCoordinator:
     async def _expire_forever(self) -> None:
         while True:
             await asyncio.sleep(EXPIRY_INTERVAL)
+            await self._forget_idle(_now_ms())
             now = _now_ms()
             for txn in [t for t in self._transactions.values() if t.expired(now)]:
                 async with self._lock(txn.transactional_id):
@@ -559,6 +579,22 @@ class TransactionCoordinator:
                             transactional_id=current.transactional_id,
                             error=str(exc),
                         )
+
+    async def _forget_idle(self, now_ms: int) -> None:
+        """Drop the ids idle for `ID_EXPIRATION_MS` (from memory and the state store)."""
+        idle = [
+            t
+            for t in self._transactions.values()
+            if t.state.idle and now_ms - t.updated_ms > ID_EXPIRATION_MS
+        ]
+        for txn in idle:
+            async with self._lock(txn.transactional_id):
+                current = self._transactions.get(txn.transactional_id)
+                if current is None or current != txn:
+                    continue  # used meanwhile
+                await self._catalog.writer.synced(deletes=[key(TRANSACTION, txn.transactional_id)])
+                del self._transactions[txn.transactional_id]
+                self._by_producer.pop(txn.producer_id, None)
 
 
 def _check_id(transactional_id: str) -> None:
