@@ -242,7 +242,7 @@ def fold(batches: list[bytes]) -> tuple[bytes, bytes]:
     locations = []
     position = 0
     for batch in batches:
-        info = inspect_batch(batch)
+        info = inspect_batch(batch, control=True)  # markers are stored batches too
         locations.append(
             BatchLocation(
                 info.base_offset,

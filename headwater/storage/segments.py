@@ -210,7 +210,7 @@ def check_batch(
         return None
     data = buffer[position : position + total]
     try:
-        info = inspect_batch(data)
+        info = inspect_batch(data, control=True)  # a transaction's marker is stored data too
     except CorruptBatch:
         return None
     if info.base_offset < min_offset:

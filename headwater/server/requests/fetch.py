@@ -17,7 +17,8 @@ an aborted or undecided record nor a marker; `end_offset` is then the last stabl
 read (the Kafka front end's Fetch, which leaves the filtering to Kafka clients as Kafka does)
 answers every batch below the readable end. `next_offset` says where the next FETCH goes on: after
 the last batch read, left out or not, so a reader steps over a run of left-out batches even when
-the answer holds none.
+the answer holds none, and over a gap (the offsets a restart skipped to its offset lease: a read
+below the end that finds no batch at all says that every offset up to the end is one).
 
 At the end with `max_wait_ms`, the answer waits (a long poll) on the topic's append
 signal (`subscriptions.append_signal.AppendSignal`, fired on each append and each advance of the
@@ -85,7 +86,7 @@ class FetchHandler:
             )
         end = self._check(topic, request)
         if request.offset < end:
-            return AfterWork(self._read(topic, request))
+            return AfterWork(self._read(topic, request, end))
         if request.max_wait_ms == 0:
             return self._answer(topic, request, [])
         return AfterData(self._wait(request))
@@ -145,17 +146,22 @@ class FetchHandler:
             )
         return _end_of(topic, request)
 
-    async def _read(self, topic: LogTopic, request: m.FetchRequest) -> Reply:
+    async def _read(self, topic: LogTopic, request: m.FetchRequest, end: int) -> Reply:
+        """The answer from a read at `request.offset`, which is below `end` (taken before the
+        read): a read that finds no batch at or after the offset tells that every offset up to
+        `end` is a gap (the offsets a restart skipped to its lease), which the reader steps."""
         batches = await topic.read(request.partition, request.offset)
-        return self._answer(topic, request, batches)
+        return self._answer(topic, request, batches, end if not batches else request.offset)
 
-    def _answer(self, topic: LogTopic, request: m.FetchRequest, batches: list[bytes]) -> Reply:
+    def _answer(
+        self, topic: LogTopic, request: m.FetchRequest, batches: list[bytes], gap_end: int = -1
+    ) -> Reply:
         partition = topic.partitions[request.partition]
         end = _end_of(topic, request)  # after the read: it only grows
         hide = request.isolation == m.FetchIsolation.COMMITTED
         taken: list[bytes] = []
         size = 0
-        following = request.offset
+        following = max(request.offset, gap_end)
         for batch in batches:
             header = peek(batch)
             if header.base_offset >= end:
@@ -197,8 +203,9 @@ class FetchHandler:
             finally:
                 signal.leave_partition(request.partition, ident)
         topic = self._topic(request.topic)
-        if request.offset < self._check(topic, request):
-            return await self._read(topic, request)
+        end = self._check(topic, request)
+        if request.offset < end:
+            return await self._read(topic, request, end)
         return self._answer(topic, request, [])
 
 
