@@ -3,7 +3,8 @@ asyncio producer's `transaction()` across 3 topics x 3 partitions (commit, abort
 reads of them (committed by default, markers and aborted batches with `raw`, a version 0 FETCH
 as committed), fencing of an older instance, acknowledgements of a subscription's messages in a
 transaction (applied at commit, redelivered after an abort), the blocking client, and a kill -9 of
-the server between the sends and the commit (all or nothing after the restart)."""
+the server between the sends and the commit (all or nothing after the restart), and
+`headwater produce --transactional-id`."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from headwater.wire.frames import encode_frame
 from headwater.wire.markers import peek
 from headwater.wire.protocol import decode_response, encode_request
 from headwater.wire.records import BatchBuilder
+from tests.support.cli_process import hw
 from tests.support.rawwire import RawPeer
 
 PARTITIONS = 3
@@ -243,6 +245,34 @@ async def test_the_blocking_client_commits_and_aborts(
     assert await committed(client, names[1], 1) == [b"a", b"b", b"d"]
 
 
+async def test_produce_with_a_transactional_id_commits_all_or_nothing(
+    client: headwater.Client, server: ServerProcess, topic_name: str
+) -> None:
+    await client.create_topic(topic_name)
+    tid = f"{topic_name}-cli"
+    done = hw("produce", topic_name, "a", "b", "c", "--transactional-id", tid, server=server)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == f"produced 3 messages to {topic_name} in one transaction, committed\n"
+    assert await committed(client, topic_name, 0) == [b"a", b"b", b"c"]
+    assert sum(peek(b).control for b in await raw(client, topic_name, 0)) == 1
+
+    # two lines sent, the third refused by the producer: the transaction is aborted
+    lines = b"d\ne\n" + b"x" * (2 * 1024 * 1024) + b"\n"
+    failed = hw("produce", topic_name, "--transactional-id", tid, stdin=lines, server=server)
+    assert failed.returncode == 1
+    assert failed.stderr.startswith("headwater: error: RECORD_TOO_LARGE: ")
+    assert failed.stderr.endswith(
+        "; the transaction was aborted: none of the 2 messages sent is committed\n"
+    )
+    assert await committed(client, topic_name, 0) == [b"a", b"b", b"c"]
+    aborted = await client.fetch(topic_name, 0, 0, raw=True)
+    assert [r.value for r in aborted.records()] == [b"a", b"b", b"c", b"d", b"e"]
+
+    await client.create_topic(f"{topic_name}-live", dispatch="non-reliable")
+    live = hw("produce", f"{topic_name}-live", "v", "--transactional-id", tid, server=server)
+    assert live.returncode == 1 and "NOT_SUPPORTED" in live.stderr, live.stderr
+
+
 def _transactional_batch(producer_id: int, epoch: int, sequence: int, value: bytes) -> bytes:
     builder = BatchBuilder(
         producer_id=producer_id, producer_epoch=epoch, base_sequence=sequence, transactional=True
@@ -257,7 +287,8 @@ async def test_a_server_killed_between_the_sends_and_the_commit_ends_all_or_noth
     """kill -9 once the records of a transaction over 3 x 3 partitions are acknowledged and its
     END_TXN is sent (unanswered): after the restart, every partition has all of them or none
     (a transaction left open is aborted by the next instance's start), and the next transaction
-    commits. Then a transaction whose commit was answered: a second kill -9 keeps all of it."""
+    commits. Then a transaction whose commit was answered: a second kill -9 keeps all of it, the
+    acknowledgements it carried included."""
     server = ServerProcess(tmp_path / "data").start()
     tid = f"{topic_name}-app"
     try:
@@ -290,16 +321,23 @@ async def test_a_server_killed_between_the_sends_and_the_commit_ends_all_or_noth
         firsts = {where for where, values in found.items() if b"first" in values}
         assert firsts in (set(), set(found)), f"half a transaction: {sorted(firsts)}"
         assert found[(names[0], 0)][-1:] == [b"second"]
+        source = f"{topic_name}-in"
+        await client.create_topic(source)
+        await (await client.producer(source).send(b"input", partition=0))
+        consumer = await client.subscribe(source, "worker", start="earliest", ack_timeout=60)
+        message = await consumer.receive(10)
         async with producer.transaction():
             await producer.send(b"third", partition=1)
-        await producer.close()
+            await producer.send_acks(consumer, [message])
         await client.close()
 
-        server.kill()  # the commit was answered: it survives
+        server.kill()  # the commit was answered: its records and its acks survive
         server.start()
         client = await headwater.connect(server.address)
         assert (await committed(client, names[0], 1))[-1:] == [b"third"]
         assert (await committed(client, names[0], 0))[-1:] == [b"second"]
+        [detail] = await client.list_subscriptions(source)
+        assert detail.partitions[0].committed == 1
         await client.close()
     finally:
         server.kill()

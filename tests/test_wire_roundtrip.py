@@ -6,7 +6,6 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -16,11 +15,12 @@ from headwater.wire.api.produce import (
     delivery_prefix,
     produce_request_parts,
 )
-from headwater.wire.errors import HeadwaterError, MalformedFrame
+from headwater.wire.errors import HeadwaterError, MalformedFrame, UnsupportedVersion
 from headwater.wire.frames import Frame, FrameDecoder
 from headwater.wire.protocol import (
     PUSH_SCHEMAS,
     SCHEMAS,
+    SUPPORTED_VERSIONS,
     decode_push,
     decode_request,
     decode_response,
@@ -393,8 +393,6 @@ def test_fetch_response_fast_paths_match_the_schema(
 
 
 def test_trailing_bytes_after_a_request_are_refused() -> None:
-    from headwater.wire.errors import MalformedFrame
-
     for request in (
         m.CreateTopicRequest("t"),
         m.MapGetRequest("t", (b"k",)),
@@ -422,9 +420,6 @@ def test_a_version_0_fetch_decodes_as_a_committed_read(
 ) -> None:
     """FETCH is at version 1 (`isolation` added at its end): the version 0 layout, without it,
     still decodes, as isolation 0 (COMMITTED); a version past 1 is UNSUPPORTED_VERSION."""
-    from headwater.wire.errors import UnsupportedVersion
-    from headwater.wire.protocol import SUPPORTED_VERSIONS
-
     assert SUPPORTED_VERSIONS[m.ApiKey.FETCH] == (0, 1)
     current = _one_frame(encode_request(request, correlation_id))
     assert current.header.api_version == 1

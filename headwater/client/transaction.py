@@ -92,8 +92,7 @@ class TransactionSession:
         # an end that failed: the server may still hold the transaction open, so the next one
         # begins with an epoch bump, which resolves it (aborted if it was still in progress)
         self._unresolved = False
-        self._ready = asyncio.get_running_loop().create_task(self._init())
-        self._ready.add_done_callback(_retrieve)  # raised by `ready`, if anyone asks
+        self._ready = self._start()
 
     # Producers
 
@@ -116,9 +115,18 @@ class TransactionSession:
                 self._on_closed(self)
 
     async def ready(self) -> None:
-        """Wait until the producer id and epoch are known (raises what the init met)."""
+        """Wait until the producer id and epoch are known; raises what the init met (and the
+        next call starts it again)."""
         self._check_usable()
-        await asyncio.shield(self._ready)
+        ready = self._ready
+        if ready.done() and not ready.cancelled() and ready.exception() is not None:
+            self._ready = self._start()  # the last one failed: this call raises, the next retries
+        await asyncio.shield(ready)
+
+    def _start(self) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(self._init())
+        task.add_done_callback(_retrieve)  # raised by `ready`, if anyone asks
+        return task
 
     # The transaction
 
@@ -137,13 +145,21 @@ class TransactionSession:
         try:
             yield
         except BaseException as exc:
+            self._close_admission()
             await self._abort(exc)
             raise
         else:
+            self._close_admission()
             await self._commit()
         finally:
             self._in_transaction = self._begun = False
             self._added.clear()
+
+    def _close_admission(self) -> None:
+        """The block ended: no record more is admitted to the transaction, so what the end
+        flushes is all of it (and no send races the epoch bump after an abort)."""
+        self._in_transaction = False
+        self._added.clear()
 
     async def admit(self, topic: str, partition: int) -> None:
         """Before a record for `partition` of `topic` is queued: the partition is in the
@@ -241,12 +257,14 @@ class TransactionSession:
                 await self._request(self._end(commit=True))
             except HeadwaterError as exc:
                 if self._fence(exc) is None:
+                    # whatever the server holds of it is settled when the next one begins
                     self._unresolved = True
-                    exc.message += (
-                        f"; {COMMIT_UNKNOWN}: the transaction is committed if it did, else "
-                        "aborted when the next one begins"
-                    )
-                    exc.args = (exc.message,)
+                    if exc.retriable:  # no answer came: the server may have committed
+                        exc.message += (
+                            f"; {COMMIT_UNKNOWN}: the transaction is committed if it did, else "
+                            "aborted when the next one begins"
+                        )
+                        exc.args = (exc.message,)
                 raise
 
     async def _abort(self, cause: BaseException) -> None:
