@@ -14,9 +14,11 @@ are tests/test_transactions_attack.py.
 from __future__ import annotations
 
 import contextlib
+import random
 import struct
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,6 +29,7 @@ from headwater.server.kafka import codec
 from headwater.server.kafka.apis import SERVED
 from headwater.server.kafka.messages.produce import InitProducerIdRequest
 from tests.support.kafka_support import KafkaServer, RawKafka
+from tests.support.txn_attack import exactly_once_run
 from tests.support.txn_clients import (
     CLIENTS,
     Partition,
@@ -35,6 +38,7 @@ from tests.support.txn_clients import (
     fenced,
     producer,
     read,
+    seal,
     timeout_config,
     values,
 )
@@ -394,3 +398,92 @@ def test_transactions_are_listed_and_described_through_kafka_python_admin(
         admin.close()
         if txn is not None:
             txn.close()
+
+
+# 3. Storage: markers and aborted ranges across kill -9 and segment rolls
+
+
+def _segments(server: KafkaServer, topic: str, partition: int) -> int:
+    return len(list((server.process.data_dir / "topics" / topic / str(partition)).glob("*.log")))
+
+
+def test_markers_and_aborted_ranges_survive_kill_9_and_segment_rolls(
+    tmp_path: Path, topic_name: str
+) -> None:
+    """Found: recovery took every marker for a corrupt batch (`inspect_batch` refuses control
+    batches) and quarantined it, so after a kill -9 every transaction was open again and
+    aborted as hanging, committed ones included; a sealed segment's markers were unreadable."""
+    server = KafkaServer(tmp_path / "data", same_port=True).start()
+    try:
+        topics = [f"{topic_name}-{i}" for i in range(3)]
+        admin = KafkaAdminClient(bootstrap_servers=server.bootstrap, request_timeout_ms=10_000)
+        try:
+            admin.create_topics(
+                [NewTopic(t, 3, 1, topic_configs={"segment.bytes": "1024"}) for t in topics]
+            )
+        finally:
+            admin.close()
+        partitions = [(t, p) for t in topics for p in range(3)]
+        txn = producer("confluent", server.bootstrap, f"{topic_name}-txn")
+        groups: list[tuple[bool, list[Record]]] = []
+        try:
+            for number in range(12):
+                records = _records(partitions, f"t{number}")
+                commit = number % 3 != 1
+                txn.begin()
+                txn.send(records)
+                txn.flush()
+                txn.commit() if commit else txn.abort()
+                groups.append((commit, records))
+        finally:
+            txn.close()
+        committed = _expect(partitions, *(r for commit, r in groups if commit))
+        everything = _expect(partitions, *(r for _, r in groups))
+        assert all(_segments(server, t, p) > 1 for t, p in partitions)
+        server.kill()
+        server.start()
+        seal(server.bootstrap, partitions)
+        for reader in ("confluent", "kafka-python"):
+            assert values(read(reader, server.bootstrap, partitions, committed=True)) == committed
+        assert (
+            values(read("confluent", server.bootstrap, partitions, committed=False)) == everything
+        )
+        log = server.process.log_path.read_text()
+        assert "wal.quarantined" not in log and "transactions.hanging_aborted" not in log
+        # the same id goes on after the restart
+        txn = producer("confluent", server.bootstrap, f"{topic_name}-txn")
+        try:
+            txn.begin()
+            after = _records(partitions, "after")
+            txn.send(after)
+            txn.commit()
+        finally:
+            txn.close()
+        assert values(read("confluent", server.bootstrap, partitions, committed=True)) == _expect(
+            partitions, *(r for commit, r in groups if commit), after
+        )
+    finally:
+        server.stop()
+
+
+# 4. Exactly once under kill -9 (the long run is tests/test_transactions_attack.py)
+
+
+def test_a_consume_transform_produce_loop_killed_and_its_server_killed_is_exactly_once(
+    tmp_path: Path, topic_name: str
+) -> None:
+    server = KafkaServer(tmp_path / "data", same_port=True).start()
+    try:
+        run = exactly_once_run(
+            server,
+            tmp_path,
+            topic_name,
+            records=20_000,
+            app_kills=3,
+            server_kills=2,
+            rng=random.Random(38),
+            deadline_s=240,
+        )
+    finally:
+        server.stop()
+    assert (run.app_kills, run.server_kills) == (3, 2), run

@@ -12,6 +12,9 @@ ProducerFenced errors).
 position reaches the partition's end as ListOffsets tells it for the isolation level (the last
 stable offset for read_committed, the high watermark otherwise), so "everything readable" is an
 observed position, not a quiet period; each partition's records come back in offset order.
+After a kill -9 a partition's end is past the offset lease's gap (docs/DURABILITY.md), which no
+consumer position reaches until a record follows it: `seal` writes one (`SEAL`, which `values`
+leaves out) to each partition first.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ Record = tuple[str, int, bytes]  # topic, partition, value
 Seen = tuple[int, bytes | None, bytes]  # offset, key, value
 
 CLIENTS: Final = ("confluent", "kafka-python", "aiokafka")
+SEAL: Final = b"seal"
 TIMEOUT: Final = 30.0  # seconds any one client call may take (a bound on a hang only)
 
 
@@ -388,5 +392,19 @@ async def _read_aiokafka(
 
 
 def values(seen: dict[Partition, list[Seen]]) -> dict[Partition, list[bytes]]:
-    """Each partition's values, in offset order."""
-    return {tp: [value for _offset, _key, value in records] for tp, records in seen.items()}
+    """Each partition's values, in offset order (`SEAL` left out)."""
+    return {
+        tp: [value for _offset, _key, value in records if value != SEAL]
+        for tp, records in seen.items()
+    }
+
+
+def seal(bootstrap: str, partitions: Iterable[Partition]) -> None:
+    """A plain record after whatever each partition holds, past a restart's offset gap."""
+    from confluent_kafka import Producer
+
+    plain = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+    for topic, index in partitions:
+        plain.produce(topic, SEAL, partition=index)
+    if plain.flush(TIMEOUT):
+        raise RuntimeError(f"the seals were not delivered in {TIMEOUT} s")
