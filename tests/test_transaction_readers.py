@@ -21,7 +21,7 @@ from confluent_kafka import Producer
 import headwater
 from headwater.client.client import SubscriptionTypeName
 from headwater.wire.keys import partition_for_key
-from tests.support.helpers import HANG, drain, drain_spread, eventually
+from tests.support.helpers import HANG, drain, drain_spread, eventually, nothing_at_hand
 from tests.support.kafka_support import KafkaServer
 from tests.support.raw_transactions import RawTransaction
 
@@ -121,23 +121,24 @@ async def test_a_subscription_waits_at_an_open_transaction_and_goes_on_after_its
     kafka: KafkaServer, native: headwater.Client, topic_name: str, sub_type: SubscriptionTypeName
 ) -> None:
     """Nothing past the last stable offset is sent: a plain record appended after an open
-    transaction's batch waits with it, and both come, in offset order, once it commits."""
+    transaction's batch waits with it, and both come, in offset order, once it commits; also to
+    a subscription started at latest while the transaction was open (at the LSO, as Kafka)."""
     await native.create_topic(topic_name, dispatch="reliable")
     consumer = await native.subscribe(topic_name, "s", type=sub_type, start="earliest")
     await _plain(native, topic_name, 0, b"before")
     assert _values(await drain(consumer, 1)) == [b"before"]
     txn = _transaction(kafka)
     opened = txn.produce(topic_name, 0, [(b"t", b"in-the-transaction")])
+    late = await native.subscribe(topic_name, "late", type=sub_type)  # at latest
     after = await _plain(native, topic_name, 0, b"after")
     assert after > opened
     with pytest.raises(TimeoutError):  # (a bounded look for what must not come)
         await consumer.receive(timeout=1.0)
+    await nothing_at_hand(late)
     txn.end(commit=True)
-    got = await drain(consumer, 2)
-    assert [(m.offset, m.value) for m in got] == [
-        (opened, b"in-the-transaction"),
-        (after, b"after"),
-    ]
+    expected = [(opened, b"in-the-transaction"), (after, b"after")]
+    assert [(m.offset, m.value) for m in await drain(consumer, 2)] == expected
+    assert [(m.offset, m.value) for m in await drain(late, 2)] == expected
     txn.close()
 
 

@@ -52,10 +52,10 @@ LVLOAD = b"lvload/"
 LVTXN = b"lvtxn/"
 LVDEL = b"lvdel/"
 _OFFSET = struct.Struct(">q")
-_CLEAR_CHUNK = 10_000
+_CLEAR_CHUNK = 10_000  # keys deleted per WriteBatch while a partition is cleared
 # (partition, producer) pairs holding a transaction read back at most: far beyond the producers
 # a topic ever has open at once
-_MAX_HOLDING = 10_000_000  # keys deleted per WriteBatch while a partition is cleared
+_MAX_HOLDING = 10_000_000
 
 
 class LastValueStore:
@@ -179,10 +179,9 @@ class LastValueStore:
 
     def _clear_transactions(self, partition: int) -> None:
         """Forget what the partition holds of transactions (its state is rebuilt)."""
-        doomed = self._deletion_keys(partition)
-        for producer in self._holding[partition]:
-            held = self._held_prefix(partition, producer)
-            doomed += [k for k, _ in self._state.scan_from(held, held)]
+        held = key(LVTXN, self.topic, partition) + SEP
+        doomed = [k for k, _ in self._state.scan_from(held, held)]
+        doomed += self._deletion_keys(partition)
         self._holding[partition].clear()
         for start in range(0, len(doomed), _CLEAR_CHUNK):
             self._state.write(deletes=doomed[start : start + _CLEAR_CHUNK])

@@ -562,9 +562,8 @@ def _replay(index: LastValueIndex, partition: int, batch: bytes) -> None:
         # skipped damage or a recovery gap: those offsets hold no record
         index.skip_to(partition, header.base_offset)
     if header.control:
-        if header.base_offset == index.applied(partition):
-            commit = marker_type(batch) == Marker.COMMIT
-            index.end_transaction(partition, header.producer_id, header.base_offset, commit)
+        commit = marker_type(batch) == Marker.COMMIT
+        index.end_transaction(partition, header.producer_id, header.base_offset, commit)
         return
     position = index.applied(partition)
     records = [r for r in read_records(batch) if r.offset >= position]
