@@ -10,9 +10,10 @@ The append of the marker is synchronous and the read is not, so a task per commi
 after the previous commit's task of the same partition: commits reach the subscriptions in the
 order of their markers. Its batches come after the plain batches appended while the transaction
 was open (each carries its own offset), and go to the subscriptions there are when they are
-read. A read that fails, or finds nothing where the transaction's batches should be (retention
-took them), is logged (`transactions.committed_batches_unread`) and ends that commit's offer:
-these subscriptions keep nothing and promise nothing beyond what passes.
+read. A read that fails (a storage error, the topic deleted meanwhile), or finds nothing where
+the transaction's batches should be (retention took them), is logged
+(`transactions.committed_batches_unread`) and ends that commit's offer: these subscriptions keep
+nothing and promise nothing beyond what passes.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from typing import Final
 import structlog
 
 from headwater.server.topics.subscription_contract import SubscriptionKind
-from headwater.wire.errors import HeadwaterError
 from headwater.wire.markers import peek
 
 log = structlog.get_logger(__name__)
@@ -90,8 +90,8 @@ class CommittedFeed:
                         for subscription in list(self._live()):
                             subscription.offer(partition, batch, count)
                     offset = max(offset + 1, header.next_offset)
-        except (HeadwaterError, OSError) as exc:
-            self._unread(partition, producer, offset, marker, str(exc))
+        except Exception as exc:  # a storage error, or the topic deleted meanwhile
+            self._unread(partition, producer, offset, marker, str(exc) or type(exc).__name__)
             return
         self._unread(partition, producer, offset, marker, "nothing stored there")
 
