@@ -36,8 +36,7 @@ import struct
 from dataclasses import dataclass, field
 
 from headwater.storage.objectstore import ObjectStore
-from headwater.storage.segments import BatchLocation, build_index
-from headwater.wire.records import inspect_batch
+from headwater.storage.segments import BatchLocation, build_index, check_stored
 
 _CHUNK = re.compile(r"^(\d{20})-(\d{20})-(\d{20})\.log$")
 _MARKER = re.compile(r"^epoch-(\d{20})(?:-(\d{20}))?$")
@@ -242,7 +241,7 @@ def fold(batches: list[bytes]) -> tuple[bytes, bytes]:
     locations = []
     position = 0
     for batch in batches:
-        info = inspect_batch(batch, control=True)  # markers are stored batches too
+        info = check_stored(batch)
         locations.append(
             BatchLocation(
                 info.base_offset,

@@ -23,6 +23,10 @@ rebuilt by scanning; it is never a reason to cut a segment. In memory an index i
 long as it is on the local disk (262,144 entries per GiB of log), and as `IndexEntry` objects
 those took about 150 bytes each: a 30-minute soak's server RSS grew by tens of MB until local
 retention began removing segments (docs/BENCHMARKS.md).
+
+Every batch is checked by `check_stored`: `records.inspect_batch`'s checks, and a transaction
+marker (a control batch, which only the broker writes and `inspect_batch` refuses from clients)
+is a valid stored batch when its framing, CRC and one control record are.
 """
 
 from __future__ import annotations
@@ -38,10 +42,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+import crc32c
+
 from headwater.storage.fileio import write_file_durably
 from headwater.wire.errors import CorruptBatch
 from headwater.wire.limits import MAX_BATCH_SIZE
-from headwater.wire.records import BATCH_HEADER, BATCH_HEADER_SIZE, inspect_batch
+from headwater.wire.markers import marker_type
+from headwater.wire.records import (
+    BATCH_HEADER,
+    BATCH_HEADER_SIZE,
+    CONTROL_FLAG,
+    BatchInfo,
+    inspect_batch,
+)
 
 LOG_SUFFIX: Final = ".log"
 INDEX_SUFFIX: Final = ".index"
@@ -50,6 +63,9 @@ INDEX_ENTRY = struct.Struct(">qqq")
 LENGTH_PREFIX: Final = 12  # baseOffset int64 + batchLength int32
 _MAGIC_POSITION: Final = 16
 _MAGIC: Final = b"\x02"
+_LENGTH_END: Final = 12  # base offset and length: the bytes the length field does not count
+_CRC_START: Final = 21  # the CRC covers the batch from its attributes on
+_ATTRIBUTES_LOW: Final = 22  # the attributes' low byte (int16 at 21)
 
 
 def segment_name(base_offset: int) -> str:
@@ -201,6 +217,29 @@ def batch_length(buffer: bytes | mmap.mmap | memoryview, position: int, end: int
     return total
 
 
+def check_stored(batch: bytes | memoryview) -> BatchInfo:
+    """`inspect_batch` of a batch the log holds; a transaction marker is one too. Raises
+    `CorruptBatch`."""
+    try:
+        return inspect_batch(batch)
+    except CorruptBatch:
+        if len(batch) < BATCH_HEADER_SIZE or not batch[_ATTRIBUTES_LOW] & CONTROL_FLAG:
+            raise
+    (base, length, _, magic, crc, _, delta, first, last, producer, epoch, sequence, count) = (
+        BATCH_HEADER.unpack_from(batch, 0)
+    )
+    if (
+        magic != 2
+        or length != len(batch) - _LENGTH_END
+        or (count, delta) != (1, 0)
+        or producer < 0
+        or crc32c.crc32c(memoryview(batch)[_CRC_START:]) != crc
+    ):
+        raise CorruptBatch("a damaged transaction marker (framing, CRC or producer)")
+    marker_type(batch)  # its one record says COMMIT or ABORT
+    return BatchInfo(base, 1, 0, first, last, producer, sequence, epoch, transactional=True)
+
+
 def check_batch(
     buffer: bytes | mmap.mmap, position: int, end: int, min_offset: int
 ) -> BatchLocation | None:
@@ -210,7 +249,7 @@ def check_batch(
         return None
     data = buffer[position : position + total]
     try:
-        info = inspect_batch(data, control=True)  # a transaction's marker is stored data too
+        info = check_stored(data)
     except CorruptBatch:
         return None
     if info.base_offset < min_offset:

@@ -387,14 +387,20 @@ class KafkaConnection(asyncio.Protocol):
             values = await self._handlers.handlers[key](self, version, fields)
             if closes_after(values):
                 closes = True
+            # a flexible version's answer has the response header v1 (its empty tagged
+            # fields), ApiVersions' excepted: every client reads its header as v0 (KIP-511)
+            encode = partial(
+                codec.encode_response,
+                flexible_header=api.flexible(version) and key != API_VERSIONS,
+            )
             if values is None:
                 out = None
             elif self.core.answer_off_loop(elements) or codec.many(values):
                 out = await self._loop.run_in_executor(
-                    self._worker, codec.encode_response, correlation, api.responses[version], values
+                    self._worker, encode, correlation, api.responses[version], values
                 )
             else:
-                out = codec.encode_response(correlation, api.responses[version], values)
+                out = encode(correlation, api.responses[version], values)
         except Exception:  # a bug: the connection cannot answer in order any more
             log.error("kafka.handler_failed", peer=self.peer, api=api.name, exc_info=True)
             out = None
