@@ -111,7 +111,10 @@ class FetchHandler:
 
     @staticmethod
     def _end(topic: LogTopic, partition: int) -> int:
-        return topic.readable_end(topic.partitions[partition], False)
+        """The end a reader starting "at the end" starts from: the last stable offset, so a
+        transaction open now is read once it commits (a COMMITTED FETCH from the readable end
+        would have stepped past its first records)."""
+        return topic.stable_end(topic.partitions[partition])
 
     def _partition(self, topic: LogTopic, index: int) -> None:
         """Raise unless `index` is a partition of `topic` that this broker serves."""

@@ -40,7 +40,7 @@ import contextlib
 import time
 import weakref
 from collections.abc import Iterable
-from typing import Final, Protocol, cast
+from typing import Final, Protocol
 
 import structlog
 
@@ -57,7 +57,6 @@ from headwater.server.reply import AfterDurable, Reply, resolve
 from headwater.server.requests.partition_ownership import Ownership, not_owner
 from headwater.server.requests.placement import ProducerIds
 from headwater.server.subscriptions.reliable_subscription import ReliableSubscription
-from headwater.server.topics.subscription_contract import Consumer
 from headwater.server.topics.topic import LogPartition, LogTopic
 from headwater.storage.state import CURSOR, TRANSACTION, key
 from headwater.storage.tasks import spawn
@@ -81,10 +80,6 @@ log = structlog.get_logger(__name__)
 
 EXPIRY_INTERVAL: Final = 1.0  # seconds between two looks for transactions past their timeout
 MAX_TRANSACTIONAL_ID: Final = 249  # characters, as a topic name
-# `ReliableSubscription.ack_ranges` takes the consumer that acks, for the subscription kinds
-# that answer per consumer; a reliable subscription's acks are the subscription's, whoever sends
-# them, and it reads nothing of it. A committed transaction's acks have no consumer.
-_NO_CONSUMER: Final = cast(Consumer, None)
 # an id with no transaction in progress for this long is forgotten (Kafka's
 # transactional.id.expiration.ms): its next producer starts with a new producer id
 ID_EXPIRATION_MS: Final = 7 * 24 * 3600 * 1000
@@ -508,7 +503,7 @@ class TransactionCoordinator:
                 return
             cursors = found.core.cursors
             kept = [r for r in ranges if r.partition < len(cursors)]
-            found.ack_ranges(_NO_CONSUMER, kept)
+            found.acked(kept)
             await self._catalog.writer.synced(
                 {
                     key(CURSOR, topic_name, subscription, p): cursors[p].encode()

@@ -236,6 +236,11 @@ class ReliableSubscription:
             self._wake.set()
 
     def ack_ranges(self, consumer: Consumer, ranges: Sequence[AckRange]) -> None:
+        self.acked(ranges)
+
+    def acked(self, ranges: Sequence[AckRange]) -> None:
+        """Acknowledge `ranges` for the subscription, whoever sent them (a consumer, or a
+        committed transaction, which has none)."""
         self.core.ack_ranges(ranges)
         self.persist()
         if self._keyed is not None:
