@@ -55,6 +55,7 @@ UNIT_MODULES = {
     "test_fetch_partition_wake",
     "test_kafka_codec",
     "test_kafka_messages",
+    "test_lastvalue_transactions",
     "test_layers",
     "test_pump_decode",
     "test_lease_off_loop",

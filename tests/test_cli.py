@@ -233,7 +233,7 @@ def test_produce_generates_load_with_options(server: ServerProcess, topic_name: 
         "--batch-size",
         "4096",
         "--isolation",
-        "read-committed",
+        "fsynced",
         server=server,
     )
     assert result.returncode == 0, result.stderr

@@ -64,3 +64,30 @@ def test_an_unknown_option_without_a_command_is_named(capsys: pytest.CaptureFixt
     assert capsys.readouterr().err.splitlines()[-1] == (
         "headwater: error: the following arguments are required: command"
     )
+
+
+def test_produce_isolation_takes_the_new_names_and_the_old_ones() -> None:
+    """`--isolation appended|fsynced`; read-uncommitted and read-committed, the names before
+    transactions, are the same values (deprecated). `--transactional-id` makes a transactional
+    producer, which refuses at-most-once."""
+    from headwater.cli.client_commands import _producer_config
+    from headwater.client.producer_config import ProducerConfig
+    from headwater.wire.messages import Isolation
+
+    def config(*options: str) -> ProducerConfig:
+        return _producer_config(_parser().parse_args(["produce", "t", "v", *options]))
+
+    for name, value in (
+        ("appended", Isolation.APPENDED),
+        ("fsynced", Isolation.FSYNCED),
+        ("read-uncommitted", Isolation.APPENDED),
+        ("read-committed", Isolation.FSYNCED),
+    ):
+        assert config("--isolation", name).isolation is value
+    assert Isolation.READ_COMMITTED is Isolation.FSYNCED and Isolation.FSYNCED == 1
+    assert Isolation.READ_UNCOMMITTED is Isolation.APPENDED and Isolation.APPENDED == 0
+    transactional = config("--transactional-id", "loader-1")
+    assert transactional.transactional_id == "loader-1"
+    assert transactional.idempotent
+    with pytest.raises(ValueError, match="at-least-once"):
+        config("--transactional-id", "loader-1", "--delivery", "at-most-once")

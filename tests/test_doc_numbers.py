@@ -335,7 +335,15 @@ QUOTED_LIMITS: dict[str, list[tuple[str, str]]] = {
     ],
     "MAX_NAME_LENGTH": [(PROTOCOL, rf"\| subscription and consumer names \| 1\.\.{N} bytes")],
     "MAX_KEY_SIZE": [(PROTOCOL, rf"\| a last-value key [^|]*\| 1\.\.{N} bytes \({N}\)")],
-    "MAX_PARTITIONS": [(PROTOCOL, rf"\| partitions per topic \| 1\.\.{N} \|")],
+    "MAX_PARTITIONS": [
+        (PROTOCOL, rf"\| partitions per topic \| 1\.\.{N} \|"),
+        (PROTOCOL, rf"ADD_ACKS_TO_TXN `positions` \| {N} \|"),
+        (PROTOCOL, rf"\(at least one, at most {N}\) to the transaction"),
+    ],
+    "MAX_TRANSACTION_TIMEOUT_MS": [
+        (PROTOCOL, rf"\| transaction timeout \(INIT_TRANSACTIONS `timeout_ms`\) \| 1\.\.{N} ms"),
+        (PROTOCOL, rf"transaction may stay open before the server aborts it [^.]*1\.\.{N} \(15"),
+    ],
     "MAX_SUBSCRIBE_PARTITIONS": [(PROTOCOL, rf"\| SUBSCRIBE `partitions` \| {N} \|")],
     "MAX_CREDITS": [
         (PROTOCOL, rf"\| credits per consumer \| {N} \|"),
@@ -356,7 +364,10 @@ QUOTED_LIMITS: dict[str, list[tuple[str, str]]] = {
         (PROTOCOL, rf"`keys` at most {N}: Limits\)"),
     ],
     "MAX_ACKS_PER_REQUEST": [(PROTOCOL, rf"\| ACK `acks`, NACK `acks` \| {N} \|")],
-    "MAX_ACK_RANGES_PER_REQUEST": [(PROTOCOL, rf"\| ACK_RANGES `ranges` \| {N}, covering")],
+    "MAX_ACK_RANGES_PER_REQUEST": [
+        (PROTOCOL, rf"\| ACK_RANGES `ranges` \| {N}, covering"),
+        (PROTOCOL, rf"\| ADD_ACKS_TO_TXN `ranges` \| {N} \|"),
+    ],
     "MAX_OFFSETS_PER_ACK_RANGES": [
         (PROTOCOL, rf"covering at most {N} offsets together \|"),
         (PROTOCOL, rf"at most {N} offsets together \(a client splits"),

@@ -10,13 +10,13 @@ import re
 from pathlib import Path
 from typing import Any
 
-from headwater.wire.api import admin, auth, cluster, consume, maps, produce, schemas
+from headwater.wire.api import admin, auth, cluster, consume, maps, produce, schemas, transactions
 from headwater.wire.messages import ApiKey
 
 DOC = (Path(__file__).resolve().parent.parent / "docs" / "PROTOCOL.md").read_text()
 APIS = {
     api.key: api
-    for module in (admin, auth, cluster, consume, maps, produce, schemas)
+    for module in (admin, auth, cluster, consume, maps, produce, schemas, transactions)
     for api in module.APIS
 }
 

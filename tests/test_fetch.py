@@ -168,20 +168,23 @@ async def test_fetch_needs_the_consume_grant(secure: SecureServer) -> None:
 def test_fetch_vectors() -> None:
     request = encode_request(m.FetchRequest("t", 0, 5, 65536, 1000), 7)
     assert request.hex() == (
-        "0000002100090000000000070000"  # size, FETCH, version 0, correlation id 7, flags
+        "0000002200090001000000070000"  # size, FETCH, version 1, correlation id 7, flags
         "000174"  # topic "t"
         "00000000"  # partition 0
         "0000000000000005"  # offset 5
         "00010000"  # max_bytes 65536
         "000003e8"  # max_wait_ms 1000
+        "00"  # isolation 0: committed
     )
-    response = encode_response(m.ApiKey.FETCH, 7, m.FetchResponse(0, 6, b"BATCH"))
+    response = encode_response(m.ApiKey.FETCH, 7, m.FetchResponse(0, 6, b"BATCH", 6))
     assert response.hex() == (
-        "0000002500090000000000070001"  # size, FETCH, version 0, correlation id 7, RESPONSE
+        "0000002d00090000000000070001"  # size, FETCH, version 0, correlation id 7, RESPONSE
         "0000"  # error code 0
         "0000000000000000"  # start_offset 0
         "0000000000000006"  # end_offset 6
-        "00000005" + b"BATCH".hex()  # records (whole batches in a real answer)
+        "00000005"
+        + b"BATCH".hex()  # records (whole batches in a real answer)
+        + "0000000000000006"  # next_offset 6
     )
 
 

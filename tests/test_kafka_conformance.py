@@ -133,9 +133,7 @@ async def test_max_message_bytes_through_topic_alter_holds_for_native_producers(
         builder.append(None, b"y" * 4096)
         batch = builder.build()
         with pytest.raises(headwater.RecordTooLarge):
-            await client.request(
-                m.ProduceRequest(topic_name, 0, batch, m.Isolation.READ_UNCOMMITTED)
-            )
+            await client.request(m.ProduceRequest(topic_name, 0, batch, m.Isolation.APPENDED))
         with pytest.raises(headwater.InvalidRequest, match="at most"):
             await client.alter_topic(topic_name, {"max.message.bytes": str(64 * MIB)})
 
@@ -159,9 +157,7 @@ async def _one_batch(server: KafkaServer, topic: str, stamps: list[int]) -> None
         builder = BatchBuilder()
         for i, stamp in enumerate(stamps):
             builder.append(None, b"%d" % i, timestamp=stamp)
-        await client.request(
-            m.ProduceRequest(topic, 0, builder.build(), m.Isolation.READ_COMMITTED)
-        )
+        await client.request(m.ProduceRequest(topic, 0, builder.build(), m.Isolation.FSYNCED))
 
 
 STAMPS = [1_000_000, 2_000_000, 3_000_000, 2_500_000]

@@ -269,7 +269,7 @@ async def test_read_committed_and_committed_only_consumers(
     await (await fast.send(b"appended"))
     with pytest.raises(TimeoutError):  # under fsync=never nothing has fsynced it yet
         await watcher.receive(timeout=0.5)
-    careful = client.producer(topic_name, isolation=Isolation.READ_COMMITTED)
+    careful = client.producer(topic_name, isolation=Isolation.FSYNCED)
     await (await careful.send(b"durable"))  # acked only after an fsync, which covers both
     got = [await watcher.receive(timeout=30) for _ in range(2)]
     assert [g.value for g in got] == [b"appended", b"durable"]

@@ -117,7 +117,7 @@ REQUEST_VECTORS = [
         "00000014 0000 0000 00000006 0000 0001 74 ffffffff 00 abcd",
     ),
     (
-        m.ProduceRequest("t", 2, b"\xab\xcd", m.Isolation.READ_COMMITTED),
+        m.ProduceRequest("t", 2, b"\xab\xcd", m.Isolation.FSYNCED),
         7,
         "00000014 0000 0000 00000007 0000 0001 74 00000002 01 abcd",
     ),

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -13,11 +15,12 @@ from headwater.wire.api.produce import (
     delivery_prefix,
     produce_request_parts,
 )
-from headwater.wire.errors import HeadwaterError
+from headwater.wire.errors import HeadwaterError, MalformedFrame, UnsupportedVersion
 from headwater.wire.frames import Frame, FrameDecoder
 from headwater.wire.protocol import (
     PUSH_SCHEMAS,
     SCHEMAS,
+    SUPPORTED_VERSIONS,
     decode_push,
     decode_request,
     decode_response,
@@ -65,7 +68,13 @@ requests = st.one_of(
     st.builds(m.SeekRequest, names, names, i8, i64),
     st.builds(m.DeleteSubscriptionRequest, names, names),
     st.builds(m.UnsubscribeRequest, i32),
-    st.builds(m.FetchRequest, names, i32, i64, i32, i32),
+    st.builds(m.FetchRequest, names, i32, i64, i32, i32, i8),
+    st.builds(m.InitTransactionsRequest, names, i32, i64, i16),
+    st.builds(
+        m.AddPartitionsToTxnRequest, names, i64, i16, names, st.lists(i32, max_size=5).map(tuple)
+    ),
+    st.builds(m.AddAcksToTxnRequest, names, i64, i16, names, names, ack_ranges, acks),
+    st.builds(m.EndTxnRequest, names, i64, i16, st.booleans()),
     st.builds(m.CreateTopicRequest, names, i32, i8, configs),
     st.builds(m.DeleteTopicRequest, names),
     st.just(m.ListTopicsRequest()),
@@ -101,8 +110,11 @@ responses = st.one_of(
     st.tuples(st.just(m.ApiKey.PRODUCE), st.builds(m.ProduceResponse, i32, i64)),
     st.tuples(st.just(m.ApiKey.SUBSCRIBE), st.builds(m.SubscribeResponse, i32)),
     st.tuples(
-        st.just(m.ApiKey.FETCH), st.builds(m.FetchResponse, i64, i64, st.binary(max_size=200))
+        st.just(m.ApiKey.FETCH),
+        st.builds(m.FetchResponse, i64, i64, st.binary(max_size=200), i64),
     ),
+    st.tuples(st.just(m.ApiKey.INIT_TRANSACTIONS), st.builds(m.InitProducerIdResponse, i64, i16)),
+    st.tuples(st.just(m.ApiKey.END_TXN), st.just(m.EmptyResponse())),
     st.tuples(st.just(m.ApiKey.INIT_PRODUCER_ID), st.builds(m.InitProducerIdResponse, i64, i16)),
     st.tuples(st.just(m.ApiKey.MAP_GET), st.builds(m.MapGetResponse, map_entries)),
     st.tuples(
@@ -367,7 +379,7 @@ def test_consume_fast_paths_reject_what_their_schemas_reject(key: int, body: byt
     assert actual == expected
 
 
-@given(st.builds(m.FetchResponse, i64, i64, st.binary(max_size=200)), i32)
+@given(st.builds(m.FetchResponse, i64, i64, st.binary(max_size=200), i64), i32)
 def test_fetch_response_fast_paths_match_the_schema(
     response: m.FetchResponse, correlation_id: int
 ) -> None:
@@ -381,8 +393,6 @@ def test_fetch_response_fast_paths_match_the_schema(
 
 
 def test_trailing_bytes_after_a_request_are_refused() -> None:
-    from headwater.wire.errors import MalformedFrame
-
     for request in (
         m.CreateTopicRequest("t"),
         m.MapGetRequest("t", (b"k",)),
@@ -402,6 +412,26 @@ def test_trailing_bytes_after_a_request_are_refused() -> None:
             assert "after the" in exc.message, exc.message
         else:
             raise AssertionError(f"{type(request).__name__} with a trailing byte was accepted")
+
+
+@given(st.builds(m.FetchRequest, names, i32, i64, i32, i32), i32)
+def test_a_version_0_fetch_decodes_as_a_committed_read(
+    request: m.FetchRequest, correlation_id: int
+) -> None:
+    """FETCH is at version 1 (`isolation` added at its end): the version 0 layout, without it,
+    still decodes, as isolation 0 (COMMITTED); a version past 1 is UNSUPPORTED_VERSION."""
+    assert SUPPORTED_VERSIONS[m.ApiKey.FETCH] == (0, 1)
+    current = _one_frame(encode_request(request, correlation_id))
+    assert current.header.api_version == 1
+    version_0 = current.body[:-1]  # the layout without its last field
+    header = replace(current.header, api_version=0)
+    assert decode_request(header, version_0) == replace(
+        request, isolation=m.FetchIsolation.COMMITTED
+    )
+    with pytest.raises(MalformedFrame):  # each version's layout, exactly
+        decode_request(header, current.body)
+    with pytest.raises(UnsupportedVersion):
+        decode_request(replace(current.header, api_version=2), current.body)
 
 
 def test_server_info_fields_added_at_the_end_keep_both_sides_working() -> None:

@@ -16,7 +16,9 @@ import logging
 import sys
 import time
 from collections import deque
+from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime
+from typing import Any
 
 from headwater.cli import schema_commands
 from headwater.cli.arguments import decode, encode
@@ -48,6 +50,7 @@ from headwater.client.producer import (
     RetryPolicy,
 )
 from headwater.client.schema_codec import SchemaCodec
+from headwater.client.transaction import COMMIT_UNKNOWN
 from headwater.wire.errors import HeadwaterError, InvalidRequest, SchemaViolation, TopicExists
 from headwater.wire.records import Compression
 
@@ -158,16 +161,27 @@ def _producer_config(args: argparse.Namespace) -> ProducerConfig:
         if args.delivery == "at-most-once"
         else AtLeastOnce(RetryPolicy(max_retries=args.retries))
     )
+    if args.transactional_id is not None and args.delivery == "at-most-once":
+        raise ValueError("--transactional-id sends at-least-once: drop --delivery at-most-once")
     return ProducerConfig(
         delivery=delivery,
         batch_size=args.batch_size,
         linger=args.linger_ms / 1000,
         compression=Compression[args.compression.upper()],
         idempotent=args.idempotent,
-        isolation=Isolation.READ_COMMITTED
-        if args.isolation == "read-committed"
-        else Isolation.READ_UNCOMMITTED,
+        isolation=_ISOLATIONS[args.isolation],
+        transactional_id=args.transactional_id,
     )
+
+
+# `--isolation`, with the names it had before transactions (deprecated: they read as Kafka's
+# transaction isolation levels, which these are not)
+_ISOLATIONS = {
+    "appended": Isolation.APPENDED,
+    "fsynced": Isolation.FSYNCED,
+    "read-uncommitted": Isolation.APPENDED,
+    "read-committed": Isolation.FSYNCED,
+}
 
 
 # Standard input read whole, and checked whole, before anything is sent: up to this many lines
@@ -290,6 +304,13 @@ class _Tally:
                 previous = self.last.get(metadata.partition, -1)
                 self.last[metadata.partition] = max(previous, metadata.offset)
 
+    def report_transaction(self, error: HeadwaterError) -> str:
+        """What a failure of a transactional `produce` says about the records sent."""
+        sent = plural(self.sent, "message")
+        if COMMIT_UNKNOWN in error.message:
+            return f" ({sent} sent in it)"
+        return f"; the transaction was aborted: none of the {sent} sent is committed"
+
     def report(self, delivery: str) -> str:
         """What a failure after the first send says about the records before it."""
         for future in self.pending:
@@ -343,24 +364,37 @@ async def produce(client: Client, args: argparse.Namespace) -> int:
     producer = client.producer(args.topic, _producer_config(args))
     tally = _Tally()
     try:
-        for key, value in records:
-            tally.add(
-                await producer.send(value, key=key, headers=headers, partition=args.partition)
-            )
-        while not ended:
-            items, ended = source.take(1024, WHOLE_INPUT_BYTES)
-            for where, data in items:
-                key, value = prepared.record(where, data)
+        async with _transaction(producer, args):
+            for key, value in records:
                 tally.add(
                     await producer.send(value, key=key, headers=headers, partition=args.partition)
                 )
-        await _settle(producer, args)
+            while not ended:
+                items, ended = source.take(1024, WHOLE_INPUT_BYTES)
+                for where, data in items:
+                    key, value = prepared.record(where, data)
+                    tally.add(
+                        await producer.send(
+                            value, key=key, headers=headers, partition=args.partition
+                        )
+                    )
+            await _settle(producer, args)
     except HeadwaterError as exc:
+        if args.transactional_id is not None:
+            raise _placed(exc, exc.message + tally.report_transaction(exc)) from None
         with contextlib.suppress(HeadwaterError):
             await _settle(producer, args)  # what was sent before it is answered, to count it
         raise _placed(exc, exc.message + tally.report(args.delivery)) from None
-    print(f"produced {plural(tally.sent, 'message')} to {args.topic}", file=sys.stderr)
+    done = " in one transaction, committed" if args.transactional_id is not None else ""
+    print(f"produced {plural(tally.sent, 'message')} to {args.topic}{done}", file=sys.stderr)
     return 0
+
+
+def _transaction(producer: Producer, args: argparse.Namespace) -> AbstractAsyncContextManager[Any]:
+    """`--transactional-id`: one transaction around everything the command sends."""
+    if args.transactional_id is None:
+        return contextlib.nullcontext()
+    return producer.transaction()
 
 
 async def _generate(producer: Producer, args: argparse.Namespace, headers: dict[str, bytes]) -> int:
@@ -374,12 +408,13 @@ async def _generate(producer: Producer, args: argparse.Namespace, headers: dict[
     key = args.key.encode() if args.key is not None else None
     started = time.monotonic()
     next_update = started
-    for sent in range(1, args.count + 1):
-        await producer.send(value, key=key, headers=headers, partition=args.partition)
-        if time.monotonic() >= next_update or sent == args.count:
-            progress_bar(sent, args.count, started)
-            next_update = time.monotonic() + 0.25
-    await _settle(producer, args)
+    async with _transaction(producer, args):
+        for sent in range(1, args.count + 1):
+            await producer.send(value, key=key, headers=headers, partition=args.partition)
+            if time.monotonic() >= next_update or sent == args.count:
+                progress_bar(sent, args.count, started)
+                next_update = time.monotonic() + 0.25
+        await _settle(producer, args)
     elapsed = time.monotonic() - started
     newline = "\n" if sys.stderr.isatty() else ""  # ends the bar's line
     print(

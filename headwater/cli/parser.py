@@ -223,9 +223,16 @@ def _produce_command(commands: Any) -> None:
     produce.add_argument("--idempotent", action="store_true", help="no duplicates on retry")
     produce.add_argument(
         "--isolation",
-        choices=["read-uncommitted", "read-committed"],
-        default="read-uncommitted",
-        help="reliable topics: acknowledge after the append, or after an fsync covers it",
+        choices=["appended", "fsynced", "read-uncommitted", "read-committed"],
+        default="appended",
+        help="reliable topics: acknowledge after the append, or after an fsync covers it "
+        "(read-uncommitted and read-committed: the old names, deprecated)",
+    )
+    produce.add_argument(
+        "--transactional-id",
+        metavar="ID",
+        help="send every message in one transaction of this transactional id: committed "
+        "once all are acknowledged, else aborted (reliable topics, at-least-once)",
     )
     produce.add_argument(
         "--count", type=int, help="generate N messages of --size bytes instead of reading values"

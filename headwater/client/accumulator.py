@@ -12,7 +12,8 @@ a batch to retry back with `requeue`, in its place.
 The accumulator is also the producer's memory bound: `room` is clear while `max_queued_batches`
 batches are queued or in flight (`send` waits on it), and `idle` is set when nothing is open,
 queued or in flight (`flush` waits on it). With idempotence, each partition's sequence numbers
-are assigned here, when a batch is opened.
+are assigned here, when a batch is opened (and a transactional producer's batches flagged so,
+with its epoch).
 """
 
 from __future__ import annotations
@@ -239,6 +240,8 @@ class RecordAccumulator:
         self.config = config
         self._ready = ready  # tells the sender a batch is queued
         self.producer_id = -1
+        self.producer_epoch = 0  # a transactional producer's, from its coordinator
+        self._transactional = config.transactional_id is not None
         self._open: dict[int, ProducerBatch] = {}
         self._closers: dict[int, asyncio.Handle | asyncio.TimerHandle] = {}
         self.queue: list[ProducerBatch] = []  # closed, waiting to be sent, by `order`
@@ -317,8 +320,9 @@ class RecordAccumulator:
         builder = BatchBuilder(
             self.config.compression,
             producer_id=self.producer_id if idempotent else -1,
-            producer_epoch=0 if idempotent else -1,
+            producer_epoch=self.producer_epoch if idempotent else -1,
             base_sequence=sequence,
+            transactional=self._transactional,
         )
         batch = ProducerBatch(self._loop, next(self._order), partition, builder, sequence)
         self._open[partition] = batch
@@ -349,6 +353,14 @@ class RecordAccumulator:
         for partition in list(self._open):
             self.close_batch(partition)
         self.update_room()
+
+    def restart(self, producer_id: int, epoch: int) -> None:
+        """A new producer id or epoch (a transactional producer's, after an abort): the next
+        batch of each partition starts at sequence 0 again. Only with nothing open, queued or
+        in flight (after a flush)."""
+        assert not (self._open or self.queue or self.in_flight)
+        self.producer_id, self.producer_epoch = producer_id, epoch
+        self._sequences.clear()
 
     def requeue(self, batch: ProducerBatch) -> None:
         """Put a batch to retry back in its place: retries keep the order batches were made in."""

@@ -20,27 +20,45 @@ brokers' answers, and remembers the owner of each partition it produced to.
     with BlockingClient("127.0.0.1:6650") as client:
         client.create_topic("events")
         offset = client.produce("events", [(None, b"hello", ())])
+
+`transactional_producer` gives a `BlockingTransactions`: the asyncio producer's transactions
+(headwater/client/transaction.py) one request at a time, each batch for a partition it names:
+
+        producer = client.transactional_producer("loader-1")   # fences older instances
+        with producer.transaction():        # committed at the end, aborted on an exception
+            producer.produce("events", [(None, b"a", ())], partition=0)
+            producer.produce("audit", [(None, b"b", ())], partition=2)
+
+A partition's first batch in a transaction is preceded by ADD_PARTITIONS_TO_TXN; after an abort
+the epoch is bumped (the sequences start over); PRODUCER_FENCED, or INVALID_PRODUCER_EPOCH on a
+batch, raises `ProducerFenced`, then on every later call.
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from headwater.client.broker_connection import default_server, parse_server
+from headwater.client.transaction import ack_runs
 from headwater.wire import messages as m
 from headwater.wire.errors import (
     AuthenticationFailed,
     CannotConnect,
+    ConcurrentTransactions,
     ConnectionClosed,
     ConnectionLost,
     HeadwaterError,
+    InvalidProducerEpoch,
+    InvalidRequest,
     NotOwner,
+    ProducerFenced,
     RequestTimeout,
     TopicExists,
 )
-from headwater.wire.records import RecordInput, build_batch
+from headwater.wire.records import BatchBuilder, RecordInput, build_batch
 from headwater.wire.session import Answer, ClientSession
 
 
@@ -172,6 +190,13 @@ class BlockingClient:
         assert isinstance(response, m.MapSetResponse)
         return response.revisions[0]
 
+    def transactional_producer(
+        self, transactional_id: str, timeout: float = 60.0
+    ) -> BlockingTransactions:
+        """A transactional producer for `transactional_id` (its init fences older instances);
+        the server aborts a transaction open longer than `timeout` seconds."""
+        return BlockingTransactions(self, transactional_id, timeout)
+
     def close(self) -> None:
         for client in self._owners.values():
             client.close()
@@ -182,3 +207,127 @@ class BlockingClient:
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+class BlockingTransactions:
+    """A transactional producer on a `BlockingClient` (the module doc)."""
+
+    def __init__(self, client: BlockingClient, transactional_id: str, timeout: float) -> None:
+        self._client = client
+        self.transactional_id = transactional_id
+        self._timeout_ms = round(timeout * 1000)
+        self.producer_id = self.epoch = -1
+        self.fenced: ProducerFenced | None = None
+        self._sequences: dict[tuple[str, int], int] = {}
+        self._added: set[tuple[str, int]] = set()
+        self._begun = False  # the server has the transaction (something was added)
+        self._init()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[BlockingTransactions]:
+        """Commit what the block sent if it ends normally, abort it if it raises."""
+        self._check_usable()
+        try:
+            yield self
+        except BaseException:
+            if self.fenced is None:
+                with contextlib.suppress(HeadwaterError):  # the server aborts it at its timeout
+                    self.abort()
+            raise
+        self.commit()
+
+    def produce(self, topic: str, records: Sequence[RecordInput], partition: int) -> int:
+        """Send one batch to `partition` of `topic` in the transaction; its base offset."""
+        self._check_usable()
+        if partition < 0:
+            raise InvalidRequest("a transactional batch names its partition (0 or more)")
+        where = (topic, partition)
+        if where not in self._added:
+            request = m.AddPartitionsToTxnRequest(*self._ids(), topic, (partition,))
+            self._call(request)
+            self._added.add(where)
+            self._begun = True
+        sequence = self._sequences.get(where, 0)
+        builder = BatchBuilder(
+            producer_id=self.producer_id,
+            producer_epoch=self.epoch,
+            base_sequence=sequence,
+            transactional=True,
+        )
+        now = int(time.time() * 1000)
+        for key, value, headers in records:
+            builder.append(key, value, list(headers), now)
+        response = self._call(m.ProduceRequest(topic, partition, builder.build()), where)
+        assert isinstance(response, m.ProduceResponse)
+        self._sequences[where] = sequence + len(records)
+        return response.base_offset
+
+    def send_acks(
+        self,
+        topic: str,
+        subscription: str,
+        offsets: Mapping[int, Iterable[int]],
+        positions: Mapping[int, int] | None = None,
+    ) -> None:
+        """Acknowledge these offsets (partition -> offsets) of `subscription`'s messages, and
+        move its `positions`, if the transaction commits."""
+        self._check_usable()
+        ranges = tuple(ack_runs((p, o) for p, listed in offsets.items() for o in listed))
+        moved = tuple(m.AckEntry(p, o) for p, o in sorted((positions or {}).items()))
+        self._call(m.AddAcksToTxnRequest(*self._ids(), topic, subscription, ranges, moved))
+        self._begun = True
+
+    def commit(self) -> None:
+        self._end(commit=True)
+
+    def abort(self) -> None:
+        """Abort the transaction in progress, then bump the epoch (sequences start over)."""
+        self._end(commit=False)
+        self._init()
+
+    def _end(self, commit: bool) -> None:
+        self._check_usable()
+        try:
+            if self._begun:
+                self._call(m.EndTxnRequest(*self._ids(), commit))
+        finally:
+            self._added.clear()
+            self._begun = False
+
+    def _init(self) -> None:
+        """INIT_TRANSACTIONS, asked again while the server completes the transaction an older
+        instance left open (CONCURRENT_TRANSACTIONS), within the client's timeout."""
+        request = m.InitTransactionsRequest(
+            self.transactional_id, self._timeout_ms, self.producer_id, self.epoch
+        )
+        deadline = time.monotonic() + self._client._timeout
+        delay = 0.02
+        while True:
+            try:
+                response = self._call(request)
+                break
+            except ConcurrentTransactions:
+                if time.monotonic() + delay > deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+        assert isinstance(response, m.InitProducerIdResponse)
+        self.producer_id, self.epoch = response.producer_id, response.producer_epoch
+        self._sequences.clear()
+
+    def _ids(self) -> tuple[str, int, int]:
+        return self.transactional_id, self.producer_id, self.epoch
+
+    def _call(self, request: m.Request, route: tuple[str, int] | None = None) -> m.Response:
+        try:
+            return self._client._routed(request, route)
+        except (ProducerFenced, InvalidProducerEpoch) as exc:
+            self.fenced = ProducerFenced(
+                f"transactional id {self.transactional_id!r} (producer id {self.producer_id}, "
+                f"epoch {self.epoch}) was fenced: {exc.message}"
+            )
+            raise self.fenced from None
+
+    def _check_usable(self) -> None:
+        if self.fenced is not None:
+            raise self.fenced

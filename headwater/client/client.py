@@ -51,6 +51,7 @@ from headwater.client.map_client import Map
 from headwater.client.producer import Producer, ProducerConfig
 from headwater.client.reconnect import ReconnectPolicy
 from headwater.client.schema_codec import Definition, SchemaAdmin, SchemaCodec, schema_configs
+from headwater.client.transaction import TransactionSession
 from headwater.wire import messages as m
 from headwater.wire.errors import (
     AuthenticationFailed,
@@ -151,6 +152,8 @@ class Client(ClusterMixin, AdminMixin, SchemaAdmin):
         self._port = port
         self._timeout = timeout
         self._producers: list[Producer] = []
+        # transactional id -> the transactions its producers share (`producer`)
+        self._sessions: dict[str, TransactionSession] = {}
         self._policy = reconnect
         self._consumers: set[Consumer] = set()  # the ones to resubscribe after a reconnection
         self._online = asyncio.Event()  # clear while reconnecting
@@ -365,19 +368,32 @@ class Client(ClusterMixin, AdminMixin, SchemaAdmin):
         offset: int,
         max_bytes: int = 1024 * 1024,
         max_wait: float = 0.0,
+        *,
+        raw: bool = False,
     ) -> Fetched:
         """Read `topic`'s `partition` from `offset` with no subscription (FETCH; a reliable
         topic's): whole batches up to `max_bytes` (at least one), only below the partition's
-        readable end. At the end, waits up to `max_wait` seconds (at most 20) for data. Raises
+        last stable offset, without transaction markers nor aborted transactions' records
+        (`raw`: every batch below the readable end, markers and aborted ones included). At the
+        end, waits up to `max_wait` seconds (at most 20) for data. Raises
         `OffsetOutOfRange` below the partition's start or past its next offset,
         `NotSupported` on a non-reliable topic. In a cluster it goes to the partition's owner."""
-        request = m.FetchRequest(topic, partition, offset, max_bytes, round(max_wait * 1000))
+        isolation = m.FetchIsolation.RAW if raw else m.FetchIsolation.COMMITTED
+        request = m.FetchRequest(
+            topic, partition, offset, max_bytes, round(max_wait * 1000), isolation
+        )
         timeout = self._timeout + max_wait + 30.0
         await self._router.settle(topic)
         response = await self._at_owner(request, timeout)
         assert isinstance(response, m.FetchResponse)
         return Fetched(
-            topic, partition, offset, response.start_offset, response.end_offset, response.records
+            topic,
+            partition,
+            offset,
+            response.start_offset,
+            response.end_offset,
+            response.records,
+            response.next_offset,
         )
 
     async def offset_for_time(self, topic: str, partition: int, timestamp: int) -> int:
@@ -427,14 +443,32 @@ class Client(ClusterMixin, AdminMixin, SchemaAdmin):
         Settings come from `config`, or from `ProducerConfig` fields given as keywords:
         `client.producer("t", delivery=AtMostOnce(), linger=0.005)`. With `schema` ("auto":
         the topic's latest version when the first record is sent; a version number; or a
-        `SchemaCodec`) `send` takes values of the schema's type and encodes them."""
+        `SchemaCodec`) `send` takes values of the schema's type and encodes them.
+
+        With `transactional_id` the producer writes in transactions (`producer.transaction()`,
+        docs/PRODUCING.md): the client's producers with the same transactional id share them,
+        so one transaction spans their topics."""
+        config = config or ProducerConfig(**options)
+        session = None
+        if config.transactional_id is not None:
+            session = self._sessions.get(config.transactional_id)
+            if session is None:
+                session = TransactionSession(
+                    config.transactional_id,
+                    config.transaction_timeout,
+                    self._opener.open,
+                    config.request_timeout,
+                    self._forget_session,
+                )
+                self._sessions[config.transactional_id] = session
         producer = Producer(
             self._opener.open,
             topic,
-            config or ProducerConfig(**options),
+            config,
             schema,
             self._router,
             self._opener.open_at,
+            session,
         )
         self._producers.append(producer)
         return producer
@@ -472,7 +506,7 @@ class Client(ClusterMixin, AdminMixin, SchemaAdmin):
         no snapshot starts at earliest (docs/COMPACTION.md). With `limit`, the
         consumer never asks for more than `limit` messages in all (a bounded read leaves nothing
         delivered-and-unacked behind). `committed_only` delivers only records an fsync already
-        covers (the consumer side of read_committed).
+        covers (the consumer side of `Isolation.FSYNCED`).
 
         `durable` picks what the subscription keeps (FTL's durable types): "standard" (one
         subscriber's stream, until acked), "shared" (apportioned, kept until one acks), "none"
@@ -543,6 +577,10 @@ class Client(ClusterMixin, AdminMixin, SchemaAdmin):
             self._consumers.add(consumer)
         await self._subscribe_cluster(consumer)
         return consumer
+
+    def _forget_session(self, session: TransactionSession) -> None:
+        if self._sessions.get(session.transactional_id) is session:
+            del self._sessions[session.transactional_id]
 
     def map(self, topic: str) -> Map:
         """The key/value API of a map durable on `topic` (a reliable topic)."""

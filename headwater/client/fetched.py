@@ -4,8 +4,10 @@ The server answers whole record batches back to back, as stored: the first may s
 offset asked for (it is the batch holding it), or above it (the server read past damage or a
 gap). `batches()` cuts them apart by their length fields (each checked: header and CRC-32C, as a
 delivery is); `records(build)` decodes them in C and leaves out the records below the offset asked
-for; `next_offset` is where the next FETCH goes on (after the last batch, or the offset asked for
-when the answer is empty). The bytes are the frame's own: nothing is copied until decoded.
+for; `next_offset` is where the next FETCH goes on, as the server says: after the last batch it
+read, sent or left out (a transaction's marker or aborted batch, which a transaction-aware read
+leaves out), or the offset asked for when it read none. The bytes are the frame's own: nothing is
+copied until decoded.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import TypeVar
 
 from headwater.wire.errors import CorruptBatch
 from headwater.wire.limits import MAX_DECOMPRESSED_BATCH
+from headwater.wire.markers import peek
 from headwater.wire.records import (
     BATCH_HEADER_SIZE,
     Headers,
@@ -37,8 +40,9 @@ class Fetched:
     partition: int
     offset: int  # the offset asked for
     start_offset: int  # the partition's oldest stored offset when answered
-    end_offset: int  # its readable end: offsets below it can be fetched now
+    end_offset: int  # its readable end (or last stable offset): offsets below it can be read now
     data: bytes  # the batches, back to back
+    next_offset: int  # where to fetch next (the module doc)
 
     def _spans(self) -> list[tuple[int, int]]:
         """(start, end) of each batch in `data`, by the length fields."""
@@ -58,10 +62,11 @@ class Fetched:
         return spans
 
     def batches(self) -> list[bytes]:
-        """Each batch, checked (CorruptBatch otherwise)."""
+        """Each batch, checked (CorruptBatch otherwise); a raw fetch's have the transaction
+        markers among them."""
         found = [self.data[start:end] for start, end in self._spans()]
         for batch in found:
-            inspect_batch(batch)
+            inspect_batch(batch, control=True)
         return found
 
     def records(
@@ -70,21 +75,14 @@ class Fetched:
         max_decompressed: int = MAX_DECOMPRESSED_BATCH,
     ) -> list[T]:
         """Every record at or above the offset asked for, as `build(offset, timestamp, key,
-        value, headers)` (a `wire.records.Record` by default)."""
+        value, headers)` (a `wire.records.Record` by default); never a marker's."""
         out: list[T] = []
         for batch in self.batches():
+            if peek(batch).control:
+                continue  # a transaction's marker (a raw fetch's), no record of the topic's
             records = decode_records(batch, build, max_decompressed)
             base = _OFFSET_AND_LENGTH.unpack_from(batch)[0]
             if base < self.offset:  # the batch holding the offset: offsets run base, base+1, ...
                 records = records[self.offset - base :]
             out.extend(records)
         return out
-
-    @property
-    def next_offset(self) -> int:
-        """Where to fetch next: after the last batch, or the offset asked for when empty."""
-        if not self.data:
-            return self.offset
-        start, end = self._spans()[-1]
-        info = inspect_batch(self.data[start:end])
-        return max(self.offset, info.base_offset + info.record_count)

@@ -31,8 +31,13 @@ One sender task writes closed batches in order on the producer's own connection,
 With `idempotent=True` the producer takes a producer id from the server and numbers its records
 per partition (RecordBatch's producer id and base sequence). A resent batch that the server had
 already appended is answered with its original offsets instead of being stored twice, so retries
-cannot duplicate. `isolation=Isolation.READ_COMMITTED` asks reliable topics to acknowledge only
-once an fsync covers the batch.
+cannot duplicate. `isolation=Isolation.FSYNCED` asks reliable topics to acknowledge only once an
+fsync covers the batch.
+
+With `transactional_id` the producer writes in transactions (headwater/client/transaction.py):
+`async with producer.transaction():` around its sends (and those of the client's other producers
+with the same transactional id), `send_acks` to acknowledge a subscription's messages in it; all
+of it is committed at a normal exit, or aborted.
 
 In a cluster (docs/CLUSTER.md) the client's router sends each batch to its partition's owner
 (headwater/client/sender.py), and keyless records are spread round-robin by the producer itself (the
@@ -45,7 +50,8 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Literal
 
 from headwater.client.accumulator import (
@@ -58,6 +64,7 @@ from headwater.client.accumulator import (
     SentBatch,
 )
 from headwater.client.broker_connection import Connection
+from headwater.client.message_batch import Message, MessageBatch
 from headwater.client.producer_config import (
     AtLeastOnce,
     AtMostOnce,
@@ -70,11 +77,13 @@ from headwater.client.producer_config import (
 )
 from headwater.client.schema_codec import SchemaCodec
 from headwater.client.sender import AddressedFactory, ConnectionFactory, Sender
+from headwater.client.transaction import TransactionSession
 from headwater.wire import messages as m
-from headwater.wire.errors import ConnectionClosed, RecordTooLarge
+from headwater.wire.errors import ConnectionClosed, InvalidRequest, RecordTooLarge
 from headwater.wire.keys import partition_for_key
 
 if TYPE_CHECKING:
+    from headwater.client.consumer import Consumer
     from headwater.client.router import Router
 
 HeaderList = list[tuple[str, bytes | None]]
@@ -89,7 +98,10 @@ class Producer:
         schema: SchemaCodec | int | Literal["auto"] | None = None,
         router: Router | None = None,
         connect_to: AddressedFactory | None = None,
+        session: TransactionSession | None = None,
     ) -> None:
+        """`session`: the transactions of the producer's transactional id, which the client's
+        producers with that id share (`Client.producer` finds or makes it)."""
         self.topic = topic
         self._router = router
         self.config = config
@@ -108,6 +120,9 @@ class Producer:
         # for every record.
         self._unrouted_until = -math.inf
         self._unrouted_version = 0
+        self._session = session
+        if session is not None:
+            session.join(self)
 
     def _ready(self) -> None:
         self._sender.wake()
@@ -162,6 +177,8 @@ class Producer:
                 partition = -1
             else:
                 partition = await self._partition_for(key)
+        if self._session is not None:
+            await self._session.admit(self.topic, partition)
         return accumulator.append(partition, key, value, header_list, size)
 
     async def send_batch(
@@ -199,12 +216,17 @@ class Producer:
         if partition is not None or keys is None:
             if partition is None:
                 partition = await self._partition_for(None)
+            if self._session is not None:
+                await self._session.admit(self.topic, partition)
             segments = await self._extend(partition, values, keys, header_lists)
             return BatchSendFuture(self.topic, segments)
         # Keyed: each partition's share, in the order given (order holds within a partition).
         shares: dict[int, list[int]] = {}
         for index, key in enumerate(keys):
             shares.setdefault(await self._partition_for(key), []).append(index)
+        if self._session is not None:
+            for target in shares:
+                await self._session.admit(self.topic, target)
         segments = []
         for target, indexes in shares.items():
             segments += await self._extend(
@@ -305,10 +327,61 @@ class Producer:
         return self._schema
 
     async def _init_producer_id(self) -> None:
-        """Idempotent producers get their id before building their first batch."""
+        """Idempotent producers get their id before building their first batch (a transactional
+        one from its session, `restart`)."""
+        if self._session is not None:
+            await self._session.ready()
+            return
         response = await (await self._sender.open()).request(m.InitProducerIdRequest())
         assert isinstance(response, m.InitProducerIdResponse)
         self._accumulator.producer_id = response.producer_id
+
+    def restart(self, producer_id: int, epoch: int) -> None:
+        """The session's producer id and epoch, new or bumped: the next batches carry them."""
+        self._accumulator.restart(producer_id, epoch)
+
+    # Transactions
+
+    def transaction(self) -> AbstractAsyncContextManager[None]:
+        """`async with producer.transaction():` a transaction around what the block sends (with
+        every producer of this client with the same transactional id) and the acks it adds
+        (`send_acks`): committed once everything sent is acknowledged, when the block ends
+        normally; aborted if it raises, or if a send failed (whose error is raised then).
+        Raises `ProducerFenced` once a newer producer took the transactional id (or this
+        transaction outlived `transaction_timeout`): the producer is unusable from then on."""
+        return self._transactional().transaction()
+
+    async def send_acks(
+        self, consumer: Consumer, messages: Iterable[Message | MessageBatch]
+    ) -> None:
+        """Acknowledge `messages`, received from `consumer` (a reliable subscription's), in the
+        transaction in progress: they are acknowledged if it commits; if it aborts they stay
+        unacknowledged, and are delivered again once their ack timeout passes (or nack them).
+        Do not also ack them through the consumer. Kafka's `send_offsets_to_transaction`."""
+        offsets: list[tuple[int, int]] = []
+        for message in messages:
+            if isinstance(message, MessageBatch):
+                offsets.extend((message.partition, o) for o in message.offsets())
+            else:
+                offsets.append((message.partition, message.offset))
+        await self._transactional().send_acks(consumer.topic, consumer.subscription, offsets)
+
+    async def send_positions(
+        self, topic: str, subscription: str, positions: Mapping[int, int]
+    ) -> None:
+        """Move `subscription`'s cursor on `topic` to `positions` (partition -> the offset below
+        which everything is acknowledged, a Kafka group's committed offset) if the transaction
+        in progress commits: for a reader that keeps its place in a subscription, reading with
+        `fetch` rather than consuming."""
+        await self._transactional().send_acks(topic, subscription, (), positions)
+
+    def _transactional(self) -> TransactionSession:
+        if self._session is None:
+            raise InvalidRequest(
+                f"the producer of {self.topic!r} has no transactional id (give the producer "
+                "`transactional_id=`)"
+            )
+        return self._session
 
     # Flushing and closing
 
@@ -345,6 +418,8 @@ class Producer:
         finally:
             self._closed = True
             await self._sender.close()
+            if self._session is not None:
+                await self._session.leave(self)
 
     async def __aenter__(self) -> Producer:
         return self

@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 
 from headwater.wire import messages as m
 from headwater.wire.errors import InvalidRequest
+from headwater.wire.limits import MAX_TRANSACTION_TIMEOUT_MS
 from headwater.wire.records import Compression
 
 Isolation = m.Isolation
+MAX_TRANSACTION_TIMEOUT = MAX_TRANSACTION_TIMEOUT_MS / 1000  # seconds
 
 
 class RetryStrategy(enum.StrEnum):
@@ -103,11 +105,17 @@ class ProducerConfig:
     # an unanswered request older than this drops the connection (a retriable failure)
     request_timeout: float = 30.0
     compression: Compression = Compression.NONE
-    isolation: m.Isolation = m.Isolation.READ_UNCOMMITTED
+    isolation: m.Isolation = m.Isolation.APPENDED
     idempotent: bool = False
     # seconds a topic's partition count is trusted before a keyed send asks again (partitions
     # may be added); a WRONG_PARTITION or INVALID_PARTITION answer asks again at once
     metadata_max_age: float = 30.0
+    # a transactional producer's id (docs/PRODUCING.md, "Transactions"): it writes in
+    # transactions only (`producer.transaction()`), idempotent and at least once; the server
+    # aborts a transaction open longer than `transaction_timeout` seconds (and fences its
+    # producer)
+    transactional_id: str | None = None
+    transaction_timeout: float = 60.0
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.max_request_size < 1024:
@@ -116,6 +124,16 @@ class ProducerConfig:
             raise InvalidRequest("linger and metadata_max_age must be >= 0 and request_timeout > 0")
         if self.max_queued_batches < 1 or self.max_in_flight < 1:
             raise InvalidRequest("max_queued_batches and max_in_flight must be >= 1")
+        if self.transactional_id is not None:
+            if not self.transactional_id:
+                raise InvalidRequest("a transactional id is not empty")
+            if not isinstance(self.delivery, AtLeastOnce):
+                raise InvalidRequest("a transactional producer delivers at least once")
+            if not 0 < self.transaction_timeout <= MAX_TRANSACTION_TIMEOUT:
+                raise InvalidRequest(
+                    f"transaction_timeout must be in (0, {MAX_TRANSACTION_TIMEOUT:.0f}] seconds"
+                )
+            object.__setattr__(self, "idempotent", True)  # what transactions are built on
         if self.idempotent and self.max_in_flight > 16:
             raise InvalidRequest("an idempotent producer keeps at most 16 batches in flight")
 

@@ -68,13 +68,14 @@ class StoredValue:
     partition: int
     offset: int  # the revision
     timestamp: int
-    value: bytes | None  # None only in change notifications: the key was deleted
+    value: bytes | None  # None only in changes (notifications, a transaction's): deleted
     headers: tuple[tuple[str, bytes | None], ...] = ()
 
     def encode(self) -> bytes:
-        return encode_stored(
-            self.partition, self.offset, self.timestamp, self.value or b"", self.headers
-        )
+        """As stored; a deletion (a transaction's held tombstone) with value length -1."""
+        if self.value is None:
+            return _HEAD.pack(self.partition, self.offset, self.timestamp, -1) + _NO_HEADERS
+        return encode_stored(self.partition, self.offset, self.timestamp, self.value, self.headers)
 
     @staticmethod
     def decode_head(data: bytes) -> tuple[int, int, int, bytes]:
@@ -87,8 +88,8 @@ class StoredValue:
     def decode(cls, stored_key: bytes, data: bytes) -> StoredValue:
         partition, offset, timestamp, length = _HEAD.unpack_from(data, 0)
         position = _HEAD.size
-        value = data[position : position + length]
-        position += length
+        value = None if length < 0 else data[position : position + length]
+        position += max(length, 0)
         (count,) = _HEADER_COUNT.unpack_from(data, position)
         position += 2
         headers: list[tuple[str, bytes | None]] = []

@@ -37,14 +37,17 @@ from headwater.wire.errors import (
     InvalidTxnState,
     ProducerFenced,
 )
+from headwater.wire.limits import MAX_TRANSACTION_TIMEOUT_MS
 
 MAX_EPOCH: Final = 32_766  # Kafka's: a bump past it takes a new producer id
 DEFAULT_TIMEOUT_MS: Final = 60_000
 # the largest transaction timeout a producer may ask for (Kafka's transaction.max.timeout.ms)
-MAX_TIMEOUT_MS: Final = 900_000
-# partitions, and offsets, one transaction may hold (a bound on the state kept per id)
+MAX_TIMEOUT_MS: Final = MAX_TRANSACTION_TIMEOUT_MS
+# partitions, offsets, and ranges of acknowledgements one transaction may hold (a bound on the
+# state kept per id)
 MAX_PARTITIONS: Final = 10_000
 MAX_OFFSETS: Final = 10_000
+MAX_ACK_RANGES: Final = 10_000
 
 
 class TxnState(enum.StrEnum):
@@ -67,13 +70,39 @@ class TxnState(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class PendingOffset:
-    """A consumer position sent in the transaction: applied at its commit, dropped at abort.
-    `group` is a Kafka group or a native subscription (the same thing on Headwater)."""
+    """What a transaction acknowledges of one partition of a subscription, applied at its
+    commit and dropped at abort. `group` is a Kafka group or a native subscription (the same
+    thing on Headwater). `offset` is a position (every offset below it acknowledged: a Kafka
+    group's committed offset), -1 for none; `acks` are ranges [first, end) of offsets
+    acknowledged as ACK_RANGES acknowledges them (a native subscription's delivered messages),
+    sorted and merged."""
 
     group: str
     topic: str
     partition: int
     offset: int
+    acks: tuple[tuple[int, int], ...] = ()
+
+    def merged(self, later: PendingOffset) -> PendingOffset:
+        """This one with `later`, sent after it in the same transaction: `later`'s position
+        if it names one, and the acknowledgements of both."""
+        return replace(
+            self,
+            offset=later.offset if later.offset >= 0 else self.offset,
+            acks=merge_ranges((*self.acks, *later.acks)),
+        )
+
+
+def merge_ranges(ranges: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """Ranges [first, end), sorted, with the overlapping and adjacent ones joined; empty ones
+    left out."""
+    merged: list[tuple[int, int]] = []
+    for first, end in sorted(r for r in ranges if r[0] < r[1]):
+        if merged and first <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((first, end))
+    return tuple(merged)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,9 +163,15 @@ class Transaction:
         for offset in offsets:
             if offset.group not in self.groups:
                 raise InvalidTxnState(f"group {offset.group!r} was not added to the transaction")
-            kept[(offset.group, offset.topic, offset.partition)] = offset
+            where = (offset.group, offset.topic, offset.partition)
+            earlier = kept.get(where)
+            kept[where] = offset if earlier is None else earlier.merged(offset)
         if len(kept) > MAX_OFFSETS:
             raise InvalidTxnState(f"a transaction commits at most {MAX_OFFSETS} offsets")
+        if sum(len(o.acks) for o in kept.values()) > MAX_ACK_RANGES:
+            raise InvalidTxnState(
+                f"a transaction holds at most {MAX_ACK_RANGES} ranges of acknowledgements"
+            )
         return replace(self, offsets=tuple(kept.values()), updated_ms=now_ms)
 
     def end(self, producer_id: int, epoch: int, commit: bool, now_ms: int) -> Transaction | None:
@@ -230,7 +265,7 @@ class Transaction:
                 "state": str(self.state),
                 "partitions": sorted([t, p] for t, p in self.partitions),
                 "groups": sorted(self.groups),
-                "offsets": [[o.group, o.topic, o.partition, o.offset] for o in self.offsets],
+                "offsets": [_encoded(o) for o in self.offsets],
                 "started_ms": self.started_ms,
                 "updated_ms": self.updated_ms,
             },
@@ -249,10 +284,26 @@ class Transaction:
             state=TxnState(raw["state"]),
             partitions=frozenset((t, p) for t, p in raw["partitions"]),
             groups=frozenset(raw["groups"]),
-            offsets=tuple(PendingOffset(g, t, p, o) for g, t, p, o in raw["offsets"]),
+            offsets=tuple(_pending(entry) for entry in raw["offsets"]),
             started_ms=raw["started_ms"],
             updated_ms=raw["updated_ms"],
         )
+
+
+def _encoded(offset: PendingOffset) -> list[Any]:
+    """[group, topic, partition, offset], and [[first, end], ...] after them when it acks."""
+    entry: list[Any] = [offset.group, offset.topic, offset.partition, offset.offset]
+    if offset.acks:
+        entry.append([list(r) for r in offset.acks])
+    return entry
+
+
+def _pending(entry: list[Any]) -> PendingOffset:
+    """An encoded offset: [group, topic, partition, offset] as every state before native
+    acknowledgements was written, and [..., [[first, end], ...]] for one that acks."""
+    group, topic, partition, offset, *acks = entry
+    ranges = tuple((first, end) for first, end in acks[0]) if acks else ()
+    return PendingOffset(group, topic, partition, offset, ranges)
 
 
 def check_timeout(timeout_ms: int) -> None:

@@ -5,7 +5,7 @@ flow: nothing to wait for, nothing allocated for the answer), or a `Waiting` tha
 happen before the response can be written:
 
 - `AfterDurable(response, durable)`: the response is known, but the promise it makes needs the
-  data on disk first (a reliable produce under fsync `always` or read_committed, a map set, a new
+  data on disk first (a reliable produce under fsync `always` or fsynced isolation, a map set, a new
   producer id): the connection writes it once `durable` completes. The wait needs no turn of the
   topic, so produces queued behind this one do not wait for its fsync.
 - `AfterWork(work)`: the handler must await before it even has a response (a turn of the topic,

@@ -17,6 +17,19 @@ The count needs to know which keys of a batch existed before it. A key the state
 in one multi-get per batch. `KnownKeys` is memory only and may forget keys, so the count read back
 after a restart is as exact as before: it was written with the keys.
 
+A transaction's records (docs/DURABLES.md, "Transactions") are held until its marker:
+
+- `lvtxn/<topic>\\0<partition>\\0<producer id>\\0<key>`: the transaction's newest change of the
+  key (an encoded `StoredValue`, value length -1 for a deletion), written with the position as
+  its batches are applied (`hold`), removed by its marker (`release`), which writes the changes
+  that win in the same WriteBatch;
+- `lvdel/<topic>\\0<partition>\\0<key>`: the offset of a deletion applied while some
+  transaction is held in the partition (a held change older than it must not bring the key
+  back); all of the partition's are removed when its last held transaction ends.
+
+So held transactions survive a restart with the rest, and the replay from `lvpos` finds the
+state exactly as the WriteBatch of its position left it.
+
 Loading a snapshot into a partition (`begin_load`, `put_rows`, `finish_load`) takes many
 WriteBatches, so it is bracketed: `begin_load` sets the partition's position to 0 and writes the
 `lvload` marker in one WriteBatch, then removes the partition's keys; `finish_load` moves the
@@ -27,15 +40,22 @@ with the marker (a load a crash or a bad file interrupted) holds an unknown mix 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import struct
+from collections.abc import Callable, Iterable
 
-from headwater.storage.state import StateStore, key
+from headwater.storage.state import SEP, StateStore, key
 
 LV = b"lv/"
 LVPOS = b"lvpos/"
 LVCOUNT = b"lvcount/"
 LVLOAD = b"lvload/"
+LVTXN = b"lvtxn/"
+LVDEL = b"lvdel/"
+_OFFSET = struct.Struct(">q")
 _CLEAR_CHUNK = 10_000  # keys deleted per WriteBatch while a partition is cleared
+# (partition, producer) pairs holding a transaction read back at most: far beyond the producers
+# a topic ever has open at once
+_MAX_HOLDING = 10_000_000
 
 
 class LastValueStore:
@@ -51,22 +71,130 @@ class LastValueStore:
         self._count = _int(state.get(self._count_key))
         self._partitions = partitions
         self._known = state.known_last_values
+        # per partition, the producers whose transaction has changes held (mirrors `lvtxn`)
+        self._holding: list[set[int]] = [set() for _ in range(partitions)]
+        self._load_holding()
 
     def applied(self, partition: int) -> int:
         return self._applied[partition]
 
     def write(
-        self, partition: int, end: int, puts: dict[bytes, bytes], deletes: list[bytes]
+        self,
+        partition: int,
+        end: int,
+        puts: dict[bytes, bytes],
+        deletes: list[bytes],
+        deleted_at: dict[bytes, int] | None = None,
     ) -> None:
-        """Set and delete keys (record keys), and move `partition`'s position to `end`."""
-        self._write(puts, deletes, {self._position_keys[partition]: str(end).encode()})
+        """Set and delete keys (record keys), and move `partition`'s position to `end`;
+        `deleted_at`: deletions to remember (key -> offset) while a transaction is held."""
+        extra = {self._position_keys[partition]: str(end).encode()}
+        if deleted_at:
+            extra.update(self._deletion_rows(partition, deleted_at))
+        self._write(puts, deletes, extra)
         self._applied[partition] = end
 
+    # Transactions
+
+    def holding(self, partition: int) -> bool:
+        """Whether some transaction has changes held in `partition`."""
+        return bool(self._holding[partition])
+
+    def hold(self, partition: int, end: int, producer: int, changes: dict[bytes, bytes]) -> None:
+        """Hold a transaction's changes (key -> encoded change) until its marker, and move the
+        position to `end`: one WriteBatch."""
+        prefix = self._held_prefix(partition, producer)
+        rows = {prefix + record_key: data for record_key, data in changes.items()}
+        rows[self._position_keys[partition]] = str(end).encode()
+        self._state.write(rows)
+        self._applied[partition] = end
+        if changes:
+            self._holding[partition].add(producer)
+
+    def held(self, partition: int, producer: int) -> dict[bytes, bytes]:
+        """The changes `producer`'s transaction holds in `partition` (key -> encoded change)."""
+        if producer not in self._holding[partition]:
+            return {}
+        prefix = self._held_prefix(partition, producer)
+        return {k[len(prefix) :]: data for k, data in self._state.scan_from(prefix, prefix)}
+
+    def deleted(self, partition: int, record_keys: list[bytes]) -> list[int | None]:
+        """The offset each key was deleted at while a transaction was held (None: not)."""
+        prefix = key(LVDEL, self.topic, partition) + SEP
+        found = self._state.get_many([prefix + record_key for record_key in record_keys])
+        return [None if data is None else _OFFSET.unpack(data)[0] for data in found]
+
+    def get_many(self, record_keys: list[bytes]) -> list[bytes | None]:
+        return self._state.get_many([self._prefix + record_key for record_key in record_keys])
+
+    def release(
+        self,
+        partition: int,
+        end: int,
+        producer: int,
+        puts: dict[bytes, bytes],
+        deletes: list[bytes],
+        deleted_at: dict[bytes, int],
+    ) -> None:
+        """End `producer`'s transaction in `partition`, in one WriteBatch: the changes that won
+        set and deleted, its held changes removed, the deletions remembered while another
+        transaction is still held (else every remembered one removed), the position `end`."""
+        holding = self._holding[partition]
+        removed: list[bytes] = []
+        if producer in holding:
+            prefix = self._held_prefix(partition, producer)
+            removed = [k for k, _ in self._state.scan_from(prefix, prefix)]
+            holding.discard(producer)
+            if not holding:
+                removed += self._deletion_keys(partition)
+        extra = {self._position_keys[partition]: str(end).encode()}
+        if holding:
+            extra.update(self._deletion_rows(partition, deleted_at))
+        self._write(puts, deletes, extra, removed)
+        self._applied[partition] = end
+
+    def _held_prefix(self, partition: int, producer: int) -> bytes:
+        return key(LVTXN, self.topic, partition, producer) + SEP
+
+    def _deletion_rows(self, partition: int, deleted_at: dict[bytes, int]) -> dict[bytes, bytes]:
+        prefix = key(LVDEL, self.topic, partition) + SEP
+        return {prefix + k: _OFFSET.pack(offset) for k, offset in deleted_at.items()}
+
+    def _deletion_keys(self, partition: int) -> list[bytes]:
+        prefix = key(LVDEL, self.topic, partition) + SEP
+        return [k for k, _ in self._state.scan_from(prefix, prefix)]
+
+    def _load_holding(self) -> None:
+        """Which producers hold changes, per partition: one seek per (partition, producer)."""
+        prefix = key(LVTXN, self.topic) + SEP
+        start = prefix
+        for _ in range(_MAX_HOLDING):  # each turn seeks past one producer's rows
+            found = next(iter(self._state.scan_from(start, prefix)), None)
+            if found is None:
+                return
+            partition, producer = found[0][len(prefix) :].split(SEP)[:2]
+            if int(partition) < self._partitions:
+                self._holding[int(partition)].add(int(producer))
+            start = prefix + partition + SEP + producer + b"\x01"  # past its rows
+
+    def _clear_transactions(self, partition: int) -> None:
+        """Forget what the partition holds of transactions (its state is rebuilt)."""
+        held = key(LVTXN, self.topic, partition) + SEP
+        doomed = [k for k, _ in self._state.scan_from(held, held)]
+        doomed += self._deletion_keys(partition)
+        self._holding[partition].clear()
+        for start in range(0, len(doomed), _CLEAR_CHUNK):
+            self._state.write(deletes=doomed[start : start + _CLEAR_CHUNK])
+
     def _write(
-        self, puts: dict[bytes, bytes], deletes: list[bytes], extra: dict[bytes, bytes]
+        self,
+        puts: dict[bytes, bytes],
+        deletes: list[bytes],
+        extra: dict[bytes, bytes],
+        extra_deletes: Iterable[bytes] = (),
     ) -> None:
         """One WriteBatch: the keys set and deleted, the key count kept up to date, and `extra`
-        state keys (a partition's position) written with them."""
+        state keys (a partition's position) written, `extra_deletes` removed, with them."""
         prefix = self._prefix
         rows = {prefix + record_key: data for record_key, data in puts.items()}
         removed = [prefix + record_key for record_key in deletes]
@@ -87,7 +215,7 @@ class LastValueStore:
         written = list(rows)  # before the position and the count join `rows`
         rows.update(extra)
         rows[self._count_key] = str(count).encode()
-        self._state.write(rows, removed)
+        self._state.write(rows, [*removed, *extra_deletes])
         self._count = count
         known.add(written)
 
@@ -105,7 +233,9 @@ class LastValueStore:
 
     def clear(self, partition: int, belongs: Callable[[bytes], bool]) -> None:
         """Remove the keys of `partition` (`belongs(data)`: whether a stored value is one of
-        them), leaving its position and marker as they are."""
+        them) and what it holds of transactions, leaving its position and marker as they
+        are."""
+        self._clear_transactions(partition)
         doomed: list[bytes] = []
         for raw_key, data in self._state.scan_from(self._prefix, self._prefix):
             if self._partitions == 1 or belongs(data):
@@ -181,6 +311,8 @@ def drop_last_values(state: StateStore, topic: str) -> None:
     state.delete_prefix(key(LV, topic) + b"\0")
     state.delete_prefix(key(LVPOS, topic) + b"\0")
     state.delete_prefix(key(LVLOAD, topic) + b"\0")
+    state.delete_prefix(key(LVTXN, topic) + b"\0")
+    state.delete_prefix(key(LVDEL, topic) + b"\0")
     state.write(deletes=[key(LVCOUNT, topic)])
 
 

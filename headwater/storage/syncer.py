@@ -6,7 +6,7 @@
 - `interval`: a round runs `fsync_interval_ms` after the first append it will cover; producers do
   not wait for it.
 - `never`: only sealing a segment fsyncs it (uploads need a stable file), and waiters
-  (read_committed producers) get a round when they ask.
+  (producers of fsynced isolation) get a round when they ask.
 
 Before any data fsync, the partition directory is fsynced if a segment was created or deleted
 since the last one: a new segment's name must be durable before its data can count as durable.

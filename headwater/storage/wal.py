@@ -348,7 +348,7 @@ class PartitionLog:
 
     def must_wait(self, sequence: int, committed: bool = False) -> bool:
         """Whether an ack for append `sequence` waits for an fsync: under policy `always`, or
-        when the producer asked for read_committed."""
+        when the producer asked for fsynced isolation."""
         if self.syncer.durable_sequence >= sequence:
             return False
         return committed or self.config.fsync == FsyncPolicy.ALWAYS
@@ -356,7 +356,7 @@ class PartitionLog:
     def wait_durable(self, sequence: int) -> asyncio.Future[None]:
         """Resolve once an fsync covers append number `sequence`; `PartitionOffline` if the
         partition failed first. Waiting starts an fsync now, whatever the policy: that is how
-        read_committed works on `interval` and `never` topics."""
+        fsynced isolation works on `interval` and `never` topics."""
         return self.syncer.wait(sequence)
 
     def fail(self, reason: str) -> None:

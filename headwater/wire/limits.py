@@ -62,6 +62,12 @@ MAX_FETCH_WAIT_MS: Final = 20_000
 # composes, and a peer-supplied name quoted in one cannot make an error frame large.
 MAX_ERROR_MESSAGE: Final = 4096
 
+# The longest a transaction may stay open (INIT_TRANSACTIONS `timeout_ms`, and Kafka's
+# InitProducerId): Kafka's default `transaction.max.timeout.ms`. A longer one would keep a
+# partition's last stable offset, and every transaction-aware reader, waiting that long on a
+# producer that died.
+MAX_TRANSACTION_TIMEOUT_MS: Final = 900_000
+
 # LOOKUP `topics`: a client asks for the topics it is about to use, a few at a time; the answer
 # (every partition of each) must stay far below MAX_FRAME_SIZE.
 MAX_LOOKUP_TOPICS: Final = 100

@@ -51,6 +51,11 @@ class ApiKey(enum.IntEnum):
     CHECK_SCHEMA = 43
     ACK_RANGES = 44  # ACK for runs of consecutive offsets: one entry per run, not per message
     OFFSET_FOR_TIME = 45  # where a FETCH reader starts to read from a time (docs/PROTOCOL.md)
+    # transactions (docs/PROTOCOL.md, "Transactions"; docs/PRODUCING.md)
+    INIT_TRANSACTIONS = 46
+    ADD_PARTITIONS_TO_TXN = 47
+    ADD_ACKS_TO_TXN = 48
+    END_TXN = 49
     # pushed by the server
     DELIVER = 100
     CONSUMER_CLOSED = 101
@@ -97,10 +102,26 @@ class Durable(enum.IntEnum):
 
 
 class Isolation(enum.IntEnum):
-    """When a reliable topic acknowledges a produce (see docs/PRODUCING.md)."""
+    """When a reliable topic acknowledges a produce (see docs/PRODUCING.md): durability, not
+    transactions. Until transactions came these were named READ_UNCOMMITTED and READ_COMMITTED,
+    which read as Kafka's transaction isolation levels; those names stay as deprecated aliases
+    of the same values (the wire carries the value only)."""
 
-    READ_UNCOMMITTED = 0  # once appended to the WAL (the OS has it)
-    READ_COMMITTED = 1  # once an fsync covers it, whatever the topic's fsync policy
+    APPENDED = 0  # once appended to the WAL (the OS has it)
+    FSYNCED = 1  # once an fsync covers it, whatever the topic's fsync policy
+    READ_UNCOMMITTED = 0  # deprecated: APPENDED
+    READ_COMMITTED = 1  # deprecated: FSYNCED
+
+
+class FetchIsolation(enum.IntEnum):
+    """What a FETCH reads of a partition's transactions (docs/PROTOCOL.md, FETCH)."""
+
+    # up to the last stable offset, without the transaction markers and the batches of aborted
+    # transactions: what a transaction-aware reader (Kafka's read_committed) sees
+    COMMITTED = 0
+    # everything up to the readable end, markers and aborted batches included (the Kafka front
+    # end's Fetch, which leaves the filtering to Kafka clients)
+    RAW = 1
 
 
 class Backoff(enum.IntEnum):
@@ -133,7 +154,7 @@ class ProduceRequest:
     topic: str
     partition: int
     batch: bytes  # one Kafka RecordBatch v2, base offset 0 (the server stamps it)
-    isolation: int = Isolation.READ_UNCOMMITTED
+    isolation: int = Isolation.APPENDED
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,6 +290,7 @@ class FetchRequest:
     offset: int
     max_bytes: int = 1024 * 1024
     max_wait_ms: int = 0
+    isolation: int = FetchIsolation.COMMITTED  # version 1; a version 0 request reads COMMITTED
 
 
 @dataclass(frozen=True, slots=True)
@@ -394,6 +416,9 @@ class FetchResponse:
     # whole record batches as stored, back to back, base offsets stamped: the first may start
     # below the offset asked for (the batch holding it) or above it (past damage or a gap)
     records: bytes
+    # where the next FETCH goes on: after the last batch read, sent or left out (a marker, an
+    # aborted transaction's batch), or the offset asked for when none was
+    next_offset: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -660,6 +685,62 @@ class LookupResponse:
 
 
 # ------------------------------------------------------------------------------------------------
+# Transactions (docs/PROTOCOL.md, "Transactions"): a transactional producer's id and epoch, the
+# partitions and the acknowledgements each transaction takes in, and its end. Each names the
+# producer id and epoch it holds: an older epoch is PRODUCER_FENCED.
+
+
+@dataclass(frozen=True, slots=True)
+class InitTransactionsRequest:
+    """Start (or restart) the transactional producer `transactional_id`: answered with its
+    producer id and a new epoch (`InitProducerIdResponse`), which fences every older instance.
+    `producer_id` and `producer_epoch` are the ones held by a producer bumping its own epoch
+    after an abort; -1 for a new instance."""
+
+    transactional_id: str
+    timeout_ms: int = 0  # a transaction open longer is aborted; 0: the server's default (60 s)
+    producer_id: int = -1
+    producer_epoch: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class AddPartitionsToTxnRequest:
+    """Partitions of `topic` the transaction writes (a transaction begins with its first)."""
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    topic: str
+    partitions: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AddAcksToTxnRequest:
+    """Acknowledgements of messages of reliable subscription `subscription` on `topic`, applied
+    when the transaction commits and dropped when it aborts: `ranges` as ACK_RANGES, and
+    `positions` (each partition's offset below which everything is acknowledged, as a Kafka
+    group's committed offset)."""
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    topic: str
+    subscription: str
+    ranges: tuple[AckRange, ...]
+    positions: tuple[AckEntry, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class EndTxnRequest:
+    """Commit (or abort) the transaction in progress; answered once it is complete."""
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    commit: bool
+
+
+# ------------------------------------------------------------------------------------------------
 # Schemas (docs/SCHEMAS.md): REGISTER_SCHEMA, GET_SCHEMA, LIST_SCHEMAS, CHECK_SCHEMA; types
 # and compatibility modes travel as their names.
 
@@ -778,6 +859,10 @@ Request = (
     | ListSchemasRequest
     | CheckSchemaRequest
     | LookupRequest
+    | InitTransactionsRequest
+    | AddPartitionsToTxnRequest
+    | AddAcksToTxnRequest
+    | EndTxnRequest
 )
 Response = (
     EmptyResponse

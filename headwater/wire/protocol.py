@@ -5,6 +5,11 @@ struct fast paths where a hot path needs them); this module collects them into d
 and fills each slot a family left empty with the construct schema, so encoding or decoding a
 frame is one dictionary lookup and one call, whatever the API.
 
+Versions: a client sends each request at its API's current version (`Api.version`); the server
+also decodes every older version it lists in SUPPORTED_VERSIONS (`Api.older`: the fields that
+version had, the others at their defaults). A response has one layout for every version: fields
+are added at its end, which older clients leave unread (docs/PROTOCOL.md).
+
 A response body starts with `error_code int16`. When it is not 0 the rest is the error message
 (uint16 length + UTF-8, at most `wire.limits.MAX_ERROR_MESSAGE` bytes) instead of the response.
 """
@@ -15,7 +20,16 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from headwater.wire import messages as m
-from headwater.wire.api import admin, auth, cluster, consume, maps, produce, schemas
+from headwater.wire.api import (
+    admin,
+    auth,
+    cluster,
+    consume,
+    maps,
+    produce,
+    schemas,
+    transactions,
+)
 from headwater.wire.api.base import (
     ERROR_HEADER,
     OK,
@@ -49,6 +63,7 @@ APIS: Final[dict[int, Api]] = {
             *auth.APIS,
             *schemas.APIS,
             *cluster.APIS,
+            *transactions.APIS,
         ),
         key=lambda a: a.key,
     )
@@ -68,22 +83,27 @@ PUSH_SCHEMAS: Final[dict[int, DataclassAdapter]] = {
 REQUEST_API_KEYS: Final[dict[type, int]] = {api.request.cls: key for key, api in APIS.items()}
 PUSH_API_KEYS: Final[dict[type, int]] = {push.schema.cls: key for key, push in PUSHES.items()}
 
-# Every API is at version 0; the table lets a client ask (API_VERSIONS) before relying on one.
-SUPPORTED_VERSIONS: Final[dict[int, tuple[int, int]]] = {key: (0, 0) for key in APIS}
+# Versions 0 to each API's current one; the table lets a client ask (API_VERSIONS) before
+# relying on one.
+SUPPORTED_VERSIONS: Final[dict[int, tuple[int, int]]] = {
+    key: (0, api.version) for key, api in APIS.items()
+}
 
 
 def _schema_request_encoder(api: Api) -> Callable[[Any, int, int], bytes]:
     def encode(request: Any, correlation_id: int, flags: int) -> bytes:
-        return encode_frame(api.key, 0, correlation_id, flags, build(api.request, request))
+        return encode_frame(
+            api.key, api.version, correlation_id, flags, build(api.request, request)
+        )
 
     return encode
 
 
-def _schema_request_decoder(api: Api) -> Callable[[bytes], m.Request]:
+def _schema_request_decoder(api: Api, schema: DataclassAdapter) -> Callable[[bytes], m.Request]:
     what = api.key.name
 
     def decode(body: bytes) -> m.Request:
-        request: m.Request = parse_request(api.request, body, what)
+        request: m.Request = parse_request(schema, body, what)
         return request
 
     return decode
@@ -125,8 +145,13 @@ def _push_decoder(push: PushApi) -> Callable[[bytes], m.Push]:
 _ENCODE_REQUEST: Final = {
     api.request.cls: api.encode_request or _schema_request_encoder(api) for api in APIS.values()
 }
+# api key -> a decoder per version, 0 to the current one
 _DECODE_REQUEST: Final = {
-    key: api.decode_request or _schema_request_decoder(api) for key, api in APIS.items()
+    key: (
+        *(_schema_request_decoder(api, older) for older in api.older),
+        api.decode_request or _schema_request_decoder(api, api.request),
+    )
+    for key, api in APIS.items()
 }
 _ENCODE_RESPONSE: Final = {
     key: api.encode_response or _schema_response_encoder(api) for key, api in APIS.items()
@@ -154,7 +179,7 @@ def encode_request(request: m.Request, correlation_id: int, flags: int = 0) -> b
 def decode_request(header: FrameHeader, body: bytes) -> m.Request:
     """Decode a request body; raises a `ProtocolError` subclass on anything invalid."""
     check_version(header)
-    return _DECODE_REQUEST[header.api_key](body)
+    return _DECODE_REQUEST[header.api_key][header.api_version](body)
 
 
 def encode_response(api_key: int, correlation_id: int, response: m.Response) -> bytes:

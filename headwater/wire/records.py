@@ -237,8 +237,10 @@ def build_batch(
     return builder.build(base_offset)
 
 
-def inspect_batch(batch: bytes | bytearray | memoryview) -> BatchInfo:
-    """Check a batch's framing and CRC without decoding its records; raise `CorruptBatch`."""
+def inspect_batch(batch: bytes | bytearray | memoryview, control: bool = False) -> BatchInfo:
+    """Check a batch's framing and CRC without decoding its records; raise `CorruptBatch`.
+    A control batch (a transaction marker) is refused unless `control` (a reader of what the
+    server stored: a FETCH's raw answer)."""
     size = len(batch)
     if size < BATCH_HEADER_SIZE:
         raise CorruptBatch(f"record batch of {size} bytes is shorter than its 61-byte header")
@@ -277,7 +279,7 @@ def inspect_batch(batch: bytes | bytearray | memoryview) -> BatchInfo:
         raise CorruptBatch(
             f"record batch holds {record_count} records with last offset delta {last_offset_delta}"
         )
-    if attributes & CONTROL_FLAG:
+    if attributes & CONTROL_FLAG and not control:
         raise CorruptBatch("control batches are written by the broker only")
     if attributes & TRANSACTIONAL_FLAG and producer_id < 0:
         raise CorruptBatch("a transactional record batch without a producer id")

@@ -1,7 +1,8 @@
 """A real server with its Kafka listener on (`--kafka-port 0`), and a raw Kafka peer.
 
 `KafkaServer.start` waits for the native port file (written after the Kafka port file), so both
-ports are known once it returns; `kill` and `start` again reuse the data directory (a restart).
+ports are known once it returns; `kill` and `start` again reuse the data directory (a restart),
+and with `same_port` the Kafka port the first start got, so clients ride through the restart.
 `RawKafka` speaks the Kafka framing over a blocking socket, for requests no stock client sends
 (unserved versions, hostile frames); `odd_requests` sends a round of well-formed requests with odd
 values (nulls, empty and huge names, extreme numbers) through one.
@@ -22,7 +23,7 @@ from headwater.testing import ServerProcess
 
 
 class KafkaServer:
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, same_port: bool = False) -> None:
         self.kafka_port_file = data_dir.parent / f"{data_dir.name}.kafka-port"
         self.http_port_file = data_dir.parent / f"{data_dir.name}.http-port"
         self.process = ServerProcess(
@@ -33,9 +34,14 @@ class KafkaServer:
             ),
         )  # fmt: skip
         self.kafka_port = 0
+        self.same_port = same_port
 
     def start(self) -> KafkaServer:
         self.kafka_port_file.unlink(missing_ok=True)
+        if self.same_port and self.kafka_port:
+            args = list(self.process.extra_args)
+            args[args.index("--kafka-port") + 1] = str(self.kafka_port)
+            self.process.extra_args = tuple(args)
         self.process.start()
         self.kafka_port = int(self.kafka_port_file.read_text())
         return self

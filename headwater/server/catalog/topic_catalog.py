@@ -27,7 +27,9 @@ Last-value state is built on first use (`enable_last_value`) by a catch-up over 
 history, from the newest snapshot's horizon on when the state is behind a snapshot
 (`LastValueIndex.bootstrap`). The index is attached to the topic before the catch-up starts, so
 appends made meanwhile are applied at once for partitions already caught up and read from the WAL
-for the others; readers wait for `index.ready`.
+for the others; readers wait for `index.ready`. The catch-up takes each batch through the index
+as its append did (`_replay`): plain batches applied, transactional ones held, markers ending
+their transactions (docs/DURABLES.md, "Transactions").
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ from headwater.storage.wal import PartitionLog, SealedSegment
 from headwater.wire import messages as m
 from headwater.wire.errors import InvalidRequest, StorageError, TopicExists, UnknownTopic
 from headwater.wire.limits import MAX_PARTITIONS
+from headwater.wire.markers import Marker, marker_type, peek
 from headwater.wire.names import check_topic_name
 from headwater.wire.records import Record, read_records
 
@@ -537,16 +540,7 @@ class TopicCatalog:
                         f"{index.applied(p)} to build its last values"
                     )
                 for batch in batches:
-                    decoded = read_records(batch)
-                    if decoded and decoded[0].offset > index.applied(p):
-                        # skipped damage or a recovery gap: those offsets hold no record
-                        index.skip_to(p, decoded[0].offset)
-                    position = index.applied(p)
-                    records = [r for r in decoded if r.offset >= position]
-                    if records:
-                        keys = [_key_or_none(index, record) for record in records]
-                        index.apply(p, records[0].offset, KeyedBatch.of_records(records, keys))
-                        index.replayed += len(records)
+                    _replay(index, p, batch)
 
 
 def last_value_topic(topic: Topic) -> LogTopic:
@@ -557,6 +551,30 @@ def last_value_topic(topic: Topic) -> LogTopic:
             "reliable topic"
         )
     return topic
+
+
+def _replay(index: LastValueIndex, partition: int, batch: bytes) -> None:
+    """One stored batch through the index as its append went through it: a plain batch applied,
+    a transactional one held, a marker ending its producer's transaction (so a transaction open
+    across a restart is applied when its marker comes, and an aborted one never is)."""
+    header = peek(batch)
+    if header.base_offset > index.applied(partition):
+        # skipped damage or a recovery gap: those offsets hold no record
+        index.skip_to(partition, header.base_offset)
+    if header.control:
+        commit = marker_type(batch) == Marker.COMMIT
+        index.end_transaction(partition, header.producer_id, header.base_offset, commit)
+        return
+    position = index.applied(partition)
+    records = [r for r in read_records(batch) if r.offset >= position]
+    if not records:
+        return
+    keyed = KeyedBatch.of_records(records, [_key_or_none(index, record) for record in records])
+    if header.transactional:
+        index.hold(partition, header.producer_id, records[0].offset, keyed)
+    else:
+        index.apply(partition, records[0].offset, keyed)
+    index.replayed += len(records)
 
 
 def _key_or_none(index: LastValueIndex, record: Record) -> bytes | None:

@@ -406,7 +406,7 @@ class KafkaHandlers:
             delay = request.delay
             request = request.request
         acks = request.acks
-        isolation = m.Isolation.READ_COMMITTED if acks == -1 else m.Isolation.READ_UNCOMMITTED
+        isolation = m.Isolation.FSYNCED if acks == -1 else m.Isolation.APPENDED
         started: list[tuple[str, int, Awaitable[tuple[int, int]]]] = []
         pace = Pace()
         for entry in request.topic_data:
@@ -618,9 +618,10 @@ class KafkaHandlers:
         committed: bool,
     ) -> fe.PartitionData:
         try:
-            response = await self._native(
-                session, m.FetchRequest(topic, index, offset, limit, wait_ms)
-            )
+            # raw: Kafka clients skip the markers and aborted batches themselves (read_committed
+            # with the aborted list `_committed` adds), as they do reading Kafka
+            request = m.FetchRequest(topic, index, offset, limit, wait_ms, m.FetchIsolation.RAW)
+            response = await self._native(session, request)
         except HeadwaterError as exc:
             return _fetch_refusal(index, _refused("kafka.fetch_refused", exc, topic, index))
         assert isinstance(response, m.FetchResponse)

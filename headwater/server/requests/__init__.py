@@ -1,7 +1,8 @@
 """The request handlers: `broker` (one handler per request type, each run in its topic's turn when
 it must be), `admin_requests`, `consumer_requests`, `fetch` (reading a partition by offset),
 `map_requests`, `create_partitions`, `lookup`, `transaction_coordinator` (each transactional id's
-state, and the end of its transactions), `group_offsets` (a Kafka group's offsets, or a
+state, and the end of its transactions) with `transaction_requests` (the native requests that
+call it), `group_offsets` (a Kafka group's offsets, or a
 transaction's, are the cursor of the reliable subscription of its name), `partition_ownership`
 (which broker serves each partition) and `topic_definitions` (where topics are defined, and what
 attaches a consumer), both gathered with producer ids into `placement`, the deployment mode the

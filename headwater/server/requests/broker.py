@@ -6,7 +6,8 @@ what it waits for: `AfterDurable` (a reliable produce under fsync `always` waits
 commit) or `AfterWork` (a reliable subscribe may read the WAL to find a timestamp). Each raises a
 `HeadwaterError` subclass for a bad request; the connection turns it into an error response.
 Consumer requests are in `server.requests.consumer_requests`, map requests in
-`server.requests.map_requests`, FETCH in `server.requests.fetch`.
+`server.requests.map_requests`, FETCH in `server.requests.fetch`, the transaction requests in
+`server.requests.transaction_requests`.
 
 Topics and subscriptions live in `TopicCatalog`, which owns their files and state. Requests that
 change a topic or may await while acting on it (create, delete, subscribe, seek,
@@ -56,6 +57,7 @@ from headwater.server.requests.topic_definitions import (
     TopicDefinitions,
 )
 from headwater.server.requests.transaction_coordinator import TransactionCoordinator
+from headwater.server.requests.transaction_requests import TransactionRequests
 from headwater.server.schemas.schema_registry import SchemaHandlers
 from headwater.server.topic_turns import Turn
 from headwater.server.topics.subscription_contract import Consumer
@@ -145,6 +147,7 @@ class Broker:
             self.admin,
             schemas,
             LookupHandler(self.ownership, catalog.topics),
+            TransactionRequests(self.transactions),
         )
         # what SUBSCRIBE passes first (a cluster claims an Exclusive subscription in etcd)
         handlers[m.SubscribeRequest] = gate.wrap(consumers.subscribe)
@@ -201,10 +204,8 @@ class Broker:
         """`info`: the batch already validated (the connection inflates large ones off the loop);
         `schema_checked`: its records already passed the topic's schema (there too)."""
         topic = self._topic(request.topic)
-        if request.isolation not in (m.Isolation.READ_UNCOMMITTED, m.Isolation.READ_COMMITTED):
-            raise InvalidRequest(
-                f"unknown isolation {request.isolation} (0 read_uncommitted, 1 read_committed)"
-            )
+        if request.isolation not in (m.Isolation.APPENDED, m.Isolation.FSYNCED):
+            raise InvalidRequest(f"unknown isolation {request.isolation} (0 appended, 1 fsynced)")
         if topic.reliable and len(request.batch) > topic.settings.max_message_bytes:
             raise RecordTooLarge(
                 f"record batch of {len(request.batch)} bytes exceeds topic {topic.name!r}'s "
@@ -287,7 +288,7 @@ class Broker:
         return m.ProduceResponse(partition.index, base_offset)
 
     def _append(self, topic: LogTopic, request: m.ProduceRequest, info: BatchInfo) -> Reply:
-        committed = request.isolation == m.Isolation.READ_COMMITTED
+        committed = request.isolation == m.Isolation.FSYNCED
         if request.partition == -1 and topic.last_value is not None:
             records = read_records(request.batch, self._config.max_decompressed_batch)
             partition = topic.partitions[topic.last_value.partition_for(records)]

@@ -9,7 +9,18 @@ below the partition's readable end: what is visible per the topic's fsync policy
 sees a record that a crash or a take-over could give to another message, exactly as the reliable
 subscriptions see them.
 
-At the readable end with `max_wait_ms`, the answer waits (a long poll) on the topic's append
+Transactions (`isolation`, FETCH version 1): a COMMITTED read (the default, and every version 0
+request) answers only below the partition's last stable offset (`LogTopic.stable_end`: below it
+every transaction's fate is written) and leaves out the batches a transaction-aware reader skips
+(`LogTopic.hides`: the markers, and the batches of aborted transactions), so a reader never sees
+an aborted or undecided record nor a marker; `end_offset` is then the last stable offset. A RAW
+read (the Kafka front end's Fetch, which leaves the filtering to Kafka clients as Kafka does)
+answers every batch below the readable end. `next_offset` says where the next FETCH goes on: after
+the last batch read, left out or not, so a reader steps over a run of left-out batches even when
+the answer holds none, and over a gap (the offsets a restart skipped to its offset lease: a read
+below the end that finds no batch at all says that every offset up to the end is one).
+
+At the end with `max_wait_ms`, the answer waits (a long poll) on the topic's append
 signal (`subscriptions.append_signal.AppendSignal`, fired on each append and each advance of the
 durable offset or the cloud tail), for its own partition's only, until data becomes readable or
 the time is up; it waits as an
@@ -22,8 +33,8 @@ the segments' sparse indexes), or the readable end when no readable record is th
 asks for the partition's start, -1 for its readable end.
 
 Errors: UNKNOWN_TOPIC, INVALID_PARTITION, NOT_SUPPORTED on a non-reliable topic (it keeps no
-history), INVALID_REQUEST for `max_bytes` or `max_wait_ms` out of their bounds
-(`wire.limits`) or a timestamp below -2, OFFSET_OUT_OF_RANGE below the start or above the next
+history), INVALID_REQUEST for `max_bytes` or `max_wait_ms` out of their bounds (`wire.limits`), an
+unknown isolation or a timestamp below -2, OFFSET_OUT_OF_RANGE below the start or above the next
 offset, NOT_OWNER in a cluster for a partition another broker serves.
 """
 
@@ -31,7 +42,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import struct
 
 from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.reply import AfterData, AfterWork, Reply
@@ -48,8 +58,9 @@ from headwater.wire.errors import (
     UnknownTopic,
 )
 from headwater.wire.limits import MAX_FETCH_BYTES, MAX_FETCH_WAIT_MS
+from headwater.wire.markers import peek
 
-_BASE = struct.Struct(">q")
+_ISOLATIONS = frozenset(m.FetchIsolation)
 _waiters = itertools.count(1)  # idents for the append signal's waiting list
 # wake-ups one long poll takes (each an append to its partition) before it answers
 # what it has: with the deadline, what bounds its loop
@@ -69,9 +80,13 @@ class FetchHandler:
             raise InvalidRequest(f"FETCH max_bytes must be 1..{MAX_FETCH_BYTES}")
         if not 0 <= request.max_wait_ms <= MAX_FETCH_WAIT_MS:
             raise InvalidRequest(f"FETCH max_wait_ms must be 0..{MAX_FETCH_WAIT_MS}")
+        if request.isolation not in _ISOLATIONS:
+            raise InvalidRequest(
+                f"unknown FETCH isolation {request.isolation} (0 committed, 1 raw)"
+            )
         end = self._check(topic, request)
         if request.offset < end:
-            return AfterWork(self._read(topic, request))
+            return AfterWork(self._read(topic, request, end))
         if request.max_wait_ms == 0:
             return self._answer(topic, request, [])
         return AfterData(self._wait(request))
@@ -96,7 +111,10 @@ class FetchHandler:
 
     @staticmethod
     def _end(topic: LogTopic, partition: int) -> int:
-        return topic.readable_end(topic.partitions[partition], False)
+        """The end a reader starting "at the end" starts from: the last stable offset, so a
+        transaction open now is read once it commits (a COMMITTED FETCH from the readable end
+        would have stepped past its first records)."""
+        return topic.stable_end(topic.partitions[partition])
 
     def _partition(self, topic: LogTopic, index: int) -> None:
         """Raise unless `index` is a partition of `topic` that this broker serves."""
@@ -118,7 +136,8 @@ class FetchHandler:
         return topic
 
     def _check(self, topic: LogTopic, request: m.FetchRequest) -> int:
-        """The partition's readable end, after the checks every answer repeats."""
+        """Where the request may read up to (`_end_of`), after the checks every answer
+        repeats."""
         index = request.partition
         self._partition(topic, index)
         partition = topic.partitions[index]
@@ -128,28 +147,42 @@ class FetchHandler:
                 f"offset {request.offset} is out of range for partition {index} of topic "
                 f"{topic.name!r}: start={start} next={following}"
             )
-        return topic.readable_end(partition, False)
+        return _end_of(topic, request)
 
-    async def _read(self, topic: LogTopic, request: m.FetchRequest) -> Reply:
+    async def _read(self, topic: LogTopic, request: m.FetchRequest, end: int) -> Reply:
+        """The answer from a read at `request.offset`, which is below `end` (taken before the
+        read): a read that finds no batch at or after the offset tells that every offset up to
+        `end` is a gap (the offsets a restart skipped to its lease), which the reader steps."""
         batches = await topic.read(request.partition, request.offset)
-        return self._answer(topic, request, batches)
+        return self._answer(topic, request, batches, end if not batches else request.offset)
 
-    def _answer(self, topic: LogTopic, request: m.FetchRequest, batches: list[bytes]) -> Reply:
+    def _answer(
+        self, topic: LogTopic, request: m.FetchRequest, batches: list[bytes], gap_end: int = -1
+    ) -> Reply:
         partition = topic.partitions[request.partition]
-        end = topic.readable_end(partition, False)  # after the read: it only grows
+        end = _end_of(topic, request)  # after the read: it only grows
+        hide = request.isolation == m.FetchIsolation.COMMITTED
         taken: list[bytes] = []
         size = 0
+        following = max(request.offset, gap_end)
         for batch in batches:
-            if _BASE.unpack_from(batch)[0] >= end:
-                break  # read from the WAL, not readable yet (not fsynced, not in the cloud)
+            header = peek(batch)
+            if header.base_offset >= end:
+                break  # not readable yet (not fsynced, not in the cloud, not decided)
+            if hide and header.transactional and topic.hides(partition, batch):
+                following = max(following, header.next_offset)  # stepped over
+                continue
             if taken and size + len(batch) > request.max_bytes:
                 break
             taken.append(batch)
             size += len(batch)
-        return m.FetchResponse(topic.start_offset(request.partition), end, b"".join(taken))
+            following = max(following, header.next_offset)
+        return m.FetchResponse(
+            topic.start_offset(request.partition), end, b"".join(taken), following
+        )
 
     async def _wait(self, request: m.FetchRequest) -> Reply:
-        """At the readable end: wait for an append (or the durable offset, or the cloud tail) to
+        """At the end: wait for an append (or the durable offset, or the cloud tail) to
         move it, up to `max_wait_ms`; then answer what is there, or nothing."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + request.max_wait_ms / 1000
@@ -173,6 +206,16 @@ class FetchHandler:
             finally:
                 signal.leave_partition(request.partition, ident)
         topic = self._topic(request.topic)
-        if request.offset < self._check(topic, request):
-            return await self._read(topic, request)
+        end = self._check(topic, request)
+        if request.offset < end:
+            return await self._read(topic, request, end)
         return self._answer(topic, request, [])
+
+
+def _end_of(topic: LogTopic, request: m.FetchRequest) -> int:
+    """Where the request may read up to: the partition's readable end for a RAW read, its last
+    stable offset for a COMMITTED one."""
+    partition = topic.partitions[request.partition]
+    if request.isolation == m.FetchIsolation.RAW:
+        return topic.readable_end(partition, False)
+    return topic.stable_end(partition)

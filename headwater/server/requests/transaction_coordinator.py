@@ -10,15 +10,17 @@ is answered), serialises the requests of one id (a lock per id), and does what a
 2. A marker (`wire.markers`) is appended to each partition, carrying the producer's id and
    epoch, and each partition is fsynced again (the marker is durable).
 3. At a commit, the offsets sent in the transaction move their groups' cursors
-   (`requests.group_offsets`: a Kafka group's offsets are its subscription's cursor);
-   at an abort they are dropped.
+   (`requests.group_offsets`: a Kafka group's offsets are its subscription's cursor), and the
+   acknowledgements a native producer added (ADD_ACKS_TO_TXN) are acked on their reliable
+   subscription as ACK_RANGES acks them, the cursors written synced; at an abort both are
+   dropped (the messages are delivered again once their ack timeout passes, as any unacked).
 4. COMPLETE_* is stored (synced, so the partitions' own state writes before it are on disk too).
 
-A server that stops anywhere in 2-4 finds PREPARE_* on start and does 2-4 again (`start`):
-a marker for a transaction a partition no longer has open changes nothing there, and moving a
-cursor to the same offset again changes nothing. So a transaction is all-committed or
-all-aborted, never half. EndTxn is answered after step 4, so the producer's next transaction
-never races its previous one's markers.
+A server that stops anywhere in 2-4 finds PREPARE_* on start and does 2-4 again (`start`): a marker
+for a transaction a partition no longer has open changes nothing there, and moving a cursor to the
+same offset, or acking an acknowledged offset, again changes nothing. So a transaction is all-
+committed or all-aborted, never half. EndTxn is answered after step 4, so the producer's next
+transaction never races its previous one's markers.
 
 Produce asks `verify` before it appends a transactional batch: the producer's id must be a
 transactional id's, at its current epoch (else INVALID_PRODUCER_EPOCH: fenced), with a
@@ -36,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import weakref
 from collections.abc import Iterable
 from typing import Final, Protocol
 
@@ -47,13 +50,15 @@ from headwater.durables.transaction_state import (
     Transaction,
     TxnState,
     initialized,
+    merge_ranges,
 )
 from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.reply import AfterDurable, Reply, resolve
 from headwater.server.requests.partition_ownership import Ownership, not_owner
 from headwater.server.requests.placement import ProducerIds
+from headwater.server.subscriptions.reliable_subscription import ReliableSubscription
 from headwater.server.topics.topic import LogPartition, LogTopic
-from headwater.storage.state import TRANSACTION, key
+from headwater.storage.state import CURSOR, TRANSACTION, key
 from headwater.storage.tasks import spawn
 from headwater.wire import messages as m
 from headwater.wire.errors import (
@@ -66,6 +71,7 @@ from headwater.wire.errors import (
     InvalidTxnState,
     NotSupported,
     ProducerFenced,
+    UnknownSubscription,
     UnknownTopic,
 )
 from headwater.wire.markers import Marker, build_marker
@@ -74,6 +80,12 @@ log = structlog.get_logger(__name__)
 
 EXPIRY_INTERVAL: Final = 1.0  # seconds between two looks for transactions past their timeout
 MAX_TRANSACTIONAL_ID: Final = 249  # characters, as a topic name
+# an id with no transaction in progress for this long is forgotten (Kafka's
+# transactional.id.expiration.ms): its next producer starts with a new producer id
+ID_EXPIRATION_MS: Final = 7 * 24 * 3600 * 1000
+# transactional ids kept at most: a client that starts producers with ever new ids is refused
+# past it rather than growing the server's memory and state without end
+MAX_TRANSACTIONAL_IDS: Final = 100_000
 
 
 class OffsetSink(Protocol):
@@ -106,7 +118,8 @@ class TransactionCoordinator:
         self._offsets = offsets
         self._transactions: dict[str, Transaction] = {}
         self._by_producer: dict[int, str] = {}  # producer id -> its transactional id
-        self._locks: dict[str, asyncio.Lock] = {}
+        # one lock per id while anything holds or waits on it (weak: an idle id keeps none)
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._tasks: set[asyncio.Task[None]] = set()
         self._expiry: asyncio.Task[None] | None = None
         self.committed = 0  # transactions completed, by outcome (metrics)
@@ -186,6 +199,11 @@ class TransactionCoordinator:
                     f"transactional id {transactional_id!r}: aborting the transaction of the "
                     "producer this one replaces; retry"
                 )
+            if existing is None and len(self._transactions) >= MAX_TRANSACTIONAL_IDS:
+                raise InvalidRequest(
+                    f"the server keeps {MAX_TRANSACTIONAL_IDS} transactional ids at most; ids "
+                    "idle for 7 days are forgotten"
+                )
             new_id = -1
             if existing is None or existing.epoch >= 32_766:
                 issued = await resolve(self._producer_ids.init_producer_id())
@@ -243,6 +261,59 @@ class TransactionCoordinator:
         async with self._lock(transactional_id):
             txn = self._get(transactional_id)
             await self._store(txn.commit_offsets(producer_id, epoch, pending, _now_ms()))
+
+    async def add_acks(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        epoch: int,
+        topic_name: str,
+        subscription: str,
+        ranges: Iterable[m.AckRange],
+        positions: Iterable[m.AckEntry] = (),
+    ) -> None:
+        """Acknowledgements of messages of a reliable subscription, applied when the
+        transaction commits (ADD_ACKS_TO_TXN): `ranges` as ACK_RANGES acknowledges them,
+        `positions` as a Kafka group's committed offsets. Begins a transaction if none is in
+        progress."""
+        wanted: dict[int, list[tuple[int, int]]] = {}
+        for entry in ranges:
+            if entry.count < 1 or entry.first_offset < 0:
+                raise InvalidRequest(
+                    f"an acknowledged range is 1 or more offsets from offset 0 or above, not "
+                    f"{entry.count} from {entry.first_offset}"
+                )
+            wanted.setdefault(entry.partition, []).append(
+                (entry.first_offset, entry.first_offset + entry.count)
+            )
+        moved: dict[int, int] = {}
+        for position in positions:
+            if position.offset < 0:
+                raise InvalidRequest(f"a position is an offset, 0 or above, not {position.offset}")
+            moved[position.partition] = position.offset
+        for index in sorted(wanted.keys() | moved.keys()):
+            self._log_partition(topic_name, index)
+        topic = self._catalog.topics[topic_name]
+        if not isinstance(topic.subscriptions.get(subscription), ReliableSubscription):
+            raise UnknownSubscription(
+                f"topic {topic_name!r} has no reliable subscription {subscription!r} to "
+                "acknowledge messages of"
+            )
+        pending = [
+            PendingOffset(
+                subscription,
+                topic_name,
+                index,
+                moved.get(index, -1),
+                merge_ranges(wanted.get(index, ())),
+            )
+            for index in sorted(wanted.keys() | moved.keys())
+        ]
+        async with self._lock(transactional_id):
+            now = _now_ms()
+            txn = self._get(transactional_id)
+            added = txn.add_offsets(producer_id, epoch, subscription, now)
+            await self._store(added.commit_offsets(producer_id, epoch, pending, now))
 
     async def end(self, transactional_id: str, producer_id: int, epoch: int, commit: bool) -> None:
         """Commit or abort the transaction in progress; answered once it is complete."""
@@ -386,11 +457,19 @@ class TransactionCoordinator:
         await resolve(topic.when_leased([(partition, 1)], append))
 
     async def _apply_offsets(self, offsets: Iterable[PendingOffset]) -> None:
+        """A committed transaction's acknowledgements, then its positions, applied."""
         by_subscription: dict[tuple[str, str], dict[int, int]] = {}
+        acks: dict[tuple[str, str], list[m.AckRange]] = {}
         for offset in offsets:
-            by_subscription.setdefault((offset.group, offset.topic), {})[offset.partition] = (
-                offset.offset
-            )
+            where = (offset.group, offset.topic)
+            if offset.acks:
+                acks.setdefault(where, []).extend(
+                    m.AckRange(offset.partition, first, end - first) for first, end in offset.acks
+                )
+            if offset.offset >= 0:
+                by_subscription.setdefault(where, {})[offset.partition] = offset.offset
+        for (subscription, topic_name), ranges in acks.items():
+            await self._acknowledge(subscription, topic_name, ranges)
         for (group, topic_name), positions in by_subscription.items():
             if topic_name not in self._catalog.topics:
                 continue  # deleted meanwhile
@@ -404,6 +483,33 @@ class TransactionCoordinator:
                         partition=partition,
                         error=str(error),
                     )
+
+    async def _acknowledge(
+        self, subscription: str, topic_name: str, ranges: list[m.AckRange]
+    ) -> None:
+        """Ack `ranges` on the reliable subscription and write its cursors synced (before the
+        transaction's COMPLETE is stored), in the topic's turn as every change to a
+        subscription is: a deletion cannot come between the ack and the write."""
+        async with self._catalog.turn(topic_name):
+            topic = self._catalog.topics.get(topic_name)
+            found = None if topic is None else topic.subscriptions.get(subscription)
+            if not isinstance(found, ReliableSubscription):
+                log.error(
+                    "transactions.acks_not_applied",
+                    topic=topic_name,
+                    subscription=subscription,
+                    error="the subscription no longer exists",
+                )
+                return
+            cursors = found.core.cursors
+            kept = [r for r in ranges if r.partition < len(cursors)]
+            found.acked(kept)
+            await self._catalog.writer.synced(
+                {
+                    key(CURSOR, topic_name, subscription, p): cursors[p].encode()
+                    for p in {r.partition for r in kept}
+                }
+            )
 
     async def _abort_hanging(self) -> None:
         """Transactions open in a partition that no coordinator state has in progress there."""
@@ -444,6 +550,7 @@ class TransactionCoordinator:
     async def _expire_forever(self) -> None:
         while True:
             await asyncio.sleep(EXPIRY_INTERVAL)
+            await self._forget_idle(_now_ms())
             now = _now_ms()
             for txn in [t for t in self._transactions.values() if t.expired(now)]:
                 async with self._lock(txn.transactional_id):
@@ -467,6 +574,22 @@ class TransactionCoordinator:
                             transactional_id=current.transactional_id,
                             error=str(exc),
                         )
+
+    async def _forget_idle(self, now_ms: int) -> None:
+        """Drop the ids idle for `ID_EXPIRATION_MS` (from memory and the state store)."""
+        idle = [
+            t
+            for t in self._transactions.values()
+            if t.state.idle and now_ms - t.updated_ms > ID_EXPIRATION_MS
+        ]
+        for txn in idle:
+            async with self._lock(txn.transactional_id):
+                current = self._transactions.get(txn.transactional_id)
+                if current is None or current != txn:
+                    continue  # used meanwhile
+                await self._catalog.writer.synced(deletes=[key(TRANSACTION, txn.transactional_id)])
+                del self._transactions[txn.transactional_id]
+                self._by_producer.pop(txn.producer_id, None)
 
 
 def _check_id(transactional_id: str) -> None:

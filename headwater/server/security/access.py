@@ -332,6 +332,8 @@ class Security:
                 )
             if type(request) is m.SubscribeRequest:
                 self._check_owner(session, topic, request.subscription, "attach to")
+            elif type(request) is m.AddAcksToTxnRequest:
+                self._check_owner(session, topic, request.subscription, "acknowledge messages of")
             return
         if need == ANY_GRANT:
             if may_see(session.grants, topic):

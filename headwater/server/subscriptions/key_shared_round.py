@@ -11,6 +11,10 @@ across joins and leaves: a key moved to a new consumer reaches it only once the 
 acked what it held of the key, or left (its records then redelivered first, to the new owner).
 The price is Pulsar's: a consumer that grants no credit holds back its partitions' later records.
 
+A transaction's marker and an aborted transaction's batches are stepped over, never sent, and
+nothing past the partition's last stable offset is read (`ReliableSubscription.step_over_hidden`,
+as for the other types).
+
 Redelivery (nack, ack timeout, a consumer that left) sends each due record to its key's current
 owner; one that cannot go yet waits `_RETRY` seconds and is tried again.
 
@@ -54,6 +58,8 @@ class KeyedSubscription(Protocol):
     def decoded_to(self, partition: int, end: int) -> None: ...
 
     def stop_partition(self, partition: int, offset: int, error: Exception) -> None: ...
+
+    def step_over_hidden(self, partition: int, batch: bytes) -> bool: ...
 
     def sendable_partitions(self) -> set[int] | None: ...
 
@@ -104,7 +110,7 @@ class KeyedDispatch:
         committed = sub.settings.committed_only
         stopped = sub.stopped
         ends = [
-            0 if p.index in stopped else topic.readable_end(p, committed) for p in topic.partitions
+            0 if p.index in stopped else topic.stable_end(p, committed) for p in topic.partitions
         ]
         while (partition := core.next_partition(ends)) is not None:
             start = topic.start_offset(partition)
@@ -117,6 +123,9 @@ class KeyedDispatch:
                 base = _BASE.unpack_from(batch)[0]
                 if base >= ends[partition] or (index and base != core.position(partition)):
                     break
+                if sub.step_over_hidden(partition, batch):
+                    sent = True  # the cursor moved: the partition is read on
+                    continue
                 took, complete = await self._send_new(partition, batch)
                 sent = sent or took
                 if not complete:

@@ -223,7 +223,9 @@ class SubscriptionStore:
             earliest = topic.start_offset(partition.index)
             latest = partition.next_offset
             if position == m.StartPosition.LATEST:
-                offsets.append(latest)
+                # a Kafka read_committed consumer's latest: a transaction open now (and what
+                # follows it) is delivered if it commits
+                offsets.append(partition.transactions.stable_end(latest))
             elif position in (m.StartPosition.EARLIEST, m.StartPosition.SNAPSHOT):
                 offsets.append(earliest)
             elif position == m.StartPosition.OFFSET:

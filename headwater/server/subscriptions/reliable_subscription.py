@@ -19,6 +19,13 @@ active for or chose; Key_Shared cuts batches by key owner, `server.subscriptions
    or the object store, cut to the consumer's credit (`plan_new`), and the batches after it from
    the same read while the group would pick that consumer again (a disk read is not per batch).
 
+Transactions (docs/DURABLES.md): a partition is read up to its last stable offset
+(`LogTopic.stable_end`: nothing of a transaction still open, nor anything after it, is sent), and
+a transaction's marker or a batch of an aborted transaction is never sent: the cursor steps over
+it as over a gap (acknowledged, so it counts in no backlog), however many there are in a read.
+Redelivery reads back only offsets that were sent; one in such a batch (an acknowledgement a
+restart forgot, past the cursor's cap) is acknowledged, not sent.
+
 The pump sleeps on one event. It is woken by a consumer arriving, credit, a writable socket, an ack
 timeout or redelivery falling due, and by appends: not through a listener per subscription on every
 partition (which made each append cost one wake-up per subscription, however idle), but through
@@ -76,6 +83,7 @@ from headwater.storage.state import CURSOR, StateWriter, key
 from headwater.storage.wal import FsyncPolicy
 from headwater.wire.errors import CorruptBatch, DecompressedTooLarge, HeadwaterError
 from headwater.wire.limits import MAX_DECOMPRESSED_BATCH
+from headwater.wire.markers import peek
 from headwater.wire.messages import AckEntry, AckRange, Durable, SubscriptionInfo, SubscriptionType
 from headwater.wire.records import (
     BatchInfo,
@@ -228,6 +236,11 @@ class ReliableSubscription:
             self._wake.set()
 
     def ack_ranges(self, consumer: Consumer, ranges: Sequence[AckRange]) -> None:
+        self.acked(ranges)
+
+    def acked(self, ranges: Sequence[AckRange]) -> None:
+        """Acknowledge `ranges` for the subscription, whoever sent them (a consumer, or a
+        committed transaction, which has none)."""
         self.core.ack_ranges(ranges)
         self.persist()
         if self._keyed is not None:
@@ -504,7 +517,7 @@ class ReliableSubscription:
         topic = self._topic
         committed = self.settings.committed_only
         ends = [
-            topic.readable_end(p, committed) if owned is None or p.index in owned else 0
+            topic.stable_end(p, committed) if owned is None or p.index in owned else 0
             for p in topic.partitions
         ]
         core = self.core
@@ -553,6 +566,8 @@ class ReliableSubscription:
                     # there, so the object store's copy is tried before anything is stepped over
                     # (a snapshot's rows have holes by nature: superseded records)
                     break
+                if self.step_over_hidden(partition, batch):
+                    continue  # (a read of nothing but hidden batches still moves the cursor)
                 if not await self._send_new(target, partition, batch):
                     break  # stopped, or changed while the batch decoded: the next round looks
                 if owned is None and self.group.pick() is not target:
@@ -561,6 +576,18 @@ class ReliableSubscription:
                     break
             return True
         return False
+
+    def step_over_hidden(self, partition: int, batch: bytes) -> bool:
+        """Whether `batch`, read at the partition's position, is one no subscriber is sent (a
+        transaction's marker, or a batch of an aborted transaction); if so the cursor steps
+        over its offsets as over a gap, acknowledged. Shared with the Key_Shared round."""
+        topic = self._topic
+        if not topic.hides(topic.partitions[partition], batch):
+            return False
+        info = peek(batch)
+        self.core.plan_new(partition, info.next_offset, 0, 0)
+        self.persist()
+        return True
 
     async def _send_new(self, target: Consumer, partition: int, batch: bytes) -> bool:
         """Send what the consumer's credit takes of a batch read at the partition's position;
@@ -618,7 +645,7 @@ class ReliableSubscription:
         raises: a message is never dropped from redelivery. Shared with the Key_Shared round."""
         core = self.core
         try:
-            records = await self.fetch(partition, offsets)
+            records, hidden = await self.fetch(partition, offsets)
         except (CorruptBatch, DecompressedTooLarge) as exc:
             # the same at every try: the partition stops (its offsets stay due, for a seek or
             # a restart to decide), rather than a failed round every second for ever
@@ -628,7 +655,9 @@ class ReliableSubscription:
         except Exception:
             core.requeue(partition, offsets, time.monotonic() + DEAD_LETTER_RETRY)
             raise
-        gone = sorted(set(offsets).difference(r.offset for r in records))
+        if hidden:  # (after a restart that forgot acks past the cap) nothing to deliver
+            core.unreadable(partition, hidden)
+        gone = sorted(set(offsets).difference(r.offset for r in records).difference(hidden))
         if gone:
             log.error(
                 "subscription.offsets_unreadable",
@@ -677,9 +706,11 @@ class ReliableSubscription:
             return False
         return True
 
-    async def fetch(self, partition: int, offsets: list[int]) -> list[Record]:
-        """The records at `offsets` (sorted), read back from the WAL or the object store."""
+    async def fetch(self, partition: int, offsets: list[int]) -> tuple[list[Record], list[int]]:
+        """The records at `offsets` (sorted), read back from the WAL or the object store, and
+        those of `offsets` in batches no subscriber is sent (markers, aborted transactions)."""
         found: list[Record] = []
+        hidden: list[int] = []
         feed = self.snapshot
         if feed is not None and feed.covers(partition, offsets[0]):
             below = [o for o in offsets if feed.covers(partition, o)]
@@ -688,21 +719,26 @@ class ReliableSubscription:
                 found.extend(rows)
                 offsets = [o for o in offsets if not feed.covers(partition, o)]
                 if not offsets:
-                    return found
+                    return found, hidden
         wanted = set(offsets)
         offset = offsets[0]
         last = offsets[-1]
+        topic = self._topic
         while offset <= last:
-            batches = await self._topic.read(partition, offset)
+            batches = await topic.read(partition, offset)
             if not batches:
                 break
             for batch in batches:
-                for record in read_records(batch, self.max_decompressed):
-                    if record.offset in wanted:
-                        found.append(record)
-                info = inspect_batch(batch)
-                offset = info.base_offset + info.record_count
-        return found
+                header = peek(batch)  # (`inspect_batch` refuses a marker)
+                end = header.next_offset
+                if topic.hides(topic.partitions[partition], batch):
+                    hidden += [o for o in range(header.base_offset, end) if o in wanted]
+                else:
+                    for record in read_records(batch, self.max_decompressed):
+                        if record.offset in wanted:
+                            found.append(record)
+                offset = end
+        return found, hidden
 
     def send(
         self, target: Consumer, partition: int, first: int, end: int, batch: bytes, count: int

@@ -6,6 +6,17 @@ exactly at its partition's position, so while the state is being built a live ap
 partition the catch-up has not reached yet is left for the catch-up to read from the WAL, and one
 to a partition already caught up is applied at once; none is missed.
 
+Transactions (docs/DURABLES.md, "Transactions"): a transactional batch is not applied but held
+(`hold`: each key's newest change, in the store with the position) until its producer's marker
+in the partition. An abort drops what it held; a commit (`end_transaction`) applies, in one
+WriteBatch across the keys, each held change that is newer, by offset, than every record of its
+key applied since (the stored value's revision, or a deletion the store remembered while the
+transaction was held): a key's value is its last record by offset among the committed ones, as
+a compacted Kafka topic's. Plain records are applied as they come, so a map set and its
+compare-and-set are never held back by someone else's open transaction. The catch-up replays
+the log through the same three steps, so a transaction open across a restart is applied when
+its marker comes.
+
 When a partition's state is behind its newest snapshot (docs/COMPACTION.md, "Server side"),
 `bootstrap` loads the snapshot into it before the catch-up replays the WAL from the horizon on;
 a snapshot that cannot be read is abandoned (an error log) and the partition rebuilt from its
@@ -70,8 +81,54 @@ class LastValueIndex(LastValueKeys):
             return []
         newest = batch.newest()
         puts, deletes = batch.plan(partition, base_offset, newest)
-        self._store.write(partition, base_offset + len(batch.keys), puts, deletes)
+        deleted_at = None
+        if deletes and self._store.holding(partition):  # a held change older must not win
+            deleted_at = {record_key: base_offset + newest[record_key] for record_key in deletes}
+        self._store.write(partition, base_offset + len(batch.keys), puts, deletes, deleted_at)
         return batch.changes(partition, base_offset, newest) if notify else []
+
+    def hold(self, partition: int, producer: int, base_offset: int, batch: KeyedBatch) -> None:
+        """A transactional batch appended at `base_offset`: its changes wait for the producer's
+        marker (`end_transaction`). Applied in order as `apply` is (not at the position: not
+        now)."""
+        if base_offset != self._store.applied(partition) or partition in self._loading:
+            return
+        changes = batch.changes(partition, base_offset, batch.newest())
+        self._store.hold(
+            partition,
+            base_offset + len(batch.keys),
+            producer,
+            {change.key: change.encode() for change in changes},
+        )
+
+    def end_transaction(
+        self, partition: int, producer: int, offset: int, commit: bool, notify: bool = False
+    ) -> list[StoredValue]:
+        """The producer's marker at `offset`: on a commit, the held changes that are newer than
+        anything applied to their keys since are applied, all at once; on an abort none is.
+        Returns what changed when `notify`."""
+        if offset != self._store.applied(partition) or partition in self._loading:
+            return []
+        held = self._store.held(partition, producer) if commit else {}
+        won: list[StoredValue] = []
+        if held:
+            record_keys = list(held)
+            current = self._store.get_many(record_keys)
+            deleted = self._store.deleted(partition, record_keys)
+            for record_key, now, gone in zip(record_keys, current, deleted, strict=True):
+                change = StoredValue.decode(record_key, held[record_key])
+                newer = now is None or StoredValue.decode_head(now)[1] < change.offset
+                if newer and (gone is None or gone < change.offset):
+                    won.append(change)
+        self._store.release(
+            partition,
+            offset + 1,
+            producer,
+            {c.key: c.encode() for c in won if c.value is not None},
+            [c.key for c in won if c.value is None],
+            {c.key: c.offset for c in won if c.value is None},
+        )
+        return won if notify else []
 
     def applied(self, partition: int) -> int:
         return self._store.applied(partition)

@@ -95,7 +95,7 @@ def append_here(
     topic: LogTopic, partition: int, batch: bytes, record_count: int
 ) -> Awaitable[None]:
     """Append to this broker's copy of the partition, through the topic's durability (a
-    read_committed append: the fsync is waited for even under policy `batch` or `never`), once
+    fsynced-isolation append: the fsync is waited for even under policy `batch` or `never`), once
     the offset lease covers it (`LogTopic.when_leased`: never written on the loop)."""
     target = topic.partitions[partition]
     durable: list[Awaitable[None] | None] = []

@@ -42,13 +42,14 @@ from headwater.durables.partition_transactions import Closed, Opened, PartitionT
 from headwater.durables.producers import ProducerTable
 from headwater.server.config import TopicSettings
 from headwater.server.reply import AfterWork, Reply
+from headwater.server.topics.committed_feed import CommittedFeed
 from headwater.server.topics.lastvalue_index import LastValueIndex
 from headwater.server.topics.subscription_registry import SubscriptionRegistry
 from headwater.storage.log_reader import Archive, read_partition
 from headwater.storage.segments import SparseIndex, batch_location
 from headwater.storage.wal import PartitionLog
 from headwater.wire.errors import InvalidPartition, StorageError
-from headwater.wire.markers import BatchHeader, is_transactional, marker_type, peek
+from headwater.wire.markers import BatchHeader, Marker, is_transactional, marker_type, peek
 from headwater.wire.messages import ConfigEntry, DescribeTopicResponse, TopicInfo
 from headwater.wire.records import read_records
 
@@ -179,8 +180,9 @@ class Durability(Protocol):
 
 
 class LocalDurability:
-    """A single broker's: the fsync, when the topic's policy (or `committed`, read_committed)
-    asks for one; readers read what is visible (or fsynced, for read_committed)."""
+    """A single broker's: the fsync, when the topic's policy (or `committed`: a producer's
+    fsynced isolation) asks for one; readers read what is visible (or fsynced, for
+    `committed`)."""
 
     def commit(
         self,
@@ -242,6 +244,10 @@ class LogTopic(_TopicBase):
         self.deleted_below: dict[int, int] = {}
         # told each change of a partition's transactions, to persist it (the catalog's)
         self.on_transaction: TransactionListener | None = None
+        # a committed transaction's batches, for the subscriptions fed batches as they pass
+        self.committed_feed = CommittedFeed(
+            info.name, self.read, lambda: self.subscriptions.live.values()
+        )
 
     def pick_partition(self, requested: int) -> LogPartition:
         return self.partitions[self._pick(requested, len(self.partitions))]
@@ -264,7 +270,7 @@ class LogTopic(_TopicBase):
         self, partition: LogPartition, batch: bytes, record_count: int, committed: bool
     ) -> tuple[int, Awaitable[None] | None]:
         """Append, and say what the producer's answer waits for: the fsync, when the topic's
-        policy (or `committed`, read_committed) asks for one."""
+        policy (or `committed`: a producer's fsynced isolation) asks for one."""
         base_offset, sequence = self.append(partition, batch, record_count)
         return base_offset, self.durability(
             partition, base_offset, batch, record_count, sequence, committed
@@ -299,16 +305,15 @@ class LogTopic(_TopicBase):
         the batch is not decoded again.
         """
         index = self.last_value
-        if index is not None and keyed is None:
-            records = read_records(batch)
+        header = peek(batch) if is_transactional(batch) else None
+        if index is not None and keyed is None and (header is None or not header.control):
+            records = read_records(batch)  # (a marker has no keys: the broker wrote it)
             keyed = KeyedBatch.of_records(records, index.check(records, partition.index))
         base_offset, sequence = partition.log.append(batch, record_count)
         self.messages_in += record_count
         self.bytes_in += len(batch)
-        if is_transactional(batch):
-            self._follow_transaction(partition, batch, base_offset, record_count)
-            # a transaction's records are not values nor passing batches until it commits
-            # (`server.requests.transaction_coordinator`); a marker is neither ever
+        if header is not None:
+            self._follow_transaction(partition, header, batch, base_offset, record_count, keyed)
             return base_offset, sequence
         live = self.subscriptions.live
         if live:  # subscriptions that keep nothing see the batch as it passes
@@ -323,13 +328,24 @@ class LogTopic(_TopicBase):
         return base_offset, sequence
 
     def _follow_transaction(
-        self, partition: LogPartition, batch: bytes, base_offset: int, record_count: int
+        self,
+        partition: LogPartition,
+        found: BatchHeader,
+        batch: bytes,
+        base_offset: int,
+        record_count: int,
+        keyed: KeyedBatch | None,
     ) -> None:
-        found = peek(batch)
+        """A transactional batch or a marker was appended: the partition's transactions follow
+        it. Its records are neither values nor passing batches until its transaction commits:
+        the last-value state holds them and applies them at the COMMIT marker, and the
+        subscriptions that see batches as they pass are offered them then (`CommittedFeed`);
+        an abort drops them, and a marker is neither, ever (docs/DURABLES.md)."""
+        producer = found.producer_id
         header = BatchHeader(
             base_offset,
             base_offset + record_count,
-            found.producer_id,
+            producer,
             found.producer_epoch,
             found.transactional,
             found.control,
@@ -337,9 +353,23 @@ class LogTopic(_TopicBase):
         marker = marker_type(batch) if header.control else None
         change = partition.transactions.appended(header, marker)
         if header.control:
-            partition.producers.fence(header.producer_id, header.producer_epoch)
+            partition.producers.fence(producer, header.producer_epoch)
         if change is not None and self.on_transaction is not None:
             self.on_transaction(self, partition, change, header)
+        index = self.last_value
+        if index is not None and marker is None and keyed is not None:
+            index.hold(partition.index, producer, base_offset, keyed)
+        elif index is not None and marker is not None:
+            views = self.subscriptions.views
+            changes = index.end_transaction(
+                partition.index, producer, base_offset, marker == Marker.COMMIT, bool(views)
+            )
+            for view in list(views.values()):
+                view.changed(changes)
+        if marker == Marker.COMMIT and isinstance(change, Closed) and self.subscriptions.live:
+            self.committed_feed.committed(
+                partition.index, producer, change.first_offset, base_offset
+            )
 
     def stable_end(self, partition: LogPartition, committed: bool = False) -> int:
         """The last stable offset: the readable end, or the first offset of the oldest
@@ -353,7 +383,7 @@ class LogTopic(_TopicBase):
         return is_transactional(batch) and partition.transactions.hides(peek(batch))
 
     def readable_end(self, partition: LogPartition, committed: bool) -> int:
-        """Where subscriptions may read up to: what is visible (or fsynced, for read_committed);
+        """Where subscriptions may read up to: what is visible (or fsynced, for `committed`);
         in a cluster, only what is in the object store, so no consumer ever acks an offset a
         take-over could give to another message."""
         return self.durable.readable_end(self.name, partition, committed)
@@ -430,6 +460,7 @@ class LogTopic(_TopicBase):
 
     async def close(self, seal: bool = False) -> None:
         """Close every partition's log (sealing the active segment if `seal`)."""
+        await self.committed_feed.close()
         for partition in self.partitions:
             await partition.log.close(seal_active=seal)
 

@@ -1,11 +1,14 @@
 """Building blocks of the API families: the `Api` table entry, construct primitives, struct formats.
 
-An `Api` names its request and response bodies as construct schemas (`DataclassAdapter`s over
-the frozen dataclasses of `wire.messages`, so the declaration is the only description of the
-layout) and may add struct fast paths. A fast path must give the same bytes and the same values
-as the schema (tests/test_wire_roundtrip.py runs a corpus through both); it exists where
-construct's interpreted parse (~20 us per frame) would dominate a hot path. `decode_response`
-fast paths may return None to hand an unusual body to the schema, whose error then names it.
+An `Api` names its request and response bodies as construct schemas (`DataclassAdapter`s over the
+frozen dataclasses of `wire.messages`, so the declaration is the only description of the layout)
+and may add struct fast paths. An API whose request gained fields has a `version` above 0 and keeps
+the request layout of each older version in `older` (`older_message`: the fields it had, the others
+taking their dataclass defaults), so a request of an older version still decodes. A fast path must
+give the same bytes and the same values as the schema (tests/test_wire_roundtrip.py runs a corpus
+through both); it exists where construct's interpreted parse (~20 us per frame) would dominate a
+hot path. `decode_response` fast paths may return None to hand an unusual body to the schema, whose
+error then names it.
 """
 
 from __future__ import annotations
@@ -37,15 +40,29 @@ from headwater.wire.errors import HeadwaterError, InvalidRequest, MalformedFrame
 
 # construct ships no type hints: mypy sees its classes as Any, hence the ignores on subclasses
 class DataclassAdapter(Adapter):  # type: ignore[misc]
-    """Parses into a frozen dataclass (lists become tuples) and builds from one."""
+    """Parses into a frozen dataclass (lists become tuples) and builds from one. `partial`: an
+    older version's layout, which may leave out fields that have defaults."""
 
-    def __init__(self, cls: type, subcon: Construct) -> None:
+    def __init__(self, cls: type, subcon: Construct, partial: bool = False) -> None:
         super().__init__(subcon)
         self.cls = cls
-        self.fields = [f.name for f in dataclasses.fields(cls)]
-        declared = {sc.name for sc in subcon.subcons}
-        if declared != set(self.fields):
-            raise TypeError(f"{cls.__name__}: schema fields {declared} != {set(self.fields)}")
+        every = {f.name: f for f in dataclasses.fields(cls)}
+        declared = [sc.name for sc in subcon.subcons]
+        self.fields = declared if partial else list(every)
+        missing = [
+            name
+            for name, f in every.items()
+            if name not in declared
+            and not (
+                partial
+                and (
+                    f.default is not dataclasses.MISSING
+                    or f.default_factory is not dataclasses.MISSING
+                )
+            )
+        ]
+        if not set(declared) <= set(every) or missing:
+            raise TypeError(f"{cls.__name__}: schema fields {declared} != {list(every)}")
 
     def _decode(self, obj: Any, context: Any, path: Any) -> Any:
         values = {}
@@ -118,6 +135,11 @@ def message(cls: type, *fields: Any) -> DataclassAdapter:
     return DataclassAdapter(cls, Struct(*fields))
 
 
+def older_message(cls: type, *fields: Any) -> DataclassAdapter:
+    """An older version's layout of `cls`: the fields it had; the others take their defaults."""
+    return DataclassAdapter(cls, Struct(*fields), partial=True)
+
+
 EMPTY_RESPONSE = message(m.EmptyResponse)
 
 ERROR_HEADER = struct.Struct(">h")
@@ -144,6 +166,12 @@ class Api:
     decode_request: RequestDecoder | None = None
     encode_response: ResponseEncoder | None = None
     decode_response: ResponseDecoder | None = None
+    version: int = 0  # the request's current version, which clients send
+    older: tuple[DataclassAdapter, ...] = ()  # the request layouts of versions 0..version-1
+
+    def __post_init__(self) -> None:
+        if len(self.older) != self.version:
+            raise TypeError(f"{self.key.name}: {self.version} older layouts expected")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -11,7 +11,8 @@ maximum before its elements are read.
 
 FETCH's answer carries up to MAX_FETCH_BYTES of record batches as one bytes field: struct encodes
 and decodes it around the batches (the construct schema would copy megabytes through its
-interpreted build), equal to the schema (tested).
+interpreted build), equal to the schema (tested). FETCH is at version 1 (`isolation` added); a
+version 0 request, without it, reads as `FetchIsolation.COMMITTED`.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from headwater.wire.api.base import (
     Reader,
     String,
     message,
+    older_message,
 )
 from headwater.wire.frames import Flags, frame_prefix
 from headwater.wire.limits import (
@@ -127,15 +129,17 @@ def _ack_entries(reader: Reader) -> tuple[m.AckEntry, ...]:
 
 
 _FETCH_HEAD = struct.Struct(">qqi")  # start_offset, end_offset, records length
+_FETCH_TAIL = struct.Struct(">q")  # next_offset
 
 
 def encode_fetch_response(correlation_id: int, response: m.FetchResponse) -> bytes:
     """The fast path for FETCH's answer: equal to its schema (tested)."""
     records = response.records
     head = OK + _FETCH_HEAD.pack(response.start_offset, response.end_offset, len(records))
-    size = len(head) + len(records)
+    tail = _FETCH_TAIL.pack(response.next_offset)
+    size = len(head) + len(records) + len(tail)
     prefix = frame_prefix(m.ApiKey.FETCH, 0, correlation_id, Flags.RESPONSE, size)
-    return b"".join((prefix, head, records))  # one copy of the batches
+    return b"".join((prefix, head, records, tail))  # one copy of the batches
 
 
 def decode_fetch_response(body: bytes) -> m.Response | None:
@@ -144,9 +148,11 @@ def decode_fetch_response(body: bytes) -> m.Response | None:
     if len(body) < _FETCH_HEAD.size:
         return None
     start, end, length = _FETCH_HEAD.unpack_from(body, 0)
-    if length < 0 or len(body) != _FETCH_HEAD.size + length:
+    records_end = _FETCH_HEAD.size + length
+    if length < 0 or len(body) != records_end + _FETCH_TAIL.size:
         return None
-    return m.FetchResponse(start, end, body[_FETCH_HEAD.size :])
+    (following,) = _FETCH_TAIL.unpack_from(body, records_end)
+    return m.FetchResponse(start, end, body[_FETCH_HEAD.size : records_end], following)
 
 
 def _ack_entries_bytes(acks: tuple[m.AckEntry, ...] | list[m.AckEntry]) -> bytes:
@@ -300,15 +306,28 @@ APIS: Final = (
             "offset" / Int64sb,
             "max_bytes" / Int32sb,
             "max_wait_ms" / Int32sb,
+            "isolation" / Int8sb,
         ),
         message(
             m.FetchResponse,
             "start_offset" / Int64sb,
             "end_offset" / Int64sb,
             "records" / Bytes,
+            "next_offset" / Int64sb,
         ),
         encode_response=encode_fetch_response,
         decode_response=decode_fetch_response,
+        version=1,
+        older=(
+            older_message(
+                m.FetchRequest,
+                "topic" / String,
+                "partition" / Int32sb,
+                "offset" / Int64sb,
+                "max_bytes" / Int32sb,
+                "max_wait_ms" / Int32sb,
+            ),
+        ),
     ),
     Api(
         m.ApiKey.UNSUBSCRIBE,
