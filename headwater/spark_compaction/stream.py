@@ -26,16 +26,14 @@ start at earliest), `maxRecordsPerTrigger`, `token`, `tls` (`true`), `tls.ca`, `
 120000), `maxRetries` (default 20), `retryBackoffMs` (default 100), `retryMaxBackoffMs` (default
 5000). docs/COMPACTION.md has the table.
 
-Transactions: a task decides them from the markers in what FETCH answers, with
-`wire.transaction_fold` (the compaction job's fold): markers are never rows nor are aborted
-transactions' records, a transactional batch and what follows it wait for its producer's next
+Transactions: a task reads the log as stored (a raw FETCH, markers and aborted transactions'
+batches included) and decides transactions itself, from the markers, with `wire.transaction_fold`:
+the compaction job's fold, so a DataFrame and a snapshot are decided alike, from the log itself
+rather than from the server's index of aborted ranges. Markers are never rows nor are aborted
+transactions' records; a transactional batch and what follows it wait for its producer's next
 marker (read past the range's end if need be, long-polling while the transaction is open, within
-`readTimeoutMs`), so a range always yields the same rows, in offset order. An empty answer whose
-readable end is at or past the range's end ends the range: the offsets left held nothing readable
-(a gap; or, from a server whose FETCH drops markers and aborted batches, those). The fold needs
-the markers to release a committed transaction's batches: a FETCH that drops markers but still
-hands over committed transactional batches must say so (and `read_range` then take those as
-decided), or keep answering the log as stored to this reader.
+`readTimeoutMs`), so a range always yields the same rows, in offset order. Offsets step by the
+answer's `next_offset`, past markers, aborted batches and gaps alike.
 
 Riding through a server restart: the driver's DESCRIBE (`initialOffset`, `latestOffset`) and a
 task's FETCH loop retry an error the server or the network may get over (`retriable`: a refused
@@ -72,15 +70,13 @@ from headwater.spark_compaction.schema import STREAM_DDL, STREAM_SCHEMA
 from headwater.spark_compaction.wal_segments import (
     ROWS_PER_BATCH,
     Row,
-    batch_header,
     records_batch,
     row,
 )
-from headwater.storage.segments import BatchLocation, walk_batches
-from headwater.wire.errors import CorruptBatch, HeadwaterError, InvalidRequest, RequestTimeout
+from headwater.wire.errors import HeadwaterError, InvalidRequest, RequestTimeout
 from headwater.wire.limits import MAX_FETCH_WAIT_MS
-from headwater.wire.markers import marker_type
-from headwater.wire.records import CONTROL_FLAG, TRANSACTIONAL_FLAG, decode_records
+from headwater.wire.markers import marker_type, peek
+from headwater.wire.records import decode_records
 from headwater.wire.transaction_fold import TransactionFold
 
 T = TypeVar("T")
@@ -327,7 +323,9 @@ def read_range(
                 if client is None:
                     client = wait(settings.connect())
                 fetched = wait(
-                    client.fetch(settings.topic, partition, offset, settings.fetch_bytes, max_wait)
+                    client.fetch(
+                        settings.topic, partition, offset, settings.fetch_bytes, max_wait, raw=True
+                    )
                 )
             except HeadwaterError as exc:  # a server restarting: again from `offset`, on a new
                 failures += 1  # connection, after a backoff
@@ -340,39 +338,31 @@ def read_range(
                 time.sleep(settings.delay(failures))
                 continue
             failures = 0
-            batches = answered(fetched.data)
-            if not batches:
-                if offset < end <= fetched.end_offset:
-                    # nothing readable left in the range: offsets the server stepped over (a gap
-                    # a restart left, or batches a transaction-aware server drops)
-                    offset = end
-                elif loop.time() > deadline:
-                    raise RequestTimeout(
-                        f"partition {partition} of topic {settings.topic!r}: offsets "
-                        f"{offset}..{end} not readable after {settings.read_timeout:.0f}s "
-                        f"(readable end {fetched.end_offset})"
-                        if offset < end
-                        else _undecided(settings, partition, fold, end)
-                    )
-                continue
-            for location, batch in batches:
-                if location.base_offset >= end:  # past the range: a held transaction's marker?
-                    if not location.attributes & CONTROL_FLAG:
-                        continue
-                    if location.producer_id not in fold.waiting_for:
+            for batch in fetched.batches():
+                header = peek(batch)
+                if header.base_offset >= end:  # past the range: a held transaction's marker?
+                    if not header.control or header.producer_id not in fold.waiting_for:
                         continue
                     item: bytes | None = None
-                elif location.attributes & TRANSACTIONAL_FLAG or fold.holding:
+                elif header.transactional or fold.holding:
                     item = batch
                 else:
                     rows.extend(_records(batch, start, end))
                     continue
-                marker = marker_type(batch) if location.attributes & CONTROL_FLAG else None
-                for released, fate in fold.follow(batch_header(location), marker, item):
+                marker = marker_type(batch) if header.control else None
+                for released, fate in fold.follow(header, marker, item):
                     if released is not None and fate.visible:
                         rows.extend(_records(released, start, end))
-            # past what came, or past a gap the server stepped over
-            offset = max(offset, batches[-1][0].next_offset)
+            if fetched.next_offset > offset:  # past what came, and past a gap the server stepped
+                offset = fetched.next_offset
+            elif loop.time() > deadline:  # nothing readable yet: the long poll waited
+                raise RequestTimeout(
+                    f"partition {partition} of topic {settings.topic!r}: offsets "
+                    f"{offset}..{end} not readable after {settings.read_timeout:.0f}s "
+                    f"(readable end {fetched.end_offset})"
+                    if offset < end
+                    else _undecided(settings, partition, fold, end)
+                )
             if len(rows) >= ROWS_PER_BATCH:
                 yield _stream_batch(settings.topic, partition, rows)
                 rows = []
@@ -382,18 +372,6 @@ def read_range(
         if client is not None:
             wait(client.close())
         loop.close()
-
-
-def answered(data: bytes) -> list[tuple[BatchLocation, bytes]]:
-    """A FETCH answer's batches, each checked (CRC), markers included; `CorruptBatch` if the
-    answer holds anything else."""
-    view = memoryview(data)
-    found = []
-    for step in walk_batches(data):
-        if step.batch is None:
-            raise CorruptBatch(f"a FETCH answer holds {step.reason} at byte {step.position}")
-        found.append((step.batch, bytes(view[step.position : step.position + step.length])))
-    return found
 
 
 def _records(batch: bytes, start: int, end: int) -> list[Row]:
