@@ -1,0 +1,232 @@
+"""Transactions in a cluster (issue 38 item 5): three broker processes, a real etcd and moto's S3.
+
+A transactional id's state lives in etcd and any broker serves its requests; each partition's
+owner writes its markers (WRITE_TXN_MARKER over a peer link) and keeps its aborted ranges in the
+object store for the next owner (docs/CLUSTER.md, "Transactions"). These tests write partitions
+owned by all three brokers in one transaction, read them back with the native FETCH (committed
+by default) and a Kafka read_committed consumer, fence a producer through another broker, and
+kill brokers with kill -9: the one serving the transactional id, mid-transaction and after the
+decision, and a partition's owner with a transaction open and aborted ones in its history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+import headwater
+from headwater.wire import messages as m
+from headwater.wire.errors import HeadwaterError, InvalidTxnState, ProducerFenced
+from headwater.wire.markers import peek
+from headwater.wire.records import BatchBuilder
+from tests.support import txn_clients
+from tests.support.cluster_support import Cluster, running_cluster
+from tests.support.rawwire import RawPeer
+from tests.support.s3 import MotoS3
+
+LEASE_TTL_MS = 2000
+BROKERS = ("b1", "b2", "b3")
+PARTITIONS = 6  # two per broker
+DEADLINE = 60.0  # seconds any wait for the cluster may take (a bound on a hang only)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, s3: MotoS3, bucket: str) -> Iterator[Cluster]:
+    with running_cluster(tmp_path, s3, bucket, LEASE_TTL_MS, kafka=True) as cluster:
+        yield cluster
+
+
+async def start_three(cluster: Cluster) -> None:
+    await asyncio.gather(*(asyncio.to_thread(cluster.start_broker, b) for b in BROKERS))
+
+
+@pytest.fixture
+async def client(cluster: Cluster) -> AsyncIterator[headwater.Client]:
+    await start_three(cluster)
+    connected = await headwater.connect(cluster.brokers["b1"].address)
+    try:
+        yield connected
+    finally:
+        await connected.close()
+
+
+async def spread_topic(cluster: Cluster, client: headwater.Client, name: str) -> dict[int, str]:
+    await client.create_topic(name, partitions=PARTITIONS)
+    owners = await cluster.wait_owned(name, PARTITIONS, set(BROKERS), timeout=DEADLINE)
+    assert set(owners.values()) == set(BROKERS), owners  # every broker owns some
+    return owners
+
+
+async def committed(client: headwater.Client, topic: str, partition: int) -> list[bytes | None]:
+    """What a transaction-aware reader reads of the partition to its end (NOT_OWNER between
+    owners followed by the client)."""
+    values: list[bytes | None] = []
+    offset = 0
+    for _ in range(1000):
+        fetched = await client.fetch(topic, partition, offset)
+        values += [r.value for r in fetched.records()]
+        if fetched.next_offset >= fetched.end_offset:
+            return values
+        assert fetched.next_offset > offset, "a FETCH that does not move on"
+        offset = fetched.next_offset
+    raise AssertionError("the partition was not read in 1000 FETCHes")
+
+
+async def settled(
+    client: headwater.Client, topic: str, expected: dict[int, list[bytes]]
+) -> dict[int, list[bytes | None]]:
+    """Each partition's committed values, read until they are `expected` or the deadline (an
+    open transaction's LSO, a take-over in progress); the last reading."""
+    deadline = time.monotonic() + DEADLINE
+    seen: dict[int, list[bytes | None]] = {}
+    while True:
+        for partition in expected:
+            try:
+                seen[partition] = await committed(client, topic, partition)
+            except HeadwaterError as exc:
+                if not exc.retriable:
+                    raise
+        if seen == expected or time.monotonic() > deadline:
+            return seen
+        await asyncio.sleep(0.2)
+
+
+async def test_a_transaction_over_partitions_of_three_brokers_commits_and_aborts_as_one(
+    cluster: Cluster, client: headwater.Client, topic_name: str
+) -> None:
+    """One transaction writes the six partitions (two per broker) through a producer
+    bootstrapped at b1, the transactional id served there and the markers written by each
+    owner: the committed ones are read by the native FETCH and a Kafka read_committed consumer,
+    the aborted ones by neither (but by a raw FETCH and read_uncommitted)."""
+    await spread_topic(cluster, client, topic_name)
+    producer = client.producer(topic_name, transactional_id=f"{topic_name}-app")
+    async with producer.transaction():
+        for partition in range(PARTITIONS):
+            await producer.send(f"ok-{partition}".encode(), partition=partition)
+    with pytest.raises(RuntimeError):
+        async with producer.transaction():
+            for partition in range(PARTITIONS):
+                await producer.send(f"no-{partition}".encode(), partition=partition)
+            await producer.flush()  # stored at every owner before the abort
+            raise RuntimeError("the application fails")
+    async with producer.transaction():
+        for partition in range(PARTITIONS):
+            await producer.send(f"ok2-{partition}".encode(), partition=partition)
+    expected = {p: [f"ok-{p}".encode(), f"ok2-{p}".encode()] for p in range(PARTITIONS)}
+    assert await settled(client, topic_name, expected) == expected
+    for partition in range(PARTITIONS):
+        everything = await client.fetch(topic_name, partition, 0, raw=True)
+        assert [peek(b).control for b in everything.batches()].count(True) == 3
+        assert f"no-{partition}".encode() in [r.value for r in everything.records()]
+    bootstrap = ",".join(f"127.0.0.1:{cluster.kafka_ports[b]}" for b in BROKERS)
+    wanted = [(topic_name, p) for p in range(PARTITIONS)]
+    seen = await asyncio.to_thread(txn_clients.read, "confluent", bootstrap, wanted, True)
+    assert txn_clients.values(seen) == {(topic_name, p): expected[p] for p in expected}
+    raw = await asyncio.to_thread(txn_clients.read, "confluent", bootstrap, wanted, False)
+    assert all(len(v) == 3 for v in txn_clients.values(raw).values())  # the aborted too
+    await producer.close()
+
+
+async def test_an_init_through_another_broker_fences_the_producer_it_replaces(
+    cluster: Cluster, client: headwater.Client, topic_name: str
+) -> None:
+    """The first instance (bootstrapped at b1) has a transaction open; a second instance of the
+    same transactional id starts through b2: the open transaction is aborted, the first
+    instance's later batches and its commit are refused at the owners and at b1, and only the
+    second's records are ever read."""
+    await spread_topic(cluster, client, topic_name)
+    first = client.producer(topic_name, transactional_id=f"{topic_name}-app")
+    other = await headwater.connect(cluster.brokers["b2"].address)
+    try:
+        with pytest.raises(ProducerFenced):
+            async with first.transaction():
+                for partition in range(PARTITIONS):
+                    await (await first.send(f"old-{partition}".encode(), partition=partition))
+                second = other.producer(topic_name, transactional_id=f"{topic_name}-app")
+                async with second.transaction():  # its start aborts the first one's
+                    for partition in range(PARTITIONS):
+                        await second.send(f"new-{partition}".encode(), partition=partition)
+                await first.send(b"zombie", partition=0)  # refused: INVALID_PRODUCER_EPOCH
+        session = first._session
+        assert session is not None
+        for broker in BROKERS:  # every broker refuses the old epoch, whatever the client does
+            peer = await RawPeer.open(cluster.brokers[broker].address)
+            try:
+                await peer.request(
+                    m.EndTxnRequest(
+                        session.transactional_id, session.producer_id, session.epoch, True
+                    )
+                )
+                assert isinstance(await peer.response(timeout=30), ProducerFenced)
+            finally:
+                peer.writer.close()
+        expected = {p: [f"new-{p}".encode()] for p in range(PARTITIONS)}
+        assert await settled(client, topic_name, expected) == expected
+        for partition in range(PARTITIONS):
+            everything = await client.fetch(topic_name, partition, 0, raw=True)
+            values = [r.value for r in everything.records()]
+            assert f"old-{partition}".encode() in values and b"zombie" not in values
+        await second.close()
+    finally:
+        await other.close()
+    await first.close()
+
+
+async def test_an_owner_refuses_a_marker_no_transaction_decided(
+    cluster: Cluster, client: headwater.Client, topic_name: str
+) -> None:
+    """WRITE_TXN_MARKER from anyone but for an end the state does not hold is refused: a
+    client cannot commit (or abort) a transaction by asking an owner directly."""
+    owners = await spread_topic(cluster, client, topic_name)
+    producer = client.producer(topic_name, transactional_id=f"{topic_name}-app")
+    transaction = producer.transaction()
+    await transaction.__aenter__()
+    await (await producer.send(b"open", partition=0))
+    session = producer._session
+    assert session is not None
+    peer = await RawPeer.open(cluster.brokers[owners[0]].address)
+    try:
+        request = m.WriteTxnMarkerRequest(
+            topic_name, 0, session.producer_id, session.epoch, commit=True
+        )
+        await peer.request(request)
+        answer = await peer.response(timeout=30)
+        assert isinstance(answer, InvalidTxnState), answer
+    finally:
+        peer.writer.close()
+    assert await committed(client, topic_name, 0) == []  # still open: nothing readable
+    await transaction.__aexit__(None, None, None)
+    assert await settled(client, topic_name, {0: [b"open"]}) == {0: [b"open"]}
+    await producer.close()
+
+
+async def test_a_transactional_batch_of_no_transaction_is_refused_at_any_owner(
+    cluster: Cluster, client: headwater.Client, topic_name: str
+) -> None:
+    """An owner checks a transactional batch against the state (read again from etcd when it
+    does not know the producer): a partition the transaction never added is refused."""
+    owners = await spread_topic(cluster, client, topic_name)
+    producer = client.producer(topic_name, transactional_id=f"{topic_name}-app")
+    async with producer.transaction():
+        await producer.send(b"one", partition=0)
+    session = producer._session
+    assert session is not None
+    builder = BatchBuilder(
+        producer_id=session.producer_id,
+        producer_epoch=session.epoch,
+        base_sequence=0,
+        transactional=True,
+    )
+    builder.append(None, b"stray")
+    peer = await RawPeer.open(cluster.brokers[owners[1]].address)
+    try:
+        await peer.request(m.ProduceRequest(topic_name, 1, builder.build()))
+        answer = await peer.response(timeout=30)
+        assert isinstance(answer, InvalidTxnState), answer
+    finally:
+        peer.writer.close()
+    await producer.close()
