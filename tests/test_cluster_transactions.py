@@ -12,9 +12,14 @@ decision, and a partition's owner with a transaction open and aborted ones in it
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import os
+import signal
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -77,10 +82,14 @@ async def committed(client: headwater.Client, topic: str, partition: int) -> lis
 
 
 async def settled(
-    client: headwater.Client, topic: str, expected: dict[int, list[bytes]]
+    client: headwater.Client,
+    topic: str,
+    expected: dict[int, list[bytes]],
+    never: frozenset[bytes] = frozenset(),
 ) -> dict[int, list[bytes | None]]:
     """Each partition's committed values, read until they are `expected` or the deadline (an
-    open transaction's LSO, a take-over in progress); the last reading."""
+    open transaction's LSO, a take-over in progress); the last reading. No reading on the way
+    may hold a value of `never` (an aborted or open transaction's)."""
     deadline = time.monotonic() + DEADLINE
     seen: dict[int, list[bytes | None]] = {}
     while True:
@@ -90,9 +99,54 @@ async def settled(
             except HeadwaterError as exc:
                 if not exc.retriable:
                     raise
+            shown = set(seen.get(partition, ())) & never
+            assert not shown, f"partition {partition} showed {shown}"
         if seen == expected or time.monotonic() > deadline:
             return seen
         await asyncio.sleep(0.2)
+
+
+def values(prefix: str) -> frozenset[bytes]:
+    return frozenset(f"{prefix}-{p}".encode() for p in range(PARTITIONS))
+
+
+async def state_of(cluster: Cluster, transactional_id: str) -> dict[str, object]:
+    """The transactional id's state as etcd holds it (read here, not through a broker)."""
+    async with await cluster._etcd() as etcd:
+        found = await etcd.get(f"/headwater/txn/{transactional_id}".encode())
+    return {} if found is None else dict(json.loads(found.value))
+
+
+async def until_state(cluster: Cluster, transactional_id: str, state: str) -> None:
+    deadline = time.monotonic() + DEADLINE
+    while (await state_of(cluster, transactional_id)).get("state") != state:
+        assert time.monotonic() < deadline, f"{transactional_id} never reached {state}"
+        await asyncio.sleep(0.05)
+
+
+async def kill_tests_open_transaction(
+    client: headwater.Client, topic: str, transactional_id: str, timeout: float = 60.0
+) -> tuple[headwater.Producer, Any]:
+    """A committed transaction ("c1-<p>"), an aborted one ("a-<p>", stored before the abort),
+    then one left open ("open-<p>", every batch acknowledged by its owner): the producer and
+    the open transaction's context."""
+    producer = client.producer(
+        topic, transactional_id=transactional_id, transaction_timeout=timeout
+    )
+    async with producer.transaction():
+        for partition in range(PARTITIONS):
+            await producer.send(f"c1-{partition}".encode(), partition=partition)
+    with pytest.raises(RuntimeError):
+        async with producer.transaction():
+            for partition in range(PARTITIONS):
+                await producer.send(f"a-{partition}".encode(), partition=partition)
+            await producer.flush()
+            raise RuntimeError("aborted")
+    transaction = producer.transaction()
+    await transaction.__aenter__()
+    for partition in range(PARTITIONS):
+        await (await producer.send(f"open-{partition}".encode(), partition=partition))
+    return producer, transaction
 
 
 async def test_a_transaction_over_partitions_of_three_brokers_commits_and_aborts_as_one(
@@ -229,4 +283,102 @@ async def test_a_transactional_batch_of_no_transaction_is_refused_at_any_owner(
         assert isinstance(answer, InvalidTxnState), answer
     finally:
         peer.writer.close()
+    await producer.close()
+
+
+async def test_a_kill_of_the_broker_serving_the_id_mid_transaction_aborts_it_everywhere(
+    cluster: Cluster, client: headwater.Client, topic_name: str
+) -> None:
+    """b1 serves the transactional id (the producer's bootstrap) and owns two of the partitions;
+    it is killed with a transaction open at every partition and an aborted one in their
+    history. The new owners of its partitions hide the aborted one and hold the open one; the
+    broker that now has the id's duties aborts it when its timeout passes; then every partition
+    reads the committed transaction and what follows, and never the aborted or open one."""
+    await spread_topic(cluster, client, topic_name)
+    tid = f"{topic_name}-app"
+    producer, _ = await kill_tests_open_transaction(client, topic_name, tid, timeout=4.0)
+    cluster.brokers["b1"].kill()
+    survivors = {"b2", "b3"}
+    await cluster.wait_owned(topic_name, PARTITIONS, survivors, timeout=DEADLINE)
+    reader = await headwater.connect(cluster.brokers["b2"].address)
+    try:
+        hidden = values("a") | values("open")
+        first = {p: [f"c1-{p}".encode()] for p in range(PARTITIONS)}
+        assert await settled(reader, topic_name, first, hidden) == first
+        await until_state(cluster, tid, "CompleteAbort")  # its timeout, at the duty broker
+        plain = reader.producer(topic_name)
+        for partition in range(PARTITIONS):
+            await (await plain.send(f"after-{partition}".encode(), partition=partition))
+        after = {p: [f"c1-{p}".encode(), f"after-{p}".encode()] for p in range(PARTITIONS)}
+        assert await settled(reader, topic_name, after, hidden) == after
+        for partition in range(PARTITIONS):
+            everything = await reader.fetch(topic_name, partition, 0, raw=True)
+            assert f"open-{partition}".encode() in [r.value for r in everything.records()]
+        await plain.close()
+    finally:
+        await reader.close()
+    with contextlib.suppress(HeadwaterError, OSError):
+        await producer.close()
+
+
+async def test_a_kill_of_the_broker_serving_the_id_after_the_commit_decision_commits_it_all(
+    cluster: Cluster, client: headwater.Client, topic_name: str
+) -> None:
+    """b2 is frozen (SIGSTOP) so that b1, serving the transactional id, cannot finish the
+    commit's markers; once etcd holds PrepareCommit (the decision), b1 is killed with kill -9
+    and b2 woken. The broker with the id's duties finishes the end: every partition, whoever
+    owns it now, reads the committed records (a new owner holds the open transaction until its
+    marker), and the aborted transaction before it never."""
+    owners = await spread_topic(cluster, client, topic_name)
+    tid = f"{topic_name}-app"
+    producer, transaction = await kill_tests_open_transaction(client, topic_name, tid)
+    frozen = cluster.brokers["b2"].process.pid
+    os.kill(frozen, signal.SIGSTOP)
+    try:
+        ending = asyncio.ensure_future(transaction.__aexit__(None, None, None))
+        await until_state(cluster, tid, "PrepareCommit")
+        cluster.brokers["b1"].kill()
+    finally:
+        os.kill(frozen, signal.SIGCONT)
+    with contextlib.suppress(BaseException):
+        await asyncio.wait_for(ending, DEADLINE)
+    assert "b2" in owners.values()
+    reader = await headwater.connect(cluster.brokers["b3"].address)
+    try:
+        expected = {p: [f"c1-{p}".encode(), f"open-{p}".encode()] for p in range(PARTITIONS)}
+        assert await settled(reader, topic_name, expected, values("a")) == expected
+        await until_state(cluster, tid, "CompleteCommit")
+    finally:
+        await reader.close()
+    with contextlib.suppress(HeadwaterError, OSError):
+        await producer.close()
+
+
+async def test_a_kill_of_a_partition_owner_keeps_its_open_transaction_held_until_its_end(
+    cluster: Cluster, client: headwater.Client, topic_name: str
+) -> None:
+    """The owner of two partitions (not the broker serving the transactional id) is killed with
+    a transaction open there and an aborted one in their history: their new owner hides the
+    aborted one (its ranges from the object store) and holds the open one (nothing of it, nor
+    after it, is read) until the producer commits it, through the broker it always used."""
+    owners = await spread_topic(cluster, client, topic_name)
+    tid = f"{topic_name}-app"
+    producer, transaction = await kill_tests_open_transaction(client, topic_name, tid)
+    victim = next(b for b in ("b2", "b3") if b in owners.values())
+    moved = [p for p, b in owners.items() if b == victim]
+    cluster.brokers[victim].kill()
+    survivors = set(BROKERS) - {victim}
+    await cluster.wait_owned(topic_name, PARTITIONS, survivors, timeout=DEADLINE)
+    plain = client.producer(topic_name)
+    for partition in moved:  # after the open transaction: held with it
+        await (await plain.send(f"plain-{partition}".encode(), partition=partition))
+    hidden = values("a") | values("open") | values("plain")
+    held = {p: [f"c1-{p}".encode()] for p in moved}
+    assert await settled(client, topic_name, held, hidden) == held
+    await transaction.__aexit__(None, None, None)  # the commit: markers by the new owners
+    expected = {p: [f"c1-{p}".encode(), f"open-{p}".encode()] for p in range(PARTITIONS)}
+    for partition in moved:
+        expected[partition].append(f"plain-{partition}".encode())
+    assert await settled(client, topic_name, expected, values("a")) == expected
+    await plain.close()
     await producer.close()
