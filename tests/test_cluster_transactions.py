@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 import headwater
+from headwater.server.cluster.cluster_transactions import parse_aborted
 from headwater.wire import messages as m
 from headwater.wire.errors import HeadwaterError, InvalidTxnState, ProducerFenced
 from headwater.wire.markers import peek
@@ -106,6 +107,23 @@ async def settled(
         await asyncio.sleep(0.2)
 
 
+async def aborted_objects(s3: MotoS3, bucket: str, topic: str) -> dict[int, list[str]]:
+    """Partition -> the names of its aborted-range objects, listed in the bucket itself."""
+    from aiobotocore.session import get_session
+
+    found: dict[int, list[str]] = {}
+    async with get_session().create_client(
+        "s3", endpoint_url=s3.endpoint_url, region_name="us-east-1"
+    ) as s3_client:
+        answer = await s3_client.list_objects_v2(Bucket=bucket)
+        for item in answer.get("Contents", []):
+            # (under the object store's prefix) <topic>/<partition>/txn-aborted/<name>
+            parts = item["Key"].split("/")
+            if len(parts) >= 4 and parts[-4] == topic and parts[-2] == "txn-aborted":
+                found.setdefault(int(parts[-3]), []).append(parts[-1])
+    return found
+
+
 def values(prefix: str) -> frozenset[bytes]:
     return frozenset(f"{prefix}-{p}".encode() for p in range(PARTITIONS))
 
@@ -183,6 +201,37 @@ async def test_a_transaction_over_partitions_of_three_brokers_commits_and_aborts
     raw = await asyncio.to_thread(txn_clients.read, "confluent", bootstrap, wanted, False)
     assert all(len(v) == 3 for v in txn_clients.values(raw).values())  # the aborted too
     await producer.close()
+
+
+async def test_a_kafka_transactional_producer_commits_and_aborts_over_three_brokers(
+    cluster: Cluster, client: headwater.Client, topic_name: str
+) -> None:
+    """librdkafka's transactional producer, its coordinator found with FindCoordinator (key type
+    1) and its batches sent to each partition's leader: a committed transaction, an aborted one
+    and a second committed one, read back by a read_committed consumer."""
+    await spread_topic(cluster, client, topic_name)
+    bootstrap = ",".join(f"127.0.0.1:{cluster.kafka_ports[b]}" for b in BROKERS)
+
+    def run() -> None:
+        producer = txn_clients.producer("confluent", bootstrap, f"{topic_name}-kafka")
+        try:
+            for outcome in ("ok", "no", "ok2"):
+                producer.begin()
+                producer.send((topic_name, p, f"{outcome}-{p}".encode()) for p in range(PARTITIONS))
+                producer.flush()
+                if outcome == "no":
+                    producer.abort()
+                else:
+                    producer.commit()
+        finally:
+            producer.close()
+
+    await asyncio.to_thread(run)
+    wanted = [(topic_name, p) for p in range(PARTITIONS)]
+    seen = await asyncio.to_thread(txn_clients.read, "confluent", bootstrap, wanted, True)
+    assert txn_clients.values(seen) == {
+        (topic_name, p): [f"ok-{p}".encode(), f"ok2-{p}".encode()] for p in range(PARTITIONS)
+    }
 
 
 async def test_an_init_through_another_broker_fences_the_producer_it_replaces(
@@ -355,7 +404,7 @@ async def test_a_kill_of_the_broker_serving_the_id_after_the_commit_decision_com
 
 
 async def test_a_kill_of_a_partition_owner_keeps_its_open_transaction_held_until_its_end(
-    cluster: Cluster, client: headwater.Client, topic_name: str
+    cluster: Cluster, client: headwater.Client, topic_name: str, s3: MotoS3, bucket: str
 ) -> None:
     """The owner of two partitions (not the broker serving the transactional id) is killed with
     a transaction open there and an aborted one in their history: their new owner hides the
@@ -364,6 +413,15 @@ async def test_a_kill_of_a_partition_owner_keeps_its_open_transaction_held_until
     owners = await spread_topic(cluster, client, topic_name)
     tid = f"{topic_name}-app"
     producer, transaction = await kill_tests_open_transaction(client, topic_name, tid)
+    session = producer._session
+    assert session is not None
+    kept = await aborted_objects(s3, bucket, topic_name)  # one per partition, by its owner
+    assert sorted(kept) == list(range(PARTITIONS)), kept
+    for names in kept.values():
+        assert len(names) == 1
+        parsed = parse_aborted(names[0])
+        assert parsed is not None and parsed[0].producer_id == session.producer_id
+        assert parsed[0].first_offset < parsed[0].last_offset
     victim = next(b for b in ("b2", "b3") if b in owners.values())
     moved = [p for p, b in owners.items() if b == victim]
     cluster.brokers[victim].kill()

@@ -50,7 +50,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -283,9 +283,11 @@ class ClusterPartitions:
         # version, and it deletes chunks only below the end of a version it wrote, which our
         # claim holds (a chunk it stores after our listing starts at or past the end we find,
         # and our marker fences it)
-        aborted: Awaitable[list[AbortedRange]] = _nothing()
-        if self._transactions is not None:
-            aborted = self._transactions.aborted(topic, partition, since, 0)
+        aborted = (
+            _nothing()
+            if self._transactions is None
+            else self._transactions.aborted(topic, partition, since, 0)
+        )
         manifest, state, aborted_ranges = await asyncio.gather(
             self._manifests.claim(topic, partition, epoch, since),
             self._tail.state(topic, partition),
@@ -340,7 +342,11 @@ class ClusterPartitions:
             self._in_place.pop(key, None)
             self._adopt(topic, partition, manifest)
             if key not in self._tables:  # its rebuild did not finish: again
-                self._rebuild_producers(found, partition, end, epoch, manifest, run)
+                # (the transactions too, when that rebuild replaced them: still held)
+                held = found.partitions[partition].transactions.held
+                self._rebuild_producers(
+                    found, partition, end, epoch, manifest, run, held is not None, held
+                )
         else:
             # read in place, not downloaded: a take-over costs the same whatever the tail
             self._in_place[key] = [
@@ -358,7 +364,7 @@ class ClusterPartitions:
             await self._restart(found, partition, end, manifest)
             self.rebuilt += 1
             start = await self._restart_transactions(found, partition, manifest, claimed.aborted)
-            self._rebuild_producers(found, partition, end, epoch, manifest, run, start)
+            self._rebuild_producers(found, partition, end, epoch, manifest, run, True, start)
         self._verified[key] = end
         self._unfolded[key] = len(run)
         await self._load_cursors(found, partition, since)
@@ -444,10 +450,12 @@ class ClusterPartitions:
         epoch: int,
         manifest: Manifest,
         chunks: list[Chunk],
+        transactions: bool = False,
         start: int | None = None,
     ) -> None:
         """Forget the partition's producers and rebuild them in the background from the log
-        below `end`; idempotent produces wait for `producers_ready` meanwhile."""
+        below `end` (its `transactions` too, from `start` where its LSO is held); idempotent
+        produces, transactional ones among them, wait for `producers_ready` meanwhile."""
         holder = topic.partitions[partition]
         self._tables.discard((topic.name, partition))
         holder.producers.reset(complete=False)
@@ -456,7 +464,11 @@ class ClusterPartitions:
         holder.producers_ready = ready
         if previous is not None and not previous.done():
             previous.set_result(None)  # its waiters look again, and find this one
-        self._spawn(self._rebuild(topic, partition, manifest, chunks, end, epoch, ready, start))
+        self._spawn(
+            self._rebuild(
+                topic, partition, manifest, chunks, end, epoch, ready, transactions, start
+            )
+        )
 
     async def _rebuild(
         self,
@@ -467,12 +479,14 @@ class ClusterPartitions:
         end: int,
         epoch: int,
         ready: asyncio.Future[None],
-        held_from: int | None = None,
+        transactions: bool,
+        held_from: int | None,
     ) -> None:
         """Retried with doubling delays while the partition is ours under `epoch` and no later
         take-over started another rebuild; `ready` is done in every case (its waiters then find
-        the partition not served, or the next rebuild). `held_from`: where the scan starts
-        (the partition's LSO is held there until it is done)."""
+        the partition not served, or the next rebuild). `transactions`: the partition's
+        transactions are rebuilt from the same scan, which starts at `held_from` when the
+        partition's LSO is held there until it is done."""
         holder = topic.partitions[partition]
         started = time.monotonic()
         delay = _RETRY_INITIAL
@@ -503,7 +517,8 @@ class ClusterPartitions:
                 # nothing idempotent was appended meanwhile (those produces waited), so the
                 # table is still empty: it becomes the one rebuilt
                 holder.producers.producers.update(table.producers)
-                await self._rebuilt_transactions(topic, partition, scanned)
+                if transactions:
+                    await self._rebuilt_transactions(topic, partition, scanned)
                 self._tables.add((topic.name, partition))
                 self.tables_rebuilt += 1
                 log.info(

@@ -294,6 +294,14 @@ class ClusterTransactions:
         written = await append_marker(
             self._catalog, topic, partition, producer_id, epoch, marker, check
         )
+        log.info(
+            "transactions.marker_written",
+            topic=topic,
+            partition=partition,
+            producer_id=producer_id,
+            marker=marker.name,
+            aborted=None if written is None else str(written[1]),
+        )
         if written is not None and written[1] is not None:
             await self.keep_aborted(topic, partition, written[1])
 
