@@ -35,6 +35,10 @@ from headwater.server.requests.topic_definitions import (
     SubscribeGate,
     TopicDefinitions,
 )
+from headwater.server.requests.transaction_placement import (
+    LocalTransactions,
+    TransactionPlacement,
+)
 from headwater.server.topics.placement import LocalPlacement
 from headwater.server.topics.topic import LogTopic
 from headwater.storage.archive import ObjectArchive
@@ -135,6 +139,9 @@ class EtcdPlacement(LocalPlacement):
 
     def producer_ids(self, catalog: TopicCatalog) -> ProducerIds:
         return SharedProducerIds(self._etcd)
+
+    def transactions(self, catalog: TopicCatalog) -> TransactionPlacement:
+        return LocalTransactions(catalog)  # (no transactions in these tests)
 
 
 @dataclass

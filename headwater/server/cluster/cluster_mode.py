@@ -314,6 +314,7 @@ class ClusterMode:
         try:
             gone = await self.tail.purge(name, revision)
             gone += await PartitionManifests(self.tail.store).purge(name, revision)
+            gone += await self._parts.transactions.purge(name, revision)
         except Exception as exc:  # left behind: ignored by take-overs, only costs storage
             log.warning("cluster.tail_purge_failed", topic=name, error=str(exc))
             return

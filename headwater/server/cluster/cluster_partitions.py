@@ -121,8 +121,10 @@ class TakeOverTransactions(Protocol):
     loaded: asyncio.Event  # set once the replica of the states was read
 
     async def aborted(
-        self, topic: str, partition: int, since: int, start: int
-    ) -> list[AbortedRange]: ...
+        self, topic: str, partition: int, since: int
+    ) -> list[tuple[AbortedRange, str]]: ...
+
+    async def forget(self, keys: list[str]) -> None: ...
 
     async def keep_aborted(self, topic: str, partition: int, aborted: AbortedRange) -> None: ...
 
@@ -286,7 +288,7 @@ class ClusterPartitions:
         aborted = (
             _nothing()
             if self._transactions is None
-            else self._transactions.aborted(topic, partition, since, 0)
+            else self._transactions.aborted(topic, partition, since)
         )
         manifest, state, aborted_ranges = await asyncio.gather(
             self._manifests.claim(topic, partition, epoch, since),
@@ -422,7 +424,11 @@ class ClusterPartitions:
     # Idempotent producers and transactions
 
     async def _restart_transactions(
-        self, topic: LogTopic, partition: int, manifest: Manifest, aborted: list[AbortedRange]
+        self,
+        topic: LogTopic,
+        partition: int,
+        manifest: Manifest,
+        aborted: list[tuple[AbortedRange, str]],
     ) -> int | None:
         """The partition's transactions as its previous owners left them: the aborted ranges
         kept in the object store at once, the open ones from the rebuild's scan. Returns where
@@ -433,7 +439,10 @@ class ClusterPartitions:
         state = topic.partitions[partition].transactions
         first = topic.start_offset(partition)
         state.reset()
-        state.restore({}, [r for r in aborted if r.last_offset >= first])
+        state.restore({}, [r for r, _ in aborted if r.last_offset >= first])
+        below = [key for r, key in aborted if r.last_offset < first]
+        if below:
+            self._spawn(self._transactions.forget(below))
         if self._transactions.loaded.is_set() and not self._transactions.in_progress(
             topic.name, partition
         ):
@@ -1069,7 +1078,7 @@ class _Scan:
             self.aborted.append(AbortedRange(producer_id, first, offset))
 
 
-async def _nothing() -> list[AbortedRange]:
+async def _nothing() -> list[tuple[AbortedRange, str]]:
     return []
 
 
@@ -1105,7 +1114,7 @@ class _Claimed:
     state: TailState
     end: int  # the chain's end: where our epoch starts
     run: list[Chunk]  # the chain's chunks above the manifest's segments
-    aborted: list[AbortedRange]  # the aborted ranges its previous owners kept
+    aborted: list[tuple[AbortedRange, str]]  # the aborted ranges kept, with their objects' keys
     claim_ms: float
     marker_ms: float
 

@@ -294,7 +294,7 @@ class ClusterTransactions:
         written = await append_marker(
             self._catalog, topic, partition, producer_id, epoch, marker, check
         )
-        log.info(
+        log.debug(
             "transactions.marker_written",
             topic=topic,
             partition=partition,
@@ -324,27 +324,37 @@ class ClusterTransactions:
         await self._store.put(aborted_key(topic, partition, aborted, epoch), b"")
 
     async def aborted(
-        self, topic: str, partition: int, since: int, start: int
-    ) -> list[AbortedRange]:
-        """The partition's aborted ranges as its previous owners kept them: of this incarnation
-        of the topic (`since`), ending at or past `start` (the ones below are deleted)."""
-        found: list[AbortedRange] = []
-        below: list[str] = []
+        self, topic: str, partition: int, since: int
+    ) -> list[tuple[AbortedRange, str]]:
+        """The partition's aborted ranges as its previous owners kept them, each with its
+        object's key: those of this incarnation of the topic (`since`), in marker order."""
+        found: list[tuple[AbortedRange, str]] = []
         for info in await self._store.list(aborted_prefix(topic, partition)):
             parsed = parse_aborted(info.key)
-            if parsed is None:
-                continue
-            aborted, epoch = parsed
-            if epoch < since:
-                continue  # a deleted topic of the same name left it
-            if aborted.last_offset < start:
-                below.append(info.key)
-                continue
-            found.append(aborted)
-        for key in below:
+            if parsed is not None and parsed[1] >= since:  # (older: a deleted topic's)
+                found.append((parsed[0], info.key))
+        return sorted(found, key=lambda kept: kept[0].last_offset)
+
+    async def purge(self, topic: str, before: int) -> int:
+        """Delete a deleted topic's aborted-range objects: those of epochs below `before` (a
+        topic re-created under the name meanwhile keeps its own); how many went."""
+        gone = [
+            info.key
+            for info in await self._store.list(f"{topic}/")
+            if info.key.split("/")[2:3] == [ABORTED_DIR]
+            and (parsed := parse_aborted(info.key)) is not None
+            and parsed[1] < before
+        ]
+        for key in gone:
+            await self._store.delete(key)
+        return len(gone)
+
+    async def forget(self, keys: list[str]) -> None:
+        """Delete aborted-range objects below a partition's start (retention took their
+        batches); one that fails is left for the next take-over."""
+        for key in keys:
             with contextlib.suppress(HeadwaterError, OSError):
                 await self._store.delete(key)
-        return sorted(found, key=lambda r: r.last_offset)
 
     async def abort_hanging(self, topic: str, partition: int, producer_id: int) -> None:
         """A transaction a take-over found open in the partition with no state in progress

@@ -512,7 +512,21 @@ class TransactionCoordinator:
             for topic, index in sorted(txn.partitions)
         ]
         if waits:
-            await asyncio.gather(*waits)
+            try:
+                await asyncio.gather(*waits)
+            except InvalidTxnState:
+                # an owner saw the end already complete and the producer's next transaction
+                # begun: another broker completed it (a cluster's duty broker, say)
+                await self._placement.refresh(txn.transactional_id)
+                current = self._transactions.get(txn.transactional_id)
+                if current is not None and (current.state, current.epoch, current.started_ms) == (
+                    txn.state,
+                    txn.epoch,
+                    txn.started_ms,
+                ):
+                    raise  # still this end's to complete: the refusal stands
+                log.info("transactions.completed_elsewhere", transactional_id=txn.transactional_id)
+                return
         if commit:
             await self._apply_offsets(txn.offsets)
         await self._store(txn.completed(_now_ms()))
