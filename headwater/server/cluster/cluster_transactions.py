@@ -43,7 +43,7 @@ import structlog
 from headwater.durables.partition_transactions import AbortedRange
 from headwater.durables.transaction_state import Transaction, TxnState
 from headwater.server.catalog.topic_catalog import TopicCatalog
-from headwater.server.cluster.etcd import Entry, PrefixWatch
+from headwater.server.cluster.etcd import Entry, EtcdUnavailable, PrefixWatch
 from headwater.server.cluster.layout import Layout, rendezvous
 from headwater.server.cluster.peer_links import PeerLinks
 from headwater.server.requests.partition_ownership import Ownership, not_owner
@@ -61,6 +61,7 @@ ABORTED_DIR: Final = "txn-aborted"
 REBUILD_WAIT: Final = 30.0
 # seconds `load` waits at most for the replica's first read
 LOAD_WAIT: Final = 30.0
+LOAD_ATTEMPTS: Final = 5  # reads of the states at start (doubling delays from 0.2 s)
 HANGING_ATTEMPTS: Final = 30  # tries to abort a hanging transaction (doubling delays up to 2 s)
 
 
@@ -121,7 +122,16 @@ class ClusterTransactions:
     async def start(self) -> None:
         """Read the prefix and watch it (after the coordinator's start)."""
         self._watch = self._cluster.watch("txn", self._on_change)
-        await self._watch.load()
+        delay = 0.2
+        for attempt in range(LOAD_ATTEMPTS):
+            try:
+                await self._watch.load()
+                break
+            except EtcdUnavailable as exc:  # (the coordinator has just reached it: a blip)
+                if attempt + 1 == LOAD_ATTEMPTS:
+                    raise StorageError(f"cannot read the transactions' states: {exc}") from None
+                await asyncio.sleep(delay)
+                delay *= 2
         self._watch.start()
         self.loaded.set()
 
