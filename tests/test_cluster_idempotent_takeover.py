@@ -22,7 +22,7 @@ from typing import Any, cast
 import headwater
 from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.cluster.cluster_mode import CloudDurability
-from headwater.server.cluster.cluster_partitions import ClusterPartitions
+from headwater.server.cluster.cluster_partitions import ClusterPartitions, TakeOverTransactions
 from headwater.server.cluster.coordinator_state import Standing
 from headwater.server.cluster.tail_commit import TailCommitter
 from headwater.server.config import ObjectStoreConfig, ServerConfig
@@ -34,6 +34,10 @@ from headwater.server.requests.topic_definitions import (
     LocalTopics,
     SubscribeGate,
     TopicDefinitions,
+)
+from headwater.server.requests.transaction_placement import (
+    LocalTransactions,
+    TransactionPlacement,
 )
 from headwater.server.topics.placement import LocalPlacement
 from headwater.server.topics.topic import LogTopic
@@ -136,6 +140,9 @@ class EtcdPlacement(LocalPlacement):
     def producer_ids(self, catalog: TopicCatalog) -> ProducerIds:
         return SharedProducerIds(self._etcd)
 
+    def transactions(self, catalog: TopicCatalog) -> TransactionPlacement:
+        return LocalTransactions(catalog)  # (no transactions in these tests)
+
 
 @dataclass
 class Owner:
@@ -151,10 +158,14 @@ class Owner:
 
 @contextlib.asynccontextmanager
 async def new_owner(
-    tmp_path: Path, segments: list[list[bytes]], chunk: tuple[int, int, bytes]
+    tmp_path: Path,
+    segments: list[list[bytes]],
+    chunk: tuple[int, int, bytes],
+    transactions: TakeOverTransactions | None = None,
 ) -> AsyncIterator[Owner]:
     """The previous owner's `segments` (stamped batches from offset 0 on, each list folded into
-    a segment the manifest names) and `chunk` (first, end, a stamped batch) in the tail above."""
+    a segment the manifest names) and `chunk` (first, end, stamped batches) in the tail above;
+    `transactions`: what the take-over asks of the cluster's transactions."""
     store = LocalObjectStore(tmp_path / "objects")
     tail = CloudTail(store)
     manifests = PartitionManifests(store)
@@ -185,7 +196,9 @@ async def new_owner(
     committer = TailCommitter(
         tail, 0.001, etcd.standing, etcd.epoch, lambda t, p: headwater.NotOwner("owner=none")
     )
-    partitions = ClusterPartitions(catalog, tail, committer, etcd, etcd.serves)
+    partitions = ClusterPartitions(
+        catalog, tail, committer, etcd, etcd.serves, transactions=transactions
+    )
     committer.on_stored = partitions.stored
     uploader.may_upload = etcd.serves
     uploader.purges = False

@@ -14,9 +14,11 @@ each append, this table keeps:
   (`aborted_overlapping`), as Kafka's broker does from its transaction index.
 
 A marker for a producer with nothing open here (a partition added to a transaction but never
-written, or a marker written again after a crash) changes nothing. The table is pure state
-(`appended` is told each batch's header); the server persists what changes (open transactions
-in the producer entries' neighbour keys, aborted ranges once each) and rebuilds it on start.
+written, or a marker written again after a crash) changes nothing. In a cluster a new owner rebuilds
+the table from the log after a take-over; meanwhile it is `held` at an offset no transaction it may
+find open starts below, so the LSO does not run ahead of what is known. The table is pure state
+(`appended` is told each batch's header); the server persists what changes (open transactions in the
+producer entries' neighbour keys, aborted ranges once each) and rebuilds it on start.
 """
 
 from __future__ import annotations
@@ -57,13 +59,23 @@ class Closed:
 
 
 class PartitionTransactions:
-    __slots__ = ("_aborted", "_by_producer", "_lasts", "open")
+    __slots__ = ("_aborted", "_by_producer", "_lasts", "held", "open")
 
     def __init__(self) -> None:
         self.open: dict[int, int] = {}  # producer id -> first offset of its open transaction
         self._aborted: list[AbortedRange] = []  # in marker order (the log's)
         self._lasts: list[int] = []  # their last offsets, for bisect
         self._by_producer: dict[int, list[AbortedRange]] = {}
+        # the LSO goes no further while the table is being rebuilt (a cluster's take-over)
+        self.held: int | None = None
+
+    def reset(self, held: int | None = None) -> None:
+        """Forget everything (a take-over rebuilds the table), the LSO held at `held`."""
+        self.open.clear()
+        self._aborted.clear()
+        self._lasts.clear()
+        self._by_producer.clear()
+        self.held = held
 
     def appended(self, header: BatchHeader, marker: Marker | None = None) -> Opened | Closed | None:
         """Follow one appended batch (`marker`: a control batch's type). What changed, if
@@ -106,6 +118,8 @@ class PartitionTransactions:
 
     def stable_end(self, end: int) -> int:
         """The last stable offset given the partition's readable `end`."""
+        if self.held is not None:
+            end = min(end, self.held)
         if not self.open:
             return end
         return min(end, min(self.open.values()))
@@ -122,6 +136,13 @@ class PartitionTransactions:
         offset = header.base_offset
         # few per producer: each aborted transaction it wrote here
         return any(r.first_offset <= offset <= r.last_offset for r in ranges)
+
+    def aborted_at(self, marker_offset: int) -> AbortedRange | None:
+        """The aborted range whose marker is at `marker_offset`, if any."""
+        at = bisect_left(self._lasts, marker_offset)
+        if at < len(self._lasts) and self._lasts[at] == marker_offset:
+            return self._aborted[at]
+        return None
 
     def aborted_overlapping(self, start: int, end: int) -> list[AbortedRange]:
         """The aborted ranges that overlap [start, end): what a Kafka read_committed Fetch of

@@ -56,6 +56,7 @@ class ApiKey(enum.IntEnum):
     ADD_PARTITIONS_TO_TXN = 47
     ADD_ACKS_TO_TXN = 48
     END_TXN = 49
+    WRITE_TXN_MARKER = 50  # between brokers of a cluster: a marker at the partition's owner
     # pushed by the server
     DELIVER = 100
     CONSUMER_CLOSED = 101
@@ -740,6 +741,19 @@ class EndTxnRequest:
     commit: bool
 
 
+@dataclass(frozen=True, slots=True)
+class WriteTxnMarkerRequest:
+    """A cluster's transaction coordinator asks the owner of a partition to end a producer's
+    transaction there: write the COMMIT (`commit`) or ABORT marker, answered once it is in the
+    object store. The owner writes only what the transactional id's state decided."""
+
+    topic: str
+    partition: int
+    producer_id: int
+    producer_epoch: int
+    commit: bool
+
+
 # ------------------------------------------------------------------------------------------------
 # Schemas (docs/SCHEMAS.md): REGISTER_SCHEMA, GET_SCHEMA, LIST_SCHEMAS, CHECK_SCHEMA; types
 # and compatibility modes travel as their names.
@@ -863,6 +877,7 @@ Request = (
     | AddPartitionsToTxnRequest
     | AddAcksToTxnRequest
     | EndTxnRequest
+    | WriteTxnMarkerRequest
 )
 Response = (
     EmptyResponse

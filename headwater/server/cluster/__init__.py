@@ -12,7 +12,9 @@ other brokers for the records it writes to their partitions, `cluster_partitions
 partitions over, hands them off and loses them, and `tail_commit` acknowledges a produce once it
 is in the object store (one object per partition per window), or `shared_commit` with one object
 per broker per window, which `shared_tail` indexes in etcd (`cluster.tail_layout = "broker"`).
-`cluster_metrics` and `cluster_status` report it (the latter straight from etcd)."""
+`cluster_transactions` keeps transactional ids' states in etcd, has each partition's owner write
+its markers, and keeps aborted ranges for the next owner. `cluster_metrics` and `cluster_status`
+report it (the latter straight from etcd)."""
 
 from headwater.server.cluster.coordinator import Coordinator
 from headwater.server.cluster.coordinator_state import (

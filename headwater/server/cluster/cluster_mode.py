@@ -23,6 +23,8 @@ object is reassigned afterwards. What it answers:
 - the broker's Kafka listener, when it has one, is registered with it (host and port), so that
   every broker's Kafka Metadata names it (docs/KAFKA.md); a Kafka group's offsets are its
   subscription's cursor checkpoints in etcd (`GroupCursors`), which every broker reads.
+- transactions keep their states in etcd and have markers written by each partition's owner
+  (`server.cluster.cluster_transactions`, built by `bind`, its replica read by `start`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import structlog
 from headwater.durables.cursor import PartitionCursor
 from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.cluster.cluster_partitions import ClusterPartitions, checkpoint_key
+from headwater.server.cluster.cluster_transactions import ClusterTransactions
 from headwater.server.cluster.coordinator import Coordinator
 from headwater.server.cluster.exclusive_claims import ExclusiveGate
 from headwater.server.cluster.peer_links import PeerLinks
@@ -54,6 +57,7 @@ from headwater.server.requests.topic_definitions import (
     TopicDefinitions,
     close_topic_consumers,
 )
+from headwater.server.requests.transaction_placement import TransactionPlacement
 from headwater.server.topics.placement import CreateLocal, append_here
 from headwater.server.topics.topic import (
     LOCAL_DURABILITY,
@@ -131,6 +135,7 @@ class ClusterMode:
         Exclusive claims, the Kafka group cursors. Before the broker is built, after
         `catalog.open`."""
         coordinator = self.coordinator
+        transactions = ClusterTransactions(coordinator, self.peers, self.tail.store, catalog)
         partitions = ClusterPartitions(
             catalog,
             self.tail,
@@ -139,6 +144,7 @@ class ClusterMode:
             coordinator.serves,
             self._checkpoint_interval,
             self._fold_chunks,
+            transactions,
         )
         self.committer.on_stored = partitions.stored
         self._bound = _Bound(
@@ -146,6 +152,7 @@ class ClusterMode:
             partitions,
             ExclusiveGate(coordinator, catalog.topics),
             GroupCursors(coordinator, partitions),
+            transactions,
         )
         coordinator.handler = partitions
         coordinator.on_topic = self._on_topic
@@ -176,6 +183,7 @@ class ClusterMode:
     async def start(self) -> None:
         catalog, coordinator = self._catalog, self.coordinator
         await coordinator.start()
+        await self._parts.transactions.start()
         known = coordinator.topics()
         for name in [n for n in catalog.topics if n not in known]:
             await self._on_topic(name, None)  # deleted from the cluster while we were away
@@ -214,6 +222,9 @@ class ClusterMode:
 
     def producer_ids(self, catalog: TopicCatalog) -> ProducerIds:
         return SharedProducerIds(self.producer_ids_issued)
+
+    def transactions(self, catalog: TopicCatalog) -> TransactionPlacement:
+        return self._parts.transactions
 
     async def define_topic(self, request: m.CreateTopicRequest, create_local: CreateLocal) -> None:
         await self.create_topic(request)
@@ -303,6 +314,7 @@ class ClusterMode:
         try:
             gone = await self.tail.purge(name, revision)
             gone += await PartitionManifests(self.tail.store).purge(name, revision)
+            gone += await self._parts.transactions.purge(name, revision)
         except Exception as exc:  # left behind: ignored by take-overs, only costs storage
             log.warning("cluster.tail_purge_failed", topic=name, error=str(exc))
             return
@@ -461,6 +473,7 @@ class _Bound:
     partitions: ClusterPartitions
     exclusive: ExclusiveGate
     group_cursors: GroupCursors
+    transactions: ClusterTransactions
 
 
 class CloudDurability:

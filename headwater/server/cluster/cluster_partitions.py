@@ -24,6 +24,14 @@ The etcd coordinator (`server.cluster`) decides who owns each partition; this mo
   batch's producer id and base sequence; idempotent produces to the partition wait for it
   (`LogPartition.producers_ready`), other produces do not, so the take-over itself costs the
   same. A kept log keeps its table when that table was complete.
+- **transactions** (`server.cluster.cluster_transactions`): a replaced partition's aborted
+  ranges are the objects its previous owners kept (listed beside the claim, so a reader never
+  sees an aborted batch); its open transactions are found by the same scan as the producers:
+  a transactional batch opens its producer's, a marker closes it (an abort found so whose
+  range has no object yet gets one), and those left open are kept when the replica has that
+  producer's transaction in progress naming the partition, aborted with a marker otherwise
+  (hanging). While the replica has one in progress there, the partition's LSO is held at the
+  scan's start until the scan is done; markers and transactional produces wait for it.
 - **uploads** (`SegmentPublisher`): a sealed segment is uploaded under a name of its own once the
   tail holds all its batches, and counts only once the manifest names it; the chunks below the
   manifest's new end then go.
@@ -49,7 +57,9 @@ from typing import Any, Protocol
 import structlog
 
 from headwater.durables.cursor import PartitionCursor
+from headwater.durables.partition_transactions import AbortedRange
 from headwater.durables.producers import ProducerTable
+from headwater.durables.transaction_state import Transaction
 from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.cluster.shared_commit import SharedCommitter
 from headwater.server.cluster.tail_commit import TailCommitter
@@ -70,7 +80,8 @@ from headwater.storage.tasks import end_tasks
 from headwater.storage.uploader import UploadedSegment
 from headwater.storage.wal import PartitionLog, SealedSegment
 from headwater.wire.errors import ObjectNotFound, StorageError
-from headwater.wire.records import CONTROL_FLAG
+from headwater.wire.markers import Marker, marker_type
+from headwater.wire.records import CONTROL_FLAG, TRANSACTIONAL_FLAG
 
 log = structlog.get_logger(__name__)
 
@@ -84,6 +95,7 @@ _RETRY_MAX = 5.0
 REBUILD_BYTES = 16 << 20
 _REBUILD_READS = 1_000_000  # bounds a rebuild's loop of reads (each moves past one batch at least)
 FOLD_AFTER_TAKE_OVER = 2.0  # seconds a take-over's fold waits at most for our first chunk
+REPLICA_WAIT = 30.0  # seconds a rebuild waits at most for the transactions' states to be read
 
 
 class Checkpoints(Protocol):
@@ -102,6 +114,25 @@ class Checkpoints(Protocol):
     def epoch(self, topic: str, partition: int) -> int | None: ...
 
 
+class TakeOverTransactions(Protocol):
+    """What a take-over asks of the cluster's transactions
+    (`server.cluster.cluster_transactions.ClusterTransactions`)."""
+
+    loaded: asyncio.Event  # set once the replica of the states was read
+
+    async def aborted(
+        self, topic: str, partition: int, since: int
+    ) -> list[tuple[AbortedRange, str]]: ...
+
+    async def forget(self, keys: list[str]) -> None: ...
+
+    async def keep_aborted(self, topic: str, partition: int, aborted: AbortedRange) -> None: ...
+
+    def in_progress(self, topic: str, partition: int) -> dict[int, Transaction]: ...
+
+    async def abort_hanging(self, topic: str, partition: int, producer_id: int) -> None: ...
+
+
 def checkpoint_key(topic: str, subscription: str, partition: int) -> str:
     return f"{topic}/{subscription}/{partition}"
 
@@ -116,8 +147,10 @@ class ClusterPartitions:
         serves: Callable[[str, int], bool],
         checkpoint_interval: float = 0.5,
         fold_chunks: int = 500,
+        transactions: TakeOverTransactions | None = None,
     ) -> None:
         self._catalog = catalog
+        self._transactions = transactions
         self._serves = serves
         self._tail = tail
         self._committer = committer
@@ -252,9 +285,15 @@ class ClusterPartitions:
         # version, and it deletes chunks only below the end of a version it wrote, which our
         # claim holds (a chunk it stores after our listing starts at or past the end we find,
         # and our marker fences it)
-        manifest, state = await asyncio.gather(
+        aborted = (
+            _nothing()
+            if self._transactions is None
+            else self._transactions.aborted(topic, partition, since)
+        )
+        manifest, state, aborted_ranges = await asyncio.gather(
             self._manifests.claim(topic, partition, epoch, since),
             self._tail.state(topic, partition),
+            aborted,
         )
         state = state.since(since)
         claimed = time.monotonic()
@@ -275,6 +314,7 @@ class ClusterPartitions:
             state,
             end,
             run,
+            aborted_ranges,
             claim_ms=round((claimed - started) * 1000, 1),
             marker_ms=round((time.monotonic() - claimed) * 1000, 1),
         )
@@ -304,7 +344,11 @@ class ClusterPartitions:
             self._in_place.pop(key, None)
             self._adopt(topic, partition, manifest)
             if key not in self._tables:  # its rebuild did not finish: again
-                self._rebuild_producers(found, partition, end, epoch, manifest, run)
+                # (the transactions too, when that rebuild replaced them: still held)
+                held = found.partitions[partition].transactions.held
+                self._rebuild_producers(
+                    found, partition, end, epoch, manifest, run, held is not None, held
+                )
         else:
             # read in place, not downloaded: a take-over costs the same whatever the tail
             self._in_place[key] = [
@@ -321,7 +365,8 @@ class ClusterPartitions:
             ]
             await self._restart(found, partition, end, manifest)
             self.rebuilt += 1
-            self._rebuild_producers(found, partition, end, epoch, manifest, run)
+            start = await self._restart_transactions(found, partition, manifest, claimed.aborted)
+            self._rebuild_producers(found, partition, end, epoch, manifest, run, True, start)
         self._verified[key] = end
         self._unfolded[key] = len(run)
         await self._load_cursors(found, partition, since)
@@ -376,7 +421,35 @@ class ClusterPartitions:
         self._signal_moved()
         log.warning("cluster.partition_lost", topic=topic, partition=partition)
 
-    # Idempotent producers
+    # Idempotent producers and transactions
+
+    async def _restart_transactions(
+        self,
+        topic: LogTopic,
+        partition: int,
+        manifest: Manifest,
+        aborted: list[tuple[AbortedRange, str]],
+    ) -> int | None:
+        """The partition's transactions as its previous owners left them: the aborted ranges
+        kept in the object store at once, the open ones from the rebuild's scan. Returns where
+        that scan starts when the LSO is held meanwhile (a transaction in progress names the
+        partition, or the states are not read yet), else None."""
+        if self._transactions is None:
+            return None
+        state = topic.partitions[partition].transactions
+        first = topic.start_offset(partition)
+        state.reset()
+        state.restore({}, [r for r, _ in aborted if r.last_offset >= first])
+        below = [key for r, key in aborted if r.last_offset < first]
+        if below:
+            self._spawn(self._transactions.forget(below))
+        if self._transactions.loaded.is_set() and not self._transactions.in_progress(
+            topic.name, partition
+        ):
+            return None
+        start = await _rebuild_start(topic, partition, manifest)
+        state.held = start
+        return start
 
     def _rebuild_producers(
         self,
@@ -386,9 +459,12 @@ class ClusterPartitions:
         epoch: int,
         manifest: Manifest,
         chunks: list[Chunk],
+        transactions: bool = False,
+        start: int | None = None,
     ) -> None:
         """Forget the partition's producers and rebuild them in the background from the log
-        below `end`; idempotent produces wait for `producers_ready` meanwhile."""
+        below `end` (its `transactions` too, from `start` where its LSO is held); idempotent
+        produces, transactional ones among them, wait for `producers_ready` meanwhile."""
         holder = topic.partitions[partition]
         self._tables.discard((topic.name, partition))
         holder.producers.reset(complete=False)
@@ -397,7 +473,11 @@ class ClusterPartitions:
         holder.producers_ready = ready
         if previous is not None and not previous.done():
             previous.set_result(None)  # its waiters look again, and find this one
-        self._spawn(self._rebuild(topic, partition, manifest, chunks, end, epoch, ready))
+        self._spawn(
+            self._rebuild(
+                topic, partition, manifest, chunks, end, epoch, ready, transactions, start
+            )
+        )
 
     async def _rebuild(
         self,
@@ -408,10 +488,14 @@ class ClusterPartitions:
         end: int,
         epoch: int,
         ready: asyncio.Future[None],
+        transactions: bool,
+        held_from: int | None,
     ) -> None:
         """Retried with doubling delays while the partition is ours under `epoch` and no later
         take-over started another rebuild; `ready` is done in every case (its waiters then find
-        the partition not served, or the next rebuild)."""
+        the partition not served, or the next rebuild). `transactions`: the partition's
+        transactions are rebuilt from the same scan, which starts at `held_from` when the
+        partition's LSO is held there until it is done."""
         holder = topic.partitions[partition]
         started = time.monotonic()
         delay = _RETRY_INITIAL
@@ -421,8 +505,10 @@ class ClusterPartitions:
                 and self._checkpoints.epoch(topic.name, partition) == epoch
             ):
                 try:
-                    start = await _rebuild_start(topic, partition, manifest)
-                    table, batches = await self._scan_producers(
+                    start = held_from
+                    if start is None:
+                        start = await _rebuild_start(topic, partition, manifest)
+                    table, batches, scanned = await self._scan_producers(
                         topic, partition, start, end, chunks
                     )
                 except (StorageError, ValueError) as exc:
@@ -440,6 +526,8 @@ class ClusterPartitions:
                 # nothing idempotent was appended meanwhile (those produces waited), so the
                 # table is still empty: it becomes the one rebuilt
                 holder.producers.producers.update(table.producers)
+                if transactions:
+                    await self._rebuilt_transactions(topic, partition, scanned)
                 self._tables.add((topic.name, partition))
                 self.tables_rebuilt += 1
                 log.info(
@@ -457,9 +545,44 @@ class ClusterPartitions:
             if not ready.done():
                 ready.set_result(None)
 
+    async def _rebuilt_transactions(self, topic: LogTopic, partition: int, scan: _Scan) -> None:
+        """The scan's transactions into the partition's table: the aborts it met whose range
+        was not kept get their object, the open ones are kept where a transaction in progress
+        names the partition and aborted otherwise; then the LSO is let go."""
+        transactions = self._transactions
+        state = topic.partitions[partition].transactions
+        if transactions is None:
+            return
+        try:
+            for aborted in scan.aborted:
+                if state.aborted_at(aborted.last_offset) is None:
+                    state.add_aborted(aborted)
+                    await transactions.keep_aborted(topic.name, partition, aborted)
+            if scan.open:
+                async with asyncio.timeout(REPLICA_WAIT):
+                    await transactions.loaded.wait()
+            progress = transactions.in_progress(topic.name, partition)
+            for producer_id, first in scan.open.items():
+                if producer_id in progress:
+                    state.open[producer_id] = first
+            state.held = None
+        except TimeoutError:
+            raise StorageError("the transactions' states were not read from etcd") from None
+        for producer_id, first in scan.open.items():
+            if producer_id not in progress:
+                log.warning(
+                    "transactions.hanging_aborted",
+                    topic=topic.name,
+                    partition=partition,
+                    producer_id=producer_id,
+                    first_offset=first,
+                )
+                state.open[producer_id] = first
+                self._spawn(transactions.abort_hanging(topic.name, partition, producer_id))
+
     async def _scan_producers(
         self, topic: LogTopic, partition: int, start: int, end: int, chunks: list[Chunk]
-    ) -> tuple[ProducerTable, int]:
+    ) -> tuple[ProducerTable, int, _Scan]:
         """The producers of the batches in [start, end), from their headers: the segments read
         as every reader of the log reads them, the chunks in place `_FOLD_READS` at a time (a
         take-over can find `fold_chunks` of them: one after the other, 500 GETs took seconds)."""
@@ -487,7 +610,7 @@ class ClusterPartitions:
                 if not scan.add(batches):
                     break
         await self._scan_reads(topic, partition, scan.offset, end, scan)
-        return table, scan.batches
+        return table, scan.batches, scan
 
     async def _scan_segments(
         self, topic: LogTopic, partition: int, start: int, floor: int, scan: _Scan
@@ -918,6 +1041,9 @@ class _Scan:
         self.end = end
         self.offset = 0
         self.batches = 0
+        # transactions: each producer's open one (its first offset met), the aborts met
+        self.open: dict[int, int] = {}
+        self.aborted: list[AbortedRange] = []
 
     def add(self, batches: list[bytes]) -> bool:
         """Record the batches past `offset` and below the end; False once at the end."""
@@ -929,6 +1055,8 @@ class _Scan:
             if where.next_offset <= self.offset:
                 continue  # (a chunk may begin below where the segments end)
             self.batches += 1
+            if where.attributes & TRANSACTIONAL_FLAG:
+                self._transaction(batch, where.producer_id, where.base_offset, where.attributes)
             if where.producer_id >= 0 and not where.attributes & CONTROL_FLAG:
                 count = where.next_offset - where.base_offset
                 self.table.recover(
@@ -940,6 +1068,18 @@ class _Scan:
                 )
             self.offset = where.next_offset
         return True
+
+    def _transaction(self, batch: bytes, producer_id: int, offset: int, attributes: int) -> None:
+        if not attributes & CONTROL_FLAG:
+            self.open.setdefault(producer_id, offset)
+            return
+        first = self.open.pop(producer_id, None)
+        if first is not None and marker_type(batch) == Marker.ABORT:
+            self.aborted.append(AbortedRange(producer_id, first, offset))
+
+
+async def _nothing() -> list[tuple[AbortedRange, str]]:
+    return []
 
 
 async def _rebuild_start(topic: LogTopic, partition: int, manifest: Manifest) -> int:
@@ -974,6 +1114,7 @@ class _Claimed:
     state: TailState
     end: int  # the chain's end: where our epoch starts
     run: list[Chunk]  # the chain's chunks above the manifest's segments
+    aborted: list[tuple[AbortedRange, str]]  # the aborted ranges kept, with their objects' keys
     claim_ms: float
     marker_ms: float
 

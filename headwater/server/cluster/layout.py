@@ -12,6 +12,8 @@ Everything lives under one prefix (default `/headwater`):
     <prefix>/tail/<topic>/<partition>/<first>    where a tail chunk lies in a broker's shared
                                                  object (JSON; `tail_layout = "broker"`)
     <prefix>/tail-claims/<topic>/<partition>     the owner's claim token for the shared tail
+    <prefix>/txn/<transactional id>              a transactional id's coordinator state (JSON,
+                                                 `durables.transaction_state`)
 
 Topic names never hold "/" (wire.names), so `<topic>/<rest>` splits at the first "/". Pure
 functions only: the coordinator and `headwater cluster status` share them.
@@ -73,6 +75,9 @@ class Layout:
 
     def tail_claim(self, topic: str, partition: int) -> bytes:
         return self.root("tail-claims") + f"{topic}/{partition}".encode()
+
+    def transaction(self, transactional_id: str) -> bytes:
+        return self.root("txn") + transactional_id.encode()
 
     def name_in(self, kind: str, key: bytes) -> str:
         """The part of `key` after `<prefix>/<kind>/`."""

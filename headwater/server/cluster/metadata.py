@@ -17,9 +17,11 @@ from typing import Any
 
 from headwater.server.cluster.etcd import (
     UNFENCED_CALL_TIMEOUT,
+    Changed,
     Entry,
     EtcdSession,
     EtcdUnavailable,
+    PrefixWatch,
 )
 from headwater.server.cluster.layout import MAX_CHECKPOINT_BYTES, Layout, decode, encode
 from headwater.server.cluster.producer_ids import ClusterProducerIds
@@ -75,6 +77,11 @@ class Metadata:
     @property
     def layout(self) -> Layout:
         return self._layout
+
+    def watch(self, kind: str, on_change: Changed) -> PrefixWatch:
+        """A copy of every key under `<prefix>/<kind>/`, kept by a watch on this broker's etcd
+        session (`load` it, then `start` it; after `start` of the coordinator)."""
+        return PrefixWatch(self._session, self._layout.root(kind), on_change)
 
     # topics
 

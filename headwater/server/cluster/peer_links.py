@@ -1,6 +1,7 @@
 """Connections from this broker to the other brokers' message ports, for the records a broker
 writes to a partition another broker owns (a dead letter whose topic's partition is served
-elsewhere).
+elsewhere) and for the transaction markers a coordinator asks a partition's owner to write
+(WRITE_TXN_MARKER, `server.cluster.cluster_transactions`).
 
 A link is the native protocol over one TCP connection per peer (TLS when this broker's own port
 is TLS), opened on first use and reused; `wire.session.ClientSession` numbers the requests and
@@ -56,6 +57,11 @@ class PeerLinks:
         response = await self._request(peer, m.ProduceRequest(topic, partition, batch))
         assert isinstance(response, m.ProduceResponse)
         return response.base_offset
+
+    async def write_marker(self, peer: BrokerAddress, request: m.WriteTxnMarkerRequest) -> None:
+        """A transaction's marker written by `peer`, the partition's owner (answered once it is
+        in the object store). Raises `HeadwaterError` as `produce` does."""
+        await self._request(peer, request)
 
     async def _request(self, peer: BrokerAddress, request: m.Request) -> m.Response:
         link = await self._link(peer)

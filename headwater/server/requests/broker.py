@@ -129,9 +129,7 @@ class Broker:
             self._producer_ids,
             self.ownership,
             self.group_offsets,
-            None
-            if isinstance(placement, SingleBrokerPlacement)
-            else "transactions are served by a single broker only (not yet by a cluster)",
+            placement.transactions(catalog),
         )
         # (topic, partition) -> the last idempotent produce waiting there: later ones queue
         # behind it, so a producer's batches keep their order (module docstring)
@@ -399,7 +397,7 @@ class Broker:
         """`go()` (check the sequence and append) now, or once what the batch waits for is
         there and the idempotent produces queued before it on the partition are done."""
         key = (topic.name, partition.index)
-        if key not in self._waiting and not self._must_wait(partition, info.producer_id):
+        if key not in self._waiting and not self._must_wait(topic, partition, info):
             return go()
         if request.partition == -1:
             raise InvalidRequest("an idempotent producer must name the partition")
@@ -408,10 +406,23 @@ class Broker:
         self._waiting[key] = mine
         return AfterWork(self._queued(key, previous, mine, topic, partition, info, go))
 
-    def _must_wait(self, partition: MemoryPartition | LogPartition, producer_id: int) -> bool:
+    def _must_wait(
+        self, topic: Topic, partition: MemoryPartition | LogPartition, info: BatchInfo
+    ) -> bool:
         if self._table_wait(partition) is not None:
             return True
-        return self._producer_ids.unknown_yet(producer_id)
+        return self._producer_ids.unknown_yet(info.producer_id) or self._unverified(
+            topic, partition, info
+        )
+
+    def _unverified(
+        self, topic: Topic, partition: MemoryPartition | LogPartition, info: BatchInfo
+    ) -> bool:
+        """A transactional batch the coordinator's state, as known here, refuses for now (in a
+        cluster the state may have moved at another broker: it is read again first)."""
+        return info.transactional and self.transactions.unverified(
+            info.producer_id, info.producer_epoch, topic.name, partition.index
+        )
 
     @staticmethod
     def _table_wait(partition: MemoryPartition | LogPartition) -> asyncio.Future[None] | None:
@@ -441,6 +452,9 @@ class Broker:
             if self._producer_ids.unknown_yet(info.producer_id):
                 # issued by another broker after this one last read the counter
                 await self._bounded(self._producer_ids.refresh(), deadline, key)
+            if self._unverified(topic, partition, info):
+                # its transaction's state changed at another broker after this one last saw it
+                await self._bounded(self.transactions.catch_up(info.producer_id), deadline, key)
             if self.catalog.topics.get(topic.name) is not topic:
                 raise UnknownTopic(f"topic {topic.name!r} does not exist")
             if not self.ownership.serves(topic.name, partition.index):

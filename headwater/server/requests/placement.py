@@ -5,8 +5,9 @@ afterwards.
 request handlers ask: which broker owns a partition (`ownership`: LOOKUP, and NOT_OWNER for a
 partition served elsewhere), where topics are defined (`definitions`), what a SUBSCRIBE passes
 before a consumer attaches (`subscribe_gate`: a cluster claims an Exclusive subscription in etcd),
-and who issues idempotent producer ids (`producer_ids`: this broker's counter, or the cluster's
-blocks in etcd). `SingleBrokerPlacement` is the embedded default; the cluster's is
+who issues idempotent producer ids (`producer_ids`: this broker's counter, or the cluster's blocks
+in etcd), and where transactions keep their state and write their markers (`transactions`:
+`requests.transaction_placement`). `SingleBrokerPlacement` is the embedded default; the cluster's is
 `server.cluster.cluster_mode.ClusterMode`. The handlers hold no "is this a cluster?" branch: a
 single broker's ownership serves every partition, its gate lets every consumer through, and its
 producer ids are all known at once.
@@ -25,6 +26,10 @@ from headwater.server.requests.topic_definitions import (
     SubscribeGate,
     SubscribeHandler,
     TopicDefinitions,
+)
+from headwater.server.requests.transaction_placement import (
+    LocalTransactions,
+    TransactionPlacement,
 )
 from headwater.server.topics.placement import LocalPlacement, TopicPlacement
 from headwater.server.topics.subscription_contract import Consumer
@@ -62,6 +67,8 @@ class Placement(TopicPlacement, Protocol):
 
     def producer_ids(self, catalog: TopicCatalog) -> ProducerIds: ...
 
+    def transactions(self, catalog: TopicCatalog) -> TransactionPlacement: ...
+
 
 class SingleBrokerPlacement(LocalPlacement):
     """One broker: it owns every partition, defines topics in its catalog, lets every consumer
@@ -82,6 +89,9 @@ class SingleBrokerPlacement(LocalPlacement):
 
     def producer_ids(self, catalog: TopicCatalog) -> ProducerIds:
         return LocalProducerIds(catalog)
+
+    def transactions(self, catalog: TopicCatalog) -> TransactionPlacement:
+        return LocalTransactions(catalog)
 
 
 class OpenGate:

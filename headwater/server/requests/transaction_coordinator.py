@@ -1,14 +1,18 @@
 """The transaction coordinator: each transactional id's state, stored, and the end of transactions.
 
 The state machine is `durables.transaction_state` (no I/O); this module keeps one `Transaction`
-per transactional id in memory and in the state store (`txn/<id>`, every change synced before it
-is answered), serialises the requests of one id (a lock per id), and does what an end needs:
+per transactional id in memory, stored where the deployment keeps it (`TransactionPlacement`,
+`requests.transaction_placement`: the state store on one broker, etcd in a cluster; every change
+stored before it is answered), serialises the requests of one id (a lock per id), and does what
+an end needs:
 
-1. Commit: every partition of the transaction is fsynced first (its records are then durable
-   whatever the topic's fsync policy), then PREPARE_COMMIT is stored: the decision. Abort:
-   PREPARE_ABORT is stored.
-2. A marker (`wire.markers`) is appended to each partition, carrying the producer's id and
-   epoch, and each partition is fsynced again (the marker is durable).
+1. Commit: every partition of the transaction is made durable first (one broker: an fsync, its
+   records are then durable whatever the topic's fsync policy; a cluster: nothing to do, every
+   produce was answered once in the object store), then PREPARE_COMMIT is stored: the decision.
+   Abort: PREPARE_ABORT is stored.
+2. A marker (`wire.markers`) is written to each partition, carrying the producer's id and
+   epoch, by the broker serving it (this one, or in a cluster its owner over a peer link:
+   WRITE_TXN_MARKER, `marker_at_owner`), and made durable.
 3. At a commit, the offsets sent in the transaction move their groups' cursors
    (`requests.group_offsets`: a Kafka group's offsets are its subscription's cursor), and the
    acknowledgements a native producer added (ADD_ACKS_TO_TXN) are acked on their reliable
@@ -16,8 +20,9 @@ is answered), serialises the requests of one id (a lock per id), and does what a
    dropped (the messages are delivered again once their ack timeout passes, as any unacked).
 4. COMPLETE_* is stored (synced, so the partitions' own state writes before it are on disk too).
 
-A server that stops anywhere in 2-4 finds PREPARE_* on start and does 2-4 again (`start`): a marker
-for a transaction a partition no longer has open changes nothing there, and moving a cursor to the
+A server that stops anywhere in 2-4 finds PREPARE_* on start and does 2-4 again (`start`; in a
+cluster the broker doing the id's duties finds it unchanged for `STALE_PREPARE_MS`): a marker for
+a transaction a partition no longer has open changes nothing there, and moving a cursor to the
 same offset, or acking an acknowledged offset, again changes nothing. So a transaction is all-
 committed or all-aborted, never half. EndTxn is answered after step 4, so the producer's next
 transaction never races its previous one's markers.
@@ -27,10 +32,18 @@ transactional id's, at its current epoch (else INVALID_PRODUCER_EPOCH: fenced), 
 transaction in progress that added the partition (else INVALID_TXN_STATE). A batch arriving after
 its transaction ended is refused rather than left open in the partition for ever.
 
+In a cluster any broker serves any transactional id: each request first reads the id's state
+again (`refresh`), and a store compares it with what was read, so two brokers never both move it.
+The partition's owner checks a produce against its replica (`verify`; a miss waits for the state
+to be read again, `unverified`/`catch_up`) and writes a marker only when the state says so
+(`marker_at_owner`: PREPARE_* of that producer naming the partition, checked again with no await
+before the append).
+
 Every `EXPIRY_INTERVAL` the transactions past their timeout are aborted under a bumped epoch
 (`Transaction.fence`), which fences their producer. A partition with a transaction open that no
 coordinator state knows of (its state lost, or written by a producer fenced before its state was
-stored) is aborted with a marker on start (`_abort_hanging`), so its last stable offset moves on.
+stored) is aborted with a marker on start (`_abort_hanging`; in a cluster the owner does it when
+it takes the partition over), so its last stable offset moves on.
 """
 
 from __future__ import annotations
@@ -39,7 +52,7 @@ import asyncio
 import contextlib
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from typing import Final, Protocol
 
 import structlog
@@ -53,12 +66,13 @@ from headwater.durables.transaction_state import (
     merge_ranges,
 )
 from headwater.server.catalog.topic_catalog import TopicCatalog
-from headwater.server.reply import AfterDurable, Reply, resolve
+from headwater.server.reply import resolve
 from headwater.server.requests.partition_ownership import Ownership, not_owner
 from headwater.server.requests.placement import ProducerIds
+from headwater.server.requests.transaction_placement import TransactionPlacement, append_marker
 from headwater.server.subscriptions.reliable_subscription import ReliableSubscription
 from headwater.server.topics.topic import LogPartition, LogTopic
-from headwater.storage.state import CURSOR, TRANSACTION, key
+from headwater.storage.state import CURSOR, key
 from headwater.storage.tasks import spawn
 from headwater.wire import messages as m
 from headwater.wire.errors import (
@@ -71,10 +85,11 @@ from headwater.wire.errors import (
     InvalidTxnState,
     NotSupported,
     ProducerFenced,
+    StorageError,
     UnknownSubscription,
     UnknownTopic,
 )
-from headwater.wire.markers import Marker, build_marker
+from headwater.wire.markers import Marker
 
 log = structlog.get_logger(__name__)
 
@@ -86,6 +101,12 @@ ID_EXPIRATION_MS: Final = 7 * 24 * 3600 * 1000
 # transactional ids kept at most: a client that starts producers with ever new ids is refused
 # past it rather than growing the server's memory and state without end
 MAX_TRANSACTIONAL_IDS: Final = 100_000
+# an end left in PREPARE_* this long (its broker died, or cannot reach a partition's owner) is
+# completed by the broker that does the id's duties
+STALE_PREPARE_MS: Final = 5_000
+# seconds an end tries to write a marker to a partition between owners before it gives up
+# (the end stays decided; a take-over takes a few seconds)
+MARKER_PATIENCE: Final = 20.0
 
 
 class OffsetSink(Protocol):
@@ -107,11 +128,10 @@ class TransactionCoordinator:
         producer_ids: ProducerIds,
         ownership: Ownership,
         offsets: OffsetSink,
-        refusal: str | None = None,
+        placement: TransactionPlacement,
     ) -> None:
-        """`refusal`: why this deployment serves no transactions (every producer's init is
-        refused NOT_SUPPORTED with it); None serves them."""
-        self._refusal = refusal
+        """`placement`: where states are kept and markers written (the deployment's)."""
+        self._placement = placement
         self._catalog = catalog
         self._producer_ids = producer_ids
         self._ownership = ownership
@@ -131,13 +151,13 @@ class TransactionCoordinator:
     async def start(self) -> None:
         """Load every transactional id's state; finish the ends a stop interrupted; abort what
         partitions hold open that no state knows of; start the timeout checks."""
-        for raw_key, value in self._catalog.state.scan(TRANSACTION):
-            try:
-                txn = Transaction.decode(value)
-            except (ValueError, KeyError, TypeError) as exc:
-                log.error("transactions.state_unreadable", key=raw_key.decode(), error=str(exc))
-                continue
+        for txn in await self._placement.load(self._changed):
             self._remember(txn)
+        if not self._placement.local_partitions:
+            # a cluster: the ends a dead broker left are the duty broker's (`_expire_forever`),
+            # hanging transactions the partitions' owners' (at take-over)
+            self._expiry = spawn(self._expire_forever(), "transactions.expiry_failed")
+            return
         for txn in list(self._transactions.values()):
             if txn.state.preparing:
                 log.info(
@@ -151,6 +171,7 @@ class TransactionCoordinator:
         self._expiry = spawn(self._expire_forever(), "transactions.expiry_failed")
 
     async def close(self) -> None:
+        await self._placement.close()
         for task in (self._expiry, *self._tasks):
             if task is not None:
                 task.cancel()
@@ -166,11 +187,10 @@ class TransactionCoordinator:
     ) -> tuple[int, int]:
         """(producer id, epoch) for a transactional producer starting (or restarting after an
         error: `producer_id` and `epoch` the ones it held, KIP-360)."""
-        if self._refusal is not None:
-            raise NotSupported(self._refusal)
         _check_id(transactional_id)
         timeout_ms = timeout_ms if timeout_ms > 0 else DEFAULT_TIMEOUT_MS
         async with self._lock(transactional_id):
+            await self._placement.refresh(transactional_id)
             existing = self._transactions.get(transactional_id)
             if existing is not None and producer_id >= 0:
                 held = (producer_id, epoch)
@@ -232,7 +252,7 @@ class TransactionCoordinator:
         for topic_name, index in wanted:
             self._log_partition(topic_name, index)
         async with self._lock(transactional_id):
-            txn = self._get(transactional_id)
+            txn = await self._current(transactional_id)
             changed = txn.add_partitions(producer_id, epoch, wanted, _now_ms())
             if changed.partitions != txn.partitions or changed.state != txn.state:
                 await self._store(changed)
@@ -242,7 +262,7 @@ class TransactionCoordinator:
     ) -> None:
         """The transaction will send offsets of `group` (Kafka's AddOffsetsToTxn)."""
         async with self._lock(transactional_id):
-            txn = self._get(transactional_id)
+            txn = await self._current(transactional_id)
             changed = txn.add_offsets(producer_id, epoch, group, _now_ms())
             if changed.groups != txn.groups or changed.state != txn.state:
                 await self._store(changed)
@@ -259,7 +279,7 @@ class TransactionCoordinator:
         for offset in pending:
             self._log_partition(offset.topic, offset.partition)
         async with self._lock(transactional_id):
-            txn = self._get(transactional_id)
+            txn = await self._current(transactional_id)
             await self._store(txn.commit_offsets(producer_id, epoch, pending, _now_ms()))
 
     async def add_acks(
@@ -293,6 +313,11 @@ class TransactionCoordinator:
             moved[position.partition] = position.offset
         for index in sorted(wanted.keys() | moved.keys()):
             self._log_partition(topic_name, index)
+        if wanted and not self._placement.local_partitions:
+            raise NotSupported(
+                "a cluster's transactions do not acknowledge a native subscription's messages "
+                "by ranges yet: send positions (every offset below one acknowledged)"
+            )
         topic = self._catalog.topics[topic_name]
         if not isinstance(topic.subscriptions.get(subscription), ReliableSubscription):
             raise UnknownSubscription(
@@ -310,22 +335,85 @@ class TransactionCoordinator:
             for index in sorted(wanted.keys() | moved.keys())
         ]
         async with self._lock(transactional_id):
+            txn = await self._current(transactional_id)
             now = _now_ms()
-            txn = self._get(transactional_id)
             added = txn.add_offsets(producer_id, epoch, subscription, now)
             await self._store(added.commit_offsets(producer_id, epoch, pending, now))
 
     async def end(self, transactional_id: str, producer_id: int, epoch: int, commit: bool) -> None:
         """Commit or abort the transaction in progress; answered once it is complete."""
         async with self._lock(transactional_id):
-            txn = self._get(transactional_id)
+            txn = await self._current(transactional_id)
             prepared = txn.end(producer_id, epoch, commit, _now_ms())
             if prepared is None:
                 return  # already so (a retry)
             if commit:
-                await self._flush(prepared.partitions)
+                await self._placement.make_durable(prepared.partitions)
             await self._store(prepared)
             await self._complete(prepared)
+
+    def unverified(self, producer_id: int, epoch: int, topic: str, partition: int) -> bool:
+        """Whether `verify` would refuse now while the state may say otherwise once read again
+        (a cluster's replica behind the coordinator that answered the producer): the produce
+        waits for `catch_up` first."""
+        if not self._placement.may_lag():
+            return False
+        try:
+            self.verify(producer_id, epoch, topic, partition)
+        except HeadwaterError:
+            return True
+        return False
+
+    def catch_up(self, producer_id: int) -> Awaitable[None]:
+        """Read the producer's transactional id's state again (every id's, when the producer
+        id is not known here yet)."""
+        return self._placement.catch_up(self._by_producer.get(producer_id))
+
+    async def marker_at_owner(
+        self, topic: str, partition: int, producer_id: int, epoch: int, commit: bool
+    ) -> None:
+        """WRITE_TXN_MARKER: a coordinator (any broker) asks this one, the partition's owner,
+        to end a producer's transaction here. Written only when the producer's transactional
+        id is deciding that end and names the partition (the state read again if the replica
+        does not say so yet), checked once more with no await before the append: a late marker
+        of an end completed since never lands in the producer's next transaction. Answered
+        once durable; a transaction already complete is answered at once."""
+        marker = Marker.COMMIT if commit else Marker.ABORT
+        self._log_partition(topic, partition)
+
+        def decided() -> bool | None:
+            """True: write it; None: already complete; False: not decided."""
+            tid = self._by_producer.get(producer_id)
+            txn = None if tid is None else self._transactions.get(tid)
+            if txn is None or txn.producer_id != producer_id or txn.epoch != epoch:
+                return False
+            wanted = TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT
+            if txn.state == wanted and (topic, partition) in txn.partitions:
+                return True
+            done = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT
+            return None if txn.state == done else False
+
+        found = decided()
+        if found is False:
+            await self.catch_up(producer_id)
+            found = decided()
+        if found is None:
+            return
+        if found is False:
+            raise InvalidTxnState(
+                f"no end of producer {producer_id} epoch {epoch} is being decided for "
+                f"partition {partition} of topic {topic!r}"
+            )
+
+        def check() -> None:
+            if not self._ownership.serves(topic, partition):
+                raise not_owner(self._ownership, topic, partition)
+            if decided() is not True:
+                raise InvalidTxnState(
+                    f"producer {producer_id}: its transaction's end moved on before the marker"
+                )
+
+        await self._placement.marker_here(topic, partition, producer_id, epoch, marker, check)
 
     def verify(self, producer_id: int, epoch: int, topic: str, partition: int) -> None:
         """Raise unless a transactional batch of this producer may be appended to the partition
@@ -365,6 +453,20 @@ class TransactionCoordinator:
             )
         return txn
 
+    async def _current(self, transactional_id: str) -> Transaction:
+        """The id's state as stored now (read again where the copy may lag)."""
+        await self._placement.refresh(transactional_id)
+        return self._get(transactional_id)
+
+    def _changed(self, transactional_id: str, txn: Transaction | None) -> None:
+        """Another broker changed the id's state (a cluster's replica)."""
+        if txn is not None:
+            self._remember(txn)
+            return
+        gone = self._transactions.pop(transactional_id, None)
+        if gone is not None and self._by_producer.get(gone.producer_id) == transactional_id:
+            del self._by_producer[gone.producer_id]
+
     def _lock(self, transactional_id: str) -> asyncio.Lock:
         lock = self._locks.get(transactional_id)
         if lock is None:
@@ -379,8 +481,8 @@ class TransactionCoordinator:
         self._by_producer[txn.producer_id] = txn.transactional_id
 
     async def _store(self, txn: Transaction) -> None:
-        """Synced before anything is answered or done on it."""
-        await self._catalog.writer.synced({key(TRANSACTION, txn.transactional_id): txn.encode()})
+        """Stored (durably) before anything is answered or done on it."""
+        await self._placement.store(txn)
         self._remember(txn)
 
     def _log_partition(self, topic_name: str, index: int) -> tuple[LogTopic, LogPartition]:
@@ -393,22 +495,7 @@ class TransactionCoordinator:
             )
         if not 0 <= index < len(topic.partitions):
             raise InvalidPartition(f"topic {topic_name!r} has no partition {index}")
-        if not self._ownership.serves(topic_name, index):
-            raise not_owner(self._ownership, topic_name, index)
         return topic, topic.partitions[index]
-
-    async def _flush(self, partitions: Iterable[tuple[str, int]]) -> None:
-        """Every record the transaction wrote is made durable before it is committed."""
-        waits = []
-        for topic_name, index in sorted(partitions):
-            topic = self._catalog.topics.get(topic_name)
-            if topic is None or not topic.reliable or index >= len(topic.partitions):
-                continue  # deleted meanwhile: nothing of it to commit
-            wal = topic.partitions[index].log
-            if wal.appended:
-                waits.append(wal.wait_durable(wal.appended))
-        if waits:
-            await asyncio.gather(*waits)
 
     async def _complete_locked(self, txn: Transaction) -> None:
         async with self._lock(txn.transactional_id):
@@ -421,11 +508,25 @@ class TransactionCoordinator:
         commit = txn.state == TxnState.PREPARE_COMMIT
         marker = Marker.COMMIT if commit else Marker.ABORT
         waits = [
-            self._write_marker(topic, index, txn.producer_id, txn.epoch, marker)
+            self._write_marker(topic, index, txn.producer_id, txn.epoch, commit)
             for topic, index in sorted(txn.partitions)
         ]
         if waits:
-            await asyncio.gather(*waits)
+            try:
+                await asyncio.gather(*waits)
+            except InvalidTxnState:
+                # an owner saw the end already complete and the producer's next transaction
+                # begun: another broker completed it (a cluster's duty broker, say)
+                await self._placement.refresh(txn.transactional_id)
+                current = self._transactions.get(txn.transactional_id)
+                if current is not None and (current.state, current.epoch, current.started_ms) == (
+                    txn.state,
+                    txn.epoch,
+                    txn.started_ms,
+                ):
+                    raise  # still this end's to complete: the refusal stands
+                log.info("transactions.completed_elsewhere", transactional_id=txn.transactional_id)
+                return
         if commit:
             await self._apply_offsets(txn.offsets)
         await self._store(txn.completed(_now_ms()))
@@ -442,19 +543,49 @@ class TransactionCoordinator:
         )
 
     async def _write_marker(
-        self, topic_name: str, index: int, producer_id: int, epoch: int, marker: Marker
+        self, topic_name: str, index: int, producer_id: int, epoch: int, commit: bool
     ) -> None:
-        topic = self._catalog.topics.get(topic_name)
-        if topic is None or not topic.reliable or index >= len(topic.partitions):
-            return  # deleted meanwhile: no partition left to end the transaction in
-        partition = topic.partitions[index]
-        batch = build_marker(producer_id, epoch, marker)
-
-        def append() -> Reply:
-            _, sequence = topic.append(partition, batch, 1)
-            return AfterDurable(m.ProduceResponse(index, 0), partition.log.wait_durable(sequence))
-
-        await resolve(topic.when_leased([(partition, 1)], append))
+        """The marker written by the partition's owner: here (`marker_at_owner`), or asked of
+        it (a cluster). A partition between owners, or an owner that does not answer, is tried
+        again with doubling delays for `MARKER_PATIENCE` seconds, then STORAGE_ERROR: the end
+        stays decided, and is completed later (a retry of the end, or the duty broker)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + MARKER_PATIENCE
+        delay = 0.05
+        marker = Marker.COMMIT if commit else Marker.ABORT
+        while True:
+            topic = self._catalog.topics.get(topic_name)
+            if not isinstance(topic, LogTopic) or index >= len(topic.partitions):
+                return  # deleted meanwhile: no partition left to end the transaction in
+            try:
+                if self._ownership.serves(topic_name, index):
+                    await self.marker_at_owner(topic_name, index, producer_id, epoch, commit)
+                else:
+                    await self._placement.marker_elsewhere(
+                        topic_name, index, producer_id, epoch, marker
+                    )
+                return
+            except (UnknownTopic, InvalidPartition):
+                return  # deleted at its owner
+            except HeadwaterError as exc:
+                if not exc.retriable or loop.time() + delay > deadline:
+                    if exc.retriable:
+                        raise StorageError(
+                            f"the {marker.name.lower()} marker of producer {producer_id} could "
+                            f"not be written to partition {index} of topic {topic_name!r} in "
+                            f"{MARKER_PATIENCE:g} s ({exc}); the end is decided and will be "
+                            "completed"
+                        ) from None
+                    raise
+                log.info(
+                    "transactions.marker_retry",
+                    topic=topic_name,
+                    partition=index,
+                    producer_id=producer_id,
+                    error=str(exc),
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
     async def _apply_offsets(self, offsets: Iterable[PendingOffset]) -> None:
         """A committed transaction's acknowledgements, then its positions, applied."""
@@ -536,8 +667,13 @@ class TransactionCoordinator:
                         first_offset=partition.transactions.open[producer_id],
                     )
                     try:
-                        await self._write_marker(
-                            topic.name, partition.index, producer_id, epoch, Marker.ABORT
+                        await append_marker(
+                            self._catalog,
+                            topic.name,
+                            partition.index,
+                            producer_id,
+                            epoch,
+                            Marker.ABORT,
                         )
                     except HeadwaterError as exc:
                         log.error(
@@ -550,46 +686,72 @@ class TransactionCoordinator:
     async def _expire_forever(self) -> None:
         while True:
             await asyncio.sleep(EXPIRY_INTERVAL)
-            await self._forget_idle(_now_ms())
-            now = _now_ms()
-            for txn in [t for t in self._transactions.values() if t.expired(now)]:
-                async with self._lock(txn.transactional_id):
-                    current = self._transactions.get(txn.transactional_id)
-                    if current is None or not current.expired(_now_ms()):
-                        continue
-                    log.info(
-                        "transactions.timed_out",
-                        transactional_id=current.transactional_id,
-                        producer_id=current.producer_id,
-                        timeout_ms=current.timeout_ms,
-                    )
-                    fenced = current.fence(_now_ms())
-                    try:
+            try:
+                await self._duties()
+            except HeadwaterError as exc:  # (etcd away, say) the next round tries again
+                log.warning("transactions.duties_failed", error=str(exc))
+
+    async def _duties(self) -> None:
+        """The ids this broker looks after (`TransactionPlacement.duties`): the idle ones
+        forgotten, the transactions past their timeout aborted, the ends left in PREPARE_* for
+        `STALE_PREPARE_MS` completed (a cluster: the broker that decided them died)."""
+        await self._forget_idle(_now_ms())
+        now = _now_ms()
+        due = [
+            t
+            for t in self._transactions.values()
+            if (t.expired(now) or (t.state.preparing and now - t.updated_ms > STALE_PREPARE_MS))
+            and self._placement.duties(t.transactional_id)
+        ]
+        for txn in due:
+            async with self._lock(txn.transactional_id):
+                await self._placement.refresh(txn.transactional_id)
+                current = self._transactions.get(txn.transactional_id)
+                now = _now_ms()
+                if current is None:
+                    continue
+                try:
+                    if current.expired(now):
+                        log.info(
+                            "transactions.timed_out",
+                            transactional_id=current.transactional_id,
+                            producer_id=current.producer_id,
+                            timeout_ms=current.timeout_ms,
+                        )
+                        fenced = current.fence(now)
                         await self._store(fenced)
                         await self._complete(fenced)
                         self.timed_out += 1
-                    except HeadwaterError as exc:
-                        log.error(
-                            "transactions.timeout_abort_failed",
+                    elif current.state.preparing and now - current.updated_ms > STALE_PREPARE_MS:
+                        log.info(
+                            "transactions.resuming_end",
                             transactional_id=current.transactional_id,
-                            error=str(exc),
+                            state=str(current.state),
                         )
+                        await self._complete(current)
+                except HeadwaterError as exc:
+                    log.error(
+                        "transactions.duty_failed",
+                        transactional_id=current.transactional_id,
+                        error=str(exc),
+                    )
 
     async def _forget_idle(self, now_ms: int) -> None:
-        """Drop the ids idle for `ID_EXPIRATION_MS` (from memory and the state store)."""
+        """Drop the ids idle for `ID_EXPIRATION_MS` (from memory and where they are stored)."""
         idle = [
             t
             for t in self._transactions.values()
-            if t.state.idle and now_ms - t.updated_ms > ID_EXPIRATION_MS
+            if t.state.idle
+            and now_ms - t.updated_ms > ID_EXPIRATION_MS
+            and self._placement.duties(t.transactional_id)
         ]
         for txn in idle:
             async with self._lock(txn.transactional_id):
                 current = self._transactions.get(txn.transactional_id)
                 if current is None or current != txn:
                     continue  # used meanwhile
-                await self._catalog.writer.synced(deletes=[key(TRANSACTION, txn.transactional_id)])
-                del self._transactions[txn.transactional_id]
-                self._by_producer.pop(txn.producer_id, None)
+                await self._placement.delete(txn)
+                self._changed(txn.transactional_id, None)
 
 
 def _check_id(transactional_id: str) -> None:

@@ -1,15 +1,17 @@
 """The native transaction requests, as calls to the one transaction coordinator.
 
-INIT_TRANSACTIONS, ADD_PARTITIONS_TO_TXN, ADD_ACKS_TO_TXN and END_TXN each become the
-coordinator's call (`requests.transaction_coordinator`), as the Kafka front end's requests of the
-same meaning do (`kafka.txn_handlers`): one model, two protocols. The coordinator raises the
-precise error (PRODUCER_FENCED, INVALID_TXN_STATE, CONCURRENT_TRANSACTIONS...), which is the
-answer.
+INIT_TRANSACTIONS, ADD_PARTITIONS_TO_TXN, ADD_ACKS_TO_TXN and END_TXN each become the coordinator's
+call (`requests.transaction_coordinator`), as the Kafka front end's requests of the same meaning do
+(`kafka.txn_handlers`): one model, two protocols. WRITE_TXN_MARKER is a cluster broker's request to
+a partition's owner (`TransactionCoordinator.marker_at_owner`). The coordinator raises the precise
+error (PRODUCER_FENCED, INVALID_TXN_STATE, CONCURRENT_TRANSACTIONS...), which is the answer.
 
-Grants (`server.request_table`): adding a topic's partitions takes `produce` on it (the
-transaction then writes them); adding acknowledgements of a subscription's messages takes
-`consume` on its topic, and the subscription must be the principal's (or `admin` on the topic),
-as attaching to it does (`security.access`). A transactional id is not a resource of its own.
+Grants (`server.request_table`): adding a topic's partitions takes `produce` on it (the transaction
+then writes them), and so does WRITE_TXN_MARKER (the peer token's grant; the owner writes only the
+end a transactional id's state decided, so it lets nobody decide one); adding acknowledgements of a
+subscription's messages takes `consume` on its topic, and the subscription must be the principal's
+(or `admin` on the topic), as attaching to it does (`security.access`). A transactional id is not a
+resource of its own.
 
 The two requests naming a topic wait for the coordinator after their topic's turn is given up
 (`AfterData`): the coordinator's end of a transaction takes a topic's turn to apply its
@@ -88,5 +90,19 @@ class TransactionRequests:
     async def _end(self, request: m.EndTxnRequest) -> Reply:
         await self._coordinator.end(
             request.transactional_id, request.producer_id, request.producer_epoch, request.commit
+        )
+        return m.EmptyResponse()
+
+    @handles(m.WriteTxnMarkerRequest, "topic", "produce")
+    def write_marker(self, session: Session, request: m.WriteTxnMarkerRequest) -> Reply:
+        return AfterData(self._write_marker(request))
+
+    async def _write_marker(self, request: m.WriteTxnMarkerRequest) -> Reply:
+        await self._coordinator.marker_at_owner(
+            request.topic,
+            request.partition,
+            request.producer_id,
+            request.producer_epoch,
+            request.commit,
         )
         return m.EmptyResponse()

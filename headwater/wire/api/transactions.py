@@ -1,4 +1,5 @@
-"""Transactions: INIT_TRANSACTIONS, ADD_PARTITIONS_TO_TXN, ADD_ACKS_TO_TXN, END_TXN.
+"""Transactions: INIT_TRANSACTIONS, ADD_PARTITIONS_TO_TXN, ADD_ACKS_TO_TXN, END_TXN, and
+WRITE_TXN_MARKER (between the brokers of a cluster).
 
 A transactional producer makes a handful of these per transaction (one per partition it begins
 to write, one per batch of acknowledgements, one end), so construct's schemas are their only
@@ -70,6 +71,18 @@ APIS: Final = (
     Api(
         m.ApiKey.END_TXN,
         message(m.EndTxnRequest, *_producer("commit" / Flag)),
+        EMPTY_RESPONSE,
+    ),
+    Api(
+        m.ApiKey.WRITE_TXN_MARKER,
+        message(
+            m.WriteTxnMarkerRequest,
+            "topic" / String,
+            "partition" / Int32sb,
+            "producer_id" / Int64sb,
+            "producer_epoch" / Int16sb,
+            "commit" / Flag,
+        ),
         EMPTY_RESPONSE,
     ),
 )

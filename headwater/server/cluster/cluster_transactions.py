@@ -1,0 +1,420 @@
+"""Transactions in a cluster: the `requests.transaction_placement.TransactionPlacement` of a
+cluster broker, and what a partition's owner keeps of its transactions for the next owner.
+
+**State in etcd.** A transactional id's state is `<prefix>/txn/<id>` (`Transaction.encode`),
+written by a transaction comparing the key's mod_revision with the one this broker last saw (its
+absence for a new id): of two brokers acting on the same id, one store fails, which is
+CONCURRENT_TRANSACTIONS (retriable) after the key is read again. Every broker keeps a replica of
+the whole prefix (a `PrefixWatch`; each id's copy only ever replaced by a newer mod_revision),
+which the coordinator mirrors with a producer id -> transactional id index. Any broker serves any
+id: each request reads its key again first (`refresh`, one etcd read), so a copy behind another
+broker's store is never acted on, and its lock per id serialises the requests it serves.
+
+**Markers by each partition's owner.** `marker_elsewhere` asks the owner over a peer link
+(WRITE_TXN_MARKER); the owner (`TransactionCoordinator.marker_at_owner`) writes it only when the
+id's state decided that end naming the partition, and answers once it is in the object store
+(`marker_here`). A commit makes nothing durable first: every produce was answered once its batch
+was in the object store.
+
+**Aborted ranges for the next owner.** After an abort marker is in the object store, and before
+the owner answers, it stores one empty object per aborted range, everything in its name:
+`<topic>/<partition>/txn-aborted/<marker offset, 20 digits>-<producer id>-<first offset>-<epoch>`
+(`keep_aborted`). So a COMPLETE_ABORT state (stored after every marker was answered) implies the
+object. A new owner lists them as it takes the partition over (`aborted`: one LIST, beside the
+claim), ignoring those of an earlier incarnation of the topic and deleting those below the
+partition's start (retention took their batches). Its open transactions are the ones the replica
+has in progress naming the partition (`in_progress`), found in the log by the producer rebuild's
+scan (`server.cluster.cluster_partitions`).
+
+**Duties.** The broker first in the rendezvous order of the live brokers for an id
+(`layout.rendezvous`) aborts its transactions past their timeout and completes an end another
+broker left in PREPARE_* (`TransactionCoordinator._duties`); a broker dying moves them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Final, Protocol
+
+import structlog
+
+from headwater.durables.partition_transactions import AbortedRange
+from headwater.durables.transaction_state import Transaction, TxnState
+from headwater.server.catalog.topic_catalog import TopicCatalog
+from headwater.server.cluster.etcd import Entry, EtcdUnavailable, PrefixWatch
+from headwater.server.cluster.layout import Layout, rendezvous
+from headwater.server.cluster.peer_links import PeerLinks
+from headwater.server.requests.partition_ownership import Ownership, not_owner
+from headwater.server.requests.transaction_placement import Changed, append_marker
+from headwater.server.topics.topic import LogTopic
+from headwater.storage.objectstore import ObjectStore
+from headwater.wire import messages as m
+from headwater.wire.errors import ConcurrentTransactions, HeadwaterError, StorageError
+from headwater.wire.markers import Marker
+
+log = structlog.get_logger(__name__)
+
+ABORTED_DIR: Final = "txn-aborted"
+# seconds a marker waits at most for its partition's transactions to be rebuilt after a take-over
+REBUILD_WAIT: Final = 30.0
+# seconds `load` waits at most for the replica's first read
+LOAD_WAIT: Final = 30.0
+LOAD_ATTEMPTS: Final = 5  # reads of the states at start (doubling delays from 0.2 s)
+HANGING_ATTEMPTS: Final = 30  # tries to abort a hanging transaction (doubling delays up to 2 s)
+
+
+class Cluster(Ownership, Protocol):
+    """What this module asks of the etcd coordinator (`server.cluster.coordinator`)."""
+
+    @property
+    def layout(self) -> Layout: ...
+
+    def epoch(self, topic: str, partition: int) -> int | None: ...
+
+    def incarnation(self, name: str) -> int: ...
+
+    async def call_etcd(self, operation: Callable[[Any], Awaitable[Any]]) -> Any: ...
+
+    def watch(
+        self, kind: str, on_change: Callable[[bytes, Entry | None], Awaitable[None]]
+    ) -> PrefixWatch: ...
+
+
+def aborted_prefix(topic: str, partition: int) -> str:
+    return f"{topic}/{partition}/{ABORTED_DIR}/"
+
+
+def aborted_key(topic: str, partition: int, aborted: AbortedRange, epoch: int) -> str:
+    return (
+        f"{aborted_prefix(topic, partition)}{aborted.last_offset:020d}-{aborted.producer_id}-"
+        f"{aborted.first_offset}-{epoch}"
+    )
+
+
+def parse_aborted(name: str) -> tuple[AbortedRange, int] | None:
+    """(range, epoch) of an aborted-range object's name (its last part); None for another."""
+    parts = name.rsplit("/", 1)[-1].split("-")
+    if len(parts) != 4 or not all(p.isdigit() for p in parts):
+        return None
+    last, producer, first, epoch = (int(p) for p in parts)
+    return AbortedRange(producer, first, last), epoch
+
+
+class ClusterTransactions:
+    def __init__(
+        self, cluster: Cluster, peers: PeerLinks, store: ObjectStore, catalog: TopicCatalog
+    ) -> None:
+        self._cluster = cluster
+        self._peers = peers
+        self._store = store
+        self._catalog = catalog
+        # transactional id -> (its state, the mod_revision it was stored at)
+        self.states: dict[str, tuple[Transaction, int]] = {}
+        self._changed: Changed | None = None
+        self._watch: PrefixWatch | None = None
+        self.loaded = asyncio.Event()
+        self._reading: asyncio.Task[None] | None = None
+
+    # The replica
+
+    async def start(self) -> None:
+        """Read the prefix and watch it (after the coordinator's start)."""
+        self._watch = self._cluster.watch("txn", self._on_change)
+        delay = 0.2
+        for attempt in range(LOAD_ATTEMPTS):
+            try:
+                await self._watch.load()
+                break
+            except EtcdUnavailable as exc:  # (the coordinator has just reached it: a blip)
+                if attempt + 1 == LOAD_ATTEMPTS:
+                    raise StorageError(f"cannot read the transactions' states: {exc}") from None
+                await asyncio.sleep(delay)
+                delay *= 2
+        self._watch.start()
+        self.loaded.set()
+
+    async def load(self, changed: Changed) -> list[Transaction]:
+        try:
+            async with asyncio.timeout(LOAD_WAIT):
+                await self.loaded.wait()
+        except TimeoutError:
+            raise StorageError("the transactions' states were not read from etcd") from None
+        self._changed = changed
+        return [txn for txn, _ in self.states.values()]
+
+    async def close(self) -> None:
+        if self._watch is not None:
+            await self._watch.stop()
+        if self._reading is not None:
+            self._reading.cancel()
+            with contextlib.suppress(BaseException):
+                await self._reading
+
+    async def _on_change(self, key: bytes, entry: Entry | None) -> None:
+        transactional_id = self._cluster.layout.name_in("txn", key)
+        if entry is None:
+            self._apply(transactional_id, None, 0)
+        else:
+            self._apply_entry(transactional_id, entry.value, entry.mod_revision)
+
+    def _apply_entry(self, transactional_id: str, value: bytes, revision: int) -> None:
+        try:
+            txn = Transaction.decode(value)
+        except (ValueError, KeyError, TypeError) as exc:
+            log.error(
+                "transactions.state_unreadable", transactional_id=transactional_id, error=str(exc)
+            )
+            return
+        self._apply(transactional_id, txn, revision)
+
+    def _apply(self, transactional_id: str, txn: Transaction | None, revision: int) -> None:
+        """The id's state as read at `revision` (None: deleted), unless the copy is newer."""
+        known = self.states.get(transactional_id)
+        if txn is None:
+            if known is None:
+                return
+            del self.states[transactional_id]
+        else:
+            if known is not None and known[1] >= revision:
+                return
+            self.states[transactional_id] = (txn, revision)
+        if self._changed is not None:
+            self._changed(transactional_id, txn)
+
+    # TransactionPlacement: states
+
+    async def store(self, txn: Transaction) -> None:
+        key = self._cluster.layout.transaction(txn.transactional_id)
+        known = self.states.get(txn.transactional_id)
+        expected = known[1] if known is not None else 0
+        value = txn.encode()
+
+        def transaction(c: Any) -> Any:
+            compare = (
+                c.transactions.mod(key) == expected
+                if expected
+                else c.transactions.version(key) == 0
+            )
+            return c.transaction(
+                compare=[compare],
+                success=[c.transactions.put(key, value), c.transactions.get(key)],
+                failure=[c.transactions.get(key)],
+            )
+
+        won, responses = await self._cluster.call_etcd(transaction)
+        found = responses[-1]  # the key as it is now: [(value, Get)], or [] when absent
+        if won:
+            self.states[txn.transactional_id] = (txn, int(found[0][1].mod_revision))
+            return
+        if found:
+            self._apply_entry(
+                txn.transactional_id, bytes(found[0][0]), int(found[0][1].mod_revision)
+            )
+        else:
+            self._apply(txn.transactional_id, None, 0)
+        raise ConcurrentTransactions(
+            f"transactional id {txn.transactional_id!r} was changed through another broker "
+            "meanwhile; retry"
+        )
+
+    async def delete(self, txn: Transaction) -> None:
+        key = self._cluster.layout.transaction(txn.transactional_id)
+        known = self.states.get(txn.transactional_id)
+        if known is None:
+            return
+        expected = known[1]
+
+        def transaction(c: Any) -> Any:
+            return c.transaction(
+                compare=[c.transactions.mod(key) == expected],
+                success=[c.transactions.delete(key)],
+                failure=[],
+            )
+
+        won, _ = await self._cluster.call_etcd(transaction)
+        if won:
+            self.states.pop(txn.transactional_id, None)
+
+    async def refresh(self, transactional_id: str) -> None:
+        key = self._cluster.layout.transaction(transactional_id)
+        found = await self._cluster.call_etcd(lambda c: c.get(key))
+        if found is None:
+            self._apply(transactional_id, None, 0)
+        else:
+            self._apply_entry(transactional_id, bytes(found.value), int(found.mod_revision))
+
+    def may_lag(self) -> bool:
+        return True
+
+    def catch_up(self, transactional_id: str | None) -> Awaitable[None]:
+        if transactional_id is not None:
+            return self.refresh(transactional_id)
+        # a producer id not known here yet: its init was stored through another broker and
+        # the watch has not shown it; every id read again, one read shared by every waiter
+        if self._reading is None or self._reading.done():
+            self._reading = asyncio.get_running_loop().create_task(self._read_all())
+        return asyncio.shield(self._reading)
+
+    async def _read_all(self) -> None:
+        root = self._cluster.layout.root("txn")
+        answer = await self._cluster.call_etcd(lambda c: c.get_prefix(root))
+        for kv in answer:
+            name = self._cluster.layout.name_in("txn", bytes(kv.key))
+            self._apply_entry(name, bytes(kv.value), int(kv.mod_revision))
+
+    def duties(self, transactional_id: str) -> bool:
+        live = [b.broker_id for b in self._cluster.brokers()]
+        this = self._cluster.this_broker.broker_id
+        return bool(live) and rendezvous(live, transactional_id, -1)[0] == this
+
+    @property
+    def local_partitions(self) -> bool:
+        return False
+
+    # TransactionPlacement: markers
+
+    async def make_durable(self, partitions: Iterable[tuple[str, int]]) -> None:
+        return None  # every produce was answered once in the object store
+
+    async def marker_here(
+        self,
+        topic: str,
+        partition: int,
+        producer_id: int,
+        epoch: int,
+        marker: Marker,
+        check: Callable[[], None],
+    ) -> None:
+        found = self._catalog.topics.get(topic)
+        if not isinstance(found, LogTopic) or partition >= len(found.partitions):
+            return
+        ready = found.partitions[partition].producers_ready
+        if ready is not None and not ready.done():
+            # a take-over's rebuild of the partition's transactions: a marker before it is
+            # done would not find the transaction open, and leave it open for ever
+            try:
+                async with asyncio.timeout(REBUILD_WAIT):
+                    await asyncio.shield(ready)
+            except TimeoutError:
+                raise StorageError(
+                    f"{topic}/{partition}: the transactions are not rebuilt yet"
+                ) from None
+        written = await append_marker(
+            self._catalog, topic, partition, producer_id, epoch, marker, check
+        )
+        log.debug(
+            "transactions.marker_written",
+            topic=topic,
+            partition=partition,
+            producer_id=producer_id,
+            marker=marker.name,
+            aborted=None if written is None else str(written[1]),
+        )
+        if written is not None and written[1] is not None:
+            await self.keep_aborted(topic, partition, written[1])
+
+    async def marker_elsewhere(
+        self, topic: str, partition: int, producer_id: int, epoch: int, marker: Marker
+    ) -> None:
+        owner = self._cluster.owner(topic, partition)
+        if owner is None or owner == self._cluster.this_broker:
+            raise not_owner(self._cluster, topic, partition)
+        request = m.WriteTxnMarkerRequest(
+            topic, partition, producer_id, epoch, marker == Marker.COMMIT
+        )
+        await self._peers.write_marker(owner, request)
+
+    # The owner's part
+
+    async def keep_aborted(self, topic: str, partition: int, aborted: AbortedRange) -> None:
+        """The aborted range's object, once its marker is in the object store."""
+        epoch = self._cluster.epoch(topic, partition) or 0
+        await self._store.put(aborted_key(topic, partition, aborted, epoch), b"")
+
+    async def aborted(
+        self, topic: str, partition: int, since: int
+    ) -> list[tuple[AbortedRange, str]]:
+        """The partition's aborted ranges as its previous owners kept them, each with its
+        object's key: those of this incarnation of the topic (`since`), in marker order."""
+        found: list[tuple[AbortedRange, str]] = []
+        for info in await self._store.list(aborted_prefix(topic, partition)):
+            parsed = parse_aborted(info.key)
+            if parsed is not None and parsed[1] >= since:  # (older: a deleted topic's)
+                found.append((parsed[0], info.key))
+        return sorted(found, key=lambda kept: kept[0].last_offset)
+
+    async def purge(self, topic: str, before: int) -> int:
+        """Delete a deleted topic's aborted-range objects: those of epochs below `before` (a
+        topic re-created under the name meanwhile keeps its own); how many went."""
+        gone = [
+            info.key
+            for info in await self._store.list(f"{topic}/")
+            if info.key.split("/")[2:3] == [ABORTED_DIR]
+            and (parsed := parse_aborted(info.key)) is not None
+            and parsed[1] < before
+        ]
+        for key in gone:
+            await self._store.delete(key)
+        return len(gone)
+
+    async def forget(self, keys: list[str]) -> None:
+        """Delete aborted-range objects below a partition's start (retention took their
+        batches); one that fails is left for the next take-over."""
+        for key in keys:
+            with contextlib.suppress(HeadwaterError, OSError):
+                await self._store.delete(key)
+
+    async def abort_hanging(self, topic: str, partition: int, producer_id: int) -> None:
+        """A transaction a take-over found open in the partition with no state in progress
+        naming it (written by a producer fenced before its state was stored, say): unless the
+        state read again says otherwise, ended with an ABORT marker so the LSO moves on. Tried
+        again with doubling delays while the partition is served here (bounded)."""
+        delay = 0.1
+        for _ in range(HANGING_ATTEMPTS):
+            if not self._cluster.serves(topic, partition):
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            try:
+                for transactional_id, (txn, _) in list(self.states.items()):
+                    if txn.producer_id == producer_id:
+                        await self.refresh(transactional_id)
+                if producer_id in self.in_progress(topic, partition):
+                    return  # its state was behind: the transaction goes on
+                found = self._catalog.topics.get(topic)
+                if not isinstance(found, LogTopic) or partition >= len(found.partitions):
+                    return
+                holder = found.partitions[partition]
+                if producer_id not in holder.transactions.open:
+                    return
+                entry = holder.producers.producers.get(producer_id)
+                epoch = entry.epoch if entry is not None else 0
+
+                def check() -> None:
+                    if not self._cluster.serves(topic, partition):
+                        raise not_owner(self._cluster, topic, partition)
+
+                await self.marker_here(topic, partition, producer_id, epoch, Marker.ABORT, check)
+                return
+            except HeadwaterError as exc:
+                log.warning(
+                    "transactions.hanging_abort_failed",
+                    topic=topic,
+                    partition=partition,
+                    producer_id=producer_id,
+                    error=str(exc),
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    def in_progress(self, topic: str, partition: int) -> dict[int, Transaction]:
+        """Producer id -> its transactional id's state, for the transactions in progress (or
+        being ended) that name the partition, as the replica has them."""
+        return {
+            txn.producer_id: txn
+            for txn, _ in self.states.values()
+            if (txn.state == TxnState.ONGOING or txn.state.preparing)
+            and (topic, partition) in txn.partitions
+        }

@@ -1,0 +1,442 @@
+"""Transactions in a cluster (issue 38 item 5): three broker processes, a real etcd and moto's S3.
+
+A transactional id's state lives in etcd and any broker serves its requests; each partition's
+owner writes its markers (WRITE_TXN_MARKER over a peer link) and keeps its aborted ranges in the
+object store for the next owner (docs/CLUSTER.md, "Transactions"). These tests write partitions
+owned by all three brokers in one transaction, read them back with the native FETCH (committed
+by default) and a Kafka read_committed consumer, fence a producer through another broker, and
+kill brokers with kill -9: the one serving the transactional id, mid-transaction and after the
+decision, and a partition's owner with a transaction open and aborted ones in its history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import headwater
+from headwater.server.cluster.cluster_transactions import parse_aborted
+from headwater.wire import messages as m
+from headwater.wire.errors import HeadwaterError, InvalidTxnState, ProducerFenced
+from headwater.wire.markers import peek
+from headwater.wire.records import BatchBuilder
+from tests.support import txn_clients
+from tests.support.cluster_support import Cluster, running_cluster
+from tests.support.rawwire import RawPeer
+from tests.support.s3 import MotoS3
+
+LEASE_TTL_MS = 2000
+BROKERS = ("b1", "b2", "b3")
+PARTITIONS = 6  # two per broker
+DEADLINE = 60.0  # seconds any wait for the cluster may take (a bound on a hang only)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, s3: MotoS3, bucket: str) -> Iterator[Cluster]:
+    with running_cluster(tmp_path, s3, bucket, LEASE_TTL_MS, kafka=True) as cluster:
+        yield cluster
+
+
+async def start_three(cluster: Cluster) -> None:
+    await asyncio.gather(*(asyncio.to_thread(cluster.start_broker, b) for b in BROKERS))
+
+
+@pytest.fixture
+async def client(cluster: Cluster) -> AsyncIterator[headwater.Client]:
+    await start_three(cluster)
+    connected = await headwater.connect(cluster.brokers["b1"].address)
+    try:
+        yield connected
+    finally:
+        await connected.close()
+
+
+async def spread_topic(cluster: Cluster, client: headwater.Client, name: str) -> dict[int, str]:
+    await client.create_topic(name, partitions=PARTITIONS)
+    owners = await cluster.wait_owned(name, PARTITIONS, set(BROKERS), timeout=DEADLINE)
+    assert set(owners.values()) == set(BROKERS), owners  # every broker owns some
+    return owners
+
+
+async def committed(client: headwater.Client, topic: str, partition: int) -> list[bytes | None]:
+    """What a transaction-aware reader reads of the partition to its end (NOT_OWNER between
+    owners followed by the client)."""
+    values: list[bytes | None] = []
+    offset = 0
+    for _ in range(1000):
+        fetched = await client.fetch(topic, partition, offset)
+        values += [r.value for r in fetched.records()]
+        if fetched.next_offset >= fetched.end_offset:
+            return values
+        assert fetched.next_offset > offset, "a FETCH that does not move on"
+        offset = fetched.next_offset
+    raise AssertionError("the partition was not read in 1000 FETCHes")
+
+
+async def settled(
+    client: headwater.Client,
+    topic: str,
+    expected: dict[int, list[bytes]],
+    never: frozenset[bytes] = frozenset(),
+) -> dict[int, list[bytes | None]]:
+    """Each partition's committed values, read until they are `expected` or the deadline (an
+    open transaction's LSO, a take-over in progress); the last reading. No reading on the way
+    may hold a value of `never` (an aborted or open transaction's)."""
+    deadline = time.monotonic() + DEADLINE
+    seen: dict[int, list[bytes | None]] = {}
+    while True:
+        for partition in expected:
+            try:
+                seen[partition] = await committed(client, topic, partition)
+            except HeadwaterError as exc:
+                if not exc.retriable:
+                    raise
+            shown = set(seen.get(partition, ())) & never
+            assert not shown, f"partition {partition} showed {shown}"
+        if seen == expected or time.monotonic() > deadline:
+            return seen
+        await asyncio.sleep(0.2)
+
+
+async def aborted_objects(s3: MotoS3, bucket: str, topic: str) -> dict[int, list[str]]:
+    """Partition -> the names of its aborted-range objects, listed in the bucket itself."""
+    from aiobotocore.session import get_session
+
+    found: dict[int, list[str]] = {}
+    async with get_session().create_client(
+        "s3", endpoint_url=s3.endpoint_url, region_name="us-east-1"
+    ) as s3_client:
+        answer = await s3_client.list_objects_v2(Bucket=bucket)
+        for item in answer.get("Contents", []):
+            # (under the object store's prefix) <topic>/<partition>/txn-aborted/<name>
+            parts = item["Key"].split("/")
+            if len(parts) >= 4 and parts[-4] == topic and parts[-2] == "txn-aborted":
+                found.setdefault(int(parts[-3]), []).append(parts[-1])
+    return found
+
+
+def values(prefix: str) -> frozenset[bytes]:
+    return frozenset(f"{prefix}-{p}".encode() for p in range(PARTITIONS))
+
+
+async def state_of(cluster: Cluster, transactional_id: str) -> dict[str, object]:
+    """The transactional id's state as etcd holds it (read here, not through a broker)."""
+    async with await cluster._etcd() as etcd:
+        found = await etcd.get(f"/headwater/txn/{transactional_id}".encode())
+    return {} if found is None else dict(json.loads(found.value))
+
+
+async def until_state(cluster: Cluster, transactional_id: str, state: str) -> None:
+    deadline = time.monotonic() + DEADLINE
+    while (await state_of(cluster, transactional_id)).get("state") != state:
+        assert time.monotonic() < deadline, f"{transactional_id} never reached {state}"
+        await asyncio.sleep(0.05)
+
+
+async def kill_tests_open_transaction(
+    client: headwater.Client, topic: str, transactional_id: str, timeout: float = 60.0
+) -> tuple[headwater.Producer, Any]:
+    """A committed transaction ("c1-<p>"), an aborted one ("a-<p>", stored before the abort),
+    then one left open ("open-<p>", every batch acknowledged by its owner): the producer and
+    the open transaction's context."""
+    producer = client.producer(
+        topic, transactional_id=transactional_id, transaction_timeout=timeout
+    )
+    async with producer.transaction():
+        for partition in range(PARTITIONS):
+            await producer.send(f"c1-{partition}".encode(), partition=partition)
+    with pytest.raises(RuntimeError):
+        async with producer.transaction():
+            for partition in range(PARTITIONS):
+                await producer.send(f"a-{partition}".encode(), partition=partition)
+            await producer.flush()
+            raise RuntimeError("aborted")
+    transaction = producer.transaction()
+    await transaction.__aenter__()
+    for partition in range(PARTITIONS):
+        await (await producer.send(f"open-{partition}".encode(), partition=partition))
+    return producer, transaction
+
+
+async def test_a_transaction_over_partitions_of_three_brokers_commits_and_aborts_as_one(
+    cluster: Cluster, client: headwater.Client, topic_name: str
+) -> None:
+    """One transaction writes the six partitions (two per broker) through a producer
+    bootstrapped at b1, the transactional id served there and the markers written by each
+    owner: the committed ones are read by the native FETCH and a Kafka read_committed consumer,
+    the aborted ones by neither (but by a raw FETCH and read_uncommitted)."""
+    await spread_topic(cluster, client, topic_name)
+    producer = client.producer(topic_name, transactional_id=f"{topic_name}-app")
+    async with producer.transaction():
+        for partition in range(PARTITIONS):
+            await producer.send(f"ok-{partition}".encode(), partition=partition)
+    with pytest.raises(RuntimeError):
+        async with producer.transaction():
+            for partition in range(PARTITIONS):
+                await producer.send(f"no-{partition}".encode(), partition=partition)
+            await producer.flush()  # stored at every owner before the abort
+            raise RuntimeError("the application fails")
+    async with producer.transaction():
+        for partition in range(PARTITIONS):
+            await producer.send(f"ok2-{partition}".encode(), partition=partition)
+    expected = {p: [f"ok-{p}".encode(), f"ok2-{p}".encode()] for p in range(PARTITIONS)}
+    assert await settled(client, topic_name, expected) == expected
+    for partition in range(PARTITIONS):
+        everything = await client.fetch(topic_name, partition, 0, raw=True)
+        assert [peek(b).control for b in everything.batches()].count(True) == 3
+        assert f"no-{partition}".encode() in [r.value for r in everything.records()]
+    bootstrap = ",".join(f"127.0.0.1:{cluster.kafka_ports[b]}" for b in BROKERS)
+    wanted = [(topic_name, p) for p in range(PARTITIONS)]
+    seen = await asyncio.to_thread(txn_clients.read, "confluent", bootstrap, wanted, True)
+    assert txn_clients.values(seen) == {(topic_name, p): expected[p] for p in expected}
+    raw = await asyncio.to_thread(txn_clients.read, "confluent", bootstrap, wanted, False)
+    assert all(len(v) == 3 for v in txn_clients.values(raw).values())  # the aborted too
+    await producer.close()
+
+
+async def test_a_kafka_transactional_producer_commits_and_aborts_over_three_brokers(
+    cluster: Cluster, client: headwater.Client, topic_name: str
+) -> None:
+    """librdkafka's transactional producer, its coordinator found with FindCoordinator (key type
+    1) and its batches sent to each partition's leader: a committed transaction, an aborted one
+    and a second committed one, read back by a read_committed consumer."""
+    await spread_topic(cluster, client, topic_name)
+    bootstrap = ",".join(f"127.0.0.1:{cluster.kafka_ports[b]}" for b in BROKERS)
+
+    def run() -> None:
+        producer = txn_clients.producer("confluent", bootstrap, f"{topic_name}-kafka")
+        try:
+            for outcome in ("ok", "no", "ok2"):
+                producer.begin()
+                producer.send((topic_name, p, f"{outcome}-{p}".encode()) for p in range(PARTITIONS))
+                producer.flush()
+                if outcome == "no":
+                    producer.abort()
+                else:
+                    producer.commit()
+        finally:
+            producer.close()
+
+    await asyncio.to_thread(run)
+    wanted = [(topic_name, p) for p in range(PARTITIONS)]
+    seen = await asyncio.to_thread(txn_clients.read, "confluent", bootstrap, wanted, True)
+    assert txn_clients.values(seen) == {
+        (topic_name, p): [f"ok-{p}".encode(), f"ok2-{p}".encode()] for p in range(PARTITIONS)
+    }
+
+
+async def test_an_init_through_another_broker_fences_the_producer_it_replaces(
+    cluster: Cluster, client: headwater.Client, topic_name: str
+) -> None:
+    """The first instance (bootstrapped at b1) has a transaction open; a second instance of the
+    same transactional id starts through b2: the open transaction is aborted, the first
+    instance's later batches and its commit are refused at the owners and at b1, and only the
+    second's records are ever read."""
+    await spread_topic(cluster, client, topic_name)
+    first = client.producer(topic_name, transactional_id=f"{topic_name}-app")
+    other = await headwater.connect(cluster.brokers["b2"].address)
+    try:
+        with pytest.raises(ProducerFenced):
+            async with first.transaction():
+                for partition in range(PARTITIONS):
+                    await (await first.send(f"old-{partition}".encode(), partition=partition))
+                second = other.producer(topic_name, transactional_id=f"{topic_name}-app")
+                async with second.transaction():  # its start aborts the first one's
+                    for partition in range(PARTITIONS):
+                        await second.send(f"new-{partition}".encode(), partition=partition)
+                await first.send(b"zombie", partition=0)  # refused: INVALID_PRODUCER_EPOCH
+        session = first._session
+        assert session is not None
+        for broker in BROKERS:  # every broker refuses the old epoch, whatever the client does
+            peer = await RawPeer.open(cluster.brokers[broker].address)
+            try:
+                await peer.request(
+                    m.EndTxnRequest(
+                        session.transactional_id, session.producer_id, session.epoch, True
+                    )
+                )
+                assert isinstance(await peer.response(timeout=30), ProducerFenced)
+            finally:
+                peer.writer.close()
+        expected = {p: [f"new-{p}".encode()] for p in range(PARTITIONS)}
+        assert await settled(client, topic_name, expected) == expected
+        for partition in range(PARTITIONS):
+            everything = await client.fetch(topic_name, partition, 0, raw=True)
+            values = [r.value for r in everything.records()]
+            assert f"old-{partition}".encode() in values and b"zombie" not in values
+        await second.close()
+    finally:
+        await other.close()
+    await first.close()
+
+
+async def test_an_owner_refuses_a_marker_no_transaction_decided(
+    cluster: Cluster, client: headwater.Client, topic_name: str
+) -> None:
+    """WRITE_TXN_MARKER from anyone but for an end the state does not hold is refused: a
+    client cannot commit (or abort) a transaction by asking an owner directly."""
+    owners = await spread_topic(cluster, client, topic_name)
+    producer = client.producer(topic_name, transactional_id=f"{topic_name}-app")
+    transaction = producer.transaction()
+    await transaction.__aenter__()
+    await (await producer.send(b"open", partition=0))
+    session = producer._session
+    assert session is not None
+    peer = await RawPeer.open(cluster.brokers[owners[0]].address)
+    try:
+        request = m.WriteTxnMarkerRequest(
+            topic_name, 0, session.producer_id, session.epoch, commit=True
+        )
+        await peer.request(request)
+        answer = await peer.response(timeout=30)
+        assert isinstance(answer, InvalidTxnState), answer
+    finally:
+        peer.writer.close()
+    assert await committed(client, topic_name, 0) == []  # still open: nothing readable
+    await transaction.__aexit__(None, None, None)
+    assert await settled(client, topic_name, {0: [b"open"]}) == {0: [b"open"]}
+    await producer.close()
+
+
+async def test_a_transactional_batch_of_no_transaction_is_refused_at_any_owner(
+    cluster: Cluster, client: headwater.Client, topic_name: str
+) -> None:
+    """An owner checks a transactional batch against the state (read again from etcd when it
+    does not know the producer): a partition the transaction never added is refused."""
+    owners = await spread_topic(cluster, client, topic_name)
+    producer = client.producer(topic_name, transactional_id=f"{topic_name}-app")
+    async with producer.transaction():
+        await producer.send(b"one", partition=0)
+    session = producer._session
+    assert session is not None
+    builder = BatchBuilder(
+        producer_id=session.producer_id,
+        producer_epoch=session.epoch,
+        base_sequence=0,
+        transactional=True,
+    )
+    builder.append(None, b"stray")
+    peer = await RawPeer.open(cluster.brokers[owners[1]].address)
+    try:
+        await peer.request(m.ProduceRequest(topic_name, 1, builder.build()))
+        answer = await peer.response(timeout=30)
+        assert isinstance(answer, InvalidTxnState), answer
+    finally:
+        peer.writer.close()
+    await producer.close()
+
+
+async def test_a_kill_of_the_broker_serving_the_id_mid_transaction_aborts_it_everywhere(
+    cluster: Cluster, client: headwater.Client, topic_name: str
+) -> None:
+    """b1 serves the transactional id (the producer's bootstrap) and owns two of the partitions;
+    it is killed with a transaction open at every partition and an aborted one in their
+    history. The new owners of its partitions hide the aborted one and hold the open one; the
+    broker that now has the id's duties aborts it when its timeout passes; then every partition
+    reads the committed transaction and what follows, and never the aborted or open one."""
+    await spread_topic(cluster, client, topic_name)
+    tid = f"{topic_name}-app"
+    producer, _ = await kill_tests_open_transaction(client, topic_name, tid, timeout=4.0)
+    cluster.brokers["b1"].kill()
+    survivors = {"b2", "b3"}
+    await cluster.wait_owned(topic_name, PARTITIONS, survivors, timeout=DEADLINE)
+    reader = await headwater.connect(cluster.brokers["b2"].address)
+    try:
+        hidden = values("a") | values("open")
+        first = {p: [f"c1-{p}".encode()] for p in range(PARTITIONS)}
+        assert await settled(reader, topic_name, first, hidden) == first
+        await until_state(cluster, tid, "CompleteAbort")  # its timeout, at the duty broker
+        plain = reader.producer(topic_name)
+        for partition in range(PARTITIONS):
+            await (await plain.send(f"after-{partition}".encode(), partition=partition))
+        after = {p: [f"c1-{p}".encode(), f"after-{p}".encode()] for p in range(PARTITIONS)}
+        assert await settled(reader, topic_name, after, hidden) == after
+        for partition in range(PARTITIONS):
+            everything = await reader.fetch(topic_name, partition, 0, raw=True)
+            assert f"open-{partition}".encode() in [r.value for r in everything.records()]
+        await plain.close()
+    finally:
+        await reader.close()
+    with contextlib.suppress(HeadwaterError, OSError):
+        await producer.close()
+
+
+async def test_a_kill_of_the_broker_serving_the_id_after_the_commit_decision_commits_it_all(
+    cluster: Cluster, client: headwater.Client, topic_name: str
+) -> None:
+    """b2 is frozen (SIGSTOP) so that b1, serving the transactional id, cannot finish the
+    commit's markers; once etcd holds PrepareCommit (the decision), b1 is killed with kill -9
+    and b2 woken. The broker with the id's duties finishes the end: every partition, whoever
+    owns it now, reads the committed records (a new owner holds the open transaction until its
+    marker), and the aborted transaction before it never."""
+    owners = await spread_topic(cluster, client, topic_name)
+    tid = f"{topic_name}-app"
+    producer, transaction = await kill_tests_open_transaction(client, topic_name, tid)
+    frozen = cluster.brokers["b2"].process.pid
+    os.kill(frozen, signal.SIGSTOP)
+    try:
+        ending = asyncio.ensure_future(transaction.__aexit__(None, None, None))
+        await until_state(cluster, tid, "PrepareCommit")
+        cluster.brokers["b1"].kill()
+    finally:
+        os.kill(frozen, signal.SIGCONT)
+    with contextlib.suppress(BaseException):
+        await asyncio.wait_for(ending, DEADLINE)
+    assert "b2" in owners.values()
+    reader = await headwater.connect(cluster.brokers["b3"].address)
+    try:
+        expected = {p: [f"c1-{p}".encode(), f"open-{p}".encode()] for p in range(PARTITIONS)}
+        assert await settled(reader, topic_name, expected, values("a")) == expected
+        await until_state(cluster, tid, "CompleteCommit")
+    finally:
+        await reader.close()
+    with contextlib.suppress(HeadwaterError, OSError):
+        await producer.close()
+
+
+async def test_a_kill_of_a_partition_owner_keeps_its_open_transaction_held_until_its_end(
+    cluster: Cluster, client: headwater.Client, topic_name: str, s3: MotoS3, bucket: str
+) -> None:
+    """The owner of two partitions (not the broker serving the transactional id) is killed with
+    a transaction open there and an aborted one in their history: their new owner hides the
+    aborted one (its ranges from the object store) and holds the open one (nothing of it, nor
+    after it, is read) until the producer commits it, through the broker it always used."""
+    owners = await spread_topic(cluster, client, topic_name)
+    tid = f"{topic_name}-app"
+    producer, transaction = await kill_tests_open_transaction(client, topic_name, tid)
+    session = producer._session
+    assert session is not None
+    kept = await aborted_objects(s3, bucket, topic_name)  # one per partition, by its owner
+    assert sorted(kept) == list(range(PARTITIONS)), kept
+    for names in kept.values():
+        assert len(names) == 1
+        parsed = parse_aborted(names[0])
+        assert parsed is not None and parsed[0].producer_id == session.producer_id
+        assert parsed[0].first_offset < parsed[0].last_offset
+    victim = next(b for b in ("b2", "b3") if b in owners.values())
+    moved = [p for p, b in owners.items() if b == victim]
+    cluster.brokers[victim].kill()
+    survivors = set(BROKERS) - {victim}
+    await cluster.wait_owned(topic_name, PARTITIONS, survivors, timeout=DEADLINE)
+    plain = client.producer(topic_name)
+    for partition in moved:  # after the open transaction: held with it
+        await (await plain.send(f"plain-{partition}".encode(), partition=partition))
+    hidden = values("a") | values("open") | values("plain")
+    held = {p: [f"c1-{p}".encode()] for p in moved}
+    assert await settled(client, topic_name, held, hidden) == held
+    await transaction.__aexit__(None, None, None)  # the commit: markers by the new owners
+    expected = {p: [f"c1-{p}".encode(), f"open-{p}".encode()] for p in range(PARTITIONS)}
+    for partition in moved:
+        expected[partition].append(f"plain-{partition}".encode())
+    assert await settled(client, topic_name, expected, values("a")) == expected
+    await plain.close()
+    await producer.close()
