@@ -28,6 +28,7 @@ from kafka.admin import NewTopic
 from headwater.server.kafka import codec
 from headwater.server.kafka.apis import SERVED
 from headwater.server.kafka.messages.produce import InitProducerIdRequest
+from headwater.server.kafka.messages.transactions import EndTxnRequest
 from tests.support.kafka_support import KafkaServer, RawKafka
 from tests.support.txn_attack import exactly_once_run
 from tests.support.txn_clients import (
@@ -287,6 +288,49 @@ def test_a_second_producer_of_the_same_id_fences_the_first_whose_writes_never_sh
     )
     assert values(read("kafka-python", kafka.bootstrap, partitions, committed=True)) == _expect(
         partitions, fresh
+    )
+
+
+def test_a_commit_whose_producer_went_mid_way_is_completed_and_the_next_instance_starts(
+    kafka: KafkaServer, topic_name: str
+) -> None:
+    """Found: EndTxn's end ran in the request's task, which the connection's close cancels: a
+    producer gone while its commit's markers were being written left the id in PrepareCommit
+    until a restart, and every later instance was refused CONCURRENT_TRANSACTIONS."""
+    from kafka.admin._transactions import TransactionState
+
+    partitions = _create(kafka, [f"{topic_name}-{i}" for i in range(2)], partitions=32)
+    transactional_id = f"{topic_name}-txn"
+    txn = producer("confluent", kafka.bootstrap, transactional_id)
+    admin = KafkaAdminClient(bootstrap_servers=kafka.bootstrap, request_timeout_ms=10_000)
+    try:
+        txn.begin()
+        decided = _records(partitions, "decided", 1)
+        txn.send(decided)
+        txn.flush()
+        held = admin.describe_transactions([transactional_id])[transactional_id]
+        raw = RawKafka(kafka.kafka_port)
+        end = EndTxnRequest(transactional_id, held.producer_id, held.producer_epoch, True)
+        raw.request(26, 1, 1, codec.encode(SERVED[26].requests[1], end))
+        # 64 markers take a while: the producer goes once the commit is decided
+        deadline = time.monotonic() + 10
+        state = held.state
+        while state == TransactionState.ONGOING and time.monotonic() < deadline:
+            state = admin.describe_transactions([transactional_id])[transactional_id].state
+        raw.close()
+        assert state in (TransactionState.PREPARE_COMMIT, TransactionState.COMPLETE_COMMIT)
+        while state != TransactionState.COMPLETE_COMMIT and time.monotonic() < deadline:
+            state = admin.describe_transactions([transactional_id])[transactional_id].state
+        assert state == TransactionState.COMPLETE_COMMIT
+        started = time.monotonic()
+        producer("confluent", kafka.bootstrap, transactional_id).close()
+        assert time.monotonic() - started < 10
+    finally:
+        admin.close()
+        with contextlib.suppress(Exception):
+            txn.close()
+    assert values(read("confluent", kafka.bootstrap, partitions, committed=True)) == _expect(
+        partitions, decided
     )
 
 

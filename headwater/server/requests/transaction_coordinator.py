@@ -247,8 +247,20 @@ class TransactionCoordinator:
                 return  # already so (a retry)
             if commit:
                 await self._flush(prepared.partitions)
-            await self._store(prepared)
-            await self._complete(prepared)
+            # the decision and its completion go on if the caller goes (a producer killed
+            # mid-commit: its connection's close cancels the request); cut short, the id stayed
+            # in PREPARE_* until a restart, refusing every new instance
+            decided = spawn(
+                self._decide(prepared),
+                "transactions.end_failed",
+                self._tasks,
+                transactional_id=transactional_id,
+            )
+            await asyncio.shield(decided)
+
+    async def _decide(self, prepared: Transaction) -> None:
+        await self._store(prepared)
+        await self._complete(prepared)
 
     def verify(self, producer_id: int, epoch: int, topic: str, partition: int) -> None:
         """Raise unless a transactional batch of this producer may be appended to the partition
