@@ -404,7 +404,10 @@ def seal(bootstrap: str, partitions: Iterable[Partition]) -> None:
     from confluent_kafka import Producer
 
     plain = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+    failed: list[object] = []
     for topic, index in partitions:
-        plain.produce(topic, SEAL, partition=index)
-    if plain.flush(TIMEOUT):
-        raise RuntimeError(f"the seals were not delivered in {TIMEOUT} s")
+        plain.produce(
+            topic, SEAL, partition=index, on_delivery=lambda e, _m: e and failed.append(e)
+        )
+    if plain.flush(TIMEOUT) or failed:
+        raise RuntimeError(f"the seals were not all delivered in {TIMEOUT} s: {failed}")
