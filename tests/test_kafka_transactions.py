@@ -507,6 +507,52 @@ def test_markers_and_aborted_ranges_survive_kill_9_and_segment_rolls(
         server.stop()
 
 
+def test_segments_read_back_from_the_object_store_keep_their_transactions(
+    tmp_path: Path, topic_name: str
+) -> None:
+    """Segments uploaded and deleted locally by retention (`retention.bytes`): read_committed
+    readers of the object store's copies still drop the aborted transactions and read the
+    committed ones, and so after a kill -9."""
+    server = KafkaServer(tmp_path / "data", same_port=True).start()
+    try:
+        configs = {"segment.bytes": "1024", "retention.bytes": "1024"}
+        partitions = create(server, [topic_name], configs)
+        txn = producer("confluent", server.bootstrap, f"{topic_name}-txn")
+        groups: list[tuple[bool, list[Record]]] = []
+        try:
+            for number in range(12):
+                records = _records(partitions, f"t{number}")
+                txn.begin()
+                txn.send(records)
+                txn.flush()
+                commit = number % 3 != 1
+                txn.commit() if commit else txn.abort()
+                groups.append((commit, records))
+        finally:
+            txn.close()
+        first = [
+            server.process.data_dir / "topics" / t / str(p) / f"{0:020d}.log" for t, p in partitions
+        ]
+        deadline = time.monotonic() + 30
+        while any(path.exists() for path in first) and time.monotonic() < deadline:
+            time.sleep(0.1)  # housekeeping runs once a second: a bounded poll of its effect
+        assert not any(path.exists() for path in first), "retention kept the first segments"
+        committed = _expect(partitions, *(r for commit, r in groups if commit))
+        everything = _expect(partitions, *(r for _, r in groups))
+        for restarted in (False, True):
+            if restarted:
+                server.kill()
+                server.start()
+                seal(server.bootstrap, partitions)
+            for reader in ("confluent", "aiokafka"):
+                seen = read(reader, server.bootstrap, partitions, committed=True)
+                assert values(seen) == committed
+            seen = read("kafka-python", server.bootstrap, partitions, committed=False)
+            assert values(seen) == everything
+    finally:
+        server.stop()
+
+
 def test_an_aborted_transaction_stays_hidden_after_a_kill_9_with_the_next_one_open(
     tmp_path: Path, topic_name: str
 ) -> None:
