@@ -15,10 +15,12 @@ decided whatever the policy, so the idempotent row is the like-for-like durable 
   topic (its markers included: one per partition per transaction), three partitions assigned
   from the beginning, `consume()` in batches of up to 10,000.
 
-Prints a table (msgs/s, transactions/s, server CPU µs per message, and each producer row's share
-of the idempotent throughput) and, with `--json`, the same as JSON.
+`--runs` runs of every row, in turn on the same server (fresh topics each run): each row's median
+run, every run's msgs/s, transactions/s and the median commit's duration (`commit_transaction()`
+alone), server CPU µs per message, and each transactional row's share of the idempotent row's
+throughput in the same run (the median of the runs' shares); with `--json`, the same as JSON.
 
-    python -m loadtest.txn_bench --seconds 10
+    python -m loadtest.txn_bench --seconds 10 --runs 3
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -39,55 +42,56 @@ COMMIT_EVERY_MS = (1, 10, 100)
 BASE: dict[str, Any] = {"acks": "all", "linger.ms": 5, "queue.buffering.max.messages": 1_000_000}
 
 
-def idempotent(bootstrap: str, topic: str, seconds: float) -> tuple[int, int]:
-    """(records, transactions) produced in `seconds`."""
+Produced = tuple[int, list[float]]  # records, each commit's seconds
+Rows = dict[str, dict[str, Any]]
+
+
+def idempotent(bootstrap: str, topic: str, seconds: float) -> Produced:
+    """(records, commits' durations) produced in `seconds`."""
     from confluent_kafka import Producer
 
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, **BASE})
-    sent = 0
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        for _ in range(1000):
-            _produce(producer, topic, sent)
-            sent += 1
-        producer.poll(0)
+    sent = _fill(producer, topic, 0, time.monotonic() + seconds)
     if producer.flush(120):
         raise RuntimeError("the idempotent producer did not deliver everything in 120 s")
-    return sent, 0
+    return sent, []
 
 
-def transactional(every_ms: int) -> Callable[[str, str, float], tuple[int, int]]:
-    def run(bootstrap: str, topic: str, seconds: float) -> tuple[int, int]:
+def transactional(every_ms: int) -> Callable[[str, str, float], Produced]:
+    def run(bootstrap: str, topic: str, seconds: float) -> Produced:
         from confluent_kafka import Producer
 
         producer = Producer(
             {"bootstrap.servers": bootstrap, "transactional.id": f"bench-{topic}", **BASE}
         )
         producer.init_transactions(30)
-        sent = transactions = 0
+        sent = 0
+        commits: list[float] = []
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             producer.begin_transaction()
-            window = time.monotonic() + every_ms / 1000
-            while time.monotonic() < window:
-                for _ in range(100):
-                    _produce(producer, topic, sent)
-                    sent += 1
-                producer.poll(0)
+            sent = _fill(producer, topic, sent, time.monotonic() + every_ms / 1000)
+            started = time.perf_counter()
             producer.commit_transaction(60)
-            transactions += 1
-        return sent, transactions
+            commits.append(time.perf_counter() - started)
+        return sent, commits
 
     return run
 
 
-def _produce(producer: Any, topic: str, number: int) -> None:
-    while True:
-        try:
-            producer.produce(topic, VALUE, partition=number % PARTITIONS)
-            return
-        except BufferError:  # the local queue is full: let deliveries drain it
-            producer.poll(0.01)
+def _fill(producer: Any, topic: str, sent: int, until: float) -> int:
+    """Records produced until `until` (checked every 100, the same loop for every row)."""
+    while time.monotonic() < until:
+        for _ in range(100):
+            while True:
+                try:
+                    producer.produce(topic, VALUE, partition=sent % PARTITIONS)
+                    break
+                except BufferError:  # the local queue is full: let deliveries drain it
+                    producer.poll(0.01)
+            sent += 1
+        producer.poll(0)
+    return sent
 
 
 def consume(bootstrap: str, topic: str, records: int, isolation: str) -> None:
@@ -150,10 +154,52 @@ def _create(address: str, *topics: str) -> None:
     asyncio.run(create())
 
 
-def run(seconds: float) -> dict[str, Any]:
+def _one_run(pid: int, address: str, bootstrap: str, run: int, seconds: float) -> Rows:
+    """Every row once, on topics of their own."""
+    rows: Rows = {}
+    producers: list[tuple[str, str, Callable[[str, str, float], Produced]]] = [
+        ("idempotent producer", f"idempotent-{run}", idempotent)
+    ] + [
+        (f"transactional, commit every {ms} ms", f"txn-{ms}-{run}", transactional(ms))
+        for ms in COMMIT_EVERY_MS
+    ]
+    _create(address, *(topic for _, topic, _ in producers))
+    for name, topic, step in producers:
+        (sent, commits), elapsed, cpu = _timed(
+            pid, lambda s=step, t=topic: s(bootstrap, t, seconds)
+        )
+        # every record acknowledged: the partitions hold them and one marker per partition per
+        # transaction
+        held = _held(bootstrap, topic) - len(commits) * PARTITIONS
+        if held != sent:
+            raise RuntimeError(f"{name}: {sent} records sent, {held} in the partitions")
+        rows[name] = {
+            "msgs_per_s": round(sent / elapsed),
+            "txns_per_s": round(len(commits) / elapsed, 1),
+            "commit_ms_p50": round(statistics.median(commits) * 1000, 1) if commits else 0,
+            "server_cpu_us_per_msg": round(cpu / sent * 1e6, 2),
+            "records": sent,
+        }
+    records = int(rows[f"transactional, commit every {COMMIT_EVERY_MS[-1]} ms"]["records"])
+    for isolation in ("read_committed", "read_uncommitted"):
+        topic = f"txn-{COMMIT_EVERY_MS[-1]}-{run}"
+        _, elapsed, cpu = _timed(
+            pid, lambda i=isolation, t=topic: consume(bootstrap, t, records, i)
+        )
+        rows[f"{isolation} consumer"] = {
+            "msgs_per_s": round(records / elapsed),
+            "server_cpu_us_per_msg": round(cpu / records * 1e6, 2),
+            "records": records,
+        }
+    return rows
+
+
+def run(seconds: float, runs: int) -> dict[str, Any]:
+    """`runs` runs of every row on one server; each row's median run, and its share of the
+    idempotent row's throughput in the same run (the median of those)."""
     from headwater.testing import ServerProcess
 
-    rows: dict[str, dict[str, float]] = {}
+    every: list[Rows] = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         port_file = root / "kafka.port"
@@ -161,51 +207,25 @@ def run(seconds: float) -> dict[str, Any]:
             root / "data", extra_args=("--kafka-port", "0", "--kafka-port-file", str(port_file))
         ).start()
         assert server.process is not None
-        pid = server.process.pid
         bootstrap = f"127.0.0.1:{int(port_file.read_text())}"
         try:
-            producers: list[tuple[str, str, Callable[[str, str, float], tuple[int, int]]]] = [
-                ("idempotent producer", "idempotent", idempotent)
-            ] + [
-                (f"transactional, commit every {ms} ms", f"txn-{ms}", transactional(ms))
-                for ms in COMMIT_EVERY_MS
-            ]
-            _create(server.address, *(topic for _, topic, _ in producers))
-            for name, topic, step in producers:
-                (sent, transactions), elapsed, cpu = _timed(
-                    pid, lambda s=step, t=topic: s(bootstrap, t, seconds)
+            for number in range(runs):
+                every.append(
+                    _one_run(server.process.pid, server.address, bootstrap, number, seconds)
                 )
-                # every record acknowledged: the partitions' ends hold them and one marker per
-                # partition per transaction
-                held = _held(bootstrap, topic) - transactions * PARTITIONS
-                if held != sent:
-                    raise RuntimeError(f"{name}: {sent} records sent, {held} in the partitions")
-                rows[name] = {
-                    "msgs_per_s": round(sent / elapsed),
-                    "txns_per_s": round(transactions / elapsed, 1),
-                    "server_cpu_us_per_msg": round(cpu / sent * 1e6, 2),
-                    "records": sent,
-                }
-            baseline = rows["idempotent producer"]["msgs_per_s"]
-            for name, _, _ in producers[1:]:
-                rows[name]["of_idempotent"] = round(rows[name]["msgs_per_s"] / baseline, 3)
-            records = int(rows[f"transactional, commit every {COMMIT_EVERY_MS[-1]} ms"]["records"])
-            for isolation in ("read_committed", "read_uncommitted"):
-                _, elapsed, cpu = _timed(
-                    pid,
-                    lambda i=isolation: consume(  # type: ignore[misc]
-                        bootstrap, f"txn-{COMMIT_EVERY_MS[-1]}", records, i
-                    ),
-                )
-                rows[f"{isolation} consumer"] = {
-                    "msgs_per_s": round(records / elapsed),
-                    "server_cpu_us_per_msg": round(cpu / records * 1e6, 2),
-                    "records": records,
-                }
         finally:
             server.stop()
+    rows: Rows = {}
+    for name in every[0]:
+        found = sorted(every, key=lambda r: r[name]["msgs_per_s"])
+        rows[name] = dict(found[len(found) // 2][name])
+        rows[name]["runs_msgs_per_s"] = [r[name]["msgs_per_s"] for r in every]
+        if name.startswith("transactional"):
+            shares = [r[name]["msgs_per_s"] / r["idempotent producer"]["msgs_per_s"] for r in every]
+            rows[name]["of_idempotent"] = round(statistics.median(shares), 3)
     return {
         "seconds_per_producer_row": seconds,
+        "runs": runs,
         "value_bytes": len(VALUE),
         "rows": rows,
         "cpus": os.cpu_count(),
@@ -215,18 +235,23 @@ def run(seconds: float) -> dict[str, Any]:
 
 
 def table(result: dict[str, Any]) -> str:
-    lines = [
-        f"{'row':38} {'msgs/s':>9} {'txns/s':>8} {'server µs/msg':>14} {'of idempotent':>14}",
-    ]
+    head = (
+        f"{'row':36} {'msgs/s':>9} {'runs':>26} {'txns/s':>7} {'commit ms':>9} "
+        f"{'server µs/msg':>13} {'of idempotent':>13}"
+    )
+    lines = [head]
     for name, row in result["rows"].items():
         share = row.get("of_idempotent")
+        runs = " / ".join(f"{x:,}" for x in row["runs_msgs_per_s"])
         lines.append(
-            f"{name:38} {row['msgs_per_s']:>9,} {row.get('txns_per_s', ''):>8} "
-            f"{row['server_cpu_us_per_msg']:>14} {'' if share is None else f'{share:.0%}':>14}"
+            f"{name:36} {row['msgs_per_s']:>9,} {runs:>26} {row.get('txns_per_s', ''):>7} "
+            f"{row.get('commit_ms_p50', ''):>9} {row['server_cpu_us_per_msg']:>13} "
+            f"{'' if share is None else f'{share:.0%}':>13}"
         )
     lines.append(
-        f"({result['seconds_per_producer_row']} s per producer row, {result['value_bytes']}-byte "
-        f"values, {result['cpus']} CPUs, load average {result['load_average']})"
+        f"(median of {result['runs']} runs, {result['seconds_per_producer_row']} s per producer "
+        f"row, {result['value_bytes']}-byte values, {result['cpus']} CPUs, load average "
+        f"{result['load_average']})"
     )
     return "\n".join(lines)
 
@@ -234,9 +259,10 @@ def table(result: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="per producer row")
+    parser.add_argument("--runs", type=int, default=3, help="runs of every row, alternating")
     parser.add_argument("--json", action="store_true", help="the results as JSON too")
     args = parser.parse_args()
-    result = run(args.seconds)
+    result = run(args.seconds, args.runs)
     print(table(result))
     if args.json:
         print(json.dumps(result))

@@ -399,15 +399,20 @@ def values(seen: dict[Partition, list[Seen]]) -> dict[Partition, list[bytes]]:
     }
 
 
-def seal(bootstrap: str, partitions: Iterable[Partition]) -> None:
-    """A plain record after whatever each partition holds, past a restart's offset gap."""
+def produce_plain(bootstrap: str, records: Iterable[Record]) -> None:
+    """Non-transactional records, each acknowledged by all (a refusal raises)."""
     from confluent_kafka import Producer
 
     plain = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
     failed: list[object] = []
-    for topic, index in partitions:
+    for topic, index, value in records:
         plain.produce(
-            topic, SEAL, partition=index, on_delivery=lambda e, _m: e and failed.append(e)
+            topic, value, partition=index, on_delivery=lambda e, _m: e and failed.append(e)
         )
     if plain.flush(TIMEOUT) or failed:
-        raise RuntimeError(f"the seals were not all delivered in {TIMEOUT} s: {failed}")
+        raise RuntimeError(f"records not all delivered in {TIMEOUT} s: {failed[:3]}")
+
+
+def seal(bootstrap: str, partitions: Iterable[Partition]) -> None:
+    """A plain record after whatever each partition holds, past a restart's offset gap."""
+    produce_plain(bootstrap, [(topic, index, SEAL) for topic, index in partitions])
