@@ -16,9 +16,10 @@ decided whatever the policy, so the idempotent row is the like-for-like durable 
   from the beginning, `consume()` in batches of up to 10,000.
 
 `--runs` runs of every row, in turn on the same server (fresh topics each run): each row's median
-run, every run's msgs/s, transactions/s and the median commit's duration (`commit_transaction()`
-alone), server CPU µs per message, and each transactional row's share of the idempotent row's
-throughput in the same run (the median of the runs' shares); with `--json`, the same as JSON.
+run, every run's msgs/s, transactions/s and the commits' durations (`commit_transaction()` alone,
+median and 90th percentile), server CPU µs per message, and each transactional row's share of
+the idempotent row's throughput in the same run (the median of the runs' shares); with `--json`,
+the same as JSON.
 
     python -m loadtest.txn_bench --seconds 10 --runs 3
 """
@@ -177,6 +178,9 @@ def _one_run(pid: int, address: str, bootstrap: str, run: int, seconds: float) -
             "msgs_per_s": round(sent / elapsed),
             "txns_per_s": round(len(commits) / elapsed, 1),
             "commit_ms_p50": round(statistics.median(commits) * 1000, 1) if commits else 0,
+            "commit_ms_p90": round(sorted(commits)[len(commits) * 9 // 10] * 1000, 1)
+            if commits
+            else 0,
             "server_cpu_us_per_msg": round(cpu / sent * 1e6, 2),
             "records": sent,
         }
@@ -236,16 +240,19 @@ def run(seconds: float, runs: int) -> dict[str, Any]:
 
 def table(result: dict[str, Any]) -> str:
     head = (
-        f"{'row':36} {'msgs/s':>9} {'runs':>26} {'txns/s':>7} {'commit ms':>9} "
+        f"{'row':36} {'msgs/s':>9} {'runs':>26} {'txns/s':>7} {'commit ms p50/p90':>17} "
         f"{'server µs/msg':>13} {'of idempotent':>13}"
     )
     lines = [head]
     for name, row in result["rows"].items():
         share = row.get("of_idempotent")
         runs = " / ".join(f"{x:,}" for x in row["runs_msgs_per_s"])
+        commit = (
+            f"{row['commit_ms_p50']} / {row['commit_ms_p90']}" if "commit_ms_p50" in row else ""
+        )
         lines.append(
             f"{name:36} {row['msgs_per_s']:>9,} {runs:>26} {row.get('txns_per_s', ''):>7} "
-            f"{row.get('commit_ms_p50', ''):>9} {row['server_cpu_us_per_msg']:>13} "
+            f"{commit:>17} {row['server_cpu_us_per_msg']:>13} "
             f"{'' if share is None else f'{share:.0%}':>13}"
         )
     lines.append(
