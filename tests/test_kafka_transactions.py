@@ -149,6 +149,54 @@ def test_read_committed_sees_exactly_the_committed_records_and_uncommitted_the_a
         )
 
 
+def test_two_producers_interleaved_on_the_same_partitions_are_told_apart(
+    kafka: KafkaServer, topic_name: str
+) -> None:
+    """A librdkafka and a kafka-python transactional producer and plain records interleaved in
+    the same partitions: read_committed stops at the oldest open transaction, drops the aborted
+    one's records wherever they fall between the committed ones, and reads on once it ends."""
+    partitions = create(kafka, [topic_name])
+    a = producer("confluent", kafka.bootstrap, f"{topic_name}-a")
+    b = producer("kafka-python", kafka.bootstrap, f"{topic_name}-b")
+    log: list[list[Record]] = []  # every write, in the log's order
+
+    def write(txn: TxnProducer | None, tag: str) -> list[Record]:
+        records = _records(partitions, tag, 1)
+        if txn is None:
+            produce_plain(kafka.bootstrap, records)
+        else:
+            txn.send(records)
+            txn.flush()
+        log.append(records)
+        return records
+
+    try:
+        a.begin()
+        b.begin()
+        a1, _b1, a2, plain1 = write(a, "a1"), write(b, "b1"), write(a, "a2"), write(None, "p1")
+        a.commit()
+        write(b, "b2")
+        b.abort()
+        a.begin()
+        a3 = write(a, "a3")  # left open for now
+        b.begin()
+        b3 = write(b, "b3")
+        b.commit()
+        everything = _expect(partitions, *log)
+        assert values(read("aiokafka", kafka.bootstrap, partitions, committed=False)) == everything
+        for reader in ("confluent", "kafka-python"):
+            # up to a3's open transaction: b3, committed after it, waits
+            seen = read(reader, kafka.bootstrap, partitions, committed=True)
+            assert values(seen) == _expect(partitions, a1, a2, plain1), reader
+        a.commit()
+        for reader in CLIENTS:
+            seen = read(reader, kafka.bootstrap, partitions, committed=True)
+            assert values(seen) == _expect(partitions, a1, a2, plain1, a3, b3), reader
+    finally:
+        a.close()
+        b.close()
+
+
 # Offsets sent in a transaction
 
 
