@@ -44,7 +44,9 @@ run: $(RUN_STAMP)
 # The long runs have their own target, `make test-long`, which .ci/run runs after this one: the
 # fixed-seed explorations of the two fuzzers (the state machine and the pipelined admin model; their
 # recorded reproductions stay here), the cluster attack modules (kill -9 rounds with uploads,
-# take-overs, topics racing across brokers), the standalone Spark cluster (four JVMs), the
+# take-overs, topics racing across brokers), Kafka transactions under kill -9 (a loop of them
+# killed six times, the exactly-once application over 100,000 records, ends cut mid-way), the
+# standalone Spark cluster (four JVMs), the
 # streaming query across a server restart (its task-level restart test stays in `make test`), the
 # streaming query whose driver is killed twice (three driver JVMs one after the other), the sink's
 # task retries (a driver of its own on local[2,4]), the incremental compaction of a 1,000,000-record
@@ -52,7 +54,8 @@ run: $(RUN_STAMP)
 LONG_TESTS := tests/test_statemachine.py::test_state_machine \
 	tests/test_statemachine.py::test_state_machine_with_auth \
 	tests/test_admin_fuzz.py::test_pipelined_admin_requests_against_a_model \
-	tests/test_cluster_attack.py tests/test_cluster_attack_tail.py tests/test_cluster_attack_topics.py
+	tests/test_cluster_attack.py tests/test_cluster_attack_tail.py tests/test_cluster_attack_topics.py \
+	tests/test_transactions_attack.py
 SPARK_LONG := tests/test_spark_cluster.py \
 	tests/test_spark_stream_restart.py::test_a_query_rides_through_a_server_restart_exactly_once \
 	tests/test_spark_compaction.py::test_one_percent_new_records_cost_a_few_percent_of_a_full_run \

@@ -62,6 +62,7 @@ UNIT_MODULES = {
     "test_owned_threads",
     "test_pump_wakeups",
     "test_records",
+    "test_transaction_model",
     "test_request_table",
     "test_retry_policy",
     "test_session",

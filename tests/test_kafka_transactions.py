@@ -7,8 +7,13 @@ ones with the aborted records too, as Kafka documents; offsets sent in a transac
 group's committed offsets only when it commits; a second producer of the same transactional id
 fences the first, none of whose later writes is ever visible; a transaction left open is aborted
 after its timeout, the last stable offset moves on and its producer is fenced; the coordinator's
-states are listed and described through kafka-python's admin client. The long runs under kill -9
-are tests/test_transactions_attack.py.
+states are listed and described through kafka-python's admin client.
+
+Under kill -9 (a server of the test's own, restarted on the same Kafka port): markers and aborted
+ranges across segment rolls, uploads and local retention; an end cut after its decision is
+completed on start, and one whose producer went mid-commit goes on; a consume-transform-produce
+application over 20,000 records killed three times and its server twice is exactly once. The long
+runs are tests/test_transactions_attack.py.
 """
 
 from __future__ import annotations
@@ -23,19 +28,20 @@ from typing import Any
 
 import pytest
 from kafka import KafkaAdminClient
-from kafka.admin import NewTopic
 
 from headwater.server.kafka import codec
 from headwater.server.kafka.apis import SERVED
 from headwater.server.kafka.messages.produce import InitProducerIdRequest
+from headwater.server.kafka.messages.transactions import EndTxnRequest
 from tests.support.kafka_support import KafkaServer, RawKafka
-from tests.support.txn_attack import exactly_once_run
+from tests.support.txn_attack import create, exactly_once_run
 from tests.support.txn_clients import (
     CLIENTS,
     Partition,
     Record,
     TxnProducer,
     fenced,
+    produce_plain,
     producer,
     read,
     seal,
@@ -51,18 +57,9 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaServer]:
     server.stop()
 
 
-def _create(server: KafkaServer, topics: list[str], partitions: int = 3) -> list[Partition]:
-    admin = KafkaAdminClient(bootstrap_servers=server.bootstrap, request_timeout_ms=10_000)
-    try:
-        admin.create_topics([NewTopic(t, partitions, 1) for t in topics])
-    finally:
-        admin.close()
-    return [(t, p) for t in topics for p in range(partitions)]
-
-
 def _nine(server: KafkaServer, topic_name: str) -> list[Partition]:
     """3 topics x 3 partitions."""
-    return _create(server, [f"{topic_name}-{i}" for i in range(3)])
+    return create(server, [f"{topic_name}-{i}" for i in range(3)])
 
 
 def _records(partitions: list[Partition], tag: str, per_partition: int = 3) -> list[Record]:
@@ -71,16 +68,6 @@ def _records(partitions: list[Partition], tag: str, per_partition: int = 3) -> l
         for n in range(per_partition)
         for topic, index in partitions
     ]
-
-
-def _plain(server: KafkaServer, records: list[Record]) -> None:
-    """Non-transactional records, acknowledged by all."""
-    from confluent_kafka import Producer
-
-    plain = Producer({"bootstrap.servers": server.bootstrap, "linger.ms": 0})
-    for topic, index, value in records:
-        plain.produce(topic, value, partition=index)
-    assert plain.flush(30) == 0
 
 
 def _by_partition(records: list[Record]) -> dict[Partition, list[bytes]]:
@@ -162,6 +149,54 @@ def test_read_committed_sees_exactly_the_committed_records_and_uncommitted_the_a
         )
 
 
+def test_two_producers_interleaved_on_the_same_partitions_are_told_apart(
+    kafka: KafkaServer, topic_name: str
+) -> None:
+    """A librdkafka and a kafka-python transactional producer and plain records interleaved in
+    the same partitions: read_committed stops at the oldest open transaction, drops the aborted
+    one's records wherever they fall between the committed ones, and reads on once it ends."""
+    partitions = create(kafka, [topic_name])
+    a = producer("confluent", kafka.bootstrap, f"{topic_name}-a")
+    b = producer("kafka-python", kafka.bootstrap, f"{topic_name}-b")
+    log: list[list[Record]] = []  # every write, in the log's order
+
+    def write(txn: TxnProducer | None, tag: str) -> list[Record]:
+        records = _records(partitions, tag, 1)
+        if txn is None:
+            produce_plain(kafka.bootstrap, records)
+        else:
+            txn.send(records)
+            txn.flush()
+        log.append(records)
+        return records
+
+    try:
+        a.begin()
+        b.begin()
+        a1, _b1, a2, plain1 = write(a, "a1"), write(b, "b1"), write(a, "a2"), write(None, "p1")
+        a.commit()
+        write(b, "b2")
+        b.abort()
+        a.begin()
+        a3 = write(a, "a3")  # left open for now
+        b.begin()
+        b3 = write(b, "b3")
+        b.commit()
+        everything = _expect(partitions, *log)
+        assert values(read("aiokafka", kafka.bootstrap, partitions, committed=False)) == everything
+        for reader in ("confluent", "kafka-python"):
+            # up to a3's open transaction: b3, committed after it, waits
+            seen = read(reader, kafka.bootstrap, partitions, committed=True)
+            assert values(seen) == _expect(partitions, a1, a2, plain1), reader
+        a.commit()
+        for reader in CLIENTS:
+            seen = read(reader, kafka.bootstrap, partitions, committed=True)
+            assert values(seen) == _expect(partitions, a1, a2, plain1, a3, b3), reader
+    finally:
+        a.close()
+        b.close()
+
+
 # Offsets sent in a transaction
 
 
@@ -199,10 +234,11 @@ def _committed_offsets(server: KafkaServer, group: str, partitions: list[Partiti
 def test_offsets_sent_in_a_transaction_move_the_group_only_when_it_commits(
     kafka: KafkaServer, topic_name: str, client: str
 ) -> None:
-    inputs = _create(kafka, [f"{topic_name}-in"])
-    outputs = _create(kafka, [f"{topic_name}-out"])
+    inputs = create(kafka, [f"{topic_name}-in"])
+    outputs = create(kafka, [f"{topic_name}-out"])
     group = f"{topic_name}-group"
-    _plain(kafka, _records(inputs, "input", 10))  # offsets within what the partitions hold
+    # the offsets sent are within what the partitions hold (a group's cursor stops at the end)
+    produce_plain(kafka.bootstrap, _records(inputs, "input", 10))
     txn = producer(client, kafka.bootstrap, f"{topic_name}-txn")
     try:
         assert _committed_offsets(kafka, group, inputs) == {}
@@ -290,6 +326,63 @@ def test_a_second_producer_of_the_same_id_fences_the_first_whose_writes_never_sh
     )
 
 
+def _end_unanswered(
+    server: KafkaServer, admin: KafkaAdminClient, transactional_id: str, commit: bool
+) -> RawKafka:
+    """EndTxn of the id's transaction in progress, sent on a connection of its own and not
+    waited for (the caller closes it)."""
+    held = admin.describe_transactions([transactional_id])[transactional_id]
+    raw = RawKafka(server.kafka_port)
+    end = EndTxnRequest(transactional_id, held.producer_id, held.producer_epoch, commit)
+    raw.request(26, 1, 1, codec.encode(SERVED[26].requests[1], end))
+    return raw
+
+
+def _state_after(admin: KafkaAdminClient, transactional_id: str, state: Any) -> Any:
+    """The id's state once it is no longer `state` (DescribeTransactions polled, 10 s at most)."""
+    deadline = time.monotonic() + 10
+    found = state
+    while found == state and time.monotonic() < deadline:
+        found = admin.describe_transactions([transactional_id])[transactional_id].state
+    return found
+
+
+def test_a_commit_whose_producer_went_mid_way_is_completed_and_the_next_instance_starts(
+    kafka: KafkaServer, topic_name: str
+) -> None:
+    """Found: EndTxn's end ran in the request's task, which the connection's close cancels: a
+    producer gone while its commit's markers were being written left the id in PrepareCommit
+    until a restart, and every later instance was refused CONCURRENT_TRANSACTIONS."""
+    from kafka.admin._transactions import TransactionState
+
+    partitions = create(kafka, [f"{topic_name}-{i}" for i in range(2)], partitions=32)
+    transactional_id = f"{topic_name}-txn"
+    txn = producer("confluent", kafka.bootstrap, transactional_id)
+    admin = KafkaAdminClient(bootstrap_servers=kafka.bootstrap, request_timeout_ms=10_000)
+    try:
+        txn.begin()
+        decided = _records(partitions, "decided", 1)
+        txn.send(decided)
+        txn.flush()
+        raw = _end_unanswered(kafka, admin, transactional_id, commit=True)
+        # 64 markers take a while: the producer goes once the commit is decided
+        state = _state_after(admin, transactional_id, TransactionState.ONGOING)
+        raw.close()
+        assert state == TransactionState.PREPARE_COMMIT, state
+        state = _state_after(admin, transactional_id, TransactionState.PREPARE_COMMIT)
+        assert state == TransactionState.COMPLETE_COMMIT, state
+        started = time.monotonic()
+        producer("confluent", kafka.bootstrap, transactional_id).close()
+        assert time.monotonic() - started < 10
+    finally:
+        admin.close()
+        with contextlib.suppress(Exception):
+            txn.close()
+    assert values(read("confluent", kafka.bootstrap, partitions, committed=True)) == _expect(
+        partitions, decided
+    )
+
+
 # An abandoned transaction
 
 
@@ -308,7 +401,7 @@ def _last_stable(server: KafkaServer, partitions: list[Partition]) -> dict[Parti
 def test_a_transaction_left_open_is_aborted_after_its_timeout_and_its_producer_fenced(
     kafka: KafkaServer, topic_name: str, client: str
 ) -> None:
-    partitions = _create(kafka, [topic_name])
+    partitions = create(kafka, [topic_name])
     txn = producer(client, kafka.bootstrap, f"{topic_name}-txn", **timeout_config(client, 3000))
     try:
         started = time.monotonic()
@@ -318,7 +411,7 @@ def test_a_transaction_left_open_is_aborted_after_its_timeout_and_its_producer_f
         txn.flush()
         # records after the open transaction's first: read_committed stops before all of them
         after = _records(partitions, "after")
-        _plain(kafka, after)
+        produce_plain(kafka.bootstrap, after)
         assert _last_stable(kafka, partitions) == {tp: 0 for tp in partitions}
         assert values(read("confluent", kafka.bootstrap, partitions, committed=True)) == {
             tp: [] for tp in partitions
@@ -351,7 +444,7 @@ def test_transactions_are_listed_and_described_through_kafka_python_admin(
     from kafka.admin._transactions import TransactionState
     from kafka.errors import TransactionalIdNotFoundError
 
-    partitions = _create(kafka, [topic_name])
+    partitions = create(kafka, [topic_name])
     transactional_id = f"{topic_name}-txn"
     admin = KafkaAdminClient(bootstrap_servers=kafka.bootstrap, request_timeout_ms=10_000)
     txn = None
@@ -416,14 +509,7 @@ def test_markers_and_aborted_ranges_survive_kill_9_and_segment_rolls(
     server = KafkaServer(tmp_path / "data", same_port=True).start()
     try:
         topics = [f"{topic_name}-{i}" for i in range(3)]
-        admin = KafkaAdminClient(bootstrap_servers=server.bootstrap, request_timeout_ms=10_000)
-        try:
-            admin.create_topics(
-                [NewTopic(t, 3, 1, topic_configs={"segment.bytes": "1024"}) for t in topics]
-            )
-        finally:
-            admin.close()
-        partitions = [(t, p) for t in topics for p in range(3)]
+        partitions = create(server, topics, {"segment.bytes": "1024"})
         txn = producer("confluent", server.bootstrap, f"{topic_name}-txn")
         groups: list[tuple[bool, list[Record]]] = []
         try:
@@ -462,6 +548,137 @@ def test_markers_and_aborted_ranges_survive_kill_9_and_segment_rolls(
         assert values(read("confluent", server.bootstrap, partitions, committed=True)) == _expect(
             partitions, *(r for commit, r in groups if commit), after
         )
+    finally:
+        server.stop()
+
+
+def test_segments_read_back_from_the_object_store_keep_their_transactions(
+    tmp_path: Path, topic_name: str
+) -> None:
+    """Segments uploaded and deleted locally by retention (`retention.bytes`): read_committed
+    readers of the object store's copies still drop the aborted transactions and read the
+    committed ones, and so after a kill -9."""
+    server = KafkaServer(tmp_path / "data", same_port=True).start()
+    try:
+        configs = {"segment.bytes": "1024", "retention.bytes": "1024"}
+        partitions = create(server, [topic_name], configs)
+        txn = producer("confluent", server.bootstrap, f"{topic_name}-txn")
+        groups: list[tuple[bool, list[Record]]] = []
+        try:
+            for number in range(12):
+                records = _records(partitions, f"t{number}")
+                txn.begin()
+                txn.send(records)
+                txn.flush()
+                commit = number % 3 != 1
+                txn.commit() if commit else txn.abort()
+                groups.append((commit, records))
+        finally:
+            txn.close()
+        first = [
+            server.process.data_dir / "topics" / t / str(p) / f"{0:020d}.log" for t, p in partitions
+        ]
+        deadline = time.monotonic() + 30
+        while any(path.exists() for path in first) and time.monotonic() < deadline:
+            time.sleep(0.1)  # housekeeping runs once a second: a bounded poll of its effect
+        assert not any(path.exists() for path in first), "retention kept the first segments"
+        committed = _expect(partitions, *(r for commit, r in groups if commit))
+        everything = _expect(partitions, *(r for _, r in groups))
+        for restarted in (False, True):
+            if restarted:
+                server.kill()
+                server.start()
+                seal(server.bootstrap, partitions)
+            for reader in ("confluent", "aiokafka"):
+                seen = read(reader, server.bootstrap, partitions, committed=True)
+                assert values(seen) == committed
+            seen = read("kafka-python", server.bootstrap, partitions, committed=False)
+            assert values(seen) == everything
+    finally:
+        server.stop()
+
+
+def test_an_aborted_transaction_stays_hidden_after_a_kill_9_with_the_next_one_open(
+    tmp_path: Path, topic_name: str
+) -> None:
+    """Found (by the kill loop of tests/test_transactions_attack.py): on start the last
+    segment's batches were followed again on top of the stored state, so the first
+    transaction's abort marker closed the open second one: its aborted range was stored again
+    from the second's first offset, which hides nothing, and after the next start the aborted
+    records showed."""
+    server = KafkaServer(tmp_path / "data", same_port=True).start()
+    try:
+        partitions = create(server, [topic_name])
+        transactional_id = f"{topic_name}-txn"
+        txn = producer("confluent", server.bootstrap, transactional_id)
+        aborted, left_open = _records(partitions, "aborted"), _records(partitions, "open")
+        try:
+            txn.begin()
+            txn.send(aborted)
+            txn.flush()
+            txn.abort()
+            txn.begin()
+            txn.send(left_open)
+            txn.flush()
+            server.kill()
+        finally:
+            with contextlib.suppress(Exception):
+                txn.close()
+        server.start()
+        server.kill()  # what the first start stored is all the second has
+        server.start()
+        # a new instance aborts the transaction the kill left open
+        producer("confluent", server.bootstrap, transactional_id).close()
+        seal(server.bootstrap, partitions)
+        for committed in (True, False):
+            expected = (
+                {tp: [] for tp in partitions}
+                if committed
+                else _expect(partitions, aborted, left_open)
+            )
+            assert values(read("confluent", server.bootstrap, partitions, committed)) == expected
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("commit", [True, False], ids=["commit", "abort"])
+def test_an_end_cut_by_kill_9_is_completed_on_start(
+    tmp_path: Path, topic_name: str, commit: bool
+) -> None:
+    """The server is killed -9 while it writes the markers of a transaction over 64
+    partitions (its decision stored: PrepareCommit or PrepareAbort seen); on start the
+    coordinator completes it: all of it readable, or none, and the last stable offset moves."""
+    from kafka.admin._transactions import TransactionState
+
+    server = KafkaServer(tmp_path / "data", same_port=True).start()
+    try:
+        partitions = create(server, [f"{topic_name}-{i}" for i in range(2)], partitions=32)
+        transactional_id = f"{topic_name}-txn"
+        txn = producer("confluent", server.bootstrap, transactional_id)
+        admin = KafkaAdminClient(bootstrap_servers=server.bootstrap, request_timeout_ms=10_000)
+        ended = _records(partitions, "ended", 1)
+        try:
+            txn.begin()
+            txn.send(ended)
+            txn.flush()
+            raw = _end_unanswered(server, admin, transactional_id, commit)
+            state = _state_after(admin, transactional_id, TransactionState.ONGOING)
+            server.kill()
+            raw.close()
+            prepared = "PrepareCommit" if commit else "PrepareAbort"
+            assert state == TransactionState(prepared), state
+        finally:
+            admin.close()
+            with contextlib.suppress(Exception):
+                txn.close()
+        server.start()
+        assert "transactions.resuming_end" in server.process.log_path.read_text()
+        seal(server.bootstrap, partitions)
+        expected = _expect(partitions, ended if commit else [])
+        assert values(read("confluent", server.bootstrap, partitions, committed=True)) == expected
+        # nothing left open: the stable end is the end (each partition's seal the last record)
+        ends = read("confluent", server.bootstrap, partitions, committed=False)
+        assert _last_stable(server, partitions) == {tp: r[-1][0] + 1 for tp, r in ends.items()}
     finally:
         server.stop()
 

@@ -14,11 +14,14 @@ each append, this table keeps:
   (`aborted_overlapping`), as Kafka's broker does from its transaction index.
 
 A marker for a producer with nothing open here (a partition added to a transaction but never
-written, or a marker written again after a crash) changes nothing. In a cluster a new owner rebuilds
-the table from the log after a take-over; meanwhile it is `held` at an offset no transaction it may
-find open starts below, so the LSO does not run ahead of what is known. The table is pure state
-(`appended` is told each batch's header); the server persists what changes (open transactions in the
-producer entries' neighbour keys, aborted ranges once each) and rebuilds it on start.
+written, or a marker written again after a crash) changes nothing, nor does one below the first
+offset of the producer's open transaction: an earlier transaction's, followed again on start
+(the stored state is already past it; closing the open one with it would store an aborted range
+that hides nothing). In a cluster a new owner rebuilds the table from the log after a take-over;
+meanwhile it is `held` at an offset no transaction it may find open starts below, so the LSO does
+not run ahead of what is known. The table is pure state (`appended` is told each batch's header);
+the server persists what changes (open transactions in the producer entries' neighbour keys,
+aborted ranges once each) and rebuilds it on start.
 """
 
 from __future__ import annotations
@@ -82,9 +85,12 @@ class PartitionTransactions:
         anything the server persists."""
         producer = header.producer_id
         if header.control:
-            first = self.open.pop(producer, None)
-            if first is None:
+            first = self.open.get(producer)
+            if first is None or header.base_offset < first:
+                # nothing open here, or the marker of an earlier transaction (the last
+                # segment's batches are followed again on start, over the stored state)
                 return None
+            del self.open[producer]
             aborted = None
             if marker == Marker.ABORT:
                 aborted = AbortedRange(producer, first, header.base_offset)

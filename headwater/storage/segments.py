@@ -63,7 +63,6 @@ INDEX_ENTRY = struct.Struct(">qqq")
 LENGTH_PREFIX: Final = 12  # baseOffset int64 + batchLength int32
 _MAGIC_POSITION: Final = 16
 _MAGIC: Final = b"\x02"
-_LENGTH_END: Final = 12  # base offset and length: the bytes the length field does not count
 _CRC_START: Final = 21  # the CRC covers the batch from its attributes on
 _ATTRIBUTES_LOW: Final = 22  # the attributes' low byte (int16 at 21)
 
@@ -230,7 +229,7 @@ def check_stored(batch: bytes | memoryview) -> BatchInfo:
     )
     if (
         magic != 2
-        or length != len(batch) - _LENGTH_END
+        or length != len(batch) - LENGTH_PREFIX
         or (count, delta) != (1, 0)
         or producer < 0
         or crc32c.crc32c(memoryview(batch)[_CRC_START:]) != crc

@@ -8,10 +8,11 @@ it checks the output read_committed: one record per input record, in input order
 the group's committed offsets at the input's end.
 
 `transaction_loop` runs confluent-kafka transactions (random commit or abort, several partitions
-each) while a thread kills the server -9 at random moments and starts it again; each
-transaction's outcome is what the client was told (committed, aborted, or unknown when the call
-failed). `check_outcomes` then reads every partition read_committed: a committed transaction's
-records all there once, an aborted one's never, an unknown one's all or none, never half.
+each) while a thread kills the server -9 and starts it again each time the loop has taken a
+random number of steps (so at a moment the loop reached, not after a time); each transaction's
+outcome is what the client was told (committed, aborted, or unknown when the call failed).
+`check_outcomes` then reads every partition read_committed: a committed transaction's records
+all there once, an aborted one's never, an unknown one's all or none, never half.
 """
 
 from __future__ import annotations
@@ -35,14 +36,21 @@ PARTITIONS = 3
 KEYS = 30  # keys k0..k29: key j lives in input partition j % 3
 
 
-def create(server: KafkaServer, topics: list[str], configs: dict[str, str] | None = None) -> None:
+def create(
+    server: KafkaServer,
+    topics: list[str],
+    configs: dict[str, str] | None = None,
+    partitions: int = PARTITIONS,
+) -> list[Partition]:
+    """Reliable topics through Kafka's CreateTopics; their partitions."""
     admin = KafkaAdminClient(bootstrap_servers=server.bootstrap, request_timeout_ms=30_000)
     try:
         admin.create_topics(
-            [NewTopic(t, PARTITIONS, 1, topic_configs=configs or {}) for t in topics]
+            [NewTopic(t, partitions, 1, topic_configs=configs or {}) for t in topics]
         )
     finally:
         admin.close()
+    return [(t, p) for t in topics for p in range(partitions)]
 
 
 # The exactly-once application
@@ -68,6 +76,11 @@ def _write_input(server: KafkaServer, topic: str, records: int) -> None:
             producer.poll(0)
     if producer.flush(60):
         raise RuntimeError("the input was not all delivered in 60 s")
+
+
+def _ends(records: int) -> dict[int, int]:
+    """Each input partition's end: record i is at offset i // 3 of partition i % 3."""
+    return {p: (records - p + PARTITIONS - 1) // PARTITIONS for p in range(PARTITIONS)}
 
 
 class _Progress:
@@ -111,7 +124,8 @@ def exactly_once_run(
     plan = list(zip(points, kinds, strict=True))
     run = Run()
     command = [sys.executable, "-m", "tests.support.eos_app", server.bootstrap]
-    command += [source, output, group, f"{name}-txn"]
+    ends = _ends(records)
+    command += [source, output, group, f"{name}-txn", ",".join(map(str, ends.values()))]
     progress = _Progress(server, source, group)
     app: subprocess.Popen[bytes] | None = None
     deadline = time.monotonic() + deadline_s
@@ -185,11 +199,8 @@ def _check_output(server: KafkaServer, source: str, output: str, group: str, rec
     assert len(produced) == records
     progress = _Progress(server, source, group)
     try:
-        ends = {
-            p: len([i for i in range(records) if i % PARTITIONS == p]) for p in range(PARTITIONS)
-        }
         found = progress.consumer.committed(progress.partitions, 30)
-        assert {tp.partition: tp.offset for tp in found} == ends
+        assert {tp.partition: tp.offset for tp in found} == _ends(records)
     finally:
         progress.close()
 
@@ -204,21 +215,43 @@ class Outcome:
     told: str  # "committed", "aborted" or "unknown"
 
 
-def _killer(
-    server: KafkaServer,
-    kills: int,
-    rng: random.Random,
-    gap: tuple[float, float],
-    stop: threading.Event,
-) -> list[float]:
-    done: list[float] = []
-    for _ in range(kills):
-        if stop.wait(rng.uniform(*gap)):
-            break
-        server.kill()
-        done.append(time.monotonic())
-        server.start()
-    return done
+class _Killer(threading.Thread):
+    """Kills the server -9 and starts it again `kills` times, each once the loop has taken a
+    random 1 to 30 more steps (a begin, its records produced, its end): so a kill lands at a
+    moment the loop reached, anywhere in a transaction, commits in flight included."""
+
+    def __init__(self, server: KafkaServer, kills: int, rng: random.Random) -> None:
+        super().__init__(daemon=True)
+        self.server, self.kills, self.rng = server, kills, rng
+        self.steps = 0
+        self.done = 0
+        self.stopping = False
+        self.changed = threading.Condition()
+
+    def step(self) -> None:
+        with self.changed:
+            self.steps += 1
+            self.changed.notify()
+
+    def stop(self) -> None:
+        with self.changed:
+            self.stopping = True
+            self.changed.notify()
+        self.join(120)
+
+    def run(self) -> None:
+        for _ in range(self.kills):
+            with self.changed:
+                target = self.steps + self.rng.randint(1, 30)
+                if not self.changed.wait_for(
+                    lambda t=target: self.steps >= t or self.stopping, timeout=120
+                ):
+                    return
+                if self.stopping:
+                    return
+            self.server.kill()
+            self.done += 1
+            self.server.start()
 
 
 def transaction_loop(
@@ -227,17 +260,14 @@ def transaction_loop(
     transactions: int,
     kills: int,
     rng: random.Random,
-    gap: tuple[float, float] = (0.3, 1.5),
     per_partition: int = 20,
+    deadline_s: float = 180,
 ) -> tuple[list[Outcome], int]:
-    """`transactions` transactions; returns their outcomes and the kills done."""
+    """At least `transactions` transactions, and more until `kills` are done; returns their
+    outcomes and the kills done."""
     from confluent_kafka import KafkaException, Producer
 
-    stop = threading.Event()
-    kill_times: list[float] = []
-    killer = threading.Thread(
-        target=lambda: kill_times.extend(_killer(server, kills, rng, gap, stop)), daemon=True
-    )
+    killer = _Killer(server, kills, random.Random(rng.random()))
     outcomes: list[Outcome] = []
 
     def new_producer() -> Producer:
@@ -259,9 +289,15 @@ def transaction_loop(
         raise RuntimeError("init_transactions did not succeed in 30 tries")
 
     killer.start()
+    deadline = time.monotonic() + deadline_s
     try:
         producer = new_producer()
-        for number in range(transactions):
+        number = -1
+        # at least `transactions`, and on until every kill is done
+        while number + 1 < transactions or killer.is_alive():
+            number += 1
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{number} transactions and the kills not done in time")
             chosen = rng.sample(partitions, k=rng.randint(1, len(partitions)))
             records = tuple(
                 (topic, index, f"t{number}-{topic[-1]}{index}-{n}".encode())
@@ -271,31 +307,37 @@ def transaction_loop(
             commit = rng.random() < 0.7
             try:
                 producer.begin_transaction()
+                killer.step()
                 for topic, index, value in records:
                     producer.produce(topic, value, partition=index)
                 producer.poll(0)
+                killer.step()
                 if commit:
                     producer.commit_transaction(10)
                 else:
                     producer.flush(10)
                     producer.abort_transaction(10)
                 outcomes.append(Outcome(number, records, "committed" if commit else "aborted"))
+                killer.step()
             except KafkaException:
                 outcomes.append(Outcome(number, records, "unknown"))
                 # a new instance fences the old and settles its transaction
                 producer = new_producer()
     finally:
-        stop.set()
-        killer.join(120)
-    return outcomes, len(kill_times)
+        killer.stop()
+    return outcomes, killer.done
 
 
 def check_outcomes(
     server: KafkaServer, partitions: list[Partition], outcomes: list[Outcome]
 ) -> None:
+    seal(server.bootstrap, partitions)
     seen = read("confluent", server.bootstrap, partitions, committed=True)
     where: Counter[tuple[str, int, bytes]] = Counter(
-        (topic, index, value) for (topic, index), found in seen.items() for _o, _k, value in found
+        (topic, index, value)
+        for (topic, index), found in seen.items()
+        for _o, _k, value in found
+        if value != SEAL
     )
     for outcome in outcomes:
         present = [where[r] for r in outcome.records]

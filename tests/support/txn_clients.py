@@ -6,7 +6,7 @@ one test body runs against each: `begin`, `send` (records to explicit partitions
 `commit`, `abort`, `send_offsets` (a group's offsets in the transaction) and `close`.
 `fenced(exc)` says whether an exception is the client's way of telling its producer was fenced
 (librdkafka: a fatal error, `_FENCED` or PRODUCER_FENCED; the two Python clients: their
-ProducerFenced errors).
+ProducerFenced or InvalidProducerEpoch errors).
 
 `read(client, bootstrap, partitions, committed)` reads partitions from their start until each
 position reaches the partition's end as ListOffsets tells it for the isolation level (the last
@@ -192,8 +192,13 @@ class AiokafkaProducer(TxnProducer):
     def flush(self) -> None:
         """Every record sent delivered; a refused one raises."""
         sent, self.sent = self.sent, []
-        self._run(self.producer.flush())
-        self._run(asyncio.gather(*sent))
+
+        async def flush() -> None:
+            await self.producer.flush()
+            for delivery in sent:
+                await delivery
+
+        self._run(flush())
 
     def commit(self) -> None:
         self._run(self.producer.commit_transaction())
@@ -212,10 +217,22 @@ class AiokafkaProducer(TxnProducer):
 
     def close(self) -> None:
         sent, self.sent = self.sent, []
+
+        async def stop() -> None:
+            await asyncio.gather(*sent, return_exceptions=True)
+            await self.producer.stop()
+
+        async def end_tasks() -> None:
+            # a fenced producer's stop raises with its tasks still running: end them here
+            left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in left:
+                task.cancel()
+            await asyncio.gather(*left, return_exceptions=True)
+
         try:
-            self._run(asyncio.gather(*sent, return_exceptions=True))
-            self._run(self.producer.stop())
+            self._run(stop())
         finally:
+            self.loop.run_until_complete(end_tasks())
             self.loop.close()
 
 
@@ -249,11 +266,9 @@ def fenced(exc: BaseException) -> bool:
     from kafka.errors import KafkaError as KafkaPythonError
 
     if isinstance(exc, KafkaException):
-        error = exc.args[0]
+        error = exc.args[0]  # librdkafka: fenced is fatal, the producer is done
         return bool(
-            error.code()
-            in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)
-            or (error.fatal() and "fenced" in error.str().lower())
+            error.fatal() and error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED)
         )
     if type(exc) is KafkaPythonError:
         # kafka-python's state after a fatal error, named in the message: it takes this broker
@@ -399,12 +414,20 @@ def values(seen: dict[Partition, list[Seen]]) -> dict[Partition, list[bytes]]:
     }
 
 
-def seal(bootstrap: str, partitions: Iterable[Partition]) -> None:
-    """A plain record after whatever each partition holds, past a restart's offset gap."""
+def produce_plain(bootstrap: str, records: Iterable[Record]) -> None:
+    """Non-transactional records, each acknowledged by all (a refusal raises)."""
     from confluent_kafka import Producer
 
     plain = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
-    for topic, index in partitions:
-        plain.produce(topic, SEAL, partition=index)
-    if plain.flush(TIMEOUT):
-        raise RuntimeError(f"the seals were not delivered in {TIMEOUT} s")
+    failed: list[object] = []
+    for topic, index, value in records:
+        plain.produce(
+            topic, value, partition=index, on_delivery=lambda e, _m: e and failed.append(e)
+        )
+    if plain.flush(TIMEOUT) or failed:
+        raise RuntimeError(f"records not all delivered in {TIMEOUT} s: {failed[:3]}")
+
+
+def seal(bootstrap: str, partitions: Iterable[Partition]) -> None:
+    """A plain record after whatever each partition holds, past a restart's offset gap."""
+    produce_plain(bootstrap, [(topic, index, SEAL) for topic, index in partitions])

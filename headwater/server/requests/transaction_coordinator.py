@@ -349,8 +349,27 @@ class TransactionCoordinator:
                 return  # already so (a retry)
             if commit:
                 await self._placement.make_durable(prepared.partitions)
-            await self._store(prepared)
-            await self._complete(prepared)
+            # the decision and its completion go on if the caller goes (a producer killed
+            # mid-commit: its connection's close cancels the request); cut short, the id stayed
+            # in PREPARE_* until a restart, refusing every new instance
+            decided = spawn(
+                self._decide(prepared),
+                "transactions.end_failed",
+                self._tasks,
+                transactional_id=transactional_id,
+            )
+            try:
+                await asyncio.shield(decided)
+            except asyncio.CancelledError:
+                # the caller went: the id's lock is kept until the decision is complete, so no
+                # other request sees the id between its end's start and its stored outcome
+                with contextlib.suppress(Exception):
+                    await decided
+                raise
+
+    async def _decide(self, prepared: Transaction) -> None:
+        await self._store(prepared)
+        await self._complete(prepared)
 
     def unverified(self, producer_id: int, epoch: int, topic: str, partition: int) -> bool:
         """Whether `verify` would refuse now while the state may say otherwise once read again
