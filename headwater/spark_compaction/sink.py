@@ -62,9 +62,10 @@ what is written: key `<topic>/<query id>`, the last batch id written.
 
 The ids are per query and partition, not per batch, so their number stays bounded (the server
 keeps 100,000 transactional ids). A cluster's brokers refuse transactions for now (NOT_SUPPORTED,
-before anything is written): the sink then writes as it did before transactions, the marker
-after the records (a batch whose commit was cut short may be written again). A write with no
-query id (`df.write`) is one idempotent produce, not a transaction.
+before anything is written), and a non-reliable topic keeps none: the sink then writes as it did
+before transactions, the marker after the records (a batch whose commit was cut short may be
+written again). A write with no query id (`df.write`) is one idempotent produce, not a
+transaction. Map writes need none: a replayed set or delete leaves the same last value.
 
 This module imports pyspark; only Spark's Python workers and the compaction job import it.
 """
@@ -115,7 +116,7 @@ from headwater.wire.errors import (
     ProducerFenced,
     UnknownTopic,
 )
-from headwater.wire.limits import MAX_MAP_KEYS, MAX_TRANSACTION_TIMEOUT_MS
+from headwater.wire.limits import MAX_MAP_KEYS, MAX_TRANSACTION_TIMEOUT_MS, MAX_TRANSACTIONAL_ID
 from headwater.wire.messages import DispatchMode
 from headwater.wire.names import check_topic_name
 from headwater.wire.records import Compression
@@ -137,7 +138,6 @@ BATCH_ID: Final = "streaming.sql.batchId"  # the local property Spark gives a mi
 QUERY_ID: Final = "sql.streaming.queryId"  # the query's id, kept in its checkpoint across restarts
 DEFAULT_COMMIT_TOPIC: Final = "headwater-sink-commits"
 TRANSACTIONAL_PREFIX: Final = "headwater-sink"
-MAX_TRANSACTIONAL_ID: Final = 249
 ENDS_AT_ONCE: Final = 16  # END_TXN requests the driver's commit has in flight
 # tests only: a file the driver's commit writes the batch id to, then waits to be killed in, at
 # the point a dying driver leaves the most to recover (its rows sent, nothing committed with
