@@ -59,7 +59,6 @@ SPARK_LONG := tests/test_spark_cluster.py \
 	tests/test_spark_stream.py::test_a_driver_killed_twice_restarts_from_its_checkpoint_exactly_once \
 	tests/test_spark_stream.py::test_on_a_standalone_cluster_a_driver_killed_twice_restarts_exactly_once \
 	tests/test_spark_sink.py::test_tasks_retried_after_a_failing_udf_write_every_row_exactly_once \
-	tests/test_spark_sink_exactly_once.py::test_a_task_retried_after_a_failing_udf_writes_its_rows_once_with_commit_task \
 	tests/test_spark_sink_exactly_once.py::test_ten_graceful_stops_and_five_driver_kills_leave_every_row_of_a_rate_stream_once
 test: $(STAMP) disk browser etcd-server kcat
 	$(BIN)/python -m pytest -q -p no:randomly -n auto --dist loadgroup \

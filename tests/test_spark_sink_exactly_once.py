@@ -10,6 +10,8 @@ with `commit=task`:
   and afterwards every row is there once;
 - a task whose first attempt fails after it produced most of its rows (a UDF raising) is retried
   and its rows are there once (`commit=task`: the failed attempt's transaction is aborted);
+- on a cluster, whose brokers refuse transactions for now, the commits fall back to the
+  records, then the marker, and a replayed batch is still skipped;
 - (long) 10 graceful stops at random moments and 5 driver kill -9s during a 200,000-row
   `rate-micro-batch` stream: every row once.
 
@@ -29,11 +31,23 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 import headwater
-from headwater.spark_compaction.sink import DEFAULT_COMMIT_TOPIC, PAUSE_ENV
+from headwater.spark_compaction.sink import (
+    DEFAULT_COMMIT_TOPIC,
+    PAUSE_ENV,
+    SinkSettings,
+    Staged,
+    check_topics,
+    commit_batch,
+    stage_task,
+    write_batch_task,
+)
 from headwater.testing import ServerProcess
+from tests.support.cluster_support import running_cluster
+from tests.support.s3 import MotoS3
 from tests.support.sink_query import FAIL_AT, TRIGGER_ROWS
 from tests.test_spark_sink import created, topic_rows
 from tests.test_spark_stream import _kill, commits, until
@@ -235,6 +249,38 @@ def test_a_task_retried_after_a_failing_udf_writes_its_rows_once_with_commit_tas
     # retries' starts aborted
     failed = sum(_read(server.address, target, raw=True).values()) - rows
     assert 0 < failed < 2 * FAIL_AT, "the failures came before any row reached the sink"
+
+
+def test_on_a_cluster_the_sink_commits_each_batch_once_without_transactions(
+    tmp_path: Path, s3: MotoS3, bucket: str
+) -> None:
+    """A cluster's brokers refuse transactions for now (NOT_SUPPORTED at the producer's start):
+    the sink's commits fall back to the records, then the marker, and a replayed batch is still
+    skipped. The sink's own functions, as Spark's workers call them (one broker, etcd, S3)."""
+    with running_cluster(tmp_path, s3, bucket, 2000) as cluster:
+        cluster.start_broker("b1")
+        address = asyncio.run(cluster.address("b1"))
+
+        async def create() -> None:
+            async with await headwater.connect(address) as client:
+                await client.create_topic("out", partitions=2)
+            await cluster.wait_owned("out", 2, {"b1"})
+
+        asyncio.run(create())
+        rows = pa.record_batch({"key": [f"k{i}".encode() for i in range(4)], "value": [b"v"] * 4})
+        for commit in ("driver", "task"):
+            settings = SinkSettings({"server": address, "topic": "out", "commit": commit})
+            assert check_topics(settings, streaming=True)  # a reliable topic
+            query = f"{commit}-query"
+            if commit == "driver":
+                staged = stage_task(str(tmp_path / "staging"), iter([rows]))
+                messages: list[Any] = [Staged(staged.path, staged.rows, query)]
+            else:
+                messages = [write_batch_task(settings, iter([rows]), query, 0, 0)]
+                assert messages[0].transaction is None  # no transaction to hand over
+            assert commit_batch(settings, messages, 0) == 4
+            assert commit_batch(settings, messages, 0) is None  # a replay: skipped
+        assert _read(address, "out") == Counter({f"k{i}".encode(): 2 for i in range(4)})
 
 
 RATE_BATCH_ROWS, RATE_ROWS, KILLS, STOPS_PER_DRIVER = 4000, 200_000, 5, 2

@@ -92,8 +92,6 @@ class TransactionSession:
     ) -> None:
         self.transactional_id = transactional_id
         self._timeout_ms = round(timeout * 1000)
-        self._connect = connect
-        self._request_timeout = request_timeout
         self._on_closed = on_closed
         self._link = CoordinatorLink(transactional_id, connect, request_timeout)
         self.producer_id = -1
@@ -262,7 +260,9 @@ class TransactionSession:
         for member in list(self.members):
             await member.flush()
 
-    async def _commit(self) -> None:
+    async def _flush_or_abort(self) -> None:
+        """Every send of the transaction acknowledged; if one failed, the transaction is
+        aborted and its error raised."""
         try:
             await self._flush()
         except HeadwaterError as exc:
@@ -271,6 +271,9 @@ class TransactionSession:
                 raise fenced from None
             await self._abort(exc)
             raise
+
+    async def _commit(self) -> None:
+        await self._flush_or_abort()
         if self._begun:
             try:
                 await self._request(self._end(commit=True))
@@ -287,16 +290,8 @@ class TransactionSession:
                 raise
 
     async def _hand_off(self) -> None:
-        """Every send acknowledged, the transaction left open for its handle's holder; a
-        failed send aborts it instead, as a commit would."""
-        try:
-            await self._flush()
-        except HeadwaterError as exc:
-            fenced = self._fence(exc)
-            if fenced is not None:
-                raise fenced from None
-            await self._abort(exc)
-            raise
+        """Every send acknowledged, the transaction left open for its handle's holder."""
+        await self._flush_or_abort()
         if not self._begun:
             raise InvalidTxnState(
                 f"transactional id {self.transactional_id!r}: the transaction sent nothing, so "
