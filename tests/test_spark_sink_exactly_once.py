@@ -261,10 +261,12 @@ def test_on_a_cluster_the_sink_commits_each_batch_once_without_transactions(
         cluster.start_broker("b1")
         address = asyncio.run(cluster.address("b1"))
 
-        async def create() -> None:
+        async def create() -> None:  # and owned: a new topic's first requests may be NOT_OWNER
             async with await headwater.connect(address) as client:
                 await client.create_topic("out", partitions=2)
+                await client.create_topic(DEFAULT_COMMIT_TOPIC, configs={"last.value": "true"})
             await cluster.wait_owned("out", 2, {"b1"})
+            await cluster.wait_owned(DEFAULT_COMMIT_TOPIC, 1, {"b1"})
 
         asyncio.run(create())
         rows = pa.record_batch({"key": [f"k{i}".encode() for i in range(4)], "value": [b"v"] * 4})
