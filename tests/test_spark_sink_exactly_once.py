@@ -10,6 +10,8 @@ with `commit=task`:
   and afterwards every row is there once;
 - a task whose first attempt fails after it produced most of its rows (a UDF raising) is retried
   and its rows are there once (`commit=task`: the failed attempt's transaction is aborted);
+- a micro-batch aborted by the driver (`commit=task`, one task failed for good) leaves every
+  task's transaction aborted, none holding readers, and its replay writes it once;
 - on a cluster, whose brokers refuse transactions for now, the commits fall back to the
   records, then the marker, and a replayed batch is still skipped;
 - (long) 10 graceful stops at random moments and 5 driver kill -9s during a 200,000-row
@@ -40,6 +42,7 @@ from headwater.spark_compaction.sink import (
     PAUSE_ENV,
     SinkSettings,
     Staged,
+    abort_batch,
     check_topics,
     commit_batch,
     stage_task,
@@ -185,6 +188,23 @@ def _read(address: str, topic: str, raw: bool = False) -> Counter[bytes]:
     return asyncio.run(read())
 
 
+def _held(address: str, topic: str) -> bool:
+    """Whether an open transaction holds a partition of `topic` back: a committed read's end
+    (the last stable offset) below the partition's readable end."""
+
+    async def held() -> bool:
+        async with await headwater.connect(address) as client:
+            partitions = (await client.describe_topic(topic)).topic.partitions
+            for partition in range(partitions):
+                stable = await client.fetch(topic, partition, 0)
+                readable = await client.fetch(topic, partition, 0, raw=True)
+                if stable.end_offset < readable.end_offset:
+                    return True
+        return False
+
+    return asyncio.run(held())
+
+
 def _produced(address: str, source: str, rows: int) -> None:
     async def produce() -> None:
         async with (
@@ -249,6 +269,35 @@ def test_a_task_retried_after_a_failing_udf_writes_its_rows_once_with_commit_tas
     # retries' starts aborted
     failed = sum(_read(server.address, target, raw=True).values()) - rows
     assert 0 < failed < 2 * FAIL_AT, "the failures came before any row reached the sink"
+
+
+def test_an_aborted_micro_batch_leaves_nothing_and_its_replay_writes_once(
+    server: ServerProcess, topic_name: str
+) -> None:
+    """`commit=task`, the sink's functions as Spark's workers call them: the driver's abort of a
+    micro-batch (one task failed for good: its message None) aborts every task's open
+    transaction, the failed task's too, so nothing of it is ever read; the replay writes it
+    once."""
+    created(server.address, topic_name, 2)
+    settings = SinkSettings({"server": server.address, "topic": topic_name, "commit": "task"})
+    check_topics(settings, streaming=True)
+    query = f"{topic_name}-query"
+    parts = [
+        pa.record_batch(
+            {"key": [f"k{i}".encode() for i in range(p * 3, p * 3 + 3)], "value": [b"v"] * 3}
+        )
+        for p in range(2)
+    ]
+    done = write_batch_task(settings, iter([parts[0]]), query, 0, 0)
+    write_batch_task(settings, iter([parts[1]]), query, 0, 1)  # then its task fails
+    assert sum(_read(server.address, topic_name, raw=True).values()) == 6
+    assert _held(server.address, topic_name)  # two open transactions
+    abort_batch(settings, [done, None])
+    assert not _held(server.address, topic_name)  # both ended: aborted, as nothing is read
+    assert not _read(server.address, topic_name)
+    replay = [write_batch_task(settings, iter([part]), query, 0, p) for p, part in enumerate(parts)]
+    assert commit_batch(settings, replay, 0) == 6
+    assert _read(server.address, topic_name) == Counter(f"k{i}".encode() for i in range(6))
 
 
 def test_on_a_cluster_the_sink_commits_each_batch_once_without_transactions(

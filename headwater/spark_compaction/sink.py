@@ -773,7 +773,11 @@ class TopicStreamWriter(DataSourceStreamArrowWriter):
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         try:
-            if self.settings.mode == "append" and self.settings.commit == "task":
+            if (
+                self.transactional
+                and self.settings.mode == "append"
+                and self.settings.commit == "task"
+            ):
                 abort_batch(self.settings, messages)
         finally:
             remove_staged(messages)
