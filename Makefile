@@ -61,7 +61,8 @@ SPARK_LONG := tests/test_spark_cluster.py \
 	tests/test_spark_compaction.py::test_one_percent_new_records_cost_a_few_percent_of_a_full_run \
 	tests/test_spark_stream.py::test_a_driver_killed_twice_restarts_from_its_checkpoint_exactly_once \
 	tests/test_spark_stream.py::test_on_a_standalone_cluster_a_driver_killed_twice_restarts_exactly_once \
-	tests/test_spark_sink.py::test_tasks_retried_after_a_failing_udf_write_every_row_exactly_once
+	tests/test_spark_sink.py::test_tasks_retried_after_a_failing_udf_write_every_row_exactly_once \
+	tests/test_spark_sink_exactly_once.py::test_ten_graceful_stops_and_five_driver_kills_leave_every_row_of_a_rate_stream_once
 test: $(STAMP) disk browser etcd-server kcat
 	$(BIN)/python -m pytest -q -p no:randomly -n auto --dist loadgroup \
 		$(addprefix --deselect=,$(LONG_TESTS) $(SPARK_LONG))

@@ -344,6 +344,10 @@ QUOTED_LIMITS: dict[str, list[tuple[str, str]]] = {
         (PROTOCOL, rf"\| transaction timeout \(INIT_TRANSACTIONS `timeout_ms`\) \| 1\.\.{N} ms"),
         (PROTOCOL, rf"transaction may stay open before the server aborts it [^.]*1\.\.{N} \(15"),
     ],
+    "MAX_TRANSACTIONAL_ID": [
+        (PROTOCOL, rf"\| transactional id \| 1\.\.{N} characters \|"),
+        (PROTOCOL, rf"the transactional producer `transactional_id` \(1\.\.{N} characters\)"),
+    ],
     "MAX_SUBSCRIBE_PARTITIONS": [(PROTOCOL, rf"\| SUBSCRIBE `partitions` \| {N} \|")],
     "MAX_CREDITS": [
         (PROTOCOL, rf"\| credits per consumer \| {N} \|"),

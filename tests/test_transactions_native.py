@@ -2,9 +2,9 @@
 asyncio producer's `transaction()` across 3 topics x 3 partitions (commit, abort), what FETCH
 reads of them (committed by default, markers and aborted batches with `raw`, a version 0 FETCH
 as committed), fencing of an older instance, acknowledgements of a subscription's messages in a
-transaction (applied at commit, redelivered after an abort), the blocking client, and a kill -9 of
-the server between the sends and the commit (all or nothing after the restart), and
-`headwater produce --transactional-id`."""
+transaction (applied at commit, redelivered after an abort), a transaction handed off and ended
+by another client, the blocking client, and a kill -9 of the server between the sends and the
+commit (all or nothing after the restart), and `headwater produce --transactional-id`."""
 
 from __future__ import annotations
 
@@ -177,6 +177,51 @@ async def test_a_newer_instance_fences_the_older_whose_later_writes_are_never_vi
     finally:
         await first.close()
         await second.close()
+
+
+async def test_a_transaction_handed_off_is_ended_by_another_client_until_fenced(
+    server: ServerProcess, topic_name: str
+) -> None:
+    """`transaction(hand_off=True)` leaves the transaction open, unseen, for another client to
+    commit by its handle (Spark's sink: tasks write, the driver commits); an end again is done;
+    a newer instance of the id aborts a handed-off transaction and its handle is fenced."""
+    writer = await headwater.connect(server.address)
+    ender = await headwater.connect(server.address)
+    try:
+        await writer.create_topic(topic_name)
+        producer = writer.producer(topic_name, transactional_id=f"{topic_name}-task")
+        async with producer.transaction(hand_off=True) as handle:
+            for i in range(3):
+                await producer.send(f"v{i}".encode())
+        await producer.close()
+        assert handle.transactional_id == f"{topic_name}-task"
+        assert await committed(ender, topic_name, 0) == []  # open: nothing visible
+        await ender.end_transaction(handle, commit=True)
+        assert await committed(ender, topic_name, 0) == [b"v0", b"v1", b"v2"]
+        await ender.end_transaction(handle, commit=True)  # again (a lost answer): done
+
+        retried = writer.producer(topic_name, transactional_id=f"{topic_name}-task")
+        async with retried.transaction(hand_off=True) as stale:
+            await retried.send(b"failed attempt")
+        with pytest.raises(InvalidTxnState, match="handed off"):
+            async with retried.transaction():
+                pass
+        await retried.close()
+        retry = writer.producer(topic_name, transactional_id=f"{topic_name}-task")
+        async with retry.transaction(hand_off=True) as fresh:  # its start aborts the stale one
+            await retry.send(b"retry")
+        with pytest.raises(ProducerFenced):
+            await ender.end_transaction(stale, commit=True)
+        await ender.end_transaction(fresh, commit=True)
+        assert await committed(ender, topic_name, 0) == [b"v0", b"v1", b"v2", b"retry"]
+        with pytest.raises(InvalidTxnState, match="sent nothing"):
+            async with writer.producer(
+                topic_name, transactional_id=f"{topic_name}-empty"
+            ).transaction(hand_off=True):
+                pass
+    finally:
+        await writer.close()
+        await ender.close()
 
 
 async def test_acks_in_a_transaction_apply_at_commit_and_not_at_abort(

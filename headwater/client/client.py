@@ -51,7 +51,7 @@ from headwater.client.map_client import Map
 from headwater.client.producer import Producer, ProducerConfig
 from headwater.client.reconnect import ReconnectPolicy
 from headwater.client.schema_codec import Definition, SchemaAdmin, SchemaCodec, schema_configs
-from headwater.client.transaction import TransactionSession
+from headwater.client.transaction import TransactionHandle, TransactionSession, end_transaction
 from headwater.wire import messages as m
 from headwater.wire.errors import (
     AuthenticationFailed,
@@ -577,6 +577,13 @@ class Client(ClusterMixin, AdminMixin, SchemaAdmin):
             self._consumers.add(consumer)
         await self._subscribe_cluster(consumer)
         return consumer
+
+    async def end_transaction(self, handle: TransactionHandle, *, commit: bool) -> None:
+        """Commit (or abort) a transaction another client began and handed off
+        (`producer.transaction(hand_off=True)`), by its handle. Ending it again is done; raises
+        `ProducerFenced` if a newer instance of its transactional id started, or its timeout
+        aborted it (nothing of it is then committed)."""
+        await end_transaction(handle, commit, self._opener.open, self._timeout)
 
     def _forget_session(self, session: TransactionSession) -> None:
         if self._sessions.get(session.transactional_id) is session:

@@ -77,7 +77,7 @@ from headwater.client.producer_config import (
 )
 from headwater.client.schema_codec import SchemaCodec
 from headwater.client.sender import AddressedFactory, ConnectionFactory, Sender
-from headwater.client.transaction import TransactionSession
+from headwater.client.transaction import TransactionHandle, TransactionSession
 from headwater.wire import messages as m
 from headwater.wire.errors import ConnectionClosed, InvalidRequest, RecordTooLarge
 from headwater.wire.keys import partition_for_key
@@ -342,14 +342,20 @@ class Producer:
 
     # Transactions
 
-    def transaction(self) -> AbstractAsyncContextManager[None]:
+    def transaction(
+        self, *, hand_off: bool = False
+    ) -> AbstractAsyncContextManager[TransactionHandle]:
         """`async with producer.transaction():` a transaction around what the block sends (with
         every producer of this client with the same transactional id) and the acks it adds
         (`send_acks`): committed once everything sent is acknowledged, when the block ends
         normally; aborted if it raises, or if a send failed (whose error is raised then).
         Raises `ProducerFenced` once a newer producer took the transactional id (or this
-        transaction outlived `transaction_timeout`): the producer is unusable from then on."""
-        return self._transactional().transaction()
+        transaction outlived `transaction_timeout`): the producer is unusable from then on.
+
+        With `hand_off`, a normal end flushes and leaves the transaction open: the block's
+        value, a `TransactionHandle`, is what `Client.end_transaction` ends it with, from any
+        client (before `transaction_timeout`); this producer's session takes no other."""
+        return self._transactional().transaction(hand_off)
 
     async def send_acks(
         self, consumer: Consumer, messages: Iterable[Message | MessageBatch]

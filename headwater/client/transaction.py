@@ -19,6 +19,11 @@ transaction coordinator on a connection of its own:
   a gap in a partition's sequence. After an end whose answer never came, the next transaction
   begins with that bump, which settles the previous one at the server (aborted if the end never
   reached it).
+- `transaction(hand_off=True)` flushes at the block's end and leaves the transaction open at
+  the server instead of ending it: whoever holds its `TransactionHandle` (transactional id,
+  producer id, epoch) ends it later with `end_transaction`, from any connection or process (the
+  server binds a transaction to those three, not to a connection); the session takes no other
+  transaction. Spark's sink has each task write in a transaction and its driver commit them.
 - PRODUCER_FENCED, or INVALID_PRODUCER_EPOCH on a batch, means another instance took the
   transactional id (or the transaction outlived its timeout and the server aborted it under a
   bumped epoch): `ProducerFenced` is raised, and every later call of the session's producers
@@ -35,6 +40,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Protocol
 
 from headwater.client.broker_connection import Connection
@@ -54,6 +60,16 @@ logger = logging.getLogger(__name__)
 COMMIT_UNKNOWN = "the commit may or may not have reached the server"
 _FIRST_DELAY = 0.02  # seconds before a retriable request is sent again, doubled up to
 _MAX_DELAY = 1.0
+
+
+@dataclass(frozen=True)
+class TransactionHandle:
+    """What names a transaction at the server: enough to end it from anywhere
+    (`end_transaction`), as long as no newer instance of the transactional id started."""
+
+    transactional_id: str
+    producer_id: int
+    epoch: int
 
 
 class Member(Protocol):
@@ -76,10 +92,8 @@ class TransactionSession:
     ) -> None:
         self.transactional_id = transactional_id
         self._timeout_ms = round(timeout * 1000)
-        self._connect = connect
-        self._request_timeout = request_timeout
         self._on_closed = on_closed
-        self._connection: Connection | None = None
+        self._link = CoordinatorLink(transactional_id, connect, request_timeout)
         self.producer_id = -1
         self.epoch = -1
         self.members: list[Member] = []
@@ -87,6 +101,7 @@ class TransactionSession:
         self.closed = False
         self._in_transaction = False
         self._begun = False  # the server has a transaction in progress (something was added)
+        self._handed_off = False  # a transaction was left open for another to end
         self._added: set[tuple[str, int]] = set()  # partitions of the transaction in progress
         self._lock = asyncio.Lock()  # one ADD_PARTITIONS_TO_TXN at a time
         # an end that failed: the server may still hold the transaction open, so the next one
@@ -109,8 +124,7 @@ class TransactionSession:
             self.closed = True
             self._ready.cancel()
             await asyncio.gather(self._ready, return_exceptions=True)
-            if self._connection is not None:
-                await self._connection.close()
+            await self._link.close()
             if self._on_closed is not None:
                 self._on_closed(self)
 
@@ -131,7 +145,7 @@ class TransactionSession:
     # The transaction
 
     @contextlib.asynccontextmanager
-    async def transaction(self) -> AsyncIterator[None]:
+    async def transaction(self, hand_off: bool = False) -> AsyncIterator[TransactionHandle]:
         await self.ready()
         if self._in_transaction:
             raise InvalidTxnState(
@@ -143,14 +157,17 @@ class TransactionSession:
             self._unresolved = False
         self._in_transaction = True
         try:
-            yield
+            yield TransactionHandle(self.transactional_id, self.producer_id, self.epoch)
         except BaseException as exc:
             self._close_admission()
             await self._abort(exc)
             raise
         else:
             self._close_admission()
-            await self._commit()
+            if hand_off:
+                await self._hand_off()
+            else:
+                await self._commit()
         finally:
             self._in_transaction = self._begun = False
             self._added.clear()
@@ -243,7 +260,9 @@ class TransactionSession:
         for member in list(self.members):
             await member.flush()
 
-    async def _commit(self) -> None:
+    async def _flush_or_abort(self) -> None:
+        """Every send of the transaction acknowledged; if one failed, the transaction is
+        aborted and its error raised."""
         try:
             await self._flush()
         except HeadwaterError as exc:
@@ -252,6 +271,9 @@ class TransactionSession:
                 raise fenced from None
             await self._abort(exc)
             raise
+
+    async def _commit(self) -> None:
+        await self._flush_or_abort()
         if self._begun:
             try:
                 await self._request(self._end(commit=True))
@@ -266,6 +288,16 @@ class TransactionSession:
                         )
                         exc.args = (exc.message,)
                 raise
+
+    async def _hand_off(self) -> None:
+        """Every send acknowledged, the transaction left open for its handle's holder."""
+        await self._flush_or_abort()
+        if not self._begun:
+            raise InvalidTxnState(
+                f"transactional id {self.transactional_id!r}: the transaction sent nothing, so "
+                "there is none to hand off"
+            )
+        self._handed_off = True
 
     async def _abort(self, cause: BaseException) -> None:
         """End the transaction in progress with an abort, after `cause`; a failure of the abort
@@ -296,6 +328,11 @@ class TransactionSession:
             raise self.fenced
         if self.closed:
             raise InvalidTxnState(f"transactional id {self.transactional_id!r}: producer closed")
+        if self._handed_off:
+            raise InvalidTxnState(
+                f"transactional id {self.transactional_id!r}: its transaction was handed off "
+                "(its handle's holder ends it); start a new producer for another"
+            )
 
     def _fence(self, error: BaseException) -> ProducerFenced | None:
         """The `ProducerFenced` that `error` means (remembered), or None."""
@@ -311,6 +348,31 @@ class TransactionSession:
         return self.fenced
 
     async def _request(self, request: m.Request) -> m.Response:
+        try:
+            return await self._link.request(request)
+        except (ProducerFenced, InvalidProducerEpoch) as exc:
+            fenced = self._fence(exc)
+            assert fenced is not None
+            raise fenced from None
+
+
+class CoordinatorLink:
+    """A connection to the transaction coordinator, opened when first needed (and again after
+    it was lost); a request refused with a retriable error (a lost connection,
+    CONCURRENT_TRANSACTIONS) is sent again after a doubling delay, within `request_timeout`."""
+
+    def __init__(
+        self,
+        transactional_id: str,
+        connect: Callable[[], Awaitable[Connection]],
+        request_timeout: float,
+    ) -> None:
+        self._transactional_id = transactional_id
+        self._connect = connect
+        self._request_timeout = request_timeout
+        self._connection: Connection | None = None
+
+    async def request(self, request: m.Request) -> m.Response:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._request_timeout
         delay = _FIRST_DELAY
@@ -319,22 +381,42 @@ class TransactionSession:
                 if self._connection is None or self._connection.closed:
                     self._connection = await self._connect()
                 return await self._connection.request(request, self._request_timeout)
-            except (ProducerFenced, InvalidProducerEpoch) as exc:
-                fenced = self._fence(exc)
-                assert fenced is not None
-                raise fenced from None
             except HeadwaterError as exc:
                 if not exc.retriable or loop.time() + delay > deadline:
                     raise
                 logger.info(
                     "transactional id %r: %s refused (%s); again in %.2fs",
-                    self.transactional_id,
+                    self._transactional_id,
                     type(request).__name__,
                     exc,
                     delay,
                 )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _MAX_DELAY)
+
+    async def close(self) -> None:
+        if self._connection is not None:
+            await self._connection.close()
+
+
+async def end_transaction(
+    handle: TransactionHandle,
+    commit: bool,
+    connect: Callable[[], Awaitable[Connection]],
+    request_timeout: float,
+) -> None:
+    """END_TXN for the transaction `handle` names, begun by another client or process (a
+    repeated end of one already so is done); `ProducerFenced` when a newer instance of the
+    transactional id started, or its timeout aborted it."""
+    link = CoordinatorLink(handle.transactional_id, connect, request_timeout)
+    try:
+        await link.request(
+            m.EndTxnRequest(handle.transactional_id, handle.producer_id, handle.epoch, commit)
+        )
+    except InvalidProducerEpoch as exc:
+        raise ProducerFenced(str(exc)) from None
+    finally:
+        await link.close()
 
 
 def ack_runs(offsets: Iterable[tuple[int, int]]) -> list[m.AckRange]:

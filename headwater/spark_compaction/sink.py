@@ -17,7 +17,8 @@ columns, so a bad one fails the write before any task runs. Three ways to write 
   calls `commit` on the driver, which produces the staged files, one after the other, with one
   idempotent producer, then deletes them. A failed attempt's file is never produced.
 - `commit=task`: each task produces its rows as they arrive, with an idempotent producer of its
-  own (a producer id per task attempt), and returns once the server acknowledged them all.
+  own (in a streaming query a transactional one, below), and returns once the server
+  acknowledged them all.
 - `mode=map`: each task writes its rows as map writes (MAP_SET, 1,000 writes a request): a
   non-null value sets its key, a null value deletes it. Every row needs a key.
 
@@ -26,28 +27,45 @@ operator before the writer in the same task fails (a Python UDF raising), Spark 
 writer's input iterator normally, after the rows computed so far (seen: the writer's loop ended
 without an error after 1,800 of 2,000 rows), then fails the task, and runs it again. Whatever a
 task does once its input ends, it may be doing for a partial input that a retry will write again;
-only the driver's `commit`, called after every task succeeded, knows which attempts count. So with
-`commit=task` a retried task duplicates what its failed attempt produced (at least once), and with
-`commit=driver` it cannot (exactly once), at the price of every row passing through the driver's
-one producer and a staging directory that executors and the driver share (local masters: any
-local directory).
+only the driver's `commit`, called after every task succeeded, knows which attempts count. So in a
+batch write with `commit=task` a retried task duplicates what its failed attempt produced (at
+least once), and with `commit=driver` it cannot (exactly once), at the price of every row passing
+through the driver's one producer and a staging directory that executors and the driver share
+(local masters: any local directory). In a streaming query `commit=task` is exactly once too: the
+driver commits the transactions of the attempts that succeeded only.
 
-A streaming query's micro-batch is written once per query id and batch id: Spark logs the batch
-as committed only after `commit(messages, batchId)` returned, so a stop or a crash in between
-makes the restarted query run the batch again with the same id. Once every record of batch N is
-acknowledged, the driver's commit sets the query's marker (key `<topic>/<query id>` of the map on
-the `commitTopic` option's topic) to N, and a batch at or below the marker is skipped (by the
-driver, and with `commit=task` by each task, which reads it first). The query id comes from the
-tasks' local property (`sql.streaming.queryId`), carried to the driver in their commit messages.
-What is left: a driver that dies after some of a batch's records are acknowledged and before the
-marker is written (that batch is written again); only transactions (issue 38) close it.
+A streaming query (append mode) writes each micro-batch once per query id and batch id. Spark
+logs a batch as committed only after `commit(messages, batchId)` returned, so a stop or a crash in
+between makes the restarted query run the batch again with the same id. So each batch is written
+in transactions (docs/TRANSACTIONS.md) whose transactional ids derive from the query's id (Spark's
+`sql.streaming.queryId`, kept in the checkpoint, which the tasks see as a local property and carry
+to the driver in their commit messages), and a marker in the `commitTopic` topic's map records
+what is written: key `<topic>/<query id>`, the last batch id written.
 
-A retried task's producer identity cannot be carried over from its failed attempt instead:
-INIT_PRODUCER_ID hands out a new id on each call, with no name to find an old one by, and even
-with the old id the server remembers only the last 32 batches per producer and partition
-(durables/producers.py), while a replay would have to cut the same rows, in the same order (which
-Spark does not promise after a shuffle), into the same batches. Map writes are exact in effect
-either way: a replayed set or delete leaves the same last value.
+- `commit=driver`: the driver's commit is one transaction, transactional id
+  `headwater-sink/<topic>/<query id>`. Its start fences any older instance of it (a killed
+  driver's transaction left open is aborted first), so the marker it then reads is final: a batch
+  at or below it is skipped; otherwise the staged rows and the marker set to the batch id are
+  produced and committed together. A reader of committed records sees the whole batch or none.
+- `commit=task`: each task writes its rows and its own marker (`<topic>/<query id>/<partition>`
+  = the batch id) in a transaction of `headwater-sink/<topic>/<query id>/<partition>`, flushes,
+  and leaves it open, handing its handle (transactional id, producer id, epoch) to the driver in
+  its commit message. A retried attempt's start fences the failed attempt's transaction, and a
+  task whose own marker already says the batch writes its marker only. The driver's `commit`
+  commits the tasks' transactions (END_TXN by handle, from its own connection), then sets the
+  query's marker; `abort` fences each task's id, which aborts what they left open. A task of a
+  batch at or below the query's marker writes nothing. The tasks' transactions commit one after
+  another, not atomically: a reader may see a batch's partitions appear a moment apart, and a
+  driver killed between them leaves the committed ones visible until the restarted query writes
+  the others (its tasks' starts abort what was left open): each Spark partition's rows exactly
+  once provided a replayed batch gives each partition the same rows (docs/COMPACTION.md, "Sink").
+
+The ids are per query and partition, not per batch, so their number stays bounded (the server
+keeps 100,000 transactional ids). A cluster's brokers refuse transactions for now (NOT_SUPPORTED,
+before anything is written), and a non-reliable topic keeps none: the sink then writes as it did
+before transactions, the marker after the records (a batch whose commit was cut short may be
+written again). A write with no query id (`df.write`) is one idempotent produce, not a
+transaction. Map writes need none: a replayed set or delete leaves the same last value.
 
 This module imports pyspark; only Spark's Python workers and the compaction job import it.
 """
@@ -56,8 +74,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import logging
+import os
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -83,17 +105,31 @@ from pyspark.sql.types import (
 )
 
 from headwater.client.client import Client
+from headwater.client.producer import Producer
 from headwater.client.producer_config import AtLeastOnce, ProducerConfig, RetryPolicy
+from headwater.client.transaction import TransactionHandle
 from headwater.spark_compaction.stream import Endpoint, TopicStreamSource, lowered, number
-from headwater.wire.errors import InvalidRequest, InvalidTopicName, UnknownTopic
-from headwater.wire.limits import MAX_MAP_KEYS
+from headwater.wire.errors import (
+    InvalidRequest,
+    InvalidTopicName,
+    NotSupported,
+    ProducerFenced,
+    UnknownTopic,
+)
+from headwater.wire.limits import MAX_MAP_KEYS, MAX_TRANSACTION_TIMEOUT_MS, MAX_TRANSACTIONAL_ID
+from headwater.wire.messages import DispatchMode
 from headwater.wire.names import check_topic_name
 from headwater.wire.records import Compression
+
+logger = logging.getLogger(__name__)
 
 MODES: Final = ("append", "map")
 COMMITS: Final = ("driver", "task")
 COLUMNS: Final = ("key", "value", "headers", "partition")
 DEFAULT_DELIVERY_TIMEOUT_MS: Final = 120_000
+# how long a micro-batch's transactions may stay open (the driver's produce with commit=driver;
+# from a task's first row to the driver's commit with commit=task) before the server aborts them
+DEFAULT_TRANSACTION_TIMEOUT_MS: Final = 300_000
 MAP_REQUEST_BYTES: Final = 1024 * 1024  # a MAP_SET carries at most this much (and 1,000 writes)
 # unanswered send_batch calls a task keeps before it waits for the oldest (the producer's own
 # queue bounds memory; this bounds the futures the task holds on to)
@@ -101,6 +137,13 @@ OUTSTANDING_CALLS: Final = 64
 BATCH_ID: Final = "streaming.sql.batchId"  # the local property Spark gives a micro-batch's tasks
 QUERY_ID: Final = "sql.streaming.queryId"  # the query's id, kept in its checkpoint across restarts
 DEFAULT_COMMIT_TOPIC: Final = "headwater-sink-commits"
+TRANSACTIONAL_PREFIX: Final = "headwater-sink"
+ENDS_AT_ONCE: Final = 16  # END_TXN requests the driver's commit has in flight
+# tests only: a file the driver's commit writes the batch id to, then waits to be killed in, at
+# the point a dying driver leaves the most to recover (its rows sent, nothing committed with
+# commit=driver; one task's transaction committed, the others open, with commit=task)
+PAUSE_ENV: Final = "HEADWATER_TEST_SINK_PAUSE"
+PAUSE_SECONDS: Final = 300.0
 
 
 class SinkSettings(Endpoint):
@@ -130,18 +173,35 @@ class SinkSettings(Endpoint):
             options, "deliverytimeoutms", "deliveryTimeoutMs", DEFAULT_DELIVERY_TIMEOUT_MS, 1
         )
         self.delivery_timeout = timeout / 1000
+        held = number(
+            options,
+            "transactiontimeoutms",
+            "transactionTimeoutMs",
+            DEFAULT_TRANSACTION_TIMEOUT_MS,
+            1,
+        )
+        if held > MAX_TRANSACTION_TIMEOUT_MS:
+            raise InvalidRequest(
+                f"transactionTimeoutMs is at most {MAX_TRANSACTION_TIMEOUT_MS} (the server's "
+                f"limit), not {held}"
+            )
+        self.transaction_timeout = held / 1000
         self.commit_topic = options.get("committopic") or DEFAULT_COMMIT_TOPIC
         try:
             check_topic_name(self.commit_topic)
         except InvalidTopicName as exc:
             raise InvalidRequest(f"commitTopic: {exc}") from None
 
-    def producer_config(self) -> ProducerConfig:
+    def producer_config(self, transactional_id: str | None = None) -> ProducerConfig:
         # idempotent: the producer's own resends never duplicate; a retry budget long enough to
         # ride out a broker restart
         retry = RetryPolicy(max_retries=1_000, max_delay=1.0, timeout=self.delivery_timeout)
         return ProducerConfig(
-            delivery=AtLeastOnce(retry), idempotent=True, compression=self.compression
+            delivery=AtLeastOnce(retry),
+            idempotent=True,
+            compression=self.compression,
+            transactional_id=transactional_id,
+            transaction_timeout=self.transaction_timeout,
         )
 
 
@@ -186,10 +246,12 @@ def _headers_type(kind: DataType) -> bool:
 @dataclass(frozen=True)
 class SinkCommit(WriterCommitMessage):
     """What one task wrote: its rows (records produced, or map writes); in a streaming query,
-    the query's id (a task's local property: the driver's commit has no other way to it)."""
+    the query's id (a task's local property: the driver's commit has no other way to it) and,
+    with `commit=task`, the task's transaction, left open for the driver to commit."""
 
     rows: int
     query: str | None = None
+    transaction: TransactionHandle | None = None
 
 
 class Rows:
@@ -285,15 +347,28 @@ def query_of(messages: Sequence[WriterCommitMessage | None]) -> str | None:
     return None
 
 
-def marker_key(settings: SinkSettings, query: str) -> bytes:
-    """The key of a query's marker in the commit topic's map: sink topic and query id."""
-    return f"{settings.topic}/{query}".encode()
+def marker_key(settings: SinkSettings, query: str, partition: int | None = None) -> bytes:
+    """The key of a query's marker in the commit topic's map (sink topic and query id), or of
+    one of its tasks' (and the Spark partition)."""
+    key = f"{settings.topic}/{query}"
+    return (key if partition is None else f"{key}/{partition}").encode()
 
 
-async def written_batch(client: Client, settings: SinkSettings, query: str) -> int | None:
-    """The highest batch id the query's marker says was written to the topic, if any."""
-    entry = await client.map(settings.commit_topic).get(marker_key(settings, query))
-    return None if entry is None else int(entry.value)
+def transactional_id(settings: SinkSettings, query: str, partition: int | None = None) -> str:
+    """The transactional id of a query's driver commits, or of one of its tasks (by Spark
+    partition): the same across the query's restarts, so a new instance fences an old one. A
+    topic name too long to fit is replaced by its digest."""
+    topic = settings.topic
+    tail = f"/{query}" if partition is None else f"/{query}/{partition}"
+    if len(TRANSACTIONAL_PREFIX) + 1 + len(topic) + len(tail) > MAX_TRANSACTIONAL_ID:
+        topic = hashlib.sha256(topic.encode()).hexdigest()
+    return f"{TRANSACTIONAL_PREFIX}/{topic}{tail}"
+
+
+async def marked(client: Client, settings: SinkSettings, key: bytes, batch_id: int) -> bool:
+    """Whether the marker `key` says micro-batch `batch_id` is in the topic already."""
+    entry = await client.map(settings.commit_topic).get(key)
+    return entry is not None and batch_id <= int(entry.value)
 
 
 def batch_written(settings: SinkSettings, query: str, batch_id: int) -> bool:
@@ -301,48 +376,225 @@ def batch_written(settings: SinkSettings, query: str, batch_id: int) -> bool:
 
     async def check() -> bool:
         async with await settings.connect() as client:
-            written = await written_batch(client, settings, query)
-            return written is not None and batch_id <= written
+            return await marked(client, settings, marker_key(settings, query), batch_id)
 
     return asyncio.run(check())
 
 
+def write_batch_task(
+    settings: SinkSettings,
+    batches: Iterator[pa.RecordBatch],
+    query: str,
+    batch_id: int,
+    partition: int,
+) -> SinkCommit:
+    """One task of a streaming micro-batch (`commit=task`, append mode): nothing if the query's
+    marker has the batch; else its rows and its own marker in a transaction handed to the
+    driver (the module doc)."""
+
+    async def write() -> SinkCommit:
+        async with await settings.connect() as client:
+            if await marked(client, settings, marker_key(settings, query), batch_id):
+                return SinkCommit(0, query)  # a replay of a batch the query wrote
+            tid = transactional_id(settings, query, partition)
+            config = settings.producer_config(tid)
+            async with (
+                client.producer(settings.topic, config) as out,
+                client.producer(settings.commit_topic, config) as markers,
+            ):
+                if not await _transactions_served(out):
+                    return SinkCommit(await _produce_on(client, settings, batches), query)
+                key = marker_key(settings, query, partition)
+                async with out.transaction(hand_off=True) as handle:
+                    # the start fenced this task's earlier attempts (a transaction one left
+                    # open aborted first): the task's marker is final now
+                    rows = 0
+                    if not await marked(client, settings, key, batch_id):
+                        rows = await _send_all(out, batches)
+                    await markers.send(str(batch_id).encode(), key=key)
+                return SinkCommit(rows, query, handle)
+
+    return asyncio.run(write())
+
+
 def commit_batch(
-    settings: SinkSettings, messages: Sequence[WriterCommitMessage | None], batch_id: int
+    settings: SinkSettings,
+    messages: Sequence[WriterCommitMessage | None],
+    batch_id: int,
+    transactional: bool = True,
 ) -> int | None:
-    """A micro-batch's commit on the driver (append mode): unless the query's marker says the
-    batch is in the topic already, produce what the tasks staged (`commit=driver`), then, once
-    the server acknowledged every record, set the marker to `batch_id`. Returns the rows
-    produced, or None when the batch was skipped as written already."""
+    """A micro-batch's commit on the driver (append mode): commit its transactions, or produce
+    what the tasks staged in one (the module doc). Returns the rows written, or None when the
+    query's marker says the batch is written already. `transactional` is False for a
+    non-reliable topic, which keeps no transactions."""
     query = query_of(messages)
 
     async def commit() -> int | None:
         async with await settings.connect() as client:
-            if query is not None:
-                written = await written_batch(client, settings, query)
-                if written is not None and batch_id <= written:
-                    return None  # a replay of a batch whose commit Spark did not log
-            rows = 0
-            if settings.commit == "driver":
-                rows = await _produce_on(client, settings, staged_batches(messages))
-            if query is not None:
-                await client.map(settings.commit_topic).set(
-                    marker_key(settings, query), str(batch_id).encode()
-                )
-            return rows
+            if query is None:  # no id to keep a marker by
+                return await _produce_on(client, settings, staged_batches(messages))
+            if settings.commit == "task":
+                return await _commit_tasks(client, settings, query, messages, batch_id)
+            if transactional:
+                config = settings.producer_config(transactional_id(settings, query))
+                async with (
+                    client.producer(settings.topic, config) as out,
+                    client.producer(settings.commit_topic, config) as markers,
+                ):
+                    if await _transactions_served(out):
+                        return await _commit_staged(
+                            client, settings, query, messages, batch_id, out, markers
+                        )
+            return await _commit_then_mark(client, settings, query, messages, batch_id)
 
     return asyncio.run(commit())
 
 
-def check_topics(settings: SinkSettings, streaming: bool) -> None:
+async def _commit_staged(
+    client: Client,
+    settings: SinkSettings,
+    query: str,
+    messages: Sequence[WriterCommitMessage | None],
+    batch_id: int,
+    out: Producer,
+    markers: Producer,
+) -> int | None:
+    """`commit=driver`: the staged rows and the query's marker in one transaction."""
+    key = marker_key(settings, query)
+    async with out.transaction():
+        # the producers' start fenced every older instance of the driver (a transaction a killed
+        # one left open aborted first): the marker is final now
+        if await marked(client, settings, key, batch_id):
+            return None  # a replay of a batch whose Spark commit was not logged
+        rows = await _send_all(out, staged_batches(messages))
+        await markers.send(str(batch_id).encode(), key=key)
+        await markers.flush()
+        _pause_for_tests(batch_id)
+    return rows
+
+
+async def _commit_tasks(
+    client: Client,
+    settings: SinkSettings,
+    query: str,
+    messages: Sequence[WriterCommitMessage | None],
+    batch_id: int,
+) -> int | None:
+    """`commit=task`: commit each task's transaction, then set the query's marker."""
+    key = marker_key(settings, query)
+    if await marked(client, settings, key, batch_id):
+        return None  # its tasks found the marker too, and wrote nothing
+    handles = [
+        m.transaction for m in messages if isinstance(m, SinkCommit) and m.transaction is not None
+    ]
+    if handles:
+        # the first alone: a test pauses after it, where a killed driver leaves a batch in part
+        await _end(client, handles[0])
+        _pause_for_tests(batch_id)
+        gate = asyncio.Semaphore(ENDS_AT_ONCE)
+
+        async def end(handle: TransactionHandle) -> None:
+            async with gate:
+                await _end(client, handle)
+
+        await asyncio.gather(*(end(h) for h in handles[1:]))
+    await client.map(settings.commit_topic).set(key, str(batch_id).encode())
+    return sum(m.rows for m in messages if isinstance(m, SinkCommit))
+
+
+async def _end(client: Client, handle: TransactionHandle) -> None:
+    try:
+        await client.end_transaction(handle, commit=True)
+    except ProducerFenced as exc:
+        raise ProducerFenced(
+            f"{exc}. A task's transaction was aborted before the driver's commit "
+            "(transactionTimeoutMs passed, or another attempt of the task started, as with "
+            "speculation): the micro-batch fails, and the restarted query writes again what "
+            "was not committed"
+        ) from None
+
+
+async def _commit_then_mark(
+    client: Client,
+    settings: SinkSettings,
+    query: str,
+    messages: Sequence[WriterCommitMessage | None],
+    batch_id: int,
+) -> int | None:
+    """`commit=driver` without transactions (a cluster's brokers, a non-reliable topic): the
+    staged rows, then, once all are acknowledged, the marker; a commit cut short between the
+    two writes the batch again when it is replayed."""
+    key = marker_key(settings, query)
+    if await marked(client, settings, key, batch_id):
+        return None
+    rows = await _produce_on(client, settings, staged_batches(messages))
+    await client.map(settings.commit_topic).set(key, str(batch_id).encode())
+    return rows
+
+
+def abort_batch(settings: SinkSettings, messages: Sequence[WriterCommitMessage | None]) -> None:
+    """`commit=task`: fence the transactional id of each of the micro-batch's tasks (one per
+    Spark partition: the messages are in partition order, None for a task that failed), which
+    aborts what they left open, rather than leave it holding readers back until its timeout
+    or the batch's replay."""
+    query = query_of(messages)
+    if query is None:  # no task got far enough to say
+        return
+
+    async def fence() -> None:
+        async with await settings.connect() as client:
+            gate = asyncio.Semaphore(ENDS_AT_ONCE)
+
+            async def one(partition: int) -> None:
+                tid = transactional_id(settings, query, partition)
+                async with (
+                    gate,
+                    client.producer(
+                        settings.commit_topic, settings.producer_config(tid)
+                    ) as producer,
+                ):
+                    await _transactions_served(producer)
+
+            await asyncio.gather(*(one(p) for p in range(len(messages))))
+
+    asyncio.run(fence())
+
+
+async def _transactions_served(producer: Producer) -> bool:
+    """Start the transactional producer, which fences every older instance of its id (the
+    server aborts a transaction one left open first): an empty transaction, which ends
+    nothing. False when the server does not serve transactions (a cluster's brokers refuse
+    them for now)."""
+    try:
+        async with producer.transaction():
+            pass
+    except NotSupported as exc:
+        logger.warning("the headwater sink writes without transactions: %s", exc)
+        return False
+    return True
+
+
+def _pause_for_tests(batch_id: int) -> None:
+    """Tests only (`PAUSE_ENV` set): write the batch id to the file it names, then wait there,
+    blocking, to be killed."""
+    path = os.environ.get(PAUSE_ENV)
+    if not path:
+        return
+    Path(path).write_text(str(batch_id))
+    time.sleep(PAUSE_SECONDS)
+    raise RuntimeError(f"{PAUSE_ENV}: paused {PAUSE_SECONDS:.0f} s and was not killed")
+
+
+def check_topics(settings: SinkSettings, streaming: bool) -> bool:
     """On the driver, before any task runs: the sink's topic exists (otherwise every task would
     stage or produce its rows first and the write fail only then), and a streaming append's
-    commit topic exists (created, one partition with last-value state, when it does not)."""
+    commit topic exists (created, one partition with last-value state, when it does not).
+    Returns whether the topic is reliable (only reliable topics keep transactions)."""
 
-    async def check() -> None:
+    async def check() -> bool:
         async with await settings.connect() as client:
             try:
-                await client.describe_topic(settings.topic)
+                described = await client.describe_topic(settings.topic)
             except UnknownTopic:
                 raise InvalidRequest(
                     f"the headwater sink's topic {settings.topic!r} does not exist: create it first"
@@ -351,8 +603,9 @@ def check_topics(settings: SinkSettings, streaming: bool) -> None:
                 await client.create_topic(
                     settings.commit_topic, configs={"last.value": "true"}, exist_ok=True
                 )
+            return described.topic.dispatch == DispatchMode.RELIABLE
 
-    asyncio.run(check())
+    return asyncio.run(check())
 
 
 def remove_staged(messages: Sequence[WriterCommitMessage | None]) -> None:
@@ -378,28 +631,31 @@ async def _produce(settings: SinkSettings, batches: Iterator[pa.RecordBatch]) ->
 async def _produce_on(
     client: Client, settings: SinkSettings, batches: Iterator[pa.RecordBatch]
 ) -> int:
-    producer = client.producer(settings.topic, settings.producer_config())
+    async with client.producer(settings.topic, settings.producer_config()) as producer:
+        return await _send_all(producer, batches)
+
+
+async def _send_all(producer: Producer, batches: Iterator[pa.RecordBatch]) -> int:
+    """Send every row, and wait until each is acknowledged (in a transaction the acks come
+    before its commit; without one, `flush` raises what failed)."""
     pending: list[Any] = []
     rows = 0
-    try:
-        for batch in batches:
-            for call in await _send(producer, Rows(batch)):
-                pending.append(call)
-                if len(pending) > OUTSTANDING_CALLS:  # the oldest is likely answered already
-                    await pending.pop(0)
-            rows += batch.num_rows
-            # the next batch is waited for outside the event loop (Spark's iterator blocks):
-            # give the producer's sender its turn to write what is queued first
-            await asyncio.sleep(0)
-        for call in pending:
-            await call  # raises the first failed produce
-        await producer.flush()
-    finally:
-        await producer.close()
+    for batch in batches:
+        for call in await _send(producer, Rows(batch)):
+            pending.append(call)
+            if len(pending) > OUTSTANDING_CALLS:  # the oldest is likely answered already
+                await pending.pop(0)
+        rows += batch.num_rows
+        # the next batch is waited for outside the event loop (Spark's iterator blocks): give
+        # the producer's sender its turn to write what is queued first
+        await asyncio.sleep(0)
+    for call in pending:
+        await call  # raises the first failed produce
+    await producer.flush()
     return rows
 
 
-async def _send(producer: Any, rows: Rows) -> list[Any]:
+async def _send(producer: Producer, rows: Rows) -> list[Any]:
     """Queue one batch's rows: those naming a partition there, the others by key (or in turn)."""
     if rows.partitions is None or all(p is None for p in rows.partitions):
         return [await producer.send_batch(rows.values, keys=rows.keys, headers=rows.headers)]
@@ -481,11 +737,13 @@ class TopicWriter(DataSourceArrowWriter):
 
 
 class TopicStreamWriter(DataSourceStreamArrowWriter):
-    """`writeStream`: with `commit=driver`, a directory per micro-batch under `staging`."""
+    """`writeStream`: with `commit=driver`, a directory per micro-batch under `staging`;
+    `transactional` unless the topic is non-reliable."""
 
-    def __init__(self, settings: SinkSettings, staging: str | None) -> None:
+    def __init__(self, settings: SinkSettings, staging: str | None, transactional: bool) -> None:
         self.settings = settings
         self.staging = staging
+        self.transactional = transactional
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         from pyspark import TaskContext
@@ -493,28 +751,36 @@ class TopicStreamWriter(DataSourceStreamArrowWriter):
         context = TaskContext.get()
         batch = None if context is None else context.getLocalProperty(BATCH_ID)
         query = None if context is None else context.getLocalProperty(QUERY_ID)
-        if self.staging is None:
-            if (
-                self.settings.mode == "append"
-                and query is not None
-                and batch is not None
-                and batch_written(self.settings, query, int(batch))
-            ):
-                return SinkCommit(0, query)  # commit=task: a replay of a batch written already
-            written = write_task(self.settings, iterator)
-            return SinkCommit(written.rows, query)
-        staged = stage_task(str(Path(self.staging) / f"batch-{batch}"), iterator)
-        return Staged(staged.path, staged.rows, query)
+        if self.staging is not None:
+            staged = stage_task(str(Path(self.staging) / f"batch-{batch}"), iterator)
+            return Staged(staged.path, staged.rows, query)
+        if self.settings.mode == "append" and query is not None and batch is not None:
+            assert context is not None
+            if self.transactional:
+                return write_batch_task(
+                    self.settings, iterator, query, int(batch), context.partitionId()
+                )
+            if batch_written(self.settings, query, int(batch)):
+                return SinkCommit(0, query)  # a replay of a batch written already
+        return SinkCommit(write_task(self.settings, iterator).rows, query)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         try:
             if self.settings.mode == "append":
-                commit_batch(self.settings, messages, batchId)
+                commit_batch(self.settings, messages, batchId, self.transactional)
         finally:
             remove_staged(messages)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        remove_staged(messages)
+        try:
+            if (
+                self.transactional
+                and self.settings.mode == "append"
+                and self.settings.commit == "task"
+            ):
+                abort_batch(self.settings, messages)
+        finally:
+            remove_staged(messages)
 
 
 class HeadwaterDataSource(TopicStreamSource):
@@ -531,8 +797,8 @@ class HeadwaterDataSource(TopicStreamSource):
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         settings = SinkSettings(dict(self.options))
         check_schema(schema, settings.mode)
-        check_topics(settings, streaming=True)
-        return TopicStreamWriter(settings, _staging(settings))
+        reliable = check_topics(settings, streaming=True)
+        return TopicStreamWriter(settings, _staging(settings), reliable)
 
 
 def _staging(settings: SinkSettings) -> str | None:

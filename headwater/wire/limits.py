@@ -68,6 +68,9 @@ MAX_ERROR_MESSAGE: Final = 4096
 # producer that died.
 MAX_TRANSACTION_TIMEOUT_MS: Final = 900_000
 
+# The longest transactional id, in characters (as a topic name).
+MAX_TRANSACTIONAL_ID: Final = 249
+
 # LOOKUP `topics`: a client asks for the topics it is about to use, a few at a time; the answer
 # (every partition of each) must stay far below MAX_FRAME_SIZE.
 MAX_LOOKUP_TOPICS: Final = 100

@@ -89,12 +89,12 @@ from headwater.wire.errors import (
     UnknownSubscription,
     UnknownTopic,
 )
+from headwater.wire.limits import MAX_TRANSACTIONAL_ID
 from headwater.wire.markers import Marker
 
 log = structlog.get_logger(__name__)
 
 EXPIRY_INTERVAL: Final = 1.0  # seconds between two looks for transactions past their timeout
-MAX_TRANSACTIONAL_ID: Final = 249  # characters, as a topic name
 # an id with no transaction in progress for this long is forgotten (Kafka's
 # transactional.id.expiration.ms): its next producer starts with a new producer id
 ID_EXPIRATION_MS: Final = 7 * 24 * 3600 * 1000
