@@ -300,12 +300,12 @@ def test_an_aborted_micro_batch_leaves_nothing_and_its_replay_writes_once(
     assert _read(server.address, topic_name) == Counter(f"k{i}".encode() for i in range(6))
 
 
-def test_on_a_cluster_the_sink_commits_each_batch_once_without_transactions(
+def test_on_a_cluster_the_sink_commits_each_batch_once_in_transactions(
     tmp_path: Path, s3: MotoS3, bucket: str
 ) -> None:
-    """A cluster's brokers refuse transactions for now (NOT_SUPPORTED at the producer's start):
-    the sink's commits fall back to the records, then the marker, and a replayed batch is still
-    skipped. The sink's own functions, as Spark's workers call them (one broker, etcd, S3)."""
+    """A cluster serves transactions as one broker does: the sink's commits go in them (a task's
+    transaction handed to the driver), and a replayed batch is skipped. The sink's own
+    functions, as Spark's workers call them (one broker, etcd, S3)."""
     with running_cluster(tmp_path, s3, bucket, 2000) as cluster:
         cluster.start_broker("b1")
         address = asyncio.run(cluster.address("b1"))
@@ -328,7 +328,7 @@ def test_on_a_cluster_the_sink_commits_each_batch_once_without_transactions(
                 messages: list[Any] = [Staged(staged.path, staged.rows, query)]
             else:
                 messages = [write_batch_task(settings, iter([rows]), query, 0, 0)]
-                assert messages[0].transaction is None  # no transaction to hand over
+                assert messages[0].transaction is not None  # the task's, for the driver
             assert commit_batch(settings, messages, 0) == 4
             assert commit_batch(settings, messages, 0) is None  # a replay: skipped
         assert _read(address, "out") == Counter({f"k{i}".encode(): 2 for i in range(4)})

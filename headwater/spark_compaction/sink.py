@@ -61,8 +61,8 @@ what is written: key `<topic>/<query id>`, the last batch id written.
   once provided a replayed batch gives each partition the same rows (docs/COMPACTION.md, "Sink").
 
 The ids are per query and partition, not per batch, so their number stays bounded (the server
-keeps 100,000 transactional ids). A cluster's brokers refuse transactions for now (NOT_SUPPORTED,
-before anything is written), and a non-reliable topic keeps none: the sink then writes as it did
+keeps 100,000 transactional ids). A non-reliable topic keeps no transactions (NOT_SUPPORTED,
+before anything is written, as from a server older than them): the sink then writes as it did
 before transactions, the marker after the records (a batch whose commit was cut short may be
 written again). A write with no query id (`df.write`) is one idempotent produce, not a
 transaction. Map writes need none: a replayed set or delete leaves the same last value.
@@ -521,7 +521,7 @@ async def _commit_then_mark(
     messages: Sequence[WriterCommitMessage | None],
     batch_id: int,
 ) -> int | None:
-    """`commit=driver` without transactions (a cluster's brokers, a non-reliable topic): the
+    """`commit=driver` without transactions (a non-reliable topic, an older server): the
     staged rows, then, once all are acknowledged, the marker; a commit cut short between the
     two writes the batch again when it is replayed."""
     key = marker_key(settings, query)
@@ -563,8 +563,8 @@ def abort_batch(settings: SinkSettings, messages: Sequence[WriterCommitMessage |
 async def _transactions_served(producer: Producer) -> bool:
     """Start the transactional producer, which fences every older instance of its id (the
     server aborts a transaction one left open first): an empty transaction, which ends
-    nothing. False when the server does not serve transactions (a cluster's brokers refuse
-    them for now)."""
+    nothing. False when the server does not serve transactions for the topic (a non-reliable
+    one, or a server older than them)."""
     try:
         async with producer.transaction():
             pass
