@@ -55,14 +55,27 @@ LONG_TESTS := tests/test_statemachine.py::test_state_machine \
 	tests/test_statemachine.py::test_state_machine_with_auth \
 	tests/test_admin_fuzz.py::test_pipelined_admin_requests_against_a_model \
 	tests/test_cluster_attack.py tests/test_cluster_attack_tail.py tests/test_cluster_attack_topics.py \
-	tests/test_transactions_attack.py
+	tests/test_transactions_attack.py \
+	tests/test_nemesis.py::test_nemesis_keeps_every_promise \
+	tests/test_attack_crash.py::test_kill_9_under_mixed_load \
+	tests/test_cluster.py::test_etcd_outage_short_keeps_serving_long_fences_then_recovers \
+	tests/test_cluster_coordinator.py::test_etcd_outage_short_keeps_serving_long_fences_then_recovers \
+	tests/test_cluster_manifest.py::test_kill9_right_after_segment_uploads_across_take_overs_loses_nothing \
+	tests/test_cluster_client.py::test_client_producer_and_consumer_ride_through_a_kill9 \
+	tests/test_cluster_failover_client.py::test_frozen_owner_partitions_are_acknowledged_again_before_it_wakes \
+	tests/test_cluster_failover_client.py::test_frozen_owner_subscriptions_move_to_the_new_owner_before_it_wakes \
+	tests/test_cluster_transactions.py::test_a_kill_of_the_broker_serving_the_id_after_the_commit_decision_commits_it_all \
+	tests/test_kafka_transactions.py::test_a_consume_transform_produce_loop_killed_and_its_server_killed_is_exactly_once \
+	tests/test_transactions_native_eos.py
 SPARK_LONG := tests/test_spark_cluster.py \
 	tests/test_spark_stream_restart.py::test_a_query_rides_through_a_server_restart_exactly_once \
 	tests/test_spark_compaction.py::test_one_percent_new_records_cost_a_few_percent_of_a_full_run \
 	tests/test_spark_stream.py::test_a_driver_killed_twice_restarts_from_its_checkpoint_exactly_once \
 	tests/test_spark_stream.py::test_on_a_standalone_cluster_a_driver_killed_twice_restarts_exactly_once \
 	tests/test_spark_sink.py::test_tasks_retried_after_a_failing_udf_write_every_row_exactly_once \
-	tests/test_spark_sink_exactly_once.py::test_ten_graceful_stops_and_five_driver_kills_leave_every_row_of_a_rate_stream_once
+	tests/test_spark_sink_exactly_once.py::test_ten_graceful_stops_and_five_driver_kills_leave_every_row_of_a_rate_stream_once \
+	tests/test_spark_sink_exactly_once.py::test_a_task_retried_after_a_failing_udf_writes_its_rows_once_with_commit_task \
+	tests/test_spark_sink_exactly_once.py::test_a_driver_killed_in_its_commit_writes_the_batch_once_after_the_restart
 test: $(STAMP) disk browser etcd-server kcat
 	$(BIN)/python -m pytest -q -p no:randomly -n auto --dist loadgroup \
 		$(addprefix --deselect=,$(LONG_TESTS) $(SPARK_LONG))
