@@ -75,7 +75,9 @@ SPARK_LONG := tests/test_spark_cluster.py \
 	tests/test_spark_sink.py::test_tasks_retried_after_a_failing_udf_write_every_row_exactly_once \
 	tests/test_spark_sink_exactly_once.py::test_ten_graceful_stops_and_five_driver_kills_leave_every_row_of_a_rate_stream_once \
 	tests/test_spark_sink_exactly_once.py::test_a_task_retried_after_a_failing_udf_writes_its_rows_once_with_commit_task \
-	tests/test_spark_sink_exactly_once.py::test_a_driver_killed_in_its_commit_writes_the_batch_once_after_the_restart
+	tests/test_spark_sink_exactly_once.py::test_a_driver_killed_in_its_commit_writes_the_batch_once_after_the_restart \
+	tests/test_spark_stream.py::test_a_stopped_query_restarts_from_its_checkpoint_exactly_once \
+	tests/test_spark_compaction.py::test_small_runs_write_deltas_that_read_like_one_full_fold
 test: $(STAMP) disk browser etcd-server kcat
 	$(BIN)/python -m pytest -q -p no:randomly -n auto --dist loadgroup \
 		$(addprefix --deselect=,$(LONG_TESTS) $(SPARK_LONG))
