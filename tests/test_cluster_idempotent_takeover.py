@@ -77,7 +77,9 @@ class Etcd:
     async def put_checkpoint(self, key: str, value: bytes) -> None:
         pass
 
-    async def create_checkpoint(self, key: str, value: bytes, since: int = 0) -> bytes | None:
+    async def create_checkpoint(
+        self, key: str, value: bytes, since: int = 0, topic: str | None = None
+    ) -> bytes | None:
         return None
 
     async def get_checkpoint(self, key: str, since: int = 0) -> bytes | None:

@@ -72,7 +72,9 @@ class Checkpoints:
     async def put_checkpoint(self, key: str, value: bytes) -> None:
         self.values[key] = value
 
-    async def create_checkpoint(self, key: str, value: bytes, since: int = 0) -> bytes | None:
+    async def create_checkpoint(
+        self, key: str, value: bytes, since: int = 0, topic: str | None = None
+    ) -> bytes | None:
         if key in self.values:
             return self.values[key]
         self.values[key] = value

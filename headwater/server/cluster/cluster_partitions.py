@@ -100,10 +100,17 @@ REPLICA_WAIT = 30.0  # seconds a rebuild waits at most for the transactions' sta
 
 class Checkpoints(Protocol):
     async def swap_checkpoint(
-        self, key: str, value: bytes, expected: bytes | None, since: int = 0
+        self,
+        key: str,
+        value: bytes,
+        expected: bytes | None,
+        since: int = 0,
+        topic: str | None = None,
     ) -> tuple[bool, bytes | None]: ...
 
-    async def create_checkpoint(self, key: str, value: bytes, since: int = 0) -> bytes | None: ...
+    async def create_checkpoint(
+        self, key: str, value: bytes, since: int = 0, topic: str | None = None
+    ) -> bytes | None: ...
 
     async def get_checkpoint(self, key: str, since: int = 0) -> bytes | None: ...
 
@@ -190,7 +197,10 @@ class ClusterPartitions:
         # or lost: a subscription created here (also in the turn) takes the cluster's cursors
         # for exactly these. Not the coordinator's SERVING, which comes a moment after the
         # take-over: a subscription created in between was in neither, and started afresh
-        self._taken: set[tuple[str, int]] = set()
+        # the partitions taken over here, each with the incarnation (`Checkpoints.incarnation`)
+        # it was claimed in: its cursors are written for that topic only, never for one
+        # re-created under the name
+        self._taken: dict[tuple[str, int], int] = {}
         self.wake: Callable[[], None] = lambda: None
 
     def start(self) -> None:
@@ -370,7 +380,7 @@ class ClusterPartitions:
         self._verified[key] = end
         self._unfolded[key] = len(run)
         await self._load_cursors(found, partition, since)
-        self._taken.add(key)
+        self._taken[key] = since
         log.info(
             "cluster.partition_acquired",
             topic=topic,
@@ -407,11 +417,11 @@ class ClusterPartitions:
         # which writes the checkpoint of a partition served elsewhere), and the next owner
         # takes its cursors from there
         await self._checkpoint_partition(topic, partition)
-        self._taken.discard((topic, partition))
+        self._taken.pop((topic, partition), None)
         log.info("cluster.partition_released", topic=topic, partition=partition)
 
     def lost(self, topic: str, partition: int) -> None:
-        self._taken.discard((topic, partition))
+        self._taken.pop((topic, partition), None)
         self._committer.reset(topic, partition)
         self._verified.pop((topic, partition), None)
         self._manifest.pop((topic, partition), None)
@@ -948,18 +958,17 @@ class ClusterPartitions:
         asked for here applies only where the subscription is new. Otherwise a `latest` start
         would skip what the subscription has not read yet."""
         found = topic.subscriptions.get(subscription)
-        since = self._checkpoints.incarnation(topic.name)
         now = time.monotonic()
         if not isinstance(found, ReliableSubscription):
             return
-        for name, partition in sorted(self._taken):
+        for (name, partition), since in sorted(self._taken.items()):
             if name != topic.name:
                 continue
             start = found.core.cursors[partition].encode()
             # the start, unless a cursor is there already: in one transaction, so a commit
             # through another broker between a read and a write is not overwritten
             data = await self._checkpoints.create_checkpoint(
-                checkpoint_key(name, subscription, partition), start, since
+                checkpoint_key(name, subscription, partition), start, since, name
             )
             if data is not None:
                 cursor = PartitionCursor.decode(data)
@@ -1002,9 +1011,9 @@ class ClusterPartitions:
         a seek would. Overwriting it with this broker's copy lost the commit whenever the copy
         had moved for another reason (deliveries to a native consumer, their counts)."""
         found = self._catalog.topics.get(topic)
-        if not isinstance(found, LogTopic):
-            return
-        since = self._checkpoints.incarnation(topic)
+        since = self._taken.get((topic, partition))
+        if not isinstance(found, LogTopic) or since is None:
+            return  # not reliable, or its cursors not loaded here (never taken, or let go)
         for subscription in _reliable(found):
             data = subscription.core.cursors[partition].encode()
             ident = (topic, subscription.name, partition)
@@ -1012,9 +1021,10 @@ class ClusterPartitions:
             if expected == data:
                 continue
             key = checkpoint_key(topic, subscription.name, partition)
-            written, theirs = await self._checkpoints.swap_checkpoint(key, data, expected, since)
+            swap = self._checkpoints.swap_checkpoint
+            written, theirs = await swap(key, data, expected, since, topic)
             if not written and theirs is None:  # deleted since (the subscription, re-created)
-                written, theirs = await self._checkpoints.swap_checkpoint(key, data, None, since)
+                written, theirs = await swap(key, data, None, since, topic)
             if written or theirs is None:
                 self._written[ident] = data
                 continue

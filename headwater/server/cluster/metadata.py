@@ -249,23 +249,38 @@ class Metadata:
     async def put_checkpoint(self, key: str, value: bytes) -> None:
         await self.put_checkpoints({key: value})
 
-    async def create_checkpoint(self, key: str, value: bytes, since: int = 0) -> bytes | None:
+    async def create_checkpoint(
+        self, key: str, value: bytes, since: int = 0, topic: str | None = None
+    ) -> bytes | None:
         """Write `value` unless the key holds a checkpoint of this incarnation (written at or
-        after revision `since`): None when written, else the one there, left as it is. One
-        transaction: a cursor another broker stored meanwhile (a Kafka group's commit through
-        its coordinator) is never overwritten by a start."""
-        written, found = await self.swap_checkpoint(key, value, None, since)
+        after revision `since`): None when written (or fenced: `swap_checkpoint`), else the one
+        there, left as it is. One transaction: a cursor another broker stored meanwhile (a Kafka
+        group's commit through its coordinator) is never overwritten by a start."""
+        written, found = await self.swap_checkpoint(key, value, None, since, topic)
         return None if written else found
 
     async def swap_checkpoint(
-        self, key: str, value: bytes, expected: bytes | None, since: int = 0
+        self,
+        key: str,
+        value: bytes,
+        expected: bytes | None,
+        since: int = 0,
+        topic: str | None = None,
     ) -> tuple[bool, bytes | None]:
         """Write `value` if the key still holds `expected` (None: no checkpoint of this
         incarnation, written at or after revision `since`), in one transaction. (True, None)
         when written; else (False, what the key holds, None when nothing): another broker wrote
-        it since (a Kafka group's commit through its coordinator), and it stands."""
+        it since (a Kafka group's commit through its coordinator), and it stands.
+
+        With `topic`, the write is also fenced on the topic's incarnation: it happens only while
+        the topic's definition is still the one created at revision `since`, else (False, None).
+        A cursor of a deleted topic written late (its owner's last round, or the release of its
+        partitions, after a topic of the same name was created) would otherwise carry a
+        revision of the new incarnation, and the new topic's subscription of that name would
+        start from it: the new topic's first messages skipped as acknowledged."""
         _check_checkpoint(key, value)
         raw = self._layout.checkpoint(key)
+        fence = self._layout.topic(topic) if topic is not None and since > 0 else None
 
         def transaction(c: Any) -> Any:
             if expected is None:
@@ -273,15 +288,22 @@ class Metadata:
                 holds = c.transactions.mod(raw) < max(since, 1)
             else:
                 holds = c.transactions.value(raw) == bytes(expected)
+            compare = [holds]
+            failure = [c.transactions.get(raw)]
+            if fence is not None:
+                compare.append(c.transactions.create(fence) == since)
+                failure.append(c.transactions.get(fence))
             return c.transaction(
-                compare=[holds],
-                success=[c.transactions.put(raw, bytes(value))],
-                failure=[c.transactions.get(raw)],
+                compare=compare, success=[c.transactions.put(raw, bytes(value))], failure=failure
             )
 
         written, responses = await self._etcd(transaction)
         if written:
             return True, None
+        if fence is not None:
+            definition = responses[1]
+            if not definition or int(definition[0][1].create_revision) != since:
+                return False, None  # the topic this cursor belongs to is gone
         found = responses[0]
         return False, (bytes(found[0][0]) if found else None)
 
