@@ -535,3 +535,93 @@ def test_confluent_kafka_idempotent_producer_and_group_consumer(
             return sum(p.committed for p in group.partitions)
 
     assert asyncio.run(committed()) == len(RECORDS)
+
+
+def test_kafka_consumers_step_over_the_offsets_a_kill_9_skipped_to_the_high_watermark(
+    tmp_path: Path, topic_name: str
+) -> None:
+    """After an unclean stop the log goes on at its offset lease, past offsets no batch holds.
+    A Kafka client moves only by the batches a Fetch gives it: Fetch answers an empty batch
+    spanning such offsets (as a Kafka broker leaves where compaction emptied one), so each
+    client's position reaches the high watermark, with no new record needed to pull it there."""
+    from confluent_kafka import Consumer, KafkaError
+    from confluent_kafka import TopicPartition as ConfluentPartition
+
+    server = KafkaServer(tmp_path / "data").start()
+    try:
+        asyncio.run(_create(server, topic_name))
+        producer = KafkaProducer(bootstrap_servers=server.bootstrap, acks="all")
+        for i in range(5):
+            producer.send(topic_name, f"v{i}".encode()).get(timeout=30)
+        producer.close()
+        server.kill()
+        server.start()
+        consumer = KafkaConsumer(
+            bootstrap_servers=server.bootstrap, enable_auto_commit=False, consumer_timeout_ms=500
+        )
+        partition = TopicPartition(topic_name, 0)
+        consumer.assign([partition])
+        consumer.seek_to_end(partition)
+        end = consumer.position(partition)
+        assert end > 5, f"no gap after the kill -9: the high watermark is {end}"
+        consumer.seek_to_beginning(partition)
+        values: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while consumer.position(partition) < end and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=500).values():
+                values += [r.value for r in records]
+        assert values == [f"v{i}".encode() for i in range(5)]
+        assert consumer.position(partition) == end  # kafka-python: across the gap
+        consumer.close()
+
+        async def aiokafka_position() -> int:
+            from aiokafka import TopicPartition as AioPartition
+
+            reader = AIOKafkaConsumer(bootstrap_servers=server.bootstrap, enable_auto_commit=False)
+            await reader.start()
+            try:
+                assigned = AioPartition(topic_name, 0)
+                reader.assign([assigned])
+                await reader.seek_to_beginning(assigned)
+                got = 0
+                for _ in range(60):
+                    batch = await reader.getmany(assigned, timeout_ms=500)
+                    got += len(batch.get(assigned, []))
+                    if await reader.position(assigned) >= end:
+                        break
+                assert got == 5
+                return await reader.position(assigned)
+            finally:
+                await reader.stop()
+
+        assert asyncio.run(aiokafka_position()) == end
+
+        librdkafka = Consumer(
+            {
+                "bootstrap.servers": server.bootstrap,
+                "group.id": "gap",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+            }
+        )
+        try:
+            librdkafka.assign([ConfluentPartition(topic_name, 0, 0)])
+            got = 0
+            eof = -1
+            deadline = time.monotonic() + 30
+            while eof < 0 and time.monotonic() < deadline:
+                message = librdkafka.poll(0.5)
+                if message is None:
+                    continue
+                if message.error() is None:
+                    got += 1
+                elif message.error().code() == KafkaError._PARTITION_EOF:
+                    eof = message.offset()
+            assert got == 5
+            # librdkafka: its fetch position across the gap (its `position()` is the
+            # application's, one past the last message delivered, as after Kafka's compaction)
+            assert eof == end
+        finally:
+            librdkafka.close()
+    finally:
+        server.kill()

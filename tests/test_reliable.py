@@ -382,6 +382,41 @@ async def test_acks_and_delivery_counts_survive_a_restart(fresh_server: ServerPr
         assert [(m.offset, m.delivery_count) for m in back] == [(1, 3), (3, 2)]
 
 
+async def test_the_offsets_a_kill_9_skipped_leave_nothing_pending(
+    fresh_server: ServerProcess,
+) -> None:
+    """After an unclean stop the log goes on at its offset lease, past offsets no record holds.
+    A subscription that read everything steps over them as over any gap: its backlog is empty
+    without waiting for a record after them (it counted the gap as pending until one came).
+    Shared and Key_Shared dispatch each read the log their own way: both are checked."""
+    async with await headwater.connect(fresh_server.address) as client:
+        await client.create_topic("gap", partitions=2, dispatch="reliable")
+        await produce(client, "gap", values("g", 6))
+    fresh_server.kill()
+    fresh_server.start()
+    async with await headwater.connect(fresh_server.address) as client:
+        consumers = [
+            await client.subscribe("gap", "shared", start="earliest", type="shared"),
+            await client.subscribe("gap", "keyed", start="earliest", type="key_shared"),
+        ]
+        for consumer in consumers:
+            for message in await drain(consumer, 6):
+                await message.ack()
+
+        async def nothing_pending() -> bool:
+            for name in ("shared", "keyed"):
+                info = await subscription_info(client, "gap", name)
+                if (info.pending, info.unacked) != (0, 0):
+                    return False
+            return True
+
+        await eventually(nothing_pending, what="nothing pending past the lease's gap")
+        # and a record written after the gap is delivered (the cursor stepped to the end only)
+        await produce(client, "gap", values("after", 2))
+        for consumer in consumers:
+            assert len(await drain(consumer, 2)) == 2
+
+
 async def test_bad_reliable_requests(client: headwater.Client, topic_name: str) -> None:
     await client.create_topic(topic_name, dispatch="non-reliable")  # non-reliable
     with pytest.raises(InvalidRequest, match="keeps no history"):

@@ -308,6 +308,27 @@ def read_base_offset(batch: bytes | bytearray | memoryview) -> int:
     return offset
 
 
+_MAX_OFFSET_DELTA: Final = (1 << 31) - 1
+
+
+def gap_batch(base_offset: int, next_offset: int) -> bytes:
+    """A batch of no records spanning `base_offset` up to `next_offset` (at most 2**31 offsets
+    of it): what a Kafka broker leaves where compaction removed every record of a batch, and what
+    a Kafka client steps over to its end. Headwater answers one for offsets no batch holds (the
+    ones a restart skipped to its offset lease), so a reader whose position is there moves on to
+    the end instead of asking for it again and again."""
+    delta = min(next_offset - base_offset, _MAX_OFFSET_DELTA) - 1
+    if delta < 0:
+        raise ValueError(f"an empty range: {base_offset}..{next_offset}")
+    header = bytearray(BATCH_HEADER_SIZE)
+    BATCH_HEADER.pack_into(
+        header, 0, base_offset, BATCH_HEADER_SIZE - _LENGTH_FIELD_END, -1, 2, 0, 0, delta,
+        -1, -1, -1, -1, -1, 0,
+    )  # fmt: skip
+    struct.pack_into(">I", header, 17, crc32c.crc32c(memoryview(header)[_CRC_START:]))
+    return bytes(header)
+
+
 # A record's headers as `decode_records` hands them over: (name, value) pairs in a tuple, as a
 # `Record` holds them. A record without headers gets NO_HEADERS, one shared empty tuple: the
 # codec's own empty list per record was a second object per message for the consumer's garbage

@@ -133,7 +133,7 @@ from headwater.wire.errors import (
     UnknownTopic,
 )
 from headwater.wire.limits import MAX_FETCH_BYTES, MAX_FETCH_WAIT_MS
-from headwater.wire.records import BatchInfo, read_records, validate_records
+from headwater.wire.records import BatchInfo, gap_batch, read_records, validate_records
 
 log = structlog.get_logger(__name__)
 
@@ -626,6 +626,11 @@ class KafkaHandlers:
             return _fetch_refusal(index, _refused("kafka.fetch_refused", exc, topic, index))
         assert isinstance(response, m.FetchResponse)
         records, stable = response.records, response.end_offset
+        if not records and response.next_offset > offset:
+            # offsets no batch holds up to the readable end (a restart's lease gap): a Kafka
+            # client moves only by the batches it gets, so it gets an empty one spanning them,
+            # as a Kafka broker leaves where compaction emptied a batch
+            records = gap_batch(offset, response.next_offset)
         aborted: list[fe.AbortedTransaction] | None = None
         if committed:
             stable, records, aborted = self._committed(topic, index, records, stable)

@@ -61,6 +61,8 @@ class KeyedSubscription(Protocol):
 
     def step_over_hidden(self, partition: int, batch: bytes) -> bool: ...
 
+    def step_over_gap(self, partition: int, read_at: int, end: int) -> None: ...
+
     def sendable_partitions(self) -> set[int] | None: ...
 
     @property
@@ -117,7 +119,10 @@ class KeyedDispatch:
             if core.position(partition) < start:
                 core.restart_at(partition, start)
                 continue
-            batches = await topic.read(partition, core.position(partition))
+            read_at = core.position(partition)
+            batches = await topic.read(partition, read_at)
+            if not batches:
+                sub.step_over_gap(partition, read_at, ends[partition])
             sent = False
             for index, batch in enumerate(batches):
                 base = _BASE.unpack_from(batch)[0]

@@ -549,6 +549,7 @@ class ReliableSubscription:
                 # restart skipped to its lease) reaching the end, nothing written after it yet.
                 # The other partitions go on; returning here left them unsent until this one
                 # got a record (acknowledged records of a new subscription never delivered)
+                self.step_over_gap(partition, position, ends[partition])
                 ends[partition] = 0
                 continue
             if target.consumer_id not in self.consumers:
@@ -576,6 +577,18 @@ class ReliableSubscription:
                     break
             return True
         return False
+
+    def step_over_gap(self, partition: int, read_at: int, end: int) -> None:
+        """A read at `read_at` found no batch though the partition's readable `end` (taken
+        before the read: every batch below it was there) is past it: the offsets up to `end`
+        hold no record (a restart skipped them to its offset lease) and the cursor steps over
+        them, acknowledged, as over a gap before a batch. Left there, they counted in the
+        subscription's backlog (`pending`) until a record came after them. Only if the cursor is
+        still where the read was (a seek meanwhile may have moved it back over records).
+        Shared with the Key_Shared round."""
+        if self.core.position(partition) == read_at < end:
+            self.core.plan_new(partition, end, 0, 0)
+            self.persist()
 
     def step_over_hidden(self, partition: int, batch: bytes) -> bool:
         """Whether `batch`, read at the partition's position, is one no subscriber is sent (a
