@@ -107,6 +107,7 @@ from headwater.server.kafka.messages import offsets as of
 from headwater.server.kafka.messages import produce as pr
 from headwater.server.kafka.messages import sasl
 from headwater.server.kafka.messages.declare import Message
+from headwater.server.kafka.topic_ids import TopicIds, topic_id
 from headwater.server.kafka.txn_handlers import TransactionHandlers
 from headwater.server.memory_budget import MemoryBudget
 from headwater.server.net.client_connection import INLINE_RECORDS
@@ -205,6 +206,7 @@ class KafkaHandlers:
         self._auto_create = auto_create
         self._auto_partitions = auto_partitions
         self.nodes: Nodes = nodes or SingleNode(host, port)
+        self.topic_ids = TopicIds(lambda: broker.topics)
         self.groups = GroupHandlers(
             Coordinator(),
             offsets or GroupOffsets(broker.catalog),
@@ -339,7 +341,18 @@ class KafkaHandlers:
         self, session: Session, version: int, request: md.MetadataRequest
     ) -> md.MetadataResponse:
         topics = self._broker.topics
-        names = None if request.topics is None else [t.name for t in request.topics]
+        unknown_ids: list[bytes] = []  # v10+: topics asked by an id no topic has
+        names = None
+        if request.topics is not None:
+            names = []
+            for asked in request.topics:
+                name = asked.name
+                if name is None:  # v10+: by topic id
+                    name = self.topic_ids.name(asked.topic_id)
+                    if name is None:
+                        unknown_ids.append(asked.topic_id)
+                        continue
+                names.append(name)
         if version == 0 and not names:
             names = None  # v0: an empty list means every topic
         auth = session.auth if self._security is not None else None
@@ -371,7 +384,15 @@ class KafkaHandlers:
                 continue
             leaders = self.nodes.leaders(name, len(topic.partitions))
             partitions = [_partition_metadata(i, leader) for i, leader in enumerate(leaders)]
-            entries.append(md.MetadataResponseTopic(error_code=0, name=name, partitions=partitions))
+            entries.append(
+                md.MetadataResponseTopic(
+                    error_code=0, name=name, topic_id=topic_id(name), partitions=partitions
+                )
+            )
+        entries += (
+            md.MetadataResponseTopic(error_code=k.UNKNOWN_TOPIC_ID, name=None, topic_id=unknown)
+            for unknown in unknown_ids
+        )
         nodes = self.nodes
         return md.MetadataResponse(
             brokers=[
