@@ -100,7 +100,7 @@ def _theirs(cls: type[Struct], value: Any, version: int) -> Any:
             continue
         if field.name.endswith("authorized_operations") and not hasattr(value, field.name):
             # kafka-python decodes Metadata's bitfield into a set of the bits set, renamed
-            got = sum(1 << bit for bit in getattr(value, "authorized_operations"))
+            got = sum(1 << bit for bit in value.authorized_operations)
         else:
             got = getattr(value, field.name)
         kind = field.type

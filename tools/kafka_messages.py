@@ -89,8 +89,8 @@ FAMILIES: dict[str, tuple[str, list[tuple[str, int, int]]]] = {
     "sasl": ("SASL authentication (PLAIN).", [("SaslHandshake", 0, 1), ("SaslAuthenticate", 0, 1)]),
     # KIP-848: specs written here (kafka-python ships none), tools/kafka_specs/
     "consumer_protocol": (
-        "Kafka 4's consumer group protocol (KIP-848): heartbeats that carry the assignment, and "
-        "describing such groups.",
+        "Kafka 4's consumer group protocol (KIP-848): heartbeats that carry the assignment,\n"
+        "and describing such groups.",
         [
             ("ConsumerGroupHeartbeat", 0, 1),
             ("ConsumerGroupDescribe", 0, 0),

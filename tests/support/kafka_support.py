@@ -23,12 +23,19 @@ from headwater.testing import ServerProcess
 
 
 class KafkaServer:
-    def __init__(self, data_dir: Path, same_port: bool = False) -> None:
+    def __init__(self, data_dir: Path, same_port: bool = False, config: str = "") -> None:
+        """`config`: a headwater.toml's text for the server (the flags below override it)."""
         self.kafka_port_file = data_dir.parent / f"{data_dir.name}.kafka-port"
         self.http_port_file = data_dir.parent / f"{data_dir.name}.http-port"
+        extra: tuple[str, ...] = ()
+        if config:
+            path = data_dir.parent / f"{data_dir.name}.toml"
+            path.write_text(config)
+            extra = ("--config", str(path))
         self.process = ServerProcess(
             data_dir,
             extra_args=(
+                *extra,
                 "--kafka-port", "0", "--kafka-port-file", str(self.kafka_port_file),
                 "--http-port", "0", "--http-port-file", str(self.http_port_file),
             ),

@@ -66,6 +66,8 @@ from headwater.server.kafka.apis import (
     ADD_PARTITIONS_TO_TXN,
     ALTER_CONFIGS,
     API_VERSIONS,
+    CONSUMER_GROUP_DESCRIBE,
+    CONSUMER_GROUP_HEARTBEAT,
     CREATE_PARTITIONS,
     CREATE_TOPICS,
     DELETE_GROUPS,
@@ -96,6 +98,8 @@ from headwater.server.kafka.apis import (
     TXN_OFFSET_COMMIT,
 )
 from headwater.server.kafka.config_handlers import ConfigHandlers
+from headwater.server.kafka.consumer_group_handlers import ConsumerGroupHandlers
+from headwater.server.kafka.consumer_groups import ConsumerGroups
 from headwater.server.kafka.group_handlers import GroupHandlers, Handler, KafkaSession, Pace
 from headwater.server.kafka.groups import Coordinator
 from headwater.server.kafka.kafka_nodes import Node, Nodes, SingleNode
@@ -193,11 +197,13 @@ class KafkaHandlers:
         offsets: GroupOffsets | None = None,
         auto_create: bool = False,
         auto_partitions: int = 1,
+        consumer_timeouts: tuple[int, int] = (45_000, 5_000),
     ) -> None:
         """`topic_defaults`: the server's (`[topic_defaults]`), what AlterConfigs resets the
         settings it does not name to. `nodes`: a cluster's (`kafka_nodes.ClusterNodes`);
         default: this one broker at `host`:`port`. `offsets`: the groups' offsets (a
-        cluster's keep them where every broker reads them); default: this broker's cursors."""
+        cluster's keep them where every broker reads them); default: this broker's cursors.
+        `consumer_timeouts`: the KIP-848 groups' session timeout and heartbeat interval (ms)."""
         self._broker = broker
         self._security = security
         self._inflater = inflater
@@ -215,19 +221,29 @@ class KafkaHandlers:
             self._native,
         )
         groups = self.groups
+        session_ms, heartbeat_ms = consumer_timeouts
+        self.consumer_groups = ConsumerGroupHandlers(
+            ConsumerGroups(session_ms / 1000, heartbeat_ms / 1000),
+            groups,
+            self.nodes,
+            self.topic_ids,
+            self._partition_count,
+            self.permits,
+        )
+        consumer = self.consumer_groups
         configs = ConfigHandlers(broker, security, self._native, topic_defaults or TopicSettings())
         self.transactions = TransactionHandlers(broker.transactions, self.permits)
         transactions = self.transactions
         self.handlers: dict[int, Handler] = {
             FIND_COORDINATOR: groups.find_coordinator,
-            JOIN_GROUP: groups.join_group,
+            JOIN_GROUP: consumer.join_group,
             SYNC_GROUP: groups.sync_group,
             HEARTBEAT: groups.heartbeat,
             LEAVE_GROUP: groups.leave_group,
-            OFFSET_COMMIT: groups.offset_commit,
+            OFFSET_COMMIT: consumer.offset_commit,
             OFFSET_FETCH: groups.offset_fetch,
-            LIST_GROUPS: groups.list_groups,
-            DESCRIBE_GROUPS: groups.describe_groups,
+            LIST_GROUPS: consumer.list_groups,
+            DESCRIBE_GROUPS: consumer.describe_groups,
             API_VERSIONS: self.api_versions,
             SASL_HANDSHAKE: self.sasl_handshake,
             SASL_AUTHENTICATE: self.sasl_authenticate,
@@ -243,14 +259,20 @@ class KafkaHandlers:
             CREATE_TOPICS: self.create_topics,
             DELETE_TOPICS: self.delete_topics,
             DELETE_RECORDS: self.delete_records,
-            DELETE_GROUPS: groups.delete_groups,
+            DELETE_GROUPS: consumer.delete_groups,
             ADD_PARTITIONS_TO_TXN: transactions.add_partitions_to_txn,
             ADD_OFFSETS_TO_TXN: transactions.add_offsets_to_txn,
             END_TXN: transactions.end_txn,
             TXN_OFFSET_COMMIT: transactions.txn_offset_commit,
             DESCRIBE_TRANSACTIONS: transactions.describe_transactions,
             LIST_TRANSACTIONS: transactions.list_transactions,
+            CONSUMER_GROUP_HEARTBEAT: consumer.consumer_group_heartbeat,
+            CONSUMER_GROUP_DESCRIBE: consumer.consumer_group_describe,
         }
+
+    def _partition_count(self, topic: str) -> int | None:
+        found = self._broker.topics.get(topic)
+        return None if found is None else len(found.partitions)
 
     @property
     def worker(self) -> Executor | None:
@@ -342,7 +364,7 @@ class KafkaHandlers:
     ) -> md.MetadataResponse:
         topics = self._broker.topics
         unknown_ids: list[bytes] = []  # v10+: topics asked by an id no topic has
-        names = None
+        names: list[str] | None = None
         if request.topics is not None:
             names = []
             for asked in request.topics:

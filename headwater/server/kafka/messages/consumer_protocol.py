@@ -1,4 +1,5 @@
-"""Kafka 4's consumer group protocol (KIP-848): heartbeats that carry the assignment, and describing such groups.
+"""Kafka 4's consumer group protocol (KIP-848): heartbeats that carry the assignment,
+and describing such groups.
 
 Written by tools/kafka_messages.py from Kafka's JSON message specs: do not edit."""
 
