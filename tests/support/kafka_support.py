@@ -148,6 +148,8 @@ def random_value(rng: random.Random, field: Any, version: int) -> object:
         return rng.random()
     if kind == "uint16":
         return rng.choice([0, 1, 3, 2**16 - 1])
+    if kind == "uuid":
+        return rng.choice([bytes(16), bytes(rng.getrandbits(8) for _ in range(16))])
     bits = {"int8": 8, "int16": 16, "int32": 32, "int64": 64}[kind]
     return rng.choice([-1, 0, 1, 3, 2 ** (bits - 1) - 1, -(2 ** (bits - 1))])
 
