@@ -24,7 +24,10 @@ heartbeats with `now` as an argument (no clock, no I/O).
   memory, and a group's new coordinator rebuilds it from the members' heartbeats (`adopting`):
   for a session timeout after the group appears with a heartbeat from a member it does not know
   (epoch > 0), such members are taken back with their epoch and the partitions they report, so
-  a coordinator's move or kill -9 moves no partition.
+  a coordinator's move or kill -9 moves no partition (partitions none of them reports are handed
+  out once that time is up). A heartbeat without the member's whole
+  state (subscription, rebalance timeout, owned partitions) is refused REBUILDING meanwhile: the
+  client looks for its coordinator again and sends it all.
 
 The uniform assignor keeps every member's target partitions that are still valid and balanced
 (counts differ by one at most), and moves only partitions from members over their share to
@@ -61,6 +64,7 @@ class Refusal(enum.Enum):
     UNSUPPORTED_ASSIGNOR = "unsupported_assignor"
     UNRELEASED_INSTANCE = "unreleased_instance"
     GROUP_FULL = "group_full"
+    REBUILDING = "rebuilding"  # a new coordinator needs the member's whole state
 
 
 class Refused(Exception):
@@ -146,7 +150,7 @@ class ConsumerGroupState:
     ) -> None:
         """`session_timeout`: seconds without a heartbeat before a member is fenced.
         `adopting_until`: the group was found on a new coordinator: until then members it does not
-        know are taken back as they report themselves."""
+        know are taken back as they report themselves, and no partition is handed out anew."""
         self.name = name
         self.session_timeout = session_timeout
         self.group_epoch = 0
@@ -236,14 +240,19 @@ class ConsumerGroupState:
     def _adopt(self, beat: Beat, now: float) -> Member:
         """A member this coordinator does not know, with an epoch: taken back while the group is
         being rebuilt (with the partitions it reports that nobody else holds), else unknown."""
+        if self.adopting_until is None or now >= self.adopting_until:
+            raise Refused(Refusal.UNKNOWN_MEMBER, f"member {beat.member_id} is not in the group")
         if (
-            self.adopting_until is None
-            or now >= self.adopting_until
-            or (beat.topics is None and beat.regex is None)
+            (beat.topics is None and beat.regex is None)
             or beat.owned is None
             or beat.rebalance_timeout is None
         ):
-            raise Refused(Refusal.UNKNOWN_MEMBER, f"member {beat.member_id} is not in the group")
+            # a client sends its whole state to a coordinator it has just found (librdkafka
+            # after COORDINATOR_NOT_AVAILABLE): ask for it
+            raise Refused(
+                Refusal.REBUILDING,
+                f"group {self.name!r} is being rebuilt: send the subscription and partitions",
+            )
         member, _ = self._join(beat, now)
         held = self._held()
         member.assigned = _minus(dict(beat.owned), held)
@@ -375,7 +384,9 @@ class ConsumerGroupState:
         if member.epoch != self.assignment_epoch:
             member.previous_epoch, member.epoch = member.epoch, self.assignment_epoch
         wanted = _minus(target, keep)
-        if wanted:
+        # while members come back to a new coordinator, a partition nobody has reported yet may
+        # still be held by a member not back yet: nothing new is handed out until then
+        if wanted and not (self.adopting_until is not None and now < self.adopting_until):
             member.assigned = _union(keep, _minus(wanted, self._held(member)))
 
     # assignment
@@ -389,7 +400,8 @@ class ConsumerGroupState:
         if self.assignor == RANGE:
             self.target = range_assign(subscriptions, self.metadata)
         else:
-            self.target = uniform_assign(subscriptions, self.metadata, self.target)
+            held = {m.member_id: _union(m.assigned, m.revoking) for m in self.members.values()}
+            self.target = uniform_assign(subscriptions, self.metadata, self.target, held)
         self.assignment_epoch = self.group_epoch
 
     def state(self) -> str:
@@ -458,44 +470,47 @@ def uniform_assign(
     subscriptions: Mapping[str, frozenset[str]],
     metadata: Mapping[str, int],
     previous: Mapping[str, Mapping[str, frozenset[int]]],
+    held: Mapping[str, Mapping[str, frozenset[int]]] | None = None,
 ) -> dict[str, Assignment]:
     """Balanced (member counts within one of each other where subscriptions allow) and sticky:
-    each member keeps what it had that is still valid, within its share; only the rest moves."""
+    each member keeps what it holds (`held`) and then what its `previous` target had, that is
+    still valid and nobody else holds, within its share; only the rest moves."""
     owner: dict[tuple[str, int], str] = {}
     owned: dict[str, set[tuple[str, int]]] = {member: set() for member in subscriptions}
     members = sorted(subscriptions)
-    homogeneous = len({subscriptions[m] for m in members}) <= 1
-    if homogeneous and members:
+    held = held or {}
+    holder = {(t, p): m for m, a in held.items() for t, ps in a.items() for p in ps}
+
+    def valid(m: str, source: Mapping[str, frozenset[int]]) -> list[tuple[str, int]]:
+        return sorted(
+            (t, p)
+            for t, ps in source.items()
+            if t in subscriptions[m] and t in metadata
+            for p in ps
+            if p < metadata[t] and holder.get((t, p), m) == m
+        )
+
+    kept: dict[str, list[tuple[str, int]]] = {}
+    for m in members:
+        mine = valid(m, held.get(m, {}))
+        known = set(mine)
+        kept[m] = mine + [tp for tp in valid(m, previous.get(m, {})) if tp not in known]
+    if len({subscriptions[m] for m in members}) <= 1 and members:
         total = sum(
             count for topic, count in metadata.items() if topic in subscriptions[members[0]]
         )
         share, extra = divmod(total, len(members))
-        kept = {
-            m: sorted(
-                (t, p)
-                for t, ps in previous.get(m, {}).items()
-                if t in subscriptions[m] and t in metadata
-                for p in ps
-                if p < metadata[t]
-            )
-            for m in members
-        }
         # the members that had most keep the one-more shares: fewest moves
         by_had = sorted(members, key=lambda m: (-len(kept[m]), m))
         quota = {m: share + (1 if i < extra else 0) for i, m in enumerate(by_had)}
-        for m in by_had:
-            for tp in kept[m]:
-                if len(owned[m]) < quota[m] and tp not in owner:
-                    owner[tp] = m
-                    owned[m].add(tp)
     else:
-        for m in members:
-            for t, ps in sorted(previous.get(m, {}).items()):
-                if t in subscriptions[m] and t in metadata:
-                    for p in sorted(ps):
-                        if p < metadata[t] and (t, p) not in owner:
-                            owner[t, p] = m
-                            owned[m].add((t, p))
+        quota = dict.fromkeys(members, sum(metadata.values()))  # the balancing comes after
+        by_had = members
+    for m in by_had:
+        for tp in kept[m]:
+            if len(owned[m]) < quota[m] and tp not in owner:
+                owner[tp] = m
+                owned[m].add(tp)
     # what nobody has goes to the subscriber with the fewest
     for topic, count in sorted(metadata.items()):
         candidates = [m for m in members if topic in subscriptions[m]]
@@ -506,14 +521,14 @@ def uniform_assign(
                 chosen = min(candidates, key=lambda m: (len(owned[m]), m))
                 owner[topic, p] = chosen
                 owned[chosen].add((topic, p))
-    if not homogeneous:
+    if len({subscriptions[m] for m in members}) > 1:
         _balance(subscriptions, owner, owned)
     target: dict[str, Assignment] = {}
     for m in members:
-        mine: dict[str, set[int]] = {}
+        grouped: dict[str, set[int]] = {}
         for t, p in owned[m]:
-            mine.setdefault(t, set()).add(p)
-        target[m] = {t: frozenset(ps) for t, ps in mine.items()}
+            grouped.setdefault(t, set()).add(p)
+        target[m] = {t: frozenset(ps) for t, ps in grouped.items()}
     return target
 
 

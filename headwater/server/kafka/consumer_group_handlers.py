@@ -54,6 +54,8 @@ CODES: Final = {
     Refusal.UNSUPPORTED_ASSIGNOR: k.UNSUPPORTED_ASSIGNOR,
     Refusal.UNRELEASED_INSTANCE: k.UNRELEASED_INSTANCE_ID,
     Refusal.GROUP_FULL: k.GROUP_MAX_SIZE_REACHED,
+    # librdkafka looks for the coordinator again and sends its whole state (a full heartbeat)
+    Refusal.REBUILDING: k.COORDINATOR_NOT_AVAILABLE,
 }
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")

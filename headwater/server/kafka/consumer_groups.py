@@ -5,7 +5,7 @@ with the loop's clock and swept by the Kafka listener for session and rebalance 
 A group appears with its first heartbeat and is forgotten once it has no members (its committed
 offsets are the subscriptions of its name: durable). A group first seen through a heartbeat with
 an epoch (a member of a group whose coordinator moved, or was restarted) is rebuilt from the
-members' heartbeats for a session timeout (`ConsumerGroupState.adopting_until`). The session
+members' heartbeats for three heartbeat intervals (`ConsumerGroupState.adopting_until`). The session
 timeout and the heartbeat interval are the server's (`[kafka]` `consumer_session_timeout_ms` and
 `consumer_heartbeat_interval_ms`, Kafka's `group.consumer.session.timeout.ms` and
 `group.consumer.heartbeat.interval.ms`).
@@ -41,7 +41,9 @@ class ConsumerGroups:
             if len(self.groups) >= MAX_GROUPS:
                 raise Refused(Refusal.GROUP_FULL, f"this broker coordinates {MAX_GROUPS} groups")
             # a member with an epoch that we do not know: the group's state was elsewhere
-            adopting = now + self.session_timeout if beat.epoch > 0 else None
+            # (its members come back within a heartbeat or two of finding this coordinator)
+            window = min(self.session_timeout, max(1.0, 3 * self.heartbeat_interval))
+            adopting = now + window if beat.epoch > 0 else None
             group = ConsumerGroupState(name, self.session_timeout, adopting)
             self.groups[name] = group
         epoch = group.group_epoch
