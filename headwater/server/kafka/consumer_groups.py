@@ -77,9 +77,3 @@ class ConsumerGroups:
                 )
             if not group.members:
                 del self.groups[name]
-
-    def forget(self, name: str) -> None:
-        """An empty group given up (deleted, or taken by the classic protocol)."""
-        group = self.groups.get(name)
-        if group is not None and not group.members:
-            del self.groups[name]

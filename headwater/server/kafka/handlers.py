@@ -30,8 +30,9 @@ which Kafka answers with nothing.
   timestamp (offset -1 when none).
 - Metadata: the brokers and each partition's leader as `kafka_nodes` has them (on one broker,
   node 0 leads every partition; in a cluster, each partition's owner); topics are never created
-  by a Metadata request. In a cluster, a Produce, Fetch or ListOffsets for a partition this
-  broker does not serve is answered NOT_LEADER_OR_FOLLOWER for that partition (the native
+  by a Metadata request; v10+ names each topic's id (`topic_ids`) and takes topics by id (an id
+  no topic has: UNKNOWN_TOPIC_ID). In a cluster, a Produce, Fetch or ListOffsets for a partition
+  this broker does not serve is answered NOT_LEADER_OR_FOLLOWER for that partition (the native
   NOT_OWNER), and the client asks for Metadata again.
 - CreateTopics makes reliable topics (`cleanup.policy=compact`: last-value ones), DeleteTopics
   deletes, CreatePartitions grows, DescribeConfigs shows a topic's configs; AlterConfigs and
@@ -45,7 +46,7 @@ which Kafka answers with nothing.
   (`throttle_time_ms`); the connection charges a Produce to the produce quota as it reads it
   (and stops reading for the delay), handing the delay on with the request (`Throttled`).
 
-The consumer group APIs are in `group_handlers`.
+The consumer group APIs are in `group_handlers`, Kafka 4's (KIP-848) in `consumer_group_handlers`.
 """
 
 from __future__ import annotations
