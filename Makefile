@@ -66,7 +66,8 @@ LONG_TESTS := tests/test_statemachine.py::test_state_machine \
 	tests/test_cluster_failover_client.py::test_frozen_owner_subscriptions_move_to_the_new_owner_before_it_wakes \
 	tests/test_cluster_transactions.py::test_a_kill_of_the_broker_serving_the_id_after_the_commit_decision_commits_it_all \
 	tests/test_kafka_transactions.py::test_a_consume_transform_produce_loop_killed_and_its_server_killed_is_exactly_once \
-	tests/test_transactions_native_eos.py
+	tests/test_transactions_native_eos.py \
+	tests/test_kafka_consumer_protocol.py::test_members_join_and_leave_moving_only_what_must_move
 SPARK_LONG := tests/test_spark_cluster.py \
 	tests/test_spark_stream_restart.py::test_a_query_rides_through_a_server_restart_exactly_once \
 	tests/test_spark_compaction.py::test_one_percent_new_records_cost_a_few_percent_of_a_full_run \

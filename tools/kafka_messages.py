@@ -42,7 +42,7 @@ FAMILIES: dict[str, tuple[str, list[tuple[str, int, int]]]] = {
         "ApiVersions and Metadata: what the broker serves and where partitions are.",
         [
             ("ApiVersions", 0, 3),
-            ("Metadata", 0, 5),
+            ("Metadata", 0, 12),
         ],
     ),
     "groups": (
@@ -87,8 +87,19 @@ FAMILIES: dict[str, tuple[str, list[tuple[str, int, int]]]] = {
         ],
     ),
     "sasl": ("SASL authentication (PLAIN).", [("SaslHandshake", 0, 1), ("SaslAuthenticate", 0, 1)]),
+    # KIP-848: specs written here (kafka-python ships none), tools/kafka_specs/
+    "consumer_protocol": (
+        "Kafka 4's consumer group protocol (KIP-848): heartbeats that carry the assignment,\n"
+        "and describing such groups.",
+        [
+            ("ConsumerGroupHeartbeat", 0, 1),
+            ("ConsumerGroupDescribe", 0, 0),
+        ],
+    ),
 }
 OUT = Path(__file__).resolve().parent.parent / "headwater" / "server" / "kafka" / "messages"
+# specs of APIs kafka-python does not ship, written from Kafka's protocol documentation
+OURS = Path(__file__).resolve().parent / "kafka_specs"
 _INTS = {"int8", "int16", "uint16", "int32", "int64"}
 _MAX = 0x7FFF
 
@@ -100,7 +111,8 @@ def resources() -> Path:
 
 
 def load(name: str) -> dict[str, Any]:
-    text = (resources() / f"{name}.json").read_text()
+    path = OURS / f"{name}.json"
+    text = (path if path.exists() else resources() / f"{name}.json").read_text()
     return dict(json.loads(re.sub(r"^\s*//.*$", "", text, flags=re.M)))
 
 
@@ -128,6 +140,7 @@ class Module:
         self.names: set[str] = set()
         self.api = ""
         self.common: dict[str, list[dict[str, Any]]] = {}  # the spec's commonStructs
+        self.declared: dict[tuple[str, int, int], str] = {}  # a struct used twice: declared once
 
     def struct(
         self,
@@ -139,6 +152,9 @@ class Module:
         base: str = "Struct",
     ) -> str:
         """Declare the struct (its nested ones first); its class name."""
+        seen = (json.dumps([name, fields]), low, high)
+        if seen in self.declared:
+            return self.declared[seen]
         lines: list[str] = []
         declared: list[str] = []
         for field in fields:
@@ -157,12 +173,13 @@ class Module:
                 py = inner
                 wire = inner
             else:
-                assert inner in _INTS | {"bool", "string", "bytes", "records", "float64"}, inner
+                assert inner in _INTS | {"bool", "string", "bytes", "records", "float64", "uuid"}
                 py = {
                     "bool": "bool",
                     "string": "str",
                     "bytes": "bytes",
                     "records": "bytes",
+                    "uuid": "bytes",  # 16 bytes
                     "float64": "float",
                 }.get(inner, "int")
                 wire = repr(inner)
@@ -178,8 +195,13 @@ class Module:
                 value = str(float(default or 0))
             elif py == "str":
                 value = "None" if default == "null" else repr(default or "")
+            elif inner == "uuid":
+                value = "bytes(16)"
             elif py == "bytes":
                 value = "None" if inner == "records" or default == "null" else 'b""'
+            elif default == "null":  # a nullable struct, not in an array
+                value = "None"
+                annotation = py
             else:  # a struct, not in an array
                 value = f"{py}()"
                 annotation = py
@@ -202,6 +224,7 @@ class Module:
             name = f"{self.api}{name}"
         assert name not in self.names, f"two structs named {name}"
         self.names.add(name)
+        self.declared[seen] = name
         out = ["@dataclass(frozen=True, slots=True)", f"class {name}({base}):", *head, *lines]
         out.append("    FIELDS: ClassVar[tuple[Field, ...]] = (")
         out += declared

@@ -129,6 +129,12 @@ class KafkaConfig:
     # it (allow_auto_topic_creation, v4+; always before v4). Off by default (docs/DECISIONS.md)
     auto_create_topics: bool = False
     auto_create_partitions: int = 1  # Kafka's num.partitions
+    # Kafka 4's consumer group protocol (KIP-848): a member silent this long is fenced and its
+    # partitions move (group.consumer.session.timeout.ms); members heartbeat this often
+    # (group.consumer.heartbeat.interval.ms), which is also how soon a partition released by one
+    # member reaches the next
+    consumer_session_timeout_ms: int = 45_000
+    consumer_heartbeat_interval_ms: int = 5_000
 
 
 @dataclass(frozen=True, slots=True)

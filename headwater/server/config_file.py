@@ -148,6 +148,13 @@ def check(config: ServerConfig, where: str = "config") -> None:
             f"{where}: kafka.auto_create_partitions must be 1..{MAX_PARTITIONS}, "
             f"not {config.kafka.auto_create_partitions}"
         )
+    kafka = config.kafka
+    if not 1 <= kafka.consumer_heartbeat_interval_ms < kafka.consumer_session_timeout_ms:
+        raise ConfigError(
+            f"{where}: kafka.consumer_heartbeat_interval_ms must be at least 1 and below "
+            f"kafka.consumer_session_timeout_ms, not {kafka.consumer_heartbeat_interval_ms} "
+            f"and {kafka.consumer_session_timeout_ms}"
+        )
     _check_security(config, where)
     _check_cluster(config, where)
 

@@ -23,12 +23,19 @@ from headwater.testing import ServerProcess
 
 
 class KafkaServer:
-    def __init__(self, data_dir: Path, same_port: bool = False) -> None:
+    def __init__(self, data_dir: Path, same_port: bool = False, config: str = "") -> None:
+        """`config`: a headwater.toml's text for the server (the flags below override it)."""
         self.kafka_port_file = data_dir.parent / f"{data_dir.name}.kafka-port"
         self.http_port_file = data_dir.parent / f"{data_dir.name}.http-port"
+        extra: tuple[str, ...] = ()
+        if config:
+            path = data_dir.parent / f"{data_dir.name}.toml"
+            path.write_text(config)
+            extra = ("--config", str(path))
         self.process = ServerProcess(
             data_dir,
             extra_args=(
+                *extra,
                 "--kafka-port", "0", "--kafka-port-file", str(self.kafka_port_file),
                 "--http-port", "0", "--http-port-file", str(self.http_port_file),
             ),
@@ -141,6 +148,8 @@ def random_value(rng: random.Random, field: Any, version: int) -> object:
         return rng.random()
     if kind == "uint16":
         return rng.choice([0, 1, 3, 2**16 - 1])
+    if kind == "uuid":
+        return rng.choice([bytes(16), bytes(rng.getrandbits(8) for _ in range(16))])
     bits = {"int8": 8, "int16": 16, "int32": 32, "int64": 64}[kind]
     return rng.choice([-1, 0, 1, 3, 2 ** (bits - 1) - 1, -(2 ** (bits - 1))])
 

@@ -11,6 +11,9 @@ and versions served), `kafka_errors` (Headwater's error codes as Kafka's),
 `kafka_nodes` (node ids, partition leaders and group coordinators: one broker's or a cluster's)
 and `kafka_metrics` (its Prometheus collector). Consumer
 groups: `group_handlers` (their APIs) and `groups` (membership and rebalances, in memory); a
-group's offsets are `requests.group_offsets`.
+group's offsets are `requests.group_offsets`. Kafka 4's consumer groups (KIP-848):
+`consumer_group_handlers` (ConsumerGroupHeartbeat, ConsumerGroupDescribe, and the classic APIs
+as they see such groups) and `consumer_groups` (the groups, in memory); topics travel by id
+(`topic_ids`).
 Imports `requests`, `catalog`, `subscriptions` and `net.accepting`; only `serve` imports it.
 """

@@ -18,6 +18,7 @@ from headwater.server.kafka.codec import Layout, layout
 from headwater.server.kafka.messages import (
     admin,
     configs,
+    consumer_protocol,
     fetch,
     groups,
     metadata,
@@ -88,6 +89,9 @@ DELETE_GROUPS: Final = 42
 INCREMENTAL_ALTER_CONFIGS: Final = 44
 DESCRIBE_TRANSACTIONS: Final = 65
 LIST_TRANSACTIONS: Final = 66
+# Kafka 4's consumer group protocol (KIP-848)
+CONSUMER_GROUP_HEARTBEAT: Final = 68
+CONSUMER_GROUP_DESCRIBE: Final = 69
 # what a connection may send before it has authenticated (on a server with authentication)
 BEFORE_AUTH: Final = frozenset({API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE})
 
@@ -132,6 +136,15 @@ SERVED: Final[dict[int, Api]] = {  # by key, as ApiVersions lists them
                 transactions.DescribeTransactionsResponse,
             ),
             _api(transactions.ListTransactionsRequest, transactions.ListTransactionsResponse),
+            # Kafka 4's consumer group protocol (KIP-848)
+            _api(
+                consumer_protocol.ConsumerGroupHeartbeatRequest,
+                consumer_protocol.ConsumerGroupHeartbeatResponse,
+            ),
+            _api(
+                consumer_protocol.ConsumerGroupDescribeRequest,
+                consumer_protocol.ConsumerGroupDescribeResponse,
+            ),
         ),
         key=lambda api: api.key,
     )

@@ -30,8 +30,9 @@ which Kafka answers with nothing.
   timestamp (offset -1 when none).
 - Metadata: the brokers and each partition's leader as `kafka_nodes` has them (on one broker,
   node 0 leads every partition; in a cluster, each partition's owner); topics are never created
-  by a Metadata request. In a cluster, a Produce, Fetch or ListOffsets for a partition this
-  broker does not serve is answered NOT_LEADER_OR_FOLLOWER for that partition (the native
+  by a Metadata request; v10+ names each topic's id (`topic_ids`) and takes topics by id (an id
+  no topic has: UNKNOWN_TOPIC_ID). In a cluster, a Produce, Fetch or ListOffsets for a partition
+  this broker does not serve is answered NOT_LEADER_OR_FOLLOWER for that partition (the native
   NOT_OWNER), and the client asks for Metadata again.
 - CreateTopics makes reliable topics (`cleanup.policy=compact`: last-value ones), DeleteTopics
   deletes, CreatePartitions grows, DescribeConfigs shows a topic's configs; AlterConfigs and
@@ -45,7 +46,7 @@ which Kafka answers with nothing.
   (`throttle_time_ms`); the connection charges a Produce to the produce quota as it reads it
   (and stops reading for the delay), handing the delay on with the request (`Throttled`).
 
-The consumer group APIs are in `group_handlers`.
+The consumer group APIs are in `group_handlers`, Kafka 4's (KIP-848) in `consumer_group_handlers`.
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ from headwater.server.kafka.apis import (
     ADD_PARTITIONS_TO_TXN,
     ALTER_CONFIGS,
     API_VERSIONS,
+    CONSUMER_GROUP_DESCRIBE,
+    CONSUMER_GROUP_HEARTBEAT,
     CREATE_PARTITIONS,
     CREATE_TOPICS,
     DELETE_GROUPS,
@@ -96,6 +99,8 @@ from headwater.server.kafka.apis import (
     TXN_OFFSET_COMMIT,
 )
 from headwater.server.kafka.config_handlers import ConfigHandlers
+from headwater.server.kafka.consumer_group_handlers import ConsumerGroupHandlers
+from headwater.server.kafka.consumer_groups import ConsumerGroups
 from headwater.server.kafka.group_handlers import GroupHandlers, Handler, KafkaSession, Pace
 from headwater.server.kafka.groups import Coordinator
 from headwater.server.kafka.kafka_nodes import Node, Nodes, SingleNode
@@ -107,6 +112,7 @@ from headwater.server.kafka.messages import offsets as of
 from headwater.server.kafka.messages import produce as pr
 from headwater.server.kafka.messages import sasl
 from headwater.server.kafka.messages.declare import Message
+from headwater.server.kafka.topic_ids import TopicIds, topic_id
 from headwater.server.kafka.txn_handlers import TransactionHandlers
 from headwater.server.memory_budget import MemoryBudget
 from headwater.server.net.client_connection import INLINE_RECORDS
@@ -192,11 +198,13 @@ class KafkaHandlers:
         offsets: GroupOffsets | None = None,
         auto_create: bool = False,
         auto_partitions: int = 1,
+        consumer_timeouts: tuple[int, int] = (45_000, 5_000),
     ) -> None:
         """`topic_defaults`: the server's (`[topic_defaults]`), what AlterConfigs resets the
         settings it does not name to. `nodes`: a cluster's (`kafka_nodes.ClusterNodes`);
         default: this one broker at `host`:`port`. `offsets`: the groups' offsets (a
-        cluster's keep them where every broker reads them); default: this broker's cursors."""
+        cluster's keep them where every broker reads them); default: this broker's cursors.
+        `consumer_timeouts`: the KIP-848 groups' session timeout and heartbeat interval (ms)."""
         self._broker = broker
         self._security = security
         self._inflater = inflater
@@ -205,6 +213,7 @@ class KafkaHandlers:
         self._auto_create = auto_create
         self._auto_partitions = auto_partitions
         self.nodes: Nodes = nodes or SingleNode(host, port)
+        self.topic_ids = TopicIds(lambda: broker.topics)
         self.groups = GroupHandlers(
             Coordinator(),
             offsets or GroupOffsets(broker.catalog),
@@ -213,19 +222,29 @@ class KafkaHandlers:
             self._native,
         )
         groups = self.groups
+        session_ms, heartbeat_ms = consumer_timeouts
+        self.consumer_groups = ConsumerGroupHandlers(
+            ConsumerGroups(session_ms / 1000, heartbeat_ms / 1000),
+            groups,
+            self.nodes,
+            self.topic_ids,
+            self._partition_count,
+            self.permits,
+        )
+        consumer = self.consumer_groups
         configs = ConfigHandlers(broker, security, self._native, topic_defaults or TopicSettings())
         self.transactions = TransactionHandlers(broker.transactions, self.permits)
         transactions = self.transactions
         self.handlers: dict[int, Handler] = {
             FIND_COORDINATOR: groups.find_coordinator,
-            JOIN_GROUP: groups.join_group,
+            JOIN_GROUP: consumer.join_group,
             SYNC_GROUP: groups.sync_group,
             HEARTBEAT: groups.heartbeat,
             LEAVE_GROUP: groups.leave_group,
-            OFFSET_COMMIT: groups.offset_commit,
+            OFFSET_COMMIT: consumer.offset_commit,
             OFFSET_FETCH: groups.offset_fetch,
-            LIST_GROUPS: groups.list_groups,
-            DESCRIBE_GROUPS: groups.describe_groups,
+            LIST_GROUPS: consumer.list_groups,
+            DESCRIBE_GROUPS: consumer.describe_groups,
             API_VERSIONS: self.api_versions,
             SASL_HANDSHAKE: self.sasl_handshake,
             SASL_AUTHENTICATE: self.sasl_authenticate,
@@ -241,14 +260,20 @@ class KafkaHandlers:
             CREATE_TOPICS: self.create_topics,
             DELETE_TOPICS: self.delete_topics,
             DELETE_RECORDS: self.delete_records,
-            DELETE_GROUPS: groups.delete_groups,
+            DELETE_GROUPS: consumer.delete_groups,
             ADD_PARTITIONS_TO_TXN: transactions.add_partitions_to_txn,
             ADD_OFFSETS_TO_TXN: transactions.add_offsets_to_txn,
             END_TXN: transactions.end_txn,
             TXN_OFFSET_COMMIT: transactions.txn_offset_commit,
             DESCRIBE_TRANSACTIONS: transactions.describe_transactions,
             LIST_TRANSACTIONS: transactions.list_transactions,
+            CONSUMER_GROUP_HEARTBEAT: consumer.consumer_group_heartbeat,
+            CONSUMER_GROUP_DESCRIBE: consumer.consumer_group_describe,
         }
+
+    def _partition_count(self, topic: str) -> int | None:
+        found = self._broker.topics.get(topic)
+        return None if found is None else len(found.partitions)
 
     @property
     def worker(self) -> Executor | None:
@@ -339,7 +364,18 @@ class KafkaHandlers:
         self, session: Session, version: int, request: md.MetadataRequest
     ) -> md.MetadataResponse:
         topics = self._broker.topics
-        names = None if request.topics is None else [t.name for t in request.topics]
+        unknown_ids: list[bytes] = []  # v10+: topics asked by an id no topic has
+        names: list[str] | None = None
+        if request.topics is not None:
+            names = []
+            for asked in request.topics:
+                name = asked.name
+                if name is None:  # v10+: by topic id
+                    name = self.topic_ids.name(asked.topic_id)
+                    if name is None:
+                        unknown_ids.append(asked.topic_id)
+                        continue
+                names.append(name)
         if version == 0 and not names:
             names = None  # v0: an empty list means every topic
         auth = session.auth if self._security is not None else None
@@ -371,7 +407,15 @@ class KafkaHandlers:
                 continue
             leaders = self.nodes.leaders(name, len(topic.partitions))
             partitions = [_partition_metadata(i, leader) for i, leader in enumerate(leaders)]
-            entries.append(md.MetadataResponseTopic(error_code=0, name=name, partitions=partitions))
+            entries.append(
+                md.MetadataResponseTopic(
+                    error_code=0, name=name, topic_id=topic_id(name), partitions=partitions
+                )
+            )
+        entries += (
+            md.MetadataResponseTopic(error_code=k.UNKNOWN_TOPIC_ID, name=None, topic_id=unknown)
+            for unknown in unknown_ids
+        )
         nodes = self.nodes
         return md.MetadataResponse(
             brokers=[

@@ -116,6 +116,7 @@ class KafkaListener:
             broker.group_offsets,
             config.kafka.auto_create_topics,
             config.kafka.auto_create_partitions,
+            (config.kafka.consumer_session_timeout_ms, config.kafka.consumer_heartbeat_interval_ms),
         )
         assert self._acceptor is not None, "bind first"
         self._acceptor.start()
@@ -126,7 +127,12 @@ class KafkaListener:
         """The listener's Prometheus collector (after `start`)."""
         assert self._handlers is not None, "start first"
         coordinator = self._handlers.groups.coordinator
-        return KafkaCollector(self.stats, lambda: len(self.connections), coordinator)
+        return KafkaCollector(
+            self.stats,
+            lambda: len(self.connections),
+            coordinator,
+            self._handlers.consumer_groups.groups,
+        )
 
     def close(self) -> None:
         if self._acceptor is not None:
@@ -209,6 +215,7 @@ class KafkaListener:
             connection.check_timeouts(now, config.idle_timeout, config.frame_timeout)
         if self._handlers is not None:
             self._handlers.groups.coordinator.sweep()
+            self._handlers.consumer_groups.groups.sweep()
         self._sweeper = self._loop.call_later(self._every(), self._sweep)
 
 

@@ -15,6 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from headwater.server.kafka.apis import SERVED
+from headwater.server.kafka.consumer_groups import ConsumerGroups
 from headwater.server.kafka.groups import Coordinator
 
 
@@ -28,11 +29,16 @@ class KafkaStats:
 
 class KafkaCollector(Collector):
     def __init__(
-        self, stats: KafkaStats, connections: Callable[[], int], coordinator: Coordinator
+        self,
+        stats: KafkaStats,
+        connections: Callable[[], int],
+        coordinator: Coordinator,
+        consumer_groups: ConsumerGroups | None = None,
     ) -> None:
         self._stats = stats
         self._connections = connections
         self._coordinator = coordinator
+        self._consumer_groups = consumer_groups
 
     def collect(self) -> Iterator[Metric]:
         yield GaugeMetricFamily(
@@ -70,3 +76,22 @@ class KafkaCollector(Collector):
             "headwater_kafka_group_members", "Members of every Kafka consumer group",
             value=sum(len(g.members) for g in groups),
         )  # fmt: skip
+        if self._consumer_groups is None:
+            return
+        # Kafka 4's consumer groups (KIP-848), each by name
+        members = GaugeMetricFamily(
+            "headwater_kafka_consumer_group_members",
+            "Members of each consumer group of Kafka 4's protocol (KIP-848)",
+            labels=["group"],
+        )
+        epochs = GaugeMetricFamily(
+            "headwater_kafka_consumer_group_epoch",
+            "Each KIP-848 consumer group's epoch (bumped by every membership or subscription "
+            "change)",
+            labels=["group"],
+        )
+        for name, group in sorted(self._consumer_groups.groups.items()):
+            members.add_metric([name], len(group.members))
+            epochs.add_metric([name], group.group_epoch)
+        yield members
+        yield epochs
