@@ -64,6 +64,7 @@ from headwater.durables.transaction_state import (
     TxnState,
     initialized,
     merge_ranges,
+    plan_store,
 )
 from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.reply import resolve
@@ -500,9 +501,11 @@ class TransactionCoordinator:
         self._by_producer[txn.producer_id] = txn.transactional_id
 
     async def _store(self, txn: Transaction) -> None:
-        """Stored (durably) before anything is answered or done on it."""
-        await self._placement.store(txn)
-        self._remember(txn)
+        """Stored (durably) before anything is answered or done on it: what changed since the
+        stored state (`plan_store`: the partitions added, not the whole transaction again)."""
+        stored, change = plan_store(self._transactions.get(txn.transactional_id), txn)
+        await self._placement.store(stored, change)
+        self._remember(stored)
 
     def _log_partition(self, topic_name: str, index: int) -> tuple[LogTopic, LogPartition]:
         topic = self._catalog.topics.get(topic_name)
