@@ -68,6 +68,11 @@ class TransactionHandlers:
                 producer_id=-1,
                 producer_epoch=-1,
             )
+        if request.transaction_timeout_ms <= 0:
+            # Kafka's rule: 1 ms or more (0 is not "the default" here, as it is natively)
+            return pr.InitProducerIdResponse(
+                error_code=k.INVALID_TRANSACTION_TIMEOUT, producer_id=-1, producer_epoch=-1
+            )
         try:
             producer_id, epoch = await self._coordinator.init_producer_id(
                 request.transactional_id,

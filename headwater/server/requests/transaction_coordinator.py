@@ -189,6 +189,11 @@ class TransactionCoordinator:
         """(producer id, epoch) for a transactional producer starting (or restarting after an
         error: `producer_id` and `epoch` the ones it held, KIP-360)."""
         _check_id(transactional_id)
+        if (producer_id, epoch) != (-1, -1) and (producer_id < 0 or epoch < 0):
+            raise InvalidRequest(
+                f"producer id {producer_id} and epoch {epoch}: both -1 (a new instance) or "
+                "both the ones the producer holds"
+            )
         timeout_ms = timeout_ms if timeout_ms > 0 else DEFAULT_TIMEOUT_MS
         async with self._lock(transactional_id):
             await self._placement.refresh(transactional_id)
