@@ -440,3 +440,36 @@ async def test_a_kill_of_a_partition_owner_keeps_its_open_transaction_held_until
     assert await settled(client, topic_name, expected, values("a")) == expected
     await plain.close()
     await producer.close()
+
+
+async def test_a_transaction_of_more_partitions_than_its_head_holds_is_stored_in_chunks(
+    cluster: Cluster, client: headwater.Client, topic_name: str
+) -> None:
+    """90 partitions added one at a time (past `HEAD_PARTITIONS`, so the state in etcd is a head
+    and chunks of partitions, each store writing only what it added): every owner's replica reads
+    the chunks and takes the batches, the commit writes every marker; then the id fenced through
+    another broker (its refresh reads the chunks there) aborts a second transaction of the 90,
+    and nothing of it is read."""
+    wide = 90
+    await client.create_topic(topic_name, partitions=wide)
+    await cluster.wait_owned(topic_name, wide, set(BROKERS), timeout=DEADLINE)
+    producer = client.producer(topic_name, transactional_id=f"{topic_name}-wide")
+    async with producer.transaction():
+        for partition in range(wide):
+            await (await producer.send(f"ok-{partition}".encode(), partition=partition))
+    other = await headwater.connect(cluster.brokers["b2"].address)
+    try:
+        fenced = other.producer(topic_name, transactional_id=f"{topic_name}-wide")
+        with pytest.raises(RuntimeError):
+            async with fenced.transaction():
+                for partition in range(wide):
+                    await (await fenced.send(f"no-{partition}".encode(), partition=partition))
+                raise RuntimeError("the application fails")
+        await fenced.close()
+    finally:
+        await other.close()
+    expected = {p: [f"ok-{p}".encode()] for p in range(wide)}
+    never = frozenset(f"no-{p}".encode() for p in range(wide))
+    assert await settled(client, topic_name, expected, never) == expected
+    with contextlib.suppress(HeadwaterError):
+        await producer.close()

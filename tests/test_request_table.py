@@ -36,9 +36,29 @@ def test_bind_finds_the_declared_handlers_of_an_object() -> None:
 
 def test_every_topic_field_is_a_field_of_its_message() -> None:
     for kind in REQUESTS.values():
-        if kind.topic_field is not None:
-            names = {f.name for f in dataclasses.fields(kind.message)}
-            assert kind.topic_field in names, kind
+        names = {f.name for f in dataclasses.fields(kind.message)}
+        for field in (kind.topic_field, kind.transactional_id_field):
+            if field is not None:
+                assert field in names, kind
+
+
+def test_every_request_naming_a_transactional_id_is_declared_to_use_it() -> None:
+    naming = {
+        kind.message
+        for kind in REQUESTS.values()
+        if "transactional_id" in {f.name for f in dataclasses.fields(kind.message)}
+    }
+    declared = {k.message for k in REQUESTS.values() if k.transactional_id_field is not None}
+    assert (
+        naming
+        == declared
+        == {
+            m.InitTransactionsRequest,
+            m.AddPartitionsToTxnRequest,
+            m.AddAcksToTxnRequest,
+            m.EndTxnRequest,
+        }
+    )
 
 
 def test_only_the_handshake_comes_before_authentication() -> None:

@@ -14,6 +14,15 @@ stops between the two finds `PREPARE_*` on start and does the rest again (marker
 idempotent). `ONGOING` found on start stays open until its producer ends it or its timeout aborts
 it.
 
+Stored form (`plan_store`): a transactional id's state is a head record (`Transaction.encode`)
+and, for a transaction of more than `HEAD_PARTITIONS` partitions, chunks of its partitions: the
+head then holds none and says how many chunks there are, and each store that adds partitions
+writes one new chunk with only those (`StoredChange`). So a client adding 10,000 partitions one
+AddPartitionsToTxn at a time makes each store write what it added and a head of constant size,
+not the whole transaction again: linear in the partitions, not quadratic. The end of the
+transaction drops its chunks. A head of the first version (partitions in the head, no chunks) is
+read as a transaction of no chunks.
+
 Epochs: `init` of a transactional id with no transaction in progress bumps the epoch (a new
 producer id when the epoch would overflow), fencing every older instance; with one `ONGOING`,
 it first aborts it under the bumped epoch and answers CONCURRENT_TRANSACTIONS until that abort
@@ -25,6 +34,7 @@ epoch it holds: another id is INVALID_PRODUCER_ID_MAPPING, an older epoch PRODUC
 from __future__ import annotations
 
 import enum
+import itertools
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
@@ -48,6 +58,9 @@ MAX_TIMEOUT_MS: Final = MAX_TRANSACTION_TIMEOUT_MS
 MAX_PARTITIONS: Final = 10_000
 MAX_OFFSETS: Final = 10_000
 MAX_ACK_RANGES: Final = 10_000
+# a transaction of at most this many partitions keeps them in its head (one record, as small
+# transactions are); a larger one in chunks, one per store that added partitions
+HEAD_PARTITIONS: Final = 64
 
 
 class TxnState(enum.StrEnum):
@@ -120,6 +133,8 @@ class Transaction:
     # that epoch is answered as the abort it already is
     last_epoch: int = -1
     groups: frozenset[str] = field(default_factory=frozenset)
+    # how many chunks of partitions the stored form has (0: the head holds them all)
+    chunks: int = 0
 
     # The transitions: each returns the new state or raises the error the client is told.
 
@@ -246,7 +261,11 @@ class Transaction:
             )
 
     def _ongoing(self, now_ms: int, **changes: Any) -> Transaction:
-        started = self.started_ms if self.state == TxnState.ONGOING else now_ms
+        # a new transaction starts after its id's last change (its predecessor's end), so two
+        # transactions of an id never share a start: a replica tells their chunks apart by it
+        started = (
+            self.started_ms if self.state == TxnState.ONGOING else max(now_ms, self.updated_ms + 1)
+        )
         return replace(
             self, state=TxnState.ONGOING, started_ms=started, updated_ms=now_ms, **changes
         )
@@ -254,16 +273,18 @@ class Transaction:
     # Persistence
 
     def encode(self) -> bytes:
+        """The head record: the partitions too when the stored form has no chunks."""
         return json.dumps(
             {
                 "v": 1,
+                "chunks": self.chunks,
                 "id": self.transactional_id,
                 "pid": self.producer_id,
                 "epoch": self.epoch,
                 "last_epoch": self.last_epoch,
                 "timeout_ms": self.timeout_ms,
                 "state": str(self.state),
-                "partitions": sorted([t, p] for t, p in self.partitions),
+                "partitions": [] if self.chunks else sorted([t, p] for t, p in self.partitions),
                 "groups": sorted(self.groups),
                 "offsets": [_encoded(o) for o in self.offsets],
                 "started_ms": self.started_ms,
@@ -273,8 +294,29 @@ class Transaction:
         ).encode()
 
     @classmethod
-    def decode(cls, data: bytes) -> Transaction:
+    def decode(
+        cls, data: bytes, chunks: Iterable[bytes] = (), earlier: Transaction | None = None
+    ) -> Transaction:
+        """The state of a head record and its chunks in order (the first as many as the head
+        counts are read); ValueError when there are fewer. `earlier`: the id's state as read
+        before, of the same transaction, whose chunks `chunks` continues (a replica reads only
+        the chunks added since); ValueError when it is another transaction's."""
         raw = json.loads(data)
+        partitions = {(t, p) for t, p in raw["partitions"]}
+        count = raw.get("chunks", 0)
+        found = 0
+        if earlier is not None and earlier.chunks:
+            if (earlier.producer_id, earlier.started_ms) != (raw["pid"], raw["started_ms"]) or (
+                earlier.chunks > count
+            ):
+                raise ValueError("the chunks read before are another transaction's")
+            partitions |= earlier.partitions
+            found = earlier.chunks
+        for chunk in itertools.islice(chunks, count - found):
+            partitions |= decode_chunk(chunk)
+            found += 1
+        if found != count:
+            raise ValueError(f"the head counts {count} chunks of partitions, {found} were found")
         return cls(
             transactional_id=raw["id"],
             producer_id=raw["pid"],
@@ -282,12 +324,63 @@ class Transaction:
             last_epoch=raw["last_epoch"],
             timeout_ms=raw["timeout_ms"],
             state=TxnState(raw["state"]),
-            partitions=frozenset((t, p) for t, p in raw["partitions"]),
+            partitions=frozenset(partitions),
             groups=frozenset(raw["groups"]),
             offsets=tuple(_pending(entry) for entry in raw["offsets"]),
             started_ms=raw["started_ms"],
             updated_ms=raw["updated_ms"],
+            chunks=count,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class StoredChange:
+    """What one store writes: the head record, the new chunk of partitions if any (its number
+    and bytes), and how many chunks it deletes (numbers 0..dropped-1: the transaction's
+    partitions were cleared, or moved back into the head). Never a chunk and drops together."""
+
+    head: bytes
+    chunk: tuple[int, bytes] | None = None
+    dropped: int = 0
+
+
+def plan_store(previous: Transaction | None, txn: Transaction) -> tuple[Transaction, StoredChange]:
+    """`txn` with its stored form's chunk count, and what to write over the stored `previous`
+    (the module doc): the partitions added since `previous` as one new chunk, or the head
+    alone."""
+    before = previous.chunks if previous is not None else 0
+    old = previous.partitions if previous is not None else frozenset()
+    grows = old <= txn.partitions
+    if (len(txn.partitions) <= HEAD_PARTITIONS and not before) or not txn.partitions or not grows:
+        # all in the head (a small transaction, none, or not a growth of the stored one)
+        stored = replace(txn, chunks=0)
+        return stored, StoredChange(stored.encode(), dropped=before)
+    if not before:  # past HEAD_PARTITIONS: the head's partitions move to chunk 0
+        stored = replace(txn, chunks=1)
+        return stored, StoredChange(stored.encode(), (0, encode_chunk(txn.partitions)))
+    added = txn.partitions - old
+    if not added:
+        stored = replace(txn, chunks=before)
+        return stored, StoredChange(stored.encode())
+    stored = replace(txn, chunks=before + 1)
+    return stored, StoredChange(stored.encode(), (before, encode_chunk(added)))
+
+
+def chunk_count(data: bytes) -> int:
+    """How many chunks of partitions a head record counts."""
+    return int(json.loads(data).get("chunks", 0))
+
+
+def encode_chunk(partitions: Iterable[tuple[str, int]]) -> bytes:
+    """Partitions as [[topic, [index, ...]], ...] (a topic's name once per chunk)."""
+    by_topic: dict[str, list[int]] = {}
+    for topic, index in sorted(partitions):
+        by_topic.setdefault(topic, []).append(index)
+    return json.dumps(list(by_topic.items()), separators=(",", ":")).encode()
+
+
+def decode_chunk(data: bytes) -> set[tuple[str, int]]:
+    return {(topic, int(index)) for topic, indexes in json.loads(data) for index in indexes}
 
 
 def _encoded(offset: PendingOffset) -> list[Any]:

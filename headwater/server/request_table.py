@@ -47,6 +47,9 @@ class RequestKind:
     last_value: bool = False
     # may come before AUTHENTICATE succeeds
     before_auth: bool = False
+    # the field naming the transactional id the request uses (it then also needs `produce` on
+    # `txn:<id>`, docs/SECURITY.md)
+    transactional_id_field: str | None = None
 
     @property
     def api_key(self) -> int:
@@ -74,11 +77,19 @@ def handles(
     in_turn: bool = False,
     last_value: bool = False,
     before_auth: bool = False,
+    transactional_id_field: str | None = None,
 ) -> Callable[[F], F]:
     """Declare the method below as the handler of `message` requests, with the rules the layers
     read (`RequestKind`'s fields). One declaration per message type."""
     kind = RequestKind(
-        message, topic_field, needs, topic_optional, in_turn, last_value, before_auth
+        message,
+        topic_field,
+        needs,
+        topic_optional,
+        in_turn,
+        last_value,
+        before_auth,
+        transactional_id_field,
     )
 
     def declare(handler: F) -> F:

@@ -61,6 +61,7 @@ LOG_START = b"logstart/"
 TXN_OPEN = b"txnopen/"  # <topic>\0<partition>\0<producer id>: its open transaction's first offset
 TXN_ABORTED = b"txnaborted/"  # <topic>\0<partition>\0<marker offset>: producer id, first offset
 TRANSACTION = b"txn/"  # <transactional id>: its coordinator state (durables.transaction_state)
+TRANSACTION_PARTS = b"txnpart/"  # <transactional id>\0<n>: a chunk of its partitions (same)
 NEXT_PRODUCER_ID = b"meta/next-producer-id"
 SEP = b"\0"
 WRITE_BUFFER_BYTES = 8 << 20  # each of RocksDB's (at most two) memtables

@@ -64,6 +64,7 @@ class ErrorCode(enum.IntEnum):
     INVALID_PRODUCER_ID_MAPPING = 47
     INVALID_TRANSACTION_TIMEOUT = 48
     TRANSACTIONAL_ID_NOT_FOUND = 49
+    TRANSACTIONAL_ID_NOT_AUTHORIZED = 50
 
 
 class HeadwaterError(Exception):
@@ -390,6 +391,13 @@ class TransactionalIdNotFound(HeadwaterError):
     code = ErrorCode.TRANSACTIONAL_ID_NOT_FOUND
 
 
+class TransactionalIdNotAuthorized(NotAuthorized):
+    """The principal may not use (or describe) this transactional id: it takes a grant on
+    `txn:<id>` (Kafka's TransactionalId resource)."""
+
+    code = ErrorCode.TRANSACTIONAL_ID_NOT_AUTHORIZED
+
+
 _BY_CODE: dict[int, type[HeadwaterError]] = {}
 for _cls in (
     UnknownServerError,
@@ -441,6 +449,7 @@ for _cls in (
     InvalidProducerIdMapping,
     InvalidTransactionTimeout,
     TransactionalIdNotFound,
+    TransactionalIdNotAuthorized,
 ):
     _BY_CODE[_cls.code] = _cls
 

@@ -4,11 +4,15 @@ cluster broker, and what a partition's owner keeps of its transactions for the n
 **State in etcd.** A transactional id's state is `<prefix>/txn/<id>` (`Transaction.encode`),
 written by a transaction comparing the key's mod_revision with the one this broker last saw (its
 absence for a new id): of two brokers acting on the same id, one store fails, which is
-CONCURRENT_TRANSACTIONS (retriable) after the key is read again. Every broker keeps a replica of
-the whole prefix (a `PrefixWatch`; each id's copy only ever replaced by a newer mod_revision),
-which the coordinator mirrors with a producer id -> transactional id index. Any broker serves any
-id: each request reads its key again first (`refresh`, one etcd read), so a copy behind another
-broker's store is never acted on, and its lock per id serialises the requests it serves.
+CONCURRENT_TRANSACTIONS (retriable) after the key is read again. A large transaction's partitions
+are chunks beside it (`<prefix>/txnpart/<id in hex>/<n>`, `durables.transaction_state`, "Stored
+form"), written and dropped in the same etcd transaction as the head; a head counting chunks is
+read with them in one etcd transaction (a snapshot), only the chunks the replica lacks. Every
+broker keeps a replica of the whole prefix (a `PrefixWatch`; each id's copy only ever replaced by
+a newer mod_revision), which the coordinator mirrors with a producer id -> transactional id
+index. Any broker serves any id: each request reads its key again first (`refresh`, one etcd
+read), so a copy behind another broker's store is never acted on, and its lock per id serialises
+the requests it serves.
 
 **Markers by each partition's owner.** `marker_elsewhere` asks the owner over a peer link
 (WRITE_TXN_MARKER); the owner (`TransactionCoordinator.marker_at_owner`) writes it only when the
@@ -41,7 +45,12 @@ from typing import Any, Final, Protocol
 import structlog
 
 from headwater.durables.partition_transactions import AbortedRange
-from headwater.durables.transaction_state import Transaction, TxnState
+from headwater.durables.transaction_state import (
+    StoredChange,
+    Transaction,
+    TxnState,
+    chunk_count,
+)
 from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.cluster.etcd import Entry, EtcdUnavailable, PrefixWatch
 from headwater.server.cluster.layout import Layout, rendezvous
@@ -157,10 +166,17 @@ class ClusterTransactions:
         if entry is None:
             self._apply(transactional_id, None, 0)
         else:
-            self._apply_entry(transactional_id, entry.value, entry.mod_revision)
+            await self._apply_entry(transactional_id, entry.value, entry.mod_revision)
 
-    def _apply_entry(self, transactional_id: str, value: bytes, revision: int) -> None:
+    async def _apply_entry(self, transactional_id: str, value: bytes, revision: int) -> None:
+        """A head read at `revision`; one counting chunks is read again with them."""
+        known = self.states.get(transactional_id)
+        if known is not None and known[1] >= revision:
+            return
         try:
+            if chunk_count(value):
+                await self._read(transactional_id)
+                return
             txn = Transaction.decode(value)
         except (ValueError, KeyError, TypeError) as exc:
             log.error(
@@ -168,6 +184,44 @@ class ClusterTransactions:
             )
             return
         self._apply(transactional_id, txn, revision)
+
+    async def _read(self, transactional_id: str) -> None:
+        """The id's head and the chunks the replica lacks, in one etcd transaction; all of
+        them again when the ones it has are another transaction's."""
+        from aetcd.utils import prefix_range_end
+
+        layout = self._cluster.layout
+        head_key = layout.transaction(transactional_id)
+        parts = layout.transaction_parts(transactional_id)
+        known = self.states.get(transactional_id)
+        earlier = known[0] if known is not None and known[0].chunks else None
+        for _ in range(2):
+            start = layout.transaction_part(transactional_id, earlier.chunks if earlier else 0)
+
+            def snapshot(c: Any, start: bytes = start) -> Any:
+                return c.transaction(
+                    compare=[],
+                    success=[
+                        c.transactions.get(head_key),
+                        c.transactions.get(start, prefix_range_end(parts)),
+                    ],
+                    failure=[],
+                )
+
+            _, (head, chunks) = await self._cluster.call_etcd(snapshot)
+            if not head:
+                self._apply(transactional_id, None, 0)
+                return
+            value, meta = head[0]
+            try:
+                txn = Transaction.decode(bytes(value), (bytes(v) for v, _ in chunks), earlier)
+            except ValueError:
+                if earlier is None:
+                    raise
+                earlier = None  # another transaction's chunks: read them all
+                continue
+            self._apply(transactional_id, txn, int(meta.mod_revision))
+            return
 
     def _apply(self, transactional_id: str, txn: Transaction | None, revision: int) -> None:
         """The id's state as read at `revision` (None: deleted), unless the copy is newer."""
@@ -185,11 +239,13 @@ class ClusterTransactions:
 
     # TransactionPlacement: states
 
-    async def store(self, txn: Transaction) -> None:
-        key = self._cluster.layout.transaction(txn.transactional_id)
+    async def store(self, txn: Transaction, change: StoredChange) -> None:
+        from aetcd.utils import prefix_range_end
+
+        layout = self._cluster.layout
+        key = layout.transaction(txn.transactional_id)
         known = self.states.get(txn.transactional_id)
         expected = known[1] if known is not None else 0
-        value = txn.encode()
 
         def transaction(c: Any) -> Any:
             compare = (
@@ -197,9 +253,18 @@ class ClusterTransactions:
                 if expected
                 else c.transactions.version(key) == 0
             )
+            writes = [c.transactions.put(key, change.head)]
+            if change.chunk is not None:
+                number, chunk = change.chunk
+                writes.append(
+                    c.transactions.put(layout.transaction_part(txn.transactional_id, number), chunk)
+                )
+            if change.dropped:
+                parts = layout.transaction_parts(txn.transactional_id)
+                writes.append(c.transactions.delete(parts, prefix_range_end(parts)))
             return c.transaction(
                 compare=[compare],
-                success=[c.transactions.put(key, value), c.transactions.get(key)],
+                success=[*writes, c.transactions.get(key)],
                 failure=[c.transactions.get(key)],
             )
 
@@ -209,7 +274,7 @@ class ClusterTransactions:
             self.states[txn.transactional_id] = (txn, int(found[0][1].mod_revision))
             return
         if found:
-            self._apply_entry(
+            await self._apply_entry(
                 txn.transactional_id, bytes(found[0][0]), int(found[0][1].mod_revision)
             )
         else:
@@ -243,7 +308,7 @@ class ClusterTransactions:
         if found is None:
             self._apply(transactional_id, None, 0)
         else:
-            self._apply_entry(transactional_id, bytes(found.value), int(found.mod_revision))
+            await self._apply_entry(transactional_id, bytes(found.value), int(found.mod_revision))
 
     def may_lag(self) -> bool:
         return True
@@ -262,7 +327,7 @@ class ClusterTransactions:
         answer = await self._cluster.call_etcd(lambda c: c.get_prefix(root))
         for kv in answer:
             name = self._cluster.layout.name_in("txn", bytes(kv.key))
-            self._apply_entry(name, bytes(kv.value), int(kv.mod_revision))
+            await self._apply_entry(name, bytes(kv.value), int(kv.mod_revision))
 
     def duties(self, transactional_id: str) -> bool:
         live = [b.broker_id for b in self._cluster.brokers()]

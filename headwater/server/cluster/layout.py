@@ -14,6 +14,7 @@ Everything lives under one prefix (default `/headwater`):
     <prefix>/tail-claims/<topic>/<partition>     the owner's claim token for the shared tail
     <prefix>/txn/<transactional id>              a transactional id's coordinator state (JSON,
                                                  `durables.transaction_state`)
+    <prefix>/txnpart/<id in hex>/<n, 20 digits>  a chunk of a large transaction's partitions
 
 Topic names never hold "/" (wire.names), so `<topic>/<rest>` splits at the first "/". Pure
 functions only: the coordinator and `headwater cluster status` share them.
@@ -78,6 +79,14 @@ class Layout:
 
     def transaction(self, transactional_id: str) -> bytes:
         return self.root("txn") + transactional_id.encode()
+
+    def transaction_parts(self, transactional_id: str) -> bytes:
+        """The prefix of the id's chunks of partitions (`durables.transaction_state`): the id
+        in hex, so no other id's prefix is one of its."""
+        return self.root("txnpart") + transactional_id.encode().hex().encode() + b"/"
+
+    def transaction_part(self, transactional_id: str, number: int) -> bytes:
+        return self.transaction_parts(transactional_id) + f"{number:020d}".encode()
 
     def name_in(self, kind: str, key: bytes) -> str:
         """The part of `key` after `<prefix>/<kind>/`."""

@@ -23,7 +23,7 @@ from headwater.server.kafka.messages import offsets as o
 from headwater.server.kafka.messages.declare import Message
 from headwater.server.requests.group_offsets import GroupOffsets
 from headwater.server.security.access import Session
-from headwater.server.security.authz import Action
+from headwater.server.security.authz import Action, transactional_id_resource
 from headwater.server.topics.subscription_contract import ConsumerSession
 from headwater.wire import messages as m
 from headwater.wire.errors import HeadwaterError
@@ -45,8 +45,21 @@ class KafkaSession(ConsumerSession, Protocol):
     def revoke(self, error: HeadwaterError) -> None: ...
 
 
-# may the session's principal take this action on this topic (True without authentication)
+# may the session's principal take this action on this topic, or this `txn:<id>` (True without
+# authentication)
 Permits = Callable[[KafkaSession, Action, str], bool]
+TRANSACTION_KEY: Final = 1  # FindCoordinator's key type of a transactional id
+
+
+def may_use(permits: Permits, session: KafkaSession, transactional_id: str) -> bool:
+    """Kafka's WRITE on the TransactionalId: `produce` on `txn:<id>`."""
+    return permits(session, Action.PRODUCE, transactional_id_resource(transactional_id))
+
+
+def may_describe(permits: Permits, session: KafkaSession, transactional_id: str) -> bool:
+    """Kafka's DESCRIBE on the TransactionalId (which WRITE implies): any grant on `txn:<id>`."""
+    resource = transactional_id_resource(transactional_id)
+    return any(permits(session, action, resource) for action in Action)
 
 
 # (session, API version, request) -> response, None for none (a Produce with acks=0). The table of
@@ -102,6 +115,14 @@ class GroupHandlers:
     async def find_coordinator(
         self, session: KafkaSession, version: int, request: g.FindCoordinatorRequest
     ) -> g.FindCoordinatorResponse:
+        if (
+            version >= 1
+            and request.key_type == TRANSACTION_KEY
+            and not may_describe(self._permits, session, request.key)
+        ):
+            return g.FindCoordinatorResponse(
+                error_code=k.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, node_id=-1, host="", port=-1
+            )
         node = self._nodes.coordinator(request.key)
         if node is None:  # no broker with a Kafka port is live (as seen here): ask again
             return g.FindCoordinatorResponse(

@@ -101,7 +101,13 @@ from headwater.server.kafka.apis import (
 from headwater.server.kafka.config_handlers import ConfigHandlers
 from headwater.server.kafka.consumer_group_handlers import ConsumerGroupHandlers
 from headwater.server.kafka.consumer_groups import ConsumerGroups
-from headwater.server.kafka.group_handlers import GroupHandlers, Handler, KafkaSession, Pace
+from headwater.server.kafka.group_handlers import (
+    GroupHandlers,
+    Handler,
+    KafkaSession,
+    Pace,
+    may_use,
+)
 from headwater.server.kafka.groups import Coordinator
 from headwater.server.kafka.kafka_nodes import Node, Nodes, SingleNode
 from headwater.server.kafka.messages import admin as ad
@@ -453,13 +459,23 @@ class KafkaHandlers:
         isolation = m.Isolation.FSYNCED if acks == -1 else m.Isolation.APPENDED
         started: list[tuple[str, int, Awaitable[tuple[int, int]]]] = []
         pace = Pace()
+        # a transactional producer's Produce names its id, which it must be allowed to use
+        # (Kafka's WRITE on the TransactionalId)
+        refused = request.transactional_id is not None and not may_use(
+            self.permits, session, request.transactional_id
+        )
         for entry in request.topic_data:
             # no yield here: the partitions' work starts in request order, before the next
             # request's (a yield would let the next Produce's batches overtake these)
             for part in entry.partition_data:
                 name, index = entry.name, part.index
-                if acks not in (0, 1, -1):
-                    started.append((name, index, _failed(k.INVALID_REQUIRED_ACKS)))
+                if refused or acks not in (0, 1, -1):
+                    code = (
+                        k.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+                        if refused
+                        else k.INVALID_REQUIRED_ACKS
+                    )
+                    started.append((name, index, _failed(code)))
                     continue
                 # started now, in request order: a partition's batches keep their order
                 work = asyncio.ensure_future(

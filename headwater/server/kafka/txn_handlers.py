@@ -7,9 +7,13 @@ FindCoordinator with key type 1 (transaction) answers as for a group (`group_han
 refusal is the Kafka error a client acts on (`kafka_errors`); PRODUCER_FENCED is told as
 INVALID_PRODUCER_EPOCH to the versions older than the one that added it, as Kafka's broker does.
 
-Grants: adding a partition to a transaction, and so writing it, takes the produce grant on its
-topic; sending a group's offsets takes the consume grant on each topic named, as OffsetCommit
-does. A transactional id itself is not a resource of its own (docs/TRANSACTIONS.md).
+Grants (docs/SECURITY.md), as Kafka's ACLs: every request using a transactional id takes `produce`
+on `txn:<id>` (Kafka's WRITE on the TransactionalId), checked first:
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED without it. Adding a partition to a transaction, and so
+writing it, also takes the produce grant on its topic; sending a group's offsets the consume
+grant on each topic named, as OffsetCommit does. DescribeTransactions answers
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED for an id the principal has no grant on (Kafka's DESCRIBE,
+which WRITE implies), and ListTransactions leaves such ids out.
 """
 
 from __future__ import annotations
@@ -21,12 +25,18 @@ import structlog
 
 from headwater.durables.transaction_state import PendingOffset, TxnState
 from headwater.server.kafka import kafka_errors as k
-from headwater.server.kafka.group_handlers import KafkaSession, Pace, Permits
+from headwater.server.kafka.group_handlers import (
+    KafkaSession,
+    Pace,
+    Permits,
+    may_describe,
+    may_use,
+)
 from headwater.server.kafka.messages import produce as pr
 from headwater.server.kafka.messages import transactions as tx
 from headwater.server.requests.transaction_coordinator import TransactionCoordinator
 from headwater.server.security.authz import Action
-from headwater.wire.errors import ErrorCode, HeadwaterError
+from headwater.wire.errors import HeadwaterError
 
 log = structlog.get_logger(__name__)
 
@@ -40,8 +50,6 @@ def _code(error: HeadwaterError, api: str, version: int) -> int:
     code = k.kafka_code(error)
     if code == k.PRODUCER_FENCED and version < _FENCED_FROM.get(api, 1 << 16):
         return k.INVALID_PRODUCER_EPOCH
-    if error.code == ErrorCode.NOT_AUTHORIZED:
-        return k.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
     return code
 
 
@@ -54,6 +62,17 @@ class TransactionHandlers:
         self, session: KafkaSession, version: int, request: pr.InitProducerIdRequest
     ) -> pr.InitProducerIdResponse:
         assert request.transactional_id is not None
+        if not may_use(self._permits, session, request.transactional_id):
+            return pr.InitProducerIdResponse(
+                error_code=k.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                producer_id=-1,
+                producer_epoch=-1,
+            )
+        if request.transaction_timeout_ms <= 0:
+            # Kafka's rule: 1 ms or more (0 is not "the default" here, as it is natively)
+            return pr.InitProducerIdResponse(
+                error_code=k.INVALID_TRANSACTION_TIMEOUT, producer_id=-1, producer_epoch=-1
+            )
         try:
             producer_id, epoch = await self._coordinator.init_producer_id(
                 request.transactional_id,
@@ -79,8 +98,11 @@ class TransactionHandlers:
     ) -> tx.AddPartitionsToTxnResponse:
         wanted = [(t.name, p) for t in request.v3_and_below_topics for p in t.partitions]
         codes: dict[tuple[str, int], int] = {}
+        usable = may_use(self._permits, session, request.v3_and_below_transactional_id)
         for name, index in wanted:
-            if not self._permits(session, Action.PRODUCE, name):
+            if not usable:
+                codes[(name, index)] = k.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+            elif not self._permits(session, Action.PRODUCE, name):
                 codes[(name, index)] = k.TOPIC_AUTHORIZATION_FAILED
         if not codes:
             try:
@@ -124,6 +146,10 @@ class TransactionHandlers:
     async def add_offsets_to_txn(
         self, session: KafkaSession, version: int, request: tx.AddOffsetsToTxnRequest
     ) -> tx.AddOffsetsToTxnResponse:
+        if not may_use(self._permits, session, request.transactional_id):
+            return tx.AddOffsetsToTxnResponse(
+                throttle_time_ms=0, error_code=k.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+            )
         try:
             await self._coordinator.add_offsets(
                 request.transactional_id,
@@ -148,7 +174,9 @@ class TransactionHandlers:
         ]
         denied = {o.topic for o in offsets if not self._permits(session, Action.CONSUME, o.topic)}
         code = k.TOPIC_AUTHORIZATION_FAILED if denied else 0
-        if not denied:
+        if not may_use(self._permits, session, request.transactional_id):
+            denied, code = set(), k.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        elif not denied:
             try:
                 await self._coordinator.commit_offsets(
                     request.transactional_id, request.producer_id, request.producer_epoch, offsets
@@ -176,6 +204,10 @@ class TransactionHandlers:
     async def end_txn(
         self, session: KafkaSession, version: int, request: tx.EndTxnRequest
     ) -> tx.EndTxnResponse:
+        if not may_use(self._permits, session, request.transactional_id):
+            return tx.EndTxnResponse(
+                throttle_time_ms=0, error_code=k.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+            )
         try:
             await self._coordinator.end(
                 request.transactional_id,
@@ -198,11 +230,14 @@ class TransactionHandlers:
     ) -> tx.DescribeTransactionsResponse:
         states = []
         for transactional_id in request.transactional_ids:
-            txn = self._coordinator.get(transactional_id)
+            allowed = may_describe(self._permits, session, transactional_id)
+            txn = self._coordinator.get(transactional_id) if allowed else None
             if txn is None:
                 states.append(
                     tx.TransactionState(
-                        error_code=k.TRANSACTIONAL_ID_NOT_FOUND,
+                        error_code=k.TRANSACTIONAL_ID_NOT_FOUND
+                        if allowed
+                        else k.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
                         transactional_id=transactional_id,
                         transaction_state="",
                         transaction_timeout_ms=0,
@@ -242,6 +277,8 @@ class TransactionHandlers:
             if wanted_states and str(txn.state) not in wanted_states:
                 continue
             if producers and txn.producer_id not in producers:
+                continue
+            if not may_describe(self._permits, session, txn.transactional_id):
                 continue
             # (Kafka's rule: a transaction not in progress started at -1, so it always passes)
             if version >= 1 and 0 <= request.duration_filter > now_ms - txn.started_ms:

@@ -336,13 +336,16 @@ class Broker:
             # moved while it waited (the offset lease, the producer table's rebuild), or this
             # broker woke from a freeze past its lease: refused before anything is appended
             raise not_owner(self.ownership, topic.name, partition.index)
-        original = self._check_producer(request, info, partition.producers)
-        if original is not None:  # a retry of a batch already appended
-            return m.ProduceResponse(partition.index, original)
         if info.transactional:  # checked now, with no await before the append
+            # before the sequence: a batch of an epoch the coordinator does not hold is
+            # INVALID_PRODUCER_EPOCH whatever its sequence (it was OUT_OF_ORDER_SEQUENCE for a
+            # newer epoch's), and a retry arriving after its transaction ended is refused
             self.transactions.verify(
                 info.producer_id, info.producer_epoch, topic.name, partition.index
             )
+        original = self._check_producer(request, info, partition.producers)
+        if original is not None:  # a retry of a batch already appended
+            return m.ProduceResponse(partition.index, original)
         base_offset, durable = topic.accept(partition, request.batch, info.record_count, committed)
         entry = partition.producers.record(
             info.producer_id,

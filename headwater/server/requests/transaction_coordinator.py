@@ -64,6 +64,7 @@ from headwater.durables.transaction_state import (
     TxnState,
     initialized,
     merge_ranges,
+    plan_store,
 )
 from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.reply import resolve
@@ -188,6 +189,11 @@ class TransactionCoordinator:
         """(producer id, epoch) for a transactional producer starting (or restarting after an
         error: `producer_id` and `epoch` the ones it held, KIP-360)."""
         _check_id(transactional_id)
+        if (producer_id, epoch) != (-1, -1) and (producer_id < 0 or epoch < 0):
+            raise InvalidRequest(
+                f"producer id {producer_id} and epoch {epoch}: both -1 (a new instance) or "
+                "both the ones the producer holds"
+            )
         timeout_ms = timeout_ms if timeout_ms > 0 else DEFAULT_TIMEOUT_MS
         async with self._lock(transactional_id):
             await self._placement.refresh(transactional_id)
@@ -500,9 +506,11 @@ class TransactionCoordinator:
         self._by_producer[txn.producer_id] = txn.transactional_id
 
     async def _store(self, txn: Transaction) -> None:
-        """Stored (durably) before anything is answered or done on it."""
-        await self._placement.store(txn)
-        self._remember(txn)
+        """Stored (durably) before anything is answered or done on it: what changed since the
+        stored state (`plan_store`: the partitions added, not the whole transaction again)."""
+        stored, change = plan_store(self._transactions.get(txn.transactional_id), txn)
+        await self._placement.store(stored, change)
+        self._remember(stored)
 
     def _log_partition(self, topic_name: str, index: int) -> tuple[LogTopic, LogPartition]:
         topic = self._catalog.topics.get(topic_name)

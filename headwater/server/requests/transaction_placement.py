@@ -28,11 +28,11 @@ from typing import Protocol
 import structlog
 
 from headwater.durables.partition_transactions import AbortedRange
-from headwater.durables.transaction_state import Transaction
+from headwater.durables.transaction_state import StoredChange, Transaction
 from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.reply import AfterDurable, Reply, resolve
 from headwater.server.topics.topic import LogTopic
-from headwater.storage.state import TRANSACTION, key
+from headwater.storage.state import TRANSACTION, TRANSACTION_PARTS, key
 from headwater.wire import messages as m
 from headwater.wire.errors import NotOwner
 from headwater.wire.markers import Marker, build_marker
@@ -51,9 +51,11 @@ class TransactionPlacement(Protocol):
 
     async def close(self) -> None: ...
 
-    async def store(self, txn: Transaction) -> None:
+    async def store(self, txn: Transaction, change: StoredChange) -> None:
         """Store `txn` durably over the state last seen of its id (ConcurrentTransactions when
-        another broker changed it since: retriable)."""
+        another broker changed it since: retriable): `change`'s head, its new chunk of
+        partitions, and its dropped chunks, in one atomic write (`durables.transaction_state`,
+        "Stored form")."""
         ...
 
     async def delete(self, txn: Transaction) -> None:
@@ -143,17 +145,28 @@ async def append_marker(
 
 
 class LocalTransactions:
-    """One broker: states in the state store (`txn/<id>`, synced), markers appended here, a
-    commit's partitions fsynced first, every duty this broker's."""
+    """One broker: states in the state store (`txn/<id>` and its chunks of partitions
+    `txnpart/<id>\0<n>`, synced), markers appended here, a commit's partitions fsynced first,
+    every duty this broker's."""
 
     def __init__(self, catalog: TopicCatalog) -> None:
         self._catalog = catalog
 
     async def load(self, changed: Changed) -> list[Transaction]:
+        chunks: dict[str, list[tuple[int, bytes]]] = {}
+        for raw_key, value in self._catalog.state.scan(TRANSACTION_PARTS):
+            # <id>\0<number, 20 digits>: read from the end, whatever the id holds
+            name = raw_key[len(TRANSACTION_PARTS) : -21].decode()
+            chunks.setdefault(name, []).append((int(raw_key[-20:]), value))
         found = []
         for raw_key, value in self._catalog.state.scan(TRANSACTION):
+            name = raw_key[len(TRANSACTION) :].decode()
             try:
-                found.append(Transaction.decode(value))
+                # chunks 0, 1, 2...: a gap ends them (the head then counts more: unreadable)
+                kept = sorted(chunks.get(name, ()))
+                found.append(
+                    Transaction.decode(value, (c for i, (n, c) in enumerate(kept) if n == i))
+                )
             except (ValueError, KeyError, TypeError) as exc:
                 log.error("transactions.state_unreadable", key=raw_key.decode(), error=str(exc))
         return found
@@ -161,8 +174,13 @@ class LocalTransactions:
     async def close(self) -> None:
         return None
 
-    async def store(self, txn: Transaction) -> None:
-        await self._catalog.writer.synced({key(TRANSACTION, txn.transactional_id): txn.encode()})
+    async def store(self, txn: Transaction, change: StoredChange) -> None:
+        name = txn.transactional_id
+        puts = {key(TRANSACTION, name): change.head}
+        if change.chunk is not None:
+            puts[key(TRANSACTION_PARTS, name, change.chunk[0])] = change.chunk[1]
+        drops = [key(TRANSACTION_PARTS, name, n) for n in range(change.dropped)]
+        await self._catalog.writer.synced(puts, drops)
 
     async def delete(self, txn: Transaction) -> None:
         await self._catalog.writer.synced(deletes=[key(TRANSACTION, txn.transactional_id)])

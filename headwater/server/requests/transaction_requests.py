@@ -10,8 +10,9 @@ Grants (`server.request_table`): adding a topic's partitions takes `produce` on 
 then writes them), and so does WRITE_TXN_MARKER (the peer token's grant; the owner writes only the
 end a transactional id's state decided, so it lets nobody decide one); adding acknowledgements of a
 subscription's messages takes `consume` on its topic, and the subscription must be the principal's
-(or `admin` on the topic), as attaching to it does (`security.access`). A transactional id is not a
-resource of its own.
+(or `admin` on the topic), as attaching to it does (`security.access`). Each request naming a
+transactional id also takes `produce` on `txn:<id>` (Kafka's WRITE on the TransactionalId;
+TRANSACTIONAL_ID_NOT_AUTHORIZED without it, checked before the topic's grant as Kafka does).
 
 The two requests naming a topic wait for the coordinator after their topic's turn is given up
 (`AfterData`): the coordinator's end of a transaction takes a topic's turn to apply its
@@ -33,7 +34,7 @@ class TransactionRequests:
     def __init__(self, coordinator: TransactionCoordinator) -> None:
         self._coordinator = coordinator
 
-    @handles(m.InitTransactionsRequest)
+    @handles(m.InitTransactionsRequest, transactional_id_field="transactional_id")
     def init_transactions(self, session: Session, request: m.InitTransactionsRequest) -> Reply:
         if request.timeout_ms < 0:
             raise InvalidRequest(
@@ -50,7 +51,9 @@ class TransactionRequests:
         )
         return m.InitProducerIdResponse(producer_id, epoch)
 
-    @handles(m.AddPartitionsToTxnRequest, "topic", "produce")
+    @handles(
+        m.AddPartitionsToTxnRequest, "topic", "produce", transactional_id_field="transactional_id"
+    )
     def add_partitions(self, session: Session, request: m.AddPartitionsToTxnRequest) -> Reply:
         if not request.partitions:
             raise InvalidRequest("ADD_PARTITIONS_TO_TXN names no partition")
@@ -65,7 +68,7 @@ class TransactionRequests:
         )
         return m.EmptyResponse()
 
-    @handles(m.AddAcksToTxnRequest, "topic", "consume")
+    @handles(m.AddAcksToTxnRequest, "topic", "consume", transactional_id_field="transactional_id")
     def add_acks(self, session: Session, request: m.AddAcksToTxnRequest) -> Reply:
         if not request.ranges and not request.positions:
             raise InvalidRequest("ADD_ACKS_TO_TXN names no range and no position")
@@ -83,7 +86,7 @@ class TransactionRequests:
         )
         return m.EmptyResponse()
 
-    @handles(m.EndTxnRequest)
+    @handles(m.EndTxnRequest, transactional_id_field="transactional_id")
     def end(self, session: Session, request: m.EndTxnRequest) -> Reply:
         return AfterWork(self._end(request))
 

@@ -45,6 +45,8 @@ from headwater.server.security.authz import (
     allowed,
     may_see,
     request_action,
+    request_transactional_id,
+    transactional_id_resource,
 )
 from headwater.server.security.quotas import Quotas
 from headwater.server.security.subscription_owners import Owners
@@ -58,6 +60,7 @@ from headwater.wire.errors import (
     InvalidRequest,
     NotAuthorized,
     TooManyConnections,
+    TransactionalIdNotAuthorized,
 )
 
 log = structlog.get_logger(__name__)
@@ -317,6 +320,9 @@ class Security:
             raise AuthenticationRequired(
                 "authenticate first: this server takes only AUTHENTICATE before it"
             )
+        transactional_id = request_transactional_id(request)
+        if transactional_id is not None:
+            check_transactional_id(session, transactional_id)
         need, topic = request_action(request)
         if need is ANYONE:
             return
@@ -484,6 +490,16 @@ class Security:
             session.consume_rate = fresh.consume_rate
         if len(self._failures) > 1000:
             self._prune(time.monotonic())
+
+
+def check_transactional_id(session: Session, transactional_id: str) -> None:
+    """Raise unless the session may use the transactional id: `produce` on `txn:<id>`."""
+    resource = transactional_id_resource(transactional_id)
+    if not session.allows(Action.PRODUCE, resource):
+        raise TransactionalIdNotAuthorized(
+            f"principal {session.principal!r} may not use transactional id "
+            f"{transactional_id!r}: it takes produce on {resource!r}"
+        )
 
 
 def _everywhere(grants: Iterable[Grant], action: Action) -> bool:

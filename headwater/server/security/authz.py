@@ -6,6 +6,14 @@ PATTERN is an exact topic name, or a prefix ending in `*` (`orders.*`, or `*` fo
 Nothing is allowed unless a grant says so. The actions are independent: `admin` (create and
 delete topics, seek and delete any subscription) does not imply reading or writing messages.
 
+Transactional ids are a resource of their own (Kafka's TransactionalId): a PATTERN starting
+`txn:` names ids (`produce:txn:etl-*`), never a topic (a topic name has no `:`). Using an id
+(init, adding partitions, offsets or acknowledgements, ending) takes `produce` on `txn:<id>`,
+Kafka's WRITE; describing or listing it takes any grant on it, as Kafka's WRITE implies
+DESCRIBE. A topic pattern never matches an id, except `*` alone, which is every resource: a
+principal that may produce to every topic may use every id (the migration rule,
+docs/SECURITY.md).
+
 `request_action` reads (action, topic) from the request's declaration in `server.request_table`, so
 the broker needs no knowledge of principals: map get/scan/size follow consume, map set and delete
 follow produce, describe follows consume (it shows subscriptions and counters), SERVER_INFO needs
@@ -41,6 +49,12 @@ ANY_GRANT = "any-grant"
 ANYONE = "anyone"
 # The "topic" of a server-wide request: only a grant with the pattern `*` matches every name.
 EVERY_TOPIC = "*"
+# A transactional id's resource is `txn:<id>`; no topic name has a ':'.
+TXN_PREFIX = "txn:"
+
+
+def transactional_id_resource(transactional_id: str) -> str:
+    return TXN_PREFIX + transactional_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +65,8 @@ class Grant:
     def matches(self, action: Action, topic: str) -> bool:
         if action is not self.action:
             return False
+        if topic.startswith(TXN_PREFIX) and not self.pattern.startswith(TXN_PREFIX):
+            return self.pattern == EVERY_TOPIC  # `t*` is topics starting with t, not ids
         if self.pattern.endswith("*"):
             return topic.startswith(self.pattern[:-1])
         return topic == self.pattern
@@ -87,6 +103,13 @@ def allowed(grants: Iterable[Grant], action: Action, topic: str) -> bool:
 def may_see(grants: Iterable[Grant], topic: str) -> bool:
     """Whether LIST_TOPICS shows `topic` to the principal: any grant on it."""
     return any(grant.matches(grant.action, topic) for grant in grants)
+
+
+def request_transactional_id(request: m.Request) -> str | None:
+    """The transactional id `request` uses (produce on `txn:<id>`), from its declaration in
+    `server.request_table`; None for a request that names none."""
+    field = REQUESTS[type(request)].transactional_id_field
+    return None if field is None else str(getattr(request, field))
 
 
 def request_action(request: m.Request) -> tuple[Action | str, str]:
