@@ -639,3 +639,36 @@ async def test_a_pipelined_end_racing_acks_commits_them_or_leaves_them_unacked(
         peer.writer.close()
     await consumer.close()
     await producer.close()
+
+
+async def test_a_native_transaction_goes_on_through_another_broker_when_its_bootstrap_dies(
+    cluster: Cluster, client: headwater.Client, topic_name: str
+) -> None:
+    """The producer's bootstrap broker b1, which served its transactional id, is killed with
+    kill -9 mid-transaction (records acknowledged in half the partitions). The transaction goes
+    on with the same producer id and epoch: its next partitions are added, and its commit
+    decided, through another broker; every record is read committed, once."""
+    await spread_topic(cluster, client, topic_name)
+    producer = client.producer(topic_name, transactional_id=f"{topic_name}-app")
+    half = PARTITIONS // 2
+    async with producer.transaction() as handle:
+        for partition in range(half):
+            await (await producer.send(f"before-{partition}".encode(), partition=partition))
+        cluster.brokers["b1"].kill()
+        for partition in range(half, PARTITIONS):
+            await producer.send(f"after-{partition}".encode(), partition=partition)
+    session = producer._session
+    assert session is not None and (session.producer_id, session.epoch) == (
+        handle.producer_id,
+        handle.epoch,
+    )
+    assert (await state_of(cluster, f"{topic_name}-app"))["state"] == "CompleteCommit"
+    reader = await headwater.connect(cluster.brokers["b2"].address)
+    try:
+        expected = {
+            p: [f"{'before' if p < half else 'after'}-{p}".encode()] for p in range(PARTITIONS)
+        }
+        assert await settled(reader, topic_name, expected) == expected
+    finally:
+        await reader.close()
+    await producer.close()
