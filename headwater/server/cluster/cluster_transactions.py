@@ -395,6 +395,15 @@ class ClusterTransactions:
                 return
             except (UnknownTopic, InvalidPartition):
                 return  # deleted meanwhile: nothing left to acknowledge there
+            except InvalidTxnState:
+                # the owner saw no such commit being decided: another broker completed it
+                # (the duty broker, say), unless the state still holds this very end
+                await self.refresh(txn.transactional_id)
+                known = self.states.get(txn.transactional_id)
+                if known is not None and known[0] == txn:
+                    raise
+                log.info("transactions.acks_completed_elsewhere", topic=topic, partition=partition)
+                return
             except HeadwaterError as exc:
                 if not exc.retriable or loop.time() + delay > deadline:
                     if exc.retriable:
