@@ -24,6 +24,8 @@ from typing import Any
 import pytest
 
 import headwater
+from headwater.client.message_batch import Message
+from headwater.durables.cursor import PartitionCursor
 from headwater.server.cluster.cluster_transactions import parse_aborted
 from headwater.wire import messages as m
 from headwater.wire.errors import HeadwaterError, InvalidTxnState, ProducerFenced
@@ -35,6 +37,7 @@ from tests.support.rawwire import RawPeer
 from tests.support.s3 import MotoS3
 
 LEASE_TTL_MS = 2000
+PER_PARTITION = 5  # input messages a partition of the acknowledgement tests holds
 BROKERS = ("b1", "b2", "b3")
 PARTITIONS = 6  # two per broker
 DEADLINE = 60.0  # seconds any wait for the cluster may take (a bound on a hang only)
@@ -473,3 +476,232 @@ async def test_a_transaction_of_more_partitions_than_its_head_holds_is_stored_in
     assert await settled(client, topic_name, expected, never) == expected
     with contextlib.suppress(HeadwaterError):
         await producer.close()
+
+
+# Native acknowledgements by ranges (ADD_ACKS_TO_TXN) in a cluster: applied by each input
+# partition's owner at the commit (WRITE_TXN_ACKS), its cursor checkpoints in etcd before the
+# commit is answered.
+
+
+async def checkpoint(cluster: Cluster, topic: str, subscription: str, partition: int) -> int:
+    """The floor of the subscription's cursor checkpoint in etcd (every offset below it
+    acknowledged: what a partition's next owner starts from); 0 when there is none."""
+    async with await cluster._etcd() as etcd:
+        found = await etcd.get(
+            f"/headwater/checkpoints/{topic}/{subscription}/{partition}".encode()
+        )
+    return 0 if found is None else PartitionCursor.decode(bytes(found.value)).floor
+
+
+async def floors(cluster: Cluster, topic: str, subscription: str) -> list[int]:
+    return [await checkpoint(cluster, topic, subscription, p) for p in range(PARTITIONS)]
+
+
+async def delivered_inputs(
+    client: headwater.Client, cluster: Cluster, name: str
+) -> tuple[str, str, headwater.Consumer, list[Message]]:
+    """An input topic (`PER_PARTITION` messages a partition, spread over the three brokers)
+    and an output topic; a Shared consumer that received every input message (none acked, a
+    long ack timeout): (input, output, consumer, messages)."""
+    source, output = f"{name}-in", f"{name}-out"
+    await spread_topic(cluster, client, source)
+    await spread_topic(cluster, client, output)
+    plain = client.producer(source)
+    for partition in range(PARTITIONS):
+        for index in range(PER_PARTITION):
+            await plain.send(f"in-{partition}-{index}".encode(), partition=partition)
+    await plain.flush()
+    await plain.close()
+    consumer = await client.subscribe(
+        source, "eos", type="shared", start="earliest", ack_timeout=120.0
+    )
+    messages = [await consumer.receive(timeout=DEADLINE) for _ in range(PARTITIONS * PER_PARTITION)]
+    return source, output, consumer, messages
+
+
+async def transform(
+    producer: headwater.Producer, consumer: headwater.Consumer, taken: list[Message]
+) -> None:
+    for message in taken:
+        await producer.send(b"out-" + (message.value or b""), partition=message.partition)
+    await producer.send_acks(consumer, taken)
+
+
+async def only_new_messages(client: headwater.Client, source: str) -> None:
+    """A new consumer of the subscription (the old one closed: what it held unacked is due at
+    once) gets the sentinel written to each partition now, and nothing before it: no
+    committed input comes back, from any owner."""
+    plain = client.producer(source)
+    for partition in range(PARTITIONS):
+        await plain.send(b"sentinel", partition=partition)
+    await plain.flush()
+    await plain.close()
+    consumer = await client.subscribe(source, "eos", type="shared", ack_timeout=120.0)
+    try:
+        got = [await consumer.receive(timeout=DEADLINE) for _ in range(PARTITIONS)]
+        assert [m.value for m in got] == [b"sentinel"] * PARTITIONS, [m.value for m in got]
+    finally:
+        await consumer.close()
+
+
+async def test_native_acks_by_ranges_commit_at_each_owner_and_abort_to_nothing(
+    cluster: Cluster, client: headwater.Client, topic_name: str
+) -> None:
+    """A consume-transform-produce transaction over three brokers acknowledges the input
+    messages it read (ranges, from partitions of all three owners): aborted, no cursor moves;
+    committed, every input partition's checkpoint in etcd holds the acks when the commit is
+    answered (no wait), its outputs are committed, and no input comes back."""
+    source, output, consumer, messages = await delivered_inputs(client, cluster, topic_name)
+    producer = client.producer(output, transactional_id=f"{topic_name}-app")
+    with pytest.raises(RuntimeError):
+        async with producer.transaction():
+            await transform(producer, consumer, messages)
+            await producer.flush()
+            raise RuntimeError("aborted")
+    assert await floors(cluster, source, "eos") == [0] * PARTITIONS
+    async with producer.transaction():  # (the messages are still delivered: acked now)
+        await transform(producer, consumer, messages)
+    assert await floors(cluster, source, "eos") == [PER_PARTITION] * PARTITIONS
+    expected = {
+        p: [f"out-in-{p}-{i}".encode() for i in range(PER_PARTITION)] for p in range(PARTITIONS)
+    }
+    assert await settled(client, output, expected) == expected
+    await consumer.close()
+    await only_new_messages(client, source)
+    await producer.close()
+
+
+async def frozen_commit(
+    cluster: Cluster, client: headwater.Client, topic_name: str, frozen: str
+) -> tuple[str, headwater.Consumer, headwater.Producer, asyncio.Future[Any]]:
+    """Input messages read and sent in a transaction (bootstrapped at b1, which serves the id),
+    whose commit starts with `frozen` stopped (SIGSTOP): it cannot apply its partitions'
+    acknowledgements, so etcd holds PrepareCommit (the decision) and the commit waits. The
+    input topic, the consumer, the producer, the commit's future."""
+    source, output, consumer, messages = await delivered_inputs(client, cluster, topic_name)
+    tid = f"{topic_name}-app"
+    producer = client.producer(output, transactional_id=tid)
+    transaction = producer.transaction()
+    await transaction.__aenter__()
+    await transform(producer, consumer, messages)
+    await producer.flush()
+    os.kill(cluster.brokers[frozen].process.pid, signal.SIGSTOP)
+    ending = asyncio.ensure_future(transaction.__aexit__(None, None, None))
+    await until_state(cluster, tid, "PrepareCommit")
+    return source, consumer, producer, ending
+
+
+async def test_native_acks_survive_a_kill_of_the_broker_ending_the_commit(
+    cluster: Cluster, client: headwater.Client, topic_name: str
+) -> None:
+    """b1 decides the commit while b2 (owning input partitions) is frozen, and is killed with
+    kill -9; b2 wakes. The broker now doing the id's duties completes the commit: every input
+    partition's acknowledgements are applied by its owner (b1's by their new owners, which
+    acknowledge what b1 delivered), and no input comes back."""
+    source, consumer, producer, ending = await frozen_commit(cluster, client, topic_name, "b2")
+    try:
+        cluster.brokers["b1"].kill()
+    finally:
+        os.kill(cluster.brokers["b2"].process.pid, signal.SIGCONT)
+    with contextlib.suppress(BaseException):
+        await asyncio.wait_for(ending, DEADLINE)
+    await until_state(cluster, f"{topic_name}-app", "CompleteCommit")
+    await cluster.wait_owned(source, PARTITIONS, {"b2", "b3"}, timeout=DEADLINE)
+    assert await floors(cluster, source, "eos") == [PER_PARTITION] * PARTITIONS
+    with contextlib.suppress(HeadwaterError, OSError):
+        await asyncio.wait_for(consumer.close(), DEADLINE)
+    reader = await headwater.connect(cluster.brokers["b3"].address)
+    try:
+        await only_new_messages(reader, source)
+    finally:
+        await reader.close()
+    with contextlib.suppress(HeadwaterError, OSError):
+        await producer.close()
+
+
+async def test_native_acks_survive_a_kill_of_an_owner_while_it_applies_them(
+    cluster: Cluster, client: headwater.Client, topic_name: str
+) -> None:
+    """b2, owning input partitions, is frozen when the commit is decided and then killed with
+    kill -9: b1 asks their new owner, which applies the acknowledgements over the cursor b2
+    left in etcd; the commit completes through b1 and no input comes back."""
+    source, consumer, producer, ending = await frozen_commit(cluster, client, topic_name, "b2")
+    cluster.brokers["b2"].kill()
+    await asyncio.wait_for(ending, DEADLINE)  # answered once every owner applied them
+    assert (await state_of(cluster, f"{topic_name}-app"))["state"] == "CompleteCommit"
+    assert await floors(cluster, source, "eos") == [PER_PARTITION] * PARTITIONS
+    await consumer.close()
+    await only_new_messages(client, source)
+    await producer.close()
+
+
+async def test_a_pipelined_end_racing_acks_commits_them_or_leaves_them_unacked(
+    cluster: Cluster, client: headwater.Client, topic_name: str
+) -> None:
+    """ADD_ACKS_TO_TXN and END_TXN (commit) sent back to back on one connection, without
+    waiting: whichever the id's lock takes first, the acknowledgements are applied only with
+    a committed transaction: in it (its cursors moved when it is answered), or in the next one,
+    still open, then aborted (no cursor moves)."""
+    source, output, consumer, _ = await delivered_inputs(client, cluster, topic_name)
+    tid = f"{topic_name}-app"
+    producer = client.producer(output, transactional_id=tid)
+    async with producer.transaction():
+        await producer.send(b"begun", partition=0)
+    session = producer._session
+    assert session is not None
+    pid, epoch = session.producer_id, session.epoch
+    peer = await RawPeer.open(cluster.brokers["b2"].address)
+    try:
+        await peer.request(m.AddPartitionsToTxnRequest(tid, pid, epoch, output, (0,)))
+        assert isinstance(await peer.response(timeout=30), m.EmptyResponse)
+        ranges = tuple(m.AckRange(p, 0, PER_PARTITION) for p in range(PARTITIONS))
+        await peer.request(m.AddAcksToTxnRequest(tid, pid, epoch, source, "eos", ranges))
+        await peer.request(m.EndTxnRequest(tid, pid, epoch, True))
+        answers = [await peer.response(timeout=DEADLINE) for _ in range(2)]
+        assert all(isinstance(a, m.EmptyResponse) for a in answers), answers
+        state = await state_of(cluster, tid)
+        if state["state"] == "CompleteCommit":  # the acks came first: committed with it
+            assert await floors(cluster, source, "eos") == [PER_PARTITION] * PARTITIONS
+        else:  # the end came first: the acks began the next transaction
+            assert state["state"] == "Ongoing", state
+            assert await floors(cluster, source, "eos") == [0] * PARTITIONS
+            await peer.request(m.EndTxnRequest(tid, pid, epoch, False))
+            assert isinstance(await peer.response(timeout=DEADLINE), m.EmptyResponse)
+            assert await floors(cluster, source, "eos") == [0] * PARTITIONS
+    finally:
+        peer.writer.close()
+    await consumer.close()
+    await producer.close()
+
+
+async def test_a_native_transaction_goes_on_through_another_broker_when_its_bootstrap_dies(
+    cluster: Cluster, client: headwater.Client, topic_name: str
+) -> None:
+    """The producer's bootstrap broker b1, which served its transactional id, is killed with
+    kill -9 mid-transaction (records acknowledged in half the partitions). The transaction goes
+    on with the same producer id and epoch: its next partitions are added, and its commit
+    decided, through another broker; every record is read committed, once."""
+    await spread_topic(cluster, client, topic_name)
+    producer = client.producer(topic_name, transactional_id=f"{topic_name}-app")
+    half = PARTITIONS // 2
+    async with producer.transaction() as handle:
+        for partition in range(half):
+            await (await producer.send(f"before-{partition}".encode(), partition=partition))
+        cluster.brokers["b1"].kill()
+        for partition in range(half, PARTITIONS):
+            await producer.send(f"after-{partition}".encode(), partition=partition)
+    session = producer._session
+    assert session is not None and (session.producer_id, session.epoch) == (
+        handle.producer_id,
+        handle.epoch,
+    )
+    assert (await state_of(cluster, f"{topic_name}-app"))["state"] == "CompleteCommit"
+    reader = await headwater.connect(cluster.brokers["b2"].address)
+    try:
+        expected = {
+            p: [f"{'before' if p < half else 'after'}-{p}".encode()] for p in range(PARTITIONS)
+        }
+        assert await settled(reader, topic_name, expected) == expected
+    finally:
+        await reader.close()
+    await producer.close()

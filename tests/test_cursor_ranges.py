@@ -139,3 +139,37 @@ def test_acked_ranges_hold_the_offsets_a_set_would(ops: list[tuple[str, int, int
         assert all(e < f for (_, e), (f, _) in itertools.pairwise(found))
         gaps = [o for first, end in ranges.gaps(0, 90) for o in range(first, end)]
         assert gaps == [o for o in range(90) if o not in model]
+
+
+def test_a_committed_transaction_acks_what_a_previous_owner_dispatched_past_the_checkpoint() -> (
+    None
+):
+    """A cluster's new owner took its cursor from a checkpoint that says offsets 0-9 were
+    dispatched; the previous owner had sent up to 30, and a transaction committed the
+    acknowledgements of 20-29. They are acked (not dropped as never sent, which delivered them
+    again), and 10-19, sent by that owner before them, are due at once as a take-over's
+    unacked are; nothing past the partition's end is taken."""
+    cursor = PartitionCursor(floor=5, dispatched=10)
+    core = _shared([cursor])
+    core.ack_committed([AckRange(0, 20, 10), AckRange(0, 40, 5)], [35], now=1.0)
+    assert cursor.dispatched == 35  # the second range cut to the end: 30-34 taken as sent
+    assert all(cursor.is_acked(o) for o in range(20, 30))
+    assert not any(cursor.is_acked(o) for o in (*range(5, 20), *range(30, 35)))
+    due = core.take_due(now=1.0, credits=100)
+    assert due is not None and due.offsets == [*range(5, 20), *range(30, 35)]
+    assert core.dirty == {0}
+
+
+def test_a_committed_range_far_past_what_was_dispatched_is_acked_as_far_as_it_was() -> None:
+    """A gap over MAX_COMMITTED_GAP offsets is not taken as dispatched (a bound on what one
+    acknowledgement costs): the range is acked up to `dispatched` only, at-least-once."""
+    from headwater.durables.delivery import MAX_COMMITTED_GAP
+
+    cursor = PartitionCursor(floor=0, dispatched=10)
+    core = _shared([cursor])
+    far = 10 + MAX_COMMITTED_GAP + 1
+    core.ack_committed([AckRange(0, 5, 2), AckRange(0, far, 10)], [far + 100], now=0.0)
+    assert cursor.dispatched == 10 and cursor.floor == 0
+    assert cursor.is_acked(5) and cursor.is_acked(6) and not cursor.is_acked(far)
+    due = core.take_due(now=0.0, credits=100)  # (what a restart finds unacked: 0-9, as before)
+    assert due is not None and max(due.offsets) < 10

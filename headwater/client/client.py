@@ -51,7 +51,12 @@ from headwater.client.map_client import Map
 from headwater.client.producer import Producer, ProducerConfig
 from headwater.client.reconnect import ReconnectPolicy
 from headwater.client.schema_codec import Definition, SchemaAdmin, SchemaCodec, schema_configs
-from headwater.client.transaction import TransactionHandle, TransactionSession, end_transaction
+from headwater.client.transaction import (
+    Brokers,
+    TransactionHandle,
+    TransactionSession,
+    end_transaction,
+)
 from headwater.wire import messages as m
 from headwater.wire.errors import (
     AuthenticationFailed,
@@ -456,7 +461,7 @@ class Client(ClusterMixin, AdminMixin, SchemaAdmin):
                 session = TransactionSession(
                     config.transactional_id,
                     config.transaction_timeout,
-                    self._opener.open,
+                    self._coordinators(),
                     config.request_timeout,
                     self._forget_session,
                 )
@@ -583,7 +588,19 @@ class Client(ClusterMixin, AdminMixin, SchemaAdmin):
         (`producer.transaction(hand_off=True)`), by its handle. Ending it again is done; raises
         `ProducerFenced` if a newer instance of its transactional id started, or its timeout
         aborted it (nothing of it is then committed)."""
-        await end_transaction(handle, commit, self._opener.open, self._timeout)
+        await end_transaction(handle, commit, self._coordinators(), self._timeout)
+
+    def _coordinators(self) -> Brokers:
+        """Where a transaction's requests go: the bootstrap broker, and in a cluster, when it
+        is lost, the other brokers the routing table knows (any serves any transactional
+        id)."""
+
+        def others() -> list[tuple[str, int]]:
+            bootstrap = (self._host, self._port)
+            known = self._router.table.brokers.values()
+            return sorted({b.address for b in known if b.address != bootstrap})
+
+        return Brokers(self._opener.open, self._opener.open_at, others)
 
     def _forget_session(self, session: TransactionSession) -> None:
         if self._sessions.get(session.transactional_id) is session:

@@ -31,7 +31,14 @@ transaction coordinator on a connection of its own:
 
 Each request is retried on a retriable error (a lost connection, CONCURRENT_TRANSACTIONS) with a
 doubling delay, within the producer's `request_timeout`; the coordinator takes a repeated request
-as the one it answered (adding a partition twice adds it once, an end already done is done).
+as the one it answered (adding a partition twice adds it once, acknowledgements added twice are
+merged, an end already done is done). In a cluster any broker serves any transactional id (its
+state is in etcd, docs/CLUSTER.md), so a request whose connection is lost or left unanswered is
+sent again to the next broker the client's routing table knows (`Brokers`), with the same
+producer id and epoch: a bootstrap broker killed mid-transaction does not end the session. An
+end its broker had decided before it died is completed by another broker meanwhile (the retry
+is answered CONCURRENT_TRANSACTIONS until then, and retried); one it had not is decided by the
+broker the retry reaches.
 """
 
 from __future__ import annotations
@@ -46,11 +53,13 @@ from typing import Protocol
 from headwater.client.broker_connection import Connection
 from headwater.wire import messages as m
 from headwater.wire.errors import (
+    ConnectionClosed,
     HeadwaterError,
     InvalidProducerEpoch,
     InvalidRequest,
     InvalidTxnState,
     ProducerFenced,
+    RequestTimeout,
 )
 from headwater.wire.limits import MAX_ACK_RANGES_PER_REQUEST, MAX_PARTITIONS
 
@@ -60,6 +69,16 @@ logger = logging.getLogger(__name__)
 COMMIT_UNKNOWN = "the commit may or may not have reached the server"
 _FIRST_DELAY = 0.02  # seconds before a retriable request is sent again, doubled up to
 _MAX_DELAY = 1.0
+
+
+@dataclass(frozen=True)
+class Brokers:
+    """Where a transaction's requests go: the bootstrap broker (`connect`), and in a cluster the
+    other brokers known (`others`, their addresses now), reached with `open_at`."""
+
+    connect: Callable[[], Awaitable[Connection]]
+    open_at: Callable[[str, int], Awaitable[Connection]] | None = None
+    others: Callable[[], list[tuple[str, int]]] = lambda: []
 
 
 @dataclass(frozen=True)
@@ -86,14 +105,14 @@ class TransactionSession:
         self,
         transactional_id: str,
         timeout: float,
-        connect: Callable[[], Awaitable[Connection]],
+        brokers: Brokers,
         request_timeout: float,
         on_closed: Callable[[TransactionSession], None] | None = None,
     ) -> None:
         self.transactional_id = transactional_id
         self._timeout_ms = round(timeout * 1000)
         self._on_closed = on_closed
-        self._link = CoordinatorLink(transactional_id, connect, request_timeout)
+        self._link = CoordinatorLink(transactional_id, brokers, request_timeout)
         self.producer_id = -1
         self.epoch = -1
         self.members: list[Member] = []
@@ -357,20 +376,19 @@ class TransactionSession:
 
 
 class CoordinatorLink:
-    """A connection to the transaction coordinator, opened when first needed (and again after
-    it was lost); a request refused with a retriable error (a lost connection,
-    CONCURRENT_TRANSACTIONS) is sent again after a doubling delay, within `request_timeout`."""
+    """A connection to a broker serving the transactional id, opened when first needed (and
+    again after it was lost); a request refused with a retriable error (a lost connection,
+    CONCURRENT_TRANSACTIONS) is sent again after a doubling delay, within `request_timeout`.
+    A connection lost, or a request left unanswered, moves the link to the next broker of the
+    cluster (the bootstrap one first, then the others `Brokers` knows, in turn)."""
 
-    def __init__(
-        self,
-        transactional_id: str,
-        connect: Callable[[], Awaitable[Connection]],
-        request_timeout: float,
-    ) -> None:
+    def __init__(self, transactional_id: str, brokers: Brokers, request_timeout: float) -> None:
         self._transactional_id = transactional_id
-        self._connect = connect
+        self._brokers = brokers
         self._request_timeout = request_timeout
         self._connection: Connection | None = None
+        self._target: tuple[str, int] | None = None  # None: the bootstrap broker
+        self._dropped: set[asyncio.Task[None]] = set()
 
     async def request(self, request: m.Request) -> m.Response:
         loop = asyncio.get_running_loop()
@@ -379,20 +397,40 @@ class CoordinatorLink:
         while True:
             try:
                 if self._connection is None or self._connection.closed:
-                    self._connection = await self._connect()
+                    self._connection = await self._open()
                 return await self._connection.request(request, self._request_timeout)
             except HeadwaterError as exc:
+                if isinstance(exc, ConnectionClosed | RequestTimeout):
+                    self._move_on()
                 if not exc.retriable or loop.time() + delay > deadline:
                     raise
                 logger.info(
-                    "transactional id %r: %s refused (%s); again in %.2fs",
+                    "transactional id %r: %s refused (%s); again in %.2fs, at %s",
                     self._transactional_id,
                     type(request).__name__,
                     exc,
                     delay,
+                    "the bootstrap broker" if self._target is None else self._target,
                 )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _MAX_DELAY)
+
+    async def _open(self) -> Connection:
+        if self._target is None or self._brokers.open_at is None:
+            return await self._brokers.connect()
+        return await self._brokers.open_at(*self._target)
+
+    def _move_on(self) -> None:
+        """The broker did not answer: the next one (a single broker's client stays)."""
+        candidates: list[tuple[str, int] | None] = [None, *self._brokers.others()]
+        if len(candidates) > 1 and self._brokers.open_at is not None:
+            at = candidates.index(self._target) if self._target in candidates else 0
+            self._target = candidates[(at + 1) % len(candidates)]
+        connection, self._connection = self._connection, None
+        if connection is not None and not connection.closed:
+            task = asyncio.get_running_loop().create_task(connection.close())
+            self._dropped.add(task)
+            task.add_done_callback(self._dropped.discard)
 
     async def close(self) -> None:
         if self._connection is not None:
@@ -400,15 +438,12 @@ class CoordinatorLink:
 
 
 async def end_transaction(
-    handle: TransactionHandle,
-    commit: bool,
-    connect: Callable[[], Awaitable[Connection]],
-    request_timeout: float,
+    handle: TransactionHandle, commit: bool, brokers: Brokers, request_timeout: float
 ) -> None:
     """END_TXN for the transaction `handle` names, begun by another client or process (a
     repeated end of one already so is done); `ProducerFenced` when a newer instance of the
     transactional id started, or its timeout aborted it."""
-    link = CoordinatorLink(handle.transactional_id, connect, request_timeout)
+    link = CoordinatorLink(handle.transactional_id, brokers, request_timeout)
     try:
         await link.request(
             m.EndTxnRequest(handle.transactional_id, handle.producer_id, handle.epoch, commit)

@@ -38,6 +38,9 @@ from headwater.wire.errors import InvalidRequest
 from headwater.wire.messages import AckEntry, AckKind, AckRange, Backoff
 
 DEAD_LETTER_RETRY = 1.0  # seconds before a message whose dead-lettering failed is tried again
+# offsets a committed transaction's acknowledgement may take as dispatched below its range
+# (`ack_committed`); past it the range is acked as far as it was dispatched here
+MAX_COMMITTED_GAP = 100_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +197,31 @@ class ReliableDelivery:
                 self._settle(in_flight, offsets_within(in_flight, first, end))
             if cursor.ack_range(first, end):
                 self.dirty.add(partition)
+
+    def ack_committed(self, ranges: Sequence[AckRange], ends: Sequence[int], now: float) -> None:
+        """A committed transaction's acknowledgements (ADD_ACKS_TO_TXN), which may name offsets
+        this core never dispatched: in a cluster the partition's previous owner delivered them
+        and the checkpoint it left says less (it lags by up to its interval). So a range past
+        `dispatched` (cut to the partition's end in `ends`) is taken as dispatched first, and
+        the offsets between the two, which that owner dispatched before it, are due at once,
+        as a take-over's unacked are; then every range is acked as `ack_ranges` acks it.
+        Without this, `ack_ranges` dropped the part never dispatched here, and the new owner
+        delivered those messages again although their transaction had committed. A gap over
+        `MAX_COMMITTED_GAP` offsets is not filled (the range is acked as far as it was
+        dispatched: the rest is delivered again, at-least-once)."""
+        self._check_partitions(ranges)
+        for entry in sorted(ranges, key=lambda r: (r.partition, r.first_offset)):
+            cursor = self.cursors[entry.partition]
+            start = cursor.dispatched
+            end = min(entry.first_offset + entry.count, ends[entry.partition])
+            gap_end = min(max(start, entry.first_offset), end)
+            if end <= start or gap_end - start > MAX_COMMITTED_GAP:
+                continue
+            cursor.record_delivery(start, end)
+            for offset in range(start, gap_end):
+                heapq.heappush(self._due, (now, entry.partition, offset))
+            self.dirty.add(entry.partition)
+        self.ack_ranges(ranges)
 
     def nack(self, entries: Sequence[AckEntry], delay_ms: int, now: float) -> None:
         if delay_ms < 0:

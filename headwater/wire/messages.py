@@ -57,6 +57,7 @@ class ApiKey(enum.IntEnum):
     ADD_ACKS_TO_TXN = 48
     END_TXN = 49
     WRITE_TXN_MARKER = 50  # between brokers of a cluster: a marker at the partition's owner
+    WRITE_TXN_ACKS = 51  # between brokers of a cluster: committed acks at the partition's owner
     # pushed by the server
     DELIVER = 100
     CONSUMER_CLOSED = 101
@@ -754,6 +755,20 @@ class WriteTxnMarkerRequest:
     commit: bool
 
 
+@dataclass(frozen=True, slots=True)
+class WriteTxnAcksRequest:
+    """A cluster's transaction coordinator asks the owner of a partition to apply what a
+    committed transaction acknowledges there (ADD_ACKS_TO_TXN `ranges`), answered once the
+    subscriptions' cursors holding them are in etcd. The owner applies only what the
+    transactional id's state decided to commit."""
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    topic: str
+    partition: int
+
+
 # ------------------------------------------------------------------------------------------------
 # Schemas (docs/SCHEMAS.md): REGISTER_SCHEMA, GET_SCHEMA, LIST_SCHEMAS, CHECK_SCHEMA; types
 # and compatibility modes travel as their names.
@@ -878,6 +893,7 @@ Request = (
     | AddAcksToTxnRequest
     | EndTxnRequest
     | WriteTxnMarkerRequest
+    | WriteTxnAcksRequest
 )
 Response = (
     EmptyResponse

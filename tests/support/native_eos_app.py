@@ -11,6 +11,12 @@ when no more come within a moment) it includes their acknowledgements in the tra
 with its acknowledgement, whatever kills the process or the server: a new instance's producer
 fences the old one and aborts its open transaction, whose messages are then delivered again.
 
+In a cluster a partition's owner killed moves the consumer's leg to the new owner, which
+delivers again what it finds unacknowledged, the messages of the transaction still open among
+them: a message this process already took (in the open transaction, or in one that committed:
+every transaction of a process commits, or the process exits) is skipped, as a Kafka consumer
+keeps its position across a leader change. Its acknowledgement is in the transaction that took it.
+
 It prints `committed <count>` after each commit and exits 0 once TOTAL outputs are committed (by
 it and its predecessors: counted by reading OUTPUT as a transaction-aware reader, when no input
 came for a moment); any error exits 3, for the test to start another.
@@ -40,6 +46,7 @@ async def run(args: argparse.Namespace) -> int:
         consumer = await client.subscribe(
             args.input, args.subscription, type="exclusive", start="earliest", prefetch=500
         )
+        seen: set[tuple[int, int]] = set()  # (partition, offset) taken by this process
         while True:
             taken: list[Message] = []
             async with producer.transaction():
@@ -48,6 +55,9 @@ async def run(args: argparse.Namespace) -> int:
                         message = await consumer.receive(timeout=QUIET)
                     except TimeoutError:
                         break
+                    if (message.partition, message.offset) in seen:
+                        continue  # delivered again by a partition's new owner (module doc)
+                    seen.add((message.partition, message.offset))
                     value = f"{message.partition}:{message.offset}:".encode() + (
                         message.value or b""
                     )

@@ -135,7 +135,13 @@ class ClusterMode:
         Exclusive claims, the Kafka group cursors. Before the broker is built, after
         `catalog.open`."""
         coordinator = self.coordinator
-        transactions = ClusterTransactions(coordinator, self.peers, self.tail.store, catalog)
+
+        def checkpoint(topic: str, partition: int) -> Awaitable[bool]:
+            return partitions.checkpoint_now(topic, partition)  # (built below)
+
+        transactions = ClusterTransactions(
+            coordinator, self.peers, self.tail.store, catalog, checkpoint
+        )
         partitions = ClusterPartitions(
             catalog,
             self.tail,

@@ -182,6 +182,10 @@ class ClusterPartitions:
         self._checkpoints = checkpoints
         self._interval = checkpoint_interval
         self._written: dict[tuple[str, str, int], bytes] = {}
+        # one checkpoint write of a partition at a time: the loop's and a committed
+        # transaction's (`checkpoint_now`), both comparing with `_written`, would otherwise
+        # find each other's write foreign and adopt the older cursor
+        self._checkpointing: dict[tuple[str, int], asyncio.Lock] = {}
         self.checkpoint_failures = 0  # partition checkpoints that failed (retried next round)
         # (topic, partition) -> the offset up to which our local log is known to equal the
         # object store's chain (set by a take-over, moved by our stored chunks)
@@ -1003,7 +1007,18 @@ class ClusterPartitions:
                         error=str(exc),
                     )
 
-    async def _checkpoint_partition(self, topic: str, partition: int) -> None:
+    async def checkpoint_now(self, topic: str, partition: int) -> bool:
+        """The partition's changed cursors written now, as the loop writes them (a committed
+        transaction's acknowledgements, before the transaction completes); whether a cursor
+        took a checkpoint another broker wrote instead (what this broker had is then gone)."""
+        return await self._checkpoint_partition(topic, partition)
+
+    async def _checkpoint_partition(self, topic: str, partition: int) -> bool:
+        lock = self._checkpointing.setdefault((topic, partition), asyncio.Lock())
+        async with lock:
+            return await self._checkpoint_locked(topic, partition)
+
+    async def _checkpoint_locked(self, topic: str, partition: int) -> bool:
         """The partition's cursors that moved since they were loaded or last written, each
         written only over what this broker loaded or wrote last. A checkpoint another broker
         wrote since is a Kafka group's commit through its coordinator (nothing else writes a
@@ -1013,7 +1028,8 @@ class ClusterPartitions:
         found = self._catalog.topics.get(topic)
         since = self._taken.get((topic, partition))
         if not isinstance(found, LogTopic) or since is None:
-            return  # not reliable, or its cursors not loaded here (never taken, or let go)
+            return False  # not reliable, or its cursors not loaded here (never taken, or let go)
+        adopted = False
         for subscription in _reliable(found):
             data = subscription.core.cursors[partition].encode()
             ident = (topic, subscription.name, partition)
@@ -1041,6 +1057,8 @@ class ClusterPartitions:
                 subscription=subscription.name,
                 floor=PartitionCursor.decode(theirs).floor,
             )
+            adopted = True
+        return adopted
 
 
 class _Scan:

@@ -20,6 +20,21 @@ id's state decided that end naming the partition, and answers once it is in the 
 (`marker_here`). A commit makes nothing durable first: every produce was answered once its batch
 was in the object store.
 
+**Acknowledgements by each partition's owner.** A committed transaction's acknowledgements of a
+native subscription's messages (ADD_ACKS_TO_TXN `ranges`) move cursors that only a partition's
+owner holds. After the markers, `apply_acks` asks each owner (itself, or over a peer link:
+WRITE_TXN_ACKS) to apply them; the owner (`acks_here`) reads what to ack from the id's state,
+not from the request, and only from a PREPARE_COMMIT of that producer id and epoch (read again
+from etcd when its replica does not show it; COMPLETE_COMMIT: done already), acks them (also
+what its cursor never dispatched: the previous owner delivered it), writes the partition's
+cursor checkpoints to etcd (`ClusterPartitions.checkpoint_now`) and answers only if it still
+serves the partition after that write: a new owner's take-over, which reads the checkpoints,
+comes after the old owner's serving deadline, so it finds the acks. A checkpoint another broker
+wrote meanwhile (a Kafka group's commit) is taken and the acks applied over it again. Acking
+what is acked changes nothing, so an end completed again after a kill -9 (of the broker ending
+it, or of the owner) repeats this safely; COMPLETE_COMMIT is stored only once every owner
+answered.
+
 **Aborted ranges for the next owner.** After an abort marker is in the object store, and before
 the owner answers, it stores one empty object per aborted range, everything in its name:
 `<topic>/<partition>/txn-aborted/<marker offset, 20 digits>-<producer id>-<first offset>-<epoch>`
@@ -56,11 +71,23 @@ from headwater.server.cluster.etcd import Entry, EtcdUnavailable, PrefixWatch
 from headwater.server.cluster.layout import Layout, rendezvous
 from headwater.server.cluster.peer_links import PeerLinks
 from headwater.server.requests.partition_ownership import Ownership, not_owner
-from headwater.server.requests.transaction_placement import Changed, append_marker
+from headwater.server.requests.transaction_placement import (
+    Changed,
+    acknowledge,
+    acks_by_subscription,
+    append_marker,
+)
 from headwater.server.topics.topic import LogTopic
 from headwater.storage.objectstore import ObjectStore
 from headwater.wire import messages as m
-from headwater.wire.errors import ConcurrentTransactions, HeadwaterError, StorageError
+from headwater.wire.errors import (
+    ConcurrentTransactions,
+    HeadwaterError,
+    InvalidPartition,
+    InvalidTxnState,
+    StorageError,
+    UnknownTopic,
+)
 from headwater.wire.markers import Marker
 
 log = structlog.get_logger(__name__)
@@ -72,6 +99,11 @@ REBUILD_WAIT: Final = 30.0
 LOAD_WAIT: Final = 30.0
 LOAD_ATTEMPTS: Final = 5  # reads of the states at start (doubling delays from 0.2 s)
 HANGING_ATTEMPTS: Final = 30  # tries to abort a hanging transaction (doubling delays up to 2 s)
+# seconds a committed transaction's acknowledgements are tried at a partition between owners
+# (or whose owner does not answer) before the end gives up for now (it stays decided, and is
+# completed later), as its markers are
+ACKS_PATIENCE: Final = 20.0
+ACKS_ATTEMPTS: Final = 5  # applications at an owner while other brokers' checkpoints land
 
 
 class Cluster(Ownership, Protocol):
@@ -113,8 +145,16 @@ def parse_aborted(name: str) -> tuple[AbortedRange, int] | None:
 
 class ClusterTransactions:
     def __init__(
-        self, cluster: Cluster, peers: PeerLinks, store: ObjectStore, catalog: TopicCatalog
+        self,
+        cluster: Cluster,
+        peers: PeerLinks,
+        store: ObjectStore,
+        catalog: TopicCatalog,
+        checkpoint: Callable[[str, int], Awaitable[bool]],
     ) -> None:
+        """`checkpoint`: a partition's changed cursors written to etcd now, and whether one
+        took another broker's checkpoint instead (`ClusterPartitions.checkpoint_now`)."""
+        self._checkpoint = checkpoint
         self._cluster = cluster
         self._peers = peers
         self._store = store
@@ -390,6 +430,111 @@ class ClusterTransactions:
             topic, partition, producer_id, epoch, marker == Marker.COMMIT
         )
         await self._peers.write_marker(owner, request)
+
+    # TransactionPlacement: acknowledgements
+
+    async def apply_acks(self, txn: Transaction) -> None:
+        where = sorted({(o.topic, o.partition) for o in txn.offsets if o.acks})
+        if where:
+            await asyncio.gather(*(self._acks_at_owner(txn, t, p) for t, p in where))
+
+    async def _acks_at_owner(self, txn: Transaction, topic: str, partition: int) -> None:
+        """WRITE_TXN_ACKS at the partition's owner (this broker, or over a peer link), tried
+        again with doubling delays for `ACKS_PATIENCE` seconds while the partition is between
+        owners or its owner does not answer; then STORAGE_ERROR (the end stays decided)."""
+        request = m.WriteTxnAcksRequest(
+            txn.transactional_id, txn.producer_id, txn.epoch, topic, partition
+        )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + ACKS_PATIENCE
+        delay = 0.05
+        while True:
+            try:
+                owner = self._cluster.owner(topic, partition)
+                if self._cluster.serves(topic, partition):
+                    await self.acks_here(request)
+                elif owner is None or owner == self._cluster.this_broker:
+                    raise not_owner(self._cluster, topic, partition)
+                else:
+                    await self._peers.write_acks(owner, request)
+                return
+            except (UnknownTopic, InvalidPartition):
+                return  # deleted meanwhile: nothing left to acknowledge there
+            except InvalidTxnState:
+                # the owner saw no such commit being decided: another broker completed it
+                # (the duty broker, say), unless the state still holds this very end
+                await self.refresh(txn.transactional_id)
+                known = self.states.get(txn.transactional_id)
+                if known is not None and known[0] == txn:
+                    raise
+                log.info("transactions.acks_completed_elsewhere", topic=topic, partition=partition)
+                return
+            except HeadwaterError as exc:
+                if not exc.retriable or loop.time() + delay > deadline:
+                    if exc.retriable:
+                        raise StorageError(
+                            f"the acknowledgements of producer {txn.producer_id} could not be "
+                            f"applied to partition {partition} of topic {topic!r} in "
+                            f"{ACKS_PATIENCE:g} s ({exc}); the commit is decided and will be "
+                            "completed"
+                        ) from None
+                    raise
+                log.info(
+                    "transactions.acks_retry",
+                    topic=topic,
+                    partition=partition,
+                    producer_id=txn.producer_id,
+                    error=str(exc),
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    async def acks_here(self, request: m.WriteTxnAcksRequest) -> None:
+        """The owner's part of `apply_acks` (the module doc)."""
+        tid, topic, partition = request.transactional_id, request.topic, request.partition
+
+        def current() -> Transaction | None:
+            known = self.states.get(tid)
+            txn = None if known is None else known[0]
+            held = (request.producer_id, request.producer_epoch)
+            return txn if txn is not None and (txn.producer_id, txn.epoch) == held else None
+
+        txn = current()
+        ending = (TxnState.PREPARE_COMMIT, TxnState.COMPLETE_COMMIT)
+        if txn is None or txn.state not in ending:
+            await self.refresh(tid)
+            txn = current()
+        if txn is not None and txn.state == TxnState.COMPLETE_COMMIT:
+            return  # applied before the commit was stored complete
+        if txn is None or txn.state != TxnState.PREPARE_COMMIT:
+            raise InvalidTxnState(
+                f"no commit of producer {request.producer_id} epoch {request.producer_epoch} "
+                f"of transactional id {tid!r} is being decided"
+            )
+        acks = acks_by_subscription(txn, (topic, partition))
+        for _ in range(ACKS_ATTEMPTS):
+            if not self._cluster.serves(topic, partition):
+                raise not_owner(self._cluster, topic, partition)
+            for (subscription, _), ranges in acks.items():
+                await acknowledge(self._catalog, subscription, topic, ranges)
+            adopted = await self._checkpoint(topic, partition)
+            if not self._cluster.serves(topic, partition):
+                # the write may have landed after a new owner read the checkpoints: it asks
+                # that owner instead
+                raise not_owner(self._cluster, topic, partition)
+            if not adopted:
+                log.debug(
+                    "transactions.acks_applied",
+                    transactional_id=tid,
+                    topic=topic,
+                    partition=partition,
+                    ranges=sum(len(r) for r in acks.values()),
+                )
+                return
+        raise StorageError(
+            f"{topic}/{partition}: other brokers' checkpoints kept replacing the cursors the "
+            "transaction's acknowledgements were applied to; retry"
+        )
 
     # The owner's part
 

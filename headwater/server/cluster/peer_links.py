@@ -1,7 +1,8 @@
 """Connections from this broker to the other brokers' message ports, for the records a broker
 writes to a partition another broker owns (a dead letter whose topic's partition is served
-elsewhere) and for the transaction markers a coordinator asks a partition's owner to write
-(WRITE_TXN_MARKER, `server.cluster.cluster_transactions`).
+elsewhere) and for what a transaction coordinator asks a partition's owner to do at a
+transaction's end: write its marker (WRITE_TXN_MARKER), apply its acknowledgements
+(WRITE_TXN_ACKS; `server.cluster.cluster_transactions`).
 
 A link is the native protocol over one TCP connection per peer (TLS when this broker's own port
 is TLS), opened on first use and reused; `wire.session.ClientSession` numbers the requests and
@@ -61,6 +62,11 @@ class PeerLinks:
     async def write_marker(self, peer: BrokerAddress, request: m.WriteTxnMarkerRequest) -> None:
         """A transaction's marker written by `peer`, the partition's owner (answered once it is
         in the object store). Raises `HeadwaterError` as `produce` does."""
+        await self._request(peer, request)
+
+    async def write_acks(self, peer: BrokerAddress, request: m.WriteTxnAcksRequest) -> None:
+        """A committed transaction's acknowledgements applied by `peer`, the partition's owner
+        (answered once the cursors are in etcd). Raises `HeadwaterError` as `produce` does."""
         await self._request(peer, request)
 
     async def _request(self, peer: BrokerAddress, request: m.Request) -> m.Response:

@@ -13,11 +13,13 @@ an end needs:
 2. A marker (`wire.markers`) is written to each partition, carrying the producer's id and
    epoch, by the broker serving it (this one, or in a cluster its owner over a peer link:
    WRITE_TXN_MARKER, `marker_at_owner`), and made durable.
-3. At a commit, the offsets sent in the transaction move their groups' cursors
-   (`requests.group_offsets`: a Kafka group's offsets are its subscription's cursor), and the
-   acknowledgements a native producer added (ADD_ACKS_TO_TXN) are acked on their reliable
-   subscription as ACK_RANGES acks them, the cursors written synced; at an abort both are
-   dropped (the messages are delivered again once their ack timeout passes, as any unacked).
+3. At a commit, the acknowledgements a native producer added (ADD_ACKS_TO_TXN) are acked on
+   their reliable subscription as ACK_RANGES acks them, the cursors written synced (in a
+   cluster by each partition's owner, over a peer link: WRITE_TXN_ACKS, `acks_at_owner`, the
+   cursors then in etcd), and the offsets sent in the transaction move their groups' cursors
+   (`requests.group_offsets`: a Kafka group's offsets are its subscription's cursor); at an
+   abort both are dropped (the messages are delivered again once their ack timeout passes, as
+   any unacked).
 4. COMPLETE_* is stored (synced, so the partitions' own state writes before it are on disk too).
 
 A server that stops anywhere in 2-4 finds PREPARE_* on start and does 2-4 again (`start`; in a
@@ -73,7 +75,6 @@ from headwater.server.requests.placement import ProducerIds
 from headwater.server.requests.transaction_placement import TransactionPlacement, append_marker
 from headwater.server.subscriptions.reliable_subscription import ReliableSubscription
 from headwater.server.topics.topic import LogPartition, LogTopic
-from headwater.storage.state import CURSOR, key
 from headwater.storage.tasks import spawn
 from headwater.wire import messages as m
 from headwater.wire.errors import (
@@ -319,11 +320,6 @@ class TransactionCoordinator:
             moved[position.partition] = position.offset
         for index in sorted(wanted.keys() | moved.keys()):
             self._log_partition(topic_name, index)
-        if wanted and not self._placement.local_partitions:
-            raise NotSupported(
-                "a cluster's transactions do not acknowledge a native subscription's messages "
-                "by ranges yet: send positions (every offset below one acknowledged)"
-            )
         topic = self._catalog.topics[topic_name]
         if not isinstance(topic.subscriptions.get(subscription), ReliableSubscription):
             raise UnknownSubscription(
@@ -440,6 +436,13 @@ class TransactionCoordinator:
 
         await self._placement.marker_here(topic, partition, producer_id, epoch, marker, check)
 
+    async def acks_at_owner(self, request: m.WriteTxnAcksRequest) -> None:
+        """WRITE_TXN_ACKS: a coordinator (any broker) asks this one, the partition's owner, to
+        apply what a committed transaction acknowledges there (the placement checks the
+        state and applies it: `TransactionPlacement.acks_here`)."""
+        self._log_partition(request.topic, request.partition)
+        await self._placement.acks_here(request)
+
     def verify(self, producer_id: int, epoch: int, topic: str, partition: int) -> None:
         """Raise unless a transactional batch of this producer may be appended to the partition
         now (the module doc)."""
@@ -555,6 +558,7 @@ class TransactionCoordinator:
                 log.info("transactions.completed_elsewhere", transactional_id=txn.transactional_id)
                 return
         if commit:
+            await self._placement.apply_acks(txn)  # (in a cluster, by each partition's owner)
             await self._apply_offsets(txn.offsets)
         await self._store(txn.completed(_now_ms()))
         if commit:
@@ -615,19 +619,13 @@ class TransactionCoordinator:
             delay = min(delay * 2, 1.0)
 
     async def _apply_offsets(self, offsets: Iterable[PendingOffset]) -> None:
-        """A committed transaction's acknowledgements, then its positions, applied."""
+        """A committed transaction's positions applied (its acknowledgements are the
+        placement's: `apply_acks`)."""
         by_subscription: dict[tuple[str, str], dict[int, int]] = {}
-        acks: dict[tuple[str, str], list[m.AckRange]] = {}
         for offset in offsets:
             where = (offset.group, offset.topic)
-            if offset.acks:
-                acks.setdefault(where, []).extend(
-                    m.AckRange(offset.partition, first, end - first) for first, end in offset.acks
-                )
             if offset.offset >= 0:
                 by_subscription.setdefault(where, {})[offset.partition] = offset.offset
-        for (subscription, topic_name), ranges in acks.items():
-            await self._acknowledge(subscription, topic_name, ranges)
         for (group, topic_name), positions in by_subscription.items():
             if topic_name not in self._catalog.topics:
                 continue  # deleted meanwhile
@@ -641,33 +639,6 @@ class TransactionCoordinator:
                         partition=partition,
                         error=str(error),
                     )
-
-    async def _acknowledge(
-        self, subscription: str, topic_name: str, ranges: list[m.AckRange]
-    ) -> None:
-        """Ack `ranges` on the reliable subscription and write its cursors synced (before the
-        transaction's COMPLETE is stored), in the topic's turn as every change to a
-        subscription is: a deletion cannot come between the ack and the write."""
-        async with self._catalog.turn(topic_name):
-            topic = self._catalog.topics.get(topic_name)
-            found = None if topic is None else topic.subscriptions.get(subscription)
-            if not isinstance(found, ReliableSubscription):
-                log.error(
-                    "transactions.acks_not_applied",
-                    topic=topic_name,
-                    subscription=subscription,
-                    error="the subscription no longer exists",
-                )
-                return
-            cursors = found.core.cursors
-            kept = [r for r in ranges if r.partition < len(cursors)]
-            found.acked(kept)
-            await self._catalog.writer.synced(
-                {
-                    key(CURSOR, topic_name, subscription, p): cursors[p].encode()
-                    for p in {r.partition for r in kept}
-                }
-            )
 
     async def _abort_hanging(self) -> None:
         """Transactions open in a partition that no coordinator state has in progress there."""

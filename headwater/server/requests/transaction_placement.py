@@ -12,11 +12,13 @@ broker and in a cluster; what differs is behind `TransactionPlacement`:
   owner, asked over a peer link);
 - what a commit makes durable first (one broker: an fsync of the partitions; a cluster: nothing,
   every produce was answered once in the object store);
+- how a committed transaction's acknowledgements of a native subscription's messages are
+  applied (one broker: here; a cluster: by each partition's owner, which holds the cursors);
 - which broker does an id's background duties (timeouts, ends left half done).
 
 `LocalTransactions` is the single broker's, today's behaviour; the cluster's is
-`server.cluster.cluster_transactions.ClusterTransactions`. `append_marker` is what both do at a
-partition they serve.
+`server.cluster.cluster_transactions.ClusterTransactions`. `append_marker` and `acknowledge` are
+what both do at a partition they serve.
 """
 
 from __future__ import annotations
@@ -31,10 +33,11 @@ from headwater.durables.partition_transactions import AbortedRange
 from headwater.durables.transaction_state import StoredChange, Transaction
 from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.reply import AfterDurable, Reply, resolve
+from headwater.server.subscriptions.reliable_subscription import ReliableSubscription
 from headwater.server.topics.topic import LogTopic
-from headwater.storage.state import TRANSACTION, TRANSACTION_PARTS, key
+from headwater.storage.state import CURSOR, TRANSACTION, TRANSACTION_PARTS, key
 from headwater.wire import messages as m
-from headwater.wire.errors import NotOwner
+from headwater.wire.errors import NotOwner, NotSupported
 from headwater.wire.markers import Marker, build_marker
 
 log = structlog.get_logger(__name__)
@@ -100,6 +103,17 @@ class TransactionPlacement(Protocol):
         """Every record written to these partitions durable, before a commit is decided."""
         ...
 
+    async def apply_acks(self, txn: Transaction) -> None:
+        """The acknowledgements (ADD_ACKS_TO_TXN `ranges`) of `txn`, a stored PREPARE_COMMIT,
+        applied to their subscriptions' cursors and durable (acking again what is acked
+        changes nothing: a completion done again after a crash repeats this)."""
+        ...
+
+    async def acks_here(self, request: m.WriteTxnAcksRequest) -> None:
+        """WRITE_TXN_ACKS at a partition's owner: what the state decided to acknowledge there
+        applied (a cluster's)."""
+        ...
+
     def duties(self, transactional_id: str) -> bool:
         """Whether this broker times out the id's transactions and finishes ends left half done."""
         ...
@@ -142,6 +156,49 @@ async def append_marker(
     if marker != Marker.ABORT:
         return topic, None
     return topic, partition.transactions.aborted_at(placed[0])
+
+
+def acks_by_subscription(
+    txn: Transaction, where: tuple[str, int] | None = None
+) -> dict[tuple[str, str], list[m.AckRange]]:
+    """(subscription, topic) -> the ranges `txn` acknowledges there (of partition `where`
+    only, when given)."""
+    found: dict[tuple[str, str], list[m.AckRange]] = {}
+    for offset in txn.offsets:
+        if offset.acks and where in (None, (offset.topic, offset.partition)):
+            found.setdefault((offset.group, offset.topic), []).extend(
+                m.AckRange(offset.partition, first, end - first) for first, end in offset.acks
+            )
+    return found
+
+
+async def acknowledge(
+    catalog: TopicCatalog, subscription: str, topic_name: str, ranges: list[m.AckRange]
+) -> None:
+    """A committed transaction's `ranges` acked on the reliable subscription (also what this
+    broker never dispatched: `ReliableSubscription.acked_in_transaction`), its cursors written
+    synced, in the topic's turn as every change to a subscription is (a deletion cannot come
+    between the ack and the write). A subscription deleted meanwhile is logged and left."""
+    async with catalog.turn(topic_name):
+        topic = catalog.topics.get(topic_name)
+        found = None if topic is None else topic.subscriptions.get(subscription)
+        if topic is None or not isinstance(found, ReliableSubscription):
+            log.error(
+                "transactions.acks_not_applied",
+                topic=topic_name,
+                subscription=subscription,
+                error="the subscription no longer exists",
+            )
+            return
+        cursors = found.core.cursors
+        kept = [r for r in ranges if r.partition < len(cursors)]
+        found.acked_in_transaction(kept, [p.next_offset for p in topic.partitions])
+        await catalog.writer.synced(
+            {
+                key(CURSOR, topic_name, subscription, p): cursors[p].encode()
+                for p in {r.partition for r in kept}
+            }
+        )
 
 
 class LocalTransactions:
@@ -221,6 +278,13 @@ class LocalTransactions:
                 waits.append(wal.wait_durable(wal.appended))
         if waits:
             await asyncio.gather(*waits)
+
+    async def apply_acks(self, txn: Transaction) -> None:
+        for (subscription, topic), ranges in acks_by_subscription(txn).items():
+            await acknowledge(self._catalog, subscription, topic, ranges)
+
+    async def acks_here(self, request: m.WriteTxnAcksRequest) -> None:
+        raise NotSupported("WRITE_TXN_ACKS is between the brokers of a cluster")
 
     def duties(self, transactional_id: str) -> bool:
         return True

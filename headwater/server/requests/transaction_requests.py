@@ -2,13 +2,15 @@
 
 INIT_TRANSACTIONS, ADD_PARTITIONS_TO_TXN, ADD_ACKS_TO_TXN and END_TXN each become the coordinator's
 call (`requests.transaction_coordinator`), as the Kafka front end's requests of the same meaning do
-(`kafka.txn_handlers`): one model, two protocols. WRITE_TXN_MARKER is a cluster broker's request to
-a partition's owner (`TransactionCoordinator.marker_at_owner`). The coordinator raises the precise
+(`kafka.txn_handlers`): one model, two protocols. WRITE_TXN_MARKER and WRITE_TXN_ACKS are a
+cluster broker's requests to a partition's owner (`TransactionCoordinator.marker_at_owner`,
+`acks_at_owner`). The coordinator raises the precise
 error (PRODUCER_FENCED, INVALID_TXN_STATE, CONCURRENT_TRANSACTIONS...), which is the answer.
 
 Grants (`server.request_table`): adding a topic's partitions takes `produce` on it (the transaction
-then writes them), and so does WRITE_TXN_MARKER (the peer token's grant; the owner writes only the
-end a transactional id's state decided, so it lets nobody decide one); adding acknowledgements of a
+then writes them), and so do WRITE_TXN_MARKER and WRITE_TXN_ACKS (the peer token's grant; the owner
+writes only the end, and applies only the acknowledgements, a transactional id's state decided, so
+they let nobody decide one); adding acknowledgements of a
 subscription's messages takes `consume` on its topic, and the subscription must be the principal's
 (or `admin` on the topic), as attaching to it does (`security.access`). Each request naming a
 transactional id also takes `produce` on `txn:<id>` (Kafka's WRITE on the TransactionalId;
@@ -108,4 +110,12 @@ class TransactionRequests:
             request.producer_epoch,
             request.commit,
         )
+        return m.EmptyResponse()
+
+    @handles(m.WriteTxnAcksRequest, "topic", "produce")
+    def write_acks(self, session: Session, request: m.WriteTxnAcksRequest) -> Reply:
+        return AfterData(self._write_acks(request))
+
+    async def _write_acks(self, request: m.WriteTxnAcksRequest) -> Reply:
+        await self._coordinator.acks_at_owner(request)
         return m.EmptyResponse()

@@ -236,12 +236,18 @@ class ReliableSubscription:
             self._wake.set()
 
     def ack_ranges(self, consumer: Consumer, ranges: Sequence[AckRange]) -> None:
-        self.acked(ranges)
-
-    def acked(self, ranges: Sequence[AckRange]) -> None:
-        """Acknowledge `ranges` for the subscription, whoever sent them (a consumer, or a
-        committed transaction, which has none)."""
         self.core.ack_ranges(ranges)
+        self._acked(ranges)
+
+    def acked_in_transaction(self, ranges: Sequence[AckRange], ends: Sequence[int]) -> None:
+        """Acknowledge `ranges` as a committed transaction does (it has no consumer): also
+        what this broker never dispatched, up to each partition's end in `ends` (a cluster's
+        previous owner delivered it: `ReliableDelivery.ack_committed`)."""
+        self.core.ack_committed(ranges, ends, time.monotonic())
+        self._acked(ranges)
+        self._wake.set()  # offsets taken as dispatched below a range are due
+
+    def _acked(self, ranges: Sequence[AckRange]) -> None:
         self.persist()
         if self._keyed is not None:
             holds = self._keyed.holds

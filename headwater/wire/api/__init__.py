@@ -6,6 +6,6 @@ the DELIVER push), `consume` (SUBSCRIBE, FLOW, ACK, NACK, SEEK, UNSUBSCRIBE, DEL
 and the CONSUMER_CLOSED and MESSAGES_DROPPED pushes), `maps` (MAP_GET/SET/SCAN/SIZE), `admin`
 (topics, producer ids, API_VERSIONS), `auth` (AUTHENTICATE and the THROTTLE push), `schemas`
 (REGISTER/GET/LIST/CHECK_SCHEMA), `cluster` (LOOKUP) and `transactions` (INIT_TRANSACTIONS,
-ADD_PARTITIONS_TO_TXN, ADD_ACKS_TO_TXN, END_TXN, WRITE_TXN_MARKER).
+ADD_PARTITIONS_TO_TXN, ADD_ACKS_TO_TXN, END_TXN, WRITE_TXN_MARKER, WRITE_TXN_ACKS).
 `wire.protocol` collects them into the tables keyed by api key that encode and decode frames.
 This package imports nothing of the modules that use it."""

@@ -1,5 +1,5 @@
 """Transactions: INIT_TRANSACTIONS, ADD_PARTITIONS_TO_TXN, ADD_ACKS_TO_TXN, END_TXN, and
-WRITE_TXN_MARKER (between the brokers of a cluster).
+WRITE_TXN_MARKER and WRITE_TXN_ACKS (between the brokers of a cluster).
 
 A transactional producer makes a handful of these per transaction (one per partition it begins
 to write, one per batch of acknowledgements, one end), so construct's schemas are their only
@@ -83,6 +83,11 @@ APIS: Final = (
             "producer_epoch" / Int16sb,
             "commit" / Flag,
         ),
+        EMPTY_RESPONSE,
+    ),
+    Api(
+        m.ApiKey.WRITE_TXN_ACKS,
+        message(m.WriteTxnAcksRequest, *_producer("topic" / String, "partition" / Int32sb)),
         EMPTY_RESPONSE,
     ),
 )
