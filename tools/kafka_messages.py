@@ -42,7 +42,7 @@ FAMILIES: dict[str, tuple[str, list[tuple[str, int, int]]]] = {
         "ApiVersions and Metadata: what the broker serves and where partitions are.",
         [
             ("ApiVersions", 0, 3),
-            ("Metadata", 0, 5),
+            ("Metadata", 0, 12),
         ],
     ),
     "groups": (
@@ -87,6 +87,16 @@ FAMILIES: dict[str, tuple[str, list[tuple[str, int, int]]]] = {
         ],
     ),
     "sasl": ("SASL authentication (PLAIN).", [("SaslHandshake", 0, 1), ("SaslAuthenticate", 0, 1)]),
+    # share groups (KIP-932): their specs are in tools/kafka_specs (`load`)
+    "share": (
+        "Share groups (KIP-932): membership, description, fetching and acknowledging records.",
+        [
+            ("ShareGroupHeartbeat", 1, 1),
+            ("ShareGroupDescribe", 1, 1),
+            ("ShareFetch", 1, 1),
+            ("ShareAcknowledge", 1, 1),
+        ],
+    ),
 }
 OUT = Path(__file__).resolve().parent.parent / "headwater" / "server" / "kafka" / "messages"
 _INTS = {"int8", "int16", "uint16", "int32", "int64"}
@@ -99,8 +109,12 @@ def resources() -> Path:
     return Path(schemas.__file__).parent / "resources"
 
 
+SPECS = Path(__file__).resolve().parent / "kafka_specs"  # the specs kafka-python lacks
+
+
 def load(name: str) -> dict[str, Any]:
-    text = (resources() / f"{name}.json").read_text()
+    ours = SPECS / f"{name}.json"
+    text = (ours if ours.exists() else resources() / f"{name}.json").read_text()
     return dict(json.loads(re.sub(r"^\s*//.*$", "", text, flags=re.M)))
 
 
@@ -157,8 +171,9 @@ class Module:
                 py = inner
                 wire = inner
             else:
-                assert inner in _INTS | {"bool", "string", "bytes", "records", "float64"}, inner
+                assert inner in _INTS | {"bool", "string", "bytes", "records", "float64", "uuid"}
                 py = {
+                    "uuid": "bytes",  # 16 bytes
                     "bool": "bool",
                     "string": "str",
                     "bytes": "bytes",
@@ -181,7 +196,7 @@ class Module:
             elif py == "bytes":
                 value = "None" if inner == "records" or default == "null" else 'b""'
             else:  # a struct, not in an array
-                value = f"{py}()"
+                value = "None" if default == "null" else f"{py}()"
                 annotation = py
             if not array and py in ("int", "bool", "float", "str", "bytes"):
                 annotation = py

@@ -11,6 +11,8 @@ and versions served), `kafka_errors` (Headwater's error codes as Kafka's),
 `kafka_nodes` (node ids, partition leaders and group coordinators: one broker's or a cluster's)
 and `kafka_metrics` (its Prometheus collector). Consumer
 groups: `group_handlers` (their APIs) and `groups` (membership and rebalances, in memory); a
-group's offsets are `requests.group_offsets`.
+group's offsets are `requests.group_offsets`. Share groups (KIP-932): `share_handlers` (their
+APIs), `share_groups` (membership, in memory) and `share_sessions` (a member's records, through
+the group's Shared subscription); `topic_ids` gives topics the ids those APIs name them by.
 Imports `requests`, `catalog`, `subscriptions` and `net.accepting`; only `serve` imports it.
 """

@@ -23,6 +23,7 @@ from headwater.server.kafka.messages import (
     metadata,
     offsets,
     sasl,
+    share,
     transactions,
 )
 from headwater.server.kafka.messages import produce as produce_
@@ -88,6 +89,11 @@ DELETE_GROUPS: Final = 42
 INCREMENTAL_ALTER_CONFIGS: Final = 44
 DESCRIBE_TRANSACTIONS: Final = 65
 LIST_TRANSACTIONS: Final = 66
+# share groups (KIP-932)
+SHARE_GROUP_HEARTBEAT: Final = 76
+SHARE_GROUP_DESCRIBE: Final = 77
+SHARE_FETCH: Final = 78
+SHARE_ACKNOWLEDGE: Final = 79
 # what a connection may send before it has authenticated (on a server with authentication)
 BEFORE_AUTH: Final = frozenset({API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE})
 
@@ -132,6 +138,11 @@ SERVED: Final[dict[int, Api]] = {  # by key, as ApiVersions lists them
                 transactions.DescribeTransactionsResponse,
             ),
             _api(transactions.ListTransactionsRequest, transactions.ListTransactionsResponse),
+            # share groups (KIP-932)
+            _api(share.ShareGroupHeartbeatRequest, share.ShareGroupHeartbeatResponse),
+            _api(share.ShareGroupDescribeRequest, share.ShareGroupDescribeResponse),
+            _api(share.ShareFetchRequest, share.ShareFetchResponse),
+            _api(share.ShareAcknowledgeRequest, share.ShareAcknowledgeResponse),
         ),
         key=lambda api: api.key,
     )

@@ -53,6 +53,7 @@ _FIXED: Final = {
     "int64": struct.Struct(">q"),
     "float64": struct.Struct(">d"),
     "bool": struct.Struct(">?"),
+    "uuid": struct.Struct("16s"),  # a topic id (b"": the zero uuid)
 }
 # Array elements in one request, all arrays together: each becomes work for the handlers (a
 # partition to produce to, fetch or commit, a topic to describe), and an 8 MiB frame holds half a
@@ -207,6 +208,8 @@ def _field(field: Field, default: Any, version: int, flexible: bool) -> tuple[Re
     kind = field.type
     if isinstance(kind, type):
         read, write, least = _struct(kind, version, flexible)
+        if not field.array and field.nullable is not None and version >= field.nullable:
+            read, write, least = _nullable(read, write)
     elif kind in _FIXED:
         packer = _FIXED[kind]
         pack = packer.pack
@@ -225,6 +228,24 @@ def _field(field: Field, default: Any, version: int, flexible: bool) -> tuple[Re
     if not field.array:
         return read, write, least
     return (*_array(read, write, least, optional, flexible), 1 if flexible else 4)
+
+
+def _nullable(read: Read, write: Write) -> tuple[Read, Write, int]:
+    """A nullable struct (not in an array): an int8 marker, -1 for null, 1 before the struct."""
+    marker = _FIXED["int8"]
+    null, present = marker.pack(-1), marker.pack(1)
+
+    def read_nullable(reader: Reader) -> Any:
+        return None if reader.fixed(marker) < 0 else read(reader)
+
+    def write_nullable(out: list[bytes], value: Any) -> None:
+        if value is None:
+            out.append(null)
+        else:
+            out.append(present)
+            write(out, value)
+
+    return read_nullable, write_nullable, 1
 
 
 def _text(optional: bool, compact: bool) -> tuple[Read, Write, int]:

@@ -92,6 +92,10 @@ from headwater.server.kafka.apis import (
     SASL_AUTHENTICATE,
     SASL_HANDSHAKE,
     SERVED,
+    SHARE_ACKNOWLEDGE,
+    SHARE_FETCH,
+    SHARE_GROUP_DESCRIBE,
+    SHARE_GROUP_HEARTBEAT,
     SYNC_GROUP,
     TXN_OFFSET_COMMIT,
 )
@@ -107,6 +111,8 @@ from headwater.server.kafka.messages import offsets as of
 from headwater.server.kafka.messages import produce as pr
 from headwater.server.kafka.messages import sasl
 from headwater.server.kafka.messages.declare import Message
+from headwater.server.kafka.share_handlers import ShareHandlers
+from headwater.server.kafka.topic_ids import TopicIds
 from headwater.server.kafka.txn_handlers import TransactionHandlers
 from headwater.server.memory_budget import MemoryBudget
 from headwater.server.net.client_connection import INLINE_RECORDS
@@ -205,6 +211,7 @@ class KafkaHandlers:
         self._auto_create = auto_create
         self._auto_partitions = auto_partitions
         self.nodes: Nodes = nodes or SingleNode(host, port)
+        self.topic_ids = TopicIds(lambda: broker.topics)
         self.groups = GroupHandlers(
             Coordinator(),
             offsets or GroupOffsets(broker.catalog),
@@ -248,6 +255,14 @@ class KafkaHandlers:
             TXN_OFFSET_COMMIT: transactions.txn_offset_commit,
             DESCRIBE_TRANSACTIONS: transactions.describe_transactions,
             LIST_TRANSACTIONS: transactions.list_transactions,
+        }
+        # share groups (KIP-932): `share_handlers`
+        self.share = ShareHandlers(broker, self.nodes, self.permits, self.topic_ids)
+        self.handlers |= {
+            SHARE_GROUP_HEARTBEAT: self.share.share_group_heartbeat,
+            SHARE_GROUP_DESCRIBE: self.share.share_group_describe,
+            SHARE_FETCH: self.share.share_fetch,
+            SHARE_ACKNOWLEDGE: self.share.share_acknowledge,
         }
 
     @property
@@ -339,14 +354,27 @@ class KafkaHandlers:
         self, session: Session, version: int, request: md.MetadataRequest
     ) -> md.MetadataResponse:
         topics = self._broker.topics
-        names = None if request.topics is None else [t.name for t in request.topics]
+        ids = self.topic_ids
+        names: list[str] | None = None
+        entries: list[md.MetadataResponseTopic] = []
+        if request.topics is not None:
+            names = []
+            for asked in request.topics:  # from v12 a topic may be named by its id alone
+                name = asked.name or ids.name_of(asked.topic_id)
+                if name is None:
+                    entries.append(
+                        md.MetadataResponseTopic(
+                            error_code=k.UNKNOWN_TOPIC_ID, name=None, topic_id=asked.topic_id
+                        )
+                    )
+                else:
+                    names.append(name)
         if version == 0 and not names:
             names = None  # v0: an empty list means every topic
         auth = session.auth if self._security is not None else None
         chosen = sorted(topics) if names is None else names
         if names is None and auth is not None:  # every topic the principal has a grant on
             chosen = [n for n in chosen if may_see(auth.grants, n)]
-        entries: list[md.MetadataResponseTopic] = []
         for name in chosen:
             if self._security is not None and (auth is None or not may_see(auth.grants, name)):
                 entries.append(
@@ -371,7 +399,11 @@ class KafkaHandlers:
                 continue
             leaders = self.nodes.leaders(name, len(topic.partitions))
             partitions = [_partition_metadata(i, leader) for i, leader in enumerate(leaders)]
-            entries.append(md.MetadataResponseTopic(error_code=0, name=name, partitions=partitions))
+            entries.append(
+                md.MetadataResponseTopic(
+                    error_code=0, name=name, topic_id=ids.id_of(name), partitions=partitions
+                )
+            )
         nodes = self.nodes
         return md.MetadataResponse(
             brokers=[

@@ -1,3 +1,4 @@
 """The Kafka messages the listener serves, as typed classes: one module per API family (`produce`,
-`fetch`, `offsets`, `metadata`, `groups`, `admin`, `configs`, `sasl`, `transactions`), written from
-Kafka's JSON specs by tools/kafka_messages.py; `declare` is what each class tells the codec."""
+`fetch`, `offsets`, `metadata`, `groups`, `admin`, `configs`, `sasl`, `transactions`, `share`),
+written from Kafka's JSON specs by tools/kafka_messages.py; `declare` is what each class tells the
+codec."""

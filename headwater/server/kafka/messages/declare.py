@@ -12,7 +12,19 @@ from typing import ClassVar, Final
 LAST: Final = 0x7FFF  # "and every later version"
 # the primitive types, as Kafka's JSON specs name them
 PRIMITIVES: Final = frozenset(
-    {"int8", "int16", "uint16", "int32", "int64", "float64", "bool", "string", "bytes", "records"}
+    {
+        "int8",
+        "int16",
+        "uint16",
+        "int32",
+        "int64",
+        "float64",
+        "bool",
+        "string",
+        "bytes",
+        "records",
+        "uuid",
+    }
 )
 
 
