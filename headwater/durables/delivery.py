@@ -126,6 +126,9 @@ class ReliableDelivery:
         self._rejected: set[tuple[int, int]] = set()  # (partition, offset): dead-letter when due
         self._generations = itertools.count(1)
         self._next_partition = 0
+        # each consumer's own round-robin over the partitions (a Shared subscription's consumers
+        # picked in turn would otherwise each be sent one partition only, in lockstep)
+        self._next_for: dict[int, int] = {}
         self.dirty: set[int] = set()
         self.delivered = 0
         self.dead_lettered = 0
@@ -276,6 +279,7 @@ class ReliableDelivery:
 
     def consumer_left(self, consumer_id: int, now: float) -> None:
         """What it had in flight is due again at once."""
+        self._next_for.pop(consumer_id, None)
         for generation in list(self._by_consumer.get(consumer_id, ())):
             self._requeue(self._deliveries[generation], now)
         self._by_consumer.pop(consumer_id, None)
@@ -425,13 +429,18 @@ class ReliableDelivery:
         cursor = self.cursors[partition]
         return max(cursor.delivery_count(offset) for offset in offsets) + 1
 
-    def next_partition(self, ends: Sequence[int]) -> int | None:
-        """The next partition, round-robin, with new messages below its end in `ends`."""
+    def next_partition(self, ends: Sequence[int], consumer_id: int | None = None) -> int | None:
+        """The next partition, round-robin (the consumer's own, when named), with new messages
+        below its end in `ends`."""
         count = min(len(self.cursors), len(ends))  # a read may span partitions being added
+        start = self._next_partition if consumer_id is None else self._next_for.get(consumer_id, 0)
         for step in range(count):
-            partition = (self._next_partition + step) % count
+            partition = (start + step) % count
             if self.cursors[partition].dispatched < ends[partition]:
-                self._next_partition = (partition + 1) % count
+                if consumer_id is None:
+                    self._next_partition = (partition + 1) % count
+                else:
+                    self._next_for[consumer_id] = (partition + 1) % count
                 return partition
         return None
 

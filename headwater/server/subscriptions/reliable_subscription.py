@@ -527,7 +527,7 @@ class ReliableSubscription:
             for p in topic.partitions
         ]
         core = self.core
-        while (partition := core.next_partition(ends)) is not None:
+        while (partition := core.next_partition(ends, target.consumer_id)) is not None:
             position = core.position(partition)
             feed = self.snapshot
             from_feed = feed is not None and feed.covers(partition, position)
