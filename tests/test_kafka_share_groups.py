@@ -219,6 +219,9 @@ def test_release_redelivers_with_delivery_count_2_and_reject_dead_letters(
     assert dict(dead.headers)["headwater.dlq.offset"] == b"1"
     info = _info(kafka, topic_name, "g")
     assert (info.backlog, info.unacked, info.dead_lettered) == (0, 0, 1)
+    metrics = kafka.metrics()
+    for kind in ("accept", "release", "reject"):
+        assert f'headwater_kafka_share_acknowledged_total{{type="{kind}"}}' in metrics
 
 
 def test_a_record_never_acknowledged_returns_after_the_lock(

@@ -126,7 +126,9 @@ class KafkaListener:
         """The listener's Prometheus collector (after `start`)."""
         assert self._handlers is not None, "start first"
         coordinator = self._handlers.groups.coordinator
-        return KafkaCollector(self.stats, lambda: len(self.connections), coordinator)
+        return KafkaCollector(
+            self.stats, lambda: len(self.connections), coordinator, self._handlers.share
+        )
 
     def close(self) -> None:
         if self._acceptor is not None:

@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 
 from headwater.server.kafka.apis import SERVED
 from headwater.server.kafka.groups import Coordinator
+from headwater.server.kafka.share_handlers import ShareHandlers
 
 
 @dataclass(eq=False)
@@ -28,11 +29,16 @@ class KafkaStats:
 
 class KafkaCollector(Collector):
     def __init__(
-        self, stats: KafkaStats, connections: Callable[[], int], coordinator: Coordinator
+        self,
+        stats: KafkaStats,
+        connections: Callable[[], int],
+        coordinator: Coordinator,
+        share: ShareHandlers | None = None,
     ) -> None:
         self._stats = stats
         self._connections = connections
         self._coordinator = coordinator
+        self._share = share
 
     def collect(self) -> Iterator[Metric]:
         yield GaugeMetricFamily(
@@ -70,3 +76,28 @@ class KafkaCollector(Collector):
             "headwater_kafka_group_members", "Members of every Kafka consumer group",
             value=sum(len(g.members) for g in groups),
         )  # fmt: skip
+        share = self._share
+        if share is None:
+            return
+        # share groups (KIP-932): their records are their Shared subscriptions' (in flight:
+        # headwater_subscription_unacked_messages, redelivered, dead_lettered)
+        members = sum(len(g.members) for g in share.groups.groups.values())
+        yield GaugeMetricFamily(
+            "headwater_kafka_share_groups", "Kafka share groups with members (coordinated here)",
+            value=len(share.groups.groups),
+        )  # fmt: skip
+        yield GaugeMetricFamily(
+            "headwater_kafka_share_members", "Members of every Kafka share group", value=members
+        )
+        yield GaugeMetricFamily(
+            "headwater_kafka_share_sessions", "Share sessions open on this broker",
+            value=len(share.sessions),
+        )  # fmt: skip
+        acknowledged = CounterMetricFamily(
+            "headwater_kafka_share_acknowledged",
+            "Records Kafka share consumers acknowledged, by type (accept, release, reject)",
+            labels=["type"],
+        )
+        for kind, count in sorted(share.acknowledged.items()):
+            acknowledged.add_metric([kind], count)
+        yield acknowledged

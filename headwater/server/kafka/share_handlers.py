@@ -73,6 +73,8 @@ class ShareHandlers:
         self._ids = ids
         self.groups = ShareGroups(self._member_gone)
         self.sessions: dict[tuple[str, str], ShareSession] = {}
+        # records acknowledged, by type (/metrics)
+        self.acknowledged: dict[str, int] = {"accept": 0, "release": 0, "reject": 0}
 
     # Membership (the group's coordinator)
 
@@ -355,7 +357,8 @@ class ShareHandlers:
             if why is not None:
                 results[name, partition] = (k.INVALID_RECORD_STATE, why)
                 continue
-            apply(subscription, consumer, batches)
+            for kind, count in apply(subscription, consumer, batches).items():
+                self.acknowledged[kind] += count
             results[name, partition] = (0, None)
 
     async def share_fetch(

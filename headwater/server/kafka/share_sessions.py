@@ -148,9 +148,9 @@ def ack_error(
 
 def apply(
     subscription: ReliableSubscription, consumer: Consumer, batches: list[Acknowledgement]
-) -> None:
+) -> dict[str, int]:
     """Apply acknowledgements `ack_error` passed: accepted (and gaps) acked, released nacked,
-    rejected dead-lettered."""
+    rejected dead-lettered. How many of each."""
     accepted: list[AckRange] = []
     released: list[AckEntry] = []
     rejected: list[AckEntry] = []
@@ -175,6 +175,11 @@ def apply(
         subscription.nack(consumer, released, 0)  # 0: after the subscription's backoff
     if rejected:
         subscription.reject(rejected)
+    return {
+        "accept": sum(r.count for r in accepted),
+        "release": len(released),
+        "reject": len(rejected),
+    }
 
 
 def grant(consumer: Consumer, credits: int) -> None:
