@@ -183,14 +183,16 @@ def apply(
 
 
 def grant(consumer: Consumer, credits: int) -> None:
-    """Give the consumer `credits` (it has none between fetches)."""
+    """Give the consumer exactly `credits` (it has none between fetches)."""
     subscription = consumer.subscription
     assert isinstance(subscription, ReliableSubscription)
-    subscription.grant(consumer, min(credits, MAX_CREDITS) - max(0, consumer.credits))
+    subscription.grant(consumer, min(credits, MAX_CREDITS) - consumer.credits)
 
 
 def take_back(consumer: Consumer) -> None:
-    """Leave the consumer no credit: the subscription sends it nothing until the next fetch."""
+    """Leave the consumer no credit: the subscription sends it nothing until the next fetch. A
+    redelivery read back while the credit was taken is sent whole and leaves it below zero:
+    that is forgiven too, or the next fetch's grant would not bring it above zero."""
     subscription = consumer.subscription
-    if consumer.credits > 0 and isinstance(subscription, ReliableSubscription):
+    if consumer.credits and isinstance(subscription, ReliableSubscription):
         subscription.group.charge(consumer, consumer.credits)
