@@ -67,7 +67,11 @@ LONG_TESTS := tests/test_statemachine.py::test_state_machine \
 	tests/test_cluster_transactions.py::test_a_kill_of_the_broker_serving_the_id_after_the_commit_decision_commits_it_all \
 	tests/test_kafka_transactions.py::test_a_consume_transform_produce_loop_killed_and_its_server_killed_is_exactly_once \
 	tests/test_transactions_native_eos.py \
-	tests/test_kafka_consumer_protocol.py::test_members_join_and_leave_moving_only_what_must_move
+	tests/test_kafka_consumer_protocol.py::test_members_join_and_leave_moving_only_what_must_move \
+	tests/test_kafka_share_groups.py::test_share_consumers_ride_through_kill_9_of_a_partition_owner_in_a_cluster \
+	tests/test_transactions_hostile.py::test_more_partitions_than_the_limit_is_refused_and_the_transaction_goes_on \
+	tests/test_transactions_hostile.py::test_ten_thousand_transactional_ids_are_kept_and_each_described \
+	tests/test_cluster_transactions_eos.py
 SPARK_LONG := tests/test_spark_cluster.py \
 	tests/test_spark_stream_restart.py::test_a_query_rides_through_a_server_restart_exactly_once \
 	tests/test_spark_compaction.py::test_one_percent_new_records_cost_a_few_percent_of_a_full_run \

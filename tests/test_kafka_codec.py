@@ -152,3 +152,17 @@ def test_a_null_reads_as_empty_unless_the_api_declares_it_nullable() -> None:
     fetch = struct.pack(">iiiib", -1, 0, 0, 1024, 0) + null
     decoded = codec.decode_body(codec.Reader(fetch), SERVED[1].requests[4])
     assert decoded.topics == ()
+
+
+def test_librdkafkas_every_topic_metadata_request_with_its_three_extra_bytes_decodes() -> None:
+    """librdkafka asks for every topic at Metadata v9+ with a 4-byte space for the topics'
+    count holding a 1-byte null: 3 zero bytes follow, which Kafka's broker ignores (and so do
+    we, for Metadata alone); the same bytes after another flexible request are an error."""
+    metadata = SERVED[3].requests[12]
+    body = b"\x00" + b"\x00\x00\x00" + b"\x01\x00\x00"  # null topics, the 3 bytes, the rest
+    decoded = codec.decode_body(codec.Reader(body), metadata)
+    assert decoded.topics is None and not decoded.allow_auto_topic_creation
+    heartbeat = SERVED[76].requests[1]
+    valid = codec.encode(heartbeat, heartbeat.message(group_id="g", member_id="m"))
+    with pytest.raises(codec.MalformedKafka, match="bytes left"):
+        codec.decode_body(codec.Reader(valid + b"\x00\x00\x00"), heartbeat)

@@ -93,10 +93,13 @@ class Member:
                 self.history.append((time.monotonic(), assigned))
                 self.assigned = assigned
 
-    def commit(self) -> None:
-        """Synchronously, from its own thread's view (after it stops polling)."""
+    def stop_polling(self) -> None:
         self._stop.set()
         self._thread.join(timeout=30)
+
+    def commit(self) -> None:
+        """Synchronously, from its own thread's view (after it stops polling)."""
+        self.stop_polling()
         self.consumer.commit(asynchronous=False)
 
     def close(self) -> None:
@@ -232,15 +235,18 @@ async def _ends(server: KafkaServer, topic: str) -> list[int]:
 
 
 def _drain(member: Member, ends: list[int], timeout: float = 60.0) -> None:
-    """Until the member has read each of its partitions to its end."""
+    """Until the member has read each of its partitions to its end: its polling thread stopped
+    first, the consumer polled here (a `position()` from another thread while one polls hung
+    librdkafka's consumer of this protocol for minutes once)."""
+    member.stop_polling()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        member.consumer.poll(0.05)
         positions = member.consumer.position(
             [TopicPartition(tp.topic, tp.partition) for tp in member.consumer.assignment()]
         )
         if all(tp.offset == ends[tp.partition] for tp in positions):
             return
-        time.sleep(0.1)
     raise AssertionError(f"{member.name} did not reach the ends {ends}")
 
 

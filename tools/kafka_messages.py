@@ -96,6 +96,16 @@ FAMILIES: dict[str, tuple[str, list[tuple[str, int, int]]]] = {
             ("ConsumerGroupDescribe", 0, 0),
         ],
     ),
+    # share groups (KIP-932): their specs are in tools/kafka_specs (`load`)
+    "share": (
+        "Share groups (KIP-932): membership, description, fetching and acknowledging records.",
+        [
+            ("ShareGroupHeartbeat", 1, 1),
+            ("ShareGroupDescribe", 1, 1),
+            ("ShareFetch", 1, 1),
+            ("ShareAcknowledge", 1, 1),
+        ],
+    ),
 }
 OUT = Path(__file__).resolve().parent.parent / "headwater" / "server" / "kafka" / "messages"
 # specs of APIs kafka-python does not ship, written from Kafka's protocol documentation
@@ -175,11 +185,11 @@ class Module:
             else:
                 assert inner in _INTS | {"bool", "string", "bytes", "records", "float64", "uuid"}
                 py = {
+                    "uuid": "bytes",  # 16 bytes
                     "bool": "bool",
                     "string": "str",
                     "bytes": "bytes",
                     "records": "bytes",
-                    "uuid": "bytes",  # 16 bytes
                     "float64": "float",
                 }.get(inner, "int")
                 wire = repr(inner)
@@ -203,7 +213,7 @@ class Module:
                 value = "None"
                 annotation = py
             else:  # a struct, not in an array
-                value = f"{py}()"
+                value = "None" if default == "null" else f"{py}()"
                 annotation = py
             if not array and py in ("int", "bool", "float", "str", "bytes"):
                 annotation = py

@@ -4,7 +4,8 @@
 what was dispatched, delivery counts) and which offsets are in flight to which consumer. The
 server's pump feeds it events, each with the time `now` it happened, and asks it what to do:
 
-- events: `sent` (a range went to a consumer), `ack`, `ack_ranges`, `nack`, `consumer_left`,
+- events: `sent` (a range went to a consumer), `ack`, `ack_ranges`, `nack`, `reject` (to the
+  dead-letter topic now, whatever its deliveries: a Kafka share consumer's REJECT), `consumer_left`,
   `expire` (time passed: ack timeouts fall due), `reset` (a seek), `dead_letter_written`,
   `dead_letter_failed`, `unreadable` (offsets lost to damage no copy could repair);
 - decisions: `take_due` (redeliver these offsets of one partition), `split_due` (of those, which
@@ -125,8 +126,12 @@ class ReliableDelivery:
         self._by_consumer: dict[int, set[int]] = {}  # consumer id -> its delivery generations
         self._deadlines: list[tuple[float, int]] = []  # (deadline, generation)
         self._due: list[tuple[float, int, int]] = []  # (not before, partition, offset)
+        self._rejected: set[tuple[int, int]] = set()  # (partition, offset): dead-letter when due
         self._generations = itertools.count(1)
         self._next_partition = 0
+        # each consumer's own round-robin over the partitions (a Shared subscription's consumers
+        # picked in turn would otherwise each be sent one partition only, in lockstep)
+        self._next_for: dict[int, int] = {}
         self.dirty: set[int] = set()
         self.delivered = 0
         self.dead_lettered = 0
@@ -242,6 +247,35 @@ class ReliableDelivery:
             )
             heapq.heappush(self._due, (now + delay, entry.partition, entry.offset))
 
+    def reject(self, entries: Sequence[AckEntry], now: float) -> None:
+        """These offsets (those still in flight) go to the dead-letter topic when next due,
+        however few times they were delivered."""
+        self._check_partitions(entries)
+        for entry in entries:
+            in_flight = self._in_flight[entry.partition]
+            if entry.offset not in in_flight:
+                continue
+            self._settle(in_flight, (entry.offset,))
+            if not self.cursors[entry.partition].is_acked(entry.offset):
+                self._rejected.add((entry.partition, entry.offset))
+                heapq.heappush(self._due, (now, entry.partition, entry.offset))
+
+    def held_by(self, consumer_id: int, partition: int, first: int, end: int) -> bool:
+        """Whether every offset of [first, end) of `partition` is in flight to `consumer_id` (a
+        Kafka share consumer acknowledges only records it acquired). At most one step per offset
+        in flight: a range longer than that cannot be held."""
+        if not 0 <= partition < len(self._in_flight):
+            return False
+        in_flight = self._in_flight[partition]
+        if end - first > len(in_flight) or first >= end:
+            return False
+        deliveries = self._deliveries
+        for offset in range(first, end):
+            delivery = deliveries.get(in_flight.get(offset, 0))
+            if delivery is None or delivery.consumer_id != consumer_id:
+                return False
+        return True
+
     def _check_partitions(self, entries: Sequence[AckEntry] | Sequence[AckRange]) -> None:
         for entry in entries:
             if not 0 <= entry.partition < len(self.cursors):
@@ -273,6 +307,7 @@ class ReliableDelivery:
 
     def consumer_left(self, consumer_id: int, now: float) -> None:
         """What it had in flight is due again at once."""
+        self._next_for.pop(consumer_id, None)
         for generation in list(self._by_consumer.get(consumer_id, ())):
             self._requeue(self._deliveries[generation], now)
         self._by_consumer.pop(consumer_id, None)
@@ -295,6 +330,7 @@ class ReliableDelivery:
         self._by_consumer.clear()
         self._deadlines.clear()
         self._due.clear()
+        self._rejected.clear()
 
     def replace_cursor(self, partition: int, cursor: PartitionCursor, now: float) -> None:
         """A cluster take-over: the partition's cursor is the checkpoint the previous owner left.
@@ -317,6 +353,7 @@ class ReliableDelivery:
             heapq.heappush(self._due, (not_before, partition, offset))
 
     def dead_letter_written(self, partition: int, offset: int) -> None:
+        self._rejected.discard((partition, offset))
         self.dead_lettered += 1
         self.dead_lettered_by_partition[partition] = (
             self.dead_lettered_by_partition.get(partition, 0) + 1
@@ -402,11 +439,13 @@ class ReliableDelivery:
         limit = self.settings.max_deliveries
         plan: DuePlan[R] = DuePlan()
         live = []
+        rejected = self._rejected
         for record in records:
             if cursor.is_acked(record.offset):
+                rejected.discard((partition, record.offset))
                 continue
             count = cursor.delivery_count(record.offset)
-            if limit and count >= limit:
+            if (limit and count >= limit) or (partition, record.offset) in rejected:
                 plan.dead.append((record, count))
             else:
                 live.append(record)
@@ -418,13 +457,18 @@ class ReliableDelivery:
         cursor = self.cursors[partition]
         return max(cursor.delivery_count(offset) for offset in offsets) + 1
 
-    def next_partition(self, ends: Sequence[int]) -> int | None:
-        """The next partition, round-robin, with new messages below its end in `ends`."""
+    def next_partition(self, ends: Sequence[int], consumer_id: int | None = None) -> int | None:
+        """The next partition, round-robin (the consumer's own, when named), with new messages
+        below its end in `ends`."""
         count = min(len(self.cursors), len(ends))  # a read may span partitions being added
+        start = self._next_partition if consumer_id is None else self._next_for.get(consumer_id, 0)
         for step in range(count):
-            partition = (self._next_partition + step) % count
+            partition = (start + step) % count
             if self.cursors[partition].dispatched < ends[partition]:
-                self._next_partition = (partition + 1) % count
+                if consumer_id is None:
+                    self._next_partition = (partition + 1) % count
+                else:
+                    self._next_for[consumer_id] = (partition + 1) % count
                 return partition
         return None
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from headwater.server.kafka import codec
+from headwater.server.kafka.topic_ids import topic_id
 from headwater.testing import ServerProcess
 
 
@@ -148,8 +149,8 @@ def random_value(rng: random.Random, field: Any, version: int) -> object:
         return rng.random()
     if kind == "uint16":
         return rng.choice([0, 1, 3, 2**16 - 1])
-    if kind == "uuid":
-        return rng.choice([bytes(16), bytes(rng.getrandbits(8) for _ in range(16))])
+    if kind == "uuid":  # a topic id: none, a random one, or topic "t"'s
+        return rng.choice([bytes(16), rng.randbytes(16), topic_id("t")])
     bits = {"int8": 8, "int16": 16, "int32": 32, "int64": 64}[kind]
     return rng.choice([-1, 0, 1, 3, 2 ** (bits - 1) - 1, -(2 ** (bits - 1))])
 

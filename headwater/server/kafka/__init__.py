@@ -13,7 +13,9 @@ and `kafka_metrics` (its Prometheus collector). Consumer
 groups: `group_handlers` (their APIs) and `groups` (membership and rebalances, in memory); a
 group's offsets are `requests.group_offsets`. Kafka 4's consumer groups (KIP-848):
 `consumer_group_handlers` (ConsumerGroupHeartbeat, ConsumerGroupDescribe, and the classic APIs
-as they see such groups) and `consumer_groups` (the groups, in memory); topics travel by id
+as they see such groups) and `consumer_groups` (the groups, in memory). Share groups (KIP-932):
+`share_handlers` (their APIs), `share_groups` (membership, in memory) and `share_sessions` (a
+member's records, through the group's Shared subscription). Topics travel by id in both
 (`topic_ids`).
 Imports `requests`, `catalog`, `subscriptions` and `net.accepting`; only `serve` imports it.
 """

@@ -24,6 +24,7 @@ from headwater.server.kafka.messages import (
     metadata,
     offsets,
     sasl,
+    share,
     transactions,
 )
 from headwater.server.kafka.messages import produce as produce_
@@ -92,6 +93,11 @@ LIST_TRANSACTIONS: Final = 66
 # Kafka 4's consumer group protocol (KIP-848)
 CONSUMER_GROUP_HEARTBEAT: Final = 68
 CONSUMER_GROUP_DESCRIBE: Final = 69
+# share groups (KIP-932)
+SHARE_GROUP_HEARTBEAT: Final = 76
+SHARE_GROUP_DESCRIBE: Final = 77
+SHARE_FETCH: Final = 78
+SHARE_ACKNOWLEDGE: Final = 79
 # what a connection may send before it has authenticated (on a server with authentication)
 BEFORE_AUTH: Final = frozenset({API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE})
 
@@ -145,6 +151,11 @@ SERVED: Final[dict[int, Api]] = {  # by key, as ApiVersions lists them
                 consumer_protocol.ConsumerGroupDescribeRequest,
                 consumer_protocol.ConsumerGroupDescribeResponse,
             ),
+            # share groups (KIP-932)
+            _api(share.ShareGroupHeartbeatRequest, share.ShareGroupHeartbeatResponse),
+            _api(share.ShareGroupDescribeRequest, share.ShareGroupDescribeResponse),
+            _api(share.ShareFetchRequest, share.ShareFetchResponse),
+            _api(share.ShareAcknowledgeRequest, share.ShareAcknowledgeResponse),
         ),
         key=lambda api: api.key,
     )

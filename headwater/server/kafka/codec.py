@@ -60,6 +60,11 @@ _FIXED: Final = {
 # million 16-byte Fetch partitions. Kafka clients name every partition they fetch in one request:
 # 50,000 is far past any real one.
 MAX_ELEMENTS: Final = 50_000
+# APIs whose flexible requests may carry bytes past their last field, ignored as Kafka's broker
+# ignores them: librdkafka's Metadata v9+ for every topic reserves 4 bytes for the topics' count
+# and writes a 1-byte null there, leaving 3 zero bytes before the rest (what Kafka then reads as
+# allow_auto_topic_creation and include_topic_authorized_operations false, and no tags)
+_TRAILING_IGNORED: Final = frozenset({3})
 # Array elements decoded or encoded on the event loop: at about 2 us each, a few milliseconds.
 INLINE_ELEMENTS: Final = 1024
 
@@ -208,7 +213,7 @@ def _field(field: Field, default: Any, version: int, flexible: bool) -> tuple[Re
     kind = field.type
     if isinstance(kind, type):
         read, write, least = _struct(kind, version, flexible)
-        if optional and not field.array:
+        if not field.array and field.nullable is not None and version >= field.nullable:
             read, write, least = _nullable(read, write)
     elif kind in _FIXED:
         packer = _FIXED[kind]
@@ -392,7 +397,7 @@ def decode_body(reader: Reader, layout: Layout[M]) -> M:
     """The body as its message class; bytes left over after the last field are an error: the
     peer and the server disagree on the version."""
     message = layout.read(reader)
-    if reader.left:
+    if reader.left and not (layout.flexible and layout.message.API_KEY in _TRAILING_IGNORED):
         raise MalformedKafka(f"{reader.left} bytes left after the request's last field")
     return message
 

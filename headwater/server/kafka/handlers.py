@@ -95,6 +95,10 @@ from headwater.server.kafka.apis import (
     SASL_AUTHENTICATE,
     SASL_HANDSHAKE,
     SERVED,
+    SHARE_ACKNOWLEDGE,
+    SHARE_FETCH,
+    SHARE_GROUP_DESCRIBE,
+    SHARE_GROUP_HEARTBEAT,
     SYNC_GROUP,
     TXN_OFFSET_COMMIT,
 )
@@ -118,6 +122,7 @@ from headwater.server.kafka.messages import offsets as of
 from headwater.server.kafka.messages import produce as pr
 from headwater.server.kafka.messages import sasl
 from headwater.server.kafka.messages.declare import Message
+from headwater.server.kafka.share_handlers import ShareHandlers
 from headwater.server.kafka.topic_ids import TopicIds, topic_id
 from headwater.server.kafka.txn_handlers import TransactionHandlers
 from headwater.server.memory_budget import MemoryBudget
@@ -276,6 +281,14 @@ class KafkaHandlers:
             CONSUMER_GROUP_HEARTBEAT: consumer.consumer_group_heartbeat,
             CONSUMER_GROUP_DESCRIBE: consumer.consumer_group_describe,
         }
+        # share groups (KIP-932): `share_handlers`
+        self.share = ShareHandlers(broker, self.nodes, self.permits, self.topic_ids)
+        self.handlers |= {
+            SHARE_GROUP_HEARTBEAT: self.share.share_group_heartbeat,
+            SHARE_GROUP_DESCRIBE: self.share.share_group_describe,
+            SHARE_FETCH: self.share.share_fetch,
+            SHARE_ACKNOWLEDGE: self.share.share_acknowledge,
+        }
 
     def _partition_count(self, topic: str) -> int | None:
         found = self._broker.topics.get(topic)
@@ -384,11 +397,11 @@ class KafkaHandlers:
                 names.append(name)
         if version == 0 and not names:
             names = None  # v0: an empty list means every topic
+        entries: list[md.MetadataResponseTopic] = []
         auth = session.auth if self._security is not None else None
         chosen = sorted(topics) if names is None else names
         if names is None and auth is not None:  # every topic the principal has a grant on
             chosen = [n for n in chosen if may_see(auth.grants, n)]
-        entries: list[md.MetadataResponseTopic] = []
         for name in chosen:
             if self._security is not None and (auth is None or not may_see(auth.grants, name)):
                 entries.append(

@@ -132,6 +132,7 @@ class KafkaListener:
             lambda: len(self.connections),
             coordinator,
             self._handlers.consumer_groups.groups,
+            self._handlers.share,
         )
 
     def close(self) -> None:

@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 from headwater.server.kafka.apis import SERVED
 from headwater.server.kafka.consumer_groups import ConsumerGroups
 from headwater.server.kafka.groups import Coordinator
+from headwater.server.kafka.share_handlers import ShareHandlers
 
 
 @dataclass(eq=False)
@@ -34,11 +35,13 @@ class KafkaCollector(Collector):
         connections: Callable[[], int],
         coordinator: Coordinator,
         consumer_groups: ConsumerGroups | None = None,
+        share: ShareHandlers | None = None,
     ) -> None:
         self._stats = stats
         self._connections = connections
         self._coordinator = coordinator
         self._consumer_groups = consumer_groups
+        self._share = share
 
     def collect(self) -> Iterator[Metric]:
         yield GaugeMetricFamily(
@@ -76,8 +79,36 @@ class KafkaCollector(Collector):
             "headwater_kafka_group_members", "Members of every Kafka consumer group",
             value=sum(len(g.members) for g in groups),
         )  # fmt: skip
-        if self._consumer_groups is None:
+        if self._consumer_groups is not None:
+            yield from self._consumer_group_metrics(self._consumer_groups)
+        share = self._share
+        if share is None:
             return
+        # share groups (KIP-932): their records are their Shared subscriptions' (in flight:
+        # headwater_subscription_unacked_messages, redelivered, dead_lettered)
+        members = sum(len(g.members) for g in share.groups.groups.values())
+        yield GaugeMetricFamily(
+            "headwater_kafka_share_groups", "Kafka share groups with members (coordinated here)",
+            value=len(share.groups.groups),
+        )  # fmt: skip
+        yield GaugeMetricFamily(
+            "headwater_kafka_share_members", "Members of every Kafka share group", value=members
+        )
+        yield GaugeMetricFamily(
+            "headwater_kafka_share_sessions", "Share sessions open on this broker",
+            value=len(share.sessions),
+        )  # fmt: skip
+        acknowledged = CounterMetricFamily(
+            "headwater_kafka_share_acknowledged",
+            "Records Kafka share consumers acknowledged, by type (accept, release, reject)",
+            labels=["type"],
+        )
+        for kind, count in sorted(share.acknowledged.items()):
+            acknowledged.add_metric([kind], count)
+        yield acknowledged
+
+    @staticmethod
+    def _consumer_group_metrics(groups: ConsumerGroups) -> Iterator[Metric]:
         # Kafka 4's consumer groups (KIP-848), each by name
         members = GaugeMetricFamily(
             "headwater_kafka_consumer_group_members",
@@ -90,7 +121,7 @@ class KafkaCollector(Collector):
             "change)",
             labels=["group"],
         )
-        for name, group in sorted(self._consumer_groups.groups.items()):
+        for name, group in sorted(groups.groups.items()):
             members.add_metric([name], len(group.members))
             epochs.add_metric([name], group.group_epoch)
         yield members

@@ -79,6 +79,10 @@ class ConsumerHandlers:
         # told after every detach (a cluster releases an Exclusive subscription's holder)
         self._on_detached = on_detached
 
+    def new_consumer_id(self) -> int:
+        """A consumer id no other consumer of the server has (a Kafka share member's too)."""
+        return next(self._consumer_ids)
+
     def _topic(self, name: str) -> Topic:
         topic = self._catalog.topics.get(name)
         if topic is None:
@@ -222,7 +226,7 @@ class ConsumerHandlers:
                 "(max_consumers_per_subscription)"
             )
         consumer = Consumer(
-            consumer_id=next(self._consumer_ids),
+            consumer_id=self.new_consumer_id(),
             name=request.consumer_name,
             priority=request.priority,
             session=session,

@@ -264,6 +264,12 @@ class ReliableSubscription:
                 self._keyed.holds.returned(entry.partition, entry.offset)
         self._wake.set()
 
+    def reject(self, entries: Sequence[AckEntry]) -> None:
+        """A Kafka share consumer's REJECT: to the dead-letter topic at once (`ReliableDelivery.
+        reject`)."""
+        self.core.reject(entries, time.monotonic())
+        self._wake.set()
+
     def offer(self, partition: int, batch: bytes, count: int) -> None:
         """Reads the WAL itself: fed nothing."""
 
@@ -527,7 +533,7 @@ class ReliableSubscription:
             for p in topic.partitions
         ]
         core = self.core
-        while (partition := core.next_partition(ends)) is not None:
+        while (partition := core.next_partition(ends, target.consumer_id)) is not None:
             position = core.position(partition)
             feed = self.snapshot
             from_feed = feed is not None and feed.covers(partition, position)
@@ -627,7 +633,7 @@ class ReliableSubscription:
             if core.position(partition) != position or target.consumer_id not in self.consumers:
                 return False  # a seek, a take-over or the consumer left meanwhile
         planned = core.plan_new(partition, base, info.record_count, target.credits)
-        if planned is not None:
+        if planned is not None and planned[0] < planned[1]:  # (credit taken back meanwhile)
             first, end = planned
             if records is not None and (base < first or end < batch_end):
                 cut = [r for r in records if first <= r.offset < end]
