@@ -551,16 +551,16 @@ class ShareHandlers:
             self.sessions.pop((share.group, share.member_id), None)
             self._close(share)
         topics: dict[str, list[sh.ShareAcknowledgePartitionData]] = {}
-        endpoints: dict[int, sh.ShareAcknowledgeNodeEndpoint] = {}
+        endpoints: dict[int, sh.NodeEndpoint] = {}
         for (name, partition), (ack_code, ack_message) in sorted(results.items()):
-            leader = sh.ShareAcknowledgeLeaderIdAndEpoch(leader_id=-1, leader_epoch=-1)
+            leader = sh.LeaderIdAndEpoch(leader_id=-1, leader_epoch=-1)
             if ack_code == k.NOT_LEADER_OR_FOLLOWER:
                 found, endpoint = self._leader_of(name, partition)
-                leader = sh.ShareAcknowledgeLeaderIdAndEpoch(
+                leader = sh.LeaderIdAndEpoch(
                     leader_id=found.leader_id, leader_epoch=found.leader_epoch
                 )
                 if endpoint is not None:
-                    endpoints[endpoint.node_id] = sh.ShareAcknowledgeNodeEndpoint(
+                    endpoints[endpoint.node_id] = sh.NodeEndpoint(
                         node_id=endpoint.node_id, host=endpoint.host, port=endpoint.port
                     )
             topics.setdefault(name, []).append(
@@ -582,7 +582,7 @@ class ShareHandlers:
 
 def _batches(
     partition: int,
-    batches: Iterable[sh.AcknowledgementBatch | sh.ShareAcknowledgeAcknowledgementBatch],
+    batches: Iterable[sh.AcknowledgementBatch | sh.AcknowledgementBatch],
 ) -> list[Acknowledgement]:
     return [
         Acknowledgement(partition, b.first_offset, b.last_offset, tuple(b.acknowledge_types))
