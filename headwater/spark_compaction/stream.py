@@ -67,16 +67,10 @@ from pyspark.sql.types import StructType
 from headwater.client.client import Client, connect
 from headwater.client.credentials import Tls, TlsOption
 from headwater.spark_compaction.schema import STREAM_DDL, STREAM_SCHEMA
-from headwater.spark_compaction.wal_segments import (
-    ROWS_PER_BATCH,
-    Row,
-    records_batch,
-    row,
-)
+from headwater.spark_compaction.wal_segments import ROWS_PER_BATCH, Columns
 from headwater.wire.errors import HeadwaterError, InvalidRequest, RequestTimeout
 from headwater.wire.limits import MAX_FETCH_WAIT_MS
 from headwater.wire.markers import marker_type, peek
-from headwater.wire.records import decode_records
 from headwater.wire.transaction_fold import TransactionFold
 
 T = TypeVar("T")
@@ -310,7 +304,7 @@ def read_range(
         return loop.run_until_complete(work)
 
     try:
-        offset, rows = start, list[Row]()
+        offset, columns = start, Columns()
         fold: TransactionFold[bytes | None] = TransactionFold()
         deadline = loop.time() + settings.read_timeout
         max_wait = min(POLL_MS, MAX_FETCH_WAIT_MS) / 1000
@@ -347,12 +341,12 @@ def read_range(
                 elif header.transactional or fold.holding:
                     item = batch
                 else:
-                    rows.extend(_records(batch, start, end))
+                    columns.add(batch, start, end)
                     continue
                 marker = marker_type(batch) if header.control else None
                 for released, fate in fold.follow(header, marker, item):
                     if released is not None and fate.visible:
-                        rows.extend(_records(released, start, end))
+                        columns.add(released, start, end)
             if fetched.next_offset > offset:  # past what came, and past a gap the server stepped
                 offset = fetched.next_offset
             elif loop.time() > deadline:  # nothing readable yet: the long poll waited
@@ -363,22 +357,14 @@ def read_range(
                     if offset < end
                     else _undecided(settings, partition, fold, end)
                 )
-            if len(rows) >= ROWS_PER_BATCH:
-                yield _stream_batch(settings.topic, partition, rows)
-                rows = []
-        if rows:
-            yield _stream_batch(settings.topic, partition, rows)
+            if len(columns) >= ROWS_PER_BATCH:
+                yield _stream_batch(columns.take(settings.topic, partition))
+        if len(columns):
+            yield _stream_batch(columns.take(settings.topic, partition))
     finally:
         if client is not None:
             wait(client.close())
         loop.close()
-
-
-def _records(batch: bytes, start: int, end: int) -> list[Row]:
-    found: list[Row] = decode_records(batch, row)
-    if found[0][0] < start or found[-1][0] >= end:
-        found = [r for r in found if start <= r[0] < end]
-    return found
 
 
 def _undecided(
@@ -392,8 +378,7 @@ def _undecided(
     )
 
 
-def _stream_batch(topic: str, partition: int, rows: list[Row]) -> pa.RecordBatch:
-    batch = records_batch(topic, partition, rows)
+def _stream_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(batch.columns[: len(STREAM_SCHEMA)], schema=STREAM_SCHEMA)
 
 
