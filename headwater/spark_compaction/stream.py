@@ -40,7 +40,11 @@ task's FETCH loop retry an error the server or the network may get over (`retria
 or lost connection, a server shutting down, a storage error) on a new connection, waiting
 `retryBackoffMs`, doubling up to `retryMaxBackoffMs`, at most `maxRetries` times in a row; a task
 resumes at the offset after the last record it fetched, so nothing is read twice or skipped. Only
-when the retries run out does the query fail, with the last error.
+when the retries run out does the query fail, with the last error. In a cluster the client goes to
+each partition's owner, so a take-over (an owner killed, its partitions served by another broker
+once its lease lapses) is the same: the FETCH fails, and a new connection finds the new owner.
+`server` may list several brokers, comma-separated: a connection tries them in turn, so the
+broker named first can be the one that died.
 
 This module imports pyspark; only Spark's Python workers and the compaction job import it.
 """
@@ -68,7 +72,7 @@ from headwater.client.client import Client, connect
 from headwater.client.credentials import Tls, TlsOption
 from headwater.spark_compaction.schema import STREAM_DDL, STREAM_SCHEMA
 from headwater.spark_compaction.wal_segments import ROWS_PER_BATCH, Columns
-from headwater.wire.errors import HeadwaterError, InvalidRequest, RequestTimeout
+from headwater.wire.errors import CannotConnect, HeadwaterError, InvalidRequest, RequestTimeout
 from headwater.wire.limits import MAX_FETCH_WAIT_MS
 from headwater.wire.markers import marker_type, peek
 from headwater.wire.transaction_fold import TransactionFold
@@ -96,6 +100,9 @@ class Endpoint:
             self.topic = options["topic"]
         except KeyError as missing:
             raise InvalidRequest(f"the headwater {role} needs the option {missing}") from None
+        if not self.servers:
+            raise InvalidRequest(f"the headwater {role}'s option server names no broker")
+        self._answered = 0  # the index in `servers` of the broker that answered last
         self.token = options.get("token") or None
         self.tls: TlsOption = None
         if options.get("tls", "false").lower() == "true":
@@ -106,8 +113,29 @@ class Endpoint:
             else:
                 self.tls = True
 
+    @property
+    def servers(self) -> list[str]:
+        """`server` may name several brokers of a cluster, comma-separated (as Kafka's
+        `bootstrap.servers`): any one of them leads the client to every partition's owner."""
+        return [s.strip() for s in self.server.split(",") if s.strip()]
+
     async def connect(self) -> Client:
-        return await connect(self.server, token=self.token, tls=self.tls)
+        """A connection to the first of `servers` that answers, starting with the one that
+        answered last, so that a broker gone for good (killed, its partitions taken over) costs
+        one refused connection, not a query."""
+        servers = self.servers
+        last: HeadwaterError | None = None
+        for step in range(len(servers)):
+            index = (self._answered + step) % len(servers)
+            try:
+                client = await connect(servers[index], token=self.token, tls=self.tls)
+            except CannotConnect as exc:
+                last = exc
+                continue
+            self._answered = index
+            return client
+        assert last is not None  # `server` names at least one broker: checked at start
+        raise last
 
 
 def lowered(given: dict[str, str]) -> dict[str, str]:
