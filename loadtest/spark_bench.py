@@ -137,17 +137,23 @@ class Tree:
     def run(self, command: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
         seen: dict[int, tuple[str, float]] = {}
         done = threading.Event()
-        sampler = threading.Thread(target=self._sample, args=(seen, done), daemon=True)
         started = time.monotonic()
+        reaper = subprocess.Popen(
+            [sys.executable, "-c", REAPER, *command],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        sampler = threading.Thread(target=self._sample, args=(reaper.pid, seen, done), daemon=True)
         sampler.start()
-        reaper = [sys.executable, "-c", REAPER, *command]
-        finished = subprocess.run(reaper, capture_output=True, text=True, env=env, timeout=1900)
+        out, err = reaper.communicate(timeout=1900)
         wall = time.monotonic() - started
         done.set()
         sampler.join()
-        if finished.returncode != 0:
-            raise RuntimeError(f"the reaper exited {finished.returncode}: {finished.stderr}")
-        report = json.loads(finished.stdout)
+        if reaper.returncode != 0:
+            raise RuntimeError(f"the reaper exited {reaper.returncode}: {err}")
+        report = json.loads(out)
         if report["status"] != 0:
             raise RuntimeError(f"{command[:4]} exited {report['status']}: {report['stderr']}")
         kinds: dict[str, float] = {}
@@ -160,8 +166,7 @@ class Tree:
             "stdout": report["stdout"],
         }
 
-    def _sample(self, seen: dict[int, tuple[str, float]], done: threading.Event) -> None:
-        me = os.getpid()
+    def _sample(self, root: int, seen: dict[int, tuple[str, float]], done: threading.Event) -> None:
         while not done.wait(0.2):
             table: dict[int, tuple[int, str, float, str]] = {}
             for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -176,7 +181,7 @@ class Tree:
                 name = head.split("(", 1)[1]
                 words = [w.decode(errors="replace") for w in command if w]
                 table[int(stat.parent.name)] = (int(fields[1]), name, cpu, _kind(name, words))
-            family = {me}
+            family = {root}
             grew = True
             while grew:
                 grew = False
@@ -184,7 +189,7 @@ class Tree:
                     if parent in family and pid not in family:
                         family.add(pid)
                         grew = True
-            for pid in family - {me}:
+            for pid in family & table.keys():
                 _, _, cpu, kind = table[pid]
                 seen[pid] = (kind, cpu)
 

@@ -92,7 +92,7 @@ def _next_offsets(address: str, topic: str) -> dict[str, int]:
 def test_a_query_rides_through_a_kill9_of_a_partition_owner_exactly_once(
     spark: Any, tmp_path: Path, s3: MotoS3, bucket: str, topic_name: str
 ) -> None:
-    with running_cluster(tmp_path / "cluster", s3, bucket, LEASE_TTL_MS) as cluster:
+    with running_cluster(tmp_path, s3, bucket, LEASE_TTL_MS) as cluster:
         brokers = ("b1", "b2", "b3")
         for broker in brokers:
             cluster.start_broker(broker)
