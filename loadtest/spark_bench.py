@@ -18,6 +18,9 @@ comes and goes weighs on both sides of each ratio alike):
   alone, wall and CPU-s, so `compact` minus it is the job's own cost.
 - `fetch loop`: `Client.fetch` in a loop over both partitions in one process, records decoded
   (what one streaming task does, without Spark): records/s.
+- `compact, warm session`: the same job (`spark_compaction.job.run`) in the session the source
+  uses, already started and warmed up (as `compact --every` runs after its first run): wall, and
+  the CPU-s of this process's tree (that session's JVM and Python workers), less the server's.
 - `source`: `spark.readStream.format("headwater")`, AvailableNow into the `noop` sink, on local[2]
   in a session started once with a small query first (not timed): records/s from the query's
   start to its end, planning included.
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import platform
@@ -194,6 +198,36 @@ class Tree:
                 seen[pid] = (kind, cpu)
 
 
+def _same(value: Any) -> Any:
+    return value
+
+
+def family_cpu(leave_out: int) -> float:
+    """CPU-s of this process and its descendants (the bench's own Spark session: its JVM and
+    Python workers; exited ones through their parents' cutime), less the `leave_out` process
+    and its descendants (the server)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    table: dict[int, tuple[int, float]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        cpu = sum(int(f) for f in fields[11:15]) / ticks  # utime, stime, cutime, cstime
+        table[int(stat.parent.name)] = (int(fields[1]), cpu)
+    family, total = {os.getpid()}, 0.0
+    grew = True
+    while grew:
+        grew = False
+        for pid, (parent, _) in table.items():
+            if parent in family and pid not in family and pid != leave_out:
+                family.add(pid)
+                grew = True
+    for pid in family:
+        total += table[pid][1] if pid in table else 0.0
+    return total
+
+
 def _kind(name: str, words: list[str]) -> str:
     if name == "java":
         return "jvm"
@@ -254,7 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     records = args.records // CHUNK * CHUNK
 
+    from headwater.spark_compaction.job import CompactionSettings, run
     from headwater.spark_compaction.session import spark_session
+    from headwater.spark_compaction.store import StoreSpec
     from headwater.testing import ServerProcess
 
     tree = Tree()
@@ -311,6 +347,21 @@ def main(argv: list[str] | None = None) -> int:
                         found["source_records_per_s"] / found["fetch_loop_records_per_s"], 2
                     )
                     log(f"round {number}: fetch loop and source {found}")
+                if "warm" not in args.skip and spark is not None:
+                    assert server.process is not None
+                    server_pid = server.process.pid
+                    copy = root / "warm-compact"
+                    shutil.rmtree(copy, ignore_errors=True)
+                    shutil.copytree(objects, copy)
+                    before, started = family_cpu(server_pid), time.monotonic()
+                    settings = CompactionSettings(StoreSpec.local(copy), ("bench",))
+                    summary = run(functools.partial(_same, spark), settings)
+                    found["compact_warm"] = {
+                        "wall": round(time.monotonic() - started, 2),
+                        "cpu": round(family_cpu(server_pid) - before, 2),
+                        "phases": summary.phases,
+                    }
+                    log(f"round {number}: compact in a warm session {found['compact_warm']}")
                 if "compact" in found:
                     fold, compact, start = found["fold"], found["compact"], found["spark_start_up"]
                     found["compact_cpu_over_fold"] = round(compact["cpu"] / fold["cpu"], 2)
