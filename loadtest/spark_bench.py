@@ -2,10 +2,10 @@
 and the streaming source against a FETCH loop.
 
 A server of its own (a temporary data directory, the local object store under it) holds one
-reliable topic of 2 partitions: N keyed records, 100-byte values over K keys (1% tombstones),
-produced first (not timed); a graceful stop uploads its segments and it starts again on the same
-data. Then `--rounds` rounds, each running, one after the other (so a load on the machine that
-comes and goes weighs on both sides of each ratio alike):
+reliable topic of 2 partitions: N keyed records, 100-byte values over K keys (each key in one
+partition; 1% tombstones), produced first (not timed); a graceful stop uploads its segments and it
+starts again on the same data. Then `--rounds` rounds, each running, one after the other (so a
+load on the machine that comes and goes weighs on both sides of each ratio alike):
 
 - `fold`: a new Python process FETCHes both partitions from offset 0 to the end, decodes every
   record and folds it into a dict (last offset wins, a tombstone deletes): wall, and its CPU-s.
@@ -62,12 +62,17 @@ async def produce(address: str, topic: str, records: int, keys: int) -> None:
         )
         producer = client.producer(topic)
         for start in range(0, records, CHUNK):
-            names = [b"key-%08d" % chance.randrange(keys) for _ in range(CHUNK)]
+            partition = start // CHUNK % PARTITIONS  # each key in one partition, as by hash
+            share = keys // PARTITIONS
+            names = [
+                b"key-%08d" % (chance.randrange(share) * PARTITIONS + partition)
+                for _ in range(CHUNK)
+            ]
             values = [
                 None if chance.random() < 0.01 else (b"%d-" % (start + i)).ljust(VALUE_SIZE, b"x")
                 for i in range(CHUNK)
             ]
-            await producer.send_batch(values, keys=names, partition=start // CHUNK % PARTITIONS)
+            await producer.send_batch(values, keys=names, partition=partition)
         await producer.close()
 
 
