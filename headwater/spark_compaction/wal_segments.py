@@ -9,7 +9,9 @@ exactly the objects the newest version names, each counting from its entry's fir
 (objects it does not name, such as an upload of an owner that lost the partition, are not read).
 
 Decoding walks the batches with the server's own walker (`storage.segments.walk_batches`) and
-decodes each with `wire.records` (compressed batches too). Bytes that hold no valid batch (a bad
+decodes each visible one with `wire.records.decode_columns` (compressed batches too) into
+`Columns`, which become Arrow batches; `Folder` folds them in Arrow (docs/COMPACTION.md, "Arrow
+end to end"). Bytes that hold no valid batch (a bad
 CRC, a length field that cannot be trusted) are got past as the server's readers get past them:
 the walk resynchronises on the next valid batch, so a flipped length byte costs one batch, not the
 rest of the segment. Each damaged stretch is reported as a row with only `corrupt` set (counted in
