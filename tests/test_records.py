@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import struct
 
+import crc32c
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -16,6 +17,7 @@ from headwater.wire.records import (
     NO_HEADERS,
     BatchBuilder,
     build_batch,
+    decode_columns,
     decode_records,
     inspect_batch,
     read_records,
@@ -68,6 +70,50 @@ def test_we_read_kafka_python_batches(items: list) -> None:
         (k, v, list(h)) for k, v, h in items
     ]
     assert [r.timestamp for r in ours] == [1_600_000_000_000 + i for i in range(len(items))]
+
+
+@settings(max_examples=60)
+@given(records, st.integers(0, 2**40))
+def test_columns_decode_what_kafka_python_wrote(items: list, base_offset: int) -> None:
+    """decode_columns (the Spark reader's decode) appends, after what the lists held, exactly the
+    records kafka-python's own codec encoded: timestamps, keys, values, and the headers of those
+    that have some, by index."""
+    builder = KafkaBuilder(
+        magic=2,
+        compression_type=0,
+        is_transactional=0,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=1 << 30,
+    )
+    for i, (key, value, hdrs) in enumerate(items):
+        builder.append(i, timestamp=1_600_000_000_000 + i, key=key, value=value, headers=hdrs)
+    batch = bytearray(builder.build())
+    stamp_base_offset(batch, base_offset)
+    timestamps, found_keys, found_values = [7], [b"before"], [None]
+    found_headers: list = [(0, (("h", b"v"),))]
+    count = decode_columns(bytes(batch), timestamps, found_keys, found_values, found_headers)
+    assert count == len(items)
+    assert timestamps == [7, *(1_600_000_000_000 + i for i in range(len(items)))]
+    assert found_keys == [b"before", *(k for k, _, _ in items)]
+    assert found_values == [None, *(v for _, v, _ in items)]
+    assert found_headers == [(0, (("h", b"v"),))] + [
+        (1 + i, tuple(h)) for i, (_, _, h) in enumerate(items) if h
+    ]
+
+
+def test_a_batch_that_does_not_decode_leaves_the_columns_as_they_were() -> None:
+    batch = bytearray(build_batch([(b"k", b"v", [("h", b"x")])] * 3, base_offset=10))
+    # the header claims a fourth record (count and last offset delta, the CRC made valid): the
+    # codec fails after three were appended
+    struct.pack_into(">i", batch, 57, 4)
+    struct.pack_into(">i", batch, 23, 3)
+    struct.pack_into(">I", batch, 17, crc32c.crc32c(bytes(batch[21:])))
+    columns: tuple[list, list, list, list] = ([1], [b"a"], [b"b"], [])
+    with pytest.raises(CorruptBatch, match="does not decode"):
+        decode_columns(bytes(batch), *columns)
+    assert columns == ([1], [b"a"], [b"b"], [])
 
 
 def test_stamping_the_base_offset_keeps_the_crc_valid() -> None:

@@ -467,3 +467,31 @@ def test_the_folder_folds_below_the_first_open_transaction_only(
     folded = {r["key"]: (r["offset"], r["value"]) for r in rows if r["key"] is not None}
     assert folded == newest
     assert sum(r["records"] for r in rows) == len(below)
+
+
+def test_columns_keep_the_offsets_of_their_range_with_each_records_headers() -> None:
+    """A batch cut by the range at both ends (a task's first and last FETCHed batches) keeps its
+    records in [low, high) only, each with its own headers, after what the columns held."""
+    from headwater.spark_compaction.wal_segments import Columns
+    from headwater.wire.records import build_batch
+
+    items = [(b"k%d" % i, b"v%d" % i, [("n", b"%d" % i)] if i % 2 else []) for i in range(6)]
+    columns = Columns()
+    columns.add(build_batch(items[:2], base_offset=0, timestamp=5))
+    columns.add(build_batch(items, base_offset=100, timestamp=7), low=102, high=105)
+    rows = columns.take("t", 3).to_pylist()
+    assert len(columns) == 0
+    assert [(r["offset"], r["key"], r["timestamp"], r["partition"]) for r in rows] == [
+        (0, b"k0", 5, 3),
+        (1, b"k1", 5, 3),
+        (102, b"k2", 7, 3),
+        (103, b"k3", 7, 3),
+        (104, b"k4", 7, 3),
+    ]
+    assert [r["headers"] for r in rows] == [
+        [],
+        [{"key": "n", "value": b"1"}],
+        [],
+        [{"key": "n", "value": b"3"}],
+        [],
+    ]

@@ -31,6 +31,12 @@ DEFAULTS = {
 LOCAL_DEFAULTS = {
     "spark.driver.host": "127.0.0.1",
     "spark.driver.bindAddress": "127.0.0.1",
+    # A local run is one short-lived JVM that does little per record (the Python tasks decode and
+    # fold; the JVM merges one row per key and task): the C2 compiler's work never pays back
+    # there, and a concurrent collector's threads fight the job for the cores. The client
+    # compiler alone and the serial collector halved the JVM's CPU of a 1M-record run (22.5 to
+    # 12.2 s, docs/BENCHMARKS.md); `--conf spark.driver.extraJavaOptions=` overrides it.
+    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
 }
 
 

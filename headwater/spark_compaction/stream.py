@@ -40,7 +40,11 @@ task's FETCH loop retry an error the server or the network may get over (`retria
 or lost connection, a server shutting down, a storage error) on a new connection, waiting
 `retryBackoffMs`, doubling up to `retryMaxBackoffMs`, at most `maxRetries` times in a row; a task
 resumes at the offset after the last record it fetched, so nothing is read twice or skipped. Only
-when the retries run out does the query fail, with the last error.
+when the retries run out does the query fail, with the last error. In a cluster the client goes to
+each partition's owner, so a take-over (an owner killed, its partitions served by another broker
+once its lease lapses) is the same: the FETCH fails, and a new connection finds the new owner.
+`server` may list several brokers, comma-separated: a connection tries them in turn, so the
+broker named first can be the one that died.
 
 This module imports pyspark; only Spark's Python workers and the compaction job import it.
 """
@@ -67,16 +71,10 @@ from pyspark.sql.types import StructType
 from headwater.client.client import Client, connect
 from headwater.client.credentials import Tls, TlsOption
 from headwater.spark_compaction.schema import STREAM_DDL, STREAM_SCHEMA
-from headwater.spark_compaction.wal_segments import (
-    ROWS_PER_BATCH,
-    Row,
-    records_batch,
-    row,
-)
-from headwater.wire.errors import HeadwaterError, InvalidRequest, RequestTimeout
+from headwater.spark_compaction.wal_segments import ROWS_PER_BATCH, Columns
+from headwater.wire.errors import CannotConnect, HeadwaterError, InvalidRequest, RequestTimeout
 from headwater.wire.limits import MAX_FETCH_WAIT_MS
 from headwater.wire.markers import marker_type, peek
-from headwater.wire.records import decode_records
 from headwater.wire.transaction_fold import TransactionFold
 
 T = TypeVar("T")
@@ -102,6 +100,9 @@ class Endpoint:
             self.topic = options["topic"]
         except KeyError as missing:
             raise InvalidRequest(f"the headwater {role} needs the option {missing}") from None
+        if not self.servers:
+            raise InvalidRequest(f"the headwater {role}'s option server names no broker")
+        self._answered = 0  # the index in `servers` of the broker that answered last
         self.token = options.get("token") or None
         self.tls: TlsOption = None
         if options.get("tls", "false").lower() == "true":
@@ -112,8 +113,29 @@ class Endpoint:
             else:
                 self.tls = True
 
+    @property
+    def servers(self) -> list[str]:
+        """`server` may name several brokers of a cluster, comma-separated (as Kafka's
+        `bootstrap.servers`): any one of them leads the client to every partition's owner."""
+        return [s.strip() for s in self.server.split(",") if s.strip()]
+
     async def connect(self) -> Client:
-        return await connect(self.server, token=self.token, tls=self.tls)
+        """A connection to the first of `servers` that answers, starting with the one that
+        answered last, so that a broker gone for good (killed, its partitions taken over) costs
+        one refused connection, not a query."""
+        servers = self.servers
+        last: HeadwaterError | None = None
+        for step in range(len(servers)):
+            index = (self._answered + step) % len(servers)
+            try:
+                client = await connect(servers[index], token=self.token, tls=self.tls)
+            except CannotConnect as exc:
+                last = exc
+                continue
+            self._answered = index
+            return client
+        assert last is not None  # `server` names at least one broker: checked at start
+        raise last
 
 
 def lowered(given: dict[str, str]) -> dict[str, str]:
@@ -310,7 +332,7 @@ def read_range(
         return loop.run_until_complete(work)
 
     try:
-        offset, rows = start, list[Row]()
+        offset, columns = start, Columns()
         fold: TransactionFold[bytes | None] = TransactionFold()
         deadline = loop.time() + settings.read_timeout
         max_wait = min(POLL_MS, MAX_FETCH_WAIT_MS) / 1000
@@ -347,12 +369,12 @@ def read_range(
                 elif header.transactional or fold.holding:
                     item = batch
                 else:
-                    rows.extend(_records(batch, start, end))
+                    columns.add(batch, start, end)
                     continue
                 marker = marker_type(batch) if header.control else None
                 for released, fate in fold.follow(header, marker, item):
                     if released is not None and fate.visible:
-                        rows.extend(_records(released, start, end))
+                        columns.add(released, start, end)
             if fetched.next_offset > offset:  # past what came, and past a gap the server stepped
                 offset = fetched.next_offset
             elif loop.time() > deadline:  # nothing readable yet: the long poll waited
@@ -363,22 +385,14 @@ def read_range(
                     if offset < end
                     else _undecided(settings, partition, fold, end)
                 )
-            if len(rows) >= ROWS_PER_BATCH:
-                yield _stream_batch(settings.topic, partition, rows)
-                rows = []
-        if rows:
-            yield _stream_batch(settings.topic, partition, rows)
+            if len(columns) >= ROWS_PER_BATCH:
+                yield _stream_batch(columns.take(settings.topic, partition))
+        if len(columns):
+            yield _stream_batch(columns.take(settings.topic, partition))
     finally:
         if client is not None:
             wait(client.close())
         loop.close()
-
-
-def _records(batch: bytes, start: int, end: int) -> list[Row]:
-    found: list[Row] = decode_records(batch, row)
-    if found[0][0] < start or found[-1][0] >= end:
-        found = [r for r in found if start <= r[0] < end]
-    return found
 
 
 def _undecided(
@@ -392,8 +406,7 @@ def _undecided(
     )
 
 
-def _stream_batch(topic: str, partition: int, rows: list[Row]) -> pa.RecordBatch:
-    batch = records_batch(topic, partition, rows)
+def _stream_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(batch.columns[: len(STREAM_SCHEMA)], schema=STREAM_SCHEMA)
 
 

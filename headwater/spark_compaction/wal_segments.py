@@ -9,7 +9,9 @@ exactly the objects the newest version names, each counting from its entry's fir
 (objects it does not name, such as an upload of an owner that lost the partition, are not read).
 
 Decoding walks the batches with the server's own walker (`storage.segments.walk_batches`) and
-decodes each with `wire.records` (compressed batches too). Bytes that hold no valid batch (a bad
+decodes each visible one with `wire.records.decode_columns` (compressed batches too) into
+`Columns`, which become Arrow batches; `Folder` folds them in Arrow (docs/COMPACTION.md, "Arrow
+end to end"). Bytes that hold no valid batch (a bad
 CRC, a length field that cannot be trusted) are got past as the server's readers get past them:
 the walk resynchronises on the next valid batch, so a flipped length byte costs one batch, not the
 rest of the segment. Each damaged stretch is reported as a row with only `corrupt` set (counted in
@@ -30,14 +32,15 @@ reader (`headwater_wal` without `fold`) leaves out only its records.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
-from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import structlog
 
 from headwater.spark_compaction.schema import FOLDED_SCHEMA, HEADER_TYPE, HEADERS_TYPE, WAL_SCHEMA
@@ -53,6 +56,7 @@ from headwater.wire.records import (
     CONTROL_FLAG,
     TRANSACTIONAL_FLAG,
     Headers,
+    decode_columns,
     decode_records,
     read_base_offset,
 )
@@ -170,30 +174,73 @@ def row(
 _EMPTY_HEADERS = pa.array([], HEADER_TYPE)
 
 
-def _headers(headers: Sequence[Headers]) -> pa.Array:
-    if not any(headers):  # the usual case, built without a Python object per record
+def _headers(count: int, found: Sequence[tuple[int, Headers]]) -> pa.Array:
+    """`count` records' headers, from the (index, headers) of those that have any."""
+    if not found:  # the usual case, built without a Python object per record
         return pa.ListArray.from_arrays(
-            pa.array([0] * (len(headers) + 1), pa.int32()), _EMPTY_HEADERS, type=HEADERS_TYPE
+            pa.array(itertools.repeat(0, count + 1), pa.int32()), _EMPTY_HEADERS, type=HEADERS_TYPE
         )
-    return pa.array([[{"key": k, "value": v} for k, v in h] for h in headers], HEADERS_TYPE)
+    every: list[Headers] = [()] * count
+    for index, headers in found:
+        every[index] = headers
+    return pa.array([[{"key": k, "value": v} for k, v in h] for h in every], HEADERS_TYPE)
 
 
-def records_batch(topic: str, partition: int, rows: list[Row]) -> pa.RecordBatch:
-    count = len(rows)
-    offsets, timestamps, keys, values, headers = zip(*rows, strict=True)
-    return pa.RecordBatch.from_arrays(
-        [
-            pa.repeat(pa.scalar(topic, pa.string()), count),
-            pa.repeat(pa.scalar(partition, pa.int32()), count),
-            pa.array(offsets, pa.int64()),
-            pa.array(timestamps, pa.int64()),
-            pa.array(keys, pa.binary()),
-            pa.array(values, pa.binary()),
-            _headers(headers),
-            pa.nulls(count, pa.string()),
-        ],
-        schema=WAL_SCHEMA,
-    )
+class Columns:
+    """Records decoded column by column (`wire.records.decode_columns`: the codec's C loop and
+    three list appends a record, no object of ours per record), until `take` turns them into one
+    Arrow batch. Offsets are kept as the ranges the batches cover, so they cost nothing a record
+    until the batch is built."""
+
+    __slots__ = ("_headers", "_keys", "_offsets", "_timestamps", "_values")
+
+    def __init__(self) -> None:
+        self._offsets: list[int] = []
+        self._timestamps: list[int] = []
+        self._keys: list[bytes | None] = []
+        self._values: list[bytes | None] = []
+        self._headers: list[tuple[int, Headers]] = []
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def add(self, batch: bytes, low: int = 0, high: int | None = None) -> None:
+        """A batch's records with offsets in [low, high); raises `CorruptBatch` (adding none)."""
+        start, held = len(self._keys), len(self._headers)
+        count = decode_columns(batch, self._timestamps, self._keys, self._values, self._headers)
+        base = read_base_offset(batch)
+        first = max(base, low)
+        end = max(first, base + count if high is None else min(base + count, high))
+        if first > base or end < base + count:  # the range cuts the batch: rare, no hurry
+            keep = slice(start + first - base, start + end - base)
+            self._timestamps[start:] = self._timestamps[keep]
+            self._keys[start:] = self._keys[keep]
+            self._values[start:] = self._values[keep]
+            shift = keep.start - start
+            self._headers[held:] = [
+                (i - shift, h) for i, h in self._headers[held:] if keep.start <= i < keep.stop
+            ]
+        self._offsets.extend(range(first, end))
+
+    def take(self, topic: str, partition: int) -> pa.RecordBatch:
+        """The records as one batch of WAL_SCHEMA (`corrupt` null), and start again empty."""
+        count = len(self._keys)
+        batch = pa.RecordBatch.from_arrays(
+            [
+                pa.repeat(pa.scalar(topic, pa.string()), count),
+                pa.repeat(pa.scalar(partition, pa.int32()), count),
+                pa.array(self._offsets, pa.int64()),
+                pa.array(self._timestamps, pa.int64()),
+                pa.array(self._keys, pa.binary()),
+                pa.array(self._values, pa.binary()),
+                _headers(count, self._headers),
+                pa.nulls(count, pa.string()),
+            ],
+            schema=WAL_SCHEMA,
+        )
+        self._offsets, self._timestamps, self._keys, self._values = [], [], [], []
+        self._headers = []
+        return batch
 
 
 def _problems_batch(topic: str, partition: int, problems: list[str]) -> pa.RecordBatch:
@@ -206,7 +253,7 @@ def _problems_batch(topic: str, partition: int, problems: list[str]) -> pa.Recor
             pa.nulls(count, pa.int64()),
             pa.nulls(count, pa.binary()),
             pa.nulls(count, pa.binary()),
-            _headers([()] * count),
+            _headers(count, ()),
             pa.array(problems, pa.string()),
         ],
         schema=WAL_SCHEMA,
@@ -354,7 +401,7 @@ def decode_group(
     as WAL rows (a transaction still open after `following` is left out), and one row per
     corrupt stretch."""
     batches = DecidedBatches()
-    rows: list[Row] = []
+    columns = Columns()
     problems: list[str] = []
     first: SegmentObject | None = None
 
@@ -365,25 +412,43 @@ def decode_group(
             yield from batches.add(segment, data, from_offset)
         yield from batches.finish(following, held_visible=True)
 
-    for item in walked():
-        if isinstance(item, str):
-            problems.append(item)
-            continue
-        problem, records = decoded(item)
-        if problem is not None:
-            problems.append(problem)
-            continue
-        floor = max(from_offset, item.segment.base_offset)
-        if records[0][0] < floor:
-            records = [r for r in records if r[0] >= floor]
-        rows.extend(records)
-        if len(rows) >= rows_per_batch:
-            yield records_batch(item.segment.topic, item.segment.partition, rows)
-            rows = []
-    if first is not None and rows:
-        yield records_batch(first.topic, first.partition, rows)
+    with _collector_paused():
+        for item in walked():
+            _decode(item, columns, from_offset, problems)
+            if len(columns) >= rows_per_batch and first is not None:
+                yield columns.take(first.topic, first.partition)
+    if first is not None and len(columns):
+        yield columns.take(first.topic, first.partition)
     if first is not None and problems:
         yield _problems_batch(first.topic, first.partition, problems)
+
+
+def _decode(
+    item: str | StoredBatch, columns: Columns, from_offset: int, problems: list[str]
+) -> None:
+    """A decided batch's records at or past `from_offset` into `columns`, or a report of
+    damage into `problems`."""
+    if isinstance(item, str):
+        problems.append(item)
+        return
+    try:
+        columns.add(item.data, max(from_offset, item.segment.base_offset))
+    except CorruptBatch as exc:
+        problems.append(f"{item.where}: {exc}")
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Decoding makes millions of short-lived objects (keys, values, the codec's records), none in
+    a cycle, and keeps the columns' long lists alive: the cyclic collector would only walk them
+    again and again (a quarter of the CPU time, measured), so it waits until the batch is done."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def decode_segment(
@@ -396,23 +461,31 @@ def decode_segment(
 class Folder:
     """Folds the records of one partition's segments as they are decoded: the map-side combiner.
 
-    Keeps the newest record per key and counts records per key, so a task hands Spark one row per
-    key it saw instead of one per record. Past `max_keys` keys it hands over what it has and starts
-    again (Spark's own fold merges the pieces), so a task's memory stays bounded. Its batches come
-    through `DecidedBatches`, in offset order, so the last record of a key wins; `finish` adds a
-    row about the task (`info_batch`).
+    Decodes into `Columns` and, every `chunk_rows` records, folds them with what it kept so far in
+    Arrow (`newest_per_key`: a hash `group_by` on the key for each key's highest offset and record
+    count, then the rows at those offsets), so a task hands Spark one row per key it saw instead
+    of one per record, and no Python runs per record past the decode. Past `max_keys` keys it
+    hands over what it has and starts again (Spark's own fold merges the pieces), so a task's
+    memory stays bounded. Its batches come through `DecidedBatches`, in offset order, so the
+    highest offset of a key is its newest record; `finish` adds a row about the task
+    (`info_batch`).
     """
 
     def __init__(
-        self, segment: SegmentObject, max_keys: int = 1_000_000, until: int | None = None
+        self,
+        segment: SegmentObject,
+        max_keys: int = 1_000_000,
+        until: int | None = None,
+        chunk_rows: int = 262_144,
     ) -> None:
         self._topic = segment.topic
         self._partition = segment.partition
         self._max_keys = max_keys
+        self._chunk_rows = min(chunk_rows, max_keys)  # records are at least as many as keys
         self._batches = DecidedBatches(until)
         self._from = 0
-        self._winners: dict[bytes | None, Row] = {}
-        self._counts: Counter[bytes | None] = Counter()
+        self._columns = Columns()
+        self._kept: pa.Table | None = None  # folded so far: one row per key, in offset order
         self._problems: list[str] = []
 
     def add(
@@ -433,47 +506,62 @@ class Folder:
             yield info_batch(self._topic, self._partition, last, aborted, undecided)
 
     def _fold(self, walked: Iterable[str | StoredBatch]) -> Iterator[pa.RecordBatch]:
-        winners, counts = self._winners, self._counts
-        # Decoding makes millions of short-lived tuples (with header lists), none in a cycle: the
-        # cyclic collector would only rescan the survivors, a quarter of the CPU time here.
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
+        with _collector_paused():
             for item in walked:
-                if isinstance(item, str):
-                    self._problems.append(item)
-                    continue
-                problem, records = decoded(item)
-                if problem is not None:
-                    self._problems.append(problem)
-                    continue
-                floor = max(self._from, item.segment.base_offset)
-                if records[0][0] < floor:
-                    records = [r for r in records if r[0] >= floor]
-                keys = [r[2] for r in records]
-                winners.update(zip(keys, records, strict=True))  # offset order: the last wins
-                counts.update(keys)
-                if len(winners) > self._max_keys:
-                    yield from self._flush()
-                    winners, counts = self._winners, self._counts
-        finally:
-            if collecting:
-                gc.enable()
+                _decode(item, self._columns, self._from, self._problems)
+                if len(self._columns) >= self._chunk_rows:
+                    self._merge()
+                    if self._kept is not None and self._kept.num_rows > self._max_keys:
+                        yield from self._flush()
+
+    def _merge(self) -> None:
+        """Fold the decoded columns into what is kept."""
+        if not len(self._columns):
+            return
+        batch = self._columns.take(self._topic, self._partition)
+        table = pa.Table.from_batches([batch]).append_column(
+            "records", pa.repeat(pa.scalar(1, pa.int64()), batch.num_rows)
+        )
+        if self._kept is not None:
+            table = pa.concat_tables([self._kept, table])
+        self._kept = newest_per_key(table)
 
     def _flush(self) -> Iterator[pa.RecordBatch]:
-        if self._winners:
-            rows = list(self._winners.values())
-            keyless = self._winners.get(None)
-            if keyless is not None:  # the key-null row only carries the keyless count and offset
-                self._winners[None] = (keyless[0], keyless[1], None, None, ())
-                rows = list(self._winners.values())
-            batch = records_batch(self._topic, self._partition, rows)
-            counts = pa.array([self._counts[r[2]] for r in rows], pa.int64())
-            yield _folded(batch, counts)
+        self._merge()
+        if self._kept is not None:
+            kept = self._kept
+            keyless = pc.is_null(kept["key"])
+            if pc.any(
+                keyless
+            ).as_py():  # the key-null row only carries the keyless count and offset
+                value = pc.if_else(keyless, pa.scalar(None, pa.binary()), kept["value"])
+                headers = pc.if_else(keyless, _headers(kept.num_rows, ()), kept["headers"])
+                kept = kept.set_column(kept.schema.get_field_index("value"), "value", value)
+                kept = kept.set_column(kept.schema.get_field_index("headers"), "headers", headers)
+            for batch in kept.combine_chunks().to_batches():
+                yield _folded(
+                    pa.RecordBatch.from_arrays(batch.columns[:-1], schema=WAL_SCHEMA),
+                    batch["records"],
+                )
         if self._problems:
             batch = _problems_batch(self._topic, self._partition, self._problems)
             yield _folded(batch, pa.array([0] * len(self._problems), pa.int64()))
-        self._winners, self._counts, self._problems = {}, Counter(), []
+        self._kept, self._problems = None, []
+
+
+def newest_per_key(table: pa.Table) -> pa.Table:
+    """One row per key (null, the keyless records, is a key here): the row with the highest
+    `offset`, its `records` the sum of the key's. Offsets are unique (one partition) and the rows
+    in offset order, which the result keeps."""
+    groups = (
+        table.group_by("key", use_threads=False)
+        .aggregate([("offset", "max"), ("records", "sum")])
+        .sort_by("offset_max")
+    )
+    newest = table.filter(pc.is_in(table["offset"], value_set=groups["offset_max"]))
+    return newest.set_column(
+        newest.schema.get_field_index("records"), "records", groups["records_sum"]
+    )
 
 
 def _folded(
@@ -509,7 +597,7 @@ def info_batch(
             pa.nulls(1, pa.int64()),
             pa.nulls(1, pa.binary()),
             pa.nulls(1, pa.binary()),
-            _headers([()]),
+            _headers(1, ()),
             pa.nulls(1, pa.string()),
         ],
         schema=WAL_SCHEMA,

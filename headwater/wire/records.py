@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import Final, Protocol, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 import crc32c
 from aiokafka.errors import CorruptRecordException, UnsupportedCodecError
@@ -398,6 +398,57 @@ def decode_records(
         raise CorruptBatch(f"record batch does not decode: {exc}") from None
     _check_count(info, len(built))
     return built
+
+
+def decode_columns(
+    batch: bytes,
+    timestamps: list[int],
+    keys: list[bytes | None],
+    values: list[bytes | None],
+    headers: list[tuple[int, Headers]],
+    max_decompressed: int = MAX_DECOMPRESSED_BATCH,
+) -> int:
+    """Append every record's timestamp, key and value to the three lists, and `(index in keys,
+    headers)` to `headers` for each record that has any; returns how many records were appended.
+
+    For columnar readers (Arrow): no object of ours per record, three list appends and a test
+    of the codec's headers list, so a batch costs little more than the C decode. The records'
+    offsets are the batch's base offset plus 0, 1, ... (checked at both ends, as `read_records`
+    checks). Raises as `decode_batch`, and then leaves the lists as they were.
+    """
+    plain, info = _inflated(batch, max_decompressed, None)
+    start, held = len(keys), len(headers)
+    add_timestamp, add_key, add_value = timestamps.append, keys.append, values.append
+    first = last = -1
+    try:
+        for record in DefaultRecordBatch(plain):
+            add_timestamp(record.timestamp)
+            add_key(record.key)
+            add_value(record.value)
+            found = record.headers
+            if found:
+                headers.append((len(keys) - 1, tuple(found)))
+            last = record.offset
+            if first < 0:
+                first = last
+        count = len(keys) - start
+        _check_count(info, count)
+        if count and (first != info.base_offset or last != first + count - 1):
+            raise CorruptBatch("record offset deltas are not 0, 1, 2, ...")
+    except _DECODE_ERRORS as exc:
+        _truncate(start, held, timestamps, keys, values, headers)
+        raise CorruptBatch(f"record batch does not decode: {exc}") from None
+    except CorruptBatch:
+        _truncate(start, held, timestamps, keys, values, headers)
+        raise
+    return count
+
+
+def _truncate(start: int, held: int, *columns: list[Any]) -> None:
+    *lists, headers = columns
+    for column in lists:
+        del column[start:]
+    del headers[held:]
 
 
 def _inflated(
