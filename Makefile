@@ -73,6 +73,7 @@ LONG_TESTS := tests/test_statemachine.py::test_state_machine \
 	tests/test_transactions_hostile.py::test_ten_thousand_transactional_ids_are_kept_and_each_described \
 	tests/test_cluster_transactions_eos.py
 SPARK_LONG := tests/test_spark_cluster.py \
+	tests/test_spark_stream_takeover.py \
 	tests/test_spark_stream_restart.py::test_a_query_rides_through_a_server_restart_exactly_once \
 	tests/test_spark_compaction.py::test_one_percent_new_records_cost_a_few_percent_of_a_full_run \
 	tests/test_spark_stream.py::test_a_driver_killed_twice_restarts_from_its_checkpoint_exactly_once \
