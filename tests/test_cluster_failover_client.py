@@ -44,8 +44,10 @@ from headwater.server.cluster.coordinator_state import Held, State
 from headwater.server.cluster.etcd import Entry
 from headwater.server.kafka.kafka_nodes import ClusterNodes
 from headwater.server.requests.partition_ownership import BrokerAddress, not_owner
+from headwater.wire import messages as m
 from headwater.wire.errors import HeadwaterError
 from tests.support.cluster_support import Cluster, running_cluster
+from tests.support.rawwire import RawPeer
 from tests.support.s3 import MotoS3
 
 LEASE_TTL_MS = 2000  # the brokers' default
@@ -230,6 +232,30 @@ async def test_frozen_owner_partitions_are_acknowledged_again_before_it_wakes(
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
         await client.close()
+
+
+async def test_lookup_carries_the_lease_and_the_client_checks_owners_at_half_of_it(
+    tmp_path: Path, s3: MotoS3, bucket: str
+) -> None:
+    """Every broker's LOOKUP answer carries the lease etcd granted it (3 s here, not the
+    default): the client's `owner_check` becomes half of it, unless the application set it."""
+    with running_cluster(tmp_path, s3, bucket, 3000) as cluster:
+        await asyncio.gather(*(asyncio.to_thread(cluster.start_broker, b) for b in ("b1", "b2")))
+        async with await headwater.connect(await cluster.address("b1")) as client:
+            await client.create_topic(TOPIC, partitions=2)
+            assert client.owner_check == 1.0  # before any answer: half the default lease
+            peer = await RawPeer.open(await cluster.address("b2"))
+            try:
+                response = await peer.call(m.LookupRequest((TOPIC,)))
+            finally:
+                await peer.close()
+            assert isinstance(response, m.LookupResponse) and response.lease_ms == 3000
+            await client.lookup(TOPIC)
+            assert client.owner_check == 1.5
+        async with await headwater.connect(await cluster.address("b1")) as client:
+            client.owner_check = 0.7
+            await client.lookup(TOPIC)
+            assert client.owner_check == 0.7
 
 
 def test_a_broker_woken_past_its_lease_names_no_owner_of_what_it_held() -> None:

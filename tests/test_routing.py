@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +160,18 @@ def test_an_unknown_topic_keeps_its_error_and_is_asked_again_later() -> None:
     assert table.owner("gone", 0) is None and table.partitions("gone") is None
     assert not table.needs_lookup("gone", 1.0)
     assert table.needs_lookup("gone", 2.0)
+
+
+def test_owner_check_follows_the_lease_lookup_carries_unless_the_application_set_it() -> None:
+    table = RoutingTable(BOOT)
+    assert table.owner_check == 1.0  # half the default 2 s lease, before any answer
+    table.apply(answer((A, B), ["a", "b"]), 0.0)  # an older server: no lease in its answer
+    assert table.owner_check == 1.0
+    table.apply(replace(answer((A, B), ["a", "b"]), lease_ms=6000), 0.0)
+    assert table.owner_check == 3.0  # half the lease the brokers were granted
+    table.owner_check, table.owner_check_fixed = 0.4, True  # Client.owner_check = 0.4
+    table.apply(replace(answer((A, B), ["a", "b"]), lease_ms=2000), 0.0)
+    assert table.owner_check == 0.4
 
 
 def test_refresh_intervals_single_and_multi_broker() -> None:
