@@ -142,6 +142,9 @@ async def one_round(
                 victim.kill()
             else:
                 os.kill(pid, signal.SIGSTOP)
+                # the freeze ends after `--freeze` s whether or not the clients moved on
+                loop = asyncio.get_running_loop()
+                wake = loop.call_later(args.freeze, os.kill, pid, signal.SIGCONT)
             at = time.monotonic()
             try:
                 await watched.until(lambda: all(watched.first(p, at) for p in mine), TIMEOUT)
@@ -149,6 +152,7 @@ async def one_round(
                 if fault == "freeze":
                     # the fault's length: the clients go on against the frozen broker meanwhile
                     await asyncio.sleep(max(0.0, at + args.freeze - time.monotonic()))
+                    wake.cancel()
                     os.kill(pid, signal.SIGCONT)
             recovered = max(watched.first(p, at) or 0.0 for p in mine)
             gap, gap_at, gap_partition = watched.longest_gap(others, at, recovered)
