@@ -276,7 +276,7 @@ async def test_idempotent_produces_wait_for_the_rebuild_in_order_and_others_do_n
         # the table is ready, the waiting produces have not run yet: one coming now queues
         # behind them (checked first, it would be a gap: sequence 6 before 5)
         last = broker.handle(session, m.ProduceRequest(TOPIC, 0, idempotent(6, b"g")))
-        assert isinstance(last, AfterWork)
+        assert isinstance(last, Waiting)
         assert await asyncio.wait_for(answers[0], 10) == m.ProduceResponse(0, 2)  # a duplicate
         assert await asyncio.wait_for(answers[1], 10) == m.ProduceResponse(0, 6)  # next offset
         assert await asyncio.wait_for(resolve(last), 10) == m.ProduceResponse(0, 7)
@@ -300,6 +300,49 @@ async def test_idempotent_produces_wait_for_the_rebuild_in_order_and_others_do_n
         assert partitions.kept == 1
         again = broker.handle(session, m.ProduceRequest(TOPIC, 0, idempotent(6, b"g")))
         assert again == m.ProduceResponse(0, 7)
+
+
+async def test_an_idempotent_produce_waiting_for_the_rebuild_holds_no_turn_of_the_topic(
+    tmp_path: Path,
+) -> None:
+    """An idempotent produce that came while the topic's turn was busy (another partition's
+    take-over holds it while it claims) waits for the producer table outside the turn: the
+    topic's other produces here are answered meanwhile, not after the rebuild (they waited for
+    its whole length, 5.5 s after a freeze: issue 42), and the waiting one is answered once
+    the table is there, after them."""
+    chunk = (2, 5, idempotent(2, b"c", b"d", b"e", base=2))
+    async with new_owner(tmp_path, [[idempotent(0, b"a", b"b", base=0)]], chunk) as o:
+        broker, session = o.broker, cast(Any, None)
+        reads_go = asyncio.Event()  # the rebuild's reads wait until the test lets them go
+        read_chunk = o.tail.read
+
+        async def held_chunk(name: str, partition: int, chunk: Chunk) -> list[bytes]:
+            await reads_go.wait()
+            return await read_chunk(name, partition, chunk)
+
+        o.tail.read = held_chunk  # type: ignore[method-assign]
+        o.etcd.current = 7
+        await o.partitions.acquire(TOPIC, 0, 7)
+        holder = o.topic.partitions[0]
+        assert holder.producers_ready is not None and not holder.producers_ready.done()
+        taken, release = asyncio.Event(), asyncio.Event()
+
+        async def another_take_over() -> None:
+            async with broker.catalog.turn(TOPIC):
+                taken.set()
+                await release.wait()
+
+        holding = asyncio.ensure_future(another_take_over())
+        await taken.wait()
+        waiting = broker.handle(session, m.ProduceRequest(TOPIC, 0, idempotent(5, b"f")))
+        answer = asyncio.ensure_future(resolve(waiting))
+        release.set()
+        await holding
+        plain = broker.handle(session, m.ProduceRequest(TOPIC, 0, build_batch([(None, b"p", ())])))
+        assert await asyncio.wait_for(resolve(plain), 10) == m.ProduceResponse(0, 5)
+        assert not answer.done()  # still waiting for the table
+        reads_go.set()
+        assert await asyncio.wait_for(answer, 10) == m.ProduceResponse(0, 6)
 
 
 async def test_a_rebuild_reads_a_large_segment_in_parallel_ranges_and_misses_no_batch(
