@@ -345,6 +345,46 @@ async def test_an_idempotent_produce_waiting_for_the_rebuild_holds_no_turn_of_th
         assert await asyncio.wait_for(answer, 10) == m.ProduceResponse(0, 6)
 
 
+async def test_a_take_over_holds_no_produce_of_the_topic_while_it_claims(tmp_path: Path) -> None:
+    """A take-over holds its topic's turn from before its claim in the object store (a few
+    hundred milliseconds under load) until it is done, so a SUBSCRIBE waits for it; produces do
+    not (the topic's other partitions here went without an ack as long: issue 42), unless
+    another turn is in the line (a delete, a create, a produce queued there)."""
+    chunk = (2, 5, idempotent(2, b"c", b"d", b"e", base=2))
+    async with new_owner(tmp_path, [[idempotent(0, b"a", b"b", base=0)]], chunk) as o:
+        broker, session, catalog = o.broker, cast(Any, None), o.broker.catalog
+        o.etcd.current = 7
+        await o.partitions.acquire(TOPIC, 0, 7)
+        claims_go = asyncio.Event()  # the next take-over's listing waits until the test says
+        state = o.tail.state
+
+        async def held_state(name: str, partition: int) -> Any:
+            await claims_go.wait()
+            return await state(name, partition)
+
+        o.tail.state = held_state  # type: ignore[method-assign]
+        # a take-over of the topic (this partition again: the fake etcd serves it all along,
+        # standing in for another partition of the topic)
+        o.etcd.current = 9
+        acquiring = asyncio.ensure_future(o.partitions.acquire(TOPIC, 0, 9))
+        deadline = asyncio.get_running_loop().time() + 30  # bounds a hang only
+        while not catalog.busy(TOPIC):
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.01)
+        assert not catalog.blocks_produce(TOPIC)
+        plain = broker.handle(session, m.ProduceRequest(TOPIC, 0, build_batch([(None, b"p", ())])))
+        assert not isinstance(plain, AfterWork)  # not queued in the topic's line
+        # another kind of turn waiting in the line: produces queue behind it again
+        waiting = catalog.turn(TOPIC)
+        assert catalog.blocks_produce(TOPIC)
+        claims_go.set()
+        await asyncio.wait_for(acquiring, 30)
+        async with waiting:  # its place comes once the take-over is done
+            pass
+        assert await asyncio.wait_for(resolve(plain), 10) == m.ProduceResponse(0, 5)
+        assert not catalog.busy(TOPIC)
+
+
 async def test_a_rebuild_reads_a_large_segment_in_parallel_ranges_and_misses_no_batch(
     tmp_path: Path,
 ) -> None:

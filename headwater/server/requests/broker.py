@@ -167,11 +167,18 @@ class Broker:
         name = kind.topic(request)
         if name is not None and (
             kind.in_turn
-            or self.catalog.busy(name)
+            or self._busy(name, request)
             or (kind.last_value and not self.maps.ready(name))
         ):
             return AfterWork(self._in_turn(self.catalog.turn(name), handler, session, request))
         return handler(session, request)
+
+    def _busy(self, name: str, request: m.Request) -> bool:
+        """Whether the request queues in its topic's line: any turn there holds it, but a
+        take-over's (`topic_turns`) holds no produce."""
+        if type(request) is m.ProduceRequest:
+            return self.catalog.blocks_produce(name)
+        return self.catalog.busy(name)
 
     @staticmethod
     async def _in_turn(turn: Turn, handler: Handler, session: Session, request: m.Request) -> Reply:
@@ -231,7 +238,7 @@ class Broker:
         `schema_checked`): in its topic's turn when the topic's line is busy, as `handle` puts
         every request, so it neither overtakes a producer's earlier batch waiting there nor
         appends while a delete or a take-over holds the topic."""
-        if self.catalog.busy(request.topic):
+        if self.catalog.blocks_produce(request.topic):
             go = partial(self.produce, info=info, schema_checked=schema_checked)
             return AfterWork(self._in_turn(self.catalog.turn(request.topic), go, session, request))
         return self.produce(session, request, info, schema_checked)
@@ -462,7 +469,7 @@ class Broker:
             if self._unverified(topic, partition, info):
                 # its transaction's state changed at another broker after this one last saw it
                 await self._bounded(self.transactions.catch_up(info.producer_id), deadline, key)
-            if self.catalog.busy(topic.name):  # a delete or a take-over holds the topic
+            if self.catalog.blocks_produce(topic.name):  # a delete holds the topic
                 async with self.catalog.turn(topic.name):
                     return self._go_if_served(topic, partition, go)
             return self._go_if_served(topic, partition, go)
