@@ -19,8 +19,12 @@ the default 2 s lease, one idempotent producer with one record in flight per par
   wakes, its leg there is dropped (checked after `owner_check`, through the other brokers'
   lookups) while it is still stopped, and every acknowledged record is received at least once.
 
+- The `BlockingClient` (plain sockets, one request at a time) follows a kill -9 and a freeze
+  of an owner the same way; LOOKUP answers carry the brokers' lease, and `owner_check` is half
+  of it.
+
 The timings asserted are generous bounds (a loaded 2-core machine): the benchmark
-(loadtest/cluster_bench.py `--client-failover-rounds`) measures them, docs/BENCHMARKS.md.
+(loadtest/failover_bench.py) measures them, docs/BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -194,7 +198,7 @@ async def test_kill9_of_an_owner_holds_up_only_its_own_partitions(cluster: Clust
 async def test_frozen_owner_partitions_are_acknowledged_again_before_it_wakes(
     cluster: Cluster, frozen_broker: str
 ) -> None:
-    """"bootstrap": the frozen owner is the producer's bootstrap broker, whose connection the
+    """ "bootstrap": the frozen owner is the producer's bootstrap broker, whose connection the
     client's lookups go through first: they are asked of the other brokers once it leaves one
     unanswered for `owner_check`, not after the request timeout."""
     client, owners = await start(cluster)

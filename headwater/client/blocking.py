@@ -256,6 +256,7 @@ class BlockingClient:
         deadline = time.monotonic() + self._timeout
         target: Address | None = self._routes.get(route)
         delay = 0.02
+        lost: ConnectionClosed | None = None  # the last owner's, raised if time runs out
         while True:
             if target is None:
                 target = self._find_owner(topic, partition)
@@ -275,18 +276,18 @@ class BlockingClient:
                     if target is not None:
                         continue
                 except ConnectionClosed as exc:  # the owner died (kill -9) or is out of reach
+                    # looked up again after the backoff: the others name the dead owner until
+                    # its lease runs out, and a refused connect comes back at once
                     self._routes.pop(route, None)
                     self._silent[target] = time.monotonic() + SILENT_FOR
-                    if time.monotonic() >= deadline:
-                        raise
                     logger.info("%s; looking partition %s of %s up again", exc, partition, topic)
-                    target = self._find_owner(topic, partition)
-                    if target is not None:
-                        continue
+                    lost, target = exc, None
                 else:
                     self._routes[route] = target
                     return response
             if time.monotonic() + delay > deadline:  # nobody owns it yet: ask again shortly
+                if lost is not None:
+                    raise lost
                 raise NotOwner(
                     f"partition {partition} of topic {topic!r} has no owner after "
                     f"{self._timeout:.0f}s of lookups: owner=none"
