@@ -237,7 +237,8 @@ class Broker:
         """A produce the connection validated itself (off the loop, `produce`'s `info` and
         `schema_checked`): in its topic's turn when the topic's line is busy, as `handle` puts
         every request, so it neither overtakes a producer's earlier batch waiting there nor
-        appends while a delete or a take-over holds the topic."""
+        appends while a delete holds the topic (a take-over's turn holds no produce:
+        `topic_turns`)."""
         if self.catalog.blocks_produce(request.topic):
             go = partial(self.produce, info=info, schema_checked=schema_checked)
             return AfterWork(self._in_turn(self.catalog.turn(request.topic), go, session, request))
@@ -469,7 +470,7 @@ class Broker:
             if self._unverified(topic, partition, info):
                 # its transaction's state changed at another broker after this one last saw it
                 await self._bounded(self.transactions.catch_up(info.producer_id), deadline, key)
-            if self.catalog.blocks_produce(topic.name):  # a delete holds the topic
+            if self.catalog.blocks_produce(topic.name):  # a create or delete holds the topic
                 async with self.catalog.turn(topic.name):
                     return self._go_if_served(topic, partition, go)
             return self._go_if_served(topic, partition, go)
