@@ -64,6 +64,7 @@ LONG_TESTS := tests/test_statemachine.py::test_state_machine \
 	tests/test_cluster_client.py::test_client_producer_and_consumer_ride_through_a_kill9 \
 	tests/test_cluster_failover_client.py::test_frozen_owner_partitions_are_acknowledged_again_before_it_wakes \
 	tests/test_cluster_failover_client.py::test_frozen_owner_subscriptions_move_to_the_new_owner_before_it_wakes \
+	tests/test_cluster_failover_client.py::test_blocking_client_follows_a_dead_or_frozen_owner \
 	tests/test_cluster_transactions.py::test_a_kill_of_the_broker_serving_the_id_after_the_commit_decision_commits_it_all \
 	tests/test_kafka_transactions.py::test_a_consume_transform_produce_loop_killed_and_its_server_killed_is_exactly_once \
 	tests/test_transactions_native_eos.py \

@@ -1,6 +1,7 @@
 """confluent-kafka (librdkafka) against a 3-broker Headwater cluster: throughput and failover.
 
     python -m loadtest.kafka_cluster_bench [--records 100000] [--runs 3] [--failover-rounds 3]
+        [--faults kill,freeze] [--freeze 12] [--only-failover]
 
 etcd and moto's S3 server are started here (`cluster_bench.Backing`), then three brokers on
 127.0.0.1, each with a Kafka port, all stopped by PID at the end. A 6-partition topic created
@@ -18,13 +19,15 @@ partitions by librdkafka's default partitioner (no key):
 The three produce rows alternate `--runs` times (each run produces `--records` more), after an
 untimed warm-up of 5,000 records (the first producer's connections and producer id).
 
-`failover` (`--failover-rounds`): a producer sends one record every 2 ms to partition 0; its
-owner is killed with kill -9; reported per round: seconds from the kill to the first delivery
-report (acknowledgement) of a record of partition 0 produced after the kill, which includes the
-lease running out (`lease_ttl_ms` 2000 here), the take-over, and librdkafka finding the new
-leader through Metadata. Undelivered records at the end are counted (0 expected). The victim is
-started again before the next round (with `handoff_after_ms` 0 it takes its share back at once).
-Results: JSON on stdout.
+`failover` (`--failover-rounds` per fault of `--faults`): a producer sends one record every 2 ms
+to partition 0; its owner is killed with kill -9, or frozen (SIGSTOP for `--freeze` s, then
+SIGCONT); reported per round: seconds from the fault to the first delivery report
+(acknowledgement) of a record of partition 0 produced after it, which includes the lease running
+out (`lease_ttl_ms` 2000 here), the take-over, and librdkafka finding the new leader through
+Metadata (after a freeze: once its request to the frozen broker is answered or times out).
+Undelivered records at the end are counted (0 expected). A killed victim is started again before
+the next round (with `handoff_after_ms` 0 it takes its share back at once). `--only-failover`
+skips the throughput rows. Results: JSON on stdout, progress on stderr.
 """
 
 from __future__ import annotations
@@ -33,7 +36,9 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -182,7 +187,7 @@ def consume_row(brokers: KafkaBrokers, records: int) -> dict[str, Any]:
     }
 
 
-def failover_round(brokers: KafkaBrokers) -> dict[str, Any]:
+def failover_round(brokers: KafkaBrokers, fault: str, freeze: float) -> dict[str, Any]:
     from confluent_kafka import Producer
 
     brokers.wait_owned(set(brokers.processes))
@@ -224,18 +229,34 @@ def failover_round(brokers: KafkaBrokers) -> dict[str, Any]:
     time.sleep(1.0)  # producing; and a restarted broker's take-overs settle
     load = os.getloadavg()[0]
     victim = asyncio.run(brokers.owners())[0]  # partition 0's owner now
+    process = brokers.processes[victim]
+    assert process.process is not None
+    pid = process.process.pid
+    # the freeze ends after `freeze` s whether or not the producer got an ack meanwhile
+    wake = threading.Timer(freeze, os.kill, (pid, signal.SIGCONT))
     killed[0] = time.monotonic()
-    brokers.processes[victim].kill()
+    if fault == "kill":
+        process.kill()
+    else:
+        os.kill(pid, signal.SIGSTOP)
+        wake.start()
     deadline = killed[0] + 60
-    while not first_ack and time.monotonic() < deadline:
-        time.sleep(0.01)
+    try:
+        while not first_ack and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        if fault == "freeze":
+            wake.join()
     stop.set()
     sender.join()
     left = producer.flush(60)
-    brokers.start(victim)
+    if fault == "kill":
+        brokers.start(victim)
     return {
+        "fault": fault,
         "victim": victim,
-        "kill_to_first_ack_s": round(first_ack[0] - killed[0], 3) if first_ack else None,
+        "fault_to_first_ack_s": round(first_ack[0] - killed[0], 3) if first_ack else None,
+        "fault_s": freeze if fault == "freeze" else 0.0,
         "undelivered": undelivered[0] + left,
         "load_average": round(load, 1),
     }
@@ -256,26 +277,27 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{brokers.kafka_ports['b1']}"})
             admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1)])[TOPIC].result(timeout=60)
             brokers.wait_owned({"b1", "b2", "b3"})
-            produce_row(brokers, 5_000, idempotent=True)  # warm-up: connections, producer ids
             rows = []
-            for _ in range(args.runs):  # alternating: the machine's load drifts
-                rows.append(produce_row(brokers, args.records, idempotent=False))
-                rows.append(produce_row(brokers, args.records, idempotent=True))
-                rows.append(produce_row(brokers, args.records, idempotent=False, in_flight=5))
-            rows.append(consume_row(brokers, 5_000 + 3 * args.runs * args.records))
+            if not args.only_failover:
+                produce_row(brokers, 5_000, idempotent=True)  # warm-up: connections, ids
+                for _ in range(args.runs):  # alternating: the machine's load drifts
+                    rows.append(produce_row(brokers, args.records, idempotent=False))
+                    rows.append(produce_row(brokers, args.records, idempotent=True))
+                    rows.append(produce_row(brokers, args.records, idempotent=False, in_flight=5))
+                rows.append(consume_row(brokers, 5_000 + 3 * args.runs * args.records))
             for row in rows:
                 say(json.dumps(row))
-            rounds = []
-            for _ in range(args.failover_rounds):
-                rounds.append(failover_round(brokers))
-                say(json.dumps(rounds[-1]))
-            times = [r["kill_to_first_ack_s"] for r in rounds if r["kill_to_first_ack_s"]]
-            return {
-                "rows": rows,
-                "failover": rounds,
-                "failover_median_s": statistics.median(times) if times else None,
-                "load_average_end": round(os.getloadavg()[0], 1),
-            }
+            results: dict[str, Any] = {"rows": rows}
+            for fault in args.faults.split(","):
+                rounds = []
+                for _ in range(args.failover_rounds):
+                    rounds.append(failover_round(brokers, fault, args.freeze))
+                    print(json.dumps(rounds[-1]), file=sys.stderr, flush=True)
+                times = [r["fault_to_first_ack_s"] for r in rounds if r["fault_to_first_ack_s"]]
+                results[fault] = rounds
+                results[f"{fault}_median_s"] = statistics.median(times) if times else None
+            results["load_average_end"] = round(os.getloadavg()[0], 1)
+            return results
         finally:
             brokers.stop()
             backing.stop()
@@ -287,7 +309,10 @@ def cli() -> None:
     )
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--runs", type=int, default=3, help="of each produce row")
-    parser.add_argument("--failover-rounds", type=int, default=3)
+    parser.add_argument("--failover-rounds", type=int, default=3, help="per fault")
+    parser.add_argument("--faults", default="kill,freeze", help="kill, freeze or both")
+    parser.add_argument("--freeze", type=float, default=12.0, help="seconds of SIGSTOP")
+    parser.add_argument("--only-failover", action="store_true", help="no throughput rows")
     print(json.dumps(main(parser.parse_args()), indent=2))
 
 

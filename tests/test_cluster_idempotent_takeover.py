@@ -278,7 +278,7 @@ async def test_idempotent_produces_wait_for_the_rebuild_in_order_and_others_do_n
         # the table is ready, the waiting produces have not run yet: one coming now queues
         # behind them (checked first, it would be a gap: sequence 6 before 5)
         last = broker.handle(session, m.ProduceRequest(TOPIC, 0, idempotent(6, b"g")))
-        assert isinstance(last, AfterWork)
+        assert isinstance(last, Waiting)
         assert await asyncio.wait_for(answers[0], 10) == m.ProduceResponse(0, 2)  # a duplicate
         assert await asyncio.wait_for(answers[1], 10) == m.ProduceResponse(0, 6)  # next offset
         assert await asyncio.wait_for(resolve(last), 10) == m.ProduceResponse(0, 7)
@@ -302,6 +302,89 @@ async def test_idempotent_produces_wait_for_the_rebuild_in_order_and_others_do_n
         assert partitions.kept == 1
         again = broker.handle(session, m.ProduceRequest(TOPIC, 0, idempotent(6, b"g")))
         assert again == m.ProduceResponse(0, 7)
+
+
+async def test_an_idempotent_produce_waiting_for_the_rebuild_holds_no_turn_of_the_topic(
+    tmp_path: Path,
+) -> None:
+    """An idempotent produce that came while the topic's turn was busy (another partition's
+    take-over holds it while it claims) waits for the producer table outside the turn: the
+    topic's other produces here are answered meanwhile, not after the rebuild (they waited for
+    its whole length, 5.5 s after a freeze: issue 42), and the waiting one is answered once
+    the table is there, after them."""
+    chunk = (2, 5, idempotent(2, b"c", b"d", b"e", base=2))
+    async with new_owner(tmp_path, [[idempotent(0, b"a", b"b", base=0)]], chunk) as o:
+        broker, session = o.broker, cast(Any, None)
+        reads_go = asyncio.Event()  # the rebuild's reads wait until the test lets them go
+        read_chunk = o.tail.read
+
+        async def held_chunk(name: str, partition: int, chunk: Chunk) -> list[bytes]:
+            await reads_go.wait()
+            return await read_chunk(name, partition, chunk)
+
+        o.tail.read = held_chunk  # type: ignore[method-assign]
+        o.etcd.current = 7
+        await o.partitions.acquire(TOPIC, 0, 7)
+        holder = o.topic.partitions[0]
+        assert holder.producers_ready is not None and not holder.producers_ready.done()
+        taken, release = asyncio.Event(), asyncio.Event()
+
+        async def another_take_over() -> None:
+            async with broker.catalog.turn(TOPIC):
+                taken.set()
+                await release.wait()
+
+        holding = asyncio.ensure_future(another_take_over())
+        await taken.wait()
+        waiting = broker.handle(session, m.ProduceRequest(TOPIC, 0, idempotent(5, b"f")))
+        answer = asyncio.ensure_future(resolve(waiting))
+        release.set()
+        await holding
+        plain = broker.handle(session, m.ProduceRequest(TOPIC, 0, build_batch([(None, b"p", ())])))
+        assert await asyncio.wait_for(resolve(plain), 10) == m.ProduceResponse(0, 5)
+        assert not answer.done()  # still waiting for the table
+        reads_go.set()
+        assert await asyncio.wait_for(answer, 10) == m.ProduceResponse(0, 6)
+
+
+async def test_a_take_over_holds_no_produce_of_the_topic_while_it_claims(tmp_path: Path) -> None:
+    """A take-over holds its topic's turn from before its claim in the object store (a few
+    hundred milliseconds under load) until it is done, so a SUBSCRIBE waits for it; produces do
+    not (the topic's other partitions here went without an ack as long: issue 42), unless
+    another turn is in the line (a delete, a create, a produce queued there)."""
+    chunk = (2, 5, idempotent(2, b"c", b"d", b"e", base=2))
+    async with new_owner(tmp_path, [[idempotent(0, b"a", b"b", base=0)]], chunk) as o:
+        broker, session, catalog = o.broker, cast(Any, None), o.broker.catalog
+        o.etcd.current = 7
+        await o.partitions.acquire(TOPIC, 0, 7)
+        claims_go = asyncio.Event()  # the next take-over's listing waits until the test says
+        state = o.tail.state
+
+        async def held_state(name: str, partition: int) -> Any:
+            await claims_go.wait()
+            return await state(name, partition)
+
+        o.tail.state = held_state  # type: ignore[method-assign]
+        # a take-over of the topic (this partition again: the fake etcd serves it all along,
+        # standing in for another partition of the topic)
+        o.etcd.current = 9
+        acquiring = asyncio.ensure_future(o.partitions.acquire(TOPIC, 0, 9))
+        deadline = asyncio.get_running_loop().time() + 30  # bounds a hang only
+        while not catalog.busy(TOPIC):
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.01)
+        assert not catalog.blocks_produce(TOPIC)
+        plain = broker.handle(session, m.ProduceRequest(TOPIC, 0, build_batch([(None, b"p", ())])))
+        assert not isinstance(plain, AfterWork)  # not queued in the topic's line
+        # another kind of turn waiting in the line: produces queue behind it again
+        waiting = catalog.turn(TOPIC)
+        assert catalog.blocks_produce(TOPIC)
+        claims_go.set()
+        await asyncio.wait_for(acquiring, 30)
+        async with waiting:  # its place comes once the take-over is done
+            pass
+        assert await asyncio.wait_for(resolve(plain), 10) == m.ProduceResponse(0, 5)
+        assert not catalog.busy(TOPIC)
 
 
 async def test_a_rebuild_reads_a_large_segment_in_parallel_ranges_and_misses_no_batch(

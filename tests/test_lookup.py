@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+from dataclasses import replace
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -42,6 +43,7 @@ lookup_responses = st.builds(
         ),
         max_size=3,
     ).map(tuple),
+    st.integers(0, 2**31 - 1),
 )
 
 
@@ -64,6 +66,31 @@ def test_lookup_response_round_trip(response: m.LookupResponse, correlation_id: 
     assert decode_response(frame.header, frame.body) == response
 
 
+def test_the_lease_added_at_the_end_keeps_both_sides_working() -> None:
+    """LOOKUP's answer gained `lease_ms` at its end: a client that predates it reads a newer
+    answer, ignoring the bytes after its fields, and this client reads an older server's
+    shorter answer with lease 0 (its `owner_check` then stays at its default)."""
+    from construct import Struct
+
+    from headwater.wire.api import cluster
+
+    api = next(a for a in cluster.APIS if a.key == m.ApiKey.LOOKUP)
+    fields = api.response.subcon.subcons
+    assert [f.name for f in fields][-1] == "lease_ms"
+    older = Struct(*fields[:-1])
+    answer = m.LookupResponse(
+        (m.LookupBroker("b1", "h", 1),),
+        (m.LookupTopic("t", 0, "", (m.LookupPartition(0, "b1", 3),)),),
+        2000,
+    )
+    body = api.response.build(answer)
+    assert older.parse(body).brokers[0].broker_id == "b1"  # the older client's parse
+    short = older.build(older.parse(body))  # an older server's answer
+    assert len(body) == len(short) + 4
+    assert api.response.parse(short) == replace(answer, lease_ms=0)
+    assert api.response.parse(body) == answer
+
+
 async def test_single_broker_owns_every_partition(server: ServerProcess, topic_name: str) -> None:
     async with await headwater.connect(server.address) as client:
         await client.create_topic(topic_name, partitions=3)
@@ -75,6 +102,7 @@ async def test_single_broker_owns_every_partition(server: ServerProcess, topic_n
     assert isinstance(response, m.LookupResponse)
     (broker,) = response.brokers
     assert broker.broker_id == "local" and broker.host == "127.0.0.1"
+    assert response.lease_ms == 0  # no cluster, no lease
     found, missing = response.topics
     assert found.name == topic_name and found.error_code == 0
     assert [(p.partition, p.broker_id, p.epoch) for p in found.partitions] == [

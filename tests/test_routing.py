@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +160,18 @@ def test_an_unknown_topic_keeps_its_error_and_is_asked_again_later() -> None:
     assert table.owner("gone", 0) is None and table.partitions("gone") is None
     assert not table.needs_lookup("gone", 1.0)
     assert table.needs_lookup("gone", 2.0)
+
+
+def test_owner_check_follows_the_lease_lookup_carries_unless_the_application_set_it() -> None:
+    table = RoutingTable(BOOT)
+    assert table.owner_check == 1.0  # half the default 2 s lease, before any answer
+    table.apply(answer((A, B), ["a", "b"]), 0.0)  # an older server: no lease in its answer
+    assert table.owner_check == 1.0
+    table.apply(replace(answer((A, B), ["a", "b"]), lease_ms=6000), 0.0)
+    assert table.owner_check == 3.0  # half the lease the brokers were granted
+    table.owner_check, table.owner_check_fixed = 0.4, True  # Client.owner_check = 0.4
+    table.apply(replace(answer((A, B), ["a", "b"]), lease_ms=2000), 0.0)
+    assert table.owner_check == 0.4
 
 
 def test_refresh_intervals_single_and_multi_broker() -> None:
@@ -702,20 +714,27 @@ async def test_producer_reaching_an_owner_mid_take_over_acks_without_using_its_r
     assert (await _offsets(a, "t"))[0] == 1  # only the first, nothing resent to a
 
 
-async def test_blocking_client_follows_not_owner_to_the_owner(
+async def test_blocking_client_goes_to_the_owner_and_follows_not_owner(
     two_brokers: tuple[Script, BrokerFront, BrokerFront],
 ) -> None:
+    """A partition's produce goes to the owner LOOKUP names (bootstrapped at a, the owner b:
+    nothing refused), on a connection kept for the next produces; when the partition moves
+    without the client knowing, the NOT_OWNER naming the new owner is followed there."""
     script, a, b = two_brokers
     await _create("t", 2, a, b)
     script.owners["t"] = ["b", "b"]
 
     def produce() -> list[int]:
         with BlockingClient(a.address, timeout=10) as client:
-            return [client.produce("t", [(None, b"x", ())], partition=0) for _ in range(3)]
+            offsets = [client.produce("t", [(None, b"x", ())], partition=0) for _ in range(3)]
+            script.owners["t"] = ["a", "b"]  # moved: b refuses, naming a
+            script.epoch += 1
+            offsets += [client.produce("t", [(None, b"y", ())], partition=0) for _ in range(2)]
+            return offsets
 
-    assert await asyncio.to_thread(produce) == [0, 1, 2]
-    assert a.refused == 1  # once: the connection to b is kept for the next produces
-    assert (await _offsets(b, "t"))[0] == 3 and (await _offsets(a, "t"))[0] == 0
+    assert await asyncio.to_thread(produce) == [0, 1, 2, 0, 1]
+    assert (a.refused, b.refused) == (0, 1)  # once: then the route is a
+    assert (await _offsets(b, "t"))[0] == 3 and (await _offsets(a, "t"))[0] == 2
 
 
 async def _until(event: asyncio.Event, condition: Any, timeout: float = 30) -> None:

@@ -113,11 +113,13 @@ class ClusterMixin:
     @property
     def owner_check(self) -> float:
         """Seconds a request to a partition's owner may stay unanswered before the client asks
-        the other brokers whether the partition moved (default 1: half the cluster's default
-        2 s lease; a frozen owner's partitions are resent to their new owner once it has them,
-        not after the request timeout). A consumer's leg at a broker that sent nothing for as
-        long, and leaves a cheap request unanswered as long, is checked the same way and moved
-        to the new owner. An owner the cluster still names keeps its requests and its legs."""
+        the other brokers whether the partition moved: half the cluster's lease, which LOOKUP
+        answers carry (1 s, half the default 2 s lease, before the first answer or from a
+        server without the field), unless set here; a frozen owner's partitions are resent to
+        their new owner once it has them, not after the request timeout. A consumer's leg at a
+        broker that sent nothing for as long, and leaves a cheap request unanswered as long, is
+        checked the same way and moved to the new owner. An owner the cluster still names keeps
+        its requests and its legs."""
         return self._router.table.owner_check
 
     @owner_check.setter
@@ -125,6 +127,7 @@ class ClusterMixin:
         if seconds <= 0:
             raise ValueError("owner_check must be > 0")
         self._router.table.owner_check = seconds
+        self._router.table.owner_check_fixed = True
 
     @property
     def brokers(self) -> list[BrokerAddress]:

@@ -5,7 +5,8 @@ it). `route(topic, partition)` answers from the table when its routes are fresh 
 the hot path costs a dictionary lookup), else sends one LOOKUP for the topic first; concurrent
 callers share that one request. While a partition has no owner (a failover under way) it looks up
 again after `LookupBackoff` delays, and raises NOT_OWNER when the backoff's time runs out. A
-LOOKUP goes through the bootstrap connection; when that fails, through each other known broker in
+LOOKUP goes through the bootstrap connection; when that fails, or, in a cluster, leaves it
+unanswered for `owner_check` (a frozen bootstrap broker), through each other known broker in
 turn. A server that predates LOOKUP answers UNSUPPORTED_API: a single broker, routed as one.
 
 `Peers` holds connections to the brokers other than the bootstrap one, opened on first use with
@@ -102,7 +103,7 @@ class Router:
         try:
             if self._is_silent(self.table.bootstrap.address):
                 raise RequestTimeout("the bootstrap broker left a request unanswered")
-            response = await self._request(request)
+            response = await self._through_bootstrap(request)
         except UnsupportedApi:
             self.table.unsupported([topic], self._loop.time())
             return
@@ -111,6 +112,25 @@ class Router:
         assert isinstance(response, m.LookupResponse)
         self.table.apply(response, self._loop.time())
         logger.debug("looked up %s: %s", topic, self.table.owners(topic))
+
+    async def _through_bootstrap(self, request: m.LookupRequest) -> m.Response:
+        """The LOOKUP through the bootstrap connection. In a cluster, answered within
+        `owner_check` or asked elsewhere: a frozen bootstrap broker keeps its connection open
+        and answers nothing, and every lookup waiting on this one (the sender's, the consumer
+        legs') waited the client's request timeout; it took 4.2-5.5 s to deliver a frozen
+        bootstrap broker's partitions from their new owner (issue 42)."""
+        if not self.table.multi_broker:
+            return await self._request(request)
+        check = self.table.owner_check
+        try:
+            async with asyncio.timeout(check):
+                return await self._request(request)
+        except TimeoutError:
+            bootstrap = self.table.bootstrap.address
+            self._silent[bootstrap] = self._loop.time() + 2 * self.table.refresh_interval
+            raise RequestTimeout(
+                f"the bootstrap broker left a LOOKUP unanswered for {check:.1f}s"
+            ) from None
 
     async def _lookup_elsewhere(
         self, request: m.LookupRequest, error: HeadwaterError

@@ -87,11 +87,13 @@ class RoutingTable:
     refresh_interval: float = 2.0  # seconds routes are trusted while there are several brokers
     # seconds a partition's request may stay unanswered before the client asks the other
     # brokers whether the partition moved (its owner may be frozen: its connection stays open):
-    # half the cluster's default lease (2 s); a frozen owner's lease runs out 1.3-2.5 s after
-    # it froze, and the next asks (every `LookupBackoff.maximum`) find the new owner soon after
+    # half the cluster's lease, which LOOKUP answers carry (`lease_ms`; 1 s, half the default 2 s
+    # lease, until one does); a frozen owner's lease runs out 1.3-2.5 s after it froze with the
+    # default, and the next asks (every `LookupBackoff.maximum`) find the new owner soon after
     # the take-over. An owner that is only slow keeps its requests: nothing is resent while the
-    # cluster still names it.
+    # cluster still names it. `owner_check_fixed`: the application set it; leases change nothing.
     owner_check: float = 1.0
+    owner_check_fixed: bool = False
     single_refresh: float = 30.0  # ... and on a single broker
     brokers: dict[str, BrokerAddress] = field(default_factory=dict)
     topics: dict[str, TopicRoutes] = field(default_factory=dict)
@@ -109,7 +111,8 @@ class RoutingTable:
         return self.clustered
 
     def apply(self, response: m.LookupResponse, now: float) -> None:
-        """Take a LOOKUP answer: the live brokers, and each named topic's owners. A partition
+        """Take a LOOKUP answer: the live brokers, each named topic's owners, and the lease
+        (`owner_check` becomes half of it, unless the application set it). A partition
         whose epoch is older than the one already known keeps its known owner (a lagging broker
         answered); a partition owned by a broker missing from the list has no owner."""
         self.version += 1
@@ -117,6 +120,8 @@ class RoutingTable:
             b.broker_id: BrokerAddress(b.broker_id, b.host, b.port) for b in response.brokers
         }
         self.clustered = self.clustered or len(self.brokers) > 1
+        if response.lease_ms > 0 and not self.owner_check_fixed:
+            self.owner_check = response.lease_ms / 2000
         for answer in response.topics:
             if answer.error_code:
                 error = error_for_code(answer.error_code, answer.error_message)

@@ -12,6 +12,11 @@ follows a CREATE_TOPIC in the same read waits for the create (the broker queues 
 naming a topic while that name's line is not empty) instead of overtaking it and finding no
 topic. A name with an empty line costs nothing: produce and map get stay synchronous.
 
+A turn taken `produces_pass` (a cluster's take-over of one partition) is one produces do not
+queue behind (`blocks_produce`): it holds the topic for a few hundred milliseconds while it claims
+the partition in the object store, and the produces to the topic's other partitions at the new
+owner waited as long (issue 42). A produce still queues when any other turn is in the line.
+
 Lines exist only while someone holds or waits for a turn. After `close`, no new turn is given
 (SERVER_SHUTTING_DOWN), and `idle` lets shutdown wait for the turns still running.
 
@@ -78,6 +83,7 @@ def _release_dropped(
 class NameLocks:
     def __init__(self) -> None:
         self._lines: dict[str, deque[asyncio.Future[None]]] = {}
+        self._passable: set[asyncio.Future[None]] = set()  # turns produces need not wait for
         self._closed = False
         self._idle = asyncio.Event()
         self._idle.set()
@@ -86,11 +92,22 @@ class NameLocks:
         """Whether some operation on `name` runs or waits."""
         return name in self._lines
 
-    def turn(self, name: str) -> Turn:
-        """Take a place in `name`'s line now; enter the returned `Turn` to wait for it."""
+    def blocks_produce(self, name: str) -> bool:
+        """Whether some operation on `name` that a produce must wait for runs or waits: any
+        but the turns taken `produces_pass`."""
+        line = self._lines.get(name)
+        return line is not None and any(f not in self._passable for f in line)
+
+    def turn(self, name: str, produces_pass: bool = False) -> Turn:
+        """Take a place in `name`'s line now; enter the returned `Turn` to wait for it.
+        `produces_pass`: produces do not queue behind this one (`blocks_produce`): a take-over
+        of one partition, which changes nothing the topic's other partitions' produces touch
+        (its own partition's are refused NOT_OWNER until it is served)."""
         if self._closed:
             raise ServerShuttingDown("the server is shutting down")
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if produces_pass:
+            self._passable.add(future)
         line = self._lines.setdefault(name, deque())
         if not line:
             future.set_result(None)
@@ -102,6 +119,7 @@ class NameLocks:
         return self.turn(name)
 
     def _release(self, name: str, future: asyncio.Future[None]) -> None:
+        self._passable.discard(future)
         line = self._lines.get(name)
         if line is None or future not in line:
             return

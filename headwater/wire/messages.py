@@ -684,6 +684,10 @@ class LookupTopic:
 class LookupResponse:
     brokers: tuple[LookupBroker, ...]  # the live brokers
     topics: tuple[LookupTopic, ...]  # in the order asked
+    # the answering broker's lease in the cluster (ms; 0: a single broker, or a server that
+    # predates the field): how long a frozen or dead owner keeps its partitions at most, which
+    # the client's `owner_check` follows
+    lease_ms: int = 0
 
 
 # ------------------------------------------------------------------------------------------------

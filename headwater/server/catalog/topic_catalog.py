@@ -150,12 +150,16 @@ class TopicCatalog:
     def sealed(self, topic: str, partition: int) -> Callable[[SealedSegment], None]:
         return self._sealed(topic, partition)
 
-    def turn(self, name: str) -> Turn:
-        """A place, taken now, in the line of operations on topic name `name`."""
-        return self._locks.turn(name)
+    def turn(self, name: str, produces_pass: bool = False) -> Turn:
+        """A place, taken now, in the line of operations on topic name `name` (`produces_pass`:
+        one produces need not wait for, `topic_turns.NameLocks.turn`)."""
+        return self._locks.turn(name, produces_pass)
 
     def busy(self, name: str) -> bool:
         return self._locks.busy(name)
+
+    def blocks_produce(self, name: str) -> bool:
+        return self._locks.blocks_produce(name)
 
     # Startup and shutdown
 

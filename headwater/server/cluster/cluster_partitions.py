@@ -253,11 +253,13 @@ class ClusterPartitions:
         # failover under 3 s). It touches nothing local. The take-over still holds the turn
         # from when its place comes until it is done, as before: a SUBSCRIBE coming meanwhile
         # waits for it (a subscription created while its partition was half taken over, the
-        # turn free during the claim, got nothing: test_cluster_manifest)
+        # turn free during the claim, got nothing: test_cluster_manifest). Produces do not
+        # (`produces_pass`): those to this partition are refused until it is served, and the
+        # topic's other partitions here went without an ack for the whole claim (issue 42)
         started = time.monotonic()
         claiming = asyncio.get_running_loop().create_task(self._claim(topic, partition, epoch))
         try:
-            async with self._catalog.turn(topic):
+            async with self._catalog.turn(topic, produces_pass=True):
                 claimed = await asyncio.shield(claiming)
                 if (
                     self._catalog.topics.get(topic) is not found

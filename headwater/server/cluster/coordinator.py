@@ -468,6 +468,12 @@ class Coordinator(Assignment, Metadata, ExclusiveClaims):
         held = self._held.get((topic, partition))
         return held.epoch if held is not None else None
 
+    @property
+    def lease_ms(self) -> int:
+        """The lease etcd granted this broker (whole seconds, at least 2), in ms, for LOOKUP: a
+        frozen or dead owner's partitions are taken over once it runs out."""
+        return self._granted_ttl * 1000
+
     def owner_epoch(self, topic: str, partition: int) -> int:
         """The epoch of the partition's owner as last seen (0: no owner), for LOOKUP."""
         held = self._held.get((topic, partition))

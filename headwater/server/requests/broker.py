@@ -25,7 +25,9 @@ the background (`LogPartition.producers_ready`), or for a read of etcd's produce
 id another broker issued since this one last looked). Such a produce waits in its partition's
 queue of waiting idempotent produces, and every later idempotent produce to the partition queues
 behind it until the queue is empty, so a producer's batches are still checked and appended in the
-order they came; non-idempotent produces never wait.
+order they came; non-idempotent produces never wait. The wait holds no turn of the topic (one that
+came in a turn gives it up first, `AfterData`), so the topic's other produces are not held up by
+a rebuild; the append takes the turn again when the line is busy.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from typing import Any, overload
 from headwater.durables.producers import ProducerTable
 from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.config import ServerConfig
-from headwater.server.reply import AfterDurable, AfterWork, Reply, Waiting, after
+from headwater.server.reply import AfterData, AfterDurable, AfterWork, Reply, Waiting, after
 from headwater.server.request_table import REQUESTS, bind, handles
 from headwater.server.requests.admin_requests import AdminHandlers
 from headwater.server.requests.consumer_requests import ConsumerHandlers
@@ -165,11 +167,18 @@ class Broker:
         name = kind.topic(request)
         if name is not None and (
             kind.in_turn
-            or self.catalog.busy(name)
+            or self._busy(name, request)
             or (kind.last_value and not self.maps.ready(name))
         ):
             return AfterWork(self._in_turn(self.catalog.turn(name), handler, session, request))
         return handler(session, request)
+
+    def _busy(self, name: str, request: m.Request) -> bool:
+        """Whether the request queues in its topic's line: any turn there holds it, but a
+        take-over's (`topic_turns`) holds no produce."""
+        if type(request) is m.ProduceRequest:
+            return self.catalog.blocks_produce(name)
+        return self.catalog.busy(name)
 
     @staticmethod
     async def _in_turn(turn: Turn, handler: Handler, session: Session, request: m.Request) -> Reply:
@@ -228,8 +237,9 @@ class Broker:
         """A produce the connection validated itself (off the loop, `produce`'s `info` and
         `schema_checked`): in its topic's turn when the topic's line is busy, as `handle` puts
         every request, so it neither overtakes a producer's earlier batch waiting there nor
-        appends while a delete or a take-over holds the topic."""
-        if self.catalog.busy(request.topic):
+        appends while a delete holds the topic (a take-over's turn holds no produce:
+        `topic_turns`)."""
+        if self.catalog.blocks_produce(request.topic):
             go = partial(self.produce, info=info, schema_checked=schema_checked)
             return AfterWork(self._in_turn(self.catalog.turn(request.topic), go, session, request))
         return self.produce(session, request, info, schema_checked)
@@ -407,7 +417,12 @@ class Broker:
         previous = self._waiting.get(key)
         mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiting[key] = mine
-        return AfterWork(self._queued(key, previous, mine, topic, partition, info, go))
+        # awaited outside the topic's turn (`AfterData`): a produce that came while the line
+        # was busy (a take-over of another partition holds it while it claims) held the turn
+        # for the whole rebuild of the table, and every other produce to the topic here queued
+        # behind it: 5.5 s without an ack on the new owner's other partitions (issue 42). The
+        # partition's queue (`_waiting`) keeps the order; the append takes the turn if busy
+        return AfterData(self._queued(key, previous, mine, topic, partition, info, go))
 
     def _must_wait(
         self, topic: Topic, partition: MemoryPartition | LogPartition, info: BatchInfo
@@ -458,15 +473,23 @@ class Broker:
             if self._unverified(topic, partition, info):
                 # its transaction's state changed at another broker after this one last saw it
                 await self._bounded(self.transactions.catch_up(info.producer_id), deadline, key)
-            if self.catalog.topics.get(topic.name) is not topic:
-                raise UnknownTopic(f"topic {topic.name!r} does not exist")
-            if not self.ownership.serves(topic.name, partition.index):
-                raise not_owner(self.ownership, topic.name, partition.index)
-            return go()
+            if self.catalog.blocks_produce(topic.name):  # a create or delete holds the topic
+                async with self.catalog.turn(topic.name):
+                    return self._go_if_served(topic, partition, go)
+            return self._go_if_served(topic, partition, go)
         finally:
             mine.set_result(None)
             if self._waiting.get(key) is mine:
                 del self._waiting[key]
+
+    def _go_if_served(
+        self, topic: Topic, partition: MemoryPartition | LogPartition, go: Callable[[], Reply]
+    ) -> Reply:
+        if self.catalog.topics.get(topic.name) is not topic:
+            raise UnknownTopic(f"topic {topic.name!r} does not exist")
+        if not self.ownership.serves(topic.name, partition.index):
+            raise not_owner(self.ownership, topic.name, partition.index)
+        return go()
 
     @staticmethod
     async def _bounded(wait: Awaitable[None], deadline: float, key: tuple[str, int]) -> None:

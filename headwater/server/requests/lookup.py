@@ -5,7 +5,9 @@ live brokers and each partition's owner as last seen) and the catalog (how many 
 has). An unknown topic is reported in that topic's entry (UNKNOWN_TOPIC), not as a failed request,
 so one stale name does not hide the others. A partition nobody owns now (a failover under way) has
 broker id "": the client asks again after a short backoff. The partition's epoch comes from the
-ownership's optional `owner_epoch(topic, partition)` (the coordinator's; 0 on a single broker).
+ownership's optional `owner_epoch(topic, partition)` (the coordinator's; 0 on a single broker),
+and the answer's `lease_ms` from its optional `lease_ms` (the lease etcd granted this broker), which
+clients tie their check of a silent owner to (docs/CLUSTER.md, "Failover as a producer sees it").
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ class LookupHandler:
                     )
                 )
             answers.append(m.LookupTopic(name, 0, "", tuple(partitions)))
-        return m.LookupResponse(brokers, tuple(answers))
+        return m.LookupResponse(brokers, tuple(answers), getattr(ownership, "lease_ms", 0))
 
 
 def _no_epoch(topic: str, partition: int) -> int:

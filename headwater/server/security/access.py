@@ -27,7 +27,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -381,9 +381,9 @@ class Security:
         if kind is m.LookupRequest and isinstance(result, m.LookupResponse):
             # a topic without a grant is answered as one that does not exist: nothing tells
             # whether it does, nor how many partitions it has
-            return m.LookupResponse(
-                result.brokers,
-                tuple(
+            return replace(
+                result,
+                topics=tuple(
                     t if may_see(session.grants, t.name) else m.LookupTopic.unknown(t.name)
                     for t in result.topics
                 ),

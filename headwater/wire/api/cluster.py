@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from construct import Int16sb, Int32sb, Int64sb, PrefixedArray
+from construct import Computed, Int16sb, Int32sb, Int64sb, PrefixedArray, Select
 
 from headwater.wire import messages as m
 from headwater.wire.api.base import I32, U16, Api, String, message
@@ -74,6 +74,9 @@ APIS: Final = (
             m.LookupResponse,
             "brokers" / PrefixedArray(Int32sb, LOOKUP_BROKER),
             "topics" / PrefixedArray(Int32sb, LOOKUP_TOPIC),
+            # added later, at the end: an older client ignores it (a response's trailing bytes
+            # are never an error), and an older server's answer, which ends before it, reads 0
+            "lease_ms" / Select(Int32sb, Computed(0)),
         ),
         decode_request=decode_lookup_request,
     ),
