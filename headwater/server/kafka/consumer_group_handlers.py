@@ -264,12 +264,13 @@ class ConsumerGroupHandlers:
             )
         return await self._classic.join_group(session, version, request)
 
-    def _commit_refused(self, name: str, member_id: str, epoch: int) -> int:
-        """The error code of a commit to consumer group `name` by `member_id` at `epoch`; 0 when
-        taken (or not ours: the classic handlers check their own)."""
+    def _commit_refused(self, name: str, member_id: str, epoch: int) -> int | None:
+        """The error code of a commit to consumer group `name` by `member_id` at `epoch`, 0 when
+        taken; None when `name` is no consumer group of this coordinator (a classic one's
+        commits are the classic handlers' to check)."""
         group = self._consumer_group(name)
         if group is None or self._elsewhere(name):
-            return 0
+            return None
         try:
             group.check_commit(member_id, epoch)
         except Refused as exc:
@@ -279,8 +280,9 @@ class ConsumerGroupHandlers:
     async def offset_commit(
         self, session: KafkaSession, version: int, request: o.OffsetCommitRequest
     ) -> o.OffsetCommitResponse:
-        name, epoch = request.group_id, request.generation_id_or_member_epoch
-        code = self._commit_refused(name, request.member_id, epoch)
+        code = self._commit_refused(
+            request.group_id, request.member_id, request.generation_id_or_member_epoch
+        )
         if code:
             return o.OffsetCommitResponse(
                 throttle_time_ms=0,
@@ -297,7 +299,7 @@ class ConsumerGroupHandlers:
                     for t in request.topics
                 ],
             )
-        if self._consumer_group(name) is not None and not self._elsewhere(name):
+        if code == 0:
             # the classic handler checks classic membership: this group has none
             request = replace(request, generation_id_or_member_epoch=-1, member_id="")
         return await self._classic.offset_commit(session, version, request)

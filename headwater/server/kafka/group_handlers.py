@@ -310,7 +310,8 @@ class GroupHandlers:
     ) -> g.ListGroupsResponse:
         """The groups with members or a rebalance under way, and, as Kafka lists a group with
         committed offsets and no members (protocol type ""), the reliable subscriptions on
-        topics the principal may consume; in a cluster those this broker coordinates."""
+        topics the principal may consume (state Empty); in a cluster those this broker
+        coordinates. Each of type `classic` (ListGroups v5; the caller filters)."""
         listed = {
             group.name: g.ListedGroup(
                 group_id=group.name,
