@@ -25,13 +25,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    ConsumerGroupState,
+    ConsumerGroupType,
+    KafkaError,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient
 
 import headwater
 from headwater.server.kafka import codec
 from headwater.server.kafka import kafka_errors as k
-from headwater.server.kafka.apis import CONSUMER_GROUP_HEARTBEAT, SERVED
+from headwater.server.kafka.apis import CONSUMER_GROUP_HEARTBEAT, SERVED, TXN_OFFSET_COMMIT
 from headwater.server.kafka.messages import consumer_protocol as cp
+from headwater.server.kafka.messages import transactions as tx
 from headwater.server.kafka.topic_ids import topic_id
 from tests.support.kafka_support import KafkaServer, RawKafka
 
@@ -307,9 +316,9 @@ async def test_a_member_killed_with_sigkill_is_fenced_and_its_partitions_move(
             member.close()
 
 
-def _heartbeat(port: int, request: cp.ConsumerGroupHeartbeatRequest, version: int = 1) -> Any:
-    """One ConsumerGroupHeartbeat, its decoded answer."""
-    api = SERVED[CONSUMER_GROUP_HEARTBEAT]
+def _flexible(port: int, key: int, version: int, request: Any) -> Any:
+    """One request of a flexible version, its decoded answer."""
+    api = SERVED[key]
     raw = RawKafka(port)
     try:
         # request header v2: the client id, then no tagged fields
@@ -320,6 +329,10 @@ def _heartbeat(port: int, request: cp.ConsumerGroupHeartbeatRequest, version: in
     assert correlation == 7
     # response header v1: no tagged fields
     return codec.decode_body(codec.Reader(body[1:]), api.responses[version])
+
+
+def _heartbeat(port: int, request: cp.ConsumerGroupHeartbeatRequest, version: int = 1) -> Any:
+    return _flexible(port, CONSUMER_GROUP_HEARTBEAT, version, request)
 
 
 def _join(group: str, member: str, topic: str, **extra: Any) -> cp.ConsumerGroupHeartbeatRequest:
@@ -487,3 +500,139 @@ def _metric(server: KafkaServer, name: str, group: str) -> float | None:
         if line.startswith(wanted):
             return float(line[len(wanted) :])
     return None
+
+
+async def test_list_groups_filters_by_type_and_state_as_a_stock_admin_client_asks(
+    kafka: KafkaServer, topic_name: str
+) -> None:
+    """confluent-kafka's `list_consumer_groups(types=..., states=...)` asks ListGroups v5 (with
+    v2 only it got every group, the filter dropped): a consumer group is listed with type
+    consumer and its state, a classic one (here: committed offsets, no members) classic."""
+    await _create(kafka, topic_name)
+    modern, classic = f"{topic_name}-new", f"{topic_name}-old"
+    member = Member(kafka, topic_name, modern, "m0")
+    committer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": classic})
+    try:
+        await asyncio.to_thread(_settled, [member])
+        committer.commit(offsets=[TopicPartition(topic_name, 0, 0)], asynchronous=False)
+        admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+
+        def listed(**filters: Any) -> dict[str, tuple[ConsumerGroupType, ConsumerGroupState]]:
+            found = admin.list_consumer_groups(request_timeout=10, **filters).result()
+            assert not found.errors
+            return {
+                group.group_id: (group.type, group.state)
+                for group in found.valid
+                if group.group_id in (modern, classic)
+            }
+
+        new = {modern: (ConsumerGroupType.CONSUMER, ConsumerGroupState.STABLE)}
+        old = {classic: (ConsumerGroupType.CLASSIC, ConsumerGroupState.EMPTY)}
+        assert listed() == new | old
+        assert listed(types={ConsumerGroupType.CONSUMER}) == new
+        assert listed(types={ConsumerGroupType.CLASSIC}) == old
+        assert listed(states={ConsumerGroupState.EMPTY}) == old
+        assert listed(states={ConsumerGroupState.STABLE}, types={ConsumerGroupType.CLASSIC}) == {}
+    finally:
+        committer.close()
+        member.close()
+
+
+async def test_a_transactional_consume_transform_produce_loop_commits_as_a_member(
+    kafka: KafkaServer, topic_name: str
+) -> None:
+    """A KIP-848 consumer and a transactional producer: each batch's transform is produced and
+    its offsets sent in one transaction (TxnOffsetCommit with the member id and its epoch as
+    generation). Every input record appears once in the output (read committed) and the group's
+    committed offsets are the input's ends. A transactional commit from no member of the group,
+    or at an epoch the member is not at, is refused as OffsetCommit's."""
+    await _create(kafka, topic_name, partitions=2)
+    output = f"{topic_name}-out"
+    await _create(kafka, output, partitions=2)
+    group = f"{topic_name}-g"
+    source = Producer({"bootstrap.servers": kafka.bootstrap, "linger.ms": 2})
+    values = [f"v{i}".encode() for i in range(300)]
+    for i, value in enumerate(values):
+        source.produce(topic_name, value, partition=i % 2)
+    assert source.flush(30) == 0
+    await asyncio.to_thread(_transform, kafka, topic_name, output, group, len(values))
+    ends = await _ends(kafka, topic_name)
+    assert await _committed(kafka, topic_name, group) == ends
+    reader = Consumer(
+        {
+            "bootstrap.servers": kafka.bootstrap,
+            "group.id": f"{group}-reader",
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+        }
+    )
+    reader.assign([TopicPartition(output, p, 0) for p in range(2)])
+    seen: list[bytes] = []
+    at_end: set[int] = set()
+    deadline = time.monotonic() + 60
+    try:
+        while len(at_end) < 2 and time.monotonic() < deadline:
+            for message in reader.consume(500, 0.5):
+                if message.error() is None:
+                    seen.append(message.value())
+                elif message.error().code() == KafkaError._PARTITION_EOF:
+                    at_end.add(message.partition())
+    finally:
+        reader.close()
+    assert sorted(seen) == sorted(v.upper() for v in values)
+
+
+def _transform(kafka: KafkaServer, source: str, output: str, group: str, count: int) -> None:
+    consumer = Consumer(_config(kafka, group, **{"isolation.level": "read_committed"}))
+    consumer.subscribe([source])
+    producer = Producer({"bootstrap.servers": kafka.bootstrap, "transactional.id": f"{group}-t"})
+    producer.init_transactions(30)
+    done = 0
+    deadline = time.monotonic() + 120
+    try:
+        while done < count and time.monotonic() < deadline:
+            messages = [m for m in consumer.consume(100, 0.5) if m.error() is None]
+            if not messages:
+                continue
+            producer.begin_transaction()
+            for message in messages:
+                producer.produce(output, message.value().upper(), partition=message.partition())
+            positions = consumer.position(consumer.assignment())
+            metadata = consumer.consumer_group_metadata()
+            producer.send_offsets_to_transaction(positions, metadata, 30)
+            producer.commit_transaction(30)
+            done += len(messages)
+        assert done == count
+        _refused_commits(kafka, group, source, consumer.memberid())
+    finally:
+        consumer.close()
+
+
+def _refused_commits(kafka: KafkaServer, group: str, topic: str, member: str) -> None:
+    """TxnOffsetCommit v3 from no member, and from the member at an epoch ahead or behind its
+    own: refused before any transaction is looked at."""
+
+    def commit(member_id: str, epoch: int) -> int:
+        request = tx.TxnOffsetCommitRequest(
+            transactional_id="nobody",
+            group_id=group,
+            producer_id=1,
+            producer_epoch=0,
+            generation_id=epoch,
+            member_id=member_id,
+            topics=[
+                tx.TxnOffsetCommitRequestTopic(
+                    name=topic,
+                    partitions=[
+                        tx.TxnOffsetCommitRequestPartition(partition_index=0, committed_offset=0)
+                    ],
+                )
+            ],
+        )
+        answer = _flexible(kafka.kafka_port, TXN_OFFSET_COMMIT, 3, request)
+        return int(answer.topics[0].partitions[0].error_code)
+
+    assert commit("no-such-member", 1) == k.UNKNOWN_MEMBER_ID
+    assert commit("", -1) == k.UNKNOWN_MEMBER_ID  # no membership, and the group has members
+    assert commit(member, 1_000_000) == k.FENCED_MEMBER_EPOCH
+    assert commit(member, 0) == k.STALE_MEMBER_EPOCH

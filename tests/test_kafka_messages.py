@@ -189,7 +189,8 @@ def test_aiokafka_lacks_only_the_versions_it_is_known_to_lack() -> None:
     )
     # aiokafka declares JoinGroup v5 and SyncGroup v3 (static membership) but not the versions
     # between, nor Heartbeat and LeaveGroup past v1; of the transaction APIs only v0 (it never
-    # sends another), and neither DescribeTransactions nor ListTransactions; Metadata to v5; none
+    # sends another), and neither DescribeTransactions nor ListTransactions; Metadata to v5;
+    # ListGroups to v2; none
     # of KIP-848's nor the share group APIs
     assert missing == sorted(
         [
@@ -201,6 +202,7 @@ def test_aiokafka_lacks_only_the_versions_it_is_known_to_lack() -> None:
             (13, 2),
             (13, 3),
             (14, 2),
+            *[(16, v) for v in range(3, 6)],  # ListGroups past v2 (state, then type filters)
             (18, 3),
             *[(22, v) for v in range(1, 5)],
             *[(key, v) for key in (24, 25, 26, 28) for v in range(1, 4)],

@@ -54,7 +54,7 @@ FAMILIES: dict[str, tuple[str, list[tuple[str, int, int]]]] = {
             ("LeaveGroup", 0, 3),
             ("SyncGroup", 0, 3),
             ("DescribeGroups", 0, 2),
-            ("ListGroups", 0, 2),
+            ("ListGroups", 0, 5),
             ("DeleteGroups", 0, 1),
         ],
     ),

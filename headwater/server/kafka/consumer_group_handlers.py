@@ -1,7 +1,7 @@
 """The APIs of Kafka 4's consumer group protocol (KIP-848): ConsumerGroupHeartbeat (membership,
 subscription and assignment in one request, `consumer_groups`) and ConsumerGroupDescribe, and how
 the classic group APIs see such groups (DescribeGroups, ListGroups, JoinGroup, OffsetCommit and
-DeleteGroups pass through here to `group_handlers`).
+DeleteGroups pass through here to `group_handlers`, TxnOffsetCommit to `txn_handlers`).
 
 - Topics travel by id (`topic_ids`): a heartbeat's owned partitions of a topic id no topic has
   are dropped (the topic was deleted). A subscription to topics the principal may not consume is
@@ -12,10 +12,14 @@ DeleteGroups pass through here to `group_handlers`).
   group"), a JoinGroup to a consumer group with members INCONSISTENT_GROUP_PROTOCOL; a group with
   no members changes protocol with its next member (its committed offsets, the subscriptions of
   its name, stay).
-- OffsetCommit of a consumer group checks the member and its epoch (sent in the generation
-  field): UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH (ahead), STALE_MEMBER_EPOCH (behind); a commit
-  without membership is taken only while the group has no members. The offsets themselves are
-  the classic groups' (`requests.group_offsets`: the cursor of the subscription of the name).
+- OffsetCommit and TxnOffsetCommit (a transactional producer's `send_offsets_to_transaction`)
+  of a consumer group check the member and its epoch (sent in the generation field):
+  UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH (ahead), STALE_MEMBER_EPOCH (behind); a commit without
+  membership is taken only while the group has no members. The offsets themselves are the
+  classic groups' (`requests.group_offsets`: the cursor of the subscription of the name).
+- ListGroups (v0-5) lists them with protocol type `consumer`, type `consumer` and their state
+  beside the classic groups (type `classic`), filtered by state (v4) and type (v5) as Kafka does:
+  a stock admin client's `list_consumer_groups(types=...)` asks v5.
 - DescribeGroups describes a consumer group as Kafka 4 does: protocol type `consumer`, the
   assignor as protocol, each member's subscription and assignment in the classic consumer
   protocol's encoding.
@@ -24,7 +28,7 @@ DeleteGroups pass through here to `group_handlers`).
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Final
 
@@ -42,10 +46,12 @@ from headwater.server.kafka.kafka_nodes import Nodes
 from headwater.server.kafka.messages import consumer_protocol as cp
 from headwater.server.kafka.messages import groups as g
 from headwater.server.kafka.messages import offsets as o
+from headwater.server.kafka.messages import transactions as tx
 from headwater.server.kafka.topic_ids import TopicIds, topic_id
 from headwater.server.security.authz import Action
 
 PROTOCOL_TYPE: Final = "consumer"
+GROUP_TYPE: Final = "consumer"  # ListGroups v5's type of these groups
 CODES: Final = {
     Refusal.INVALID_REQUEST: k.INVALID_REQUEST,
     Refusal.UNKNOWN_MEMBER: k.UNKNOWN_MEMBER_ID,
@@ -92,14 +98,19 @@ class ConsumerGroupHandlers:
         topic_ids: TopicIds,
         partitions: Callable[[str], int | None],
         permits: Permits,
+        txn_offset_commit: Callable[
+            [KafkaSession, int, tx.TxnOffsetCommitRequest], Awaitable[tx.TxnOffsetCommitResponse]
+        ],
     ) -> None:
-        """`partitions`: a topic's partition count, None when it does not exist."""
+        """`partitions`: a topic's partition count, None when it does not exist.
+        `txn_offset_commit`: the transactions' handler, for the commits this one takes."""
         self.groups = groups
         self._classic = classic
         self._nodes = nodes
         self._ids = topic_ids
         self._partitions = partitions
         self._permits = permits
+        self._txn_offset_commit = txn_offset_commit
 
     def _elsewhere(self, group: str) -> bool:
         mine, chosen = self._nodes.this(), self._nodes.coordinator(group)
@@ -253,47 +264,95 @@ class ConsumerGroupHandlers:
             )
         return await self._classic.join_group(session, version, request)
 
+    def _commit_refused(self, name: str, member_id: str, epoch: int) -> int | None:
+        """The error code of a commit to consumer group `name` by `member_id` at `epoch`, 0 when
+        taken; None when `name` is no consumer group of this coordinator (a classic one's
+        commits are the classic handlers' to check)."""
+        group = self._consumer_group(name)
+        if group is None or self._elsewhere(name):
+            return None
+        try:
+            group.check_commit(member_id, epoch)
+        except Refused as exc:
+            return CODES[exc.reason]
+        return 0
+
     async def offset_commit(
         self, session: KafkaSession, version: int, request: o.OffsetCommitRequest
     ) -> o.OffsetCommitResponse:
-        group = self._consumer_group(request.group_id)
-        if group is not None and not self._elsewhere(request.group_id):
-            try:
-                group.check_commit(request.member_id, request.generation_id_or_member_epoch)
-            except Refused as exc:
-                code = CODES[exc.reason]
-                return o.OffsetCommitResponse(
-                    throttle_time_ms=0,
-                    topics=[
-                        o.OffsetCommitResponseTopic(
-                            name=t.name,
-                            partitions=[
-                                o.OffsetCommitResponsePartition(
-                                    partition_index=p.partition_index, error_code=code
-                                )
-                                for p in t.partitions
-                            ],
-                        )
-                        for t in request.topics
-                    ],
-                )
+        code = self._commit_refused(
+            request.group_id, request.member_id, request.generation_id_or_member_epoch
+        )
+        if code:
+            return o.OffsetCommitResponse(
+                throttle_time_ms=0,
+                topics=[
+                    o.OffsetCommitResponseTopic(
+                        name=t.name,
+                        partitions=[
+                            o.OffsetCommitResponsePartition(
+                                partition_index=p.partition_index, error_code=code
+                            )
+                            for p in t.partitions
+                        ],
+                    )
+                    for t in request.topics
+                ],
+            )
+        if code == 0:
             # the classic handler checks classic membership: this group has none
             request = replace(request, generation_id_or_member_epoch=-1, member_id="")
         return await self._classic.offset_commit(session, version, request)
 
+    async def txn_offset_commit(
+        self, session: KafkaSession, version: int, request: tx.TxnOffsetCommitRequest
+    ) -> tx.TxnOffsetCommitResponse:
+        """A transactional producer's commit for a consumer (`send_offsets_to_transaction`):
+        the member and its epoch (v3's generation id) checked as OffsetCommit's."""
+        code = self._commit_refused(request.group_id, request.member_id, request.generation_id)
+        if not code:
+            return await self._txn_offset_commit(session, version, request)
+        return tx.TxnOffsetCommitResponse(
+            throttle_time_ms=0,
+            topics=[
+                tx.TxnOffsetCommitResponseTopic(
+                    name=t.name,
+                    partitions=[
+                        tx.TxnOffsetCommitResponsePartition(
+                            partition_index=p.partition_index, error_code=code
+                        )
+                        for p in t.partitions
+                    ],
+                )
+                for t in request.topics
+            ],
+        )
+
     async def list_groups(
         self, session: KafkaSession, version: int, request: g.ListGroupsRequest
     ) -> g.ListGroupsResponse:
+        """The classic groups and ours, each with its state (v4) and type (v5), filtered as
+        Kafka filters: by state and by type, each case-insensitive, an empty filter passing
+        all (a type no group has, as Kafka's unknown type, matches none)."""
         listed = await self._classic.list_groups(session, version, request)
-        ours = {name for name in self.groups.groups if not self._elsewhere(name)}
-        if not ours:
-            return listed
-        kinds = {group.group_id: group.protocol_type for group in listed.groups}
-        kinds |= dict.fromkeys(ours, PROTOCOL_TYPE)
-        groups = [
-            g.ListedGroup(group_id=name, protocol_type=kind) for name, kind in sorted(kinds.items())
+        groups = {group.group_id: group for group in listed.groups}
+        for name, group in self.groups.groups.items():
+            if not self._elsewhere(name):
+                groups[name] = g.ListedGroup(
+                    group_id=name,
+                    protocol_type=PROTOCOL_TYPE,
+                    group_state=group.state(),
+                    group_type=GROUP_TYPE,
+                )
+        states = {s.strip().lower() for s in request.states_filter}
+        types = {t.strip().lower() for t in request.types_filter}
+        chosen = [
+            group
+            for _, group in sorted(groups.items())
+            if (not states or group.group_state.lower() in states)
+            and (not types or group.group_type in types)
         ]
-        return g.ListGroupsResponse(throttle_time_ms=0, error_code=0, groups=groups)
+        return g.ListGroupsResponse(throttle_time_ms=0, error_code=0, groups=chosen)
 
     async def describe_groups(
         self, session: KafkaSession, version: int, request: g.DescribeGroupsRequest

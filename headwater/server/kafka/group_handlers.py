@@ -49,6 +49,7 @@ class KafkaSession(ConsumerSession, Protocol):
 # authentication)
 Permits = Callable[[KafkaSession, Action, str], bool]
 TRANSACTION_KEY: Final = 1  # FindCoordinator's key type of a transactional id
+CLASSIC_TYPE: Final = "classic"  # ListGroups v5's group type of JoinGroup/SyncGroup groups
 
 
 def may_use(permits: Permits, session: KafkaSession, transactional_id: str) -> bool:
@@ -309,9 +310,15 @@ class GroupHandlers:
     ) -> g.ListGroupsResponse:
         """The groups with members or a rebalance under way, and, as Kafka lists a group with
         committed offsets and no members (protocol type ""), the reliable subscriptions on
-        topics the principal may consume; in a cluster those this broker coordinates."""
+        topics the principal may consume (state Empty); in a cluster those this broker
+        coordinates. Each of type `classic` (ListGroups v5; the caller filters)."""
         listed = {
-            group.name: group.protocol_type
+            group.name: g.ListedGroup(
+                group_id=group.name,
+                protocol_type=group.protocol_type,
+                group_state=group.state,
+                group_type=CLASSIC_TYPE,
+            )
             for group in self.coordinator.groups.values()
             if not self._elsewhere(group.name)
         }
@@ -319,11 +326,10 @@ class GroupHandlers:
             if name in listed or self._elsewhere(name):
                 continue
             if any(self._permits(session, Action.CONSUME, t) for t in topics):
-                listed[name] = ""
-        groups = [
-            g.ListedGroup(group_id=name, protocol_type=kind)
-            for name, kind in sorted(listed.items())
-        ]
+                listed[name] = g.ListedGroup(
+                    group_id=name, protocol_type="", group_state="Empty", group_type=CLASSIC_TYPE
+                )
+        groups = [listed[name] for name in sorted(listed)]
         return g.ListGroupsResponse(throttle_time_ms=0, error_code=0, groups=groups)
 
     async def describe_groups(

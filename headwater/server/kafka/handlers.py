@@ -233,6 +233,8 @@ class KafkaHandlers:
             self._native,
         )
         groups = self.groups
+        self.transactions = TransactionHandlers(broker.transactions, self.permits)
+        transactions = self.transactions
         session_ms, heartbeat_ms = consumer_timeouts
         self.consumer_groups = ConsumerGroupHandlers(
             ConsumerGroups(session_ms / 1000, heartbeat_ms / 1000),
@@ -241,11 +243,10 @@ class KafkaHandlers:
             self.topic_ids,
             self._partition_count,
             self.permits,
+            transactions.txn_offset_commit,
         )
         consumer = self.consumer_groups
         configs = ConfigHandlers(broker, security, self._native, topic_defaults or TopicSettings())
-        self.transactions = TransactionHandlers(broker.transactions, self.permits)
-        transactions = self.transactions
         self.handlers: dict[int, Handler] = {
             FIND_COORDINATOR: groups.find_coordinator,
             JOIN_GROUP: consumer.join_group,
@@ -275,7 +276,7 @@ class KafkaHandlers:
             ADD_PARTITIONS_TO_TXN: transactions.add_partitions_to_txn,
             ADD_OFFSETS_TO_TXN: transactions.add_offsets_to_txn,
             END_TXN: transactions.end_txn,
-            TXN_OFFSET_COMMIT: transactions.txn_offset_commit,
+            TXN_OFFSET_COMMIT: consumer.txn_offset_commit,
             DESCRIBE_TRANSACTIONS: transactions.describe_transactions,
             LIST_TRANSACTIONS: transactions.list_transactions,
             CONSUMER_GROUP_HEARTBEAT: consumer.consumer_group_heartbeat,

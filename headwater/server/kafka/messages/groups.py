@@ -349,31 +349,40 @@ class DescribeGroupsResponse(Message):
 
 @dataclass(frozen=True, slots=True)
 class ListGroupsRequest(Message):
-    """ListGroups request, versions 0-2."""
+    """ListGroups request, versions 0-5 (flexible from 3)."""
 
     API_KEY: ClassVar[int] = 16
-    VERSIONS: ClassVar[tuple[int, int]] = (0, 2)
-    FLEXIBLE_FROM: ClassVar[int | None] = None
-    FIELDS: ClassVar[tuple[Field, ...]] = ()
+    VERSIONS: ClassVar[tuple[int, int]] = (0, 5)
+    FLEXIBLE_FROM: ClassVar[int | None] = 3
+    states_filter: Sequence[str] = ()
+    types_filter: Sequence[str] = ()
+    FIELDS: ClassVar[tuple[Field, ...]] = (
+        Field("states_filter", "string", 4, array=True),
+        Field("types_filter", "string", 5, array=True),
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class ListedGroup(Struct):
     group_id: str = ""
     protocol_type: str = ""
+    group_state: str = ""
+    group_type: str = ""
     FIELDS: ClassVar[tuple[Field, ...]] = (
         Field("group_id", "string", 0),
         Field("protocol_type", "string", 0),
+        Field("group_state", "string", 4),
+        Field("group_type", "string", 5),
     )
 
 
 @dataclass(frozen=True, slots=True)
 class ListGroupsResponse(Message):
-    """ListGroups response, versions 0-2."""
+    """ListGroups response, versions 0-5 (flexible from 3)."""
 
     API_KEY: ClassVar[int] = 16
-    VERSIONS: ClassVar[tuple[int, int]] = (0, 2)
-    FLEXIBLE_FROM: ClassVar[int | None] = None
+    VERSIONS: ClassVar[tuple[int, int]] = (0, 5)
+    FLEXIBLE_FROM: ClassVar[int | None] = 3
     throttle_time_ms: int = 0
     error_code: int = 0
     groups: Sequence[ListedGroup] = ()
