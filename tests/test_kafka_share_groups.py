@@ -502,12 +502,6 @@ def test_bad_share_requests_get_kafkas_codes(kafka: KafkaServer, topic_name: str
 # A cluster: three brokers on etcd and moto's S3 (tests.support.cluster_support)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: after the kill, a partition handed from a live broker to another had its later "
-    "records delivered and acknowledged on the new owner (its cursor reached the end) but never "
-    "returned by poll(): librdkafka acknowledged them as GAP, which is accepted (issue 39 report)",
-)
 def test_share_consumers_ride_through_kill_9_of_a_partition_owner_in_a_cluster(
     tmp_path: Path, s3: MotoS3, topic_name: str
 ) -> None:
@@ -580,4 +574,5 @@ def test_share_consumers_ride_through_kill_9_of_a_partition_owner_in_a_cluster(
             for member in members:
                 member.join(60)
         assert not failures, failures
-        assert len(accepted) == total  # none skipped
+        missing = [(p, o) for p in (0, 1) for o in range(total // 2) if (p, o) not in accepted]
+        assert not missing, f"{len(missing)} never accepted, from {missing[:5]}"  # none skipped
