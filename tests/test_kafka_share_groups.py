@@ -30,6 +30,7 @@ import headwater
 from headwater.server.kafka import codec
 from headwater.server.kafka import kafka_errors as k
 from headwater.server.kafka.apis import SERVED
+from headwater.server.kafka.messages import groups as gr
 from headwater.server.kafka.messages import share as sh
 from headwater.server.kafka.messages.declare import Message
 from headwater.server.kafka.topic_ids import topic_id
@@ -505,6 +506,43 @@ def test_bad_share_requests_get_kafkas_codes(kafka: KafkaServer, topic_name: str
 def test_share_consumers_ride_through_kill_9_of_a_partition_owner_in_a_cluster(
     tmp_path: Path, s3: MotoS3, topic_name: str
 ) -> None:
+    _ride_through_a_kill(tmp_path, s3, topic_name, lambda owners, bootstrap: owners[0])
+
+
+def test_share_consumers_ride_through_kill_9_of_the_share_coordinator_in_a_cluster(
+    tmp_path: Path, s3: MotoS3, topic_name: str
+) -> None:
+    """The members' heartbeats go to the coordinator another broker is then (FindCoordinator);
+    records in flight at the dead broker come back after their lock, none is skipped."""
+    _ride_through_a_kill(tmp_path, s3, topic_name, lambda owners, ports: _coordinator(ports, "g"))
+
+
+def _coordinator(ports: dict[str, int], group: str) -> str:
+    """The broker FindCoordinator names for `group` (asked of any broker)."""
+    raw = RawKafka(next(iter(ports.values())))
+    try:
+        api = SERVED[gr.FindCoordinatorRequest.API_KEY]
+        raw.request(
+            api.key, 1, 1, codec.encode(api.requests[1], gr.FindCoordinatorRequest(key=group))
+        )
+        _, rest = raw.response()
+        found = codec.decode_body(codec.Reader(rest), api.responses[1])
+    finally:
+        raw.close()
+    assert found.error_code == 0, found
+    (broker,) = [b for b, port in ports.items() if port == found.port]
+    return broker
+
+
+def _ride_through_a_kill(
+    tmp_path: Path,
+    s3: MotoS3,
+    topic_name: str,
+    victim: Callable[[dict[int, str], dict[str, int]], str],
+) -> None:
+    """Two explicit share consumers of a two-partition topic across three brokers; `victim`
+    (of the partitions' owners and the brokers' Kafka ports) is killed with SIGKILL once a
+    quarter of the records are accepted: every record is accepted in the end."""
     brokers = ("b1", "b2", "b3")
     total = 3_000
     asyncio.run(create_bucket(s3, "hw-kafka-share"))
@@ -562,8 +600,9 @@ def test_share_consumers_ride_through_kill_9_of_a_partition_owner_in_a_cluster(
                 producer.produce(topic_name, value=b"v%d" % i, partition=i % 2)
             assert producer.flush(60) == 0
             _until(lambda: len(accepted) >= total // 4, 90, "a quarter accepted")
-            cluster.brokers[owners[0]].kill()  # the owner of partition 0, mid-stream
-            survivors = set(brokers) - {owners[0]}
+            killed = victim(owners, dict(cluster.kafka_ports))
+            cluster.brokers[killed].kill()  # mid-stream
+            survivors = set(brokers) - {killed}
             asyncio.run(cluster.wait_owned(topic_name, 2, survivors, timeout=60))
             for i in range(total // 2, total):
                 producer.produce(topic_name, value=b"v%d" % i, partition=i % 2)
