@@ -6,11 +6,14 @@ of both partitions and 20,000 records are accepted once each; RELEASE redelivers
 acknowledged returns once its lock expires, a record released past the delivery limit is
 dead-lettered. Implicit acknowledgement: the next poll accepts a poll's records; a member killed
 with SIGKILL holding records has them delivered to the others once their lock expires. A native
-Shared consumer and two Kafka members split a topic's records. Bad requests get Kafka's codes."""
+Shared consumer and two Kafka members split a topic's records. `headwater subscription reset`
+moves the group's start. Bad requests get Kafka's codes. On three brokers, two members ride
+through kill -9 of a partition's owner and of the group's coordinator: every record accepted."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import struct
@@ -35,6 +38,7 @@ from headwater.server.kafka.messages import share as sh
 from headwater.server.kafka.messages.declare import Message
 from headwater.server.kafka.topic_ids import topic_id
 from headwater.wire.names import dead_letter_topic
+from tests.support.cli_process import hw
 from tests.support.cluster_support import running_cluster
 from tests.support.kafka_support import KafkaServer, RawKafka
 from tests.support.s3 import MotoS3, create_bucket
@@ -498,6 +502,36 @@ def test_bad_share_requests_get_kafkas_codes(kafka: KafkaServer, topic_name: str
         assert gone.error_code == k.UNKNOWN_TOPIC_ID
     finally:
         raw.close()
+
+
+def test_subscription_reset_moves_a_share_groups_start(kafka: KafkaServer, topic_name: str) -> None:
+    """`headwater subscription reset` moves the share group's start: it is the subscription."""
+    _share_group(kafka, topic_name, "moved")
+    _produce(kafka, topic_name, 10)
+    reset = ("subscription", "reset", topic_name, "moved", "--to")
+    moved = hw(*reset, "latest", "--format", "json", server=kafka.process)
+    assert moved.returncode == 0, moved.stderr
+    assert [p["committed"] for p in json.loads(moved.stdout)["partitions"]] == [5, 5]
+    _produce(kafka, topic_name, 4)  # offsets 5 and 6 of each partition
+    consumer = _member(kafka, "moved", topic_name)
+    try:
+        got: list[tuple[int, int]] = []
+        deadline = time.monotonic() + 60
+        while len(got) < 4 and time.monotonic() < deadline:
+            for message in _poll(consumer):
+                consumer.acknowledge(message, AcknowledgeType.ACCEPT)
+                got.append((message.partition(), message.offset()))
+        assert sorted(got) == [(0, 5), (0, 6), (1, 5), (1, 6)]  # nothing before the reset
+        assert hw(*reset, "earliest", server=kafka.process).returncode == 0
+        again: set[tuple[int, int]] = set()
+        deadline = time.monotonic() + 60
+        while len(again) < 14 and time.monotonic() < deadline:
+            for message in _poll(consumer):
+                consumer.acknowledge(message, AcknowledgeType.ACCEPT)
+                again.add((message.partition(), message.offset()))
+        assert again == {(p, o) for p in (0, 1) for o in range(7)}  # all of it, again
+    finally:
+        consumer.close()
 
 
 # A cluster: three brokers on etcd and moto's S3 (tests.support.cluster_support)
