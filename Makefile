@@ -70,6 +70,7 @@ LONG_TESTS := tests/test_statemachine.py::test_state_machine \
 	tests/test_transactions_native_eos.py \
 	tests/test_kafka_consumer_protocol.py::test_members_join_and_leave_moving_only_what_must_move \
 	tests/test_kafka_share_groups.py::test_share_consumers_ride_through_kill_9_of_a_partition_owner_in_a_cluster \
+	tests/test_kafka_share_groups.py::test_share_consumers_ride_through_kill_9_of_the_share_coordinator_in_a_cluster \
 	tests/test_transactions_hostile.py::test_more_partitions_than_the_limit_is_refused_and_the_transaction_goes_on \
 	tests/test_transactions_hostile.py::test_ten_thousand_transactional_ids_are_kept_and_each_described \
 	tests/test_cluster_transactions_eos.py

@@ -287,6 +287,9 @@ class ClusterMode:
             await self._drop_local(request.name)  # theirs arrives through the watch
             raise TopicExists(f"topic {request.name!r} already exists")
 
+    async def subscription_defined(self, topic: str, name: str) -> dict[str, Any] | None:
+        return await self.coordinator.get_subscription(topic, name)
+
     async def create_partitions(self, request: m.CreatePartitionsRequest) -> m.Response:
         """CREATE_PARTITIONS, in the topic's turn: checked here, recorded in etcd (every broker
         grows its copy from the watch, and the coordinators assign the new partitions), then our

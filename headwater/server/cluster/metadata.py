@@ -215,6 +215,13 @@ class Metadata:
         value = encode(definition)
         await self._etcd(lambda c: c.put(key, value))
 
+    async def get_subscription(self, topic: str, name: str) -> dict[str, Any] | None:
+        """The subscription's definition in etcd now (not the watch's copy, which may not have
+        it yet: it was created through another broker a moment ago), None if there is none."""
+        key = self._layout.subscription(topic, name)
+        found = await self._etcd(lambda c: c.get(key))
+        return decode(found.value) if found is not None else None
+
     async def delete_subscription(self, topic: str, name: str) -> None:
         key = self._layout.subscription(topic, name)
         await self._etcd(lambda c: c.delete(key))

@@ -143,16 +143,12 @@ class ShareHandlers:
         if existing is None:
             catalog = self._broker.catalog
             try:
+                settings = await self._settings(topic_name, group)
+                if isinstance(settings, str):
+                    return settings
                 async with catalog.turn(topic_name):
                     existing = await catalog.subscriptions.get_or_create(
-                        topic,
-                        group,
-                        m.SubscriptionType.SHARED,
-                        m.SubscriptionSettings(
-                            start=m.StartPosition.LATEST,
-                            ack_timeout_ms=RECORD_LOCK_MS,
-                            max_deliveries=DELIVERY_COUNT_LIMIT,
-                        ),
+                        topic, group, m.SubscriptionType.SHARED, settings
                     )
             except HeadwaterError as exc:
                 return str(exc.message)
@@ -164,6 +160,33 @@ class ShareHandlers:
                 f"{existing.sub_type.name.lower()}, not shared: it is not a share group"
             )
         return None
+
+    async def _settings(self, topic: str, group: str) -> m.SubscriptionSettings | str:
+        """How to make the share group's subscription here: Kafka's defaults for a new share
+        group (from the latest offset); in a cluster that defines it already (made through
+        another broker, whose creation this broker has not seen yet), that definition's
+        settings and the earliest start, so the partitions it has no cursor for yet (their
+        owners' checkpoints win where there are some) are read from their start: never from
+        the latest, which skipped what was produced since it was made there."""
+        defined = await self._broker.definitions.subscription_defined(topic, group)
+        if defined is None:
+            return m.SubscriptionSettings(
+                start=m.StartPosition.LATEST,
+                ack_timeout_ms=RECORD_LOCK_MS,
+                max_deliveries=DELIVERY_COUNT_LIMIT,
+            )
+        if defined.get("type") != m.SubscriptionType.SHARED:
+            return f"subscription {group!r} of topic {topic!r} is not shared: not a share group"
+        log.info("kafka.share_group_adopted", topic=topic, group=group)
+        return m.SubscriptionSettings(
+            start=m.StartPosition.EARLIEST,
+            ack_timeout_ms=defined["ack_timeout_ms"],
+            max_deliveries=defined["max_deliveries"],
+            backoff=defined["backoff"],
+            backoff_initial_ms=defined["backoff_initial_ms"],
+            backoff_max_ms=defined["backoff_max_ms"],
+            committed_only=bool(defined.get("committed_only", False)),
+        )
 
     async def share_group_describe(
         self, session: KafkaSession, version: int, request: sh.ShareGroupDescribeRequest
@@ -241,6 +264,7 @@ class ShareHandlers:
                 self._broker.consumers.detach(consumer)
         share.consumers.clear()
         share.inbox.deliveries.clear()
+        share.inbox.holes.clear()
 
     def _session(
         self, session: KafkaSession, group: str | None, member: str | None, epoch: int, acks: bool
@@ -358,7 +382,8 @@ class ShareHandlers:
             if why is not None:
                 results[name, partition] = (k.INVALID_RECORD_STATE, why)
                 continue
-            for kind, count in apply(subscription, consumer, batches).items():
+            holes = share.inbox.holes.setdefault((name, partition), set())
+            for kind, count in apply(subscription, consumer, batches, holes).items():
                 self.acknowledged[kind] += count
             results[name, partition] = (0, None)
 

@@ -12,9 +12,12 @@ before answering. Records that arrive after that (a delivery already under way) 
 for the next fetch; their lock runs from when they were sent.
 
 The record lock is the delivery's ack timeout; acknowledgements go to the subscription's delivery
-core: ACCEPT (and GAP) acks, RELEASE nacks (delivered again after the subscription's backoff, as a
-native nack without a delay),
-REJECT sends the record to the dead-letter topic at once (`ReliableDelivery.reject`). Only records
+core: ACCEPT acks, RELEASE nacks (delivered again after the subscription's backoff, as a native
+nack without a delay), REJECT sends the record to the dead-letter topic at once
+(`ReliableDelivery.reject`). GAP is what a client answers for an acquired offset it found no
+record at: it acks an offset that holds none (a transaction marker's, or a batch of no records:
+the inbox notes those `holes` as it receives them), and is a RELEASE, logged, for an offset that
+holds a record (the client dropped a record it was sent: acking it would lose it). Only records
 in flight to this member can be acknowledged (`ReliableDelivery.held_by`): a range holding any
 other (never acquired, acquired by another member, or whose lock expired) is INVALID_RECORD_STATE
 (121) for its partition, and none of that range is applied.
@@ -30,11 +33,16 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Final
 
+import structlog
+
 from headwater.server.subscriptions.reliable_subscription import ReliableSubscription
 from headwater.server.topics.subscription_contract import Consumer
 from headwater.wire.limits import MAX_CREDITS
 from headwater.wire.markers import peek
 from headwater.wire.messages import AckEntry, AckRange
+from headwater.wire.records import BATCH_HEADER
+
+log = structlog.get_logger(__name__)
 
 ACCEPT: Final = 1
 RELEASE: Final = 2
@@ -65,6 +73,8 @@ class Inbox:
         self._principal = principal
         self.deliveries: list[Delivery] = []
         self.arrived = asyncio.Event()
+        # (topic, partition) -> offsets sent here that hold no record (a GAP acks those only)
+        self.holes: dict[tuple[str, int], set[int]] = {}
 
     @property
     def principal(self) -> str:
@@ -81,14 +91,13 @@ class Inbox:
         if consumer is None:
             return
         header = peek(batch)
+        topic = consumer.subscription.topic
+        if header.control or not BATCH_HEADER.unpack_from(batch, 0)[12]:  # no record in it
+            holes = self.holes.setdefault((topic, partition), set())
+            holes.update(range(header.base_offset, header.next_offset))
         self.deliveries.append(
             Delivery(
-                consumer.subscription.topic,
-                partition,
-                batch,
-                header.base_offset,
-                header.next_offset - 1,
-                delivery_count,
+                topic, partition, batch, header.base_offset, header.next_offset - 1, delivery_count
             )
         )
         self.arrived.set()
@@ -147,18 +156,30 @@ def ack_error(
 
 
 def apply(
-    subscription: ReliableSubscription, consumer: Consumer, batches: list[Acknowledgement]
+    subscription: ReliableSubscription,
+    consumer: Consumer,
+    batches: list[Acknowledgement],
+    holes: set[int],
 ) -> dict[str, int]:
-    """Apply acknowledgements `ack_error` passed: accepted (and gaps) acked, released nacked,
-    rejected dead-lettered. How many of each."""
+    """Apply acknowledgements `ack_error` passed: accepted acked, released nacked, rejected
+    dead-lettered; a gap acked where the partition's `holes` say no record is (and taken out of
+    them), released elsewhere. How many of each."""
     accepted: list[AckRange] = []
     released: list[AckEntry] = []
     rejected: list[AckEntry] = []
+    refused_gaps: list[int] = []
     for batch in batches:
         types = batch.types
         for offset in range(batch.first, batch.last + 1):
             kind = types[0] if len(types) == 1 else types[offset - batch.first]
-            if kind in (ACCEPT, GAP):
+            if kind == GAP:
+                if offset in holes:
+                    holes.discard(offset)
+                    kind = ACCEPT
+                else:
+                    refused_gaps.append(offset)
+                    kind = RELEASE
+            if kind == ACCEPT:
                 if accepted and accepted[-1].partition == batch.partition:
                     last = accepted[-1]
                     if last.first_offset + last.count == offset:
@@ -169,6 +190,16 @@ def apply(
                 released.append(AckEntry(batch.partition, offset))
             else:
                 rejected.append(AckEntry(batch.partition, offset))
+    if refused_gaps:
+        log.warning(
+            "kafka.share_gap_released",
+            topic=subscription.topic,
+            subscription=subscription.name,
+            partition=batches[0].partition,
+            count=len(refused_gaps),
+            first=refused_gaps[0],
+            last=refused_gaps[-1],
+        )
     if accepted:
         subscription.ack_ranges(consumer, accepted)
     if released:
