@@ -45,8 +45,11 @@ run: $(RUN_STAMP)
 # fixed-seed explorations of the two fuzzers (the state machine and the pipelined admin model; their
 # recorded reproductions stay here), the cluster attack modules (kill -9 rounds with uploads,
 # take-overs, topics racing across brokers), Kafka transactions under kill -9 (a loop of them
-# killed six times, the exactly-once application over 100,000 records, ends cut mid-way), the
-# standalone Spark cluster (four JVMs), the
+# killed six times, the exactly-once application over 100,000 records, ends cut mid-way, a
+# native exactly-once loop on three brokers with kill -9s, a 10,000-partition transaction), Kafka
+# share groups and KIP-848 consumer groups through kill -9s of a cluster's brokers, the blocking
+# client through a frozen owner, the standalone Spark cluster (four JVMs), the Spark source
+# through a cluster take-over, the
 # streaming query across a server restart (its task-level restart test stays in `make test`), the
 # streaming query whose driver is killed twice (three driver JVMs one after the other), the sink's
 # task retries (a driver of its own on local[2,4]), the incremental compaction of a 1,000,000-record
@@ -73,7 +76,8 @@ LONG_TESTS := tests/test_statemachine.py::test_state_machine \
 	tests/test_kafka_share_groups.py::test_share_consumers_ride_through_kill_9_of_the_share_coordinator_in_a_cluster \
 	tests/test_transactions_hostile.py::test_more_partitions_than_the_limit_is_refused_and_the_transaction_goes_on \
 	tests/test_transactions_hostile.py::test_ten_thousand_transactional_ids_are_kept_and_each_described \
-	tests/test_cluster_transactions_eos.py
+	tests/test_cluster_transactions_eos.py \
+	tests/test_kafka_consumer_cluster.py
 SPARK_LONG := tests/test_spark_cluster.py \
 	tests/test_spark_stream_takeover.py \
 	tests/test_spark_stream_restart.py::test_a_query_rides_through_a_server_restart_exactly_once \
