@@ -188,3 +188,56 @@ async def test_status_page_renders_charts_in_chromium(tmp_path: Path) -> None:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(traffic, 10)
         server.kill()
+
+
+async def test_the_status_page_lists_the_kafka_groups(tmp_path: Path) -> None:
+    """A classic group, a Kafka 4 consumer group (KIP-848) and a share group (KIP-932), each with
+    a member polling, appear in /status.json's `kafka_groups` and in the page's table, rendered
+    by chromium; a share group's records are its Shared subscription's row."""
+    from confluent_kafka import Consumer, ShareConsumer
+
+    browser = _browser()
+    kafka_file = tmp_path / "kafka.port"
+    server, port = start_with_http(
+        tmp_path, ("--kafka-port", "0", "--kafka-port-file", str(kafka_file))
+    )
+    members: list[Consumer | ShareConsumer] = []
+    try:
+        async with await headwater.connect(server.address) as client:
+            await client.create_topic("work", partitions=2, dispatch="reliable")
+        bootstrap = f"127.0.0.1:{int(kafka_file.read_text())}"
+        common = {"bootstrap.servers": bootstrap, "auto.offset.reset": "earliest"}
+        members = [
+            Consumer({**common, "group.id": "old-style"}),
+            Consumer({**common, "group.id": "new-style", "group.protocol": "consumer"}),
+            ShareConsumer({"bootstrap.servers": bootstrap, "group.id": "queue"}),
+        ]
+        for member in members:
+            member.subscribe(["work"])
+        wanted = {("old-style", "classic"), ("new-style", "consumer"), ("queue", "share")}
+        deadline = time.monotonic() + 60
+        rows: list[dict[str, object]] = []
+        while time.monotonic() < deadline:
+            for member in members:
+                await asyncio.to_thread(member.poll, 0.2)
+            _, _, body = await asyncio.to_thread(get, port, "/status.json")
+            rows = json.loads(body)["kafka_groups"]
+            joined = {(r["name"], r["kind"]) for r in rows if r["members"] == 1}
+            if wanted <= joined:
+                break
+        else:
+            raise AssertionError(f"the groups never all showed a member: {rows}")
+        by_name = {r["name"]: r for r in rows}
+        assert by_name["queue"]["topics"] == ["work"] and by_name["new-style"]["topics"] == ["work"]
+        dom = (
+            await _chromium(
+                browser, tmp_path / "profile", "--dump-dom", f"http://127.0.0.1:{port}/"
+            )
+        ).decode()
+        for name, kind in wanted:
+            assert f'<td class="text">{name}</td><td class="text">{kind}</td>' in dom, name
+    finally:
+        for member in members:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(member.close)
+        server.kill()

@@ -190,8 +190,10 @@ async def serve(
             )
             if config.kafka.port_file is not None:
                 _write_port(config.kafka.port_file, kafka.port)
-            if operator is not None and operator.registry is not None:
-                operator.registry.register(kafka.collector())
+            if operator is not None:
+                if operator.registry is not None:
+                    operator.registry.register(kafka.collector())
+                operator.kafka_groups = kafka.groups_status  # the status page's groups
         if listener.shared.security is not None:
             kafka_connections = kafka.connections if kafka is not None else set()
             listener.shared.security.start(

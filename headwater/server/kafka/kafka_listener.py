@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import socket
 from concurrent.futures import ThreadPoolExecutor
-from typing import Final
+from typing import Any, Final
 
 import structlog
 
@@ -135,6 +135,31 @@ class KafkaListener:
             self._handlers.share,
         )
 
+    def groups_status(self) -> list[dict[str, Any]]:
+        """The Kafka groups coordinated here, for the status page: classic groups, Kafka 4's
+        consumer groups (KIP-848) and share groups (KIP-932), each with its kind, state,
+        members, epoch (a classic group's generation) and topics; empty before `start`."""
+        handlers = self._handlers
+        if handlers is None:
+            return []
+        found: list[dict[str, Any]] = []
+        for name, classic in handlers.groups.coordinator.groups.items():
+            found.append(
+                _group_row(name, "classic", classic.state, len(classic.members), classic.generation)
+            )
+        for name, group in handlers.consumer_groups.groups.groups.items():
+            state = "Stable" if group.members else "Empty"
+            row = _group_row(name, "consumer", state, len(group.members), group.group_epoch)
+            found.append(row | {"topics": sorted(group.metadata)})
+        for name, share in handlers.share.groups.groups.items():
+            topics = sorted({t for m in share.members.values() for t in m.topics})
+            state = "Stable" if share.members else "Empty"
+            found.append(
+                _group_row(name, "share", state, len(share.members), share.epoch)
+                | {"topics": topics}
+            )
+        return sorted(found, key=lambda row: (row["name"], row["kind"]))
+
     def close(self) -> None:
         if self._acceptor is not None:
             self._acceptor.close()
@@ -226,3 +251,14 @@ def _address(sock: socket.socket) -> str:
         return str(sock.getpeername()[0])
     except OSError:
         return "?"
+
+
+def _group_row(name: str, kind: str, state: str, members: int, epoch: int) -> dict[str, Any]:
+    return {
+        "name": name,
+        "kind": kind,
+        "state": state,
+        "members": members,
+        "epoch": epoch,
+        "topics": [],
+    }

@@ -21,6 +21,7 @@ import itertools
 import os
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -70,6 +71,8 @@ class ServerState:
         self.started = time.time()
         self.catalog: TopicCatalog | None = None  # set once recovery is done
         self.registry: CollectorRegistry | None = None  # /metrics (a cluster adds its collector)
+        # the Kafka port's groups (`KafkaListener.groups_status`), when it listens
+        self.kafka_groups: Callable[[], list[dict[str, Any]]] | None = None
         self.stopping = False
         self.samples: deque[Sample] = deque(maxlen=SAMPLES)
         self._sampler: asyncio.Task[None] | None = None
@@ -204,6 +207,7 @@ class ServerState:
             if uploader is None
             else {"pending": uploader.pending, "failures": uploader.failures},
             "topics": [self._topic_status(t, samples) for _, t in sorted(self.topics().items())],
+            "kafka_groups": [] if self.kafka_groups is None else self.kafka_groups(),
             "history": _history(samples, self._live_series()),
         }
 

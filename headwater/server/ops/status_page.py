@@ -62,6 +62,9 @@ PAGE: Final = """<!doctype html>
 <table id="subscriptions"><thead><tr><th>topic</th><th>subscription</th><th>type</th>
 <th>consumers</th><th>lag</th><th>backlog</th><th>unacked</th><th>delivered</th>
 <th>dead-lettered</th><th>dropped</th></tr></thead><tbody></tbody></table>
+<h2>Kafka groups</h2>
+<table id="kafka-groups"><thead><tr><th>group</th><th>kind</th><th>state</th><th>members</th>
+<th>epoch</th><th>topics</th></tr></thead><tbody></tbody></table>
 <script>
 "use strict";
 const COLORS = ["#2f6fdf", "#e0732c", "#2a9d5c", "#c23b7a", "#7c5cd6", "#b59a1c",
@@ -193,6 +196,13 @@ function render(s) {
       row(subs, [[t.name, 1], [u.name, 1], [u.type, 1], [u.consumers], [u.lag],
                  [u.backlog], [u.unacked], [u.delivered], [u.dead_lettered], [u.dropped]]);
     }
+  }
+  // a share group's records are its Shared subscription's row above (same name)
+  const groups = document.querySelector("#kafka-groups tbody");
+  groups.replaceChildren();
+  for (const g of s.kafka_groups ?? []) {
+    row(groups, [[g.name, 1], [g.kind, 1], [g.state, 1], [g.members], [g.epoch],
+                 [g.topics.join(", "), 1]]);
   }
   document.body.setAttribute("data-rendered", String(Date.now()));
 }
