@@ -33,6 +33,7 @@ import headwater
 from headwater.server.kafka import codec
 from headwater.server.kafka import kafka_errors as k
 from headwater.server.kafka.apis import SERVED
+from headwater.server.kafka.messages import groups as g
 from headwater.server.kafka.messages import groups as gr
 from headwater.server.kafka.messages import share as sh
 from headwater.server.kafka.messages.declare import Message
@@ -450,6 +451,13 @@ def test_bad_share_requests_get_kafkas_codes(kafka: KafkaServer, topic_name: str
         found, missing = described.groups
         assert (found.group_state, [m.member_id for m in found.members]) == ("Stable", ["m1"])
         assert missing.error_code == k.GROUP_ID_NOT_FOUND
+        # ListGroups v5 lists it as a share group (and only when share groups are asked for)
+        shares = _call(raw, g.ListGroupsRequest(types_filter=["share"])).groups
+        assert [
+            (x.protocol_type, x.group_state, x.group_type) for x in shares if x.group_id == "bad"
+        ] == [("share", "Stable", "share")]
+        consumers = _call(raw, g.ListGroupsRequest(types_filter=["consumer", "classic"])).groups
+        assert "bad" not in {x.group_id for x in consumers}
 
         partition = [sh.FetchPartition(partition_index=0)]
         topics = [sh.FetchTopic(topic_id=topic_id(topic_name), partitions=partition)]

@@ -227,6 +227,15 @@ async def test_the_status_page_lists_the_kafka_groups(tmp_path: Path) -> None:
                 break
         else:
             raise AssertionError(f"the groups never all showed a member: {rows}")
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        listed = await asyncio.to_thread(
+            lambda: admin.list_consumer_groups(request_timeout=10).result()
+        )
+        # a stock admin client's consumer groups: not the share group, as from Kafka (share
+        # groups are listed by type: tests/test_kafka_share_groups.py)
+        assert {g.group_id for g in listed.valid} == {"old-style", "new-style"}
         by_name = {r["name"]: r for r in rows}
         assert by_name["queue"]["topics"] == ["work"] and by_name["new-style"]["topics"] == ["work"]
         dom = (

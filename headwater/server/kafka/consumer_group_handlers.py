@@ -47,11 +47,13 @@ from headwater.server.kafka.messages import consumer_protocol as cp
 from headwater.server.kafka.messages import groups as g
 from headwater.server.kafka.messages import offsets as o
 from headwater.server.kafka.messages import transactions as tx
+from headwater.server.kafka.share_groups import ShareGroup
 from headwater.server.kafka.topic_ids import TopicIds, topic_id
 from headwater.server.security.authz import Action
 
 PROTOCOL_TYPE: Final = "consumer"
 GROUP_TYPE: Final = "consumer"  # ListGroups v5's type of these groups
+SHARE_TYPE: Final = "share"  # a share group's protocol type and ListGroups type (KIP-932)
 CODES: Final = {
     Refusal.INVALID_REQUEST: k.INVALID_REQUEST,
     Refusal.UNKNOWN_MEMBER: k.UNKNOWN_MEMBER_ID,
@@ -101,9 +103,12 @@ class ConsumerGroupHandlers:
         txn_offset_commit: Callable[
             [KafkaSession, int, tx.TxnOffsetCommitRequest], Awaitable[tx.TxnOffsetCommitResponse]
         ],
+        share_groups: Mapping[str, ShareGroup] | None = None,
     ) -> None:
         """`partitions`: a topic's partition count, None when it does not exist.
-        `txn_offset_commit`: the transactions' handler, for the commits this one takes."""
+        `txn_offset_commit`: the transactions' handler, for the commits this one takes.
+        `share_groups`: the share groups coordinated here (`ShareGroups.groups`), which
+        ListGroups lists with their type."""
         self.groups = groups
         self._classic = classic
         self._nodes = nodes
@@ -111,6 +116,7 @@ class ConsumerGroupHandlers:
         self._partitions = partitions
         self._permits = permits
         self._txn_offset_commit = txn_offset_commit
+        self._share_groups: Mapping[str, ShareGroup] = {} if share_groups is None else share_groups
 
     def _elsewhere(self, group: str) -> bool:
         mine, chosen = self._nodes.this(), self._nodes.coordinator(group)
@@ -343,6 +349,14 @@ class ConsumerGroupHandlers:
                     protocol_type=PROTOCOL_TYPE,
                     group_state=group.state(),
                     group_type=GROUP_TYPE,
+                )
+        for name, share in self._share_groups.items():
+            if not self._elsewhere(name):  # (listed by the classic handler as a subscription)
+                groups[name] = g.ListedGroup(
+                    group_id=name,
+                    protocol_type=SHARE_TYPE,
+                    group_state="Stable" if share.members else "Empty",
+                    group_type=SHARE_TYPE,
                 )
         states = {s.strip().lower() for s in request.states_filter}
         types = {t.strip().lower() for t in request.types_filter}

@@ -235,6 +235,8 @@ class KafkaHandlers:
         groups = self.groups
         self.transactions = TransactionHandlers(broker.transactions, self.permits)
         transactions = self.transactions
+        # share groups (KIP-932): `share_handlers`
+        self.share = ShareHandlers(broker, self.nodes, self.permits, self.topic_ids)
         session_ms, heartbeat_ms = consumer_timeouts
         self.consumer_groups = ConsumerGroupHandlers(
             ConsumerGroups(session_ms / 1000, heartbeat_ms / 1000),
@@ -244,6 +246,7 @@ class KafkaHandlers:
             self._partition_count,
             self.permits,
             transactions.txn_offset_commit,
+            self.share.groups.groups,
         )
         consumer = self.consumer_groups
         configs = ConfigHandlers(broker, security, self._native, topic_defaults or TopicSettings())
@@ -282,8 +285,6 @@ class KafkaHandlers:
             CONSUMER_GROUP_HEARTBEAT: consumer.consumer_group_heartbeat,
             CONSUMER_GROUP_DESCRIBE: consumer.consumer_group_describe,
         }
-        # share groups (KIP-932): `share_handlers`
-        self.share = ShareHandlers(broker, self.nodes, self.permits, self.topic_ids)
         self.handlers |= {
             SHARE_GROUP_HEARTBEAT: self.share.share_group_heartbeat,
             SHARE_GROUP_DESCRIBE: self.share.share_group_describe,
