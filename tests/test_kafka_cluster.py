@@ -193,7 +193,12 @@ def test_a_broker_answers_not_leader_for_a_partition_it_does_not_serve(cluster: 
     started = time.monotonic()
     assert ask(stranger) == (6, 6, 6)
     assert time.monotonic() - started < 4  # the Fetch's 5 s long poll was not waited out
-    assert ask(owner) == (0, 0, 0)
+    # the owner's key is in etcd from the moment it won it, its take-over may still run: a
+    # produce then is refused (6: the client looks again), not held behind it (issue 42)
+    deadline = time.monotonic() + 30
+    while (answer := ask(owner))[0] == 6 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert answer == (0, 0, 0)
 
 
 def test_odd_requests_never_break_a_cluster_handler(cluster: Cluster) -> None:
