@@ -68,6 +68,7 @@ from headwater.durables.transaction_state import (
     merge_ranges,
     plan_store,
 )
+from headwater.server.catalog.bounded import bounded_gather
 from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.reply import resolve
 from headwater.server.requests.partition_ownership import Ownership, not_owner
@@ -109,6 +110,9 @@ STALE_PREPARE_MS: Final = 5_000
 # seconds an end tries to write a marker to a partition between owners before it gives up
 # (the end stays decided; a take-over takes a few seconds)
 MARKER_PATIENCE: Final = 20.0
+# markers written at a time by one end: 10,000 at once held each one's append, durability wait and
+# state write alive together, and the full collections walking them stalled the loop for 6-8 s
+MARKERS_AT_ONCE: Final = 256
 
 
 class OffsetSink(Protocol):
@@ -543,7 +547,7 @@ class TransactionCoordinator:
         ]
         if waits:
             try:
-                await asyncio.gather(*waits)
+                await bounded_gather(waits, MARKERS_AT_ONCE)
             except InvalidTxnState:
                 # an owner saw the end already complete and the producer's next transaction
                 # begun: another broker completed it (a cluster's duty broker, say)
