@@ -1,5 +1,5 @@
-"""Transactions' state damaged in the state store, and a server that starts over it (issue 38's
-hardening).
+"""Transactions' state damaged (in the state store, or a marker in the WAL), and a server that
+starts over it (issue 38's hardening).
 
 A server killed with a committed, an aborted and an open transaction in a partition; then
 bytes of the state store's transaction keys are changed, as a flipped bit or a torn write
@@ -9,11 +9,15 @@ key or value cannot be parsed, a key that is no UTF-8. The server starts, says w
 could not read (`transactions.state_unreadable`), and a transaction-aware reader still never
 gets the aborted or the undecided records: the partition's transactions are followed again from
 the WAL's recovered batches, and an open transaction whose coordinator state is unreadable is
-aborted as hanging. What cannot be decided (a changed byte that still parses) is in
-docs/TRANSACTIONS.md, "Damaged state".
+aborted as hanging. A marker whose batch is damaged (quarantined, or cut at the log's end) leaves
+its transaction open in that partition: it is ended as its id decided (a commit's again as a
+commit, never aborted while its other partitions are committed). What cannot be decided (a
+changed byte that still parses) is in docs/TRANSACTIONS.md, "Damaged state".
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import headwater
 from headwater.storage.state import (
@@ -27,6 +31,7 @@ from headwater.storage.state import (
 from headwater.testing import ServerProcess
 from headwater.wire import messages as m
 from headwater.wire.records import BatchBuilder
+from tests.support.faults import batches, flip, partition_dir
 
 
 def _batch(producer_id: int, epoch: int, value: bytes) -> bytes:
@@ -47,11 +52,13 @@ async def _transaction(client: headwater.Client, name: str, value: bytes, end: b
         await client.request(m.EndTxnRequest(name, pid, epoch, end))
 
 
-async def _committed_values(client: headwater.Client) -> list[bytes]:
+async def _committed_values(
+    client: headwater.Client, topic: str = "t", partition: int = 0
+) -> list[bytes]:
     values: list[bytes] = []
     offset = 0
     for _ in range(100):
-        fetched = await client.fetch("t", 0, offset)
+        fetched = await client.fetch(topic, partition, offset)
         values += [r.value for r in fetched.records() if r.value is not None]
         if fetched.next_offset >= fetched.end_offset:
             return values
@@ -119,3 +126,40 @@ async def test_a_transaction_of_more_than_64_partitions_is_read_back_after_a_res
             fetched = await client.fetch("wide", partition, 0)
             assert [r.value for r in fetched.records()] == [b"in"]
     assert "transactions.state_unreadable" not in fresh_server.log()
+
+
+async def test_a_damaged_commit_marker_is_written_again_as_a_commit(tmp_path: Path) -> None:
+    """A committed and an aborted transaction over two partitions; in partition 0 a byte of
+    each marker is flipped (the commit's in the middle of the segment: quarantined at start;
+    the abort's at its end: cut). Each transaction is open there again with no marker, and the
+    start ends it as its id decided: the commit's gets a COMMIT (it was aborted as hanging, and
+    partition 1 stayed committed: half), the abort's an ABORT."""
+    config = tmp_path / "no-store.toml"
+    config.write_text('[object_store]\nbackend = "none"\n')
+    server = ServerProcess(tmp_path / "data", extra_args=("--config", str(config))).start()
+    try:
+        async with await headwater.connect(server.address) as client:
+            await client.create_topic("t", partitions=2, dispatch="reliable")
+            for name, commit in (("c", True), ("a", False)):
+                began = await client.request(m.InitTransactionsRequest(name, 60_000))
+                assert isinstance(began, m.InitProducerIdResponse)
+                pid, epoch = began.producer_id, began.producer_epoch
+                await client.request(m.AddPartitionsToTxnRequest(name, pid, epoch, "t", (0, 1)))
+                for partition in (0, 1):
+                    batch = _batch(pid, epoch, name.encode())
+                    await client.request(m.ProduceRequest("t", partition, batch))
+                await client.request(m.EndTxnRequest(name, pid, epoch, commit))
+        server.stop()
+        (segment,) = sorted(partition_dir(server, "t", 0).glob("*.log"))
+        found = batches(segment)
+        assert [b.base_offset for b in found] == [0, 1, 2, 3]  # c, its COMMIT, a, its ABORT
+        for marker in (found[1], found[3]):
+            flip(segment, marker.position + marker.size - 4)  # inside the record: CRC wrong
+        server.start()
+        async with await headwater.connect(server.address) as client:
+            assert [await _committed_values(client, "t", p) for p in (0, 1)] == [[b"c"], [b"c"]]
+        log = server.log()
+        assert "wal.quarantined" in log
+        assert "transactions.hanging_committed" in log and "hanging_aborted" in log
+    finally:
+        server.kill()

@@ -661,12 +661,16 @@ class TransactionCoordinator:
                         continue
                     entry = partition.producers.producers.get(producer_id)
                     epoch = entry.epoch if entry is not None else 0
+                    first = partition.transactions.open[producer_id]
+                    marker = self._hanging_end(producer_id, epoch, partition, first)
                     log.warning(
-                        "transactions.hanging_aborted",
+                        "transactions.hanging_aborted"
+                        if marker == Marker.ABORT
+                        else "transactions.hanging_committed",
                         topic=topic.name,
                         partition=partition.index,
                         producer_id=producer_id,
-                        first_offset=partition.transactions.open[producer_id],
+                        first_offset=first,
                     )
                     try:
                         await append_marker(
@@ -675,7 +679,7 @@ class TransactionCoordinator:
                             partition.index,
                             producer_id,
                             epoch,
-                            Marker.ABORT,
+                            marker,
                         )
                     except HeadwaterError as exc:
                         log.error(
@@ -684,6 +688,30 @@ class TransactionCoordinator:
                             partition=partition.index,
                             error=str(exc),
                         )
+
+    def _hanging_end(
+        self, producer_id: int, epoch: int, partition: LogPartition, first: int
+    ) -> Marker:
+        """The marker a hanging transaction gets: COMMIT when its producer's last end at that
+        epoch was a commit and no aborted range of its own covers where it opens (the commit's
+        marker there was lost: a damaged batch quarantined at start; aborting it made the
+        commit half, its other partitions committed), otherwise ABORT. An earlier transaction
+        of the same epoch that was aborted has its range stored when its marker was written, so
+        it is told apart; a fenced one has an older epoch than its id's."""
+        tid = self._by_producer.get(producer_id)
+        txn = None if tid is None else self._transactions.get(tid)
+        if (
+            txn is not None
+            and txn.producer_id == producer_id
+            and txn.epoch == epoch
+            and txn.state == TxnState.COMPLETE_COMMIT
+            and not any(
+                r.producer_id == producer_id
+                for r in partition.transactions.aborted_overlapping(first, first + 1)
+            )
+        ):
+            return Marker.COMMIT
+        return Marker.ABORT
 
     async def _expire_forever(self) -> None:
         while True:
