@@ -1,5 +1,8 @@
 """structlog setup: dotted event names with key/value fields, to stderr, as text or JSON lines.
 
+A line that cannot be written (a full disk under the log) is dropped and counted, never raised
+into the code that logged (`LossyPrintLogger`).
+
 `ProtocolErrorLog` keeps a flood of bad frames from flooding the log: a connection's first bad
 frame is logged (at most `burst` such lines per `interval` across the server, since an attacker
 can open a connection per bad frame), every other one is only counted, and the counts go out as
@@ -39,9 +42,33 @@ def configure_logging(log_format: str = "console", level: str = "info") -> None:
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping()[level.upper()]
         ),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=_factory,
         cache_logger_on_first_use=True,
     )
+
+
+class LossyPrintLogger(structlog.PrintLogger):
+    """A line that cannot be written (the log's disk full, or failing) is dropped and counted,
+    and the count is written with the next line that can be. Raising it instead raised in
+    whatever code logged: a commit's marker retries on a full disk ended in an OSError, and
+    its answer, which logs too, was never sent (the client timed out)."""
+
+    lost = 0  # lines dropped since the last one written (all loggers: one stream)
+
+    def msg(self, message: str) -> None:
+        try:
+            if LossyPrintLogger.lost:
+                super().msg(f"log.lines_lost count={LossyPrintLogger.lost} (could not be written)")
+                LossyPrintLogger.lost = 0
+            super().msg(message)
+        except (OSError, ValueError):  # (ValueError: the stream was closed)
+            LossyPrintLogger.lost += 1
+
+    log = debug = info = warn = warning = err = error = critical = exception = fatal = msg
+
+
+def _factory(*args: object) -> LossyPrintLogger:
+    return LossyPrintLogger(sys.stderr)
 
 
 class ProtocolErrorLog:
