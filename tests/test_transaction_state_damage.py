@@ -163,3 +163,43 @@ async def test_a_damaged_commit_marker_is_written_again_as_a_commit(tmp_path: Pa
         assert "transactions.hanging_committed" in log and "hanging_aborted" in log
     finally:
         server.kill()
+
+
+async def test_an_abort_whose_marker_was_cut_stays_aborted_after_a_later_commit(
+    tmp_path: Path,
+) -> None:
+    """The same producer aborts a transaction in partition 0, then commits one in partition 1
+    only; the abort's marker, at the end of partition 0's log, is damaged and cut at start. Its
+    transaction is open again there and its id's last end is a commit of the same epoch, yet
+    it is aborted again: the abort's range is still in the state store."""
+    config = tmp_path / "no-store.toml"
+    config.write_text('[object_store]\nbackend = "none"\n')
+    server = ServerProcess(tmp_path / "data", extra_args=("--config", str(config))).start()
+    try:
+        async with await headwater.connect(server.address) as client:
+            await client.create_topic("t", partitions=2, dispatch="reliable")
+            began = await client.request(m.InitTransactionsRequest("c", 60_000))
+            assert isinstance(began, m.InitProducerIdResponse)
+            pid, epoch = began.producer_id, began.producer_epoch
+            for partition, value, commit in ((0, b"aborted", False), (1, b"committed", True)):
+                await client.request(
+                    m.AddPartitionsToTxnRequest("c", pid, epoch, "t", (partition,))
+                )
+                builder = BatchBuilder(
+                    producer_id=pid, producer_epoch=epoch, base_sequence=0, transactional=True
+                )
+                builder.append(None, value)
+                await client.request(m.ProduceRequest("t", partition, builder.build()))
+                await client.request(m.EndTxnRequest("c", pid, epoch, commit))
+        server.stop()
+        (segment,) = sorted(partition_dir(server, "t", 0).glob("*.log"))
+        found = batches(segment)
+        assert [b.base_offset for b in found] == [0, 1]  # the record, its ABORT
+        flip(segment, found[1].position + found[1].size - 4)
+        server.start()
+        async with await headwater.connect(server.address) as client:
+            seen = [await _committed_values(client, "t", p) for p in (0, 1)]
+        assert seen == [[], [b"committed"]]
+        assert "wal.tail_cut" in server.log() and "transactions.hanging_aborted" in server.log()
+    finally:
+        server.kill()

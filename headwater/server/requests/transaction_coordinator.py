@@ -76,6 +76,7 @@ from headwater.server.requests.placement import ProducerIds
 from headwater.server.requests.transaction_placement import TransactionPlacement, append_marker
 from headwater.server.subscriptions.reliable_subscription import ReliableSubscription
 from headwater.server.topics.topic import LogPartition, LogTopic
+from headwater.server.topics.transaction_index import stored_abort_starts
 from headwater.storage.tasks import spawn
 from headwater.wire import messages as m
 from headwater.wire.errors import (
@@ -662,7 +663,7 @@ class TransactionCoordinator:
                     entry = partition.producers.producers.get(producer_id)
                     epoch = entry.epoch if entry is not None else 0
                     first = partition.transactions.open[producer_id]
-                    marker = self._hanging_end(producer_id, epoch, partition, first)
+                    marker = self._hanging_end(producer_id, epoch, topic.name, partition, first)
                     log.warning(
                         "transactions.hanging_aborted"
                         if marker == Marker.ABORT
@@ -690,28 +691,29 @@ class TransactionCoordinator:
                         )
 
     def _hanging_end(
-        self, producer_id: int, epoch: int, partition: LogPartition, first: int
+        self, producer_id: int, epoch: int, topic: str, partition: LogPartition, first: int
     ) -> Marker:
         """The marker a hanging transaction gets: COMMIT when its producer's last end at that
-        epoch was a commit and no aborted range of its own covers where it opens (the commit's
-        marker there was lost: a damaged batch quarantined at start; aborting it made the
-        commit half, its other partitions committed), otherwise ABORT. An earlier transaction
-        of the same epoch that was aborted has its range stored when its marker was written, so
-        it is told apart; a fenced one has an older epoch than its id's."""
+        epoch was a commit and no aborted range of its own starts where it opens (the commit's
+        marker there was lost: a damaged batch, quarantined or cut at start; aborting it made
+        the commit half, its other partitions committed), otherwise ABORT. An earlier
+        transaction of the same epoch that was aborted had its range stored when its marker was
+        written (kept in the store even when the WAL lost that marker), so it is told apart; a
+        fenced one has an older epoch than its id's."""
         tid = self._by_producer.get(producer_id)
         txn = None if tid is None else self._transactions.get(tid)
         if (
-            txn is not None
-            and txn.producer_id == producer_id
-            and txn.epoch == epoch
-            and txn.state == TxnState.COMPLETE_COMMIT
-            and not any(
-                r.producer_id == producer_id
-                for r in partition.transactions.aborted_overlapping(first, first + 1)
-            )
+            txn is None
+            or (txn.producer_id, txn.epoch) != (producer_id, epoch)
+            or txn.state != TxnState.COMPLETE_COMMIT
         ):
-            return Marker.COMMIT
-        return Marker.ABORT
+            return Marker.ABORT
+        overlapping = partition.transactions.aborted_overlapping(first, first + 1)
+        if any(r.producer_id == producer_id for r in overlapping) or first in stored_abort_starts(
+            self._catalog.state, topic, partition.index, producer_id
+        ):
+            return Marker.ABORT
+        return Marker.COMMIT
 
     async def _expire_forever(self) -> None:
         while True:

@@ -23,7 +23,14 @@ import structlog
 
 from headwater.durables.partition_transactions import AbortedRange, Closed, Opened
 from headwater.server.topics.topic import LogPartition, LogTopic, Topic
-from headwater.storage.state import PRODUCER, TXN_ABORTED, TXN_OPEN, StateWriter, key
+from headwater.storage.state import (
+    PRODUCER,
+    TXN_ABORTED,
+    TXN_OPEN,
+    StateStore,
+    StateWriter,
+    key,
+)
 from headwater.storage.wal import FsyncPolicy
 from headwater.wire.markers import BatchHeader, marker_type
 from headwater.wire.records import CONTROL_FLAG, TRANSACTIONAL_FLAG
@@ -125,6 +132,21 @@ class TransactionIndexes:
             self._writer.write(
                 deletes=[key(TXN_ABORTED, topic.name, partition.index, r.last_offset) for r in gone]
             )
+
+
+def stored_abort_starts(
+    store: StateStore, topic: str, partition: int, producer_id: int
+) -> set[int]:
+    """The first offsets of the producer's aborted ranges the state store holds for the
+    partition: also those whose marker the WAL lost at its end (`forget_from` dropped them from
+    the partition's state, not from the store)."""
+    found = set()
+    for _, value in store.scan(key(TXN_ABORTED, topic, partition) + b"\0"):
+        if len(value) == _ABORTED.size:  # (a damaged one was told at load)
+            producer, first = _ABORTED.unpack(value)
+            if producer == producer_id:
+                found.add(first)
+    return found
 
 
 def _parse(
