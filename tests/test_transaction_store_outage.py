@@ -5,7 +5,7 @@ One broker whose reliable topics upload their sealed segments to S3 (moto), with
 both partitions, moto is stopped, and the commit is sent: one broker's durability is its local
 WAL (the upload catches up later), so the commit completes, or is answered an error; never a
 half. After the store returns, and again after a kill -9 and a restart, a read_committed reader
-gets the transaction's records from every partition or from none,.
+gets the transaction's records from every partition or from none.
 """
 
 from __future__ import annotations
