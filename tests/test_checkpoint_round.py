@@ -16,8 +16,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
+import pytest
 import structlog
 
+from headwater.durables.cursor import PartitionCursor
 from headwater.server.cluster.cluster_partitions import ClusterPartitions, checkpoint_key
 from headwater.server.config import TopicSettings
 from headwater.server.topics.topic import LogTopic
@@ -25,6 +27,7 @@ from headwater.server.topics.topic_settings import log_config
 from headwater.storage.state import StateStore, StateWriter
 from headwater.storage.wal import PartitionLog
 from headwater.wire.messages import DispatchMode, TopicInfo
+from headwater.wire.records import build_batch, read_records
 from tests.support.queue_session import exclusive_subscription
 
 _WAIT = 5.0  # seconds: a round takes milliseconds unless the failing partition ends it
@@ -117,4 +120,99 @@ async def test_a_failing_partition_does_not_end_the_round_for_the_others(tmp_pat
         await writer.flush()
         for partition_log in logs:
             await partition_log.close()
+        state.close()
+
+
+class Etcd:
+    """etcd's checkpoints as `ClusterPartitions` sees them: compare-and-swap on a dict."""
+
+    def __init__(self, owned: list[tuple[str, int]]) -> None:
+        self._owned = owned
+        self.values: dict[str, bytes] = {}
+
+    async def swap_checkpoint(
+        self,
+        key: str,
+        value: bytes,
+        expected: bytes | None,
+        since: int = 0,
+        topic: str | None = None,
+    ) -> tuple[bool, bytes | None]:
+        current = self.values.get(key)
+        if current != expected:
+            return False, current
+        self.values[key] = value
+        return True, None
+
+    async def create_checkpoint(
+        self, key: str, value: bytes, since: int = 0, topic: str | None = None
+    ) -> bytes | None:
+        if key in self.values:
+            return self.values[key]
+        self.values[key] = value
+        return None
+
+    async def get_checkpoint(self, key: str, since: int = 0) -> bytes | None:
+        return self.values.get(key)
+
+    def incarnation(self, name: str) -> int:
+        return 0
+
+    def owned(self) -> list[tuple[str, int]]:
+        return self._owned
+
+
+@pytest.mark.parametrize("racing", ["checkpoint_round", "checkpoint_new"])
+async def test_the_start_another_broker_wrote_does_not_deliver_again_what_is_in_flight(
+    tmp_path: Path, racing: str
+) -> None:
+    """A Shared subscription created through several brokers at once: each writes its start to
+    etcd, and the owner's round (or its own `checkpoint_new`) meets the start another one wrote,
+    the same acknowledgements as its own. Taking it as a take-over's checkpoint forgot the
+    messages in flight to the consumer and delivered them again at once (a consumer of the
+    subscription got a partition's messages twice and another partition's not at all:
+    test_cluster_transactions' exactly-once tests flaked under load). They stay in flight, and
+    the cursor here is what etcd holds afterwards."""
+    settings = TopicSettings()
+    state = StateStore(tmp_path / "state")
+    writer = StateWriter(state)
+    partition_log = PartitionLog.open(tmp_path / "in" / "0", log_config(settings))
+    partition_log.start()
+    topic = LogTopic(TopicInfo("in", 1, DispatchMode.RELIABLE), settings, [partition_log])
+    subscription, consumer, session = exclusive_subscription(topic, writer, 0, 60_000)
+    topic.subscriptions["sub"] = subscription
+    etcd = Etcd([("in", 0)])
+    partitions = ClusterPartitions(
+        cast(Any, SimpleNamespace(topics={"in": topic})),
+        cast(Any, SimpleNamespace(store=None)),
+        cast(Any, None),
+        etcd,
+        lambda topic, partition: True,
+        checkpoint_interval=3600,
+    )
+    partitions._taken[("in", 0)] = 0  # taken over here, in incarnation 0 of the stand-in
+    key = checkpoint_key("in", "sub", 0)
+    try:
+        for i in range(3):
+            _, sequence = partition_log.append(build_batch([(None, b"%d" % i, [])]), 1)
+        await partition_log.wait_durable(sequence)
+        subscription.attach(consumer)
+        delivered = 0
+        while delivered < 3:
+            delivery = await asyncio.wait_for(session.deliveries.get(), _WAIT)
+            delivered += len(read_records(delivery.batch))
+        # another broker created the subscription first: its start is in etcd
+        etcd.values[key] = PartitionCursor.starting_at(0).encode()
+        if racing == "checkpoint_new":
+            await partitions.checkpoint_new(topic, "sub")
+        assert not await partitions.checkpoint_now("in", 0)
+        assert subscription.core.in_flight(0) == 3
+        assert subscription.core.held_by(consumer.consumer_id, 0, 0, 3)
+        assert etcd.values[key] == subscription.core.cursors[0].encode()
+        assert session.deliveries.empty()
+    finally:
+        await partitions.close()
+        await subscription.close()
+        await writer.flush()
+        await partition_log.close()
         state.close()

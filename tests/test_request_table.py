@@ -52,15 +52,12 @@ def test_every_request_naming_a_transactional_id_is_declared_to_use_it() -> None
     # between the brokers of a cluster: the peer token's produce grant on the topic, and it
     # applies only what the id's state decided (docs/PROTOCOL.md), as WRITE_TXN_MARKER
     assert naming - declared == {m.WriteTxnAcksRequest}
-    assert (
-        declared
-        == {
-            m.InitTransactionsRequest,
-            m.AddPartitionsToTxnRequest,
-            m.AddAcksToTxnRequest,
-            m.EndTxnRequest,
-        }
-    )
+    assert declared == {
+        m.InitTransactionsRequest,
+        m.AddPartitionsToTxnRequest,
+        m.AddAcksToTxnRequest,
+        m.EndTxnRequest,
+    }
 
 
 def test_only_the_handshake_comes_before_authentication() -> None:

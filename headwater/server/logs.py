@@ -58,9 +58,7 @@ class LossyPrintLogger(structlog.PrintLogger):
     def msg(self, message: str) -> None:
         try:
             if LossyPrintLogger.lost:
-                super().msg(
-                    f"[{LossyPrintLogger.lost} log lines lost: the log could not be written]"
-                )
+                super().msg(f"log.lines_lost count={LossyPrintLogger.lost} (could not be written)")
                 LossyPrintLogger.lost = 0
             super().msg(message)
         except (OSError, ValueError):  # (ValueError: the stream was closed)

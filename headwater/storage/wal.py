@@ -512,10 +512,12 @@ class PartitionLog:
 
     # Shutdown
 
-    async def close(self, seal_active: bool = False) -> None:
+    async def close(self, seal_active: bool = False, discard: bool = False) -> None:
         """Fsync everything; with `seal_active`, also seal the active segment (for upload).
         A clean close records the exact next offset, so a restart leaves no gap. Returns once
-        the segment reads in flight have ended too."""
+        the segment reads in flight have ended too. With `discard` (its files are removed next:
+        a deleted topic's), neither the fsync nor the clean lease: a deletion of a topic of
+        1,001 partitions paid two blocking writes per partition, one after the other (15 s)."""
         if self._closed:
             return
         if seal_active and self._segments[-1].size and self.failed is None:
@@ -528,7 +530,11 @@ class PartitionLog:
                 continue
             # the syncer's last round (in `syncer.close`) covered every append: fsync again only
             # if it did not (10,000 idle partitions paid a redundant fsync each at shutdown)
-            if self.failed is None and self.syncer.durable_sequence < self._appended:
+            if (
+                not discard
+                and self.failed is None
+                and self.syncer.durable_sequence < self._appended
+            ):
                 try:
                     # at close, only: asyncio's default executor
                     await asyncio.to_thread(self.ops.fsync, segment.write_fd, segment.path)
@@ -537,7 +543,7 @@ class PartitionLog:
             with contextlib.suppress(OSError):
                 self.ops.close(segment.write_fd)
             segment.write_fd = None
-        if self.failed is None:
+        if self.failed is None and not discard:
             try:
                 await asyncio.to_thread(self.lease.close, self.next_offset)
             except OSError as exc:

@@ -41,6 +41,7 @@ import gc
 import json
 import shutil
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +97,7 @@ log = structlog.get_logger(__name__)
 # partitions created (or added) after which what the server holds is frozen out of the cyclic
 # collector again (`TopicCatalog.grew`)
 REFREEZE_PARTITIONS = 1_000
+OPEN_THREADS = 8  # partitions of a new topic opened at a time (`_open_new`)
 
 DELETING = b"deleting/"  # a delete in progress: its files and state keys are still being removed
 
@@ -390,14 +392,32 @@ class TopicCatalog:
         if self.uploader is not None:
             self.uploader.forget_topic(name)
         logs: list[PartitionLog] = []
+        failed_at: list[int] = []
+
+        def open_one(p: int) -> PartitionLog:
+            return PartitionLog.open(
+                directory / str(p), log_config(settings), on_sealed=self._sealed(name, p)
+            )
 
         def open_all() -> None:
-            for p in range(partitions):
-                logs.append(
-                    PartitionLog.open(
-                        directory / str(p), log_config(settings), on_sealed=self._sealed(name, p)
-                    )
-                )
+            # a few at a time: a partition's files are made durable with four fsyncs, one after
+            # the other (10 ms on a loaded disk): 1,001 partitions took 10-30 s in one thread.
+            # On a failure, those not started are not, and every one opened is in `logs`
+            with ThreadPoolExecutor(OPEN_THREADS, thread_name_prefix="hw-open") as pool:
+                opening = [pool.submit(open_one, p) for p in range(partitions)]
+                error: BaseException | None = None
+                for p, future in enumerate(opening):
+                    try:
+                        logs.append(future.result())
+                    except BaseException as exc:
+                        if error is None:
+                            error = exc
+                            failed_at.append(p)
+                            for later in opening[p + 1 :]:
+                                later.cancel()
+                    # (a cancelled one raises CancelledError: nothing was opened)
+            if error is not None:
+                raise error
 
         opening = asyncio.ensure_future(asyncio.to_thread(open_all))
         try:
@@ -413,7 +433,8 @@ class TopicCatalog:
             if not isinstance(exc, OSError):
                 raise
             raise StorageError(
-                f"cannot create topic {name!r}: partition {len(logs)} of {partitions}: "
+                f"cannot create topic {name!r}: partition "
+                f"{failed_at[0] if failed_at else len(logs)} of {partitions}: "
                 f"{exc.strerror or exc}"
             ) from None
         info = m.TopicInfo(name, partitions, m.DispatchMode.RELIABLE, settings_to_configs(settings))
@@ -428,9 +449,15 @@ class TopicCatalog:
 
     @staticmethod
     async def _close_logs(logs: list[PartitionLog]) -> None:
-        for partition_log in logs:
+        """Close the logs of a topic whose files are removed next (deleted, or not created):
+        neither synced nor leased, and a few at a time (one after the other, deleting a topic
+        of 1,001 partitions took 15 s)."""
+
+        async def close(partition_log: PartitionLog) -> None:
             with contextlib.suppress(OSError):
-                await partition_log.close()
+                await partition_log.close(discard=True)
+
+        await bounded_gather((close(partition_log) for partition_log in logs), _CLOSING_AT_ONCE)
 
     async def delete_topic(self, name: str, on_removed: Callable[[Topic], None]) -> None:
         """Delete topic `name` (the caller holds its turn): `on_removed` runs once it is gone

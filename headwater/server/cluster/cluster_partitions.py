@@ -976,7 +976,13 @@ class ClusterPartitions:
             data = await self._checkpoints.create_checkpoint(
                 checkpoint_key(name, subscription, partition), start, since, name
             )
-            if data is not None:
+            if data is not None and _nothing_new(data, found.core.cursors[partition].encode()):
+                # the start another broker wrote when it created the subscription (or this
+                # broker's checkpoint round, racing this): the cursor here stays (the next
+                # round writes it over that one); taking it forgot what this broker delivered
+                # meanwhile, which was delivered again at once
+                start = data
+            elif data is not None:
                 cursor = PartitionCursor.decode(data)
                 found.core.replace_cursor(partition, cursor, now)
                 found.persist()
@@ -1043,6 +1049,12 @@ class ClusterPartitions:
             written, theirs = await swap(key, data, expected, since, topic)
             if not written and theirs is None:  # deleted since (the subscription, re-created)
                 written, theirs = await swap(key, data, None, since, topic)
+            if not written and theirs is not None and _nothing_new(theirs, data):
+                # the same acknowledgements (the start another broker's creation of the
+                # subscription wrote, met by this round racing our own `checkpoint_new`):
+                # ours goes over it, and what is in flight here stays so. Adopting it forgot
+                # the deliveries in flight and delivered them again at once, as duplicates
+                written, theirs = await swap(key, data, theirs, since, topic)
             if written or theirs is None:
                 self._written[ident] = data
                 continue
@@ -1061,6 +1073,17 @@ class ClusterPartitions:
             )
             adopted = True
         return adopted
+
+
+def _nothing_new(theirs: bytes, ours: bytes) -> bool:
+    """Whether a checkpoint another broker wrote says nothing the cursor here does not: the
+    same acknowledgements, and no message dispatched that this one has not dispatched too."""
+    other, mine = PartitionCursor.decode(theirs), PartitionCursor.decode(ours)
+    return (
+        other.floor == mine.floor
+        and other.acked == mine.acked
+        and other.dispatched <= mine.dispatched
+    )
 
 
 class _Scan:

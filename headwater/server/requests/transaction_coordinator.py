@@ -68,6 +68,7 @@ from headwater.durables.transaction_state import (
     merge_ranges,
     plan_store,
 )
+from headwater.server.catalog.bounded import bounded_gather
 from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.reply import resolve
 from headwater.server.requests.partition_ownership import Ownership, not_owner
@@ -75,6 +76,7 @@ from headwater.server.requests.placement import ProducerIds
 from headwater.server.requests.transaction_placement import TransactionPlacement, append_marker
 from headwater.server.subscriptions.reliable_subscription import ReliableSubscription
 from headwater.server.topics.topic import LogPartition, LogTopic
+from headwater.server.topics.transaction_index import stored_abort_starts
 from headwater.storage.tasks import spawn
 from headwater.wire import messages as m
 from headwater.wire.errors import (
@@ -109,6 +111,9 @@ STALE_PREPARE_MS: Final = 5_000
 # seconds an end tries to write a marker to a partition between owners before it gives up
 # (the end stays decided; a take-over takes a few seconds)
 MARKER_PATIENCE: Final = 20.0
+# markers written at a time by one end: 10,000 at once held each one's append, durability wait and
+# state write alive together, and the full collections walking them stalled the loop for 6-8 s
+MARKERS_AT_ONCE: Final = 256
 
 
 class OffsetSink(Protocol):
@@ -543,7 +548,7 @@ class TransactionCoordinator:
         ]
         if waits:
             try:
-                await asyncio.gather(*waits)
+                await bounded_gather(waits, MARKERS_AT_ONCE)
             except InvalidTxnState:
                 # an owner saw the end already complete and the producer's next transaction
                 # begun: another broker completed it (a cluster's duty broker, say)
@@ -657,12 +662,16 @@ class TransactionCoordinator:
                         continue
                     entry = partition.producers.producers.get(producer_id)
                     epoch = entry.epoch if entry is not None else 0
+                    first = partition.transactions.open[producer_id]
+                    marker = self._hanging_end(producer_id, epoch, topic.name, partition, first)
                     log.warning(
-                        "transactions.hanging_aborted",
+                        "transactions.hanging_aborted"
+                        if marker == Marker.ABORT
+                        else "transactions.hanging_committed",
                         topic=topic.name,
                         partition=partition.index,
                         producer_id=producer_id,
-                        first_offset=partition.transactions.open[producer_id],
+                        first_offset=first,
                     )
                     try:
                         await append_marker(
@@ -671,7 +680,7 @@ class TransactionCoordinator:
                             partition.index,
                             producer_id,
                             epoch,
-                            Marker.ABORT,
+                            marker,
                         )
                     except HeadwaterError as exc:
                         log.error(
@@ -680,6 +689,31 @@ class TransactionCoordinator:
                             partition=partition.index,
                             error=str(exc),
                         )
+
+    def _hanging_end(
+        self, producer_id: int, epoch: int, topic: str, partition: LogPartition, first: int
+    ) -> Marker:
+        """The marker a hanging transaction gets: COMMIT when its producer's last end at that
+        epoch was a commit and no aborted range of its own starts where it opens (the commit's
+        marker there was lost: a damaged batch, quarantined or cut at start; aborting it made
+        the commit half, its other partitions committed), otherwise ABORT. An earlier
+        transaction of the same epoch that was aborted had its range stored when its marker was
+        written (kept in the store even when the WAL lost that marker), so it is told apart; a
+        fenced one has an older epoch than its id's."""
+        tid = self._by_producer.get(producer_id)
+        txn = None if tid is None else self._transactions.get(tid)
+        if (
+            txn is None
+            or (txn.producer_id, txn.epoch) != (producer_id, epoch)
+            or txn.state != TxnState.COMPLETE_COMMIT
+        ):
+            return Marker.ABORT
+        overlapping = partition.transactions.aborted_overlapping(first, first + 1)
+        if any(r.producer_id == producer_id for r in overlapping) or first in stored_abort_starts(
+            self._catalog.state, topic, partition.index, producer_id
+        ):
+            return Marker.ABORT
+        return Marker.COMMIT
 
     async def _expire_forever(self) -> None:
         while True:

@@ -201,6 +201,16 @@ async def acknowledge(
         )
 
 
+def _unreadable(raw_key: bytes, exc: Exception) -> None:
+    """A damaged key or value of a transactional id's state, left out of what is loaded (its
+    transaction, if one was open in partitions, is aborted there as hanging)."""
+    log.error(
+        "transactions.state_unreadable",
+        key=raw_key.decode(errors="backslashreplace"),
+        error=str(exc),
+    )
+
+
 class LocalTransactions:
     """One broker: states in the state store (`txn/<id>` and its chunks of partitions
     `txnpart/<id>\0<n>`, synced), markers appended here, a commit's partitions fsynced first,
@@ -212,20 +222,26 @@ class LocalTransactions:
     async def load(self, changed: Changed) -> list[Transaction]:
         chunks: dict[str, list[tuple[int, bytes]]] = {}
         for raw_key, value in self._catalog.state.scan(TRANSACTION_PARTS):
-            # <id>\0<number, 20 digits>: read from the end, whatever the id holds
-            name = raw_key[len(TRANSACTION_PARTS) : -21].decode()
-            chunks.setdefault(name, []).append((int(raw_key[-20:]), value))
+            # <id>\0<number, 20 digits> (the scan takes the prefix off): read from the end,
+            # whatever the id holds. (Cutting the prefix's length off again named the chunks
+            # after a part of the id, never found: a transaction of more than 64 partitions
+            # was unreadable after a restart, and aborted as hanging, even a decided commit)
+            try:
+                name = raw_key[:-21].decode()
+                chunks.setdefault(name, []).append((int(raw_key[-20:]), value))
+            except ValueError as exc:  # damaged: its head then counts a chunk not found
+                _unreadable(TRANSACTION_PARTS + raw_key, exc)
         found = []
         for raw_key, value in self._catalog.state.scan(TRANSACTION):
-            name = raw_key[len(TRANSACTION) :].decode()
             try:
+                name = raw_key.decode()
                 # chunks 0, 1, 2...: a gap ends them (the head then counts more: unreadable)
                 kept = sorted(chunks.get(name, ()))
                 found.append(
                     Transaction.decode(value, (c for i, (n, c) in enumerate(kept) if n == i))
                 )
             except (ValueError, KeyError, TypeError) as exc:
-                log.error("transactions.state_unreadable", key=raw_key.decode(), error=str(exc))
+                _unreadable(TRANSACTION + raw_key, exc)
         return found
 
     async def close(self) -> None:

@@ -23,7 +23,14 @@ import structlog
 
 from headwater.durables.partition_transactions import AbortedRange, Closed, Opened
 from headwater.server.topics.topic import LogPartition, LogTopic, Topic
-from headwater.storage.state import PRODUCER, TXN_ABORTED, TXN_OPEN, StateWriter, key
+from headwater.storage.state import (
+    PRODUCER,
+    TXN_ABORTED,
+    TXN_OPEN,
+    StateStore,
+    StateWriter,
+    key,
+)
 from headwater.storage.wal import FsyncPolicy
 from headwater.wire.markers import BatchHeader, marker_type
 from headwater.wire.records import CONTROL_FLAG, TRANSACTIONAL_FLAG
@@ -67,15 +74,16 @@ class TransactionIndexes:
         """The stored state of every reliable partition, then the WAL's recovered batches."""
         opened: dict[tuple[str, int], dict[int, int]] = {}
         for raw_key, value in self._writer.store.scan(TXN_OPEN):
-            name, index, producer = raw_key.decode().split("\0")
-            opened.setdefault((name, int(index)), {})[int(producer)] = _OFFSET.unpack(value)[0]
+            parsed = _parse(raw_key, TXN_OPEN, value, _OFFSET)
+            if parsed is not None:
+                (name, index, producer), (first,) = parsed
+                opened.setdefault((name, index), {})[producer] = first
         aborted: dict[tuple[str, int], list[AbortedRange]] = {}
         for raw_key, value in self._writer.store.scan(TXN_ABORTED):
-            name, index, last = raw_key.decode().split("\0")
-            producer, first = _ABORTED.unpack(value)
-            aborted.setdefault((name, int(index)), []).append(
-                AbortedRange(producer, first, int(last))
-            )
+            parsed = _parse(raw_key, TXN_ABORTED, value, _ABORTED)
+            if parsed is not None:
+                (name, index, last), (producer, first) = parsed
+                aborted.setdefault((name, index), []).append(AbortedRange(producer, first, last))
         for topic in topics.values():
             if not topic.reliable:
                 continue
@@ -124,3 +132,37 @@ class TransactionIndexes:
             self._writer.write(
                 deletes=[key(TXN_ABORTED, topic.name, partition.index, r.last_offset) for r in gone]
             )
+
+
+def stored_abort_starts(
+    store: StateStore, topic: str, partition: int, producer_id: int
+) -> set[int]:
+    """The first offsets of the producer's aborted ranges the state store holds for the
+    partition: also those whose marker the WAL lost at its end (`forget_from` dropped them from
+    the partition's state, not from the store)."""
+    found = set()
+    for _, value in store.scan(key(TXN_ABORTED, topic, partition) + b"\0"):
+        if len(value) == _ABORTED.size:  # (a damaged one was told at load)
+            producer, first = _ABORTED.unpack(value)
+            if producer == producer_id:
+                found.add(first)
+    return found
+
+
+def _parse(
+    raw_key: bytes, prefix: bytes, value: bytes, layout: struct.Struct
+) -> tuple[tuple[str, int, int], tuple[int, ...]] | None:
+    """A stored key `<topic>\\0<partition>\\0<number>` (scanned under `prefix`) and its value;
+    None, logged, when either cannot be read (damaged bytes: the WAL's recovered batches,
+    followed next, bring back what the last segment holds; docs/TRANSACTIONS.md, "Damaged
+    state")."""
+    try:
+        name, index, number = raw_key.decode().split("\0")
+        return (name, int(index), int(number)), layout.unpack(value)
+    except (ValueError, struct.error) as exc:
+        log.error(
+            "transactions.state_unreadable",
+            key=(prefix + raw_key).decode(errors="backslashreplace"),
+            error=str(exc),
+        )
+        return None
