@@ -77,7 +77,9 @@ LONG_TESTS := tests/test_statemachine.py::test_state_machine \
 	tests/test_transactions_hostile.py::test_more_partitions_than_the_limit_is_refused_and_the_transaction_goes_on \
 	tests/test_transactions_hostile.py::test_ten_thousand_transactional_ids_are_kept_and_each_described \
 	tests/test_cluster_transactions_eos.py \
-	tests/test_kafka_consumer_cluster.py
+	tests/test_kafka_consumer_cluster.py \
+	tests/test_transaction_disk_full.py \
+	tests/test_transaction_store_outage.py
 SPARK_LONG := tests/test_spark_cluster.py \
 	tests/test_spark_stream_takeover.py \
 	tests/test_spark_stream_restart.py::test_a_query_rides_through_a_server_restart_exactly_once \
