@@ -241,13 +241,18 @@ class SnapshotWriterTask(DataSourceArrowWriter):
         )
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
-        with BlockingStore(self.spec) as store:
-            written = write_snapshot_files(
-                store, self.horizons, iterator, self.rows_per_file, self.deltas
-            )
-            for _ in written:
-                pass
+        self.write_files(iterator)
         return WriterCommitMessage()
+
+    def write_files(self, iterator: Iterator[pa.RecordBatch]) -> int:
+        """Store the files of the rows fed (sorted by topic, partition, key); how many."""
+        with BlockingStore(self.spec) as store:
+            return sum(
+                1
+                for _ in write_snapshot_files(
+                    store, self.horizons, iterator, self.rows_per_file, self.deltas
+                )
+            )
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         pass  # the job's driver commits, with one manifest per partition (manifest.py)
