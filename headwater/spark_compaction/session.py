@@ -53,7 +53,7 @@ LOCAL_DEFAULTS = {
 }
 # the magic number a JDK 17 dynamic class archive begins with (little-endian), checked before an
 # archive a run left is taken into use: a JVM killed while writing it leaves no valid header
-DYNAMIC_ARCHIVE_MAGIC = bytes.fromhex("a8ba0bf0")
+DYNAMIC_ARCHIVE_MAGIC = (0xF00BABA8).to_bytes(4, "little")
 ARCHIVE_SETTLE_SECONDS = 60.0  # a run's archive is taken into use once it is this old
 
 
