@@ -1,9 +1,13 @@
 """The fold, in Spark: per (topic, partition, key) the record with the highest offset wins.
 
-Input is the new WAL records (`headwater_wal`, above the previous horizon). A full snapshot then
-folds the winners again with the previous snapshot's layers (`headwater_snapshot`), whose rows are
-records too, with their original offsets (a delta's deletions as tombstones), so merging is the
-same fold; a delta layer is the first fold's winners, deletions included.
+Input is the new WAL records (the `headwater_wal` reader, above the previous horizon). A full
+snapshot then folds the winners again with the previous snapshot's layers (the `headwater_snapshot`
+reader), whose rows are records too, with their original offsets (a delta's deletions as
+tombstones), so merging is the same fold; a delta layer is the first fold's winners, deletions
+included. The job runs those readers, and the snapshot writer, by `mapInArrow` over a range of
+task numbers rather than as Python data sources: every Python step of the job then runs in one
+pool of reused Python workers, where the data sources would start a Python process pair for each
+of their roles (`_tasks`; docs/COMPACTION.md, "What a run costs").
 
 The WAL is read with `fold=true`: each reading task already keeps only the newest record per key of
 its segments (wal.Folder, in the Python worker, where the records are decoded anyway), with a count
@@ -22,8 +26,8 @@ The grouped result is persisted and used twice: first a small per-partition summ
 the driver (records in, keyless, tombstones, highest offset, corrupt stretches) from which the job
 sets each partition's new horizon and chooses between a delta and a full snapshot (job.py); then
 the rows to write (`winners`, of the first fold or of the second) are hash-partitioned by (topic,
-partition), sorted by key within each task, and written by `SnapshotWriter` (writer.py) inside
-the `headwater_snapshot` data source's Arrow writer; the driver knows the files from the counts.
+partition), sorted by key within each task, and written by `SnapshotWriter` (writer.py) in an
+Arrow map over each task's rows; the driver knows the files from the counts.
 """
 
 from __future__ import annotations
