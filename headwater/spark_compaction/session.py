@@ -9,9 +9,10 @@ import, not by upload. Spark's UI is off and its log is quiet: the CLI prints wh
 
 A local run is one short-lived JVM whose cost is mostly fixed (docs/COMPACTION.md, "What a run
 costs"), so `local` masters get settings that cut it: the client compiler and the serial
-collector, no whole-stage code generation and expressions interpreted (Janino's compiling cost
-more than the few rows per key it would speed up: the Python tasks fold), no adaptive execution,
-one shuffle partition per core, and the JVM's classes shared between runs (AppCDS, `class_archive`).
+collector, no adaptive execution, one shuffle partition per core, and the JVM's classes shared
+between runs (AppCDS, `class_archive`); a session for the compaction job alone (the CLI's) also
+runs without code generation, expressions interpreted (Janino's compiling cost more than the few
+rows per key it would speed up: the Python tasks fold).
 """
 
 from __future__ import annotations
@@ -45,11 +46,14 @@ LOCAL_DEFAULTS = {
     # compiler alone and the serial collector halved the JVM's CPU of a 1M-record run (22.5 to
     # 12.2 s, docs/BENCHMARKS.md); `--conf spark.driver.extraJavaOptions=` overrides it.
     "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
-    # Janino compiling the plan's code cost more CPU than it saved on a local run of 20,000 to
-    # 1,000,000 records (the JVM sees one row per key and task, the Python tasks fold)
+    "spark.sql.adaptive.enabled": "false",
+}
+# The compaction job's JVM sees one row per key and task (the Python tasks fold): Janino compiling
+# the plan's code cost more CPU than it saved, from 20,000 to 10,000,000 records. A session for
+# anything else (a streaming query moves every record through the JVM) keeps code generation.
+COMPACTION_LOCAL_DEFAULTS = {
     "spark.sql.codegen.wholeStage": "false",
     "spark.sql.codegen.factoryMode": "NO_CODEGEN",
-    "spark.sql.adaptive.enabled": "false",
 }
 # the magic number a JDK 17 dynamic class archive begins with (little-endian), checked before an
 # archive a run left is taken into use: a JVM killed while writing it leaves no valid header
@@ -107,11 +111,12 @@ def local_cores(master: str) -> int:
 
 
 def spark_session(
-    master: str = "local[2]", conf: Mapping[str, str] | None = None, data_sources: bool = True
+    master: str = "local[2]", conf: Mapping[str, str] | None = None, compaction: bool = False
 ) -> Any:
-    """Start (or join, if this process already has one) a Spark session for compaction, with
-    Headwater's data sources registered unless `data_sources` is false (registering starts a
-    Python process to look up data sources; the compaction job itself uses none)."""
+    """Start (or join, if this process already has one) a Spark session, with Headwater's data
+    sources registered; or, with `compaction`, one for the compaction job alone: no data sources
+    registered (registering starts a Python process to look them up; the job uses none) and, on
+    a local master, no code generation (COMPACTION_LOCAL_DEFAULTS)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -120,6 +125,8 @@ def spark_session(
     settings = dict(DEFAULTS)
     if master.startswith("local"):
         settings.update(LOCAL_DEFAULTS)
+        if compaction:
+            settings.update(COMPACTION_LOCAL_DEFAULTS)
         settings["spark.sql.shuffle.partitions"] = str(local_cores(master))
         archive = class_archive()
         if archive:
@@ -130,7 +137,7 @@ def spark_session(
         builder = builder.config(name, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    if data_sources:
+    if not compaction:
         from headwater.spark_compaction.source import register
 
         register(spark)
