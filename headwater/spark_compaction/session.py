@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import sys
 import time
 from collections.abc import Mapping
@@ -73,9 +74,9 @@ def class_archive(cache: Path | None = None) -> str:
         return ""
     import pyspark
 
-    java = os.path.join(os.environ.get("JAVA_HOME", ""), "bin", "java")
-    identity = f"{os.path.realpath(java) if os.environ.get('JAVA_HOME') else 'path'}"
-    identity += f"|{pyspark.__version__}|{os.path.dirname(pyspark.__file__)}"
+    home = os.environ.get("JAVA_HOME")
+    java = os.path.join(home, "bin", "java") if home else shutil.which("java") or "java"
+    identity = f"{os.path.realpath(java)}|{pyspark.__version__}|{os.path.dirname(pyspark.__file__)}"
     key = hashlib.sha256(identity.encode()).hexdigest()[:16]
     root = cache or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
     folder = root / "headwater" / "spark-classes"
