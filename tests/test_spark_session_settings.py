@@ -50,6 +50,20 @@ def test_a_finished_archive_is_taken_into_use_under_the_shared_name(tmp_path: Pa
     assert class_archive(tmp_path) == options  # and by every run after
 
 
+def test_a_second_archive_written_beside_the_shared_one_is_removed(tmp_path: Path) -> None:
+    ours = Path(class_archive(tmp_path).rsplit("=", 1)[1])
+    stamp = time.time() - ARCHIVE_SETTLE_SECONDS - 5
+    first, second = (
+        ours.with_name(ours.name.replace(f".{os.getpid()}.", f".{n}.")) for n in (1, 2)
+    )
+    for written in (first, second):  # two runs that started together both wrote one
+        written.write_bytes(DYNAMIC_ARCHIVE_MAGIC)
+        os.utime(written, (stamp, stamp))
+    options = class_archive(tmp_path)
+    assert "-XX:SharedArchiveFile=" in options
+    assert not first.exists() and not second.exists()
+
+
 def test_an_archive_cut_short_is_removed_and_written_again(tmp_path: Path) -> None:
     left = _left(tmp_path, 1, b"\0" * 64, ARCHIVE_SETTLE_SECONDS + 5)  # a JVM killed mid-write
     options = class_archive(tmp_path)

@@ -84,16 +84,16 @@ def class_archive(cache: Path | None = None) -> str:
     quiet = "-Xshare:auto -Xlog:cds=off -Xlog:cds+dynamic=off"
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        if not shared.exists():
-            for written in sorted(folder.glob(f"{key}.*.partial")):
-                settled = time.time() - written.stat().st_mtime > ARCHIVE_SETTLE_SECONDS
-                with written.open("rb") as f:
-                    valid = f.read(4) == DYNAMIC_ARCHIVE_MAGIC
-                if settled and valid:
-                    written.replace(shared)
-                    break
-                if settled:
-                    written.unlink()
+        # two runs that start together may both write one; the first settled is used, the rest go
+        for written in sorted(folder.glob(f"{key}.*.partial")):
+            if time.time() - written.stat().st_mtime <= ARCHIVE_SETTLE_SECONDS:
+                continue
+            with written.open("rb") as f:
+                valid = f.read(4) == DYNAMIC_ARCHIVE_MAGIC
+            if valid and not shared.exists():
+                written.replace(shared)
+            else:
+                written.unlink()
         if shared.exists():
             return f"{quiet} -XX:SharedArchiveFile={shared}"
         if any(folder.glob(f"{key}.*.partial")):
