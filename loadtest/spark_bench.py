@@ -23,7 +23,8 @@ load on the machine that comes and goes weighs on both sides of each ratio alike
   the CPU-s of this process's tree (that session's JVM and Python workers), less the server's.
 - `source`: `spark.readStream.format("headwater")`, AvailableNow into the `noop` sink, on local[2]
   in a session started once with a small query first (not timed): records/s from the query's
-  start to its end, planning included.
+  start to its end, planning included; and the same query over a 1,000-record topic, its time
+  being the fixed cost of a query, with the records/s past it.
 
     python -m loadtest.spark_bench --records 1000000 --keys 50000 --rounds 3
 """
@@ -348,6 +349,12 @@ def main(argv: list[str] | None = None) -> int:
                         source_read(spark, server.address, "warm", root / "warm-checkpoint")
                     seconds = source_read(spark, server.address, "bench", root / f"ckpt-{number}")
                     found["source_records_per_s"] = round(records / seconds)
+                    # a query's fixed cost: the same query over the 1,000-record topic
+                    fixed = source_read(spark, server.address, "warm", root / f"fixed-{number}")
+                    found["source_query_fixed_s"] = round(fixed, 2)
+                    found["source_past_fixed_records_per_s"] = round(
+                        records / max(seconds - fixed, 1e-3)
+                    )
                     found["source_over_fetch"] = round(
                         found["source_records_per_s"] / found["fetch_loop_records_per_s"], 2
                     )

@@ -172,7 +172,7 @@ class _Runner:
             if self.progress:
                 self.progress.message(f"starting Spark ({self.master})")
             self.owned = not running_session()  # an embedding process's session is not ours
-            self.spark = spark_session(self.master, self.conf)
+            self.spark = spark_session(self.master, self.conf, compaction=True)
         return self.spark
 
     def once(self) -> int:

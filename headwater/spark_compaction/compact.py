@@ -1,9 +1,13 @@
 """The fold, in Spark: per (topic, partition, key) the record with the highest offset wins.
 
-Input is the new WAL records (`headwater_wal`, above the previous horizon). A full snapshot then
-folds the winners again with the previous snapshot's layers (`headwater_snapshot`), whose rows are
-records too, with their original offsets (a delta's deletions as tombstones), so merging is the
-same fold; a delta layer is the first fold's winners, deletions included.
+Input is the new WAL records (the `headwater_wal` reader, above the previous horizon). A full
+snapshot then folds the winners again with the previous snapshot's layers (the `headwater_snapshot`
+reader), whose rows are records too, with their original offsets (a delta's deletions as
+tombstones), so merging is the same fold; a delta layer is the first fold's winners, deletions
+included. The job runs those readers, and the snapshot writer, by `mapInArrow` over a range of
+task numbers rather than as Python data sources: every Python step of the job then runs in one
+pool of reused Python workers, where the data sources would start a Python process pair for each
+of their roles (`_tasks`; docs/COMPACTION.md, "What a run costs").
 
 The WAL is read with `fold=true`: each reading task already keeps only the newest record per key of
 its segments (wal.Folder, in the Python worker, where the records are decoded anyway), with a count
@@ -22,23 +26,32 @@ The grouped result is persisted and used twice: first a small per-partition summ
 the driver (records in, keyless, tombstones, highest offset, corrupt stretches) from which the job
 sets each partition's new horizon and chooses between a delta and a full snapshot (job.py); then
 the rows to write (`winners`, of the first fold or of the second) are hash-partitioned by (topic,
-partition), sorted by key within each task, and written by `SnapshotWriter` (writer.py) inside
-the `headwater_snapshot` data source's Arrow writer; the driver knows the files from the counts.
+partition), sorted by key within each task, and written by `SnapshotWriter` (writer.py) in an
+Arrow map over each task's rows; the driver knows the files from the counts.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from headwater.spark_compaction.manifest import SnapshotFile
-from headwater.spark_compaction.source import files_option, segments_option
+from headwater.spark_compaction.schema import FOLDED_DDL
+from headwater.spark_compaction.source import (
+    SNAPSHOT_READ_DDL,
+    SnapshotReader,
+    SnapshotWriterTask,
+    WalReader,
+    files_option,
+    segments_option,
+)
 from headwater.spark_compaction.store import StoreSpec
 from headwater.spark_compaction.wal_segments import SegmentObject
 
@@ -66,29 +79,53 @@ def read_wal(
     until_offsets: dict[str, int] | None = None,
 ) -> DataFrame:
     """The new segments' records, already folded within each reading task (below
-    `until_offsets` where given)."""
-    return (
-        spark.read.format("headwater_wal")
-        .option("store", spec.to_json())
-        .option("segments", segments_option(segments))
-        .option("from_offsets", _json(from_offsets))
-        .option("until_offsets", _json(until_offsets or {}))
-        .option("group_bytes", str(group_bytes))
-        .option("fold", "true")
-        .load()
+    `until_offsets` where given): the `headwater_wal` reader's groups and reading, run by
+    `mapInArrow` (`_tasks`)."""
+    reader = WalReader(
+        {
+            "store": spec.to_json(),
+            "segments": segments_option(segments),
+            "from_offsets": _json(from_offsets),
+            "until_offsets": _json(until_offsets or {}),
+            "group_bytes": str(group_bytes),
+            "fold": "true",
+        }
     )
+    return _tasks(spark, reader, reader.partitions(), FOLDED_DDL)
 
 
 def read_layers(spark: SparkSession, spec: StoreSpec, files: Sequence[SnapshotFile]) -> DataFrame:
     """Earlier snapshot layers' rows as records (deletions of a delta as null values) that count
-    for no WAL record, to fold with the new ones."""
-    rows = (
-        spark.read.format("headwater_snapshot")
-        .option("store", spec.to_json())
-        .option("files", files_option(files))
-        .load()
-    )
-    return as_records(rows)
+    for no WAL record, to fold with the new ones (one task per file)."""
+    reader = SnapshotReader({"store": spec.to_json(), "files": files_option(files)})
+    return as_records(_tasks(spark, reader, reader.partitions(), SNAPSHOT_READ_DDL))
+
+
+def _tasks(spark: SparkSession, reader: Any, parts: Sequence[Any], ddl: str) -> DataFrame:
+    """`reader.read(part)` for each of `parts`, one Spark task each. `mapInArrow` over a range
+    runs them in the Python workers every other step of the job uses (one daemon, reused),
+    where the same reader as a Python data source would start a Python process (a daemon and a
+    forked worker, each importing pyspark) for each of its roles: lookup, creation, planning,
+    reading (docs/COMPACTION.md, "What a run costs")."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for index in batch.column(0).to_pylist():
+                yield from reader.read(parts[index])
+
+    return map_in_arrow(spark.range(0, len(parts), 1, len(parts)), run, ddl)
+
+
+def map_in_arrow(frame: DataFrame, func: Any, ddl: str) -> DataFrame:
+    """`frame.mapInArrow(func, ddl)` without its check that pandas is installed (pyspark 4.3's
+    `mapInArrow` goes through `pandas_udf`, which requires pandas on the driver, though neither
+    the driver nor the workers use it for an Arrow map): the same UDF and the same plan."""
+    from pyspark.sql.pandas.functions import vectorized_udf  # type: ignore[attr-defined]
+    from pyspark.util import PythonEvalType
+
+    udf = vectorized_udf(func, ddl, PythonEvalType.SQL_MAP_ARROW_ITER_UDF)
+    column = udf(*[frame[name] for name in frame.columns])
+    return DataFrame(frame._jdf.mapInArrow(column._jc, False, None), frame.sparkSession)
 
 
 def fold(records: DataFrame) -> DataFrame:
@@ -193,15 +230,21 @@ def write(
         return
     spread = rows.repartition(max(1, min(len(horizons), tasks)), "topic", "partition")
     ordered = spread.sortWithinPartitions("topic", "partition", "key")
-    (
-        ordered.write.format("headwater_snapshot")
-        .option("store", spec.to_json())
-        .option("horizons", _json({f"{t}/{p}": h for (t, p), h in horizons.items()}))
-        .option("deltas", _json(sorted(f"{t}/{p}" for t, p in deltas)))
-        .option("rows_per_file", str(rows_per_file))
-        .mode("append")
-        .save()
+    writer = SnapshotWriterTask(
+        {
+            "store": spec.to_json(),
+            "horizons": _json({f"{t}/{p}": h for (t, p), h in horizons.items()}),
+            "deltas": _json(sorted(f"{t}/{p}" for t, p in deltas)),
+            "rows_per_file": str(rows_per_file),
+        }
     )
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        files = writer.write_files(batches)
+        yield pa.RecordBatch.from_pydict({"files": [files]}, pa.schema([("files", pa.int64())]))
+
+    # the data source's Arrow writer, run by `mapInArrow` for the reason `_tasks` gives
+    map_in_arrow(ordered, run, "files bigint").collect()
 
 
 def persisted(frame: DataFrame) -> DataFrame:

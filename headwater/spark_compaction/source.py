@@ -29,9 +29,10 @@ file system: `topics` gives the newest snapshot of every partition of those topi
 partition each, its layers merged (one row per live key); `files`, a JSON list of [key, rows,
 bytes] as a manifest lists them, gives those files' rows as they are, one input partition per
 file (a delta file's deletions as rows with a null value: the job folds them with the rest). It
-also writes snapshot files, from Arrow batches (`DataSourceArrowWriter`), which is how the job
-stores them from its executors (`deltas`, a JSON list of "<topic>/<partition>", marks the
-partitions that get a delta layer).
+also writes snapshot files, from Arrow batches (`DataSourceArrowWriter`; `deltas`, a JSON list
+of "<topic>/<partition>", marks the partitions that get a delta layer). The compaction job runs
+these readers and this writer directly, by `mapInArrow` (compact.py), not through the data
+source API, whose roles each start a Python process of their own.
 
 This module imports pyspark; only the compaction job imports it, never the server.
 """
@@ -241,13 +242,18 @@ class SnapshotWriterTask(DataSourceArrowWriter):
         )
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
-        with BlockingStore(self.spec) as store:
-            written = write_snapshot_files(
-                store, self.horizons, iterator, self.rows_per_file, self.deltas
-            )
-            for _ in written:
-                pass
+        self.write_files(iterator)
         return WriterCommitMessage()
+
+    def write_files(self, iterator: Iterator[pa.RecordBatch]) -> int:
+        """Store the files of the rows fed (sorted by topic, partition, key); how many."""
+        with BlockingStore(self.spec) as store:
+            return sum(
+                1
+                for _ in write_snapshot_files(
+                    store, self.horizons, iterator, self.rows_per_file, self.deltas
+                )
+            )
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         pass  # the job's driver commits, with one manifest per partition (manifest.py)
