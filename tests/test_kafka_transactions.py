@@ -22,6 +22,7 @@ import contextlib
 import random
 import struct
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from headwater.server.kafka.apis import SERVED
 from headwater.server.kafka.messages.produce import InitProducerIdRequest
 from headwater.server.kafka.messages.transactions import EndTxnRequest
 from tests.support.kafka_support import KafkaServer, RawKafka
-from tests.support.txn_attack import create, exactly_once_run
+from tests.support.txn_attack import create, exactly_once_run, restarts
 from tests.support.txn_clients import (
     CLIENTS,
     Partition,
@@ -692,15 +693,15 @@ def test_a_consume_transform_produce_loop_killed_and_its_server_killed_is_exactl
     server = KafkaServer(tmp_path / "data", same_port=True).start()
     try:
         run = exactly_once_run(
-            server,
+            server.bootstrap,
             tmp_path,
             topic_name,
             records=20_000,
-            app_kills=3,
-            server_kills=2,
+            kinds=["app"] * 3 + ["server"] * 2,
+            kill=restarts(server),
             rng=random.Random(38),
             deadline_s=240,
         )
     finally:
         server.stop()
-    assert (run.app_kills, run.server_kills) == (3, 2), run
+    assert run.kills == Counter(app=3, server=2), run

@@ -24,7 +24,13 @@ from headwater.server.kafka import codec
 from headwater.server.kafka.apis import SERVED
 from headwater.server.kafka.messages.transactions import EndTxnRequest
 from tests.support.kafka_support import KafkaServer, RawKafka
-from tests.support.txn_attack import check_outcomes, create, exactly_once_run, transaction_loop
+from tests.support.txn_attack import (
+    check_outcomes,
+    create,
+    exactly_once_run,
+    restarts,
+    transaction_loop,
+)
 from tests.support.txn_clients import producer, read, seal
 
 
@@ -55,18 +61,18 @@ def test_exactly_once_over_100000_records_with_the_app_killed_5_times_and_the_se
     server = KafkaServer(tmp_path / "data", same_port=True).start()
     try:
         run = exactly_once_run(
-            server,
+            server.bootstrap,
             tmp_path,
             topic_name,
             records=100_000,
-            app_kills=5,
-            server_kills=2,
+            kinds=["app"] * 5 + ["server"] * 2,
+            kill=restarts(server),
             rng=random.Random(100_000),
             deadline_s=900,
         )
     finally:
         server.stop()
-    assert (run.app_kills, run.server_kills) == (5, 2), run
+    assert run.kills == Counter(app=5, server=2), run
 
 
 def test_ends_cut_by_kill_9_at_moments_they_reached_resolve_all_or_nothing(

@@ -2,8 +2,9 @@
 
 `exactly_once_run` writes an input topic of N keyed records, runs `tests.support.eos_app` as a
 process (confluent-kafka, read_committed, offsets sent in each transaction), and kills it -9
-and the server -9 (restarted on the same port) as the group's committed offsets pass random
-points of the run, starting another instance of the application whenever one is gone. At the end
+and the server -9 (restarted on the same port; in a cluster, a broker the caller's `kill`
+chooses by the kill's kind) as the group's committed offsets pass random points of the run,
+starting another instance of the application whenever one is gone. At the end
 it checks the output read_committed: one record per input record, in input order per key, and
 the group's committed offsets at the input's end.
 
@@ -23,6 +24,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,7 +45,17 @@ def create(
     partitions: int = PARTITIONS,
 ) -> list[Partition]:
     """Reliable topics through Kafka's CreateTopics; their partitions."""
-    admin = KafkaAdminClient(bootstrap_servers=server.bootstrap, request_timeout_ms=30_000)
+    return create_at(server.bootstrap, topics, configs, partitions)
+
+
+def create_at(
+    bootstrap: str,
+    topics: list[str],
+    configs: dict[str, str] | None = None,
+    partitions: int = PARTITIONS,
+) -> list[Partition]:
+    """`create` through any bootstrap (a cluster's brokers)."""
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30_000)
     try:
         admin.create_topics(
             [NewTopic(t, partitions, 1, topic_configs=configs or {}) for t in topics]
@@ -58,17 +70,16 @@ def create(
 
 @dataclass
 class Run:
-    app_kills: int = 0
-    server_kills: int = 0
+    kills: Counter[str] = field(default_factory=Counter)  # by kind: "app" or the caller's
     instances: int = 0  # application processes started
     exits: Counter[int] = field(default_factory=Counter)  # their exit codes (-9: killed)
 
 
-def _write_input(server: KafkaServer, topic: str, records: int) -> None:
+def _write_input(bootstrap: str, topic: str, records: int) -> None:
     from confluent_kafka import Producer
 
     producer = Producer(
-        {"bootstrap.servers": server.bootstrap, "enable.idempotence": True, "linger.ms": 20}
+        {"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20}
     )
     for i in range(records):
         producer.produce(topic, str(i).encode(), f"k{i % KEYS}".encode(), partition=i % PARTITIONS)
@@ -86,11 +97,11 @@ def _ends(records: int) -> dict[int, int]:
 class _Progress:
     """The group's committed offsets in all (None while the server does not answer)."""
 
-    def __init__(self, server: KafkaServer, topic: str, group: str) -> None:
+    def __init__(self, bootstrap: str, topic: str, group: str) -> None:
         from confluent_kafka import Consumer, TopicPartition
 
         self.partitions = [TopicPartition(topic, p) for p in range(PARTITIONS)]
-        self.consumer = Consumer({"bootstrap.servers": server.bootstrap, "group.id": group})
+        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
 
     def committed(self) -> int | None:
         from confluent_kafka import KafkaException
@@ -105,28 +116,40 @@ class _Progress:
         self.consumer.close()
 
 
+def restarts(server: KafkaServer) -> Callable[[str, str], None]:
+    """`exactly_once_run`'s `kill` of a lone server: -9, then started again on its port."""
+
+    def kill(_kind: str, _source: str) -> None:
+        server.kill()
+        server.start()
+
+    return kill
+
+
 def exactly_once_run(
-    server: KafkaServer,
+    bootstrap: str,
     workdir: Path,
     name: str,
     records: int,
-    app_kills: int,
-    server_kills: int,
+    kinds: list[str],
+    kill: Callable[[str, str], None],
     rng: random.Random,
     deadline_s: float,
 ) -> Run:
+    """`kinds`: the kills in a random order, "app" (the application's process, -9) or a kind
+    that `kill` (of the kind and the input topic's name) does, a server's kill -9 and restart."""
     source, output, group = f"{name}-in", f"{name}-out", f"{name}-group"
-    create(server, [source, f"{output}-0", f"{output}-1"])
-    _write_input(server, source, records)
-    kinds = ["app"] * app_kills + ["server"] * server_kills
+    create_at(bootstrap, [source, f"{output}-0", f"{output}-1"])
+    _write_input(bootstrap, source, records)
+    kinds = list(kinds)
     rng.shuffle(kinds)
     points = sorted(int(rng.uniform(0.05, 0.9) * records) for _ in kinds)
     plan = list(zip(points, kinds, strict=True))
     run = Run()
-    command = [sys.executable, "-m", "tests.support.eos_app", server.bootstrap]
+    command = [sys.executable, "-m", "tests.support.eos_app", bootstrap]
     ends = _ends(records)
     command += [source, output, group, f"{name}-txn", ",".join(map(str, ends.values()))]
-    progress = _Progress(server, source, group)
+    progress = _Progress(bootstrap, source, group)
     app: subprocess.Popen[bytes] | None = None
     deadline = time.monotonic() + deadline_s
     try:
@@ -155,11 +178,9 @@ def exactly_once_run(
                     app.kill()
                     run.exits[app.wait()] += 1
                     app = None
-                    run.app_kills += 1
                 else:
-                    server.kill()
-                    server.start()
-                    run.server_kills += 1
+                    kill(kind, source)
+                run.kills[kind] += 1
             time.sleep(0.05)  # a bounded poll of the application's progress
         else:
             raise AssertionError(f"the application did not finish in {deadline_s} s: {run}")
@@ -168,14 +189,14 @@ def exactly_once_run(
             app.kill()
             app.wait()
         progress.close()
-    _check_output(server, source, output, group, records)
+    _check_output(bootstrap, source, output, group, records)
     return run
 
 
-def _check_output(server: KafkaServer, source: str, output: str, group: str, records: int) -> None:
+def _check_output(bootstrap: str, source: str, output: str, group: str, records: int) -> None:
     outputs = [(f"{output}-{k}", p) for k in range(2) for p in range(PARTITIONS)]
-    seal(server.bootstrap, outputs)
-    seen = read("confluent", server.bootstrap, outputs, committed=True)
+    seal(bootstrap, outputs)
+    seen = read("confluent", bootstrap, outputs, committed=True)
     produced: Counter[tuple[int, int]] = Counter()
     for (topic, partition), found in seen.items():
         last: dict[bytes, int] = {}
@@ -197,7 +218,7 @@ def _check_output(server: KafkaServer, source: str, output: str, group: str, rec
     missing = expected - set(produced)
     assert not missing, f"{len(missing)} input records never written: {sorted(missing)[:10]}"
     assert len(produced) == records
-    progress = _Progress(server, source, group)
+    progress = _Progress(bootstrap, source, group)
     try:
         found = progress.consumer.committed(progress.partitions, 30)
         assert {tp.partition: tp.offset for tp in found} == _ends(records)
