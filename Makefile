@@ -79,7 +79,8 @@ LONG_TESTS := tests/test_statemachine.py::test_state_machine \
 	tests/test_cluster_transactions_eos.py \
 	tests/test_kafka_consumer_cluster.py \
 	tests/test_transaction_disk_full.py \
-	tests/test_transaction_store_outage.py
+	tests/test_transaction_store_outage.py \
+	tests/test_cluster_kafka_eos.py
 SPARK_LONG := tests/test_spark_cluster.py \
 	tests/test_spark_stream_takeover.py \
 	tests/test_spark_stream_restart.py::test_a_query_rides_through_a_server_restart_exactly_once \
