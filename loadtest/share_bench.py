@@ -21,7 +21,8 @@ them run `--settle` seconds, then counts the records consumed and acknowledged o
 with the server's user+system CPU over the same span (/proc/<pid>/stat): records/s and server
 CPU µs per record. A window ends early when the group has read the whole topic (the `s` column:
 the seconds measured; raise `--records` when it is short). Progress goes to stderr, the table
-to stdout (`--json`: JSON too); `--reverse` runs the rows in the opposite order, for alternating runs.
+to stdout (`--json`: JSON too); `--reverse` runs the rows in the opposite order, for
+alternating runs.
 
     python -m loadtest.share_bench --seconds 8 --records 800000
 """
