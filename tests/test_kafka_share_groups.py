@@ -93,7 +93,11 @@ def _share_group(
 
 
 def _produce(server: KafkaServer, topic: str, count: int, partitions: int = 2) -> None:
-    producer = Producer({"bootstrap.servers": server.bootstrap, "linger.ms": 5})
+    # batches of at most 500 records: a fetch takes whole batches, so members share a
+    # partition's records batch by batch
+    producer = Producer(
+        {"bootstrap.servers": server.bootstrap, "linger.ms": 5, "batch.num.messages": 500}
+    )
     for i in range(count):
         producer.produce(topic, value=b"v%d" % i, partition=i % partitions)
         if i % 1000 == 999:
@@ -510,6 +514,171 @@ def test_bad_share_requests_get_kafkas_codes(kafka: KafkaServer, topic_name: str
         assert gone.error_code == k.UNKNOWN_TOPIC_ID
     finally:
         raw.close()
+
+
+def _raw_fetch(
+    raw: RawKafka,
+    topic: str,
+    group: str,
+    member: str,
+    epoch: int,
+    max_records: int,
+    acks: list[sh.AcknowledgementBatch] | None = None,
+) -> Any:
+    parts = [sh.FetchPartition(partition_index=0, acknowledgement_batches=acks or [])]
+    request = sh.ShareFetchRequest(
+        group_id=group,
+        member_id=member,
+        share_session_epoch=epoch,
+        max_wait_ms=5000,
+        min_bytes=1,
+        max_records=max_records,
+        topics=[sh.FetchTopic(topic_id=topic_id(topic), partitions=parts)],
+    )
+    return _call(raw, request)
+
+
+def _batches_of(records: bytes) -> list[tuple[int, int]]:
+    """(base offset, record count) of each RecordBatch in a fetch's records."""
+    found = []
+    at = 0
+    while at < len(records):
+        base, length = struct.unpack_from(">qi", records, at)
+        found.append((base, struct.unpack_from(">i", records, at + 57)[0]))
+        at += 12 + length
+    return found
+
+
+def test_final_acknowledgements_after_the_leave_heartbeat_are_applied(
+    kafka: KafkaServer, topic_name: str
+) -> None:
+    """librdkafka's close sends the leave heartbeat (epoch -1) and the final ShareAcknowledge
+    (epoch -1, the last poll's acknowledgements) together: the leave may come first. The
+    session outlives the leave for those: the records are accepted, never delivered again. A
+    member that leaves and sends no final request has what it held delivered again after the
+    grace (`LEAVE_GRACE`), and its session acquires nothing meanwhile."""
+    _share_group(kafka, topic_name, "closing", partitions=1)
+    _produce(kafka, topic_name, 20, partitions=1)
+    raw = RawKafka(kafka.kafka_port)
+    try:
+        joined = _call(raw, sh.ShareGroupHeartbeatRequest("closing", "m1", 0, None, [topic_name]))
+        assert joined.error_code == 0
+        (part,) = _raw_fetch(raw, topic_name, "closing", "m1", 0, 100).responses[0].partitions
+        ((first, last),) = [(a.first_offset, a.last_offset) for a in part.acquired_records]
+        left = _call(raw, sh.ShareGroupHeartbeatRequest("closing", "m1", -1, None, None))
+        assert left.error_code == 0 and left.member_epoch == -1
+        accept = [
+            sh.AcknowledgementBatch(first_offset=first, last_offset=last, acknowledge_types=[1])
+        ]
+        topics = [
+            sh.AcknowledgeTopic(
+                topic_id=topic_id(topic_name),
+                partitions=[
+                    sh.AcknowledgePartition(partition_index=0, acknowledgement_batches=accept)
+                ],
+            )
+        ]
+        final = _call(
+            raw,
+            sh.ShareAcknowledgeRequest(
+                group_id="closing", member_id="m1", share_session_epoch=-1, topics=topics
+            ),
+        )
+        assert final.error_code == 0, final.error_message
+        (acked,) = final.responses[0].partitions
+        assert acked.error_code == 0, acked.error_message
+        info = _info(kafka, topic_name, "closing")
+        assert (info.unacked, info.redelivering) == (0, 0)
+        assert info.backlog == 20 - (last - first + 1)
+
+        # m2 leaves holding records and sends no final request: its session acquires nothing
+        # more, and what it held is delivered again once the grace is over
+        _produce(kafka, topic_name, 5, partitions=1)
+        _call(raw, sh.ShareGroupHeartbeatRequest("closing", "m2", 0, None, [topic_name]))
+        (held,) = _raw_fetch(raw, topic_name, "closing", "m2", 0, 100).responses[0].partitions
+        assert held.acquired_records
+        _produce(kafka, topic_name, 5, partitions=1)
+        _call(raw, sh.ShareGroupHeartbeatRequest("closing", "m2", -1, None, None))
+        after = _raw_fetch(raw, topic_name, "closing", "m2", 1, 100)
+        assert not [p for t in after.responses for p in t.partitions if p.acquired_records]
+        _until(lambda: _info(kafka, topic_name, "closing").unacked == 0, 30, "m2's records back")
+    finally:
+        raw.close()
+
+
+def test_a_fetch_takes_whole_batches_past_max_records(kafka: KafkaServer, topic_name: str) -> None:
+    """ShareFetch's MaxRecords "can be exceeded for alignment of batch boundaries": the stored
+    batch the credit reaches into is acquired whole (sent as stored, not cut), and nothing more;
+    the AcquiredRecords range is the batch's, and acknowledging it all accepts it all."""
+    _share_group(kafka, topic_name, "whole", partitions=1)
+
+    async def produce(client: headwater.Client) -> None:
+        producer = client.producer(topic_name, batch_size=1 << 20)
+        for size in (300, 200):  # two produce batches, of 300 and 200 records
+            await (await producer.send_batch([b"w%d" % i for i in range(size)], partition=0))
+        await producer.close()
+
+    _native(kafka, produce)
+    raw = RawKafka(kafka.kafka_port)
+    try:
+        _call(raw, sh.ShareGroupHeartbeatRequest("whole", "m1", 0, None, [topic_name]))
+        (got,) = _raw_fetch(raw, topic_name, "whole", "m1", 0, 10).responses[0].partitions
+        acquired = [(a.first_offset, a.last_offset, a.delivery_count) for a in got.acquired_records]
+        assert acquired == [(0, 299, 1)]
+        assert _batches_of(got.records) == [(0, 300)]
+        assert _info(kafka, topic_name, "whole").unacked == 300
+        accept = [sh.AcknowledgementBatch(first_offset=0, last_offset=299, acknowledge_types=[1])]
+        (nxt,) = _raw_fetch(raw, topic_name, "whole", "m1", 1, 10, accept).responses[0].partitions
+        assert nxt.acknowledge_error_code == 0
+        assert [(a.first_offset, a.last_offset) for a in nxt.acquired_records] == [(300, 499)]
+        assert _batches_of(nxt.records) == [(300, 200)]
+        info = _info(kafka, topic_name, "whole")
+        assert (info.unacked, info.backlog) == (200, 0)
+    finally:
+        raw.close()
+
+
+def test_members_closing_in_turn_never_have_their_accepted_records_redelivered(
+    kafka: KafkaServer, topic_name: str
+) -> None:
+    """Members in turn each accept two polls' records and close (the last poll's
+    acknowledgements go in the close's final request, which may reach the server after the
+    leave heartbeat): no record a closed member accepted is delivered to a later one. Before
+    the session outlived the leave, about a quarter of the closes had their last poll's records
+    delivered again."""
+    closes, total = 24, 24 * 1_200
+    _share_group(kafka, topic_name, "turns", partitions=1)
+    producer = Producer(
+        {"bootstrap.servers": kafka.bootstrap, "linger.ms": 5, "batch.num.messages": 200}
+    )
+    for i in range(total):
+        producer.produce(topic_name, value=b"t%d" % i, partition=0)
+        if i % 1000 == 999:
+            producer.poll(0)
+    assert producer.flush(30) == 0
+    accepted: set[int] = set()
+    again: list[tuple[int, int]] = []  # (member, offset) delivered after its acceptance
+    for index in range(closes):
+        consumer = _member(kafka, "turns", topic_name)
+        try:
+            polls = 0
+            deadline = time.monotonic() + 60
+            while polls < 2 and len(accepted) < total and time.monotonic() < deadline:
+                messages = _poll(consumer, 0.5)
+                polls += bool(messages)
+                for message in messages:
+                    if message.offset() in accepted:
+                        again.append((index, message.offset()))
+                    consumer.acknowledge(message, AcknowledgeType.ACCEPT)
+                    accepted.add(message.offset())
+        finally:
+            consumer.close()
+        if len(accepted) == total:
+            break
+    assert not again, f"{len(again)} accepted records delivered again: {again[:5]}"
+    assert index >= closes // 2, f"only {index + 1} members took the {total} records"
+    info = _info(kafka, topic_name, "turns")
+    assert info.unacked == 0 and info.redelivering == 0
 
 
 def test_subscription_reset_moves_a_share_groups_start(kafka: KafkaServer, topic_name: str) -> None:

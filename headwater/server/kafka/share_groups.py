@@ -11,7 +11,8 @@ epoch counts changes of the group.
 
 A member that sends no heartbeat for the session timeout (`SESSION_TIMEOUT`,
 `group.share.session.timeout.ms`) is removed, as one that leaves: `on_removed` is told, which
-closes its share sessions, and the records it had acquired are delivered again at once.
+closes its share sessions once their final acknowledgements are in (or a few seconds passed),
+and the records it still had acquired are delivered again at once.
 
 Errors, as Kafka answers them: a heartbeat of an unknown member UNKNOWN_MEMBER_ID (25), of a
 member with another epoch FENCED_MEMBER_EPOCH (110), a join without a member id or topics

@@ -60,6 +60,8 @@ log = structlog.get_logger(__name__)
 RECORD_LOCK_MS: Final = 30_000  # group.share.record.lock.duration.ms
 DELIVERY_COUNT_LIMIT: Final = 5  # group.share.delivery.count.limit
 MAX_WAIT: Final = 30.0  # seconds a ShareFetch waits at most, whatever it asks
+# seconds a member's share session outlives its leaving the group, for its final acknowledgements
+LEAVE_GRACE: Final = 5.0
 _NO_LEADER: Final = sh.LeaderIdAndEpoch(leader_id=-1, leader_epoch=-1)
 
 # (topic, partition) -> (error code, message)
@@ -251,14 +253,32 @@ class ShareHandlers:
         )
 
     def _member_gone(self, group: str, member_id: str) -> None:
-        share = self.sessions.pop((group, member_id), None)
-        if share is not None:
-            self._close(share)
+        """The member left or expired. Its share session outlives it for `LEAVE_GRACE` at most,
+        for its final acknowledgements: librdkafka's close sends the leave heartbeat and the
+        final request (epoch -1, carrying the last poll's acknowledgements) together, and the
+        leave may come first. Closing the session then refused those acknowledgements, and the
+        records the member had accepted went to the others again."""
+        key = (group, member_id)
+        share = self.sessions.get(key)
+        if share is not None and share.leaving is None:
+            share.leaving = asyncio.get_running_loop().call_later(
+                LEAVE_GRACE, self._left, key, share
+            )
+
+    def _left(self, key: tuple[str, str], share: ShareSession) -> None:
+        """A departed member's session whose final request did not come: closed."""
+        if self.sessions.get(key) is share:
+            del self.sessions[key]
+            log.info("kafka.share_session_left", group=key[0], member=key[1])
+        self._close(share)
 
     # Records (each partition's leader)
 
     def _close(self, share: ShareSession) -> None:
         """Detach the session's consumers: what they hold is delivered again at once."""
+        if share.leaving is not None:
+            share.leaving.cancel()
+            share.leaving = None
         for consumer in share.consumers.values():
             if consumer.consumer_id in share.inbox.consumers:
                 self._broker.consumers.detach(consumer)
@@ -338,6 +358,7 @@ class ShareHandlers:
             priority=0,
             session=share.inbox,
             subscription=subscription,
+            whole_batches=True,  # MaxRecords "can be exceeded for alignment of batch boundaries"
         )
         subscription.attach(consumer)
         share.inbox.consumers[consumer.consumer_id] = consumer
@@ -427,7 +448,9 @@ class ShareHandlers:
             deliveries: list[Delivery] = []
         else:
             consumers: list[Consumer] = []
-            for name in sorted({name for name, _ in share.partitions}):
+            # a member that left acquires nothing more: its session waits for its final request
+            names = set() if share.leaving is not None else {name for name, _ in share.partitions}
+            for name in sorted(names):
                 served = [
                     p
                     for t, p in share.partitions

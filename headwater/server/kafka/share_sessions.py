@@ -22,9 +22,16 @@ in flight to this member can be acknowledged (`ReliableDelivery.held_by`): a ran
 other (never acquired, acquired by another member, or whose lock expired) is INVALID_RECORD_STATE
 (121) for its partition, and none of that range is applied.
 
-A session is closed by a fetch with epoch -1, by a new one opened with epoch 0, and when the
-member leaves the group or expires: its consumers are detached, and what they held is delivered
-again at once, as for a native consumer that leaves.
+A session is closed by a request with epoch -1 (after its acknowledgements are applied), by a
+new one opened with epoch 0, and a few seconds after the member leaves the group or expires
+(`share_handlers.LEAVE_GRACE`: a client's final acknowledgements may come after its leave, and
+are applied; meanwhile the session acquires nothing more): its consumers are detached, and what
+they held is delivered again at once, as for a native consumer that leaves.
+
+A share member's consumer takes whole batches (`Consumer.whole_batches`): a fetch's `MaxRecords`
+is exceeded to end at a batch boundary, as ShareFetch allows, rather than the subscription cutting
+(decoding and re-encoding) each stored batch to the 500 records librdkafka asks for. The records
+acquired are then the batch's, and its AcquiredRecords range is the batch's offsets.
 """
 
 from __future__ import annotations
@@ -118,6 +125,8 @@ class ShareSession:
     epoch: int = 0  # the epoch the member's next request carries (once answered)
     partitions: set[tuple[str, int]] = field(default_factory=set)
     consumers: dict[str, Consumer] = field(default_factory=dict)  # by topic
+    # set when the member left the group: the session's close, unless its final request comes first
+    leaving: asyncio.TimerHandle | None = None
 
 
 @dataclass(frozen=True, slots=True)

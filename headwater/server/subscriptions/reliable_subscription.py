@@ -33,12 +33,13 @@ the topic's `AppendSignal`, which a sleeping pump joins only when it has a consu
 message. An append fires the signal once and empties it, so its cost does not grow with the number
 of subscriptions, only with the pumps that are waiting to deliver that very append.
 
-A batch is sent as stored when the consumer's credit takes it whole. Cutting it (credit, a
-position inside it) decodes it under the broker's `max_decompressed_batch`, once while it is being
-cut (`records_of`), in a worker thread unless it is small and uncompressed. A batch that does not
-decode fails the same way at every try, so its partition is stopped for this subscription
-(`stop_partition`: an error event, the `stopped_partitions` gauge) and the others go on, until a
-seek or a restart (docs/DURABLES.md).
+A batch is sent as stored when the consumer's credit takes it whole, or when the consumer takes
+whole batches (`Consumer.whole_batches`, a Kafka share member) and has any credit. Cutting it
+(credit, a position inside it) decodes it under the broker's `max_decompressed_batch`, once while
+it is being cut (`records_of`), in a worker thread unless it is small and uncompressed. A batch
+that does not decode fails the same way at every try, so its partition is stopped for this
+subscription (`stop_partition`: an error event, the `stopped_partitions` gauge) and the others go
+on, until a seek or a restart (docs/DURABLES.md).
 
 A subscription started at `snapshot` reads each partition below its snapshot's horizon from a
 `SnapshotFeed` (server.subscriptions.snapshot_feed) rather than the log, and the log from the
@@ -624,7 +625,7 @@ class ReliableSubscription:
         base, batch_end = info.base_offset, info.base_offset + info.record_count
         first = max(position, base)
         records = None
-        if base < first or first + target.credits < batch_end:  # a part of it: cut
+        if base < first or first + _takes(target, batch_end - first) < batch_end:  # a part: cut
             try:
                 records = await self.records_of(partition, batch, info)
             except (CorruptBatch, DecompressedTooLarge) as exc:
@@ -632,7 +633,8 @@ class ReliableSubscription:
                 return False
             if core.position(partition) != position or target.consumer_id not in self.consumers:
                 return False  # a seek, a take-over or the consumer left meanwhile
-        planned = core.plan_new(partition, base, info.record_count, target.credits)
+        takes = _takes(target, batch_end - first)  # (its credit may have changed meanwhile)
+        planned = core.plan_new(partition, base, info.record_count, takes)
         if planned is not None and planned[0] < planned[1]:  # (credit taken back meanwhile)
             first, end = planned
             if records is not None and (base < first or end < batch_end):
@@ -806,3 +808,12 @@ class ReliableSubscription:
             unacked=self.core.unacked,
             dead_lettered=self.core.dead_lettered,
         )
+
+
+def _takes(target: Consumer, rest: int) -> int:
+    """How many records the consumer takes of the `rest` of a batch: its credit, or the whole
+    rest when it takes whole batches and has any credit (it is then left below zero, and sent
+    nothing more until credit brings it back above)."""
+    if target.whole_batches and target.credits > 0:
+        return max(target.credits, rest)
+    return target.credits

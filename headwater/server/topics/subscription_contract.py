@@ -63,6 +63,10 @@ class Consumer:
     subscription: SubscriptionKind
     credits: int = 0
     partitions: frozenset[int] | None = None  # the partitions it chose; None: every one
+    # takes whole batches: the batch its credit reaches into is sent whole, past the credit (a
+    # Kafka share member: ShareFetch's MaxRecords "can be exceeded for alignment of batch
+    # boundaries"), rather than cut (decoded and rebuilt) to fit it
+    whole_batches: bool = False
 
     @property
     def sort_key(self) -> tuple[int, str, int]:
