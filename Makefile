@@ -80,8 +80,27 @@ LONG_TESTS := tests/test_statemachine.py::test_state_machine \
 	tests/test_kafka_consumer_cluster.py \
 	tests/test_transaction_disk_full.py \
 	tests/test_transaction_store_outage.py \
-	tests/test_cluster_kafka_eos.py
+	tests/test_cluster_kafka_eos.py \
+	tests/test_readme.py::test_the_command_line_tour_runs_twice \
+	tests/test_cluster_manifest.py::test_the_tail_stays_bounded_and_a_take_over_reads_it_in_place \
+	tests/test_cluster_batching.py::test_kill9_of_an_owner_with_shared_objects_loses_no_acknowledged_message \
+	tests/test_schemas.py::test_ten_thousand_versions_stop_at_the_limit \
+	tests/test_cluster_coordinator.py::test_a_broker_starting_while_etcd_does_not_answer_waits_for_it \
+	tests/test_cluster_transactions.py::test_a_transaction_of_more_partitions_than_its_head_holds_is_stored_in_chunks \
+	tests/test_cluster_routing.py::test_key_shared_gives_a_key_to_one_consumer_on_every_broker \
+	tests/test_cluster.py::test_kill9_moves_partitions_and_loses_nothing_acknowledged \
+	tests/test_kafka_groups.py::test_three_confluent_kafka_members_rebalance_and_consume_everything \
+	tests/test_cluster_failover_client.py::test_kill9_of_an_owner_holds_up_only_its_own_partitions \
+	tests/test_kafka_consumer_protocol.py::test_a_member_killed_with_sigkill_is_fenced_and_its_partitions_move \
+	tests/test_cluster_routing.py::test_a_restarted_bootstrap_broker_is_reached_again_without_reconnect \
+	tests/test_objectstore.py::test_retention_keeps_every_acknowledged_record_across_kill_9 \
+	tests/test_cluster_routing.py::test_a_leg_that_cannot_be_placed_ends_the_consumer_after_the_backoff \
+	tests/test_cluster_coordinator.py::test_a_broker_that_cannot_acquire_leaves_nothing_unowned \
+	tests/test_cluster_batching.py::test_a_damaged_or_deleted_shared_object_is_skipped_visibly \
+	tests/test_cluster.py::test_graceful_stop_hands_off_without_redelivering_acked
 SPARK_LONG := tests/test_spark_cluster.py \
+	tests/test_spark_sink.py::test_a_streaming_query_in_map_mode_leaves_the_last_value_per_key \
+	tests/test_spark_sink_exactly_once.py::test_a_batch_written_before_its_spark_commit_is_not_written_again \
 	tests/test_spark_stream_takeover.py \
 	tests/test_spark_stream_restart.py::test_a_query_rides_through_a_server_restart_exactly_once \
 	tests/test_spark_compaction.py::test_one_percent_new_records_cost_a_few_percent_of_a_full_run \
