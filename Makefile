@@ -109,7 +109,13 @@ LONG_TESTS := tests/test_statemachine.py::test_state_machine \
 	tests/test_durables.py::test_map_agrees_with_a_dict_across_restarts \
 	tests/test_cluster_coordinator.py::test_an_unfenced_call_outlasts_an_etcd_pause_longer_than_the_session_deadline \
 	tests/test_kafka_cluster.py::test_kill_9_of_a_partition_owner_mid_stream_loses_nothing_acknowledged \
-	tests/test_cluster_coordinator.py::test_a_returning_broker_takes_nothing_back_until_it_has_stayed_up
+	tests/test_cluster_coordinator.py::test_a_returning_broker_takes_nothing_back_until_it_has_stayed_up \
+	tests/test_status_page.py::test_status_page_renders_charts_in_chromium \
+	tests/test_kafka_consumer_protocol.py::test_a_coordinator_killed_and_restarted_takes_its_members_back_as_they_were \
+	tests/test_kafka_security.py::test_a_token_with_grants_produces_and_consumes \
+	tests/test_kafka_cluster.py::test_a_broker_answers_not_leader_for_a_partition_it_does_not_serve \
+	tests/test_cluster_failover_client.py::test_lookup_carries_the_lease_and_the_client_checks_owners_at_half_of_it \
+	tests/test_cluster_transactions.py::test_native_acks_survive_a_kill_of_an_owner_while_it_applies_them
 SPARK_LONG := tests/test_spark_cluster.py \
 	tests/test_spark_transactions.py::test_the_streaming_source_yields_committed_records_only \
 	tests/test_spark_compaction.py::test_run_killed_before_its_manifest_is_invisible_and_rerun_is_identical \
