@@ -18,7 +18,8 @@ read (the Kafka front end's Fetch, which leaves the filtering to Kafka clients a
 answers every batch below the readable end. `next_offset` says where the next FETCH goes on: after
 the last batch read, left out or not, so a reader steps over a run of left-out batches even when
 the answer holds none, and over a gap (the offsets a restart skipped to its offset lease: a read
-below the end that finds no batch at all says that every offset up to the end is one).
+in the local WAL below the end that finds no batch at all says that every offset up to the end is
+one; `LogTopic.empty_read_is_a_gap`).
 
 At the end with `max_wait_ms`, the answer waits (a long poll) on the topic's append
 signal (`subscriptions.append_signal.AppendSignal`, fired on each append and each advance of the
@@ -154,7 +155,8 @@ class FetchHandler:
         read): a read that finds no batch at or after the offset tells that every offset up to
         `end` is a gap (the offsets a restart skipped to its lease), which the reader steps."""
         batches = await topic.read(request.partition, request.offset)
-        return self._answer(topic, request, batches, end if not batches else request.offset)
+        gap = not batches and topic.empty_read_is_a_gap(request.partition, request.offset)
+        return self._answer(topic, request, batches, end if gap else request.offset)
 
     def _answer(
         self, topic: LogTopic, request: m.FetchRequest, batches: list[bytes], gap_end: int = -1

@@ -597,9 +597,13 @@ class ReliableSubscription:
         hold no record (a restart skipped them to its offset lease) and the cursor steps over
         them, acknowledged, as over a gap before a batch. Left there, they counted in the
         subscription's backlog (`pending`) until a record came after them. Only if the cursor is
-        still where the read was (a seek meanwhile may have moved it back over records).
+        still where the read was (a seek meanwhile may have moved it back over records), and in
+        the local WAL (`LogTopic.empty_read_is_a_gap`: an object-store walk cut short is not
+        one; stepping there would acknowledge records never delivered).
         Shared with the Key_Shared round."""
-        if self.core.position(partition) == read_at < end:
+        if self.core.position(partition) == read_at < end and self._topic.empty_read_is_a_gap(
+            partition, read_at
+        ):
             self.core.plan_new(partition, end, 0, 0)
             self.persist()
 

@@ -382,6 +382,13 @@ class LogTopic(_TopicBase):
         aborted transaction."""
         return is_transactional(batch) and partition.transactions.hides(peek(batch))
 
+    def empty_read_is_a_gap(self, partition: int, offset: int) -> bool:
+        """Whether a read at `offset` that found no batch says no batch is stored from `offset`
+        on (a restart's lease gap at the end of the log), so a reader may step to the end: only
+        in the local WAL. Below it the read walks the object store, and an empty answer there can
+        be a walk cut short (`storage.log_reader.MAX_ARCHIVE_SKIPS`), with batches after it."""
+        return offset >= self.partitions[partition].log.start_offset
+
     def readable_end(self, partition: LogPartition, committed: bool) -> int:
         """Where subscriptions may read up to: what is visible (or fsynced, for `committed`);
         in a cluster, only what is in the object store, so no consumer ever acks an offset a
