@@ -16,6 +16,7 @@ from headwater import AtLeastOnce, AtMostOnce, Compression, Isolation, RetryPoli
 from headwater.testing import ServerProcess
 from headwater.wire import messages as m
 from headwater.wire.errors import (
+    ConnectionClosed,
     ErrorCode,
     HeadwaterError,
     OutOfOrderSequence,
@@ -24,7 +25,7 @@ from headwater.wire.errors import (
     UnknownTopic,
 )
 from headwater.wire.records import BatchBuilder, read_records
-from tests.support.helpers import eventually
+from tests.support.helpers import HANG, eventually
 from tests.support.proxy import FaultyProxy
 from tests.support.rawwire import RawPeer
 
@@ -175,6 +176,41 @@ async def test_flush_waits_for_every_send(client: headwater.Client, topic: str) 
     await producer.flush()
     assert all(f.done() for f in futures)
     assert [f.result().offset for f in futures] == list(range(10))
+
+
+async def test_flush_and_close_end_while_another_task_keeps_sending(
+    client: headwater.Client, topic: str
+) -> None:
+    """`flush` waits for the sends made before it, not for those another task goes on making
+    (it waited until nothing at all was open or unanswered, which a task sending without pause
+    never allows: it hung, and `close` with it). `close` refuses sends from its start, then
+    ends once every send it accepted before is answered."""
+    producer = client.producer(topic)
+    sent: list[headwater.SendFuture] = []
+    refused: list[ConnectionClosed] = []
+
+    async def keep_sending() -> None:
+        for count in range(1_000_000):
+            try:
+                sent.append(await producer.send(f"v{count}".encode()))
+            except ConnectionClosed as exc:
+                refused.append(exc)
+                return
+            await asyncio.sleep(0)
+
+    sending = asyncio.create_task(keep_sending())
+    await eventually(lambda: len(sent) > 200, what="a stream of sends")
+    before = list(sent)
+    async with asyncio.timeout(HANG):
+        await producer.flush()
+    assert all(f.done() for f in before)
+    async with asyncio.timeout(HANG):
+        await producer.close()
+    await asyncio.wait_for(sending, HANG)
+    assert refused, "the sending task was not refused after close"
+    assert all(f.done() and f.exception() is None for f in sent)
+    with pytest.raises(ConnectionClosed):
+        await producer.send(b"late")
 
 
 async def test_backpressure_when_the_queue_is_full(

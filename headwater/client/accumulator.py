@@ -10,8 +10,10 @@ grows past `max_request_size`. Closed batches wait in `queue`, in the order they
 a batch to retry back with `requeue`, in its place.
 
 The accumulator is also the producer's memory bound: `room` is clear while `max_queued_batches`
-batches are queued or in flight (`send` waits on it), and `idle` is set when nothing is open,
-queued or in flight (`flush` waits on it). With idempotence, each partition's sequence numbers
+batches are queued or in flight (`send` waits on it). `unresolved` holds every batch opened and
+not yet answered, wherever it is (open, queued, in flight, between a failure and its retry):
+`flush` waits for the ones there when it is called, not for "nothing left", which a task that
+goes on sending never allows. With idempotence, each partition's sequence numbers
 are assigned here, when a batch is opened (and a transactional producer's batches flagged so,
 with its epoch).
 """
@@ -250,8 +252,7 @@ class RecordAccumulator:
         self._sequences: dict[int, int] = {}
         self.room = asyncio.Event()
         self.room.set()
-        self.idle = asyncio.Event()
-        self.idle.set()
+        self.unresolved: set[ProducerBatch] = set()
 
     def append(
         self,
@@ -326,7 +327,8 @@ class RecordAccumulator:
         )
         batch = ProducerBatch(self._loop, next(self._order), partition, builder, sequence)
         self._open[partition] = batch
-        self.idle.clear()
+        self.unresolved.add(batch)
+        batch.result.add_done_callback(lambda _: self.unresolved.discard(batch))
         if self.config.linger:
             self._closers[partition] = self._loop.call_later(
                 self.config.linger, self.close_batch, partition
@@ -371,5 +373,3 @@ class RecordAccumulator:
             self.room.clear()
         else:
             self.room.set()
-        if not (self.queue or self.in_flight or self._open):
-            self.idle.set()

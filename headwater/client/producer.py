@@ -179,6 +179,8 @@ class Producer:
                 partition = await self._partition_for(key)
         if self._session is not None:
             await self._session.admit(self.topic, partition)
+        if self._closed:  # closed while this send waited: a close's flush is past it
+            raise ConnectionClosed("producer is closed")
         return accumulator.append(partition, key, value, header_list, size)
 
     async def send_batch(
@@ -392,10 +394,13 @@ class Producer:
     # Flushing and closing
 
     async def flush(self) -> None:
-        """Send everything queued, wait until every send is resolved, raise the first error
-        since the last flush."""
-        self._accumulator.close_all()
-        await self._accumulator.idle.wait()
+        """Send everything queued, wait until every send made before this call is resolved
+        (sends other tasks make meanwhile are not waited for, as in Kafka), raise the first
+        error since the last flush."""
+        accumulator = self._accumulator
+        accumulator.close_all()
+        if accumulator.unresolved:
+            await asyncio.wait([batch.result for batch in accumulator.unresolved])
         error = self._sender.take_error()
         if error is not None:
             raise error
@@ -419,10 +424,10 @@ class Producer:
     async def close(self) -> None:
         if self._closed:
             return
+        self._closed = True  # sends are refused from here: what the flush waits for is bounded
         try:
             await self.flush()
         finally:
-            self._closed = True
             await self._sender.close()
             if self._session is not None:
                 await self._session.leave(self)
