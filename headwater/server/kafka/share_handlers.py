@@ -59,6 +59,10 @@ log = structlog.get_logger(__name__)
 # Kafka's defaults for a share group made through the Kafka port
 RECORD_LOCK_MS: Final = 30_000  # group.share.record.lock.duration.ms
 DELIVERY_COUNT_LIMIT: Final = 5  # group.share.delivery.count.limit
+# a new share group's subscription: Kafka's defaults (from the latest offset)
+NEW_SHARE_GROUP: Final = m.SubscriptionSettings(
+    start=m.StartPosition.LATEST, ack_timeout_ms=RECORD_LOCK_MS, max_deliveries=DELIVERY_COUNT_LIMIT
+)
 MAX_WAIT: Final = 30.0  # seconds a ShareFetch waits at most, whatever it asks
 # seconds a member's share session outlives its leaving the group, for its final acknowledgements
 LEAVE_GRACE: Final = 5.0
@@ -145,12 +149,17 @@ class ShareHandlers:
         if existing is None:
             catalog = self._broker.catalog
             try:
-                settings = await self._settings(topic_name, group)
-                if isinstance(settings, str):
-                    return settings
                 async with catalog.turn(topic_name):
                     existing = await catalog.subscriptions.get_or_create(
-                        topic, group, m.SubscriptionType.SHARED, settings
+                        topic,
+                        group,
+                        m.SubscriptionType.SHARED,
+                        NEW_SHARE_GROUP,
+                        # defined already through another broker: its partitions with no
+                        # cursor yet (their owners' checkpoints win where there are some) are
+                        # read from their start, never from the latest, which skipped what was
+                        # produced since it was made there
+                        adopted_start=m.StartPosition.EARLIEST,
                     )
             except HeadwaterError as exc:
                 return str(exc.message)
@@ -162,33 +171,6 @@ class ShareHandlers:
                 f"{existing.sub_type.name.lower()}, not shared: it is not a share group"
             )
         return None
-
-    async def _settings(self, topic: str, group: str) -> m.SubscriptionSettings | str:
-        """How to make the share group's subscription here: Kafka's defaults for a new share
-        group (from the latest offset); in a cluster that defines it already (made through
-        another broker, whose creation this broker has not seen yet), that definition's
-        settings and the earliest start, so the partitions it has no cursor for yet (their
-        owners' checkpoints win where there are some) are read from their start: never from
-        the latest, which skipped what was produced since it was made there."""
-        defined = await self._broker.definitions.subscription_defined(topic, group)
-        if defined is None:
-            return m.SubscriptionSettings(
-                start=m.StartPosition.LATEST,
-                ack_timeout_ms=RECORD_LOCK_MS,
-                max_deliveries=DELIVERY_COUNT_LIMIT,
-            )
-        if defined.get("type") != m.SubscriptionType.SHARED:
-            return f"subscription {group!r} of topic {topic!r} is not shared: not a share group"
-        log.info("kafka.share_group_adopted", topic=topic, group=group)
-        return m.SubscriptionSettings(
-            start=m.StartPosition.EARLIEST,
-            ack_timeout_ms=defined["ack_timeout_ms"],
-            max_deliveries=defined["max_deliveries"],
-            backoff=defined["backoff"],
-            backoff_initial_ms=defined["backoff_initial_ms"],
-            backoff_max_ms=defined["backoff_max_ms"],
-            committed_only=bool(defined.get("committed_only", False)),
-        )
 
     async def share_group_describe(
         self, session: KafkaSession, version: int, request: sh.ShareGroupDescribeRequest
