@@ -80,6 +80,8 @@ class ShareHandlers:
         self._ids = ids
         self.groups = ShareGroups(self._member_gone)
         self.sessions: dict[tuple[str, str], ShareSession] = {}
+        # the sessions whose latest request came through each connection (its close closes them)
+        self._by_connection: dict[object, set[tuple[str, str]]] = {}
         # records acknowledged, by type (/metrics)
         self.acknowledged: dict[str, int] = {"accept": 0, "release": 0, "reject": 0}
 
@@ -250,14 +252,42 @@ class ShareHandlers:
     def _left(self, key: tuple[str, str], share: ShareSession) -> None:
         """A departed member's session whose final request did not come: closed."""
         if self.sessions.get(key) is share:
-            del self.sessions[key]
             log.info("kafka.share_session_left", group=key[0], member=key[1])
         self._close(share)
 
+    def connection_closed(self, connection: object) -> None:
+        """The sessions whose latest request came through this connection are closed: what
+        they acquired is delivered again at once, their slots freed."""
+        for key in self._by_connection.pop(connection, set()):
+            share = self.sessions.get(key)
+            if share is not None:
+                log.info("kafka.share_session_disconnected", group=key[0], member=key[1])
+                self._close(share)
+
     # Records (each partition's leader)
 
+    def _through(self, share: ShareSession, connection: object) -> None:
+        """The session's latest request came through `connection`."""
+        key = (share.group, share.member_id)
+        if share.connection is not connection:
+            self._unindex(share)
+            share.connection = connection
+        self._by_connection.setdefault(connection, set()).add(key)
+
+    def _unindex(self, share: ShareSession) -> None:
+        keys = self._by_connection.get(share.connection)
+        if keys is not None:
+            keys.discard((share.group, share.member_id))
+            if not keys:
+                del self._by_connection[share.connection]
+
     def _close(self, share: ShareSession) -> None:
-        """Detach the session's consumers: what they hold is delivered again at once."""
+        """Forget the session (if it is still the member's) and detach its consumers: what
+        they hold is delivered again at once."""
+        key = (share.group, share.member_id)
+        if self.sessions.get(key) is share:
+            del self.sessions[key]
+            self._unindex(share)
         if share.leaving is not None:
             share.leaving.cancel()
             share.leaving = None
@@ -282,19 +312,18 @@ class ShareHandlers:
             if share is not None:
                 self._close(share)
             share = self.sessions[key] = ShareSession(
-                group, member, Inbox(session.peer, session.principal)
+                group, member, Inbox(session.peer, session.principal), session
             )
-            return share, 0, None
-        if share is None:
+        elif share is None:
             return None, k.SHARE_SESSION_NOT_FOUND, f"member {member!r} has no share session here"
-        if epoch != -1 and epoch != share.epoch:
+        elif epoch != -1 and epoch != share.epoch:
             self._close(share)
-            del self.sessions[key]
             return (
                 None,
                 k.INVALID_SHARE_SESSION_EPOCH,
                 f"the share session is at epoch {share.epoch}, not {epoch}",
             )
+        self._through(share, session)
         return share, 0, None
 
     def _leader(self, topic: LogTopic, partition: int) -> Node | None:
@@ -425,7 +454,6 @@ class ShareHandlers:
         await self._acknowledge(session, share, acks, errors, results)
         lock = RECORD_LOCK_MS
         if epoch == -1:
-            self.sessions.pop((share.group, share.member_id), None)
             self._close(share)
             deliveries: list[Delivery] = []
         else:
@@ -578,7 +606,6 @@ class ShareHandlers:
         ]
         await self._acknowledge(session, share, acks, errors, results)
         if epoch == -1:
-            self.sessions.pop((share.group, share.member_id), None)
             self._close(share)
         topics: dict[str, list[sh.ShareAcknowledgePartitionData]] = {}
         endpoints: dict[int, sh.NodeEndpoint] = {}
