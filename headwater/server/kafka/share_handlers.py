@@ -33,7 +33,7 @@ from headwater.server.kafka import kafka_errors as k
 from headwater.server.kafka.group_handlers import KafkaSession, Permits
 from headwater.server.kafka.kafka_nodes import Node, Nodes
 from headwater.server.kafka.messages import share as sh
-from headwater.server.kafka.share_groups import HEARTBEAT_INTERVAL_MS, ShareGroups
+from headwater.server.kafka.share_groups import HEARTBEAT_INTERVAL_MS, ShareGroups, refusal
 from headwater.server.kafka.share_sessions import (
     Acknowledgement,
     Delivery,
@@ -101,9 +101,16 @@ class ShareHandlers:
         self, session: KafkaSession, version: int, request: sh.ShareGroupHeartbeatRequest
     ) -> sh.ShareGroupHeartbeatResponse:
         group = request.group_id
+        topics = request.subscribed_topic_names
+        # checked first, as Kafka does: nothing (a share group's subscription) is made for a
+        # request that is refused
+        invalid = refusal(group, request.member_id, request.member_epoch, request.rack_id, topics)
+        if invalid is not None:
+            return sh.ShareGroupHeartbeatResponse(
+                error_code=k.INVALID_REQUEST, error_message=invalid, member_epoch=-1
+            )
         if self._elsewhere(group):
             return sh.ShareGroupHeartbeatResponse(error_code=k.NOT_COORDINATOR)
-        topics = request.subscribed_topic_names
         if topics is not None and request.member_epoch != -1:
             for topic in topics:
                 refused = await self._ensure(group, topic)
