@@ -98,6 +98,8 @@ LONG_TESTS := tests/test_statemachine.py::test_state_machine \
 	tests/test_cluster_coordinator.py::test_a_broker_that_cannot_acquire_leaves_nothing_unowned \
 	tests/test_cluster_batching.py::test_a_damaged_or_deleted_shared_object_is_skipped_visibly \
 	tests/test_cluster.py::test_graceful_stop_hands_off_without_redelivering_acked \
+	tests/test_cluster.py::test_racing_creators_of_a_subscription_agree_on_its_start \
+	tests/test_kafka_share_groups.py::test_ten_thousand_dropped_share_sessions_leave_nothing_behind \
 	tests/test_request_cost.py::test_every_array_at_and_past_its_maximum_gets_its_error_without_stalling_the_loop \
 	tests/test_cluster_idempotent.py::test_a_batch_resent_to_the_new_owner_after_a_kill9_is_recognised \
 	tests/test_kafka_cluster.py::test_kafka_python_producer_and_group_ride_through_kill_9_of_a_partition_owner \

@@ -22,10 +22,12 @@ import pytest
 import headwater
 from headwater.server.cluster.layout import balanced
 from headwater.wire import messages as m
-from headwater.wire.records import build_batch
+from headwater.wire.protocol import decode_push
+from headwater.wire.records import build_batch, read_records
 from tests.support.cluster_support import Cluster, running_cluster
 from tests.support.etcd_support import EtcdServer, assert_never_overwritten, owner_history
 from tests.support.proxy import FaultyProxy
+from tests.support.rawwire import RawPeer
 from tests.support.s3 import MotoS3
 
 PARTITIONS = 6
@@ -407,3 +409,74 @@ async def test_a_subscription_deleted_through_one_broker_is_gone_from_all(
         while await (await owners.client(broker_id)).list_subscriptions("orders"):
             assert time.monotonic() < deadline, f"{broker_id} still has the subscription"
             await asyncio.sleep(0.1)
+
+
+async def test_racing_creators_of_a_subscription_agree_on_its_start(
+    cluster: Cluster, owners: Owners
+) -> None:
+    """Two clients create the same reliable subscription at once through two brokers, one from
+    the earliest offset, one from the latest: the first creator's definition (put-if-absent in
+    etcd) is the one both brokers make it from, so every partition starts alike (each broker
+    wrote its own start before, and half the partitions skipped what the other half delivered).
+    """
+    await asyncio.gather(*(asyncio.to_thread(cluster.start_broker, b) for b in ("b1", "b2")))
+    await (await owners.client("b1")).create_topic("orders", partitions=4)
+    owner_of = await cluster.wait_owned("orders", 4, {"b1", "b2"})
+    assert set(owner_of.values()) == {"b1", "b2"}, owner_of
+    before = await produce_each(owners, "orders", owner_of, "before", 1)
+    names = [f"s{i}" for i in range(4)]
+    peers = {
+        (b, s): await RawPeer.open(await cluster.address(b)) for b in ("b1", "b2") for s in names
+    }
+    try:
+
+        async def subscribe(broker_id: str, name: str, start: m.StartPosition) -> None:
+            request = m.SubscribeRequest(
+                "orders",
+                name,
+                m.SubscriptionType.SHARED,
+                f"{broker_id}-{start.name}",
+                initial_credits=100,
+                settings=m.SubscriptionSettings(start=start),
+            )
+            answer = await peers[broker_id, name].call(request)
+            assert isinstance(answer, m.SubscribeResponse), answer
+
+        # every pair at once, on a connection each: half the names earliest through b1 and
+        # latest through b2, the other half the other way round
+        await asyncio.gather(
+            *(
+                subscribe(
+                    b,
+                    s,
+                    m.StartPosition.EARLIEST
+                    if (b == "b1") == (i % 2 == 0)
+                    else m.StartPosition.LATEST,
+                )
+                for i, s in enumerate(names)
+                for b in ("b1", "b2")
+            )
+        )
+        after = await produce_each(owners, "orders", owner_of, "after", 1)
+        last = {v for values in after.values() for v in values}
+        for name in names:
+            seen: set[bytes] = set()
+            for broker_id in ("b1", "b2"):
+                mine = {after[p][0] for p, b in owner_of.items() if b == broker_id}
+                got: set[bytes] = set()
+                # each partition delivers in offset order: its `after` record comes last
+                deadline = time.monotonic() + 30
+                while not mine <= got:
+                    assert time.monotonic() < deadline, f"{name} at {broker_id}: {got}"
+                    frame = await peers[broker_id, name].frame(timeout=30)
+                    push = decode_push(frame.header, frame.body)
+                    if isinstance(push, m.Delivery):
+                        got |= {record.value for record in read_records(push.batch)}
+                seen |= got
+            old = seen - last
+            assert old in (set(), {v for values in before.values() for v in values}), (
+                f"{name}: partitions started apart, {sorted(old)} of the earlier records"
+            )
+    finally:
+        for peer in peers.values():
+            await peer.close()

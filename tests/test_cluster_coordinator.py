@@ -402,7 +402,7 @@ async def test_topic_and_subscription_watches(etcd: EtcdServer) -> None:
     writer, _ = make(etcd, "m1")
     await writer.start()
     assert await writer.create_topic("before", {"partitions": 1, "dispatch": "reliable"})
-    await writer.put_subscription("before", "s1", {"type": "shared"})
+    await writer.define_subscription("before", "s1", {"type": "shared"})
     watcher, recorder = make(etcd, "m2")
     seen: list[tuple[str, Any]] = []
 
@@ -425,7 +425,10 @@ async def test_topic_and_subscription_watches(etcd: EtcdServer) -> None:
         assert await writer.create_topic("later", {"partitions": 2})
         assert await watcher.wait_topic("later", present=True, timeout=5)
         await writer.update_topic("later", {"partitions": 4})
-        await writer.put_subscription("later", "s2", {"type": "exclusive"})
+        s2 = {"type": "exclusive"}
+        assert await writer.define_subscription("later", "s2", s2) == s2
+        # put-if-absent: a second creator gets the first one's definition
+        assert await watcher.define_subscription("later", "s2", {"type": "shared"}) == s2
         await until(lambda: "s2" in watcher.subscriptions("later"), HANG, "subscription seen")
         await writer.delete_subscription("later", "s2")
         await until(lambda: not watcher.subscriptions("later"), HANG, "subscription gone")

@@ -606,6 +606,79 @@ def test_final_acknowledgements_after_the_leave_heartbeat_are_applied(
         raw.close()
 
 
+def _share_sessions(server: KafkaServer) -> float:
+    (line,) = [
+        x for x in server.metrics().splitlines() if x.startswith("headwater_kafka_share_sessions ")
+    ]
+    return float(line.split()[1])
+
+
+def _acquired(answer: Any) -> list[tuple[int, int]]:
+    """(first offset, delivery count) of each range a ShareFetch answer acquired."""
+    return [
+        (a.first_offset, a.delivery_count)
+        for t in answer.responses
+        for p in t.partitions
+        for a in p.acquired_records
+    ]
+
+
+def test_a_share_session_is_closed_with_its_connection(kafka: KafkaServer, topic_name: str) -> None:
+    """A member's connection that drops closes its share session, as Kafka's share session
+    cache does: what it acquired goes to the others at once (it stayed held for the 30 s lock),
+    and the session's slot and consumer go."""
+    _share_group(kafka, topic_name, "drop", partitions=1)
+    _produce(kafka, topic_name, 3, partitions=1)
+    raw = RawKafka(kafka.kafka_port)
+    assert _acquired(_raw_fetch(raw, topic_name, "drop", "m0", 0, 100)) == [(0, 1)]
+    raw.close()
+    raw = RawKafka(kafka.kafka_port)
+    try:
+        assert _acquired(_raw_fetch(raw, topic_name, "drop", "m1", 0, 100)) == [(0, 2)]
+    finally:
+        raw.close()
+    _until(lambda: _info(kafka, topic_name, "drop").consumers == 0, 30, "both sessions closed")
+    assert _info(kafka, topic_name, "drop").unacked == 0
+
+
+def test_ten_thousand_dropped_share_sessions_leave_nothing_behind(
+    kafka: KafkaServer, topic_name: str
+) -> None:
+    """10,000 connect/ShareFetch/drop cycles, half dropped before the answer is read: no share
+    session or consumer is left (each stayed, a session and a consumer of the subscription), and
+    the broker still serves the group."""
+    _share_group(kafka, topic_name, "drops", partitions=1)
+    _produce(kafka, topic_name, 3, partitions=1)
+    parts = [sh.FetchPartition(partition_index=0)]
+    topics = [sh.FetchTopic(topic_id=topic_id(topic_name), partitions=parts)]
+    for i in range(10_000):
+        raw = RawKafka(kafka.kafka_port)
+        request = sh.ShareFetchRequest(
+            group_id="drops",
+            member_id=f"c{i}",
+            share_session_epoch=0,
+            max_wait_ms=0,
+            max_records=100,
+            topics=topics,
+        )
+        if i % 2:
+            assert _call(raw, request).error_code == 0
+        else:  # dropped before the answer is read
+            api = SERVED[request.API_KEY]
+            body = codec.encode(api.requests[api.max_version], request)
+            header = struct.pack(">hhih", request.API_KEY, api.max_version, 1, 3) + b"raw\x00"
+            raw.send_raw(struct.pack(">i", len(header) + len(body)) + header + body)
+        raw.close()
+    _until(lambda: _share_sessions(kafka) == 0, 30, "every session closed")
+    info = _info(kafka, topic_name, "drops")
+    assert (info.consumers, info.unacked) == (0, 0)
+    raw = RawKafka(kafka.kafka_port)  # and it still serves the group: its records, never acquired
+    try:
+        assert _acquired(_raw_fetch(raw, topic_name, "drops", "m2", 0, 100)) == [(0, 1)]
+    finally:
+        raw.close()
+
+
 def test_a_fetch_takes_whole_batches_past_max_records(kafka: KafkaServer, topic_name: str) -> None:
     """ShareFetch's MaxRecords "can be exceeded for alignment of batch boundaries": the stored
     batch the credit reaches into is acquired whole (sent as stored, not cut), and nothing more;

@@ -60,6 +60,9 @@ class ObjectStoreConfig:
     # Uploader: retry delays while the store is failing (doubling, capped).
     retry_initial_ms: int = 500
     retry_max_ms: int = 30_000
+    # one read below the local WAL walks over at most this many missing (or damaged) objects
+    # and gaps; the next read goes on where it stopped (`storage.log_reader.Walked`)
+    walk_limit: int = 10_000
 
 
 @dataclass(frozen=True, slots=True)

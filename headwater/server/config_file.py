@@ -140,6 +140,8 @@ def check(config: ServerConfig, where: str = "config") -> None:
         )
     if config.object_store.abandoned_after_s < 0:
         raise ConfigError(f"{where}: object_store.abandoned_after_s must be >= 0")
+    if config.object_store.walk_limit < 1:
+        raise ConfigError(f"{where}: object_store.walk_limit must be >= 1")
     kafka_port = config.kafka.port
     if kafka_port is not None and not 0 <= kafka_port < 65536:
         raise ConfigError(f"{where}: kafka.port must be 0..65535, not {kafka_port}")

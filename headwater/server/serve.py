@@ -144,7 +144,7 @@ async def serve(
                 cluster,
             )
             uploader.start()
-            archive = ObjectArchive(store, uploader)
+            archive = ObjectArchive(store, uploader, config.object_store.walk_limit)
         catalog = TopicCatalog(config, state, uploader, archive, placement)
         stack.push_async_callback(catalog.writer.close)  # after the catalog's own close
         try:

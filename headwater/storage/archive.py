@@ -22,6 +22,7 @@ from collections import OrderedDict
 
 import structlog
 
+from headwater.storage.log_reader import MAX_ARCHIVE_SKIPS
 from headwater.storage.objectstore import ObjectStore
 from headwater.storage.reader import LogRead
 from headwater.storage.segments import (
@@ -42,10 +43,15 @@ _INDEX_CACHE = 256
 
 
 class ObjectArchive:
-    def __init__(self, store: ObjectStore, uploader: Uploader) -> None:
+    def __init__(
+        self, store: ObjectStore, uploader: Uploader, walk_limit: int = MAX_ARCHIVE_SKIPS
+    ) -> None:
+        """`walk_limit`: how many missing objects and gaps one read walks over at most
+        (`storage.log_reader`; `object_store.walk_limit`)."""
         self._store = store
         self._uploaded = uploader
         self._indexes: OrderedDict[str, SparseIndex] = OrderedDict()
+        self.walk_limit = walk_limit
 
     def start_offset(self, topic: str, partition: int) -> int | None:
         segments = self._uploaded.uploaded(topic, partition)

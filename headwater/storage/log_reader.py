@@ -25,6 +25,7 @@ resynchronisation (`segments.walk_batches`) and reports the same event.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Final, Protocol
 
 import structlog
@@ -36,11 +37,18 @@ from headwater.wire.errors import ObjectNotFound, StorageError
 
 log = structlog.get_logger(__name__)
 
-MAX_ARCHIVE_SKIPS: Final = 10_000  # bounds one read's walk over missing objects and gaps
+# the default bound of one read's walk over missing objects and gaps (`Archive.walk_limit`)
+MAX_ARCHIVE_SKIPS: Final = 10_000
+_WALKS_KEPT: Final = 64  # walked ranges kept per partition (`Walked`)
 
 
 class Archive(Protocol):
     """Segments that left the local WAL for the object store."""
+
+    @property
+    def walk_limit(self) -> int:
+        """How many missing objects, damaged objects and gaps one read walks over at most."""
+        ...
 
     def start_offset(self, topic: str, partition: int) -> int | None: ...
 
@@ -61,6 +69,33 @@ class SkipCounter(Protocol):
     skipped: int
 
 
+class Walked:
+    """A partition's offset ranges below the local WAL that a read walked over and found
+    nothing readable in (missing and damaged objects, skipped visibly as they were met, and
+    gaps): a read that starts in one goes on at its end. A walk cut short at the archive's
+    `walk_limit` is so taken up where it stopped by the next read, which walks on; walking it
+    again from its start was cut short at the same place at every read, forever, and the
+    records after the hole were never reached. At most `_WALKS_KEPT` ranges, the oldest
+    forgotten first (a read there walks again)."""
+
+    def __init__(self) -> None:
+        self._ranges: OrderedDict[int, int] = OrderedDict()  # first offset -> end
+
+    def past(self, offset: int) -> tuple[int, int]:
+        """(where the range holding `offset` starts, where a read there goes on): (offset,
+        offset) when no walked range holds it."""
+        for first, end in self._ranges.items():
+            if first <= offset < end:
+                return first, end
+        return offset, offset
+
+    def add(self, first: int, end: int) -> None:
+        self._ranges.pop(first, None)
+        self._ranges[first] = end
+        while len(self._ranges) > _WALKS_KEPT:
+            self._ranges.popitem(last=False)
+
+
 async def read_partition(
     wal: PartitionLog,
     archive: Archive | None,
@@ -68,14 +103,24 @@ async def read_partition(
     partition: int,
     offset: int,
     counter: SkipCounter,
+    walked: Walked | None = None,
 ) -> list[bytes]:
     """Batches from the one holding `offset` (object store below the local WAL, else local),
     consecutive: the first may start above `offset` when a gap or skipped damage lies there,
-    the others follow each other with no offset between them."""
-    for _ in range(MAX_ARCHIVE_SKIPS):
+    the others follow each other with no offset between them. None (an empty list) when the
+    walk over missing objects found none within the archive's `walk_limit` steps or before the
+    local WAL's end: what it walked over is then added to `walked`, where the next read goes
+    on (`topic.read_walk_cut_short` when it was the limit)."""
+    first = offset
+    if walked is not None and archive is not None:
+        first, offset = walked.past(offset)
+    limit = MAX_ARCHIVE_SKIPS if archive is None else archive.walk_limit
+    for _ in range(limit):
         if offset >= wal.start_offset or archive is None:
             batches = await _read_local(wal, archive, topic, partition, offset, counter)
             if batches or offset >= wal.start_offset or archive is None:
+                if not batches and walked is not None and first < offset:
+                    walked.add(first, offset)  # nothing from the walk's start to the WAL's end
                 return batches
             continue  # retention deleted the segment during the read: the archive has it
         read: LogRead | None
@@ -92,6 +137,16 @@ async def read_partition(
         following = archive.next_after(topic, partition, offset)
         following = wal.start_offset if following is None else following
         offset = max(offset + 1, min(following, wal.start_offset))
+    if walked is not None:
+        walked.add(first, offset)
+    log.warning(
+        "topic.read_walk_cut_short",
+        topic=topic,
+        partition=partition,
+        offset=first,
+        goes_on_at=offset,
+        walk_limit=limit,
+    )
     return []
 
 

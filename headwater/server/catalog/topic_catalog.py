@@ -558,9 +558,14 @@ class TopicCatalog:
                         and index.applied(p) < partition.log.start_offset
                     ):
                         # the read skipped damaged or missing archived data (logged and counted)
-                        # and found nothing after it up to the local log: go on from there (a
-                        # damaged last tail chunk failed every take-over of the partition)
-                        index.skip_to(p, partition.log.start_offset)
+                        # and found nothing after it up to where its walk stopped (the local
+                        # log, or its walk limit): go on from there (a damaged last tail chunk
+                        # failed every take-over of the partition; going on at the local log
+                        # after a walk cut short skipped the archived records past the hole)
+                        goes_on = partition.walked.past(index.applied(p))[1]
+                        if goes_on <= index.applied(p):  # (no walk noted: the local log)
+                            goes_on = partition.log.start_offset
+                        index.skip_to(p, goes_on)
                         continue
                     if index.applied(p) >= partition.log.start_offset:
                         # nothing stored from here to the end: offsets a recovery skipped

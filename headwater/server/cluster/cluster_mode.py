@@ -19,7 +19,9 @@ object is reassigned afterwards. What it answers:
   manifest names them (which lets the tail chunks they hold go).
 - a record the server writes itself to a partition served by another broker is produced there
   over a peer link (`write`, `server.cluster.peer_links`).
-- subscriptions created here are recorded in etcd with their first checkpoint.
+- a reliable subscription is defined in etcd before it is made here, put-if-absent: a broker
+  making one defined already (through another broker) makes it as defined there (type,
+  settings, start), so two creators racing agree; its first checkpoints follow.
 - the broker's Kafka listener, when it has one, is registered with it (host and port), so that
   every broker's Kafka Metadata names it (docs/KAFKA.md); a Kafka group's offsets are its
   subscription's cursor checkpoints in etcd (`GroupCursors`), which every broker reads.
@@ -287,9 +289,6 @@ class ClusterMode:
             await self._drop_local(request.name)  # theirs arrives through the watch
             raise TopicExists(f"topic {request.name!r} already exists")
 
-    async def subscription_defined(self, topic: str, name: str) -> dict[str, Any] | None:
-        return await self.coordinator.get_subscription(topic, name)
-
     async def create_partitions(self, request: m.CreatePartitionsRequest) -> m.Response:
         """CREATE_PARTITIONS, in the topic's turn: checked here, recorded in etcd (every broker
         grows its copy from the watch, and the coordinators assign the new partitions), then our
@@ -405,10 +404,14 @@ class ClusterMode:
 
     # Subscriptions and uploads
 
+    async def define_subscription(
+        self, topic: str, name: str, definition: dict[str, Any]
+    ) -> dict[str, Any]:
+        return await self.coordinator.define_subscription(topic, name, definition)
+
     async def subscription_created(
         self, topic: LogTopic, name: str, definition: dict[str, Any]
     ) -> None:
-        await self.coordinator.put_subscription(topic.name, name, definition)
         await self.partitions.checkpoint_new(topic, name)
 
     async def subscription_deleted(self, topic: str, name: str) -> None:

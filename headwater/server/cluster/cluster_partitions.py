@@ -69,6 +69,7 @@ from headwater.server.topics.topic_settings import log_config
 from headwater.storage.archive import READ_BYTES
 from headwater.storage.cloud_tail import Chunk, CloudTail, TailState, fold
 from headwater.storage.fileio import remove_tree
+from headwater.storage.log_reader import Walked
 from headwater.storage.partition_manifest import (
     Manifest,
     ManifestFenced,
@@ -719,6 +720,7 @@ class ClusterPartitions:
         for listener in listeners:
             fresh.add_append_listener(listener)
         holder.log = fresh
+        holder.walked = Walked()  # (what reads found missing below the old log: read again)
         index = topic.last_value
         if index is not None:
             index.restart_partition(partition)

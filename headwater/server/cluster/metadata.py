@@ -210,17 +210,33 @@ class Metadata:
 
     # subscriptions
 
-    async def put_subscription(self, topic: str, name: str, definition: dict[str, Any]) -> None:
+    async def define_subscription(
+        self, topic: str, name: str, definition: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Record the subscription's definition unless etcd has one already (one transaction on
+        the key's version, 0 while absent): the definition that stands, ours or the first
+        creator's, so two brokers creating it at once agree on its type, settings and start."""
         key = self._layout.subscription(topic, name)
         value = encode(definition)
-        await self._etcd(lambda c: c.put(key, value))
 
-    async def get_subscription(self, topic: str, name: str) -> dict[str, Any] | None:
-        """The subscription's definition in etcd now (not the watch's copy, which may not have
-        it yet: it was created through another broker a moment ago), None if there is none."""
-        key = self._layout.subscription(topic, name)
-        found = await self._etcd(lambda c: c.get(key))
-        return decode(found.value) if found is not None else None
+        def transaction(c: Any) -> Any:
+            return c.transaction(
+                compare=[c.transactions.version(key) == 0],
+                success=[c.transactions.put(key, value)],
+                failure=[c.transactions.get(key)],
+            )
+
+        won, responses = await self._etcd(transaction)
+        if won:
+            return definition
+        found = responses[0]
+        theirs = decode(bytes(found[0][0])) if found else None
+        if theirs is None:  # (the compare and the get are atomic: the key holds no JSON object)
+            raise StorageError(
+                f"subscription {name!r} of topic {topic!r}: etcd holds something other than a "
+                "definition under its key (written by hand?)"
+            )
+        return theirs
 
     async def delete_subscription(self, topic: str, name: str) -> None:
         key = self._layout.subscription(topic, name)

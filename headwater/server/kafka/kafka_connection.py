@@ -197,6 +197,7 @@ class KafkaConnection(asyncio.Protocol):
         self._buffer.clear()
         for task in list(self._tasks):
             task.cancel()
+        self._handlers.share.connection_closed(self)  # its share sessions, and what they hold
         log.debug("kafka.conn_closed", peer=self.peer, error=str(exc) if exc else None)
 
     def data_received(self, data: bytes) -> None:

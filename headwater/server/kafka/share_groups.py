@@ -86,12 +86,9 @@ class ShareGroups:
     ) -> Heartbeat:
         """`topics`: None when unchanged; `client`: (client id, host); `partitions(topic)`: its
         partition count, 0 for a topic that does not exist (or that a share group cannot read)."""
-        if not group_id:
-            return Heartbeat(k.INVALID_GROUP_ID, "the group id is empty")
-        if not member_id:
-            return Heartbeat(k.INVALID_REQUEST, "a share group member names its own member id")
-        if topics is not None and len(topics) > MAX_SUBSCRIBED_TOPICS:
-            return Heartbeat(k.INVALID_REQUEST, f"more than {MAX_SUBSCRIBED_TOPICS} topics")
+        invalid = refusal(group_id, member_id, epoch, rack, topics)
+        if invalid is not None:
+            return Heartbeat(k.INVALID_REQUEST, invalid)
         self.expire(now)
         group = self.groups.get(group_id)
         if epoch == -1:
@@ -103,8 +100,6 @@ class ShareGroups:
                 group = self.groups[group_id] = ShareGroup(group_id)
             member = group.members.get(member_id)
             if member is None:
-                if topics is None:
-                    return Heartbeat(k.INVALID_REQUEST, "a member joins naming its topics")
                 if len(group.members) >= MAX_GROUP_SIZE:
                     return Heartbeat(
                         k.GROUP_MAX_SIZE_REACHED,
@@ -157,3 +152,24 @@ class ShareGroups:
         if group is None:
             return "Dead"
         return "Stable" if group.members else "Empty"
+
+
+def refusal(
+    group_id: str, member_id: str, epoch: int, rack: str | None, topics: Sequence[str] | None
+) -> str | None:
+    """Why a ShareGroupHeartbeat is INVALID_REQUEST, as Kafka's coordinator checks it before
+    anything else: an empty group, member or rack id, an epoch below -1, a join naming no topic
+    (and here, more than `MAX_SUBSCRIBED_TOPICS` topics); None when it is not."""
+    if not member_id:
+        return "MemberId can't be empty."
+    if not group_id:
+        return "GroupId can't be empty."
+    if rack == "":
+        return "RackId can't be empty."
+    if epoch == 0 and not topics:
+        return "SubscribedTopicNames must be set in first request."
+    if epoch < -1:
+        return "MemberEpoch is invalid."
+    if topics is not None and len(topics) > MAX_SUBSCRIBED_TOPICS:
+        return f"more than {MAX_SUBSCRIBED_TOPICS} topics"
+    return None

@@ -33,7 +33,7 @@ from headwater.server.kafka import kafka_errors as k
 from headwater.server.kafka.group_handlers import KafkaSession, Permits
 from headwater.server.kafka.kafka_nodes import Node, Nodes
 from headwater.server.kafka.messages import share as sh
-from headwater.server.kafka.share_groups import HEARTBEAT_INTERVAL_MS, ShareGroups
+from headwater.server.kafka.share_groups import HEARTBEAT_INTERVAL_MS, ShareGroups, refusal
 from headwater.server.kafka.share_sessions import (
     Acknowledgement,
     Delivery,
@@ -59,6 +59,10 @@ log = structlog.get_logger(__name__)
 # Kafka's defaults for a share group made through the Kafka port
 RECORD_LOCK_MS: Final = 30_000  # group.share.record.lock.duration.ms
 DELIVERY_COUNT_LIMIT: Final = 5  # group.share.delivery.count.limit
+# a new share group's subscription: Kafka's defaults (from the latest offset)
+NEW_SHARE_GROUP: Final = m.SubscriptionSettings(
+    start=m.StartPosition.LATEST, ack_timeout_ms=RECORD_LOCK_MS, max_deliveries=DELIVERY_COUNT_LIMIT
+)
 MAX_WAIT: Final = 30.0  # seconds a ShareFetch waits at most, whatever it asks
 # seconds a member's share session outlives its leaving the group, for its final acknowledgements
 LEAVE_GRACE: Final = 5.0
@@ -76,6 +80,8 @@ class ShareHandlers:
         self._ids = ids
         self.groups = ShareGroups(self._member_gone)
         self.sessions: dict[tuple[str, str], ShareSession] = {}
+        # the sessions whose latest request came through each connection (its close closes them)
+        self._by_connection: dict[object, set[tuple[str, str]]] = {}
         # records acknowledged, by type (/metrics)
         self.acknowledged: dict[str, int] = {"accept": 0, "release": 0, "reject": 0}
 
@@ -95,9 +101,16 @@ class ShareHandlers:
         self, session: KafkaSession, version: int, request: sh.ShareGroupHeartbeatRequest
     ) -> sh.ShareGroupHeartbeatResponse:
         group = request.group_id
+        topics = request.subscribed_topic_names
+        # checked first, as Kafka does: nothing (a share group's subscription) is made for a
+        # request that is refused
+        invalid = refusal(group, request.member_id, request.member_epoch, request.rack_id, topics)
+        if invalid is not None:
+            return sh.ShareGroupHeartbeatResponse(
+                error_code=k.INVALID_REQUEST, error_message=invalid, member_epoch=-1
+            )
         if self._elsewhere(group):
             return sh.ShareGroupHeartbeatResponse(error_code=k.NOT_COORDINATOR)
-        topics = request.subscribed_topic_names
         if topics is not None and request.member_epoch != -1:
             for topic in topics:
                 refused = await self._ensure(group, topic)
@@ -145,12 +158,17 @@ class ShareHandlers:
         if existing is None:
             catalog = self._broker.catalog
             try:
-                settings = await self._settings(topic_name, group)
-                if isinstance(settings, str):
-                    return settings
                 async with catalog.turn(topic_name):
                     existing = await catalog.subscriptions.get_or_create(
-                        topic, group, m.SubscriptionType.SHARED, settings
+                        topic,
+                        group,
+                        m.SubscriptionType.SHARED,
+                        NEW_SHARE_GROUP,
+                        # defined already through another broker: its partitions with no
+                        # cursor yet (their owners' checkpoints win where there are some) are
+                        # read from their start, never from the latest, which skipped what was
+                        # produced since it was made there
+                        adopted_start=m.StartPosition.EARLIEST,
                     )
             except HeadwaterError as exc:
                 return str(exc.message)
@@ -162,33 +180,6 @@ class ShareHandlers:
                 f"{existing.sub_type.name.lower()}, not shared: it is not a share group"
             )
         return None
-
-    async def _settings(self, topic: str, group: str) -> m.SubscriptionSettings | str:
-        """How to make the share group's subscription here: Kafka's defaults for a new share
-        group (from the latest offset); in a cluster that defines it already (made through
-        another broker, whose creation this broker has not seen yet), that definition's
-        settings and the earliest start, so the partitions it has no cursor for yet (their
-        owners' checkpoints win where there are some) are read from their start: never from
-        the latest, which skipped what was produced since it was made there."""
-        defined = await self._broker.definitions.subscription_defined(topic, group)
-        if defined is None:
-            return m.SubscriptionSettings(
-                start=m.StartPosition.LATEST,
-                ack_timeout_ms=RECORD_LOCK_MS,
-                max_deliveries=DELIVERY_COUNT_LIMIT,
-            )
-        if defined.get("type") != m.SubscriptionType.SHARED:
-            return f"subscription {group!r} of topic {topic!r} is not shared: not a share group"
-        log.info("kafka.share_group_adopted", topic=topic, group=group)
-        return m.SubscriptionSettings(
-            start=m.StartPosition.EARLIEST,
-            ack_timeout_ms=defined["ack_timeout_ms"],
-            max_deliveries=defined["max_deliveries"],
-            backoff=defined["backoff"],
-            backoff_initial_ms=defined["backoff_initial_ms"],
-            backoff_max_ms=defined["backoff_max_ms"],
-            committed_only=bool(defined.get("committed_only", False)),
-        )
 
     async def share_group_describe(
         self, session: KafkaSession, version: int, request: sh.ShareGroupDescribeRequest
@@ -268,14 +259,42 @@ class ShareHandlers:
     def _left(self, key: tuple[str, str], share: ShareSession) -> None:
         """A departed member's session whose final request did not come: closed."""
         if self.sessions.get(key) is share:
-            del self.sessions[key]
             log.info("kafka.share_session_left", group=key[0], member=key[1])
         self._close(share)
 
+    def connection_closed(self, connection: object) -> None:
+        """The sessions whose latest request came through this connection are closed: what
+        they acquired is delivered again at once, their slots freed."""
+        for key in self._by_connection.pop(connection, set()):
+            share = self.sessions.get(key)
+            if share is not None:
+                log.info("kafka.share_session_disconnected", group=key[0], member=key[1])
+                self._close(share)
+
     # Records (each partition's leader)
 
+    def _through(self, share: ShareSession, connection: object) -> None:
+        """The session's latest request came through `connection`."""
+        key = (share.group, share.member_id)
+        if share.connection is not connection:
+            self._unindex(share)
+            share.connection = connection
+        self._by_connection.setdefault(connection, set()).add(key)
+
+    def _unindex(self, share: ShareSession) -> None:
+        keys = self._by_connection.get(share.connection)
+        if keys is not None:
+            keys.discard((share.group, share.member_id))
+            if not keys:
+                del self._by_connection[share.connection]
+
     def _close(self, share: ShareSession) -> None:
-        """Detach the session's consumers: what they hold is delivered again at once."""
+        """Forget the session (if it is still the member's) and detach its consumers: what
+        they hold is delivered again at once."""
+        key = (share.group, share.member_id)
+        if self.sessions.get(key) is share:
+            del self.sessions[key]
+            self._unindex(share)
         if share.leaving is not None:
             share.leaving.cancel()
             share.leaving = None
@@ -300,19 +319,18 @@ class ShareHandlers:
             if share is not None:
                 self._close(share)
             share = self.sessions[key] = ShareSession(
-                group, member, Inbox(session.peer, session.principal)
+                group, member, Inbox(session.peer, session.principal), session
             )
-            return share, 0, None
-        if share is None:
+        elif share is None:
             return None, k.SHARE_SESSION_NOT_FOUND, f"member {member!r} has no share session here"
-        if epoch != -1 and epoch != share.epoch:
+        elif epoch != -1 and epoch != share.epoch:
             self._close(share)
-            del self.sessions[key]
             return (
                 None,
                 k.INVALID_SHARE_SESSION_EPOCH,
                 f"the share session is at epoch {share.epoch}, not {epoch}",
             )
+        self._through(share, session)
         return share, 0, None
 
     def _leader(self, topic: LogTopic, partition: int) -> Node | None:
@@ -443,7 +461,6 @@ class ShareHandlers:
         await self._acknowledge(session, share, acks, errors, results)
         lock = RECORD_LOCK_MS
         if epoch == -1:
-            self.sessions.pop((share.group, share.member_id), None)
             self._close(share)
             deliveries: list[Delivery] = []
         else:
@@ -596,7 +613,6 @@ class ShareHandlers:
         ]
         await self._acknowledge(session, share, acks, errors, results)
         if epoch == -1:
-            self.sessions.pop((share.group, share.member_id), None)
             self._close(share)
         topics: dict[str, list[sh.ShareAcknowledgePartitionData]] = {}
         endpoints: dict[int, sh.NodeEndpoint] = {}

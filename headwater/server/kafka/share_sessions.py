@@ -23,7 +23,11 @@ other (never acquired, acquired by another member, or whose lock expired) is INV
 (121) for its partition, and none of that range is applied.
 
 A session is closed by a request with epoch -1 (after its acknowledgements are applied), by a
-new one opened with epoch 0, and a few seconds after the member leaves the group or expires
+new one opened with epoch 0, when the connection of its latest request closes (as Kafka's share
+session cache drops a closed connection's sessions: nothing more can be acknowledged through it,
+and a client that connects again opens a new one; a session kept until its lock expired held its
+records from the others for the lock, and 10,000 dropped connections left 10,000 sessions and
+consumers), and a few seconds after the member leaves the group or expires
 (`share_handlers.LEAVE_GRACE`: a client's final acknowledgements may come after its leave, and
 are applied; meanwhile the session acquires nothing more): its consumers are detached, and what
 they held is delivered again at once, as for a native consumer that leaves.
@@ -122,6 +126,7 @@ class ShareSession:
     group: str
     member_id: str
     inbox: Inbox
+    connection: object  # the Kafka connection of its latest request: its close closes the session
     epoch: int = 0  # the epoch the member's next request carries (once answered)
     partitions: set[tuple[str, int]] = field(default_factory=set)
     consumers: dict[str, Consumer] = field(default_factory=dict)  # by topic

@@ -6,7 +6,7 @@ administration: `TopicDefinitions` is what the broker asks (create, delete, grow
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
 from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.reply import Reply
@@ -24,11 +24,6 @@ class TopicDefinitions(Protocol):
     async def delete_topic(self, name: str) -> None: ...
 
     async def create_partitions(self, request: m.CreatePartitionsRequest) -> m.Response: ...
-
-    async def subscription_defined(self, topic: str, name: str) -> dict[str, Any] | None:
-        """How the deployment defines subscription `name` of `topic` when this broker has not
-        made it yet (a cluster: created through another broker), else None."""
-        ...
 
 
 class SubscribeHandler(Protocol):
@@ -57,9 +52,6 @@ class LocalTopics:
 
     async def create_partitions(self, request: m.CreatePartitionsRequest) -> m.Response:
         return await add_partitions(self._catalog, request)
-
-    async def subscription_defined(self, topic: str, name: str) -> dict[str, Any] | None:
-        return None  # the catalog is the only definition: what it lacks does not exist
 
 
 def close_topic_consumers(topic: Topic) -> None:

@@ -3,7 +3,9 @@
 A subscription's definition (`sub/<topic>\\0<name>`) and its cursors (`cursor/...`, one per
 partition) are written in one synced WriteBatch when it is created, and removed together when it is
 deleted. The callers hold the topic's admin lock (`server.topic_turns`), so a create, a
-seek and a delete of one subscription, or a delete of its topic, never interleave.
+seek and a delete of one subscription, or a delete of its topic, never interleave. A create first
+asks the placement to define it (in a cluster, put-if-absent in etcd): made through two brokers at
+once, both make it from the first creator's definition, start included.
 
 A subscription started (or moved) at `snapshot` gets a `SnapshotFeed` over the newest snapshot of
 each partition that has a readable one (the others start at earliest); its definition keeps those
@@ -97,14 +99,7 @@ class SubscriptionStore:
             topic,
             name,
             m.SubscriptionType(definition["type"]),
-            ReliableSettings(
-                definition["ack_timeout_ms"],
-                definition["max_deliveries"],
-                m.Backoff(definition["backoff"]),
-                definition["backoff_initial_ms"],
-                definition["backoff_max_ms"],
-                bool(definition.get("committed_only", False)),
-            ),
+            _settings_of(definition),
             cursors,
             self._feed(topic, definition, cursors),
         )
@@ -129,16 +124,18 @@ class SubscriptionStore:
         name: str,
         sub_type: m.SubscriptionType,
         settings: m.SubscriptionSettings,
+        adopted_start: m.StartPosition | None = None,
     ) -> SubscriptionKind:
-        """The existing subscription `name` (of any kind), or a new reliable one made from
-        `settings`. The caller holds the topic's admin lock."""
+        """The existing subscription `name` (of any kind), or a new reliable one. It is made as
+        the deployment defines it (`TopicPlacement.define_subscription`): from `sub_type` and
+        `settings` unless a cluster defines it already (made through another broker, maybe this
+        very moment), whose definition it then takes, its start too unless `adopted_start`
+        says otherwise. The caller holds the topic's admin lock."""
         existing = topic.subscriptions.get(name)
         if existing is not None:
             return existing
         resolved = self._resolve(settings)
-        offsets, feed = await self._start(topic, settings.start, settings.start_value)
-        cursors = [PartitionCursor.starting_at(o) for o in offsets]
-        definition: dict[str, Any] = {
+        ours: dict[str, Any] = {
             "type": int(sub_type),
             "ack_timeout_ms": resolved.ack_timeout_ms,
             "max_deliveries": resolved.max_deliveries,
@@ -146,7 +143,24 @@ class SubscriptionStore:
             "backoff_initial_ms": resolved.backoff_initial_ms,
             "backoff_max_ms": resolved.backoff_max_ms,
             "committed_only": resolved.committed_only,
+            "start": int(_position(settings.start)),
+            "start_value": settings.start_value,
         }
+        definition = await self._placement.define_subscription(topic.name, name, ours)
+        if definition != ours:
+            sub_type = m.SubscriptionType(definition["type"])
+            resolved = _settings_of(definition)
+            # (a definition written before starts were recorded: from the oldest, lose nothing)
+            start = definition.get("start", m.StartPosition.EARLIEST)
+            if adopted_start is not None:  # (LATEST is 0)
+                start = adopted_start
+            definition = {**definition, "start": int(start)}
+            definition.pop("snapshot", None)  # (horizons are this broker's own)
+            log.info("subscription.adopted", topic=topic.name, subscription=name, start=start)
+        offsets, feed = await self._start(
+            topic, definition["start"], definition.get("start_value", 0)
+        )
+        cursors = [PartitionCursor.starting_at(o) for o in offsets]
         if feed is not None:
             definition["snapshot"] = {str(p): h for p, h in feed.horizons.items()}
         puts = {key(SUBSCRIPTION, topic.name, name): json.dumps(definition).encode()}
@@ -211,13 +225,7 @@ class SubscriptionStore:
         )
 
     async def start_offsets(self, topic: LogTopic, start: int, value: int) -> list[int]:
-        try:
-            position = m.StartPosition(start)
-        except ValueError:
-            raise InvalidRequest(
-                f"unknown start position {start} "
-                "(0 latest, 1 earliest, 2 offset, 3 timestamp, 4 snapshot)"
-            ) from None
+        position = _position(start)
         offsets = []
         for partition in topic.partitions:
             earliest = topic.start_offset(partition.index)
@@ -291,3 +299,24 @@ class SubscriptionStore:
         await self._writer.synced(deletes=[key(SUBSCRIPTION, topic.name, name)])
         await self._placement.subscription_deleted(topic.name, name)
         log.info("subscription.deleted", topic=topic.name, subscription=name)
+
+
+def _position(start: int) -> m.StartPosition:
+    try:
+        return m.StartPosition(start)
+    except ValueError:
+        raise InvalidRequest(
+            f"unknown start position {start} "
+            "(0 latest, 1 earliest, 2 offset, 3 timestamp, 4 snapshot)"
+        ) from None
+
+
+def _settings_of(definition: dict[str, Any]) -> ReliableSettings:
+    return ReliableSettings(
+        definition["ack_timeout_ms"],
+        definition["max_deliveries"],
+        m.Backoff(definition["backoff"]),
+        definition["backoff_initial_ms"],
+        definition["backoff_max_ms"],
+        bool(definition.get("committed_only", False)),
+    )

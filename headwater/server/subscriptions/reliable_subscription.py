@@ -558,6 +558,10 @@ class ReliableSubscription:
                 ends[partition] = 0  # past a gap, the next batch is not visible yet
                 continue
             if not batches:
+                if topic.walk_goes_on(partition, position):
+                    # a walk over missing objects cut short: the next round reads on from where
+                    # it stopped (waiting for an append left the records after the hole unsent)
+                    return True
                 # nothing at the position though the end is past it: a gap (the offsets a
                 # restart skipped to its lease) reaching the end, nothing written after it yet.
                 # The other partitions go on; returning here left them unsent until this one

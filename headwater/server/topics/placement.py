@@ -5,10 +5,11 @@ A `TopicPlacement` answers the questions whose answer differs between one broker
 what a reliable append's answer waits for and how far readers may read (`durability`), which
 partitions this broker serves (`serves`), how a topic is defined (`define_topic`: the catalog
 alone, or etcd and every broker's catalog), how a record the server writes itself reaches its
-partition (`write`: appended here, or sent to the broker that owns it), and who hears of a
-subscription created or deleted here. `server.requests.placement` adds the broker's side
-(ownership for LOOKUP and NOT_OWNER, the subscribe gate, producer ids); `LocalPlacement` below is
-the single broker's, `server.cluster.cluster_mode.ClusterMode` the cluster's.
+partition (`write`: appended here, or sent to the broker that owns it), how a reliable
+subscription is defined (`define_subscription`: once for the whole deployment) and who hears of
+one created or deleted here. `server.requests.placement` adds the broker's side (ownership for
+LOOKUP and NOT_OWNER, the subscribe gate, producer ids); `LocalPlacement` below is the single
+broker's, `server.cluster.cluster_mode.ClusterMode` the cluster's.
 
 Every topic the server creates for itself (dead-letter topics) goes through `define_topic` and
 every record it writes for itself through `write`, the same two steps a client's CREATE_TOPIC
@@ -54,6 +55,14 @@ class TopicPlacement(Protocol):
         (nothing was then acknowledged; the caller may try again)."""
         ...
 
+    async def define_subscription(
+        self, topic: str, name: str, definition: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Record a reliable subscription's definition (its type, settings and start) before it
+        is made here, unless the deployment defines it already: the definition that stands (a
+        cluster's first creator's: put-if-absent in etcd), which the caller makes it from."""
+        ...
+
     async def subscription_created(
         self, topic: LogTopic, name: str, definition: dict[str, Any]
     ) -> None: ...
@@ -81,6 +90,11 @@ class LocalPlacement:
         self, topic: LogTopic, partition: int, batch: bytes, record_count: int
     ) -> Awaitable[None]:
         return append_here(topic, partition, batch, record_count)
+
+    async def define_subscription(
+        self, topic: str, name: str, definition: dict[str, Any]
+    ) -> dict[str, Any]:
+        return definition  # the catalog is the only definition (made in the topic's turn)
 
     async def subscription_created(
         self, topic: LogTopic, name: str, definition: dict[str, Any]

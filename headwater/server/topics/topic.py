@@ -45,7 +45,7 @@ from headwater.server.reply import AfterWork, Reply
 from headwater.server.topics.committed_feed import CommittedFeed
 from headwater.server.topics.lastvalue_index import LastValueIndex
 from headwater.server.topics.subscription_registry import SubscriptionRegistry
-from headwater.storage.log_reader import Archive, read_partition
+from headwater.storage.log_reader import Archive, Walked, read_partition
 from headwater.storage.segments import SparseIndex, batch_location
 from headwater.storage.wal import PartitionLog
 from headwater.wire.errors import InvalidPartition, StorageError
@@ -78,6 +78,8 @@ class LogPartition:
     # idempotent produces to the partition wait for it (server.requests.broker)
     producers_ready: asyncio.Future[None] | None = None
     skipped: int = 0  # reads that had to skip damaged or missing data
+    # ranges below the local WAL a read found nothing readable in, where the next read goes on
+    walked: Walked = field(default_factory=Walked)
     # the last append queued for the offset lease (`LogTopic.when_leased`): later ones queue
     # behind it, so appends keep their order
     lease_line: asyncio.Future[None] | None = None
@@ -384,10 +386,20 @@ class LogTopic(_TopicBase):
 
     def empty_read_is_a_gap(self, partition: int, offset: int) -> bool:
         """Whether a read at `offset` that found no batch says no batch is stored from `offset`
-        on (a restart's lease gap at the end of the log), so a reader may step to the end: only
-        in the local WAL. Below it the read walks the object store, and an empty answer there can
-        be a walk cut short (`storage.log_reader.MAX_ARCHIVE_SKIPS`), with batches after it."""
-        return offset >= self.partitions[partition].log.start_offset
+        on (a restart's lease gap at the end of the log), so a reader may step to the end: when
+        the read went on into the local WAL. Below it the read walks the object store, and an
+        empty answer there is a walk cut short at the archive's `walk_limit`, with batches after
+        it (`walk_goes_on`)."""
+        holder = self.partitions[partition]
+        return holder.walked.past(offset)[1] >= holder.log.start_offset
+
+    def walk_goes_on(self, partition: int, offset: int) -> bool:
+        """Whether a read at `offset` that found no batch was a walk over missing objects cut
+        short below the local WAL (`storage.log_reader.Walked`): the next read at `offset` goes
+        on where it stopped. A reader reads again (nothing is skipped, and nothing is appended
+        to wake it)."""
+        holder = self.partitions[partition]
+        return offset < holder.walked.past(offset)[1] < holder.log.start_offset
 
     def readable_end(self, partition: LogPartition, committed: bool) -> int:
         """Where subscriptions may read up to: what is visible (or fsynced, for `committed`);
@@ -407,7 +419,9 @@ class LogTopic(_TopicBase):
         over damage as every reader of the log reads (`storage.log_reader`). The first batch
         may start above `offset` when damage or missing data was skipped."""
         holder = self.partitions[partition]
-        return await read_partition(holder.log, self.archive, self.name, partition, offset, holder)
+        return await read_partition(
+            holder.log, self.archive, self.name, partition, offset, holder, holder.walked
+        )
 
     async def offset_for_timestamp(self, partition: int, timestamp: int) -> int:
         """The first offset of the first batch whose max timestamp is at or after `timestamp`
