@@ -358,6 +358,31 @@ def test_first_choices_are_balanced_and_stable() -> None:
     assert moved <= 50
 
 
+def test_a_leaving_broker_moves_only_its_own_partitions_and_a_joining_one_only_its_share() -> None:
+    """With the owners given, first choices are sticky: when a broker leaves, every partition a
+    survivor owns keeps it as first choice (only the leaver's move); when one joins, only the
+    partitions it gets move, each from a broker over its new share. Without the owners (plain
+    bounded-load rendezvous) a departure re-placed survivors' partitions too: a hand-off each,
+    and an ack gap on partitions whose owner never failed."""
+    three = frozenset({"b1", "b2", "b3"})
+    for topic in ("orders", "bench", "kv", "t0", "t1", "t2"):
+        for partitions in (2, 3, 6, 7, 12, 100):
+            owners = tuple((p, c[0]) for p, c in enumerate(balanced(three, topic, partitions)))
+            survivors = tuple((p, b) for p, b in owners if b != "b1")
+            after = balanced(three - {"b1"}, topic, partitions, survivors)
+            for partition, broker in survivors:
+                assert after[partition][0] == broker, (topic, partitions, partition)
+            assert max(Counter(c[0] for c in after).values()) <= -(-partitions // 2)
+            # b1 back (or a fourth broker): it takes its share, nothing else moves
+            owners_two = tuple((p, c[0]) for p, c in enumerate(after))
+            for joining in ("b1", "b4"):
+                joined = balanced(three - {"b1"} | {joining}, topic, partitions, owners_two)
+                moved = [p for p, b in owners_two if joined[p][0] != b]
+                assert all(joined[p][0] == joining for p in moved)
+                assert len(moved) == Counter(c[0] for c in joined)[joining]
+                assert max(Counter(c[0] for c in joined).values()) <= -(-partitions // 3)
+
+
 def headwater_partition(key: bytes, partitions: int) -> int:
     from headwater.wire.keys import partition_for_key
 

@@ -65,6 +65,7 @@ class Assignment:
     _pending: set[tuple[str, int]]
     _in_handler: set[tuple[str, int]]
     _deleted: set[int]  # epochs of keys we deleted, until the watch shows them gone
+    _round_owners: dict[str, tuple[tuple[int, str], ...]]  # each `_rebalance` sets it
     _wake: asyncio.Event
 
     def _healthy(self, stopping: bool = False) -> bool:
@@ -78,16 +79,27 @@ class Assignment:
         }
 
     def _preference(self, live: set[str], key: tuple[str, int]) -> list[str]:
-        """The brokers in order of preference for a partition, first choices balanced per topic."""
+        """The brokers in order of preference for a partition, first choices balanced per topic
+        and sticky: the live owners keep what they hold within their share (`balanced`)."""
         topic, partition = key
         count = partitions_of(self._topics.get(topic, {}))
         if partition >= count:
             return rendezvous(live, topic, partition)
-        return list(balanced(frozenset(live), topic, count)[partition])
+        owners = self._round_owners.get(topic, ())
+        return list(balanced(frozenset(live), topic, count, owners)[partition])
+
+    def _owners_by_topic(self) -> dict[str, tuple[tuple[int, str], ...]]:
+        """Each topic's owners as the watch shows them, (partition, broker) by partition."""
+        found: dict[str, list[tuple[int, str]]] = {}
+        for (topic, partition), entry in self._owners.items():
+            found.setdefault(topic, []).append((partition, entry.value.decode(errors="replace")))
+        return {topic: tuple(sorted(owned)) for topic, owned in found.items()}
 
     async def _rebalance(self) -> None:
         now = time.monotonic()
         live = self._broker_ids | {self._id}
+        # the owners at the round's start: every choice of the round is made from one view
+        self._round_owners = self._owners_by_topic()
         wanted = self._partitions()
         self._orphans()
         for key in [k for k in self._free_since if k not in wanted]:

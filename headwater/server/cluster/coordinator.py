@@ -104,6 +104,7 @@ class Coordinator(Assignment, Metadata, ExclusiveClaims):
         self._stopping = False
         self._held: dict[tuple[str, int], Held] = {}
         self._owners: dict[tuple[str, int], Entry] = {}
+        self._round_owners: dict[str, tuple[tuple[int, str], ...]] = {}
         self._brokers: dict[str, BrokerAddress] = {}
         self._kafka = kafka
         # live broker id -> its Kafka listener's (host, port), for those that have one
