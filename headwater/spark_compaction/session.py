@@ -115,6 +115,25 @@ def local_cores(master: str) -> int:
     return max(1, int(inside)) if inside.isdigit() else 1
 
 
+def session_settings(
+    master: str, conf: Mapping[str, str] | None = None, compaction: bool = False
+) -> dict[str, str]:
+    """The settings `spark_session` starts a session with: DEFAULTS, a local master's and the
+    compaction job's own, then `conf`."""
+    settings = dict(DEFAULTS)
+    if master.startswith("local"):
+        settings.update(LOCAL_DEFAULTS)
+        if compaction:
+            settings.update(COMPACTION_LOCAL_DEFAULTS)
+            settings["spark.driver.extraJavaOptions"] += f" {COMPACTION_JVM_OPTIONS}"
+        settings["spark.sql.shuffle.partitions"] = str(local_cores(master))
+        archive = class_archive()
+        if archive:
+            settings["spark.driver.extraJavaOptions"] += f" {archive}"
+    settings.update(conf or {})
+    return settings
+
+
 def spark_session(
     master: str = "local[2]", conf: Mapping[str, str] | None = None, compaction: bool = False
 ) -> Any:
@@ -127,19 +146,8 @@ def spark_session(
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
-    settings = dict(DEFAULTS)
-    if master.startswith("local"):
-        settings.update(LOCAL_DEFAULTS)
-        if compaction:
-            settings.update(COMPACTION_LOCAL_DEFAULTS)
-            settings["spark.driver.extraJavaOptions"] += f" {COMPACTION_JVM_OPTIONS}"
-        settings["spark.sql.shuffle.partitions"] = str(local_cores(master))
-        archive = class_archive()
-        if archive:
-            settings["spark.driver.extraJavaOptions"] += f" {archive}"
-    settings.update(conf or {})
     builder = SparkSession.builder.master(master)
-    for name, value in settings.items():
+    for name, value in session_settings(master, conf, compaction).items():
         builder = builder.config(name, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
