@@ -14,8 +14,9 @@ load on the machine that comes and goes weighs on both sides of each ratio alike
   CPU-s of every process it started, the JVM and PySpark's Python workers included (this process
   is their subreaper, so each one's CPU time reaches it when it is reaped), split by kind from
   /proc, with the run's own phases (`spark_start` is the session's start).
-- `spark start-up`: a process that starts the same session and stops it at once: Spark's start-up
-  alone, wall and CPU-s, so `compact` minus it is the job's own cost.
+- `spark start-up`: a process that starts the session `compact` starts (`compaction=True`) and
+  stops it at once: Spark's start-up alone, wall and CPU-s, so `compact` minus it is the job's
+  own cost.
 - `fetch loop`: `Client.fetch` in a loop over both partitions in one process, records decoded
   (what one streaming task does, without Spark): records/s.
 - `compact, warm session`: the same job (`spark_compaction.job.run`) in the session the source
@@ -117,7 +118,7 @@ FOLD = textwrap.dedent(
 START_UP = textwrap.dedent(
     """
     from headwater.spark_compaction.session import spark_session
-    spark_session("local[2]").stop()
+    spark_session("local[2]", compaction=True).stop()
     """
 )
 
