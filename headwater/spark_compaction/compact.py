@@ -1,5 +1,9 @@
 """The fold, in Spark: per (topic, partition, key) the record with the highest offset wins.
 
+(A partition whose new segments fit one reading task skips it: `fold_in_one_task` runs
+one_task.py's task per partition, which folds and writes in Arrow; what follows is the path of
+larger partitions and of full merges with earlier layers.)
+
 Input is the new WAL records (the `headwater_wal` reader, above the previous horizon). A full
 snapshot then folds the winners again with the previous snapshot's layers (the `headwater_snapshot`
 reader), whose rows are records too, with their original offsets (a delta's deletions as

@@ -3,7 +3,10 @@
 1. Plan (driver, object store only): list the WAL segment objects of the chosen topics and each
    partition's newest manifest; a partition takes part when it has segments past the manifest's
    `last_segment`. The list is pinned: segments uploaded while the run is going wait for the next.
-2. Compute (Spark, compact.py): fold the new records, collect each partition's counts, set its
+2. Compute: a partition whose new segments fit one reading task is read, folded, counted and
+   written by that task (one_task.py), all such partitions in one Spark job; the others (and
+   one whose changes are too many for a delta layer) go through the Spark fold (compact.py):
+   fold the new records, collect each partition's counts, set its
    horizon (highest offset read + 1), and write its Parquet files: a delta layer of the keys that
    changed while the partition's deltas stay small beside its full layer (`takes_delta`),
    otherwise a full snapshot, the new winners folded with the previous snapshot's layers.

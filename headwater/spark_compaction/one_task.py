@@ -9,8 +9,8 @@ folds the partition's new segments (wal_segments.Folder, and `newest_per_key` ag
 handed its rows over in pieces), counts them as `compact.partition_stats` does, sets the horizon
 and chooses between a delta layer and a full snapshot by the same rules as job.py, sorts the rows
 by key (Arrow's order of binary keys is Spark's: unsigned bytes, a prefix first) and writes the
-files with `SnapshotWriter`, and returns its counts. That cut the JVM's share of a cold 1M-record
-run by two thirds (docs/BENCHMARKS.md).
+files with `SnapshotWriter`, and returns its counts. That cut the JVM's CPU of a cold 1M-record
+run by more than half (docs/BENCHMARKS.md).
 
 A partition whose changes are too many for a delta layer needs its earlier layers folded in: the
 task writes nothing and says so (`MERGE`), and the job takes the partition through the Spark path,
