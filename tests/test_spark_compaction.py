@@ -26,6 +26,7 @@ from headwater.spark_compaction.history import (
 from headwater.spark_compaction.job import CompactionSettings, apply_retention, compute, plan, run
 from headwater.spark_compaction.loader import load_snapshot
 from headwater.spark_compaction.manifest import Manifest, manifest_horizons
+from headwater.spark_compaction.source import DEFAULT_GROUP_BYTES
 from headwater.spark_compaction.store import BlockingStore, StoreSpec, open_store
 from headwater.spark_compaction.wal_segments import list_segments
 from headwater.wire.records import Compression
@@ -157,12 +158,19 @@ def test_two_runs_with_writes_between_equal_one_run(spark: Any, tmp_path: Path) 
     assert snapshot(twice, "t", 0) == (2000, python_fold(first[0] + second[0]))
 
 
-def test_small_runs_write_deltas_that_read_like_one_full_fold(spark: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("one_task", [True, False], ids=["one_task", "spark_fold"])
+def test_small_runs_write_deltas_that_read_like_one_full_fold(
+    spark: Any, tmp_path: Path, one_task: bool
+) -> None:
     """Runs over a trickle write only the keys that changed (deletions included), laid over the
     full snapshot; readers merge the layers; a run past `max_deltas` folds everything into a new
-    full snapshot; retention then keeps nothing the newest snapshot does not read."""
+    full snapshot; retention then keeps nothing the newest snapshot does not read. The same
+    whether each partition is done by one task (one_task.py; the full merge then goes through
+    the Spark fold) or every partition through the Spark fold."""
     spec = StoreSpec.local(tmp_path)
-    settings = CompactionSettings(spec, rows_per_file=100, delta_ratio=0.25, max_deltas=2)
+    settings = CompactionSettings(
+        spec, rows_per_file=100, delta_ratio=0.25, max_deltas=2, one_task=one_task
+    )
     histories = [_history(6, 2400)]
     _write(spec, "t", histories[0])
     first = run(session(spark), settings)
@@ -361,18 +369,26 @@ def _decided(history: list[Written], outcome: Literal["committed", "aborted"]) -
     ]
 
 
-def test_aborted_and_open_transactions_never_reach_a_snapshot(spark: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("group_bytes", "twice"),
+    [(6000, True), (DEFAULT_GROUP_BYTES, False)],
+    ids=["spark_fold", "one_task"],
+)
+def test_aborted_and_open_transactions_never_reach_a_snapshot(
+    spark: Any, tmp_path: Path, group_bytes: int, twice: bool
+) -> None:
     """Three partitions of interleaved plain batches and transactions (three producers,
     tombstones, keyless records, a third aborted), read by several Spark tasks each (transactions
-    cut by a task boundary are decided by reading ahead). Partition 0 has a transaction open
-    from early on: its horizon stops at that transaction's first offset and, since later tasks
-    folded past it, it is read a second time up to there. Partition 1's open transaction is in
+    cut by a task boundary are decided by reading ahead), or each by one task (one_task.py).
+    Partition 0 has a transaction open from early on: its horizon stops at that transaction's
+    first offset and, read by several tasks, since later tasks folded past it, it is read a
+    second time up to there. Partition 1's open transaction is in
     its last task: one pass. Partition 2 has none: its horizon is its end. Each snapshot equals
     a fold of the committed and plain records below its horizon. Then markers end the open
     transactions (0 commits, 1 aborts) and more is written: the next run folds them, and every
     snapshot equals the fold of everything committed."""
     spec = StoreSpec.local(tmp_path)
-    settings = CompactionSettings(spec, ("t",), group_bytes=6000)
+    settings = CompactionSettings(spec, ("t",), group_bytes=group_bytes)
     histories = {p: transactional(400, 60, seed=20 + p) for p in range(3)}
     histories[0].insert(8, Written(tuple(generate(4, 60, seed=98)), "open", 9))
     histories[1].append(Written(tuple(generate(4, 60, seed=99)), "open", 9))
@@ -391,7 +407,8 @@ def test_aborted_and_open_transactions_never_reach_a_snapshot(spark: Any, tmp_pa
 
     summary = run(session(spark), settings)
 
-    assert summary.bytes_read == 2 * sizes[0] + sizes[1] + sizes[2]  # partition 0 read twice
+    # partition 0 read twice by the Spark fold, once by one task
+    assert summary.bytes_read == (2 if twice else 1) * sizes[0] + sizes[1] + sizes[2]
     for p in range(3):
         assert snapshot(spec, "t", p) == (
             horizons[p],

@@ -15,6 +15,7 @@ from headwater.spark_compaction.session import (
     DYNAMIC_ARCHIVE_MAGIC,
     class_archive,
     local_cores,
+    session_settings,
 )
 
 
@@ -94,3 +95,19 @@ def test_local_masters_get_one_shuffle_partition_per_core() -> None:
     assert local_cores("local[2]") == 2
     assert local_cores("local[3,2]") == 3  # local[cores,maxFailures]
     assert local_cores("local[*]") == (os.cpu_count() or 1)
+
+
+def test_only_the_compaction_jobs_local_session_runs_the_client_compiler_alone() -> None:
+    """The job's short-lived JVM does little per record: C2 never pays back there; a streaming
+    query moves every record through the JVM, where C1's code doubled its CPU per record."""
+    job = session_settings("local[2]", compaction=True)
+    other = session_settings("local[2]")
+    assert "-XX:TieredStopAtLevel=1" in job["spark.driver.extraJavaOptions"].split()
+    assert "-XX:TieredStopAtLevel=1" not in other["spark.driver.extraJavaOptions"].split()
+    assert "-XX:+UseSerialGC" in other["spark.driver.extraJavaOptions"].split()
+    assert job["spark.sql.codegen.wholeStage"] == "false"
+    assert "spark.sql.codegen.wholeStage" not in other
+    assert "spark.driver.extraJavaOptions" not in session_settings("spark://h:7077")
+    given = {"spark.driver.extraJavaOptions": ""}
+    overridden = session_settings("local[2]", given, compaction=True)
+    assert overridden["spark.driver.extraJavaOptions"] == ""

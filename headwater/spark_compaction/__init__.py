@@ -4,8 +4,9 @@ Modules: `store` (object-store access from executors), `wal_segments` (finding a
 objects), `schema` (row shapes), `source` (the `headwater_wal` and `headwater_snapshot` Spark data
 sources), `stream` (the `headwater` Structured Streaming source over a live topic), `sink` (the
 `headwater` sink: `df.write` and `writeStream` into a topic), `compact` (the fold in Spark),
-`writer` (Parquet files), `manifest` (names, commit, retention), `job` (one run), `session` (the
-Spark session), `standalone` (a standalone master and workers on this machine, from the pyspark
+`one_task` (a partition read, folded and written by one task), `writer` (Parquet files),
+`manifest` (names, commit, retention), `job` (one run), `session` (the Spark session),
+`standalone` (a standalone master and workers on this machine, from the pyspark
 wheel), `loader` (reading a snapshot back without Spark, for the server), `history`
 (synthetic WAL histories for tests and benchmarks). Imports `wire`, `storage` and `client`;
 pyspark is imported by `source`, `stream`, `sink`, `compact`, `session` and `standalone`, which

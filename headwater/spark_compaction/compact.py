@@ -1,5 +1,9 @@
 """The fold, in Spark: per (topic, partition, key) the record with the highest offset wins.
 
+(A partition whose new segments fit one reading task skips it: `fold_in_one_task` runs
+one_task.py's task per partition, which folds and writes in Arrow; what follows is the path of
+larger partitions and of full merges with earlier layers.)
+
 Input is the new WAL records (the `headwater_wal` reader, above the previous horizon). A full
 snapshot then folds the winners again with the previous snapshot's layers (the `headwater_snapshot`
 reader), whose rows are records too, with their original offsets (a delta's deletions as
@@ -34,7 +38,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -43,6 +46,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from headwater.spark_compaction.manifest import SnapshotFile
+from headwater.spark_compaction.one_task import OneTask, PartitionStats, Written, fold_partition
 from headwater.spark_compaction.schema import FOLDED_DDL
 from headwater.spark_compaction.source import (
     SNAPSHOT_READ_DDL,
@@ -52,22 +56,8 @@ from headwater.spark_compaction.source import (
     files_option,
     segments_option,
 )
-from headwater.spark_compaction.store import StoreSpec
+from headwater.spark_compaction.store import BlockingStore, StoreSpec
 from headwater.spark_compaction.wal_segments import SegmentObject
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionStats:
-    topic: str
-    partition: int
-    records_in: int
-    keyless: int
-    live: int
-    tombstones: int
-    max_offset: int | None
-    corrupt: tuple[str, ...]
-    aborted: int = 0  # records of aborted transactions left out (counted in records_in)
-    undecided: int | None = None  # the first offset of a transaction still open, if any
 
 
 def read_wal(
@@ -92,6 +82,30 @@ def read_wal(
         }
     )
     return _tasks(spark, reader, reader.partitions(), FOLDED_DDL)
+
+
+def fold_in_one_task(
+    spark: SparkSession, spec: StoreSpec, tasks: Sequence[OneTask], rows_per_file: int
+) -> list[Written]:
+    """Each of `tasks` folded, decided and written by one Spark task (one_task.py), all in one
+    Spark job without a shuffle; what each did, in the order of `tasks`."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        with BlockingStore(spec) as store:
+            for batch in batches:
+                for index in batch.column(0).to_pylist():
+                    done = fold_partition(store, tasks[index], rows_per_file)
+                    yield pa.RecordBatch.from_pydict(
+                        {"task": [index], "written": [done.encode()]}, WRITTEN_SCHEMA
+                    )
+
+    frame = spark.range(0, len(tasks), 1, len(tasks))
+    rows = map_in_arrow(frame, run, "task bigint, written string").collect()
+    found = {row["task"]: Written.decode(row["written"]) for row in rows}
+    return [found[index] for index in range(len(tasks))]
+
+
+WRITTEN_SCHEMA = pa.schema([("task", pa.int64()), ("written", pa.string())])
 
 
 def read_layers(spark: SparkSession, spec: StoreSpec, files: Sequence[SnapshotFile]) -> DataFrame:

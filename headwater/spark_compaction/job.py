@@ -3,7 +3,10 @@
 1. Plan (driver, object store only): list the WAL segment objects of the chosen topics and each
    partition's newest manifest; a partition takes part when it has segments past the manifest's
    `last_segment`. The list is pinned: segments uploaded while the run is going wait for the next.
-2. Compute (Spark, compact.py): fold the new records, collect each partition's counts, set its
+2. Compute: a partition whose new segments fit one reading task is read, folded, counted and
+   written by that task (one_task.py), all such partitions in one Spark job; the others (and
+   one whose changes are too many for a delta layer) go through the Spark fold (compact.py):
+   fold the new records, collect each partition's counts, set its
    horizon (highest offset read + 1), and write its Parquet files: a delta layer of the keys that
    changed while the partition's deltas stay small beside its full layer (`takes_delta`),
    otherwise a full snapshot, the new winners folded with the previous snapshot's layers.
@@ -44,6 +47,7 @@ from headwater.spark_compaction.manifest import (
     partition_prefix,
     retention_plan,
 )
+from headwater.spark_compaction.one_task import DELTA, MERGE, OneTask, PartitionStats
 from headwater.spark_compaction.schema import SCHEMA_VERSION
 from headwater.spark_compaction.source import DEFAULT_GROUP_BYTES
 from headwater.spark_compaction.store import BlockingStore, StoreSpec
@@ -70,6 +74,9 @@ class CompactionSettings:
     # otherwise a full snapshot (0: always full)
     delta_ratio: float = 0.25
     max_deltas: int = 8
+    # a partition whose new segments fit one reading task (`group_bytes`) is folded and written
+    # by that task (one_task.py); False: every partition through the Spark fold
+    one_task: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,16 +189,36 @@ def written_files(
     return files
 
 
-def takes_delta(previous: Manifest | None, changed: int, settings: CompactionSettings) -> bool:
-    """Whether a partition's run writes a delta layer over `previous` rather than a full snapshot:
-    only while the deltas, this one's `changed` keys included, stay within `delta_ratio` of the
-    full layer's rows and number at most `max_deltas`."""
+def delta_budget(previous: Manifest | None, settings: CompactionSettings) -> int | None:
+    """How many changed keys a delta layer over `previous` may hold: the deltas, the new one
+    included, stay within `delta_ratio` of the full layer's rows and number at most `max_deltas`
+    (None: no delta, a full snapshot)."""
     if previous is None or settings.delta_ratio <= 0:
-        return False
+        return None
     full, *deltas = previous.all_layers
     if len(deltas) + 1 > settings.max_deltas:
-        return False
-    return sum(d.rows for d in deltas) + changed <= settings.delta_ratio * full.rows
+        return None
+    budget = int(settings.delta_ratio * full.rows) - sum(d.rows for d in deltas)
+    return budget if budget >= 0 else None
+
+
+def takes_delta(previous: Manifest | None, changed: int, settings: CompactionSettings) -> bool:
+    """Whether a partition's run writes a delta layer of `changed` keys over `previous` rather
+    than a full snapshot (`delta_budget`)."""
+    budget = delta_budget(previous, settings)
+    return budget is not None and changed <= budget
+
+
+@dataclass
+class _Found:
+    """What the Spark work found and wrote, by (topic, partition)."""
+
+    stats: dict[tuple[str, int], PartitionStats] = field(default_factory=dict)
+    horizons: dict[tuple[str, int], int] = field(default_factory=dict)
+    deltas: set[tuple[str, int]] = field(default_factory=set)  # a delta layer was written
+    rows: dict[tuple[str, int], int] = field(default_factory=dict)  # rows of the files written
+    cuts: dict[tuple[str, int], int] = field(default_factory=dict)  # open transactions' starts
+    read_twice: set[tuple[str, int]] = field(default_factory=set)  # segments read twice
 
 
 def compute(
@@ -202,101 +229,69 @@ def compute(
     progress: Progress,
     phases: dict[str, float] | None = None,
 ) -> list[Outcome]:
-    """Fold and write the data files of every planned partition; commits nothing."""
+    """Fold and write the data files of every planned partition; commits nothing. A partition
+    whose new segments fit one reading task is done by that task (one_task.py, when
+    `settings.one_task`); the others, and those whose changes need their earlier layers
+    merged, go through the Spark fold (`_through_spark`)."""
     phases = {} if phases is None else phases
-    clock = time.monotonic()
-    from headwater.spark_compaction import compact
-
     if not plans:
         return []
-    segments = [s for p in plans for s in p.segments]
-    from_offsets = {f"{p.topic}/{p.partition}": p.from_offset for p in plans}
-    progress(f"reading {len(segments)} segments of {len(plans)} partitions")
-    wal = compact.read_wal(spark, settings.store, segments, from_offsets, settings.group_bytes)
-    groups = compact.persisted(compact.fold(wal))
-    merged = redone = None
-    try:
-        stats = {(s.topic, s.partition): s for s in compact.partition_stats(groups)}
-        # a partition whose segments end inside a transaction stops at its first offset (the
-        # LSO of what was uploaded); read again up to there if a later task folded past it
-        cuts = {n: s.undecided for n, s in stats.items() if s.undecided is not None}
-        again = [
-            p
-            for p in plans
-            if (p.topic, p.partition) in cuts
-            and cuts[(p.topic, p.partition)] < _last_task_start(p, settings)
-        ]
-        if again:
-            progress(f"reading {len(again)} partitions again, up to their open transactions")
-            redone = compact.persisted(compact.fold(_read_again(spark, settings, again, cuts)))
-            stats.update({(s.topic, s.partition): s for s in compact.partition_stats(redone)})
-            groups = compact.replaced(groups, redone, _names((p.topic, p.partition) for p in again))
-        horizons: dict[tuple[str, int], int] = {}
-        deltas: set[tuple[str, int]] = set()  # a delta layer over the previous snapshot
-        fresh: set[tuple[str, int]] = set()  # a first snapshot: the WAL's winners
-        remerged: list[PartitionPlan] = []  # a full snapshot: the winners folded with the layers
-        rows: dict[tuple[str, int], int] = {}  # rows each partition's files will hold
-        for p in plans:
-            part = (p.topic, p.partition)
-            found = stats.get(part)
-            if found is None or found.records_in == 0 or found.max_offset is None:
-                continue
-            end = cuts.get(part, max(found.max_offset + 1, p.from_offset))
-            if end <= p.from_offset:
-                continue  # an open transaction where the previous snapshot ends: nothing new
-            horizons[part] = end
-            if takes_delta(p.previous, found.live + found.tombstones, settings):
-                deltas.add(part)
-                rows[part] = found.live + found.tombstones
-            elif p.previous is None:
-                fresh.add(part)
-                rows[part] = found.live
-            else:
-                remerged.append(p)
-        to_write = [
-            compact.winners(groups, _names(deltas), deletions=True),
-            compact.winners(groups, _names(fresh), deletions=False),
-        ]
-        if remerged:
-            progress(f"merging {len(remerged)} partitions with their snapshots")
-            parts = _names((p.topic, p.partition) for p in remerged)
-            layers = [
-                f for p in remerged if p.previous for x in p.previous.all_layers for f in x.files
-            ]
-            records = compact.as_records(compact.winners(groups, parts, deletions=True))
-            below = compact.read_layers(spark, settings.store, layers)
-            merged = compact.persisted(compact.fold(records.unionByName(below)))
-            for found in compact.partition_stats(merged):
-                rows[(found.topic, found.partition)] = found.live
-            to_write.append(compact.winners(merged, parts, deletions=False))
-        phases["read_and_fold"] = time.monotonic() - clock
+    from headwater.spark_compaction import compact
+
+    found = _Found()
+    single = [p for p in plans if settings.one_task and _one_group(p, settings)]
+    rest = [p for p in plans if p not in single]
+    if single:
         clock = time.monotonic()
-        progress(f"writing snapshots of {len(horizons)} partitions ({len(deltas)} deltas)")
-        tasks = int(spark.conf.get("spark.sql.shuffle.partitions"))
-        everything = functools.reduce(lambda a, b: a.unionByName(b), to_write)
-        compact.write(everything, settings.store, horizons, deltas, settings.rows_per_file, tasks)
-        phases["write"] = time.monotonic() - clock
-    finally:
-        for frame in (groups, redone, merged):
-            if frame is not None:
-                frame.unpersist()
+        progress(f"reading and writing {len(single)} partitions, one task each")
+        tasks = [
+            OneTask(
+                p.topic,
+                p.partition,
+                p.segments,
+                p.from_offset,
+                p.previous is None,
+                delta_budget(p.previous, settings),
+            )
+            for p in single
+        ]
+        written = compact.fold_in_one_task(spark, settings.store, tasks, settings.rows_per_file)
+        for p, done in zip(single, written, strict=True):
+            part = (p.topic, p.partition)
+            if done.kind == MERGE:  # too many changes for a delta: merged by the Spark path
+                rest.append(p)
+                found.read_twice.add(part)
+                continue
+            found.stats[part] = done.stats
+            if done.stats.undecided is not None:
+                found.cuts[part] = done.stats.undecided
+            if done.horizon is not None:
+                found.horizons[part] = done.horizon
+                found.rows[part] = done.rows
+                if done.kind == DELTA:
+                    found.deltas.add(part)
+        phases["one_task"] = time.monotonic() - clock
+    if rest:
+        _through_spark(spark, settings, rest, progress, phases, found)
     created_at = now_iso()
     outcomes = []
     for p in plans:
         name = (p.topic, p.partition)
-        s = stats.get(name)
-        horizon = horizons.get(name)
+        s = found.stats.get(name)
+        horizon = found.horizons.get(name)
         manifest = None
-        bytes_read = sum(segment.size for segment in p.segments) * (2 if p in again else 1)
+        bytes_read = sum(segment.size for segment in p.segments) * (
+            2 if name in found.read_twice else 1
+        )
         if s is not None and horizon is not None:
-            delta = name in deltas
+            delta = name in found.deltas
             files = tuple(
                 written_files(
                     store,
                     p.topic,
                     p.partition,
                     horizon,
-                    rows.get(name, 0),
+                    found.rows.get(name, 0),
                     settings.rows_per_file,
                     delta,
                 )
@@ -307,7 +302,7 @@ def compute(
                 topic=p.topic,
                 partition=p.partition,
                 horizon=horizon,
-                last_segment=_last_segment(p, cuts.get(name)),
+                last_segment=_last_segment(p, found.cuts.get(name)),
                 previous_horizon=p.previous.horizon if p.previous else None,
                 files=files,
                 rows=sum(f.rows for f in files),
@@ -333,6 +328,102 @@ def compute(
             )
         )
     return outcomes
+
+
+def _through_spark(
+    spark: Any,
+    settings: CompactionSettings,
+    plans: Sequence[PartitionPlan],
+    progress: Progress,
+    phases: dict[str, float],
+    found: _Found,
+) -> None:
+    """The Spark fold of `plans`' new records (compact.py), their counts, then their files."""
+    from headwater.spark_compaction import compact
+
+    clock = time.monotonic()
+    segments = [s for p in plans for s in p.segments]
+    from_offsets = {f"{p.topic}/{p.partition}": p.from_offset for p in plans}
+    progress(f"reading {len(segments)} segments of {len(plans)} partitions")
+    wal = compact.read_wal(spark, settings.store, segments, from_offsets, settings.group_bytes)
+    groups = compact.persisted(compact.fold(wal))
+    merged = redone = None
+    try:
+        stats = {(s.topic, s.partition): s for s in compact.partition_stats(groups)}
+        # a partition whose segments end inside a transaction stops at its first offset (the
+        # LSO of what was uploaded); read again up to there if a later task folded past it
+        cuts = {n: s.undecided for n, s in stats.items() if s.undecided is not None}
+        again = [
+            p
+            for p in plans
+            if (p.topic, p.partition) in cuts
+            and cuts[(p.topic, p.partition)] < _last_task_start(p, settings)
+        ]
+        if again:
+            progress(f"reading {len(again)} partitions again, up to their open transactions")
+            redone = compact.persisted(compact.fold(_read_again(spark, settings, again, cuts)))
+            stats.update({(s.topic, s.partition): s for s in compact.partition_stats(redone)})
+            groups = compact.replaced(groups, redone, _names((p.topic, p.partition) for p in again))
+        found.stats.update(stats)
+        found.cuts.update(cuts)
+        found.read_twice.update((p.topic, p.partition) for p in again)
+        horizons: dict[tuple[str, int], int] = {}
+        deltas: set[tuple[str, int]] = set()  # a delta layer over the previous snapshot
+        fresh: set[tuple[str, int]] = set()  # a first snapshot: the WAL's winners
+        remerged: list[PartitionPlan] = []  # a full snapshot: the winners folded with the layers
+        rows: dict[tuple[str, int], int] = {}  # rows each partition's files will hold
+        for p in plans:
+            part = (p.topic, p.partition)
+            known = stats.get(part)
+            if known is None or known.records_in == 0 or known.max_offset is None:
+                continue
+            end = cuts.get(part, max(known.max_offset + 1, p.from_offset))
+            if end <= p.from_offset:
+                continue  # an open transaction where the previous snapshot ends: nothing new
+            horizons[part] = end
+            if takes_delta(p.previous, known.live + known.tombstones, settings):
+                deltas.add(part)
+                rows[part] = known.live + known.tombstones
+            elif p.previous is None:
+                fresh.add(part)
+                rows[part] = known.live
+            else:
+                remerged.append(p)
+        to_write = [
+            compact.winners(groups, _names(deltas), deletions=True),
+            compact.winners(groups, _names(fresh), deletions=False),
+        ]
+        if remerged:
+            progress(f"merging {len(remerged)} partitions with their snapshots")
+            parts = _names((p.topic, p.partition) for p in remerged)
+            layers = [
+                f for p in remerged if p.previous for x in p.previous.all_layers for f in x.files
+            ]
+            records = compact.as_records(compact.winners(groups, parts, deletions=True))
+            below = compact.read_layers(spark, settings.store, layers)
+            merged = compact.persisted(compact.fold(records.unionByName(below)))
+            for known in compact.partition_stats(merged):
+                rows[(known.topic, known.partition)] = known.live
+            to_write.append(compact.winners(merged, parts, deletions=False))
+        phases["read_and_fold"] = time.monotonic() - clock
+        clock = time.monotonic()
+        progress(f"writing snapshots of {len(horizons)} partitions ({len(deltas)} deltas)")
+        tasks = int(spark.conf.get("spark.sql.shuffle.partitions"))
+        everything = functools.reduce(lambda a, b: a.unionByName(b), to_write)
+        compact.write(everything, settings.store, horizons, deltas, settings.rows_per_file, tasks)
+        found.horizons.update(horizons)
+        found.deltas.update(deltas)
+        found.rows.update(rows)
+        phases["write"] = time.monotonic() - clock
+    finally:
+        for frame in (groups, redone, merged):
+            if frame is not None:
+                frame.unpersist()
+
+
+def _one_group(p: PartitionPlan, settings: CompactionSettings) -> bool:
+    """Whether the partition's new segments make one reading task (`group_segments`)."""
+    return len(group_segments(p.segments, settings.group_bytes)) == 1
 
 
 def _names(parts: Iterable[tuple[str, int]]) -> set[str]:

@@ -8,11 +8,12 @@ the cluster's machines need the same environment at the same path; the job's mod
 import, not by upload. Spark's UI is off and its log is quiet: the CLI prints what matters.
 
 A local run is one short-lived JVM whose cost is mostly fixed (docs/COMPACTION.md, "What a run
-costs"), so `local` masters get settings that cut it: the client compiler and the serial
-collector, no adaptive execution, one shuffle partition per core, and the JVM's classes shared
-between runs (AppCDS, `class_archive`); a session for the compaction job alone (the CLI's) also
-runs without code generation, expressions interpreted (Janino's compiling cost more than the few
-rows per key it would speed up: the Python tasks fold).
+costs"), so `local` masters get settings that cut it: the serial collector, no adaptive
+execution, one shuffle partition per core, and the JVM's classes shared between runs (AppCDS,
+`class_archive`); a session for the compaction job alone (the CLI's) also runs with the client
+compiler only and without code generation, expressions interpreted (C2's and Janino's compiling
+cost more than the few rows per key they would speed up: the Python tasks fold). A streaming
+query's session keeps both: it moves every record through the JVM.
 """
 
 from __future__ import annotations
@@ -41,14 +42,17 @@ DEFAULTS = {
 LOCAL_DEFAULTS = {
     "spark.driver.host": "127.0.0.1",
     "spark.driver.bindAddress": "127.0.0.1",
-    # A local run is one short-lived JVM that does little per record (the Python tasks decode and
-    # fold; the JVM merges one row per key and task): the C2 compiler's work never pays back
-    # there, and a concurrent collector's threads fight the job for the cores. The client
-    # compiler alone and the serial collector halved the JVM's CPU of a 1M-record run (22.5 to
-    # 12.2 s, docs/BENCHMARKS.md); `--conf spark.driver.extraJavaOptions=` overrides it.
-    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+    # a concurrent collector's threads fight the job for the cores of one machine;
+    # `--conf spark.driver.extraJavaOptions=` overrides it
+    "spark.driver.extraJavaOptions": "-XX:+UseSerialGC",
     "spark.sql.adaptive.enabled": "false",
 }
+# The compaction job's JVM is short-lived and does little per record (the Python tasks decode and
+# fold): the C2 compiler's work never pays back there. The client compiler alone and the serial
+# collector halved the JVM's CPU of a 1M-record run (22.5 to 12.2 s, docs/BENCHMARKS.md). A
+# streaming query moves every record through the JVM: there the client compiler's code doubled
+# the JVM's CPU per record (2.4-2.7 against 1.1-1.5 CPU-s a million), so other sessions keep C2.
+COMPACTION_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
 # The compaction job's JVM sees one row per key and task (the Python tasks fold): Janino compiling
 # the plan's code cost more CPU than it saved, from 20,000 to 10,000,000 records. A session for
 # anything else (a streaming query moves every record through the JVM) keeps code generation.
@@ -111,6 +115,25 @@ def local_cores(master: str) -> int:
     return max(1, int(inside)) if inside.isdigit() else 1
 
 
+def session_settings(
+    master: str, conf: Mapping[str, str] | None = None, compaction: bool = False
+) -> dict[str, str]:
+    """The settings `spark_session` starts a session with: DEFAULTS, a local master's and the
+    compaction job's own, then `conf`."""
+    settings = dict(DEFAULTS)
+    if master.startswith("local"):
+        settings.update(LOCAL_DEFAULTS)
+        if compaction:
+            settings.update(COMPACTION_LOCAL_DEFAULTS)
+            settings["spark.driver.extraJavaOptions"] += f" {COMPACTION_JVM_OPTIONS}"
+        settings["spark.sql.shuffle.partitions"] = str(local_cores(master))
+        archive = class_archive()
+        if archive:
+            settings["spark.driver.extraJavaOptions"] += f" {archive}"
+    settings.update(conf or {})
+    return settings
+
+
 def spark_session(
     master: str = "local[2]", conf: Mapping[str, str] | None = None, compaction: bool = False
 ) -> Any:
@@ -123,18 +146,8 @@ def spark_session(
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
-    settings = dict(DEFAULTS)
-    if master.startswith("local"):
-        settings.update(LOCAL_DEFAULTS)
-        if compaction:
-            settings.update(COMPACTION_LOCAL_DEFAULTS)
-        settings["spark.sql.shuffle.partitions"] = str(local_cores(master))
-        archive = class_archive()
-        if archive:
-            settings["spark.driver.extraJavaOptions"] += f" {archive}"
-    settings.update(conf or {})
     builder = SparkSession.builder.master(master)
-    for name, value in settings.items():
+    for name, value in session_settings(master, conf, compaction).items():
         builder = builder.config(name, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
