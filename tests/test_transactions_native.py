@@ -179,6 +179,35 @@ async def test_a_newer_instance_fences_the_older_whose_later_writes_are_never_vi
         await second.close()
 
 
+async def test_init_transactions_returns_once_the_predecessors_transaction_is_settled(
+    server: ServerProcess, topic_name: str
+) -> None:
+    """`init_transactions` (Kafka's) waits until the new instance holds its epoch, which the
+    server grants only once the old instance's open transaction is aborted: afterwards a
+    transaction-aware read is past it (the partition's last stable offset no longer held at
+    the old batch) without waiting for anything else."""
+    first = await headwater.connect(server.address)
+    second = await headwater.connect(server.address)
+    try:
+        await first.create_topic(topic_name, partitions=1)
+        old = first.producer(topic_name, transactional_id=f"{topic_name}-app")
+        async with old.transaction(hand_off=True):  # left open at the server
+            await (await old.send(b"old", partition=0))
+        held = await first.fetch(topic_name, 0, 0)
+        assert held.end_offset == 0  # an open transaction holds readers at its first offset
+        new = second.producer(topic_name, transactional_id=f"{topic_name}-app")
+        await new.init_transactions()
+        session = new._session
+        assert session is not None and session.producer_id >= 0
+        settled = await first.fetch(topic_name, 0, 0)
+        assert settled.end_offset == 2  # the old batch and its abort marker
+        assert settled.records() == []
+        await new.close()
+    finally:
+        await first.close()
+        await second.close()
+
+
 async def test_a_transaction_handed_off_is_ended_by_another_client_until_fenced(
     server: ServerProcess, topic_name: str
 ) -> None:

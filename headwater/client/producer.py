@@ -344,6 +344,16 @@ class Producer:
 
     # Transactions
 
+    async def init_transactions(self) -> None:
+        """Wait until the transactional producer holds its producer id and epoch (Kafka's
+        `init_transactions`; it starts on its own when the producer is made). Once it returns,
+        whatever an earlier instance of the transactional id left is settled: a commit it had
+        decided is complete (its acknowledgements applied), a transaction it left open aborted.
+        A consume-transform-produce application awaits it before it subscribes: subscribed
+        first, it could be delivered messages whose acknowledgements a decided commit of its
+        predecessor was still applying, and process them twice."""
+        await self._transactional().ready()
+
     def transaction(
         self, *, hand_off: bool = False
     ) -> AbstractAsyncContextManager[TransactionHandle]:

@@ -43,6 +43,8 @@ def _log(*parts: object) -> None:
 async def run(args: argparse.Namespace) -> int:
     async with await headwater.connect(args.address) as client:
         producer = client.producer(args.output, transactional_id=args.transactional_id)
+        # the predecessor's last transaction settled before anything is delivered here
+        await producer.init_transactions()
         consumer = await client.subscribe(
             args.input, args.subscription, type="exclusive", start="earliest", prefetch=500
         )
