@@ -559,6 +559,10 @@ class ClusterPartitions:
                     first=start,
                     end=end,
                     batches=batches,
+                    # when the newest chunk was in the table: its producers' batches answered
+                    newest_ms=None
+                    if scanned.newest_at is None
+                    else round((scanned.newest_at - started) * 1000, 1),
                     producers=len(table.producers),
                     ms=round((time.monotonic() - started) * 1000, 1),
                 )
@@ -628,7 +632,7 @@ class ClusterPartitions:
         # created newest first, so they take the gate (FIFO) in that order
         loop = asyncio.get_running_loop()
         reads = {c: loop.create_task(read(c)) for c in reversed(chunks)}
-        newest = loop.create_task(self._newest_first(topic, partition, end, reads, ready))
+        newest = loop.create_task(self._newest_first(topic, partition, end, reads, ready, scan))
         try:
             await self._scan_segments(topic, partition, start, floor, scan)
             for chunk in chunks if scan.offset < end else []:
@@ -654,6 +658,7 @@ class ClusterPartitions:
         end: int,
         reads: dict[Chunk, asyncio.Task[list[bytes]]],
         ready: asyncio.Future[None],
+        scan: _Scan,
     ) -> None:
         """The chunks' batches into the partition's table newest first, as their reads come,
         while `ready`'s rebuild is the partition's: from the chain's end down, and only while
@@ -683,6 +688,8 @@ class ClusterPartitions:
                         where.producer_epoch,
                     )
             below = chunk.first
+            if scan.newest_at is None:
+                scan.newest_at = time.monotonic()
             _found(holder)
 
     async def _scan_segments(
@@ -1154,6 +1161,7 @@ class _Scan:
         # transactions: each producer's open one (its first offset met), the aborts met
         self.open: dict[int, int] = {}
         self.aborted: list[AbortedRange] = []
+        self.newest_at: float | None = None  # when the newest chunk was in the partition's table
 
     def add(self, batches: list[bytes]) -> bool:
         """Record the batches past `offset` and below the end; False once at the end."""
