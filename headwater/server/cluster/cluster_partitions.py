@@ -624,16 +624,24 @@ class ClusterPartitions:
         scan = _Scan(table, end)
         floor = min(chunks[0].first, end) if chunks else end
         gate = asyncio.Semaphore(_FOLD_READS)
+        loop = asyncio.get_running_loop()
+        reads: dict[Chunk, asyncio.Task[list[bytes]]] = {}
 
         async def read(chunk: Chunk) -> list[bytes]:
+            if chunk is not chunks[-1]:
+                await asyncio.wait([reads[chunks[-1]]])
             async with gate:
                 return await self._tail.read(topic.name, partition, chunk)
 
-        # created newest first, so they take the gate (FIFO) in that order
-        loop = asyncio.get_running_loop()
-        reads = {c: loop.create_task(read(c)) for c in reversed(chunks)}
+        # the newest chunk alone first (it answers an active producer's batches: among 31 other
+        # GETs it took 0.5 s on a loaded machine), then the others newest first (the gate is
+        # FIFO) beside the segments
+        for chunk in reversed(chunks):
+            reads[chunk] = loop.create_task(read(chunk))
         newest = loop.create_task(self._newest_first(topic, partition, end, reads, ready, scan))
         try:
+            if chunks:
+                await asyncio.wait([reads[chunks[-1]]])
             await self._scan_segments(topic, partition, start, floor, scan)
             for chunk in chunks if scan.offset < end else []:
                 try:

@@ -414,7 +414,7 @@ class Broker:
         go: Callable[[], Reply],
     ) -> Reply:
         """`go()` (check the sequence and append) now, or once what the batch waits for is
-        there and the idempotent produces queued before it on the partition are done."""
+        there and the produces of its producer queued before it on the partition are done."""
         key = (topic.name, partition.index, info.producer_id)
         if key not in self._waiting and not self._must_wait(topic, partition, info):
             return go()
