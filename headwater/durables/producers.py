@@ -23,7 +23,8 @@ the first one of that producer the rebuild met) and the batch is of that epoch a
 next one or equal to one found, or the producer's recent batches are all found. The rest, a
 producer not met yet above all, waits for the whole rebuild, whose table (read oldest first, as
 `recover` does) then completes the entries under the batches appended meanwhile (`adopt`). It
-relies on what every append keeps: a producer's batches in the log have non-decreasing epochs.
+relies on what `check` keeps for a producer it knows: its batches in the log have non-decreasing
+epochs, so the newest one found carries the producer's epoch.
 
 Each entry also holds the producer's epoch (Kafka's producer epoch, which a transactional
 producer's coordinator bumps to fence an older instance): a batch of an older epoch is refused

@@ -633,8 +633,8 @@ class ClusterPartitions:
             async with gate:
                 return await self._tail.read(topic.name, partition, chunk)
 
-        # the newest chunk alone first (it answers an active producer's batches: among 31 other
-        # GETs it took 0.5 s on a loaded machine), then the others newest first (the gate is
+        # the newest chunk alone first (it answers an active producer's batches, and should not
+        # share the object store with 31 other GETs), then the others newest first (the gate is
         # FIFO) beside the segments
         for chunk in reversed(chunks):
             reads[chunk] = loop.create_task(read(chunk))
