@@ -10,6 +10,7 @@ its original offset and not stored again (docs/CLUSTER.md, "Idempotent producers
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
@@ -21,7 +22,7 @@ import pytest
 
 import headwater
 from headwater.client.producer_config import AtLeastOnce, ProducerConfig, RetryPolicy
-from headwater.durables.producers import ProducerTable
+from headwater.durables.producers import ProducerEntry, ProducerTable
 from headwater.server.cluster.cluster_partitions import _rebuild_start
 from headwater.server.topics.topic import LogTopic
 from headwater.storage.partition_manifest import Manifest, SegmentEntry
@@ -281,6 +282,72 @@ def test_a_rebuilt_table_lets_unseen_producers_start_anywhere_and_checks_known_o
     complete = ProducerTable()
     with pytest.raises(OutOfOrderSequence):
         complete.check(8, 1234, 3)
+
+
+def _entries(table: ProducerTable) -> dict[int, tuple[int, list[tuple[int, int, int]]]]:
+    return {p: (e.epoch, list(e.recent)) for p, e in table.producers.items()}
+
+
+def _outcome(table: ProducerTable, batch: tuple[int, int, int, int]) -> object:
+    producer_id, sequence, count, epoch = batch
+    try:
+        return table.check(producer_id, sequence, count, epoch)
+    except HeadwaterError as exc:
+        return type(exc)
+
+
+def test_a_table_filled_newest_first_answers_what_the_whole_rebuild_answers() -> None:
+    """A new owner's table filled from the newest batches down (`add_older`) says it answers a
+    batch (`answers`) only when the table rebuilt from every batch, oldest first (`recover`),
+    answers it the same (a retry with the same offset, the next batch, a gap, an old epoch),
+    at every point of the filling; and completed by that table (`adopt`) it is that table. Logs
+    of three producers (epochs that grow, sequences from 0 in each) drawn with a fixed seed."""
+    rng = random.Random(42)
+    for _ in range(25):
+        log: list[tuple[int, int, int, int, int]] = []  # producer, sequence, count, offset, epoch
+        state = {p: [0, 0] for p in (1, 2, 3)}  # producer -> [epoch, next sequence]
+        offset = 0
+        for _ in range(rng.randrange(1, 90)):
+            producer = rng.choice((1, 1, 1, 2, 3))
+            if rng.random() < 0.05:
+                state[producer] = [state[producer][0] + 1, 0]
+            epoch, sequence = state[producer]
+            count = rng.randrange(1, 4)
+            log.append((producer, sequence, count, offset, epoch))
+            state[producer][1] += count
+            offset += count
+        whole = ProducerTable()
+        whole.reset(complete=False)
+        for producer, sequence, count, at, epoch in log:
+            whole.recover(producer, sequence, count, at, epoch)
+        candidates = {
+            (producer, sequence + shift, count, epoch + bump)
+            for producer, sequence, count, _, epoch in log
+            for shift in (0, 1, 3)
+            for bump in (-1, 0, 1)
+        } | {(p, s, 1, e) for p, (e, s) in state.items()}
+        filling = ProducerTable()
+        filling.reset(complete=False)
+        for found in range(len(log) + 1):
+            for batch in candidates if found % 4 == 0 or found == len(log) else ():
+                if filling.answers(*batch):
+                    assert _outcome(filling, batch) == _outcome(whole, batch), (found, batch)
+            # completed by the whole table at this point, it is that table
+            done = ProducerTable()
+            for producer, entry in filling.producers.items():
+                done.producers[producer] = ProducerEntry.decode(entry.encode())
+            done.adopt(whole)
+            assert _entries(done) == _entries(whole), found
+            if found < len(log):
+                producer, sequence, count, at, epoch = log[-1 - found]
+                filling.add_older(producer, sequence, count, at, epoch)
+        # the producer's newest batch found is enough for its retry and its next batch
+        producer, sequence, count, _, epoch = log[-1]
+        newest = ProducerTable()
+        newest.reset(complete=False)
+        newest.add_older(*log[-1][:4], epoch)
+        assert newest.answers(producer, sequence, count, epoch)
+        assert newest.answers(producer, sequence + count, 1, epoch)
 
 
 class _Archive:

@@ -7,7 +7,8 @@ restarts the log at their end and rebuilds the table from both (the chunk read i
 background: a plain produce is answered at once meanwhile, the producer's retry of a stored
 batch and its next batch wait for the rebuild and are then answered in the order they came (the
 retry with its original offset, appended nothing), and so is one that comes as the rebuild ends,
-behind them. A later take-over that keeps the log keeps the table.
+behind them. A later take-over that keeps the log keeps the table. The chunks in place are read
+newest first: what the newest ones answer is answered before the older ones are read.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
+
+import pytest
 
 import headwater
 from headwater.server.catalog.topic_catalog import TopicCatalog
@@ -40,6 +43,7 @@ from headwater.server.requests.transaction_placement import (
     TransactionPlacement,
 )
 from headwater.server.topics.placement import LocalPlacement
+from headwater.server.topics.subscription_contract import Consumer
 from headwater.server.topics.topic import LogTopic
 from headwater.storage.archive import ObjectArchive
 from headwater.storage.cloud_tail import Chunk, CloudTail, fold
@@ -50,6 +54,7 @@ from headwater.storage.segments import batch_location
 from headwater.storage.state import StateStore
 from headwater.storage.uploader import Uploader
 from headwater.wire import messages as m
+from headwater.wire.errors import OutOfOrderSequence
 from headwater.wire.records import BatchBuilder, build_batch, stamp_base_offset
 
 TOPIC = "orders"
@@ -58,8 +63,10 @@ PRODUCER = 5
 THIS = BrokerAddress("b2", "127.0.0.1", 1)
 
 
-def idempotent(sequence: int, *values: bytes, base: int | None = None) -> bytes:
-    builder = BatchBuilder(producer_id=PRODUCER, producer_epoch=0, base_sequence=sequence)
+def idempotent(
+    sequence: int, *values: bytes, base: int | None = None, producer: int = PRODUCER
+) -> bytes:
+    builder = BatchBuilder(producer_id=producer, producer_epoch=0, base_sequence=sequence)
     for value in values:
         builder.append(None, value)
     batch = bytearray(builder.build())
@@ -164,10 +171,12 @@ async def new_owner(
     segments: list[list[bytes]],
     chunk: tuple[int, int, bytes],
     transactions: TakeOverTransactions | None = None,
+    above: tuple[tuple[int, int, bytes], ...] = (),
 ) -> AsyncIterator[Owner]:
     """The previous owner's `segments` (stamped batches from offset 0 on, each list folded into
-    a segment the manifest names) and `chunk` (first, end, stamped batches) in the tail above;
-    `transactions`: what the take-over asks of the cluster's transactions."""
+    a segment the manifest names) and `chunk` (first, end, stamped batches) in the tail above,
+    then the chunks `above`; `transactions`: what the take-over asks of the cluster's
+    transactions."""
     store = LocalObjectStore(tmp_path / "objects")
     tail = CloudTail(store)
     manifests = PartitionManifests(store)
@@ -183,8 +192,8 @@ async def new_owner(
         await store.put(f"{name}.log", data)
         entry = SegmentEntry(base, segment_end, base, name, len(data))
         known = await manifests.add(TOPIC, 0, PREVIOUS_EPOCH, entry, known)
-    first, end, batch = chunk
-    await tail.put(TOPIC, 0, Chunk(first, end, PREVIOUS_EPOCH), batch)
+    for first, end, batch in (chunk, *above):
+        await tail.put(TOPIC, 0, Chunk(first, end, PREVIOUS_EPOCH), batch)
 
     config = ServerConfig(
         data_dir=tmp_path / "data",
@@ -421,3 +430,130 @@ async def test_a_rebuild_reads_a_large_segment_in_parallel_ranges_and_misses_no_
         assert list(entry.recent) == [(2 * k, 2, 2 * k) for k in range(12)] + [(24, 3, 24)]
         # ranges of about 1 MiB from index entries, read at once rather than one after another
         assert len(set(reads)) >= 5 and in_flight[1] >= 5
+
+
+async def test_a_batch_the_newest_chunks_answer_does_not_wait_for_the_whole_tail(
+    tmp_path: Path,
+) -> None:
+    """A take-over reads the chunks in place newest first, into the table as they come: the
+    producer's retry of a batch in the newest chunk, and its next batch, are answered while the
+    older chunks are still unread (they waited for the whole tail: up to 500 chunks after a busy
+    owner, 1.2-8 s, issue 42). Its retry of a batch not found yet, a gap in its sequence and
+    another producer not met yet wait for the whole rebuild, and are then answered as before
+    (the retry with its original offset, appending nothing); the table then holds every batch,
+    the older ones under those appended meanwhile."""
+    other = PRODUCER + 1
+    # the segment: sequences 0-1 at [0, 2), the other producer's 0 at 2; the chunks: 2-4 at
+    # [3, 6), 5 at 6, 6 at 7 (the newest)
+    segment = [idempotent(0, b"a", b"b", base=0), idempotent(0, b"x", base=2, producer=other)]
+    chunk = (3, 6, idempotent(2, b"c", b"d", b"e", base=3))
+    above = ((6, 7, idempotent(5, b"f", base=6)), (7, 8, idempotent(6, b"g", base=7)))
+    async with new_owner(tmp_path, [segment], chunk, above=above) as o:
+        broker, session = o.broker, cast(Any, None)
+        older_go = asyncio.Event()  # the older chunks' reads wait until the test lets them go
+        read_chunk = o.tail.read
+        newest = Chunk(7, 8, PREVIOUS_EPOCH)
+
+        async def held_chunk(name: str, partition: int, found: Chunk) -> list[bytes]:
+            if found != newest:
+                await older_go.wait()
+            return await read_chunk(name, partition, found)
+
+        o.tail.read = held_chunk  # type: ignore[method-assign]
+        o.etcd.current = 7
+        await o.partitions.acquire(TOPIC, 0, 7)
+        holder = o.topic.partitions[0]
+        ready = holder.producers_ready
+        assert ready is not None and holder.log.start_offset == 8
+
+        def produce(batch: bytes) -> Any:
+            return resolve(broker.handle(session, m.ProduceRequest(TOPIC, 0, batch)))
+
+        # the retry of the newest batch: its original offset, before the older chunks are read
+        assert await asyncio.wait_for(produce(idempotent(6, b"g")), 10) == m.ProduceResponse(0, 7)
+        assert await asyncio.wait_for(produce(idempotent(7, b"h")), 10) == m.ProduceResponse(0, 8)
+        assert not ready.done()
+        # what the chunks read so far cannot answer waits
+        retry = asyncio.ensure_future(produce(idempotent(5, b"f")))  # in a chunk not read yet
+        gap = asyncio.ensure_future(produce(idempotent(10, b"k")))  # (queued behind the retry)
+        stranger = asyncio.ensure_future(produce(idempotent(1, b"y", producer=other)))
+        pending = await asyncio.wait([retry, gap, stranger], timeout=0.2)  # (only a look)
+        assert not pending[0]
+        older_go.set()
+        assert await asyncio.wait_for(retry, 10) == m.ProduceResponse(0, 6)
+        with pytest.raises(OutOfOrderSequence):
+            await asyncio.wait_for(gap, 10)
+        assert await asyncio.wait_for(stranger, 10) == m.ProduceResponse(0, 9)
+        assert ready.done() and holder.log.next_offset == 10  # the retries appended nothing
+        table = holder.producers.producers
+        assert list(table[PRODUCER].recent) == [
+            (0, 2, 0),
+            (2, 3, 3),
+            (5, 1, 6),
+            (6, 1, 7),
+            (7, 1, 8),
+        ]
+        assert list(table[other].recent) == [(0, 1, 2), (1, 1, 9)]
+
+
+async def test_acks_and_credits_pass_a_take_over_holding_the_topic(tmp_path: Path) -> None:
+    """A take-over holds its topic's turn while it claims the partition; a consumer's FLOW and
+    ACK name no topic and never queue in its line (answered at once, their effect there), as
+    produces pass it; a SUBSCRIBE waits for it."""
+    chunk = (2, 5, idempotent(2, b"c", b"d", b"e", base=2))
+    async with new_owner(tmp_path, [[idempotent(0, b"a", b"b", base=0)]], chunk) as o:
+        broker, catalog = o.broker, o.broker.catalog
+        subscription = await catalog.subscriptions.get_or_create(
+            o.topic, "s", m.SubscriptionType.SHARED, m.SubscriptionSettings()
+        )
+        session = _Session()
+        consumer = Consumer(1, "c", 0, session, subscription)
+        session.consumers[1] = consumer
+        subscription.attach(consumer)
+        claims_go = asyncio.Event()  # the take-over's listing waits until the test says
+        state = o.tail.state
+
+        async def held_state(name: str, partition: int) -> Any:
+            await claims_go.wait()
+            return await state(name, partition)
+
+        o.tail.state = held_state  # type: ignore[method-assign]
+        o.etcd.current = 7
+        acquiring = asyncio.ensure_future(o.partitions.acquire(TOPIC, 0, 7))
+        deadline = asyncio.get_running_loop().time() + 30  # bounds a hang only
+        while not catalog.busy(TOPIC):
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.01)
+        flow = broker.handle(cast(Any, session), m.FlowRequest(1, 5))
+        assert flow == m.EmptyResponse() and consumer.credits == 5
+        ack = broker.handle(cast(Any, session), m.AckRequest(1, (m.AckEntry(0, 0),)))
+        assert ack == m.EmptyResponse()
+        subscribe = broker.handle(
+            cast(Any, session), m.SubscribeRequest(TOPIC, "s", m.SubscriptionType.SHARED, "d")
+        )
+        assert isinstance(subscribe, AfterWork)  # queued behind the take-over
+        claims_go.set()
+        await asyncio.wait_for(acquiring, 30)
+        subscribed = await asyncio.wait_for(resolve(subscribe), 10)
+        assert isinstance(subscribed, m.SubscribeResponse)
+
+
+@dataclass
+class _Session:
+    """A consumer's connection: what the subscription sends it is dropped."""
+
+    writable: bool = True
+    consumers: dict[int, Consumer] = field(default_factory=dict)
+    peer: str = "test"
+    principal: str = ""
+
+    def send_delivery(
+        self, consumer_id: int, partition: int, batch: bytes, delivery_count: int = 1
+    ) -> None:
+        pass
+
+    def send_consumer_closed(self, consumer_id: int, code: int, message: str) -> None:
+        pass
+
+    def send_messages_dropped(self, consumer_id: int, count: int) -> None:
+        pass

@@ -16,6 +16,16 @@ and its first batch here starts where it is (Kafka accepts any sequence from a p
 state it no longer has the same way). `encode`/`decode` let the server persist a producer's entry
 (RocksDB) so a restart keeps deduplicating.
 
+A new owner's rebuild reads the newest part of the log first (`add_older`, each batch older than
+every one the table holds) and answers a producer's batch before it is done when the table
+already answers it as it will once done (`answers`): the producer's newest batch is in it (it is
+the first one of that producer the rebuild met) and the batch is of that epoch and either the
+next one or equal to one found, or the producer's recent batches are all found. The rest, a
+producer not met yet above all, waits for the whole rebuild, whose table (read oldest first, as
+`recover` does) then completes the entries under the batches appended meanwhile (`adopt`). It
+relies on what `check` keeps for a producer it knows: its batches in the log have non-decreasing
+epochs, so the newest one found carries the producer's epoch.
+
 Each entry also holds the producer's epoch (Kafka's producer epoch, which a transactional
 producer's coordinator bumps to fence an older instance): a batch of an older epoch is refused
 (`InvalidProducerEpoch`), one of a newer epoch starts the numbering again at sequence 0, and a
@@ -113,6 +123,59 @@ class ProducerTable:
             return
         if entry is None or epoch > entry.epoch or base_sequence >= entry.next_sequence:
             self.record(producer_id, base_sequence, count, base_offset, epoch)
+
+    def add_older(
+        self, producer_id: int, base_sequence: int, count: int, base_offset: int, epoch: int
+    ) -> None:
+        """A batch older than every one the table holds of the producer (a rebuild reading the
+        log newest first): the producer's newest if it is new here, else kept among the recent
+        ones while they are fewer than `RECENT_BATCHES` and of its epoch (an older epoch's batches
+        are not the producer's any more, as for `recover`)."""
+        entry = self.producers.get(producer_id)
+        if entry is None:
+            self.record(producer_id, base_sequence, count, base_offset, epoch)
+            return
+        recent = entry.recent
+        if epoch != entry.epoch or len(recent) == RECENT_BATCHES:
+            return
+        if recent and base_sequence >= recent[0][0]:
+            return  # not below the older one found (`recover` skips it the same way)
+        recent.appendleft((base_sequence, count, base_offset))
+
+    def answers(self, producer_id: int, base_sequence: int, count: int, epoch: int) -> bool:
+        """While a rebuild fills the table newest first (`add_older`): whether `check` gives
+        this batch the answer it gives once the rebuild is done. Yes for another epoch than the
+        producer's (its newest batch's: an older one is refused, a newer one starts again), and
+        in its epoch for the next batch, a batch equal to a recent one (a retry) or any when its
+        recent batches are all there; otherwise the older batches still to come may change it
+        (a producer not met yet may have written earlier, a retry be of an older batch)."""
+        entry = self.producers.get(producer_id)
+        if entry is None:
+            return False
+        if epoch != entry.epoch:
+            return True
+        return (
+            base_sequence == entry.next_sequence
+            or len(entry.recent) == RECENT_BATCHES
+            or any(s == base_sequence and c == count for s, c, _ in entry.recent)
+        )
+
+    def adopt(self, rebuilt: ProducerTable) -> None:
+        """The finished rebuild's table of the log below where appends here started (read
+        oldest first): a producer met only by it is added; one the table holds of the same epoch
+        gets the older batches it lacks, under those found newest first and appended since."""
+        for producer_id, found in rebuilt.producers.items():
+            entry = self.producers.get(producer_id)
+            if entry is None:
+                self.producers[producer_id] = found
+                continue
+            if entry.epoch != found.epoch:
+                continue  # (not the newest epoch's, or a newer one appended here: it stands)
+            oldest = entry.recent[0][2] if entry.recent else None
+            older = [b for b in found.recent if oldest is None or b[2] < oldest]
+            room = RECENT_BATCHES - len(entry.recent)
+            if room > 0 and older:
+                entry.recent.extendleft(reversed(older[-room:]))
 
     def record(
         self, producer_id: int, base_sequence: int, count: int, base_offset: int, epoch: int = -1

@@ -23,7 +23,12 @@ The etcd coordinator (`server.cluster`) decides who owns each partition; this mo
   last segments, at least `REBUILD_BYTES` of them, and the chunks in place), which carry each
   batch's producer id and base sequence; idempotent produces to the partition wait for it
   (`LogPartition.producers_ready`), other produces do not, so the take-over itself costs the
-  same. A kept log keeps its table when that table was complete.
+  same. The chunks in place are read newest first and their batches go into the table as they
+  come, newest first (`ProducerTable.add_older`): a producer's batch the table then answers as
+  it will once whole (its retry of a batch found, its next one) is answered at once, not after
+  the whole tail (500 chunks after a busy owner: 1.2-8 s, issue 42); the rest waits for the
+  scan of it all, oldest first, whose table then completes the entries (`ProducerTable.adopt`).
+  A kept log keeps its table when that table was complete.
 - **transactions** (`server.cluster.cluster_transactions`): a replaced partition's aborted
   ranges are the objects its previous owners kept (listed beside the claim, so a reader never
   sees an aborted batch); its open transactions are found by the same scan as the producers:
@@ -64,7 +69,7 @@ from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.cluster.shared_commit import SharedCommitter
 from headwater.server.cluster.tail_commit import TailCommitter
 from headwater.server.subscriptions.reliable_subscription import ReliableSubscription
-from headwater.server.topics.topic import LogTopic
+from headwater.server.topics.topic import LogPartition, LogTopic
 from headwater.server.topics.topic_settings import log_config
 from headwater.storage.archive import READ_BYTES
 from headwater.storage.cloud_tail import Chunk, CloudTail, TailState, fold
@@ -488,6 +493,7 @@ class ClusterPartitions:
         previous = holder.producers_ready
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         holder.producers_ready = ready
+        _found(holder)
         if previous is not None and not previous.done():
             previous.set_result(None)  # its waiters look again, and find this one
         self._spawn(
@@ -526,7 +532,7 @@ class ClusterPartitions:
                     if start is None:
                         start = await _rebuild_start(topic, partition, manifest)
                     table, batches, scanned = await self._scan_producers(
-                        topic, partition, start, end, chunks
+                        topic, partition, start, end, chunks, ready
                     )
                 except (StorageError, ValueError) as exc:
                     log.warning(
@@ -540,9 +546,9 @@ class ClusterPartitions:
                     continue
                 if holder.producers_ready is not ready:
                     return
-                # nothing idempotent was appended meanwhile (those produces waited), so the
-                # table is still empty: it becomes the one rebuilt
-                holder.producers.producers.update(table.producers)
+                # what the table holds so far (found newest first, and appended since for the
+                # batches it answered) is completed by the whole scan's
+                holder.producers.adopt(table)
                 if transactions:
                     await self._rebuilt_transactions(topic, partition, scanned)
                 self._tables.add((topic.name, partition))
@@ -554,6 +560,10 @@ class ClusterPartitions:
                     first=start,
                     end=end,
                     batches=batches,
+                    # when the newest chunk was in the table: its producers' batches answered
+                    newest_ms=None
+                    if scanned.newest_at is None
+                    else round((scanned.newest_at - started) * 1000, 1),
                     producers=len(table.producers),
                     ms=round((time.monotonic() - started) * 1000, 1),
                 )
@@ -561,6 +571,7 @@ class ClusterPartitions:
         finally:
             if not ready.done():
                 ready.set_result(None)
+            _found(holder)
 
     async def _rebuilt_transactions(self, topic: LogTopic, partition: int, scan: _Scan) -> None:
         """The scan's transactions into the partition's table: the aborts it met whose range
@@ -598,36 +609,97 @@ class ClusterPartitions:
                 self._spawn(transactions.abort_hanging(topic.name, partition, producer_id))
 
     async def _scan_producers(
-        self, topic: LogTopic, partition: int, start: int, end: int, chunks: list[Chunk]
+        self,
+        topic: LogTopic,
+        partition: int,
+        start: int,
+        end: int,
+        chunks: list[Chunk],
+        ready: asyncio.Future[None],
     ) -> tuple[ProducerTable, int, _Scan]:
         """The producers of the batches in [start, end), from their headers: the segments read
         as every reader of the log reads them, the chunks in place `_FOLD_READS` at a time (a
-        take-over can find `fold_chunks` of them: one after the other, 500 GETs took seconds)."""
+        take-over can find `fold_chunks` of them: one after the other, 500 GETs took seconds),
+        newest first, each going into the partition's table as it comes (`_newest_first`)."""
         table = ProducerTable()
         scan = _Scan(table, end)
         floor = min(chunks[0].first, end) if chunks else end
-        await self._scan_segments(topic, partition, start, floor, scan)
-        if scan.offset < end and chunks:
-            gate = asyncio.Semaphore(_FOLD_READS)
+        gate = asyncio.Semaphore(_FOLD_READS)
+        loop = asyncio.get_running_loop()
+        reads: dict[Chunk, asyncio.Task[list[bytes]]] = {}
 
-            async def read(chunk: Chunk) -> list[bytes]:
-                async with gate:
-                    return await self._tail.read(topic.name, partition, chunk)
+        async def read(chunk: Chunk) -> list[bytes]:
+            if chunk is not chunks[-1]:
+                await asyncio.wait([reads[chunks[-1]]])
+            async with gate:
+                return await self._tail.read(topic.name, partition, chunk)
 
-            found = await asyncio.gather(*map(read, chunks), return_exceptions=True)
-            for batches in found:
-                # a chunk folded and collected meanwhile (ObjectNotFound), or damaged: the
-                # reads below go on from there, through the fold, over damage as readers do
-                if isinstance(batches, (ObjectNotFound, ValueError)):
+        # the newest chunk alone first (it answers an active producer's batches, and should not
+        # share the object store with 31 other GETs), then the others newest first (the gate is
+        # FIFO) beside the segments
+        for chunk in reversed(chunks):
+            reads[chunk] = loop.create_task(read(chunk))
+        newest = loop.create_task(self._newest_first(topic, partition, end, reads, ready, scan))
+        try:
+            if chunks:
+                await asyncio.wait([reads[chunks[-1]]])
+            await self._scan_segments(topic, partition, start, floor, scan)
+            for chunk in chunks if scan.offset < end else []:
+                try:
+                    batches = await reads[chunk]
+                except (ObjectNotFound, ValueError):
+                    # a chunk folded and collected meanwhile, or damaged: the reads below go
+                    # on from there, through the fold, over damage as readers do
                     break
-                if isinstance(batches, BaseException):
-                    raise batches
                 if not all(check_batch(b, 0, len(b), 0) for b in batches):
                     break
                 if not scan.add(batches):
                     break
-        await self._scan_reads(topic, partition, scan.offset, end, scan)
+            await self._scan_reads(topic, partition, scan.offset, end, scan)
+        finally:
+            await end_tasks(newest, *reads.values())
         return table, scan.batches, scan
+
+    @staticmethod
+    async def _newest_first(
+        topic: LogTopic,
+        partition: int,
+        end: int,
+        reads: dict[Chunk, asyncio.Task[list[bytes]]],
+        ready: asyncio.Future[None],
+        scan: _Scan,
+    ) -> None:
+        """The chunks' batches into the partition's table newest first, as their reads come,
+        while `ready`'s rebuild is the partition's: from the chain's end down, and only while
+        each chunk ends where the one above began (a chunk missing or damaged ends it: a batch
+        of a producer not found there could be a retry of one in the hole)."""
+        holder = topic.partitions[partition]
+        below = end
+        for chunk, read in reads.items():
+            if chunk.end != below:
+                return
+            await asyncio.wait([read])  # (a cancellation here leaves the read to the scan)
+            if read.cancelled() or read.exception() is not None:
+                return
+            batches = read.result()
+            if holder.producers_ready is not ready or ready.done():
+                return
+            if not all(check_batch(b, 0, len(b), 0) for b in batches):
+                return
+            for batch in reversed(batches):
+                where = batch_location(batch, 0)
+                if where.producer_id >= 0 and not where.attributes & CONTROL_FLAG:
+                    holder.producers.add_older(
+                        where.producer_id,
+                        where.base_sequence,
+                        where.next_offset - where.base_offset,
+                        where.base_offset,
+                        where.producer_epoch,
+                    )
+            below = chunk.first
+            if scan.newest_at is None:
+                scan.newest_at = time.monotonic()
+            _found(holder)
 
     async def _scan_segments(
         self, topic: LogTopic, partition: int, start: int, floor: int, scan: _Scan
@@ -1099,6 +1171,7 @@ class _Scan:
         # transactions: each producer's open one (its first offset met), the aborts met
         self.open: dict[int, int] = {}
         self.aborted: list[AbortedRange] = []
+        self.newest_at: float | None = None  # when the newest chunk was in the partition's table
 
     def add(self, batches: list[bytes]) -> bool:
         """Record the batches past `offset` and below the end; False once at the end."""
@@ -1131,6 +1204,14 @@ class _Scan:
         first = self.open.pop(producer_id, None)
         if first is not None and marker_type(batch) == Marker.ABORT:
             self.aborted.append(AbortedRange(producer_id, first, offset))
+
+
+def _found(holder: LogPartition) -> None:
+    """The partition's rebuild found more (or ended): the produces waiting look again."""
+    found = holder.producers_found
+    if found is not None and not found.done():
+        found.set_result(None)
+    holder.producers_found = asyncio.get_running_loop().create_future()
 
 
 async def _nothing() -> list[tuple[AbortedRange, str]]:

@@ -22,12 +22,17 @@ produces queued behind it do not wait for its fsync.
 Idempotent produces in a cluster (docs/CLUSTER.md) may have to wait before their sequence can be
 checked: for the partition's producer table, which a new owner rebuilds from the object store in
 the background (`LogPartition.producers_ready`), or for a read of etcd's producer-id counter (an
-id another broker issued since this one last looked). Such a produce waits in its partition's
-queue of waiting idempotent produces, and every later idempotent produce to the partition queues
-behind it until the queue is empty, so a producer's batches are still checked and appended in the
-order they came; non-idempotent produces never wait. The wait holds no turn of the topic (one that
-came in a turn gives it up first, `AfterData`), so the topic's other produces are not held up by
-a rebuild; the append takes the turn again when the line is busy.
+id another broker issued since this one last looked). The rebuild reads the newest part of the
+log first: a batch the table already answers as it will once whole (`ProducerTable.answers`: the
+producer's retry of a batch found, or its next one) does not wait for the rest, and a waiting one
+looks again each time the rebuild found more (`LogPartition.producers_found`). Such a produce
+waits in its producer's queue of waiting idempotent produces on the partition, and every later
+produce of that producer there queues behind it until the queue is empty, so a producer's batches
+are still checked and appended in the order they came (another producer's do not wait for it: one
+the rebuild has not met yet waits for all of it); non-idempotent produces never wait. The wait
+holds no turn of the topic (one that came in a turn gives it up first, `AfterData`), so the
+topic's other produces are not held up by a rebuild; the append takes the turn again when the
+line is busy.
 """
 
 from __future__ import annotations
@@ -96,6 +101,7 @@ Handler = Callable[[Session, Any], Reply]
 # how long an idempotent produce waits for its partition's producer table or the producer-id
 # counter before it is answered STORAGE_ERROR (retriable: the producer resends the same batch)
 PRODUCER_WAIT = 10.0
+_TABLE_LOOKS = 100_000  # bounds a produce's looks at a rebuilt table (one each time it found more)
 
 
 class Broker:
@@ -133,9 +139,9 @@ class Broker:
             self.group_offsets,
             placement.transactions(catalog),
         )
-        # (topic, partition) -> the last idempotent produce waiting there: later ones queue
-        # behind it, so a producer's batches keep their order (module docstring)
-        self._waiting: dict[tuple[str, int], asyncio.Future[None]] = {}
+        # (topic, partition, producer id) -> the producer's last idempotent produce waiting
+        # there: its later ones queue behind it, so its batches keep their order (module doc)
+        self._waiting: dict[tuple[str, int, int], asyncio.Future[None]] = {}
         self.definitions: TopicDefinitions = placement.definitions(catalog)
         consumers = self.consumers
         schemas = SchemaHandlers(catalog.schemas, catalog.topics)
@@ -408,8 +414,8 @@ class Broker:
         go: Callable[[], Reply],
     ) -> Reply:
         """`go()` (check the sequence and append) now, or once what the batch waits for is
-        there and the idempotent produces queued before it on the partition are done."""
-        key = (topic.name, partition.index)
+        there and the produces of its producer queued before it on the partition are done."""
+        key = (topic.name, partition.index, info.producer_id)
         if key not in self._waiting and not self._must_wait(topic, partition, info):
             return go()
         if request.partition == -1:
@@ -421,13 +427,13 @@ class Broker:
         # was busy (a take-over of another partition holds it while it claims) held the turn
         # for the whole rebuild of the table, and every other produce to the topic here queued
         # behind it: 5.5 s without an ack on the new owner's other partitions (issue 42). The
-        # partition's queue (`_waiting`) keeps the order; the append takes the turn if busy
+        # producer's queue (`_waiting`) keeps the order; the append takes the turn if busy
         return AfterData(self._queued(key, previous, mine, topic, partition, info, go))
 
     def _must_wait(
         self, topic: Topic, partition: MemoryPartition | LogPartition, info: BatchInfo
     ) -> bool:
-        if self._table_wait(partition) is not None:
+        if self._table_wait(partition, info) is not None:
             return True
         return self._producer_ids.unknown_yet(info.producer_id) or self._unverified(
             topic, partition, info
@@ -443,13 +449,23 @@ class Broker:
         )
 
     @staticmethod
-    def _table_wait(partition: MemoryPartition | LogPartition) -> asyncio.Future[None] | None:
+    def _table_wait(
+        partition: MemoryPartition | LogPartition, info: BatchInfo
+    ) -> asyncio.Future[None] | None:
+        """The rebuild of the partition's producer table the batch waits for, if any: not
+        once the table answers it as it will when whole (a transactional batch waits for the
+        whole of it: the partition's transactions come from the same rebuild)."""
         ready = partition.producers_ready
-        return ready if ready is not None and not ready.done() else None
+        if ready is None or ready.done():
+            return None
+        answered = partition.producers.answers(
+            info.producer_id, info.base_sequence, info.record_count, info.producer_epoch
+        )
+        return None if answered and not info.transactional else ready
 
     async def _queued(
         self,
-        key: tuple[str, int],
+        key: tuple[str, int, int],
         previous: asyncio.Future[None] | None,
         mine: asyncio.Future[None],
         topic: Topic,
@@ -461,12 +477,14 @@ class Broker:
             deadline = asyncio.get_running_loop().time() + PRODUCER_WAIT
             if previous is not None:
                 await asyncio.wait([previous])  # (never cancels it: it is not ours)
-            # bounded: a table rebuilt again (the partition lost and taken over meanwhile)
-            for _ in range(8):
-                wait = self._table_wait(partition)
+            # bounded: each look follows more found, or a table rebuilt again (the partition
+            # lost and taken over meanwhile)
+            for _ in range(_TABLE_LOOKS):
+                wait = self._table_wait(partition, info)
                 if wait is None:
                     break
-                await self._bounded(asyncio.shield(wait), deadline, key)
+                found = partition.producers_found
+                await self._bounded(_either(wait, found), deadline, key)
             if self._producer_ids.unknown_yet(info.producer_id):
                 # issued by another broker after this one last read the counter
                 await self._bounded(self._producer_ids.refresh(), deadline, key)
@@ -492,13 +510,13 @@ class Broker:
         return go()
 
     @staticmethod
-    async def _bounded(wait: Awaitable[None], deadline: float, key: tuple[str, int]) -> None:
+    async def _bounded(wait: Awaitable[None], deadline: float, key: tuple[str, int, int]) -> None:
         remaining = deadline - asyncio.get_running_loop().time()
         try:
             async with asyncio.timeout(max(remaining, 0.001)):
                 await wait
         except TimeoutError:
-            topic, partition = key
+            topic, partition, _ = key
             raise StorageError(
                 f"{topic}/{partition}: the idempotent producers' state is not ready yet"
             ) from None
@@ -577,6 +595,13 @@ class Broker:
                 m.ApiVersionRange(k, lo, hi) for k, (lo, hi) in sorted(SUPPORTED_VERSIONS.items())
             )
         )
+
+
+async def _either(ready: asyncio.Future[None], found: asyncio.Future[None] | None) -> None:
+    """Until the rebuild is done or found more (neither future is cancelled: not ours)."""
+    await asyncio.wait(
+        [f for f in (ready, found) if f is not None], return_when=asyncio.FIRST_COMPLETED
+    )
 
 
 __all__ = ["Broker", "Reply", "Waiting"]

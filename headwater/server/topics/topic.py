@@ -67,6 +67,7 @@ class MemoryPartition:
     next_offset: int = 0  # offsets restart at 0 with the server
     producers: ProducerTable = field(default_factory=ProducerTable)
     producers_ready: asyncio.Future[None] | None = None  # (never set: nothing to rebuild)
+    producers_found: asyncio.Future[None] | None = None
 
 
 @dataclass(slots=True)
@@ -77,6 +78,9 @@ class LogPartition:
     # in a cluster, pending while a new owner rebuilds `producers` from the object store:
     # idempotent produces to the partition wait for it (server.requests.broker)
     producers_ready: asyncio.Future[None] | None = None
+    # meanwhile, done (and replaced) each time the rebuild, reading the newest part of the log
+    # first, added batches to `producers`: a produce it may now answer looks again
+    producers_found: asyncio.Future[None] | None = None
     skipped: int = 0  # reads that had to skip damaged or missing data
     # ranges below the local WAL a read found nothing readable in, where the next read goes on
     walked: Walked = field(default_factory=Walked)
