@@ -324,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     python = sys.executable
     env = dict(os.environ)
     rounds: list[dict[str, Any]] = []
+    if args.scratch is not None:  # a scratch directory named but not there yet: made
+        Path(args.scratch).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="spark-bench-", dir=args.scratch) as tmp:
         root = Path(tmp)
         server = ServerProcess(root / "data").start()
