@@ -65,7 +65,9 @@ class Assignment:
     _pending: set[tuple[str, int]]
     _in_handler: set[tuple[str, int]]
     _deleted: set[int]  # epochs of keys we deleted, until the watch shows them gone
-    _round_owners: dict[str, tuple[tuple[int, str], ...]]  # each `_rebalance` sets it
+    # each `_rebalance` sets them: the owners at its start, and the choices made from them
+    _round_owners: dict[str, tuple[tuple[int, str], ...]]
+    _round_choices: dict[tuple[frozenset[str], str], tuple[tuple[str, ...], ...]]
     _wake: asyncio.Event
 
     def _healthy(self, stopping: bool = False) -> bool:
@@ -85,8 +87,12 @@ class Assignment:
         count = partitions_of(self._topics.get(topic, {}))
         if partition >= count:
             return rendezvous(live, topic, partition)
-        owners = self._round_owners.get(topic, ())
-        return list(balanced(frozenset(live), topic, count, owners)[partition])
+        brokers = frozenset(live)
+        choices = self._round_choices.get((brokers, topic))
+        if choices is None:  # once per topic and round: hashing the owners costs a pass over them
+            choices = balanced(brokers, topic, count, self._round_owners.get(topic, ()))
+            self._round_choices[(brokers, topic)] = choices
+        return list(choices[partition])
 
     def _owners_by_topic(self) -> dict[str, tuple[tuple[int, str], ...]]:
         """Each topic's owners as the watch shows them, (partition, broker) by partition."""
@@ -100,6 +106,7 @@ class Assignment:
         live = self._broker_ids | {self._id}
         # the owners at the round's start: every choice of the round is made from one view
         self._round_owners = self._owners_by_topic()
+        self._round_choices = {}
         wanted = self._partitions()
         self._orphans()
         for key in [k for k in self._free_since if k not in wanted]:

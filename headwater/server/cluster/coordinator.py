@@ -105,6 +105,7 @@ class Coordinator(Assignment, Metadata, ExclusiveClaims):
         self._held: dict[tuple[str, int], Held] = {}
         self._owners: dict[tuple[str, int], Entry] = {}
         self._round_owners: dict[str, tuple[tuple[int, str], ...]] = {}
+        self._round_choices: dict[tuple[frozenset[str], str], tuple[tuple[str, ...], ...]] = {}
         self._brokers: dict[str, BrokerAddress] = {}
         self._kafka = kafka
         # live broker id -> its Kafka listener's (host, port), for those that have one

@@ -132,7 +132,6 @@ def rendezvous(brokers: Iterable[str], topic: str, partition: int) -> list[str]:
     return sorted(brokers, key=weight, reverse=True)
 
 
-@functools.lru_cache(maxsize=1024)
 def balanced(
     brokers: frozenset[str],
     topic: str,
@@ -156,13 +155,31 @@ def balanced(
     frozen or killed made the survivors hand partitions to each other (1.3-3.5 s without an
     acknowledgement on partitions whose owner never failed, issue 42).
     """
+    # the choices without owners are cached by membership; with owners they change every round
+    # a partition changes owner, so the caller keeps them for its round (`Assignment`)
+    return (
+        _sticky(brokers, topic, partitions, owners)
+        if owners
+        else _plain(brokers, topic, partitions)
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _plain(brokers: frozenset[str], topic: str, partitions: int) -> tuple[tuple[str, ...], ...]:
+    return _sticky(brokers, topic, partitions, ())
+
+
+def _sticky(
+    brokers: frozenset[str], topic: str, partitions: int, owners: tuple[tuple[int, str], ...]
+) -> tuple[tuple[str, ...], ...]:
     if not brokers:
         return tuple(() for _ in range(partitions))
+    ranks = _ranks(brokers, topic, partitions)
     capacity = -(-partitions // len(brokers))
     load = dict.fromkeys(brokers, 0)
     kept: dict[int, str] = {}
     if owners:
-        plain = balanced(brokers, topic, partitions)
+        plain = _plain(brokers, topic, partitions)
 
         def keeps_first(owned: tuple[int, str]) -> tuple[bool, int, int]:
             partition, owner = owned
@@ -174,14 +191,20 @@ def balanced(
                 kept[partition] = owner
                 load[owner] += 1
     choices = []
-    for partition in range(partitions):
-        ranked = rendezvous(brokers, topic, partition)
+    for partition, ranked in enumerate(ranks):
         first = kept.get(partition)
         if first is None:
             first = next(b for b in ranked if load[b] < capacity)
             load[first] += 1
         choices.append((first, *(b for b in ranked if b != first)))
     return tuple(choices)
+
+
+@functools.lru_cache(maxsize=64)
+def _ranks(brokers: frozenset[str], topic: str, partitions: int) -> tuple[list[str], ...]:
+    """Each partition's `rendezvous` order: the membership changes far less often than the
+    owners `balanced` is asked about (every rebalance round after a change of owner)."""
+    return tuple(rendezvous(brokers, topic, partition) for partition in range(partitions))
 
 
 def encode(value: dict[str, Any]) -> bytes:
