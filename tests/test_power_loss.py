@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import os
 import shutil
 from collections.abc import Iterator
@@ -30,7 +29,13 @@ import pytest
 import headwater
 from headwater.testing import ServerProcess
 from headwater.wire.errors import StorageError
-from tests.support.faults import cut_to_last_fsync, produce_each, read_from_earliest, small_tmpfs
+from tests.support.faults import (
+    cut_to_last_fsync,
+    fill,
+    produce_each,
+    read_from_earliest,
+    small_tmpfs,
+)
 from tests.support.helpers import HANG
 
 
@@ -124,23 +129,6 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     mount_point.mkdir(parents=True)
     with small_tmpfs(mount_point, "12m"):
         yield mount_point
-
-
-def fill(directory: Path) -> Path:
-    """Take every free byte of `directory`'s file system with one file."""
-    filler = directory / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        for size in (1 << 20, 1 << 16, 1 << 12, 1 << 8, 1):
-            for _ in range(100_000):
-                try:
-                    os.write(fd, b"\0" * size)
-                except OSError as exc:
-                    assert exc.errno == errno.ENOSPC
-                    break
-    finally:
-        os.close(fd)
-    return filler
 
 
 @pytest.mark.parametrize("fsync", ["always", "interval"])

@@ -13,7 +13,6 @@ still answered.
 from __future__ import annotations
 
 import asyncio
-import errno
 import os
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from headwater.testing import ServerProcess
 from headwater.wire import messages as m
 from headwater.wire.errors import HeadwaterError, RequestTimeout, StorageError
 from headwater.wire.records import BatchBuilder, build_batch
-from tests.support.faults import small_tmpfs
+from tests.support.faults import fill, small_tmpfs
 
 PARTITIONS = 2
 FILLER = b"f" * 65_536
@@ -34,23 +33,6 @@ def _batch(producer_id: int, epoch: int, value: bytes) -> bytes:
     )
     builder.append(None, value)
     return builder.build()
-
-
-def _fill(directory: Path) -> Path:
-    """Take every free byte of `directory`'s file system with one file."""
-    filler = directory / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        for size in (1 << 20, 1 << 16, 1 << 12, 1 << 8, 1):
-            for _ in range(100_000):
-                try:
-                    os.write(fd, b"\0" * size)
-                except OSError as exc:
-                    assert exc.errno == errno.ENOSPC
-                    break
-    finally:
-        os.close(fd)
-    return filler
 
 
 async def _committed(client: headwater.Client, partition: int) -> list[bytes]:
@@ -94,7 +76,7 @@ async def test_a_commit_on_a_full_disk_is_all_or_nothing_once_space_returns(
                 for partition in partitions:
                     batch = _batch(pid, epoch, b"in-%d" % partition)
                     await client.request(m.ProduceRequest("t", partition, batch))
-                filler = await asyncio.to_thread(_fill, data)
+                filler = await asyncio.to_thread(fill, data)
                 # what the log had made room for ahead of the disk filling is used up too
                 # (plain records to partition 0 until the append is refused), so the commit's
                 # marker there needs space there is not

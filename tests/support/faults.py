@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -128,3 +130,20 @@ def small_tmpfs(mount_point: Path, size: str) -> Iterator[Path]:
         yield mount_point
     finally:
         subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def fill(directory: Path) -> Path:
+    """Take every free byte of `directory`'s file system with one file."""
+    filler = directory / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        for size in (1 << 20, 1 << 16, 1 << 12, 1 << 8, 1):
+            for _ in range(100_000):
+                try:
+                    os.write(fd, b"\0" * size)
+                except OSError as exc:
+                    assert exc.errno == errno.ENOSPC
+                    break
+    finally:
+        os.close(fd)
+    return filler
