@@ -410,7 +410,7 @@ class Producer:
         accumulator = self._accumulator
         accumulator.close_all()
         if accumulator.unresolved:
-            await asyncio.wait([batch.result for batch in accumulator.unresolved])
+            await asyncio.wait(list(accumulator.unresolved))
         error = self._sender.take_error()
         if error is not None:
             raise error
