@@ -52,6 +52,7 @@ from headwater.server.kafka.kafka_nodes import ClusterNodes
 from headwater.server.requests.partition_ownership import BrokerAddress, not_owner
 from headwater.wire import messages as m
 from headwater.wire.errors import HeadwaterError
+from headwater.wire.records import BatchBuilder
 from tests.support.cluster_support import Cluster, running_cluster
 from tests.support.rawwire import RawPeer
 from tests.support.s3 import MotoS3
@@ -247,6 +248,49 @@ async def test_frozen_owner_partitions_are_acknowledged_again_before_it_wakes(
         if frozen:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
+        await client.close()
+
+
+async def test_a_long_poll_names_the_new_owner_whose_first_produce_waits_for_its_take_over(
+    cluster: Cluster,
+) -> None:
+    """kill -9 of an owner. A LOOKUP long poll (version 1) through another broker, waiting on
+    one of its partitions with the epoch it had, is answered with the new owner under a newer
+    epoch: not at once (the dead broker is named until its lease expires), not at its 20 s.
+    The answer comes as soon as that broker sees the new owner's key, before the new owner
+    serves (its take-over claims the partition in the object store first): a produce sent there
+    the moment the answer comes is acknowledged, having waited for the take-over, where it was
+    refused NOT_OWNER (owner=none) and the client had to look up and retry."""
+    client, owners = await start(cluster)
+    peer = await RawPeer.open(await cluster.address("b1"))
+    try:
+        victim, mine, _ = victim_of(owners)
+        partition = mine[0]
+        before = await peer.call(m.LookupRequest((TOPIC,)))
+        assert isinstance(before, m.LookupResponse)
+        known = before.topics[0].partitions[partition]
+        assert known.broker_id == victim
+        cluster.brokers[victim].kill()
+        killed = time.monotonic()
+        wait = m.LookupWait(TOPIC, partition, known.epoch)
+        await peer.request(m.LookupRequest((TOPIC,), 20_000, (wait,)))
+        answer = await peer.response(timeout=30)
+        waited = time.monotonic() - killed
+        assert isinstance(answer, m.LookupResponse), answer
+        moved = answer.topics[0].partitions[partition]
+        assert moved.broker_id not in ("", victim) and moved.epoch > known.epoch, moved
+        assert waited < 15.0, f"answered after {waited:.1f} s: at its timeout, not the take-over"
+        owner = await RawPeer.open(await cluster.address(moved.broker_id))
+        try:
+            batch = BatchBuilder()
+            batch.append(None, b"first at the new owner")
+            produced = await owner.call(m.ProduceRequest(TOPIC, partition, batch.build()))
+        finally:
+            await owner.close()
+        assert isinstance(produced, m.ProduceResponse), produced
+        assert produced.partition == partition
+    finally:
+        await peer.close()
         await client.close()
 
 

@@ -113,6 +113,12 @@ class Etcd:
     def owner(self, topic: str, partition: int) -> BrokerAddress | None:
         return THIS if self.serves(topic, partition) else None
 
+    def taking_over(self, topic: str, partition: int) -> asyncio.Future[None] | None:
+        return None  # the tests set `current` at once
+
+    def changed(self) -> asyncio.Future[None]:
+        return asyncio.get_running_loop().create_future()
+
     this_broker = THIS
 
     # producer ids: every id below 100 was issued

@@ -385,6 +385,14 @@ QUOTED_LIMITS: dict[str, list[tuple[str, str]]] = {
         (PROTOCOL, rf"array<Write> \(1\.\.{N} writes\)"),
         (PROTOCOL, rf"int32 limit \(1\.\.{N}\)"),
     ],
+    "MAX_LOOKUP_WAITS": [
+        (PROTOCOL, rf"\| LOOKUP `wait_for` \(version 1\) \| {N}, each name"),
+        (PROTOCOL, rf"at most {N} waits"),
+    ],
+    "MAX_LOOKUP_WAIT_MS": [
+        (PROTOCOL, rf"\| LOOKUP `max_wait_ms` \(version 1\) \| 0\.\.{N}, as FETCH's"),
+        (PROTOCOL, rf"`max_wait_ms`\s+0\.\.{N}, at most"),
+    ],
     "MAX_LOOKUP_TOPICS": [
         (PROTOCOL, rf"\| LOOKUP `topics` \| {N}, each name"),
         (PROTOCOL, rf"At most {N} names, each"),

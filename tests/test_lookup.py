@@ -13,12 +13,10 @@ from hypothesis import strategies as st
 import headwater
 from headwater.testing import ServerProcess
 from headwater.wire import messages as m
-from headwater.wire.api.cluster import decode_lookup_request
-from headwater.wire.errors import ErrorCode, HeadwaterError, InvalidRequest, UnknownTopic
-from headwater.wire.frames import Frame, FrameDecoder, encode_frame
-from headwater.wire.limits import MAX_LOOKUP_TOPICS
+from headwater.wire.errors import ErrorCode, InvalidRequest, UnknownTopic
+from headwater.wire.frames import Frame, FrameDecoder, FrameHeader, encode_frame
+from headwater.wire.limits import MAX_LOOKUP_TOPICS, MAX_TOPIC_NAME_LENGTH
 from headwater.wire.protocol import (
-    SCHEMAS,
     decode_request,
     decode_response,
     encode_request,
@@ -53,7 +51,15 @@ def _one_frame(data: bytes) -> Frame:
     return frame
 
 
-@given(st.builds(m.LookupRequest, st.lists(names, max_size=5).map(tuple)), i32)
+lookup_requests = st.builds(
+    m.LookupRequest,
+    st.lists(names, max_size=5).map(tuple),
+    st.integers(0, 2**31 - 1),
+    st.lists(st.builds(m.LookupWait, names, i32, i64), max_size=3).map(tuple),
+)
+
+
+@given(lookup_requests, i32)
 def test_lookup_request_round_trip(request: m.LookupRequest, correlation_id: int) -> None:
     frame = _one_frame(encode_request(request, correlation_id))
     assert frame.header.api_key == m.ApiKey.LOOKUP
@@ -163,21 +169,44 @@ async def test_a_lookup_nobody_waits_for_leaves_no_unretrieved_error(
     assert task.cancelled() or not task._log_traceback  # type: ignore[attr-defined]
 
 
-@given(st.binary(max_size=64))
-def test_lookup_decoder_agrees_with_the_schema(body: bytes) -> None:
-    schema = SCHEMAS[m.ApiKey.LOOKUP][0]
+@given(st.lists(names, max_size=5).map(tuple))
+def test_a_version_0_lookup_reads_as_no_wait(topics: tuple[str, ...]) -> None:
+    """Version 0 is the topic names alone: it reads as a LOOKUP answered at once."""
+    body = struct.pack(">i", len(topics))
+    for name in topics:
+        raw = name.encode()
+        body += struct.pack(">H", len(raw)) + raw
+    decoded = decode_request(FrameHeader(m.ApiKey.LOOKUP, 0, 1, 0), body)
+    assert decoded == m.LookupRequest(topics)
+
+
+def test_lookup_names_and_counts_are_checked_before_they_are_read() -> None:
+    """In both versions: more topics than MAX_LOOKUP_TOPICS, or a name longer than any topic
+    name, is INVALID_REQUEST from its count or length (nothing after it is parsed); version 1's
+    `wait_for` is bounded the same way."""
+    over = struct.pack(">iH", 1, MAX_TOPIC_NAME_LENGTH + 1) + b"a" * (MAX_TOPIC_NAME_LENGTH + 1)
+    for version in (0, 1):
+        header = FrameHeader(m.ApiKey.LOOKUP, version, 1, 0)
+        tail = struct.pack(">ii", 0, 0) if version == 1 else b""
+        try:
+            decode_request(header, struct.pack(">i", MAX_LOOKUP_TOPICS + 1) + tail)
+        except InvalidRequest as exc:
+            assert f"at most {MAX_LOOKUP_TOPICS}" in exc.message
+        else:
+            raise AssertionError("too many topics decoded")
+        try:
+            decode_request(header, over + tail)
+        except InvalidRequest as exc:
+            assert f"at most {MAX_TOPIC_NAME_LENGTH}" in exc.message
+        else:
+            raise AssertionError("a name longer than any topic's decoded")
+    waits = struct.pack(">iii", 0, 100, 1_000_000)  # no topics, 100 ms, a million waits
     try:
-        expected: object = schema.parse(body)
-    except Exception:
-        expected = None
-    try:
-        got: object = decode_lookup_request(body)
-    except InvalidRequest:
-        assert expected is None or len(expected.topics) > MAX_LOOKUP_TOPICS  # type: ignore[attr-defined]
-        return
-    except HeadwaterError:
-        got = None
-    assert got == expected
+        decode_request(FrameHeader(m.ApiKey.LOOKUP, 1, 1, 0), waits)
+    except InvalidRequest as exc:
+        assert "wait_for holds 1000000 entries; at most 1000" in exc.message
+    else:
+        raise AssertionError("a million waits decoded")
 
 
 async def test_a_huge_lookup_is_refused_before_its_names_are_parsed(server: ServerProcess) -> None:
@@ -196,5 +225,46 @@ async def test_a_huge_lookup_is_refused_before_its_names_are_parsed(server: Serv
         assert f"at most {MAX_LOOKUP_TOPICS}" in refused.message
         assert elapsed < 2.0, elapsed  # the transfer of 6 MB over loopback, nothing more
         assert isinstance(await peer.call(m.LookupRequest(())), m.LookupResponse)
+    finally:
+        await peer.close()
+
+
+async def test_a_long_poll_waits_its_time_holds_nothing_and_checks_its_arguments(
+    server: ServerProcess, topic_name: str
+) -> None:
+    """LOOKUP version 1 on a single broker, whose owners never change: a long poll on a
+    partition it owns under epoch 0 waits its `max_wait_ms` and then answers as version 0;
+    a request sent after it on the same connection is answered first (the wait holds no turn);
+    one waiting on a partition that can never be owned (an unknown topic, past the count) is
+    answered at once; out-of-range arguments are INVALID_REQUEST."""
+    async with await headwater.connect(server.address) as client:
+        await client.create_topic(topic_name, partitions=2)
+    peer = await RawPeer.open(server.address)
+    try:
+        plain = await peer.call(m.LookupRequest((topic_name,)))
+        assert isinstance(plain, m.LookupResponse)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        waiting = m.LookupRequest((topic_name,), 600, (m.LookupWait(topic_name, 1, 0),))
+        polled = await peer.request(waiting)
+        other = await peer.request(m.ListTopicsRequest())
+        frames = [await peer.frame(timeout=10), await peer.frame(timeout=10)]
+        assert [f.header.correlation_id for f in frames] == [other, polled]
+        answer = decode_response(frames[1].header, frames[1].body)
+        assert loop.time() - started >= 0.6
+        assert answer == plain
+        for wait in (m.LookupWait(f"{topic_name}-missing", 0, 0), m.LookupWait(topic_name, 2, 0)):
+            started = loop.time()
+            at_once = await peer.call(m.LookupRequest((topic_name,), 20_000, (wait,)))
+            assert at_once == plain, wait
+            assert loop.time() - started < 5.0, wait  # not the 20 s: the partition has no owner
+        for bad, said in [
+            (m.LookupRequest((topic_name,), 20_001, (m.LookupWait(topic_name, 0, 0),)), "0..20000"),
+            (m.LookupRequest((topic_name,), -1, ()), "0..20000"),
+            (m.LookupRequest((topic_name,), 100, (m.LookupWait(topic_name, -1, 0),)), "-1"),
+        ]:
+            refused = await peer.call(bad)
+            assert isinstance(refused, InvalidRequest), (bad, refused)
+            assert said in refused.message
     finally:
         await peer.close()

@@ -55,6 +55,7 @@ class ArrayCase:
     element_min: int  # bytes of the smallest element
     tail: bytes = b""
     max_payload: int = 0  # the most payload one element may carry (a name: 64 KiB)
+    version: int = 0  # the request's version (an array a later version added)
 
     def element(self, payload: int) -> bytes:
         kind = self.what
@@ -68,6 +69,8 @@ class ArrayCase:
             return I32.pack(payload) + b"k" * payload
         if kind == "LOOKUP topics":
             return _name(payload)
+        if kind == "LOOKUP wait_for":
+            return _name(payload) + struct.pack(">iq", 0, 0)
         return bytes(self.element_min)  # fixed-size elements
 
     def body(self, count: int, carried: int, payload: int) -> bytes:
@@ -125,6 +128,15 @@ CASES = (
         limits.MAX_LOOKUP_TOPICS,
         2,
         max_payload=limits.MAX_TOPIC_NAME_LENGTH,
+    ),
+    ArrayCase(
+        "LOOKUP wait_for",
+        m.ApiKey.LOOKUP,
+        I32.pack(0) + I32.pack(0),  # no topics, no wait: answered at once
+        limits.MAX_LOOKUP_WAITS,
+        14,
+        max_payload=limits.MAX_TOPIC_NAME_LENGTH,
+        version=1,
     ),
 )
 
@@ -226,7 +238,7 @@ def test_every_array_at_and_past_its_maximum_gets_its_error_without_stalling_the
     else:
         count, carried, payload = 2**31 - 1, case.limit + 1, 0
     body = case.body(count, carried, payload)
-    frame = frame_prefix(case.api_key, 0, 7, 0, len(body)) + body
+    frame = frame_prefix(case.api_key, case.version, 7, 0, len(body)) + body
 
     def send() -> None:
         peer = Peer(guarded.address, guarded.admin if authenticated else None)

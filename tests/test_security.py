@@ -546,6 +546,16 @@ async def test_lookup_and_server_info_tell_a_principal_nothing_beyond_its_grants
         missing.error_message[-15:],
     )
     assert own.error_code == 0 and len(own.partitions) == 1
+    # a long poll's answer is filtered the same; waiting on a topic without a grant is refused
+    # (one that does not exist is answered at once: the wait's length would tell)
+    waits = (m.LookupWait("bob.inbox", 0, 0),)
+    polled = await peer.call(m.LookupRequest(("alice.payroll-2026", "bob.inbox"), 200, waits))
+    assert isinstance(polled, m.LookupResponse), polled
+    assert polled.topics == (hidden, own)
+    for topic in ("alice.payroll-2026", "alice.nothing"):
+        waited = await peer.call(m.LookupRequest((), 200, (m.LookupWait(topic, 0, 0),)))
+        assert isinstance(waited, NotAuthorized), waited
+        assert f"no grant on topic {topic!r}" in waited.message
     refused = await peer.call(m.ServerInfoRequest())
     assert isinstance(refused, NotAuthorized), refused
     assert "admin:*" in refused.message

@@ -11,8 +11,9 @@ leg's consumer id; each leg tops up its own credit, so `prefetch` applies per br
 
 A leg that ends for a reason a new owner can cure (its connection lost, the broker shutting down,
 NOT_OWNER) is dropped once its buffered messages are taken, and the topic looked up again, after
-the router's backoff while a partition has no owner; so is the topic every `metadata_refresh`
-seconds while the consumer is open. Any owner without a live leg then gets one. What was
+the router's backoff (while a partition has no owner at all, a LOOKUP long poll for its new owner
+instead: `Router.new_owner`); so is the topic every `metadata_refresh` seconds while the consumer
+is open. Any owner without a live leg then gets one. What was
 delivered and not acknowledged on a lost leg is redelivered by the new owner: at-least-once. A
 leg at a broker that sends nothing (frozen: its connection stays open) is checked after the
 routing table's `owner_check` (`_watch_loop`, `_check_leg`) and dropped once the other brokers
@@ -236,13 +237,26 @@ class ClusterLegs:
             self._syncing = _watched(asyncio.get_running_loop().create_task(self._resync_soon()))
 
     async def _resync_soon(self) -> None:
+        """Look up and place the legs again, after each backoff delay while some partition
+        has none; while one has no owner at all (a failover under way), a long poll for its new
+        owner instead of the delay (`Router.new_owner`): placed the moment its key exists."""
+        topic = self.consumer.topic
         for delay in (0.0, *self._router.backoff.delays(), self._router.backoff.maximum):
-            await asyncio.sleep(delay)
+            unowned = self._unowned() if delay else None
+            if unowned is None or not await self._router.new_owner(topic, unowned):
+                await asyncio.sleep(delay)
+                if self.consumer._error is not None:
+                    return
+                await self._router.settle(topic, force=True)
             if self.consumer._error is not None:
                 return
-            await self._router.settle(self.consumer.topic, force=True)
             if await self._sync():
                 return
+
+    def _unowned(self) -> int | None:
+        """A partition of the topic the routing table names no owner for."""
+        owners = self._router.table.owners(self.consumer.topic)
+        return next((p for p, owner in owners.items() if owner is None), None)
 
     async def _refresh_loop(self) -> None:
         while self.consumer._error is None:

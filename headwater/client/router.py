@@ -31,6 +31,7 @@ from headwater.wire.errors import (
     NotOwner,
     RequestTimeout,
     UnsupportedApi,
+    UnsupportedVersion,
 )
 
 __all__ = ["Peers", "Router"]
@@ -39,6 +40,10 @@ logger = logging.getLogger(__name__)
 
 Requester = Callable[[m.Request], Awaitable[m.Response]]
 Opener = Callable[[str, int], Awaitable[Connection]]
+
+# How long one LOOKUP long poll for a partition's new owner may wait (then the caller asks
+# again): well under the server's limit (20 s) and any request timeout.
+LONG_POLL = 5.0
 
 
 class Router:
@@ -57,6 +62,10 @@ class Router:
         # brokers that left a request unanswered past `owner_check` (dead or frozen) -> until
         # when (loop time) lookups do not go through them first
         self._silent: dict[tuple[str, int], float] = {}
+        self._long_polls = True  # False once a broker refused LOOKUP version 1 (it predates it)
+        # the broker that answered the last LOOKUP: alive then, so a long poll goes there first
+        # (one through a frozen broker would wait out its whole timeout)
+        self._answered_by: tuple[str, int] | None = None
 
     @property
     def multi_broker(self) -> bool:
@@ -104,6 +113,7 @@ class Router:
             if self._is_silent(self.table.bootstrap.address):
                 raise RequestTimeout("the bootstrap broker left a request unanswered")
             response = await self._through_bootstrap(request)
+            self._answered_by = self.table.bootstrap.address
         except UnsupportedApi:
             self.table.unsupported([topic], self._loop.time())
             return
@@ -146,9 +156,12 @@ class Router:
         for broker in [*others, bootstrap] if self.table.multi_broker else others:
             try:
                 connection = await self.peers.get(broker)
-                return await connection.request(request, self.peers.timeout)
+                response = await connection.request(request, self.peers.timeout)
             except (ConnectionClosed, RequestTimeout) as exc:
                 error = exc
+                continue
+            self._answered_by = broker.address
+            return response
         raise error
 
     def _is_silent(self, address: tuple[str, int]) -> bool:
@@ -162,46 +175,98 @@ class Router:
 
     async def moved(self, topic: str, partition: int, silent: tuple[str, int]) -> bool:
         """The broker at `silent` left a request for the partition unanswered for
-        `owner_check` seconds: look the topic up through the other brokers (not through it,
-        which may be frozen) and say whether the partition is no longer its own (another
-        owner, or none while its lease has expired and a take-over is under way)."""
+        `owner_check` seconds: ask the other brokers (not it, which may be frozen) and say
+        whether the partition is no longer its own (another owner, or none while its lease has
+        expired and a take-over is under way). A long poll (`new_owner`): the answer comes when
+        they see a new owner, or after `LONG_POLL` s with the silent one still named."""
         # lookups avoid it for a while: a frozen bootstrap broker would hold them to the timeout
         self._silent[silent] = self._loop.time() + 2 * self.table.refresh_interval
         if self.peers is None:
             return False
-        request = m.LookupRequest((topic,))
-        others = [b for b in self.table.brokers.values() if b.address != silent]
-        if not others and self.table.bootstrap.address != silent:
+        if not await self.new_owner(topic, partition, silent):
+            request = m.LookupRequest((topic,))
+            response = await self._ask_others(request, silent, self.table.owner_check)
+            self.table.apply(response, self._loop.time())
+        owner = self.table.owner(topic, partition)
+        return owner is None or owner.address != silent
+
+    async def new_owner(
+        self, topic: str, partition: int, avoid: tuple[str, int] | None = None
+    ) -> bool:
+        """Wait for the cluster to name a new owner of the partition: a LOOKUP long poll
+        (version 1) for an owner under a newer epoch than the table's, through a broker other
+        than `avoid` (dead or frozen), answered as soon as that broker sees the new owner's
+        key (a take-over starts with it) or after `LONG_POLL` s. Its answer goes into the
+        table. False when no long poll could be made: the brokers predate it (asked once), or
+        none answered; the caller then asks again after a backoff."""
+        if self.peers is None or not self._long_polls:
+            return False
+        routes = self.table.topics.get(topic)
+        known = (
+            routes.epochs[partition]
+            if routes is not None and routes.error is None and partition < len(routes.epochs)
+            else 0
+        )
+        wait = m.LookupWait(topic, partition, known)
+        request = m.LookupRequest((topic,), int(LONG_POLL * 1000), (wait,))
+        try:
+            response = await self._ask_others(request, avoid, LONG_POLL + self.table.owner_check)
+        except UnsupportedVersion:
+            self._long_polls = False
+            return False
+        except (ConnectionClosed, RequestTimeout) as exc:
+            logger.debug("long poll for %s/%s failed: %s", topic, partition, exc)
+            return False
+        self.table.apply(response, self._loop.time())
+        return True
+
+    async def _ask_others(
+        self, request: m.LookupRequest, avoid: tuple[str, int] | None, timeout: float
+    ) -> m.LookupResponse:
+        """`request` through the first broker that answers, other than `avoid`: the known
+        brokers (the silent ones last, the one that answered last first), or the bootstrap
+        one when no other is known."""
+        assert self.peers is not None
+        others = [b for b in self.table.brokers.values() if b.address != avoid]
+        if not others and self.table.bootstrap.address != avoid:
             others = [self.table.bootstrap]
+        others.sort(key=lambda b: (self._is_silent(b.address), b.address != self._answered_by))
         error: HeadwaterError = ConnectionLost("no other broker known")
         for broker in others:
             try:
                 connection = await self.peers.get(broker)
-                response = await connection.request(request, self.table.owner_check)
+                response = await connection.request(request, timeout)
             except (ConnectionClosed, RequestTimeout) as exc:
                 error = exc
                 continue
             assert isinstance(response, m.LookupResponse)
-            self.table.apply(response, self._loop.time())
-            owner = self.table.owner(topic, partition)
-            return owner is None or owner.address != silent
+            self._answered_by = broker.address
+            return response
         raise error
 
     async def route(self, topic: str, partition: int) -> BrokerAddress:
-        """The broker to send the partition's requests to, waiting (bounded) while it has none."""
+        """The broker to send the partition's requests to, waiting (bounded) while it has none:
+        a long poll for its new owner (`new_owner`), else a lookup after each backoff delay."""
         await self.settle(topic)
         address = self.table.owner(topic, partition)
         if address is not None:
             return address
         if self.table.error(topic) is not None:
             return self.table.bootstrap  # the server answers with the topic's error
+        deadline = self._loop.time() + self.backoff.timeout
         for delay in self.backoff.delays():
-            await asyncio.sleep(delay)
-            await self.settle(topic, force=True)
+            polled = await self.new_owner(topic, partition)
+            if not polled:
+                await asyncio.sleep(delay)
+                await self.settle(topic, force=True)
             address = self.table.owner(topic, partition)
             if address is not None or self.table.error(topic) is not None:
                 return address or self.table.bootstrap
             self._check_partition(topic, partition)
+            if self._loop.time() >= deadline:
+                break
+            if polled:  # answered with no owner yet (its time ran out): no hot loop
+                await asyncio.sleep(delay)
         raise NotOwner(
             f"partition {partition} of topic {topic!r} has no owner after "
             f"{self.backoff.timeout:.0f}s of lookups: owner=none"

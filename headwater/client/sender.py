@@ -250,6 +250,7 @@ class Sender:
         router = self.router
         assert router is not None
         delays = router.backoff.delays()
+        give_up = time.monotonic() + router.backoff.timeout
         while True:
             owner = await router.route(self.topic, partition)
             try:
@@ -257,10 +258,13 @@ class Sender:
             except ConnectionClosed as exc:
                 router.lost(owner.address)
                 delay = next(delays, None)
-                if delay is None:
+                if delay is None or time.monotonic() >= give_up:
                     raise
-                logger.info("cannot reach %s (%s); looking up again", owner, exc.message)
-                await asyncio.sleep(delay)
+                logger.info("cannot reach %s (%s); waiting for a new owner", owner, exc.message)
+                # the cluster names the dead owner until its lease expires: a long poll through
+                # another broker answers when the new owner's key exists (else the backoff)
+                if not await router.new_owner(self.topic, partition, owner.address):
+                    await asyncio.sleep(delay)
 
     async def _open_to(self, owner: BrokerAddress) -> Connection:
         assert self.router is not None

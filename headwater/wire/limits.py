@@ -75,6 +75,11 @@ MAX_TRANSACTIONAL_ID: Final = 249
 # (every partition of each) must stay far below MAX_FRAME_SIZE.
 MAX_LOOKUP_TOPICS: Final = 100
 
+# LOOKUP `wait_for` (version 1): the partitions a long poll waits on for a new owner (a client
+# waits on the ones it has requests for); and how long it may wait, as FETCH.
+MAX_LOOKUP_WAITS: Final = 1000
+MAX_LOOKUP_WAIT_MS: Final = 20_000
+
 # Requests one connection may have waiting before they can even be answered (for their topic's
 # turn while a delete or a take-over holds it, for last-value state being built), each holding its
 # request and batch: past it the connection is not read until one is answered, so a producer

@@ -646,8 +646,21 @@ class CreatePartitionsRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class LookupWait:
+    """A partition whose new owner a LOOKUP long poll waits for (version 1): answered once the
+    answering broker sees it owned under an epoch above `epoch` (the owner the client knew)."""
+
+    topic: str
+    partition: int
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
 class LookupRequest:
     topics: tuple[str, ...]  # at most wire.limits.MAX_LOOKUP_TOPICS; none: the brokers only
+    # version 1: how long to wait (a long poll) for a new owner of one of `wait_for`'s partitions
+    max_wait_ms: int = 0
+    wait_for: tuple[LookupWait, ...] = ()  # at most wire.limits.MAX_LOOKUP_WAITS
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,6 +58,8 @@ class Assignment:
     _counters: Counters
     _owners_watch: PrefixWatch
     _acquire_timeout: float
+    _take_overs: dict[tuple[str, int], asyncio.Future[None]]
+    _change: asyncio.Future[None] | None
     _release_timeout: float
     _free_since: dict[tuple[str, int], float]
     _backoff: dict[tuple[str, int], tuple[float, float]]
@@ -175,7 +177,41 @@ class Assignment:
                 self._start_release(key, f"hand-off to {first}")
                 room -= 1
 
+    def taking_over(self, topic: str, partition: int) -> asyncio.Future[None] | None:
+        key = (topic, partition)
+        held = self._held.get(key)
+        if key not in self._pending and (held is None or held.state is not State.ACQUIRING):
+            return None
+        future = self._take_overs.get(key)
+        if future is None:
+            future = self._take_overs[key] = asyncio.get_running_loop().create_future()
+        return future
+
+    def changed(self) -> asyncio.Future[None]:
+        if self._change is None or self._change.done():
+            self._change = asyncio.get_running_loop().create_future()
+        return self._change
+
+    def _signal_change(self) -> None:
+        change, self._change = self._change, None
+        if change is not None and not change.done():
+            change.set_result(None)
+
+    def _take_over_ended(self, key: tuple[str, int]) -> None:
+        """The take-over of `key` ended (served, given up, or the key not won): the produces
+        waiting for it go on, and LOOKUP long polls look again."""
+        future = self._take_overs.pop(key, None)
+        if future is not None and not future.done():
+            future.set_result(None)
+        self._signal_change()
+
     async def _acquire(self, key: tuple[str, int], fallback: bool) -> None:
+        try:
+            await self._win_and_serve(key, fallback)
+        finally:
+            self._take_over_ended(key)
+
+    async def _win_and_serve(self, key: tuple[str, int], fallback: bool) -> None:
         topic, partition = key
         owner_key = self._layout.owner(topic, partition)
         topic_key = self._layout.topic(topic)
@@ -213,6 +249,12 @@ class Assignment:
     async def _serve(self, key: tuple[str, int], held: Held) -> None:
         """`handler.acquire` for a key we hold (won now, or still ours after an outage), then
         SERVING; if it raises, the key is given up and retried after a backoff."""
+        try:
+            await self._take_over(key, held)
+        finally:
+            self._take_over_ended(key)
+
+    async def _take_over(self, key: tuple[str, int], held: Held) -> None:
         topic, partition = key
         log.info("cluster.acquiring", topic=topic, partition=partition, epoch=held.epoch)
         if self.handler is not None:
@@ -338,6 +380,7 @@ class Assignment:
         else:
             self._owners[key] = entry
         self._wake.set()
+        self._signal_change()
         held = self._held.get(key)
         if held is None or (entry is not None and entry.create_revision == held.epoch):
             return

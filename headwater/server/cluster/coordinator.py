@@ -120,6 +120,9 @@ class Coordinator(Assignment, Metadata, ExclusiveClaims):
         self._backoff: dict[tuple[str, int], tuple[float, float]] = {}
         self._releasing: set[asyncio.Task[None]] = set()
         self._pending: set[tuple[str, int]] = set()
+        # take-overs under way that a produce waits for (`taking_over`), done when each ends
+        self._take_overs: dict[tuple[str, int], asyncio.Future[None]] = {}
+        self._change: asyncio.Future[None] | None = None  # `changed()`'s, until the next change
         self._in_handler: set[tuple[str, int]] = set()
         self._deleted: set[int] = set()
         self._tasks: list[asyncio.Task[None]] = []
@@ -409,6 +412,7 @@ class Coordinator(Assignment, Metadata, ExclusiveClaims):
             self._broker_ids.add(broker_id)
             self._joined.setdefault(broker_id, time.monotonic())
         self._wake.set()
+        self._signal_change()
 
     # Ownership
 

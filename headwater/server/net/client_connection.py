@@ -45,7 +45,8 @@ No client may stall the others, so the work one connection gets is bounded:
   delete or a take-over holds it, for last-value state being built) hold their frames: at
   `MAX_WAITING_REQUESTS` of them the connection is neither read nor handled until one is
   answered, and their frames' bytes are charged to the memory budget and the principal while
-  they wait (`Hold.MEMORY` then holds the connection too). A producer pipelining thousands of
+  they wait (`Hold.MEMORY` then holds the connection too); so do produces waiting for this
+  broker's take-over of their partition (`AfterOwner`). A producer pipelining thousands of
   produces into a busy topic is back-pressured through TCP, not buffered. A FETCH long poll
   (`AfterData`) waits for data, not for work, and holds no batch: it is not counted.
 - Idle and incomplete-frame timeouts are checked by the listener's sweep (`check_timeouts`).
@@ -92,7 +93,7 @@ from headwater.server.net.connection_core import (
 from headwater.server.net.guard import Guarded
 from headwater.server.net.stage_trace import ProduceTrace, StageTrace
 from headwater.server.net.traffic import TrafficStats
-from headwater.server.reply import AfterDurable, AfterWork, bulky, encode_off_loop
+from headwater.server.reply import AfterDurable, AfterOwner, AfterWork, bulky, encode_off_loop
 from headwater.server.requests.broker import Broker, Reply, Waiting
 from headwater.server.schemas.schema_registry import TopicSchemas
 from headwater.server.security.access import Security, Session
@@ -455,7 +456,7 @@ class Connection(Guarded, asyncio.Protocol):
                 peer=self.peer,
                 api_key=header.api_key,
             )
-            if type(response) is AfterWork:
+            if type(response) is AfterWork or type(response) is AfterOwner:  # holds its batch
                 self._wait_started(task, size)
             return
         self._shared.traffic.produced(started, response)

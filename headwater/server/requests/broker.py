@@ -33,6 +33,13 @@ the rebuild has not met yet waits for all of it); non-idempotent produces never 
 holds no turn of the topic (one that came in a turn gives it up first, `AfterData`), so the
 topic's other produces are not held up by a rebuild; the append takes the turn again when the
 line is busy.
+
+In a cluster, a produce for a partition this broker is taking over right now (its ownership key
+won, the take-over's object-store claim under way: `Ownership.taking_over`) waits for the
+take-over to end and then goes as if it had just come (`AfterOwner`, outside the topic's turn,
+which the take-over holds); later produces for the partition queue behind it, in order. Clients
+learn of a new owner from LOOKUP as soon as its key exists, a few hundred ms before it serves, and
+a NOT_OWNER answer then sent them back to look up and retry (issue 42).
 """
 
 from __future__ import annotations
@@ -46,7 +53,15 @@ from typing import Any, overload
 from headwater.durables.producers import ProducerTable
 from headwater.server.catalog.topic_catalog import TopicCatalog
 from headwater.server.config import ServerConfig
-from headwater.server.reply import AfterData, AfterDurable, AfterWork, Reply, Waiting, after
+from headwater.server.reply import (
+    AfterData,
+    AfterDurable,
+    AfterOwner,
+    AfterWork,
+    Reply,
+    Waiting,
+    after,
+)
 from headwater.server.request_table import REQUESTS, bind, handles
 from headwater.server.requests.admin_requests import AdminHandlers
 from headwater.server.requests.consumer_requests import ConsumerHandlers
@@ -101,6 +116,9 @@ Handler = Callable[[Session, Any], Reply]
 # how long an idempotent produce waits for its partition's producer table or the producer-id
 # counter before it is answered STORAGE_ERROR (retriable: the producer resends the same batch)
 PRODUCER_WAIT = 10.0
+# the longest a produce waits for this broker's take-over of its partition (then NOT_OWNER): a
+# take-over is a claim and a marker in the object store, bounded by `acquire_timeout` (30 s)
+TAKE_OVER_WAIT = 10.0
 _TABLE_LOOKS = 100_000  # bounds a produce's looks at a rebuilt table (one each time it found more)
 
 
@@ -142,6 +160,8 @@ class Broker:
         # (topic, partition, producer id) -> the producer's last idempotent produce waiting
         # there: its later ones queue behind it, so its batches keep their order (module doc)
         self._waiting: dict[tuple[str, int, int], asyncio.Future[None]] = {}
+        # per partition, the last produce waiting for this broker's take-over of it
+        self._take_over_line: dict[tuple[str, int], asyncio.Future[None]] = {}
         self.definitions: TopicDefinitions = placement.definitions(catalog)
         consumers = self.consumers
         schemas = SchemaHandlers(catalog.schemas, catalog.topics)
@@ -213,9 +233,15 @@ class Broker:
         request: m.ProduceRequest,
         info: BatchInfo | None = None,
         schema_checked: bool = False,
+        queued: bool = False,
     ) -> Reply:
         """`info`: the batch already validated (the connection inflates large ones off the loop);
-        `schema_checked`: its records already passed the topic's schema (there too)."""
+        `schema_checked`: its records already passed the topic's schema (there too); `queued`:
+        it waited for a take-over of its partition and goes now."""
+        if not queued:
+            waiting = self._after_take_over(session, request, info, schema_checked)
+            if waiting is not None:
+                return waiting
         topic = self._topic(request.topic)
         if request.isolation not in (m.Isolation.APPENDED, m.Isolation.FSYNCED):
             raise InvalidRequest(f"unknown isolation {request.isolation} (0 appended, 1 fsynced)")
@@ -239,6 +265,7 @@ class Broker:
         request: m.ProduceRequest,
         info: BatchInfo | None,
         schema_checked: bool = False,
+        queued: bool = False,
     ) -> Reply:
         """A produce the connection validated itself (off the loop, `produce`'s `info` and
         `schema_checked`): in its topic's turn when the topic's line is busy, as `handle` puts
@@ -246,9 +273,48 @@ class Broker:
         appends while a delete holds the topic (a take-over's turn holds no produce:
         `topic_turns`)."""
         if self.catalog.blocks_produce(request.topic):
-            go = partial(self.produce, info=info, schema_checked=schema_checked)
+            go = partial(self.produce, info=info, schema_checked=schema_checked, queued=queued)
             return AfterWork(self._in_turn(self.catalog.turn(request.topic), go, session, request))
-        return self.produce(session, request, info, schema_checked)
+        return self.produce(session, request, info, schema_checked, queued)
+
+    def _after_take_over(
+        self,
+        session: Session,
+        request: m.ProduceRequest,
+        info: BatchInfo | None,
+        schema_checked: bool,
+    ) -> Reply | None:
+        """The produce, once this broker's take-over of its partition under way ends and the
+        produces for the partition queued before it went; None when it need not wait."""
+        key = (request.topic, request.partition)
+        previous = self._take_over_line.get(key)
+        wait = previous if previous is not None else self.ownership.taking_over(*key)
+        if wait is None:
+            return None
+        mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._take_over_line[key] = mine
+        go = partial(self.produce_validated, info=info, schema_checked=schema_checked, queued=True)
+        return AfterOwner(self._queued_for_take_over(key, wait, mine, go, session, request))
+
+    async def _queued_for_take_over(
+        self,
+        key: tuple[str, int],
+        wait: asyncio.Future[None],
+        mine: asyncio.Future[None],
+        go: Handler,
+        session: Session,
+        request: m.ProduceRequest,
+    ) -> Reply:
+        try:
+            # bounded; never cancels `wait` (the coordinator's, or the produce before this one)
+            await asyncio.wait([wait], timeout=TAKE_OVER_WAIT)
+            # what it returns holds this produce's place (a turn, its producer's queue) before
+            # the next one in the line goes
+            return go(session, request)
+        finally:
+            mine.set_result(None)
+            if self._take_over_line.get(key) is mine:
+                del self._take_over_line[key]
 
     def _check_batch(self, topic: Topic, batch: bytes) -> BatchInfo:
         """What a produce's batch must pass. A non-reliable topic keeps nothing and has no

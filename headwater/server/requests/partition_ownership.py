@@ -12,6 +12,7 @@ cluster (`headwater serve --cluster etcd://...`, docs/CLUSTER.md) the etcd coord
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -49,6 +50,18 @@ class Ownership(Protocol):
         """The live brokers, this one included."""
         ...
 
+    def taking_over(self, topic: str, partition: int) -> asyncio.Future[None] | None:
+        """While this broker is taking the partition over (its ownership key being won, or won
+        and the take-over under way, not serving yet): a future done when that ends, served or
+        given up. None otherwise. A produce arriving meanwhile waits for it."""
+        ...
+
+    def changed(self) -> asyncio.Future[None]:
+        """A future done at the next change of what `owner` or `brokers` may answer (an owner
+        key made or gone, a take-over done, a broker come or gone): a LOOKUP long poll waits
+        on it. It may complete with nothing changed for the caller: look again."""
+        ...
+
 
 class SingleBroker:
     """One broker, no cluster: it serves every partition."""
@@ -71,6 +84,12 @@ class SingleBroker:
 
     def brokers(self) -> list[BrokerAddress]:
         return [self._this]
+
+    def taking_over(self, topic: str, partition: int) -> asyncio.Future[None] | None:
+        return None
+
+    def changed(self) -> asyncio.Future[None]:
+        return asyncio.get_running_loop().create_future()  # one broker: owners never change
 
 
 def not_owner(ownership: Ownership, topic: str, partition: int) -> NotOwner:

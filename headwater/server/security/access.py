@@ -34,7 +34,7 @@ from typing import Any, Protocol
 import structlog
 
 from headwater.server.config import SecurityConfig
-from headwater.server.reply import AfterWork, Reply, Waiting
+from headwater.server.reply import AfterData, AfterWork, Reply, Waiting
 from headwater.server.security.authz import (
     ANY_GRANT,
     ANYONE,
@@ -323,6 +323,14 @@ class Security:
         transactional_id = request_transactional_id(request)
         if transactional_id is not None:
             check_transactional_id(session, transactional_id)
+        if type(request) is m.LookupRequest:
+            # a long poll on a topic it may not see would tell by its timing whether the topic
+            # exists (one that does not is answered at once)
+            for wait in request.wait_for:
+                if not may_see(session.grants, wait.topic):
+                    raise NotAuthorized(
+                        f"principal {session.principal!r} has no grant on topic {wait.topic!r}"
+                    )
         need, topic = request_action(request)
         if need is ANYONE:
             return
@@ -378,14 +386,18 @@ class Security:
             return m.ListTopicsResponse(
                 tuple(t for t in result.topics if may_see(session.grants, t.name))
             )
-        if kind is m.LookupRequest and isinstance(result, m.LookupResponse):
+        if kind is m.LookupRequest:
             # a topic without a grant is answered as one that does not exist: nothing tells
             # whether it does, nor how many partitions it has
-            return replace(
+            grants = session.grants
+            return _mapped(
                 result,
-                topics=tuple(
-                    t if may_see(session.grants, t.name) else m.LookupTopic.unknown(t.name)
-                    for t in result.topics
+                lambda found: replace(
+                    found,
+                    topics=tuple(
+                        t if may_see(grants, t.name) else m.LookupTopic.unknown(t.name)
+                        for t in found.topics
+                    ),
                 ),
             )
         if kind is m.ListSubscriptionsRequest and isinstance(result, m.ListSubscriptionsResponse):
@@ -524,6 +536,17 @@ async def _delayed_failure(error: AuthenticationFailed, address: str) -> m.Respo
         f"{error.message} (too many failed authentications from {address} with this token id: "
         f"answered after {FAILURE_DELAY:g} s)"
     )
+
+
+def _mapped(result: Reply, change: Callable[[Any], m.Response]) -> Reply:
+    """`change(response)` of the request's response, after its wait (a long poll's) if any."""
+    if not isinstance(result, Waiting):
+        return change(result)
+    return AfterData(_changed(result, change))
+
+
+async def _changed(pending: Waiting, change: Callable[[Any], m.Response]) -> m.Response:
+    return change(await pending.resolve())
 
 
 def _then(result: Reply, action: Callable[[], None]) -> Reply:

@@ -1,23 +1,25 @@
-"""Cluster: LOOKUP (which broker owns each partition of the topics named).
+"""Cluster: LOOKUP (which broker owns each partition of the topics named; version 1 may wait for
+a partition's new owner, a long poll).
 
 Rare (a client asks once per topic, then on NOT_OWNER or a lost connection), so the schemas do
-the work, except for one guard: the request's topic count is checked against
-`wire.limits.MAX_LOOKUP_TOPICS` before any name is parsed, so a frame of millions of one-byte
-names costs a few bytes' work, not seconds of construct's parse (no client stalls the others), and
-each name against `MAX_TOPIC_NAME_LENGTH`: an answer quoting 100 names of 64 KiB took construct
-270 ms to encode.
+the work, with two guards: the arrays' counts are checked against `wire.limits.MAX_LOOKUP_TOPICS`
+and `MAX_LOOKUP_WAITS` before any element is parsed (`BoundedArray`), so a frame of millions of
+one-byte names costs a few bytes' work, not seconds of construct's parse (no client stalls the
+others), and each name's length against `MAX_TOPIC_NAME_LENGTH` before it is read (`TopicName`):
+an answer quoting 100 names of 64 KiB took construct 270 ms to encode.
 """
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
-from construct import Computed, Int16sb, Int32sb, Int64sb, PrefixedArray, Select
+from construct import Computed, Construct, Int16sb, Int32sb, Int64sb, PrefixedArray, Select
+from construct.core import stream_read
 
 from headwater.wire import messages as m
-from headwater.wire.api.base import I32, U16, Api, String, message
+from headwater.wire.api.base import U16, Api, BoundedArray, String, message, older_message
 from headwater.wire.errors import InvalidRequest, MalformedFrame
-from headwater.wire.limits import MAX_LOOKUP_TOPICS, MAX_TOPIC_NAME_LENGTH
+from headwater.wire.limits import MAX_LOOKUP_TOPICS, MAX_LOOKUP_WAITS, MAX_TOPIC_NAME_LENGTH
 
 LOOKUP_PARTITION = message(
     m.LookupPartition, "partition" / Int32sb, "broker_id" / String, "epoch" / Int64sb
@@ -32,44 +34,39 @@ LOOKUP_TOPIC = message(
 LOOKUP_BROKER = message(m.LookupBroker, "broker_id" / String, "host" / String, "port" / Int32sb)
 
 
-def decode_lookup_request(body: bytes) -> m.Request:
-    """int32 count (at most MAX_LOOKUP_TOPICS), then each name: uint16 length + UTF-8."""
-    if len(body) < 4:
-        raise MalformedFrame("malformed LOOKUP: body shorter than its topic count")
-    (count,) = I32.unpack_from(body, 0)
-    if count < 0:
-        raise MalformedFrame(f"malformed LOOKUP: negative topic count {count}")
-    if count > MAX_LOOKUP_TOPICS:
-        raise InvalidRequest(f"LOOKUP names {count} topics; at most {MAX_LOOKUP_TOPICS} at once")
-    position, topics = 4, []
-    for _ in range(count):
-        if len(body) < position + 2:
-            raise MalformedFrame("malformed LOOKUP: topic name runs past the end of the frame")
-        (length,) = U16.unpack_from(body, position)
-        position += 2
-        if length > MAX_TOPIC_NAME_LENGTH:  # no topic has it; and its answer would quote it
+class TopicName(Construct):  # type: ignore[misc]
+    """A topic name (uint16 length + UTF-8) whose length is checked before it is read: over
+    MAX_TOPIC_NAME_LENGTH no topic has it, and an answer quoting it would be large."""
+
+    def _parse(self, stream: Any, context: Any, path: Any) -> Any:
+        (length,) = U16.unpack(stream_read(stream, 2, path))
+        if length > MAX_TOPIC_NAME_LENGTH:
             raise InvalidRequest(
                 f"LOOKUP names a topic of {length} bytes; topic names are at most "
                 f"{MAX_TOPIC_NAME_LENGTH}"
             )
-        if len(body) < position + length:
-            raise MalformedFrame("malformed LOOKUP: topic name runs past the end of the frame")
         try:
-            topics.append(body[position : position + length].decode())
+            return stream_read(stream, length, path).decode()
         except UnicodeDecodeError:
             raise MalformedFrame("malformed LOOKUP: topic name is not valid UTF-8") from None
-        position += length
-    if position != len(body):
-        raise MalformedFrame(
-            f"malformed LOOKUP: {len(body) - position} bytes after the end of the request"
-        )
-    return m.LookupRequest(tuple(topics))
+
+    def _build(self, obj: Any, stream: Any, context: Any, path: Any) -> Any:
+        return String._build(obj, stream, context, path)
+
+
+LOOKUP_TOPICS = BoundedArray(MAX_LOOKUP_TOPICS, "LOOKUP topics", TopicName())
+LOOKUP_WAIT = message(m.LookupWait, "topic" / TopicName(), "partition" / Int32sb, "epoch" / Int64sb)
 
 
 APIS: Final = (
     Api(
         m.ApiKey.LOOKUP,
-        message(m.LookupRequest, "topics" / PrefixedArray(Int32sb, String)),
+        message(
+            m.LookupRequest,
+            "topics" / LOOKUP_TOPICS,
+            "max_wait_ms" / Int32sb,
+            "wait_for" / BoundedArray(MAX_LOOKUP_WAITS, "LOOKUP wait_for", LOOKUP_WAIT),
+        ),
         message(
             m.LookupResponse,
             "brokers" / PrefixedArray(Int32sb, LOOKUP_BROKER),
@@ -78,6 +75,7 @@ APIS: Final = (
             # are never an error), and an older server's answer, which ends before it, reads 0
             "lease_ms" / Select(Int32sb, Computed(0)),
         ),
-        decode_request=decode_lookup_request,
+        version=1,
+        older=(older_message(m.LookupRequest, "topics" / LOOKUP_TOPICS),),
     ),
 )
