@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import logging
 import os
 import shutil
 import signal
@@ -43,6 +44,8 @@ from headwater.client.consumer_legs import ClusterLegs
 from headwater.testing import ServerProcess
 from loadtest import cluster_bench
 from loadtest.cluster_bench import Backing, start_brokers, wait_served
+
+log = logging.getLogger("failover_bench")
 
 PARTITIONS = 6
 WARM = 20  # events per partition before the fault
@@ -138,6 +141,7 @@ async def one_round(
             load = os.getloadavg()[0]
             assert victim.process is not None
             pid = victim.process.pid
+            log.info("fault: %s of %s, partitions %s", fault, victim.address, mine)
             if fault == "kill":
                 victim.kill()
             else:
@@ -207,6 +211,13 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     faults = args.faults.split(",")
     total = len(sides) * len(faults) * args.rounds
     done = 0
+    if args.keep:  # the client's side of each round, beside the brokers' logs
+        logging.basicConfig(
+            filename=root / "client.log",
+            level=logging.DEBUG,
+            format="%(asctime)s.%(msecs)03d %(name)s %(message)s",
+            datefmt="%H:%M:%S",
+        )
     try:
         backing.start()
         brokers = start_brokers(root, 3, backing, args.lease_ms)
@@ -257,7 +268,11 @@ def cli() -> None:
     parser.add_argument(
         "--lease-ms", type=int, default=None, help="cluster.lease_ttl_ms (default: the brokers')"
     )
-    parser.add_argument("--keep", action="store_true", help="keep the brokers' logs")
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the brokers' logs, and write the client's (debug, with each fault) beside them",
+    )
     parser.add_argument("--output", type=Path, help="also write the JSON here")
     args = parser.parse_args()
     results = asyncio.run(main(args))

@@ -151,6 +151,40 @@ async def test_joining_broker_gets_partitions_by_hand_off(etcd: EtcdServer) -> N
     assert_never_overwritten(await owner_history(etcd))
 
 
+async def test_a_slow_take_over_holds_up_no_other_partition(etcd: EtcdServer) -> None:
+    """A take-over still under way (its object-store claim, here held) does not keep the broker
+    from taking a partition freed meanwhile: acquisitions run beside the rebalance rounds. A
+    round waited for its take-overs, so the partitions of a dead broker that the watch showed a
+    moment after the first waited for its whole take-over (250-600 ms of their failover). While
+    held, `taking_over` names it (a produce coming then waits for it), and is done after."""
+    coordinator, recorder = make(etcd, "b1")
+    held = asyncio.Event()
+
+    async def hold_the_first(topic: str, partition: int) -> None:
+        if partition == 0:
+            await held.wait()
+
+    recorder.on_acquire = hold_the_first
+    await coordinator.start()
+    try:
+        await coordinator.create_topic(TOPIC, {"partitions": 1})
+        await until(lambda: recorder.count("acquire") == 1, HANG, "partition 0's take-over")
+        waiting = coordinator.taking_over(TOPIC, 0)
+        assert waiting is not None and not waiting.done()
+        assert coordinator.taking_over(TOPIC, 1) is None
+        await coordinator.grow_topic(TOPIC, 2)
+        await until(
+            lambda: coordinator.serves(TOPIC, 1), HANG, "partition 1 served during 0's take-over"
+        )
+        assert not coordinator.serves(TOPIC, 0) and not waiting.done()
+        held.set()
+        await until(lambda: coordinator.serves(TOPIC, 0), HANG, "partition 0 served")
+        assert waiting.done() and coordinator.taking_over(TOPIC, 0) is None
+    finally:
+        held.set()
+        await coordinator.stop(graceful=False)
+
+
 async def test_killed_broker_partitions_taken_within_the_lease(etcd: EtcdServer) -> None:
     survivors = [make(etcd, f"k{i}") for i in (1, 2)]
     for coordinator, _ in survivors:

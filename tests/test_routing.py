@@ -252,6 +252,30 @@ class Script:
     epoch: int = 1
     lookups: int = 0
     looked_up: asyncio.Event = field(default_factory=asyncio.Event)  # set by every LOOKUP
+    long_polls: int = 0  # LOOKUPs that asked to wait for a new owner (version 1)
+    moved: asyncio.Event = field(default_factory=asyncio.Event)  # `move` sets it
+
+    def move(self, topic: str, owners: list[str]) -> None:
+        """A change of owners, under a new epoch: the long polls waiting see it."""
+        self.owners[topic] = owners
+        self.epoch += 1
+        self.moved.set()
+        self.moved = asyncio.Event()
+
+    async def long_poll(self, request: m.LookupRequest) -> m.LookupResponse:
+        """As the server's: the answer once one of `wait_for`'s partitions has an owner under
+        a newer epoch (here every partition shares the script's epoch), or at `max_wait_ms`."""
+        self.long_polls += 1
+        deadline = asyncio.get_running_loop().time() + request.max_wait_ms / 1000
+        while not any(
+            self.epoch > w.epoch and self.owners.get(w.topic, [""] * (w.partition + 1))[w.partition]
+            for w in request.wait_for
+        ):
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                break
+            await asyncio.wait([asyncio.ensure_future(self.moved.wait())], timeout=left)
+        return self.answer(request)
 
     def answer(self, request: m.LookupRequest) -> m.LookupResponse:
         self.lookups += 1
@@ -308,6 +332,13 @@ class BrokerFront:
         for end in (writer, upstream):
             end.close()
 
+    async def _answer_later(
+        self, writer: asyncio.StreamWriter, correlation_id: int, request: m.LookupRequest
+    ) -> None:
+        answer = await self.script.long_poll(request)
+        await self.awake.wait()
+        writer.write(encode_response(m.ApiKey.LOOKUP, correlation_id, answer))
+
     async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         decoder = FrameDecoder()
         while data := await reader.read(65536):
@@ -335,6 +366,12 @@ class BrokerFront:
                 if header.api_key == m.ApiKey.LOOKUP:
                     request = decode_request(header, frame.body)
                     assert isinstance(request, m.LookupRequest)
+                    if request.max_wait_ms and request.wait_for:  # answered later, in order
+                        task = asyncio.ensure_future(
+                            self._answer_later(writer, header.correlation_id, request)
+                        )
+                        self._tasks.add(task)
+                        continue
                     answer = self.script.answer(request)
                     writer.write(encode_response(m.ApiKey.LOOKUP, header.correlation_id, answer))
                     continue
@@ -686,6 +723,62 @@ async def test_producer_resends_to_the_new_owner_after_losing_a_broker(
         await producer.flush()  # raises if any was lost
         assert all(f.result().partition == 1 for f in later)
     assert (await _offsets(a, "t"))[1] == 20
+
+
+async def test_a_producer_waits_for_a_dead_owners_successor_with_one_long_poll(
+    two_brokers: tuple[Script, BrokerFront, BrokerFront],
+) -> None:
+    """b dies and nobody owns its partition for a while (its lease has not expired): the
+    producer asks for the new owner with a LOOKUP long poll, answered when the cluster names
+    one, and resends there at once, instead of a LOOKUP every 125-250 ms meanwhile."""
+    script, a, b = two_brokers
+    await _create("t", 2, a, b)
+    script.owners["t"] = ["a", "b"]
+    key = _key_for(1, 2)
+    async with await headwater.connect(a.address) as client:
+        producer = client.producer("t")
+        await (await producer.send(b"to b", key=key))
+        script.move("t", ["a", ""])  # b's key gone with its lease; no new owner yet
+        del script.ports["b"]
+        await b.close()
+        lookups = script.lookups
+        sent = await producer.send(b"after b", key=key)
+        await _until(script.looked_up, lambda: script.lookups > lookups)  # it knows b is gone
+        lookups = script.lookups
+        # the span a take-over takes, during which the producer must not poll
+        await asyncio.sleep(1.5)
+        waited = script.lookups - lookups
+        script.move("t", ["a", "a"])  # a takes partition 1 over
+        acked = await asyncio.wait_for(sent, 10)
+    assert acked.partition == 1 and acked.offset == 0
+    # a poll every 125-250 ms would have made 6-12; the metadata refresh may make one
+    assert waited <= 1, f"{waited} LOOKUPs while waiting: polled, not a long poll"
+    assert script.long_polls >= 1
+
+
+async def test_a_batch_whose_partition_never_gets_an_owner_fails_and_close_returns(
+    two_brokers: tuple[Script, BrokerFront, BrokerFront],
+) -> None:
+    """A partition that stays without an owner: its batch, never sent, fails NOT_OWNER once
+    the router's backoff and then the retry policy's time have run out, and `close` returns
+    (raising it, as its flush does).
+    The policy's time counted from the batch's first transmission, which never came: it was
+    put back after every backoff for ever, and `flush` and `close` waited for it for ever."""
+    script, a, b = two_brokers
+    await _create("t", 2, a, b)
+    script.owners["t"] = ["a", ""]  # nobody takes partition 1
+    policy = RetryPolicy(timeout=1.0)
+    async with await headwater.connect(a.address) as client:
+        router = client._router
+        assert router is not None
+        router.backoff = LookupBackoff(initial=0.05, maximum=0.1, timeout=1.0)
+        producer = client.producer("t", delivery=AtLeastOnce(policy))
+        await (await producer.send(b"to a", partition=0))  # a cluster, as LOOKUP says
+        sent = await producer.send(b"nowhere", partition=1)
+        with pytest.raises(NotOwner):
+            await asyncio.wait_for(sent, 30)
+        with pytest.raises(NotOwner):  # its flush reports the failure: no success claimed
+            await asyncio.wait_for(producer.close(), 30)
 
 
 async def test_producer_reaching_an_owner_mid_take_over_acks_without_using_its_retries(

@@ -19,8 +19,9 @@ LOOKUP per topic, then again when the owner changes), and follows a failover as 
 client does (docs/CLUSTER.md, "Failover as a producer sees it"): an owner that dies (its
 connection lost) or stays silent for `owner_check` seconds (half the lease LOOKUP answers carry:
 1 s with the default lease; a frozen owner keeps its connection open) makes the client look the
-partition up through the *other* brokers, every 250 ms while it stays silent, and resend the batch
-to the new owner once they name another one, within `timeout`. An owner the cluster still names
+partition up through the *other* brokers, with a LOOKUP long poll for its new owner (answered
+the moment one of them sees the new owner's key), and resend the batch to the new owner once
+they name another one, within `timeout`. An owner the cluster still names
 keeps the request (it is only slow). The resend is at-least-once: a batch the lost or frozen owner
 stored without answering is stored again (this client has no idempotent producer). On a single
 broker nothing of this happens: a lost connection raises `ConnectionLost` as above.
@@ -67,6 +68,7 @@ from headwater.wire.errors import (
     RequestTimeout,
     TopicExists,
     UnsupportedApi,
+    UnsupportedVersion,
     error_for_code,
 )
 from headwater.wire.records import BatchBuilder, RecordInput, build_batch
@@ -83,6 +85,8 @@ CHECK_EVERY = 0.25
 # seconds lookups ask a broker last after it was lost or left a request unanswered past
 # `owner_check` (as the asyncio client: twice its metadata refresh)
 SILENT_FOR = 4.0
+# the longest one LOOKUP long poll for a partition's new owner waits (as the asyncio client's)
+LONG_POLL = 5.0
 
 
 class _Moved(Exception):
@@ -191,6 +195,9 @@ class BlockingClient:
         self._link = _Link(self._bootstrap, timeout)
         self._links: dict[Address, _Link] = {}  # to the other brokers (a cluster)
         self._routes: dict[tuple[str, int], Address] = {}  # (topic, partition) -> owner
+        # (topic, partition) -> the owner's epoch in the last LOOKUP answer (for long polls)
+        self._epochs: dict[tuple[str, int], int] = {}
+        self._long_polls = True  # False once a broker refused LOOKUP version 1
         self._brokers: list[Address] = []  # the live brokers the last LOOKUP named
         self._clustered = False  # a LOOKUP named several brokers
         self._lookup_supported = True
@@ -257,6 +264,7 @@ class BlockingClient:
         target: Address | None = self._routes.get(route)
         delay = 0.02
         lost: ConnectionClosed | None = None  # the last owner's, raised if time runs out
+        avoid: Address | None = None  # the last owner lost: long polls go to the others
         while True:
             if target is None:
                 target = self._find_owner(topic, partition)
@@ -276,12 +284,12 @@ class BlockingClient:
                     if target is not None:
                         continue
                 except ConnectionClosed as exc:  # the owner died (kill -9) or is out of reach
-                    # looked up again after the backoff: the others name the dead owner until
-                    # its lease runs out, and a refused connect comes back at once
+                    # the others name the dead owner until its lease runs out, and a refused
+                    # connect comes back at once: wait for a new owner (below)
                     self._routes.pop(route, None)
                     self._silent[target] = time.monotonic() + SILENT_FOR
-                    logger.info("%s; looking partition %s of %s up again", exc, partition, topic)
-                    lost, target = exc, None
+                    logger.info("%s; waiting for a new owner of %s/%s", exc, topic, partition)
+                    lost, avoid, target = exc, target, None
                 else:
                     self._routes[route] = target
                     return response
@@ -292,8 +300,11 @@ class BlockingClient:
                     f"partition {partition} of topic {topic!r} has no owner after "
                     f"{self._timeout:.0f}s of lookups: owner=none"
                 )
-            time.sleep(delay)
-            delay = min(delay * 2, CHECK_EVERY)
+            # a long poll, answered when a broker sees the new owner's key; else the backoff
+            polled, target = self._new_owner(topic, partition, avoid, deadline)
+            if not polled or target is None:
+                time.sleep(delay)
+                delay = min(delay * 2, CHECK_EVERY)
 
     def _answered_by(
         self, target: Address, request: m.Request, topic: str, partition: int, deadline: float
@@ -335,13 +346,51 @@ class BlockingClient:
 
     def _moved(self, topic: str, partition: int, silent: Address) -> Address | None:
         """The partition's owner as the brokers other than `silent` name it (None: none now),
-        or `silent` when none of them answered."""
+        or `silent` when none of them answered: a long poll for a new owner, answered as soon
+        as one of them sees its key (or after `LONG_POLL` s), else a plain LOOKUP."""
         self._silent[silent] = time.monotonic() + SILENT_FOR
+        polled, owner = self._new_owner(topic, partition, silent, time.monotonic() + LONG_POLL)
+        if polled:
+            return owner
         for address in [b for b in self._brokers if b != silent]:
             response = self._lookup_at(address, topic)
             if response is not None:
                 return self._apply(response, topic, partition)
         return silent
+
+    def _new_owner(
+        self, topic: str, partition: int, avoid: Address | None, deadline: float
+    ) -> tuple[bool, Address | None]:
+        """A LOOKUP long poll (version 1) through a broker other than `avoid` (the silent ones
+        last) for an owner of the partition under a newer epoch than the one known, answered
+        when that broker sees its key, else after `LONG_POLL` s (or at `deadline`): (True, the
+        owner it names, None: none yet). (False, None) when no long poll could be made: the
+        brokers predate it (asked once) or none answered."""
+        wait = min(LONG_POLL, deadline - time.monotonic())
+        if not self._long_polls or not self._clustered or wait <= 0.05:
+            return False, None
+        known = self._epochs.get((topic, partition), 0)
+        request = m.LookupRequest(
+            (topic,), int(wait * 1000), (m.LookupWait(topic, partition, known),)
+        )
+        now = time.monotonic()
+        others = [b for b in self._brokers if b != avoid]
+        others.sort(key=lambda b: self._silent.get(b, 0.0) > now)
+        for address in others:
+            try:
+                link = self._link_at(address)
+                answer = link.send(request)
+                if not link.wait(answer, wait + self._owner_check):
+                    continue
+                response = answer.result()
+            except UnsupportedVersion:
+                self._long_polls = False
+                return False, None
+            except (ConnectionClosed, RequestTimeout):
+                continue
+            assert isinstance(response, m.LookupResponse)
+            return True, self._apply(response, topic, partition)
+        return False, None
 
     def _find_owner(self, topic: str, partition: int) -> Address | None:
         """LOOKUP the topic through the bootstrap broker, then each other known broker (the
@@ -394,6 +443,7 @@ class BlockingClient:
                 return self._bootstrap
             for entry in answer.partitions:
                 owner = brokers.get(entry.broker_id)
+                self._epochs[(topic, entry.partition)] = entry.epoch
                 if owner is None:
                     self._routes.pop((topic, entry.partition), None)
                 else:

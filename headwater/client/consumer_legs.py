@@ -243,7 +243,10 @@ class ClusterLegs:
         topic = self.consumer.topic
         for delay in (0.0, *self._router.backoff.delays(), self._router.backoff.maximum):
             unowned = self._unowned() if delay else None
-            if unowned is None or not await self._router.new_owner(topic, unowned):
+            if unowned is not None and await self._router.new_owner(topic, unowned):
+                if self._router.table.owner(topic, unowned) is None:
+                    await asyncio.sleep(delay)  # its time ran out, still no owner: no hot loop
+            else:
                 await asyncio.sleep(delay)
                 if self.consumer._error is not None:
                     return

@@ -191,15 +191,21 @@ class Router:
         return owner is None or owner.address != silent
 
     async def new_owner(
-        self, topic: str, partition: int, avoid: tuple[str, int] | None = None
+        self,
+        topic: str,
+        partition: int,
+        avoid: tuple[str, int] | None = None,
+        wait: float = LONG_POLL,
     ) -> bool:
         """Wait for the cluster to name a new owner of the partition: a LOOKUP long poll
         (version 1) for an owner under a newer epoch than the table's, through a broker other
         than `avoid` (dead or frozen), answered as soon as that broker sees the new owner's
         key (a take-over starts with it) or after `LONG_POLL` s. Its answer goes into the
         table. False when no long poll could be made: the brokers predate it (asked once), or
-        none answered; the caller then asks again after a backoff."""
-        if self.peers is None or not self._long_polls:
+        none answered, or `wait` (at most `LONG_POLL`) is too short; the caller then asks
+        again after a backoff."""
+        wait = min(wait, LONG_POLL)
+        if self.peers is None or not self._long_polls or wait < 0.05:
             return False
         routes = self.table.topics.get(topic)
         known = (
@@ -207,10 +213,13 @@ class Router:
             if routes is not None and routes.error is None and partition < len(routes.epochs)
             else 0
         )
-        wait = m.LookupWait(topic, partition, known)
-        request = m.LookupRequest((topic,), int(LONG_POLL * 1000), (wait,))
+        waiting = m.LookupWait(topic, partition, known)
+        request = m.LookupRequest((topic,), int(wait * 1000), (waiting,))
+        logger.debug(
+            "long poll for %s/%s past epoch %s (avoiding %s)", topic, partition, known, avoid
+        )
         try:
-            response = await self._ask_others(request, avoid, LONG_POLL + self.table.owner_check)
+            response = await self._ask_others(request, avoid, wait + self.table.owner_check)
         except UnsupportedVersion:
             self._long_polls = False
             return False
@@ -241,6 +250,7 @@ class Router:
                 continue
             assert isinstance(response, m.LookupResponse)
             self._answered_by = broker.address
+            logger.debug("%s answered by %s", type(request).__name__, broker)
             return response
         raise error
 
@@ -255,7 +265,7 @@ class Router:
             return self.table.bootstrap  # the server answers with the topic's error
         deadline = self._loop.time() + self.backoff.timeout
         for delay in self.backoff.delays():
-            polled = await self.new_owner(topic, partition)
+            polled = await self.new_owner(topic, partition, wait=deadline - self._loop.time())
             if not polled:
                 await asyncio.sleep(delay)
                 await self.settle(topic, force=True)

@@ -263,8 +263,9 @@ class Sender:
                 logger.info("cannot reach %s (%s); waiting for a new owner", owner, exc.message)
                 # the cluster names the dead owner until its lease expires: a long poll through
                 # another broker answers when the new owner's key exists (else the backoff)
-                if not await router.new_owner(self.topic, partition, owner.address):
-                    await asyncio.sleep(delay)
+                polled = await router.new_owner(self.topic, partition, owner.address)
+                if not polled or router.table.owner(self.topic, partition) == owner:
+                    await asyncio.sleep(delay)  # no long poll, or no new owner in its time
 
     async def _open_to(self, owner: BrokerAddress) -> Connection:
         assert self.router is not None
@@ -340,6 +341,7 @@ class Sender:
         router = self.router
         assert router is not None
         silent = self._address_of(connection)
+        logger.debug("partition %s unanswered at %s: probing", batch.partition, silent)
         if silent is None:
             return
         while batch.attempts == attempt and batch in self._accumulator.in_flight:
@@ -417,7 +419,12 @@ class Sender:
                 batch.delays = delivery.retry.delays()
             delay = next(batch.delays, None)
         now = time.monotonic()
-        started = batch.first_sent or now
+        if not batch.first_sent:
+            # never sent (its owner never found): the policy's time counts from its first
+            # failure, else a partition that never gets an owner held the batch, and every
+            # flush and close waiting for it, for ever
+            batch.first_sent = now
+        started = batch.first_sent
         if delay is None or now + delay - started > delivery.retry.timeout:
             self._fail(batch, error)
             return

@@ -136,11 +136,14 @@ class Recorder:
     calls: list[tuple[float, str, str, int, int | None]] = field(default_factory=list)
     fail_acquire: bool = False
     on_release: Callable[[str, int], Awaitable[None]] | None = None
+    on_acquire: Callable[[str, int], Awaitable[None]] | None = None
 
     async def acquire(self, topic: str, partition: int, epoch: int) -> None:
         self.calls.append((time.monotonic(), "acquire", topic, partition, epoch))
         if self.fail_acquire:
             raise RuntimeError("cannot take it now")
+        if self.on_acquire is not None:
+            await self.on_acquire(topic, partition)
 
     async def release(self, topic: str, partition: int) -> None:
         if self.on_release is not None:

@@ -328,6 +328,12 @@ class ClusterPartitions:
                 segments_end=manifest.end,
                 chunks_from=run[0].first,
             )
+        newest = None
+        if run:  # beside the marker and the local part: an idempotent producer's first answer
+            newest = asyncio.get_running_loop().create_task(
+                self._tail.read(topic, partition, run[-1])
+            )
+            newest.add_done_callback(_retrieved)  # (unused if the take-over fails)
         if epoch not in state.markers:
             await self._tail.mark_epoch(topic, partition, epoch, end, state)
         return _Claimed(
@@ -339,6 +345,7 @@ class ClusterPartitions:
             aborted_ranges,
             claim_ms=round((claimed - started) * 1000, 1),
             marker_ms=round((time.monotonic() - claimed) * 1000, 1),
+            newest=newest,
         )
 
     async def _take_local(
@@ -369,7 +376,15 @@ class ClusterPartitions:
                 # (the transactions too, when that rebuild replaced them: still held)
                 held = found.partitions[partition].transactions.held
                 self._rebuild_producers(
-                    found, partition, end, epoch, manifest, run, held is not None, held
+                    found,
+                    partition,
+                    end,
+                    epoch,
+                    manifest,
+                    run,
+                    held is not None,
+                    held,
+                    claimed.newest,
                 )
         else:
             # read in place, not downloaded: a take-over costs the same whatever the tail
@@ -388,7 +403,9 @@ class ClusterPartitions:
             await self._restart(found, partition, end, manifest)
             self.rebuilt += 1
             start = await self._restart_transactions(found, partition, manifest, claimed.aborted)
-            self._rebuild_producers(found, partition, end, epoch, manifest, run, True, start)
+            self._rebuild_producers(
+                found, partition, end, epoch, manifest, run, True, start, claimed.newest
+            )
         self._verified[key] = end
         self._unfolded[key] = len(run)
         await self._load_cursors(found, partition, since)
@@ -483,10 +500,12 @@ class ClusterPartitions:
         chunks: list[Chunk],
         transactions: bool = False,
         start: int | None = None,
+        newest: asyncio.Task[list[bytes]] | None = None,
     ) -> None:
         """Forget the partition's producers and rebuild them in the background from the log
         below `end` (its `transactions` too, from `start` where its LSO is held); idempotent
-        produces, transactional ones among them, wait for `producers_ready` meanwhile."""
+        produces, transactional ones among them, wait for `producers_ready` meanwhile.
+        `newest`: the read of the newest of `chunks`, started already (the take-over's)."""
         holder = topic.partitions[partition]
         self._tables.discard((topic.name, partition))
         holder.producers.reset(complete=False)
@@ -498,7 +517,7 @@ class ClusterPartitions:
             previous.set_result(None)  # its waiters look again, and find this one
         self._spawn(
             self._rebuild(
-                topic, partition, manifest, chunks, end, epoch, ready, transactions, start
+                topic, partition, manifest, chunks, end, epoch, ready, transactions, start, newest
             )
         )
 
@@ -513,6 +532,7 @@ class ClusterPartitions:
         ready: asyncio.Future[None],
         transactions: bool,
         held_from: int | None,
+        newest: asyncio.Task[list[bytes]] | None = None,
     ) -> None:
         """Retried with doubling delays while the partition is ours under `epoch` and no later
         take-over started another rebuild; `ready` is done in every case (its waiters then find
@@ -532,8 +552,9 @@ class ClusterPartitions:
                     if start is None:
                         start = await _rebuild_start(topic, partition, manifest)
                     table, batches, scanned = await self._scan_producers(
-                        topic, partition, start, end, chunks, ready
+                        topic, partition, start, end, chunks, ready, newest
                     )
+                    newest = None  # a retry reads it again
                 except (StorageError, ValueError) as exc:
                     log.warning(
                         "cluster.producers_rebuild_failed",
@@ -616,6 +637,7 @@ class ClusterPartitions:
         end: int,
         chunks: list[Chunk],
         ready: asyncio.Future[None],
+        prefetched: asyncio.Task[list[bytes]] | None = None,
     ) -> tuple[ProducerTable, int, _Scan]:
         """The producers of the batches in [start, end), from their headers: the segments read
         as every reader of the log reads them, the chunks in place `_FOLD_READS` at a time (a
@@ -638,7 +660,10 @@ class ClusterPartitions:
         # share the object store with 31 other GETs), then the others newest first (the gate is
         # FIFO) beside the segments
         for chunk in reversed(chunks):
-            reads[chunk] = loop.create_task(read(chunk))
+            if chunk is chunks[-1] and prefetched is not None:
+                reads[chunk] = prefetched  # started by the take-over
+            else:
+                reads[chunk] = loop.create_task(read(chunk))
         newest = loop.create_task(self._newest_first(topic, partition, end, reads, ready, scan))
         try:
             if chunks:
@@ -1253,6 +1278,15 @@ class _Claimed:
     aborted: list[tuple[AbortedRange, str]]  # the aborted ranges kept, with their objects' keys
     claim_ms: float
     marker_ms: float
+    # the newest chunk's read, started as soon as the listing named it (None: no chunk): the
+    # producer table's rebuild starts from it, one GET earlier than after the local part
+    newest: asyncio.Task[list[bytes]] | None = None
+
+
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    """A task's failure is its reader's to handle, or nobody's: never an unretrieved warning."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _reliable(topic: LogTopic) -> list[ReliableSubscription]:

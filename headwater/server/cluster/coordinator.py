@@ -31,7 +31,7 @@ from typing import Any, Final
 
 import structlog
 
-from headwater.server.cluster.assignment import Assignment
+from headwater.server.cluster.assignment import ACQUISITIONS_AT_ONCE, Assignment
 from headwater.server.cluster.coordinator_state import (
     Counters,
     DuplicateBroker,
@@ -122,6 +122,9 @@ class Coordinator(Assignment, Metadata, ExclusiveClaims):
         self._pending: set[tuple[str, int]] = set()
         # take-overs under way that a produce waits for (`taking_over`), done when each ends
         self._take_overs: dict[tuple[str, int], asyncio.Future[None]] = {}
+        self._acquiring: set[tuple[str, int]] = set()
+        self._acquisitions: set[asyncio.Task[None]] = set()
+        self._acquire_limit = asyncio.Semaphore(ACQUISITIONS_AT_ONCE)
         self._change: asyncio.Future[None] | None = None  # `changed()`'s, until the next change
         self._in_handler: set[tuple[str, int]] = set()
         self._deleted: set[int] = set()
@@ -213,6 +216,8 @@ class Coordinator(Assignment, Metadata, ExclusiveClaims):
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(self._acquire_timeout):
                     await asyncio.shield(assign)
+        if self._acquisitions:  # the take-overs under way end before the hand-off
+            await asyncio.wait(set(self._acquisitions), timeout=self._acquire_timeout)
         if graceful and self._healthy(stopping=True):
             for key in list(self._held):
                 self._start_release(key, "broker stopping")
@@ -222,7 +227,7 @@ class Coordinator(Assignment, Metadata, ExclusiveClaims):
                     self._lose(key, held, "broker stopping")
         if self._releasing:
             await asyncio.wait(set(self._releasing), timeout=self._release_timeout + 2.0)
-        await end_tasks(*self._tasks)
+        await end_tasks(*self._tasks, *self._acquisitions)
         for watch in self._watches:
             await watch.stop()
         for key, held in list(self._held.items()):
