@@ -15,7 +15,7 @@ from headwater.testing import ServerProcess
 from headwater.wire import messages as m
 from headwater.wire.errors import ErrorCode, InvalidRequest, UnknownTopic
 from headwater.wire.frames import Frame, FrameDecoder, FrameHeader, encode_frame
-from headwater.wire.limits import MAX_LOOKUP_TOPICS, MAX_TOPIC_NAME_LENGTH
+from headwater.wire.limits import MAX_LOOKUP_TOPICS, MAX_TOPIC_NAME_LENGTH, MAX_WAITING_REQUESTS
 from headwater.wire.protocol import (
     decode_request,
     decode_response,
@@ -268,3 +268,32 @@ async def test_a_long_poll_waits_its_time_holds_nothing_and_checks_its_arguments
             assert said in refused.message
     finally:
         await peer.close()
+
+
+async def test_pipelined_long_polls_wait_a_few_at_a_time_and_stall_no_one(
+    server: ServerProcess, topic_name: str
+) -> None:
+    """1,000 long polls pipelined on one connection: they count among its waiting requests,
+    so at most MAX_WAITING_REQUESTS wait at once and the rest are read as those end (50,000
+    uncounted held 72 MiB of the server); another connection is answered meanwhile, and every
+    long poll gets its answer."""
+    count, wait_ms = 1000, 100
+    async with await headwater.connect(server.address) as client:
+        await client.create_topic(topic_name, partitions=1)
+    poll = m.LookupRequest((topic_name,), wait_ms, (m.LookupWait(topic_name, 0, 0),))
+    peer = await RawPeer.open(server.address)
+    other = await RawPeer.open(server.address)
+    loop = asyncio.get_running_loop()
+    try:
+        started = loop.time()
+        await peer.send(b"".join(encode_request(poll, i + 1) for i in range(count)))
+        assert isinstance(await other.call(m.LookupRequest((topic_name,))), m.LookupResponse)
+        answered = [await peer.frame(timeout=60) for _ in range(count)]
+        took = loop.time() - started
+    finally:
+        await peer.close()
+        await other.close()
+    assert sorted(f.header.correlation_id for f in answered) == list(range(1, count + 1))
+    # at most MAX_WAITING_REQUESTS at a time, each its 100 ms: a lower bound, whatever the load
+    rounds = count // MAX_WAITING_REQUESTS
+    assert took >= rounds * wait_ms / 1000 * 0.9, f"{count} long polls answered in {took:.2f} s"

@@ -33,6 +33,7 @@ from headwater.wire.errors import (
     UnsupportedApi,
     UnsupportedVersion,
 )
+from headwater.wire.limits import MAX_LOOKUP_WAITS
 
 __all__ = ["Peers", "Router"]
 
@@ -63,6 +64,7 @@ class Router:
         # when (loop time) lookups do not go through them first
         self._silent: dict[tuple[str, int], float] = {}
         self._long_polls = True  # False once a broker refused LOOKUP version 1 (it predates it)
+        self._polls: dict[tuple[str, tuple[str, int] | None], asyncio.Task[bool]] = {}
         # the broker that answered the last LOOKUP: alive then, so a long poll goes there first
         # (one through a frozen broker would wait out its whole timeout)
         self._answered_by: tuple[str, int] | None = None
@@ -104,7 +106,7 @@ class Router:
             task.exception()  # its waiters got it; with none left it is not worth a warning
 
     def close(self) -> None:
-        for task in list(self._pending.values()):
+        for task in [*self._pending.values(), *self._polls.values()]:
             task.cancel()
 
     async def _lookup(self, topic: str) -> None:
@@ -200,31 +202,49 @@ class Router:
         """Wait for the cluster to name a new owner of the partition: a LOOKUP long poll
         (version 1) for an owner under a newer epoch than the table's, through a broker other
         than `avoid` (dead or frozen), answered as soon as that broker sees the new owner's
-        key (a take-over starts with it) or after `LONG_POLL` s. Its answer goes into the
-        table. False when no long poll could be made: the brokers predate it (asked once), or
-        none answered, or `wait` (at most `LONG_POLL`) is too short; the caller then asks
-        again after a backoff."""
+        key (a take-over starts with it) or after `wait` s (at most `LONG_POLL`). Its answer
+        goes into the table. One long poll per topic and avoided broker at a time, waiting for
+        every partition of the topic without an owner or owned by `avoid`, is shared by all
+        who wait (a dead broker's thousand partitions are one request, not a thousand). False
+        when no long poll could be made: the brokers predate it (asked once), or none
+        answered, or `wait` is too short; the caller then asks again after a backoff."""
         wait = min(wait, LONG_POLL)
         if self.peers is None or not self._long_polls or wait < 0.05:
             return False
+        key = (topic, avoid)
+        poll = self._polls.get(key)
+        if poll is None:
+            poll = self._loop.create_task(self._long_poll(topic, partition, avoid, wait))
+            self._polls[key] = poll
+            poll.add_done_callback(lambda done: self._polled(key, done))
+        return await asyncio.shield(poll)  # a caller cancelled leaves it to the others
+
+    def _polled(self, key: tuple[str, tuple[str, int] | None], poll: asyncio.Task[bool]) -> None:
+        if self._polls.get(key) is poll:
+            del self._polls[key]
+        if not poll.cancelled():
+            poll.exception()  # raised to its waiters already
+
+    async def _long_poll(
+        self, topic: str, partition: int, avoid: tuple[str, int] | None, wait: float
+    ) -> bool:
         routes = self.table.topics.get(topic)
-        known = (
-            routes.epochs[partition]
-            if routes is not None and routes.error is None and partition < len(routes.epochs)
-            else 0
-        )
-        waiting = m.LookupWait(topic, partition, known)
-        request = m.LookupRequest((topic,), int(wait * 1000), (waiting,))
-        logger.debug(
-            "long poll for %s/%s past epoch %s (avoiding %s)", topic, partition, known, avoid
-        )
+        waits = {partition: 0}
+        if routes is not None and routes.error is None:
+            for index, owner in enumerate(routes.owners):
+                address = self.table.brokers.get(owner)
+                if index == partition or address is None or address.address == avoid:
+                    waits[index] = routes.epochs[index]
+        waiting = tuple(m.LookupWait(topic, p, e) for p, e in sorted(waits.items()))
+        request = m.LookupRequest((topic,), int(wait * 1000), waiting[:MAX_LOOKUP_WAITS])
+        logger.debug("long poll for %s partitions %s (avoiding %s)", topic, sorted(waits), avoid)
         try:
             response = await self._ask_others(request, avoid, wait + self.table.owner_check)
         except UnsupportedVersion:
             self._long_polls = False
             return False
         except (ConnectionClosed, RequestTimeout) as exc:
-            logger.debug("long poll for %s/%s failed: %s", topic, partition, exc)
+            logger.debug("long poll for %s failed: %s", topic, exc)
             return False
         self.table.apply(response, self._loop.time())
         return True

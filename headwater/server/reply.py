@@ -12,9 +12,10 @@ happen before the response can be written:
   a WAL read to find a timestamp, building last-value state); `work` ends in a `Reply`.
 - `AfterData(work)`: as `AfterWork`, but awaited after the topic's turn is given up: a FETCH long
   poll waiting for appends must not hold the turn the produces bringing them may queue on.
-- `AfterOwner(work)`: as `AfterData`, for a produce waiting for this broker's take-over of its
-  partition (which holds the topic's turn); it holds its batch meanwhile, so the connection counts
-  it as it counts `AfterWork` (MAX_WAITING_REQUESTS, the memory budget).
+- `AfterOwner(work)`: as `AfterData`, for a request waiting for a change of owner: a produce
+  waiting for this broker's take-over of its partition (which holds the topic's turn), a LOOKUP
+  long poll. The connection counts it as it counts `AfterWork` (MAX_WAITING_REQUESTS, the memory
+  budget): a produce holds its batch, and a client could pipeline long polls without end.
 
 `Waiting.resolve()` gives the final response; the connection awaits it in a task of its own.
 A `bulky` response (a listing of many topics, a topic with many subscriptions) is encoded on a
