@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from headwater.spark_compaction import worker_daemon
+
 DEFAULTS = {
     "spark.app.name": "headwater-compact",
     "spark.ui.enabled": "false",
@@ -38,6 +40,12 @@ DEFAULTS = {
     "spark.pyspark.python": sys.executable,
     "spark.pyspark.driver.python": sys.executable,
     "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
+    # the workers forked with their imports done, PySpark's compiled (worker_daemon.py)
+    "spark.python.daemon.module": "headwater.spark_compaction.worker_daemon",
+}
+# the compaction job's workers import its tasks' modules only, not the sources' and the sink's
+COMPACTION_DEFAULTS = {
+    f"spark.executorEnv.{worker_daemon.PRELOAD_ENV}": ",".join(worker_daemon.COMPACTION_MODULES),
 }
 LOCAL_DEFAULTS = {
     "spark.driver.host": "127.0.0.1",
@@ -121,6 +129,8 @@ def session_settings(
     """The settings `spark_session` starts a session with: DEFAULTS, a local master's and the
     compaction job's own, then `conf`."""
     settings = dict(DEFAULTS)
+    if compaction:
+        settings.update(COMPACTION_DEFAULTS)
     if master.startswith("local"):
         settings.update(LOCAL_DEFAULTS)
         if compaction:

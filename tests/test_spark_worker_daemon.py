@@ -1,0 +1,82 @@
+"""The Python worker daemon Headwater's sessions name (spark_compaction/worker_daemon.py): Spark's
+zipped copy of PySpark is taken off the workers' path only when it is the installed package's own,
+and a real session's workers run under that daemon, with PySpark imported from the package and
+the preloaded modules already there when a task starts."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+from headwater.spark_compaction.worker_daemon import installed_pyspark_path
+
+
+def _installed(site: Path, py4j: bool = True) -> tuple[str, str]:
+    """A pip-installed pyspark under `site`, with the zips Spark puts first on the path."""
+    package = site / "pyspark"
+    lib = package / "python" / "lib"
+    lib.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    if py4j:
+        (site / "py4j").mkdir()
+        (site / "py4j" / "__init__.py").write_text("")
+    zips = (lib / "pyspark.zip", lib / "py4j-0.10.9.9-src.zip")
+    for name in zips:
+        with zipfile.ZipFile(name, "w") as archive:
+            archive.writestr("placeholder.py", "")
+    return str(zips[0]), str(zips[1])
+
+
+def test_the_installed_packages_own_zips_are_taken_off_the_path(tmp_path: Path) -> None:
+    site = tmp_path / "site-packages"
+    pyspark_zip, py4j_zip = _installed(site)
+    jar = str(site / "pyspark" / "jars" / "spark-core.jar")
+    path = [pyspark_zip, py4j_zip, jar, "/work/code", str(site)]
+    assert installed_pyspark_path(path) == [jar, "/work/code", str(site)]
+
+
+def test_a_spark_distributions_zip_stays(tmp_path: Path) -> None:
+    home = tmp_path / "spark-4.3.0"  # SPARK_HOME of a distribution: no package beside its zip
+    (home / "python" / "lib").mkdir(parents=True)
+    zipped = str(home / "python" / "lib" / "pyspark.zip")
+    site = tmp_path / "site-packages"
+    _installed(site)
+    path = [zipped, str(site)]
+    assert installed_pyspark_path(path) == path
+
+
+def test_the_zips_stay_when_py4j_is_not_installed_beside_pyspark(tmp_path: Path) -> None:
+    site = tmp_path / "site-packages"
+    pyspark_zip, py4j_zip = _installed(site, py4j=False)
+    path = [pyspark_zip, py4j_zip, str(site)]
+    assert installed_pyspark_path(path) == path
+
+
+def test_the_zips_stay_when_another_pyspark_comes_first_on_the_path(tmp_path: Path) -> None:
+    site = tmp_path / "site-packages"
+    pyspark_zip, py4j_zip = _installed(site)
+    other = tmp_path / "other"
+    (other / "pyspark").mkdir(parents=True)
+    (other / "pyspark" / "__init__.py").write_text("")  # a different installation
+    path = [pyspark_zip, py4j_zip, str(other), str(site)]
+    assert installed_pyspark_path(path) == path
+
+
+def test_a_sessions_workers_start_with_pyspark_compiled_and_pyarrow_imported(spark: object) -> None:
+    def probe(_: int) -> tuple[str, bool, str]:
+        import os
+        import sys
+
+        import pyspark
+
+        with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+            parent = f.read().replace(b"\0", b" ").decode()
+        # a plain RDD task imports no pyarrow: it is there because the daemon imported it
+        return pyspark.__file__ or "", "pyarrow" in sys.modules, parent
+
+    found = spark.sparkContext.parallelize([0, 1], 2).map(probe).collect()  # type: ignore[attr-defined]
+    assert len(found) == 2
+    for origin, preloaded, parent in found:
+        assert ".zip" not in origin and origin.endswith("pyspark/__init__.py")
+        assert preloaded
+        assert "-m headwater.spark_compaction.worker_daemon" in parent
