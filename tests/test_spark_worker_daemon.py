@@ -5,8 +5,16 @@ the preloaded modules already there when a task starts."""
 
 from __future__ import annotations
 
+import io
+import os
+import signal
+import time
 import zipfile
 from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from headwater.spark_compaction.worker_daemon import installed_pyspark_path
 
@@ -60,6 +68,34 @@ def test_the_zips_stay_when_another_pyspark_comes_first_on_the_path(tmp_path: Pa
     (other / "pyspark" / "__init__.py").write_text("")  # a different installation
     path = [pyspark_zip, py4j_zip, str(other), str(site)]
     assert installed_pyspark_path(path) == path
+
+
+def _arrow_work() -> bool:
+    """What a task does with Arrow: sort binary keys, write and read Parquet with threads."""
+    rows = 100_000
+    table = pa.table({"key": [os.urandom(12) for _ in range(rows)], "n": range(rows)})
+    buffer = io.BytesIO()
+    pq.write_table(table.sort_by("key"), buffer)
+    back = pq.read_table(io.BytesIO(buffer.getvalue()), use_threads=True)
+    return back.num_rows == rows and pc.sum(back["n"]).as_py() == rows * (rows - 1) // 2
+
+
+def test_a_process_forked_after_pyarrows_import_uses_arrows_threads_and_allocator() -> None:
+    """The daemon forks workers after importing pyarrow, whose import starts jemalloc's
+    background thread (pyspark.daemon's reason to import after the fork): a forked child must
+    neither hang on a lock that thread held nor lose Arrow's thread pools."""
+    assert _arrow_work()  # this process's pools and allocator in use before the forks too
+    for _ in range(5):
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if _arrow_work() else 1)
+        deadline = time.monotonic() + 60
+        while (done := os.waitpid(pid, os.WNOHANG)) == (0, 0) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if done == (0, 0):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        assert done[0] == pid and os.waitstatus_to_exitcode(done[1]) == 0
 
 
 def test_a_sessions_workers_start_with_pyspark_compiled_and_pyarrow_imported(spark: object) -> None:

@@ -7,10 +7,12 @@ things and then runs pyspark.daemon's own manager, unchanged:
 - Spark puts its zipped copy of PySpark first on the path (`$SPARK_HOME/python/lib/pyspark.zip`
   and py4j's zip). With PySpark installed as a package, that copy is inside the package itself
   (`pyspark/python/lib/`): the same code, but zipped without compiled files, so every Python
-  process of the job compiled each PySpark module it imported from source, 0.4-0.5 CPU-s per
-  process. When the zips belong to the package found on the rest of the path (the same files,
-  the same version), they are taken off the path and PySpark is imported from the package,
-  compiled once. A Spark distribution's own zip (no installed package beside it) stays.
+  process of the job compiled each PySpark module it imported from source, 0.35-0.45 CPU-s per
+  process (docs/BENCHMARKS.md). When the zips belong to the package found on the rest of the
+  path (the same files, the same version), they are taken off the path and PySpark is imported
+  from the package, compiled once. A Spark distribution's own zip (no installed package beside
+  it) stays. The Python processes Spark starts without the daemon (a streaming query's planning
+  and its driver-side runner) still compile theirs: nothing of ours runs in them first.
 - The daemon imports the worker's modules (pyspark.worker, pyarrow, the job's task modules)
   before it forks, so each worker inherits them instead of importing them after the fork.
   pyspark.daemon imports the worker module after the fork on purpose, because importing pyarrow
@@ -20,7 +22,7 @@ things and then runs pyspark.daemon's own manager, unchanged:
   in the daemon, and are re-created in a forked child. The daemon runs no task itself.
 
 An import that fails here (a module missing on an executor) is left to the worker, which reports
-it as the task's error, as without this module.
+it as the task's error, as it would without this module.
 """
 
 from __future__ import annotations
@@ -85,8 +87,8 @@ def preload(names: Sequence[str]) -> None:
     for name in names:
         try:
             importlib.import_module(name)
-        except ImportError:
-            continue  # the worker imports it again and reports what is missing
+        except Exception:  # the worker imports it again and reports the error as the task's
+            continue
 
 
 def main() -> None:
