@@ -449,19 +449,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-# the figures each round's verdict rests on: (name in the report, path in a round)
+# the figures each round's verdict rests on, by their path in a round's report
 VERDICT = (
-    ("compact_minus_start_up_cpu_over_fold", ("compact_minus_start_up_cpu_over_fold",)),
-    ("compact_cpu_over_fold", ("compact_cpu_over_fold",)),
-    ("compact_cpu", ("compact", "cpu")),
-    ("compact_python_workers_cpu", ("compact", "cpu_python_workers")),
-    ("spark_start_up_cpu", ("spark_start_up", "cpu")),
-    ("fold_cpu", ("fold", "cpu")),
-    ("compact_warm_cpu", ("compact_warm", "cpu")),
-    ("source_batch_over_fetch", ("source_batch_over_fetch",)),
-    ("source_over_fetch", ("source_over_fetch",)),
-    ("fetch_loop_records_per_s", ("fetch_loop_records_per_s",)),
-    ("source_batch_records_per_s", ("source_batch_records_per_s",)),
+    "compact_minus_start_up_cpu_over_fold",
+    "compact_cpu_over_fold",
+    "compact.cpu",
+    "compact.cpu_python_workers",
+    "spark_start_up.cpu",
+    "fold.cpu",
+    "compact_warm.cpu",
+    "source_batch_over_fetch",
+    "source_over_fetch",
+    "fetch_loop_records_per_s",
+    "source_batch_records_per_s",
 )
 
 
@@ -469,16 +469,16 @@ def medians(rounds: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Each verdict figure's median over the rounds, beside its value in each round: a load
     that comes and goes moves one round, not the median."""
     found: dict[str, dict[str, Any]] = {}
-    for name, path in VERDICT:
+    for path in VERDICT:
         values = []
         for one in rounds:
             value: Any = one
-            for step in path:
+            for step in path.split("."):
                 value = value.get(step) if isinstance(value, dict) else None
             if isinstance(value, int | float):
                 values.append(value)
         if values:
-            found[name] = {"median": round(statistics.median(values), 2), "rounds": values}
+            found[path] = {"median": round(statistics.median(values), 2), "rounds": values}
     return found
 
 
