@@ -5,7 +5,8 @@ standalone `spark://host:port`, or whatever `spark-submit` supports) gets the jo
 the driver's address must be reachable from the executors, which `--conf spark.driver.host=...`
 sets when the default is wrong. Executors run Python with this interpreter (`sys.executable`), so
 the cluster's machines need the same environment at the same path; the job's modules travel by
-import, not by upload. Spark's UI is off and its log is quiet: the CLI prints what matters.
+import, not by upload (the executors' Python daemon too: `worker_daemon`, which imports the
+workers' modules once). Spark's UI is off and its log is quiet: the CLI prints what matters.
 
 A local run is one short-lived JVM whose cost is mostly fixed (docs/COMPACTION.md, "What a run
 costs"), so `local` masters get settings that cut it: the serial collector, no adaptive
