@@ -107,8 +107,10 @@ def test_a_sessions_workers_start_with_pyspark_compiled_and_pyarrow_imported(spa
 
         with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
             parent = f.read().replace(b"\0", b" ").decode()
-        # a plain RDD task imports no pyarrow: it is there because the daemon imported it
-        return pyspark.__file__ or "", "pyarrow" in sys.modules, parent
+        # a plain RDD task imports neither: they are there because the daemon imported them (a
+        # session other than the compaction job's preloads the sources' and the sink's modules)
+        preloaded = {"pyarrow", "headwater.spark_compaction.sink"} <= sys.modules.keys()
+        return pyspark.__file__ or "", preloaded, parent
 
     found = spark.sparkContext.parallelize([0, 1], 2).map(probe).collect()  # type: ignore[attr-defined]
     assert len(found) == 2
