@@ -34,7 +34,11 @@ CPU-s of a row that starts processes: the larger of the rusage of every process 
 rusage misses PySpark's forked Python workers (the daemon ignores SIGCHLD, so the kernel reaps
 them and drops their CPU time), the sample each process's last 0.2 s.
 
-    python -m loadtest.spark_bench --records 1000000 --keys 50000 --rounds 3
+The report ends with each verdict figure's median over the rounds beside its value in each round
+(`medians`): one round moved by a passing load does not make the verdict. `compact`'s
+`cpu_python_workers` is its PySpark daemon's and forked workers' share.
+
+    python -m loadtest.spark_bench --records 1000000 --keys 50000 --rounds 4
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ import os
 import platform
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -176,7 +181,7 @@ class Tree:
             raise RuntimeError(f"{command[:4]} exited {report['status']}: {report['stderr']}")
         kinds: dict[str, float] = {}
         for kind, cpu in seen.values():
-            kinds[kind] = round(kinds.get(kind, 0.0) + cpu, 2)
+            kinds[kind or "exited"] = round(kinds.get(kind or "exited", 0.0) + cpu, 2)
         sampled = sum(kinds.values())
         return {
             "wall": round(wall, 2),
@@ -204,7 +209,8 @@ class Tree:
                 cpu = (int(fields[11]) + int(fields[12])) / self.ticks
                 name = head.split("(", 1)[1]
                 words = [w.decode(errors="replace") for w in command if w]
-                table[int(stat.parent.name)] = (int(fields[1]), name, cpu, _kind(name, words))
+                kind = _kind(name, words) if words else ""
+                table[int(stat.parent.name)] = (int(fields[1]), name, cpu, kind)
             family = {root}
             grew = True
             while grew:
@@ -215,7 +221,9 @@ class Tree:
                         grew = True
             for pid in family & table.keys():
                 _, _, cpu, kind = table[pid]
-                seen[pid] = (kind, cpu)
+                # a process that has exited and waits to be reaped has no command line left:
+                # it keeps the kind it had
+                seen[pid] = (seen[pid][0] if pid in seen and not kind else kind, cpu)
 
 
 def _same(value: Any) -> Any:
@@ -358,6 +366,7 @@ def main(argv: list[str] | None = None) -> int:
                     if summary["keys_out"] != found["fold"]["keys"]:
                         raise RuntimeError(f"compact kept {summary['keys_out']} keys: {summary}")
                     compact |= {"keys": summary["keys_out"], "phases": summary["phases"]}
+                    compact["cpu_python_workers"] = python_workers(compact["cpu_by_kind"])
                     found["compact"] = compact
                     log(f"round {number}: compact {compact}")
                     start_up = tree.run([python, "-c", START_UP], env)
@@ -416,6 +425,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
                 found["load_average"].append(round(os.getloadavg()[0], 1))
                 rounds.append(found)
+            log(f"medians over {len(rounds)} rounds: {json.dumps(medians(rounds))}")
         finally:
             if spark is not None:
                 spark.stop()
@@ -430,12 +440,51 @@ def main(argv: list[str] | None = None) -> int:
                 "partitions": PARTITIONS,
                 "cpus": os.cpu_count(),
                 "python": platform.python_version(),
+                "medians": medians(rounds),
                 "rounds": rounds,
             },
             indent=2,
         )
     )
     return 0
+
+
+# the figures each round's verdict rests on, by their path in a round's report
+VERDICT = (
+    "compact_minus_start_up_cpu_over_fold",
+    "compact_cpu_over_fold",
+    "compact.cpu",
+    "compact.cpu_python_workers",
+    "spark_start_up.cpu",
+    "fold.cpu",
+    "compact_warm.cpu",
+    "source_batch_over_fetch",
+    "source_over_fetch",
+    "fetch_loop_records_per_s",
+    "source_batch_records_per_s",
+)
+
+
+def medians(rounds: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each verdict figure's median over the rounds, beside its value in each round: a load
+    that comes and goes moves one round, not the median."""
+    found: dict[str, dict[str, Any]] = {}
+    for path in VERDICT:
+        values = []
+        for one in rounds:
+            value: Any = one
+            for step in path.split("."):
+                value = value.get(step) if isinstance(value, dict) else None
+            if isinstance(value, int | float):
+                values.append(value)
+        if values:
+            found[path] = {"median": round(statistics.median(values), 2), "rounds": values}
+    return found
+
+
+def python_workers(by_kind: dict[str, float]) -> float:
+    """CPU-s of PySpark's worker daemon and its forked workers (pyspark.daemon or ours)."""
+    return round(sum(cpu for kind, cpu in by_kind.items() if kind.endswith("daemon")), 2)
 
 
 def log(text: str) -> None:

@@ -17,6 +17,7 @@ from headwater.spark_compaction.session import (
     local_cores,
     session_settings,
 )
+from headwater.spark_compaction.worker_daemon import COMPACTION_MODULES, PRELOAD_ENV
 
 
 def _folder(cache: Path) -> Path:
@@ -111,3 +112,17 @@ def test_only_the_compaction_jobs_local_session_runs_the_client_compiler_alone()
     given = {"spark.driver.extraJavaOptions": ""}
     overridden = session_settings("local[2]", given, compaction=True)
     assert overridden["spark.driver.extraJavaOptions"] == ""
+
+
+def test_every_session_names_headwaters_worker_daemon_and_the_job_preloads_its_own_modules() -> (
+    None
+):
+    for master in ("local[2]", "spark://h:7077"):
+        job = session_settings(master, compaction=True)
+        other = session_settings(master)
+        for settings in (job, other):
+            assert (
+                settings["spark.python.daemon.module"] == "headwater.spark_compaction.worker_daemon"
+            )
+        assert job[f"spark.executorEnv.{PRELOAD_ENV}"].split(",") == list(COMPACTION_MODULES)
+        assert f"spark.executorEnv.{PRELOAD_ENV}" not in other  # the daemon's default: all

@@ -5,7 +5,8 @@ standalone `spark://host:port`, or whatever `spark-submit` supports) gets the jo
 the driver's address must be reachable from the executors, which `--conf spark.driver.host=...`
 sets when the default is wrong. Executors run Python with this interpreter (`sys.executable`), so
 the cluster's machines need the same environment at the same path; the job's modules travel by
-import, not by upload. Spark's UI is off and its log is quiet: the CLI prints what matters.
+import, not by upload (the executors' Python daemon too: `worker_daemon`, which imports the
+workers' modules once). Spark's UI is off and its log is quiet: the CLI prints what matters.
 
 A local run is one short-lived JVM whose cost is mostly fixed (docs/COMPACTION.md, "What a run
 costs"), so `local` masters get settings that cut it: the serial collector, no adaptive
@@ -27,6 +28,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from headwater.spark_compaction import worker_daemon
+
 DEFAULTS = {
     "spark.app.name": "headwater-compact",
     "spark.ui.enabled": "false",
@@ -38,6 +41,12 @@ DEFAULTS = {
     "spark.pyspark.python": sys.executable,
     "spark.pyspark.driver.python": sys.executable,
     "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
+    # the workers forked with their imports done, PySpark's compiled (worker_daemon.py)
+    "spark.python.daemon.module": "headwater.spark_compaction.worker_daemon",
+}
+# the compaction job's workers import its tasks' modules only, not the sources' and the sink's
+COMPACTION_DEFAULTS = {
+    f"spark.executorEnv.{worker_daemon.PRELOAD_ENV}": ",".join(worker_daemon.COMPACTION_MODULES),
 }
 LOCAL_DEFAULTS = {
     "spark.driver.host": "127.0.0.1",
@@ -121,6 +130,8 @@ def session_settings(
     """The settings `spark_session` starts a session with: DEFAULTS, a local master's and the
     compaction job's own, then `conf`."""
     settings = dict(DEFAULTS)
+    if compaction:
+        settings.update(COMPACTION_DEFAULTS)
     if master.startswith("local"):
         settings.update(LOCAL_DEFAULTS)
         if compaction:
