@@ -296,8 +296,8 @@ class ClusterLegs:
         """The leg's broker sent nothing for `owner_check` seconds. Answering a cheap request
         (API_VERSIONS) within `owner_check`, it is only idle. Otherwise it may be frozen (SIGSTOP,
         a long pause), which its open connection does not tell: as the producer's sender does
-        for an unanswered batch, ask the other brokers (`Router.moved`) every
-        `LookupBackoff.maximum` while it stays silent; once they name another owner, or none,
+        for an unanswered batch, ask the other brokers (`Router.moved`, a long poll for a new
+        owner) while it stays silent; once they name another owner, or none,
         for every partition the leg had there, drop the leg (`_drop`) and place one at the new
         owners. An owner the cluster still names keeps its leg, however long it is silent."""
         loop = asyncio.get_running_loop()
@@ -316,7 +316,8 @@ class ClusterLegs:
         silent = key if owner is None else owner.address
         while self.legs.get(key) is leg and self._alive(leg) and connection.last_received < asked:
             try:
-                await self._router.moved(topic, held[0] if held else 0, silent)
+                if self._held_at(key):  # (a long poll on none of its partitions waited in vain)
+                    await self._router.moved(topic, held[0] if held else 0, silent)
             except HeadwaterError as exc:  # no other broker answered: again shortly
                 logger.debug("check of %s:%s through other brokers failed: %s", *silent, exc)
             else:
