@@ -343,9 +343,10 @@ class Sender:
         router = self.router
         assert router is not None
         silent = self._address_of(connection)
-        logger.debug("partition %s unanswered at %s: probing", batch.partition, silent)
-        if silent is None:
+        if silent is None:  # not a connection of ours to a broker: nothing to ask about
+            logger.warning("partition %s unanswered on an unknown connection", batch.partition)
             return
+        logger.debug("partition %s unanswered at %s: probing", batch.partition, silent)
         while batch.attempts == attempt and batch in self._accumulator.in_flight:
             if connection.closed:
                 return
@@ -353,6 +354,11 @@ class Sender:
                 moved = await router.moved(self.topic, batch.partition, silent)
             except HeadwaterError as exc:  # no other broker answered: try again shortly
                 logger.debug("probe of %s through other brokers failed: %s", silent, exc)
+                moved = False
+            except Exception:
+                # never a silent end: the batch would wait for a frozen owner to wake, or
+                # for the request timeout
+                logger.warning("probe of %s failed; again shortly", silent, exc_info=True)
                 moved = False
             if moved and batch.attempts == attempt and not connection.closed:
                 logger.warning(
