@@ -266,6 +266,7 @@ class Script:
         """As the server's: the answer once one of `wait_for`'s partitions has an owner under
         a newer epoch (here every partition shares the script's epoch), or at `max_wait_ms`."""
         self.long_polls += 1
+        self.looked_up.set()
         deadline = asyncio.get_running_loop().time() + request.max_wait_ms / 1000
         while not any(
             self.epoch > w.epoch and self.owners.get(w.topic, [""] * (w.partition + 1))[w.partition]
@@ -754,6 +755,41 @@ async def test_a_producer_waits_for_a_dead_owners_successor_with_one_long_poll(
     # a poll every 125-250 ms would have made 6-12; the metadata refresh may make one
     assert waited <= 1, f"{waited} LOOKUPs while waiting: polled, not a long poll"
     assert script.long_polls >= 1
+
+
+async def test_a_batch_at_a_frozen_owner_is_checked_though_an_earlier_check_still_asks(
+    two_brokers: tuple[Script, BrokerFront, BrokerFront],
+) -> None:
+    """An earlier batch's check of its silent owner may still be asking (a long poll, up to 5 s)
+    after that batch was answered; a batch left unanswered there meanwhile is checked once it
+    ends, and goes to the new owner when the cluster names one. It was not: its check found the
+    earlier one running and was never made again, and the batch waited for the frozen owner to
+    wake (seen as 12 s first acks after a 12 s freeze, 2 rounds in about 120)."""
+    script, a, b = two_brokers
+    await _create("t", 2, a, b)
+    script.owners["t"] = ["b", "b"]
+    async with await headwater.connect(a.address) as client:
+        client.owner_check = 0.3
+        producer = client.producer("t")
+        await (await producer.send(b"first", partition=0))
+        router = client._router
+        assert router is not None
+        await router.refresh("t")  # the epoch the checks wait past is the script's
+        try:
+            b.awake.clear()  # slow: this batch goes unanswered past owner_check
+            slow = await producer.send(b"slow", partition=0)
+            await _until(script.looked_up, lambda: script.long_polls >= 1)  # its check asks
+            b.awake.set()  # answered; its check's long poll goes on: b is still the owner
+            await asyncio.wait_for(slow, 10)
+            b.awake.clear()  # frozen now
+            stuck = await producer.send(b"stuck", partition=1)
+            # the first check's long poll ends with b still named; then this batch's check
+            await _until(script.looked_up, lambda: script.long_polls >= 2, timeout=20)
+            script.move("t", ["b", "a"])  # a took partition 1 over
+            acked = await asyncio.wait_for(stuck, 10)
+        finally:
+            b.awake.set()
+    assert acked.partition == 1 and acked.offset == 0  # a's first record of partition 1
 
 
 async def test_a_batch_whose_partition_never_gets_an_owner_fails_and_close_returns(

@@ -325,14 +325,22 @@ class Sender:
         (SIGSTOP, a long pause), which its open connection does not tell. Ask another broker,
         until the batch is answered, whether the partition moved (`_probe`)."""
         if (
-            batch.attempts == attempt
-            and batch in self._accumulator.in_flight
-            and not connection.closed
-            and connection not in self._probing
+            batch.attempts != attempt
+            or batch not in self._accumulator.in_flight
+            or connection.closed
         ):
-            task = self._loop.create_task(self._probe(connection, batch, attempt))
-            self._probing[connection] = task
-            task.add_done_callback(lambda _: self._probing.pop(connection, None))
+            return
+        if connection in self._probing:
+            # a probe of an earlier batch there is still asking (a long poll, up to 5 s after
+            # its own batch was answered): look again later. Skipped, this batch waited for a
+            # frozen owner to wake (12 s) when the earlier probe ended without a move
+            assert self.router is not None
+            owner_check = self.router.table.owner_check
+            self._loop.call_later(owner_check, self._check_owner, connection, batch, attempt)
+            return
+        task = self._loop.create_task(self._probe(connection, batch, attempt))
+        self._probing[connection] = task
+        task.add_done_callback(lambda _: self._probing.pop(connection, None))
 
     async def _probe(self, connection: Connection, batch: ProducerBatch, attempt: int) -> None:
         """Look the partition up through the other brokers every `LookupBackoff.maximum` while
