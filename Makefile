@@ -117,6 +117,8 @@ LONG_TESTS := tests/test_statemachine.py::test_state_machine \
 	tests/test_kafka_security.py::test_a_token_with_grants_produces_and_consumes \
 	tests/test_kafka_cluster.py::test_a_broker_answers_not_leader_for_a_partition_it_does_not_serve \
 	tests/test_cluster_failover_client.py::test_lookup_carries_the_lease_and_the_client_checks_owners_at_half_of_it \
+	tests/test_cluster_failover_client.py::test_a_long_poll_names_the_new_owner_whose_first_produce_waits_for_its_take_over \
+	tests/test_routing.py::test_a_batch_at_a_frozen_owner_is_checked_though_an_earlier_check_still_asks \
 	tests/test_cluster_transactions.py::test_native_acks_survive_a_kill_of_an_owner_while_it_applies_them
 SPARK_LONG := tests/test_spark_cluster.py \
 	tests/test_spark_transactions.py::test_the_streaming_source_yields_committed_records_only \
