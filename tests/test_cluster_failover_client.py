@@ -266,10 +266,14 @@ async def test_a_long_poll_names_the_new_owner_whose_first_produce_waits_for_its
     try:
         victim, mine, _ = victim_of(owners)
         partition = mine[0]
-        before = await peer.call(m.LookupRequest((TOPIC,)))
-        assert isinstance(before, m.LookupResponse)
-        known = before.topics[0].partitions[partition]
-        assert known.broker_id == victim
+        for _ in range(300):  # b1's watches may show the owner a moment after etcd has it
+            before = await peer.call(m.LookupRequest((TOPIC,)))
+            assert isinstance(before, m.LookupResponse)
+            known = before.topics[0].partitions[partition]
+            if known.broker_id == victim:
+                break
+            await asyncio.sleep(0.1)  # a bounded poll of b1's view
+        assert known.broker_id == victim, known
         cluster.brokers[victim].kill()
         killed = time.monotonic()
         wait = m.LookupWait(TOPIC, partition, known.epoch)

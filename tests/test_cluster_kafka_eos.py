@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -68,8 +69,17 @@ def test_a_kafka_exactly_once_loop_survives_kills_of_its_coordinator_and_an_owne
     rng = random.Random(SEED)
     transactional_id = f"{topic_name}-txn"  # exactly_once_run's name for it
     killed: list[tuple[str, str]] = []
+    # a killed broker starts again beside the run: waiting for it held the run's watch of the
+    # application's progress, which then passed the next kills' points and finished before them
+    restarting: list[threading.Thread] = []
+
+    def restarted() -> None:
+        for thread in restarting:
+            thread.join(120)
+        restarting.clear()
 
     def kill(kind: str, source: str) -> None:
+        restarted()  # every broker up before the next kill is chosen
         txn_broker = coordinator(cluster, transactional_id)
         if kind == "coordinator":
             victim = txn_broker
@@ -81,17 +91,22 @@ def test_a_kafka_exactly_once_loop_survives_kills_of_its_coordinator_and_an_owne
         print(f"kill -9 {victim} ({kind})")
         killed.append((kind, victim))
         cluster.brokers[victim].kill()
-        cluster.restart_broker(victim)
+        thread = threading.Thread(target=cluster.restart_broker, args=(victim,))
+        thread.start()
+        restarting.append(thread)
 
-    run = exactly_once_run(
-        ",".join(f"127.0.0.1:{cluster.kafka_ports[b]}" for b in BROKERS),
-        tmp_path,
-        topic_name,
-        records=RECORDS,
-        kinds=["app"] * 3 + ["coordinator"] * 2 + ["owner"] * 2,
-        kill=kill,
-        rng=rng,
-        deadline_s=300,
-    )
+    try:
+        run = exactly_once_run(
+            ",".join(f"127.0.0.1:{cluster.kafka_ports[b]}" for b in BROKERS),
+            tmp_path,
+            topic_name,
+            records=RECORDS,
+            kinds=["app"] * 3 + ["coordinator"] * 2 + ["owner"] * 2,
+            kill=kill,
+            rng=rng,
+            deadline_s=300,
+        )
+    finally:
+        restarted()
     print(run, killed)
     assert run.kills == Counter(app=3, coordinator=2, owner=2), run
