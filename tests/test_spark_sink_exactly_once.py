@@ -334,7 +334,9 @@ def test_on_a_cluster_the_sink_commits_each_batch_once_in_transactions(
         assert _read(address, "out") == Counter({f"k{i}".encode(): 2 for i in range(4)})
 
 
-RATE_BATCH_ROWS, RATE_ROWS, KILLS, STOPS_PER_DRIVER = 4000, 200_000, 5, 2
+# 100 micro-batches of 2,000 rows: the five killed drivers must leave stream to the sixth (with
+# 50 of 4,000 they ran it all once the Python workers stopped compiling PySpark: "no stream left")
+RATE_BATCH_ROWS, RATE_ROWS, KILLS, STOPS_PER_DRIVER = 2000, 200_000, 5, 2
 
 
 @pytest.mark.timeout(3600)  # six driver JVMs, one after the other, on a loaded 2-core machine
@@ -344,7 +346,7 @@ def test_ten_graceful_stops_and_five_driver_kills_leave_every_row_of_a_rate_stre
 ) -> None:
     """Five drivers, one after the other, each stopping its query twice at random moments and
     starting it again, then killed with kill -9 at a random moment after its query committed
-    another micro-batch; a sixth runs the stream to its end (50 micro-batches of 4,000 rows)."""
+    another micro-batch; a sixth runs the stream to its end (100 micro-batches of 2,000 rows)."""
     created(server.address, topic_name, 2)
     checkpoint = tmp_path / "checkpoint"
     stops = Path(f"{checkpoint}.stops")
