@@ -48,12 +48,16 @@ from headwater.client.consumer_legs import ClusterLegs
 from headwater.server.cluster.coordinator import Coordinator
 from headwater.server.cluster.coordinator_state import Held, State
 from headwater.server.cluster.etcd import Entry
+from headwater.server.kafka import codec
+from headwater.server.kafka.apis import SERVED
 from headwater.server.kafka.kafka_nodes import ClusterNodes
+from headwater.server.kafka.messages import produce as kafka_messages
 from headwater.server.requests.partition_ownership import BrokerAddress, not_owner
 from headwater.wire import messages as m
 from headwater.wire.errors import HeadwaterError
 from headwater.wire.records import BatchBuilder
 from tests.support.cluster_support import Cluster, running_cluster
+from tests.support.kafka_support import RawKafka
 from tests.support.rawwire import RawPeer
 from tests.support.s3 import MotoS3
 
@@ -251,8 +255,9 @@ async def test_frozen_owner_partitions_are_acknowledged_again_before_it_wakes(
         await client.close()
 
 
+@pytest.mark.parametrize("protocol", ["native", "kafka"])
 async def test_a_long_poll_names_the_new_owner_whose_first_produce_waits_for_its_take_over(
-    cluster: Cluster,
+    tmp_path: Path, s3: MotoS3, bucket: str, protocol: str
 ) -> None:
     """kill -9 of an owner. A LOOKUP long poll (version 1) through another broker, waiting on
     one of its partitions with the epoch it had, is answered with the new owner under a newer
@@ -260,7 +265,14 @@ async def test_a_long_poll_names_the_new_owner_whose_first_produce_waits_for_its
     The answer comes as soon as that broker sees the new owner's key, before the new owner
     serves (its take-over claims the partition in the object store first): a produce sent there
     the moment the answer comes is acknowledged, having waited for the take-over, where it was
-    refused NOT_OWNER (owner=none) and the client had to look up and retry."""
+    refused NOT_OWNER (owner=none) and the client had to look up and retry. The same on the
+    Kafka port (one rule in the broker's produce): a Kafka Produce sent there then is answered
+    without NOT_LEADER_OR_FOLLOWER."""
+    with running_cluster(tmp_path, s3, bucket, LEASE_TTL_MS, kafka=True) as cluster:
+        await _long_poll_then_produce(cluster, protocol)
+
+
+async def _long_poll_then_produce(cluster: Cluster, protocol: str) -> None:
     client, owners = await start(cluster)
     peer = await RawPeer.open(await cluster.address("b1"))
     try:
@@ -284,10 +296,14 @@ async def test_a_long_poll_names_the_new_owner_whose_first_produce_waits_for_its
         moved = answer.topics[0].partitions[partition]
         assert moved.broker_id not in ("", victim) and moved.epoch > known.epoch, moved
         assert waited < 15.0, f"answered after {waited:.1f} s: at its timeout, not the take-over"
+        batch = BatchBuilder()
+        batch.append(None, b"first at the new owner")
+        if protocol == "kafka":
+            code = kafka_produce(cluster.kafka_ports[moved.broker_id], partition, batch.build())
+            assert code == 0, f"Kafka Produce answered error {code}"
+            return
         owner = await RawPeer.open(await cluster.address(moved.broker_id))
         try:
-            batch = BatchBuilder()
-            batch.append(None, b"first at the new owner")
             produced = await owner.call(m.ProduceRequest(TOPIC, partition, batch.build()))
         finally:
             await owner.close()
@@ -296,6 +312,31 @@ async def test_a_long_poll_names_the_new_owner_whose_first_produce_waits_for_its
     finally:
         await peer.close()
         await client.close()
+
+
+def kafka_produce(port: int, partition: int, batch: bytes) -> int:
+    """One Kafka Produce (v3, acks all) of `batch` to the partition at the broker's Kafka
+    port: its partition's error code."""
+    api = SERVED[kafka_messages.ProduceRequest.API_KEY]
+    request = kafka_messages.ProduceRequest(
+        acks=-1,
+        timeout_ms=30_000,
+        topic_data=[
+            kafka_messages.TopicProduceData(
+                TOPIC, [kafka_messages.PartitionProduceData(partition, batch)]
+            )
+        ],
+    )
+    raw = RawKafka(port, timeout=30)
+    try:
+        raw.request(api.key, 3, 1, codec.encode(api.requests[3], request))
+        _, rest = raw.response()
+        answer = codec.decode_body(codec.Reader(rest), api.responses[3])
+    finally:
+        raw.close()
+    (topic,) = answer.responses
+    (found,) = topic.partition_responses
+    return int(found.error_code)
 
 
 async def test_lookup_carries_the_lease_and_the_client_checks_owners_at_half_of_it(
